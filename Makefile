@@ -1,0 +1,128 @@
+# shoal: one library (build/libshoal.a), one binary (build/shoal), tests and benches.
+# Every source file under src/<component>/ is part of the library except src/cli/,
+# which holds the command line.  Adding a file needs no change here.
+
+PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3
+CC        ?= gcc
+BUILD     := build
+ASAN      := $(BUILD)/asan
+GEN       := $(BUILD)/gen
+SHARED    ?= $(abspath ../shared)
+# `make V=1` shows every compiler command.
+Q         := $(if $(V),,@)
+NPROC     := $(shell nproc 2>/dev/null || echo 2)
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+LIBS       := $(PKG_LIBS) -lpthread -lm
+TEST_LIBS  := $(shell pkg-config --libs cmocka 2>/dev/null)
+
+WARN      := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers -Wno-format-truncation
+BASEFLAGS := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -I$(GEN) $(PKG_CFLAGS) $(WARN) -MMD -MP
+OPTFLAGS  := -O2 -g
+SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+
+LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c)))
+CLI_SRC   := $(sort $(wildcard src/cli/*.c))
+TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+TEST_AUX  := $(sort $(filter-out tests/test_%,$(wildcard tests/*.c)))
+FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+AUX_OBJ   := $(TEST_AUX:%.c=$(BUILD)/obj/%.o)
+TESTS     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+ALIB_OBJ  := $(LIB_SRC:%.c=$(ASAN)/obj/%.o)
+ACLI_OBJ  := $(CLI_SRC:%.c=$(ASAN)/obj/%.o)
+AAUX_OBJ  := $(TEST_AUX:%.c=$(ASAN)/obj/%.o)
+ATESTS    := $(TEST_SRC:tests/%.c=$(ASAN)/tests/%)
+
+FUZZERS   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
+FUZZ_TIME ?= 30
+
+.PHONY: all deps test test-opt test-asan run bench fuzz clean
+all: $(BUILD)/shoal $(BUILD)/libshoal.a
+
+deps:
+	@sh scripts/deps.sh
+
+# The command table is generated from the file names src/cli/cmd_<name>.c and
+# src/cli/bench_<name>.c, so that components add commands without touching a
+# shared list.
+$(GEN)/commands.h: $(CLI_SRC) scripts/gen-commands.sh | $(GEN)
+	@sh scripts/gen-commands.sh $(CLI_SRC) > $@.tmp && mv $@.tmp $@
+
+$(GEN):
+	@mkdir -p $@
+
+$(BUILD)/obj/%.o: %.c | $(GEN)/commands.h
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(BASEFLAGS) $(OPTFLAGS) $(CFLAGS) -c $< -o $@
+
+$(ASAN)/obj/%.o: %.c | $(GEN)/commands.h
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(BASEFLAGS) $(SANFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libshoal.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(ASAN)/libshoal.a: $(ALIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/shoal: $(CLI_OBJ) $(BUILD)/libshoal.a
+	$(CC) $(OPTFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libshoal.a $(LIBS)
+
+$(ASAN)/shoal: $(ACLI_OBJ) $(ASAN)/libshoal.a
+	$(CC) $(SANFLAGS) -o $@ $(ACLI_OBJ) $(ASAN)/libshoal.a $(LIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(AUX_OBJ) $(BUILD)/libshoal.a
+	@mkdir -p $(dir $@)
+	$(CC) $(OPTFLAGS) -o $@ $< $(AUX_OBJ) $(BUILD)/libshoal.a $(LIBS) $(TEST_LIBS)
+
+$(ASAN)/tests/%: $(ASAN)/obj/tests/%.o $(AAUX_OBJ) $(ASAN)/libshoal.a
+	@mkdir -p $(dir $@)
+	$(CC) $(SANFLAGS) -o $@ $< $(AAUX_OBJ) $(ASAN)/libshoal.a $(LIBS) $(TEST_LIBS)
+
+# Tests run twice: optimised, and under AddressSanitizer + UBSan.  The runner
+# prints one "N passed, N failed" line for the whole suite.
+test: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) all $(ASAN)/shoal $(TESTS) $(ATESTS)
+	@SHOAL_SHARED=$(SHARED) sh scripts/run-tests.sh $(TESTS) $(ATESTS)
+
+test-opt: all $(TESTS)
+	@SHOAL_SHARED=$(SHARED) sh scripts/run-tests.sh $(TESTS)
+
+test-asan: $(ASAN)/shoal $(ATESTS)
+	@SHOAL_SHARED=$(SHARED) sh scripts/run-tests.sh $(ATESTS)
+
+run: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) all
+	@sh scripts/run-main.sh
+
+bench: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) all
+	@sh scripts/bench.sh
+
+# libFuzzer targets, built with clang against the library sources.
+$(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC) | $(GEN)/commands.h
+	@mkdir -p $(dir $@)
+	clang -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -I$(GEN) $(PKG_CFLAGS) -g -O1 \
+	    -fsanitize=fuzzer,address,undefined -o $@ $< $(LIB_SRC) $(LIBS)
+
+fuzz: deps
+	@$(MAKE) --no-print-directory $(FUZZERS)
+	@for f in $(FUZZERS); do n=$$(basename $$f); mkdir -p fuzz/corpus/$$n; \
+	    echo "fuzz: $$n for $(FUZZ_TIME)s"; \
+	    $$f -max_total_time=$(FUZZ_TIME) -artifact_prefix=fuzz/ fuzz/corpus/$$n $(BUILD)/fuzz/$$n.new 2>&1 | tail -3 || exit 1; done
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(ALIB_OBJ:.o=.d) $(ACLI_OBJ:.o=.d)
+-include $(TEST_SRC:%.c=$(BUILD)/obj/%.d) $(TEST_SRC:%.c=$(ASAN)/obj/%.d)
+
+# Test objects are not intermediates: keep them so that relinks are cheap.
+.SECONDARY:

@@ -1,0 +1,217 @@
+/* shoal common: errors, logging, hashing, files, time, JSON helpers.
+ *
+ * Every component builds on this header.  Conventions that hold across shoal:
+ *
+ *  - Functions that can fail return an int: 0 (SH_OK) or a negative SH_E*
+ *    code.  The failing function records a human-readable message naming the
+ *    object (file, tensor, job, node) and the rule broken; sh_errmsg() returns
+ *    the message of the last error on the calling thread.  Library code never
+ *    prints errors and never exits; only src/cli does.
+ *  - A function that allocates an object has a matching *_free(), and every
+ *    *_free(NULL) is a no-op.
+ *  - Files that must never be seen half-written go through sh_write_atomic()
+ *    or sh_atomic_open()/sh_atomic_commit(): temporary file, fsync, rename,
+ *    fsync of the directory.
+ */
+#ifndef SHOAL_COMMON_H
+#define SHOAL_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Errors ------------------------------------------------------------ */
+
+enum {
+    SH_OK = 0,
+    SH_EINVAL = -1,     /* a bad argument or configuration from the caller */
+    SH_EIO = -2,        /* a system call failed; the message has strerror   */
+    SH_ENOMEM = -3,     /* an allocation failed                              */
+    SH_EFORMAT = -4,    /* untrusted bytes broke their format's rules        */
+    SH_EMISMATCH = -5,  /* a hash, base or version does not match            */
+    SH_ENOENT = -6,     /* a named thing does not exist                      */
+    SH_ENOSPC = -7,     /* the disk is full                                  */
+    SH_EAGAIN = -8,     /* retryable: not yet possible, try again later      */
+    SH_ERANGE = -9,     /* a number is out of its allowed range              */
+    SH_EEXIST = -10,    /* the thing already exists                          */
+    SH_ETIMEDOUT = -11, /* a deadline passed                                 */
+    SH_EPERM = -12,     /* not allowed (authentication, tenancy)             */
+    SH_EINTERNAL = -13, /* a broken invariant inside shoal: a bug            */
+};
+
+/* Records a message for `code` on this thread and returns `code`, so that
+ * `return sh_err(SH_EFORMAT, "%s: tensor %s: ...", path, name);` reads as one
+ * statement.  The message is truncated to 1 KiB. */
+int sh_err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Like sh_err(), with ": <strerror(errnum)>" appended and the code chosen from
+ * errnum (ENOSPC -> SH_ENOSPC, ENOENT -> SH_ENOENT, else SH_EIO). */
+int sh_err_errno(int errnum, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prefixes the current message with "<context>: ", keeping the code; returns
+ * `code`.  Used by callers that add where an error happened. */
+int sh_err_wrap(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The message of the last error on this thread ("" if none). */
+const char *sh_errmsg(void);
+
+/* A short name for a code: "invalid argument", "bad format", ... */
+const char *sh_strerror(int code);
+
+/* Forward a failure: evaluates expr once and returns it if negative. */
+#define SH_TRY(expr)                                                          \
+    do {                                                                      \
+        int sh_try_rc_ = (expr);                                              \
+        if (sh_try_rc_ < 0) return sh_try_rc_;                                \
+    } while (0)
+
+/* ---- Logging ----------------------------------------------------------- */
+
+enum { SH_LOG_ERROR = 0, SH_LOG_WARN = 1, SH_LOG_INFO = 2, SH_LOG_DEBUG = 3 };
+
+/* Writes one line to stderr if level <= the level set by sh_log_set_level()
+ * or the SHOAL_LOG environment variable (error|warn|info|debug; default
+ * warn).  Thread-safe; lines are never interleaved. */
+void sh_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sh_log_set_level(int level);
+int sh_log_level(void);
+
+#define sh_warn(...) sh_log(SH_LOG_WARN, __VA_ARGS__)
+#define sh_info(...) sh_log(SH_LOG_INFO, __VA_ARGS__)
+#define sh_debug(...) sh_log(SH_LOG_DEBUG, __VA_ARGS__)
+
+/* ---- Hashing (xxh3) ------------------------------------------------------ */
+
+typedef struct sh_hash128 {
+    uint64_t lo, hi;
+} sh_hash128;
+
+typedef struct sh_hasher sh_hasher; /* streaming xxh3-128 */
+
+sh_hash128 sh_hash128_of(const void *data, size_t len);
+uint64_t sh_hash64_of(const void *data, size_t len);
+sh_hasher *sh_hasher_new(void);
+void sh_hasher_update(sh_hasher *h, const void *data, size_t len);
+sh_hash128 sh_hasher_digest(const sh_hasher *h);
+void sh_hasher_reset(sh_hasher *h);
+void sh_hasher_free(sh_hasher *h);
+int sh_hash128_eq(sh_hash128 a, sh_hash128 b);
+/* 32 lowercase hex digits + NUL, big-endian (hi first), as xxhsum prints. */
+void sh_hash128_hex(sh_hash128 h, char out[33]);
+int sh_hash128_parse(const char *hex, sh_hash128 *out);
+
+/* ---- Files --------------------------------------------------------------- */
+
+/* Writes len bytes to path atomically: path.tmp.<pid>, fsync, rename, fsync
+ * of the directory.  On failure path is unchanged and no temporary remains. */
+int sh_write_atomic(const char *path, const void *data, size_t len);
+
+/* For writers that stream: open a temporary beside `path`, write to fd, then
+ * sh_atomic_commit() (fsync, rename, fsync dir) or sh_atomic_abort(). */
+typedef struct sh_atomic_file {
+    int fd;
+    char path[4096];
+    char tmp[4096];
+} sh_atomic_file;
+int sh_atomic_open(sh_atomic_file *f, const char *path);
+int sh_atomic_commit(sh_atomic_file *f);
+void sh_atomic_abort(sh_atomic_file *f);
+
+/* Writes all of buf at fd (retrying short writes and EINTR). */
+int sh_write_all(int fd, const void *buf, size_t len, const char *what);
+/* pwrite/pread all of buf at offset; a short read past EOF is SH_EFORMAT. */
+int sh_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *what);
+int sh_pread_all(int fd, void *buf, size_t len, uint64_t off, const char *what);
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer (caller frees).
+ * Fails with SH_ERANGE if it is larger than max_len. */
+int sh_read_file(const char *path, size_t max_len, char **out, size_t *out_len);
+
+int sh_fsync_dir(const char *dir);
+int sh_fsync_parent(const char *path);
+int sh_mkdir_p(const char *path, unsigned mode);
+/* Removes a file or a whole directory tree; a missing path is not an error. */
+int sh_rm_rf(const char *path);
+int sh_path_exists(const char *path);
+int sh_is_dir(const char *path);
+/* snprintf into out with truncation reported as SH_ERANGE. */
+int sh_path_join(char *out, size_t cap, const char *a, const char *b);
+
+/* ---- Time (for the edges only: pure cores take time as an argument) ----- */
+
+double sh_now_mono(void);   /* seconds, CLOCK_MONOTONIC */
+double sh_now_wall(void);   /* seconds since the epoch */
+void sh_sleep(double seconds);
+/* Peak resident set size of this process in bytes (from getrusage). */
+uint64_t sh_peak_rss(void);
+
+/* ---- Terminal progress bar ----------------------------------------------- */
+
+/* Draws "label [#####.....] 45% 12.3 MB/s eta 4s" on stderr, only when stderr
+ * is a terminal; otherwise does nothing, so callers need no checks.  `unit`
+ * names what total counts ("B" formats as bytes). */
+typedef struct sh_progress {
+    const char *label;
+    const char *unit;
+    uint64_t total;
+    uint64_t done;
+    double t0, last_draw;
+    int enabled;
+} sh_progress;
+void sh_progress_start(sh_progress *p, const char *label, uint64_t total, const char *unit);
+void sh_progress_update(sh_progress *p, uint64_t done);
+void sh_progress_finish(sh_progress *p);
+
+/* ---- Numbers and formatting -------------------------------------------- */
+
+/* Parses a whole string as a number; names `what` in the error. */
+int sh_parse_i64(const char *s, int64_t *out, const char *what);
+int sh_parse_u64(const char *s, uint64_t *out, const char *what);
+int sh_parse_double(const char *s, double *out, const char *what);
+/* Parses counts with optional K/M/G suffix (powers of 1000) or KiB/MiB/GiB. */
+int sh_parse_size(const char *s, uint64_t *out, const char *what);
+/* "1.50 GiB" into buf. */
+const char *sh_fmt_bytes(double bytes, char *buf, size_t cap);
+
+/* ---- Small dynamic buffer ------------------------------------------------ */
+
+typedef struct sh_buf {
+    uint8_t *data;
+    size_t len, cap;
+} sh_buf;
+int sh_buf_reserve(sh_buf *b, size_t extra);
+int sh_buf_append(sh_buf *b, const void *data, size_t len);
+int sh_buf_printf(sh_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sh_buf_free(sh_buf *b);
+
+/* ---- JSON helpers (jansson) ---------------------------------------------
+ * Getters name the object (`ctx`, e.g. "job.json") and the key in errors:
+ * "job.json: field \"nodes\": expected an integer, got string".  With
+ * required = 0 a missing key leaves *out unchanged and returns SH_OK. */
+int sh_json_parse(const char *text, size_t len, const char *ctx, json_t **out);
+int sh_json_load_file(const char *path, size_t max_len, json_t **out);
+int sh_json_write_atomic(const char *path, const json_t *j);
+int sh_json_get_str(const json_t *obj, const char *key, int required, const char *ctx,
+                    const char **out);
+int sh_json_get_i64(const json_t *obj, const char *key, int required, const char *ctx,
+                    int64_t *out);
+int sh_json_get_num(const json_t *obj, const char *key, int required, const char *ctx,
+                    double *out);
+int sh_json_get_bool(const json_t *obj, const char *key, int required, const char *ctx,
+                     int *out);
+/* Fails naming the first key of obj that is not in the NULL-terminated list. */
+int sh_json_check_keys(const json_t *obj, const char *const *allowed, const char *ctx);
+/* Prints j to stdout as one compact line (for --json outputs). */
+void sh_json_print(const json_t *j);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,21 @@
+#!/bin/sh
+# Installs the Debian packages shoal builds against, if any is missing.
+# Safe to run repeatedly: it does nothing when everything is present.
+set -eu
+PKGS="build-essential pkg-config clang libclang-rt-14-dev
+      libzstd-dev libxxhash-dev libucx-dev ucx-utils libmicrohttpd-dev libjansson-dev
+      libopenblas-dev libsqlite3-dev libcmocka-dev"
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "deps.sh: installing:$missing" >&2
+if [ "$(id -u)" -ne 0 ]; then
+    echo "deps.sh: missing packages and not root; run: sudo apt-get install$missing" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends $missing

@@ -1,0 +1,221 @@
+/* Durable file writes and small file-system helpers.
+ *
+ * The atomic-write protocol: write a temporary in the same directory, fsync
+ * it, rename it over the target, fsync the directory.  A crash at any point
+ * leaves either the old file or the new one, never a mix. */
+#include "shoal/common.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int sh_path_join(char *out, size_t cap, const char *a, const char *b)
+{
+    int n = snprintf(out, cap, "%s/%s", a, b);
+    if (n < 0 || (size_t)n >= cap) return sh_err(SH_ERANGE, "path too long: %s/%s", a, b);
+    return SH_OK;
+}
+
+int sh_write_all(int fd, const void *buf, size_t len, const char *what)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return sh_err_errno(errno, "write %s", what);
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return SH_OK;
+}
+
+int sh_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *what)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = pwrite(fd, p, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return sh_err_errno(errno, "write %s", what);
+        }
+        p += n;
+        off += (uint64_t)n;
+        len -= (size_t)n;
+    }
+    return SH_OK;
+}
+
+int sh_pread_all(int fd, void *buf, size_t len, uint64_t off, const char *what)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = pread(fd, p, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return sh_err_errno(errno, "read %s", what);
+        }
+        if (n == 0) return sh_err(SH_EFORMAT, "%s: unexpected end of file at byte %llu", what,
+                                  (unsigned long long)off);
+        p += n;
+        off += (uint64_t)n;
+        len -= (size_t)n;
+    }
+    return SH_OK;
+}
+
+int sh_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return sh_err_errno(errno, "open directory %s", dir);
+    int rc = SH_OK;
+    if (fsync(fd) < 0 && errno != EINVAL) rc = sh_err_errno(errno, "fsync directory %s", dir);
+    close(fd);
+    return rc;
+}
+
+int sh_fsync_parent(const char *path)
+{
+    char tmp[4096];
+    if (strlen(path) >= sizeof tmp) return sh_err(SH_ERANGE, "path too long: %s", path);
+    strcpy(tmp, path);
+    return sh_fsync_dir(dirname(tmp));
+}
+
+int sh_atomic_open(sh_atomic_file *f, const char *path)
+{
+    f->fd = -1;
+    int n1 = snprintf(f->path, sizeof f->path, "%s", path);
+    int n2 = snprintf(f->tmp, sizeof f->tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (n1 < 0 || (size_t)n1 >= sizeof f->path || n2 < 0 || (size_t)n2 >= sizeof f->tmp)
+        return sh_err(SH_ERANGE, "path too long: %s", path);
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f->fd < 0) return sh_err_errno(errno, "create %s", f->tmp);
+    return SH_OK;
+}
+
+int sh_atomic_commit(sh_atomic_file *f)
+{
+    int rc = SH_OK;
+    if (fsync(f->fd) < 0) rc = sh_err_errno(errno, "fsync %s", f->tmp);
+    if (close(f->fd) < 0 && rc == SH_OK) rc = sh_err_errno(errno, "close %s", f->tmp);
+    f->fd = -1;
+    if (rc == SH_OK && rename(f->tmp, f->path) < 0)
+        rc = sh_err_errno(errno, "rename %s to %s", f->tmp, f->path);
+    if (rc != SH_OK) {
+        unlink(f->tmp);
+        return rc;
+    }
+    return sh_fsync_parent(f->path);
+}
+
+void sh_atomic_abort(sh_atomic_file *f)
+{
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    if (f->tmp[0]) unlink(f->tmp);
+}
+
+int sh_write_atomic(const char *path, const void *data, size_t len)
+{
+    sh_atomic_file f;
+    int rc = sh_atomic_open(&f, path);
+    if (rc < 0) return rc;
+    rc = sh_write_all(f.fd, data, len, f.tmp);
+    if (rc < 0) {
+        sh_atomic_abort(&f);
+        return rc;
+    }
+    return sh_atomic_commit(&f);
+}
+
+int sh_read_file(const char *path, size_t max_len, char **out, size_t *out_len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sh_err_errno(errno, "open %s", path);
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return sh_err_errno(e, "stat %s", path);
+    }
+    if ((uint64_t)st.st_size > max_len) {
+        close(fd);
+        return sh_err(SH_ERANGE, "%s: %lld bytes is more than the limit of %zu", path,
+                      (long long)st.st_size, max_len);
+    }
+    size_t len = (size_t)st.st_size;
+    char *buf = malloc(len + 1);
+    if (!buf) {
+        close(fd);
+        return sh_err(SH_ENOMEM, "%s: cannot allocate %zu bytes", path, len + 1);
+    }
+    int rc = len ? sh_pread_all(fd, buf, len, 0, path) : SH_OK;
+    close(fd);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    buf[len] = 0;
+    *out = buf;
+    if (out_len) *out_len = len;
+    return SH_OK;
+}
+
+int sh_mkdir_p(const char *path, unsigned mode)
+{
+    char tmp[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof tmp) return sh_err(SH_ERANGE, "bad directory path \"%s\"", path);
+    memcpy(tmp, path, n + 1);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, mode) < 0 && errno != EEXIST) return sh_err_errno(errno, "mkdir %s", tmp);
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) < 0 && errno != EEXIST) return sh_err_errno(errno, "mkdir %s", tmp);
+    if (!sh_is_dir(tmp)) return sh_err(SH_EEXIST, "%s exists and is not a directory", tmp);
+    return SH_OK;
+}
+
+int sh_path_exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+int sh_is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int sh_rm_rf(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0) return errno == ENOENT ? SH_OK : sh_err_errno(errno, "stat %s", path);
+    if (!S_ISDIR(st.st_mode)) {
+        if (unlink(path) < 0 && errno != ENOENT) return sh_err_errno(errno, "unlink %s", path);
+        return SH_OK;
+    }
+    DIR *d = opendir(path);
+    if (!d) return sh_err_errno(errno, "opendir %s", path);
+    struct dirent *e;
+    int rc = SH_OK;
+    while (rc == SH_OK && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char sub[4096];
+        rc = sh_path_join(sub, sizeof sub, path, e->d_name);
+        if (rc == SH_OK) rc = sh_rm_rf(sub);
+    }
+    closedir(d);
+    if (rc == SH_OK && rmdir(path) < 0 && errno != ENOENT) rc = sh_err_errno(errno, "rmdir %s", path);
+    return rc;
+}

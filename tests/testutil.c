@@ -1,0 +1,78 @@
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *tu_tmpdir(void)
+{
+    static char dir[4096];
+    if (!dir[0]) {
+        const char *e = getenv("SHOAL_TEST_TMP");
+        if (e && *e) snprintf(dir, sizeof dir, "%s", e);
+        else snprintf(dir, sizeof dir, "/tmp/shoal-test.%ld", (long)getpid());
+        if (sh_mkdir_p(dir, 0755) < 0) fail_msg("cannot create %s: %s", dir, sh_errmsg());
+    }
+    return dir;
+}
+
+const char *tu_path(const char *name)
+{
+    static char bufs[8][4096];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, 4096, "%s/%s", tu_tmpdir(), name);
+    return b;
+}
+
+const char *tu_shoal(void)
+{
+    const char *e = getenv("SHOAL_BIN");
+    return e && *e ? e : "build/shoal";
+}
+
+const char *tu_shared(void)
+{
+    const char *e = getenv("SHOAL_SHARED");
+    static char p[4096];
+    if (!e || !*e) e = "../shared";
+    snprintf(p, sizeof p, "%s/data/README.md", e);
+    return access(p, R_OK) == 0 ? e : NULL;
+}
+
+int tu_run(char **out, const char *fmt, ...)
+{
+    char cmd[16384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[16500];
+    snprintf(full, sizeof full, "(%s) 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (!p) fail_msg("popen failed for: %s", cmd);
+    sh_buf b = {0};
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) sh_buf_append(&b, chunk, n);
+    int st = pclose(p);
+    if (out) *out = b.data ? (char *)b.data : strdup("");
+    else sh_buf_free(&b);
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return -1;
+}
+
+void tu_write_file(const char *path, const void *data, size_t len)
+{
+    if (sh_write_atomic(path, data, len) < 0) fail_msg("write %s: %s", path, sh_errmsg());
+}
+
+uint8_t *tu_read_file(const char *path, size_t *len)
+{
+    char *buf;
+    if (sh_read_file(path, (size_t)1 << 34, &buf, len) < 0) fail_msg("read %s: %s", path, sh_errmsg());
+    return (uint8_t *)buf;
+}
