@@ -119,8 +119,11 @@ typedef int (*rl_step_hook)(void *ctx);
 int rl_generate(nn_model *m, const rl_problem *probs, int n, int group, int group0,
                 const rl_sampling *s, uint64_t *rng, int version, rl_step_hook hook,
                 void *hook_ctx, rl_traj *out);
-/* Mean reward of greedy responses to the problems. */
-int rl_evaluate(nn_model *m, const rl_problem *probs, int n, int max_new, double *reward);
+/* Mean reward of `samples` responses to each problem drawn with sampling s
+ * (temperature 0: greedy) from a generator seeded with `seed`, so that the
+ * same weights always score the same. */
+int rl_evaluate(nn_model *m, const rl_problem *probs, int n, const rl_sampling *s, int samples,
+                uint64_t seed, double *reward);
 
 /* ---- Losses ---------------------------------------------------------------- */
 
@@ -208,11 +211,17 @@ typedef struct rl_config {
     rl_sampling sampling;
     int prompts_per_step, group; /* a step trains on prompts_per_step*group trajectories */
     int minibatches;
+    int req_prompts; /* async: prompts per worker request (0: half a step's) */
     float lr;
     int warm_steps;    /* supervised warm-start steps before RL */
     int eval_every, eval_n;
     int nworkers;
     rl_worker_spec workers[RL_MAX_WORKERS];
+    /* A decoding step on a speed-1 worker lasts gen_cost times its CPU time
+     * (the rest is slept): rollouts dominate RL time on real GPUs, and
+     * sleeping keeps the emulation from competing with the trainer for
+     * cores. */
+    double gen_cost;
     int kill_at_step;  /* fault injection: SIGKILL worker 0 at this step (0: never) */
     int respawn;       /* replace a worker that died */
     double target_reward; /* wall-clock time to reach it is reported (0: none) */

@@ -23,14 +23,17 @@ static const char train_usage[] =
     "  --rollout-dtype fp32|bf16|fp8     weights the workers sample with (bf16)\n"
     "  --steps N --seed S         RL steps (60), seed (1)\n"
     "  --workers LIST             name:speed:price,... (h100:1:2.5,a100:0.5:1.3,l4:0.25:0.45)\n"
+    "  --gen-cost F               a decoding step on a speed-1 worker lasts F x its CPU\n"
+    "                             time (3): rollouts dominate, as on GPUs\n"
     "  --prompts N --group G      prompts per step (8), samples per prompt (8)\n"
     "  --minibatches M            optimiser steps per RL step (2)\n"
-    "  --lr X --warm N            RL learning rate (1e-3), warm-start steps (60)\n"
+    "  --request-prompts N        async: prompts per worker request (half a step's)\n"
+    "  --lr X --warm N            RL learning rate (1e-3), warm-start steps (70)\n"
     "  --temperature T --top-p P --max-new N   sampling (1, 1, 8)\n"
     "  --clip E --tis-cap C --mis-band LO,HI --mis-level token|seq --decoupled-cap C\n"
     "                             loss knobs (0.2, 2, 0.5,2, token, none)\n"
-    "  --eval-every N --eval-n N  held-out evaluation cadence (5) and size (64)\n"
-    "  --target R                 report wall-clock time to held-out reward R (0.6)\n"
+    "  --eval-every N --eval-n N  held-out evaluation cadence (10) and size (64)\n"
+    "  --target R                 report wall-clock time to held-out reward R (0.8)\n"
     "  --width C --layers L --heads H --ctx T   model shape (64, 2, 4, 24)\n"
     "  --kill-worker-at STEP      fault injection: SIGKILL worker 0 after STEP\n"
     "  --no-respawn               do not replace a worker that died\n"
@@ -97,6 +100,7 @@ static int option(rl_config *c, const char *o, const char *v)
     if (!strcmp(o, "--workers")) return rl_workers_parse(v, c) ?: 1;
     if (!strcmp(o, "--prompts")) return parse_int(v, 1, 4096, &c->prompts_per_step, o) ?: 1;
     if (!strcmp(o, "--group")) return parse_int(v, 1, 4096, &c->group, o) ?: 1;
+    if (!strcmp(o, "--request-prompts")) return parse_int(v, 0, 4096, &c->req_prompts, o) ?: 1;
     if (!strcmp(o, "--minibatches")) return parse_int(v, 1, 4096, &c->minibatches, o) ?: 1;
     if (!strcmp(o, "--lr")) return parse_float(v, &c->lr, o) ?: 1;
     if (!strcmp(o, "--warm")) return parse_int(v, 0, 100000, &c->warm_steps, o) ?: 1;
@@ -128,6 +132,11 @@ static int option(rl_config *c, const char *o, const char *v)
     if (!strcmp(o, "--layers")) return parse_int(v, 1, 64, &c->model.layers, o) ?: 1;
     if (!strcmp(o, "--heads")) return parse_int(v, 1, 256, &c->model.heads, o) ?: 1;
     if (!strcmp(o, "--ctx")) return parse_int(v, 1, 4096, &c->model.ctx, o) ?: 1;
+    if (!strcmp(o, "--gen-cost")) {
+        SH_TRY(sh_parse_double(v, &d, o));
+        c->gen_cost = d;
+        return 1;
+    }
     if (!strcmp(o, "--kill-worker-at")) return parse_int(v, 0, 1000000, &c->kill_at_step, o) ?: 1;
     return 0;
 }

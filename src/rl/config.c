@@ -29,13 +29,14 @@ void rl_config_default(rl_config *c)
     c->group = 8;
     c->minibatches = 2;
     c->lr = 1e-3f;
-    c->warm_steps = 60;
-    c->eval_every = 5;
+    c->warm_steps = 70;
+    c->eval_every = 10;
     c->eval_n = 64;
     c->nworkers = 3;
     memcpy(c->workers, default_workers, sizeof default_workers);
     c->respawn = 1;
-    c->target_reward = 0.6;
+    c->gen_cost = 3.0;
+    c->target_reward = 0.8;
     c->model = nn_config_default(rl_vocab());
 }
 
@@ -82,6 +83,8 @@ int rl_config_check(const rl_config *c)
         if (!(c->workers[i].speed > 0 && c->workers[i].speed <= 1) || c->workers[i].price < 0)
             return sh_err(SH_EINVAL, "--workers: worker %s: speed %g must be in (0,1], price %g >= 0",
                           c->workers[i].name, c->workers[i].speed, c->workers[i].price);
+    if (!(c->gen_cost >= 1 && c->gen_cost <= 100))
+        return sh_err(SH_EINVAL, "--gen-cost %g: must be in [1,100]", c->gen_cost);
     if (c->group < 2 || c->group > 64)
         return sh_err(SH_EINVAL, "--group %d: GRPO needs 2..64 samples per prompt", c->group);
     if (c->prompts_per_step < 1 || c->prompts_per_step * c->group > 4096)
@@ -90,6 +93,9 @@ int rl_config_check(const rl_config *c)
     if (c->minibatches < 1 || c->minibatches > c->prompts_per_step * c->group)
         return sh_err(SH_EINVAL, "--minibatches %d: must be 1..%d", c->minibatches,
                       c->prompts_per_step * c->group);
+    if (c->req_prompts < 0 || c->req_prompts > c->prompts_per_step)
+        return sh_err(SH_EINVAL, "--request-prompts %d: must be 0 (auto) ..%d", c->req_prompts,
+                      c->prompts_per_step);
     if (!(c->lr > 0 && c->lr < 1)) return sh_err(SH_EINVAL, "--lr %g: must be in (0,1)", c->lr);
     if (!(c->sampling.temperature > 0 && c->sampling.temperature <= 10))
         return sh_err(SH_EINVAL, "--temperature %g: must be in (0,10]", c->sampling.temperature);

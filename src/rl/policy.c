@@ -128,16 +128,17 @@ int rl_generate(nn_model *m, const rl_problem *probs, int n, int group, int grou
     return rc;
 }
 
-int rl_evaluate(nn_model *m, const rl_problem *probs, int n, int max_new, double *reward)
+int rl_evaluate(nn_model *m, const rl_problem *probs, int n, const rl_sampling *s, int samples,
+                uint64_t seed, double *reward)
 {
-    rl_traj *t = malloc(sizeof(rl_traj) * (n > 0 ? n : 1));
+    if (samples < 1) samples = 1;
+    rl_traj *t = malloc(sizeof(rl_traj) * (n > 0 ? n : 1) * samples);
     if (!t) return sh_err(SH_ENOMEM, "evaluate: out of memory");
-    rl_sampling greedy = {.temperature = 0, .top_p = 1, .max_new = max_new};
-    uint64_t rng = 0;
-    int rc = rl_generate(m, probs, n, 1, 0, &greedy, &rng, 0, NULL, NULL, t);
+    uint64_t rng = seed;
+    int rc = rl_generate(m, probs, n, samples, 0, s, &rng, 0, NULL, NULL, t);
     double sum = 0;
-    for (int i = 0; i < n && !rc; i++) sum += t[i].reward;
-    *reward = n ? sum / n : 0;
+    for (int i = 0; i < n * samples && !rc; i++) sum += t[i].reward;
+    *reward = n ? sum / (n * samples) : 0;
     free(t);
     return rc;
 }

@@ -28,6 +28,11 @@
 #include "rl/runtime.h"
 #include "rl/wire.h"
 
+/* Held-out reward is the mean over this many samples per problem at the
+ * training temperature: what RL optimises, and smoother than one greedy
+ * answer per problem. */
+#define RL_EVAL_SAMPLES 4
+
 typedef struct wk {
     pid_t pid;
     int fd, alive, busy, req_trajs;
@@ -45,7 +50,7 @@ typedef struct run {
     int nbuf, batch, version, step, group_next;
     long issued; /* trajectories admitted and not lost; bounds staleness */
     uint64_t rng;
-    double t0;
+    double t0, eval_s;
     long gen_tokens, train_tokens, dropped_stale, dropped_dead, deaths, respawns, skipped;
     long stale_hist[RL_MAX_T + 2];
     long inflight_updates;
@@ -154,7 +159,7 @@ static int issue(run *r)
         }
         return 0;
     }
-    int per = c->prompts_per_step >= 4 ? c->prompts_per_step / 4 : 1;
+    int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 1) / 2;
     for (int i = 0; i < c->nworkers; i++) {
         wk *w = &r->w[i];
         long bound = (long)(r->step + c->max_lag + 1) * r->batch;
@@ -251,12 +256,15 @@ static void drop_stale(run *r)
     r->nbuf = k;
 }
 
-static double wall(const run *r) { return sh_now_mono() - r->t0; }
+/* Wall-clock time of the RL phase without held-out evaluations: they cost
+ * the same in both modes and are measurement, not training. */
+static double wall(const run *r) { return sh_now_mono() - r->t0 - r->eval_s; }
 
 static int eval_now(run *r)
 {
-    double rew;
-    SH_TRY(rl_evaluate(r->tr.model, r->evalset, r->c->eval_n, r->c->sampling.max_new, &rew));
+    double rew, e0 = sh_now_mono();
+    SH_TRY(rl_evaluate(r->tr.model, r->evalset, r->c->eval_n, &r->c->sampling, RL_EVAL_SAMPLES, 99, &rew));
+    r->eval_s += sh_now_mono() - e0;
     double t = wall(r);
     r->last_eval = rew;
     json_array_append_new(r->curve, json_pack("{s:f,s:i,s:f}", "wall_s", t, "step", r->step,
@@ -420,7 +428,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
     }
     int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
-                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I}",
+                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->max_lag, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
                      c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
@@ -434,7 +442,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
                      (json_int_t)r->inflight_updates, "staleness_hist", hist_json(r->stale_hist, nh),
                      "curve", json_incref(r->curve), "workers", workers, "step_stats",
                      json_incref(r->steps), "cost_usd", cost, "params",
-                     (json_int_t)nn_num_params(r->tr.model));
+                     (json_int_t)nn_num_params(r->tr.model), "eval_s", r->eval_s);
 }
 
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result)
@@ -459,7 +467,7 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     if (!rc) rc = nn_adamw_init(&r->tr.opt, r->tr.model, c->lr);
     double reward_start = 0, wall_s = 0;
     if (!rc) rl_eval_set(c->task, c->eval_n, r->evalset);
-    if (!rc) rc = rl_evaluate(r->tr.model, r->evalset, c->eval_n, c->sampling.max_new, &reward_start);
+    if (!rc) rc = rl_evaluate(r->tr.model, r->evalset, c->eval_n, &c->sampling, RL_EVAL_SAMPLES, 99, &reward_start);
     if (!rc) {
         r->last_eval = reward_start;
         r->t0 = sh_now_mono();

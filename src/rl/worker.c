@@ -2,8 +2,8 @@
  * policy, generates trajectories on request, and applies new weights as
  * they arrive, between two decoding steps of a batch (in-flight updates).
  *
- * A worker stands in for a GPU type: its speed factor stretches each
- * decoding step by sleeping (1/speed - 1) times the step's compute time, so
+ * A worker stands in for a GPU type: each decoding step is stretched by
+ * sleeping until it has lasted gen_cost / speed times its compute time, so
  * a 0.25 worker takes four times as long as a full-speed one. */
 #include <math.h>
 #include <poll.h>
@@ -53,8 +53,8 @@ static int handle(worker *w, uint32_t type)
 static void stretch(worker *w)
 {
     double now = sh_now_mono(), spent = now - w->mark;
-    double speed = w->c->workers[w->idx].speed;
-    if (speed < 1.0 && spent > 0) sh_sleep(spent * (1.0 / speed - 1.0));
+    double stretch = w->c->gen_cost / w->c->workers[w->idx].speed;
+    if (stretch > 1.0 && spent > 0) sh_sleep(spent * (stretch - 1.0));
     w->mark = sh_now_mono();
 }
 
