@@ -7,25 +7,20 @@
 
 #include "sched_int.h"
 
-static int bad(const char *fmt, const char *a, const char *b, long x, long y)
-{
-    return sh_err(SH_EINTERNAL, fmt, a, b, x, y);
-}
-
 static int check_node(const sched *s, uint32_t ni, int *busy, int *up)
 {
     const snode *n = &s->nodes[ni];
-    if (n->removed) return n->nrefs ? bad("node %s%s removed with %ld pods%ld", n->id, "", n->nrefs, 0) : 0;
+    if (n->removed) return n->nrefs ? sh_err(SH_EINTERNAL, "node %s was removed with %d pods on it", n->id, n->nrefs) : 0;
     int held = 0;
     for (int r = 0; r < n->nrefs; r++) held += n->refs[r].gpus;
     if (n->state == SCHED_NODE_FAILED && n->nrefs)
-        return bad("node %s%s failed but still holds %ld pods%ld", n->id, "", n->nrefs, 0);
+        return sh_err(SH_EINTERNAL, "work on a failed node: node %s still holds %d pods", n->id, n->nrefs);
     if (held > n->gpus)
-        return bad("node %s%s: GPU booked twice: %ld GPUs held of %ld", n->id, "", held, n->gpus);
+        return sh_err(SH_EINTERNAL, "node %s: GPU booked twice: %d GPUs held of %d", n->id, held, n->gpus);
     if (n->state == SCHED_NODE_UP) {
         if (n->free != n->gpus - held)
-            return bad("node %s%s: free count %ld disagrees with its pods (%ld held)", n->id, "",
-                       n->free, held);
+            return sh_err(SH_EINTERNAL, "node %s: free count %d disagrees with its pods (%d held)",
+                          n->id, n->free, held);
         *busy += held, *up += n->gpus;
     }
     return 0;
@@ -36,39 +31,39 @@ static int check_job(const sched *s, uint32_t ji)
     const sjob *j = &s->jobs[ji];
     int placed = j->state == SCHED_RUNNING || j->state == SCHED_HOLDING || j->state == SCHED_REPLACING;
     if (!placed && j->nplaces)
-        return bad("job %s%s holds %ld pods while not running%ld", j->id, "", j->nplaces, 0);
+        return sh_err(SH_EINTERNAL, "job %s holds %d pods while not running", j->id, j->nplaces);
     if (!placed) return 0;
     for (int k = 0; k < j->nplaces; k++) {
         const snode *n = &s->nodes[j->places[k].node];
         int found = 0;
         for (int r = 0; r < n->nrefs; r++) found |= n->refs[r].job == ji;
-        if (!found) return bad("job %s: node %s does not know its pod%ld%ld", j->id, n->id, 0, 0);
+        if (!found) return sh_err(SH_EINTERNAL, "job %s: node %s does not know its pod", j->id, n->id);
         if (n->state == SCHED_NODE_FAILED)
-            return bad("job %s runs on failed node %s%ld%ld", j->id, n->id, 0, 0);
+            return sh_err(SH_EINTERNAL, "job %s runs on failed node %s", j->id, n->id);
     }
     if (j->kind != SCHED_GANG) {
         if (j->kind == SCHED_ELASTIC && j->state == SCHED_RUNNING &&
             (j->nplaces < j->nodes || j->nplaces > j->maxr))
-            return bad("elastic job %s%s has %ld replicas outside its min..max (%ld)", j->id, "",
-                       j->nplaces, j->maxr);
+            return sh_err(SH_EINTERNAL, "elastic job %s has %d replicas outside %d..%d", j->id,
+                          j->nplaces, j->nodes, j->maxr);
         return 0;
     }
     if (j->state == SCHED_RUNNING && j->nplaces != j->nodes)
-        return bad("partial gang: job %s%s runs on %ld of its %ld nodes", j->id, "", j->nplaces, j->nodes);
+        return sh_err(SH_EINTERNAL, "partial gang: job %s runs on %d of its %d nodes", j->id, j->nplaces, j->nodes);
     if (j->state == SCHED_HOLDING && s->cfg.policy != SCHED_FIRSTFIT)
-        return bad("partial gang: job %s%s holds %ld of %ld pods outside firstfit", j->id, "",
-                   j->nplaces, j->nodes);
+        return sh_err(SH_EINTERNAL, "partial gang: job %s holds %d of %d pods outside firstfit",
+                      j->id, j->nplaces, j->nodes);
     for (int k = 0; k < j->nplaces; k++) {
         const snode *n = &s->nodes[j->places[k].node];
         if (n->pool != j->pool)
-            return bad("gang %s spans pools: node %s is outside its zone, fabric or type%ld%ld",
-                       j->id, n->id, 0, 0);
+            return sh_err(SH_EINTERNAL, "gang %s spans pools: node %s is outside its zone, fabric or type",
+                          j->id, n->id);
         if (j->places[k].gpus != j->gpn)
-            return bad("gang %s: pod on node %s has %ld GPUs, not %ld", j->id, n->id,
-                       j->places[k].gpus, j->gpn);
+            return sh_err(SH_EINTERNAL, "gang %s: pod on node %s has %d GPUs, not %d", j->id, n->id,
+                          j->places[k].gpus, j->gpn);
         for (int m = 0; m < k; m++)
             if (j->places[m].node == j->places[k].node)
-                return bad("gang %s puts two pods on node %s%ld%ld", j->id, n->id, 0, 0);
+                return sh_err(SH_EINTERNAL, "gang %s puts two pods on node %s", j->id, n->id);
     }
     return 0;
 }
@@ -90,9 +85,9 @@ static int check_resv(const sched *s, double now)
                 if (j->backfilled && e > r->T + 1e-6 && e >= now) late += n->refs[q].gpus;
             }
             if (late > n->gpus - r->need)
-                return bad("reservation of job %s delayed by backfill on node %s: %ld GPUs "
-                           "busy past its start, %ld allowed",
-                           s->jobs[r->job].id, n->id, late, n->gpus - r->need);
+                return sh_err(SH_EINTERNAL, "reservation of job %s delayed by backfill on node %s: %d GPUs "
+                              "busy past its start, %d allowed",
+                              s->jobs[r->job].id, n->id, late, n->gpus - r->need);
         }
     }
     return 0;
