@@ -261,6 +261,30 @@ static void test_bf16_rounding(void **state)
     assert_float_equal(w[3], -3.140625f, 0);
 }
 
+static void test_checkpoint_roundtrip(void **state)
+{
+    nn_config cfg = nn_config_default(rl_vocab());
+    nn_model *a, *b;
+    TU_OK(nn_new(&cfg, 11, &a));
+    TU_OK(nn_new(&cfg, 12, &b));
+    const char *path = tu_path("policy.safetensors");
+    json_t *extra = json_pack("{s:s}", "shoal.note", "test");
+    TU_OK(rl_save_checkpoint(a, path, 7, extra));
+    json_decref(extra);
+    TU_OK(rl_load_checkpoint(b, path));
+    /* b now holds a's weights rounded to bf16. */
+    size_t np = nn_num_params(a);
+    rl_round_bf16(nn_params(a), np);
+    assert_memory_equal(nn_params(a), nn_params(b), np * 4);
+    /* A model of another shape is refused, naming the tensor. */
+    nn_config small = cfg;
+    small.width = 32;
+    nn_model *c;
+    TU_OK(nn_new(&small, 1, &c));
+    TU_ERR(rl_load_checkpoint(c, path), SH_EMISMATCH, "model.embed_tokens.weight");
+    nn_free(a), nn_free(b), nn_free(c);
+}
+
 static json_t *run_json(const char *args, int want_rc)
 {
     char *out = NULL;
@@ -347,6 +371,7 @@ int main(void)
         cmocka_unit_test(test_tasks),            cmocka_unit_test(test_losses_hand_computed),
         cmocka_unit_test(test_loss_gradients),   cmocka_unit_test(test_grpo),
         cmocka_unit_test(test_nan_step_skipped), cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_checkpoint_roundtrip),
         cmocka_unit_test(test_bad_configs),      cmocka_unit_test(test_worker_killed),
         cmocka_unit_test(test_async_run_learns),
     };

@@ -191,6 +191,14 @@ int rl_sft_step(nn_model *m, nn_adamw *opt, const rl_problem *p, int n, float *l
 /* Rounds weights to bf16 (round to nearest even), in place. */
 void rl_round_bf16(float *w, size_t n);
 
+/* Writes the policy as a bf16 safetensors checkpoint with Hugging Face
+ * tensor names; metadata records the version and shape, plus the string
+ * pairs of `extra` (may be NULL).  Atomic (src/ckpt). */
+int rl_save_checkpoint(nn_model *m, const char *path, int version, const json_t *extra);
+/* Loads a checkpoint written by rl_save_checkpoint into a model of the same
+ * shape (SH_EMISMATCH naming the tensor otherwise). */
+int rl_load_checkpoint(nn_model *m, const char *path);
+
 /* ---- The runtime (I/O edge) ------------------------------------------------ */
 
 enum { RL_MODE_SYNC = 0, RL_MODE_ASYNC = 1 };
@@ -227,6 +235,7 @@ typedef struct rl_config {
     double target_reward; /* wall-clock time to reach it is reported (0: none) */
     nn_config model;
     const char *out_dir; /* where checkpoints go (NULL: none) */
+    int save_every;      /* also save every N steps (0: only the last) */
     const char *self_exe; /* unused unless workers exec; may be NULL */
     int quiet;
 } rl_config;

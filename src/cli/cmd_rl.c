@@ -35,6 +35,8 @@ static const char train_usage[] =
     "  --eval-every N --eval-n N  held-out evaluation cadence (10) and size (64)\n"
     "  --target R                 report wall-clock time to held-out reward R (0.8)\n"
     "  --width C --layers L --heads H --ctx T   model shape (64, 2, 4, 24)\n"
+    "  --out DIR --save-every N   write bf16 safetensors policy checkpoints (Hugging Face\n"
+    "                             names) to DIR at the end and every N steps\n"
     "  --kill-worker-at STEP      fault injection: SIGKILL worker 0 after STEP\n"
     "  --no-respawn               do not replace a worker that died\n"
     "  --quiet                    no per-evaluation lines on stderr\n";
@@ -137,6 +139,11 @@ static int option(rl_config *c, const char *o, const char *v)
         c->gen_cost = d;
         return 1;
     }
+    if (!strcmp(o, "--out")) {
+        c->out_dir = v;
+        return 1;
+    }
+    if (!strcmp(o, "--save-every")) return parse_int(v, 0, 1000000, &c->save_every, o) ?: 1;
     if (!strcmp(o, "--kill-worker-at")) return parse_int(v, 0, 1000000, &c->kill_at_step, o) ?: 1;
     return 0;
 }

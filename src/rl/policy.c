@@ -178,14 +178,3 @@ int rl_sft_step(nn_model *m, nn_adamw *opt, const rl_problem *p, int n, float *l
     free(tok), free(tgt), free(mask);
     return rc;
 }
-
-void rl_round_bf16(float *w, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &w[i], 4);
-        if ((u & 0x7f800000u) != 0x7f800000u) /* leave inf and NaN alone */
-            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        memcpy(&w[i], &u, 4);
-    }
-}

@@ -55,7 +55,7 @@ typedef struct run {
     long stale_hist[RL_MAX_T + 2];
     long inflight_updates;
     rl_problem *evalset;
-    json_t *curve, *steps;
+    json_t *curve, *steps, *ckpts;
     rl_progress_fn progress;
     void *pctx;
     double time_to_target, last_eval;
@@ -280,6 +280,22 @@ static int eval_now(run *r)
     return 0;
 }
 
+/* out_dir/policy-v<version>.safetensors; the path is recorded in the run's
+ * result. */
+static int save(run *r)
+{
+    if (!r->c->out_dir) return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/policy-v%06d.safetensors", r->c->out_dir, r->version);
+    char step[32];
+    snprintf(step, sizeof step, "%d", r->step);
+    json_t *extra = json_pack("{s:s,s:s}", "shoal.step", step, "shoal.task", rl_task_name(r->c->task));
+    int rc = rl_save_checkpoint(r->tr.model, path, r->version, extra);
+    json_decref(extra);
+    if (!rc) json_array_append_new(r->ckpts, json_string(path));
+    return rc;
+}
+
 static json_t *hist_json(const long *h, int n)
 {
     json_t *a = json_array();
@@ -323,6 +339,8 @@ static int train_one(run *r)
     for (int i = 0; i < r->c->nworkers; i++)
         if (r->w[i].alive && !st.skipped) SH_TRY(enqueue_weights(r, &r->w[i]));
     if (r->step % r->c->eval_every == 0 || r->step == r->c->steps) SH_TRY(eval_now(r));
+    if (r->step == r->c->steps || (r->c->save_every && r->step % r->c->save_every == 0))
+        SH_TRY(save(r));
     if (r->step == r->c->kill_at_step && r->w[0].alive) {
         sh_log(SH_LOG_WARN, "rl: fault injection: killing worker 0 (pid %d)", (int)r->w[0].pid);
         kill(r->w[0].pid, SIGKILL);
@@ -428,7 +446,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
     }
     int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
-                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f}",
+                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->max_lag, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
                      c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
@@ -442,7 +460,8 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
                      (json_int_t)r->inflight_updates, "staleness_hist", hist_json(r->stale_hist, nh),
                      "curve", json_incref(r->curve), "workers", workers, "step_stats",
                      json_incref(r->steps), "cost_usd", cost, "params",
-                     (json_int_t)nn_num_params(r->tr.model), "eval_s", r->eval_s);
+                     (json_int_t)nn_num_params(r->tr.model), "eval_s", r->eval_s,
+                     "checkpoints", json_incref(r->ckpts));
 }
 
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result)
@@ -454,12 +473,13 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     r->batch = c->prompts_per_step * c->group;
     r->rng = c->seed * 0x2545f4914f6cdd1dULL + 1;
     r->time_to_target = -1;
-    r->curve = json_array(), r->steps = json_array();
+    r->curve = json_array(), r->steps = json_array(), r->ckpts = json_array();
     /* Admission keeps at most max_lag + 1 batches beyond those consumed;
      * sync keeps one.  Leave room for every worker's request on top. */
     r->buf = malloc(sizeof(rl_traj) * (size_t)(r->batch * (c->max_lag + 2 + c->nworkers) + 64));
     r->evalset = malloc(sizeof(rl_problem) * c->eval_n);
     int rc = r->buf && r->evalset ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
+    if (!rc && c->out_dir) rc = sh_mkdir_p(c->out_dir, 0755);
     if (!rc) rc = nn_new(&c->model, c->seed, &r->tr.model);
     if (!rc) rc = warm_start(r);
     r->tr.loss = c->loss, r->tr.temperature = c->sampling.temperature;
@@ -479,7 +499,7 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
         shutdown_workers(r);
     }
     if (!rc) *result = result_json(r, reward_start, wall_s);
-    json_decref(r->curve), json_decref(r->steps);
+    json_decref(r->curve), json_decref(r->steps), json_decref(r->ckpts);
     nn_adamw_free(&r->tr.opt);
     nn_free(r->tr.model);
     free(r->buf), free(r->evalset), free(r);
