@@ -219,7 +219,7 @@ typedef struct rl_config {
     rl_sampling sampling;
     int prompts_per_step, group; /* a step trains on prompts_per_step*group trajectories */
     int minibatches;
-    int req_prompts; /* async: prompts per worker request (0: half a step's) */
+    int req_prompts; /* async: prompts per worker request (0: a quarter step's) */
     float lr;
     int warm_steps;    /* supervised warm-start steps before RL */
     int eval_every, eval_n;

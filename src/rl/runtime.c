@@ -159,7 +159,7 @@ static int issue(run *r)
         }
         return 0;
     }
-    int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 1) / 2;
+    int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 3) / 4;
     for (int i = 0; i < c->nworkers; i++) {
         wk *w = &r->w[i];
         long bound = (long)(r->step + c->max_lag + 1) * r->batch;
