@@ -20,7 +20,7 @@ static const char sweep_usage[] =
     "DIR/sweep.md, DIR/sweep.json and DIR/sweep.svg (DIR: rl-sweep).\n"
     "  --quick        sync, async lag 1 and 4 x the four losses, bf16, one seed\n"
     "  --steps N      RL steps per run (60)\n"
-    "  --target R     held-out reward whose wall-clock time is compared (0.8)\n"
+    "  --target R     held-out reward whose wall-clock time is reported (0.7)\n"
     "  --json         print the table as one JSON object instead of markdown\n"
     "Any other option is passed to every shoal rl train run (see its --help).\n";
 
@@ -45,6 +45,22 @@ static double mean_sd(json_t *runs, const char *key, double *sd, int *count, int
     double m = n ? s / n : NAN;
     *sd = n > 1 ? sqrt(fmax(0, (q - n * m * m) / (n - 1))) : 0;
     return m;
+}
+
+/* Wall-clock time at which a run's held-out curve first reaches `level`,
+ * interpolated between evaluations; -1 if it never does. */
+static double reach_time(json_t *run, double level)
+{
+    json_t *curve = json_object_get(run, "curve"), *pt;
+    double pt_t = 0, pr = 0;
+    size_t i;
+    json_array_foreach(curve, i, pt) {
+        double t = json_number_value(json_object_get(pt, "wall_s"));
+        double r = json_number_value(json_object_get(pt, "reward"));
+        if (r >= level) return i ? pt_t + (t - pt_t) * (level - pr) / (r - pr) : t;
+        pt_t = t, pr = r;
+    }
+    return -1;
 }
 
 static void cfg_name(const cfg *c, char *out, size_t cap)
@@ -79,7 +95,8 @@ static int run_one(cfg *c, int seed, int steps, double target, const char *extra
     return 0;
 }
 
-static json_t *row_json(const cfg *c)
+/* ref: the sync configuration with the same loss and dtype (may be c). */
+static json_t *row_json(const cfg *c, const cfg *ref)
 {
     double sd1, sd2, sd3, sd4;
     int n1, n2, n3, n4;
@@ -87,9 +104,22 @@ static json_t *row_json(const cfg *c)
     double t = mean_sd(c->runs, "time_to_target_s", &sd2, &n2, 1);
     double w = mean_sd(c->runs, "wall_s", &sd3, &n3, 0);
     double tp = mean_sd(c->runs, "tokens_per_s", &sd4, &n4, 0);
+    /* Speed-up: the sync run's mean wall-clock time over the time this
+     * configuration takes to reach the sync run's mean final reward. */
+    double sdr, sdw, level = mean_sd(ref->runs, "reward_end", &sdr, &n3, 0);
+    double ref_wall = mean_sd(ref->runs, "wall_s", &sdw, &n3, 0), tr = 0;
+    int nr = 0;
+    size_t i;
+    json_t *run;
+    json_array_foreach(c->runs, i, run) {
+        double tt = reach_time(run, level - 1e-9);
+        if (tt >= 0) tr += tt, nr++;
+    }
+    double speedup = nr == (int)json_array_size(c->runs) && tr > 0 ? ref_wall / (tr / nr) : -1;
     char name[96];
     cfg_name(c, name, sizeof name);
-    return json_pack("{s:s,s:s,s:i,s:s,s:s,s:f,s:f,s:f,s:f,s:i,s:i,s:f,s:f,s:O}", "config", name,
+    return json_pack("{s:f,s:f,s:s,s:s,s:i,s:s,s:s,s:f,s:f,s:f,s:f,s:i,s:i,s:f,s:f,s:O}",
+                     "sync_reward_ref", level, "speedup_vs_sync", speedup, "config", name,
                      "mode", c->async ? "async" : "sync", "max_lag", c->lag, "loss",
                      rl_loss_name(c->loss), "rollout_dtype", c->dtype, "reward_end_mean", r,
                      "reward_end_sd", sd1, "time_to_target_mean_s", n2 ? t : -1.0,
@@ -101,7 +131,7 @@ static void write_md(sh_buf *md, json_t *rows, double target, const char *cmdlin
 {
     sh_buf_printf(md, "Produced by `%s`.\n\n", cmdline);
     sh_buf_printf(md, "| config | held-out reward (end) | time to %.2f (s) | reached | wall (s) | "
-                      "tokens/s |\n|---|---|---|---|---|---|\n", target);
+                      "tokens/s | speed-up vs sync |\n|---|---|---|---|---|---|---|\n", target);
     size_t i;
     json_t *r;
     json_array_foreach(rows, i, r) {
@@ -110,15 +140,21 @@ static void write_md(sh_buf *md, json_t *rows, double target, const char *cmdlin
         if (t >= 0)
             snprintf(tt, sizeof tt, "%.1f ± %.1f", t,
                      json_number_value(json_object_get(r, "time_to_target_sd_s")));
-        sh_buf_printf(md, "| %s | %.3f ± %.3f | %s | %d/%d | %.1f | %.0f |\n",
+        double sp = json_number_value(json_object_get(r, "speedup_vs_sync"));
+        char sps[32] = "not reached";
+        if (sp > 0) snprintf(sps, sizeof sps, "%.2fx", sp);
+        sh_buf_printf(md, "| %s | %.3f ± %.3f | %s | %d/%d | %.1f | %.0f | %s |\n",
                       json_string_value(json_object_get(r, "config")),
                       json_number_value(json_object_get(r, "reward_end_mean")),
                       json_number_value(json_object_get(r, "reward_end_sd")), tt,
                       (int)json_integer_value(json_object_get(r, "reached")),
                       (int)json_integer_value(json_object_get(r, "seeds")),
                       json_number_value(json_object_get(r, "wall_mean_s")),
-                      json_number_value(json_object_get(r, "tokens_per_s")));
+                      json_number_value(json_object_get(r, "tokens_per_s")), sps);
     }
+    sh_buf_printf(md, "\nSpeed-up vs sync: the sync run's (same loss and dtype) mean wall-clock "
+                      "time divided by the time this configuration takes to first reach the sync "
+                      "run's mean final held-out reward.\n");
 }
 
 /* Reward against wall-clock time, one polyline per run, one colour per
@@ -176,7 +212,7 @@ static void write_svg(sh_buf *s, json_t *rows, double target)
 int cli_rl_sweep(int argc, char **argv)
 {
     int quick = 0, seeds = 3, steps = 60, json = 0;
-    double target = 0.8;
+    double target = 0.7;
     const char *out = "rl-sweep";
     char extra[2048] = "";
     for (int i = 0; i < argc; i++) {
@@ -241,6 +277,7 @@ int cli_rl_sweep(int argc, char **argv)
             if (rl_config_check(&c) < 0) {
                 json_array_append_new(skipped, json_pack("{s:s,s:s}", "config", name, "why", sh_errmsg()));
                 json_decref(cf[i].runs);
+                cf[i].runs = NULL;
                 sh_progress_update(&bar, (uint64_t)(i + 1) * seeds);
                 continue;
             }
@@ -250,14 +287,22 @@ int cli_rl_sweep(int argc, char **argv)
             sh_progress_update(&bar, (uint64_t)i * seeds + s);
         }
         if (!rc) {
-            json_t *row = row_json(&cf[i]);
-            fprintf(stderr, "rl sweep: %-32s reward %.3f, time to %.2f: %.1f s\n", name,
-                    json_number_value(json_object_get(row, "reward_end_mean")), target,
-                    json_number_value(json_object_get(row, "time_to_target_mean_s")));
-            json_array_append_new(rows, row);
+            double sd;
+            int n;
+            fprintf(stderr, "rl sweep: %-32s held-out reward %.3f, wall %.1f s\n", name,
+                    mean_sd(cf[i].runs, "reward_end", &sd, &n, 0), mean_sd(cf[i].runs, "wall_s", &sd, &n, 0));
         }
-        json_decref(cf[i].runs);
     }
+    /* Rows once every run is in: each compares with its sync counterpart. */
+    for (int i = 0; i < ncf && !rc; i++) {
+        if (!cf[i].runs) continue;
+        const cfg *ref = &cf[i];
+        for (int k = 0; k < ncf; k++)
+            if (cf[k].runs && !cf[k].async && cf[k].loss == cf[i].loss && !strcmp(cf[k].dtype, cf[i].dtype))
+                ref = &cf[k];
+        json_array_append_new(rows, row_json(&cf[i], ref));
+    }
+    for (int i = 0; i < ncf; i++) json_decref(cf[i].runs);
     sh_progress_finish(&bar);
     if (rc) {
         json_decref(rows), json_decref(skipped);
