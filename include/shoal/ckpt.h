@@ -119,6 +119,10 @@ uint64_t ckpt_file_bytes(const ckpt *c);
 int ckpt_parse_header(const uint8_t *buf, uint64_t len, const char *ctx, ckpt_tensor **out,
                       size_t *n, json_t **metadata, uint64_t *hdr_len);
 void ckpt_tensors_free(ckpt_tensor *t, size_t n);
+/* The same for a header image alone (exactly 8 + n bytes, no data): the
+ * data buffer is taken to be whatever the tensors cover. */
+int ckpt_parse_header_only(const uint8_t *hdr, uint64_t len, const char *ctx, ckpt_tensor **out,
+                           size_t *n);
 
 /* ---- Digests ----------------------------------------------------------
  * A tensor's digest is xxh3-128 over the concatenated xxh3-128 digests of its
