@@ -187,7 +187,9 @@ int ckpt_synth(const char *path, uint64_t params, uint64_t seed);
 /* `steps` Adam steps of size lr with random gradients from the checkpoint at
  * in (bf16) to out.  The fp32 master weights are drawn uniformly within each
  * bf16 weight's rounding interval (where the trainer's master copy lies), the
- * result is cast back with round-to-nearest-even.  Streams chunk by chunk. */
+ * Adam moments from their steady state under unit-variance gradient noise
+ * (m ~ N(0, (1-b1)/(1+b1)), v = 1: deep into training), and the result is
+ * cast back with round-to-nearest-even.  Streams chunk by chunk. */
 int ckpt_step(const char *in, const char *out, double lr, uint64_t steps, uint64_t seed);
 
 #ifdef __cplusplus

@@ -15,6 +15,8 @@
 typedef struct {
     int (*put)(void *ctx, uint32_t file, size_t tensor, uint64_t off, const void *p, size_t n);
     void *ctx;
+    /* Optional: where to build the bytes directly (then put is not called). */
+    uint8_t *(*direct)(void *ctx, uint32_t file, size_t tensor, uint64_t off);
 } delta__sink;
 
 typedef struct {
@@ -50,18 +52,23 @@ static int delta__apply_item(void *arg, size_t i, delta__scratch *s)
     const delta__chunk *c = &t->chunks[it->chunk];
     const ckpt_tensor *b = a->bt[it->tensor];
     size_t n = t->nbytes - off < CKPT_CHUNK ? (size_t)(t->nbytes - off) : CKPT_CHUNK;
-    if (b) {
-        memcpy(s->tmp, b->data + off, n);
-        it->base_dig = ckpt_chunk_digest(s->tmp, n);
-    }
+    const delta__file *f = &a->d->files[t->file];
+    size_t ti = it->tensor - f->first;
+    uint8_t *dst = a->sink.direct ? a->sink.direct(a->sink.ctx, t->file, ti, off) : s->tmp;
     char what[512];
     snprintf(what, sizeof what, "delta: tensor \"%s\" chunk %u", t->name, it->chunk);
-    SH_TRY(delta__decode_chunk(s, c->enc, a->d->payload + c->off, (size_t)c->len,
-                               delta__unit(t->dtype), ckpt_dtype_is_float(t->dtype), s->tmp, n,
-                               NULL, what));
-    it->dig = ckpt_chunk_digest(s->tmp, n);
-    const delta__file *f = &a->d->files[t->file];
-    SH_TRY(a->sink.put(a->sink.ctx, t->file, it->tensor - f->first, off, s->tmp, n));
+    const uint8_t *payload = a->d->payload + c->off;
+    if (c->enc == DELTA__RAW || c->enc == DELTA__ZSTD) {
+        SH_TRY(delta__decode_chunk(s, c->enc, payload, (size_t)c->len, delta__unit(t->dtype),
+                                   ckpt_dtype_is_float(t->dtype), dst, n, NULL, what));
+        it->dig = ckpt_chunk_digest(dst, n);
+        if (b) it->base_dig = ckpt_chunk_digest(b->data + off, n);
+    } else {
+        SH_TRY(delta__decode_fused(s, c->enc, payload, (size_t)c->len, delta__unit(t->dtype),
+                                   ckpt_dtype_is_float(t->dtype), b->data + off, dst, n,
+                                   &it->base_dig, &it->dig, what));
+    }
+    if (!a->sink.direct) SH_TRY(a->sink.put(a->sink.ctx, t->file, ti, off, s->tmp, n));
     if (a->o && a->o->progress) {
         pthread_mutex_lock(&a->mu);
         a->done += n;
@@ -222,6 +229,12 @@ static int delta__mem_put(void *ctx, uint32_t file, size_t tensor, uint64_t off,
     return SH_OK;
 }
 
+static uint8_t *delta__mem_direct(void *ctx, uint32_t file, size_t tensor, uint64_t off)
+{
+    delta__memsink *m = ctx;
+    return m->out + m->d->files[file].t[tensor].offset + off;
+}
+
 int delta_apply_mem(const ckpt *base, const delta *d, const delta_opts *o, uint8_t *out,
                     size_t cap, size_t *len)
 {
@@ -232,7 +245,7 @@ int delta_apply_mem(const ckpt *base, const delta *d, const delta_opts *o, uint8
                                   (unsigned long long)size);
     memcpy(out, d->files[0].header, d->files[0].header_len);
     delta__memsink m = {d, out};
-    SH_TRY(delta__apply_core(base, d, o, (delta__sink){delta__mem_put, &m}));
+    SH_TRY(delta__apply_core(base, d, o, (delta__sink){delta__mem_put, &m, delta__mem_direct}));
     *len = (size_t)size;
     return SH_OK;
 }
@@ -300,7 +313,7 @@ static int delta__apply_files(const ckpt *base, const delta *d, const char *out,
     snprintf(stage, sizeof stage, "%s.tmp.%ld", out, (long)getpid());
     delta__filesink fs = {0};
     int rc = delta__open_writers(d, out, stage, &fs);
-    if (rc == SH_OK) rc = delta__apply_core(base, d, o, (delta__sink){delta__file_put, &fs});
+    if (rc == SH_OK) rc = delta__apply_core(base, d, o, (delta__sink){delta__file_put, &fs, NULL});
     for (size_t f = 0; f < fs.n; f++) {
         if (rc == SH_OK) rc = ckpt_writer_commit(fs.w[f]);
         else ckpt_writer_abort(fs.w[f]);

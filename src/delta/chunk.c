@@ -13,6 +13,14 @@
 
 #include "delta/internal.h"
 
+/* The library's runtime-dispatched xxh3 uses the widest vectors the CPU has
+ * (the digests are the same whatever the width). */
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xxh_x86dispatch.h>
+#endif
+
 const char *const delta__enc_names[5] = {"SAME", "SPARSE", "DENSE", "RAW", "ZSTD"};
 
 unsigned delta__unit(ckpt_dtype d)
@@ -39,8 +47,10 @@ int delta__scratch_init(delta__scratch *s)
     s->zd = ZSTD_createDCtx();
     s->g = malloc(sizeof *s->g);
     s->v = malloc(sizeof *s->v);
+    s->ho = XXH3_createState();
+    s->hn = XXH3_createState();
     if (!s->pos || !s->d || !s->out || !s->rbuf || !s->bits || !s->zbuf || !s->tmp || !s->tmp2 ||
-        !s->zc || !s->zd || !s->g || !s->v) {
+        !s->zc || !s->zd || !s->g || !s->v || !s->ho || !s->hn) {
         delta__scratch_free(s);
         return sh_err(SH_ENOMEM, "out of memory for delta buffers");
     }
@@ -51,19 +61,40 @@ void delta__scratch_free(delta__scratch *s)
 {
     free(s->pos), free(s->d), free(s->out), free(s->rbuf), free(s->bits), free(s->zbuf);
     free(s->tmp), free(s->tmp2), free(s->g), free(s->v);
+    XXH3_freeState(s->ho);
+    XXH3_freeState(s->hn);
     ZSTD_freeCCtx(s->zc);
     ZSTD_freeDCtx(s->zd);
     memset(s, 0, sizeof *s);
 }
 
-static inline uint64_t delta__load(const uint8_t *p, unsigned w)
+/* The hot loops are instantiated for each unit width (always_inline with a
+ * constant w), so that loads are single instructions, not memcpy calls. */
+#define DELTA__HOT static inline __attribute__((always_inline))
+
+DELTA__HOT uint64_t delta__load(const uint8_t *p, unsigned w)
 {
-    uint64_t v = 0;
-    memcpy(&v, p, w); /* little-endian host */
-    return v;
+    switch (w) {
+    case 1: return *p;
+    case 2: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return v;
+    }
+    case 4: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    default: {
+        uint64_t v;
+        memcpy(&v, p, 8); /* little-endian host */
+        return v;
+    }
+    }
 }
 
-static inline uint64_t delta__diff(const uint8_t *o, const uint8_t *n, unsigned w, int is_float)
+DELTA__HOT uint64_t delta__diff(const uint8_t *o, const uint8_t *n, unsigned w, int is_float)
 {
     uint64_t a = delta__load(o, w), b = delta__load(n, w);
     if (is_float) a = delta__ord(a, w), b = delta__ord(b, w);
@@ -72,7 +103,7 @@ static inline uint64_t delta__diff(const uint8_t *o, const uint8_t *n, unsigned 
 
 /* Records the differing units of a 16-byte block at unit index base; the mask
  * has one bit per differing byte.  Returns 0 when the sparse list is full. */
-static inline int delta__record(delta__scratch *s, size_t *k, uint32_t m, size_t base,
+DELTA__HOT int delta__record(delta__scratch *s, size_t *k, uint32_t m, size_t base,
                                 const uint8_t *o, const uint8_t *n, unsigned w, int is_float)
 {
     uint32_t um = (1u << w) - 1;
@@ -87,15 +118,13 @@ static inline int delta__record(delta__scratch *s, size_t *k, uint32_t m, size_t
     return 1;
 }
 
-/* Finds changed units into s->pos/s->d, up to `limit`; returns the count, or
- * limit + 1 when there are more. */
-static size_t delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t nbytes,
-                          unsigned w, int is_float, size_t limit)
+/* Finds the changed units of bytes [i, end) into s->pos/s->d after the *k
+ * already there; returns 0 when more than s->cap units changed. */
+DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
+                       size_t end, unsigned w, int is_float, size_t *k)
 {
-    size_t k = 0, i = 0, saved = s->cap;
-    s->cap = limit < saved ? limit : saved;
 #ifdef __SSE2__
-    for (; i + 64 <= nbytes; i += 64) {
+    for (; i + 64 <= end; i += 64) {
         __m128i e0 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i)),
                                     _mm_loadu_si128((const __m128i *)(n + i)));
         __m128i e1 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i + 16)),
@@ -111,24 +140,63 @@ static size_t delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n,
                          ~(uint32_t)_mm_movemask_epi8(e2) & 0xffff,
                          ~(uint32_t)_mm_movemask_epi8(e3) & 0xffff};
         for (int b = 0; b < 4; b++)
-            if (m[b] && !delta__record(s, &k, m[b], (i + 16 * b) / w, o + i + 16 * b,
-                                       n + i + 16 * b, w, is_float)) {
-                s->cap = saved;
-                return limit + 1;
-            }
+            if (m[b] && !delta__record(s, k, m[b], (i + 16 * b) / w, o + i + 16 * b,
+                                       n + i + 16 * b, w, is_float))
+                return 0;
     }
 #endif
-    for (; i < nbytes; i += 16) {
-        size_t len = nbytes - i < 16 ? nbytes - i : 16;
+    for (; i < end; i += 16) {
+        size_t len = end - i < 16 ? end - i : 16;
         uint32_t m = 0;
         for (size_t b = 0; b < len; b++) m |= (uint32_t)(o[i + b] != n[i + b]) << b;
-        if (m && !delta__record(s, &k, m, i / w, o + i, n + i, w, is_float)) {
-            s->cap = saved;
-            return limit + 1;
-        }
+        if (m && !delta__record(s, k, m, i / w, o + i, n + i, w, is_float)) return 0;
     }
+    return 1;
+}
+
+static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
+                         size_t end, unsigned w, int is_float, size_t *k)
+{
+#define DELTA__SCAN(W, F) return delta__scan(s, o, n, i, end, W, F, k)
+    switch (w * 2 + !!is_float) {
+    case 2: DELTA__SCAN(1, 0);
+    case 3: DELTA__SCAN(1, 1);
+    case 4: DELTA__SCAN(2, 0);
+    case 5: DELTA__SCAN(2, 1);
+    case 8: DELTA__SCAN(4, 0);
+    case 9: DELTA__SCAN(4, 1);
+    case 16: DELTA__SCAN(8, 0);
+    default: DELTA__SCAN(8, 1);
+    }
+#undef DELTA__SCAN
+}
+
+/* Scans a chunk in cache-sized pieces, hashing both sides of each piece
+ * while it is in cache (the digests are needed anyway, and reading the
+ * chunk once from memory is what bounds the speed).  Returns the number of
+ * changes, or limit + 1 when there are more. */
+#define DELTA__PIECE (64u << 10)
+static size_t delta__scan_hash(delta__scratch *s, const uint8_t *o, const uint8_t *n,
+                               size_t nbytes, unsigned w, int is_float, size_t limit,
+                               sh_hash128 *odig, sh_hash128 *ndig)
+{
+    size_t k = 0, saved = s->cap;
+    int full = 0;
+    s->cap = limit < saved ? limit : saved;
+    XXH3_state_t *ho = s->ho, *hn = s->hn;
+    XXH3_128bits_reset(ho);
+    XXH3_128bits_reset(hn);
+    for (size_t i = 0; i < nbytes; i += DELTA__PIECE) {
+        size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
+        XXH3_128bits_update(ho, o + i, end - i);
+        XXH3_128bits_update(hn, n + i, end - i);
+        if (!full && !delta__scan_w(s, o, n, i, end, w, is_float, &k)) full = 1;
+    }
+    XXH128_hash_t a = XXH3_128bits_digest(ho), b = XXH3_128bits_digest(hn);
+    *odig = (sh_hash128){a.low64, a.high64};
+    *ndig = (sh_hash128){b.low64, b.high64};
     s->cap = saved;
-    return k;
+    return full ? limit + 1 : k;
 }
 
 /* Writes table(s), the rANS stream and the extra bits after a prefix of
@@ -222,17 +290,18 @@ static int delta__encode_bytes(delta__scratch *s, const uint8_t *new, size_t nby
 
 int delta__encode_chunk(delta__scratch *s, unsigned w, int is_float, const uint8_t *old,
                         const uint8_t *new, size_t nbytes, int *enc, const uint8_t **payload,
-                        size_t *len, uint64_t *changed)
+                        size_t *len, uint64_t *changed, sh_hash128 *odig, sh_hash128 *ndig)
 {
     *changed = 0;
     if (!old) {
+        *ndig = ckpt_chunk_digest(new, nbytes);
         /* Whole tensors compress like any data: zstd level 3 is the usual
          * balance; they are rare between RL steps. */
         *changed = nbytes / w;
         return delta__encode_bytes(s, new, nbytes, 3, enc, payload, len);
     }
     size_t units = nbytes / w, limit = units / 4;
-    size_t k = delta__scan(s, old, new, nbytes, w, is_float, limit);
+    size_t k = delta__scan_hash(s, old, new, nbytes, w, is_float, limit, odig, ndig);
     if (k == 0) {
         *enc = DELTA__SAME, *payload = s->out, *len = 0;
         return SH_OK;

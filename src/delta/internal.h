@@ -119,6 +119,7 @@ typedef struct delta__scratch {
     ZSTD_CCtx *zc;
     ZSTD_DCtx *zd;
     delta__dtable *g, *v;
+    void *ho, *hn;      /* XXH3 states for streaming chunk digests */
 } delta__scratch;
 
 int delta__scratch_init(delta__scratch *s);
@@ -129,10 +130,11 @@ unsigned delta__unit(ckpt_dtype d);
 
 /* Encodes a chunk.  With old == NULL (a whole tensor) only RAW or ZSTD are
  * chosen.  *payload points into the scratch or at `new` (valid until the next
- * call); *changed counts differing units. */
+ * call); *changed counts differing units; *odig and *ndig get the chunk
+ * digests of old (unless NULL) and new. */
 int delta__encode_chunk(delta__scratch *s, unsigned w, int is_float, const uint8_t *old,
                         const uint8_t *new, size_t nbytes, int *enc, const uint8_t **payload,
-                        size_t *len, uint64_t *changed);
+                        size_t *len, uint64_t *changed, sh_hash128 *odig, sh_hash128 *ndig);
 
 /* Streaming decoder of the changes of a SPARSE or DENSE chunk. */
 typedef struct {
@@ -160,6 +162,12 @@ int delta__dec_close(delta__dec *d);
 int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, uint8_t *out, size_t nbytes, uint64_t *changed,
                         const char *what);
+
+/* For SAME, SPARSE and DENSE: out = base patched, with the chunk digests
+ * of base and out. */
+int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
+                        unsigned w, int is_float, const uint8_t *base, uint8_t *out,
+                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, const char *what);
 
 /* d (as a signed w-byte value, zigzagged) -> its two's-complement value. */
 static inline uint64_t delta__unzig(uint64_t z) { return (z >> 1) ^ (0 - (z & 1)); }

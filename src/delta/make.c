@@ -36,14 +36,15 @@ static int delta__make_item(void *arg, size_t i, delta__scratch *s)
     const ckpt_tensor *t = it->hash_only ? &m->base->tensors[it->tensor] : &m->target->tensors[it->tensor];
     uint64_t off = (uint64_t)it->chunk * CKPT_CHUNK;
     size_t n = t->nbytes - off < CKPT_CHUNK ? (size_t)(t->nbytes - off) : CKPT_CHUNK;
-    it->dig = ckpt_chunk_digest(t->data + off, n);
-    if (it->hash_only) return SH_OK;
+    if (it->hash_only) {
+        it->dig = ckpt_chunk_digest(t->data + off, n);
+        return SH_OK;
+    }
     const ckpt_tensor *b = m->bt[it->tensor];
     const uint8_t *payload;
     SH_TRY(delta__encode_chunk(s, delta__unit(t->dtype), ckpt_dtype_is_float(t->dtype),
                                b ? b->data + off : NULL, t->data + off, n, &it->enc, &payload,
-                               &it->len, &it->changed));
-    if (b) it->base_dig = ckpt_chunk_digest(b->data + off, n);
+                               &it->len, &it->changed, &it->base_dig, &it->dig));
     it->payload = malloc(it->len ? it->len : 1);
     if (!it->payload) return sh_err(SH_ENOMEM, "out of memory");
     memcpy(it->payload, payload, it->len);
