@@ -116,7 +116,9 @@ typedef struct sim_report {
     double wait_mean_s, wait_p50_s, wait_p99_s;
     size_t bucket_jobs[SIM_BUCKETS];
     double wait_p50_s_by_nodes[SIM_BUCKETS], wait_p99_s_by_nodes[SIM_BUCKETS];
-    double utilization; /* GPU-seconds running work / GPU-seconds up, first submit to last end */
+    size_t big_jobs;                /* gangs of >= 16 nodes */
+    double wait_p50_s_big, wait_p99_s_big;
+    double utilization; /* GPU-seconds of running work / GPU-seconds up, first to last arrival */
     double cost;
     double makespan_s;
     uint64_t decisions;
