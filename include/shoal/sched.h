@@ -275,6 +275,7 @@ typedef struct sched_stats {
     uint64_t hold_timeouts;   /* firstfit: partial gangs released on timeout */
     double held_gpu_s;        /* firstfit: GPU-seconds held by partial gangs */
     uint64_t scale_ups, scale_downs;
+    uint64_t resv_late;       /* head reservations that moved later, or started late */
     int nodes_up, gpus_up, gpus_busy;
     size_t queued, running;
 } sched_stats;

@@ -111,10 +111,11 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
     static __thread int per[SCHED__MAX_GANG];
     int got = 0, nt = j->ntypes ? j->ntypes : 1;
     c.n = 0;
-    for (int ti = 0; ti < nt && got < max; ti++)
-        for (size_t pi = 0; pi < s->npools && got < max; pi++) {
-            spool *p = &s->pools[pi];
-            if (j->ntypes && p->type != j->types[ti]) continue;
+    for (int ti = 0; ti < nt && got < max; ti++) {
+        const uint32_t *tp;
+        size_t ntp = j->ntypes ? sched__type_pools(s, j->types[ti], &tp) : (tp = s->allpools, s->npools);
+        for (size_t q = 0; q < ntp && got < max; q++) {
+            spool *p = &s->pools[tp[q]];
             double end = now + j->est_s / (j->ntypes ? j->speed[ti] : 1.0);
             for (int f = j->gpn; f <= MAXG && got < max; f++)
                 for (uint32_t ni = p->head[f]; ni != NONE && got < max; ni = s->nodes[ni].next) {
@@ -128,6 +129,7 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
                     c.nodes[c.n] = ni, per[c.n++] = k, got += k;
                 }
         }
+    }
     if (got < min || !got) return 0;
     SH_TRY(sched__emit(s, d, kind, ji, NONE));
     for (int i = 0; i < c.n; i++)
@@ -161,9 +163,10 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
 static int raw_fits(const sched *s, const sjob *j)
 {
     int need = j->kind == SCHED_GANG ? j->nodes : 1;
-    for (size_t pi = 0; pi < s->npools; pi++)
-        if (sched__pool_allowed(s, j, (uint32_t)pi) && sched__pool_fits(&s->pools[pi], need, j->gpn))
-            return 1;
+    const uint32_t *jp;
+    size_t n = sched__job_pools(s, j, &jp);
+    for (size_t k = 0; k < n; k++)
+        if (sched__pool_fits(&s->pools[jp[k]], need, j->gpn)) return 1;
     return 0;
 }
 
@@ -174,10 +177,43 @@ typedef struct tnode {
     uint32_t ni;
 } tnode;
 
-static int cmp_tnode(const void *a, const void *b)
+/* Moves the k smallest times to v[0..k) (in any order) and v[k-1] holds the
+ * k-th smallest: Hoare's selection, O(m) on average, where a full sort of
+ * a large pool dominated the cycle. */
+static void select_k(tnode *v, size_t m, size_t k)
 {
-    double x = ((const tnode *)a)->t, y = ((const tnode *)b)->t;
-    return x < y ? -1 : x > y;
+    size_t lo = 0, hi = m - 1, want = k - 1;
+    while (lo < hi) {
+        double pivot = v[lo + (hi - lo) / 2].t;
+        size_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i].t < pivot) i++;
+            while (v[j].t > pivot) j--;
+            if (i <= j) {
+                tnode x = v[i];
+                v[i] = v[j], v[j] = x;
+                i++;
+                if (j == 0) break;
+                j--;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else break;
+    }
+    /* v[want] is now the k-th smallest; everything before it is <= it. */
+    double T = v[want].t;
+    size_t w = 0;
+    for (size_t r = 0; r < m && w < k; r++)
+        if (v[r].t < T) {
+            tnode x = v[w];
+            v[w++] = v[r], v[r] = x;
+        }
+    for (size_t r = w; r < m && w < k; r++)
+        if (v[r].t == T) {
+            tnode x = v[w];
+            v[w++] = v[r], v[r] = x;
+        }
 }
 
 /* When node ni will have g GPUs free, assuming running work ends at its
@@ -228,8 +264,10 @@ static int make_reservation(sched *s, uint32_t ji, double now)
     double bestT = INFINITY;
     uint32_t bestp = NONE;
     for (int pass = 0; pass < 2; pass++) {
-        for (size_t pi = 0; pi < s->npools; pi++) {
-            if (!sched__pool_allowed(s, j, (uint32_t)pi)) continue;
+        const uint32_t *jp;
+        size_t njp = sched__job_pools(s, j, &jp);
+        for (size_t q = 0; q < njp; q++) {
+            uint32_t pi = jp[q];
             if (pass == 1 && pi != bestp) continue;
             spool *p = &s->pools[pi];
             if (p->maxg_ever[j->gpn] < j->nodes) continue;
@@ -242,10 +280,12 @@ static int make_reservation(sched *s, uint32_t ji, double now)
                 tn[m++] = (tnode){node_ready(s, ni, j->gpn, now), ni};
             }
             if (m < (size_t)j->nodes) continue;
-            qsort(tn, m, sizeof *tn, cmp_tnode);
-            double T = tn[j->nodes - 1].t;
+            select_k(tn, m, (size_t)j->nodes);
+            double T = 0;
+            for (int k = 0; k < j->nodes; k++)
+                if (tn[k].t > T) T = tn[k].t;
             if (pass == 0) {
-                if (T < bestT) bestT = T, bestp = (uint32_t)pi;
+                if (T < bestT) bestT = T, bestp = pi;
                 continue;
             }
             SH_TRY(GROW(s->resv, s->capresv, s->nresv + 1));
@@ -344,8 +384,11 @@ static int try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
     int best = INT32_MAX;
     uint32_t bestp = NONE;
     for (int pass = 0; pass < 2; pass++) {
-        for (size_t pi = 0; pi < s->npools; pi++) {
-            if (!sched__pool_allowed(s, j, (uint32_t)pi) || (pass && pi != bestp)) continue;
+        const uint32_t *jp;
+        size_t njp = sched__job_pools(s, j, &jp);
+        for (size_t q = 0; q < njp; q++) {
+            uint32_t pi = jp[q];
+            if (pass && pi != bestp) continue;
             spool *p = &s->pools[pi];
             if (p->maxg_ever[j->gpn] < j->nodes) continue;
             SH_TRY(GROW(vn, capvn, p->nnodes));
@@ -362,7 +405,7 @@ static int try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
             int total = 0;
             for (int k = 0; k < j->nodes; k++) total += vn[k].cost;
             if (pass == 0) {
-                if (total > 0 && total <= s->cfg.max_victims && total < best) best = total, bestp = (uint32_t)pi;
+                if (total > 0 && total <= s->cfg.max_victims && total < best) best = total, bestp = pi;
                 continue;
             }
             for (int k = 0; k < j->nodes; k++) {
@@ -382,10 +425,9 @@ static int try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
 /* The next job to consider: the best head among tenant queues.  shoal
  * orders by priority, then by the tenant's GPUs in use (fair share), then by
  * queue order; the baselines by priority and queue order alone. */
-static uint32_t next_job(sched *s, uint32_t *tenant)
+static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
 {
     uint32_t bt = NONE, bj = NONE;
-    int fair = s->cfg.policy == SCHED_SHOAL;
     for (size_t ti = 0; ti < s->ntenants; ti++) {
         stenant *t = &s->tenants[ti];
         if (t->cursor >= t->nq) continue;
@@ -408,32 +450,59 @@ static uint32_t next_job(sched *s, uint32_t *tenant)
 
 #define MEMO 512
 #define MAX_SCAN 4096 /* blocked jobs examined per cycle (Slurm's bf_max_job_test) */
+#define RESERVE_SCAN 64 /* shoal: oldest jobs examined for reservations */
 
-/* fifo, backfill and shoal: walk the queue in policy order, start what fits
- * without delaying a reservation, reserve for the first blocked gangs. */
-static int queue_pass(sched *s, sched_decisions *d, double now)
+/* Jobs of one shape that failed to start with estimate >= est will fail
+ * again this cycle: placement only gets harder as the cycle goes on (until
+ * a preemption frees room, which clears the memo). */
+typedef struct smemo {
+    uint64_t shape;
+    double est;
+} smemo;
+
+static int has_reservation(const sched *s, uint32_t ji)
 {
-    uint64_t memo[MEMO] = {0};
+    for (size_t i = 0; i < s->nresv; i++)
+        if (s->resv[i].job == ji) return 1;
+    return 0;
+}
+
+/* One walk over the queue.  fair: shoal's fair-share order, else priority
+ * and age.  reserve_only: stop once the reservations are made (shoal's
+ * first walk, which gives them to the oldest blocked gangs rather than to
+ * the tenants fair share favours).  Returns < 0 on error. */
+static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_only)
+{
+    smemo memo[MEMO];
+    memset(memo, 0, sizeof memo);
     uint32_t last_preempted = NONE;
-    int scanned = 0;
+    int scanned = 0, limit = reserve_only ? RESERVE_SCAN : MAX_SCAN;
+    size_t max_resv = (size_t)s->cfg.max_reservations;
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
-        uint32_t ti, ji = next_job(s, &ti);
-        if (ji == NONE || scanned >= MAX_SCAN) break;
+        uint32_t ti, ji = next_job(s, &ti, fair);
+        if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
         sjob *j = &s->jobs[ji];
-        if (s->gpus_up - s->gpus_busy <= 0 && (s->nresv >= (size_t)s->cfg.max_reservations))
+        if (s->gpus_up - s->gpus_busy <= 0 && s->nresv >= max_resv)
             break; /* nothing can start and no reservation is left to make */
         int rc = 0;
-        if (memo[j->shape % MEMO] != j->shape) {
+        size_t m = j->shape % MEMO;
+        if (memo[m].shape != j->shape || j->est_s < memo[m].est) {
+            double est = 0;
             if (raw_fits(s, j)) {
                 if ((rc = try_start(s, d, ji, now)) < 0) return rc;
-            } else memo[j->shape % MEMO] = j->shape;
+                est = j->est_s;
+            }
+            if (!rc) {
+                if (memo[m].shape == j->shape && memo[m].est < est) est = memo[m].est;
+                memo[m].shape = j->shape, memo[m].est = est;
+            }
         }
         if (rc == 1) continue; /* it left the queue: the cursor already points past it */
         s->tenants[ti].cursor++;
         scanned++;
         if (j->blocked_since < 0) j->blocked_since = now;
-        if (s->cfg.policy == SCHED_FIFO) break;
+        if (s->cfg.policy == SCHED_FIFO) return 1; /* strict order: nothing passes the head */
         if (j->kind == SCHED_GANG && s->cfg.max_victims && s->preemptible_gpus && last_preempted != ji) {
             if ((rc = try_preempt(s, d, ji, now)) < 0) return rc;
             if (rc) {
@@ -443,10 +512,25 @@ static int queue_pass(sched *s, sched_decisions *d, double now)
                 continue;
             }
         }
-        if (j->kind == SCHED_GANG && s->nresv < (size_t)s->cfg.max_reservations)
+        if (j->kind == SCHED_GANG && s->nresv < max_resv && !has_reservation(s, ji))
             SH_TRY(make_reservation(s, ji, now));
     }
     return 0;
+}
+
+/* fifo, backfill and shoal: start what fits in queue order without
+ * delaying a reservation, and reserve for the first blocked gangs.  shoal
+ * first reserves for the oldest blocked gangs, then fills in fair-share
+ * order. */
+static int queue_pass(sched *s, sched_decisions *d, double now)
+{
+    int fair = s->cfg.policy == SCHED_SHOAL;
+    if (fair) {
+        int rc = walk(s, d, now, 0, 1);
+        if (rc < 0) return rc;
+    }
+    int rc = walk(s, d, now, fair, 0);
+    return rc < 0 ? rc : 0;
 }
 
 /* firstfit: Kubernetes-style per-pod placement.  Each pod of a gang takes
@@ -458,12 +542,10 @@ static int firstfit_gang(sched *s, sched_decisions *d, uint32_t ji, double now)
     sjob *j = &s->jobs[ji];
     if (j->nplaces == 0) {
         j->pool = NONE;
-        int nt = j->ntypes ? j->ntypes : 1;
-        for (int ti = 0; ti < nt && j->pool == NONE; ti++)
-            for (size_t pi = 0; pi < s->npools && j->pool == NONE; pi++)
-                if ((!j->ntypes || s->pools[pi].type == j->types[ti]) &&
-                    sched__pool_fits(&s->pools[pi], 1, j->gpn))
-                    j->pool = (uint32_t)pi;
+        const uint32_t *jp;
+        size_t njp = sched__job_pools(s, j, &jp);
+        for (size_t q = 0; q < njp && j->pool == NONE; q++)
+            if (sched__pool_fits(&s->pools[jp[q]], 1, j->gpn)) j->pool = jp[q];
         if (j->pool == NONE) return 0;
     }
     spool *p = &s->pools[j->pool];
@@ -509,11 +591,21 @@ static int firstfit_pass(sched *s, sched_decisions *d, double now)
 {
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     int scanned = 0;
+    uint64_t memo[MEMO] = {0}; /* shapes with no room for even one pod */
     for (;;) {
-        uint32_t ti, ji = next_job(s, &ti);
+        uint32_t ti, ji = next_job(s, &ti, 0);
         if (ji == NONE || scanned >= MAX_SCAN || s->gpus_up - s->gpus_busy <= 0) break;
         sjob *j = &s->jobs[ji];
-        int rc = j->kind == SCHED_GANG ? firstfit_gang(s, d, ji, now) : try_start(s, d, ji, now);
+        int rc = 0;
+        if (memo[j->shape % MEMO] == j->shape && !j->nplaces) {
+            s->tenants[ti].cursor++, scanned++;
+            continue;
+        }
+        if (j->kind == SCHED_GANG) {
+            int had = j->nplaces;
+            rc = firstfit_gang(s, d, ji, now);
+            if (rc == 0 && !had && !j->nplaces) memo[j->shape % MEMO] = j->shape;
+        } else rc = try_start(s, d, ji, now);
         if (rc < 0) return rc;
         if (rc == 1) continue;
         s->tenants[ti].cursor++;
@@ -686,7 +778,7 @@ size_t sched_queue(const sched *s, const char **out, size_t cap)
     for (size_t t = 0; t < m->ntenants; t++) m->tenants[t].cursor = 0;
     size_t n = 0;
     for (;;) {
-        uint32_t ti, ji = next_job(m, &ti);
+        uint32_t ti, ji = next_job(m, &ti, m->cfg.policy == SCHED_SHOAL);
         if (ji == NONE) break;
         if (n < cap) out[n] = m->jobs[ji].id;
         n++;

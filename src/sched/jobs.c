@@ -329,4 +329,5 @@ void sched_stats_get(const sched *s, sched_stats *o)
     *o = s->st;
     o->nodes_up = s->nodes_up, o->gpus_up = s->gpus_up, o->gpus_busy = s->gpus_busy;
     o->queued = s->queued, o->running = s->running;
+    o->resv_late = s->resv_late;
 }

@@ -159,6 +159,12 @@ struct sched {
     uint32_t *deferred;   /* preempted in this step, queued again at its end */
     size_t ndeferred, capdeferred;
     double next_wake;
+    uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
+    struct stpools {
+        uint32_t *v;
+        size_t n, cap;
+    } *tpools;           /* pools of each GPU type, by name index */
+    size_t ntpools;
     uint32_t *elastic; /* every elastic job, for the growth pass */
     size_t nelastic, capelastic;
     sched_stats st;
@@ -181,6 +187,11 @@ int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now);
 void sched__release_place(sched *s, uint32_t ji, int k, double now);
 void sched__release_all(sched *s, uint32_t ji, double now);
 int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi);
+/* The pools a job may use, in its type order (owned by s or a per-thread
+ * buffer valid until the next call). */
+size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out);
+/* The pools of one GPU type. */
+size_t sched__type_pools(const sched *s, uint32_t type, const uint32_t **out);
 int sched__pool_fits(const spool *p, int n, int g);
 int sched__never_fits(sched *s, const sjob *j, char *why, size_t cap);
 typedef struct scand {
