@@ -307,12 +307,12 @@ static void test_async_run_learns(void **state)
 #if defined(__SANITIZE_ADDRESS__)
     skip(); /* about 10 s optimised; the ASan build runs the fault test below */
 #endif
-    json_t *j = run_json("--mode async --max-lag 2 --loss decoupled --steps 50 --seed 1 --quiet", 0);
+    json_t *j = run_json("--mode async --max-lag 2 --loss decoupled --steps 40 --seed 1 --quiet", 0);
     double r0 = json_number_value(json_object_get(j, "reward_start"));
     double r1 = json_number_value(json_object_get(j, "reward_end"));
     print_message("async run: held-out reward %.3f -> %.3f\n", r0, r1);
-    assert_true(r1 > r0 + 0.15);
-    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 50);
+    assert_true(r1 > r0 + 0.1);
+    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 40);
     assert_true(json_number_value(json_object_get(j, "tokens_per_s")) > 0);
     /* Workers got the weights as shoal deltas, smaller than the image. */
     double img = json_number_value(json_object_get(j, "weights_image_bytes"));
