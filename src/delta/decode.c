@@ -126,21 +126,65 @@ int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_
         *got = k;
         return SH_OK;
     }
-    for (; k < max && d->left; k++, d->left--) {
-        uint64_t g = 0, v = 0;
-        SH_TRY(delta__get(d, 0, d->g, &g));
-        if (g >= d->n - d->next)
-            return sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
-        SH_TRY(delta__get(d, 1, d->v, &v));
-        if (v > d->zmax || v == 0)
-            return sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
-                          (unsigned long long)v);
-        pos[k] = (uint32_t)(d->next + g);
+    /* The sparse loop keeps the states and the bit reader in locals: every
+     * symbol depends on the previous one through the state, so latency is
+     * what counts. */
+    uint32_t x0 = d->x[0], x1 = d->x[1];
+    const uint8_t *p = d->p, *end = d->end;
+    const delta__dtable *tg = d->g, *tv = d->v;
+    delta__br br = d->br;
+    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax;
+    int rc = SH_OK;
+#define DELTA__SYM(X, T, OUT)                                                                      \
+    do {                                                                                           \
+        uint32_t slot_ = X & (DELTA__PROB - 1);                                                    \
+        unsigned s_ = (T)->sym[slot_];                                                             \
+        X = (T)->t.freq[s_] * (X >> DELTA__PROB_BITS) + slot_ - (T)->t.cum[s_];                   \
+        while (X < DELTA__L) {                                                                     \
+            if (p == end) {                                                                        \
+                rc = sh_err(SH_EFORMAT, "%s: rANS stream too short", d->what);                    \
+                goto out;                                                                          \
+            }                                                                                      \
+            X = (X << 8) | *p++;                                                                   \
+        }                                                                                          \
+        if (s_ < 16) {                                                                             \
+            OUT = s_;                                                                              \
+        } else {                                                                                   \
+            unsigned e_ = 4 + (s_ - 16) / 4, nb_ = e_ - 2;                                         \
+            uint64_t ex_ = 0;                                                                      \
+            if (nb_ <= 32 && br.n >= nb_) {                                                        \
+                ex_ = br.acc & ((1ull << nb_) - 1);                                                \
+                br.acc >>= nb_, br.n -= nb_;                                                       \
+            } else {                                                                               \
+                d->br = br;                                                                        \
+                if ((rc = delta__br_get(d, nb_, &ex_)) < 0) goto out;                              \
+                br = d->br;                                                                        \
+            }                                                                                      \
+            OUT = ((uint64_t)(4 + (s_ - 16) % 4) << nb_) | ex_;                                    \
+        }                                                                                          \
+    } while (0)
+    for (; k < max && left; k++, left--) {
+        uint64_t g, v;
+        DELTA__SYM(x0, tg, g);
+        DELTA__SYM(x1, tv, v);
+        if (g >= n - next) {
+            rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
+            goto out;
+        }
+        if (v > zmax || v == 0) {
+            rc = sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
+                        (unsigned long long)v);
+            goto out;
+        }
+        pos[k] = (uint32_t)(next + g);
         z[k] = v;
-        d->next += g + 1;
+        next += g + 1;
     }
+#undef DELTA__SYM
+out:
+    d->x[0] = x0, d->x[1] = x1, d->p = p, d->br = br, d->next = next, d->left = left;
     *got = k;
-    return SH_OK;
+    return rc;
 }
 
 int delta__dec_close(delta__dec *d)
