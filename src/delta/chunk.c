@@ -355,6 +355,33 @@ static int delta__encode_bytes(delta__scratch *s, const uint8_t *new, size_t nby
     return SH_OK;
 }
 
+int delta__encode_diff(delta__scratch *s, unsigned w, const uint8_t *zeros, const uint8_t *acc,
+                       size_t nbytes, int *enc, const uint8_t **payload, size_t *len,
+                       uint64_t *changed)
+{
+    size_t units = nbytes / w, limit = units / 4, sz;
+    sh_hash128 h1, h2;
+    size_t k = delta__scan_hash(s, zeros, acc, nbytes, w, 0, limit, &h1, &h2);
+    *changed = k;
+    *payload = s->out;
+    if (k == 0) {
+        *enc = DELTA__SAME, *len = 0;
+        return SH_OK;
+    }
+    if (k <= limit) {
+        sz = delta__encode_sparse(s, k, w, s->out_cap - 64);
+        *enc = DELTA__SPARSE;
+    } else {
+        sz = delta__encode_dense(s, zeros, acc, units, w, 0, s->out_cap - 64, changed);
+        *enc = DELTA__DENSE;
+    }
+    if (!sz)
+        return sh_err(SH_ERANGE, "squash: a chunk's composed change is too dense to encode as a "
+                      "difference; apply the deltas one after the other instead");
+    *len = sz;
+    return SH_OK;
+}
+
 int delta__encode_chunk(delta__scratch *s, unsigned w, int is_float, const uint8_t *old,
                         const uint8_t *new, size_t nbytes, int *enc, const uint8_t **payload,
                         size_t *len, uint64_t *changed, sh_hash128 *odig, sh_hash128 *ndig)

@@ -184,6 +184,12 @@ int delta__encode_chunk(delta__scratch *s, unsigned w, int is_float, const uint8
                         const uint8_t *new, size_t nbytes, int *enc, const uint8_t **payload,
                         size_t *len, uint64_t *changed, sh_hash128 *odig, sh_hash128 *ndig);
 
+/* Encodes acc (plain w-byte differences, as the sum of a chain) as SAME,
+ * SPARSE or DENSE; zeros is nbytes of zero bytes. */
+int delta__encode_diff(delta__scratch *s, unsigned w, const uint8_t *zeros, const uint8_t *acc,
+                       size_t nbytes, int *enc, const uint8_t **payload, size_t *len,
+                       uint64_t *changed);
+
 /* Streaming decoder of the changes of a SPARSE or DENSE chunk. */
 typedef struct {
     int dense;
