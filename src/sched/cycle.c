@@ -91,6 +91,10 @@ static void mark_started(sched *s, uint32_t ji, double now)
     j->state = SCHED_RUNNING;
     if (j->first_start < 0) j->first_start = now;
     j->start = now;
+    for (int k = 0; k < j->nplaces; k++) { /* its estimate moved */
+        s->nodes[j->places[k].node].ver++;
+        s->pools[s->nodes[j->places[k].node].pool].ver++;
+    }
     j->wait_acc += now - j->queued_since;
     j->blocked_since = -1;
     j->scale_requested = 0;
@@ -217,27 +221,33 @@ static void select_k(tnode *v, size_t m, size_t k)
 }
 
 /* When node ni will have g GPUs free, assuming running work ends at its
- * estimate (work past its estimate is assumed to end now). */
-static double node_ready(const sched *s, uint32_t ni, int g, double now)
+ * estimate (work past its estimate is assumed to end now).  The times for
+ * every g are computed together and kept until the node's pods change. */
+static double node_ready(sched *s, uint32_t ni, int g, double now)
 {
-    const snode *n = &s->nodes[ni];
+    snode *n = &s->nodes[ni];
     if (n->free >= g) return now;
-    double ends[MAXG * 4];
-    int gp[MAXG * 4], m = 0;
-    for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
-        double e = sched__est_end(s, &s->jobs[n->refs[r].job]);
-        ends[m] = e < now ? now : e, gp[m++] = n->refs[r].gpus;
+    if (n->ready_ver != n->ver || !n->ver) {
+        double ends[MAXG * 4];
+        int gp[MAXG * 4], m = 0;
+        for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
+            ends[m] = sched__est_end(s, &s->jobs[n->refs[r].job]);
+            gp[m++] = n->refs[r].gpus;
+        }
+        int free = n->free, have = n->free;
+        for (int k = 0; k <= MAXG; k++) n->ready[k] = k <= have ? -INFINITY : INFINITY;
+        while (m) {
+            int b = 0;
+            for (int i = 1; i < m; i++)
+                if (ends[i] < ends[b]) b = i;
+            free += gp[b];
+            for (int k = have + 1; k <= free && k <= MAXG; k++) n->ready[k] = ends[b];
+            if (free > have) have = free;
+            ends[b] = ends[--m], gp[b] = gp[m];
+        }
+        n->ready_ver = n->ver;
     }
-    int free = n->free;
-    while (m) {
-        int b = 0;
-        for (int i = 1; i < m; i++)
-            if (ends[i] < ends[b]) b = i;
-        free += gp[b];
-        if (free >= g) return ends[b];
-        ends[b] = ends[--m], gp[b] = gp[m];
-    }
-    return INFINITY;
+    return n->ready[g] < now ? now : n->ready[g];
 }
 
 /* GPUs of node ni still busy at time T (held by work estimated to end after
@@ -271,23 +281,41 @@ static int make_reservation(sched *s, uint32_t ji, double now)
             if (pass == 1 && pi != bestp) continue;
             spool *p = &s->pools[pi];
             if (p->maxg_ever[j->gpn] < j->nodes) continue;
+            /* Pass 0 only needs the time: reuse it while the pool is
+             * unchanged and no reservation took nodes from it this cycle.
+             * The n-th smallest of max(ready, now) is max(n-th smallest,
+             * now), so the raw time serves any later `now`. */
+            int slot = (j->gpn * 31 + j->nodes) & 7;
+            int cacheable = p->resv_stamp != s->stamp;
+            if (pass == 0 && cacheable && p->rc[slot].ver == p->ver + 1 && p->rc[slot].g == j->gpn &&
+                p->rc[slot].n == j->nodes) {
+                double T = p->rc[slot].T < now ? now : p->rc[slot].T;
+                if (T < bestT) bestT = T, bestp = pi;
+                continue;
+            }
             SH_TRY(GROW(tn, captn, p->nnodes));
             size_t m = 0;
             for (size_t k = 0; k < p->nnodes; k++) {
                 uint32_t ni = p->nodes[k];
                 snode *n = &s->nodes[ni];
                 if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-                tn[m++] = (tnode){node_ready(s, ni, j->gpn, now), ni};
+                tn[m++] = (tnode){node_ready(s, ni, j->gpn, -INFINITY), ni};
             }
-            if (m < (size_t)j->nodes) continue;
+            if (m < (size_t)j->nodes) {
+                if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = INFINITY;
+                continue;
+            }
             select_k(tn, m, (size_t)j->nodes);
-            double T = 0;
+            double T = -INFINITY;
             for (int k = 0; k < j->nodes; k++)
                 if (tn[k].t > T) T = tn[k].t;
+            if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = T;
+            if (T < now) T = now;
             if (pass == 0) {
                 if (T < bestT) bestT = T, bestp = pi;
                 continue;
             }
+            p->resv_stamp = s->stamp;
             SH_TRY(GROW(s->resv, s->capresv, s->nresv + 1));
             sresv *r = &s->resv[s->nresv++];
             r->nodes = realloc(r->nodes, (size_t)j->nodes * sizeof *r->nodes);

@@ -12,6 +12,7 @@ void sched__bucket_insert(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
+    p->ver++;
     n->prev = NONE;
     n->next = p->head[n->free];
     if (n->next != NONE) s->nodes[n->next].prev = ni;
@@ -28,6 +29,7 @@ void sched__bucket_remove(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
+    p->ver++;
     if (n->prev != NONE) s->nodes[n->prev].next = n->next;
     else p->head[n->free] = n->next;
     if (n->next != NONE) s->nodes[n->next].prev = n->prev;
@@ -43,6 +45,8 @@ void sched__bucket_remove(sched *s, uint32_t ni)
 static void set_free(sched *s, uint32_t ni, int free)
 {
     snode *n = &s->nodes[ni];
+    n->ver++;
+    s->pools[n->pool].ver++;
     if (n->state != SCHED_NODE_UP) {
         n->free = free;
         return;

@@ -54,6 +54,11 @@ typedef struct snode {
     int resv_spare;
     uint64_t resv_stamp;
     uint64_t mark; /* scratch stamp for placement */
+    /* ready[g]: when g GPUs will be free if work ends at its estimates;
+     * valid while ready_ver == ver (ver changes with every hold and
+     * release on the node). */
+    uint32_t ver, ready_ver;
+    double ready[MAXG + 1];
 } snode;
 
 typedef struct spool {
@@ -64,6 +69,15 @@ typedef struct spool {
     uint32_t *nodes; /* all nodes ever in the pool */
     size_t nnodes, capnodes;
     int maxg_ever[MAXG + 1]; /* nodes (any state) with >= g GPUs, for never-fits */
+    /* Reservation times by gang shape, valid while the pool's version is
+     * unchanged (any hold, release or state change bumps it). */
+    uint64_t ver;
+    uint64_t resv_stamp; /* a reservation took nodes here this cycle */
+    struct {
+        uint64_t ver;
+        int g, n;
+        double T; /* raw: before clamping to the cycle's `now` */
+    } rc[8];
 } spool;
 
 typedef struct stenant {
