@@ -709,23 +709,43 @@ static int grow_pass(sched *s, sched_decisions *d, double now)
     return 0;
 }
 
+/* Nodes of the quota's (zone, fabric, type) that could take a pod of the
+ * job now: only the shortfall is asked of the provider. */
+static int quota_have(const sched *s, const squota *q, int g)
+{
+    const uint32_t *tp;
+    size_t n = sched__type_pools(s, q->type, &tp);
+    for (size_t k = 0; k < n; k++) {
+        const spool *p = &s->pools[tp[k]];
+        if (p->zone != q->zone || p->fabric != q->fabric) continue;
+        int have = 0;
+        for (int f = g; f <= MAXG; f++) have += p->count[f];
+        return have;
+    }
+    return 0;
+}
+
 static int scale_up(sched *s, sched_decisions *d, uint32_t ji, double now)
 {
     sjob *j = &s->jobs[ji];
     squota *best = NULL;
+    int best_need = 0;
     for (size_t q = 0; q < s->nquotas; q++) {
         squota *qq = &s->quotas[q];
-        if (qq->gpus < j->gpn || qq->max_nodes - qq->provisioned - qq->pending < j->nodes) continue;
-        if (j->ntypes && sched__job_speed(s, j, qq->type) <= 0) continue;
-        if (!best || qq->price_h < best->price_h) best = qq;
+        if (qq->gpus < j->gpn || (j->ntypes && sched__job_speed(s, j, qq->type) <= 0)) continue;
+        int need = j->nodes - quota_have(s, qq, j->gpn);
+        if (need < 1) need = 1;
+        if (qq->max_nodes - qq->provisioned - qq->pending < need) continue;
+        if (!best || qq->price_h < best->price_h || (qq->price_h == best->price_h && need < best_need))
+            best = qq, best_need = need;
     }
     if (!best) return 0;
     SH_TRY(sched__emit(s, d, SCHED_D_SCALE_UP, ji, NONE));
     sched_decision *x = &d->v[d->n - 1];
     x->zone = s->name[best->zone], x->fabric = s->name[best->fabric];
     x->gpu_type = s->name[best->type];
-    x->n = j->nodes, x->ready_s = now + best->delay_s;
-    best->pending += j->nodes;
+    x->n = best_need, x->ready_s = now + best->delay_s;
+    best->pending += best_need;
     j->scale_requested = 1;
     s->st.scale_ups++;
     return 0;

@@ -138,15 +138,19 @@ int sched_job_submit(sched *s, const sched_job_spec *js, double now)
     j->blocked_since = -1, j->resv_promise = -1, j->pool = NONE;
     j->order = ++s->seq;
     char why[256];
+    /* Types no node or quota has are dropped; a job left with none of its
+     * types can never run. */
     for (int i = 0; i < js->n_types; i++) {
         uint32_t t = js->gpu_types[i] ? sched__intern(s, js->gpu_types[i], 0) : NONE;
-        if (t == NONE) {
-            snprintf(why, sizeof why, "unknown GPU type \"%s\" (no node or quota has it)",
-                     js->gpu_types[i] ? js->gpu_types[i] : "");
-            return reject(s, ji, why);
-        }
+        if (t == NONE) continue;
         j->types[j->ntypes] = t;
         j->speed[j->ntypes++] = js->speed[i] > 0 ? js->speed[i] : 1.0;
+    }
+    if (js->n_types && !j->ntypes) {
+        snprintf(why, sizeof why, "unknown GPU type%s \"%s\"%s (no node or quota has %s)",
+                 js->n_types > 1 ? "s" : "", js->gpu_types[0] ? js->gpu_types[0] : "",
+                 js->n_types > 1 ? ", ..." : "", js->n_types > 1 ? "them" : "it");
+        return reject(s, ji, why);
     }
     if (sched__never_fits(s, j, why, sizeof why)) return reject(s, ji, why);
     struct { int kind, nodes, gpn, nt; uint32_t t[SCHED_MAX_TYPES]; } key;

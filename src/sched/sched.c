@@ -112,7 +112,7 @@ void sched_free(sched *s)
         free(s->jobs[i].places), free(s->jobs[i].cost_t), free(s->jobs[i].reason);
     }
     for (size_t i = 0; i < s->ntenants; i++) free(s->tenants[i].queue), free(s->tenants[i].cost_t);
-    for (size_t i = 0; i < s->nresv; i++) free(s->resv[i].nodes);
+    for (size_t i = 0; i < s->capresv; i++) free(s->resv[i].nodes);
     for (size_t i = 0; i < s->npend; i++) free(s->pend[i].places);
     sched__map_free(&s->names), sched__map_free(&s->node_map);
     sched__map_free(&s->job_map), sched__map_free(&s->tenant_map);
