@@ -155,7 +155,7 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
     }
     static __thread scand c;
     uint32_t pool;
-    if (!sched__pick_pool(s, j, now, s->cfg.policy == SCHED_SHOAL, &c, &pool)) return 0;
+    if (!sched__pick_pool(s, j, now, s->cfg.policy == SCHED_SHOAL && s->cfg.pack_pools, &c, &pool)) return 0;
     j->pool = pool;
     SH_TRY(start_places(s, d, ji, &c, 1, now));
     mark_started(s, ji, now);
@@ -453,22 +453,37 @@ static int try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
 /* The next job to consider: the best head among tenant queues.  shoal
  * orders by priority, then by the tenant's GPUs in use (fair share), then by
  * queue order; the baselines by priority and queue order alone. */
+/* The queue key of a job.  Baselines: its queue order.  shoal adds fair
+ * share as a bounded handicap: a tenant holding a fraction f of the GPUs in
+ * use has its jobs ordered as if submitted f x fair_window_s later.  Tenants
+ * alternate within that window, and beyond it age wins, so fair share never
+ * starves a job (an unbounded share term would: the heavy tenant's oldest
+ * gang waits for as long as lighter tenants keep submitting). */
+static double job_key(const sched *s, const sjob *j, int fair)
+{
+    if (j->order < 0) return j->order - 1e18; /* requeued after a failure: the head */
+    if (!fair || s->gpus_busy <= 0) return j->submit;
+    double f = (double)s->tenants[j->tenant].gpus_in_use / (double)s->gpus_busy;
+    return j->submit + f * s->cfg.fair_window_s;
+}
+
 static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
 {
     uint32_t bt = NONE, bj = NONE;
+    double bk = 0;
     for (size_t ti = 0; ti < s->ntenants; ti++) {
         stenant *t = &s->tenants[ti];
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
+        const sjob *a = &s->jobs[ji];
+        double k = job_key(s, a, fair);
         if (bj != NONE) {
-            const sjob *a = &s->jobs[ji], *b = &s->jobs[bj];
+            const sjob *b = &s->jobs[bj];
             if (a->priority != b->priority) {
                 if (a->priority < b->priority) continue;
-            } else if (fair && t->gpus_in_use != s->tenants[bt].gpus_in_use) {
-                if (t->gpus_in_use > s->tenants[bt].gpus_in_use) continue;
-            } else if (a->order > b->order) continue;
+            } else if (k > bk || (k == bk && a->order > b->order)) continue;
         }
-        bt = (uint32_t)ti, bj = ji;
+        bt = (uint32_t)ti, bj = ji, bk = k;
     }
     *tenant = bt;
     return bj;

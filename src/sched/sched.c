@@ -18,6 +18,7 @@ void sched_config_default(sched_config *c, sched_policy policy)
     c->max_victims = policy == SCHED_SHOAL ? 8 : 0;
     c->max_reservations = policy == SCHED_SHOAL ? 4 : 1;
     c->default_est_s = 3600;
+    c->fair_window_s = 21600;
     c->scale_up_wait_s = 600;
     c->scale_down_idle_s = 1800;
 }
