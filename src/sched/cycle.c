@@ -520,11 +520,15 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     memset(memo, 0, sizeof memo);
     uint32_t last_preempted = NONE;
     int scanned = 0, limit = reserve_only ? RESERVE_SCAN : MAX_SCAN;
-    size_t max_resv = (size_t)s->cfg.max_reservations;
+    size_t max_resv = (size_t)s->cfg.max_reservations, dead = 0;
+    uint64_t walk_id = ++s->walk_id;
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
         uint32_t ti, ji = next_job(s, &ti, fair);
         if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
+        /* Every shape still queued fits nowhere: the rest of the walk could
+         * only make reservations, and those are all made. */
+        if (dead >= s->nshapes_live && s->nresv >= max_resv && !s->preemptible_gpus) break;
         sjob *j = &s->jobs[ji];
         if (s->gpus_up - s->gpus_busy <= 0 && s->nresv >= max_resv)
             break; /* nothing can start and no reservation is left to make */
@@ -535,6 +539,9 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
             if (raw_fits(s, j)) {
                 if ((rc = try_start(s, d, ji, now)) < 0) return rc;
                 est = j->est_s;
+            } else {
+                sshape *sh = sched__shape(s, j->shape);
+                if (sh && sh->dead_walk != walk_id) sh->dead_walk = walk_id, dead++;
             }
             if (!rc) {
                 if (memo[m].shape == j->shape && memo[m].est < est) est = memo[m].est;

@@ -118,6 +118,14 @@ typedef struct sjob {
     uint64_t shape; /* hash of (kind, nodes, gpus, types): equal shapes fit alike */
 } sjob;
 
+/* Queued jobs by shape: lets a cycle stop walking the queue once every
+ * shape waiting is known not to fit anywhere. */
+typedef struct sshape {
+    uint64_t shape;   /* 0: empty slot */
+    size_t queued;    /* queued jobs of this shape */
+    uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
+} sshape;
+
 /* A reservation made in the last step for a blocked head-of-line gang. */
 typedef struct sresv {
     uint32_t job;
@@ -173,6 +181,9 @@ struct sched {
     uint32_t *deferred;   /* preempted in this step, queued again at its end */
     size_t ndeferred, capdeferred;
     double next_wake;
+    sshape *shapes;    /* open addressing by shape hash */
+    size_t capshapes, nshapes_live;
+    uint64_t walk_id;
     uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
     struct stpools {
         uint32_t *v;
@@ -193,6 +204,8 @@ int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
 double sched__job_speed(const sched *s, const sjob *j, uint32_t type);
 double sched__est_end(const sched *s, const sjob *j);
+
+sshape *sched__shape(sched *s, uint64_t shape);
 
 /* place.c */
 void sched__bucket_insert(sched *s, uint32_t ni);
