@@ -124,39 +124,63 @@ static int run_policy(sched_policy pol, int nodes, int queued, int batch, int cy
     return 0;
 }
 
-/* The baseline: place each job of the same stream by scanning every node
- * (as a scheduler without pools or free-count buckets would), with the
- * same all-or-nothing rule, on a fleet kept about as full. */
+/* The baseline: the same all-or-nothing, fullest-node-first placement
+ * without the scheduler's index -- every node of each allowed pool is
+ * examined for every job (what a scheduler that filters and scores all
+ * nodes per job does) -- on the same job stream, with a random running job
+ * finishing after each attempt so that the fleet stays about as full. */
+typedef struct nrun {
+    int n, gpn, *nodes;
+} nrun;
+
+static int naive_place(int *free_g, int nodes, const bjob *b, int *pick)
+{
+    int pools = (nodes + TYPES * 100 - 1) / (TYPES * 100);
+    for (int f = 0; f < pools; f++)
+        for (int t = 0; t < TYPES; t++) {
+            if (b->type >= 0 && t != b->type) continue;
+            int cnt[9] = {0}, have = 0;
+            for (int i = f * TYPES * 100 + t; i < (f + 1) * TYPES * 100 && i < nodes; i += TYPES)
+                if (free_g[i] >= b->gpn) cnt[free_g[i]]++, have++;
+            if (have < b->nodes) continue;
+            int got = 0; /* fullest nodes first: lowest free count that fits */
+            for (int want = b->gpn; want <= 8 && got < b->nodes; want++)
+                for (int i = f * TYPES * 100 + t; i < (f + 1) * TYPES * 100 && i < nodes && got < b->nodes; i += TYPES)
+                    if (free_g[i] == want) pick[got++] = i;
+            return got;
+        }
+    return 0;
+}
+
 static void run_naive(int nodes, int jobs, result *out)
 {
-    int *free_g = malloc((size_t)nodes * sizeof *free_g), *pick = malloc(64 * sizeof *pick);
-    for (int i = 0; i < nodes; i++) free_g[i] = (int)(next_u() % 9); /* a busy fleet */
+    int *free_g = malloc((size_t)nodes * sizeof *free_g), pick[64];
+    nrun *run = calloc((size_t)jobs, sizeof *run);
+    size_t nrun_ = 0;
+    for (int i = 0; i < nodes; i++) free_g[i] = 8;
     rng = 88172645463325252ull;
     double t0 = sh_now_mono();
     uint64_t placed = 0;
     for (int q = 0; q < jobs; q++) {
         bjob b = make_job();
-        int found = 0;
-        /* per fabric of 100 nodes of one type: nodes i with i % TYPES == type */
-        for (int f0 = 0; f0 < nodes && found < b.nodes; f0 += TYPES * 100) {
-            for (int t = 0; t < TYPES && found < b.nodes; t++) {
-                if (b.type >= 0 && t != b.type) continue;
-                found = 0;
-                for (int i = f0 + t; i < f0 + TYPES * 100 && i < nodes && found < b.nodes; i += TYPES)
-                    if (free_g[i] >= b.gpn) pick[found++] = i;
-            }
-        }
-        if (found == b.nodes) {
-            for (int i = 0; i < found; i++) free_g[pick[i]] -= b.gpn;
+        if (naive_place(free_g, nodes, &b, pick) == b.nodes) {
+            nrun *r = &run[nrun_++];
+            r->n = b.nodes, r->gpn = b.gpn, r->nodes = malloc((size_t)b.nodes * sizeof(int));
+            for (int i = 0; i < b.nodes; i++) free_g[pick[i]] -= b.gpn, r->nodes[i] = pick[i];
             placed++;
         }
-        /* Keep the fleet about as full: release GPUs on a random node. */
-        int r = (int)(next_u() % (uint64_t)nodes);
-        free_g[r] = 8;
+        /* Once the fleet is busy, one running job finishes per attempt. */
+        if (nrun_ && placed > 2000) {
+            size_t k = next_u() % nrun_;
+            for (int i = 0; i < run[k].n; i++) free_g[run[k].nodes[i]] += run[k].gpn;
+            free(run[k].nodes);
+            run[k] = run[--nrun_];
+        }
     }
     out->seconds = sh_now_mono() - t0;
     out->decisions = placed;
-    free(free_g), free(pick);
+    for (size_t i = 0; i < nrun_; i++) free(run[i].nodes);
+    free(run), free(free_g);
 }
 
 int cli_bench_sched(int argc, char **argv)
@@ -169,7 +193,8 @@ int cli_bench_sched(int argc, char **argv)
                    "Fills 10,000 8-GPU nodes (3 types, 100-node fabrics) from 10,000 queued jobs,\n"
                    "then runs %d cycles that each finish N (default 100) running jobs, refill\n"
                    "the queue to 10,000 and schedule; reports START decisions per second of\n"
-                   "cycle time for each policy, and a naive every-node scan of the same jobs.\n", cycles);
+                   "cycle time for each policy (best of 3 runs), and the same placement done by\n"
+                   "scanning every node of each allowed pool for each job (the baseline).\n", cycles);
             return 0;
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
             int64_t v;
@@ -178,8 +203,12 @@ int cli_bench_sched(int argc, char **argv)
             batch = (int)v;
         } else return cli_usage("bench sched", "unknown option \"%s\"", argv[i]);
     }
-    result naive;
-    run_naive(nodes, 20000, &naive);
+    result naive = {0};
+    for (int rep = 0; rep < 3; rep++) {
+        result one;
+        run_naive(nodes, 20000, &one);
+        if (!rep || one.seconds < naive.seconds) naive = one;
+    }
     double naive_rate = naive.decisions / naive.seconds;
     json_t *j = json_pack("{s:i,s:i,s:i,s:f}", "nodes", nodes, "queued", queued, "batch", batch,
                           "naive_decisions_per_s", naive_rate);
@@ -188,9 +217,15 @@ int cli_bench_sched(int argc, char **argv)
                queued, batch, "policy", "decisions", "seconds", "decisions/s", "x naive");
     static const sched_policy pols[] = {SCHED_FIFO, SCHED_BACKFILL, SCHED_SHOAL};
     for (size_t p = 0; p < 3; p++) {
-        result r;
-        int rc = run_policy(pols[p], nodes, queued, batch, cycles, &r);
-        if (rc) return json_decref(j), cli_fail("bench sched", rc);
+        /* Best of three runs: the machine is shared, and the fastest run is
+         * the one least disturbed by others. */
+        result r = {0};
+        for (int rep = 0; rep < 3; rep++) {
+            result one;
+            int rc = run_policy(pols[p], nodes, queued, batch, cycles, &one);
+            if (rc) return json_decref(j), cli_fail("bench sched", rc);
+            if (!rep || one.seconds < r.seconds) r = one;
+        }
         double rate = r.seconds > 0 ? r.decisions / r.seconds : 0;
         const char *name = sched_policy_name(pols[p]);
         json_object_set_new(j, name, json_pack("{s:I,s:f,s:f,s:f}", "decisions", (json_int_t)r.decisions,

@@ -65,6 +65,7 @@ typedef struct spool {
     uint32_t zone, fabric, type; /* interned name indices */
     uint32_t head[MAXG + 1];     /* UP nodes by free GPU count */
     int count[MAXG + 1];
+    int ge[MAXG + 1]; /* UP nodes with at least g free GPUs */
     int free_total, gpus_up;
     uint32_t *nodes; /* all nodes ever in the pool */
     size_t nnodes, capnodes;
