@@ -91,7 +91,7 @@ static int db__run(srv *s, const char *sql, const char *types, ...)
 int srv__db_node(srv *s, const srv_node *n)
 {
     return db__run(s,
-                   "INSERT OR REPLACE INTO nodes VALUES(?,?,?,?,?,?,?,?,?,?)", "ttittdiit", n->name,
+                   "INSERT OR REPLACE INTO nodes VALUES(?,?,?,?,?,?,?,?,?,?)", "ttitttdiit", n->name,
                    n->gpu_type, (int64_t)n->gpus, n->zone, n->fabric, n->addr, n->price,
                    (int64_t)n->state, (int64_t)n->from_provider, n->sandbox);
 }
@@ -105,7 +105,7 @@ int srv__db_job(srv *s, const srv_job *j)
     json_decref(pa);
     int rc = db__run(s,
                      "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                     "itttiiiiiiittdddtiiii", j->id, j->tenant, j->name, j->idem, (int64_t)j->kind,
+                     "itttiiiiiiittddditiii", j->id, j->tenant, j->name, j->idem, (int64_t)j->kind,
                      (int64_t)j->state, (int64_t)j->policy, (int64_t)j->attempt,
                      (int64_t)j->max_attempts, (int64_t)j->priority, (int64_t)j->exit_code,
                      j->reason, spec ? spec : "{}", j->t_submit, j->t_start, j->t_end,
