@@ -267,6 +267,9 @@ static int setup(agent *a, const agent_config *cfg)
         if (cfg->gpus < 0) a->gpus = n;
     }
     SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0755));
+    /* Members chdir and bind-mount it: it must be absolute. */
+    if (!realpath(a->cfg.work_dir, a->work_abs)) return sh_err_errno(errno, "agent: work dir %s", a->cfg.work_dir);
+    a->cfg.work_dir = a->work_abs;
     int b = agent_probe_sandbox(a->cfg.sandbox, a->sandbox, sizeof a->sandbox);
     if (b < 0) return b;
     a->use_bwrap = b;

@@ -31,6 +31,7 @@ typedef struct agent {
     char sandbox[160];
     char cg_mem[256], cg_pids[256];
     char gpu_type[64];
+    char work_abs[4096];
     int gpus;
     agent_member *m;
     int nm, cap;

@@ -77,17 +77,20 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     j->id = s->njobs + 1;
     j->state = J_PENDING;
     j->t_submit = sh_now_wall();
+    SH_TRY(srv__job_add(s, j));
     rc = srv__db_begin(s);
     if (rc == SH_OK) rc = srv__db_job(s, j);
-    if (rc == SH_OK) rc = srv__db_event(s, 0, NULL, "submitted", "job %lld (%s) by %s", (long long)j->id, j->name, j->tenant);
+    if (rc == SH_OK) rc = srv__db_event(s, j->id, NULL, "submitted", "%s by %s", j->name, j->tenant);
     if (rc == SH_OK) rc = srv__db_commit(s);
     if (rc < 0) {
+        /* Not durable, so not accepted: forget it (it is the newest job). */
         srv__db_rollback(s);
+        s->jobs[j->id] = NULL;
+        s->njobs--;
+        s->nactive--;
         srv__job_free(j);
         return rc;
     }
-    rc = srv__job_add(s, j);
-    if (rc < 0) return rc;
     s->submits++;
     srv__changed(s);
     *status = 201;

@@ -131,6 +131,7 @@ static int cl__once(srv_client *c, const sh_buf *req, double deadline, int *stat
         int n = cl__read_some(c, &b, deadline);
         if (n < 0) { rc = n; break; }
         if (n == 0 && b.len == 0) { rc = sh_err(SH_EAGAIN, "%s: connection closed", c->url); break; }
+        if (b.len == 0) continue; /* interrupted before anything arrived */
         if (!body && (body = cl__head(c, &b, status, &clen, &close_after)) < 0) { rc = (int)body; break; }
         if (body && clen >= 0 && (long)b.len >= body + clen) break;
         if (n == 0) {
