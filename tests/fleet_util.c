@@ -5,15 +5,39 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
 
+/* Every process a test started, so that a failed test (which leaves its
+ * function early) still stops them. */
+static pid_t started[256];
+static int nstarted;
+
+void tf_kill_all(void)
+{
+    for (int i = 0; i < nstarted; i++)
+        if (started[i] > 0 && kill(started[i], 0) == 0 && waitpid(started[i], NULL, WNOHANG) == 0) {
+            kill(started[i], SIGTERM);
+            for (int k = 0; k < 100 && waitpid(started[i], NULL, WNOHANG) == 0; k++) sh_sleep(0.02);
+            kill(started[i], SIGKILL);
+            waitpid(started[i], NULL, 0);
+        }
+    nstarted = 0;
+}
+
 static pid_t spawn(const char *out, char *const argv[])
 {
+    if (!nstarted) atexit(tf_kill_all);
+    pid_t parent = getpid();
     pid_t p = fork();
     if (p < 0) fail_msg("fork failed");
+    if (p > 0 && nstarted < 256) started[nstarted++] = p;
     if (p == 0) {
+        /* A test killed by its time limit takes its fleet with it. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(1);
         int fd = open(out, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) {
             dup2(fd, 1);

@@ -155,6 +155,7 @@ static void forget(agent *a, int i)
     if (m->barrier_fd >= 0) close(m->barrier_fd);
     if (m->exec_fd >= 0) close(m->exec_fd);
     sh_buf_free(&m->log);
+    agent__cgroup_cleanup(m);
     sh_rm_rf(m->workdir);
     a->m[i] = a->m[--a->nm];
 }
@@ -275,6 +276,8 @@ static int setup(agent *a, const agent_config *cfg)
     a->use_bwrap = b;
     agent__cgroup_root("memory", a->cg_mem, sizeof a->cg_mem);
     agent__cgroup_root("pids", a->cg_pids, sizeof a->cg_pids);
+    agent__cgroup_sweep(a->cg_mem);
+    agent__cgroup_sweep(a->cg_pids);
     return srv_client_new(a->cfg.server, a->cfg.token, &a->cl);
 }
 

@@ -42,6 +42,7 @@ int agent__launch(agent *a, agent_member *m, const json_t *desired);
 int agent__release(agent *a, agent_member *m);
 void agent__stop(agent *a, agent_member *m, double now);
 void agent__cgroup_cleanup(agent_member *m);
+void agent__cgroup_sweep(const char *root);
 void agent__cgroup_root(const char *ctl, char *out, size_t cap);
 
 #endif

@@ -11,6 +11,7 @@
  * kernel mounts them on: v2 when its controllers are enabled, else v1. */
 #include "agent_int.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -103,7 +104,8 @@ static void cgroup_enter(agent *a, agent_member *m, pid_t pid, const json_t *d)
     for (int k = 0; k < 2; k++) {
         if (!roots[k][0]) continue;
         char dir[600], v[64];
-        snprintf(dir, sizeof dir, "%s/%s-%lld-%d-%d", roots[k], a->cfg.name, (long long)m->job, m->attempt, m->rank);
+        snprintf(dir, sizeof dir, "%s/%s.%d-%lld-%d-%d", roots[k], a->cfg.name, (int)a->pid, (long long)m->job,
+                 m->attempt, m->rank);
         if (mkdir(dir, 0755) < 0 && errno != EEXIST) continue;
         json_t *lim = json_object_get(d, k == 0 ? "memory_mb" : "pids_max");
         if (lim) {
@@ -117,6 +119,25 @@ static void cgroup_enter(agent *a, agent_member *m, pid_t pid, const json_t *d)
         cg_write(dir, "cgroup.procs", v);
         snprintf(m->cg[k], sizeof m->cg[k], "%s", dir);
     }
+}
+
+/* Removes member groups left by agents that were killed (their names carry
+ * the agent's pid); a group that still holds processes stays. */
+void agent__cgroup_sweep(const char *root)
+{
+    DIR *d = root[0] ? opendir(root) : NULL;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        const char *dot = strchr(e->d_name, '.');
+        if (!dot || e->d_name[0] == '.' || !strchr(dot, '-')) continue;
+        pid_t pid = (pid_t)atoi(dot + 1);
+        if (pid <= 0 || (kill(pid, 0) < 0 && errno == ESRCH)) {
+            char p[600];
+            snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+            rmdir(p);
+        }
+    }
+    if (d) closedir(d);
 }
 
 void agent__cgroup_cleanup(agent_member *m)
@@ -159,9 +180,32 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
     return argv;
 }
 
+/* The guard: the member's process-group leader that stays outside the
+ * sandbox.  It exists because bwrap drops its capabilities at start, which
+ * makes the kernel clear the parent-death signal the agent set: without the
+ * guard, a killed agent would leave its workloads running.  The guard keeps
+ * its parent-death signal (it never execs) and answers it by killing the
+ * whole group; otherwise it waits for the workload and exits as it did. */
+static void guard_on_parent_death(int sig)
+{
+    kill(-getpid(), SIGKILL);
+    _exit(137);
+}
+
+static void guard(pid_t pid)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) _exit(126);
+    if (WIFEXITED(st)) _exit(WEXITSTATUS(st));
+    _exit(128 + WTERMSIG(st));
+}
+
 static void child(agent *a, agent_member *m, const json_t *d, int out, int barrier, int exst, char **argv)
 {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    signal(SIGUSR1, guard_on_parent_death);
+    signal(SIGTERM, SIG_IGN); /* the agent stops the workload, not the guard */
+    prctl(PR_SET_PDEATHSIG, SIGUSR1);
     if (getppid() != a->pid) _exit(125);
     setpgid(0, 0);
     int null = open("/dev/null", O_RDONLY);
@@ -172,6 +216,15 @@ static void child(agent *a, agent_member *m, const json_t *d, int out, int barri
     ssize_t r;
     while ((r = read(barrier, &c, 1)) < 0 && errno == EINTR) {}
     if (r != 1) _exit(125); /* the launch was cancelled before the barrier opened */
+    pid_t w = fork();
+    if (w < 0) _exit(126);
+    if (w > 0) {
+        close(exst); /* only the workload's exec may hold it now */
+        guard(w);
+    }
+    signal(SIGUSR1, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     clearenv();
     setenv("PATH", "/usr/local/bin:/usr/bin:/bin", 1);
     setenv("HOME", m->workdir, 1);
@@ -238,6 +291,61 @@ int agent__release(agent *a, agent_member *m)
     return r == (ssize_t)sizeof e ? e : 0;
 }
 
+/* Signals every process of the member's cgroup but bwrap itself; returns
+ * how many it signalled.  bwrap runs with --die-with-parent semantics for
+ * its child, so signalling bwrap first would SIGKILL the workload before
+ * its own SIGTERM handler ran. */
+static int is_bwrap(pid_t pid)
+{
+    char p[64], comm[32] = "";
+    snprintf(p, sizeof p, "/proc/%d/comm", (int)pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return 0;
+    if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+    fclose(f);
+    return !strncmp(comm, "bwrap", 5);
+}
+
+/* Sends sig to the member's processes, found through its cgroup (which
+ * also holds any that left the process group) or else its process group.
+ * SIGTERM skips the guard and bwrap itself: bwrap runs the workload with a
+ * parent-death SIGKILL, so terminating bwrap first would kill the workload
+ * before its own SIGTERM handler ran. */
+static void signal_member(agent_member *m, int sig)
+{
+    char p[700], *text = NULL;
+    int k = m->cg[1][0] ? 1 : 0;
+    snprintf(p, sizeof p, "%s/cgroup.procs", m->cg[k]);
+    /* cgroup files report a size of 0, so read them as a stream. */
+    FILE *f = m->cg[k][0] ? fopen(p, "r") : NULL;
+    if (f) {
+        sh_buf b = {0};
+        char line[32];
+        while (fgets(line, sizeof line, f)) sh_buf_append(&b, line, strlen(line));
+        fclose(f);
+        sh_buf_append(&b, "", 1);
+        text = (char *)b.data;
+    } else {
+        /* No cgroup: walk /proc for the process group. */
+        sh_buf b = {0};
+        DIR *d = opendir("/proc");
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            pid_t pid = (pid_t)atoi(e->d_name);
+            if (pid > 0 && getpgid(pid) == m->pid) sh_buf_printf(&b, "%d\n", (int)pid);
+        }
+        if (d) closedir(d);
+        text = b.data ? (char *)b.data : strdup("");
+    }
+    for (char *s = NULL, *t = strtok_r(text, "\n", &s); t; t = strtok_r(NULL, "\n", &s)) {
+        pid_t pid = (pid_t)atoi(t);
+        if (pid <= 0 || (sig == SIGTERM && (pid == m->pid || is_bwrap(pid)))) continue;
+        sh_debug("member %lld/%d: signal %d to %d", (long long)m->job, m->rank, sig, (int)pid);
+        kill(pid, sig);
+    }
+    free(text);
+}
+
 void agent__stop(agent *a, agent_member *m, double now)
 {
     if (m->barrier_fd >= 0) {
@@ -245,9 +353,10 @@ void agent__stop(agent *a, agent_member *m, double now)
         m->barrier_fd = -1;
     }
     if (m->kill_at == 0) {
-        kill(-m->pid, SIGTERM);
+        signal_member(m, SIGTERM);
         m->kill_at = now + a->cfg.grace_s;
     } else if (now >= m->kill_at) {
+        signal_member(m, SIGKILL);
         kill(-m->pid, SIGKILL);
         kill(m->pid, SIGKILL);
     }
