@@ -210,7 +210,7 @@ static int loader(tf_fleet *f, int n)
     for (int i = 0; i < n; i++) {
         char body[256];
         snprintf(body, sizeof body,
-                 "{\"name\":\"load-%d\",\"kind\":\"function\",\"gpus\":8,\"command\":[\"true\"],\"idempotency_key\":\"key-%d\"}", i, i);
+                 "{\"name\":\"load-%d\",\"kind\":\"function\",\"command\":[\"true\"],\"idempotency_key\":\"key-%d\"}", i, i);
         for (int tries = 0;; tries++) {
             int st = 0;
             char *r = NULL;

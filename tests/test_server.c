@@ -156,7 +156,7 @@ static void test_bad_requests(void **state)
 
 static void test_idempotent_submit(void **state)
 {
-    const char *body = "{\"name\":\"once\",\"kind\":\"function\",\"gpus\":8,\"command\":[\"true\"],\"idempotency_key\":\"k-1\"}";
+    const char *body = "{\"name\":\"once\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],\"idempotency_key\":\"k-1\"}";
     int st;
     json_t *a = tf_call(&F, TF_ALICE, "POST", "/v1/jobs", body, &st);
     assert_int_equal(st, 201);

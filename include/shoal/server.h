@@ -36,7 +36,10 @@ typedef struct srv_config {
     double heartbeat_timeout;  /* seconds without a poll before a node is dead (default 3) */
     size_t max_body;           /* largest request body in bytes (default 1 MiB) */
     const char *provider_cmd;  /* autoscaling hook (NULL: none); see docs/server-api.md */
-    int max_provider_nodes;    /* most nodes the provider may create (default 8) */
+    const char *provider_quota; /* "ZONE,FABRIC,GPU_TYPE,GPUS,MAX_NODES,PRICE" it may add */
+    int max_provider_nodes;    /* unused; MAX_NODES of the quota bounds scale-up */
+    double scale_up_wait_s;    /* a job queued this long asks for nodes (default 2) */
+    double scale_down_idle_s;  /* an idle provider node is released after (default 10) */
     int sync_full;             /* 1: SQLite synchronous=FULL (survives power loss) */
 } srv_config;
 

@@ -70,6 +70,7 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     n.state = NODE_ALIVE;
     n.last_seen = sh_now_mono();
     *d = n;
+    SH_TRY(srv__seam_node(s, idx, SEAM_UP));
     SH_TRY(srv__db_node(s, d));
     SH_TRY(srv__db_event(s, 0, d->name, "node_registered", "%d x %s in %s/%s, $%.2f/GPU-hour, sandbox %s",
                          d->gpus, d->gpu_type, d->zone, d->fabric, d->price, d->sandbox));
@@ -85,13 +86,16 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
 static int job_eval(srv *s, srv_job *j)
 {
     if (j->state != J_STARTING && j->state != J_RUNNING) return SH_OK;
-    int ready = 0, running = 0, exited = 0, failed = -1;
+    int live = 0, ready = 0, running = 0, ok = 0, failed = -1;
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
-        ready += m->state >= M_READY;
-        running += m->state >= M_RUNNING;
+        if (m->state <= M_RUNNING) {
+            live++;
+            ready += m->state >= M_READY;
+            running += m->state == M_RUNNING;
+        }
         if (m->state == M_EXITED) {
-            exited++;
+            ok += m->exit_code == 0;
             if (m->exit_code != 0 && failed < 0) failed = i;
         }
     }
@@ -100,19 +104,19 @@ static int job_eval(srv *s, srv_job *j)
         snprintf(r, sizeof r, "rank %d exited with status %d", j->mem[failed].rank, j->mem[failed].exit_code);
         return srv__finish(s, j, J_FAILED, j->mem[failed].exit_code, r);
     }
-    if (exited == j->nmem) return srv__finish(s, j, J_SUCCEEDED, 0, "every rank exited with status 0");
+    if (live == 0 && ok > 0) return srv__finish(s, j, J_SUCCEEDED, 0, "every rank exited with status 0");
     int changed = 0;
-    if (!j->go && ready == j->nmem) {
+    if (!j->go && live && ready == live) {
         j->go = 1;
         changed = 1;
         for (int i = 0; i < j->nmem; i++) s->nodes[j->mem[i].node].version++;
         srv__changed(s);
     }
-    if (j->state == J_STARTING && running == j->nmem) {
+    if (j->state == J_STARTING && live && running == live) {
         j->state = J_RUNNING;
-        j->t_start = sh_now_wall();
+        if (j->t_start <= 0) j->t_start = sh_now_wall();
         changed = 1;
-        SH_TRY(srv__db_event(s, j->id, NULL, "running", "attempt %d: all %d rank(s) running", j->attempt, j->nmem));
+        SH_TRY(srv__db_event(s, j->id, NULL, "running", "attempt %d: all %d rank(s) running", j->attempt, live));
     }
     if (changed) SH_TRY(srv__db_job(s, j));
     return SH_OK;
@@ -270,7 +274,8 @@ int srv__agent_poll(srv *s, json_t *b, json_t **reply)
     if (n->state == NODE_DEAD) {
         n->state = NODE_ALIVE;
         n->version++;
-        rc = srv__db_node(s, n);
+        rc = srv__seam_node(s, idx, SEAM_UP);
+        if (rc == SH_OK) rc = srv__db_node(s, n);
         if (rc == SH_OK) rc = srv__db_event(s, 0, n->name, "node_recovered", "polled again");
         srv__changed(s);
     }

@@ -67,14 +67,17 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
         return SH_OK;
     }
     char why[400];
-    if (srv__seam_fit(s, j, why, sizeof why)) {
-        s->rejects++;
+    j->id = s->njobs + 1;
+    rc = srv__seam_submit(s, j, why, sizeof why);
+    if (rc != 0) {
+        if (rc == 1) srv__id_consume(s); /* the core keeps the rejected id */
         srv__job_free(j);
+        if (rc < 0) return rc;
+        s->rejects++;
         *status = 422;
         *reply = json_pack("{s:s,s:s}", "error", why, "reason", "never_fits");
         return SH_OK;
     }
-    j->id = s->njobs + 1;
     j->state = J_PENDING;
     j->t_submit = sh_now_wall();
     SH_TRY(srv__job_add(s, j));
@@ -85,6 +88,7 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     if (rc < 0) {
         /* Not durable, so not accepted: forget it (it is the newest job). */
         srv__db_rollback(s);
+        srv__seam_end(s, j, 1);
         s->jobs[j->id] = NULL;
         s->njobs--;
         s->nactive--;
@@ -253,6 +257,7 @@ static int delete_node(srv *s, srv_req *r, const char *name, json_t **reply)
         s->nodes[idx].state = NODE_GONE;
         rc = srv__db_node(s, &s->nodes[idx]);
     }
+    if (rc == SH_OK && srv__seam_node(s, idx, SEAM_GONE) < 0) sh_warn("node %s: %s", name, sh_errmsg());
     if (rc == SH_OK) rc = srv__db_commit(s);
     else srv__db_rollback(s);
     SH_TRY(rc);

@@ -16,7 +16,8 @@ static const char *const schema =
     "CREATE TABLE IF NOT EXISTS jobs(id INTEGER PRIMARY KEY, tenant TEXT, name TEXT, idem TEXT,"
     " kind INTEGER, state INTEGER, policy INTEGER, attempt INTEGER, max_attempts INTEGER,"
     " priority INTEGER, exit_code INTEGER, reason TEXT, spec TEXT, t_submit REAL, t_start REAL,"
-    " t_end REAL, go INTEGER, prefer TEXT, nodes INTEGER, min_nodes INTEGER, gpus_per_node INTEGER);"
+    " t_end REAL, go INTEGER, prefer TEXT, nodes INTEGER, min_nodes INTEGER, gpus_per_node INTEGER,"
+    " failures INTEGER);"
     "CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem) WHERE idem != '';"
     "CREATE TABLE IF NOT EXISTS members(job INTEGER, rank INTEGER, node TEXT, state INTEGER,"
     " exit_code INTEGER, gpu_mask INTEGER, t_start REAL, t_end REAL, PRIMARY KEY(job, rank));"
@@ -104,13 +105,13 @@ int srv__db_job(srv *s, const srv_job *j)
     char *prefer = json_dumps(pa, JSON_COMPACT);
     json_decref(pa);
     int rc = db__run(s,
-                     "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                     "itttiiiiiiittddditiii", j->id, j->tenant, j->name, j->idem, (int64_t)j->kind,
+                     "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                     "itttiiiiiiittddditiiii", j->id, j->tenant, j->name, j->idem, (int64_t)j->kind,
                      (int64_t)j->state, (int64_t)j->policy, (int64_t)j->attempt,
                      (int64_t)j->max_attempts, (int64_t)j->priority, (int64_t)j->exit_code,
                      j->reason, spec ? spec : "{}", j->t_submit, j->t_start, j->t_end,
                      (int64_t)j->go, prefer ? prefer : "[]", (int64_t)j->nodes,
-                     (int64_t)j->min_nodes, (int64_t)j->gpus_per_node);
+                     (int64_t)j->min_nodes, (int64_t)j->gpus_per_node, (int64_t)j->failures);
     free(spec);
     free(prefer);
     return rc;
@@ -249,6 +250,7 @@ static int db__load_job(srv *s, sqlite3_stmt *st)
     json_array_foreach(pa, i, v) if (j->nprefer < 64) j->prefer[j->nprefer++] = (int)json_integer_value(v);
     json_decref(pa);
     j->nodes = sqlite3_column_int(st, 18);
+    j->failures = sqlite3_column_int(st, 21);
     return srv__job_add(s, j);
 }
 

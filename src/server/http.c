@@ -13,8 +13,6 @@
 #include <string.h>
 #include <time.h>
 
-void srv__provider_tick(srv *s, double now);
-
 typedef struct conn_ctx {
     sh_buf body;
     int too_big;
@@ -286,6 +284,8 @@ int srv_start(const srv_config *cfg, srv **out)
     if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
     if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
     if (!s->cfg.max_provider_nodes) s->cfg.max_provider_nodes = 8;
+    if (s->cfg.scale_up_wait_s <= 0) s->cfg.scale_up_wait_s = 2;
+    if (s->cfg.scale_down_idle_s <= 0) s->cfg.scale_down_idle_s = 10;
     if (!s->cfg.db_path) s->cfg.db_path = "shoal.db";
     snprintf(s->dir, sizeof s->dir, "%s", s->cfg.db_path);
     char *slash = strrchr(s->dir, '/');
@@ -297,6 +297,12 @@ int srv_start(const srv_config *cfg, srv **out)
     int rc = load_tokens(s);
     if (rc == SH_OK) rc = srv__db_open(s);
     if (rc == SH_OK) rc = srv__db_load(s);
+    if (rc == SH_OK) rc = srv__db_begin(s);
+    if (rc == SH_OK) {
+        rc = srv__seam_init(s);
+        if (rc == SH_OK) rc = srv__db_commit(s);
+        else srv__db_rollback(s);
+    }
     if (rc == SH_OK) rc = start_http(s);
     if (rc == SH_OK && pthread_create(&s->sched_thread, NULL, sched_main, s))
         rc = sh_err(SH_EIO, "cannot start the scheduler thread");
@@ -325,6 +331,7 @@ void srv_stop(srv *s)
     if (s->sched_thread) pthread_join(s->sched_thread, NULL);
     if (s->mhd) MHD_stop_daemon(s->mhd);
     if (s->db) sqlite3_close(s->db);
+    if (s->sc) srv__seam_free(s);
     for (int64_t i = 1; i <= s->njobs; i++) srv__job_free(s->jobs[i]);
     free(s->jobs);
     free(s->active);

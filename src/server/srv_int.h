@@ -12,6 +12,10 @@
 #ifndef SHOAL_SRV_INT_H
 #define SHOAL_SRV_INT_H
 
+/* shoal/sched.h comes first: its SCHED_FIFO enumerator collides with the
+ * POSIX macro of the same name that <pthread.h> pulls in through <sched.h>. */
+#include "shoal/sched.h"
+
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdint.h>
@@ -44,6 +48,7 @@ typedef struct srv_job {
     int64_t id;
     char tenant[64], name[128], idem[128], reason[256];
     int kind, state, policy, attempt, max_attempts, priority, exit_code;
+    int failures;                        /* node failures so far (max_attempts bounds them) */
     int nodes, min_nodes, gpus_per_node; /* gang: nodes; elastic: min..nodes */
     json_t *spec;                        /* the job file as accepted (owned) */
     double t_submit, t_start, t_end;     /* wall seconds */
@@ -54,12 +59,6 @@ typedef struct srv_job {
     int prefer[64];
 } srv_job;
 
-/* Scheduling seam: the only place placement decisions are made.  See seam.c. */
-typedef struct srv_decision {
-    int64_t job;
-    int nnodes;
-    int *nodes; /* node index for each rank (owned by the decision list) */
-} srv_decision;
 
 struct srv {
     srv_config cfg;
@@ -82,8 +81,12 @@ struct srv {
     /* counters for /metrics */
     uint64_t submits, rejects, http_req[6], polls;
     double last_cycle_s;
-    double provider_last;
-    int provider_next;
+    sched *sc;            /* the scheduling core: every placement comes from it */
+    sched_decisions dec;
+    int provider_next;    /* provider-created nodes are named auto-<n> */
+    int provider_busy;    /* provider commands still running */
+    char quota_buf[256];  /* --provider-quota, split into the strings below */
+    sched_quota quota;
 };
 
 typedef struct srv_req {
@@ -134,8 +137,24 @@ json_t *srv__node_json(srv *s, int idx, const char *tenant);
 int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
 
 /* seam.c: the scheduling core's seam */
-int srv__seam_fit(srv *s, const srv_job *j, char *why, size_t cap);
+enum { SEAM_UP, SEAM_DEAD, SEAM_GONE };
+int srv__seam_init(srv *s);
+void srv__seam_free(srv *s);
+/* 0 queued, 1 rejected as never fitting (why says so), < 0 error. */
+int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap);
+void srv__seam_end(srv *s, const srv_job *j, int cancelled);
+int srv__seam_node(srv *s, int idx, int event);
 int srv__seam_step(srv *s, double now);
+int srv__grow(srv *s, srv_job *j, const int *nodes, int n);
+int srv__shrink(srv *s, srv_job *j, const int *nodes, int n);
+int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
+void srv__id_consume(srv *s);
+
+/* provider.c: autoscaling hook */
+int srv__provider_config(srv *s, sched_config *c);
+int srv__provider_create(srv *s, const char *zone, const char *fabric, const char *gpu_type, int n);
+int srv__provider_delete(srv *s, const char *node);
+void srv__provider_tick(srv *s, double now);
 
 /* agentapi.c */
 int srv__agent_register(srv *s, json_t *body, json_t **reply);

@@ -38,6 +38,15 @@ void srv__job_free(srv_job *j)
     free(j);
 }
 
+/* Skips a job id (a rejected submit used it in the core). */
+void srv__id_consume(srv *s)
+{
+    srv_job tmp = {0};
+    tmp.id = s->njobs + 1;
+    tmp.state = J_SUCCEEDED;
+    if (srv__job_add(s, &tmp) == SH_OK) s->jobs[tmp.id] = NULL;
+}
+
 int srv__active_add(srv *s, int64_t id)
 {
     if (s->nactive == s->cap_active) {
@@ -158,6 +167,7 @@ static int stop_live(srv *s, srv_job *j)
 int srv__finish(srv *s, srv_job *j, int state, int exit_code, const char *reason)
 {
     SH_TRY(stop_live(s, j));
+    srv__seam_end(s, j, state == J_CANCELLED);
     j->state = state;
     j->exit_code = exit_code;
     j->t_end = sh_now_wall();
@@ -177,33 +187,92 @@ int srv__cancel(srv *s, srv_job *j, const char *who)
     return srv__finish(s, j, J_CANCELLED, -1, why);
 }
 
-/* Puts a job whose node died back in the queue, per its policy. */
-static int requeue(srv *s, srv_job *j, int dead_node, const char *why)
+/* Carries out a requeue or preemption decided by the core: the job's live
+ * members stop and it waits in the queue under a new attempt number. */
+int srv__requeue(srv *s, srv_job *j, const char *why, int failed)
 {
-    if (j->attempt >= j->max_attempts) {
+    if (j->state > J_RUNNING) return SH_OK;
+    SH_TRY(stop_live(s, j));
+    job_touch(s, j);
+    free(j->mem);
+    j->mem = NULL;
+    j->nmem = 0;
+    j->nprefer = 0;
+    j->attempt++;
+    j->state = J_PENDING;
+    j->go = 0;
+    char r[256];
+    snprintf(r, sizeof r, "%s", why);
+    snprintf(j->reason, sizeof j->reason, "%s", r);
+    SH_TRY(srv__db_members(s, j));
+    SH_TRY(srv__db_job(s, j));
+    return srv__db_event(s, j->id, NULL, failed ? "requeue" : "preempted", "%s; attempt %d queued", r, j->attempt);
+}
+
+/* Appends elastic replicas the core added. */
+int srv__grow(srv *s, srv_job *j, const int *nodes, int n)
+{
+    if (j->state < J_STARTING || j->state > J_RUNNING || j->nmem + n > 64) return SH_OK;
+    srv_member *nm = realloc(j->mem, (size_t)(j->nmem + n) * sizeof *nm);
+    if (!nm) return sh_err(SH_ENOMEM, "job %lld: members", (long long)j->id);
+    j->mem = nm;
+    for (int i = 0; i < n; i++) {
+        srv_member *m = &j->mem[j->nmem];
+        memset(m, 0, sizeof *m);
+        m->rank = j->nmem++;
+        m->node = nodes[i];
+        m->state = M_ASSIGNED;
+        m->exit_code = -1;
+        m->gpu_mask = take_gpus(&s->nodes[nodes[i]], j->gpus_per_node);
+        s->nodes[nodes[i]].gpus_used += j->gpus_per_node;
+    }
+    SH_TRY(srv__db_members(s, j));
+    SH_TRY(srv__db_event(s, j->id, NULL, "grow", "%d replica(s) added", n));
+    job_touch(s, j);
+    return SH_OK;
+}
+
+/* Stops one live elastic replica on each node listed. */
+int srv__shrink(srv *s, srv_job *j, const int *nodes, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int r = j->nmem - 1; r >= 0; r--)
+            if (j->mem[r].node == nodes[i] && member_live(&j->mem[r])) {
+                SH_TRY(srv__member_end(s, j, &j->mem[r], M_STOPPED, -1));
+                break;
+            }
+    SH_TRY(srv__db_members(s, j));
+    SH_TRY(srv__db_event(s, j->id, NULL, "shrink", "%d replica(s) removed", n));
+    job_touch(s, j);
+    return SH_OK;
+}
+
+/* A node died under job j: gangs and functions stop at once (survivors
+ * included) and wait for the core's requeue or replace; elastic jobs just
+ * lose the replica; on_failure "fail" ends the job. */
+static int job_lost_node(srv *s, srv_job *j, int idx, const char *why)
+{
+    if (j->policy == P_FAIL) return srv__finish(s, j, J_FAILED, -1, why);
+    if (j->kind == K_ELASTIC) return srv__db_event(s, j->id, s->nodes[idx].name, "replica_lost", "%s", why);
+    if (++j->failures >= j->max_attempts) {
         char r[320];
-        snprintf(r, sizeof r, "%s; gave up after %d attempts (max_attempts)", why, j->attempt);
+        snprintf(r, sizeof r, "%s; gave up after %d failure(s) (max_attempts)", why, j->failures);
         return srv__finish(s, j, J_FAILED, -1, r);
     }
     j->nprefer = 0;
     if (j->policy == P_REPLACE)
         for (int i = 0; i < j->nmem && i < 64; i++)
-            j->prefer[j->nprefer++] = j->mem[i].node == dead_node ? -1 : j->mem[i].node;
+            j->prefer[j->nprefer++] = j->mem[i].node == idx ? -1 : j->mem[i].node;
     SH_TRY(stop_live(s, j));
-    SH_TRY(srv__db_members(s, j));
-    job_touch(s, j);
-    free(j->mem);
-    j->mem = NULL;
-    j->nmem = 0;
-    j->attempt++;
     j->state = J_PENDING;
     j->go = 0;
     snprintf(j->reason, sizeof j->reason, "%s", why);
     SH_TRY(srv__db_members(s, j));
     SH_TRY(srv__db_job(s, j));
-    return srv__db_event(s, j->id, s->nodes[dead_node].name,
-                         j->policy == P_REPLACE ? "replace" : "requeue", "%s; attempt %d queued",
-                         why, j->attempt);
+    job_touch(s, j);
+    return srv__db_event(s, j->id, s->nodes[idx].name, j->policy == P_REPLACE ? "replace" : "stopped",
+                         "%s; survivors stopped, waiting for the scheduler to %s", why,
+                         j->policy == P_REPLACE ? "replace the node" : "requeue");
 }
 
 int srv__node_dead(srv *s, int idx, const char *why)
@@ -225,9 +294,11 @@ int srv__node_dead(srv *s, int idx, const char *why)
         if (!hit) continue;
         char r[200];
         snprintf(r, sizeof r, "node %s died (%s)", n->name, why);
-        if (j->policy == P_FAIL) SH_TRY(srv__finish(s, j, J_FAILED, -1, r));
-        else SH_TRY(requeue(s, j, idx, r));
+        SH_TRY(job_lost_node(s, j, idx, r));
     }
+    /* The core learns of the failure after the jobs that end here have
+     * left it, so that it requeues or replaces only the others. */
+    SH_TRY(srv__seam_node(s, idx, SEAM_DEAD));
     srv__changed(s);
     return SH_OK;
 }
@@ -248,7 +319,7 @@ void srv__heartbeats(srv *s, double now)
 static const char *const job_keys[] = {
     "name",   "kind",     "nodes",          "min_nodes",  "max_nodes",    "gpus_per_node",
     "gpus",   "gpu_types", "zone",          "command",    "env",          "on_failure",
-    "max_attempts", "priority", "writable", "memory_mb", "pids_max", "idempotency_key", NULL};
+    "max_attempts", "priority", "writable", "memory_mb", "pids_max", "idempotency_key", "est_s", NULL};
 
 static int pick(const char *v, const char *const *names, int n, const char *field, int *out)
 {
@@ -334,7 +405,7 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     if (rc == SH_OK && j->kind == K_GANG) rc = int_field(spec, "nodes", 1, 1, 64, &j->nodes);
     if (rc == SH_OK && j->kind == K_ELASTIC) rc = int_field(spec, "max_nodes", 1, 1, 64, &j->nodes);
     if (rc == SH_OK && j->kind == K_ELASTIC) rc = int_field(spec, "min_nodes", 0, 1, j->nodes, &j->min_nodes);
-    if (rc == SH_OK && j->kind == K_FUNCTION) rc = int_field(spec, "gpus", 0, 0, 64, &j->gpus_per_node);
+    if (rc == SH_OK && j->kind == K_FUNCTION) rc = int_field(spec, "gpus", 0, 1, 1, &j->gpus_per_node);
     if (rc == SH_OK && j->kind != K_FUNCTION) rc = int_field(spec, "gpus_per_node", 0, 0, 64, &j->gpus_per_node);
     if (rc == SH_OK && j->kind != K_GANG) j->min_nodes = j->kind == K_FUNCTION ? 1 : j->min_nodes;
     if (rc == SH_OK && j->kind == K_GANG) j->min_nodes = j->nodes;
@@ -343,6 +414,9 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     int lim = 1;
     if (rc == SH_OK) rc = int_field(spec, "memory_mb", 0, 1, 1 << 24, &lim);
     if (rc == SH_OK) rc = int_field(spec, "pids_max", 0, 1, 1 << 22, &lim);
+    double est = 0;
+    if (rc == SH_OK) rc = sh_json_get_num(spec, "est_s", 0, "job", &est);
+    if (rc == SH_OK && est < 0) rc = sh_err(SH_ERANGE, "job: field \"est_s\": negative");
     if (rc == SH_OK) rc = str_array(spec, "command", 1, 0);
     if (rc == SH_OK) rc = str_array(spec, "gpu_types", 0, 0);
     if (rc == SH_OK) rc = str_array(spec, "writable", 0, 1);
