@@ -45,7 +45,7 @@ int srv__db_open(srv *s)
     sqlite3_busy_timeout(s->db, 5000);
     char *err = NULL;
     const char *pragmas = s->cfg.sync_full ? "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
-                                           : "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;";
+                                           : "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=16384;";
     if (sqlite3_exec(s->db, pragmas, NULL, NULL, &err) || sqlite3_exec(s->db, schema, NULL, NULL, &err)) {
         int rc = sh_err(SH_EIO, "%s: %s", s->cfg.db_path, err ? err : "cannot set up the schema");
         sqlite3_free(err);
@@ -72,10 +72,33 @@ void srv__db_rollback(srv *s)
 /* Prepares sql (cached per statement text by SQLite's own prepare is cheap
  * enough at our rates) and binds the arguments described by `types`:
  * i int64, d double, t text. */
+/* Prepared statements, cached by the address of their (literal) SQL text:
+ * preparing the wide job INSERT on every submit cost as much as running it. */
+static sqlite3_stmt *db__stmt(srv *s, const char *sql)
+{
+    for (int i = 0; i < s->nstmts; i++)
+        if (s->stmts[i].sql == sql) return s->stmts[i].st;
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v3(s->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL)) return NULL;
+    if (s->nstmts < (int)(sizeof s->stmts / sizeof s->stmts[0])) {
+        s->stmts[s->nstmts].sql = sql;
+        s->stmts[s->nstmts++].st = st;
+    }
+    return st;
+}
+
+void srv__db_close(srv *s)
+{
+    for (int i = 0; i < s->nstmts; i++) sqlite3_finalize(s->stmts[i].st);
+    s->nstmts = 0;
+    sqlite3_close(s->db);
+    s->db = NULL;
+}
+
 static int db__run(srv *s, const char *sql, const char *types, ...)
 {
-    sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL)) return db__fail(s, "prepare");
+    sqlite3_stmt *st = db__stmt(s, sql);
+    if (!st) return db__fail(s, "prepare");
     va_list ap;
     va_start(ap, types);
     for (int i = 0; types[i]; i++) {
@@ -85,8 +108,11 @@ static int db__run(srv *s, const char *sql, const char *types, ...)
     }
     va_end(ap);
     int rc = sqlite3_step(st);
-    sqlite3_finalize(st);
-    return rc == SQLITE_DONE || rc == SQLITE_ROW ? SH_OK : db__fail(s, "write");
+    int ok = rc == SQLITE_DONE || rc == SQLITE_ROW;
+    if (!ok) rc = db__fail(s, "write");
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return ok ? SH_OK : rc;
 }
 
 int srv__db_node(srv *s, const srv_node *n)

@@ -142,11 +142,15 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
     if (authenticate(s, c, &r, &err) < 0) return send_error(s, c, 401, err);
     int status = 200;
     json_t *reply = NULL;
-    pthread_mutex_lock(&s->mu);
-    int rc = srv__handle(s, &r, &status, &reply);
     char msg[1100];
-    if (rc < 0) snprintf(msg, sizeof msg, "%s", sh_errmsg());
-    pthread_mutex_unlock(&s->mu);
+    int rc = srv__presubmit(&r);
+    if (rc == SH_OK) {
+        pthread_mutex_lock(&s->mu);
+        rc = srv__handle(s, &r, &status, &reply);
+        if (rc < 0) snprintf(msg, sizeof msg, "%s", sh_errmsg());
+        pthread_mutex_unlock(&s->mu);
+    } else snprintf(msg, sizeof msg, "%s", sh_errmsg());
+    srv__job_free(r.job);
     if (rc < 0) {
         json_decref(reply);
         return send_error(s, c, status == 405 ? 405 : status_of(rc), msg);
@@ -209,8 +213,10 @@ static void *sched_main(void *arg)
     double last = 0;
     while (!s->stopping) {
         double now = sh_now_mono();
-        /* Run on every change, and at least every 100 ms for heartbeats. */
-        if (s->dirty || now - last >= 0.1) {
+        if (s->cfg.manual_cycles) s->dirty = 0, last = now;
+        /* Run on every change, at most every 2 ms so that a burst of submits
+         * shares one cycle, and at least every 100 ms for heartbeats. */
+        if ((s->dirty && now - last >= 0.002) || now - last >= 0.1) {
             s->dirty = 0;
             last = now;
             cycle(s);
@@ -223,7 +229,15 @@ static void *sched_main(void *arg)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
-        if (!s->dirty) pthread_cond_timedwait(&s->sched_cv, &s->mu, &ts);
+        if (s->dirty) {
+            /* Let the burst accumulate: release the lock for the rest of 2 ms. */
+            ts.tv_nsec -= 98 * 1000000L;
+            if (ts.tv_nsec < 0) {
+                ts.tv_sec--;
+                ts.tv_nsec += 1000000000L;
+            }
+        }
+        pthread_cond_timedwait(&s->sched_cv, &s->mu, &ts);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -330,7 +344,7 @@ void srv_stop(srv *s)
     pthread_mutex_unlock(&s->mu);
     if (s->sched_thread) pthread_join(s->sched_thread, NULL);
     if (s->mhd) MHD_stop_daemon(s->mhd);
-    if (s->db) sqlite3_close(s->db);
+    if (s->db) srv__db_close(s);
     if (s->sc) srv__seam_free(s);
     for (int64_t i = 1; i <= s->njobs; i++) srv__job_free(s->jobs[i]);
     free(s->jobs);

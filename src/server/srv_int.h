@@ -68,6 +68,8 @@ struct srv {
     pthread_t sched_thread;
     int stopping, dirty;
     sqlite3 *db;
+    struct { const char *sql; sqlite3_stmt *st; } stmts[16];
+    int nstmts;
     struct MHD_Daemon *mhd;
     int port;
     char dir[4096]; /* directory of the database: logs/ lives there */
@@ -97,11 +99,13 @@ typedef struct srv_req {
     int role;           /* ROLE_ADMIN, ROLE_TENANT, ROLE_AGENT, ROLE_NONE */
     const char *idem_header;
     struct MHD_Connection *conn;
+    srv_job *job; /* POST /v1/jobs: the job parsed before locking (owned) */
 } srv_req;
 enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_AGENT };
 
 /* db.c */
 int srv__db_open(srv *s);
+void srv__db_close(srv *s);
 int srv__db_load(srv *s);
 int srv__db_node(srv *s, const srv_node *n);
 int srv__db_job(srv *s, const srv_job *j);
@@ -163,6 +167,7 @@ int srv__agent_logs(srv *s, json_t *body);
 int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap);
 
 /* api.c */
+int srv__presubmit(srv_req *r);
 int srv__handle(srv *s, srv_req *r, int *status, json_t **reply);
 void srv__metrics(srv *s, sh_buf *out);
 
