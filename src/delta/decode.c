@@ -255,6 +255,7 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     int more = enc != DELTA__SAME;
     if (more) SH_TRY(delta__dec_open(&d, enc, payload, len, nbytes / w, w, s, what));
     XXH3_state_t *hb = s->ho, *ho = s->hn;
+    int hash_base = bdig != NULL, hash_out = enc != DELTA__SAME || !hash_base;
     XXH3_128bits_reset(hb);
     XXH3_128bits_reset(ho);
     uint32_t pos[512];
@@ -263,7 +264,7 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     for (size_t i = 0; i < nbytes; i += DELTA__PIECE) {
         size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
         memcpy(out + i, base + i, end - i);
-        XXH3_128bits_update(hb, out + i, end - i);
+        if (hash_base) XXH3_128bits_update(hb, out + i, end - i);
         uint64_t lim = end / w;
         while (more) {
             if (bi == bn) {
@@ -277,11 +278,11 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
             bi = delta__patch_w(out, pos, z, bi, bn, lim, w, is_float);
             if (bi < bn) break;
         }
-        if (enc != DELTA__SAME) XXH3_128bits_update(ho, out + i, end - i);
+        if (hash_out) XXH3_128bits_update(ho, out + i, end - i);
     }
     if (enc != DELTA__SAME) SH_TRY(delta__dec_close(&d));
-    XXH128_hash_t a = XXH3_128bits_digest(hb), b = enc != DELTA__SAME ? XXH3_128bits_digest(ho) : a;
-    *bdig = (sh_hash128){a.low64, a.high64};
+    XXH128_hash_t a = XXH3_128bits_digest(hb), b = hash_out ? XXH3_128bits_digest(ho) : a;
+    if (bdig) *bdig = (sh_hash128){a.low64, a.high64};
     *odig = (sh_hash128){b.low64, b.high64};
     return SH_OK;
 }

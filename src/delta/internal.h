@@ -218,7 +218,7 @@ int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size
                         const char *what);
 
 /* For SAME, SPARSE and DENSE: out = base patched, with the chunk digests
- * of base and out. */
+ * of out and (unless bdig is NULL) of base. */
 int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, const uint8_t *base, uint8_t *out,
                         size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, const char *what);
