@@ -201,6 +201,8 @@ typedef struct {
     uint64_t n;             /* units in the chunk */
     uint64_t next;          /* next candidate position */
     uint64_t zmax;          /* values must be <= zmax */
+    int has_pend;           /* a decoded change beyond the current piece */
+    uint64_t pend_pos, pend_z;
     const char *what;
 } delta__dec;
 
