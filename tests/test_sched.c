@@ -514,6 +514,30 @@ static void test_preemption_table(void **state)
     }
 }
 
+/* Elastic replicas go where their work is cheapest under shoal: h100 at
+ * 3.6 per GPU-hour and speed 1 costs 3.6 per unit of work, l4 at 0.36 and
+ * speed 0.3 costs 1.2, so shoal fills the l4 node first; the baselines
+ * follow the job's type order (h100 first). */
+static void test_elastic_cost_per_work(void **state)
+{
+    static const tnode_row f[] = {{"h", "z", "f", "h100", 4, 3.6}, {"l", "z", "f", "l4", 4, 0.36}, {NULL}};
+    static const struct {
+        sched_policy pol;
+        const char *first_node;
+    } rows[] = {{SCHED_SHOAL, "l"}, {SCHED_BACKFILL, "h"}};
+    for (size_t i = 0; i < 2; i++) {
+        sched_decisions d = {0};
+        sched *s = mk(rows[i].pol, f);
+        sched_job_spec e = elastic("E", 1, 2, 2, 0);
+        e.n_types = 2, e.gpu_types[0] = "h100", e.speed[0] = 1, e.gpu_types[1] = "l4", e.speed[1] = 0.3;
+        submit(s, e, 0);
+        step(s, 0, &d);
+        assert_string_equal(nodes_of(s, "E"), rows[i].first_node[0] == 'l' ? "l,l" : "h,h");
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
 /* ---- Billing and autoscaling ------------------------------------------------------ */
 
 static void test_billing_per_second(void **state)
@@ -661,6 +685,7 @@ int main(void)
         cmocka_unit_test(test_failure_replace),
         cmocka_unit_test(test_failure_elastic_and_function),
         cmocka_unit_test(test_preemption_table),
+        cmocka_unit_test(test_elastic_cost_per_work),
         cmocka_unit_test(test_billing_per_second),
         cmocka_unit_test(test_autoscale),
         cmocka_unit_test(test_check_invariants),

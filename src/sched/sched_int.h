@@ -67,6 +67,7 @@ typedef struct spool {
     int count[MAXG + 1];
     int ge[MAXG + 1]; /* UP nodes with at least g free GPUs */
     int free_total, gpus_up;
+    double price_s;  /* the cheapest node's price per GPU-second */
     uint32_t *nodes; /* all nodes ever in the pool */
     size_t nnodes, capnodes;
     int maxg_ever[MAXG + 1]; /* nodes (any state) with >= g GPUs, for never-fits */
