@@ -144,7 +144,7 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
     c.n = 0;
     for (size_t q = 0; q < njp && got < max; q++) {
         spool *p = &s->pools[pp[q].pool];
-        double end = now + j->est_s / pp[q].speed;
+        double end = now + sched__est_len(s, j, pp[q].pool);
         for (int f = j->gpn; f <= MAXG && got < max; f++)
             for (uint32_t ni = p->head[f]; ni != NONE && got < max; ni = s->nodes[ni].next) {
                 snode *n = &s->nodes[ni];
