@@ -12,11 +12,13 @@ void sched__bucket_insert(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
+    p->ver++;
     n->prev = NONE;
     n->next = p->head[n->free];
     if (n->next != NONE) s->nodes[n->next].prev = ni;
     p->head[n->free] = ni;
     p->count[n->free]++;
+    for (int g = 0; g <= n->free; g++) p->ge[g]++;
     p->free_total += n->free;
     p->gpus_up += n->gpus;
     s->gpus_up += n->gpus;
@@ -28,10 +30,12 @@ void sched__bucket_remove(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
+    p->ver++;
     if (n->prev != NONE) s->nodes[n->prev].next = n->next;
     else p->head[n->free] = n->next;
     if (n->next != NONE) s->nodes[n->next].prev = n->prev;
     p->count[n->free]--;
+    for (int g = 0; g <= n->free; g++) p->ge[g]--;
     p->free_total -= n->free;
     p->gpus_up -= n->gpus;
     s->gpus_up -= n->gpus;
@@ -43,6 +47,8 @@ void sched__bucket_remove(sched *s, uint32_t ni)
 static void set_free(sched *s, uint32_t ni, int free)
 {
     snode *n = &s->nodes[ni];
+    n->ver++;
+    s->pools[n->pool].ver++;
     if (n->state != SCHED_NODE_UP) {
         n->free = free;
         return;
@@ -68,6 +74,10 @@ int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now)
         SH_TRY(sched__grow((void **)&n->refs, &cap, (size_t)n->nrefs + 1, sizeof *n->refs));
         n->caprefs = (int)cap;
     }
+    /* Work that will outlast a reservation made this cycle on the node uses
+     * up the reservation's spare GPUs there. */
+    if (n->resv_stamp == s->stamp && now + sched__est_len(s, j, n->pool) > n->resv_T + 1e-9)
+        n->resv_spare -= gpus;
     j->places[j->nplaces++] = (splace){ni, gpus, now};
     n->refs[n->nrefs++] = (sref){ji, gpus};
     set_free(s, ni, n->free - gpus);
@@ -129,12 +139,7 @@ size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out)
     return n;
 }
 
-int sched__pool_fits(const spool *p, int n, int g)
-{
-    int have = 0;
-    for (int f = g; f <= MAXG && have < n; f++) have += p->count[f];
-    return have >= n;
-}
+int sched__pool_fits(const spool *p, int n, int g) { return g <= MAXG && p->ge[g] >= n; }
 
 /* Capacity that could ever exist for the job: nodes of each allowed pool
  * (in any state) plus what the quotas may add. */
@@ -222,7 +227,7 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
             const spool *p = &s->pools[pi];
             double sp = j->ntypes ? j->speed[ti] : 1.0;
             if (best != NONE && sp < best_speed) continue;
-            double est_end = now + j->est_s / sp;
+            double est_end = now + sched__est_len(s, j, pi);
             int left = p->free_total - j->nodes * j->gpn;
             if (best != NONE && sp == best_speed && left >= best_left) continue;
             if (!sched__pick_gang(s, j, pi, est_end, &tmp[cur])) continue;
