@@ -161,7 +161,7 @@ static int load_inputs(const args *a, sim_fleet *f, sim_trace *t)
     }
     if (a->multi_k) SH_TRY(sim_trace_multinode(t, a->multi_k, a->node_gpus));
     /* Merged traces replay in submit order. */
-    qsort(t->jobs, t->n, sizeof *t->jobs, cmp_submit);
+    if (t->n) qsort(t->jobs, t->n, sizeof *t->jobs, cmp_submit);
     if (a->write_trace) SH_TRY(sim_trace_write(t, a->write_trace));
     if (a->write_fleet) SH_TRY(sim_fleet_write(f, a->write_fleet));
     return 0;
