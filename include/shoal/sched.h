@@ -182,7 +182,8 @@ int sched_job_finish(sched *s, const char *id, double now);
 typedef enum sched_decision_kind {
     SCHED_D_START = 0,      /* start job on places[first .. first+count) */
     SCHED_D_GROW = 1,       /* elastic: add these replicas */
-    SCHED_D_SHRINK = 2,     /* elastic: remove these replicas */
+    SCHED_D_SHRINK = 2,     /* elastic: remove these replicas; with `node` set: pods lost
+                               with that failed node (a gang then waits in REPLACING) */
     SCHED_D_PREEMPT = 3,    /* stop job entirely; it is queued again */
     SCHED_D_REQUEUE = 4,    /* a failure stopped job; it is queued again (restart cost) */
     SCHED_D_REPLACE = 5,    /* a gang's failed node is replaced: places holds the new node */
@@ -264,7 +265,8 @@ double sched_cost_tenant(const sched *s, const char *tenant, const char *gpu_typ
 double sched_cost_job(const sched *s, const char *job, const char *gpu_type, double now);
 
 /* Queue order as the policy sees it now: up to cap job ids into out;
- * returns the queue length. */
+ * returns the queue length.  Call it between cycles (not from a thread
+ * running sched_step on the same scheduler). */
 size_t sched_queue(const sched *s, const char **out, size_t cap);
 
 typedef struct sched_node_info {

@@ -231,6 +231,11 @@ typedef struct scand {
 int sched__pick_gang(sched *s, const sjob *j, uint32_t pi, double est_end, scand *out);
 int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, uint32_t *pool);
 
+/* room.c: reserves nodes for blocked gang ji (shoal and backfill); frees
+ * room for it by preemption (shoal), returning 1 when room was made. */
+int sched__make_reservation(sched *s, uint32_t ji, double now);
+int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now);
+
 /* cycle.c */
 int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
 int sched__emit_place(sched_decisions *d, const sched *s, uint32_t ni, int gpus);
