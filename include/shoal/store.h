@@ -52,6 +52,9 @@ int store_latest(store *s, uint64_t *out);
 /* Reads and checks version v's manifest.  *text (optional, caller frees)
  * gets the manifest's JSON text. */
 int store_get(store *s, uint64_t v, store_version *out, char **text);
+/* Parses a manifest's text (as sent over the push tree); with run non-NULL
+ * the manifest must belong to that run. */
+int store_manifest_parse(const char *text, const char *run, store_version *out);
 /* The payload file of version v. */
 int store_payload_path(store *s, uint64_t v, char *out, size_t cap);
 /* Checks the payload's size and xxh3 against the manifest. */

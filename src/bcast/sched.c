@@ -63,6 +63,8 @@ void bcast__deliver(bcast_node *n)
         o->delivered = 1;
         n->have = o->version;
         n->stats.have_version = n->have;
+        sh_info("push %s: v%llu complete (%s, %llu bytes)", n->name, (unsigned long long)o->version,
+                o->anchor ? "anchor" : "delta", (unsigned long long)o->size);
         if (n->cfg.on_object) {
             bcast_object_info info = {o->version, o->base, o->anchor, o->size, o->path, o->manifest};
             n->cfg.on_object(n->cfg.arg, &info);

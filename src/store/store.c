@@ -133,7 +133,7 @@ static int get_hash(json_t *j, const char *key, const char *ctx, sh_hash128 *h)
     return SH_OK;
 }
 
-static int parse_manifest(store *s, uint64_t v, const char *ctx, json_t *j, store_version *m)
+static int parse_manifest(const char *want_run, uint64_t v, const char *ctx, json_t *j, store_version *m)
 {
     static const char *const keys[] = {"format", "run", "version", "kind", "base", "file", "size",
                                        "xxh3", "model_size", "model_xxh3", "created_at", NULL};
@@ -146,9 +146,10 @@ static int parse_manifest(store *s, uint64_t v, const char *ctx, json_t *j, stor
         return sh_err(SH_EFORMAT, "%s: format \"%s\", expected shoal-version/1", ctx, fmt);
     SH_TRY(sh_json_get_str(j, "run", 1, ctx, &run));
     SH_TRY(sh_json_get_i64(j, "version", 1, ctx, &ver));
-    if (strcmp(run, s->run) || ver != (int64_t)v)
-        return sh_err(SH_EMISMATCH, "%s: says run \"%s\" version %lld, but sits at run \"%s\" "
-                      "version %llu", ctx, run, (long long)ver, s->run, (unsigned long long)v);
+    if (!v && ver > 0) v = (uint64_t)ver;
+    if ((want_run && strcmp(run, want_run)) || ver != (int64_t)v)
+        return sh_err(SH_EMISMATCH, "%s: says run \"%s\" version %lld, but belongs to run \"%s\" "
+                      "version %llu", ctx, run, (long long)ver, want_run ? want_run : run, (unsigned long long)v);
     SH_TRY(sh_json_get_str(j, "kind", 1, ctx, &kind));
     SH_TRY(sh_json_get_str(j, "file", 1, ctx, &file));
     SH_TRY(sh_json_get_i64(j, "size", 1, ctx, &size));
@@ -188,11 +189,20 @@ int store_get(store *s, uint64_t v, store_version *out, char **text)
     json_t *j;
     rc = sh_json_parse(buf, len, path, &j);
     if (rc == 0) {
-        rc = parse_manifest(s, v, path, j, out);
+        rc = parse_manifest(s->run, v, path, j, out);
         json_decref(j);
     }
     if (rc == 0 && text) *text = buf;
     else free(buf);
+    return rc;
+}
+
+int store_manifest_parse(const char *text, const char *run, store_version *out)
+{
+    json_t *j;
+    SH_TRY(sh_json_parse(text, strlen(text), "manifest", &j));
+    int rc = parse_manifest(run, 0, "manifest", j, out);
+    json_decref(j);
     return rc;
 }
 
