@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "shoal/bcast.h"
 #include "shoal/common.h"
 
 #ifdef __cplusplus
@@ -116,6 +117,67 @@ int store_apply_payload(const store_version *ver, const char *payload, const cha
 
 /* Whether this build has the delta codec (src/delta). */
 int store_have_codec(void);
+
+/* ---- Replicas --------------------------------------------------------------
+ * A replica keeps the active version of a run in DIR and reconciles with a
+ * store (polling LATEST) or a push tree (attached to a parent): it stages and
+ * verifies the next version while the current one keeps serving, then
+ * activates it with an atomic swap.  Serving code embeds it and leases the
+ * active model per request; a lease pins its version until released.
+ * docs/store-format.md describes DIR. */
+typedef struct store_replica store_replica;
+
+typedef struct store_replica_config {
+    const char *dir;   /* required: models/, staging/, spool/, ACTIVE */
+    const char *store; /* store root: the source when no parent is given */
+    const char *run;   /* NULL: STORE_DEFAULT_RUN */
+    const char *parents[BCAST_MAX_ADDRS]; /* push parents ("host:port") */
+    int nparents;
+    const char *zone;
+    int fanout;
+    int leaf;          /* 1: accept no children in the push tree */
+    double egress_bps; /* rate limit for forwarding to children */
+    double poll_s;     /* store polling period (default 0.02 s) */
+    /* Called on the replica's apply thread around each activation. */
+    void (*before_activate)(void *arg, uint64_t from, uint64_t to);
+    void (*after_activate)(void *arg, uint64_t version, double activated_at);
+    void *arg;
+} store_replica_config;
+
+/* A leased model: the full checkpoint bytes of one version (read-only). */
+typedef struct store_lease {
+    uint64_t version; /* the version this request runs on (at its start) */
+    const uint8_t *data;
+    uint64_t size;
+    void *priv;
+} store_lease;
+
+typedef struct store_replica_info {
+    uint64_t version;
+    double activated_at;  /* wall-clock seconds */
+    double pause_max_ms;  /* longest time a swap blocked lease callers */
+    uint64_t activations, failures;
+    char last_error[512];
+    bcast_stats push;
+} store_replica_info;
+
+/* Opens DIR (created if missing), restores the last activated version after
+ * checking it, removes what a crash mid-apply left, and starts reconciling in
+ * background threads.  The caller owns the replica. */
+int store_replica_open(const store_replica_config *cfg, store_replica **out);
+void store_replica_close(store_replica *r);
+uint64_t store_replica_version(store_replica *r);
+/* Blocks until the active version is >= v; SH_ETIMEDOUT after timeout_s. */
+int store_replica_wait(store_replica *r, uint64_t v, double timeout_s);
+/* Leases the active model.  min_version / exact_version (0: none) are the
+ * request's constraints; one this replica cannot meet now is SH_EAGAIN
+ * (retryable: later, or on another replica), with the reason. */
+int store_replica_acquire(store_replica *r, uint64_t min_version, uint64_t exact_version,
+                          store_lease *out);
+/* Ends a lease; returns the replica's active version at that moment, so that
+ * a result reports the version at the start and at the end of generation. */
+uint64_t store_replica_release(store_replica *r, store_lease *l);
+void store_replica_get_info(store_replica *r, store_replica_info *out);
 
 #ifdef __cplusplus
 }

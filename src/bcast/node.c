@@ -36,6 +36,7 @@ static void peer_unref(bcast__peer *p)
 
 static void send_done(send_ctx *s, ucs_status_t st)
 {
+    s->node->inflight--;
     if (s->peer) {
         s->peer->outstanding--;
         peer_unref(s->peer);
@@ -66,6 +67,7 @@ int bcast__send(bcast_node *n, ucp_ep_h ep, bcast__peer *p, unsigned id, const v
     s->peer = p;
     s->owned = owned;
     if (p) p->outstanding++, p->refs++;
+    n->inflight++;
     ucp_request_param_t prm = {0};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                        UCP_OP_ATTR_FIELD_FLAGS;
@@ -694,7 +696,7 @@ void bcast_node_free(bcast_node *n)
         if (n->parent_ep) close_ep(n, n->parent_ep);
         n->parent_ep = NULL;
         double end = sh_now_mono() + 1.0;
-        while ((n->nclosing > 0) && sh_now_mono() < end) {
+        while ((n->nclosing > 0 || n->inflight > 0) && sh_now_mono() < end) {
             ucp_worker_progress(n->worker);
             reap_closing(n);
         }
