@@ -91,6 +91,7 @@ int store_squash_path(store *s, uint64_t from, uint64_t to, char *out, size_t ca
 int store_plan_make(store *s, uint64_t from, uint64_t to, store_plan *p)
 {
     memset(p, 0, offsetof(store_plan, steps));
+    p->nsteps = 0;
     p->from = from, p->to = to;
     p->chain_bytes = p->squash_bytes = p->anchor_bytes = UINT64_MAX;
     if (from == to && to) {
@@ -236,6 +237,7 @@ static int remove_version(store *s, uint64_t v)
     char dir[4096], trash[4096];
     SH_TRY(store__version_dir(s, v, dir, sizeof dir));
     snprintf(trash, sizeof trash, "%s/gc-%010llu.%ld", s->staging, (unsigned long long)v, (long)getpid());
+    SH_TRY(sh_mkdir_p(s->staging, 0755));
     if (rename(dir, trash) < 0) return sh_err_errno(errno, "rename %s to %s", dir, trash);
     SH_TRY(sh_fsync_dir(s->versions));
     return sh_rm_rf(trash);
