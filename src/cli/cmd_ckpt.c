@@ -1,0 +1,149 @@
+/* shoal ckpt: generate and inspect safetensors checkpoints. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "shoal/ckpt.h"
+
+const char cli_help_ckpt[] = "synth, step and inspect safetensors checkpoints";
+
+static const char ckpt_usage[] =
+    "usage: shoal ckpt synth --params N [--seed S] -o OUT.safetensors\n"
+    "       shoal ckpt step IN --lr LR [--steps K] [--seed S] -o OUT.safetensors\n"
+    "       shoal ckpt inspect CKPT [--tensors] [--json]\n\n"
+    "synth    a Llama-shaped bf16 checkpoint of about N parameters (K/M/G suffixes)\n"
+    "         with Hugging Face tensor names and realistic magnitudes\n"
+    "step     K Adam steps of learning rate LR with random gradients on fp32 master\n"
+    "         weights, cast back to bf16 with round-to-nearest-even (default K=1)\n"
+    "inspect  files, tensors, parameters, bytes and the checkpoint's xxh3-128 digest;\n"
+    "         CKPT is a .safetensors file or a folder with " CKPT_INDEX_NAME "\n";
+
+/* Options shared by the subcommands; positional arguments go to pos[]. */
+typedef struct {
+    const char *out, *pos[4];
+    int npos, json, tensors;
+    uint64_t params, seed, steps;
+    double lr;
+    int has_params, has_lr;
+} ckpt_opts;
+
+static int ckpt_parse(const char *cmd, int argc, char **argv, ckpt_opts *o)
+{
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--tensors")) o->tensors = 1;
+        else if (!strcmp(a, "-o") && v) o->out = argv[++i];
+        else if (!strcmp(a, "--params") && v) rc = sh_parse_size(argv[++i], &o->params, a), o->has_params = 1;
+        else if (!strcmp(a, "--seed") && v) rc = sh_parse_u64(argv[++i], &o->seed, a);
+        else if (!strcmp(a, "--steps") && v) rc = sh_parse_u64(argv[++i], &o->steps, a);
+        else if (!strcmp(a, "--lr") && v) rc = sh_parse_double(argv[++i], &o->lr, a), o->has_lr = 1;
+        else if (a[0] == '-' && a[1]) return cli_usage(cmd, "unknown option or missing value: %s", a);
+        else if (o->npos < 4) o->pos[o->npos++] = a;
+        else return cli_usage(cmd, "too many arguments");
+        if (rc < 0) return cli_usage(cmd, "%s", sh_errmsg());
+    }
+    return 0;
+}
+
+static void ckpt_shape_str(const ckpt_tensor *t, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < t->ndim && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+static json_t *ckpt_tensor_json(const ckpt *c, const ckpt_tensor *t, sh_hash128 d)
+{
+    json_t *shape = json_array();
+    for (int k = 0; k < t->ndim; k++) json_array_append_new(shape, json_integer(t->shape[k]));
+    char hex[33];
+    sh_hash128_hex(d, hex);
+    return json_pack("{s:s,s:s,s:o,s:I,s:s,s:I,s:s}", "name", t->name, "dtype",
+                     ckpt_dtype_name(t->dtype), "shape", shape, "nbytes", (json_int_t)t->nbytes,
+                     "file", c->files[t->file].name, "offset", (json_int_t)t->offset, "digest", hex);
+}
+
+static int ckpt_inspect(ckpt_opts *o)
+{
+    if (o->npos != 1) return cli_usage("ckpt", "inspect takes one checkpoint");
+    ckpt *c;
+    int rc = ckpt_open(o->pos[0], &c);
+    if (rc < 0) return cli_fail("ckpt inspect", rc);
+    sh_hash128 dig, *td = calloc(c->ntensors + 1, sizeof *td);
+    rc = td ? ckpt_digest(c, 0, &dig, td) : sh_err(SH_ENOMEM, "out of memory");
+    if (rc < 0) {
+        free(td);
+        ckpt_close(c);
+        return cli_fail("ckpt inspect", rc);
+    }
+    uint64_t params = 0;
+    for (size_t i = 0; i < c->ntensors; i++) params += c->tensors[i].numel;
+    char hex[33], b1[32], b2[32];
+    sh_hash128_hex(dig, hex);
+    if (o->json) {
+        json_t *files = json_array(), *tensors = json_array();
+        for (size_t f = 0; f < c->nfiles; f++)
+            json_array_append_new(files, json_pack("{s:s,s:I,s:I,s:I}", "name", c->files[f].name,
+                                                   "bytes", (json_int_t)c->files[f].size,
+                                                   "header_bytes", (json_int_t)c->files[f].header_len,
+                                                   "tensors", (json_int_t)c->files[f].count));
+        for (size_t i = 0; i < c->ntensors; i++)
+            json_array_append_new(tensors, ckpt_tensor_json(c, &c->tensors[i], td[i]));
+        json_t *j = json_pack("{s:s,s:b,s:I,s:I,s:I,s:s,s:o,s:o,s:O}", "path", c->path, "sharded",
+                              c->is_folder, "params", (json_int_t)params, "data_bytes",
+                              (json_int_t)ckpt_data_bytes(c), "file_bytes",
+                              (json_int_t)ckpt_file_bytes(c), "digest", hex, "files", files,
+                              "tensors", tensors, "metadata",
+                              c->metadata ? c->metadata : json_null());
+        sh_json_print(j);
+        json_decref(j);
+    } else {
+        printf("%s: %s, %zu file(s), %zu tensors, %llu parameters, %s of data (%s on disk)\n"
+               "digest %s\n",
+               c->path, c->is_folder ? "sharded folder" : "safetensors file", c->nfiles,
+               c->ntensors, (unsigned long long)params,
+               sh_fmt_bytes((double)ckpt_data_bytes(c), b1, sizeof b1),
+               sh_fmt_bytes((double)ckpt_file_bytes(c), b2, sizeof b2), hex);
+        for (size_t i = 0; o->tensors && i < c->ntensors; i++) {
+            const ckpt_tensor *t = &c->tensors[i];
+            char shape[256];
+            ckpt_shape_str(t, shape, sizeof shape);
+            printf("  %-52s %-8s %-18s %12s\n", t->name, ckpt_dtype_name(t->dtype), shape,
+                   sh_fmt_bytes((double)t->nbytes, b1, sizeof b1));
+        }
+    }
+    free(td);
+    ckpt_close(c);
+    return 0;
+}
+
+int cli_cmd_ckpt(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(ckpt_usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? CLI_USAGE : 0;
+    }
+    ckpt_opts o = {.steps = 1, .seed = 1};
+    int rc = ckpt_parse("ckpt", argc, argv, &o);
+    if (rc) return rc;
+    const char *sub = argv[1];
+    if (!strcmp(sub, "inspect")) return ckpt_inspect(&o);
+    if (!strcmp(sub, "synth")) {
+        if (!o.has_params || !o.out || o.npos)
+            return cli_usage("ckpt", "synth needs --params N and -o OUT");
+        if (o.params < 1000) return cli_usage("ckpt", "--params must be at least 1000");
+        rc = ckpt_synth(o.out, o.params, o.seed);
+        return rc < 0 ? cli_fail("ckpt synth", rc) : 0;
+    }
+    if (!strcmp(sub, "step")) {
+        if (o.npos != 1 || !o.has_lr || !o.out)
+            return cli_usage("ckpt", "step needs IN, --lr LR and -o OUT");
+        if (!(o.lr > 0 && o.lr < 1)) return cli_usage("ckpt", "--lr must be in (0, 1)");
+        rc = ckpt_step(o.pos[0], o.out, o.lr, o.steps, o.seed);
+        return rc < 0 ? cli_fail("ckpt step", rc) : 0;
+    }
+    return cli_usage("ckpt", "unknown subcommand \"%s\" (synth, step, inspect)", sub);
+}

@@ -1,0 +1,332 @@
+/* Jobs: submission and its checks, tenant queues, cancel and finish,
+ * per-second billing and the queries. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched_int.h"
+
+#define GROW(arr, cap, need) sched__grow((void **)&(arr), &(cap), (need), sizeof *(arr))
+
+static uint32_t tenant_of(sched *s, const char *name)
+{
+    uint32_t ti = sched__map_get(&s->tenant_map, name);
+    if (ti != NONE) return ti;
+    if (GROW(s->tenants, s->captenants, s->ntenants + 1) < 0) return NONE;
+    stenant *t = &s->tenants[s->ntenants];
+    memset(t, 0, sizeof *t);
+    if (sched__map_put(&s->tenant_map, name, (uint32_t)s->ntenants, &t->id) < 0) return NONE;
+    return (uint32_t)s->ntenants++;
+}
+
+/* Queue order within a tenant: higher priority first, then `order` (the
+ * submit sequence; a requeued gang gets a negative order, so it goes to the
+ * head of its priority class). */
+static int before(const sjob *a, const sjob *b)
+{
+    if (a->priority != b->priority) return a->priority > b->priority;
+    return a->order < b->order;
+}
+
+static size_t queue_pos(const sched *s, const stenant *t, const sjob *j)
+{
+    size_t lo = 0, hi = t->nq;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (before(&s->jobs[t->queue[mid]], j)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+int sched__queue_push(sched *s, uint32_t ji, double now)
+{
+    sjob *j = &s->jobs[ji];
+    stenant *t = &s->tenants[j->tenant];
+    SH_TRY(GROW(t->queue, t->capq, t->nq + 1));
+    size_t pos = queue_pos(s, t, j);
+    memmove(t->queue + pos + 1, t->queue + pos, (t->nq - pos) * sizeof *t->queue);
+    t->queue[pos] = ji;
+    t->nq++;
+    j->state = SCHED_QUEUED;
+    j->queued_since = now;
+    s->queued++;
+    return 0;
+}
+
+void sched__queue_remove(sched *s, uint32_t ji)
+{
+    sjob *j = &s->jobs[ji];
+    stenant *t = &s->tenants[j->tenant];
+    size_t pos = queue_pos(s, t, j);
+    if (pos >= t->nq || t->queue[pos] != ji) return;
+    memmove(t->queue + pos, t->queue + pos + 1, (t->nq - pos - 1) * sizeof *t->queue);
+    t->nq--;
+    s->queued--;
+}
+
+double sched__job_speed(const sched *s, const sjob *j, uint32_t type)
+{
+    if (!j->ntypes) return 1.0;
+    for (int i = 0; i < j->ntypes; i++)
+        if (j->types[i] == type) return j->speed[i];
+    return 0;
+}
+
+double sched__est_end(const sched *s, const sjob *j)
+{
+    double sp = 1.0;
+    if (j->kind == SCHED_GANG && j->pool != NONE) sp = sched__job_speed(s, j, s->pools[j->pool].type);
+    return j->start + j->est_s / (sp > 0 ? sp : 1.0);
+}
+
+static int check_spec(sched *s, const sched_job_spec *js)
+{
+    if (!js->id || !*js->id || strlen(js->id) >= SCHED_ID_MAX)
+        return sh_err(SH_EINVAL, "job id must be 1..%d bytes", SCHED_ID_MAX - 1);
+    if ((unsigned)js->kind > SCHED_FUNCTION)
+        return sh_err(SH_EINVAL, "job %s: unknown kind %d", js->id, (int)js->kind);
+    if (js->kind != SCHED_FUNCTION) {
+        if (js->nodes < 1 || js->nodes > SCHED__MAX_GANG)
+            return sh_err(SH_EINVAL, "job %s: nodes %d is outside 1..%d", js->id, js->nodes,
+                          SCHED__MAX_GANG);
+        if (js->gpus_per_node < 1 || js->gpus_per_node > MAXG)
+            return sh_err(SH_EINVAL, "job %s: gpus_per_node %d is outside 1..%d", js->id,
+                          js->gpus_per_node, MAXG);
+    }
+    if (js->kind == SCHED_ELASTIC && (js->max_replicas < js->nodes || js->max_replicas > SCHED__MAX_GANG))
+        return sh_err(SH_EINVAL, "job %s: max replicas %d must be >= min replicas %d", js->id,
+                      js->max_replicas, js->nodes);
+    if (js->n_types < 0 || js->n_types > SCHED_MAX_TYPES)
+        return sh_err(SH_EINVAL, "job %s: %d GPU types (at most %d)", js->id, js->n_types,
+                      SCHED_MAX_TYPES);
+    if (!(js->est_s >= 0) || js->replace_wait_s < 0 || js->speed[0] < 0)
+        return sh_err(SH_EINVAL, "job %s: estimate and waits must be >= 0", js->id);
+    if (sched__map_get(&s->job_map, js->id) != NONE)
+        return sh_err(SH_EEXIST, "job %s already exists", js->id);
+    return 0;
+}
+
+/* Records the job as rejected and returns SH_ERANGE with `why`. */
+static int reject(sched *s, uint32_t ji, const char *why)
+{
+    sjob *j = &s->jobs[ji];
+    j->state = SCHED_REJECTED;
+    j->reason = strdup(why);
+    s->st.rejected++;
+    return sh_err(SH_ERANGE, "job %s rejected: %s", j->id, why);
+}
+
+int sched_job_submit(sched *s, const sched_job_spec *js, double now)
+{
+    SH_TRY(check_spec(s, js));
+    uint32_t ti = tenant_of(s, js->tenant && *js->tenant ? js->tenant : "default");
+    if (ti == NONE) return SH_ENOMEM;
+    SH_TRY(GROW(s->jobs, s->capjobs, s->njobs + 1));
+    uint32_t ji = (uint32_t)s->njobs;
+    sjob *j = &s->jobs[ji];
+    memset(j, 0, sizeof *j);
+    SH_TRY(sched__map_put(&s->job_map, js->id, ji, &j->id));
+    s->njobs++;
+    j->tenant = ti, j->kind = js->kind;
+    j->nodes = js->kind == SCHED_FUNCTION ? 1 : js->nodes;
+    j->gpn = js->kind == SCHED_FUNCTION ? 1 : js->gpus_per_node;
+    j->maxr = js->kind == SCHED_ELASTIC ? js->max_replicas : j->nodes;
+    j->est_s = js->est_s > 0 ? js->est_s : s->cfg.default_est_s;
+    j->priority = js->priority, j->on_fail = js->on_fail, j->replace_wait_s = js->replace_wait_s;
+    j->submit = now, j->first_start = j->start = j->end = -1;
+    j->blocked_since = -1, j->resv_promise = -1, j->pool = NONE;
+    j->order = ++s->seq;
+    char why[256];
+    for (int i = 0; i < js->n_types; i++) {
+        uint32_t t = js->gpu_types[i] ? sched__intern(s, js->gpu_types[i], 0) : NONE;
+        if (t == NONE) {
+            snprintf(why, sizeof why, "unknown GPU type \"%s\" (no node or quota has it)",
+                     js->gpu_types[i] ? js->gpu_types[i] : "");
+            return reject(s, ji, why);
+        }
+        j->types[j->ntypes] = t;
+        j->speed[j->ntypes++] = js->speed[i] > 0 ? js->speed[i] : 1.0;
+    }
+    if (sched__never_fits(s, j, why, sizeof why)) return reject(s, ji, why);
+    struct { int kind, nodes, gpn, nt; uint32_t t[SCHED_MAX_TYPES]; } key;
+    memset(&key, 0, sizeof key);
+    key.kind = j->kind, key.nodes = j->nodes, key.gpn = j->gpn, key.nt = j->ntypes;
+    memcpy(key.t, j->types, sizeof key.t);
+    j->shape = sh_hash64_of(&key, sizeof key) | 1;
+    if (j->kind == SCHED_ELASTIC) {
+        SH_TRY(sched__grow((void **)&s->elastic, &s->capelastic, s->nelastic + 1, sizeof *s->elastic));
+        s->elastic[s->nelastic++] = ji;
+    }
+    SH_TRY(sched__queue_push(s, ji, now));
+    return 0;
+}
+
+static int find_job(const sched *s, const char *id, uint32_t *out)
+{
+    uint32_t ji = sched__map_get(&s->job_map, id);
+    if (ji == NONE) return sh_err(SH_ENOENT, "job %s is not known", id ? id : "(null)");
+    *out = ji;
+    return 0;
+}
+
+static int stop_job(sched *s, const char *id, double now, sched_job_state to)
+{
+    uint32_t ji = NONE;
+    SH_TRY(find_job(s, id, &ji));
+    sjob *j = &s->jobs[ji];
+    if (j->state >= SCHED_DONE)
+        return sh_err(SH_EINVAL, "job %s has already ended", id);
+    if (j->state == SCHED_QUEUED) sched__queue_remove(s, ji);
+    else if (j->state == SCHED_HOLDING) sched__queue_remove(s, ji), sched__release_all(s, ji, now);
+    else sched__release_all(s, ji, now), s->running--;
+    j->state = to;
+    j->end = now;
+    return 0;
+}
+
+int sched_job_cancel(sched *s, const char *id, double now) { return stop_job(s, id, now, SCHED_CANCELLED); }
+
+int sched_job_finish(sched *s, const char *id, double now)
+{
+    uint32_t ji = NONE;
+    SH_TRY(find_job(s, id, &ji));
+    if (s->jobs[ji].state != SCHED_RUNNING && s->jobs[ji].state != SCHED_REPLACING)
+        return sh_err(SH_EINVAL, "job %s is not running, it cannot finish", id);
+    return stop_job(s, id, now, SCHED_DONE);
+}
+
+/* ---- Billing: per second, each allocation's seconds rounded up ----------- */
+
+static void add_cost(double **v, size_t *n, uint32_t type, double c)
+{
+    if (type >= *n) {
+        double *nv = realloc(*v, (type + 1) * sizeof *nv);
+        if (!nv) return; /* billing is best effort under memory exhaustion */
+        for (size_t i = *n; i <= type; i++) nv[i] = 0;
+        *v = nv, *n = type + 1;
+    }
+    (*v)[type] += c;
+}
+
+double sched__place_cost(const sched *s, const splace *p, double now)
+{
+    double secs = ceil(now - p->since - 1e-9);
+    if (secs < 0) secs = 0;
+    return secs * p->gpus * s->nodes[p->node].price_s;
+}
+
+void sched__bill(sched *s, sjob *j, const splace *p, double now)
+{
+    if (j->state == SCHED_HOLDING) return; /* billed to nobody: the waste firstfit causes */
+    double c = sched__place_cost(s, p, now);
+    uint32_t type = s->pools[s->nodes[p->node].pool].type;
+    add_cost(&j->cost_t, &j->ncost, type, c);
+    stenant *t = &s->tenants[j->tenant];
+    add_cost(&t->cost_t, &t->ncost, type, c);
+}
+
+static double job_cost(const sched *s, const sjob *j, uint32_t type, double now)
+{
+    double c = 0;
+    for (size_t i = 0; i < j->ncost; i++)
+        if (type == NONE || type == i) c += j->cost_t[i];
+    if (j->state == SCHED_RUNNING || j->state == SCHED_REPLACING)
+        for (int k = 0; k < j->nplaces; k++)
+            if (type == NONE || s->pools[s->nodes[j->places[k].node].pool].type == type)
+                c += sched__place_cost(s, &j->places[k], now);
+    return c;
+}
+
+double sched_cost_job(const sched *s, const char *job, const char *gpu_type, double now)
+{
+    uint32_t type = gpu_type ? sched__map_get(&s->names, gpu_type) : NONE;
+    if (gpu_type && type == NONE) return 0;
+    double c = 0;
+    for (size_t i = 0; i < s->njobs; i++)
+        if (!job || !strcmp(job, s->jobs[i].id)) {
+            c += job_cost(s, &s->jobs[i], type, now);
+            if (job) break;
+        }
+    return c;
+}
+
+double sched_cost_tenant(const sched *s, const char *tenant, const char *gpu_type, double now)
+{
+    uint32_t type = gpu_type ? sched__map_get(&s->names, gpu_type) : NONE;
+    if (gpu_type && type == NONE) return 0;
+    uint32_t ti = tenant ? sched__map_get(&s->tenant_map, tenant) : NONE;
+    if (tenant && ti == NONE) return 0;
+    double c = 0;
+    for (size_t i = 0; i < s->ntenants; i++) {
+        const stenant *t = &s->tenants[i];
+        if (ti != NONE && ti != i) continue;
+        for (size_t k = 0; k < t->ncost; k++)
+            if (type == NONE || type == k) c += t->cost_t[k];
+    }
+    /* Running allocations are billed up to now. */
+    for (size_t i = 0; i < s->njobs; i++) {
+        const sjob *j = &s->jobs[i];
+        if ((ti != NONE && j->tenant != ti) ||
+            (j->state != SCHED_RUNNING && j->state != SCHED_REPLACING))
+            continue;
+        for (int k = 0; k < j->nplaces; k++)
+            if (type == NONE || s->pools[s->nodes[j->places[k].node].pool].type == type)
+                c += sched__place_cost(s, &j->places[k], now);
+    }
+    return c;
+}
+
+/* ---- Queries -------------------------------------------------------------- */
+
+int64_t sched_job_ix(const sched *s, const char *id)
+{
+    uint32_t ji = sched__map_get(&s->job_map, id);
+    return ji == NONE ? -1 : (int64_t)ji;
+}
+
+size_t sched_job_count(const sched *s) { return s->njobs; }
+
+int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o)
+{
+    if (ix >= s->njobs) return sh_err(SH_ENOENT, "job handle %u is not known", ix);
+    const sjob *j = &s->jobs[ix];
+    memset(o, 0, sizeof *o);
+    o->id = j->id, o->tenant = s->tenants[j->tenant].id, o->kind = j->kind, o->state = j->state;
+    o->priority = j->priority, o->replicas = j->nplaces;
+    for (int k = 0; k < j->nplaces; k++) o->gpus += j->places[k].gpus;
+    if (j->pool != NONE && j->kind == SCHED_GANG) {
+        o->gpu_type = s->name[s->pools[j->pool].type];
+        o->speed = sched__job_speed(s, j, s->pools[j->pool].type);
+    }
+    o->submit_s = j->submit, o->first_start_s = j->first_start, o->start_s = j->start;
+    o->end_s = j->end, o->wait_s = j->wait_acc;
+    o->restarts = j->restarts, o->preemptions = j->preemptions, o->backfilled = j->backfilled;
+    o->cost = job_cost(s, j, NONE, now);
+    o->reason = j->reason;
+    return 0;
+}
+
+int sched_job_info_get(const sched *s, const char *id, double now, sched_job_info *out)
+{
+    uint32_t ji = NONE;
+    SH_TRY(find_job(s, id, &ji));
+    return sched_job_info_ix(s, ji, now, out);
+}
+
+size_t sched_job_alloc(const sched *s, const char *id, sched_place *out, size_t cap)
+{
+    uint32_t ji = sched__map_get(&s->job_map, id);
+    if (ji == NONE) return 0;
+    const sjob *j = &s->jobs[ji];
+    for (int k = 0; k < j->nplaces && (size_t)k < cap; k++)
+        out[k] = (sched_place){s->nodes[j->places[k].node].id, j->places[k].node, j->places[k].gpus};
+    return (size_t)j->nplaces;
+}
+
+void sched_stats_get(const sched *s, sched_stats *o)
+{
+    *o = s->st;
+    o->nodes_up = s->nodes_up, o->gpus_up = s->gpus_up, o->gpus_busy = s->gpus_busy;
+    o->queued = s->queued, o->running = s->running;
+}

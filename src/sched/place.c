@@ -1,0 +1,210 @@
+/* Placement: each pool keeps its UP nodes in buckets by free GPU count, so
+ * "does an n x g gang fit" is a sum over at most MAXG counters and picking
+ * the least fragmenting nodes (the fullest nodes that still fit) walks the
+ * buckets from g upwards. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched_int.h"
+
+void sched__bucket_insert(sched *s, uint32_t ni)
+{
+    snode *n = &s->nodes[ni];
+    spool *p = &s->pools[n->pool];
+    n->prev = NONE;
+    n->next = p->head[n->free];
+    if (n->next != NONE) s->nodes[n->next].prev = ni;
+    p->head[n->free] = ni;
+    p->count[n->free]++;
+    p->free_total += n->free;
+    p->gpus_up += n->gpus;
+    s->gpus_up += n->gpus;
+    s->gpus_busy += n->gpus - n->free;
+    s->nodes_up++;
+}
+
+void sched__bucket_remove(sched *s, uint32_t ni)
+{
+    snode *n = &s->nodes[ni];
+    spool *p = &s->pools[n->pool];
+    if (n->prev != NONE) s->nodes[n->prev].next = n->next;
+    else p->head[n->free] = n->next;
+    if (n->next != NONE) s->nodes[n->next].prev = n->prev;
+    p->count[n->free]--;
+    p->free_total -= n->free;
+    p->gpus_up -= n->gpus;
+    s->gpus_up -= n->gpus;
+    s->gpus_busy -= n->gpus - n->free;
+    s->nodes_up--;
+}
+
+/* Changes an UP node's free count, moving it between buckets. */
+static void set_free(sched *s, uint32_t ni, int free)
+{
+    snode *n = &s->nodes[ni];
+    if (n->state != SCHED_NODE_UP) {
+        n->free = free;
+        return;
+    }
+    sched__bucket_remove(s, ni);
+    n->free = free;
+    sched__bucket_insert(s, ni);
+}
+
+static int is_preemptible(const sjob *j) { return j->kind != SCHED_GANG; }
+
+int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now)
+{
+    sjob *j = &s->jobs[ji];
+    snode *n = &s->nodes[ni];
+    if (j->nplaces + 1 > j->capplaces) {
+        size_t cap = (size_t)j->capplaces;
+        SH_TRY(sched__grow((void **)&j->places, &cap, (size_t)j->nplaces + 1, sizeof *j->places));
+        j->capplaces = (int)cap;
+    }
+    if (n->nrefs + 1 > n->caprefs) {
+        size_t cap = (size_t)n->caprefs;
+        SH_TRY(sched__grow((void **)&n->refs, &cap, (size_t)n->nrefs + 1, sizeof *n->refs));
+        n->caprefs = (int)cap;
+    }
+    j->places[j->nplaces++] = (splace){ni, gpus, now};
+    n->refs[n->nrefs++] = (sref){ji, gpus};
+    set_free(s, ni, n->free - gpus);
+    s->tenants[j->tenant].gpus_in_use += gpus;
+    if (is_preemptible(j)) s->preemptible_gpus += gpus;
+    return 0;
+}
+
+void sched__release_place(sched *s, uint32_t ji, int k, double now)
+{
+    sjob *j = &s->jobs[ji];
+    splace p = j->places[k];
+    snode *n = &s->nodes[p.node];
+    sched__bill(s, j, &p, now);
+    for (int r = 0; r < n->nrefs; r++)
+        if (n->refs[r].job == ji && n->refs[r].gpus == p.gpus) {
+            n->refs[r] = n->refs[--n->nrefs];
+            break;
+        }
+    set_free(s, p.node, n->free + p.gpus);
+    if (!n->nrefs) n->idle_since = now;
+    j->places[k] = j->places[--j->nplaces];
+    s->tenants[j->tenant].gpus_in_use -= p.gpus;
+    if (is_preemptible(j)) s->preemptible_gpus -= p.gpus;
+}
+
+void sched__release_all(sched *s, uint32_t ji, double now)
+{
+    while (s->jobs[ji].nplaces) sched__release_place(s, ji, s->jobs[ji].nplaces - 1, now);
+}
+
+int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi)
+{
+    return sched__job_speed(s, j, s->pools[pi].type) > 0;
+}
+
+int sched__pool_fits(const spool *p, int n, int g)
+{
+    int have = 0;
+    for (int f = g; f <= MAXG && have < n; f++) have += p->count[f];
+    return have >= n;
+}
+
+/* Capacity that could ever exist for the job: nodes of each allowed pool
+ * (in any state) plus what the quotas may add. */
+int sched__never_fits(sched *s, const sjob *j, char *why, size_t cap)
+{
+    int g = j->gpn, best = 0, total = 0;
+    for (size_t pi = 0; pi < s->npools; pi++) {
+        if (!sched__pool_allowed(s, j, (uint32_t)pi)) continue;
+        int c = s->pools[pi].maxg_ever[g];
+        for (size_t q = 0; q < s->nquotas; q++) {
+            squota *qq = &s->quotas[q];
+            if (qq->zone == s->pools[pi].zone && qq->fabric == s->pools[pi].fabric &&
+                qq->type == s->pools[pi].type && qq->gpus >= g)
+                c += qq->max_nodes;
+        }
+        if (c > best) best = c;
+        total += c;
+    }
+    /* Quotas for a (zone, fabric, type) that has no node yet. */
+    for (size_t q = 0; q < s->nquotas; q++) {
+        squota *qq = &s->quotas[q];
+        int known = 0;
+        for (size_t pi = 0; pi < s->npools; pi++)
+            known |= qq->zone == s->pools[pi].zone && qq->fabric == s->pools[pi].fabric &&
+                     qq->type == s->pools[pi].type;
+        if (known || qq->gpus < g || (j->ntypes && sched__job_speed(s, j, qq->type) <= 0)) continue;
+        if (qq->max_nodes > best) best = qq->max_nodes;
+        total += qq->max_nodes;
+    }
+    int need = j->nodes;
+    /* A node hosts at most MAXG / g replicas: a cheap upper bound. */
+    int ok = j->kind == SCHED_GANG ? best >= need : (long)total * (MAXG / g) >= need;
+    if (ok) return 0;
+    if (j->kind == SCHED_GANG)
+        snprintf(why, cap,
+                 "needs %d nodes x %d GPUs in one zone, fabric and GPU type; the largest such "
+                 "pool (with quotas) has %d nodes with >= %d GPUs",
+                 need, g, best, g);
+    else
+        snprintf(why, cap, "no node or quota of an allowed GPU type has %d free GPUs", g);
+    return 1;
+}
+
+/* Whether putting `gpus` more GPUs of a job that runs until est_end on node
+ * ni would eat into a reservation made this step. */
+static int resv_conflict(const sched *s, const snode *n, int gpus, double est_end)
+{
+    return n->resv_stamp == s->stamp && est_end > n->resv_T + 1e-9 && gpus > n->resv_spare;
+}
+
+/* Picks j->nodes distinct nodes of pool pi with >= gpn free GPUs, fullest
+ * first (least fragmentation), skipping nodes whose reservation the job
+ * would delay.  Returns 1 and fills out when it found them all. */
+int sched__pick_gang(sched *s, const sjob *j, uint32_t pi, double est_end, scand *out)
+{
+    const spool *p = &s->pools[pi];
+    int need = j->kind == SCHED_GANG ? j->nodes : 1;
+    out->n = 0;
+    if (!sched__pool_fits(p, need, j->gpn)) return 0;
+    for (int f = j->gpn; f <= MAXG && out->n < need; f++)
+        for (uint32_t ni = p->head[f]; ni != NONE && out->n < need; ni = s->nodes[ni].next)
+            if (!resv_conflict(s, &s->nodes[ni], j->gpn, est_end)) out->nodes[out->n++] = ni;
+    return out->n == need;
+}
+
+/* Chooses a pool for a gang (or one pod of any kind).  pack = 1 (shoal):
+ * fastest allowed type first, then the pool left fullest after placement, so
+ * that emptier pools stay whole for large gangs.  pack = 0 (baselines): the
+ * first pool that fits, in the job's type order, then pool creation order. */
+int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, uint32_t *pool)
+{
+    static __thread scand tmp[2];
+    int cur = 0, got = -1;
+    uint32_t best = NONE;
+    double best_speed = 0;
+    int best_left = 0;
+    int nt = j->ntypes ? j->ntypes : 1;
+    for (int ti = 0; ti < nt && (best == NONE || pack); ti++) {
+        for (size_t pi = 0; pi < s->npools; pi++) {
+            const spool *p = &s->pools[pi];
+            if (j->ntypes && p->type != j->types[ti]) continue;
+            double sp = j->ntypes ? j->speed[ti] : 1.0;
+            if (best != NONE && sp < best_speed) continue;
+            double est_end = now + j->est_s / sp;
+            int left = p->free_total - j->nodes * j->gpn;
+            if (best != NONE && sp == best_speed && left >= best_left) continue;
+            if (!sched__pick_gang(s, j, (uint32_t)pi, est_end, &tmp[cur])) continue;
+            best = (uint32_t)pi, best_speed = sp, best_left = left;
+            got = cur, cur ^= 1;
+            if (!pack) break;
+        }
+    }
+    if (best == NONE) return 0;
+    out->n = tmp[got].n;
+    memcpy(out->nodes, tmp[got].nodes, (size_t)out->n * sizeof *out->nodes);
+    *pool = best;
+    return 1;
+}

@@ -1,0 +1,202 @@
+/* Internal structures of the scheduling core (src/sched only).
+ *
+ * Everything is an index into a growable array: nodes, jobs, pools, tenants
+ * and interned names never move once created, so an index is a stable
+ * handle.  NONE marks "no index". */
+#ifndef SHOAL_SCHED_INT_H
+#define SHOAL_SCHED_INT_H
+
+#include "shoal/common.h"
+#include "shoal/sched.h"
+
+#define NONE UINT32_MAX
+#define MAXG SCHED_MAX_NODE_GPUS
+#define SCHED__MAX_GANG 4096 /* nodes in one gang */
+
+/* ---- String -> index map (open addressing, keys owned by the map) ------- */
+typedef struct smap {
+    char **keys;
+    uint64_t *hashes;
+    uint32_t *vals;
+    size_t cap, n;
+} smap;
+int sched__map_put(smap *m, const char *key, uint32_t val, const char **stored);
+uint32_t sched__map_get(const smap *m, const char *key);
+void sched__map_free(smap *m);
+
+/* One pod or replica: `gpus` GPUs of node `node` held since `since`. */
+typedef struct splace {
+    uint32_t node;
+    int gpus;
+    double since;
+} splace;
+
+/* A reference from a node back to a job holding GPUs on it. */
+typedef struct sref {
+    uint32_t job;
+    int gpus;
+} sref;
+
+typedef struct snode {
+    const char *id;
+    uint32_t pool;
+    int gpus, free;
+    double price_s; /* per GPU-second */
+    sched_node_state state;
+    uint32_t prev, next; /* bucket list of the pool (UP nodes only) */
+    sref *refs;
+    int nrefs, caprefs;
+    int provisioned;     /* came from a scale-up: may be scaled down */
+    int removed;
+    double idle_since;
+    /* Reservation bookkeeping for this step: spare GPUs at resv_T. */
+    double resv_T;
+    int resv_spare;
+    uint64_t resv_stamp;
+    uint64_t mark; /* scratch stamp for placement */
+} snode;
+
+typedef struct spool {
+    uint32_t zone, fabric, type; /* interned name indices */
+    uint32_t head[MAXG + 1];     /* UP nodes by free GPU count */
+    int count[MAXG + 1];
+    int free_total, gpus_up;
+    uint32_t *nodes; /* all nodes ever in the pool */
+    size_t nnodes, capnodes;
+    int maxg_ever[MAXG + 1]; /* nodes (any state) with >= g GPUs, for never-fits */
+} spool;
+
+typedef struct stenant {
+    const char *id;
+    uint32_t *queue; /* queued job indices sorted by (-priority, order) */
+    size_t nq, capq, cursor;
+    int gpus_in_use;
+    double *cost_t; /* by type index */
+    size_t ncost;
+} stenant;
+
+typedef struct sjob {
+    const char *id;
+    uint32_t tenant;
+    sched_kind kind;
+    int nodes, maxr, gpn;
+    int ntypes;
+    uint32_t types[SCHED_MAX_TYPES];
+    double speed[SCHED_MAX_TYPES];
+    double est_s;
+    int priority;
+    sched_on_fail on_fail;
+    double replace_wait_s;
+    sched_job_state state;
+    double order; /* queue order key: submit sequence, negative after a requeue */
+    double submit, first_start, start, end, queued_since, wait_acc;
+    double blocked_since; /* first step at which it could not be placed, or -1 */
+    int scale_requested;
+    int restarts, preemptions, backfilled;
+    double resv_promise; /* earliest reservation time promised, or -1 */
+    uint32_t pool; /* gang: the pool it runs or holds in */
+    double hold_since, replace_deadline;
+    splace *places;
+    int nplaces, capplaces;
+    double *cost_t;
+    size_t ncost;
+    char *reason;
+    uint64_t shape; /* hash of (kind, nodes, gpus, types): equal shapes fit alike */
+} sjob;
+
+/* A reservation made in the last step for a blocked head-of-line gang. */
+typedef struct sresv {
+    uint32_t job;
+    double T;
+    uint32_t *nodes;
+    int n, need;
+} sresv;
+
+typedef struct squota {
+    uint32_t zone, fabric, type;
+    int gpus, max_nodes, provisioned, pending;
+    double price_h, delay_s;
+} squota;
+
+/* A decision produced by an event between steps, reported by the next step. */
+typedef struct spending {
+    sched_decision_kind kind;
+    uint32_t job;
+    uint32_t node;
+    splace *places;
+    int nplaces;
+} spending;
+
+struct sched {
+    sched_config cfg;
+    squota *quotas;
+    size_t nquotas;
+    smap names; /* zones, fabrics, types share one name space */
+    const char **name;
+    size_t nname, capname;
+    smap node_map, job_map, tenant_map;
+    snode *nodes;
+    size_t nnodes, capnodes;
+    spool *pools;
+    size_t npools, cappools;
+    sjob *jobs;
+    size_t njobs, capjobs;
+    stenant *tenants;
+    size_t ntenants, captenants;
+    sresv *resv;
+    size_t nresv, capresv;
+    spending *pend;
+    size_t npend, cappend;
+    double seq, head_seq;
+    uint64_t stamp;   /* reservation cycle */
+    uint64_t markseq; /* scratch marks on nodes */
+    size_t queued, running;
+    int gpus_up, gpus_busy, nodes_up;
+    int preemptible_gpus; /* GPUs held by elastic and function work */
+    uint64_t resv_late;   /* head reservations that moved later or were missed */
+    uint32_t *waiting;    /* HOLDING and REPLACING jobs: they have deadlines */
+    size_t nwaiting, capwaiting;
+    uint32_t *deferred;   /* preempted in this step, queued again at its end */
+    size_t ndeferred, capdeferred;
+    double next_wake;
+    uint32_t *elastic; /* every elastic job, for the growth pass */
+    size_t nelastic, capelastic;
+    sched_stats st;
+};
+
+/* sched.c */
+int sched__grow(void **v, size_t *cap, size_t need, size_t elem);
+uint32_t sched__intern(sched *s, const char *name, int create);
+void sched__bill(sched *s, sjob *j, const splace *p, double now);
+double sched__place_cost(const sched *s, const splace *p, double now);
+int sched__queue_push(sched *s, uint32_t ji, double now);
+void sched__queue_remove(sched *s, uint32_t ji);
+double sched__job_speed(const sched *s, const sjob *j, uint32_t type);
+double sched__est_end(const sched *s, const sjob *j);
+
+/* place.c */
+void sched__bucket_insert(sched *s, uint32_t ni);
+void sched__bucket_remove(sched *s, uint32_t ni);
+int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now);
+void sched__release_place(sched *s, uint32_t ji, int k, double now);
+void sched__release_all(sched *s, uint32_t ji, double now);
+int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi);
+int sched__pool_fits(const spool *p, int n, int g);
+int sched__never_fits(sched *s, const sjob *j, char *why, size_t cap);
+typedef struct scand {
+    uint32_t nodes[SCHED__MAX_GANG];
+    int n;
+} scand;
+int sched__pick_gang(sched *s, const sjob *j, uint32_t pi, double est_end, scand *out);
+int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, uint32_t *pool);
+
+/* cycle.c */
+int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
+int sched__emit_place(sched_decisions *d, const sched *s, uint32_t ni, int gpus);
+int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni);
+/* Stops a placed job and queues it again; a failure (failed = 1) sends a
+ * gang to the head of its queue and counts a restart. */
+int sched__requeue(sched *s, uint32_t ji, double now, int failed);
+int sched__wait_add(sched *s, uint32_t ji);
+
+#endif

@@ -1,0 +1,657 @@
+/* Tests for src/sched: placement, rejection, each invariant of sched_check,
+ * each failure policy, preemption, backfill, firstfit's partial gangs,
+ * autoscaling and billing -- small fleets whose answers were worked out by
+ * hand (the expected values sit in the tables). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched/sched_int.h"
+#include "shoal/sched.h"
+
+/* ---- Helpers --------------------------------------------------------------- */
+
+typedef struct tnode_row {
+    const char *id, *zone, *fabric, *type;
+    int gpus;
+    double price;
+} tnode_row;
+
+static sched *mk(sched_policy pol, const tnode_row *rows)
+{
+    sched_config c;
+    sched_config_default(&c, pol);
+    sched *s = sched_new(&c);
+    assert_non_null(s);
+    for (const tnode_row *r = rows; r && r->id; r++) {
+        sched_node_spec n = {r->id, r->zone, r->fabric, r->type, r->gpus, r->price};
+        TU_OK(sched_node_add(s, &n, 0));
+    }
+    return s;
+}
+
+static sched_job_spec gang(const char *id, int nodes, int gpn, double est)
+{
+    sched_job_spec j;
+    memset(&j, 0, sizeof j);
+    j.id = id, j.kind = SCHED_GANG, j.nodes = nodes, j.gpus_per_node = gpn, j.est_s = est;
+    return j;
+}
+
+static void submit(sched *s, sched_job_spec j, double now) { TU_OK(sched_job_submit(s, &j, now)); }
+
+/* Steps and checks the invariants; returns the decision count. */
+static int step(sched *s, double now, sched_decisions *d)
+{
+    int n = sched_step(s, now, d);
+    assert_true(n >= 0);
+    TU_OK(sched_check(s, now));
+    return n;
+}
+
+static const sched_decision *find(const sched_decisions *d, sched_decision_kind k, const char *job)
+{
+    for (size_t i = 0; i < d->n; i++)
+        if (d->v[i].kind == k && (!job || (d->v[i].job && !strcmp(d->v[i].job, job)))) return &d->v[i];
+    return NULL;
+}
+
+static sched_job_state jstate(sched *s, const char *id)
+{
+    sched_job_info ji;
+    TU_OK(sched_job_info_get(s, id, 0, &ji));
+    return ji.state;
+}
+
+/* The job's nodes, sorted, joined by commas. */
+static const char *nodes_of(sched *s, const char *id)
+{
+    static char buf[512];
+    sched_place p[64];
+    size_t n = sched_job_alloc(s, id, p, 64);
+    const char *names[64];
+    for (size_t i = 0; i < n; i++) names[i] = p[i].node;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = i + 1; k < n; k++)
+            if (strcmp(names[k], names[i]) < 0) {
+                const char *t = names[i];
+                names[i] = names[k], names[k] = t;
+            }
+    buf[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i) strcat(buf, ",");
+        strcat(buf, names[i]);
+    }
+    return buf;
+}
+
+/* ---- Placement -------------------------------------------------------------- */
+
+/* Two pools in zone a (fabric f1: a1-a3, fabric f2: a4-a5, 8 x h100 each)
+ * and one a10 node in zone b.  Jobs arrive one per step; each row gives the
+ * nodes it must get (any of the '|'-separated answers), worked out by hand:
+ * shoal packs into the pool left fullest, then the fullest nodes that fit,
+ * and a gang never spans fabrics or zones. */
+static const tnode_row fleet1[] = {
+    {"a1", "a", "f1", "h100", 8, 2.0}, {"a2", "a", "f1", "h100", 8, 2.0},
+    {"a3", "a", "f1", "h100", 8, 2.0}, {"a4", "a", "f2", "h100", 8, 2.0},
+    {"a5", "a", "f2", "h100", 8, 2.0}, {"b1", "b", "f1", "a10", 4, 1.0},
+    {NULL}};
+
+static void test_placement_table(void **state)
+{
+    static const struct {
+        const char *id;
+        int nodes, gpn;
+        const char *type; /* NULL: any */
+        const char *expect; /* "-": must wait */
+    } rows[] = {
+        /* f2 is left with 10 free, f1 would keep 18: pack into f2. */
+        {"big", 1, 6, "h100", "a4|a5"},
+        /* The node big left with 2 free is the exact fit. */
+        {"two", 1, 2, "h100", "=big"},
+        /* 2 x 8 needs two empty nodes of one fabric: only f1 has them. */
+        {"g2", 2, 8, "h100", "a1,a2|a1,a3|a2,a3"},
+        /* One empty node in f1 and one in f2: no single fabric has two. */
+        {"g3", 2, 8, "h100", "-"},
+        /* 1 x 4 of any type: b1's 4 GPUs fit exactly (0 left). */
+        {"any4", 1, 4, NULL, "b1"},
+        /* a10 only, and b1 is full now. */
+        {"a10", 1, 1, "a10", "-"},
+    };
+    sched_decisions d = {0};
+    sched *s = mk(SCHED_SHOAL, fleet1);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        sched_job_spec j = gang(rows[i].id, rows[i].nodes, rows[i].gpn, 100);
+        if (rows[i].type) j.n_types = 1, j.gpu_types[0] = rows[i].type;
+        submit(s, j, (double)i);
+        step(s, (double)i, &d);
+        char got[512];
+        snprintf(got, sizeof got, "%s", nodes_of(s, rows[i].id));
+        if (!strcmp(rows[i].expect, "-")) {
+            assert_int_equal(jstate(s, rows[i].id), SCHED_QUEUED);
+            continue;
+        }
+        if (rows[i].expect[0] == '=') {
+            assert_string_equal(got, nodes_of(s, rows[i].expect + 1));
+            continue;
+        }
+        char want[128];
+        snprintf(want, sizeof want, "|%s|", rows[i].expect);
+        char needle[520];
+        snprintf(needle, sizeof needle, "|%s|", got);
+        if (!strstr(want, needle)) fail_msg("job %s got nodes %s, expected %s", rows[i].id, got, rows[i].expect);
+    }
+    /* Queue order is submit order for the two that wait. */
+    const char *q[4];
+    assert_int_equal(sched_queue(s, q, 4), 2);
+    assert_string_equal(q[0], "g3");
+    assert_string_equal(q[1], "a10");
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
+/* Best fit across nodes of one pool with 3, 5 and 8 GPUs: a 1 x 4 job takes
+ * n5 (1 left), keeping n8 whole; a 2 x 3 gang then needs n3 and n8; a
+ * 1 x 1 job takes n5's last GPU rather than opening n8's. */
+static void test_least_fragmentation(void **state)
+{
+    static const tnode_row f[] = {{"n3", "z", "f", "t", 3, 1}, {"n5", "z", "f", "t", 5, 1},
+                                  {"n8", "z", "f", "t", 8, 1}, {NULL}};
+    static const struct {
+        const char *id;
+        int nodes, gpn;
+        const char *expect;
+    } rows[] = {{"x4", 1, 4, "n5"}, {"g3", 2, 3, "n3,n8"}, {"x1", 1, 1, "n5"}, {"x5", 1, 5, "n8"},
+                {"y1", 1, 1, "-"}};
+    for (int pol = SCHED_FIFO; pol <= SCHED_SHOAL; pol++) {
+        sched_decisions d = {0};
+        sched *s = mk((sched_policy)pol, f);
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+            submit(s, gang(rows[i].id, rows[i].nodes, rows[i].gpn, 1000), (double)i);
+            step(s, (double)i, &d);
+            if (pol == SCHED_FIRSTFIT) continue; /* spreads: tested below */
+            if (rows[i].expect[0] == '-') assert_int_equal(jstate(s, rows[i].id), SCHED_QUEUED);
+            else assert_string_equal(nodes_of(s, rows[i].id), rows[i].expect);
+        }
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
+static void test_reject_never_fits(void **state)
+{
+    sched *s = mk(SCHED_SHOAL, fleet1);
+    sched_job_spec j = gang("huge", 3, 8, 10); /* 3 x 8 h100: each fabric has only 2-3 nodes */
+    TU_OK(sched_job_submit(s, &j, 0));         /* f1 has 3 nodes: it fits */
+    j = gang("huge2", 4, 8, 10);
+    TU_ERR(sched_job_submit(s, &j, 0), SH_ERANGE, "largest such pool (with quotas) has 3 nodes");
+    j = gang("tpu", 1, 1, 10);
+    j.n_types = 1, j.gpu_types[0] = "tpu";
+    TU_ERR(sched_job_submit(s, &j, 0), SH_ERANGE, "unknown GPU type \"tpu\"");
+    sched_job_info ji;
+    TU_OK(sched_job_info_get(s, "tpu", 0, &ji));
+    assert_int_equal(ji.state, SCHED_REJECTED);
+    assert_non_null(strstr(ji.reason, "tpu"));
+    j = gang("fat", 1, 9, 10); /* 9 GPUs on one node: none has them */
+    TU_ERR(sched_job_submit(s, &j, 0), SH_ERANGE, ">= 9 GPUs");
+    j = gang("huge", 1, 1, 10);
+    TU_ERR(sched_job_submit(s, &j, 0), SH_EEXIST, "already exists");
+    j = gang("neg", 0, 1, 10);
+    TU_ERR(sched_job_submit(s, &j, 0), SH_EINVAL, "nodes 0");
+    sched_node_spec n = {"a1", "a", "f1", "h100", 8, 1};
+    TU_ERR(sched_node_add(s, &n, 0), SH_EEXIST, "node a1 already exists");
+    n.id = "big", n.gpus = 17;
+    TU_ERR(sched_node_add(s, &n, 0), SH_EINVAL, "outside 1..16");
+    sched_stats st;
+    sched_stats_get(s, &st);
+    assert_int_equal(st.rejected, 3);
+    sched_free(s);
+}
+
+/* ---- Backfill, fifo and firstfit on one scenario ------------------------------ */
+
+/* Pool of 4 x 8 GPUs.  A (3 x 8, 100 s) runs; B (4 x 8) must wait for A and
+ * gets a reservation at t=100 on all four nodes; C (1 x 4, 50 s) ends
+ * before 100 and may backfill; D (1 x 4, 200 s) would still hold 4 GPUs of
+ * a reserved node at 100, so it must wait.  fifo starts nothing behind B;
+ * firstfit lets B hold the free node as a partial gang. */
+static const tnode_row four[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1},
+                                 {"n3", "z", "f", "t", 8, 1}, {"n4", "z", "f", "t", 8, 1},
+                                 {NULL}};
+
+static void test_backfill_table(void **state)
+{
+    static const struct {
+        sched_policy pol;
+        sched_job_state a, b, c, d;
+    } rows[] = {
+        {SCHED_FIFO, SCHED_RUNNING, SCHED_QUEUED, SCHED_QUEUED, SCHED_QUEUED},
+        {SCHED_BACKFILL, SCHED_RUNNING, SCHED_QUEUED, SCHED_RUNNING, SCHED_QUEUED},
+        {SCHED_SHOAL, SCHED_RUNNING, SCHED_QUEUED, SCHED_RUNNING, SCHED_QUEUED},
+        {SCHED_FIRSTFIT, SCHED_RUNNING, SCHED_HOLDING, SCHED_QUEUED, SCHED_QUEUED},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        sched_decisions d = {0};
+        sched *s = mk(rows[i].pol, four);
+        submit(s, gang("A", 3, 8, 100), 0);
+        step(s, 0, &d);
+        submit(s, gang("B", 4, 8, 100), 0);
+        submit(s, gang("C", 1, 4, 50), 0);
+        submit(s, gang("D", 1, 4, 200), 0);
+        step(s, 0, &d);
+        assert_int_equal(jstate(s, "A"), rows[i].a);
+        assert_int_equal(jstate(s, "B"), rows[i].b);
+        assert_int_equal(jstate(s, "C"), rows[i].c);
+        assert_int_equal(jstate(s, "D"), rows[i].d);
+        if (rows[i].pol == SCHED_BACKFILL || rows[i].pol == SCHED_SHOAL) {
+            sched_job_info ci;
+            TU_OK(sched_job_info_get(s, "C", 0, &ci));
+            assert_int_equal(ci.backfilled, 1);
+            step(s, 10, &d); /* D still may not start */
+            assert_int_equal(jstate(s, "D"), SCHED_QUEUED);
+            TU_OK(sched_job_finish(s, "C", 50));
+            step(s, 50, &d);
+            assert_int_equal(jstate(s, "D"), SCHED_QUEUED);
+        }
+        /* A ends at 100: B starts at once, exactly when it was promised. */
+        if (jstate(s, "C") == SCHED_RUNNING) TU_OK(sched_job_finish(s, "C", 50));
+        TU_OK(sched_job_finish(s, "A", 100));
+        step(s, 100, &d);
+        assert_int_equal(jstate(s, "B"), SCHED_RUNNING);
+        assert_non_null(find(&d, SCHED_D_START, "B"));
+        assert_int_equal(s->resv_late, 0);
+        sched_stats st;
+        sched_stats_get(s, &st);
+        assert_int_equal(st.partial_gangs, rows[i].pol == SCHED_FIRSTFIT ? 1 : 0);
+        if (rows[i].pol == SCHED_FIRSTFIT) assert_true(st.held_gpu_s >= 8 * 100 - 1e-6);
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
+/* firstfit's deadlock: n3 and n4 each have 4 GPUs busy until t=1000.  A
+ * (3 x 8) holds n1 and n2, B (3 x 4) holds n3 and n4: each waits for the
+ * other.  At the timeout both let go and grab the same nodes again.  shoal
+ * reserves for A and starts B at once (it ends long before A can start). */
+static void test_firstfit_deadlock(void **state)
+{
+    static const tnode_row half[] = {{"n3", "z", "f", "t", 8, 1}, {"n4", "z", "f", "t", 8, 1}, {NULL}};
+    for (int pol = SCHED_FIRSTFIT; pol <= SCHED_SHOAL; pol += 2) {
+        sched_decisions d = {0};
+        sched *s = mk((sched_policy)pol, half);
+        submit(s, gang("R", 2, 4, 1000), 0);
+        step(s, 0, &d);
+        sched_node_spec n1 = {"n1", "z", "f", "t", 8, 1}, n2 = {"n2", "z", "f", "t", 8, 1};
+        TU_OK(sched_node_add(s, &n1, 1));
+        TU_OK(sched_node_add(s, &n2, 1));
+        submit(s, gang("A", 3, 8, 100), 1);
+        submit(s, gang("B", 3, 4, 100), 1);
+        step(s, 1, &d);
+        sched_stats st;
+        if (pol == SCHED_FIRSTFIT) {
+            assert_int_equal(jstate(s, "A"), SCHED_HOLDING);
+            assert_int_equal(jstate(s, "B"), SCHED_HOLDING);
+            assert_string_equal(nodes_of(s, "A"), "n1,n2");
+            assert_string_equal(nodes_of(s, "B"), "n3,n4");
+            assert_true(sched_next_wakeup(s) == 301);
+            step(s, 301, &d);
+            assert_non_null(find(&d, SCHED_D_RELEASE, "A"));
+            assert_non_null(find(&d, SCHED_D_RELEASE, "B"));
+            assert_non_null(find(&d, SCHED_D_HOLD, "A")); /* and grabs them again */
+            sched_stats_get(s, &st);
+            assert_int_equal(st.hold_timeouts, 2);
+            assert_int_equal(st.partial_gangs, 4);
+            assert_true(st.held_gpu_s >= 300 * (16 + 8) - 1e-6);
+        } else {
+            assert_int_equal(jstate(s, "A"), SCHED_QUEUED);
+            assert_int_equal(jstate(s, "B"), SCHED_RUNNING);
+            sched_stats_get(s, &st);
+            assert_int_equal(st.partial_gangs, 0);
+        }
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
+/* ---- Failure policies ------------------------------------------------------------ */
+
+static void test_failure_requeue(void **state)
+{
+    static const tnode_row three[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1},
+                                      {"n3", "z", "f", "t", 8, 1}, {NULL}};
+    sched_decisions d = {0};
+    sched *s = mk(SCHED_SHOAL, three);
+    submit(s, gang("G", 2, 8, 1000), 0);
+    step(s, 0, &d);
+    char before[64];
+    snprintf(before, sizeof before, "%s", nodes_of(s, "G"));
+    const char *victim = strncmp(before, "n1", 2) ? "n2" : "n1";
+    TU_OK(sched_node_fail(s, victim, 10));
+    TU_OK(sched_check(s, 10));
+    assert_int_equal(jstate(s, "G"), SCHED_QUEUED);
+    step(s, 10, &d);
+    /* Requeued at the head and restarted on the two healthy nodes. */
+    assert_non_null(find(&d, SCHED_D_REQUEUE, "G"));
+    assert_non_null(find(&d, SCHED_D_START, "G"));
+    assert_null(strstr(nodes_of(s, "G"), victim));
+    sched_job_info ji;
+    TU_OK(sched_job_info_get(s, "G", 10, &ji));
+    assert_int_equal(ji.restarts, 1);
+    assert_int_equal(ji.state, SCHED_RUNNING);
+    /* A second failure with no spare: back in the queue until recovery. */
+    const char *other = strstr(nodes_of(s, "G"), "n3") ? "n3" : "n2";
+    TU_OK(sched_node_fail(s, other, 20));
+    step(s, 20, &d);
+    assert_int_equal(jstate(s, "G"), SCHED_QUEUED);
+    TU_OK(sched_node_recover(s, victim, 30));
+    step(s, 30, &d);
+    assert_int_equal(jstate(s, "G"), SCHED_RUNNING);
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
+static void test_failure_replace(void **state)
+{
+    static const tnode_row three[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1},
+                                      {"n3", "z", "f2", "t", 8, 1}, {"n4", "z", "f", "t", 8, 1},
+                                      {NULL}};
+    sched_decisions d = {0};
+    sched *s = mk(SCHED_BACKFILL, three);
+    sched_job_spec j = gang("G", 2, 8, 1000);
+    j.on_fail = SCHED_REPLACE, j.replace_wait_s = 100;
+    submit(s, j, 0);
+    submit(s, gang("busy", 1, 8, 1e6), 0);
+    step(s, 0, &d);
+    /* G and busy fill fabric f (n1, n2, n4); n3 is another fabric. */
+    char gn[64];
+    snprintf(gn, sizeof gn, "%s", nodes_of(s, "G"));
+    const char *first = strtok(gn, ",");
+    TU_OK(sched_node_fail(s, first, 10));
+    assert_int_equal(jstate(s, "G"), SCHED_REPLACING);
+    step(s, 10, &d);
+    assert_non_null(find(&d, SCHED_D_SHRINK, "G"));
+    assert_int_equal(jstate(s, "G"), SCHED_REPLACING); /* n3 is in the wrong fabric */
+    assert_true(sched_next_wakeup(s) == 110);
+    /* busy ends at 50: its node is the spare. */
+    TU_OK(sched_job_finish(s, "busy", 50));
+    step(s, 50, &d);
+    assert_non_null(find(&d, SCHED_D_REPLACE, "G"));
+    assert_int_equal(jstate(s, "G"), SCHED_RUNNING);
+    assert_int_equal(sched_job_alloc(s, "G", NULL, 0), 2);
+    /* Next failure: no spare in fabric f within 100 s -> requeue at 160. */
+    snprintf(gn, sizeof gn, "%s", nodes_of(s, "G"));
+    TU_OK(sched_node_fail(s, strtok(gn, ","), 60));
+    step(s, 60, &d);
+    step(s, 159, &d);
+    assert_int_equal(jstate(s, "G"), SCHED_REPLACING);
+    step(s, 160, &d);
+    assert_non_null(find(&d, SCHED_D_REQUEUE, "G"));
+    assert_int_equal(jstate(s, "G"), SCHED_QUEUED);
+    sched_job_info ji;
+    TU_OK(sched_job_info_get(s, "G", 160, &ji));
+    assert_int_equal(ji.restarts, 1);
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
+static sched_job_spec elastic(const char *id, int min, int max, int gpr, int prio)
+{
+    sched_job_spec j;
+    memset(&j, 0, sizeof j);
+    j.id = id, j.kind = SCHED_ELASTIC, j.nodes = min, j.max_replicas = max;
+    j.gpus_per_node = gpr, j.priority = prio, j.est_s = 1e5;
+    return j;
+}
+
+static void test_failure_elastic_and_function(void **state)
+{
+    static const tnode_row two[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1}, {NULL}};
+    sched_decisions d = {0};
+    sched *s = mk(SCHED_SHOAL, two);
+    submit(s, elastic("E", 2, 3, 4, 0), 0);
+    sched_job_spec fn = {.id = "F", .kind = SCHED_FUNCTION, .est_s = 10};
+    submit(s, fn, 0);
+    step(s, 0, &d);
+    sched_job_info ji;
+    TU_OK(sched_job_info_get(s, "E", 0, &ji));
+    assert_int_equal(ji.replicas, 3);
+    assert_int_equal(jstate(s, "F"), SCHED_RUNNING);
+    /* Fail the node holding F: F requeues; E loses what it had there. */
+    sched_place p;
+    sched_job_alloc(s, "F", &p, 1);
+    char fnode[8];
+    snprintf(fnode, sizeof fnode, "%s", p.node);
+    int e_there = 0;
+    sched_place ep[4];
+    size_t ne = sched_job_alloc(s, "E", ep, 4);
+    for (size_t i = 0; i < ne; i++) e_there += !strcmp(ep[i].node, fnode);
+    TU_OK(sched_node_fail(s, fnode, 5));
+    step(s, 5, &d);
+    assert_non_null(find(&d, SCHED_D_REQUEUE, "F"));
+    TU_OK(sched_job_info_get(s, "E", 5, &ji));
+    if (3 - e_there >= 2) {
+        assert_int_equal(ji.state, SCHED_RUNNING);
+        assert_int_equal(ji.replicas, 3 - e_there + 0);
+        assert_non_null(find(&d, SCHED_D_SHRINK, "E"));
+    } else {
+        assert_non_null(find(&d, SCHED_D_REQUEUE, "E"));
+    }
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
+/* ---- Preemption ------------------------------------------------------------------- */
+
+/* E (elastic, 1..4 replicas of 4 GPUs, priority 0) fills two 8-GPU nodes.
+ * G (1 x 8, priority 5) needs one node: two of E's replicas there must go,
+ * E shrinks to 2 (no preemption, no victim elsewhere).  H (1 x 8, priority
+ * 5) needs the other node: one more replica shrinks (E at its min of 1),
+ * then E itself is preempted.  With max_victims = 1, H waits instead; a
+ * gang of equal priority never preempts. */
+static void test_preemption_table(void **state)
+{
+    static const tnode_row two[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1}, {NULL}};
+    static const struct {
+        int max_victims, h_prio;
+        sched_job_state h, e;
+        int shrinks, preempts;
+    } rows[] = {
+        {8, 5, SCHED_RUNNING, SCHED_QUEUED, 3, 1},
+        {1, 5, SCHED_QUEUED, SCHED_RUNNING, 2, 0},
+        {8, 0, SCHED_QUEUED, SCHED_RUNNING, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        sched_config c;
+        sched_config_default(&c, SCHED_SHOAL);
+        c.max_victims = rows[i].max_victims < 2 ? 2 : rows[i].max_victims;
+        sched *s = sched_new(&c);
+        for (const tnode_row *r = two; r->id; r++) {
+            sched_node_spec n = {r->id, r->zone, r->fabric, r->type, r->gpus, r->price};
+            TU_OK(sched_node_add(s, &n, 0));
+        }
+        sched_decisions d = {0};
+        submit(s, elastic("E", 1, 4, 4, 0), 0);
+        step(s, 0, &d);
+        sched_job_info ji;
+        TU_OK(sched_job_info_get(s, "E", 0, &ji));
+        assert_int_equal(ji.replicas, 4);
+        sched_job_spec g = gang("G", 1, 8, 100);
+        g.priority = 5;
+        submit(s, g, 1);
+        step(s, 1, &d);
+        assert_int_equal(jstate(s, "G"), SCHED_RUNNING);
+        TU_OK(sched_job_info_get(s, "E", 1, &ji));
+        assert_int_equal(ji.replicas, 2);
+        assert_null(find(&d, SCHED_D_PREEMPT, "E"));
+        s->cfg.max_victims = rows[i].max_victims;
+        g = gang("H", 1, 8, 100);
+        g.priority = rows[i].h_prio;
+        submit(s, g, 2);
+        step(s, 2, &d);
+        assert_int_equal(jstate(s, "H"), rows[i].h);
+        assert_int_equal(jstate(s, "E"), rows[i].e);
+        sched_stats st;
+        sched_stats_get(s, &st);
+        assert_int_equal(st.shrinks, rows[i].shrinks);
+        assert_int_equal(st.preemptions, rows[i].preempts);
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
+/* ---- Billing and autoscaling ------------------------------------------------------ */
+
+static void test_billing_per_second(void **state)
+{
+    static const tnode_row f[] = {{"h", "z", "f", "h100", 8, 3.6}, {"a", "z", "f", "a10", 4, 0.72},
+                                  {NULL}};
+    sched_decisions d = {0};
+    sched *s = mk(SCHED_SHOAL, f);
+    sched_job_spec j = gang("x", 1, 2, 10);
+    j.tenant = "acme", j.n_types = 1, j.gpu_types[0] = "h100";
+    submit(s, j, 0);
+    j = gang("y", 1, 4, 10);
+    j.tenant = "zeta", j.n_types = 1, j.gpu_types[0] = "a10";
+    submit(s, j, 0);
+    step(s, 0, &d);
+    /* 3.6 per GPU-hour = 0.001 per GPU-second; 10.2 s bills as 11 s. */
+    assert_true(fabs(sched_cost_job(s, "x", NULL, 5) - 0.010) < 1e-9);
+    TU_OK(sched_job_finish(s, "x", 10.2));
+    TU_OK(sched_job_finish(s, "y", 1.0));
+    assert_true(fabs(sched_cost_job(s, "x", "h100", 99) - 0.022) < 1e-9);
+    assert_true(fabs(sched_cost_job(s, "x", "a10", 99)) < 1e-12);
+    assert_true(fabs(sched_cost_tenant(s, "acme", NULL, 99) - 0.022) < 1e-9);
+    assert_true(fabs(sched_cost_tenant(s, "zeta", "a10", 99) - 4 * 0.0002) < 1e-9);
+    assert_true(fabs(sched_cost_tenant(s, NULL, NULL, 99) - 0.0228) < 1e-9);
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
+static void test_autoscale(void **state)
+{
+    sched_quota q = {"z", "f", "t", 8, 4, 2.0, 120};
+    sched_config c;
+    sched_config_default(&c, SCHED_SHOAL);
+    c.autoscale = 1, c.quotas = &q, c.n_quotas = 1;
+    sched *s = sched_new(&c);
+    sched_node_spec n0 = {"n0", "z", "f", "t", 8, 2.0};
+    TU_OK(sched_node_add(s, &n0, 0));
+    sched_decisions d = {0};
+    sched_job_spec g = gang("G", 3, 8, 100);
+    submit(s, g, 0); /* 1 node + 4 from the quota: it can fit */
+    g = gang("too_big", 6, 8, 100);
+    TU_ERR(sched_job_submit(s, &g, 0), SH_ERANGE, "has 5 nodes");
+    step(s, 0, &d);
+    assert_true(sched_next_wakeup(s) == 600);
+    step(s, 599, &d);
+    assert_null(find(&d, SCHED_D_SCALE_UP, NULL));
+    step(s, 600, &d);
+    const sched_decision *up = find(&d, SCHED_D_SCALE_UP, "G");
+    assert_non_null(up);
+    assert_int_equal(up->n, 3);
+    assert_string_equal(up->gpu_type, "t");
+    assert_true(up->ready_s == 720);
+    step(s, 650, &d); /* asked once only */
+    assert_null(find(&d, SCHED_D_SCALE_UP, NULL));
+    for (int i = 0; i < 3; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "p%d", i);
+        sched_node_spec n = {id, "z", "f", "t", 8, 2.0};
+        TU_OK(sched_node_add(s, &n, 720));
+    }
+    step(s, 720, &d);
+    assert_int_equal(jstate(s, "G"), SCHED_RUNNING);
+    TU_OK(sched_job_finish(s, "G", 820));
+    step(s, 820, &d);
+    assert_true(sched_next_wakeup(s) == 820 + 1800);
+    step(s, 2620, &d);
+    int downs = 0;
+    for (size_t i = 0; i < d.n; i++) downs += d.v[i].kind == SCHED_D_SCALE_DOWN;
+    assert_int_equal(downs, 3); /* provisioned nodes only: n0 stays */
+    for (size_t i = 0; i < d.n; i++) TU_OK(sched_node_remove(s, d.v[i].node, 2620));
+    TU_OK(sched_check(s, 2620));
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
+/* ---- Each invariant: break it behind the API's back, expect sched_check to say so */
+
+static void test_check_invariants(void **state)
+{
+    static const char *const want[] = {"partial gang", "booked twice", "spans pools",
+                                       "work on a failed node", "delayed by backfill", "free count"};
+    for (int k = 0; k < 6; k++) {
+        static const tnode_row f[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1},
+                                      {"n3", "z", "f", "t", 8, 1}, {"o1", "z", "g", "t", 8, 1},
+                                      {NULL}};
+        sched_decisions d = {0};
+        sched *s = mk(SCHED_BACKFILL, f);
+        submit(s, gang("A", 2, 8, 100), 0);
+        submit(s, gang("B", 3, 8, 100), 0); /* blocked: reserved at t=100 */
+        step(s, 0, &d);
+        submit(s, gang("C", 1, 8, 1000), 0); /* queued, never stepped */
+        uint32_t a = (uint32_t)sched_job_ix(s, "A"), c = (uint32_t)sched_job_ix(s, "C");
+        uint32_t o1 = sched__map_get(&s->node_map, "o1");
+        sjob *ja = &s->jobs[a];
+        switch (k) {
+        case 0: sched__release_place(s, a, 0, 1); break;
+        case 1: {
+            /* A second booking of the same 8 GPUs, free count untouched. */
+            snode *n = &s->nodes[ja->places[0].node];
+            n->refs = realloc(n->refs, (size_t)(n->nrefs + 1) * sizeof *n->refs);
+            n->refs[n->nrefs++] = (sref){c, 8};
+            n->caprefs = n->nrefs;
+            break;
+        }
+        case 2:
+            sched__release_place(s, a, 0, 1);
+            sched__hold(s, a, o1, s->nodes[o1].free, 1);
+            break;
+        case 3:
+            sched__bucket_remove(s, ja->places[0].node);
+            s->nodes[ja->places[0].node].state = SCHED_NODE_FAILED;
+            break;
+        case 4: {
+            /* Start C by hand on the reserved free node: 1000 s > t=100. */
+            TU_OK(sched_check(s, 0));
+            uint32_t free_node = NONE;
+            for (uint32_t ni = 0; ni < 3; ni++)
+                if (s->nodes[ni].free == 8) free_node = ni;
+            sched__queue_remove(s, c);
+            sched__hold(s, c, free_node, 8, 0);
+            s->jobs[c].state = SCHED_RUNNING, s->jobs[c].start = 0, s->jobs[c].backfilled = 1;
+            s->jobs[c].pool = s->nodes[free_node].pool;
+            s->running++;
+            break;
+        }
+        case 5: s->nodes[ja->places[0].node].free = 3; break;
+        }
+        int rc = sched_check(s, 1);
+        if (rc != SH_EINTERNAL || !strstr(sh_errmsg(), want[k]))
+            fail_msg("case %d: sched_check gave %d \"%s\", expected \"%s\"", k, rc, sh_errmsg(), want[k]);
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_placement_table),
+        cmocka_unit_test(test_least_fragmentation),
+        cmocka_unit_test(test_reject_never_fits),
+        cmocka_unit_test(test_backfill_table),
+        cmocka_unit_test(test_firstfit_deadlock),
+        cmocka_unit_test(test_failure_requeue),
+        cmocka_unit_test(test_failure_replace),
+        cmocka_unit_test(test_failure_elastic_and_function),
+        cmocka_unit_test(test_preemption_table),
+        cmocka_unit_test(test_billing_per_second),
+        cmocka_unit_test(test_autoscale),
+        cmocka_unit_test(test_check_invariants),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
