@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "shoal/bcast.h"
+#include "shoal/ckpt.h"
 #include "shoal/common.h"
 
 #ifdef __cplusplus
@@ -149,8 +150,12 @@ typedef struct store_lease {
     uint64_t version; /* the version this request runs on (at its start) */
     const uint8_t *data;
     uint64_t size;
+    const ckpt *ckpt; /* the parsed checkpoint over data (tensor views) */
     void *priv;
 } store_lease;
+
+/* A tensor of the leased version (valid until the lease is released). */
+int store_lease_tensor(const store_lease *l, const char *name, const ckpt_tensor **out);
 
 typedef struct store_replica_info {
     uint64_t version;

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "shoal/ckpt.h"
 #include "store/internal.h"
 
 typedef struct model {
@@ -23,6 +24,7 @@ typedef struct model {
     uint64_t version;
     uint64_t size;
     uint8_t *map;
+    ckpt *ck; /* parsed once, before activation: leases get tensor views */
     char path[4096];
 } model;
 
@@ -75,7 +77,11 @@ static int model_open(const char *path, uint64_t version, model **out)
         }
     }
     if (fd >= 0) close(fd);
+    /* Verification includes the format: a version that is not a valid
+     * checkpoint never becomes active. */
+    if (rc == 0) rc = ckpt_open_mem(m->map, m->size, path, &m->ck);
     if (rc < 0) {
+        if (m->map) munmap(m->map, m->size);
         free(m);
         return rc;
     }
@@ -93,6 +99,7 @@ static void model_unref(store_replica *r, model *m)
     int is_active = r->active == m;
     pthread_mutex_unlock(&r->mu);
     if (!last) return;
+    ckpt_close(m->ck);
     if (m->map) munmap(m->map, m->size);
     if (!is_active) unlink(m->path);
     free(m);
@@ -425,6 +432,7 @@ void store_replica_close(store_replica *r)
     }
     if (r->active) {
         model *m = r->active;
+        ckpt_close(m->ck);
         if (m->map) munmap(m->map, m->size);
         free(m);
     }
@@ -484,6 +492,7 @@ int store_replica_acquire(store_replica *r, uint64_t min_version, uint64_t exact
         out->version = m->version;
         out->data = m->map;
         out->size = m->size;
+        out->ckpt = m->ck;
         out->priv = m;
     }
     pthread_mutex_unlock(&r->mu);
@@ -510,4 +519,14 @@ void store_replica_get_info(store_replica *r, store_replica_info *out)
     snprintf(out->last_error, sizeof out->last_error, "%s", r->last_error);
     out->push = r->push;
     pthread_mutex_unlock(&r->mu);
+}
+
+int store_lease_tensor(const store_lease *l, const char *name, const ckpt_tensor **out)
+{
+    *out = NULL;
+    if (!l || !l->ckpt) return sh_err(SH_EINVAL, "tensor %s: no model leased", name);
+    *out = ckpt_find(l->ckpt, name);
+    if (!*out)
+        return sh_err(SH_ENOENT, "tensor %s: not in version %llu", name, (unsigned long long)l->version);
+    return SH_OK;
 }

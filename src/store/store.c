@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "shoal/ckpt.h"
 #include "store/internal.h"
 
 int store__valid_run(const char *run)
@@ -321,7 +322,7 @@ static int anchor_of(store *s, uint64_t v, uint64_t *out)
     return sh_err(SH_EFORMAT, "run \"%s\": a delta chain longer than %d versions", s->run, STORE_MAX_CHAIN);
 }
 
-static int stage_payload(store *s, const char *stage, const char *ckpt, uint64_t prev, int anchor,
+static int stage_payload(store *s, const char *stage, const char *src, uint64_t prev, int anchor,
                          store_version *m)
 {
     char out[4096];
@@ -330,7 +331,7 @@ static int stage_payload(store *s, const char *stage, const char *ckpt, uint64_t
     if (anchor) {
         int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) return sh_err_errno(errno, "create %s", out);
-        int rc = store__copy_hash(ckpt, fd, out, &m->xxh3, &m->size);
+        int rc = store__copy_hash(src, fd, out, &m->xxh3, &m->size);
         if (close(fd) < 0 && rc == 0) rc = sh_err_errno(errno, "close %s", out);
         m->model_xxh3 = m->xxh3;
         m->model_size = m->size;
@@ -341,14 +342,14 @@ static int stage_payload(store *s, const char *stage, const char *ckpt, uint64_t
     char prev_full[4096];
     SH_TRY(sh_path_join(prev_full, sizeof prev_full, stage, "prev.safetensors"));
     SH_TRY(store_materialize(s, prev, 0, NULL, prev_full));
-    int rc = store__delta_make(prev_full, ckpt, out);
+    int rc = store__delta_make(prev_full, src, out);
     unlink(prev_full);
     if (rc == 0) rc = store__hash_file(out, &m->xxh3, &m->size);
-    if (rc == 0) rc = store__hash_file(ckpt, &m->model_xxh3, &m->model_size);
+    if (rc == 0) rc = store__hash_file(src, &m->model_xxh3, &m->model_size);
     return rc;
 }
 
-static int publish_locked(store *s, const char *ckpt, uint64_t every, uint64_t *out)
+static int publish_locked(store *s, const char *src, uint64_t every, uint64_t *out)
 {
     uint64_t latest, v, last_anchor = 0;
     SH_TRY(store_latest(s, &latest));
@@ -368,7 +369,7 @@ static int publish_locked(store *s, const char *ckpt, uint64_t every, uint64_t *
     m.anchor = anchor;
     m.base = anchor ? 0 : latest;
     m.created_at = sh_now_wall();
-    int rc = stage_payload(s, stage, ckpt, latest, anchor, &m);
+    int rc = stage_payload(s, stage, src, latest, anchor, &m);
     if (rc == 0) rc = write_manifest(s, stage, &m);
     if (rc == 0) rc = sh_fsync_dir(stage);
     if (rc == 0 && rename(stage, final) < 0) rc = sh_err_errno(errno, "rename %s to %s", stage, final);
@@ -387,10 +388,14 @@ static int publish_locked(store *s, const char *ckpt, uint64_t every, uint64_t *
     return SH_OK;
 }
 
-int store_publish(store *s, const char *ckpt, const store_publish_opts *o, uint64_t *out)
+int store_publish(store *s, const char *path, const store_publish_opts *o, uint64_t *out)
 {
     uint64_t every = o && o->anchor_every ? o->anchor_every : 8;
-    if (!sh_path_exists(ckpt)) return sh_err(SH_ENOENT, "checkpoint %s does not exist", ckpt);
+    if (!sh_path_exists(path)) return sh_err(SH_ENOENT, "checkpoint %s does not exist", path);
+    /* Only checkpoints go in: a replica must be able to serve every version. */
+    ckpt *c;
+    SH_TRY(ckpt_open(path, &c));
+    ckpt_close(c);
     char lock[4096];
     SH_TRY(sh_path_join(lock, sizeof lock, s->dir, "lock"));
     int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -401,7 +406,7 @@ int store_publish(store *s, const char *ckpt, const store_publish_opts *o, uint6
         close(fd);
         return sh_err_errno(e, "lock %s", lock);
     }
-    int rc = publish_locked(s, ckpt, every, out);
+    int rc = publish_locked(s, path, every, out);
     close(fd);
     return rc;
 }
