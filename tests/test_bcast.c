@@ -229,8 +229,8 @@ static void test_relay_killed(void **state)
     sh_rm_rf(tu_path("kill"));
     publish(tu_path("kill"), tu_path("k1.st"));
     char root[256];
-    /* 0.05 Gb/s: the 6 MB version takes about a second to leave the root. */
-    snprintf(root, sizeof root, "%s", serve_root("kill", "--fanout 1 --egress-gbps 0.05"));
+    /* 0.02 Gb/s: the 6 MB version takes about 2.4 s to leave the root. */
+    snprintf(root, sizeof root, "%s", serve_root("kill", "--fanout 1 --egress-gbps 0.02"));
     unlink(tu_path("relay.addr"));
     pid_t relay = spawn("%s push relay --parent %s --addr-file %s --spool %s 2>%s", tu_shoal(), root,
                         tu_path("relay.addr"), tu_path("relay-spool"), tu_path("relay.log"));
@@ -246,7 +246,20 @@ static void test_relay_killed(void **state)
         rep[i] = spawn("%s replica --dir %s --parent %s --until 1 --seconds 60 --json >%s 2>%s.log",
                        tu_shoal(), dirs[i], root, outs[i], outs[i]);
     }
-    sh_sleep(0.5);
+    /* Kill the relay once both replicas are receiving from it (their spool
+     * holds a partial payload) and neither has the version yet. */
+    double end = sh_now_mono() + 30;
+    for (;;) {
+        int receiving = 0;
+        for (int i = 0; i < 2; i++) {
+            char part[4096];
+            snprintf(part, sizeof part, "%s/spool/v1.part", dirs[i]);
+            receiving += sh_path_exists(part) && active_version(dirs[i]) == 0;
+        }
+        if (receiving == 2) break;
+        if (sh_now_mono() > end) fail_msg("the replicas never started receiving from the relay");
+        sh_sleep(0.01);
+    }
     kill(relay, SIGKILL);
     wait_exit(relay, 10);
     for (int i = 0; i < 2; i++) {

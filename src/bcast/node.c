@@ -582,6 +582,10 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
         return sh_err(SH_EINVAL, "push: %d parents (at most %d)", cfg->nparents, BCAST_MAX_ADDRS);
     if (cfg->nparents > 0 && !cfg->spool)
         return sh_err(SH_EINVAL, "push: a node with a parent needs a spool directory");
+    for (int i = 0; i < cfg->nparents; i++) {
+        struct sockaddr_in sa;
+        SH_TRY(parse_addr(cfg->parents[i], &sa));
+    }
     bcast_node *n = calloc(1, sizeof *n);
     if (!n) return sh_err(SH_ENOMEM, "push node");
     n->cfg = *cfg;
