@@ -119,6 +119,10 @@ uint64_t ckpt_file_bytes(const ckpt *c);
 int ckpt_parse_header(const uint8_t *buf, uint64_t len, const char *ctx, ckpt_tensor **out,
                       size_t *n, json_t **metadata, uint64_t *hdr_len);
 void ckpt_tensors_free(ckpt_tensor *t, size_t n);
+/* The same for a header image alone (exactly 8 + n bytes, no data): the
+ * data buffer is taken to be whatever the tensors cover. */
+int ckpt_parse_header_only(const uint8_t *hdr, uint64_t len, const char *ctx, ckpt_tensor **out,
+                           size_t *n);
 
 /* ---- Digests ----------------------------------------------------------
  * A tensor's digest is xxh3-128 over the concatenated xxh3-128 digests of its
@@ -183,7 +187,9 @@ int ckpt_synth(const char *path, uint64_t params, uint64_t seed);
 /* `steps` Adam steps of size lr with random gradients from the checkpoint at
  * in (bf16) to out.  The fp32 master weights are drawn uniformly within each
  * bf16 weight's rounding interval (where the trainer's master copy lies), the
- * result is cast back with round-to-nearest-even.  Streams chunk by chunk. */
+ * Adam moments from their steady state under unit-variance gradient noise
+ * (m ~ N(0, (1-b1)/(1+b1)), v = 1: deep into training), and the result is
+ * cast back with round-to-nearest-even.  Streams chunk by chunk. */
 int ckpt_step(const char *in, const char *out, double lr, uint64_t steps, uint64_t seed);
 
 #ifdef __cplusplus

@@ -4,8 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#define XXH_INLINE_ALL
+/* The library's runtime-dispatched xxh3 uses the widest vectors the CPU has
+ * (the digests are the same whatever the width). */
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xxh_x86dispatch.h>
+#endif
 
 #include "shoal/ckpt.h"
 

@@ -221,3 +221,10 @@ int ckpt_parse_header(const uint8_t *buf, uint64_t len, const char *ctx, ckpt_te
 {
     return ckpt__parse_image(buf, len, 0, ctx, out, n, metadata, hdr_len);
 }
+
+int ckpt_parse_header_only(const uint8_t *hdr, uint64_t len, const char *ctx, ckpt_tensor **out,
+                           size_t *n)
+{
+    uint64_t hl;
+    return ckpt__parse_image(hdr, len, 1, ctx, out, n, NULL, &hl);
+}

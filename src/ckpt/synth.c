@@ -194,18 +194,20 @@ static int ckpt__step_fill(void *arg, size_t t, uint64_t chunk, uint64_t first, 
     const ckpt_tensor *src = ckpt_find(c->in, ckpt_writer_tensor(c->w, t)->name);
     uint64_t s = ckpt__seed(c->seed, t, chunk);
     const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, lr = (float)c->lr;
+    const float m_sd = sqrtf((1 - b1) / (1 + b1));
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
         memcpy(&h, src->data + 2 * (first + i), 2);
         float u = (float)(ckpt__mix(&s) >> 40) * (1.0f / 16777216.0f) - 0.5f; /* (-0.5, 0.5) */
         float w = ckpt_bf16_to_f32(h) + 1.98f * u * ckpt__half_gap(h);
-        float m = 0, v = 0, p1 = 1, p2 = 1;
+        /* Moments in their steady state under unit-variance noisy gradients,
+         * as deep into training (no bias correction left). */
+        float m = m_sd * ckpt__normal(&s), v = 1.0f;
         for (uint64_t k = 0; k < c->steps; k++) {
             float g = ckpt__normal(&s);
             m = b1 * m + (1 - b1) * g;
             v = b2 * v + (1 - b2) * g * g;
-            p1 *= b1, p2 *= b2;
-            w -= lr * (m / (1 - p1)) / (sqrtf(v / (1 - p2)) + eps);
+            w -= lr * m / (sqrtf(v) + eps);
         }
         out[i] = ckpt_f32_to_bf16(w);
     }

@@ -91,6 +91,10 @@ static void mark_started(sched *s, uint32_t ji, double now)
     j->state = SCHED_RUNNING;
     if (j->first_start < 0) j->first_start = now;
     j->start = now;
+    for (int k = 0; k < j->nplaces; k++) { /* its estimate moved */
+        s->nodes[j->places[k].node].ver++;
+        s->pools[s->nodes[j->places[k].node].pool].ver++;
+    }
     j->wait_acc += now - j->queued_since;
     j->blocked_since = -1;
     j->scale_requested = 0;
@@ -111,10 +115,11 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
     static __thread int per[SCHED__MAX_GANG];
     int got = 0, nt = j->ntypes ? j->ntypes : 1;
     c.n = 0;
-    for (int ti = 0; ti < nt && got < max; ti++)
-        for (size_t pi = 0; pi < s->npools && got < max; pi++) {
-            spool *p = &s->pools[pi];
-            if (j->ntypes && p->type != j->types[ti]) continue;
+    for (int ti = 0; ti < nt && got < max; ti++) {
+        const uint32_t *tp;
+        size_t ntp = j->ntypes ? sched__type_pools(s, j->types[ti], &tp) : (tp = s->allpools, s->npools);
+        for (size_t q = 0; q < ntp && got < max; q++) {
+            spool *p = &s->pools[tp[q]];
             double end = now + j->est_s / (j->ntypes ? j->speed[ti] : 1.0);
             for (int f = j->gpn; f <= MAXG && got < max; f++)
                 for (uint32_t ni = p->head[f]; ni != NONE && got < max; ni = s->nodes[ni].next) {
@@ -128,6 +133,7 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
                     c.nodes[c.n] = ni, per[c.n++] = k, got += k;
                 }
         }
+    }
     if (got < min || !got) return 0;
     SH_TRY(sched__emit(s, d, kind, ji, NONE));
     for (int i = 0; i < c.n; i++)
@@ -149,7 +155,7 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
     }
     static __thread scand c;
     uint32_t pool;
-    if (!sched__pick_pool(s, j, now, s->cfg.policy == SCHED_SHOAL, &c, &pool)) return 0;
+    if (!sched__pick_pool(s, j, now, s->cfg.policy == SCHED_SHOAL && s->cfg.pack_pools, &c, &pool)) return 0;
     j->pool = pool;
     SH_TRY(start_places(s, d, ji, &c, 1, now));
     mark_started(s, ji, now);
@@ -161,9 +167,10 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
 static int raw_fits(const sched *s, const sjob *j)
 {
     int need = j->kind == SCHED_GANG ? j->nodes : 1;
-    for (size_t pi = 0; pi < s->npools; pi++)
-        if (sched__pool_allowed(s, j, (uint32_t)pi) && sched__pool_fits(&s->pools[pi], need, j->gpn))
-            return 1;
+    const uint32_t *jp;
+    size_t n = sched__job_pools(s, j, &jp);
+    for (size_t k = 0; k < n; k++)
+        if (sched__pool_fits(&s->pools[jp[k]], need, j->gpn)) return 1;
     return 0;
 }
 
@@ -174,34 +181,73 @@ typedef struct tnode {
     uint32_t ni;
 } tnode;
 
-static int cmp_tnode(const void *a, const void *b)
+/* Moves the k smallest times to v[0..k) (in any order) and v[k-1] holds the
+ * k-th smallest: Hoare's selection, O(m) on average, where a full sort of
+ * a large pool dominated the cycle. */
+static void select_k(tnode *v, size_t m, size_t k)
 {
-    double x = ((const tnode *)a)->t, y = ((const tnode *)b)->t;
-    return x < y ? -1 : x > y;
+    size_t lo = 0, hi = m - 1, want = k - 1;
+    while (lo < hi) {
+        double pivot = v[lo + (hi - lo) / 2].t;
+        size_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i].t < pivot) i++;
+            while (v[j].t > pivot) j--;
+            if (i <= j) {
+                tnode x = v[i];
+                v[i] = v[j], v[j] = x;
+                i++;
+                if (j == 0) break;
+                j--;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else break;
+    }
+    /* v[want] is now the k-th smallest; everything before it is <= it. */
+    double T = v[want].t;
+    size_t w = 0;
+    for (size_t r = 0; r < m && w < k; r++)
+        if (v[r].t < T) {
+            tnode x = v[w];
+            v[w++] = v[r], v[r] = x;
+        }
+    for (size_t r = w; r < m && w < k; r++)
+        if (v[r].t == T) {
+            tnode x = v[w];
+            v[w++] = v[r], v[r] = x;
+        }
 }
 
 /* When node ni will have g GPUs free, assuming running work ends at its
- * estimate (work past its estimate is assumed to end now). */
-static double node_ready(const sched *s, uint32_t ni, int g, double now)
+ * estimate (work past its estimate is assumed to end now).  The times for
+ * every g are computed together and kept until the node's pods change. */
+static double node_ready(sched *s, uint32_t ni, int g, double now)
 {
-    const snode *n = &s->nodes[ni];
+    snode *n = &s->nodes[ni];
     if (n->free >= g) return now;
-    double ends[MAXG * 4];
-    int gp[MAXG * 4], m = 0;
-    for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
-        double e = sched__est_end(s, &s->jobs[n->refs[r].job]);
-        ends[m] = e < now ? now : e, gp[m++] = n->refs[r].gpus;
+    if (n->ready_ver != n->ver || !n->ver) {
+        double ends[MAXG * 4];
+        int gp[MAXG * 4], m = 0;
+        for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
+            ends[m] = sched__est_end(s, &s->jobs[n->refs[r].job]);
+            gp[m++] = n->refs[r].gpus;
+        }
+        int free = n->free, have = n->free;
+        for (int k = 0; k <= MAXG; k++) n->ready[k] = k <= have ? -INFINITY : INFINITY;
+        while (m) {
+            int b = 0;
+            for (int i = 1; i < m; i++)
+                if (ends[i] < ends[b]) b = i;
+            free += gp[b];
+            for (int k = have + 1; k <= free && k <= MAXG; k++) n->ready[k] = ends[b];
+            if (free > have) have = free;
+            ends[b] = ends[--m], gp[b] = gp[m];
+        }
+        n->ready_ver = n->ver;
     }
-    int free = n->free;
-    while (m) {
-        int b = 0;
-        for (int i = 1; i < m; i++)
-            if (ends[i] < ends[b]) b = i;
-        free += gp[b];
-        if (free >= g) return ends[b];
-        ends[b] = ends[--m], gp[b] = gp[m];
-    }
-    return INFINITY;
+    return n->ready[g] < now ? now : n->ready[g];
 }
 
 /* GPUs of node ni still busy at time T (held by work estimated to end after
@@ -228,26 +274,48 @@ static int make_reservation(sched *s, uint32_t ji, double now)
     double bestT = INFINITY;
     uint32_t bestp = NONE;
     for (int pass = 0; pass < 2; pass++) {
-        for (size_t pi = 0; pi < s->npools; pi++) {
-            if (!sched__pool_allowed(s, j, (uint32_t)pi)) continue;
+        const uint32_t *jp;
+        size_t njp = sched__job_pools(s, j, &jp);
+        for (size_t q = 0; q < njp; q++) {
+            uint32_t pi = jp[q];
             if (pass == 1 && pi != bestp) continue;
             spool *p = &s->pools[pi];
             if (p->maxg_ever[j->gpn] < j->nodes) continue;
+            /* Pass 0 only needs the time: reuse it while the pool is
+             * unchanged and no reservation took nodes from it this cycle.
+             * The n-th smallest of max(ready, now) is max(n-th smallest,
+             * now), so the raw time serves any later `now`. */
+            int slot = (j->gpn * 31 + j->nodes) & 7;
+            int cacheable = p->resv_stamp != s->stamp;
+            if (pass == 0 && cacheable && p->rc[slot].ver == p->ver + 1 && p->rc[slot].g == j->gpn &&
+                p->rc[slot].n == j->nodes) {
+                double T = p->rc[slot].T < now ? now : p->rc[slot].T;
+                if (T < bestT) bestT = T, bestp = pi;
+                continue;
+            }
             SH_TRY(GROW(tn, captn, p->nnodes));
             size_t m = 0;
             for (size_t k = 0; k < p->nnodes; k++) {
                 uint32_t ni = p->nodes[k];
                 snode *n = &s->nodes[ni];
                 if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-                tn[m++] = (tnode){node_ready(s, ni, j->gpn, now), ni};
+                tn[m++] = (tnode){node_ready(s, ni, j->gpn, -INFINITY), ni};
             }
-            if (m < (size_t)j->nodes) continue;
-            qsort(tn, m, sizeof *tn, cmp_tnode);
-            double T = tn[j->nodes - 1].t;
-            if (pass == 0) {
-                if (T < bestT) bestT = T, bestp = (uint32_t)pi;
+            if (m < (size_t)j->nodes) {
+                if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = INFINITY;
                 continue;
             }
+            select_k(tn, m, (size_t)j->nodes);
+            double T = -INFINITY;
+            for (int k = 0; k < j->nodes; k++)
+                if (tn[k].t > T) T = tn[k].t;
+            if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = T;
+            if (T < now) T = now;
+            if (pass == 0) {
+                if (T < bestT) bestT = T, bestp = pi;
+                continue;
+            }
+            p->resv_stamp = s->stamp;
             SH_TRY(GROW(s->resv, s->capresv, s->nresv + 1));
             sresv *r = &s->resv[s->nresv++];
             r->nodes = realloc(r->nodes, (size_t)j->nodes * sizeof *r->nodes);
@@ -344,8 +412,11 @@ static int try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
     int best = INT32_MAX;
     uint32_t bestp = NONE;
     for (int pass = 0; pass < 2; pass++) {
-        for (size_t pi = 0; pi < s->npools; pi++) {
-            if (!sched__pool_allowed(s, j, (uint32_t)pi) || (pass && pi != bestp)) continue;
+        const uint32_t *jp;
+        size_t njp = sched__job_pools(s, j, &jp);
+        for (size_t q = 0; q < njp; q++) {
+            uint32_t pi = jp[q];
+            if (pass && pi != bestp) continue;
             spool *p = &s->pools[pi];
             if (p->maxg_ever[j->gpn] < j->nodes) continue;
             SH_TRY(GROW(vn, capvn, p->nnodes));
@@ -362,7 +433,7 @@ static int try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
             int total = 0;
             for (int k = 0; k < j->nodes; k++) total += vn[k].cost;
             if (pass == 0) {
-                if (total > 0 && total <= s->cfg.max_victims && total < best) best = total, bestp = (uint32_t)pi;
+                if (total > 0 && total <= s->cfg.max_victims && total < best) best = total, bestp = pi;
                 continue;
             }
             for (int k = 0; k < j->nodes; k++) {
@@ -382,23 +453,37 @@ static int try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
 /* The next job to consider: the best head among tenant queues.  shoal
  * orders by priority, then by the tenant's GPUs in use (fair share), then by
  * queue order; the baselines by priority and queue order alone. */
-static uint32_t next_job(sched *s, uint32_t *tenant)
+/* The queue key of a job.  Baselines: its queue order.  shoal adds fair
+ * share as a bounded handicap: a tenant holding a fraction f of the GPUs in
+ * use has its jobs ordered as if submitted f x fair_window_s later.  Tenants
+ * alternate within that window, and beyond it age wins, so fair share never
+ * starves a job (an unbounded share term would: the heavy tenant's oldest
+ * gang waits for as long as lighter tenants keep submitting). */
+static double job_key(const sched *s, const sjob *j, int fair)
+{
+    if (j->order < 0) return j->order - 1e18; /* requeued after a failure: the head */
+    if (!fair || s->gpus_busy <= 0) return j->submit;
+    double f = (double)s->tenants[j->tenant].gpus_in_use / (double)s->gpus_busy;
+    return j->submit + f * s->cfg.fair_window_s;
+}
+
+static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
 {
     uint32_t bt = NONE, bj = NONE;
-    int fair = s->cfg.policy == SCHED_SHOAL;
+    double bk = 0;
     for (size_t ti = 0; ti < s->ntenants; ti++) {
         stenant *t = &s->tenants[ti];
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
+        const sjob *a = &s->jobs[ji];
+        double k = job_key(s, a, fair);
         if (bj != NONE) {
-            const sjob *a = &s->jobs[ji], *b = &s->jobs[bj];
+            const sjob *b = &s->jobs[bj];
             if (a->priority != b->priority) {
                 if (a->priority < b->priority) continue;
-            } else if (fair && t->gpus_in_use != s->tenants[bt].gpus_in_use) {
-                if (t->gpus_in_use > s->tenants[bt].gpus_in_use) continue;
-            } else if (a->order > b->order) continue;
+            } else if (k > bk || (k == bk && a->order > b->order)) continue;
         }
-        bt = (uint32_t)ti, bj = ji;
+        bt = (uint32_t)ti, bj = ji, bk = k;
     }
     *tenant = bt;
     return bj;
@@ -408,32 +493,66 @@ static uint32_t next_job(sched *s, uint32_t *tenant)
 
 #define MEMO 512
 #define MAX_SCAN 4096 /* blocked jobs examined per cycle (Slurm's bf_max_job_test) */
+#define RESERVE_SCAN 64 /* shoal: oldest jobs examined for reservations */
 
-/* fifo, backfill and shoal: walk the queue in policy order, start what fits
- * without delaying a reservation, reserve for the first blocked gangs. */
-static int queue_pass(sched *s, sched_decisions *d, double now)
+/* Jobs of one shape that failed to start with estimate >= est will fail
+ * again this cycle: placement only gets harder as the cycle goes on (until
+ * a preemption frees room, which clears the memo). */
+typedef struct smemo {
+    uint64_t shape;
+    double est;
+} smemo;
+
+static int has_reservation(const sched *s, uint32_t ji)
 {
-    uint64_t memo[MEMO] = {0};
+    for (size_t i = 0; i < s->nresv; i++)
+        if (s->resv[i].job == ji) return 1;
+    return 0;
+}
+
+/* One walk over the queue.  fair: shoal's fair-share order, else priority
+ * and age.  reserve_only: stop once the reservations are made (shoal's
+ * first walk, which gives them to the oldest blocked gangs rather than to
+ * the tenants fair share favours).  Returns < 0 on error. */
+static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_only)
+{
+    smemo memo[MEMO];
+    memset(memo, 0, sizeof memo);
     uint32_t last_preempted = NONE;
-    int scanned = 0;
+    int scanned = 0, limit = reserve_only ? RESERVE_SCAN : MAX_SCAN;
+    size_t max_resv = (size_t)s->cfg.max_reservations, dead = 0;
+    uint64_t walk_id = ++s->walk_id;
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
-        uint32_t ti, ji = next_job(s, &ti);
-        if (ji == NONE || scanned >= MAX_SCAN) break;
+        uint32_t ti, ji = next_job(s, &ti, fair);
+        if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
+        /* Every shape still queued fits nowhere: the rest of the walk could
+         * only make reservations, and those are all made. */
+        if (dead >= s->nshapes_live && s->nresv >= max_resv && !s->preemptible_gpus) break;
         sjob *j = &s->jobs[ji];
-        if (s->gpus_up - s->gpus_busy <= 0 && (s->nresv >= (size_t)s->cfg.max_reservations))
+        if (s->gpus_up - s->gpus_busy <= 0 && s->nresv >= max_resv)
             break; /* nothing can start and no reservation is left to make */
         int rc = 0;
-        if (memo[j->shape % MEMO] != j->shape) {
+        size_t m = j->shape % MEMO;
+        if (memo[m].shape != j->shape || j->est_s < memo[m].est) {
+            double est = 0;
             if (raw_fits(s, j)) {
                 if ((rc = try_start(s, d, ji, now)) < 0) return rc;
-            } else memo[j->shape % MEMO] = j->shape;
+                est = j->est_s;
+            } else {
+                sshape *sh = sched__shape(s, j->shape);
+                if (sh && sh->dead_walk != walk_id) sh->dead_walk = walk_id, dead++;
+            }
+            if (!rc) {
+                if (memo[m].shape == j->shape && memo[m].est < est) est = memo[m].est;
+                memo[m].shape = j->shape, memo[m].est = est;
+            }
         }
         if (rc == 1) continue; /* it left the queue: the cursor already points past it */
         s->tenants[ti].cursor++;
         scanned++;
         if (j->blocked_since < 0) j->blocked_since = now;
-        if (s->cfg.policy == SCHED_FIFO) break;
+        if (s->cfg.policy == SCHED_FIFO) return 1; /* strict order: nothing passes the head */
         if (j->kind == SCHED_GANG && s->cfg.max_victims && s->preemptible_gpus && last_preempted != ji) {
             if ((rc = try_preempt(s, d, ji, now)) < 0) return rc;
             if (rc) {
@@ -443,10 +562,25 @@ static int queue_pass(sched *s, sched_decisions *d, double now)
                 continue;
             }
         }
-        if (j->kind == SCHED_GANG && s->nresv < (size_t)s->cfg.max_reservations)
+        if (j->kind == SCHED_GANG && s->nresv < max_resv && !has_reservation(s, ji))
             SH_TRY(make_reservation(s, ji, now));
     }
     return 0;
+}
+
+/* fifo, backfill and shoal: start what fits in queue order without
+ * delaying a reservation, and reserve for the first blocked gangs.  shoal
+ * first reserves for the oldest blocked gangs, then fills in fair-share
+ * order. */
+static int queue_pass(sched *s, sched_decisions *d, double now)
+{
+    int fair = s->cfg.policy == SCHED_SHOAL;
+    if (fair) {
+        int rc = walk(s, d, now, 0, 1);
+        if (rc < 0) return rc;
+    }
+    int rc = walk(s, d, now, fair, 0);
+    return rc < 0 ? rc : 0;
 }
 
 /* firstfit: Kubernetes-style per-pod placement.  Each pod of a gang takes
@@ -458,12 +592,10 @@ static int firstfit_gang(sched *s, sched_decisions *d, uint32_t ji, double now)
     sjob *j = &s->jobs[ji];
     if (j->nplaces == 0) {
         j->pool = NONE;
-        int nt = j->ntypes ? j->ntypes : 1;
-        for (int ti = 0; ti < nt && j->pool == NONE; ti++)
-            for (size_t pi = 0; pi < s->npools && j->pool == NONE; pi++)
-                if ((!j->ntypes || s->pools[pi].type == j->types[ti]) &&
-                    sched__pool_fits(&s->pools[pi], 1, j->gpn))
-                    j->pool = (uint32_t)pi;
+        const uint32_t *jp;
+        size_t njp = sched__job_pools(s, j, &jp);
+        for (size_t q = 0; q < njp && j->pool == NONE; q++)
+            if (sched__pool_fits(&s->pools[jp[q]], 1, j->gpn)) j->pool = jp[q];
         if (j->pool == NONE) return 0;
     }
     spool *p = &s->pools[j->pool];
@@ -509,11 +641,21 @@ static int firstfit_pass(sched *s, sched_decisions *d, double now)
 {
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     int scanned = 0;
+    uint64_t memo[MEMO] = {0}; /* shapes with no room for even one pod */
     for (;;) {
-        uint32_t ti, ji = next_job(s, &ti);
+        uint32_t ti, ji = next_job(s, &ti, 0);
         if (ji == NONE || scanned >= MAX_SCAN || s->gpus_up - s->gpus_busy <= 0) break;
         sjob *j = &s->jobs[ji];
-        int rc = j->kind == SCHED_GANG ? firstfit_gang(s, d, ji, now) : try_start(s, d, ji, now);
+        int rc = 0;
+        if (memo[j->shape % MEMO] == j->shape && !j->nplaces) {
+            s->tenants[ti].cursor++, scanned++;
+            continue;
+        }
+        if (j->kind == SCHED_GANG) {
+            int had = j->nplaces;
+            rc = firstfit_gang(s, d, ji, now);
+            if (rc == 0 && !had && !j->nplaces) memo[j->shape % MEMO] = j->shape;
+        } else rc = try_start(s, d, ji, now);
         if (rc < 0) return rc;
         if (rc == 1) continue;
         s->tenants[ti].cursor++;
@@ -589,23 +731,43 @@ static int grow_pass(sched *s, sched_decisions *d, double now)
     return 0;
 }
 
+/* Nodes of the quota's (zone, fabric, type) that could take a pod of the
+ * job now: only the shortfall is asked of the provider. */
+static int quota_have(const sched *s, const squota *q, int g)
+{
+    const uint32_t *tp;
+    size_t n = sched__type_pools(s, q->type, &tp);
+    for (size_t k = 0; k < n; k++) {
+        const spool *p = &s->pools[tp[k]];
+        if (p->zone != q->zone || p->fabric != q->fabric) continue;
+        int have = 0;
+        for (int f = g; f <= MAXG; f++) have += p->count[f];
+        return have;
+    }
+    return 0;
+}
+
 static int scale_up(sched *s, sched_decisions *d, uint32_t ji, double now)
 {
     sjob *j = &s->jobs[ji];
     squota *best = NULL;
+    int best_need = 0;
     for (size_t q = 0; q < s->nquotas; q++) {
         squota *qq = &s->quotas[q];
-        if (qq->gpus < j->gpn || qq->max_nodes - qq->provisioned - qq->pending < j->nodes) continue;
-        if (j->ntypes && sched__job_speed(s, j, qq->type) <= 0) continue;
-        if (!best || qq->price_h < best->price_h) best = qq;
+        if (qq->gpus < j->gpn || (j->ntypes && sched__job_speed(s, j, qq->type) <= 0)) continue;
+        int need = j->nodes - quota_have(s, qq, j->gpn);
+        if (need < 1) need = 1;
+        if (qq->max_nodes - qq->provisioned - qq->pending < need) continue;
+        if (!best || qq->price_h < best->price_h || (qq->price_h == best->price_h && need < best_need))
+            best = qq, best_need = need;
     }
     if (!best) return 0;
     SH_TRY(sched__emit(s, d, SCHED_D_SCALE_UP, ji, NONE));
     sched_decision *x = &d->v[d->n - 1];
     x->zone = s->name[best->zone], x->fabric = s->name[best->fabric];
     x->gpu_type = s->name[best->type];
-    x->n = j->nodes, x->ready_s = now + best->delay_s;
-    best->pending += j->nodes;
+    x->n = best_need, x->ready_s = now + best->delay_s;
+    best->pending += best_need;
     j->scale_requested = 1;
     s->st.scale_ups++;
     return 0;
@@ -686,7 +848,7 @@ size_t sched_queue(const sched *s, const char **out, size_t cap)
     for (size_t t = 0; t < m->ntenants; t++) m->tenants[t].cursor = 0;
     size_t n = 0;
     for (;;) {
-        uint32_t ti, ji = next_job(m, &ti);
+        uint32_t ti, ji = next_job(m, &ti, m->cfg.policy == SCHED_SHOAL);
         if (ji == NONE) break;
         if (n < cap) out[n] = m->jobs[ji].id;
         n++;

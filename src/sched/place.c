@@ -12,11 +12,13 @@ void sched__bucket_insert(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
+    p->ver++;
     n->prev = NONE;
     n->next = p->head[n->free];
     if (n->next != NONE) s->nodes[n->next].prev = ni;
     p->head[n->free] = ni;
     p->count[n->free]++;
+    for (int g = 0; g <= n->free; g++) p->ge[g]++;
     p->free_total += n->free;
     p->gpus_up += n->gpus;
     s->gpus_up += n->gpus;
@@ -28,10 +30,12 @@ void sched__bucket_remove(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
+    p->ver++;
     if (n->prev != NONE) s->nodes[n->prev].next = n->next;
     else p->head[n->free] = n->next;
     if (n->next != NONE) s->nodes[n->next].prev = n->prev;
     p->count[n->free]--;
+    for (int g = 0; g <= n->free; g++) p->ge[g]--;
     p->free_total -= n->free;
     p->gpus_up -= n->gpus;
     s->gpus_up -= n->gpus;
@@ -43,6 +47,8 @@ void sched__bucket_remove(sched *s, uint32_t ni)
 static void set_free(sched *s, uint32_t ni, int free)
 {
     snode *n = &s->nodes[ni];
+    n->ver++;
+    s->pools[n->pool].ver++;
     if (n->state != SCHED_NODE_UP) {
         n->free = free;
         return;
@@ -104,20 +110,42 @@ int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi)
     return sched__job_speed(s, j, s->pools[pi].type) > 0;
 }
 
-int sched__pool_fits(const spool *p, int n, int g)
+size_t sched__type_pools(const sched *s, uint32_t type, const uint32_t **out)
 {
-    int have = 0;
-    for (int f = g; f <= MAXG && have < n; f++) have += p->count[f];
-    return have >= n;
+    if (type >= s->ntpools) return *out = NULL, 0;
+    *out = s->tpools[type].v;
+    return s->tpools[type].n;
 }
+
+size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out)
+{
+    if (!j->ntypes) return *out = s->allpools, s->npools;
+    if (j->ntypes == 1) return sched__type_pools(s, j->types[0], out);
+    static __thread uint32_t *buf;
+    static __thread size_t cap;
+    size_t n = 0;
+    for (int t = 0; t < j->ntypes; t++) {
+        const uint32_t *v;
+        size_t m = sched__type_pools(s, j->types[t], &v);
+        if (sched__grow((void **)&buf, &cap, n + m + 1, sizeof *buf) < 0) return *out = NULL, 0;
+        memcpy(buf + n, v, m * sizeof *v);
+        n += m;
+    }
+    *out = buf;
+    return n;
+}
+
+int sched__pool_fits(const spool *p, int n, int g) { return g <= MAXG && p->ge[g] >= n; }
 
 /* Capacity that could ever exist for the job: nodes of each allowed pool
  * (in any state) plus what the quotas may add. */
 int sched__never_fits(sched *s, const sjob *j, char *why, size_t cap)
 {
     int g = j->gpn, best = 0, total = 0;
-    for (size_t pi = 0; pi < s->npools; pi++) {
-        if (!sched__pool_allowed(s, j, (uint32_t)pi)) continue;
+    const uint32_t *jp;
+    size_t njp = sched__job_pools(s, j, &jp);
+    for (size_t k = 0; k < njp; k++) {
+        uint32_t pi = jp[k];
         int c = s->pools[pi].maxg_ever[g];
         for (size_t q = 0; q < s->nquotas; q++) {
             squota *qq = &s->quotas[q];
@@ -188,16 +216,18 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
     int best_left = 0;
     int nt = j->ntypes ? j->ntypes : 1;
     for (int ti = 0; ti < nt && (best == NONE || pack); ti++) {
-        for (size_t pi = 0; pi < s->npools; pi++) {
+        const uint32_t *tp;
+        size_t ntp = j->ntypes ? sched__type_pools(s, j->types[ti], &tp) : (tp = s->allpools, s->npools);
+        for (size_t k = 0; k < ntp; k++) {
+            uint32_t pi = tp[k];
             const spool *p = &s->pools[pi];
-            if (j->ntypes && p->type != j->types[ti]) continue;
             double sp = j->ntypes ? j->speed[ti] : 1.0;
             if (best != NONE && sp < best_speed) continue;
             double est_end = now + j->est_s / sp;
             int left = p->free_total - j->nodes * j->gpn;
             if (best != NONE && sp == best_speed && left >= best_left) continue;
-            if (!sched__pick_gang(s, j, (uint32_t)pi, est_end, &tmp[cur])) continue;
-            best = (uint32_t)pi, best_speed = sp, best_left = left;
+            if (!sched__pick_gang(s, j, pi, est_end, &tmp[cur])) continue;
+            best = pi, best_speed = sp, best_left = left;
             got = cur, cur ^= 1;
             if (!pack) break;
         }

@@ -18,6 +18,7 @@ void sched_config_default(sched_config *c, sched_policy policy)
     c->max_victims = policy == SCHED_SHOAL ? 8 : 0;
     c->max_reservations = policy == SCHED_SHOAL ? 4 : 1;
     c->default_est_s = 3600;
+    c->fair_window_s = 21600;
     c->scale_up_wait_s = 600;
     c->scale_down_idle_s = 1800;
 }
@@ -112,13 +113,15 @@ void sched_free(sched *s)
         free(s->jobs[i].places), free(s->jobs[i].cost_t), free(s->jobs[i].reason);
     }
     for (size_t i = 0; i < s->ntenants; i++) free(s->tenants[i].queue), free(s->tenants[i].cost_t);
-    for (size_t i = 0; i < s->nresv; i++) free(s->resv[i].nodes);
+    for (size_t i = 0; i < s->capresv; i++) free(s->resv[i].nodes);
     for (size_t i = 0; i < s->npend; i++) free(s->pend[i].places);
     sched__map_free(&s->names), sched__map_free(&s->node_map);
     sched__map_free(&s->job_map), sched__map_free(&s->tenant_map);
     free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
     free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
-    free(s->elastic);
+    free(s->elastic), free(s->allpools), free(s->shapes);
+    for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v);
+    free(s->tpools);
     free(s);
 }
 
@@ -134,7 +137,20 @@ static uint32_t pool_of(sched *s, uint32_t z, uint32_t f, uint32_t t)
     memset(p, 0, sizeof *p);
     p->zone = z, p->fabric = f, p->type = t;
     for (int g = 0; g <= MAXG; g++) p->head[g] = NONE;
-    return (uint32_t)s->npools++;
+    uint32_t pi = (uint32_t)s->npools;
+    size_t cap = s->npools;
+    if (sched__grow((void **)&s->allpools, &cap, s->npools + 1, sizeof *s->allpools) < 0) return NONE;
+    s->allpools[pi] = pi;
+    if (t >= s->ntpools) {
+        size_t c = s->ntpools;
+        if (sched__grow((void **)&s->tpools, &c, (size_t)t + 1, sizeof *s->tpools) < 0) return NONE;
+        s->ntpools = c;
+    }
+    struct stpools *tp = &s->tpools[t];
+    if (GROW(tp->v, tp->cap, tp->n + 1) < 0) return NONE;
+    tp->v[tp->n++] = pi;
+    s->npools++;
+    return pi;
 }
 
 int sched_node_add(sched *s, const sched_node_spec *n, double now)

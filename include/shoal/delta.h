@@ -1,0 +1,106 @@
+/* shoal delta: lossless weight deltas between checkpoints (format in
+ * docs/delta-format.md), their composition, and FP8 block quantisation.
+ *
+ * Two layers.  The file layer (delta_make, delta_apply, delta_squash) takes
+ * paths, streams chunk by chunk with a pool of threads, and makes every
+ * output appear atomically after verification.  The memory layer works on
+ * opened checkpoints and delta images; it is what the store, the rollout
+ * workers and the fuzzers call.  Output bytes never depend on the number of
+ * threads.  Extra memory is about 10 MiB per thread plus the delta.
+ */
+#ifndef SHOAL_DELTA_H
+#define SHOAL_DELTA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shoal/ckpt.h"
+#include "shoal/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DELTA_VERSION 1
+
+typedef struct delta_opts {
+    int threads;           /* 0: all cores */
+    sh_progress *progress; /* optional: advanced in bytes of target, under a lock */
+} delta_opts;
+
+/* What a make or squash produced (all counts over the whole checkpoint). */
+typedef struct delta_stats {
+    uint64_t target_bytes;  /* tensor bytes of the target */
+    uint64_t delta_bytes;   /* size of the delta file */
+    uint64_t units;         /* units (elements) in diffed tensors */
+    uint64_t changed;       /* of which changed */
+    uint64_t tensors_diff, tensors_whole;
+    uint64_t chunks[5];     /* by encoding: SAME, SPARSE, DENSE, RAW, ZSTD */
+} delta_stats;
+
+/* ---- Memory layer ------------------------------------------------------ */
+
+/* Encodes the delta base -> target into *out (an sh_buf the caller frees).
+ * st may be NULL. */
+int delta_make_mem(const ckpt *base, const ckpt *target, const delta_opts *o, sh_buf *out,
+                   delta_stats *st);
+
+/* A parsed delta: a view over the caller's bytes (kept alive by the caller). */
+typedef struct delta delta;
+enum { DELTA_NO_CHECKSUM = 1 }; /* skip the trailer (fuzzers only) */
+/* Validates the container and the manifest (every rule of the format that
+ * does not need the base); *out is owned by the caller (delta_free). */
+int delta_parse(const void *buf, size_t len, int flags, delta **out);
+void delta_free(delta *d);
+
+/* Applies d to base and writes the single-file target image into out (cap
+ * bytes; *len receives its size).  Verifies the base and the target as
+ * apply does.  For benchmarks, tests and fuzzing. */
+int delta_apply_mem(const ckpt *base, const delta *d, const delta_opts *o, uint8_t *out,
+                    size_t cap, size_t *len);
+/* The size of the target image (single-file targets), for delta_apply_mem. */
+uint64_t delta_target_size(const delta *d);
+
+/* ---- File layer -------------------------------------------------------- */
+
+/* BASE and TARGET are .safetensors files or sharded folders. */
+int delta_make(const char *base, const char *target, const char *out, const delta_opts *o,
+               delta_stats *st);
+/* Writes the target to out (a file or folder, like the target; replaced
+ * atomically), or with out == NULL replaces base in place: staged beside it,
+ * verified, then renamed over it, so an interruption leaves the old or the
+ * new version, never a mix. */
+int delta_apply(const char *base, const char *delta_path, const char *out, const delta_opts *o);
+/* Composes a chain d[0] (v -> v+1), ..., d[n-1] into one delta v -> v+n
+ * without the checkpoints. */
+int delta_squash(const char *const *deltas, size_t n, const char *out, const delta_opts *o,
+                 delta_stats *st);
+
+/* Per-tensor summary of a delta file as JSON (caller owns the result):
+ * {"version", "base_digest", "target_digest", "bytes", "tensors": [{"name",
+ * "mode": "diff"|"whole", "dtype", "nbytes", "changed_fraction", "bytes",
+ * "encodings": {"SAME": n, ...}}]} */
+int delta_inspect(const char *path, json_t **out);
+
+/* ---- FP8 rollout weights ------------------------------------------------ */
+
+#define DELTA_FP8_BLOCK 128
+
+/* Quantises every 2-D BF16 tensor of `in` (except names containing one of the
+ * NULL-terminated `keep` substrings) to F8_E4M3 with one F32 scale per
+ * 128 x 128 block, stored as NAME and NAME_scale_inv (dequantised weight =
+ * fp8 value x scale_inv), as DeepSeek-V3 checkpoints do.  Other tensors are
+ * copied.  The output (one file) records the source digest in __metadata__. */
+int delta_quant_fp8(const char *in, const char *out, const char *const *keep,
+                    const delta_opts *o);
+/* Brings fp8 (quantised from the delta's base) up to new_bf16 (the delta's
+ * target), re-quantising only the blocks the delta changed; the result is
+ * byte-identical to delta_quant_fp8(new_bf16).  out == NULL: in place. */
+int delta_quant_fp8_update(const char *fp8, const char *new_bf16, const char *delta_path,
+                           const char *out, const char *const *keep, const delta_opts *o,
+                           uint64_t *blocks_requantised);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,273 @@
+/* shoal rl: tasks, a sandboxed interpreter, rollouts, policy-gradient losses
+ * with off-policy corrections, and the asynchronous trainer/worker runtime.
+ *
+ * Pure parts (no clock, file or socket): the interpreter, the tasks, the
+ * losses, sampling and the training step (randomness and versions are
+ * arguments).  The runtime (rl_run) is the I/O edge: it forks worker
+ * processes, talks to them over socketpairs and reads the clock.
+ *
+ * Text is character level over the alphabet RL_ALPHABET; token i is the i-th
+ * character.  A sequence is BOS, the prompt (ending in '='), the response,
+ * EOS. */
+#ifndef SHOAL_RL_H
+#define SHOAL_RL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "shoal/common.h"
+#include "shoal/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RL_ALPHABET "^$0123456789x+-*()=dsp[]"
+#define RL_BOS 0
+#define RL_EOS 1
+#define RL_MAX_T 32    /* longest sequence a trajectory holds */
+#define RL_MAX_TESTS 8 /* hidden tests per problem */
+
+int rl_vocab(void);
+/* Token id of a character, or -1 if it is not in the alphabet. */
+int rl_tok(char ch);
+char rl_chr(int tok);
+
+/* ---- The stack-code language (see docs/rl-tasks.md) --------------------
+ * A program is a string over "0123456789xdsp+-*[]": a digit pushes itself,
+ * x pushes the input, d duplicates, s swaps, p pops, + - * pop two and push
+ * the result, [ ... ] repeats its body while the top of the stack is
+ * non-zero (the top is peeked, not popped).  The result is the top of the
+ * stack at the end. */
+typedef struct rl_limits {
+    int max_steps; /* instructions executed, loops included */
+    int max_stack; /* values on the stack (the memory limit) */
+    int max_depth; /* nesting of [ ] (the control-stack limit) */
+    int max_len;   /* program length */
+} rl_limits;
+
+enum {
+    RL_SC_OK = 0,
+    RL_SC_SYNTAX,    /* an unknown character or unbalanced brackets */
+    RL_SC_UNDERFLOW, /* an operation found too few values */
+    RL_SC_STACK,     /* the stack limit was reached */
+    RL_SC_DEPTH,     /* brackets nested deeper than allowed */
+    RL_SC_STEPS,     /* the step limit was reached */
+    RL_SC_OVERFLOW,  /* arithmetic left int64 */
+    RL_SC_TOOLONG,   /* the program is longer than allowed */
+};
+
+rl_limits rl_limits_default(void);
+/* Runs prog (len chars) on input x.  Returns an RL_SC_* status; *result gets
+ * the top of the stack on RL_SC_OK.  Never runs past the limits. */
+int rl_sc_run(const char *prog, int len, int64_t x, const rl_limits *lim, int64_t *result);
+const char *rl_sc_status_name(int status);
+
+/* ---- Tasks -------------------------------------------------------------- */
+
+enum { RL_TASK_CODE = 0, RL_TASK_ARITH = 1 };
+int rl_task_parse(const char *name, int *task);
+const char *rl_task_name(int task);
+
+typedef struct rl_problem {
+    uint64_t id;
+    int task;
+    char prompt[24]; /* ends in '=' */
+    char answer[16]; /* a demonstration (reference solution) */
+    int ntests;
+    int64_t in[RL_MAX_TESTS], out[RL_MAX_TESTS]; /* hidden tests (code) */
+} rl_problem;
+
+/* Builds problem number `id` of a task; problems whose prompts hash into the
+ * held-out fifth are evaluation problems (*held_out = 1). */
+void rl_problem_make(int task, uint64_t id, rl_problem *p, int *held_out);
+/* Draws a training (held_out = 0) or held-out (1) problem using *rng. */
+void rl_problem_draw(int task, int held_out, uint64_t *rng, rl_problem *p);
+/* The fixed held-out evaluation set: the first n held-out problems. */
+void rl_eval_set(int task, int n, rl_problem *out);
+/* Reward of a response (chars up to but excluding EOS; terminated = 0 if
+ * the response ran out of room without EOS): the fraction of hidden tests
+ * passed (code) or 1 for the exact answer (arith). */
+float rl_reward(const rl_problem *p, const char *resp, int len, int terminated);
+
+/* ---- Sampling ------------------------------------------------------------ */
+
+typedef struct rl_traj {
+    int32_t tokens[RL_MAX_T];
+    float blogp[RL_MAX_T]; /* behaviour log-prob of tokens[t], t >= plen */
+    int32_t len, plen;     /* tokens in all; prompt tokens (BOS..'=') */
+    float reward;
+    int32_t group;                /* trajectories of one prompt share it */
+    int32_t vstart, vend;         /* policy version at the first and last token */
+    int32_t worker;
+    uint64_t problem;
+} rl_traj;
+
+typedef struct rl_sampling {
+    float temperature, top_p;
+    int max_new; /* response tokens, EOS included */
+} rl_sampling;
+
+/* Called between decoding steps; it may change the model's weights (an
+ * in-flight update) and returns the current policy version. */
+typedef int (*rl_step_hook)(void *ctx);
+
+/* Samples `group` responses to each of n problems (n*group trajectories
+ * into out, groups numbered group0 + i).  *rng is advanced.  hook may be
+ * NULL (version then stays `version`). */
+int rl_generate(nn_model *m, const rl_problem *probs, int n, int group, int group0,
+                const rl_sampling *s, uint64_t *rng, int version, rl_step_hook hook,
+                void *hook_ctx, rl_traj *out);
+/* Mean reward of `samples` responses to each problem drawn with sampling s
+ * (temperature 0: greedy) from a generator seeded with `seed`, so that the
+ * same weights always score the same. */
+int rl_evaluate(nn_model *m, const rl_problem *probs, int n, const rl_sampling *s, int samples,
+                uint64_t seed, double *reward);
+
+/* ---- Losses ---------------------------------------------------------------- */
+
+enum { RL_LOSS_PG, RL_LOSS_PPO, RL_LOSS_TIS, RL_LOSS_MIS, RL_LOSS_DECOUPLED };
+int rl_loss_parse(const char *name, int *loss);
+const char *rl_loss_name(int loss);
+
+typedef struct rl_loss_cfg {
+    int kind;
+    float clip;           /* PPO ratio clip epsilon (0.2) */
+    float tis_cap;        /* TIS truncation C (2) */
+    float mis_lo, mis_hi; /* MIS band (0.5, 2) */
+    int mis_seq;          /* 1: mask whole sequences by their geometric-mean ratio */
+    float dec_cap;        /* decoupled behaviour-weight cap (0: none) */
+} rl_loss_cfg;
+rl_loss_cfg rl_loss_defaults(int kind);
+
+/* One response token: log-probs under the current policy (logp), the
+ * trainer's proximal/old policy (lold, the weights at the start of the
+ * step) and the behaviour policy that sampled it (lmu); its advantage; the
+ * index of its sequence (0..nseq-1). */
+typedef struct rl_tok_in {
+    float logp, lold, lmu, adv;
+    int seq;
+} rl_tok_in;
+
+typedef struct rl_loss_stats {
+    int tokens, clipped, masked;
+} rl_loss_stats;
+
+/* The token-mean loss over n tokens; coef[i] = dLoss/dlogp_i.  Pure. */
+double rl_loss(const rl_loss_cfg *c, const rl_tok_in *t, int n, int nseq, float *coef,
+               rl_loss_stats *st);
+
+/* GRPO: per trajectory, (r - mean of its group) / (std of its group + 1e-6),
+ * 0 for a group whose rewards are all equal.  Groups are runs of equal
+ * rl_traj.group values (trajectories of a group are adjacent). */
+void rl_grpo_advantages(const rl_traj *tr, int n, float *adv);
+
+/* ---- The training step (pure) -------------------------------------------- */
+
+typedef struct rl_step_stats {
+    double loss, reward, grad_norm;
+    double abs_dlogp; /* mean |log pi_old - log mu| over tokens */
+    double kl;        /* k3 estimate of KL(mu || pi_old) */
+    double clipped_frac, masked_frac;
+    int tokens, skipped; /* skipped: NaN/inf loss or gradient, weights kept */
+} rl_step_stats;
+
+typedef struct rl_trainer {
+    nn_model *model;
+    nn_adamw opt;
+    rl_loss_cfg loss;
+    float temperature;
+    int minibatches;
+} rl_trainer;
+
+/* One optimisation step on n trajectories (whole groups).  A NaN or
+ * infinite loss or gradient skips the update (st->skipped = 1, weights kept)
+ * and returns SH_ERANGE with a message saying so. */
+int rl_train_step(rl_trainer *tr, const rl_traj *trajs, int n, rl_step_stats *st);
+/* One supervised step on the demonstrations of n problems. */
+int rl_sft_step(nn_model *m, nn_adamw *opt, const rl_problem *p, int n, float *loss);
+
+/* Rounds weights to bf16 (round to nearest even), in place. */
+void rl_round_bf16(float *w, size_t n);
+
+/* Writes the policy as a bf16 safetensors checkpoint with Hugging Face
+ * tensor names; metadata records the version and shape, plus the string
+ * pairs of `extra` (may be NULL).  Atomic (src/ckpt). */
+int rl_save_checkpoint(nn_model *m, const char *path, int version, const json_t *extra);
+/* Loads a checkpoint written by rl_save_checkpoint into a model of the same
+ * shape (SH_EMISMATCH naming the tensor otherwise). */
+int rl_load_checkpoint(nn_model *m, const char *path);
+
+struct ckpt;
+/* The policy as a safetensors image in memory (BF16 or F32 tensors, Hugging
+ * Face names, no metadata): what the trainer diffs into shoal deltas for the
+ * workers.  *out is the caller's (sh_buf_free). */
+int rl_policy_image(nn_model *m, int bf16, sh_buf *out);
+/* Loads the model's tensors from an opened checkpoint (BF16 or F32);
+ * `what` names it in errors. */
+int rl_load_view(nn_model *m, const struct ckpt *c, const char *what);
+
+/* ---- The runtime (I/O edge) ------------------------------------------------ */
+
+enum { RL_MODE_SYNC = 0, RL_MODE_ASYNC = 1 };
+enum { RL_DTYPE_FP32 = 0, RL_DTYPE_BF16 = 1, RL_DTYPE_FP8 = 2 };
+
+#define RL_MAX_WORKERS 16
+
+typedef struct rl_worker_spec {
+    char name[16];
+    double speed; /* 1 = full speed; 0.25 = four times slower */
+    double price; /* dollars per hour */
+} rl_worker_spec;
+
+typedef struct rl_config {
+    int task, mode, max_lag, dtype, steps;
+    uint64_t seed;
+    rl_loss_cfg loss;
+    rl_sampling sampling;
+    int prompts_per_step, group; /* a step trains on prompts_per_step*group trajectories */
+    int minibatches;
+    int req_prompts; /* async: prompts per worker request (0: a quarter step's) */
+    float lr;
+    int warm_steps;    /* supervised warm-start steps before RL */
+    int eval_every, eval_n;
+    int nworkers;
+    rl_worker_spec workers[RL_MAX_WORKERS];
+    /* A decoding step on a speed-1 worker lasts gen_cost times its CPU time
+     * (the rest is slept): rollouts dominate RL time on real GPUs, and
+     * sleeping keeps the emulation from competing with the trainer for
+     * cores. */
+    double gen_cost;
+    int kill_at_step;  /* fault injection: SIGKILL worker 0 at this step (0: never) */
+    int respawn;       /* replace a worker that died */
+    double target_reward; /* wall-clock time to reach it is reported (0: none) */
+    nn_config model;
+    const char *out_dir; /* where checkpoints go (NULL: none) */
+    int save_every;      /* also save every N steps (0: only the last) */
+    const char *self_exe; /* unused unless workers exec; may be NULL */
+    int quiet;
+} rl_config;
+
+/* Defaults: code task, async, max lag 2, decoupled loss, bf16 rollouts, 3
+ * heterogeneous workers. */
+void rl_config_default(rl_config *c);
+/* Checks every field; the message names the option to fix. */
+int rl_config_check(const rl_config *c);
+/* Parses "name:speed:price,..." into the worker list. */
+int rl_workers_parse(const char *s, rl_config *c);
+
+/* Called after each step and each evaluation with a JSON object describing
+ * it (borrowed). */
+typedef void (*rl_progress_fn)(const json_t *event, void *ctx);
+
+/* Runs a whole training: warm start, then RL in the configured mode.  On
+ * success *result is a new JSON object (caller decrefs) with reward_start,
+ * reward_end, wall_s, steps, tokens_per_s, the curve and per-step stats. */
+int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

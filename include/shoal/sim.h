@@ -1,0 +1,141 @@
+/* shoal sim: fleet and trace importers and a virtual-time replay of the
+ * scheduling core (include/shoal/sched.h).
+ *
+ * Formats are specified in docs/sim-formats.md.  Importers read whole files
+ * and fail on the first malformed line with "<file>:<line>: field <name>:
+ * <rule>".  The replay is deterministic for a given seed. */
+#ifndef SHOAL_SIM_H
+#define SHOAL_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shoal/sched.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SIM_NAME 64
+
+/* ---- Fleets ------------------------------------------------------------------ */
+
+typedef struct sim_node {
+    char id[SIM_NAME], zone[SIM_NAME], fabric[SIM_NAME], gpu_type[SIM_NAME];
+    int gpus;
+    double price_per_gpu_hour;
+} sim_node;
+
+typedef struct sim_fleet {
+    sim_node *nodes;
+    size_t n;
+} sim_fleet;
+
+/* How importers of foreign node lists assign zones and fabrics: the k-th
+ * node of a GPU type (in file order) joins fabric k / fabric_nodes of that
+ * type, and fabric f of the type lies in zone f % zones. */
+typedef struct sim_fleet_opts {
+    int zones;        /* default 2 */
+    int fabric_nodes; /* default 32 */
+} sim_fleet_opts;
+
+/* format: "shoal" (docs/sim-formats.md), "alibaba-v2023" (sn,cpu_milli,
+ * memory_mib,gpu,model) or "alibaba-v2026" (gpu_model,gpu_capacity_num,
+ * cpu_num,node_name).  opts may be NULL for the defaults.  Nodes without
+ * GPUs are skipped.  The caller frees out with sim_fleet_free. */
+int sim_fleet_load(const char *path, const char *format, const sim_fleet_opts *opts, sim_fleet *out);
+/* Writes a fleet as shoal fleet CSV, atomically. */
+int sim_fleet_write(const sim_fleet *f, const char *path);
+void sim_fleet_free(sim_fleet *f);
+/* The nominal price per GPU-hour the importers give a GPU model. */
+double sim_price_of(const char *gpu_type);
+
+/* ---- Traces ------------------------------------------------------------------ */
+
+typedef struct sim_job {
+    char id[SIM_NAME], tenant[SIM_NAME];
+    double submit_s;
+    sched_kind kind;
+    int nodes, max_replicas, gpus_per_node;
+    int n_types;
+    char gpu_types[SCHED_MAX_TYPES][SIM_NAME];
+    double speed[SCHED_MAX_TYPES];
+    double duration_s; /* run time at speed 1 (elastic: at min replicas) */
+    int priority;
+} sim_job;
+
+typedef struct sim_trace {
+    sim_job *jobs;
+    size_t n, cap;
+    size_t skipped; /* foreign records that are not GPU jobs (documented per format) */
+} sim_trace;
+
+typedef struct sim_trace_opts {
+    /* gavel: the throughputs JSON; NULL = gavel_simulation_throughputs.json
+     * beside the trace. */
+    const char *throughputs;
+    /* Renames trace GPU types to fleet types: "v100=V100M32|V100M16,k80=T4".
+     * A name mapped to several fleet types allows each at the same speed. */
+    const char *type_map;
+} sim_trace_opts;
+
+/* format: "shoal" | "gavel" | "alibaba-v2023".  Jobs are sorted by submit
+ * time.  The caller frees out with sim_trace_free. */
+int sim_trace_load(const char *path, const char *format, const sim_trace_opts *opts, sim_trace *out);
+int sim_trace_write(const sim_trace *t, const char *path);
+void sim_trace_free(sim_trace *t);
+
+/* Makes a single-node trace multi-node: every gang's GPU count is scaled by
+ * k and packed into nodes of node_gpus GPUs (nodes = ceil(gpus / node_gpus)). */
+int sim_trace_multinode(sim_trace *t, int k, int node_gpus);
+
+/* A synthetic trace calibrated to InternLM's Kalos cluster: power-of-two
+ * GPU counts from 1 to 1,024 with a mean of 26.8 GPUs per job, packed into
+ * 8-GPU nodes; log-normal durations; Poisson arrivals sized so that the
+ * offered load is `load` x fleet_gpus.  Appends n jobs to t. */
+int sim_trace_kalos(sim_trace *t, size_t n, uint64_t seed, int fleet_gpus, double load);
+
+/* ---- Replay ------------------------------------------------------------------ */
+
+typedef struct sim_opts {
+    sched_config cfg;
+    double mtbf_hours;   /* per node; 0 = no failures */
+    double repair_s;     /* a failed node comes back after this long; default 3600 */
+    double restart_cost_s; /* work lost by a requeued gang; default cfg.restart_cost_s */
+    int check;           /* call sched_check after every event */
+    int progress;        /* draw a progress bar on a terminal */
+    uint64_t seed;
+} sim_opts;
+
+#define SIM_BUCKETS 5 /* gang sizes: 1, 2-4, 5-16, 17-64, 65+ nodes */
+extern const char *const sim_bucket_names[SIM_BUCKETS];
+
+typedef struct sim_report {
+    size_t jobs_total, jobs_completed, jobs_rejected, jobs_unfinished;
+    double jct_mean_s, jct_p50_s, jct_p99_s;
+    double wait_mean_s, wait_p50_s, wait_p99_s;
+    size_t bucket_jobs[SIM_BUCKETS];
+    double wait_p50_s_by_nodes[SIM_BUCKETS], wait_p99_s_by_nodes[SIM_BUCKETS];
+    size_t big_jobs;                /* gangs of >= 16 nodes */
+    double wait_p50_s_big, wait_p99_s_big;
+    double utilization; /* GPU-seconds of running work / GPU-seconds up, first to last arrival */
+    double cost;
+    double makespan_s;
+    uint64_t decisions;
+    double sched_wall_s, decisions_per_s;
+    uint64_t preemptions, failures, failures_survived, requeues, restarts;
+    uint64_t partial_gangs, hold_timeouts;
+    double held_gpu_hours;
+    uint64_t scale_ups, scale_downs;
+    uint64_t resv_late;
+    int deadlocked; /* the replay stopped with work queued that could never start */
+} sim_report;
+
+/* Replays trace t on fleet f.  Returns 0, or a negative code (sched_check
+ * failed in check mode: SH_EINTERNAL with the broken rule and the time). */
+int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_report *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,245 @@
+/* shoal rl: train a policy with reinforcement learning (sync or async, with
+ * off-policy corrections) and sweep the design space. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "cli_rl.h"
+#include "shoal/rl.h"
+
+const char cli_help_rl[] =
+    "reinforcement learning: `rl train` a policy sync/async, `rl sweep` the corrections [--json]";
+
+static const char train_usage[] =
+    "usage: shoal rl train [options] [--json]\n"
+    "Supervised warm start, then GRPO-style RL with a trainer and rollout worker\n"
+    "processes.  Progress goes to stderr; a summary (or with --json one JSON\n"
+    "object with reward_start, reward_end, wall_s, steps, tokens_per_s, ...) to stdout.\n\n"
+    "  --task code|arith          task (code)\n"
+    "  --mode sync|async          runtime (async)\n"
+    "  --max-lag N                async staleness bound eta in versions (2)\n"
+    "  --loss pg|ppo|tis|mis|decoupled   objective (decoupled)\n"
+    "  --rollout-dtype fp32|bf16|fp8     weights the workers sample with (bf16)\n"
+    "  --steps N --seed S         RL steps (60), seed (1)\n"
+    "  --workers LIST             name:speed:price,... (h100:1:2.5,a100:0.5:1.3,l4:0.25:0.45)\n"
+    "  --gen-cost F               a decoding step on a speed-1 worker lasts F x its CPU\n"
+    "                             time (3): rollouts dominate, as on GPUs\n"
+    "  --prompts N --group G      prompts per step (8), samples per prompt (8)\n"
+    "  --minibatches M            optimiser steps per RL step (2)\n"
+    "  --request-prompts N        async: prompts per worker request (a quarter step's)\n"
+    "  --lr X --warm N            RL learning rate (1e-3), warm-start steps (70)\n"
+    "  --temperature T --top-p P --max-new N   sampling (1, 1, 8)\n"
+    "  --clip E --tis-cap C --mis-band LO,HI --mis-level token|seq --decoupled-cap C\n"
+    "                             loss knobs (0.2, 2, 0.5,2, token, none)\n"
+    "  --eval-every N --eval-n N  held-out evaluation cadence (10) and size (64)\n"
+    "  --target R                 report wall-clock time to held-out reward R (0.8)\n"
+    "  --width C --layers L --heads H --ctx T   model shape (64, 2, 4, 24)\n"
+    "  --out DIR --save-every N   write bf16 safetensors policy checkpoints (Hugging Face\n"
+    "                             names) to DIR at the end and every N steps\n"
+    "  --kill-worker-at STEP      fault injection: SIGKILL worker 0 after STEP\n"
+    "  --no-respawn               do not replace a worker that died\n"
+    "  --quiet                    no per-evaluation lines on stderr\n";
+
+static int need(int i, int argc, char **argv)
+{
+    if (i + 1 >= argc) return cli_usage("rl train", "%s needs a value", argv[i]);
+    return 0;
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out, const char *what)
+{
+    int64_t v;
+    SH_TRY(sh_parse_i64(s, &v, what));
+    if (v < lo || v > hi) return sh_err(SH_ERANGE, "%s %lld: must be %d..%d", what, (long long)v, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *s, float *out, const char *what)
+{
+    double v;
+    SH_TRY(sh_parse_double(s, &v, what));
+    *out = (float)v;
+    return 0;
+}
+
+static int parse_dtype(const char *s, int *out)
+{
+    if (!strcmp(s, "fp32")) *out = RL_DTYPE_FP32;
+    else if (!strcmp(s, "bf16")) *out = RL_DTYPE_BF16;
+    else if (!strcmp(s, "fp8")) *out = RL_DTYPE_FP8;
+    else return sh_err(SH_EINVAL, "--rollout-dtype \"%s\": expected fp32, bf16 or fp8", s);
+    return 0;
+}
+
+/* One option with its value; returns 1 if consumed, 0 if unknown, <0 error. */
+static int option(rl_config *c, const char *o, const char *v)
+{
+    int64_t seed;
+    double d;
+    if (!strcmp(o, "--task")) return rl_task_parse(v, &c->task) ?: 1;
+    if (!strcmp(o, "--mode")) {
+        if (!strcmp(v, "sync")) c->mode = RL_MODE_SYNC;
+        else if (!strcmp(v, "async")) c->mode = RL_MODE_ASYNC;
+        else return sh_err(SH_EINVAL, "--mode \"%s\": expected sync or async", v);
+        return 1;
+    }
+    if (!strcmp(o, "--max-lag")) return parse_int(v, 0, 64, &c->max_lag, o) ?: 1;
+    if (!strcmp(o, "--loss")) {
+        int k;
+        SH_TRY(rl_loss_parse(v, &k));
+        c->loss.kind = k;
+        return 1;
+    }
+    if (!strcmp(o, "--rollout-dtype")) return parse_dtype(v, &c->dtype) ?: 1;
+    if (!strcmp(o, "--steps")) return parse_int(v, 1, 1000000, &c->steps, o) ?: 1;
+    if (!strcmp(o, "--seed")) {
+        SH_TRY(sh_parse_i64(v, &seed, o));
+        c->seed = (uint64_t)seed;
+        return 1;
+    }
+    if (!strcmp(o, "--workers")) return rl_workers_parse(v, c) ?: 1;
+    if (!strcmp(o, "--prompts")) return parse_int(v, 1, 4096, &c->prompts_per_step, o) ?: 1;
+    if (!strcmp(o, "--group")) return parse_int(v, 1, 4096, &c->group, o) ?: 1;
+    if (!strcmp(o, "--request-prompts")) return parse_int(v, 0, 4096, &c->req_prompts, o) ?: 1;
+    if (!strcmp(o, "--minibatches")) return parse_int(v, 1, 4096, &c->minibatches, o) ?: 1;
+    if (!strcmp(o, "--lr")) return parse_float(v, &c->lr, o) ?: 1;
+    if (!strcmp(o, "--warm")) return parse_int(v, 0, 100000, &c->warm_steps, o) ?: 1;
+    if (!strcmp(o, "--temperature")) return parse_float(v, &c->sampling.temperature, o) ?: 1;
+    if (!strcmp(o, "--top-p")) return parse_float(v, &c->sampling.top_p, o) ?: 1;
+    if (!strcmp(o, "--max-new")) return parse_int(v, 2, RL_MAX_T, &c->sampling.max_new, o) ?: 1;
+    if (!strcmp(o, "--clip")) return parse_float(v, &c->loss.clip, o) ?: 1;
+    if (!strcmp(o, "--tis-cap")) return parse_float(v, &c->loss.tis_cap, o) ?: 1;
+    if (!strcmp(o, "--decoupled-cap")) return parse_float(v, &c->loss.dec_cap, o) ?: 1;
+    if (!strcmp(o, "--mis-band")) {
+        if (sscanf(v, "%f,%f", &c->loss.mis_lo, &c->loss.mis_hi) != 2)
+            return sh_err(SH_EINVAL, "--mis-band \"%s\": expected LO,HI (e.g. 0.5,2)", v);
+        return 1;
+    }
+    if (!strcmp(o, "--mis-level")) {
+        if (strcmp(v, "token") && strcmp(v, "seq"))
+            return sh_err(SH_EINVAL, "--mis-level \"%s\": expected token or seq", v);
+        c->loss.mis_seq = !strcmp(v, "seq");
+        return 1;
+    }
+    if (!strcmp(o, "--eval-every")) return parse_int(v, 1, 1000000, &c->eval_every, o) ?: 1;
+    if (!strcmp(o, "--eval-n")) return parse_int(v, 1, 1024, &c->eval_n, o) ?: 1;
+    if (!strcmp(o, "--target")) {
+        SH_TRY(sh_parse_double(v, &d, o));
+        c->target_reward = d;
+        return 1;
+    }
+    if (!strcmp(o, "--width")) return parse_int(v, 1, 8192, &c->model.width, o) ?: 1;
+    if (!strcmp(o, "--layers")) return parse_int(v, 1, 64, &c->model.layers, o) ?: 1;
+    if (!strcmp(o, "--heads")) return parse_int(v, 1, 256, &c->model.heads, o) ?: 1;
+    if (!strcmp(o, "--ctx")) return parse_int(v, 1, 4096, &c->model.ctx, o) ?: 1;
+    if (!strcmp(o, "--gen-cost")) {
+        SH_TRY(sh_parse_double(v, &d, o));
+        c->gen_cost = d;
+        return 1;
+    }
+    if (!strcmp(o, "--out")) {
+        c->out_dir = v;
+        return 1;
+    }
+    if (!strcmp(o, "--save-every")) return parse_int(v, 0, 1000000, &c->save_every, o) ?: 1;
+    if (!strcmp(o, "--kill-worker-at")) return parse_int(v, 0, 1000000, &c->kill_at_step, o) ?: 1;
+    return 0;
+}
+
+int cli_rl_parse(const char *cmd, int argc, char **argv, rl_config *c, int *json)
+{
+    for (int i = 0; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--json")) { *json = 1; continue; }
+        if (!strcmp(o, "--quiet")) { c->quiet = 1; continue; }
+        if (!strcmp(o, "--no-respawn")) { c->respawn = 0; continue; }
+        if (strncmp(o, "--", 2)) return cli_usage(cmd, "unexpected argument \"%s\"", o);
+        if (need(i, argc, argv)) return CLI_USAGE;
+        int rc = option(c, o, argv[i + 1]);
+        if (rc == 0) return cli_usage(cmd, "unknown option \"%s\"", o);
+        if (rc < 0) {
+            fprintf(stderr, "shoal %s: %s\n", cmd, sh_errmsg());
+            return CLI_USAGE;
+        }
+        i++;
+    }
+    if (rl_config_check(c) < 0) {
+        fprintf(stderr, "shoal %s: %s\n", cmd, sh_errmsg());
+        return CLI_USAGE;
+    }
+    return 0;
+}
+
+typedef struct progress_ctx {
+    const rl_config *c;
+    sh_progress bar;
+} progress_ctx;
+
+static void on_event(const json_t *ev, void *ctx)
+{
+    progress_ctx *p = ctx;
+    const char *kind = json_string_value(json_object_get(ev, "event"));
+    int step = (int)json_integer_value(json_object_get(ev, "step"));
+    if (!strcmp(kind, "step")) {
+        if (json_is_true(json_object_get(ev, "skipped")))
+            fprintf(stderr, "rl: step %d skipped (non-finite loss or gradient); weights kept\n", step);
+        sh_progress_update(&p->bar, (uint64_t)step);
+        return;
+    }
+    if (p->c->quiet) return;
+    fprintf(stderr, "rl: step %4d/%d  held-out reward %.3f  %.1fs\n", step, p->c->steps,
+            json_number_value(json_object_get(ev, "reward")),
+            json_number_value(json_object_get(ev, "wall_s")));
+}
+
+static int train(int argc, char **argv)
+{
+    rl_config c;
+    rl_config_default(&c);
+    int json = 0;
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(train_usage, stdout);
+            return 0;
+        }
+    int rc = cli_rl_parse("rl train", argc, argv, &c, &json);
+    if (rc) return rc;
+    progress_ctx p = {.c = &c};
+    sh_progress_start(&p.bar, "rl train", (uint64_t)c.steps, "steps");
+    json_t *res = NULL;
+    rc = rl_run(&c, on_event, &p, &res);
+    sh_progress_finish(&p.bar);
+    if (rc < 0) return cli_fail("rl train", rc);
+    if (json) {
+        sh_json_print(res);
+    } else {
+        printf("%s %s lag %d, loss %s, %s rollouts: held-out reward %.3f -> %.3f in %d steps, "
+               "%.1f s, %.0f tokens/s generated, time to %.2f: %.1f s\n",
+               rl_task_name(c.task), c.mode ? "async" : "sync", c.max_lag,
+               rl_loss_name(c.loss.kind),
+               json_string_value(json_object_get(res, "rollout_dtype")),
+               json_number_value(json_object_get(res, "reward_start")),
+               json_number_value(json_object_get(res, "reward_end")),
+               (int)json_integer_value(json_object_get(res, "steps")),
+               json_number_value(json_object_get(res, "wall_s")),
+               json_number_value(json_object_get(res, "tokens_per_s")), c.target_reward,
+               json_number_value(json_object_get(res, "time_to_target_s")));
+    }
+    json_decref(res);
+    return 0;
+}
+
+int cli_cmd_rl(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        printf("usage: shoal rl train [options]   train a policy (see `shoal rl train --help`)\n"
+               "       shoal rl sweep [options]   sweep sync/async x loss x dtype "
+               "(see `shoal rl sweep --help`)\n");
+        return argc < 2 ? CLI_USAGE : 0;
+    }
+    if (!strcmp(argv[1], "train")) return train(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "sweep")) return cli_rl_sweep(argc - 2, argv + 2);
+    return cli_usage("rl", "unknown subcommand \"%s\" (expected train or sweep)", argv[1]);
+}

@@ -1,0 +1,318 @@
+/* shoal sim: replays a job trace on a fleet in virtual time under one or
+ * all scheduling policies and reports what users would see. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "shoal/sched.h"
+#include "shoal/sim.h"
+
+const char cli_help_sim[] =
+    "replay job traces on a fleet under fifo|firstfit|backfill|shoal (or all) [--json]";
+
+static const char usage_text[] =
+    "usage: shoal sim --fleet F [--fleet-format shoal|alibaba-v2023|alibaba-v2026]\n"
+    "                 [--trace T]... [T...] [--format shoal|gavel|alibaba-v2023|kalos]\n"
+    "                 [--policy fifo|firstfit|backfill|shoal|all] [--json]\n"
+    "\n"
+    "Replays the traces (several are merged into one workload, one tenant each\n"
+    "for gavel) on the fleet in virtual time and reports jobs completed, JCT,\n"
+    "queueing delay by gang size (1, 2-4, 5-16, 17-64, 65+ nodes), GPU\n"
+    "utilisation, cost, preemptions, failures and decisions per second.\n"
+    "\n"
+    "fleet:    --zones N (2) --fabric-nodes N (32)   zone/fabric rule for imported node lists\n"
+    "trace:    --type-map v100=A|B,k80=C            rename trace GPU types to fleet types\n"
+    "          --throughputs FILE                   gavel throughputs (default: beside the trace)\n"
+    "          --multi-node K [--node-gpus 8]       scale GPU counts by K, pack into nodes\n"
+    "          --jobs N --load L --seed S           kalos: N synthetic jobs offering L x fleet GPUs\n"
+    "          --write-trace FILE --write-fleet FILE  save the imported inputs as shoal CSV\n"
+    "events:   --failures MTBF_HOURS [--repair-s S]  node failures (per-node MTBF), repairs\n"
+    "          --autoscale [--quota zone,fabric,type,gpus,max_nodes,price,delay_s]...\n"
+    "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (4)\n"
+    "          --fair-window S (21600) --pack       shoal's fair-share window, pool packing\n"
+    "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
+    "checks:   --check                              sched_check after every event\n";
+
+typedef struct args {
+    const char *fleet, *fleet_format, *format, *policy, *type_map, *throughputs;
+    const char *write_trace, *write_fleet;
+    const char *traces[512];
+    int ntraces;
+    sim_fleet_opts fo;
+    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack;
+    double fair_window;
+    double load, mtbf, repair, hold, restart, up_wait, down_idle;
+    int64_t jobs;
+    uint64_t seed;
+    sched_quota quotas[64];
+    char quota_text[64][256];
+    int nquotas;
+} args;
+
+static int parse_quota(args *a, const char *v)
+{
+    if (a->nquotas == 64) return cli_usage("sim", "at most 64 --quota");
+    char *t = a->quota_text[a->nquotas];
+    snprintf(t, 256, "%s", v);
+    char *f[7];
+    int n = 0;
+    for (char *p = t; n < 7; n++) {
+        f[n] = p;
+        p = strchr(p, ',');
+        if (!p) {
+            n++;
+            break;
+        }
+        *p++ = 0;
+    }
+    sched_quota *q = &a->quotas[a->nquotas];
+    if (n != 7) return cli_usage("sim", "--quota \"%s\": expected zone,fabric,type,gpus,max_nodes,price,delay_s", v);
+    q->zone = f[0], q->fabric = f[1], q->gpu_type = f[2];
+    q->gpus = atoi(f[3]), q->max_nodes = atoi(f[4]);
+    q->price_per_gpu_hour = atof(f[5]), q->delay_s = atof(f[6]);
+    a->nquotas++;
+    return 0;
+}
+
+static int parse(int argc, char **argv, args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->fleet_format = "shoal", a->format = "shoal", a->policy = "shoal";
+    a->fo = (sim_fleet_opts){2, 32};
+    a->node_gpus = 8, a->jobs = 1000, a->load = 0.9, a->seed = 1;
+    a->max_victims = -1, a->reservations = -1;
+    a->hold = a->restart = a->up_wait = a->down_idle = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        int has = i + 1 < argc;
+        const char *v = has ? argv[i + 1] : NULL;
+        int rc = 0;
+#define STR(name, field) if (!strcmp(o, name)) { if (!has) return cli_usage("sim", "%s needs a value", o); a->field = v; i++; continue; }
+#define NUM(name, field) if (!strcmp(o, name)) { if (!has) return cli_usage("sim", "%s needs a value", o); rc = sh_parse_double(v, &a->field, name); if (rc) return cli_usage("sim", "%s", sh_errmsg()); i++; continue; }
+#define INT(name, field) if (!strcmp(o, name)) { int64_t x; if (!has) return cli_usage("sim", "%s needs a value", o); rc = sh_parse_i64(v, &x, name); if (rc || x < 0 || x > 1000000000) return cli_usage("sim", "%s: \"%s\" is not a count", name, v); a->field = (int)x; i++; continue; }
+        STR("--fleet", fleet) STR("--fleet-format", fleet_format) STR("--format", format)
+        STR("--policy", policy) STR("--type-map", type_map) STR("--throughputs", throughputs)
+        STR("--write-trace", write_trace) STR("--write-fleet", write_fleet)
+        INT("--zones", fo.zones) INT("--fabric-nodes", fo.fabric_nodes) INT("--multi-node", multi_k)
+        INT("--node-gpus", node_gpus) INT("--max-victims", max_victims) INT("--reservations", reservations)
+        NUM("--load", load) NUM("--failures", mtbf) NUM("--repair-s", repair) NUM("--hold-timeout", hold)
+        NUM("--fair-window", fair_window) NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
+        if (!strcmp(o, "--jobs") || !strcmp(o, "--seed")) {
+            if (!has) return cli_usage("sim", "%s needs a value", o);
+            uint64_t x;
+            if (sh_parse_u64(v, &x, o) || !x) return cli_usage("sim", "%s: \"%s\" is not a positive count", o, v);
+            if (o[2] == 'j') a->jobs = (int64_t)x;
+            else a->seed = x;
+            i++;
+            continue;
+        }
+        if (!strcmp(o, "--trace")) {
+            if (!has) return cli_usage("sim", "--trace needs a file");
+            if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
+            a->traces[a->ntraces++] = v;
+            i++;
+            continue;
+        }
+        if (!strcmp(o, "--quota")) {
+            if (!has) return cli_usage("sim", "--quota needs a value");
+            if ((rc = parse_quota(a, v))) return rc;
+            i++;
+            continue;
+        }
+        if (!strcmp(o, "--json")) { a->json = 1; continue; }
+        if (!strcmp(o, "--check")) { a->check = 1; continue; }
+        if (!strcmp(o, "--autoscale")) { a->autoscale = 1; continue; }
+        if (!strcmp(o, "--pack")) { a->pack = 1; continue; }
+        if (o[0] == '-') return cli_usage("sim", "unknown option \"%s\"", o);
+        if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
+        a->traces[a->ntraces++] = o;
+    }
+    if (!a->fleet) return cli_usage("sim", "--fleet is required");
+    if (!a->ntraces && strcmp(a->format, "kalos")) return cli_usage("sim", "give a trace (--trace FILE) or --format kalos");
+    return 0;
+}
+
+static int cmp_submit(const void *x, const void *y)
+{
+    const sim_job *a = x, *b = y;
+    if (a->submit_s != b->submit_s) return a->submit_s < b->submit_s ? -1 : 1;
+    return strcmp(a->id, b->id);
+}
+
+static int load_inputs(const args *a, sim_fleet *f, sim_trace *t)
+{
+    SH_TRY(sim_fleet_load(a->fleet, a->fleet_format, &a->fo, f));
+    memset(t, 0, sizeof *t);
+    if (!strcmp(a->format, "kalos")) {
+        int gpus = 0;
+        for (size_t i = 0; i < f->n; i++) gpus += f->nodes[i].gpus;
+        SH_TRY(sim_trace_kalos(t, (size_t)a->jobs, a->seed, gpus, a->load));
+    }
+    sim_trace_opts to = {a->throughputs, a->type_map};
+    for (int i = 0; i < a->ntraces; i++) {
+        sim_trace one;
+        SH_TRY(sim_trace_load(a->traces[i], a->format, &to, &one));
+        sim_job *v = realloc(t->jobs, (t->n + one.n + 1) * sizeof *v);
+        if (!v) return sim_trace_free(&one), sh_err(SH_ENOMEM, "sim: out of memory");
+        memcpy(v + t->n, one.jobs, one.n * sizeof *v);
+        t->jobs = v, t->n += one.n, t->cap = t->n + 1, t->skipped += one.skipped;
+        sim_trace_free(&one);
+    }
+    if (a->multi_k) SH_TRY(sim_trace_multinode(t, a->multi_k, a->node_gpus));
+    /* Merged traces replay in submit order. */
+    qsort(t->jobs, t->n, sizeof *t->jobs, cmp_submit);
+    if (a->write_trace) SH_TRY(sim_trace_write(t, a->write_trace));
+    if (a->write_fleet) SH_TRY(sim_fleet_write(f, a->write_fleet));
+    return 0;
+}
+
+static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static json_t *report_json(const sim_report *r, const char *policy, double wall)
+{
+    json_t *p50 = json_object(), *p99 = json_object(), *cnt = json_object();
+    for (int b = 0; b < SIM_BUCKETS; b++) {
+        json_object_set_new(p50, sim_bucket_names[b], num(r->wait_p50_s_by_nodes[b]));
+        json_object_set_new(p99, sim_bucket_names[b], num(r->wait_p99_s_by_nodes[b]));
+        json_object_set_new(cnt, sim_bucket_names[b], json_integer((json_int_t)r->bucket_jobs[b]));
+    }
+    json_t *j = json_object();
+    json_object_set_new(j, "policy", json_string(policy));
+    json_object_set_new(j, "jobs_total", json_integer((json_int_t)r->jobs_total));
+    json_object_set_new(j, "jobs_completed", json_integer((json_int_t)r->jobs_completed));
+    json_object_set_new(j, "jobs_rejected", json_integer((json_int_t)r->jobs_rejected));
+    json_object_set_new(j, "jobs_unfinished", json_integer((json_int_t)r->jobs_unfinished));
+    json_object_set_new(j, "deadlocked", json_boolean(r->deadlocked));
+    json_object_set_new(j, "partial_gangs", json_integer((json_int_t)r->partial_gangs));
+    json_object_set_new(j, "hold_timeouts", json_integer((json_int_t)r->hold_timeouts));
+    json_object_set_new(j, "held_gpu_hours", num(r->held_gpu_hours));
+    json_object_set_new(j, "utilization", num(r->utilization));
+    json_object_set_new(j, "jct_mean_s", num(r->jct_mean_s));
+    json_object_set_new(j, "jct_p50_s", num(r->jct_p50_s));
+    json_object_set_new(j, "jct_p99_s", num(r->jct_p99_s));
+    json_object_set_new(j, "wait_p50_s", num(r->wait_p50_s));
+    json_object_set_new(j, "wait_p99_s", num(r->wait_p99_s));
+    json_object_set_new(j, "wait_p50_s_by_nodes", p50);
+    json_object_set_new(j, "wait_p99_s_by_nodes", p99);
+    json_object_set_new(j, "jobs_by_nodes", cnt);
+    json_object_set_new(j, "gangs_16plus_nodes", json_integer((json_int_t)r->big_jobs));
+    json_object_set_new(j, "wait_p50_s_16plus_nodes", num(r->wait_p50_s_big));
+    json_object_set_new(j, "wait_p99_s_16plus_nodes", num(r->wait_p99_s_big));
+    json_object_set_new(j, "cost", num(r->cost));
+    json_object_set_new(j, "makespan_s", num(r->makespan_s));
+    json_object_set_new(j, "preemptions", json_integer((json_int_t)r->preemptions));
+    json_object_set_new(j, "failures", json_integer((json_int_t)r->failures));
+    json_object_set_new(j, "failures_survived", json_integer((json_int_t)r->failures_survived));
+    json_object_set_new(j, "requeues", json_integer((json_int_t)r->requeues));
+    json_object_set_new(j, "scale_ups", json_integer((json_int_t)r->scale_ups));
+    json_object_set_new(j, "scale_downs", json_integer((json_int_t)r->scale_downs));
+    json_object_set_new(j, "reservation_delays", json_integer((json_int_t)r->resv_late));
+    json_object_set_new(j, "decisions", json_integer((json_int_t)r->decisions));
+    json_object_set_new(j, "decisions_per_s", num(r->decisions_per_s));
+    json_object_set_new(j, "wall_s", num(wall));
+    return j;
+}
+
+static void fmt_s(char *b, size_t n, double v)
+{
+    if (!isfinite(v)) snprintf(b, n, "-");
+    else if (v < 100) snprintf(b, n, "%.0fs", v);
+    else if (v < 36000) snprintf(b, n, "%.1fh", v / 3600);
+    else snprintf(b, n, "%.0fh", v / 3600);
+}
+
+static void print_header(void)
+{
+    printf("%-9s %6s %5s %5s %6s %8s %8s", "policy", "done", "rej", "util", "partl", "jct_mean", "cost");
+    for (int b = 0; b < SIM_BUCKETS; b++) printf(" p99[%s]", sim_bucket_names[b]);
+    printf(" %8s %9s\n", "p99[16+]", "dec/s");
+}
+
+static void print_row(const sim_report *r, const char *policy)
+{
+    char jm[16];
+    fmt_s(jm, sizeof jm, r->jct_mean_s);
+    printf("%-9s %6zu %5zu %4.1f%% %6llu %8s %8.0f", policy, r->jobs_completed, r->jobs_rejected,
+           100 * r->utilization, (unsigned long long)r->partial_gangs, jm, r->cost);
+    for (int b = 0; b < SIM_BUCKETS; b++) {
+        char w[16];
+        fmt_s(w, sizeof w, r->wait_p99_s_by_nodes[b]);
+        printf(" %*s", (int)strlen(sim_bucket_names[b]) + 5, w);
+    }
+    char big[16];
+    fmt_s(big, sizeof big, r->wait_p99_s_big);
+    printf(" %8s %9.0f%s\n", big, r->decisions_per_s, r->deadlocked ? "  (deadlocked)" : "");
+}
+
+static void default_quotas(args *a, const sim_fleet *f)
+{
+    /* One quota per GPU type of the fleet, in the zone of its first node:
+     * up to 64 more 8-GPU nodes each, ready after 5 minutes. */
+    for (size_t i = 0; i < f->n && a->nquotas < 64; i++) {
+        int seen = 0;
+        for (int q = 0; q < a->nquotas; q++) seen |= !strcmp(a->quotas[q].gpu_type, f->nodes[i].gpu_type);
+        if (seen) continue;
+        sched_quota *q = &a->quotas[a->nquotas];
+        snprintf(a->quota_text[a->nquotas], 256, "auto-%s", f->nodes[i].gpu_type);
+        *q = (sched_quota){f->nodes[i].zone, a->quota_text[a->nquotas], f->nodes[i].gpu_type, 8, 64,
+                           f->nodes[i].price_per_gpu_hour, 300};
+        a->nquotas++;
+    }
+}
+
+int cli_cmd_sim(int argc, char **argv)
+{
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return fputs(usage_text, stdout), 0;
+    static args a;
+    int rc = parse(argc, argv, &a);
+    if (rc) return rc;
+    sched_policy pols[4];
+    int npol = 0;
+    if (!strcmp(a.policy, "all")) {
+        for (int p = 0; p < 4; p++) pols[npol++] = (sched_policy)p;
+    } else if (sched_policy_parse(a.policy, &pols[0])) return cli_usage("sim", "%s", sh_errmsg());
+    else npol = 1;
+    sim_fleet f;
+    sim_trace t;
+    if ((rc = load_inputs(&a, &f, &t))) return cli_fail("sim", rc);
+    if (a.autoscale && !a.nquotas) default_quotas(&a, &f);
+    json_t *all = npol > 1 ? json_object() : NULL;
+    if (!a.json) {
+        printf("%zu jobs (%zu foreign records skipped), %zu nodes\n", t.n, t.skipped, f.n);
+        print_header();
+    }
+    for (int p = 0; p < npol && !rc; p++) {
+        sim_opts o;
+        memset(&o, 0, sizeof o);
+        sched_config_default(&o.cfg, pols[p]);
+        if (a.hold >= 0) o.cfg.hold_timeout_s = a.hold;
+        if (a.restart >= 0) o.cfg.restart_cost_s = a.restart;
+        if (a.max_victims >= 0 && pols[p] == SCHED_SHOAL) o.cfg.max_victims = a.max_victims;
+        if (a.reservations >= 0 && pols[p] == SCHED_SHOAL) o.cfg.max_reservations = a.reservations;
+        if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
+        if (a.fair_window > 0) o.cfg.fair_window_s = a.fair_window;
+        o.cfg.pack_pools = a.pack;
+        if (a.down_idle >= 0) o.cfg.scale_down_idle_s = a.down_idle;
+        o.cfg.autoscale = a.autoscale, o.cfg.quotas = a.quotas, o.cfg.n_quotas = (size_t)a.nquotas;
+        o.mtbf_hours = a.mtbf, o.repair_s = a.repair, o.check = a.check, o.seed = a.seed;
+        o.progress = 1; /* drawn only when stderr is a terminal */
+        sim_report r;
+        double w0 = sh_now_mono();
+        rc = sim_run(&f, &t, &o, &r);
+        double wall = sh_now_mono() - w0;
+        if (rc) break;
+        if (!a.json) print_row(&r, sched_policy_name(pols[p]));
+        else if (all) json_object_set_new(all, sched_policy_name(pols[p]), report_json(&r, sched_policy_name(pols[p]), wall));
+        else {
+            json_t *j = report_json(&r, sched_policy_name(pols[p]), wall);
+            sh_json_print(j);
+            json_decref(j);
+        }
+    }
+    if (!rc && all && a.json) sh_json_print(all);
+    json_decref(all);
+    sim_fleet_free(&f);
+    sim_trace_free(&t);
+    return rc ? cli_fail("sim", rc) : 0;
+}

@@ -1,0 +1,431 @@
+/* Encoding and decoding one chunk (docs/delta-format.md, "Chunk
+ * encodings").  Pure: buffers in, buffers out.
+ *
+ * The encoder finds changed units with a 16-byte-wide compare, codes the
+ * gaps between them and their zigzagged ord-differences with rANS, and falls
+ * back to DENSE when more than a quarter of the units changed, and to ZSTD or
+ * RAW when those are smaller. */
+#include <stdlib.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#include "delta/internal.h"
+
+/* The library's runtime-dispatched xxh3 uses the widest vectors the CPU has
+ * (the digests are the same whatever the width). */
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xxh_x86dispatch.h>
+#endif
+
+const char *const delta__enc_names[5] = {"SAME", "SPARSE", "DENSE", "RAW", "ZSTD"};
+
+unsigned delta__unit(ckpt_dtype d)
+{
+    unsigned b = ckpt_dtype_bits(d);
+    return b == 16 || b == 32 || b == 64 ? b / 8 : 1;
+}
+
+int delta__scratch_init(delta__scratch *s)
+{
+    memset(s, 0, sizeof *s);
+    s->cap = CKPT_CHUNK / 4 + 16; /* sparse holds at most a quarter of 1-byte units */
+    s->out_cap = CKPT_CHUNK + 4096;
+    s->zcap = ZSTD_compressBound(CKPT_CHUNK);
+    s->pos = malloc(s->cap * sizeof *s->pos);
+    s->d = malloc(s->cap * sizeof *s->d);
+    s->out = malloc(s->out_cap);
+    s->rbuf = malloc(s->out_cap);
+    s->bits = malloc(s->out_cap);
+    s->zbuf = malloc(s->zcap);
+    s->tmp = malloc(CKPT_CHUNK);
+    s->tmp2 = malloc(CKPT_CHUNK);
+    s->zc = ZSTD_createCCtx();
+    s->zd = ZSTD_createDCtx();
+    s->g = malloc(sizeof *s->g);
+    s->v = malloc(sizeof *s->v);
+    s->sym = malloc(2 * s->cap);
+    s->ho = XXH3_createState();
+    s->hn = XXH3_createState();
+    if (!s->pos || !s->d || !s->out || !s->rbuf || !s->bits || !s->zbuf || !s->tmp || !s->tmp2 ||
+        !s->zc || !s->zd || !s->g || !s->v || !s->ho || !s->hn || !s->sym) {
+        delta__scratch_free(s);
+        return sh_err(SH_ENOMEM, "out of memory for delta buffers");
+    }
+    return SH_OK;
+}
+
+void delta__scratch_free(delta__scratch *s)
+{
+    free(s->pos), free(s->d), free(s->out), free(s->rbuf), free(s->bits), free(s->zbuf);
+    free(s->tmp), free(s->tmp2), free(s->g), free(s->v), free(s->sym);
+    XXH3_freeState(s->ho);
+    XXH3_freeState(s->hn);
+    ZSTD_freeCCtx(s->zc);
+    ZSTD_freeDCtx(s->zd);
+    memset(s, 0, sizeof *s);
+}
+
+/* The hot loops are instantiated for each unit width (always_inline with a
+ * constant w), so that loads are single instructions, not memcpy calls. */
+#define DELTA__HOT static inline __attribute__((always_inline))
+
+DELTA__HOT uint64_t delta__load(const uint8_t *p, unsigned w)
+{
+    switch (w) {
+    case 1: return *p;
+    case 2: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return v;
+    }
+    case 4: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    default: {
+        uint64_t v;
+        memcpy(&v, p, 8); /* little-endian host */
+        return v;
+    }
+    }
+}
+
+DELTA__HOT uint64_t delta__diff(const uint8_t *o, const uint8_t *n, unsigned w, int is_float)
+{
+    uint64_t a = delta__load(o, w), b = delta__load(n, w);
+    if (is_float) a = delta__ord(a, w), b = delta__ord(b, w);
+    return (b - a) & delta__mask(w);
+}
+
+/* Records the differing units of a 16-byte block at unit index base; the mask
+ * has one bit per differing byte.  Returns 0 when the sparse list is full. */
+/* Records the differing units of a 64-byte block at unit index base; the
+ * mask has one bit per differing byte.  Returns 0 when the list is full. */
+DELTA__HOT int delta__record(delta__scratch *s, size_t *k, uint64_t m, size_t base,
+                             const uint8_t *o, const uint8_t *n, unsigned w, int is_float)
+{
+    uint64_t um = (1ull << w) - 1;
+    while (m) {
+        unsigned ui = (unsigned)__builtin_ctzll(m) / w;
+        if (*k == s->cap) return 0;
+        s->pos[*k] = (uint32_t)(base + ui);
+        s->d[*k] = delta__diff(o + ui * w, n + ui * w, w, is_float);
+        (*k)++;
+        m &= ~(um << (ui * w));
+    }
+    return 1;
+}
+
+/* The tail of a range, below 64 bytes, byte by byte. */
+DELTA__HOT int delta__scan_tail(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
+                                size_t end, unsigned w, int is_float, size_t *k)
+{
+    uint64_t m = 0;
+    for (size_t b = 0; b < end - i; b++) m |= (uint64_t)(o[i + b] != n[i + b]) << b;
+    return !m || delta__record(s, k, m, i / w, o + i, n + i, w, is_float);
+}
+
+/* Finds the changed units of bytes [i, end) into s->pos/s->d after the *k
+ * already there; returns 0 when more than s->cap units changed.  Most
+ * 64-byte blocks are unchanged and cost two or four compares. */
+DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
+                           size_t end, unsigned w, int is_float, size_t *k)
+{
+#ifdef __SSE2__
+    for (; i + 64 <= end; i += 64) {
+        __m128i e0 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i)),
+                                    _mm_loadu_si128((const __m128i *)(n + i)));
+        __m128i e1 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i + 16)),
+                                    _mm_loadu_si128((const __m128i *)(n + i + 16)));
+        __m128i e2 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i + 32)),
+                                    _mm_loadu_si128((const __m128i *)(n + i + 32)));
+        __m128i e3 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i + 48)),
+                                    _mm_loadu_si128((const __m128i *)(n + i + 48)));
+        __m128i all = _mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3));
+        if (_mm_movemask_epi8(all) == 0xffff) continue;
+        uint64_t m = (uint64_t)(uint16_t)_mm_movemask_epi8(e0) |
+                     (uint64_t)(uint16_t)_mm_movemask_epi8(e1) << 16 |
+                     (uint64_t)(uint16_t)_mm_movemask_epi8(e2) << 32 |
+                     (uint64_t)(uint16_t)_mm_movemask_epi8(e3) << 48;
+        if (!delta__record(s, k, ~m, i / w, o + i, n + i, w, is_float)) return 0;
+    }
+#endif
+    for (; i + 64 <= end; i += 64)
+        if (!delta__scan_tail(s, o, n, i, i + 64, w, is_float, k)) return 0;
+    return i == end || delta__scan_tail(s, o, n, i, end, w, is_float, k);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DELTA__HAVE_AVX2 1
+/* The same with 32-byte compares, for CPUs that have AVX2 (checked at run
+ * time; the output is identical). */
+__attribute__((target("avx2"))) static inline __attribute__((always_inline)) int
+delta__scan_avx2(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i, size_t end,
+                 unsigned w, int is_float, size_t *k)
+{
+    for (; i + 64 <= end; i += 64) {
+        __m256i e0 = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(o + i)),
+                                       _mm256_loadu_si256((const __m256i *)(n + i)));
+        __m256i e1 = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(o + i + 32)),
+                                       _mm256_loadu_si256((const __m256i *)(n + i + 32)));
+        uint64_t m = (uint64_t)(uint32_t)_mm256_movemask_epi8(e0) |
+                     (uint64_t)(uint32_t)_mm256_movemask_epi8(e1) << 32;
+        if (m == ~0ull) continue;
+        if (!delta__record(s, k, ~m, i / w, o + i, n + i, w, is_float)) return 0;
+    }
+    return i == end || delta__scan_tail(s, o, n, i, end, w, is_float, k);
+}
+
+__attribute__((target("avx2"))) static int delta__scan_w_avx2(delta__scratch *s, const uint8_t *o,
+                                                             const uint8_t *n, size_t i,
+                                                             size_t end, unsigned w, int is_float,
+                                                             size_t *k)
+{
+#define DELTA__SCAN(W, F) return delta__scan_avx2(s, o, n, i, end, W, F, k)
+    switch (w * 2 + !!is_float) {
+    case 2: DELTA__SCAN(1, 0);
+    case 3: DELTA__SCAN(1, 1);
+    case 4: DELTA__SCAN(2, 0);
+    case 5: DELTA__SCAN(2, 1);
+    case 8: DELTA__SCAN(4, 0);
+    case 9: DELTA__SCAN(4, 1);
+    case 16: DELTA__SCAN(8, 0);
+    default: DELTA__SCAN(8, 1);
+    }
+#undef DELTA__SCAN
+}
+#endif
+
+static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
+                         size_t end, unsigned w, int is_float, size_t *k)
+{
+#ifdef DELTA__HAVE_AVX2
+    static int avx2 = -1; /* every thread computes the same value */
+    int a = __atomic_load_n(&avx2, __ATOMIC_RELAXED);
+    if (a < 0) {
+        __builtin_cpu_init();
+        a = __builtin_cpu_supports("avx2") ? 1 : 0;
+        __atomic_store_n(&avx2, a, __ATOMIC_RELAXED);
+    }
+    if (a) return delta__scan_w_avx2(s, o, n, i, end, w, is_float, k);
+#endif
+#define DELTA__SCAN(W, F) return delta__scan(s, o, n, i, end, W, F, k)
+    switch (w * 2 + !!is_float) {
+    case 2: DELTA__SCAN(1, 0);
+    case 3: DELTA__SCAN(1, 1);
+    case 4: DELTA__SCAN(2, 0);
+    case 5: DELTA__SCAN(2, 1);
+    case 8: DELTA__SCAN(4, 0);
+    case 9: DELTA__SCAN(4, 1);
+    case 16: DELTA__SCAN(8, 0);
+    default: DELTA__SCAN(8, 1);
+    }
+#undef DELTA__SCAN
+}
+
+/* Scans a chunk in cache-sized pieces, hashing both sides of each piece
+ * while it is in cache (the digests are needed anyway, and reading the
+ * chunk once from memory is what bounds the speed).  Returns the number of
+ * changes, or limit + 1 when there are more. */
+#define DELTA__PIECE (64u << 10)
+static size_t delta__scan_hash(delta__scratch *s, const uint8_t *o, const uint8_t *n,
+                               size_t nbytes, unsigned w, int is_float, size_t limit,
+                               sh_hash128 *odig, sh_hash128 *ndig)
+{
+    size_t k = 0, saved = s->cap;
+    int full = 0;
+    s->cap = limit < saved ? limit : saved;
+    XXH3_state_t *ho = s->ho, *hn = s->hn;
+    XXH3_128bits_reset(ho);
+    XXH3_128bits_reset(hn);
+    for (size_t i = 0; i < nbytes; i += DELTA__PIECE) {
+        size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
+        XXH3_128bits_update(ho, o + i, end - i);
+        XXH3_128bits_update(hn, n + i, end - i);
+        if (!full && !delta__scan_w(s, o, n, i, end, w, is_float, &k)) full = 1;
+    }
+    XXH128_hash_t a = XXH3_128bits_digest(ho), b = XXH3_128bits_digest(hn);
+    *odig = (sh_hash128){a.low64, a.high64};
+    *ndig = (sh_hash128){b.low64, b.high64};
+    s->cap = saved;
+    return full ? limit + 1 : k;
+}
+
+/* Writes table(s), the rANS stream and the extra bits after a prefix of
+ * `pre` bytes already in s->out; returns the payload size or 0 if it does
+ * not fit in `limit`. */
+static size_t delta__assemble(delta__scratch *s, uint8_t *p, const delta__renc *e,
+                              const delta__bw *bw, size_t limit)
+{
+    size_t r = (size_t)(s->rbuf + s->out_cap - e->ptr), nb = (size_t)(bw->p - s->bits);
+    if (e->overflow || bw->overflow) return 0;
+    size_t head = (size_t)(p - s->out);
+    if (head + 10 + r + nb > limit) return 0;
+    p = delta__put_varint(p, r);
+    memcpy(p, e->ptr, r);
+    memcpy(p + r, s->bits, nb);
+    return (size_t)(p - s->out) + r + nb;
+}
+
+static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size_t limit)
+{
+    uint64_t cg[256] = {0}, cv[256] = {0};
+    delta__bw bw = {s->bits, s->bits + s->out_cap, 0, 0, 0};
+    unsigned nb;
+    uint64_t ex;
+    uint8_t *sym = s->sym;
+    /* Pass 1: symbols (kept for pass 2), their counts, and the extra bits,
+     * which go forward in decoding order. */
+    for (size_t i = 0; i < k; i++) {
+        uint64_t gap = s->pos[i] - (i ? s->pos[i - 1] + 1 : 0);
+        unsigned g = delta__sym(gap, &nb, &ex);
+        cg[g]++;
+        if (nb) delta__bw_put(&bw, ex, nb);
+        unsigned v = delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex);
+        cv[v]++;
+        if (nb) delta__bw_put(&bw, ex, nb);
+        sym[2 * i] = (uint8_t)g, sym[2 * i + 1] = (uint8_t)v;
+    }
+    delta__bw_flush(&bw);
+    delta__table tg, tv;
+    delta__normalize(cg, &tg);
+    delta__normalize(cv, &tv);
+    uint8_t *p = delta__put_varint(s->out, k);
+    p = delta__put_table(p, &tg);
+    p = delta__put_table(p, &tv);
+    /* Pass 2: rANS, backwards. */
+    delta__esyms eg, ev;
+    delta__esyms_init(&eg, &tg);
+    delta__esyms_init(&ev, &tv);
+    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L}, 0};
+    for (size_t i = k; i-- > 0;) {
+        delta__renc_put_fast(&e, 1, &ev.s[sym[2 * i + 1]]);
+        delta__renc_put_fast(&e, 0, &eg.s[sym[2 * i]]);
+    }
+    delta__renc_finish(&e);
+    return delta__assemble(s, p, &e, &bw, limit);
+}
+
+static size_t delta__encode_dense(delta__scratch *s, const uint8_t *o, const uint8_t *n,
+                                  size_t units, unsigned w, int is_float, size_t limit,
+                                  uint64_t *changed)
+{
+    uint64_t cv[256] = {0}, k = 0;
+    delta__bw bw = {s->bits, s->bits + s->out_cap, 0, 0, 0};
+    unsigned nb;
+    uint64_t ex;
+    for (size_t i = 0; i < units; i++) {
+        uint64_t z = delta__zig(delta__diff(o + i * w, n + i * w, w, is_float), 8 * w);
+        k += z != 0;
+        cv[delta__sym(z, &nb, &ex)]++;
+        if (nb) delta__bw_put(&bw, ex, nb);
+        if (bw.overflow) return 0;
+    }
+    delta__bw_flush(&bw);
+    *changed = k;
+    delta__table tv;
+    delta__normalize(cv, &tv);
+    uint8_t *p = delta__put_table(s->out, &tv);
+    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L}, 0};
+    for (size_t i = units; i-- > 0 && !e.overflow;) {
+        uint64_t z = delta__zig(delta__diff(o + i * w, n + i * w, w, is_float), 8 * w);
+        delta__renc_put(&e, (int)(i & 1), &tv, delta__sym(z, &nb, &ex));
+    }
+    delta__renc_finish(&e);
+    return delta__assemble(s, p, &e, &bw, limit);
+}
+
+/* The smallest of ZSTD and RAW for a chunk's new bytes. */
+static int delta__encode_bytes(delta__scratch *s, const uint8_t *new, size_t nbytes, int level,
+                               int *enc, const uint8_t **payload, size_t *len)
+{
+    size_t z = ZSTD_compressCCtx(s->zc, s->zbuf, s->zcap, new, nbytes, level);
+    if (ZSTD_isError(z)) return sh_err(SH_EINTERNAL, "zstd: %s", ZSTD_getErrorName(z));
+    if (z < nbytes) {
+        *enc = DELTA__ZSTD, *payload = s->zbuf, *len = z;
+    } else {
+        *enc = DELTA__RAW, *payload = new, *len = nbytes;
+    }
+    return SH_OK;
+}
+
+int delta__encode_diff(delta__scratch *s, unsigned w, const uint8_t *zeros, const uint8_t *acc,
+                       size_t nbytes, int *enc, const uint8_t **payload, size_t *len,
+                       uint64_t *changed)
+{
+    size_t units = nbytes / w, limit = units / 4, sz;
+    sh_hash128 h1, h2;
+    size_t k = delta__scan_hash(s, zeros, acc, nbytes, w, 0, limit, &h1, &h2);
+    *changed = k;
+    *payload = s->out;
+    if (k == 0) {
+        *enc = DELTA__SAME, *len = 0;
+        return SH_OK;
+    }
+    if (k <= limit) {
+        sz = delta__encode_sparse(s, k, w, s->out_cap - 64);
+        *enc = DELTA__SPARSE;
+    } else {
+        sz = delta__encode_dense(s, zeros, acc, units, w, 0, s->out_cap - 64, changed);
+        *enc = DELTA__DENSE;
+    }
+    if (!sz)
+        return sh_err(SH_ERANGE, "squash: a chunk's composed change is too dense to encode as a "
+                      "difference; apply the deltas one after the other instead");
+    *len = sz;
+    return SH_OK;
+}
+
+int delta__encode_chunk(delta__scratch *s, unsigned w, int is_float, const uint8_t *old,
+                        const uint8_t *new, size_t nbytes, int *enc, const uint8_t **payload,
+                        size_t *len, uint64_t *changed, sh_hash128 *odig, sh_hash128 *ndig)
+{
+    *changed = 0;
+    if (!old) {
+        *ndig = ckpt_chunk_digest(new, nbytes);
+        /* Whole tensors compress like any data: zstd level 3 is the usual
+         * balance; they are rare between RL steps. */
+        *changed = nbytes / w;
+        return delta__encode_bytes(s, new, nbytes, 3, enc, payload, len);
+    }
+    size_t units = nbytes / w, limit = units / 4;
+    size_t k = delta__scan_hash(s, old, new, nbytes, w, is_float, limit, odig, ndig);
+    if (k == 0) {
+        *enc = DELTA__SAME, *payload = s->out, *len = 0;
+        return SH_OK;
+    }
+    size_t sz;
+    if (k <= limit) {
+        *changed = k;
+        sz = delta__encode_sparse(s, k, w, nbytes);
+        *enc = DELTA__SPARSE;
+    } else {
+        sz = delta__encode_dense(s, old, new, units, w, is_float, nbytes, changed);
+        *enc = DELTA__DENSE;
+    }
+    if (sz && sz <= nbytes / 8) {
+        *payload = s->out, *len = sz;
+        return SH_OK;
+    }
+    /* Worth comparing with plain compression of the new bytes. */
+    int benc;
+    const uint8_t *bp;
+    size_t blen;
+    SH_TRY(delta__encode_bytes(s, new, nbytes, 1, &benc, &bp, &blen));
+    if (sz && sz <= blen) {
+        *payload = s->out, *len = sz;
+    } else {
+        *enc = benc, *payload = bp, *len = blen;
+        if (*changed == 0) {
+            /* Dense attempt overflowed before counting: count for the stats. */
+            for (size_t i = 0; i < units; i++) *changed += memcmp(old + i * w, new + i * w, w) != 0;
+        }
+    }
+    return SH_OK;
+}

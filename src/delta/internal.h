@@ -1,0 +1,294 @@
+/* Internals of src/delta shared between its files (not public API).
+ *
+ * entropy.c  varints, bit streams, frequency tables, rANS (pure)
+ * chunk.c    encoding and decoding one chunk (pure)
+ * format.c   the container and the manifest
+ * make.c, apply.c, squash.c, quant.c: the operations */
+#ifndef SHOAL_DELTA_INTERNAL_H
+#define SHOAL_DELTA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <zstd.h>
+
+#include "shoal/delta.h"
+
+#define DELTA__PROB_BITS 14
+#define DELTA__PROB (1u << DELTA__PROB_BITS)
+#define DELTA__L (1u << 23)
+#define DELTA__MAX_BLOB 100000000ull
+
+enum { DELTA__SAME = 0, DELTA__SPARSE = 1, DELTA__DENSE = 2, DELTA__RAW = 3, DELTA__ZSTD = 4 };
+extern const char *const delta__enc_names[5];
+
+/* ---- Varints and bit streams ---------------------------------------- */
+
+/* Appends v as LEB128 at *p (at most 10 bytes). */
+uint8_t *delta__put_varint(uint8_t *p, uint64_t v);
+/* Reads a varint from [*p, end); SH_EFORMAT naming `what` when malformed. */
+int delta__get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v, const char *what);
+
+typedef struct {
+    uint8_t *p, *end;
+    uint64_t acc;
+    unsigned n;
+    int overflow;
+} delta__bw;
+void delta__bw_put(delta__bw *w, uint64_t bits, unsigned n); /* n <= 62 */
+void delta__bw_flush(delta__bw *w);
+
+typedef struct {
+    const uint8_t *start, *p, *end;
+    uint64_t acc; /* n valid bits, the rest zero */
+    unsigned n;
+} delta__br;
+
+/* ---- Symbols and tables ------------------------------------------------ */
+
+/* v -> symbol (returned) and extra bits (*nbits of *extra). */
+static inline unsigned delta__sym(uint64_t v, unsigned *nbits, uint64_t *extra)
+{
+    if (v < 16) {
+        *nbits = 0;
+        *extra = 0;
+        return (unsigned)v;
+    }
+    unsigned e = 63u - (unsigned)__builtin_clzll(v);
+    *nbits = e - 2;
+    *extra = v & ((1ull << (e - 2)) - 1);
+    return 16 + 4 * (e - 4) + (unsigned)((v >> (e - 2)) & 3);
+}
+
+typedef struct {
+    uint32_t freq[256], cum[257];
+} delta__table;
+
+typedef struct {
+    delta__table t;
+    uint8_t sym[DELTA__PROB]; /* slot -> symbol */
+} delta__dtable;
+
+/* Scales counts (not all zero) to frequencies summing to 2^14, keeping every
+ * used symbol at least 1. */
+void delta__normalize(const uint64_t counts[256], delta__table *t);
+/* Serialises t at p (at most 256 * 5 + 2 bytes); returns the new end. */
+uint8_t *delta__put_table(uint8_t *p, const delta__table *t);
+int delta__get_table(const uint8_t **p, const uint8_t *end, delta__dtable *t, const char *what);
+
+/* ---- rANS -------------------------------------------------------------- */
+
+/* The encoder writes backwards from `end` down to `start`. */
+/* Two states take turns (symbol j uses state j mod 2) so that a decoder
+ * runs two independent dependency chains at once. */
+typedef struct {
+    uint8_t *start, *ptr;
+    uint32_t x[2];
+    int overflow;
+} delta__renc;
+
+static inline void delta__renc_put(delta__renc *e, int st, const delta__table *t, unsigned s)
+{
+    uint32_t f = t->freq[s], x = e->x[st];
+    uint32_t xmax = ((DELTA__L >> DELTA__PROB_BITS) << 8) * f;
+    while (x >= xmax) {
+        if (e->ptr == e->start) {
+            e->overflow = 1;
+            return;
+        }
+        *--e->ptr = (uint8_t)x;
+        x >>= 8;
+    }
+    e->x[st] = ((x / f) << DELTA__PROB_BITS) + (x % f) + t->cum[s];
+}
+/* The encoder's division by a frequency done as a multiplication by its
+ * reciprocal (exact for states below 2^31), which is what makes encoding
+ * fast: x' = (x / f) * 2^14 + x mod f + cum = x + bias + q * (2^14 - f). */
+typedef struct {
+    uint32_t x_max, rcp_freq, bias, cmpl_freq, rcp_shift;
+} delta__esym;
+typedef struct {
+    delta__esym s[256];
+} delta__esyms;
+
+static inline void delta__esyms_init(delta__esyms *e, const delta__table *t)
+{
+    for (int i = 0; i < 256; i++) {
+        uint32_t f = t->freq[i], start = t->cum[i];
+        delta__esym *y = &e->s[i];
+        y->x_max = ((DELTA__L >> DELTA__PROB_BITS) << 8) * f;
+        y->cmpl_freq = DELTA__PROB - f;
+        if (f < 2) {
+            y->rcp_freq = ~0u;
+            y->rcp_shift = 0;
+            y->bias = start + DELTA__PROB - 1;
+        } else {
+            uint32_t shift = 0;
+            while (f > (1u << shift)) shift++;
+            y->rcp_freq = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
+            y->rcp_shift = shift - 1;
+            y->bias = start;
+        }
+    }
+}
+
+static inline void delta__renc_put_fast(delta__renc *e, int st, const delta__esym *y)
+{
+    uint32_t x = e->x[st];
+    while (x >= y->x_max) {
+        if (e->ptr == e->start) {
+            e->overflow = 1;
+            return;
+        }
+        *--e->ptr = (uint8_t)x;
+        x >>= 8;
+    }
+    uint32_t q = (uint32_t)(((uint64_t)x * y->rcp_freq) >> 32) >> y->rcp_shift;
+    e->x[st] = x + y->bias + q * y->cmpl_freq;
+}
+
+/* Writes the final state; the stream is [e->ptr, end). */
+void delta__renc_finish(delta__renc *e);
+
+/* ---- Chunks ------------------------------------------------------------ */
+
+/* Per-thread buffers; about 10 MiB for 2 MiB chunks. */
+typedef struct delta__scratch {
+    uint32_t *pos;      /* changed positions (sparse candidates) */
+    uint64_t *d;        /* their values */
+    size_t cap;         /* entries of pos and d */
+    uint8_t *out;       /* candidate payload */
+    uint8_t *rbuf;      /* rANS staging (written backwards) */
+    uint8_t *bits;      /* extra bits staging */
+    size_t out_cap;
+    uint8_t *zbuf;      /* zstd output */
+    size_t zcap;
+    uint8_t *tmp, *tmp2; /* chunk-sized buffers for callers */
+    ZSTD_CCtx *zc;
+    ZSTD_DCtx *zd;
+    delta__dtable *g, *v;
+    void *ho, *hn;      /* XXH3 states for streaming chunk digests */
+    uint8_t *sym;       /* symbols of a sparse chunk (2 per change) */
+} delta__scratch;
+
+int delta__scratch_init(delta__scratch *s);
+void delta__scratch_free(delta__scratch *s);
+
+/* Unit width in bytes for a dtype (1, 2, 4 or 8). */
+unsigned delta__unit(ckpt_dtype d);
+
+/* Encodes a chunk.  With old == NULL (a whole tensor) only RAW or ZSTD are
+ * chosen.  *payload points into the scratch or at `new` (valid until the next
+ * call); *changed counts differing units; *odig and *ndig get the chunk
+ * digests of old (unless NULL) and new. */
+int delta__encode_chunk(delta__scratch *s, unsigned w, int is_float, const uint8_t *old,
+                        const uint8_t *new, size_t nbytes, int *enc, const uint8_t **payload,
+                        size_t *len, uint64_t *changed, sh_hash128 *odig, sh_hash128 *ndig);
+
+/* Encodes acc (plain w-byte differences, as the sum of a chain) as SAME,
+ * SPARSE or DENSE; zeros is nbytes of zero bytes. */
+int delta__encode_diff(delta__scratch *s, unsigned w, const uint8_t *zeros, const uint8_t *acc,
+                       size_t nbytes, int *enc, const uint8_t **payload, size_t *len,
+                       uint64_t *changed);
+
+/* Streaming decoder of the changes of a SPARSE or DENSE chunk. */
+typedef struct {
+    int dense;
+    const uint8_t *p, *end; /* rANS stream */
+    uint32_t x[2];
+    const delta__dtable *g, *v;
+    delta__br br;
+    uint64_t left;          /* symbols (pairs for sparse) still to decode */
+    uint64_t n;             /* units in the chunk */
+    uint64_t next;          /* next candidate position */
+    uint64_t zmax;          /* values must be <= zmax */
+    const char *what;
+} delta__dec;
+
+int delta__dec_open(delta__dec *d, int enc, const uint8_t *payload, size_t len, uint64_t n,
+                    unsigned w, delta__scratch *s, const char *what);
+/* Up to max changes into pos/z (dense: every unit, z possibly 0). */
+int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_t *got);
+/* Checks that the streams ended exactly. */
+int delta__dec_close(delta__dec *d);
+
+/* Decodes a chunk into out (nbytes; holding the base chunk for SAME, SPARSE
+ * and DENSE) and counts the changed units into *changed when non-NULL. */
+int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
+                        unsigned w, int is_float, uint8_t *out, size_t nbytes, uint64_t *changed,
+                        const char *what);
+
+/* For SAME, SPARSE and DENSE: out = base patched, with the chunk digests
+ * of base and out. */
+int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
+                        unsigned w, int is_float, const uint8_t *base, uint8_t *out,
+                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, const char *what);
+
+/* d (as a signed w-byte value, zigzagged) -> its two's-complement value. */
+static inline uint64_t delta__unzig(uint64_t z) { return (z >> 1) ^ (0 - (z & 1)); }
+static inline uint64_t delta__zig(uint64_t d, unsigned bits)
+{
+    int64_t s = (int64_t)(d << (64 - bits)) >> (64 - bits); /* sign-extend */
+    return ((uint64_t)s << 1) ^ (uint64_t)(s >> 63);
+}
+static inline uint64_t delta__mask(unsigned w) { return w == 8 ? ~0ull : (1ull << (8 * w)) - 1; }
+static inline uint64_t delta__ord(uint64_t u, unsigned w)
+{
+    uint64_t S = 1ull << (8 * w - 1);
+    return u < S ? u : (S - 1 - u) & delta__mask(w);
+}
+
+/* ---- The parsed delta (format.c) ------------------------------------------ */
+
+typedef struct {
+    int enc;
+    uint64_t off, len;
+} delta__chunk;
+
+typedef struct {
+    const char *name, *base; /* base NULL: whole */
+    ckpt_dtype dtype;
+    uint64_t nbytes, changed;
+    sh_hash128 digest, base_digest;
+    size_t nchunks;
+    delta__chunk *chunks;
+    uint32_t file;
+} delta__tensor;
+
+typedef struct {
+    const char *name;
+    uint64_t hoff, hlen;   /* header blob */
+    uint8_t *header;       /* decompressed (owned) */
+    size_t header_len;
+    ckpt_tensor *t;        /* parsed header: tensors in offset order */
+    size_t nt;
+    size_t first;          /* its first tensor in delta.tensors */
+} delta__file;
+
+struct delta {
+    const uint8_t *buf;
+    size_t len;
+    json_t *manifest;
+    const uint8_t *payload;
+    uint64_t payload_len;
+    sh_hash128 base_digest, target_digest;
+    int base_sharded, target_sharded;
+    uint8_t *index;        /* decompressed index JSON (sharded targets) */
+    size_t index_len;
+    delta__file *files;
+    size_t nfiles;
+    delta__tensor *tensors;
+    size_t ntensors;
+};
+
+/* Serialises a delta: manifest JSON, then the payload, then the trailer. */
+int delta__write_container(const json_t *manifest, const sh_buf *payload, sh_buf *out);
+/* zstd-compresses bytes into the payload and returns the [off, len] array. */
+json_t *delta__blob(sh_buf *payload, const void *data, size_t len);
+json_t *delta__hex(sh_hash128 h);
+
+/* Thread pool helper: runs fn(arg, i) for i in [0, n) on up to threads
+ * threads, each with its own scratch; stops at the first error. */
+typedef int (*delta__work_fn)(void *arg, size_t i, delta__scratch *s);
+int delta__parallel(int threads, size_t n, delta__work_fn fn, void *arg);
+
+#endif

@@ -1,0 +1,552 @@
+/* The RL runtime: a trainer (this process) and K rollout worker processes
+ * connected by socketpairs (protocol: docs/rl-protocol.md).
+ *
+ * sync:  each step the trainer splits the batch's prompts evenly over the
+ *        workers, waits for all of them, trains, and sends new weights; the
+ *        slowest worker sets the pace and the trainer idles while they run.
+ * async: workers are kept busy with small requests; the trainer trains as
+ *        soon as a batch of whole groups is buffered.  Staleness is bounded
+ *        AReaL-style: a request is only admitted while the trajectories
+ *        issued stay within (version + max_lag + 1) batches, and a group
+ *        that started more than max_lag versions before the step that would
+ *        consume it is dropped.  New weights reach workers mid-batch.
+ *
+ * The trainer never blocks on a worker: sockets are non-blocking with an
+ * outbox each, so a worker busy writing trajectories cannot deadlock with a
+ * trainer busy writing weights. */
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "rl/runtime.h"
+#include "rl/wire.h"
+#include "shoal/ckpt.h"
+#include "shoal/delta.h"
+
+/* Held-out reward is the mean over this many samples per problem at the
+ * training temperature: what RL optimises, and smoother than one greedy
+ * answer per problem. */
+#define RL_EVAL_SAMPLES 4
+
+typedef struct wk {
+    pid_t pid;
+    int fd, alive, busy, req_trajs;
+    sh_buf in, out;
+    size_t out_off;
+    double busy_since, busy_s;
+    long trajs;
+} wk;
+
+typedef struct run {
+    const rl_config *c;
+    rl_trainer tr;
+    wk w[RL_MAX_WORKERS];
+    rl_traj *buf;
+    int nbuf, batch, version, step, group_next;
+    long issued; /* trajectories admitted and not lost; bounds staleness */
+    uint64_t rng;
+    double t0, eval_s;
+    long gen_tokens, train_tokens, dropped_stale, dropped_dead, deaths, respawns, skipped;
+    long stale_hist[RL_MAX_T + 2];
+    long inflight_updates;
+    rl_problem *evalset;
+    /* The published image of the current version, and the delta that led
+     * to it from the previous one (what workers holding that get). */
+    sh_buf img, delta;
+    ckpt *ck;
+    double image_bytes, delta_bytes_sum;
+    long deltas;
+    json_t *curve, *steps, *ckpts;
+    rl_progress_fn progress;
+    void *pctx;
+    double time_to_target, last_eval;
+} run;
+
+/* Queues the current weights: the delta from the previous version for a
+ * worker that holds it, the whole image for one that just joined. */
+static int enqueue_weights(run *r, wk *w, int full)
+{
+    int use_delta = !full && r->delta.len;
+    rl_wire_weights hd = {.version = r->version,
+                          .encoding = use_delta ? RL_ENC_DELTA : RL_ENC_IMAGE,
+                          .nbytes = use_delta ? r->delta.len : r->img.len,
+                          .base_version = use_delta ? r->version - 1 : -1};
+    return rl__msg_append(&w->out, RL_MSG_WEIGHTS, &hd, sizeof hd,
+                          use_delta ? r->delta.data : r->img.data, hd.nbytes);
+}
+
+/* Publishes the trainer's weights as version r->version: a new image, and
+ * the shoal delta from the previous image. */
+static int publish(run *r)
+{
+    sh_buf img = {0}, d = {0};
+    ckpt *ck = NULL;
+    int rc = rl_policy_image(r->tr.model, r->c->dtype != RL_DTYPE_FP32, &img);
+    if (!rc) rc = ckpt_open_mem(img.data, img.len, "policy", &ck);
+    if (!rc && r->ck) {
+        delta_opts o = {.threads = 1};
+        rc = delta_make_mem(r->ck, ck, &o, &d, NULL);
+    }
+    if (rc) {
+        ckpt_close(ck);
+        sh_buf_free(&img), sh_buf_free(&d);
+        return rc;
+    }
+    ckpt_close(r->ck);
+    sh_buf_free(&r->img), sh_buf_free(&r->delta);
+    r->img = img, r->delta = d, r->ck = ck;
+    r->image_bytes = (double)img.len;
+    if (d.len) r->delta_bytes_sum += (double)d.len, r->deltas++;
+    return 0;
+}
+
+static int spawn(run *r, int i)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        return sh_err_errno(errno, "worker %s: socketpair", r->c->workers[i].name);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(sv[0]), close(sv[1]);
+        return sh_err_errno(errno, "worker %s: fork", r->c->workers[i].name);
+    }
+    if (pid == 0) {
+        signal(SIGPIPE, SIG_IGN);
+        for (int j = 0; j < r->c->nworkers; j++)
+            if (r->w[j].alive) close(r->w[j].fd);
+        close(sv[0]);
+        rl__worker_main(r->c, i, sv[1]);
+    }
+    close(sv[1]);
+    fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+    wk *w = &r->w[i];
+    w->pid = pid, w->fd = sv[0], w->alive = 1, w->busy = 0;
+    w->in.len = w->out.len = w->out_off = 0;
+    return enqueue_weights(r, w, 1);
+}
+
+static void worker_dead(run *r, int i)
+{
+    wk *w = &r->w[i];
+    close(w->fd);
+    int st;
+    waitpid(w->pid, &st, 0);
+    w->alive = 0;
+    r->deaths++;
+    if (w->busy) { /* its trajectories are lost; they will be asked for again */
+        r->issued -= w->req_trajs;
+        r->dropped_dead += w->req_trajs;
+        w->busy = 0;
+    }
+    sh_log(SH_LOG_WARN, "rl: worker %d (%s) died; its in-flight trajectories are dropped", i,
+           r->c->workers[i].name);
+    if (r->c->respawn && spawn(r, i) == 0) r->respawns++;
+}
+
+static int send_request(run *r, int i, int nprompts)
+{
+    wk *w = &r->w[i];
+    rl_wire_request rq = {.min_version = r->c->mode == RL_MODE_ASYNC ? r->version - r->c->max_lag
+                                                                     : r->version,
+                          .nprompts = nprompts, .group = r->c->group, .group0 = r->group_next,
+                          .seed = r->rng ^ ((uint64_t)r->group_next * 0x9e3779b97f4a7c15ULL)};
+    uint64_t ids[4096];
+    for (int k = 0; k < nprompts; k++) {
+        rl_problem p;
+        rl_problem_draw(r->c->task, 0, &r->rng, &p);
+        ids[k] = p.id;
+    }
+    r->group_next += nprompts;
+    SH_TRY(rl__msg_append(&w->out, RL_MSG_REQUEST, &rq, sizeof rq, ids, 8 * (size_t)nprompts));
+    w->busy = 1;
+    w->req_trajs = nprompts * r->c->group;
+    w->busy_since = sh_now_mono();
+    r->issued += w->req_trajs;
+    return 0;
+}
+
+static int busy_count(const run *r)
+{
+    int n = 0;
+    for (int i = 0; i < r->c->nworkers; i++) n += r->w[i].alive && r->w[i].busy;
+    return n;
+}
+
+/* Hands out work according to the mode. */
+static int issue(run *r)
+{
+    const rl_config *c = r->c;
+    if (c->mode == RL_MODE_SYNC) {
+        if (busy_count(r) || r->nbuf >= r->batch) return 0;
+        int alive = 0, need = (r->batch - r->nbuf) / c->group;
+        for (int i = 0; i < c->nworkers; i++) alive += r->w[i].alive;
+        if (!alive) return 0;
+        for (int i = 0, k = 0; i < c->nworkers; i++) {
+            if (!r->w[i].alive) continue;
+            int share = need / alive + (k++ < need % alive);
+            if (share) SH_TRY(send_request(r, i, share));
+        }
+        return 0;
+    }
+    int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 3) / 4;
+    for (int i = 0; i < c->nworkers; i++) {
+        wk *w = &r->w[i];
+        long bound = (long)(r->step + c->max_lag + 1) * r->batch;
+        if (!w->alive || w->busy || r->issued + per * c->group > bound) continue;
+        SH_TRY(send_request(r, i, per));
+    }
+    return 0;
+}
+
+/* Checks and buffers a TRAJS message. */
+static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
+{
+    wk *w = &r->w[i];
+    rl_wire_trajs th;
+    if (len < sizeof th) return sh_err(SH_EFORMAT, "worker %d: short TRAJS", i);
+    memcpy(&th, p, sizeof th);
+    if (th.count != w->req_trajs || len != sizeof th + (size_t)th.count * sizeof(rl_traj))
+        return sh_err(SH_EFORMAT, "worker %d: TRAJS with %d records, expected %d", i, th.count,
+                      w->req_trajs);
+    rl_traj *dst = r->buf + r->nbuf;
+    memcpy(dst, p + sizeof th, (size_t)th.count * sizeof(rl_traj));
+    for (int k = 0; k < th.count; k++) {
+        rl_traj *t = &dst[k];
+        if (t->len > RL_MAX_T || t->plen < 2 || t->plen >= t->len)
+            return sh_err(SH_EFORMAT, "worker %d: trajectory %d has length %d/%d", i, k, t->plen,
+                          t->len);
+        for (int j = 0; j < t->len; j++)
+            if (t->tokens[j] < 0 || t->tokens[j] >= rl_vocab())
+                return sh_err(SH_EFORMAT, "worker %d: trajectory %d: bad token", i, k);
+        r->gen_tokens += t->len - t->plen;
+    }
+    r->nbuf += th.count;
+    w->busy = 0;
+    w->busy_s += sh_now_mono() - w->busy_since;
+    w->trajs += th.count;
+    return 0;
+}
+
+static int read_worker(run *r, int i)
+{
+    wk *w = &r->w[i];
+    for (;;) {
+        SH_TRY(sh_buf_reserve(&w->in, 65536));
+        ssize_t n = read(w->fd, w->in.data + w->in.len, w->in.cap - w->in.len - 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (n <= 0) return 1; /* EOF or error: the worker is gone */
+        w->in.len += (size_t)n;
+    }
+    for (;;) {
+        uint32_t type;
+        const uint8_t *pl;
+        size_t len;
+        long used = rl__msg_peek(&w->in, &type, &pl, &len);
+        if (used < 0) return (int)used;
+        if (!used) return 0;
+        if (type != RL_MSG_TRAJS) return sh_err(SH_EFORMAT, "worker %d: unexpected message %u", i, type);
+        SH_TRY(accept_trajs(r, i, pl, len));
+        memmove(w->in.data, w->in.data + used, w->in.len - used);
+        w->in.len -= used;
+    }
+}
+
+static int flush_worker(wk *w)
+{
+    while (w->out_off < w->out.len) {
+        ssize_t n = send(w->fd, w->out.data + w->out_off, w->out.len - w->out_off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (n < 0) return 1;
+        w->out_off += (size_t)n;
+    }
+    w->out.len = w->out_off = 0;
+    return 0;
+}
+
+/* Drops whole groups that started more than max_lag versions ago. */
+static void drop_stale(run *r)
+{
+    int k = 0;
+    for (int i = 0; i < r->nbuf;) {
+        int j = i, old = 0;
+        while (j < r->nbuf && r->buf[j].group == r->buf[i].group)
+            old |= r->version - r->buf[j++].vstart > r->c->max_lag;
+        if (old) {
+            r->dropped_stale += j - i;
+            r->issued -= j - i;
+        } else {
+            memmove(&r->buf[k], &r->buf[i], sizeof(rl_traj) * (j - i));
+            k += j - i;
+        }
+        i = j;
+    }
+    r->nbuf = k;
+}
+
+/* Wall-clock time of the RL phase without held-out evaluations: they cost
+ * the same in both modes and are measurement, not training. */
+static double wall(const run *r) { return sh_now_mono() - r->t0 - r->eval_s; }
+
+static int eval_now(run *r)
+{
+    double rew, e0 = sh_now_mono();
+    SH_TRY(rl_evaluate(r->tr.model, r->evalset, r->c->eval_n, &r->c->sampling, RL_EVAL_SAMPLES, 99, &rew));
+    r->eval_s += sh_now_mono() - e0;
+    double t = wall(r);
+    r->last_eval = rew;
+    json_array_append_new(r->curve, json_pack("{s:f,s:i,s:f}", "wall_s", t, "step", r->step,
+                                              "reward", rew));
+    if (r->time_to_target < 0 && r->c->target_reward > 0 && rew >= r->c->target_reward)
+        r->time_to_target = t;
+    if (r->progress) {
+        json_t *ev = json_pack("{s:s,s:i,s:f,s:f}", "event", "eval", "step", r->step, "reward",
+                               rew, "wall_s", t);
+        r->progress(ev, r->pctx);
+        json_decref(ev);
+    }
+    return 0;
+}
+
+/* out_dir/policy-v<version>.safetensors; the path is recorded in the run's
+ * result. */
+static int save(run *r)
+{
+    if (!r->c->out_dir) return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/policy-v%06d.safetensors", r->c->out_dir, r->version);
+    char step[32];
+    snprintf(step, sizeof step, "%d", r->step);
+    json_t *extra = json_pack("{s:s,s:s}", "shoal.step", step, "shoal.task", rl_task_name(r->c->task));
+    int rc = rl_save_checkpoint(r->tr.model, path, r->version, extra);
+    json_decref(extra);
+    if (!rc) json_array_append_new(r->ckpts, json_string(path));
+    return rc;
+}
+
+static json_t *hist_json(const long *h, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(h[i]));
+    return a;
+}
+
+/* Trains on the first batch in the buffer, then publishes the weights. */
+static int train_one(run *r)
+{
+    long hist[RL_MAX_T + 2] = {0};
+    int nh = r->c->mode == RL_MODE_ASYNC ? r->c->max_lag + 1 : 1;
+    for (int i = 0; i < r->batch; i++) {
+        int s = r->version - r->buf[i].vstart;
+        s = s < 0 ? 0 : s > nh - 1 ? nh - 1 : s;
+        hist[s]++;
+        r->stale_hist[s]++;
+        r->inflight_updates += r->buf[i].vend != r->buf[i].vstart;
+    }
+    rl_step_stats st;
+    int rc = rl_train_step(&r->tr, r->buf, r->batch, &st);
+    if (rc < 0 && rc != SH_ERANGE) return rc;
+    if (rc == SH_ERANGE) {
+        r->skipped++;
+        sh_log(SH_LOG_WARN, "rl: step %d: %s", r->step + 1, sh_errmsg());
+    }
+    r->train_tokens += st.tokens;
+    memmove(r->buf, r->buf + r->batch, sizeof(rl_traj) * (r->nbuf - r->batch));
+    r->nbuf -= r->batch;
+    r->step++;
+    if (!st.skipped) r->version++;
+    json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:o,s:f}", "event", "step",
+                           "step", r->step, "version", r->version, "reward", st.reward, "loss",
+                           isfinite(st.loss) ? st.loss : -1.0, "grad_norm",
+                           isfinite(st.grad_norm) ? st.grad_norm : -1.0, "abs_dlogp",
+                           st.abs_dlogp, "kl", st.kl, "clipped_frac", st.clipped_frac,
+                           "masked_frac", st.masked_frac, "skipped", st.skipped, "staleness",
+                           hist_json(hist, nh), "wall_s", wall(r));
+    if (r->progress) r->progress(ev, r->pctx);
+    json_array_append_new(r->steps, ev);
+    if (!st.skipped) {
+        SH_TRY(publish(r));
+        for (int i = 0; i < r->c->nworkers; i++)
+            if (r->w[i].alive) SH_TRY(enqueue_weights(r, &r->w[i], 0));
+    }
+    if (r->step % r->c->eval_every == 0 || r->step == r->c->steps) SH_TRY(eval_now(r));
+    if (r->step == r->c->steps || (r->c->save_every && r->step % r->c->save_every == 0))
+        SH_TRY(save(r));
+    if (r->step == r->c->kill_at_step && r->w[0].alive) {
+        sh_log(SH_LOG_WARN, "rl: fault injection: killing worker 0 (pid %d)", (int)r->w[0].pid);
+        kill(r->w[0].pid, SIGKILL);
+    }
+    return 0;
+}
+
+static int loop(run *r)
+{
+    const rl_config *c = r->c;
+    while (r->step < c->steps) {
+        SH_TRY(issue(r));
+        struct pollfd pf[RL_MAX_WORKERS];
+        int idx[RL_MAX_WORKERS], n = 0;
+        for (int i = 0; i < c->nworkers; i++) {
+            if (!r->w[i].alive) continue;
+            pf[n] = (struct pollfd){.fd = r->w[i].fd,
+                                    .events = POLLIN | (r->w[i].out.len ? POLLOUT : 0)};
+            idx[n++] = i;
+        }
+        if (!n) return sh_err(SH_EIO, "rl: every worker has died and --respawn is off");
+        if (poll(pf, n, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
+        for (int k = 0; k < n; k++) {
+            int i = idx[k], dead = 0;
+            if (pf[k].revents & POLLOUT) dead = flush_worker(&r->w[i]);
+            if (!dead && (pf[k].revents & (POLLIN | POLLHUP | POLLERR))) {
+                int rc = read_worker(r, i);
+                if (rc < 0) return rc;
+                dead = rc;
+            }
+            if (dead) worker_dead(r, i);
+        }
+        if (c->mode == RL_MODE_ASYNC) drop_stale(r);
+        while (r->nbuf >= r->batch && r->step < c->steps &&
+               (c->mode == RL_MODE_ASYNC || !busy_count(r))) {
+            SH_TRY(train_one(r));
+            if (c->mode == RL_MODE_ASYNC) drop_stale(r);
+        }
+    }
+    return 0;
+}
+
+/* STOP to every worker, then close; a worker that does not exit within two
+ * seconds is killed. */
+static void shutdown_workers(run *r)
+{
+    for (int i = 0; i < r->c->nworkers; i++) {
+        wk *w = &r->w[i];
+        if (!w->alive) continue;
+        w->out.len = w->out_off = 0;
+        rl__msg_append(&w->out, RL_MSG_STOP, NULL, 0, NULL, 0);
+        flush_worker(w);
+        close(w->fd);
+    }
+    double deadline = sh_now_mono() + 2.0;
+    for (int i = 0; i < r->c->nworkers; i++) {
+        wk *w = &r->w[i];
+        if (!w->alive) continue;
+        int st;
+        while (waitpid(w->pid, &st, WNOHANG) == 0) {
+            if (sh_now_mono() > deadline) {
+                kill(w->pid, SIGKILL);
+                waitpid(w->pid, &st, 0);
+                break;
+            }
+            sh_sleep(0.01);
+        }
+        w->alive = 0;
+    }
+    for (int i = 0; i < r->c->nworkers; i++) sh_buf_free(&r->w[i].in), sh_buf_free(&r->w[i].out);
+}
+
+static int warm_start(run *r)
+{
+    nn_adamw opt;
+    SH_TRY(nn_adamw_init(&opt, r->tr.model, 3e-3f));
+    rl_problem p[32];
+    uint64_t rng = r->c->seed * 7919 + 17;
+    int rc = 0;
+    for (int s = 0; s < r->c->warm_steps && !rc; s++) {
+        for (int i = 0; i < 32; i++) rl_problem_draw(r->c->task, 0, &rng, &p[i]);
+        float loss;
+        rc = rl_sft_step(r->tr.model, &opt, p, 32, &loss);
+    }
+    nn_adamw_free(&opt);
+    return rc;
+}
+
+static json_t *result_json(run *r, double reward_start, double wall_s)
+{
+    const rl_config *c = r->c;
+    json_t *workers = json_array();
+    double cost = 0;
+    for (int i = 0; i < c->nworkers; i++) {
+        /* A rented GPU is paid for the whole run, busy or not. */
+        double usd = c->workers[i].price * wall_s / 3600.0;
+        cost += usd;
+        json_array_append_new(workers, json_pack("{s:s,s:f,s:f,s:I,s:f,s:f}", "name",
+                                                 c->workers[i].name, "speed", c->workers[i].speed,
+                                                 "price_per_h", c->workers[i].price, "trajectories",
+                                                 (json_int_t)r->w[i].trajs, "busy_s",
+                                                 r->w[i].busy_s, "cost_usd", usd));
+    }
+    int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1;
+    return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
+                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f}",
+                     "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
+                     c->max_lag, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
+                     c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
+                     "seed", (json_int_t)c->seed, "reward_start", reward_start, "reward_end",
+                     r->last_eval, "wall_s", wall_s, "steps", r->step, "tokens_per_s",
+                     r->gen_tokens / wall_s, "train_tokens_per_s", r->train_tokens / wall_s,
+                     "time_to_target_s", r->time_to_target, "skipped_steps", (json_int_t)r->skipped,
+                     "dropped_stale", (json_int_t)r->dropped_stale, "dropped_dead",
+                     (json_int_t)r->dropped_dead, "worker_deaths", (json_int_t)r->deaths,
+                     "respawns", (json_int_t)r->respawns, "inflight_updated_trajs",
+                     (json_int_t)r->inflight_updates, "staleness_hist", hist_json(r->stale_hist, nh),
+                     "curve", json_incref(r->curve), "workers", workers, "step_stats",
+                     json_incref(r->steps), "cost_usd", cost, "params",
+                     (json_int_t)nn_num_params(r->tr.model), "eval_s", r->eval_s,
+                     "checkpoints", json_incref(r->ckpts), "weights_image_bytes", r->image_bytes,
+                     "weights_delta_bytes_mean", r->deltas ? r->delta_bytes_sum / r->deltas : 0.0);
+}
+
+int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result)
+{
+    SH_TRY(rl_config_check(c));
+    run *r = calloc(1, sizeof *r);
+    if (!r) return sh_err(SH_ENOMEM, "rl: out of memory");
+    r->c = c, r->progress = progress, r->pctx = ctx;
+    r->batch = c->prompts_per_step * c->group;
+    r->rng = c->seed * 0x2545f4914f6cdd1dULL + 1;
+    r->time_to_target = -1;
+    r->curve = json_array(), r->steps = json_array(), r->ckpts = json_array();
+    /* Admission keeps at most max_lag + 1 batches beyond those consumed;
+     * sync keeps one.  Leave room for every worker's request on top. */
+    r->buf = malloc(sizeof(rl_traj) * (size_t)(r->batch * (c->max_lag + 2 + c->nworkers) + 64));
+    r->evalset = malloc(sizeof(rl_problem) * c->eval_n);
+    int rc = r->buf && r->evalset ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
+    if (!rc && c->out_dir) rc = sh_mkdir_p(c->out_dir, 0755);
+    if (!rc) rc = nn_new(&c->model, c->seed, &r->tr.model);
+    if (!rc) rc = warm_start(r);
+    r->tr.loss = c->loss, r->tr.temperature = c->sampling.temperature;
+    r->tr.minibatches = c->minibatches;
+    if (!rc) rc = nn_adamw_init(&r->tr.opt, r->tr.model, c->lr);
+    double reward_start = 0, wall_s = 0;
+    if (!rc) rl_eval_set(c->task, c->eval_n, r->evalset);
+    if (!rc) rc = rl_evaluate(r->tr.model, r->evalset, c->eval_n, &c->sampling, RL_EVAL_SAMPLES, 99, &reward_start);
+    if (!rc) {
+        r->last_eval = reward_start;
+        r->t0 = sh_now_mono();
+        json_array_append_new(r->curve, json_pack("{s:f,s:i,s:f}", "wall_s", 0.0, "step", 0,
+                                                  "reward", reward_start));
+        rc = publish(r);
+        for (int i = 0; i < c->nworkers && !rc; i++) rc = spawn(r, i);
+        if (!rc) rc = loop(r);
+        wall_s = wall(r);
+        shutdown_workers(r);
+    }
+    if (!rc) *result = result_json(r, reward_start, wall_s);
+    json_decref(r->curve), json_decref(r->steps), json_decref(r->ckpts);
+    nn_adamw_free(&r->tr.opt);
+    nn_free(r->tr.model);
+    ckpt_close(r->ck);
+    sh_buf_free(&r->img), sh_buf_free(&r->delta);
+    free(r->buf), free(r->evalset), free(r);
+    return rc;
+}

@@ -1,0 +1,53 @@
+/* The trainer/worker wire protocol (docs/rl-protocol.md): framed messages
+ * over a stream socket.  Internal to src/rl. */
+#ifndef SHOAL_RL_WIRE_H
+#define SHOAL_RL_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shoal/common.h"
+
+#define RL_WIRE_MAGIC 0x4c524853u /* "SHRL" little-endian */
+#define RL_WIRE_MAX (64u << 20)   /* largest payload accepted */
+
+enum { RL_MSG_WEIGHTS = 1, RL_MSG_REQUEST = 2, RL_MSG_TRAJS = 3, RL_MSG_STOP = 4 };
+/* WEIGHTS encodings: a whole safetensors image, or a shoal delta
+ * (docs/delta-format.md) from the image of base_version. */
+enum { RL_ENC_IMAGE = 1, RL_ENC_DELTA = 2 };
+
+typedef struct rl_wire_hdr {
+    uint32_t magic, type;
+    uint64_t len;
+} rl_wire_hdr;
+
+typedef struct rl_wire_weights {
+    int32_t version;
+    uint32_t encoding;
+    uint64_t nbytes;
+    int32_t base_version; /* RL_ENC_DELTA: the version the delta applies to */
+    uint32_t reserved;
+} rl_wire_weights;
+
+typedef struct rl_wire_request {
+    int32_t min_version, nprompts, group, group0;
+    uint64_t seed;
+} rl_wire_request; /* followed by nprompts uint64 problem ids */
+
+typedef struct rl_wire_trajs {
+    int32_t worker, count;
+} rl_wire_trajs; /* followed by count rl_traj records */
+
+/* Appends one framed message (header, a, b) to buf. */
+int rl__msg_append(sh_buf *buf, uint32_t type, const void *a, size_t alen, const void *b,
+                   size_t blen);
+/* Writes one message to a blocking fd. */
+int rl__msg_write(int fd, uint32_t type, const void *a, size_t alen, const void *b, size_t blen);
+/* Reads one whole message from a blocking fd into payload (replacing its
+ * contents).  EOF before a header is SH_ENOENT. */
+int rl__msg_read(int fd, uint32_t *type, sh_buf *payload);
+/* If buf starts with a whole message, sets *type, *payload, *len and returns
+ * its total size; 0 if more bytes are needed; negative if malformed. */
+long rl__msg_peek(const sh_buf *buf, uint32_t *type, const uint8_t **payload, size_t *len);
+
+#endif

@@ -1,0 +1,174 @@
+/* A rollout worker: a separate process that holds its own copy of the
+ * policy, generates trajectories on request, and applies new weights as
+ * they arrive, between two decoding steps of a batch (in-flight updates).
+ *
+ * A worker stands in for a GPU type: each decoding step is stretched by
+ * sleeping until it has lasted gen_cost / speed times its compute time, so
+ * a 0.25 worker takes four times as long as a full-speed one. */
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rl/runtime.h"
+#include "shoal/ckpt.h"
+#include "shoal/delta.h"
+#include "rl/wire.h"
+
+typedef struct worker {
+    const rl_config *c;
+    int idx, fd, version;
+    nn_model *model;
+    sh_buf msg;
+    sh_buf img; /* the safetensors image of the current weights */
+    ckpt *ck;   /* a view over img: the base the next delta applies to */
+    double mark; /* end of the last sleep: compute since then is stretched */
+    long updates_in_flight;
+} worker;
+
+/* Replaces the worker's image with img (taking ownership) and loads it. */
+static int install(worker *w, sh_buf img, int version)
+{
+    ckpt *ck = NULL;
+    int rc = ckpt_open_mem(img.data, img.len, "weights", &ck);
+    if (!rc) rc = rl_load_view(w->model, ck, "weights");
+    if (rc) {
+        ckpt_close(ck);
+        sh_buf_free(&img);
+        return rc;
+    }
+    ckpt_close(w->ck);
+    sh_buf_free(&w->img);
+    w->img = img;
+    w->ck = ck;
+    w->version = version;
+    return 0;
+}
+
+/* Installs weights from a WEIGHTS payload: a whole image, or a shoal delta
+ * applied to the image the worker holds. */
+static int apply_weights(worker *w, const uint8_t *p, size_t len)
+{
+    rl_wire_weights hd;
+    if (len < sizeof hd) return sh_err(SH_EFORMAT, "worker %d: short WEIGHTS message", w->idx);
+    memcpy(&hd, p, sizeof hd);
+    if (len != sizeof hd + hd.nbytes)
+        return sh_err(SH_EFORMAT, "worker %d: WEIGHTS of %llu bytes in a %zu-byte message",
+                      w->idx, (unsigned long long)hd.nbytes, len);
+    p += sizeof hd;
+    sh_buf img = {0};
+    if (hd.encoding == RL_ENC_IMAGE) {
+        SH_TRY(sh_buf_append(&img, p, hd.nbytes));
+        return install(w, img, hd.version);
+    }
+    if (hd.encoding != RL_ENC_DELTA)
+        return sh_err(SH_EFORMAT, "worker %d: unknown WEIGHTS encoding %u", w->idx, hd.encoding);
+    if (!w->ck || hd.base_version != w->version)
+        return sh_err(SH_EMISMATCH, "worker %d: delta %d -> %d does not apply to version %d",
+                      w->idx, hd.base_version, hd.version, w->version);
+    delta *d;
+    SH_TRY(delta_parse(p, hd.nbytes, 0, &d));
+    delta_opts o = {.threads = 1};
+    size_t size = (size_t)delta_target_size(d), got = 0;
+    int rc = sh_buf_reserve(&img, size + 1);
+    if (!rc) rc = delta_apply_mem(w->ck, d, &o, img.data, size, &got);
+    delta_free(d);
+    img.len = got;
+    if (rc) {
+        sh_buf_free(&img);
+        return rc;
+    }
+    return install(w, img, hd.version);
+}
+
+/* Handles one message that is not a REQUEST.  Returns 1 on STOP. */
+static int handle(worker *w, uint32_t type)
+{
+    if (type == RL_MSG_STOP) return 1;
+    if (type == RL_MSG_WEIGHTS) return apply_weights(w, w->msg.data, w->msg.len);
+    return sh_err(SH_EFORMAT, "worker %d: unexpected message type %u", w->idx, type);
+}
+
+static void stretch(worker *w)
+{
+    double now = sh_now_mono(), spent = now - w->mark;
+    double stretch = w->c->gen_cost / w->c->workers[w->idx].speed;
+    if (stretch > 1.0 && spent > 0) sh_sleep(spent * (stretch - 1.0));
+    w->mark = sh_now_mono();
+}
+
+/* Between decoding steps: emulate the worker's speed, then take any weights
+ * that arrived meanwhile. */
+static int step_hook(void *ctx)
+{
+    worker *w = ctx;
+    stretch(w);
+    struct pollfd pf = {.fd = w->fd, .events = POLLIN};
+    while (poll(&pf, 1, 0) > 0) {
+        uint32_t type;
+        if (rl__msg_read(w->fd, &type, &w->msg) < 0) _exit(0); /* trainer gone */
+        int rc = handle(w, type);
+        if (rc == 1) _exit(0);
+        if (rc < 0) _exit(3);
+        w->updates_in_flight++;
+    }
+    w->mark = sh_now_mono();
+    return w->version;
+}
+
+static int serve_request(worker *w)
+{
+    rl_wire_request rq;
+    if (w->msg.len < sizeof rq) return sh_err(SH_EFORMAT, "worker %d: short REQUEST", w->idx);
+    memcpy(&rq, w->msg.data, sizeof rq);
+    if (rq.nprompts < 1 || rq.group < 1 ||
+        w->msg.len != sizeof rq + (size_t)rq.nprompts * 8)
+        return sh_err(SH_EFORMAT, "worker %d: REQUEST sizes do not add up", w->idx);
+    /* Version-constrained: wait for weights at least as new as asked. */
+    while (w->version < rq.min_version) {
+        uint32_t type;
+        SH_TRY(rl__msg_read(w->fd, &type, &w->msg));
+        int rc = handle(w, type);
+        if (rc) return rc;
+    }
+    int n = rq.nprompts, B = n * rq.group;
+    rl_problem *probs = malloc(sizeof(rl_problem) * n);
+    rl_traj *out = malloc(sizeof(rl_traj) * B);
+    if (!probs || !out) {
+        free(probs), free(out);
+        return sh_err(SH_ENOMEM, "worker %d: out of memory", w->idx);
+    }
+    const uint64_t *ids = (const uint64_t *)(w->msg.data + sizeof rq);
+    for (int i = 0; i < n; i++) rl_problem_make(w->c->task, ids[i], &probs[i], NULL);
+    uint64_t rng = rq.seed;
+    w->mark = sh_now_mono();
+    int rc = rl_generate(w->model, probs, n, rq.group, rq.group0, &w->c->sampling, &rng,
+                         w->version, step_hook, w, out);
+    stretch(w);
+    for (int i = 0; i < B; i++) out[i].worker = w->idx;
+    rl_wire_trajs th = {.worker = w->idx, .count = B};
+    if (!rc) rc = rl__msg_write(w->fd, RL_MSG_TRAJS, &th, sizeof th, out, sizeof(rl_traj) * B);
+    free(probs), free(out);
+    return rc;
+}
+
+void rl__worker_main(const rl_config *c, int idx, int fd)
+{
+    signal(SIGINT, SIG_IGN); /* the trainer decides when workers stop */
+    worker w = {.c = c, .idx = idx, .fd = fd, .version = -1};
+    if (nn_new(&c->model, c->seed, &w.model) < 0) _exit(3);
+    signal(SIGPIPE, SIG_IGN);
+    for (;;) {
+        uint32_t type;
+        if (rl__msg_read(fd, &type, &w.msg) < 0) break;
+        int rc = type == RL_MSG_REQUEST ? serve_request(&w) : handle(&w, type);
+        if (rc == 1) break;
+        if (rc < 0) {
+            sh_log(SH_LOG_ERROR, "rl worker %d: %s", idx, sh_errmsg());
+            _exit(3);
+        }
+    }
+    _exit(0);
+}

@@ -1,0 +1,164 @@
+/* Fleet importers: the shoal fleet CSV and the Alibaba node lists, with a
+ * deterministic zone and fabric assignment for lists that have none. */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "csv.h"
+#include "shoal/common.h"
+#include "shoal/sim.h"
+
+#define FLEET_HEADER "node_id,zone,fabric,gpu_type,gpus,price_per_gpu_hour"
+
+/* Nominal on-demand prices per GPU-hour by model (documented in
+ * docs/sim-formats.md); the traces carry no prices, and cost comparisons
+ * between policies only need them to be consistent. */
+static const struct {
+    const char *model;
+    double price;
+} prices[] = {{"H800", 2.50},   {"H100", 2.50},  {"A100-SXM4-80GB", 1.80}, {"A800-SXM4-80GB", 1.80},
+              {"A100", 1.50},   {"A10", 0.60},   {"V100M32", 1.00},        {"V100M16", 0.90},
+              {"V100", 0.90},   {"P100", 0.50},  {"T4", 0.35},             {"K80", 0.20}};
+
+double sim_price_of(const char *t)
+{
+    for (size_t i = 0; i < sizeof prices / sizeof prices[0]; i++)
+        if (!strcasecmp(t, prices[i].model)) return prices[i].price;
+    return 1.00;
+}
+
+void sim_fleet_free(sim_fleet *f)
+{
+    if (!f) return;
+    free(f->nodes);
+    memset(f, 0, sizeof *f);
+}
+
+static int push(sim_fleet *f, size_t *cap, sim_node **out)
+{
+    if (f->n == *cap) {
+        size_t c = *cap ? *cap * 2 : 256;
+        sim_node *v = realloc(f->nodes, c * sizeof *v);
+        if (!v) return sh_err(SH_ENOMEM, "fleet: out of memory");
+        f->nodes = v, *cap = c;
+    }
+    *out = &f->nodes[f->n++];
+    memset(*out, 0, sizeof **out);
+    return 0;
+}
+
+/* Zone and fabric of the k-th node of its type (see sim_fleet_opts). */
+typedef struct tcount {
+    char type[SIM_NAME];
+    int k;
+} tcount;
+
+static int assign(sim_node *n, tcount *tc, int *ntc, const sim_fleet_opts *o)
+{
+    int i = 0;
+    while (i < *ntc && strcmp(tc[i].type, n->gpu_type)) i++;
+    if (i == *ntc) {
+        if (*ntc == 64) return sh_err(SH_ERANGE, "fleet: more than 64 GPU types");
+        snprintf(tc[i].type, SIM_NAME, "%s", n->gpu_type);
+        tc[i].k = 0, (*ntc)++;
+    }
+    int f = tc[i].k++ / o->fabric_nodes;
+    snprintf(n->zone, SIM_NAME, "z%d", f % o->zones);
+    snprintf(n->fabric, SIM_NAME, "%.40s-f%d", n->gpu_type, f);
+    return 0;
+}
+
+static int parse_line(const char *fmt, const char *path, size_t ln, char **fl, int nf,
+                      sim_node *n, int *skip)
+{
+    *skip = 0;
+    if (!strcmp(fmt, "shoal")) {
+        if (nf != 6) return sh_err(SH_EFORMAT, "%s:%zu: expected 6 fields (" FLEET_HEADER "), got %d", path, ln, nf);
+        SH_TRY(sim__name(n->id, SIM_NAME, fl[0], path, ln, "node_id"));
+        SH_TRY(sim__name(n->zone, SIM_NAME, fl[1], path, ln, "zone"));
+        SH_TRY(sim__name(n->fabric, SIM_NAME, fl[2], path, ln, "fabric"));
+        SH_TRY(sim__name(n->gpu_type, SIM_NAME, fl[3], path, ln, "gpu_type"));
+        SH_TRY(sim__int(fl[4], path, ln, "gpus", 1, SCHED_MAX_NODE_GPUS, &n->gpus));
+        return sim__num(fl[5], path, ln, "price_per_gpu_hour", 0, &n->price_per_gpu_hour);
+    }
+    if (!strcmp(fmt, "alibaba-v2023")) {
+        if (nf != 5) return sh_err(SH_EFORMAT, "%s:%zu: expected 5 fields (sn,cpu_milli,memory_mib,gpu,model), got %d", path, ln, nf);
+        SH_TRY(sim__name(n->id, SIM_NAME, fl[0], path, ln, "sn"));
+        SH_TRY(sim__int(fl[3], path, ln, "gpu", 0, SCHED_MAX_NODE_GPUS, &n->gpus));
+        if (!n->gpus) return *skip = 1, 0;
+        return sim__name(n->gpu_type, SIM_NAME, fl[4], path, ln, "model");
+    }
+    if (nf != 4) return sh_err(SH_EFORMAT, "%s:%zu: expected 4 fields (gpu_model,gpu_capacity_num,cpu_num,node_name), got %d", path, ln, nf);
+    char id[SIM_NAME];
+    SH_TRY(sim__name(id, SIM_NAME - 8, fl[3], path, ln, "node_name"));
+    snprintf(n->id, SIM_NAME, "node-%s", id);
+    SH_TRY(sim__int(fl[1], path, ln, "gpu_capacity_num", 0, SCHED_MAX_NODE_GPUS, &n->gpus));
+    if (!n->gpus) return *skip = 1, 0;
+    return sim__name(n->gpu_type, SIM_NAME, fl[0], path, ln, "gpu_model");
+}
+
+int sim_fleet_load(const char *path, const char *format, const sim_fleet_opts *opts, sim_fleet *out)
+{
+    static const char *const headers[] = {FLEET_HEADER, "sn,cpu_milli,memory_mib,gpu,model",
+                                          "gpu_model,gpu_capacity_num,cpu_num,node_name"};
+    static const char *const formats[] = {"shoal", "alibaba-v2023", "alibaba-v2026"};
+    int fi = -1;
+    for (int i = 0; i < 3; i++)
+        if (format && !strcmp(format, formats[i])) fi = i;
+    if (fi < 0)
+        return sh_err(SH_EINVAL, "unknown fleet format \"%s\" (use shoal, alibaba-v2023 or alibaba-v2026)",
+                      format ? format : "");
+    sim_fleet_opts o = {2, 32};
+    if (opts) o = *opts;
+    if (o.zones < 1 || o.fabric_nodes < 1)
+        return sh_err(SH_EINVAL, "fleet: zones and nodes per fabric must be >= 1");
+    memset(out, 0, sizeof *out);
+    char *text;
+    size_t len, cap = 0, ln = 0;
+    SH_TRY(sh_read_file(path, (size_t)1 << 30, &text, &len));
+    char *pos = text, *line;
+    int rc = 0, seen_header = 0, ntc = 0;
+    tcount tc[64];
+    while (!rc && (line = sim__next_line(&pos))) {
+        ln++;
+        if (!*line || *line == '#') continue;
+        if (!seen_header) {
+            if (strcmp(line, headers[fi]))
+                rc = sh_err(SH_EFORMAT, "%s:%zu: expected the header \"%s\"", path, ln, headers[fi]);
+            seen_header = 1;
+            continue;
+        }
+        char *fl[SIM__MAX_FIELDS];
+        int nf = sim__split(line, ',', fl, SIM__MAX_FIELDS), skip;
+        sim_node n;
+        memset(&n, 0, sizeof n);
+        rc = parse_line(format, path, ln, fl, nf, &n, &skip);
+        if (rc || skip) continue;
+        if (fi > 0) {
+            n.price_per_gpu_hour = sim_price_of(n.gpu_type);
+            rc = assign(&n, tc, &ntc, &o);
+        }
+        sim_node *slot = NULL;
+        if (!rc) rc = push(out, &cap, &slot);
+        if (!rc) *slot = n;
+    }
+    free(text);
+    if (!rc && !seen_header) rc = sh_err(SH_EFORMAT, "%s: empty fleet file (no header)", path);
+    if (!rc && !out->n) rc = sh_err(SH_EFORMAT, "%s: no GPU nodes", path);
+    if (rc) sim_fleet_free(out);
+    return rc;
+}
+
+int sim_fleet_write(const sim_fleet *f, const char *path)
+{
+    sh_buf b = {0};
+    int rc = sh_buf_printf(&b, FLEET_HEADER "\n");
+    for (size_t i = 0; i < f->n && !rc; i++) {
+        const sim_node *n = &f->nodes[i];
+        rc = sh_buf_printf(&b, "%s,%s,%s,%s,%d,%.4f\n", n->id, n->zone, n->fabric, n->gpu_type,
+                           n->gpus, n->price_per_gpu_hour);
+    }
+    if (!rc) rc = sh_write_atomic(path, b.data, b.len);
+    sh_buf_free(&b);
+    return rc;
+}

@@ -1,0 +1,379 @@
+/* Tests for src/rl: the interpreter and its sandbox limits, the tasks, each
+ * loss against a hand-computed example, GRPO advantages, the NaN guard of
+ * the training step, and end-to-end runs of `shoal rl train` (an async run
+ * that learns, a worker killed mid-run, bad configurations). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shoal/rl.h"
+
+static int run_sc(const char *prog, int64_t x, int64_t *r)
+{
+    rl_limits lim = rl_limits_default();
+    return rl_sc_run(prog, (int)strlen(prog), x, &lim, r);
+}
+
+static void test_interpreter(void **state)
+{
+    int64_t r = 0;
+    assert_int_equal(run_sc("x3+2*", 4, &r), RL_SC_OK);
+    assert_int_equal(r, 14);
+    assert_int_equal(run_sc("xd*1+", -3, &r), RL_SC_OK);
+    assert_int_equal(r, 10);
+    assert_int_equal(run_sc("5xs-", 2, &r), RL_SC_OK); /* swap: x - 5 */
+    assert_int_equal(r, -3);
+    assert_int_equal(run_sc("x7p", 9, &r), RL_SC_OK); /* pop */
+    assert_int_equal(r, 9);
+    /* A loop: count x down to 0 while adding 2 each time below it:
+     * stack [acc, n]; body: s 2 + s 1 -  (acc += 2, n -= 1). */
+    assert_int_equal(run_sc("0x[s2+s1-]p", 5, &r), RL_SC_OK);
+    assert_int_equal(r, 10);
+    assert_int_equal(run_sc("0[9]", 0, &r), RL_SC_OK); /* body skipped */
+    assert_int_equal(r, 0);
+}
+
+static void test_sandbox_limits(void **state)
+{
+    int64_t r;
+    rl_limits lim = rl_limits_default();
+    assert_int_equal(run_sc("1[]", 0, &r), RL_SC_STEPS);      /* endless loop */
+    assert_int_equal(run_sc("1[d]", 0, &r), RL_SC_STACK);     /* unbounded memory */
+    assert_int_equal(run_sc("9[d*]", 0, &r), RL_SC_OVERFLOW); /* 9^(2^k) */
+    assert_int_equal(run_sc("1[[[[[[[[[p]]]]]]]]]", 0, &r), RL_SC_DEPTH);
+    assert_int_equal(run_sc("x]", 0, &r), RL_SC_SYNTAX);
+    assert_int_equal(run_sc("x[", 0, &r), RL_SC_SYNTAX);
+    assert_int_equal(run_sc("x=", 0, &r), RL_SC_SYNTAX);
+    assert_int_equal(run_sc("+", 0, &r), RL_SC_UNDERFLOW);
+    assert_int_equal(run_sc("", 0, &r), RL_SC_UNDERFLOW);
+    char longp[100];
+    memset(longp, 'x', sizeof longp);
+    assert_int_equal(rl_sc_run(longp, 100, 0, &lim, &r), RL_SC_TOOLONG);
+    /* Limits are the caller's: a tighter step limit stops a finite loop. */
+    lim.max_steps = 20;
+    assert_int_equal(rl_sc_run("0x[s2+s1-]p", 11, 50, &lim, &r), RL_SC_STEPS);
+    lim = rl_limits_default();
+    lim.max_stack = 2;
+    assert_int_equal(rl_sc_run("123", 3, 0, &lim, &r), RL_SC_STACK);
+    assert_string_equal(rl_sc_status_name(RL_SC_STEPS), "step limit");
+}
+
+static void test_tasks(void **state)
+{
+    assert_int_equal(rl_vocab(), (int)strlen(RL_ALPHABET));
+    assert_int_equal(rl_chr(rl_tok('x')), 'x');
+    assert_int_equal(rl_tok('a'), -1);
+    int held = 0, train = 0;
+    for (uint64_t id = 0; id < 810; id++) {
+        rl_problem p;
+        int h;
+        rl_problem_make(RL_TASK_CODE, id, &p, &h);
+        held += h, train += !h;
+        /* The demonstration passes every hidden test. */
+        assert_float_equal(rl_reward(&p, p.answer, (int)strlen(p.answer), 1), 1.0, 0);
+        assert_float_equal(rl_reward(&p, p.answer, (int)strlen(p.answer), 0), 0.0, 0);
+        assert_true(strlen(p.prompt) + strlen(p.answer) + 3 <= 24);
+    }
+    assert_true(held > 100 && train > 500);
+    rl_problem p;
+    int h;
+    rl_problem_make(RL_TASK_CODE, 2, &p, &h); /* x*1 */
+    assert_string_equal(p.prompt, "x*1=");
+    /* "x" equals x*1 on every test; "2" matches only at x = 2: 1 of 6. */
+    assert_float_equal(rl_reward(&p, "x", 1, 1), 1.0, 0);
+    assert_float_equal(rl_reward(&p, "2", 1, 1), 1.0 / 6, 1e-6);
+    assert_float_equal(rl_reward(&p, "1[]", 3, 1), 0.0, 0);
+    /* Training draws never return held-out prompts, and vice versa. */
+    uint64_t rng = 5;
+    for (int i = 0; i < 200; i++) {
+        rl_problem_draw(RL_TASK_CODE, 0, &rng, &p);
+        rl_problem q;
+        rl_problem_make(RL_TASK_CODE, p.id, &q, &h);
+        assert_false(h);
+    }
+    rl_problem ev[16];
+    rl_eval_set(RL_TASK_ARITH, 16, ev);
+    for (int i = 0; i < 16; i++) {
+        rl_problem_make(RL_TASK_ARITH, ev[i].id, &p, &h);
+        assert_true(h);
+        int a, b;
+        assert_int_equal(sscanf(ev[i].prompt, "%d+%d=", &a, &b), 2);
+        char ans[8];
+        snprintf(ans, sizeof ans, "%d", a + b);
+        assert_float_equal(rl_reward(&ev[i], ans, (int)strlen(ans), 1), 1.0, 0);
+        assert_float_equal(rl_reward(&ev[i], "99", 2, 1), 0.0, 0);
+    }
+}
+
+/* The two-token example worked by hand in docs/rl.md:
+ *   t0: pi 0.5, pi_old 0.4, mu 0.1, A  1
+ *   t1: pi 0.3, pi_old 0.3, mu 0.5, A -0.5 */
+static const rl_tok_in ex[2] = {
+    {.logp = -0.69314718f, .lold = -0.91629073f, .lmu = -2.30258509f, .adv = 1.0f, .seq = 0},
+    {.logp = -1.20397280f, .lold = -1.20397280f, .lmu = -0.69314718f, .adv = -0.5f, .seq = 1},
+};
+
+static void check_loss(rl_loss_cfg c, int nseq, double want, float c0, float c1, int clipped,
+                       int masked)
+{
+    float coef[2];
+    rl_loss_stats st;
+    double l = rl_loss(&c, ex, 2, nseq, coef, &st);
+    if (fabs(l - want) > 1e-5)
+        fail_msg("%s: loss %.6f, expected %.6f", rl_loss_name(c.kind), l, want);
+    assert_float_equal(coef[0], c0, 1e-5);
+    assert_float_equal(coef[1], c1, 1e-5);
+    assert_int_equal(st.clipped, clipped);
+    assert_int_equal(st.masked, masked);
+}
+
+static void test_losses_hand_computed(void **state)
+{
+    /* pg: mean(-A log pi) = (0.693147 - 0.601986) / 2; coef = -A / n. */
+    check_loss(rl_loss_defaults(RL_LOSS_PG), 2, 0.0455805, -0.5f, 0.25f, 0, 0);
+    /* ppo vs mu: r0 = 5 clipped to 1.2 (A > 0) -> -1.2; r1 = 0.6, A < 0:
+     * min(-0.3, 0.8 * -0.5) = -0.4 -> +0.4.  Both clipped. */
+    check_loss(rl_loss_defaults(RL_LOSS_PPO), 2, -0.4, 0, 0, 2, 0);
+    /* tis: r vs pi_old: r0 = 1.25 -> 1.2, w0 = min(4, 2) = 2 -> -2.4;
+     * r1 = 1, w1 = 0.6 -> +0.3, coef = -w A r / n = 0.15. */
+    check_loss(rl_loss_defaults(RL_LOSS_TIS), 2, -1.05, 0, 0.15f, 1, 0);
+    /* mis (token): w0 = 4 outside [0.5, 2] is masked; t1 as tis with w 1. */
+    check_loss(rl_loss_defaults(RL_LOSS_MIS), 2, 0.25, 0, 0.25f, 0, 1);
+    /* mis (sequence): both tokens in one sequence, geometric mean
+     * sqrt(4 * 0.6) = 1.55 is in the band: nothing masked. */
+    rl_loss_cfg seq = rl_loss_defaults(RL_LOSS_MIS);
+    seq.mis_seq = 1;
+    rl_tok_in one[2] = {ex[0], ex[1]};
+    one[1].seq = 0;
+    float coef[2];
+    rl_loss_stats st;
+    assert_float_equal(rl_loss(&seq, one, 2, 1, coef, &st), (-1.2 + 0.5) / 2, 1e-5);
+    assert_int_equal(st.masked, 0);
+    /* ... while a band of [0.5, 1.2] masks the whole sequence. */
+    seq.mis_hi = 1.2f;
+    assert_float_equal(rl_loss(&seq, one, 2, 1, coef, &st), 0.0, 0);
+    assert_int_equal(st.masked, 2);
+    /* decoupled: w0 = 4 (uncapped) -> -4.8; w1 = 0.6 -> +0.3. */
+    check_loss(rl_loss_defaults(RL_LOSS_DECOUPLED), 2, -2.25, 0, 0.15f, 1, 0);
+    rl_loss_cfg cap = rl_loss_defaults(RL_LOSS_DECOUPLED);
+    cap.dec_cap = 3;
+    check_loss(cap, 2, -1.65, 0, 0.15f, 1, 0);
+}
+
+/* Every loss's coef is the derivative of its value with respect to logp
+ * (where it is differentiable). */
+static void test_loss_gradients(void **state)
+{
+    rl_tok_in t[6];
+    for (int i = 0; i < 6; i++)
+        t[i] = (rl_tok_in){.logp = -1.0f + 0.1f * i, .lold = -1.02f + 0.09f * i,
+                           .lmu = -1.1f + 0.13f * i, .adv = (i % 2 ? -0.7f : 0.9f), .seq = i / 3};
+    for (int k = RL_LOSS_PG; k <= RL_LOSS_DECOUPLED; k++) {
+        rl_loss_cfg c = rl_loss_defaults(k);
+        float coef[6], tmp[6];
+        rl_loss_stats st;
+        rl_loss(&c, t, 6, 2, coef, &st);
+        for (int i = 0; i < 6; i++) {
+            float keep = t[i].logp, eps = 1e-3f;
+            t[i].logp = keep + eps;
+            double lp = rl_loss(&c, t, 6, 2, tmp, &st);
+            t[i].logp = keep - eps;
+            double lm = rl_loss(&c, t, 6, 2, tmp, &st);
+            t[i].logp = keep;
+            double num = (lp - lm) / (2 * eps);
+            if (fabs(num - coef[i]) > 1e-3)
+                fail_msg("%s token %d: coef %g, numeric %g", rl_loss_name(k), i, coef[i], num);
+        }
+    }
+}
+
+static void test_grpo(void **state)
+{
+    rl_traj tr[6];
+    memset(tr, 0, sizeof tr);
+    float r[6] = {1, 0, 0, 1, 0.5f, 0.5f};
+    for (int i = 0; i < 6; i++) tr[i].reward = r[i], tr[i].group = i < 4 ? 3 : 4;
+    float adv[6];
+    rl_grpo_advantages(tr, 6, adv);
+    /* Group 3: mean 0.5, std 0.5 -> +-1; group 4 has no spread -> 0. */
+    assert_float_equal(adv[0], 1.0, 1e-5);
+    assert_float_equal(adv[1], -1.0, 1e-5);
+    assert_float_equal(adv[4], 0.0, 0);
+    assert_float_equal(adv[5], 0.0, 0);
+}
+
+static void test_nan_step_skipped(void **state)
+{
+    nn_config cfg = nn_config_default(rl_vocab());
+    rl_trainer t = {.loss = rl_loss_defaults(RL_LOSS_DECOUPLED), .temperature = 1, .minibatches = 2};
+    TU_OK(nn_new(&cfg, 3, &t.model));
+    TU_OK(nn_adamw_init(&t.opt, t.model, 1e-3f));
+    rl_problem p[2];
+    uint64_t rng = 9;
+    for (int i = 0; i < 2; i++) rl_problem_draw(RL_TASK_CODE, 0, &rng, &p[i]);
+    /* Top-p sampling makes the behaviour policy differ from the trainer's
+     * full softmax: the step measures that mismatch. */
+    rl_sampling s = {.temperature = 1, .top_p = 0.5f, .max_new = 8};
+    rl_traj tr[8];
+    rl_step_stats st;
+    TU_OK(rl_generate(t.model, p, 2, 4, 0, &s, &rng, 7, NULL, NULL, tr));
+    for (int i = 0; i < 8; i++) tr[i].reward = (float)(i % 2);
+    TU_OK(rl_train_step(&t, tr, 8, &st));
+    assert_true(st.abs_dlogp > 0.05);
+    s.top_p = 1;
+    TU_OK(rl_generate(t.model, p, 2, 4, 0, &s, &rng, 7, NULL, NULL, tr));
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(tr[i].vstart, 7);
+        assert_true(tr[i].len > tr[i].plen);
+        for (int j = tr[i].plen; j < tr[i].len; j++) assert_true(tr[i].blogp[j] <= 0);
+        tr[i].reward = (float)(i % 2); /* give every group a spread */
+    }
+    size_t np = nn_num_params(t.model);
+    float *before = malloc(np * 4);
+    memcpy(before, nn_params(t.model), np * 4);
+    rl_traj bad[8];
+    memcpy(bad, tr, sizeof bad);
+    bad[5].blogp[bad[5].plen] = NAN; /* a corrupt behaviour log-prob */
+    TU_ERR(rl_train_step(&t, bad, 8, &st), SH_ERANGE, "step skipped, weights kept");
+    assert_int_equal(st.skipped, 1);
+    assert_memory_equal(before, nn_params(t.model), np * 4);
+    /* A good step changes the weights; on-policy data has no mismatch. */
+    TU_OK(rl_train_step(&t, tr, 8, &st));
+    assert_int_equal(st.skipped, 0);
+    assert_true(memcmp(before, nn_params(t.model), np * 4) != 0);
+    print_message("on-policy mean |dlogp| %.2e\n", st.abs_dlogp);
+    assert_true(st.abs_dlogp < 1e-3);
+    free(before);
+    nn_adamw_free(&t.opt);
+    nn_free(t.model);
+}
+
+static void test_bf16_rounding(void **state)
+{
+    float w[4] = {1.0f, 1.00390625f /* 1 + 2^-8: a tie, rounds to even 1.0 */,
+                  1.01171875f /* 1 + 3*2^-8: a tie, rounds up to 1 + 2^-6 */, -3.14159265f};
+    rl_round_bf16(w, 4);
+    assert_float_equal(w[0], 1.0f, 0);
+    assert_float_equal(w[1], 1.0f, 0);
+    assert_float_equal(w[2], 1.015625f, 0);
+    assert_float_equal(w[3], -3.140625f, 0);
+}
+
+static void test_checkpoint_roundtrip(void **state)
+{
+    nn_config cfg = nn_config_default(rl_vocab());
+    nn_model *a, *b;
+    TU_OK(nn_new(&cfg, 11, &a));
+    TU_OK(nn_new(&cfg, 12, &b));
+    const char *path = tu_path("policy.safetensors");
+    json_t *extra = json_pack("{s:s}", "shoal.note", "test");
+    TU_OK(rl_save_checkpoint(a, path, 7, extra));
+    json_decref(extra);
+    TU_OK(rl_load_checkpoint(b, path));
+    /* b now holds a's weights rounded to bf16. */
+    size_t np = nn_num_params(a);
+    rl_round_bf16(nn_params(a), np);
+    assert_memory_equal(nn_params(a), nn_params(b), np * 4);
+    /* A model of another shape is refused, naming the tensor. */
+    nn_config small = cfg;
+    small.width = 32;
+    nn_model *c;
+    TU_OK(nn_new(&small, 1, &c));
+    TU_ERR(rl_load_checkpoint(c, path), SH_EMISMATCH, "model.embed_tokens.weight");
+    nn_free(a), nn_free(b), nn_free(c);
+}
+
+static json_t *run_json(const char *args, int want_rc)
+{
+    char *out = NULL;
+    int rc = tu_run(&out, "%s rl train %s --json 2>%s", tu_shoal(), args, tu_path("stderr.txt"));
+    if (rc != want_rc) {
+        size_t n;
+        uint8_t *err = tu_read_file(tu_path("stderr.txt"), &n);
+        fail_msg("shoal rl train %s: exit %d, expected %d: %s", args, rc, want_rc, (char *)err);
+    }
+    json_t *j = NULL;
+    if (!want_rc) TU_OK(sh_json_parse(out, strlen(out), "rl train output", &j));
+    free(out);
+    return j;
+}
+
+/* The acceptance run: a short async training with heterogeneous workers
+ * raises the held-out reward. */
+static void test_async_run_learns(void **state)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    skip(); /* about 10 s optimised; the ASan build runs the fault test below */
+#endif
+    json_t *j = run_json("--mode async --max-lag 2 --loss decoupled --steps 50 --seed 1 --quiet", 0);
+    double r0 = json_number_value(json_object_get(j, "reward_start"));
+    double r1 = json_number_value(json_object_get(j, "reward_end"));
+    print_message("async run: held-out reward %.3f -> %.3f\n", r0, r1);
+    assert_true(r1 > r0 + 0.15);
+    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 50);
+    assert_true(json_number_value(json_object_get(j, "tokens_per_s")) > 0);
+    /* Trajectories came from every worker, and some were updated mid-flight. */
+    json_t *w;
+    size_t i;
+    json_array_foreach(json_object_get(j, "workers"), i, w)
+        assert_true(json_integer_value(json_object_get(w, "trajectories")) > 0);
+    json_decref(j);
+}
+
+static void test_worker_killed(void **state)
+{
+    json_t *j = run_json("--mode async --steps 8 --warm 5 --eval-every 4 --eval-n 8 --prompts 4 "
+                         "--kill-worker-at 3 --gen-cost 1 --quiet", 0);
+    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 8);
+    assert_true(json_integer_value(json_object_get(j, "worker_deaths")) >= 1);
+    assert_true(json_integer_value(json_object_get(j, "respawns")) >= 1);
+    json_decref(j);
+    /* Without respawn the run still finishes on the workers left. */
+    j = run_json("--mode sync --steps 6 --warm 5 --eval-every 3 --eval-n 8 --prompts 4 "
+                 "--kill-worker-at 2 --no-respawn --gen-cost 1 --quiet", 0);
+    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 6);
+    assert_int_equal(json_integer_value(json_object_get(j, "respawns")), 0);
+    json_decref(j);
+}
+
+static void test_bad_configs(void **state)
+{
+    static const struct {
+        const char *args, *needle;
+    } cases[] = {
+        {"--loss foo", "pg, ppo, tis, mis or decoupled"},
+        {"--max-lag -1", "--max-lag"},
+        {"--mode later", "sync or async"},
+        {"--workers h100:2:1", "speed 2 must be in (0,1]"},
+        {"--workers h100", "name:speed:price"},
+        {"--group 1", "GRPO needs"},
+        {"--rollout-dtype fp4", "fp32, bf16 or fp8"},
+        {"--width 30", "multiple of heads"},
+        {"--steps", "needs a value"},
+        {"--bogus 1", "unknown option"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        int rc = tu_run(&out, "%s rl train %s", tu_shoal(), cases[i].args);
+        if (rc != 2 || !strstr(out, cases[i].needle))
+            fail_msg("rl train %s: exit %d, output lacks \"%s\": %s", cases[i].args, rc,
+                     cases[i].needle, out);
+        free(out);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_interpreter),      cmocka_unit_test(test_sandbox_limits),
+        cmocka_unit_test(test_tasks),            cmocka_unit_test(test_losses_hand_computed),
+        cmocka_unit_test(test_loss_gradients),   cmocka_unit_test(test_grpo),
+        cmocka_unit_test(test_nan_step_skipped), cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_checkpoint_roundtrip),
+        cmocka_unit_test(test_bad_configs),      cmocka_unit_test(test_worker_killed),
+        cmocka_unit_test(test_async_run_learns),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
