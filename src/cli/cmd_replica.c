@@ -25,15 +25,36 @@ static const char usage_text[] =
     "  --until V           exit once version V or newer is active\n"
     "  --seconds S         exit after S seconds (status 1 if --until was not met)\n"
     "  --fp8               keep an FP8 serving copy (needs the delta codec)\n"
+    "  --stats-file F      rewrite F (JSON) after each activation\n"
     "  --json              print one JSON object at exit\n";
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = 1; }
 
 typedef struct ctx {
-    const char *hook;
+    const char *hook, *stats_file;
     int json;
+    store_replica *r;
 } ctx;
+
+static json_t *info_json(const store_replica_info *info)
+{
+    char iso[64] = "";
+    if (info->version) {
+        time_t secs = (time_t)info->activated_at;
+        struct tm tm;
+        gmtime_r(&secs, &tm);
+        size_t k = strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%S", &tm);
+        snprintf(iso + k, sizeof iso - k, ".%06ldZ", (long)((info->activated_at - (double)secs) * 1e6));
+    }
+    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:s}", "version", (json_int_t)info->version,
+                     "activated_at", iso, "activated_at_us", (json_int_t)(info->activated_at * 1e6),
+                     "pause_ms_max", info->pause_max_ms, "activations", (json_int_t)info->activations,
+                     "failures", (json_int_t)info->failures, "bytes_received",
+                     (json_int_t)info->push.bytes_received, "chunks_corrupt",
+                     (json_int_t)info->push.chunks_corrupt, "reattaches", (json_int_t)info->push.reattaches,
+                     "redirects", (json_int_t)info->push.redirects, "last_error", info->last_error);
+}
 
 static void after(void *arg, uint64_t v, double at)
 {
@@ -51,6 +72,19 @@ static void after(void *arg, uint64_t v, double at)
         int st = system(c->hook);
         if (st != 0) fprintf(stderr, "shoal replica: --on-activate hook exited with status %d\n", st);
     }
+}
+
+/* Rewrites the stats file when the version moved (and once at start). */
+static void write_stats(ctx *c, store_replica_info *last)
+{
+    store_replica_info info;
+    store_replica_get_info(c->r, &info);
+    if (info.version == last->version && last->activations) return;
+    json_t *j = info_json(&info);
+    if (sh_json_write_atomic(c->stats_file, j) < 0) fprintf(stderr, "shoal replica: %s\n", sh_errmsg());
+    json_decref(j);
+    *last = info;
+    last->activations = 1;
 }
 
 static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint64_t *until,
@@ -72,6 +106,7 @@ static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint6
         else if (!strcmp(a, "--run")) cfg->run = v;
         else if (!strcmp(a, "--zone")) cfg->zone = v;
         else if (!strcmp(a, "--on-activate")) c->hook = v;
+        else if (!strcmp(a, "--stats-file")) c->stats_file = v;
         else if (!strcmp(a, "--parent")) {
             if (cfg->nparents == BCAST_MAX_ADDRS) return cli_usage("replica", "too many --parent");
             cfg->parents[cfg->nparents++] = v;
@@ -111,6 +146,8 @@ int cli_cmd_replica(int argc, char **argv)
     signal(SIGINT, on_signal);
     store_replica *r;
     if ((rc = store_replica_open(&cfg, &r)) < 0) return cli_fail("replica", rc);
+    c.r = r;
+    store_replica_info last = {0};
     double end = seconds > 0 ? sh_now_mono() + seconds : 0;
     int met = 0;
     while (!g_stop && (!end || sh_now_mono() < end)) {
@@ -119,26 +156,13 @@ int cli_cmd_replica(int argc, char **argv)
             break;
         }
         sh_sleep(0.01);
+        if (c.stats_file) write_stats(&c, &last);
     }
     store_replica_info info;
     store_replica_get_info(r, &info);
     store_replica_close(r);
     if (c.json) {
-        char iso[64];
-        time_t secs = (time_t)info.activated_at;
-        struct tm tm;
-        gmtime_r(&secs, &tm);
-        size_t k = strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%S", &tm);
-        snprintf(iso + k, sizeof iso - k, ".%06ldZ", (long)((info.activated_at - (double)secs) * 1e6));
-        json_t *j = json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:s}", "version", (json_int_t)info.version,
-                              "activated_at", info.version ? iso : "",
-                              "activated_at_us", (json_int_t)(info.activated_at * 1e6), "pause_ms_max", info.pause_max_ms,
-                              "activations", (json_int_t)info.activations, "failures",
-                              (json_int_t)info.failures, "bytes_received",
-                              (json_int_t)info.push.bytes_received, "chunks_corrupt",
-                              (json_int_t)info.push.chunks_corrupt, "reattaches",
-                              (json_int_t)info.push.reattaches, "redirects", (json_int_t)info.push.redirects,
-                              "last_error", info.last_error);
+        json_t *j = info_json(&info);
         sh_json_print(j);
         json_decref(j);
     }

@@ -217,6 +217,22 @@ static int activate(store_replica *r, const store_version *v, const char *path)
     return SH_OK;
 }
 
+/* A pushed anchor is already a private file of this replica (a hard link to
+ * the spool): it becomes the model by another link once its hash checks,
+ * which saves a copy of the whole model. */
+static int adopt_anchor(const store_version *v, const char *payload, const char *out)
+{
+    sh_hash128 h;
+    uint64_t n;
+    SH_TRY(store__hash_file(payload, &h, &n));
+    if (n != v->model_size || !sh_hash128_eq(h, v->model_xxh3))
+        return sh_err(SH_EMISMATCH, "version %llu: pushed anchor %s does not match its manifest",
+                      (unsigned long long)v->version, payload);
+    unlink(out);
+    if (link(payload, out) < 0) return store_apply_payload(v, payload, NULL, out);
+    return sh_fsync_parent(out);
+}
+
 /* Builds version v from a payload: an anchor alone, or a delta on the
  * active model. */
 static int apply_pending(store_replica *r, const pending *p)
@@ -232,8 +248,10 @@ static int apply_pending(store_replica *r, const pending *p)
         rc = sh_err(SH_EMISMATCH, "delta to version %llu needs version %llu, replica holds %llu",
                     (unsigned long long)p->ver.version, (unsigned long long)p->ver.base,
                     (unsigned long long)(cur ? cur->version : 0));
+    else if (p->ver.anchor)
+        rc = adopt_anchor(&p->ver, p->payload, out);
     else
-        rc = store_apply_payload(&p->ver, p->payload, p->ver.anchor ? NULL : cur->path, out);
+        rc = store_apply_payload(&p->ver, p->payload, cur->path, out);
     model_unref(r, cur);
     if (rc == 0) rc = activate(r, &p->ver, out);
     if (rc < 0) unlink(out);
