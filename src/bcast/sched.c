@@ -88,15 +88,17 @@ static bcast__obj *next_obj(bcast_node *n, const bcast__peer *p)
     return anchor;
 }
 
-/* A token bucket of at most one chunk: a chunk leaves only once the link has
- * had the time to carry it, so each hop adds one chunk time, as
- * store-and-forward over a real link would. */
+/* A token bucket: a chunk leaves only once the link has had the time to
+ * carry it, so each hop adds one chunk time, as store-and-forward over a
+ * real link would. */
 static int rate_ok(bcast_node *n, uint32_t len, double now)
 {
     if (n->cfg.egress_bps <= 0) return 1;
     n->tokens += (now - n->tok_t) * n->cfg.egress_bps;
     n->tok_t = now;
-    if (n->tokens > len) n->tokens = len;
+    /* At most two chunks of credit: enough to catch up after the loop was
+     * descheduled, too little to burst past the link's rate. */
+    if (n->tokens > 2.0 * len) n->tokens = 2.0 * len;
     if (n->tokens >= len) {
         n->tokens -= len;
         return 1;

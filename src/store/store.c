@@ -166,6 +166,9 @@ static int parse_manifest(const char *want_run, uint64_t v, const char *ctx, jso
         return sh_err(SH_EFORMAT, "%s: a delta's base must be %lld, not %lld", ctx, (long long)ver - 1,
                       (long long)base);
     if (size < 0 || msize < 0) return sh_err(SH_EFORMAT, "%s: negative size", ctx);
+    if (m->anchor && (size != msize || !sh_hash128_eq(m->xxh3, m->model_xxh3)))
+        return sh_err(SH_EFORMAT, "%s: an anchor's payload is its model: size and xxh3 must equal "
+                      "model_size and model_xxh3", ctx);
     if (strchr(file, '/') || !file[0] || strlen(file) >= sizeof m->file)
         return sh_err(SH_EFORMAT, "%s: file \"%s\" must be a plain name", ctx, file);
     m->version = v;
