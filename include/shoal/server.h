@@ -1,0 +1,86 @@
+/* shoal server: the control plane's HTTP/JSON API over SQLite state.
+ *
+ * The server keeps an in-memory model of nodes, jobs and their members (one
+ * member per rank of a job) and writes every change through to SQLite in WAL
+ * mode before it answers, so that a process killed at any instant restarts
+ * with every accepted job and no duplicate.  Placement decisions come from the
+ * scheduling core behind src/server/seam.c; the server only carries them out:
+ * it hands assignments to node agents, runs the gang launch barrier, notices
+ * missed heartbeats and applies each job's failure policy.
+ *
+ * Specs: docs/server-api.md (HTTP endpoints), docs/job-format.md (job files),
+ * docs/agent-protocol.md (what agents send and receive).
+ *
+ * This header also holds the small HTTP/1.1 client the command line, the
+ * agents and the benchmark use to talk to a server (srv_client_*). */
+#ifndef SHOAL_SERVER_H
+#define SHOAL_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct srv srv;
+
+typedef struct srv_config {
+    const char *db_path;       /* SQLite file; its directory also holds logs/ */
+    const char *tokens_path;   /* JSON {"admin":..,"agent":..,"tenants":{name:token}} */
+    const char *web_dir;       /* static dashboard files; NULL: no dashboard */
+    const char *bind_addr;     /* default "127.0.0.1" */
+    int port;                  /* 0: pick a free port (see srv_port) */
+    double heartbeat_timeout;  /* seconds without a poll before a node is dead (default 3) */
+    size_t max_body;           /* largest request body in bytes (default 1 MiB) */
+    const char *provider_cmd;  /* autoscaling hook (NULL: none); see docs/server-api.md */
+    const char *provider_quota; /* "ZONE,FABRIC,GPU_TYPE,GPUS,MAX_NODES,PRICE" it may add */
+    int max_provider_nodes;    /* unused; MAX_NODES of the quota bounds scale-up */
+    double scale_up_wait_s;    /* a job queued this long asks for nodes (default 2) */
+    double scale_down_idle_s;  /* an idle provider node is released after (default 10) */
+    int sync_full;             /* 1: SQLite synchronous=FULL (survives power loss) */
+    int manual_cycles;         /* 1: no scheduler thread; call srv_cycle_for_bench (bench) */
+} srv_config;
+
+/* Opens the database (creating or migrating it), loads the state, starts the
+ * HTTP daemon and the scheduler thread.  On success *out owns everything;
+ * free with srv_stop().  Fails with a message naming the file or port. */
+int srv_start(const srv_config *cfg, srv **out);
+/* The TCP port the server listens on. */
+int srv_port(const srv *s);
+/* Stops the daemon and the scheduler thread and closes the database. */
+void srv_stop(srv *s);
+
+/* Runs one scheduling cycle in this thread (used by `shoal bench control`);
+ * returns its duration in seconds, or a negative SH_E* code. */
+double srv_cycle_for_bench(srv *s);
+/* Registers `n` nodes that no agent backs (for the benchmark only): they
+ * never poll, so they stay alive only while heartbeat_timeout is long. */
+int srv_add_bench_nodes(srv *s, int n, const char *gpu_type, int gpus);
+
+/* ---- client ----------------------------------------------------------- */
+
+typedef struct srv_client srv_client;
+
+/* `url` is "http://host:port" (a trailing slash is ignored); `token` may be
+ * NULL.  The connection is opened lazily and kept alive across requests. */
+int srv_client_new(const char *url, const char *token, srv_client **out);
+void srv_client_free(srv_client *c);
+/* Sends one request.  `body` (may be NULL) is sent as JSON; *status gets the
+ * HTTP status and *reply the parsed JSON body (NULL if the body was not
+ * JSON; caller owns it).  Transport failures return SH_EIO naming the URL;
+ * an HTTP error status is not a failure here.  `extra_header` (may be NULL)
+ * is one "Name: value" line. */
+int srv_client_call(srv_client *c, const char *method, const char *path, const json_t *body,
+                    const char *extra_header, double timeout_s, int *status, json_t **reply);
+/* Like srv_client_call, returning the raw reply body (caller frees). */
+int srv_client_raw(srv_client *c, const char *method, const char *path, const char *body,
+                   size_t body_len, const char *extra_header, double timeout_s, int *status,
+                   char **reply, size_t *reply_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,340 @@
+/* The agent's loop: register, then poll; each poll is the heartbeat, carries
+ * the members' states and output, and brings back the members the server
+ * wants on this node (docs/agent-protocol.md). */
+#include "agent_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+int agent_detect_gpus(char *gpu_type, size_t cap, int *gpus)
+{
+    FILE *p = popen("nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null", "r");
+    if (!p) return sh_err(SH_ENOENT, "nvidia-smi: cannot run");
+    char line[256];
+    int n = 0;
+    while (fgets(line, sizeof line, p)) {
+        if (!n) {
+            /* "NVIDIA H100 80GB HBM3" -> "H100": the first word with a digit. */
+            char *tok = strtok(line, " \n");
+            const char *pickw = tok;
+            for (; tok; tok = strtok(NULL, " \n"))
+                if (strpbrk(tok, "0123456789")) {
+                    pickw = tok;
+                    break;
+                }
+            snprintf(gpu_type, cap, "%s", pickw ? pickw : "GPU");
+        }
+        n++;
+    }
+    int st = pclose(p);
+    if (st != 0 || n == 0) return sh_err(SH_ENOENT, "nvidia-smi is absent or lists no GPU");
+    *gpus = n;
+    return SH_OK;
+}
+
+/* Copies bytes as UTF-8, replacing invalid sequences with '?', so that any
+ * program output can travel in a JSON string. */
+static json_t *utf8_string(const uint8_t *p, size_t n)
+{
+    char *o = malloc(n + 1);
+    if (!o) return json_string("");
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        uint8_t c = p[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = len > 0 && i + len <= n && c != 0;
+        for (int j = 1; ok && j < len; j++) ok = (p[i + j] & 0xC0) == 0x80;
+        if (ok) {
+            memcpy(o + k, p + i, (size_t)len);
+            k += (size_t)len;
+            i += (size_t)len;
+        } else {
+            o[k++] = '?';
+            i++;
+        }
+    }
+    json_t *s = json_stringn(o, k);
+    if (!s) { /* overlong forms or surrogates: fall back to ASCII */
+        for (size_t i = 0; i < k; i++) if ((uint8_t)o[i] >= 0x80) o[i] = '?';
+        s = json_stringn(o, k);
+    }
+    free(o);
+    return s ? s : json_string("");
+}
+
+static int do_register(agent *a)
+{
+    json_t *b = json_pack("{s:s,s:s,s:i,s:s,s:s,s:s,s:f,s:s,s:b}", "name", a->cfg.name, "gpu_type",
+                          a->gpu_type, "gpus", a->gpus, "zone", a->cfg.zone, "fabric", a->cfg.fabric,
+                          "addr", a->cfg.addr, "price_per_gpu_hour", a->cfg.price, "sandbox",
+                          a->sandbox, "from_provider", a->cfg.from_provider);
+    int status = 0;
+    json_t *reply = NULL;
+    int rc = srv_client_call(a->cl, "POST", "/v1/agent/register", b, NULL, 10, &status, &reply);
+    json_decref(b);
+    if (rc == SH_OK && status != 200)
+        rc = sh_err(status == 401 || status == 403 ? SH_EPERM : SH_EINVAL, "register node %s: HTTP %d: %s",
+                    a->cfg.name, status, json_string_value(json_object_get(reply, "error")));
+    json_decref(reply);
+    a->version = -1;
+    return rc;
+}
+
+static agent_member *find(agent *a, int64_t job, int attempt, int rank)
+{
+    for (int i = 0; i < a->nm; i++)
+        if (a->m[i].job == job && a->m[i].attempt == attempt && a->m[i].rank == rank) return &a->m[i];
+    return NULL;
+}
+
+/* Reads what members wrote and reaps those that ended; returns 1 if
+ * anything happened that the server should hear about at once. */
+static void drain(agent_member *m)
+{
+    if (m->out_fd < 0) return;
+    char buf[16384];
+    ssize_t n = -1;
+    while (m->log.len < (1 << 20) && (n = read(m->out_fd, buf, sizeof buf)) > 0)
+        sh_buf_append(&m->log, buf, (size_t)n);
+    if (n == 0) {
+        close(m->out_fd);
+        m->out_fd = -1;
+    }
+}
+
+static int collect(agent *a, double now)
+{
+    int news = 0;
+    for (int i = 0; i < a->nm; i++) {
+        agent_member *m = &a->m[i];
+        drain(m);
+        if (m->state == AM_EXITED) continue;
+        if (m->stopping) agent__stop(a, m, now);
+        int st;
+        pid_t r = waitpid(m->pid, &st, WNOHANG);
+        if (r == m->pid) {
+            m->state = AM_EXITED;
+            m->exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            drain(m); /* what it wrote before exiting is in the pipe now */
+            agent__cgroup_cleanup(m);
+            news = 1;
+        }
+    }
+    return news;
+}
+
+static json_t *reports(agent *a, json_t **logs)
+{
+    static const char *const names[] = {"ready", "running", "exited"};
+    json_t *out = json_array();
+    *logs = json_array();
+    for (int i = 0; i < a->nm; i++) {
+        agent_member *m = &a->m[i];
+        json_t *r = json_pack("{s:I,s:i,s:i,s:s}", "job", (json_int_t)m->job, "attempt", m->attempt,
+                              "rank", m->rank, "state", names[m->state]);
+        if (m->state == AM_EXITED) {
+            json_object_set_new(r, "exit_code", json_integer(m->exit_code));
+            m->reported = 1;
+        }
+        json_array_append_new(out, r);
+        if (m->log.len)
+            json_array_append_new(*logs, json_pack("{s:I,s:i,s:i,s:o}", "job", (json_int_t)m->job,
+                                                   "attempt", m->attempt, "rank", m->rank, "data",
+                                                   utf8_string(m->log.data, m->log.len)));
+    }
+    return out;
+}
+
+static void forget(agent *a, int i)
+{
+    agent_member *m = &a->m[i];
+    if (m->out_fd >= 0) close(m->out_fd);
+    if (m->barrier_fd >= 0) close(m->barrier_fd);
+    if (m->exec_fd >= 0) close(m->exec_fd);
+    sh_buf_free(&m->log);
+    agent__cgroup_cleanup(m);
+    sh_rm_rf(m->workdir);
+    a->m[i] = a->m[--a->nm];
+}
+
+static void start_member(agent *a, const json_t *d, int64_t job, int attempt, int rank)
+{
+    if (a->nm == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 8;
+        agent_member *nm = realloc(a->m, (size_t)cap * sizeof *nm);
+        if (!nm) return;
+        a->m = nm;
+        a->cap = cap;
+    }
+    agent_member *m = &a->m[a->nm];
+    memset(m, 0, sizeof *m);
+    m->job = job;
+    m->attempt = attempt;
+    m->rank = rank;
+    m->out_fd = m->barrier_fd = m->exec_fd = -1;
+    if (agent__launch(a, m, d) < 0) {
+        sh_warn("agent %s: job %lld rank %d: %s", a->cfg.name, (long long)job, rank, sh_errmsg());
+        m->state = AM_EXITED;
+        m->exit_code = 126;
+        sh_buf_printf(&m->log, "shoal agent: cannot launch: %s\n", sh_errmsg());
+    }
+    a->nm++;
+}
+
+/* Makes the local members match the server's list; returns 1 when a state
+ * changed that the server should hear about at once. */
+static int apply(agent *a, const json_t *want)
+{
+    int news = 0;
+    for (int i = 0; i < a->nm; i++) a->m[i].stopping = 1;
+    size_t k;
+    json_t *d;
+    json_array_foreach(want, k, d) {
+        int64_t job = json_integer_value(json_object_get(d, "job"));
+        int attempt = (int)json_integer_value(json_object_get(d, "attempt"));
+        int rank = (int)json_integer_value(json_object_get(d, "rank"));
+        agent_member *m = find(a, job, attempt, rank);
+        if (!m) {
+            start_member(a, d, job, attempt, rank);
+            m = &a->m[a->nm - 1];
+            news = 1;
+        }
+        m->stopping = 0;
+        if (m->state == AM_READY && json_is_true(json_object_get(d, "go"))) {
+            int e = agent__release(a, m);
+            if (e) sh_buf_printf(&m->log, "shoal agent: cannot run the command: %s\n", strerror(e));
+            news = 1;
+        }
+    }
+    double now = sh_now_mono();
+    for (int i = a->nm - 1; i >= 0; i--) {
+        agent_member *m = &a->m[i];
+        if (!m->stopping) continue;
+        if (m->state == AM_EXITED && (m->reported || m->exit_code == 125)) forget(a, i);
+        else if (m->state != AM_EXITED) agent__stop(a, m, now);
+    }
+    return news;
+}
+
+static int poll_once(agent *a, int wait_ms)
+{
+    json_t *logs, *mem = reports(a, &logs);
+    json_t *b = json_pack("{s:s,s:I,s:i,s:o,s:o}", "node", a->cfg.name, "version", (json_int_t)a->version,
+                          "wait_ms", wait_ms, "members", mem, "logs", logs);
+    int status = 0;
+    json_t *reply = NULL;
+    int rc = srv_client_call(a->cl, "POST", "/v1/agent/poll", b, NULL, 10 + wait_ms / 1000.0, &status, &reply);
+    json_decref(b);
+    if (rc < 0) return rc;
+    if (status == 404) {
+        json_decref(reply);
+        return SH_ENOENT;
+    }
+    if (status != 200 || !reply) {
+        rc = sh_err(SH_EIO, "poll: HTTP %d: %s", status, json_string_value(json_object_get(reply, "error")));
+        json_decref(reply);
+        return rc;
+    }
+    for (int i = 0; i < a->nm; i++) a->m[i].log.len = 0;
+    a->version = json_integer_value(json_object_get(reply, "version"));
+    int news = apply(a, json_object_get(reply, "members"));
+    json_decref(reply);
+    return news;
+}
+
+static int setup(agent *a, const agent_config *cfg)
+{
+    a->cfg = *cfg;
+    if (!a->cfg.zone) a->cfg.zone = "local";
+    if (!a->cfg.fabric) a->cfg.fabric = "tcp";
+    if (!a->cfg.addr) a->cfg.addr = "127.0.0.1";
+    if (!a->cfg.work_dir) a->cfg.work_dir = "/tmp/shoal-agent";
+    if (!a->cfg.sandbox) a->cfg.sandbox = "auto";
+    if (a->cfg.grace_s <= 0) a->cfg.grace_s = 2;
+    if (!a->cfg.name || !*a->cfg.name) return sh_err(SH_EINVAL, "agent: a node name is required (--name)");
+    a->pid = getpid();
+    a->gpus = cfg->gpus;
+    snprintf(a->gpu_type, sizeof a->gpu_type, "%s", cfg->gpu_type ? cfg->gpu_type : "");
+    if (!cfg->gpu_type || cfg->gpus < 0) {
+        char t[64];
+        int n = 0;
+        if (agent_detect_gpus(t, sizeof t, &n) < 0)
+            return sh_err(SH_EINVAL, "agent %s: no nvidia-smi here: declare the GPUs with --gpu-type and --gpus",
+                          a->cfg.name);
+        if (!cfg->gpu_type) snprintf(a->gpu_type, sizeof a->gpu_type, "%s", t);
+        if (cfg->gpus < 0) a->gpus = n;
+    }
+    SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0755));
+    /* Members chdir and bind-mount it: it must be absolute. */
+    if (!realpath(a->cfg.work_dir, a->work_abs)) return sh_err_errno(errno, "agent: work dir %s", a->cfg.work_dir);
+    a->cfg.work_dir = a->work_abs;
+    int b = agent_probe_sandbox(a->cfg.sandbox, a->sandbox, sizeof a->sandbox);
+    if (b < 0) return b;
+    a->use_bwrap = b;
+    agent__cgroup_root("memory", a->cg_mem, sizeof a->cg_mem);
+    agent__cgroup_root("pids", a->cg_pids, sizeof a->cg_pids);
+    agent__cgroup_sweep(a->cg_mem);
+    agent__cgroup_sweep(a->cg_pids);
+    return srv_client_new(a->cfg.server, a->cfg.token, &a->cl);
+}
+
+int agent_run(const agent_config *cfg, volatile sig_atomic_t *stop)
+{
+    agent a = {0};
+    int rc = setup(&a, cfg);
+    if (rc < 0) {
+        srv_client_free(a.cl);
+        return rc;
+    }
+    sh_info("agent %s: %d x %s, sandbox %s", a.cfg.name, a.gpus, a.gpu_type, a.sandbox);
+    int registered = 0, news = 1;
+    double backoff = 0.05;
+    while (!*stop) {
+        if (!registered) {
+            rc = do_register(&a);
+            if (rc == SH_EPERM || rc == SH_EINVAL) break; /* retrying cannot help */
+            if (rc < 0) {
+                sh_sleep(backoff);
+                backoff = backoff < 1 ? backoff * 2 : 1;
+                continue;
+            }
+            registered = 1;
+            backoff = 0.05;
+        }
+        news |= collect(&a, sh_now_mono());
+        int any_live = 0;
+        for (int i = 0; i < a.nm; i++) any_live |= a.m[i].state != AM_EXITED || a.m[i].out_fd >= 0;
+        int r = poll_once(&a, news ? 0 : any_live ? 100 : 250);
+        if (r == SH_ENOENT) registered = 0;
+        else if (r < 0) {
+            /* The server is down or restarting: keep the members running and
+             * retry; they are reconciled when it answers again. */
+            sh_debug("agent %s: %s", a.cfg.name, sh_errmsg());
+            sh_sleep(backoff);
+            backoff = backoff < 0.5 ? backoff * 2 : 0.5;
+            news = 1;
+            continue;
+        } else backoff = 0.05;
+        news = r > 0;
+    }
+    /* Stopping the agent stops its members: they must not outlive the node's
+     * heartbeat, or the server would run them twice. */
+    double until = sh_now_mono() + a.cfg.grace_s + 1;
+    for (;;) {
+        int live = 0;
+        for (int i = 0; i < a.nm; i++) {
+            a.m[i].stopping = 1;
+            live |= a.m[i].state != AM_EXITED;
+        }
+        if (!live || sh_now_mono() > until) break;
+        collect(&a, sh_now_mono());
+        sh_sleep(0.02);
+    }
+    while (a.nm) forget(&a, a.nm - 1);
+    free(a.m);
+    srv_client_free(a.cl);
+    return rc == SH_EPERM || rc == SH_EINVAL ? rc : SH_OK;
+}

@@ -1,0 +1,363 @@
+/* Launching members: fork, hold at the barrier, exec inside the sandbox.
+ *
+ * The child is forked as soon as the member is assigned and blocks reading
+ * the barrier pipe, so that "ready" means the process exists, sits in its
+ * cgroups and has its working directory: opening the barrier then costs one
+ * write and one exec.  Closing the pipe without writing cancels the launch.
+ *
+ * Isolation: bubblewrap (new pid, ipc, uts and mount namespaces, read-only
+ * root, private /tmp, writable working directory and the job's "writable"
+ * paths) and cgroup limits (memory, pids) through whichever hierarchy the
+ * kernel mounts them on: v2 when its controllers are enabled, else v1. */
+#include "agent_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *const bwrap_base[] = {"bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc",
+                                         "--unshare-uts", "--ro-bind", "/", "/", "--dev", "/dev",
+                                         "--proc", "/proc", "--tmpfs", "/tmp", NULL};
+
+static int bwrap_works(void)
+{
+    pid_t p = fork();
+    if (p < 0) return 0;
+    if (p == 0) {
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, 1);
+        dup2(null, 2);
+        char *argv[32];
+        int n = 0;
+        for (; bwrap_base[n]; n++) argv[n] = (char *)bwrap_base[n];
+        argv[n++] = "true";
+        argv[n] = NULL;
+        execvp("bwrap", argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(p, &st, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* The cgroup directory under which members' groups go for `ctl`, or "" if
+ * the controller cannot be used here. */
+void agent__cgroup_root(const char *ctl, char *out, size_t cap)
+{
+    char p[512];
+    out[0] = 0;
+    char *ctls = NULL;
+    size_t len;
+    if (sh_read_file("/sys/fs/cgroup/cgroup.subtree_control", 4096, &ctls, &len) == 0 && strstr(ctls, ctl)) {
+        snprintf(p, sizeof p, "/sys/fs/cgroup/shoal");
+    } else {
+        snprintf(p, sizeof p, "/sys/fs/cgroup/%s/shoal", ctl);
+        char parent[512];
+        snprintf(parent, sizeof parent, "/sys/fs/cgroup/%s", ctl);
+        if (!sh_is_dir(parent)) p[0] = 0;
+    }
+    free(ctls);
+    if (!p[0] || (mkdir(p, 0755) < 0 && errno != EEXIST)) return;
+    snprintf(out, cap, "%s", p);
+}
+
+int agent_probe_sandbox(const char *mode, char *out, size_t cap)
+{
+    int use_bwrap = 0;
+    if (strcmp(mode, "none")) {
+        use_bwrap = bwrap_works();
+        if (!use_bwrap && !strcmp(mode, "bwrap"))
+            return sh_err(SH_EINVAL, "sandbox bwrap: `bwrap` is missing or the kernel refused its namespaces"
+                                     " (apt-get install bubblewrap, or run with --sandbox none)");
+    }
+    char mem[256], pids[256];
+    agent__cgroup_root("memory", mem, sizeof mem);
+    agent__cgroup_root("pids", pids, sizeof pids);
+    snprintf(out, cap, "%s+cgroup(%s%s%s)", use_bwrap ? "bwrap(pid,ipc,uts,mount,ro-root)" : "none",
+             mem[0] ? (strstr(mem, "/memory/") ? "v1:memory" : "v2:memory") : "",
+             mem[0] && pids[0] ? "," : "", pids[0] ? (strstr(pids, "/pids/") ? "v1:pids" : "v2:pids") : "");
+    return use_bwrap;
+}
+
+static void cg_write(const char *dir, const char *file, const char *val)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    int fd = open(p, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (write(fd, val, strlen(val)) < 0) sh_warn("cgroup %s: %s", p, strerror(errno));
+    close(fd);
+}
+
+/* Puts pid into its own memory and pids groups with the job's limits. */
+static void cgroup_enter(agent *a, agent_member *m, pid_t pid, const json_t *d)
+{
+    const char *ctl[2] = {"memory", "pids"};
+    char *roots[2] = {a->cg_mem, a->cg_pids};
+    for (int k = 0; k < 2; k++) {
+        if (!roots[k][0]) continue;
+        char dir[600], v[64];
+        snprintf(dir, sizeof dir, "%s/%s.%d-%lld-%d-%d", roots[k], a->cfg.name, (int)a->pid, (long long)m->job,
+                 m->attempt, m->rank);
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST) continue;
+        json_t *lim = json_object_get(d, k == 0 ? "memory_mb" : "pids_max");
+        if (lim) {
+            long long x = json_integer_value(lim);
+            if (k == 0) x *= 1024 * 1024;
+            snprintf(v, sizeof v, "%lld", x);
+            int v2 = !strstr(roots[k], ctl[k]) || strstr(roots[k], "/sys/fs/cgroup/shoal") == roots[k];
+            cg_write(dir, k == 0 ? (v2 ? "memory.max" : "memory.limit_in_bytes") : "pids.max", v);
+        }
+        snprintf(v, sizeof v, "%d", (int)pid);
+        cg_write(dir, "cgroup.procs", v);
+        snprintf(m->cg[k], sizeof m->cg[k], "%s", dir);
+    }
+}
+
+/* Removes member groups left by agents that were killed (their names carry
+ * the agent's pid); a group that still holds processes stays. */
+void agent__cgroup_sweep(const char *root)
+{
+    DIR *d = root[0] ? opendir(root) : NULL;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        const char *dot = strchr(e->d_name, '.');
+        if (!dot || e->d_name[0] == '.' || !strchr(dot, '-')) continue;
+        pid_t pid = (pid_t)atoi(dot + 1);
+        if (pid <= 0 || (kill(pid, 0) < 0 && errno == ESRCH)) {
+            char p[600];
+            snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+            rmdir(p);
+        }
+    }
+    if (d) closedir(d);
+}
+
+void agent__cgroup_cleanup(agent_member *m)
+{
+    for (int k = 0; k < 2; k++)
+        if (m->cg[k][0]) {
+            rmdir(m->cg[k]);
+            m->cg[k][0] = 0;
+        }
+}
+
+/* Builds the argv of the member: bwrap's options, then the command. */
+static char **build_argv(agent *a, const agent_member *m, const json_t *d)
+{
+    json_t *cmd = json_object_get(d, "command"), *wr = json_object_get(d, "writable");
+    size_t n = json_array_size(cmd) + 3 * json_array_size(wr) + 40;
+    char **argv = calloc(n, sizeof *argv);
+    if (!argv) return NULL;
+    size_t k = 0;
+    if (a->use_bwrap) {
+        for (int i = 0; bwrap_base[i]; i++) argv[k++] = strdup(bwrap_base[i]);
+        argv[k++] = strdup("--bind");
+        argv[k++] = strdup(m->workdir);
+        argv[k++] = strdup(m->workdir);
+        size_t i;
+        json_t *v;
+        json_array_foreach(wr, i, v) if (sh_is_dir(json_string_value(v))) {
+            argv[k++] = strdup("--bind");
+            argv[k++] = strdup(json_string_value(v));
+            argv[k++] = strdup(json_string_value(v));
+        }
+        argv[k++] = strdup("--chdir");
+        argv[k++] = strdup(m->workdir);
+        argv[k++] = strdup("--");
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(cmd, i, v) argv[k++] = strdup(json_string_value(v));
+    argv[k] = NULL;
+    return argv;
+}
+
+/* The guard: the member's process-group leader that stays outside the
+ * sandbox.  It exists because bwrap drops its capabilities at start, which
+ * makes the kernel clear the parent-death signal the agent set: without the
+ * guard, a killed agent would leave its workloads running.  The guard keeps
+ * its parent-death signal (it never execs) and answers it by killing the
+ * whole group; otherwise it waits for the workload and exits as it did. */
+static void guard_on_parent_death(int sig)
+{
+    kill(-getpid(), SIGKILL);
+    _exit(137);
+}
+
+static void guard(pid_t pid)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) _exit(126);
+    if (WIFEXITED(st)) _exit(WEXITSTATUS(st));
+    _exit(128 + WTERMSIG(st));
+}
+
+static void child(agent *a, agent_member *m, const json_t *d, int out, int barrier, int exst, char **argv)
+{
+    signal(SIGUSR1, guard_on_parent_death);
+    signal(SIGTERM, SIG_IGN); /* the agent stops the workload, not the guard */
+    prctl(PR_SET_PDEATHSIG, SIGUSR1);
+    if (getppid() != a->pid) _exit(125);
+    setpgid(0, 0);
+    int null = open("/dev/null", O_RDONLY);
+    dup2(null, 0);
+    dup2(out, 1);
+    dup2(out, 2);
+    char c;
+    ssize_t r;
+    while ((r = read(barrier, &c, 1)) < 0 && errno == EINTR) {}
+    if (r != 1) _exit(125); /* the launch was cancelled before the barrier opened */
+    pid_t w = fork();
+    if (w < 0) _exit(126);
+    if (w > 0) {
+        close(exst); /* only the workload's exec may hold it now */
+        guard(w);
+    }
+    signal(SIGUSR1, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    clearenv();
+    setenv("PATH", "/usr/local/bin:/usr/bin:/bin", 1);
+    setenv("HOME", m->workdir, 1);
+    setenv("LANG", "C.UTF-8", 1);
+    setenv("SHOAL_WORKDIR", m->workdir, 1);
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(d, "env"), k, v) setenv(k, json_string_value(v), 1);
+    if (chdir(m->workdir) < 0) _exit(126);
+    signal(SIGPIPE, SIG_DFL);
+    execvp(argv[0], argv);
+    int e = errno;
+    if (write(exst, &e, sizeof e) < 0) _exit(127);
+    _exit(127);
+}
+
+int agent__launch(agent *a, agent_member *m, const json_t *d)
+{
+    snprintf(m->workdir, sizeof m->workdir, "%s/%s-%lld-%d-%d", a->cfg.work_dir, a->cfg.name, (long long)m->job,
+             m->attempt, m->rank);
+    SH_TRY(sh_mkdir_p(m->workdir, 0755));
+    char **argv = build_argv(a, m, d);
+    if (!argv) return sh_err(SH_ENOMEM, "member argv");
+    int out[2], bar[2], ex[2];
+    if (pipe2(out, O_CLOEXEC) < 0) return sh_err_errno(errno, "pipe");
+    if (pipe2(bar, O_CLOEXEC) < 0 || pipe2(ex, O_CLOEXEC) < 0) return sh_err_errno(errno, "pipe");
+    pid_t pid = fork();
+    if (pid == 0) child(a, m, d, out[1], bar[0], ex[1], argv);
+    for (char **p = argv; *p; p++) free(*p);
+    free(argv);
+    close(out[1]);
+    close(bar[0]);
+    close(ex[1]);
+    if (pid < 0) {
+        close(out[0]);
+        close(bar[1]);
+        close(ex[0]);
+        return sh_err_errno(errno, "fork");
+    }
+    setpgid(pid, pid); /* also in the child: whichever runs first wins the race */
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    cgroup_enter(a, m, pid, d);
+    m->pid = pid;
+    m->out_fd = out[0];
+    m->barrier_fd = bar[1];
+    m->exec_fd = ex[0];
+    m->state = AM_READY;
+    return SH_OK;
+}
+
+/* Opens the barrier; returns 0 once exec succeeded, or the exec errno. */
+int agent__release(agent *a, agent_member *m)
+{
+    char c = 1;
+    if (write(m->barrier_fd, &c, 1) != 1) return errno ? errno : EPIPE;
+    close(m->barrier_fd);
+    m->barrier_fd = -1;
+    int e = 0;
+    ssize_t r;
+    while ((r = read(m->exec_fd, &e, sizeof e)) < 0 && errno == EINTR) {}
+    close(m->exec_fd);
+    m->exec_fd = -1;
+    m->state = AM_RUNNING;
+    return r == (ssize_t)sizeof e ? e : 0;
+}
+
+/* Signals every process of the member's cgroup but bwrap itself; returns
+ * how many it signalled.  bwrap runs with --die-with-parent semantics for
+ * its child, so signalling bwrap first would SIGKILL the workload before
+ * its own SIGTERM handler ran. */
+static int is_bwrap(pid_t pid)
+{
+    char p[64], comm[32] = "";
+    snprintf(p, sizeof p, "/proc/%d/comm", (int)pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return 0;
+    if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+    fclose(f);
+    return !strncmp(comm, "bwrap", 5);
+}
+
+/* Sends sig to the member's processes, found through its cgroup (which
+ * also holds any that left the process group) or else its process group.
+ * SIGTERM skips the guard and bwrap itself: bwrap runs the workload with a
+ * parent-death SIGKILL, so terminating bwrap first would kill the workload
+ * before its own SIGTERM handler ran. */
+static void signal_member(agent_member *m, int sig)
+{
+    char p[700], *text = NULL;
+    int k = m->cg[1][0] ? 1 : 0;
+    snprintf(p, sizeof p, "%s/cgroup.procs", m->cg[k]);
+    /* cgroup files report a size of 0, so read them as a stream. */
+    FILE *f = m->cg[k][0] ? fopen(p, "r") : NULL;
+    if (f) {
+        sh_buf b = {0};
+        char line[32];
+        while (fgets(line, sizeof line, f)) sh_buf_append(&b, line, strlen(line));
+        fclose(f);
+        sh_buf_append(&b, "", 1);
+        text = (char *)b.data;
+    } else {
+        /* No cgroup: walk /proc for the process group. */
+        sh_buf b = {0};
+        DIR *d = opendir("/proc");
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            pid_t pid = (pid_t)atoi(e->d_name);
+            if (pid > 0 && getpgid(pid) == m->pid) sh_buf_printf(&b, "%d\n", (int)pid);
+        }
+        if (d) closedir(d);
+        text = b.data ? (char *)b.data : strdup("");
+    }
+    for (char *s = NULL, *t = strtok_r(text, "\n", &s); t; t = strtok_r(NULL, "\n", &s)) {
+        pid_t pid = (pid_t)atoi(t);
+        if (pid <= 0 || (sig == SIGTERM && (pid == m->pid || is_bwrap(pid)))) continue;
+        sh_debug("member %lld/%d: signal %d to %d", (long long)m->job, m->rank, sig, (int)pid);
+        kill(pid, sig);
+    }
+    free(text);
+}
+
+void agent__stop(agent *a, agent_member *m, double now)
+{
+    if (m->barrier_fd >= 0) {
+        close(m->barrier_fd); /* a member held at the barrier just exits */
+        m->barrier_fd = -1;
+    }
+    if (m->kill_at == 0) {
+        signal_member(m, SIGTERM);
+        m->kill_at = now + a->cfg.grace_s;
+    } else if (now >= m->kill_at) {
+        signal_member(m, SIGKILL);
+        kill(-m->pid, SIGKILL);
+        kill(m->pid, SIGKILL);
+    }
+}

@@ -1,0 +1,37 @@
+/* shoal cost: what the fleet has cost, by tenant and GPU type. */
+#include <string.h>
+
+#include "cli.h"
+#include "ctl.h"
+
+const char cli_help_cost[] = "costs by tenant and GPU type from the billing ledger [--json]";
+
+static const char usage[] = "usage: shoal cost [--server URL] [--token T] [--json]\n\n"
+                            "A tenant's token shows its own costs; the admin token shows all.\n";
+
+int cli_cmd_cost(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    cli_ctl x;
+    int rc = cli_ctl_init(&x, "cost", &argc, argv);
+    if (rc) return rc;
+    if (argc > 1) return cli_ctl_free(&x), cli_usage("cost", "unexpected argument \"%s\"", argv[1]);
+    json_t *reply;
+    rc = cli_ctl_call(&x, "GET", "/v1/costs", NULL, NULL, &reply);
+    cli_ctl_free(&x);
+    if (rc) return rc;
+    if (x.json) {
+        sh_json_print(reply);
+        json_decref(reply);
+        return 0;
+    }
+    printf("%-14s %-10s %12s %12s\n", "TENANT", "GPU", "GPU-HOURS", "DOLLARS");
+    const char *t, *g;
+    json_t *by, *v;
+    json_object_foreach(json_object_get(reply, "by_tenant"), t, by) json_object_foreach(by, g, v)
+        printf("%-14.14s %-10.10s %12.4f %12.4f\n", t, g, json_real_value(json_object_get(v, "gpu_seconds")) / 3600,
+               json_real_value(json_object_get(v, "dollars")));
+    printf("%-14s %-10s %12s %12.4f\n", "total", "", "", json_real_value(json_object_get(reply, "total_dollars")));
+    json_decref(reply);
+    return 0;
+}

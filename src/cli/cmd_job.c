@@ -1,0 +1,62 @@
+/* shoal job: one job in detail, with its ranks and events. */
+#include <string.h>
+
+#include "cli.h"
+#include "ctl.h"
+
+const char cli_help_job[] = "show one job: state, ranks, placement, events [--json]";
+
+static const char usage[] = "usage: shoal job ID [--server URL] [--token T] [--json]\n";
+
+int cli_cmd_job(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    cli_ctl x;
+    int rc = cli_ctl_init(&x, "job", &argc, argv);
+    if (rc) return rc;
+    int64_t id;
+    if (argc != 2 || sh_parse_i64(argv[1], &id, "job id") < 0)
+        return cli_ctl_free(&x), cli_usage("job", "expected one job id");
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    json_t *j, *ev = NULL;
+    if ((rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &j))) return cli_ctl_free(&x), rc;
+    strcat(path, "/events");
+    rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &ev);
+    cli_ctl_free(&x);
+    if (rc) return json_decref(j), rc;
+    if (x.json) {
+        json_object_set(j, "events", json_object_get(ev, "events"));
+        sh_json_print(j);
+    } else {
+        char t1[32], t2[32], t3[32];
+        printf("job %lld  %s  (%s, tenant %s)\nstate     %s  attempt %lld/%lld  on_failure %s\n",
+               (long long)id, json_string_value(json_object_get(j, "name")), json_string_value(json_object_get(j, "kind")),
+               json_string_value(json_object_get(j, "tenant")), json_string_value(json_object_get(j, "state")),
+               (long long)json_integer_value(json_object_get(j, "attempt")),
+               (long long)json_integer_value(json_object_get(j, "max_attempts")),
+               json_string_value(json_object_get(j, "on_failure")));
+        printf("times     submitted %s  started %s  finished %s\n",
+               cli_fmt_time(json_real_value(json_object_get(j, "submitted_at")), t1, sizeof t1),
+               cli_fmt_time(json_real_value(json_object_get(j, "started_at")), t2, sizeof t2),
+               cli_fmt_time(json_real_value(json_object_get(j, "finished_at")), t3, sizeof t3));
+        const char *reason = json_string_value(json_object_get(j, "reason"));
+        if (reason && *reason) printf("reason    %s\n", reason);
+        printf("cost      $%.4f running\n\n%-5s %-16s %-9s %5s\n", json_real_value(json_object_get(j, "running_cost")),
+               "RANK", "NODE", "STATE", "EXIT");
+        size_t i;
+        json_t *m;
+        json_array_foreach(json_object_get(j, "members"), i, m)
+            printf("%-5lld %-16s %-9s %5lld\n", (long long)json_integer_value(json_object_get(m, "rank")),
+                   json_string_value(json_object_get(m, "node")), json_string_value(json_object_get(m, "state")),
+                   (long long)json_integer_value(json_object_get(m, "exit_code")));
+        printf("\nevents\n");
+        json_array_foreach(json_object_get(ev, "events"), i, m)
+            printf("  %s  %-14s %s %s\n", cli_fmt_time(json_real_value(json_object_get(m, "t")), t1, sizeof t1),
+                   json_string_value(json_object_get(m, "kind")), json_string_value(json_object_get(m, "node")),
+                   json_string_value(json_object_get(m, "msg")));
+    }
+    json_decref(j);
+    json_decref(ev);
+    return 0;
+}

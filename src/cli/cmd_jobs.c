@@ -1,0 +1,56 @@
+/* shoal jobs: lists jobs as a table. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "ctl.h"
+
+const char cli_help_jobs[] = "list jobs (yours, or all with the admin token) [--json]";
+
+static const char usage[] =
+    "usage: shoal jobs [--state pending|starting|running|succeeded|failed|cancelled|active]\n"
+    "                  [--limit N] [--server URL] [--token T] [--json]\n";
+
+int cli_cmd_jobs(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    cli_ctl x;
+    int rc = cli_ctl_init(&x, "jobs", &argc, argv);
+    if (rc) return rc;
+    char path[256] = "/v1/jobs?limit=100";
+    const char *state = NULL, *limit = "100";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--state") && i + 1 < argc) state = argv[++i];
+        else if (!strcmp(argv[i], "--limit") && i + 1 < argc) limit = argv[++i];
+        else return cli_ctl_free(&x), cli_usage("jobs", "unexpected argument \"%s\"", argv[i]);
+    }
+    int64_t lim;
+    if (sh_parse_i64(limit, &lim, "--limit") < 0 || lim < 1) return cli_ctl_free(&x), cli_usage("jobs", "--limit: expected a count");
+    snprintf(path, sizeof path, "/v1/jobs?limit=%lld%s%s", (long long)lim, state ? "&state=" : "", state ? state : "");
+    json_t *reply;
+    rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &reply);
+    cli_ctl_free(&x);
+    if (rc) return rc;
+    if (x.json) {
+        sh_json_print(reply);
+        json_decref(reply);
+        return 0;
+    }
+    printf("%-6s %-20s %-10s %-8s %-10s %5s %4s %7s %8s\n", "ID", "NAME", "TENANT", "KIND", "STATE", "NODES", "GPUS", "ATTEMPT", "AGE");
+    size_t i;
+    json_t *j;
+    double now = sh_now_wall();
+    json_array_foreach(json_object_get(reply, "jobs"), i, j) {
+        char age[32];
+        printf("%-6lld %-20.20s %-10.10s %-8s %-10s %5lld %4lld %3lld/%-3lld %8s\n",
+               (long long)json_integer_value(json_object_get(j, "id")), json_string_value(json_object_get(j, "name")),
+               json_string_value(json_object_get(j, "tenant")), json_string_value(json_object_get(j, "kind")),
+               json_string_value(json_object_get(j, "state")), (long long)json_integer_value(json_object_get(j, "nodes")),
+               (long long)json_integer_value(json_object_get(j, "gpus_per_node")),
+               (long long)json_integer_value(json_object_get(j, "attempt")),
+               (long long)json_integer_value(json_object_get(j, "max_attempts")),
+               cli_fmt_dur(now - json_real_value(json_object_get(j, "submitted_at")), age, sizeof age));
+    }
+    json_decref(reply);
+    return 0;
+}

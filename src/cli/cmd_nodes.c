@@ -1,0 +1,47 @@
+/* shoal nodes: the fleet as a table. */
+#include <string.h>
+
+#include "cli.h"
+#include "ctl.h"
+
+const char cli_help_nodes[] = "list the fleet's nodes: GPUs, zone, fabric, state, price [--json]";
+
+static const char usage[] = "usage: shoal nodes [--server URL] [--token T] [--json]\n";
+
+int cli_cmd_nodes(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    cli_ctl x;
+    int rc = cli_ctl_init(&x, "nodes", &argc, argv);
+    if (rc) return rc;
+    if (argc > 1) return cli_ctl_free(&x), cli_usage("nodes", "unexpected argument \"%s\"", argv[1]);
+    json_t *reply;
+    rc = cli_ctl_call(&x, "GET", "/v1/nodes", NULL, NULL, &reply);
+    cli_ctl_free(&x);
+    if (rc) return rc;
+    if (x.json) {
+        sh_json_print(reply);
+        json_decref(reply);
+        return 0;
+    }
+    printf("%-16s %-8s %5s %-10s %-10s %-6s %8s  %s\n", "NAME", "GPU", "USED", "ZONE", "FABRIC", "STATE", "$/GPU-H", "JOBS");
+    size_t i, k;
+    json_t *n, *j;
+    json_array_foreach(json_object_get(reply, "nodes"), i, n) {
+        char used[16], jobs[256] = "";
+        snprintf(used, sizeof used, "%lld/%lld", (long long)json_integer_value(json_object_get(n, "gpus_used")),
+                 (long long)json_integer_value(json_object_get(n, "gpus")));
+        json_array_foreach(json_object_get(n, "jobs"), k, j) {
+            size_t l = strlen(jobs);
+            long long id = json_integer_value(json_object_get(j, "job"));
+            if (id) snprintf(jobs + l, sizeof jobs - l, "%s%lld/%lld", l ? "," : "", id, (long long)json_integer_value(json_object_get(j, "rank")));
+            else snprintf(jobs + l, sizeof jobs - l, "%s(other)", l ? "," : "");
+        }
+        printf("%-16.16s %-8.8s %5s %-10.10s %-10.10s %-6s %8.2f  %s\n", json_string_value(json_object_get(n, "name")),
+               json_string_value(json_object_get(n, "gpu_type")), used, json_string_value(json_object_get(n, "zone")),
+               json_string_value(json_object_get(n, "fabric")), json_string_value(json_object_get(n, "state")),
+               json_real_value(json_object_get(n, "price_per_gpu_hour")), jobs[0] ? jobs : "-");
+    }
+    json_decref(reply);
+    return 0;
+}

@@ -1,0 +1,82 @@
+/* shoal server: runs the control plane's HTTP API until SIGINT/SIGTERM. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "ctl.h"
+#include "shoal/server.h"
+
+const char cli_help_server[] = "run the control plane: HTTP/JSON API, SQLite state, dashboard";
+
+static const char usage[] =
+    "usage: shoal server --tokens FILE [--db PATH] [--port P] [--bind ADDR] [--web DIR]\n"
+    "                    [--heartbeat-timeout S] [--max-body BYTES] [--provider-cmd PROG]\n"
+    "                    [--max-provider-nodes N] [--sync-full]\n\n"
+    "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
+    "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
+    "  --port P               TCP port (default 8470; 0 picks a free one)\n"
+    "  --bind ADDR            IPv4 address to listen on (default 127.0.0.1)\n"
+    "  --web DIR              dashboard files to serve at / (default: web/ if present)\n"
+    "  --heartbeat-timeout S  seconds without a poll before a node is dead (default 3)\n"
+    "  --max-body BYTES       largest request body (default 1MiB)\n"
+    "  --provider-cmd PROG    autoscaling hook, run with a JSON request on stdin\n"
+    "  --sync-full            fsync every commit (survives power loss, slower)\n\n"
+    "Prints \"listening on http://ADDR:PORT\" once ready.  See docs/server-api.md.\n";
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) { stop_flag = sig; }
+
+int cli_server_config(int argc, char **argv, int first, srv_config *cfg, const char *cmd)
+{
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t u;
+        double d;
+        if (!strcmp(a, "--sync-full")) { cfg->sync_full = 1; continue; }
+        if (!v) return cli_usage(cmd, "unknown option or missing value: \"%s\"", a);
+        if (!strcmp(a, "--tokens")) cfg->tokens_path = v;
+        else if (!strcmp(a, "--db")) cfg->db_path = v;
+        else if (!strcmp(a, "--bind")) cfg->bind_addr = v;
+        else if (!strcmp(a, "--web")) cfg->web_dir = v;
+        else if (!strcmp(a, "--provider-cmd")) cfg->provider_cmd = v;
+        else if (!strcmp(a, "--port")) {
+            if (sh_parse_u64(v, &u, "--port") < 0 || u > 65535) return cli_usage(cmd, "--port: expected 0..65535, got \"%s\"", v);
+            cfg->port = (int)u;
+        } else if (!strcmp(a, "--max-provider-nodes")) {
+            if (sh_parse_u64(v, &u, "--max-provider-nodes") < 0 || u > 1000) return cli_usage(cmd, "--max-provider-nodes: expected 0..1000");
+            cfg->max_provider_nodes = (int)u;
+        } else if (!strcmp(a, "--heartbeat-timeout")) {
+            if (sh_parse_double(v, &d, "--heartbeat-timeout") < 0 || d <= 0) return cli_usage(cmd, "--heartbeat-timeout: expected seconds > 0, got \"%s\"", v);
+            cfg->heartbeat_timeout = d;
+        } else if (!strcmp(a, "--max-body")) {
+            if (sh_parse_size(v, &u, "--max-body") < 0 || u < 1024) return cli_usage(cmd, "--max-body: expected a size >= 1KiB, got \"%s\"", v);
+            cfg->max_body = (size_t)u;
+        } else return cli_usage(cmd, "unknown option \"%s\"", a);
+        i++;
+    }
+    if (!cfg->web_dir && access("web/index.html", R_OK) == 0) cfg->web_dir = "web";
+    return 0;
+}
+
+int cli_cmd_server(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    srv_config cfg = {0};
+    cfg.port = 8470;
+    int rc = cli_server_config(argc, argv, 1, &cfg, "server");
+    if (rc) return rc;
+    if (!cfg.tokens_path) return cli_usage("server", "--tokens FILE is required");
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    srv *s;
+    if ((rc = srv_start(&cfg, &s)) < 0) return cli_fail("server", rc);
+    printf("listening on http://%s:%d\n", cfg.bind_addr ? cfg.bind_addr : "127.0.0.1", srv_port(s));
+    fflush(stdout);
+    while (!stop_flag) pause();
+    srv_stop(s);
+    return 0;
+}

@@ -1,0 +1,43 @@
+/* shoal submit: sends a job file to the server. */
+#include <string.h>
+
+#include "cli.h"
+#include "ctl.h"
+
+const char cli_help_submit[] = "submit a job file (gang, elastic or function) [--json]";
+
+static const char usage[] =
+    "usage: shoal submit JOB.json [--idempotency-key K] [--server URL] [--token T] [--json]\n\n"
+    "Sends the job file (docs/job-format.md) and prints the job's id.  A retried\n"
+    "submit with the same idempotency key returns the job the first one created.\n"
+    "A job that can never fit on the fleet is rejected with the reason.\n";
+
+int cli_cmd_submit(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    cli_ctl x;
+    int rc = cli_ctl_init(&x, "submit", &argc, argv);
+    if (rc) return rc;
+    const char *file = NULL, *key = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--idempotency-key") && i + 1 < argc) key = argv[++i];
+        else if (argv[i][0] == '-' || file) return cli_ctl_free(&x), cli_usage("submit", "unexpected argument \"%s\"", argv[i]);
+        else file = argv[i];
+    }
+    if (!file) return cli_ctl_free(&x), cli_usage("submit", "expected a job file");
+    json_t *job, *reply;
+    if ((rc = sh_json_load_file(file, 1 << 20, &job)) < 0) return cli_ctl_free(&x), cli_fail("submit", rc);
+    char hdr[300];
+    if (key) snprintf(hdr, sizeof hdr, "Idempotency-Key: %s", key);
+    rc = cli_ctl_call(&x, "POST", "/v1/jobs", job, key ? hdr : NULL, &reply);
+    json_decref(job);
+    cli_ctl_free(&x);
+    if (rc) return rc;
+    if (x.json) sh_json_print(reply);
+    else
+        printf("%s job %lld (%s): %s\n", json_is_true(json_object_get(reply, "duplicate")) ? "already submitted:" : "submitted",
+               (long long)json_integer_value(json_object_get(reply, "id")),
+               json_string_value(json_object_get(reply, "name")), json_string_value(json_object_get(reply, "state")));
+    json_decref(reply);
+    return 0;
+}

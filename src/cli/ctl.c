@@ -1,0 +1,73 @@
+/* Talking to a server from the command line: options, errors, formats. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "ctl.h"
+
+int cli_ctl_init(cli_ctl *x, const char *cmd, int *argc, char **argv)
+{
+    memset(x, 0, sizeof *x);
+    x->cmd = cmd;
+    x->server = getenv("SHOAL_SERVER");
+    x->token = getenv("SHOAL_TOKEN");
+    if (!x->server || !*x->server) x->server = "http://127.0.0.1:8470";
+    int k = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (!strcmp(argv[i], "--json")) x->json = 1;
+        else if (!strcmp(argv[i], "--server") || !strcmp(argv[i], "--token")) {
+            if (i + 1 >= *argc) return cli_usage(cmd, "%s needs a value", argv[i]);
+            if (argv[i][2] == 's') x->server = argv[++i];
+            else x->token = argv[++i];
+        } else argv[k++] = argv[i];
+    }
+    *argc = k;
+    argv[k] = NULL;
+    if (srv_client_new(x->server, x->token, &x->c) < 0) return cli_usage(cmd, "%s", sh_errmsg());
+    return 0;
+}
+
+void cli_ctl_free(cli_ctl *x)
+{
+    srv_client_free(x->c);
+    x->c = NULL;
+}
+
+int cli_ctl_call(cli_ctl *x, const char *method, const char *path, const json_t *body,
+                 const char *extra_header, json_t **reply)
+{
+    int status = 0;
+    *reply = NULL;
+    int rc = srv_client_call(x->c, method, path, body, extra_header, 30, &status, reply);
+    if (rc < 0) return cli_fail(x->cmd, rc);
+    if (status >= 400) {
+        const char *e = json_string_value(json_object_get(*reply, "error"));
+        fprintf(stderr, "shoal %s: %s (HTTP %d from %s)\n", x->cmd, e ? e : "request failed", status, x->server);
+        if (status == 401) fprintf(stderr, "hint: pass --token TOKEN or set SHOAL_TOKEN\n");
+        json_decref(*reply);
+        *reply = NULL;
+        return 1;
+    }
+    if (!*reply) *reply = json_object();
+    return 0;
+}
+
+const char *cli_fmt_dur(double s, char *buf, size_t cap)
+{
+    if (s < 0) s = 0;
+    if (s < 60) snprintf(buf, cap, "%.1fs", s);
+    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+    return buf;
+}
+
+const char *cli_fmt_time(double wall, char *buf, size_t cap)
+{
+    if (wall <= 0) return snprintf(buf, cap, "-"), buf;
+    time_t t = (time_t)wall;
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(buf, cap, "%H:%M:%S", &tm);
+    return buf;
+}

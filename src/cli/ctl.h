@@ -1,0 +1,31 @@
+/* Helpers shared by the commands that talk to a server (src/cli only). */
+#ifndef SHOAL_CLI_CTL_H
+#define SHOAL_CLI_CTL_H
+
+#include "shoal/server.h"
+
+typedef struct cli_ctl {
+    const char *cmd;
+    const char *server, *token;
+    int json;
+    srv_client *c;
+} cli_ctl;
+
+/* Takes --server URL, --token T and --json out of argv (the rest is moved
+ * to the front; *argc shrinks).  Defaults come from SHOAL_SERVER (else
+ * http://127.0.0.1:8470) and SHOAL_TOKEN.  Returns 0 or a usage status. */
+int cli_ctl_init(cli_ctl *x, const char *cmd, int *argc, char **argv);
+void cli_ctl_free(cli_ctl *x);
+/* One request; on a transport failure or an HTTP error prints
+ * "shoal CMD: ..." with the server's message and returns 1, else 0.
+ * *reply (caller owns) is set on success. */
+int cli_ctl_call(cli_ctl *x, const char *method, const char *path, const json_t *body,
+                 const char *extra_header, json_t **reply);
+/* Parses the server's options shared by `shoal server` and `shoal up`. */
+struct srv_config;
+int cli_server_config(int argc, char **argv, int first, struct srv_config *cfg, const char *cmd);
+/* "3m12s" style durations and a local time "14:03:07" for tables. */
+const char *cli_fmt_dur(double s, char *buf, size_t cap);
+const char *cli_fmt_time(double wall, char *buf, size_t cap);
+
+#endif

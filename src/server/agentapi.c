@@ -1,0 +1,306 @@
+/* The agents' side of the API: registration, polls and logs
+ * (docs/agent-protocol.md).  All functions run with srv.mu held. */
+#include "srv_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const reg_keys[] = {"name",   "gpu_type", "gpus",    "zone",          "fabric",
+                                       "addr",   "price_per_gpu_hour",  "sandbox", "from_provider",
+                                       NULL};
+
+static int copy_str(const json_t *b, const char *key, int req, char *dst, size_t cap, const char *def)
+{
+    const char *v = def;
+    SH_TRY(sh_json_get_str(b, key, req, "register", &v));
+    if (strlen(v) >= cap) return sh_err(SH_EFORMAT, "register: field \"%s\": longer than %zu", key, cap - 1);
+    snprintf(dst, cap, "%s", v);
+    return SH_OK;
+}
+
+static int node_slot(srv *s)
+{
+    if (s->nnodes == s->cap_nodes) {
+        int cap = s->cap_nodes ? 2 * s->cap_nodes : 64;
+        srv_node *nn = realloc(s->nodes, (size_t)cap * sizeof *nn);
+        if (!nn) return sh_err(SH_ENOMEM, "node table");
+        s->nodes = nn;
+        s->cap_nodes = cap;
+    }
+    memset(&s->nodes[s->nnodes], 0, sizeof s->nodes[0]);
+    return s->nnodes++;
+}
+
+int srv__agent_register(srv *s, json_t *b, json_t **reply)
+{
+    SH_TRY(sh_json_check_keys(b, reg_keys, "register"));
+    srv_node n = {0};
+    int64_t gpus = 0;
+    int prov = 0;
+    SH_TRY(copy_str(b, "name", 1, n.name, sizeof n.name, ""));
+    if (!n.name[0] || strchr(n.name, '/')) return sh_err(SH_EFORMAT, "register: field \"name\": empty or has '/'");
+    SH_TRY(copy_str(b, "gpu_type", 1, n.gpu_type, sizeof n.gpu_type, ""));
+    SH_TRY(copy_str(b, "zone", 0, n.zone, sizeof n.zone, "local"));
+    SH_TRY(copy_str(b, "fabric", 0, n.fabric, sizeof n.fabric, "tcp"));
+    SH_TRY(copy_str(b, "addr", 0, n.addr, sizeof n.addr, "127.0.0.1"));
+    SH_TRY(copy_str(b, "sandbox", 0, n.sandbox, sizeof n.sandbox, "none"));
+    SH_TRY(sh_json_get_i64(b, "gpus", 1, "register", &gpus));
+    SH_TRY(sh_json_get_num(b, "price_per_gpu_hour", 0, "register", &n.price));
+    SH_TRY(sh_json_get_bool(b, "from_provider", 0, "register", &prov));
+    if (gpus < 0 || gpus > 64) return sh_err(SH_ERANGE, "register: field \"gpus\": %lld is outside 0..64", (long long)gpus);
+    if (n.price < 0) return sh_err(SH_ERANGE, "register: field \"price_per_gpu_hour\": negative");
+    n.gpus = (int)gpus;
+    n.from_provider = prov;
+    int idx = srv__node_find(s, n.name);
+    if (idx >= 0 && s->nodes[idx].state == NODE_ALIVE) {
+        /* A node that registers again has a fresh agent: whatever ran under
+         * the old one died with it (agents launch with PDEATHSIG). */
+        SH_TRY(srv__node_dead(s, idx, "its agent restarted"));
+    }
+    if (idx < 0) idx = node_slot(s);
+    if (idx < 0) return idx;
+    srv_node *d = &s->nodes[idx];
+    n.gpus_used = d->gpus_used;
+    n.gpu_mask = d->gpu_mask;
+    n.version = d->version + 1;
+    n.state = NODE_ALIVE;
+    n.last_seen = sh_now_mono();
+    *d = n;
+    SH_TRY(srv__seam_node(s, idx, SEAM_UP));
+    SH_TRY(srv__db_node(s, d));
+    SH_TRY(srv__db_event(s, 0, d->name, "node_registered", "%d x %s in %s/%s, $%.2f/GPU-hour, sandbox %s",
+                         d->gpus, d->gpu_type, d->zone, d->fabric, d->price, d->sandbox));
+    srv__changed(s);
+    *reply = json_pack("{s:s,s:f,s:i}", "node", d->name, "heartbeat_timeout",
+                       s->cfg.heartbeat_timeout, "poll_wait_ms", 250);
+    return SH_OK;
+}
+
+/* Checks whether a job moved on after a member changed: the barrier opens
+ * when every member of a gang is ready, the job runs when every member runs,
+ * and it ends with its first failing member or its last member. */
+static int job_eval(srv *s, srv_job *j)
+{
+    if (j->state != J_STARTING && j->state != J_RUNNING) return SH_OK;
+    int live = 0, ready = 0, running = 0, ok = 0, failed = -1;
+    for (int i = 0; i < j->nmem; i++) {
+        const srv_member *m = &j->mem[i];
+        if (m->state <= M_RUNNING) {
+            live++;
+            ready += m->state >= M_READY;
+            running += m->state == M_RUNNING;
+        }
+        if (m->state == M_EXITED) {
+            ok += m->exit_code == 0;
+            if (m->exit_code != 0 && failed < 0) failed = i;
+        }
+    }
+    if (failed >= 0) {
+        char r[128];
+        snprintf(r, sizeof r, "rank %d exited with status %d", j->mem[failed].rank, j->mem[failed].exit_code);
+        return srv__finish(s, j, J_FAILED, j->mem[failed].exit_code, r);
+    }
+    if (live == 0 && ok > 0) return srv__finish(s, j, J_SUCCEEDED, 0, "every rank exited with status 0");
+    int changed = 0;
+    if (!j->go && live && ready == live) {
+        j->go = 1;
+        changed = 1;
+        for (int i = 0; i < j->nmem; i++) s->nodes[j->mem[i].node].version++;
+        srv__changed(s);
+    }
+    if (j->state == J_STARTING && live && running == live) {
+        j->state = J_RUNNING;
+        if (j->t_start <= 0) j->t_start = sh_now_wall();
+        changed = 1;
+        SH_TRY(srv__db_event(s, j->id, NULL, "running", "attempt %d: all %d rank(s) running", j->attempt, live));
+    }
+    if (changed) SH_TRY(srv__db_job(s, j));
+    return SH_OK;
+}
+
+static void log_note(srv *s, int64_t job, int rank, const char *fmt, ...)
+{
+    char path[4200], line[512];
+    if (srv__log_path(s, job, rank, path, sizeof path) < 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    if (sh_write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1, path) < 0) {
+        /* logs are best effort: the job's state is what must not tear */
+    }
+    close(fd);
+}
+
+/* Applies one member report from node idx. */
+static int apply_report(srv *s, int idx, const json_t *r)
+{
+    int64_t id = 0, attempt = 0, rank = -1, code = -1;
+    const char *st = "";
+    SH_TRY(sh_json_get_i64(r, "job", 1, "poll: member", &id));
+    SH_TRY(sh_json_get_i64(r, "attempt", 1, "poll: member", &attempt));
+    SH_TRY(sh_json_get_i64(r, "rank", 1, "poll: member", &rank));
+    SH_TRY(sh_json_get_str(r, "state", 1, "poll: member", &st));
+    SH_TRY(sh_json_get_i64(r, "exit_code", 0, "poll: member", &code));
+    srv_job *j = srv__job(s, id);
+    /* Reports about members the server no longer wants are stale: the
+     * desired list in the reply tells the agent to stop them. */
+    if (!j || j->attempt != attempt || rank < 0 || rank >= j->nmem || j->state > J_RUNNING) return SH_OK;
+    srv_member *m = &j->mem[rank];
+    if (m->node != idx || m->state > M_RUNNING) return SH_OK;
+    if (!strcmp(st, "ready") && m->state == M_ASSIGNED) m->state = M_READY;
+    else if (!strcmp(st, "running") && m->state < M_RUNNING) {
+        m->state = M_RUNNING;
+        m->t_start = sh_now_wall();
+        log_note(s, id, (int)rank, "--- attempt %d on node %s ---\n", j->attempt, s->nodes[idx].name);
+    } else if (!strcmp(st, "exited")) {
+        if (m->state < M_RUNNING) m->t_start = 0;
+        SH_TRY(srv__member_end(s, j, m, M_EXITED, (int)code));
+        SH_TRY(srv__db_event(s, id, s->nodes[idx].name, "exited", "rank %d exited with status %d",
+                             (int)rank, (int)code));
+    } else return SH_OK;
+    SH_TRY(srv__db_members(s, j));
+    return job_eval(s, j);
+}
+
+int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap)
+{
+    char d[4200];
+    snprintf(d, sizeof d, "%s/logs/%lld", s->dir, (long long)job);
+    SH_TRY(sh_mkdir_p(d, 0755));
+    if ((size_t)snprintf(out, cap, "%s/%d.log", d, rank) >= cap) return sh_err(SH_ERANGE, "log path too long");
+    return SH_OK;
+}
+
+static void apply_logs(srv *s, const json_t *logs)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(logs, i, c) {
+        int64_t id = 0, rank = 0;
+        const char *data = NULL;
+        if (sh_json_get_i64(c, "job", 1, "log", &id) || sh_json_get_i64(c, "rank", 1, "log", &rank) ||
+            sh_json_get_str(c, "data", 1, "log", &data) || !srv__job(s, id) || rank < 0 || rank > 64)
+            continue;
+        char path[4200];
+        if (srv__log_path(s, id, (int)rank, path, sizeof path) < 0) continue;
+        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd < 0) continue;
+        (void)sh_write_all(fd, data, json_string_length(json_object_get(c, "data")), path);
+        close(fd);
+    }
+}
+
+static json_t *member_env(srv *s, const srv_job *j, const srv_member *m)
+{
+    json_t *env = json_object();
+    json_t *user = json_object_get(j->spec, "env");
+    if (user) json_object_update(env, user);
+    char b[64];
+    int port = 20000 + (int)((j->id * 13 + j->attempt) % 20000);
+#define SETI(k, v) (snprintf(b, sizeof b, "%lld", (long long)(v)), json_object_set_new(env, k, json_string(b)))
+    SETI("SHOAL_JOB_ID", j->id);
+    SETI("SHOAL_RANK", m->rank);
+    SETI("SHOAL_WORLD_SIZE", j->nmem);
+    SETI("SHOAL_ATTEMPT", j->attempt);
+    SETI("WORLD_SIZE", j->nmem);
+    SETI("RANK", m->rank);
+    SETI("NODE_RANK", m->rank);
+    SETI("LOCAL_RANK", 0);
+    SETI("LOCAL_WORLD_SIZE", 1);
+    SETI("MASTER_PORT", port);
+#undef SETI
+    json_object_set_new(env, "SHOAL_JOB_NAME", json_string(j->name));
+    json_object_set_new(env, "SHOAL_TENANT", json_string(j->tenant));
+    json_object_set_new(env, "SHOAL_NODE", json_string(s->nodes[m->node].name));
+    json_object_set_new(env, "MASTER_ADDR", json_string(s->nodes[j->mem[0].node].addr));
+    sh_buf g = {0};
+    for (int i = 0; i < 64; i++)
+        if (m->gpu_mask & (1ull << i)) sh_buf_printf(&g, "%s%d", g.len ? "," : "", i);
+    json_object_set_new(env, "CUDA_VISIBLE_DEVICES", json_string(g.data ? (char *)g.data : ""));
+    sh_buf_free(&g);
+    return env;
+}
+
+/* The members node idx should be running now (docs/agent-protocol.md). */
+static json_t *desired(srv *s, int idx)
+{
+    json_t *out = json_array();
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        if (!j || j->state < J_STARTING || j->state > J_RUNNING) continue;
+        for (int i = 0; i < j->nmem; i++) {
+            const srv_member *m = &j->mem[i];
+            if (m->node != idx || m->state > M_RUNNING) continue;
+            json_t *d = json_pack("{s:I,s:i,s:i,s:i,s:b,s:O,s:o,s:s}", "job", (json_int_t)j->id,
+                                  "attempt", j->attempt, "rank", m->rank, "world", j->nmem, "go",
+                                  j->go, "command", json_object_get(j->spec, "command"), "env",
+                                  member_env(s, j, m), "name", j->name);
+            const char *extra[] = {"writable", "memory_mb", "pids_max"};
+            for (int k = 0; k < 3; k++) {
+                json_t *v = json_object_get(j->spec, extra[k]);
+                if (v) json_object_set(d, extra[k], v);
+            }
+            json_array_append_new(out, d);
+        }
+    }
+    return out;
+}
+
+static const char *const poll_keys[] = {"node", "members", "logs", "version", "wait_ms", NULL};
+
+int srv__agent_poll(srv *s, json_t *b, json_t **reply)
+{
+    SH_TRY(sh_json_check_keys(b, poll_keys, "poll"));
+    const char *name = "";
+    int64_t version = -1, wait_ms = 0;
+    SH_TRY(sh_json_get_str(b, "node", 1, "poll", &name));
+    SH_TRY(sh_json_get_i64(b, "version", 0, "poll", &version));
+    SH_TRY(sh_json_get_i64(b, "wait_ms", 0, "poll", &wait_ms));
+    int idx = srv__node_find(s, name);
+    if (idx < 0 || s->nodes[idx].state == NODE_GONE)
+        return sh_err(SH_ENOENT, "node \"%s\" is not registered; register it first", name);
+    srv_node *n = &s->nodes[idx];
+    n->last_seen = sh_now_mono();
+    s->polls++;
+    SH_TRY(srv__db_begin(s));
+    int rc = SH_OK;
+    if (n->state == NODE_DEAD) {
+        n->state = NODE_ALIVE;
+        n->version++;
+        rc = srv__seam_node(s, idx, SEAM_UP);
+        if (rc == SH_OK) rc = srv__db_node(s, n);
+        if (rc == SH_OK) rc = srv__db_event(s, 0, n->name, "node_recovered", "polled again");
+        srv__changed(s);
+    }
+    json_t *mem = json_object_get(b, "members");
+    size_t i;
+    json_t *r;
+    json_array_foreach(mem, i, r) if (rc == SH_OK) rc = apply_report(s, idx, r);
+    if (rc == SH_OK) rc = srv__db_commit(s);
+    else srv__db_rollback(s);
+    SH_TRY(rc);
+    json_t *logs = json_object_get(b, "logs");
+    if (json_is_array(logs)) apply_logs(s, logs);
+    /* Long poll: hold the reply until this node's desired list changes, so
+     * that an assignment or an opened barrier reaches the agent at once. */
+    if (wait_ms > 0 && (uint64_t)version == n->version) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double until = ts.tv_sec + ts.tv_nsec * 1e-9 + (wait_ms > 5000 ? 5000 : wait_ms) / 1000.0;
+        ts.tv_sec = (time_t)until;
+        ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+        while (!s->stopping && (uint64_t)version == s->nodes[idx].version)
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT) break;
+        n = &s->nodes[idx]; /* the table may have moved while we waited */
+        n->last_seen = sh_now_mono();
+    }
+    *reply = json_pack("{s:I,s:o}", "version", (json_int_t)n->version, "members", desired(s, idx));
+    return SH_OK;
+}

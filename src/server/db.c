@@ -1,0 +1,341 @@
+/* SQLite state of the server: the durable copy of the in-memory model.
+ *
+ * WAL mode with synchronous=NORMAL survives a killed process (every commit is
+ * in the WAL before the reply leaves); synchronous=FULL (--sync-full) also
+ * survives a power cut at the cost of one fsync per commit.  The schema is in
+ * docs/server-api.md ("State"). */
+#include "srv_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const schema =
+    "CREATE TABLE IF NOT EXISTS nodes(name TEXT PRIMARY KEY, gpu_type TEXT, gpus INTEGER,"
+    " zone TEXT, fabric TEXT, addr TEXT, price REAL, state INTEGER, from_provider INTEGER,"
+    " sandbox TEXT);"
+    "CREATE TABLE IF NOT EXISTS jobs(id INTEGER PRIMARY KEY, tenant TEXT, name TEXT, idem TEXT,"
+    " kind INTEGER, state INTEGER, policy INTEGER, attempt INTEGER, max_attempts INTEGER,"
+    " priority INTEGER, exit_code INTEGER, reason TEXT, spec TEXT, t_submit REAL, t_start REAL,"
+    " t_end REAL, go INTEGER, prefer TEXT, nodes INTEGER, min_nodes INTEGER, gpus_per_node INTEGER,"
+    " failures INTEGER);"
+    "CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem) WHERE idem != '';"
+    "CREATE TABLE IF NOT EXISTS members(job INTEGER, rank INTEGER, node TEXT, state INTEGER,"
+    " exit_code INTEGER, gpu_mask INTEGER, t_start REAL, t_end REAL, PRIMARY KEY(job, rank));"
+    "CREATE TABLE IF NOT EXISTS events(id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, job INTEGER,"
+    " tenant TEXT, node TEXT, kind TEXT, msg TEXT);"
+    "CREATE TABLE IF NOT EXISTS ledger(id INTEGER PRIMARY KEY, tenant TEXT, job INTEGER,"
+    " attempt INTEGER, rank INTEGER, node TEXT, gpu_type TEXT, gpus INTEGER, t_start REAL,"
+    " t_end REAL, cost REAL);";
+
+static int db__fail(srv *s, const char *what)
+{
+    return sh_err(SH_EIO, "%s: %s: %s", s->cfg.db_path, what, sqlite3_errmsg(s->db));
+}
+
+int srv__db_open(srv *s)
+{
+    if (sqlite3_open_v2(s->cfg.db_path, &s->db,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL)) {
+        int rc = sh_err(SH_EIO, "%s: cannot open the database: %s (check the --db path)",
+                        s->cfg.db_path, s->db ? sqlite3_errmsg(s->db) : "out of memory");
+        sqlite3_close(s->db);
+        s->db = NULL;
+        return rc;
+    }
+    sqlite3_busy_timeout(s->db, 5000);
+    char *err = NULL;
+    const char *pragmas = s->cfg.sync_full ? "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
+                                           : "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=16384;";
+    if (sqlite3_exec(s->db, pragmas, NULL, NULL, &err) || sqlite3_exec(s->db, schema, NULL, NULL, &err)) {
+        int rc = sh_err(SH_EIO, "%s: %s", s->cfg.db_path, err ? err : "cannot set up the schema");
+        sqlite3_free(err);
+        return rc;
+    }
+    return SH_OK;
+}
+
+int srv__db_begin(srv *s)
+{
+    return sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) ? db__fail(s, "begin") : SH_OK;
+}
+
+int srv__db_commit(srv *s)
+{
+    return sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) ? db__fail(s, "commit") : SH_OK;
+}
+
+void srv__db_rollback(srv *s)
+{
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+/* Prepares sql (cached per statement text by SQLite's own prepare is cheap
+ * enough at our rates) and binds the arguments described by `types`:
+ * i int64, d double, t text. */
+/* Prepared statements, cached by the address of their (literal) SQL text:
+ * preparing the wide job INSERT on every submit cost as much as running it. */
+static sqlite3_stmt *db__stmt(srv *s, const char *sql)
+{
+    for (int i = 0; i < s->nstmts; i++)
+        if (s->stmts[i].sql == sql) return s->stmts[i].st;
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v3(s->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL)) return NULL;
+    if (s->nstmts < (int)(sizeof s->stmts / sizeof s->stmts[0])) {
+        s->stmts[s->nstmts].sql = sql;
+        s->stmts[s->nstmts++].st = st;
+    }
+    return st;
+}
+
+void srv__db_close(srv *s)
+{
+    for (int i = 0; i < s->nstmts; i++) sqlite3_finalize(s->stmts[i].st);
+    s->nstmts = 0;
+    sqlite3_close(s->db);
+    s->db = NULL;
+}
+
+static int db__run(srv *s, const char *sql, const char *types, ...)
+{
+    sqlite3_stmt *st = db__stmt(s, sql);
+    if (!st) return db__fail(s, "prepare");
+    va_list ap;
+    va_start(ap, types);
+    for (int i = 0; types[i]; i++) {
+        if (types[i] == 'i') sqlite3_bind_int64(st, i + 1, va_arg(ap, int64_t));
+        else if (types[i] == 'd') sqlite3_bind_double(st, i + 1, va_arg(ap, double));
+        else sqlite3_bind_text(st, i + 1, va_arg(ap, const char *), -1, SQLITE_TRANSIENT);
+    }
+    va_end(ap);
+    int rc = sqlite3_step(st);
+    int ok = rc == SQLITE_DONE || rc == SQLITE_ROW;
+    if (!ok) rc = db__fail(s, "write");
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return ok ? SH_OK : rc;
+}
+
+int srv__db_node(srv *s, const srv_node *n)
+{
+    return db__run(s,
+                   "INSERT OR REPLACE INTO nodes VALUES(?,?,?,?,?,?,?,?,?,?)", "ttitttdiit", n->name,
+                   n->gpu_type, (int64_t)n->gpus, n->zone, n->fabric, n->addr, n->price,
+                   (int64_t)n->state, (int64_t)n->from_provider, n->sandbox);
+}
+
+int srv__db_job(srv *s, const srv_job *j)
+{
+    char *spec = json_dumps(j->spec, JSON_COMPACT | JSON_SORT_KEYS);
+    json_t *pa = json_array();
+    for (int i = 0; i < j->nprefer; i++) json_array_append_new(pa, json_integer(j->prefer[i]));
+    char *prefer = json_dumps(pa, JSON_COMPACT);
+    json_decref(pa);
+    int rc = db__run(s,
+                     "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                     "itttiiiiiiittddditiiii", j->id, j->tenant, j->name, j->idem, (int64_t)j->kind,
+                     (int64_t)j->state, (int64_t)j->policy, (int64_t)j->attempt,
+                     (int64_t)j->max_attempts, (int64_t)j->priority, (int64_t)j->exit_code,
+                     j->reason, spec ? spec : "{}", j->t_submit, j->t_start, j->t_end,
+                     (int64_t)j->go, prefer ? prefer : "[]", (int64_t)j->nodes,
+                     (int64_t)j->min_nodes, (int64_t)j->gpus_per_node, (int64_t)j->failures);
+    free(spec);
+    free(prefer);
+    return rc;
+}
+
+int srv__db_members(srv *s, const srv_job *j)
+{
+    SH_TRY(db__run(s, "DELETE FROM members WHERE job=?", "i", j->id));
+    for (int i = 0; i < j->nmem; i++) {
+        const srv_member *m = &j->mem[i];
+        SH_TRY(db__run(s, "INSERT INTO members VALUES(?,?,?,?,?,?,?,?)", "iitiiidd", j->id,
+                       (int64_t)m->rank, s->nodes[m->node].name, (int64_t)m->state,
+                       (int64_t)m->exit_code, (int64_t)m->gpu_mask, m->t_start, m->t_end));
+    }
+    return SH_OK;
+}
+
+int srv__db_event(srv *s, int64_t job, const char *node, const char *kind, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    srv_job *j = job ? srv__job(s, job) : NULL;
+    sh_debug("event %s job %lld node %s: %s", kind, (long long)job, node ? node : "-", msg);
+    return db__run(s, "INSERT INTO events(t, job, tenant, node, kind, msg) VALUES(?,?,?,?,?,?)",
+                   "ditttt", sh_now_wall(), job, j ? j->tenant : "", node ? node : "", kind, msg);
+}
+
+int srv__db_ledger(srv *s, const srv_job *j, const srv_member *m)
+{
+    const srv_node *n = &s->nodes[m->node];
+    double hours = (m->t_end - m->t_start) / 3600.0;
+    if (hours < 0) hours = 0;
+    double cost = hours * n->price * j->gpus_per_node;
+    return db__run(s,
+                   "INSERT INTO ledger(tenant, job, attempt, rank, node, gpu_type, gpus, t_start,"
+                   " t_end, cost) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                   "tiiittiddd", j->tenant, j->id, (int64_t)j->attempt, (int64_t)m->rank, n->name,
+                   n->gpu_type, (int64_t)j->gpus_per_node, m->t_start, m->t_end, cost);
+}
+
+static const char *col_text(sqlite3_stmt *st, int i)
+{
+    const char *t = (const char *)sqlite3_column_text(st, i);
+    return t ? t : "";
+}
+
+static int db__load_nodes(srv *s)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT * FROM nodes ORDER BY rowid", -1, &st, NULL))
+        return db__fail(s, "load nodes");
+    int rc = SH_OK;
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        if (s->nnodes == s->cap_nodes) {
+            int cap = s->cap_nodes ? 2 * s->cap_nodes : 64;
+            srv_node *nn = realloc(s->nodes, (size_t)cap * sizeof *nn);
+            if (!nn) { rc = sh_err(SH_ENOMEM, "loading nodes"); break; }
+            s->nodes = nn;
+            s->cap_nodes = cap;
+        }
+        srv_node *n = &s->nodes[s->nnodes++];
+        memset(n, 0, sizeof *n);
+        snprintf(n->name, sizeof n->name, "%s", col_text(st, 0));
+        snprintf(n->gpu_type, sizeof n->gpu_type, "%s", col_text(st, 1));
+        n->gpus = sqlite3_column_int(st, 2);
+        snprintf(n->zone, sizeof n->zone, "%s", col_text(st, 3));
+        snprintf(n->fabric, sizeof n->fabric, "%s", col_text(st, 4));
+        snprintf(n->addr, sizeof n->addr, "%s", col_text(st, 5));
+        n->price = sqlite3_column_double(st, 6);
+        n->state = sqlite3_column_int(st, 7);
+        n->from_provider = sqlite3_column_int(st, 8);
+        snprintf(n->sandbox, sizeof n->sandbox, "%s", col_text(st, 9));
+        /* A node alive at the crash gets a fresh heartbeat window to poll the
+         * restarted server before it is declared dead. */
+        n->last_seen = sh_now_mono();
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int db__load_members(srv *s)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT * FROM members ORDER BY job, rank", -1, &st, NULL))
+        return db__fail(s, "load members");
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        srv_job *j = srv__job(s, sqlite3_column_int64(st, 0));
+        int node = srv__node_find(s, col_text(st, 2));
+        if (!j || node < 0) continue;
+        srv_member *nm = realloc(j->mem, (size_t)(j->nmem + 1) * sizeof *nm);
+        if (!nm) {
+            sqlite3_finalize(st);
+            return sh_err(SH_ENOMEM, "loading members");
+        }
+        j->mem = nm;
+        srv_member *m = &j->mem[j->nmem++];
+        m->rank = sqlite3_column_int(st, 1);
+        m->node = node;
+        m->state = sqlite3_column_int(st, 3);
+        m->exit_code = sqlite3_column_int(st, 4);
+        m->gpu_mask = (uint64_t)sqlite3_column_int64(st, 5);
+        m->t_start = sqlite3_column_double(st, 6);
+        m->t_end = sqlite3_column_double(st, 7);
+        if (m->state <= M_RUNNING) {
+            s->nodes[node].gpus_used += j->gpus_per_node;
+            s->nodes[node].gpu_mask |= m->gpu_mask;
+        }
+    }
+    sqlite3_finalize(st);
+    return SH_OK;
+}
+
+static int db__load_job(srv *s, sqlite3_stmt *st)
+{
+    json_t *spec = json_loads(col_text(st, 12), 0, NULL);
+    srv_job *j = NULL;
+    int rc = srv__job_from_spec(spec, col_text(st, 1), &j);
+    json_decref(spec);
+    if (rc < 0) return sh_err_wrap(rc, "%s: job %lld", s->cfg.db_path, (long long)sqlite3_column_int64(st, 0));
+    j->id = sqlite3_column_int64(st, 0);
+    snprintf(j->idem, sizeof j->idem, "%s", col_text(st, 3));
+    j->state = sqlite3_column_int(st, 5);
+    j->attempt = sqlite3_column_int(st, 7);
+    j->exit_code = sqlite3_column_int(st, 10);
+    snprintf(j->reason, sizeof j->reason, "%s", col_text(st, 11));
+    j->t_submit = sqlite3_column_double(st, 13);
+    j->t_start = sqlite3_column_double(st, 14);
+    j->t_end = sqlite3_column_double(st, 15);
+    j->go = sqlite3_column_int(st, 16);
+    json_t *pa = json_loads(col_text(st, 17), 0, NULL);
+    size_t i;
+    json_t *v;
+    json_array_foreach(pa, i, v) if (j->nprefer < 64) j->prefer[j->nprefer++] = (int)json_integer_value(v);
+    json_decref(pa);
+    j->nodes = sqlite3_column_int(st, 18);
+    j->failures = sqlite3_column_int(st, 21);
+    return srv__job_add(s, j);
+}
+
+int srv__db_load(srv *s)
+{
+    SH_TRY(db__load_nodes(s));
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT * FROM jobs ORDER BY id", -1, &st, NULL))
+        return db__fail(s, "load jobs");
+    int rc = SH_OK;
+    while (rc == SH_OK && sqlite3_step(st) == SQLITE_ROW) rc = db__load_job(s, st);
+    sqlite3_finalize(st);
+    SH_TRY(rc);
+    return db__load_members(s);
+}
+
+json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit)
+{
+    sqlite3_stmt *st;
+    json_t *out = json_array();
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT id, t, job, node, kind, msg FROM events WHERE id > ?1 AND"
+                           " (?2 = '' OR tenant = ?2) AND (?3 = 0 OR job = ?3) ORDER BY id LIMIT ?4",
+                           -1, &st, NULL))
+        return out;
+    sqlite3_bind_int64(st, 1, after);
+    sqlite3_bind_text(st, 2, tenant ? tenant : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, job);
+    sqlite3_bind_int(st, 4, limit);
+    while (sqlite3_step(st) == SQLITE_ROW)
+        json_array_append_new(out, json_pack("{s:I,s:f,s:I,s:s,s:s,s:s}", "id",
+                                             (json_int_t)sqlite3_column_int64(st, 0), "t",
+                                             sqlite3_column_double(st, 1), "job",
+                                             (json_int_t)sqlite3_column_int64(st, 2), "node",
+                                             col_text(st, 3), "kind", col_text(st, 4), "msg",
+                                             col_text(st, 5)));
+    sqlite3_finalize(st);
+    return out;
+}
+
+/* Sums the closed ledger by tenant and GPU type into obj[tenant][gpu_type]. */
+json_t *srv__db_costs(srv *s, const char *tenant)
+{
+    sqlite3_stmt *st;
+    json_t *out = json_object();
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT tenant, gpu_type, SUM(cost), SUM((t_end - t_start) * gpus)"
+                           " FROM ledger WHERE ?1 = '' OR tenant = ?1 GROUP BY tenant, gpu_type",
+                           -1, &st, NULL))
+        return out;
+    sqlite3_bind_text(st, 1, tenant ? tenant : "", -1, SQLITE_STATIC);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        const char *t = col_text(st, 0);
+        json_t *by = json_object_get(out, t);
+        if (!by) json_object_set_new(out, t, by = json_object());
+        json_object_set_new(by, col_text(st, 1),
+                            json_pack("{s:f,s:f}", "dollars", sqlite3_column_double(st, 2),
+                                      "gpu_seconds", sqlite3_column_double(st, 3)));
+    }
+    sqlite3_finalize(st);
+    return out;
+}

@@ -1,0 +1,418 @@
+/* libmicrohttpd glue: request bodies, authentication, JSON errors, static
+ * dashboard files, /metrics, and the scheduler thread.
+ *
+ * The daemon runs one thread per connection so that agents' long polls can
+ * block in their handler without holding up anyone else. */
+#include "srv_int.h"
+
+#include <errno.h>
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct conn_ctx {
+    sh_buf body;
+    int too_big;
+} conn_ctx;
+
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type,
+                                 const void *data, size_t len, int copy)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        len, (void *)data, copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_MUST_FREE);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", type);
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+    enum MHD_Result r = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+static enum MHD_Result send_json(srv *s, struct MHD_Connection *c, int status, json_t *j)
+{
+    char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(12));
+    json_decref(j);
+    if (!text) return MHD_NO;
+    __atomic_fetch_add(&s->http_req[status / 100 <= 5 ? status / 100 : 0], 1, __ATOMIC_RELAXED);
+    return send_text(c, status, "application/json", text, strlen(text), 0);
+}
+
+static enum MHD_Result send_error(srv *s, struct MHD_Connection *c, int status, const char *msg)
+{
+    return send_json(s, c, status, json_pack("{s:s,s:i}", "error", msg, "status", status));
+}
+
+static int status_of(int rc)
+{
+    switch (rc) {
+    case SH_EFORMAT: case SH_EINVAL: case SH_ERANGE: return 400;
+    case SH_ENOENT: return 404;
+    case SH_EPERM: return 403;
+    case SH_EEXIST: return 409;
+    default: return 500;
+    }
+}
+
+/* Maps the bearer token to a role; *tenant points into s->tokens. */
+static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char **err)
+{
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7) || !h[7]) {
+        *err = "missing bearer token: send \"Authorization: Bearer TOKEN\" (shoal: --token or SHOAL_TOKEN)";
+        return -1;
+    }
+    const char *tok = h + 7;
+    const char *admin = json_string_value(json_object_get(s->tokens, "admin"));
+    const char *agent = json_string_value(json_object_get(s->tokens, "agent"));
+    if (admin && !strcmp(tok, admin)) return r->role = ROLE_ADMIN;
+    if (agent && !strcmp(tok, agent)) return r->role = ROLE_AGENT;
+    const char *name;
+    json_t *v;
+    json_object_foreach(json_object_get(s->tokens, "tenants"), name, v) {
+        if (json_is_string(v) && !strcmp(tok, json_string_value(v))) {
+            r->tenant = name;
+            return r->role = ROLE_TENANT;
+        }
+    }
+    *err = "unknown bearer token (check --token / SHOAL_TOKEN against the server's tokens file)";
+    return -1;
+}
+
+static const char *mime_of(const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    if (!dot) return "application/octet-stream";
+    if (!strcmp(dot, ".html")) return "text/html; charset=utf-8";
+    if (!strcmp(dot, ".js")) return "text/javascript; charset=utf-8";
+    if (!strcmp(dot, ".css")) return "text/css; charset=utf-8";
+    if (!strcmp(dot, ".svg")) return "image/svg+xml";
+    return "application/octet-stream";
+}
+
+static enum MHD_Result serve_static(srv *s, struct MHD_Connection *c, const char *url)
+{
+    const char *name = !strcmp(url, "/") ? "index.html" : url + 1;
+    for (const char *p = name; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '-' || *p == '_' || (*p == '.' && p != name)))
+            return send_error(s, c, 404, "no such file");
+    char path[4200];
+    if (!s->cfg.web_dir || snprintf(path, sizeof path, "%s/%s", s->cfg.web_dir, name) >= (int)sizeof path)
+        return send_error(s, c, 404, "no dashboard: start the server with --web DIR");
+    char *data;
+    size_t len;
+    if (sh_read_file(path, 8 << 20, &data, &len) < 0) return send_error(s, c, 404, "no such file");
+    __atomic_fetch_add(&s->http_req[2], 1, __ATOMIC_RELAXED);
+    return send_text(c, 200, mime_of(path), data, len, 0);
+}
+
+static enum MHD_Result serve_metrics(srv *s, struct MHD_Connection *c)
+{
+    sh_buf b = {0};
+    pthread_mutex_lock(&s->mu);
+    srv__metrics(s, &b);
+    pthread_mutex_unlock(&s->mu);
+    __atomic_fetch_add(&s->http_req[2], 1, __ATOMIC_RELAXED);
+    enum MHD_Result r = send_text(c, 200, "text/plain; version=0.0.4", b.data ? (char *)b.data : "", b.len, 1);
+    sh_buf_free(&b);
+    return r;
+}
+
+static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *url, const char *method,
+                                conn_ctx *ctx)
+{
+    if (ctx->too_big) {
+        char m[128];
+        snprintf(m, sizeof m, "request body larger than %zu bytes", s->cfg.max_body);
+        return send_error(s, c, 413, m);
+    }
+    if (!strcmp(url, "/healthz")) return send_json(s, c, 200, json_pack("{s:b}", "ok", 1));
+    if (!strcmp(url, "/metrics")) return serve_metrics(s, c);
+    if (strncmp(url, "/v1/", 4)) {
+        if (strcmp(method, "GET")) return send_error(s, c, 405, "static files are GET only");
+        return serve_static(s, c, url);
+    }
+    srv_req r = {method, url, NULL, (const char *)ctx->body.data, ctx->body.len, NULL, ROLE_NONE,
+                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key"), c};
+    if (!r.body) r.body = "";
+    const char *err = NULL;
+    if (authenticate(s, c, &r, &err) < 0) return send_error(s, c, 401, err);
+    int status = 200;
+    json_t *reply = NULL;
+    char msg[1100];
+    int rc = srv__presubmit(&r);
+    if (rc == SH_OK) {
+        pthread_mutex_lock(&s->mu);
+        rc = srv__handle(s, &r, &status, &reply);
+        if (rc < 0) snprintf(msg, sizeof msg, "%s", sh_errmsg());
+        pthread_mutex_unlock(&s->mu);
+    } else snprintf(msg, sizeof msg, "%s", sh_errmsg());
+    srv__job_free(r.job);
+    if (rc < 0) {
+        json_decref(reply);
+        return send_error(s, c, status == 405 ? 405 : status_of(rc), msg);
+    }
+    return send_json(s, c, status, reply ? reply : json_object());
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
+{
+    srv *s = cls;
+    conn_ctx *ctx = *con_cls;
+    if (!ctx) {
+        if (!(ctx = calloc(1, sizeof *ctx))) return MHD_NO;
+        *con_cls = ctx;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) ctx->too_big = 1;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!ctx->too_big && ctx->body.len + *upload_size <= s->cfg.max_body) {
+            if (sh_buf_append(&ctx->body, upload, *upload_size) < 0) ctx->too_big = 1;
+        } else ctx->too_big = 1;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return dispatch(s, c, url, method, ctx);
+}
+
+static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t)
+{
+    conn_ctx *ctx = *con_cls;
+    if (!ctx) return;
+    sh_buf_free(&ctx->body);
+    free(ctx);
+    *con_cls = NULL;
+}
+
+/* ---- scheduler thread ----------------------------------------------------- */
+
+static double cycle(srv *s)
+{
+    double t0 = sh_now_mono();
+    if (srv__db_begin(s) < 0) return SH_EIO;
+    int rc = srv__seam_step(s, t0);
+    if (rc == SH_OK) rc = srv__db_commit(s);
+    else {
+        sh_warn("scheduling cycle: %s", sh_errmsg());
+        srv__db_rollback(s);
+    }
+    s->last_cycle_s = sh_now_mono() - t0;
+    return rc < 0 ? rc : s->last_cycle_s;
+}
+
+static void *sched_main(void *arg)
+{
+    srv *s = arg;
+    pthread_mutex_lock(&s->mu);
+    double last = 0;
+    while (!s->stopping) {
+        double now = sh_now_mono();
+        if (s->cfg.manual_cycles) s->dirty = 0, last = now;
+        /* Run on every change, at most every 2 ms so that a burst of submits
+         * shares one cycle, and at least every 100 ms for heartbeats. */
+        if ((s->dirty && now - last >= 0.002) || now - last >= 0.1) {
+            s->dirty = 0;
+            last = now;
+            cycle(s);
+            srv__provider_tick(s, now);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        if (s->dirty) {
+            /* Let the burst accumulate: release the lock for the rest of 2 ms. */
+            ts.tv_nsec -= 98 * 1000000L;
+            if (ts.tv_nsec < 0) {
+                ts.tv_sec--;
+                ts.tv_nsec += 1000000000L;
+            }
+        }
+        pthread_cond_timedwait(&s->sched_cv, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+double srv_cycle_for_bench(srv *s)
+{
+    pthread_mutex_lock(&s->mu);
+    double t = cycle(s);
+    pthread_mutex_unlock(&s->mu);
+    return t;
+}
+
+/* ---- start and stop --------------------------------------------------------- */
+
+static int load_tokens(srv *s)
+{
+    if (!s->cfg.tokens_path)
+        return sh_err(SH_EINVAL, "the server needs a tokens file (--tokens FILE; see docs/server-api.md)");
+    SH_TRY(sh_json_load_file(s->cfg.tokens_path, 1 << 20, &s->tokens));
+    static const char *const keys[] = {"admin", "agent", "tenants", NULL};
+    SH_TRY(sh_json_check_keys(s->tokens, keys, s->cfg.tokens_path));
+    const char *a = NULL;
+    SH_TRY(sh_json_get_str(s->tokens, "admin", 1, s->cfg.tokens_path, &a));
+    SH_TRY(sh_json_get_str(s->tokens, "agent", 1, s->cfg.tokens_path, &a));
+    json_t *t = json_object_get(s->tokens, "tenants");
+    if (t && !json_is_object(t))
+        return sh_err(SH_EFORMAT, "%s: \"tenants\" must map tenant names to tokens", s->cfg.tokens_path);
+    return SH_OK;
+}
+
+static int start_http(srv *s)
+{
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)s->cfg.port);
+    if (inet_pton(AF_INET, s->cfg.bind_addr, &sa.sin_addr) != 1)
+        return sh_err(SH_EINVAL, "bind address \"%s\" is not an IPv4 address", s->cfg.bind_addr);
+    s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL,
+                              (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &sa,
+                              MHD_OPTION_NOTIFY_COMPLETED, on_done, s, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)1000, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                              MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
+    if (!s->mhd)
+        return sh_err(SH_EIO, "cannot listen on %s:%d (port in use? pick another with --port)",
+                      s->cfg.bind_addr, s->cfg.port);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : s->cfg.port;
+    return SH_OK;
+}
+
+int srv_start(const srv_config *cfg, srv **out)
+{
+    srv *s = calloc(1, sizeof *s);
+    if (!s) return sh_err(SH_ENOMEM, "server");
+    s->cfg = *cfg;
+    if (!s->cfg.bind_addr) s->cfg.bind_addr = "127.0.0.1";
+    if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
+    if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
+    if (!s->cfg.max_provider_nodes) s->cfg.max_provider_nodes = 8;
+    if (s->cfg.scale_up_wait_s <= 0) s->cfg.scale_up_wait_s = 2;
+    if (s->cfg.scale_down_idle_s <= 0) s->cfg.scale_down_idle_s = 10;
+    if (!s->cfg.db_path) s->cfg.db_path = "shoal.db";
+    snprintf(s->dir, sizeof s->dir, "%s", s->cfg.db_path);
+    char *slash = strrchr(s->dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(s->dir, sizeof s->dir, ".");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->sched_cv, NULL);
+    int rc = load_tokens(s);
+    if (rc == SH_OK) rc = srv__db_open(s);
+    if (rc == SH_OK) rc = srv__db_load(s);
+    if (rc == SH_OK) rc = srv__db_begin(s);
+    if (rc == SH_OK) {
+        rc = srv__seam_init(s);
+        if (rc == SH_OK) rc = srv__db_commit(s);
+        else srv__db_rollback(s);
+    }
+    if (rc == SH_OK) rc = start_http(s);
+    if (rc == SH_OK && pthread_create(&s->sched_thread, NULL, sched_main, s))
+        rc = sh_err(SH_EIO, "cannot start the scheduler thread");
+    if (rc < 0) {
+        if (s->mhd) MHD_stop_daemon(s->mhd);
+        s->mhd = NULL;
+        s->sched_thread = 0;
+        srv_stop(s);
+        return rc;
+    }
+    s->dirty = 1;
+    *out = s;
+    return SH_OK;
+}
+
+int srv_port(const srv *s) { return s->port; }
+
+void srv_stop(srv *s)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(&s->sched_cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->sched_thread) pthread_join(s->sched_thread, NULL);
+    if (s->mhd) MHD_stop_daemon(s->mhd);
+    if (s->db) srv__db_close(s);
+    if (s->sc) srv__seam_free(s);
+    for (int64_t i = 1; i <= s->njobs; i++) srv__job_free(s->jobs[i]);
+    free(s->jobs);
+    free(s->active);
+    free(s->nodes);
+    json_decref(s->tokens);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->sched_cv);
+    free(s);
+}
+
+/* ---- metrics ------------------------------------------------------------------ */
+
+void srv__metrics(srv *s, sh_buf *b)
+{
+    int nodes[3] = {0}, gpus = 0, used = 0;
+    for (int i = 0; i < s->nnodes; i++) {
+        nodes[s->nodes[i].state]++;
+        if (s->nodes[i].state == NODE_ALIVE) {
+            gpus += s->nodes[i].gpus;
+            used += s->nodes[i].gpus_used;
+        }
+    }
+    int64_t jobs[J_NSTATES] = {0};
+    for (int64_t i = 1; i <= s->njobs; i++)
+        if (s->jobs[i]) jobs[s->jobs[i]->state]++;
+    static const char *const ns[] = {"alive", "dead", "gone"};
+    sh_buf_printf(b, "# HELP shoal_nodes Registered nodes by state.\n# TYPE shoal_nodes gauge\n");
+    for (int i = 0; i < 3; i++) sh_buf_printf(b, "shoal_nodes{state=\"%s\"} %d\n", ns[i], nodes[i]);
+    sh_buf_printf(b, "# HELP shoal_gpus GPUs on alive nodes.\n# TYPE shoal_gpus gauge\n"
+                     "shoal_gpus{state=\"total\"} %d\nshoal_gpus{state=\"used\"} %d\n", gpus, used);
+    sh_buf_printf(b, "# HELP shoal_jobs Jobs by state.\n# TYPE shoal_jobs gauge\n");
+    for (int i = 0; i < J_NSTATES; i++)
+        sh_buf_printf(b, "shoal_jobs{state=\"%s\"} %lld\n", srv__job_state_name(i), (long long)jobs[i]);
+    sh_buf_printf(b, "# HELP shoal_jobs_submitted_total Jobs accepted since the server started.\n"
+                     "# TYPE shoal_jobs_submitted_total counter\nshoal_jobs_submitted_total %llu\n"
+                     "# HELP shoal_jobs_rejected_total Jobs rejected as never fitting.\n"
+                     "# TYPE shoal_jobs_rejected_total counter\nshoal_jobs_rejected_total %llu\n"
+                     "# HELP shoal_agent_polls_total Agent polls served.\n"
+                     "# TYPE shoal_agent_polls_total counter\nshoal_agent_polls_total %llu\n"
+                     "# HELP shoal_sched_cycle_seconds Duration of the last scheduling cycle.\n"
+                     "# TYPE shoal_sched_cycle_seconds gauge\nshoal_sched_cycle_seconds %.6f\n",
+                  (unsigned long long)s->submits, (unsigned long long)s->rejects,
+                  (unsigned long long)s->polls, s->last_cycle_s);
+    sh_buf_printf(b, "# HELP shoal_http_responses_total HTTP responses by status class.\n"
+                     "# TYPE shoal_http_responses_total counter\n");
+    for (int i = 2; i <= 5; i++)
+        sh_buf_printf(b, "shoal_http_responses_total{class=\"%dxx\"} %llu\n", i,
+                      (unsigned long long)__atomic_load_n(&s->http_req[i], __ATOMIC_RELAXED));
+}
+
+int srv_add_bench_nodes(srv *s, int n, const char *gpu_type, int gpus)
+{
+    pthread_mutex_lock(&s->mu);
+    int rc = srv__db_begin(s);
+    for (int i = 0; rc == SH_OK && i < n; i++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"name\":\"bench-%d\",\"gpu_type\":\"%s\",\"gpus\":%d,\"zone\":\"z%d\",\"fabric\":\"f%d\"}",
+                 i, gpu_type, gpus, i % 4, i % 8);
+        json_t *b = json_loads(body, 0, NULL), *reply = NULL;
+        rc = srv__agent_register(s, b, &reply);
+        json_decref(b);
+        json_decref(reply);
+    }
+    if (rc == SH_OK) rc = srv__db_commit(s);
+    else srv__db_rollback(s);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}

@@ -1,0 +1,211 @@
+/* The seam between the server and the scheduling core (src/sched).
+ *
+ * Every placement decision comes from sched_step(): the server tells the
+ * core about nodes and jobs as events happen, then carries out the
+ * decisions the core returns (start, grow, shrink, preempt, requeue,
+ * replace, scale up and down).  The core is pure and in memory; after a
+ * restart the server rebuilds it from SQLite: nodes are added, queued jobs
+ * submitted again, and running jobs restored on the places they hold
+ * (sched_job_restore), so that nothing running is moved or restarted. */
+#include "srv_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now);
+
+static void sid(const srv_job *j, char out[24]) { snprintf(out, 24, "%lld", (long long)j->id); }
+
+static int spec_of(const srv_job *j, char id[24], sched_job_spec *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    sid(j, id);
+    sp->id = id;
+    sp->tenant = j->tenant;
+    sp->kind = j->kind == K_GANG ? SCHED_GANG : j->kind == K_ELASTIC ? SCHED_ELASTIC : SCHED_FUNCTION;
+    sp->nodes = j->kind == K_ELASTIC ? j->min_nodes : j->nodes;
+    sp->max_replicas = j->nodes;
+    sp->gpus_per_node = j->gpus_per_node;
+    json_t *types = json_object_get(j->spec, "gpu_types");
+    size_t i;
+    json_t *v;
+    json_array_foreach(types, i, v) if (sp->n_types < SCHED_MAX_TYPES) sp->gpu_types[sp->n_types++] = json_string_value(v);
+    json_t *est = json_object_get(j->spec, "est_s");
+    sp->est_s = est ? json_number_value(est) : 0;
+    sp->priority = j->priority;
+    sp->on_fail = j->policy == P_REPLACE ? SCHED_REPLACE : SCHED_REQUEUE;
+    sp->replace_wait_s = 30;
+    return SH_OK;
+}
+
+int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap)
+{
+    char id[24];
+    sched_job_spec sp;
+    spec_of(j, id, &sp);
+    int rc = sched_job_submit(s->sc, &sp, sh_now_mono());
+    if (rc == SH_ERANGE || rc == SH_EINVAL) {
+        snprintf(why, cap, "can never fit: %s", sh_errmsg());
+        return 1;
+    }
+    return rc;
+}
+
+void srv__seam_end(srv *s, const srv_job *j, int cancelled)
+{
+    char id[24];
+    sid(j, id);
+    sched_job_info info;
+    if (sched_job_info_get(s->sc, id, sh_now_mono(), &info) < 0 || info.state >= SCHED_DONE) return;
+    if (cancelled) sched_job_cancel(s->sc, id, sh_now_mono());
+    else sched_job_finish(s->sc, id, sh_now_mono());
+}
+
+int srv__seam_node(srv *s, int idx, int event)
+{
+    srv_node *n = &s->nodes[idx];
+    double now = sh_now_mono();
+    sched_node_info info;
+    int known = sched_node_info_get(s->sc, n->name, &info) == 0;
+    if (event == SEAM_UP) {
+        if (!known) {
+            sched_node_spec ns = {n->name, n->zone, n->fabric, n->gpu_type, n->gpus, n->price};
+            return sched_node_add(s->sc, &ns, now);
+        }
+        return info.state == SCHED_NODE_FAILED ? sched_node_recover(s->sc, n->name, now) : SH_OK;
+    }
+    if (!known) return SH_OK;
+    if (event == SEAM_DEAD) return info.state == SCHED_NODE_FAILED ? SH_OK : sched_node_fail(s->sc, n->name, now);
+    if (info.state != SCHED_NODE_FAILED) SH_TRY(sched_node_fail(s->sc, n->name, now));
+    return sched_node_remove(s->sc, n->name, now);
+}
+
+/* Rebuilds the core from the loaded model (after srv__db_load). */
+int srv__seam_init(srv *s)
+{
+    sched_config c;
+    sched_config_default(&c, SCHED_SHOAL);
+    SH_TRY(srv__provider_config(s, &c));
+    s->sc = sched_new(&c);
+    if (!s->sc) return sh_err(SH_EINVAL, "scheduler: %s", sh_errmsg());
+    double now = sh_now_mono();
+    for (int i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].state != NODE_GONE) {
+            SH_TRY(srv__seam_node(s, i, SEAM_UP));
+            if (s->nodes[i].state == NODE_DEAD) SH_TRY(srv__seam_node(s, i, SEAM_DEAD));
+        }
+    for (int64_t id = 1; id <= s->njobs; id++) {
+        srv_job *j = srv__job(s, id);
+        if (!j || j->state > J_RUNNING) continue;
+        char why[300], sidv[24];
+        if (srv__seam_submit(s, j, why, sizeof why) != 0) {
+            SH_TRY(srv__finish(s, j, J_FAILED, -1, why));
+            continue;
+        }
+        if (j->state == J_PENDING) continue;
+        sched_place pl[64];
+        int n = 0;
+        for (int i = 0; i < j->nmem && n < 64; i++)
+            if (j->mem[i].state <= M_RUNNING)
+                pl[n++] = (sched_place){s->nodes[j->mem[i].node].name, 0, j->gpus_per_node};
+        sid(j, sidv);
+        if (n == 0 || sched_job_restore(s->sc, sidv, pl, (size_t)n, now) < 0) {
+            sh_warn("job %lld: cannot restore its placement (%s); queueing it again", (long long)id, sh_errmsg());
+            for (int i = 0; i < j->nmem; i++) SH_TRY(srv__member_end(s, j, &j->mem[i], M_STOPPED, -1));
+            j->state = J_PENDING;
+            j->attempt++;
+            SH_TRY(srv__db_members(s, j));
+            SH_TRY(srv__db_job(s, j));
+        }
+    }
+    return SH_OK;
+}
+
+void srv__seam_free(srv *s)
+{
+    sched_decisions_free(&s->dec);
+    sched_free(s->sc);
+}
+
+static srv_job *job_of(srv *s, const sched_decision *d) { return d->job ? srv__job(s, strtoll(d->job, NULL, 10)) : NULL; }
+
+static int places_to_nodes(srv *s, const sched_place *p, size_t n, int *out)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((out[i] = srv__node_find(s, p[i].node)) < 0)
+            return sh_err(SH_EINTERNAL, "scheduler placed work on unknown node %s", p[i].node);
+    return SH_OK;
+}
+
+/* A replace keeps each survivor's rank on its node and gives the lost ranks
+ * the replacement nodes. */
+static int replace(srv *s, srv_job *j)
+{
+    char id[24];
+    sid(j, id);
+    sched_place pl[64];
+    size_t n = sched_job_alloc(s->sc, id, pl, 64);
+    if (n > 64 || (int)n != j->nprefer) return sh_err(SH_EINTERNAL, "job %s: replace with %zu places for %d ranks", id, n, j->nprefer);
+    int nodes[64], used[64] = {0};
+    SH_TRY(places_to_nodes(s, pl, n, nodes));
+    int out[64];
+    for (int r = 0; r < j->nprefer; r++) {
+        out[r] = -1;
+        for (size_t k = 0; k < n && out[r] < 0; k++)
+            if (!used[k] && nodes[k] == j->prefer[r]) out[r] = nodes[k], used[k] = 1;
+    }
+    for (int r = 0; r < j->nprefer; r++)
+        for (size_t k = 0; k < n && out[r] < 0; k++)
+            if (!used[k]) out[r] = nodes[k], used[k] = 1;
+    j->attempt++;
+    return srv__start(s, j, out, j->nprefer);
+}
+
+static int apply(srv *s, const sched_decision *d)
+{
+    srv_job *j = job_of(s, d);
+    const sched_place *pl = s->dec.places + d->first;
+    int nodes[4096];
+    if (d->count > 4096) return sh_err(SH_EINTERNAL, "decision with %zu places", d->count);
+    switch (d->kind) {
+    case SCHED_D_START:
+        if (!j || j->state != J_PENDING) return SH_OK;
+        SH_TRY(places_to_nodes(s, pl, d->count, nodes));
+        return srv__start(s, j, nodes, (int)d->count);
+    case SCHED_D_GROW:
+        if (!j) return SH_OK;
+        SH_TRY(places_to_nodes(s, pl, d->count, nodes));
+        return srv__grow(s, j, nodes, (int)d->count);
+    case SCHED_D_SHRINK:
+        if (!j) return SH_OK;
+        SH_TRY(places_to_nodes(s, pl, d->count, nodes));
+        return srv__shrink(s, j, nodes, (int)d->count);
+    case SCHED_D_PREEMPT:
+        return j ? srv__requeue(s, j, "preempted by higher-priority work", 0) : SH_OK;
+    case SCHED_D_REQUEUE:
+        return j ? srv__requeue(s, j, j->reason[0] ? j->reason : "a node failed", 1) : SH_OK;
+    case SCHED_D_REPLACE:
+        return j && j->state == J_PENDING ? replace(s, j) : SH_OK;
+    case SCHED_D_SCALE_UP:
+        return srv__provider_create(s, d->zone, d->fabric, d->gpu_type, d->n);
+    case SCHED_D_SCALE_DOWN:
+        return srv__provider_delete(s, d->node);
+    default:
+        return SH_OK; /* hold and release belong to the firstfit baseline */
+    }
+}
+
+int srv__seam_step(srv *s, double now)
+{
+    srv__heartbeats(s, now);
+    int64_t k = 0;
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        if (j && j->state <= J_RUNNING) s->active[k++] = s->active[a];
+    }
+    s->nactive = k;
+    int n = sched_step(s->sc, now, &s->dec);
+    if (n < 0) return n;
+    for (size_t i = 0; i < s->dec.n; i++) SH_TRY(apply(s, &s->dec.v[i]));
+    return SH_OK;
+}

@@ -1,0 +1,174 @@
+/* Internal model of the server (src/server only).
+ *
+ * One mutex (srv.mu) guards the whole model; HTTP handler threads, the
+ * scheduler thread and agents' long polls all take it.  Every change is
+ * written to SQLite inside the same critical section, before the change is
+ * visible to anyone, so the database is always a prefix of what was answered.
+ *
+ * The agent protocol is declarative: for each node the server derives, from
+ * the members placed there, the list of members that should exist
+ * (srv__desired); an agent makes its processes match it.  Nothing is queued,
+ * so a lost reply or a restarted server loses nothing. */
+#ifndef SHOAL_SRV_INT_H
+#define SHOAL_SRV_INT_H
+
+/* shoal/sched.h comes first: its SCHED_FIFO enumerator collides with the
+ * POSIX macro of the same name that <pthread.h> pulls in through <sched.h>. */
+#include "shoal/sched.h"
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "shoal/common.h"
+#include "shoal/server.h"
+
+enum { NODE_ALIVE, NODE_DEAD, NODE_GONE };
+enum { J_PENDING, J_STARTING, J_RUNNING, J_SUCCEEDED, J_FAILED, J_CANCELLED, J_NSTATES };
+enum { M_ASSIGNED, M_READY, M_RUNNING, M_EXITED, M_LOST, M_STOPPED };
+enum { K_GANG, K_ELASTIC, K_FUNCTION };
+enum { P_REQUEUE, P_REPLACE, P_FAIL };
+
+typedef struct srv_node {
+    char name[64], gpu_type[32], zone[32], fabric[32], addr[64], sandbox[128];
+    int gpus, gpus_used, state, from_provider;
+    uint64_t gpu_mask;   /* which GPU indices are taken */
+    double price;        /* dollars per GPU-hour */
+    double last_seen;    /* monotonic seconds of the last poll */
+    uint64_t version;    /* bumped whenever this node's desired list changes */
+} srv_node;
+
+typedef struct srv_member {
+    int rank, node, state, exit_code;
+    uint64_t gpu_mask;
+    double t_start, t_end; /* wall seconds; billing runs between them */
+} srv_member;
+
+typedef struct srv_job {
+    int64_t id;
+    char tenant[64], name[128], idem[128], reason[256];
+    int kind, state, policy, attempt, max_attempts, priority, exit_code;
+    int failures;                        /* node failures so far (max_attempts bounds them) */
+    int nodes, min_nodes, gpus_per_node; /* gang: nodes; elastic: min..nodes */
+    json_t *spec;                        /* the job file as accepted (owned) */
+    double t_submit, t_start, t_end;     /* wall seconds */
+    int go;                              /* the launch barrier is open */
+    int nmem;
+    srv_member *mem;
+    int nprefer;                         /* replace policy: nodes to keep, by rank */
+    int prefer[64];
+} srv_job;
+
+
+struct srv {
+    srv_config cfg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       /* broadcast on any change agents may wait for */
+    pthread_cond_t sched_cv; /* wakes the scheduler thread */
+    pthread_t sched_thread;
+    int stopping, dirty;
+    sqlite3 *db;
+    struct { const char *sql; sqlite3_stmt *st; } stmts[16];
+    int nstmts;
+    struct MHD_Daemon *mhd;
+    int port;
+    char dir[4096]; /* directory of the database: logs/ lives there */
+    json_t *tokens;
+    srv_node *nodes;
+    int nnodes, cap_nodes;
+    srv_job **jobs; /* by id; jobs[0] unused */
+    int64_t njobs, cap_jobs;
+    int64_t *active; /* ids of pending, starting and running jobs */
+    int64_t nactive, cap_active;
+    /* counters for /metrics */
+    uint64_t submits, rejects, http_req[6], polls;
+    double last_cycle_s;
+    sched *sc;            /* the scheduling core: every placement comes from it */
+    sched_decisions dec;
+    int provider_next;    /* provider-created nodes are named auto-<n> */
+    int provider_busy;    /* provider commands still running */
+    char quota_buf[256];  /* --provider-quota, split into the strings below */
+    sched_quota quota;
+};
+
+typedef struct srv_req {
+    const char *method, *path, *query_raw;
+    const char *body;
+    size_t body_len;
+    const char *tenant; /* NULL: admin or agent */
+    int role;           /* ROLE_ADMIN, ROLE_TENANT, ROLE_AGENT, ROLE_NONE */
+    const char *idem_header;
+    struct MHD_Connection *conn;
+    srv_job *job; /* POST /v1/jobs: the job parsed before locking (owned) */
+} srv_req;
+enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_AGENT };
+
+/* db.c */
+int srv__db_open(srv *s);
+void srv__db_close(srv *s);
+int srv__db_load(srv *s);
+int srv__db_node(srv *s, const srv_node *n);
+int srv__db_job(srv *s, const srv_job *j);
+int srv__db_members(srv *s, const srv_job *j);
+int srv__db_event(srv *s, int64_t job, const char *node, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int srv__db_ledger(srv *s, const srv_job *j, const srv_member *m);
+int srv__db_begin(srv *s);
+int srv__db_commit(srv *s);
+void srv__db_rollback(srv *s);
+json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit);
+json_t *srv__db_costs(srv *s, const char *tenant);
+
+/* state.c */
+srv_job *srv__job(srv *s, int64_t id);
+int srv__node_find(srv *s, const char *name);
+int srv__job_add(srv *s, srv_job *j);
+void srv__job_free(srv_job *j);
+int srv__active_add(srv *s, int64_t id);
+void srv__changed(srv *s);
+int srv__start(srv *s, srv_job *j, const int *nodes, int n);
+int srv__finish(srv *s, srv_job *j, int state, int exit_code, const char *reason);
+int srv__member_end(srv *s, srv_job *j, srv_member *m, int state, int code);
+int srv__node_dead(srv *s, int idx, const char *why);
+void srv__heartbeats(srv *s, double now);
+int srv__cancel(srv *s, srv_job *j, const char *who);
+const char *srv__job_state_name(int st);
+const char *srv__member_state_name(int st);
+const char *srv__kind_name(int k);
+const char *srv__policy_name(int p);
+json_t *srv__job_json(srv *s, const srv_job *j, int full);
+json_t *srv__node_json(srv *s, int idx, const char *tenant);
+int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
+
+/* seam.c: the scheduling core's seam */
+enum { SEAM_UP, SEAM_DEAD, SEAM_GONE };
+int srv__seam_init(srv *s);
+void srv__seam_free(srv *s);
+/* 0 queued, 1 rejected as never fitting (why says so), < 0 error. */
+int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap);
+void srv__seam_end(srv *s, const srv_job *j, int cancelled);
+int srv__seam_node(srv *s, int idx, int event);
+int srv__seam_step(srv *s, double now);
+int srv__grow(srv *s, srv_job *j, const int *nodes, int n);
+int srv__shrink(srv *s, srv_job *j, const int *nodes, int n);
+int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
+void srv__id_consume(srv *s);
+
+/* provider.c: autoscaling hook */
+int srv__provider_config(srv *s, sched_config *c);
+int srv__provider_create(srv *s, const char *zone, const char *fabric, const char *gpu_type, int n);
+int srv__provider_delete(srv *s, const char *node);
+void srv__provider_tick(srv *s, double now);
+
+/* agentapi.c */
+int srv__agent_register(srv *s, json_t *body, json_t **reply);
+int srv__agent_poll(srv *s, json_t *body, json_t **reply);
+int srv__agent_logs(srv *s, json_t *body);
+int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap);
+
+/* api.c */
+int srv__presubmit(srv_req *r);
+int srv__handle(srv *s, srv_req *r, int *status, json_t **reply);
+void srv__metrics(srv *s, sh_buf *out);
+
+#endif

@@ -1,0 +1,518 @@
+/* The server's model: jobs, members and nodes, and the transitions between
+ * their states.  Every function here runs with srv.mu held and inside a
+ * database transaction opened by its caller. */
+#include "srv_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const job_states[] = {"pending",   "starting", "running",
+                                         "succeeded", "failed",   "cancelled"};
+static const char *const member_states[] = {"assigned", "ready", "running",
+                                            "exited",   "lost",  "stopped"};
+static const char *const kinds[] = {"gang", "elastic", "function"};
+static const char *const policies[] = {"requeue", "replace", "fail"};
+
+const char *srv__job_state_name(int st) { return st >= 0 && st < J_NSTATES ? job_states[st] : "?"; }
+const char *srv__member_state_name(int st) { return st >= 0 && st <= M_STOPPED ? member_states[st] : "?"; }
+const char *srv__kind_name(int k) { return k >= 0 && k <= K_FUNCTION ? kinds[k] : "?"; }
+const char *srv__policy_name(int p) { return p >= 0 && p <= P_FAIL ? policies[p] : "?"; }
+
+srv_job *srv__job(srv *s, int64_t id)
+{
+    return id > 0 && id <= s->njobs ? s->jobs[id] : NULL;
+}
+
+int srv__node_find(srv *s, const char *name)
+{
+    for (int i = 0; i < s->nnodes; i++)
+        if (!strcmp(s->nodes[i].name, name)) return i;
+    return -1;
+}
+
+void srv__job_free(srv_job *j)
+{
+    if (!j) return;
+    json_decref(j->spec);
+    free(j->mem);
+    free(j);
+}
+
+/* Skips a job id (a rejected submit used it in the core). */
+void srv__id_consume(srv *s)
+{
+    srv_job tmp = {0};
+    tmp.id = s->njobs + 1;
+    tmp.state = J_SUCCEEDED;
+    if (srv__job_add(s, &tmp) == SH_OK) s->jobs[tmp.id] = NULL;
+}
+
+int srv__active_add(srv *s, int64_t id)
+{
+    if (s->nactive == s->cap_active) {
+        int64_t cap = s->cap_active ? 2 * s->cap_active : 256;
+        int64_t *na = realloc(s->active, (size_t)cap * sizeof *na);
+        if (!na) return sh_err(SH_ENOMEM, "active job list");
+        s->active = na;
+        s->cap_active = cap;
+    }
+    s->active[s->nactive++] = id;
+    return SH_OK;
+}
+
+/* Takes ownership of j; j->id must be the next id or one loaded from disk. */
+int srv__job_add(srv *s, srv_job *j)
+{
+    if (j->id >= s->cap_jobs) {
+        int64_t cap = s->cap_jobs ? s->cap_jobs : 1024;
+        while (cap <= j->id) cap *= 2;
+        srv_job **nj = realloc(s->jobs, (size_t)cap * sizeof *nj);
+        if (!nj) return sh_err(SH_ENOMEM, "job table");
+        memset(nj + s->cap_jobs, 0, (size_t)(cap - s->cap_jobs) * sizeof *nj);
+        s->jobs = nj;
+        s->cap_jobs = cap;
+    }
+    s->jobs[j->id] = j;
+    if (j->id > s->njobs) s->njobs = j->id;
+    if (j->state <= J_RUNNING) return srv__active_add(s, j->id);
+    return SH_OK;
+}
+
+/* Wakes agents waiting in long polls and the scheduler thread. */
+void srv__changed(srv *s)
+{
+    s->dirty = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_cond_signal(&s->sched_cv);
+}
+
+static void node_touch(srv *s, int idx)
+{
+    if (idx >= 0 && idx < s->nnodes) s->nodes[idx].version++;
+}
+
+static void job_touch(srv *s, srv_job *j)
+{
+    for (int i = 0; i < j->nmem; i++) node_touch(s, j->mem[i].node);
+    srv__changed(s);
+}
+
+/* Takes GPUs on node n for one member: the lowest free indices. */
+static uint64_t take_gpus(srv_node *n, int count)
+{
+    uint64_t mask = 0;
+    for (int g = 0; g < n->gpus && g < 64 && count > 0; g++)
+        if (!(n->gpu_mask & (1ull << g))) {
+            mask |= 1ull << g;
+            count--;
+        }
+    n->gpu_mask |= mask;
+    return mask;
+}
+
+int srv__start(srv *s, srv_job *j, const int *nodes, int n)
+{
+    srv_member *mem = calloc((size_t)n, sizeof *mem);
+    if (!mem) return sh_err(SH_ENOMEM, "job %lld: members", (long long)j->id);
+    free(j->mem);
+    j->mem = mem;
+    j->nmem = n;
+    sh_buf where = {0};
+    for (int r = 0; r < n; r++) {
+        srv_node *nd = &s->nodes[nodes[r]];
+        mem[r].rank = r;
+        mem[r].node = nodes[r];
+        mem[r].state = M_ASSIGNED;
+        mem[r].exit_code = -1;
+        mem[r].gpu_mask = take_gpus(nd, j->gpus_per_node);
+        nd->gpus_used += j->gpus_per_node;
+        sh_buf_printf(&where, "%s%s", r ? "," : "", nd->name);
+    }
+    j->state = J_STARTING;
+    j->go = j->kind != K_GANG; /* only gangs wait at the barrier */
+    j->nprefer = 0;
+    int rc = srv__db_job(s, j);
+    if (rc == SH_OK) rc = srv__db_members(s, j);
+    if (rc == SH_OK)
+        rc = srv__db_event(s, j->id, NULL, "placed", "attempt %d on %s", j->attempt,
+                           where.data ? (char *)where.data : "");
+    sh_buf_free(&where);
+    job_touch(s, j);
+    return rc;
+}
+
+static int member_live(const srv_member *m) { return m->state <= M_RUNNING; }
+
+/* Ends one member: releases its GPUs and bills the time it ran. */
+int srv__member_end(srv *s, srv_job *j, srv_member *m, int state, int code)
+{
+    if (!member_live(m)) return SH_OK;
+    srv_node *n = &s->nodes[m->node];
+    n->gpus_used -= j->gpus_per_node;
+    n->gpu_mask &= ~m->gpu_mask;
+    m->state = state;
+    m->exit_code = code;
+    m->t_end = sh_now_wall();
+    node_touch(s, m->node);
+    if (m->t_start > 0) SH_TRY(srv__db_ledger(s, j, m));
+    return SH_OK;
+}
+
+static int stop_live(srv *s, srv_job *j)
+{
+    for (int i = 0; i < j->nmem; i++) SH_TRY(srv__member_end(s, j, &j->mem[i], M_STOPPED, -1));
+    return SH_OK;
+}
+
+int srv__finish(srv *s, srv_job *j, int state, int exit_code, const char *reason)
+{
+    SH_TRY(stop_live(s, j));
+    srv__seam_end(s, j, state == J_CANCELLED);
+    j->state = state;
+    j->exit_code = exit_code;
+    j->t_end = sh_now_wall();
+    if (reason) snprintf(j->reason, sizeof j->reason, "%s", reason);
+    SH_TRY(srv__db_job(s, j));
+    SH_TRY(srv__db_members(s, j));
+    SH_TRY(srv__db_event(s, j->id, NULL, srv__job_state_name(state), "%s", reason ? reason : ""));
+    job_touch(s, j);
+    return SH_OK;
+}
+
+int srv__cancel(srv *s, srv_job *j, const char *who)
+{
+    if (j->state > J_RUNNING) return SH_OK;
+    char why[160];
+    snprintf(why, sizeof why, "cancelled by %s", who);
+    return srv__finish(s, j, J_CANCELLED, -1, why);
+}
+
+/* Carries out a requeue or preemption decided by the core: the job's live
+ * members stop and it waits in the queue under a new attempt number. */
+int srv__requeue(srv *s, srv_job *j, const char *why, int failed)
+{
+    if (j->state > J_RUNNING) return SH_OK;
+    SH_TRY(stop_live(s, j));
+    job_touch(s, j);
+    free(j->mem);
+    j->mem = NULL;
+    j->nmem = 0;
+    j->nprefer = 0;
+    j->attempt++;
+    j->state = J_PENDING;
+    j->go = 0;
+    char r[256];
+    snprintf(r, sizeof r, "%s", why);
+    snprintf(j->reason, sizeof j->reason, "%s", r);
+    SH_TRY(srv__db_members(s, j));
+    SH_TRY(srv__db_job(s, j));
+    return srv__db_event(s, j->id, NULL, failed ? "requeue" : "preempted", "%s; attempt %d queued", r, j->attempt);
+}
+
+/* Appends elastic replicas the core added. */
+int srv__grow(srv *s, srv_job *j, const int *nodes, int n)
+{
+    if (j->state < J_STARTING || j->state > J_RUNNING || j->nmem + n > 64) return SH_OK;
+    srv_member *nm = realloc(j->mem, (size_t)(j->nmem + n) * sizeof *nm);
+    if (!nm) return sh_err(SH_ENOMEM, "job %lld: members", (long long)j->id);
+    j->mem = nm;
+    for (int i = 0; i < n; i++) {
+        srv_member *m = &j->mem[j->nmem];
+        memset(m, 0, sizeof *m);
+        m->rank = j->nmem++;
+        m->node = nodes[i];
+        m->state = M_ASSIGNED;
+        m->exit_code = -1;
+        m->gpu_mask = take_gpus(&s->nodes[nodes[i]], j->gpus_per_node);
+        s->nodes[nodes[i]].gpus_used += j->gpus_per_node;
+    }
+    SH_TRY(srv__db_members(s, j));
+    SH_TRY(srv__db_event(s, j->id, NULL, "grow", "%d replica(s) added", n));
+    job_touch(s, j);
+    return SH_OK;
+}
+
+/* Stops one live elastic replica on each node listed. */
+int srv__shrink(srv *s, srv_job *j, const int *nodes, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int r = j->nmem - 1; r >= 0; r--)
+            if (j->mem[r].node == nodes[i] && member_live(&j->mem[r])) {
+                SH_TRY(srv__member_end(s, j, &j->mem[r], M_STOPPED, -1));
+                break;
+            }
+    SH_TRY(srv__db_members(s, j));
+    SH_TRY(srv__db_event(s, j->id, NULL, "shrink", "%d replica(s) removed", n));
+    job_touch(s, j);
+    return SH_OK;
+}
+
+/* A node died under job j: gangs and functions stop at once (survivors
+ * included) and wait for the core's requeue or replace; elastic jobs just
+ * lose the replica; on_failure "fail" ends the job. */
+static int job_lost_node(srv *s, srv_job *j, int idx, const char *why)
+{
+    if (j->policy == P_FAIL) return srv__finish(s, j, J_FAILED, -1, why);
+    if (j->kind == K_ELASTIC) return srv__db_event(s, j->id, s->nodes[idx].name, "replica_lost", "%s", why);
+    if (++j->failures >= j->max_attempts) {
+        char r[320];
+        snprintf(r, sizeof r, "%s; gave up after %d failure(s) (max_attempts)", why, j->failures);
+        return srv__finish(s, j, J_FAILED, -1, r);
+    }
+    j->nprefer = 0;
+    if (j->policy == P_REPLACE)
+        for (int i = 0; i < j->nmem && i < 64; i++)
+            j->prefer[j->nprefer++] = j->mem[i].node == idx ? -1 : j->mem[i].node;
+    SH_TRY(stop_live(s, j));
+    j->state = J_PENDING;
+    j->go = 0;
+    snprintf(j->reason, sizeof j->reason, "%s", why);
+    SH_TRY(srv__db_members(s, j));
+    SH_TRY(srv__db_job(s, j));
+    job_touch(s, j);
+    return srv__db_event(s, j->id, s->nodes[idx].name, j->policy == P_REPLACE ? "replace" : "stopped",
+                         "%s; survivors stopped, waiting for the scheduler to %s", why,
+                         j->policy == P_REPLACE ? "replace the node" : "requeue");
+}
+
+int srv__node_dead(srv *s, int idx, const char *why)
+{
+    srv_node *n = &s->nodes[idx];
+    if (n->state != NODE_ALIVE) return SH_OK;
+    n->state = NODE_DEAD;
+    SH_TRY(srv__db_node(s, n));
+    SH_TRY(srv__db_event(s, 0, n->name, "node_dead", "%s", why));
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        if (!j || j->state > J_RUNNING) continue;
+        int hit = 0;
+        for (int i = 0; i < j->nmem; i++)
+            if (j->mem[i].node == idx && member_live(&j->mem[i])) {
+                SH_TRY(srv__member_end(s, j, &j->mem[i], M_LOST, -1));
+                hit = 1;
+            }
+        if (!hit) continue;
+        char r[200];
+        snprintf(r, sizeof r, "node %s died (%s)", n->name, why);
+        SH_TRY(job_lost_node(s, j, idx, r));
+    }
+    /* The core learns of the failure after the jobs that end here have
+     * left it, so that it requeues or replaces only the others. */
+    SH_TRY(srv__seam_node(s, idx, SEAM_DEAD));
+    srv__changed(s);
+    return SH_OK;
+}
+
+void srv__heartbeats(srv *s, double now)
+{
+    for (int i = 0; i < s->nnodes; i++) {
+        srv_node *n = &s->nodes[i];
+        if (n->state != NODE_ALIVE || now - n->last_seen <= s->cfg.heartbeat_timeout) continue;
+        char why[96];
+        snprintf(why, sizeof why, "no heartbeat for %.1f s", now - n->last_seen);
+        if (srv__node_dead(s, i, why) < 0) sh_warn("node %s: %s", n->name, sh_errmsg());
+    }
+}
+
+/* ---- job files ---------------------------------------------------------- */
+
+static const char *const job_keys[] = {
+    "name",   "kind",     "nodes",          "min_nodes",  "max_nodes",    "gpus_per_node",
+    "gpus",   "gpu_types", "zone",          "command",    "env",          "on_failure",
+    "max_attempts", "priority", "writable", "memory_mb", "pids_max", "idempotency_key", "est_s", NULL};
+
+static int pick(const char *v, const char *const *names, int n, const char *field, int *out)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v, names[i])) {
+            *out = i;
+            return SH_OK;
+        }
+    return sh_err(SH_EFORMAT, "job: field \"%s\": \"%s\" is not one of %s|%s%s%s", field, v,
+                  names[0], names[1], n > 2 ? "|" : "", n > 2 ? names[2] : "");
+}
+
+static int int_field(const json_t *spec, const char *key, int required, int64_t lo, int64_t hi,
+                     int *out)
+{
+    int64_t v = *out;
+    SH_TRY(sh_json_get_i64(spec, key, required, "job", &v));
+    if (v < lo || v > hi)
+        return sh_err(SH_ERANGE, "job: field \"%s\": %lld is outside %lld..%lld", key, (long long)v,
+                      (long long)lo, (long long)hi);
+    *out = (int)v;
+    return SH_OK;
+}
+
+static int str_array(const json_t *spec, const char *key, int min, int abs_paths)
+{
+    json_t *a = json_object_get(spec, key);
+    if (!a) return min ? sh_err(SH_EFORMAT, "job: missing field \"%s\"", key) : SH_OK;
+    if (!json_is_array(a) || json_array_size(a) < (size_t)min || json_array_size(a) > 256)
+        return sh_err(SH_EFORMAT, "job: field \"%s\": expected an array of %d to 256 strings", key, min);
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) {
+        if (!json_is_string(v) || json_string_length(v) > 4096)
+            return sh_err(SH_EFORMAT, "job: field \"%s\"[%zu]: expected a string", key, i);
+        if (abs_paths && json_string_value(v)[0] != '/')
+            return sh_err(SH_EFORMAT, "job: field \"%s\"[%zu]: \"%s\" is not an absolute path", key,
+                          i, json_string_value(v));
+    }
+    return SH_OK;
+}
+
+static int check_env(const json_t *spec)
+{
+    json_t *e = json_object_get(spec, "env");
+    if (!e) return SH_OK;
+    if (!json_is_object(e)) return sh_err(SH_EFORMAT, "job: field \"env\": expected an object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(e, k, v) {
+        if (!json_is_string(v))
+            return sh_err(SH_EFORMAT, "job: env \"%s\": expected a string value", k);
+        if (!*k || strchr(k, '=') || !strncmp(k, "SHOAL_", 6))
+            return sh_err(SH_EFORMAT, "job: env \"%s\": names must be non-empty, without '=' and"
+                                      " not start with SHOAL_ (reserved)", k);
+    }
+    return SH_OK;
+}
+
+/* Validates a job file and builds the job (not yet numbered).  `spec` is
+ * borrowed; the job keeps its own reference. */
+int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
+{
+    if (!json_is_object(spec)) return sh_err(SH_EFORMAT, "job: expected a JSON object");
+    SH_TRY(sh_json_check_keys(spec, job_keys, "job"));
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return sh_err(SH_ENOMEM, "job");
+    const char *name = NULL, *kind = "gang", *pol = "requeue", *idem = "";
+    int rc = sh_json_get_str(spec, "name", 1, "job", &name);
+    if (rc == SH_OK && (!*name || strlen(name) >= sizeof j->name))
+        rc = sh_err(SH_EFORMAT, "job: field \"name\": must be 1 to 127 characters");
+    if (rc == SH_OK) rc = sh_json_get_str(spec, "kind", 0, "job", &kind);
+    if (rc == SH_OK) rc = pick(kind, kinds, 3, "kind", &j->kind);
+    if (rc == SH_OK) rc = sh_json_get_str(spec, "on_failure", 0, "job", &pol);
+    if (rc == SH_OK) rc = pick(pol, policies, 3, "on_failure", &j->policy);
+    if (rc == SH_OK) rc = sh_json_get_str(spec, "idempotency_key", 0, "job", &idem);
+    if (rc == SH_OK && strlen(idem) >= sizeof j->idem)
+        rc = sh_err(SH_EFORMAT, "job: field \"idempotency_key\": longer than 127 characters");
+    j->gpus_per_node = 1;
+    j->nodes = 1;
+    j->min_nodes = 1;
+    j->max_attempts = 3;
+    if (rc == SH_OK && j->kind == K_GANG) rc = int_field(spec, "nodes", 1, 1, 64, &j->nodes);
+    if (rc == SH_OK && j->kind == K_ELASTIC) rc = int_field(spec, "max_nodes", 1, 1, 64, &j->nodes);
+    if (rc == SH_OK && j->kind == K_ELASTIC) rc = int_field(spec, "min_nodes", 0, 1, j->nodes, &j->min_nodes);
+    if (rc == SH_OK && j->kind == K_FUNCTION) rc = int_field(spec, "gpus", 0, 1, 1, &j->gpus_per_node);
+    if (rc == SH_OK && j->kind != K_FUNCTION) rc = int_field(spec, "gpus_per_node", 0, 0, 64, &j->gpus_per_node);
+    if (rc == SH_OK && j->kind != K_GANG) j->min_nodes = j->kind == K_FUNCTION ? 1 : j->min_nodes;
+    if (rc == SH_OK && j->kind == K_GANG) j->min_nodes = j->nodes;
+    if (rc == SH_OK) rc = int_field(spec, "max_attempts", 0, 1, 100, &j->max_attempts);
+    if (rc == SH_OK) rc = int_field(spec, "priority", 0, -1000, 1000, &j->priority);
+    int lim = 1;
+    if (rc == SH_OK) rc = int_field(spec, "memory_mb", 0, 1, 1 << 24, &lim);
+    if (rc == SH_OK) rc = int_field(spec, "pids_max", 0, 1, 1 << 22, &lim);
+    double est = 0;
+    if (rc == SH_OK) rc = sh_json_get_num(spec, "est_s", 0, "job", &est);
+    if (rc == SH_OK && est < 0) rc = sh_err(SH_ERANGE, "job: field \"est_s\": negative");
+    if (rc == SH_OK) rc = str_array(spec, "command", 1, 0);
+    if (rc == SH_OK) rc = str_array(spec, "gpu_types", 0, 0);
+    if (rc == SH_OK) rc = str_array(spec, "writable", 0, 1);
+    if (rc == SH_OK) rc = check_env(spec);
+    const char *zone = NULL;
+    if (rc == SH_OK) rc = sh_json_get_str(spec, "zone", 0, "job", &zone);
+    if (rc == SH_OK && tenant && strlen(tenant) >= sizeof j->tenant)
+        rc = sh_err(SH_EFORMAT, "job: tenant name too long");
+    if (rc < 0) {
+        free(j);
+        return rc;
+    }
+    snprintf(j->name, sizeof j->name, "%s", name);
+    snprintf(j->idem, sizeof j->idem, "%s", idem);
+    snprintf(j->tenant, sizeof j->tenant, "%s", tenant ? tenant : "");
+    j->spec = json_incref(spec);
+    j->attempt = 1;
+    j->exit_code = -1;
+    *out = j;
+    return SH_OK;
+}
+
+/* ---- JSON views ---------------------------------------------------------- */
+
+static json_t *gpu_list(uint64_t mask)
+{
+    json_t *a = json_array();
+    for (int g = 0; g < 64; g++)
+        if (mask & (1ull << g)) json_array_append_new(a, json_integer(g));
+    return a;
+}
+
+/* Dollars a job has cost so far: closed ledger rows are in SQLite, but the
+ * running members' time is only in memory, so both are added here. */
+static double running_cost(srv *s, const srv_job *j, double now)
+{
+    double c = 0;
+    for (int i = 0; i < j->nmem; i++) {
+        const srv_member *m = &j->mem[i];
+        if (m->t_start > 0 && member_live(m))
+            c += (now - m->t_start) / 3600.0 * s->nodes[m->node].price * j->gpus_per_node;
+    }
+    return c;
+}
+
+json_t *srv__job_json(srv *s, const srv_job *j, int full)
+{
+    json_t *o = json_pack("{s:I,s:s,s:s,s:s,s:s,s:i,s:i,s:s,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:i,s:s,s:f}",
+                          "id", (json_int_t)j->id, "name", j->name, "tenant", j->tenant, "kind",
+                          srv__kind_name(j->kind), "state", srv__job_state_name(j->state),
+                          "attempt", j->attempt, "max_attempts", j->max_attempts, "on_failure",
+                          srv__policy_name(j->policy), "nodes", j->nodes, "min_nodes", j->min_nodes,
+                          "gpus_per_node", j->gpus_per_node, "priority", j->priority,
+                          "submitted_at", j->t_submit, "started_at", j->t_start, "finished_at",
+                          j->t_end, "exit_code", j->exit_code, "reason", j->reason,
+                          "running_cost", running_cost(s, j, sh_now_wall()));
+    json_t *gt = json_object_get(j->spec, "gpu_types");
+    json_object_set_new(o, "gpu_types", gt ? json_incref(gt) : json_array());
+    json_t *mem = json_array();
+    for (int i = 0; i < j->nmem; i++) {
+        const srv_member *m = &j->mem[i];
+        json_array_append_new(mem, json_pack("{s:i,s:s,s:s,s:i,s:o}", "rank", m->rank, "node",
+                                             s->nodes[m->node].name, "state",
+                                             srv__member_state_name(m->state), "exit_code",
+                                             m->exit_code, "gpus", gpu_list(m->gpu_mask)));
+    }
+    json_object_set_new(o, "members", mem);
+    if (full) json_object_set(o, "spec", j->spec);
+    return o;
+}
+
+static const char *const node_states[] = {"alive", "dead", "gone"};
+
+json_t *srv__node_json(srv *s, int idx, const char *tenant)
+{
+    const srv_node *n = &s->nodes[idx];
+    json_t *jobs = json_array();
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        if (!j || j->state > J_RUNNING) continue;
+        for (int i = 0; i < j->nmem; i++)
+            if (j->mem[i].node == idx && member_live(&j->mem[i])) {
+                int mine = !tenant || !strcmp(tenant, j->tenant);
+                /* Other tenants' work shows as busy GPUs, never as a job. */
+                json_array_append_new(jobs, json_pack("{s:I,s:i,s:s,s:s,s:s,s:i}", "job",
+                                                      (json_int_t)(mine ? j->id : 0), "rank",
+                                                      mine ? j->mem[i].rank : 0, "name",
+                                                      mine ? j->name : "", "tenant",
+                                                      mine ? j->tenant : "", "kind",
+                                                      srv__kind_name(j->kind), "gpus",
+                                                      j->gpus_per_node));
+            }
+    }
+    return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:o}", "name", n->name,
+                     "gpu_type", n->gpu_type, "gpus", n->gpus, "gpus_used", n->gpus_used, "zone",
+                     n->zone, "fabric", n->fabric, "addr", n->addr, "price_per_gpu_hour", n->price,
+                     "state", node_states[n->state], "sandbox", n->sandbox, "from_provider",
+                     n->from_provider, "jobs", jobs);
+}

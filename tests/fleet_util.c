@@ -1,0 +1,229 @@
+/* Real fleets for the control-plane tests (see fleet_util.h). */
+#include "fleet_util.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+/* Every process a test started, so that a failed test (which leaves its
+ * function early) still stops them. */
+static pid_t started[256];
+static int nstarted;
+
+void tf_kill_all(void)
+{
+    for (int i = 0; i < nstarted; i++)
+        if (started[i] > 0 && kill(started[i], 0) == 0 && waitpid(started[i], NULL, WNOHANG) == 0) {
+            kill(started[i], SIGTERM);
+            for (int k = 0; k < 100 && waitpid(started[i], NULL, WNOHANG) == 0; k++) sh_sleep(0.02);
+            kill(started[i], SIGKILL);
+            waitpid(started[i], NULL, 0);
+        }
+    nstarted = 0;
+}
+
+static pid_t spawn(const char *out, char *const argv[])
+{
+    if (!nstarted) atexit(tf_kill_all);
+    pid_t parent = getpid();
+    pid_t p = fork();
+    if (p < 0) fail_msg("fork failed");
+    if (p > 0 && nstarted < 256) started[nstarted++] = p;
+    if (p == 0) {
+        /* A test killed by its time limit takes its fleet with it. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(1);
+        int fd = open(out, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return p;
+}
+
+static void start(tf_fleet *f)
+{
+    char db[4200], tokens[4200], out[4200], port[16], hb[32];
+    snprintf(db, sizeof db, "%s/state.db", f->dir);
+    snprintf(tokens, sizeof tokens, "%s/tokens.json", f->dir);
+    snprintf(out, sizeof out, "%s/server.out", f->dir);
+    snprintf(port, sizeof port, "%d", f->port);
+    snprintf(hb, sizeof hb, "%g", f->hb);
+    unlink(out);
+    char *argv[24] = {(char *)tu_shoal(), "server", "--tokens", tokens, "--db", db, "--port", port,
+                      "--heartbeat-timeout", hb};
+    int k = 10;
+    char extra[512];
+    snprintf(extra, sizeof extra, "%s", f->extra);
+    for (char *s = NULL, *t = strtok_r(extra, " ", &s); t && k < 22; t = strtok_r(NULL, " ", &s)) argv[k++] = t;
+    argv[k] = NULL;
+    f->server = spawn(out, argv);
+    for (int i = 0; i < 400; i++) {
+        char *text;
+        size_t len;
+        if (sh_read_file(out, 1 << 20, &text, &len) == 0) {
+            char *l = strstr(text, "listening on http://127.0.0.1:");
+            if (l) {
+                f->port = atoi(l + 30);
+                snprintf(f->url, sizeof f->url, "http://127.0.0.1:%d", f->port);
+                free(text);
+                return;
+            }
+            free(text);
+        }
+        int st;
+        if (waitpid(f->server, &st, WNOHANG) == f->server) fail_msg("server exited at start (see %s)", out);
+        sh_sleep(0.025);
+    }
+    fail_msg("server did not start (see %s)", out);
+}
+
+void tf_start_server(tf_fleet *f, const char *name, double hb)
+{
+    snprintf(f->dir, sizeof f->dir, "%s", tu_path(name));
+    sh_rm_rf(f->dir);
+    if (sh_mkdir_p(f->dir, 0755) < 0) fail_msg("mkdir %s", f->dir);
+    char tokens[4200];
+    snprintf(tokens, sizeof tokens, "%s/tokens.json", f->dir);
+    const char *t = "{\"admin\":\"" TF_ADMIN "\",\"agent\":\"" TF_AGENT "\",\"tenants\":{\"alice\":\"" TF_ALICE
+                    "\",\"bob\":\"" TF_BOB "\"}}";
+    tu_write_file(tokens, t, strlen(t));
+    f->hb = hb;
+    f->port = 0;
+    start(f);
+}
+
+void tf_restart_server(tf_fleet *f) { start(f); }
+
+void tf_start_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, const char *zone, const char *fabric)
+{
+    char out[4200], work[4200], g[16];
+    snprintf(f->names[i], sizeof f->names[i], "n%d", i);
+    snprintf(out, sizeof out, "%s/agent-%d.out", f->dir, i);
+    snprintf(work, sizeof work, "%s/work", f->dir);
+    snprintf(g, sizeof g, "%d", gpus);
+    char *argv[] = {(char *)tu_shoal(), "agent", "--server", f->url, "--token", TF_AGENT, "--name", f->names[i],
+                    "--gpu-type", (char *)gpu_type, "--gpus", g, "--zone", (char *)zone, "--fabric",
+                    (char *)fabric, "--price", "2.5", "--work-dir", work, NULL};
+    f->agents[i] = spawn(out, argv);
+    if (i >= f->nagents) f->nagents = i + 1;
+    for (int k = 0; k < 400; k++) {
+        int st;
+        json_t *n = tf_call(f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+        size_t x;
+        json_t *v;
+        int ok = 0;
+        json_array_foreach(json_object_get(n, "nodes"), x, v)
+            ok |= !strcmp(json_string_value(json_object_get(v, "name")), f->names[i]) &&
+                  !strcmp(json_string_value(json_object_get(v, "state")), "alive");
+        json_decref(n);
+        if (ok) return;
+        sh_sleep(0.025);
+    }
+    fail_msg("agent %s did not register", f->names[i]);
+}
+
+static void stop_pid(pid_t *p)
+{
+    if (*p <= 0) return;
+    kill(*p, SIGTERM);
+    for (int i = 0; i < 200; i++) {
+        if (waitpid(*p, NULL, WNOHANG) == *p) {
+            *p = 0;
+            return;
+        }
+        sh_sleep(0.025);
+    }
+    kill(*p, SIGKILL);
+    waitpid(*p, NULL, 0);
+    *p = 0;
+}
+
+void tf_stop(tf_fleet *f)
+{
+    for (int i = 0; i < f->nagents; i++) stop_pid(&f->agents[i]);
+    stop_pid(&f->server);
+}
+
+json_t *tf_call(tf_fleet *f, const char *token, const char *method, const char *path, const char *body, int *status)
+{
+    srv_client *c;
+    if (srv_client_new(f->url, token, &c) < 0) fail_msg("%s", sh_errmsg());
+    char *r = NULL;
+    size_t rl = 0;
+    int rc = srv_client_raw(c, method, path, body, body ? strlen(body) : 0, NULL, 10, status, &r, &rl);
+    srv_client_free(c);
+    if (rc < 0) fail_msg("%s %s: %s", method, path, sh_errmsg());
+    json_t *j = json_loadb(r, rl, 0, NULL);
+    free(r);
+    return j;
+}
+
+int64_t tf_submit(tf_fleet *f, const char *token, const char *body)
+{
+    int st;
+    json_t *j = tf_call(f, token, "POST", "/v1/jobs", body, &st);
+    if (st != 201) fail_msg("submit returned %d: %s", st, json_string_value(json_object_get(j, "error")));
+    int64_t id = json_integer_value(json_object_get(j, "id"));
+    json_decref(j);
+    return id;
+}
+
+json_t *tf_wait_job(tf_fleet *f, int64_t id, const char *state, double timeout)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    double until = sh_now_mono() + timeout;
+    json_t *j = NULL;
+    while (sh_now_mono() < until) {
+        int st;
+        json_decref(j);
+        j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+        if (st == 200 && !strcmp(json_string_value(json_object_get(j, "state")), state)) return j;
+        sh_sleep(0.02);
+    }
+    fail_msg("job %lld: state %s, waited %.0fs for %s (reason: %s)", (long long)id,
+             json_string_value(json_object_get(j, "state")), timeout, state,
+             json_string_value(json_object_get(j, "reason")));
+    return NULL;
+}
+
+void tf_wait_alive(tf_fleet *f, int n, double timeout)
+{
+    double until = sh_now_mono() + timeout;
+    int alive = 0;
+    while (sh_now_mono() < until) {
+        int st;
+        json_t *j = tf_call(f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+        alive = 0;
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(j, "nodes"), i, v)
+            alive += !strcmp(json_string_value(json_object_get(v, "state")), "alive");
+        json_decref(j);
+        if (alive == n) return;
+        sh_sleep(0.05);
+    }
+    fail_msg("%d nodes alive, waited for %d", alive, n);
+}
+
+const char *tf_member_node(json_t *job, int rank)
+{
+    json_t *m = json_array_get(json_object_get(job, "members"), (size_t)rank);
+    return m ? json_string_value(json_object_get(m, "node")) : "";
+}
+
+int tf_agent_of(tf_fleet *f, const char *node)
+{
+    for (int i = 0; i < f->nagents; i++)
+        if (!strcmp(f->names[i], node)) return i;
+    return -1;
+}

@@ -1,0 +1,51 @@
+/* Helpers for the control-plane tests: a real server and real agents
+ * started from $SHOAL_BIN on loopback, and JSON calls to the API. */
+#ifndef SHOAL_TESTS_FLEET_UTIL_H
+#define SHOAL_TESTS_FLEET_UTIL_H
+
+#include <sys/types.h>
+
+#include "testutil.h"
+#include "shoal/server.h"
+
+/* Tokens every test fleet uses. */
+#define TF_ADMIN "tok-admin"
+#define TF_AGENT "tok-agent"
+#define TF_ALICE "tok-alice"
+#define TF_BOB "tok-bob"
+
+typedef struct tf_fleet {
+    char dir[4096], url[64];
+    int port;
+    double hb;
+    pid_t server;
+    int nagents;
+    pid_t agents[16];
+    char names[16][32];
+    char extra[512]; /* extra server options */
+} tf_fleet;
+
+/* Starts a server in tu_path(name) with a heartbeat timeout of hb seconds. */
+void tf_start_server(tf_fleet *f, const char *name, double hb);
+/* Starts the server again on the same port and database (after a kill). */
+void tf_restart_server(tf_fleet *f);
+/* Starts agent i as node "n<i>" and waits until the server lists it alive. */
+void tf_start_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, const char *zone, const char *fabric);
+/* Stops every process any fleet of this binary started (for teardowns). */
+void tf_kill_all(void);
+/* Stops every process of the fleet (SIGTERM, then SIGKILL) and reaps them. */
+void tf_stop(tf_fleet *f);
+/* One API call; returns the parsed reply (caller decrefs; NULL if not JSON). */
+json_t *tf_call(tf_fleet *f, const char *token, const char *method, const char *path, const char *body, int *status);
+/* Submits a job as `token`; asserts 201 and returns the job id. */
+int64_t tf_submit(tf_fleet *f, const char *token, const char *body);
+/* Waits until job id reaches `state` (asserts within timeout); returns the job. */
+json_t *tf_wait_job(tf_fleet *f, int64_t id, const char *state, double timeout);
+/* Waits until `n` nodes are alive. */
+void tf_wait_alive(tf_fleet *f, int n, double timeout);
+/* The node of `rank` in a job JSON. */
+const char *tf_member_node(json_t *job, int rank);
+/* Index of the agent for node name, or -1. */
+int tf_agent_of(tf_fleet *f, const char *node);
+
+#endif

@@ -1,0 +1,308 @@
+/* End-to-end control plane: real server and agents on loopback.
+ *  - a gang launches all-or-nothing, with the SHOAL_* and torchrun variables;
+ *  - a killed agent marks its node dead and each failure policy runs;
+ *  - kill -9 of the server under a stream of submits loses and duplicates
+ *    nothing, agents reconnect and a running job is kept, not restarted. */
+#include "fleet_util.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char *slurp(const char *path)
+{
+    char *t;
+    size_t n;
+    return sh_read_file(path, 1 << 20, &t, &n) == 0 ? t : NULL;
+}
+
+static const char *env_val(const char *env, const char *key, char *out, size_t cap)
+{
+    char k[64];
+    snprintf(k, sizeof k, "\n%s=", key);
+    const char *p = strstr(env, k);
+    if (!p) return NULL;
+    p += strlen(k);
+    snprintf(out, cap, "%.*s", (int)strcspn(p, "\n"), p);
+    return out;
+}
+
+static void test_gang_all_or_nothing(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "gang", 30);
+    for (int i = 0; i < 3; i++) tf_start_agent(&f, i, "H100", 8, "z1", "ib");
+    const char *out = tu_path("gang-out");
+    sh_rm_rf(out);
+    sh_mkdir_p(out, 0755);
+    /* Hold one node's agent: its member cannot get ready, so no member may
+     * run its command, however long the others wait. */
+    kill(f.agents[2], SIGSTOP);
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"name\":\"g\",\"nodes\":3,\"gpus_per_node\":4,\"writable\":[\"%s\"],\"command\":[\"sh\",\"-c\","
+             "\"(echo; env) > %s/env.$RANK; echo $SHOAL_NODE > %s/started.$RANK\"]}",
+             out, out, out);
+    int64_t id = tf_submit(&f, TF_ALICE, body);
+    sh_sleep(1.0);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    int st;
+    json_t *j = tf_call(&f, TF_ALICE, "GET", path, NULL, &st);
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "starting");
+    int ready = 0;
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(j, "members"), i, m) ready += !strcmp(json_string_value(json_object_get(m, "state")), "ready");
+    assert_int_equal(ready, 2);
+    json_decref(j);
+    for (int r = 0; r < 3; r++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/started.%d", out, r);
+        if (sh_path_exists(p)) fail_msg("rank %d ran before the whole gang was ready", r);
+    }
+    kill(f.agents[2], SIGCONT);
+    j = tf_wait_job(&f, id, "succeeded", 20);
+    char master[64] = "", port[16] = "", v[128];
+    for (int r = 0; r < 3; r++) {
+        char p[4200], want[32];
+        snprintf(p, sizeof p, "%s/env.%d", out, r);
+        char *env = slurp(p);
+        if (!env) fail_msg("rank %d wrote no environment", r);
+        snprintf(want, sizeof want, "%d", r);
+        const char *eq[][2] = {{"SHOAL_RANK", want}, {"RANK", want}, {"NODE_RANK", want}, {"LOCAL_RANK", "0"},
+                               {"SHOAL_WORLD_SIZE", "3"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "127.0.0.1"},
+                               {"SHOAL_NODE", tf_member_node(j, r)}, {"CUDA_VISIBLE_DEVICES", "0,1,2,3"}};
+        for (size_t k = 0; k < sizeof eq / sizeof eq[0]; k++) {
+            if (!env_val(env, eq[k][0], v, sizeof v) || strcmp(v, eq[k][1]))
+                fail_msg("rank %d: %s=%s, expected %s", r, eq[k][0], env_val(env, eq[k][0], v, sizeof v) ? v : "(unset)", eq[k][1]);
+        }
+        snprintf(want, sizeof want, "%lld", (long long)id);
+        assert_string_equal(env_val(env, "SHOAL_JOB_ID", v, sizeof v), want);
+        /* Every rank agrees on the rendezvous point. */
+        env_val(env, "MASTER_PORT", v, sizeof v);
+        if (r == 0) snprintf(port, sizeof port, "%s", v);
+        else assert_string_equal(v, port);
+        env_val(env, "MASTER_ADDR", v, sizeof v);
+        if (r == 0) snprintf(master, sizeof master, "%s", v);
+        else assert_string_equal(v, master);
+        free(env);
+    }
+    json_decref(j);
+    tf_stop(&f);
+}
+
+/* A gang of 2 on a fleet of 3; the agent of rank 1's node is killed. */
+static json_t *kill_rank1(tf_fleet *f, const char *policy, const char *out, int64_t *id, char *victim)
+{
+    tf_start_server(f, policy, 1.0);
+    for (int i = 0; i < 3; i++) tf_start_agent(f, i, "A100", 8, "z1", "ib");
+    sh_rm_rf(out);
+    sh_mkdir_p(out, 0755);
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"name\":\"p\",\"nodes\":2,\"gpus_per_node\":8,\"on_failure\":\"%s\",\"writable\":[\"%s\"],"
+             "\"command\":[\"sh\",\"-c\",\"trap 'echo stopped > %s/stopped.$RANK.$SHOAL_ATTEMPT; exit 143' TERM;"
+             " echo $SHOAL_NODE > %s/started.$RANK.$SHOAL_ATTEMPT; while :; do sleep 0.05; done\"]}",
+             policy, out, out, out);
+    *id = tf_submit(f, TF_ALICE, body);
+    json_t *j = tf_wait_job(f, *id, "running", 20);
+    snprintf(victim, 32, "%s", tf_member_node(j, 1));
+    int a = tf_agent_of(f, victim);
+    assert_true(a >= 0);
+    kill(f->agents[a], SIGKILL);
+    waitpid(f->agents[a], NULL, 0);
+    f->agents[a] = 0;
+    return j;
+}
+
+static void assert_file(const char *out, const char *name)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", out, name);
+    for (int i = 0; i < 200 && !sh_path_exists(p); i++) sh_sleep(0.025);
+    if (!sh_path_exists(p)) fail_msg("%s is missing", p);
+}
+
+static void test_killed_agent_requeue(void **state)
+{
+    tf_fleet f = {0};
+    int64_t id;
+    char victim[32];
+    const char *out = tu_path("requeue-out");
+    json_t *first = kill_rank1(&f, "requeue", out, &id, victim);
+    /* Attempt 2 runs on the two nodes left; the survivor was stopped. */
+    json_t *j = NULL;
+    for (int i = 0; i < 200; i++) {
+        json_decref(j);
+        j = tf_wait_job(&f, id, "running", 10);
+        if (json_integer_value(json_object_get(j, "attempt")) == 2) break;
+        sh_sleep(0.05);
+    }
+    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 2);
+    for (int r = 0; r < 2; r++) assert_string_not_equal(tf_member_node(j, r), victim);
+    assert_file(out, "stopped.0.1");
+    assert_file(out, "started.0.2");
+    assert_file(out, "started.1.2");
+    int st;
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/events", (long long)id);
+    json_t *ev = tf_call(&f, TF_ALICE, "GET", path, NULL, &st);
+    char *text = json_dumps(ev, 0);
+    assert_non_null(strstr(text, "\"requeue\""));
+    assert_non_null(strstr(text, "died"));
+    free(text);
+    json_decref(ev);
+    json_decref(first);
+    json_decref(j);
+    tf_stop(&f);
+}
+
+static void test_killed_agent_replace(void **state)
+{
+    tf_fleet f = {0};
+    int64_t id;
+    char victim[32], keep[32];
+    const char *out = tu_path("replace-out");
+    json_t *first = kill_rank1(&f, "replace", out, &id, victim);
+    snprintf(keep, sizeof keep, "%s", tf_member_node(first, 0));
+    json_t *j = NULL;
+    for (int i = 0; i < 200; i++) {
+        json_decref(j);
+        j = tf_wait_job(&f, id, "running", 10);
+        if (json_integer_value(json_object_get(j, "attempt")) == 2) break;
+        sh_sleep(0.05);
+    }
+    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 2);
+    /* The surviving node keeps its rank; the dead one is replaced. */
+    assert_string_equal(tf_member_node(j, 0), keep);
+    assert_string_not_equal(tf_member_node(j, 1), victim);
+    assert_file(out, "stopped.0.1");
+    assert_file(out, "started.1.2");
+    json_decref(first);
+    json_decref(j);
+    tf_stop(&f);
+}
+
+static void test_killed_agent_fail(void **state)
+{
+    tf_fleet f = {0};
+    int64_t id;
+    char victim[32];
+    const char *out = tu_path("fail-out");
+    json_decref(kill_rank1(&f, "fail", out, &id, victim));
+    json_t *j = tf_wait_job(&f, id, "failed", 10);
+    assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), victim));
+    assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "died"));
+    assert_file(out, "stopped.0.1");
+    json_decref(j);
+    tf_stop(&f);
+}
+
+/* The loader: submits N jobs with idempotency keys, retrying each until the
+ * server answers, across the crash. Exits 0 when every one was accepted. */
+static int loader(tf_fleet *f, int n)
+{
+    srv_client *c;
+    if (srv_client_new(f->url, TF_BOB, &c) < 0) return 2;
+    for (int i = 0; i < n; i++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"name\":\"load-%d\",\"kind\":\"function\",\"command\":[\"true\"],\"idempotency_key\":\"key-%d\"}", i, i);
+        for (int tries = 0;; tries++) {
+            int st = 0;
+            char *r = NULL;
+            size_t rl;
+            int rc = srv_client_raw(c, "POST", "/v1/jobs", body, strlen(body), NULL, 5, &st, &r, &rl);
+            free(r);
+            if (rc == 0 && (st == 201 || st == 200)) break;
+            if (rc == 0 || tries > 400) return 3; /* an HTTP error is a real failure */
+            sh_sleep(0.025);
+        }
+    }
+    srv_client_free(c);
+    return 0;
+}
+
+static void test_server_kill9_under_load(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "crash", 5);
+    tf_start_agent(&f, 0, "L4", 8, "z1", "eth");
+    tf_start_agent(&f, 1, "L4", 8, "z1", "eth");
+    const char *out = tu_path("crash-out");
+    sh_rm_rf(out);
+    sh_mkdir_p(out, 0755);
+    /* A long job that must survive the crash without a restart: it appends a
+     * line per start, so two lines would mean it ran twice. */
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"name\":\"long\",\"nodes\":2,\"gpus_per_node\":8,\"writable\":[\"%s\"],\"command\":[\"sh\",\"-c\","
+             "\"echo $SHOAL_ATTEMPT >> %s/starts.$RANK; while :; do sleep 0.05; done\"]}", out, out);
+    int64_t long_id = tf_submit(&f, TF_ALICE, body);
+    json_decref(tf_wait_job(&f, long_id, "running", 20));
+    int n = 400;
+    pid_t p = fork();
+    if (p == 0) _exit(loader(&f, n));
+    sh_sleep(0.3);
+    kill(f.server, SIGKILL);
+    waitpid(f.server, NULL, 0);
+    sh_sleep(0.3);
+    tf_restart_server(&f);
+    int st;
+    waitpid(p, &st, 0);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    tf_wait_alive(&f, 2, 10);
+    /* Every key is there exactly once. */
+    json_t *j = tf_call(&f, TF_ADMIN, "GET", "/v1/jobs?limit=100000", NULL, &st);
+    char *seen = calloc((size_t)n, 1);
+    size_t i;
+    json_t *v;
+    int total = 0;
+    json_array_foreach(json_object_get(j, "jobs"), i, v) {
+        const char *name = json_string_value(json_object_get(v, "name"));
+        if (strncmp(name, "load-", 5)) continue;
+        int k = atoi(name + 5);
+        assert_true(k >= 0 && k < n);
+        if (seen[k]++) fail_msg("load-%d is duplicated", k);
+        total++;
+    }
+    assert_int_equal(total, n);
+    free(seen);
+    json_decref(j);
+    /* The long job ran through the crash: attempt 1, started once per rank. */
+    j = tf_wait_job(&f, long_id, "running", 5);
+    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 1);
+    json_decref(j);
+    sh_sleep(0.5);
+    for (int r = 0; r < 2; r++) {
+        char pth[4200];
+        snprintf(pth, sizeof pth, "%s/starts.%d", out, r);
+        char *t = slurp(pth);
+        assert_non_null(t);
+        assert_string_equal(t, "1\n");
+        free(t);
+    }
+    tf_stop(&f);
+}
+
+static int teardown(void **state)
+{
+    tf_kill_all();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_gang_all_or_nothing, teardown),
+        cmocka_unit_test_teardown(test_killed_agent_requeue, teardown),
+        cmocka_unit_test_teardown(test_killed_agent_replace, teardown),
+        cmocka_unit_test_teardown(test_killed_agent_fail, teardown),
+        cmocka_unit_test_teardown(test_server_kill9_under_load, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

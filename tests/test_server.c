@@ -1,0 +1,186 @@
+/* The server's API against a real `shoal server` on loopback: tenant
+ * isolation, bad requests, idempotent submits and never-fitting jobs. */
+#include "fleet_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static tf_fleet F;
+
+static int setup(void **state)
+{
+    memset(&F, 0, sizeof F);
+    tf_start_server(&F, "api", 30);
+    tf_start_agent(&F, 0, "H100", 8, "z1", "ib");
+    tf_start_agent(&F, 1, "H100", 8, "z1", "ib");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    tf_stop(&F);
+    return 0;
+}
+
+static const char *err_of(json_t *j) { return json_string_value(json_object_get(j, "error")); }
+
+static void expect_error(const char *token, const char *method, const char *path, const char *body,
+                         int want, const char *needle)
+{
+    int st;
+    json_t *j = tf_call(&F, token, method, path, body, &st);
+    if (st != want || !j || !err_of(j) || !strstr(err_of(j), needle))
+        fail_msg("%s %s: got %d \"%s\", expected %d with \"%s\"", method, path, st, j ? err_of(j) : "(not JSON)", want, needle);
+    json_decref(j);
+}
+
+static const char *sleeper = "{\"name\":\"%s\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"sleep\",\"30\"]}";
+
+static void test_tenant_isolation(void **state)
+{
+    char body[256];
+    snprintf(body, sizeof body, sleeper, "alice-job");
+    int64_t a = tf_submit(&F, TF_ALICE, body);
+    snprintf(body, sizeof body, sleeper, "bob-job");
+    int64_t b = tf_submit(&F, TF_BOB, body);
+    json_decref(tf_wait_job(&F, a, "running", 20));
+    json_decref(tf_wait_job(&F, b, "running", 20));
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)a);
+    expect_error(TF_BOB, "GET", path, NULL, 404, "no such job");
+    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)a);
+    expect_error(TF_BOB, "POST", path, NULL, 404, "no such job");
+    snprintf(path, sizeof path, "/v1/jobs/%lld/logs", (long long)a);
+    expect_error(TF_BOB, "GET", path, NULL, 404, "no such job");
+    /* Bob's list, nodes view, events and costs show nothing of Alice's. */
+    int st;
+    const char *views[] = {"/v1/jobs", "/v1/nodes", "/v1/events", "/v1/costs", "/v1/overview"};
+    for (int i = 0; i < 5; i++) {
+        json_t *j = tf_call(&F, TF_BOB, "GET", views[i], NULL, &st);
+        assert_int_equal(st, 200);
+        char *text = json_dumps(j, JSON_COMPACT);
+        if (strstr(text, "alice")) fail_msg("bob's %s shows alice's work: %s", views[i], text);
+        free(text);
+        json_decref(j);
+    }
+    json_t *j = tf_call(&F, TF_BOB, "GET", "/v1/jobs", NULL, &st);
+    assert_int_equal(json_array_size(json_object_get(j, "jobs")), 1);
+    json_decref(j);
+    /* The admin sees both; the agent token reaches only /v1/agent/. */
+    j = tf_call(&F, TF_ADMIN, "GET", "/v1/jobs?state=running", NULL, &st);
+    assert_true(json_array_size(json_object_get(j, "jobs")) >= 2);
+    json_decref(j);
+    expect_error(TF_AGENT, "GET", "/v1/jobs", NULL, 403, "agent token");
+    expect_error(TF_ALICE, "POST", "/v1/agent/poll", "{\"node\":\"n0\"}", 403, "agent token");
+    /* Alice cancels her own job; bob's keeps running. */
+    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)a);
+    j = tf_call(&F, TF_ALICE, "POST", path, NULL, &st);
+    assert_int_equal(st, 200);
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "cancelled");
+    json_decref(j);
+    json_decref(tf_wait_job(&F, b, "running", 1));
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)b);
+    json_decref(tf_call(&F, TF_ADMIN, "DELETE", path, NULL, &st));
+    assert_int_equal(st, 200);
+    json_decref(tf_wait_job(&F, b, "cancelled", 5));
+}
+
+static void test_bad_requests(void **state)
+{
+    expect_error(NULL, "GET", "/v1/jobs", NULL, 401, "missing bearer token");
+    expect_error("nope", "GET", "/v1/jobs", NULL, 401, "unknown bearer token");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\": \"x\", \"kind\": ", 400, "invalid JSON");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "[1,2]", 400, "expected a JSON object");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"command\":[\"true\"],\"nodes\":1,\"colour\":1}", 400,
+                 "unknown field \"colour\"");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"command\":[\"true\"]}", 400, "missing field \"nodes\"");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":\"2\",\"command\":[\"true\"]}", 400,
+                 "expected an integer");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":0,\"command\":[\"true\"]}", 400, "outside 1..64");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"kind\":\"batch\",\"command\":[\"true\"]}", 400,
+                 "\"batch\" is not one of gang|elastic|function");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"command\":[]}", 400, "field \"command\"");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"command\":[\"true\"],\"env\":{\"SHOAL_RANK\":\"9\"}}",
+                 400, "reserved");
+    /* A gang larger than any zone's worth of matching nodes never fits. */
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":3,\"command\":[\"true\"]}", 422, "can never fit");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"gpu_types\":[\"B300\"],\"command\":[\"true\"]}", 422,
+                 "can never fit");
+    expect_error(TF_ALICE, "GET", "/v1/nope", NULL, 404, "no such endpoint");
+    expect_error(TF_ALICE, "GET", "/v1/jobs/abc", NULL, 404, "no such job");
+    expect_error(TF_ALICE, "GET", "/v1/jobs/99999", NULL, 404, "no such job");
+    /* An oversized body: 2 MiB against the 1 MiB default. */
+    size_t n = 2 << 20;
+    char *big = malloc(n + 1);
+    memset(big, ' ', n);
+    big[0] = '{';
+    big[n - 1] = '}';
+    big[n] = 0;
+    expect_error(TF_ALICE, "POST", "/v1/jobs", big, 413, "larger than");
+    free(big);
+    /* Garbage on the socket: the server answers 400 or closes, and lives. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)F.port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    const char *junk = "\x01\x02 NOT HTTP\r\n\r\n";
+    assert_true(write(fd, junk, strlen(junk)) > 0);
+    char buf[256];
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    if (r > 0) {
+        buf[r] = 0;
+        assert_non_null(strstr(buf, " 400 "));
+    }
+    close(fd);
+    int st;
+    json_t *j = tf_call(&F, NULL, "GET", "/healthz", NULL, &st);
+    assert_int_equal(st, 200);
+    json_decref(j);
+    /* /metrics counts what happened, in Prometheus text. */
+    srv_client *c;
+    TU_OK(srv_client_new(F.url, NULL, &c));
+    char *text;
+    size_t tl;
+    TU_OK(srv_client_raw(c, "GET", "/metrics", NULL, 0, NULL, 5, &st, &text, &tl));
+    assert_int_equal(st, 200);
+    assert_non_null(strstr(text, "# TYPE shoal_jobs gauge"));
+    assert_non_null(strstr(text, "shoal_nodes{state=\"alive\"} 2"));
+    assert_non_null(strstr(text, "shoal_jobs_rejected_total 2"));
+    free(text);
+    srv_client_free(c);
+}
+
+static void test_idempotent_submit(void **state)
+{
+    const char *body = "{\"name\":\"once\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],\"idempotency_key\":\"k-1\"}";
+    int st;
+    json_t *a = tf_call(&F, TF_ALICE, "POST", "/v1/jobs", body, &st);
+    assert_int_equal(st, 201);
+    json_t *b = tf_call(&F, TF_ALICE, "POST", "/v1/jobs", body, &st);
+    assert_int_equal(st, 200);
+    assert_true(json_is_true(json_object_get(b, "duplicate")));
+    assert_int_equal(json_integer_value(json_object_get(a, "id")), json_integer_value(json_object_get(b, "id")));
+    /* The same key from another tenant is another job. */
+    json_t *c = tf_call(&F, TF_BOB, "POST", "/v1/jobs", body, &st);
+    assert_int_equal(st, 201);
+    assert_int_not_equal(json_integer_value(json_object_get(a, "id")), json_integer_value(json_object_get(c, "id")));
+    json_decref(tf_wait_job(&F, json_integer_value(json_object_get(a, "id")), "succeeded", 20));
+    json_decref(tf_wait_job(&F, json_integer_value(json_object_get(c, "id")), "succeeded", 20));
+    json_decref(a);
+    json_decref(b);
+    json_decref(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tenant_isolation),
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_idempotent_submit),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
