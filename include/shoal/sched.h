@@ -220,6 +220,15 @@ typedef struct sched_decisions {
 
 void sched_decisions_free(sched_decisions *d);
 
+/* Marks the queued job `id` running on the n places given, as if a START
+ * decision had placed it there at `now` -- for a server rebuilding its
+ * scheduler after a restart, whose running jobs must not move.  The
+ * placement must be one the job could have been given: a gang on exactly
+ * `nodes` distinct nodes of one pool with gpus_per_node GPUs each, elastic
+ * min..max replicas, a function one GPU, on up nodes with the GPUs free.
+ * Otherwise SH_EINVAL naming the node or the rule, and nothing changes. */
+int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now);
+
 /* Runs one scheduling cycle at `now`: reports pending event effects, expires
  * timeouts, starts, grows, shrinks, preempts and scales.  Resets and fills
  * out.  Returns the number of decisions, or a negative code (no memory). */

@@ -54,6 +54,7 @@ typedef struct snode {
     int resv_spare;
     uint64_t resv_stamp;
     uint64_t mark; /* scratch stamp for placement */
+    int scratch;   /* scratch count, valid where mark is current */
     /* ready[g]: when g GPUs will be free if work ends at its estimates;
      * valid while ready_ver == ver (ver changes with every hold and
      * release on the node). */
