@@ -275,8 +275,8 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     for (;;) {
         uint32_t ti, ji = next_job(s, &ti, fair);
         if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
-        /* Every shape still queued fits nowhere: the rest of the walk could
-         * only make reservations, and those are all made. */
+        /* No shape still queued can start: the rest of the walk could only
+         * make reservations, and those are all made. */
         if (dead >= s->nshapes_live && s->nresv >= max_resv && !s->preemptible_gpus) break;
         sjob *j = &s->jobs[ji];
         if (s->gpus_up - s->gpus_busy <= 0 && s->nresv >= max_resv)
@@ -288,13 +288,14 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
             if (raw_fits(s, j)) {
                 if ((rc = try_start(s, d, ji, now)) < 0) return rc;
                 est = j->est_s;
-            } else {
-                sshape *sh = sched__shape(s, j->shape);
-                if (sh && sh->dead_walk != walk_id) sh->dead_walk = walk_id, dead++;
             }
             if (!rc) {
                 if (memo[m].shape == j->shape && memo[m].est < est) est = memo[m].est;
                 memo[m].shape = j->shape, memo[m].est = est;
+                /* No queued job of the shape has a shorter estimate: the
+                 * whole shape is blocked for the rest of the walk. */
+                sshape *sh = sched__shape(s, j->shape);
+                if (sh && sh->dead_walk != walk_id && est <= sh->min_est) sh->dead_walk = walk_id, dead++;
             }
         }
         if (rc == 1) continue; /* it left the queue: the cursor already points past it */

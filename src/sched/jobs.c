@@ -73,7 +73,8 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     t->nq++;
     sshape *sh = sched__shape(s, j->shape);
     if (!sh) return sh_err(SH_ENOMEM, "sched: out of memory");
-    if (!sh->queued++) s->nshapes_live++;
+    if (!sh->queued++) s->nshapes_live++, sh->min_est = j->est_s;
+    else if (j->est_s < sh->min_est) sh->min_est = j->est_s;
     j->state = SCHED_QUEUED;
     j->queued_since = now;
     s->queued++;

@@ -127,6 +127,7 @@ typedef struct sshape {
     uint64_t shape;   /* 0: empty slot */
     size_t queued;    /* queued jobs of this shape */
     uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
+    double min_est;     /* a lower bound of the queued jobs' estimates */
 } sshape;
 
 /* A reservation made in the last step for a blocked head-of-line gang. */
