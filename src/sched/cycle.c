@@ -222,6 +222,7 @@ static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
     double bk = 0;
     for (size_t ti = 0; ti < s->ntenants; ti++) {
         stenant *t = &s->tenants[ti];
+        while (t->cursor < t->nq && t->queue[t->cursor] == NONE) t->cursor++; /* started */
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
         const sjob *a = &s->jobs[ji];
@@ -324,12 +325,13 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
  * order. */
 static int queue_pass(sched *s, sched_decisions *d, double now)
 {
-    int fair = s->cfg.policy == SCHED_SHOAL;
-    if (fair) {
-        int rc = walk(s, d, now, 0, 1);
-        if (rc < 0) return rc;
-    }
-    int rc = walk(s, d, now, fair, 0);
+    int fair = s->cfg.policy == SCHED_SHOAL, rc = 0;
+    s->walking = 1;
+    if (fair) rc = walk(s, d, now, 0, 1);
+    sched__queue_compact(s);
+    if (rc >= 0) rc = walk(s, d, now, fair, 0);
+    s->walking = 0;
+    sched__queue_compact(s);
     return rc < 0 ? rc : 0;
 }
 
@@ -573,7 +575,12 @@ int sched_step(sched *s, double now, sched_decisions *d)
     s->next_wake = INFINITY;
     int rc = flush_pending(s, d);
     if (!rc) rc = expire(s, d, now);
-    if (!rc) rc = s->cfg.policy == SCHED_FIRSTFIT ? firstfit_pass(s, d, now) : queue_pass(s, d, now);
+    if (!rc && s->cfg.policy == SCHED_FIRSTFIT) {
+        s->walking = 1;
+        rc = firstfit_pass(s, d, now);
+        s->walking = 0;
+        sched__queue_compact(s);
+    } else if (!rc) rc = queue_pass(s, d, now);
     if (!rc) rc = grow_pass(s, d, now);
     if (!rc && s->cfg.autoscale && s->nquotas) rc = autoscale(s, d, now);
     for (size_t i = 0; i < s->ndeferred && !rc; i++) rc = sched__queue_push(s, s->deferred[i], now);

@@ -87,6 +87,7 @@ typedef struct stenant {
     const char *id;
     uint32_t *queue; /* queued job indices sorted by (-priority, order) */
     size_t nq, capq, cursor;
+    size_t holes;    /* NONE slots left by jobs started during a walk */
     int gpus_in_use;
     double *cost_t; /* by type index */
     size_t ncost;
@@ -188,6 +189,7 @@ struct sched {
     sshape *shapes;    /* open addressing by shape hash */
     size_t capshapes, nshapes_live;
     uint64_t walk_id;
+    int walking;       /* a queue walk is running: starts leave holes */
     uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
     struct stpools {
         uint32_t *v;
@@ -206,6 +208,8 @@ void sched__bill(sched *s, sjob *j, const splace *p, double now);
 double sched__place_cost(const sched *s, const splace *p, double now);
 int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
+/* Removes the holes that starts left in the tenant queues during a walk. */
+void sched__queue_compact(sched *s);
 double sched__job_speed(const sched *s, const sjob *j, uint32_t type);
 double sched__est_len(const sched *s, const sjob *j, uint32_t pool);
 double sched__est_end(const sched *s, const sjob *j);
