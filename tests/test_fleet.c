@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -289,6 +290,48 @@ static void test_server_kill9_under_load(void **state)
     tf_stop(&f);
 }
 
+static int count_nodes(tf_fleet *f)
+{
+    int st;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    int n = (int)json_array_size(json_object_get(j, "nodes"));
+    json_decref(j);
+    return n;
+}
+
+/* Autoscaling: with no node at all, a job that fits the provider's quota
+ * is accepted; the core asks for nodes, the local provider starts agents,
+ * the job runs, and the idle nodes are released afterwards. */
+static void test_autoscale_local_provider(void **state)
+{
+    tf_fleet f = {0};
+    const char *prov = tu_path("provider.sh"), *pdir = tu_path("provider");
+    char script[8400], shoal[4096];
+    if (!realpath(tu_shoal(), shoal)) fail_msg("no %s", tu_shoal());
+    int n = snprintf(script, sizeof script, "#!/bin/sh\nexec %s provider-local --dir %s\n", shoal, pdir);
+    tu_write_file(prov, script, (size_t)n);
+    chmod(prov, 0755);
+    snprintf(f.extra, sizeof f.extra,
+             "--provider-cmd %s --provider-quota z9,ib,H100,8,2,1.5 --scale-up-wait 0.3 --scale-down-idle 1", prov);
+    tf_start_server(&f, "autoscale", 2);
+    assert_int_equal(count_nodes(&f), 0);
+    int64_t id = tf_submit(&f, TF_ALICE, "{\"name\":\"grow\",\"nodes\":2,\"gpus_per_node\":8,\"gpu_types\":[\"H100\"],"
+                                         "\"command\":[\"true\"]}");
+    json_t *j = tf_wait_job(&f, id, "succeeded", 30);
+    assert_non_null(strstr(tf_member_node(j, 0), "auto-"));
+    json_decref(j);
+    for (int i = 0; i < 400 && count_nodes(&f) > 0; i++) sh_sleep(0.05);
+    assert_int_equal(count_nodes(&f), 0);
+    int st;
+    j = tf_call(&f, TF_ADMIN, "GET", "/v1/events", NULL, &st);
+    char *text = json_dumps(j, 0);
+    assert_non_null(strstr(text, "scale_up"));
+    assert_non_null(strstr(text, "scale_down"));
+    free(text);
+    json_decref(j);
+    tf_stop(&f);
+}
+
 static int teardown(void **state)
 {
     tf_kill_all();
@@ -303,6 +346,7 @@ int main(void)
         cmocka_unit_test_teardown(test_killed_agent_replace, teardown),
         cmocka_unit_test_teardown(test_killed_agent_fail, teardown),
         cmocka_unit_test_teardown(test_server_kill9_under_load, teardown),
+        cmocka_unit_test_teardown(test_autoscale_local_provider, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

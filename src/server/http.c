@@ -51,7 +51,7 @@ static int status_of(int rc)
     case SH_EFORMAT: case SH_EINVAL: case SH_ERANGE: return 400;
     case SH_ENOENT: return 404;
     case SH_EPERM: return 403;
-    case SH_EEXIST: return 409;
+    case SH_EEXIST: return 410; /* only a removed node's poll fails this way */
     default: return 500;
     }
 }
