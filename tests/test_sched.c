@@ -91,9 +91,10 @@ static const char *nodes_of(sched *s, const char *id)
 
 /* Two pools in zone a (fabric f1: a1-a3, fabric f2: a4-a5, 8 x h100 each)
  * and one a10 node in zone b.  Jobs arrive one per step; each row gives the
- * nodes it must get (any of the '|'-separated answers), worked out by hand:
- * shoal packs into the pool left fullest, then the fullest nodes that fit,
- * and a gang never spans fabrics or zones. */
+ * nodes it must get (any of the '|'-separated answers; "-" waits), worked
+ * out by hand, for the default pool choice (the first pool that fits) and
+ * for pack_pools (the pool left fullest).  Within a pool the fullest nodes
+ * that fit are taken, and a gang never spans fabrics or zones. */
 static const tnode_row fleet1[] = {
     {"a1", "a", "f1", "h100", 8, 2.0}, {"a2", "a", "f1", "h100", 8, 2.0},
     {"a3", "a", "f1", "h100", 8, 2.0}, {"a4", "a", "f2", "h100", 8, 2.0},
@@ -106,51 +107,62 @@ static void test_placement_table(void **state)
         const char *id;
         int nodes, gpn;
         const char *type; /* NULL: any */
-        const char *expect; /* "-": must wait */
+        const char *first, *pack;
     } rows[] = {
-        /* f2 is left with 10 free, f1 would keep 18: pack into f2. */
-        {"big", 1, 6, "h100", "a4|a5"},
+        /* f1 comes first; packing prefers f2 (10 GPUs left, not 18). */
+        {"big", 1, 6, "h100", "a1|a2|a3", "a4|a5"},
         /* The node big left with 2 free is the exact fit. */
-        {"two", 1, 2, "h100", "=big"},
-        /* 2 x 8 needs two empty nodes of one fabric: only f1 has them. */
-        {"g2", 2, 8, "h100", "a1,a2|a1,a3|a2,a3"},
-        /* One empty node in f1 and one in f2: no single fabric has two. */
-        {"g3", 2, 8, "h100", "-"},
-        /* 1 x 4 of any type: b1's 4 GPUs fit exactly (0 left). */
-        {"any4", 1, 4, NULL, "b1"},
+        {"two", 1, 2, "h100", "=big", "=big"},
+        /* 2 x 8 needs two empty nodes of one fabric. */
+        {"g2", 2, 8, "h100", "a1,a2|a1,a3|a2,a3", "a1,a2|a1,a3|a2,a3"},
+        /* First fit left f2 whole; packing split it, so no fabric has two. */
+        {"g3", 2, 8, "h100", "a4,a5", "-"},
+        /* 1 x 4 of any type: first fit finds only b1; packing prefers b1's
+         * exact fit over the empty node of f2. */
+        {"any4", 1, 4, NULL, "b1", "b1"},
         /* a10 only, and b1 is full now. */
-        {"a10", 1, 1, "a10", "-"},
+        {"a10", 1, 1, "a10", "-", "-"},
     };
-    sched_decisions d = {0};
-    sched *s = mk(SCHED_SHOAL, fleet1);
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        sched_job_spec j = gang(rows[i].id, rows[i].nodes, rows[i].gpn, 100);
-        if (rows[i].type) j.n_types = 1, j.gpu_types[0] = rows[i].type;
-        submit(s, j, (double)i);
-        step(s, (double)i, &d);
-        char got[512];
-        snprintf(got, sizeof got, "%s", nodes_of(s, rows[i].id));
-        if (!strcmp(rows[i].expect, "-")) {
-            assert_int_equal(jstate(s, rows[i].id), SCHED_QUEUED);
-            continue;
+    for (int pack = 0; pack < 2; pack++) {
+        sched_config c;
+        sched_config_default(&c, SCHED_SHOAL);
+        c.pack_pools = pack;
+        sched *s = sched_new(&c);
+        for (const tnode_row *r = fleet1; r->id; r++) {
+            sched_node_spec n = {r->id, r->zone, r->fabric, r->type, r->gpus, r->price};
+            TU_OK(sched_node_add(s, &n, 0));
         }
-        if (rows[i].expect[0] == '=') {
-            assert_string_equal(got, nodes_of(s, rows[i].expect + 1));
-            continue;
+        sched_decisions d = {0};
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+            sched_job_spec j = gang(rows[i].id, rows[i].nodes, rows[i].gpn, 100);
+            if (rows[i].type) j.n_types = 1, j.gpu_types[0] = rows[i].type;
+            submit(s, j, (double)i);
+            step(s, (double)i, &d);
+            const char *expect = pack ? rows[i].pack : rows[i].first;
+            char got[512];
+            snprintf(got, sizeof got, "%s", nodes_of(s, rows[i].id));
+            if (!strcmp(expect, "-")) {
+                assert_int_equal(jstate(s, rows[i].id), SCHED_QUEUED);
+                continue;
+            }
+            if (expect[0] == '=') {
+                assert_string_equal(got, nodes_of(s, expect + 1));
+                continue;
+            }
+            char want[128], needle[520];
+            snprintf(want, sizeof want, "|%s|", expect);
+            snprintf(needle, sizeof needle, "|%s|", got);
+            if (!strstr(want, needle))
+                fail_msg("pack %d: job %s got nodes %s, expected %s", pack, rows[i].id, got, expect);
         }
-        char want[128];
-        snprintf(want, sizeof want, "|%s|", rows[i].expect);
-        char needle[520];
-        snprintf(needle, sizeof needle, "|%s|", got);
-        if (!strstr(want, needle)) fail_msg("job %s got nodes %s, expected %s", rows[i].id, got, rows[i].expect);
+        /* The queue holds what waits, in submit order. */
+        const char *q[4];
+        size_t nq = sched_queue(s, q, 4);
+        assert_int_equal(nq, pack ? 2 : 1);
+        assert_string_equal(q[nq - 1], "a10");
+        sched_decisions_free(&d);
+        sched_free(s);
     }
-    /* Queue order is submit order for the two that wait. */
-    const char *q[4];
-    assert_int_equal(sched_queue(s, q, 4), 2);
-    assert_string_equal(q[0], "g3");
-    assert_string_equal(q[1], "a10");
-    sched_decisions_free(&d);
-    sched_free(s);
 }
 
 /* Best fit across nodes of one pool with 3, 5 and 8 GPUs: a 1 x 4 job takes
@@ -551,12 +563,12 @@ static void test_autoscale(void **state)
     step(s, 600, &d);
     const sched_decision *up = find(&d, SCHED_D_SCALE_UP, "G");
     assert_non_null(up);
-    assert_int_equal(up->n, 3);
+    assert_int_equal(up->n, 2); /* n0 is free: only the shortfall is asked for */
     assert_string_equal(up->gpu_type, "t");
     assert_true(up->ready_s == 720);
     step(s, 650, &d); /* asked once only */
     assert_null(find(&d, SCHED_D_SCALE_UP, NULL));
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 2; i++) {
         char id[8];
         snprintf(id, sizeof id, "p%d", i);
         sched_node_spec n = {id, "z", "f", "t", 8, 2.0};
@@ -570,7 +582,7 @@ static void test_autoscale(void **state)
     step(s, 2620, &d);
     int downs = 0;
     for (size_t i = 0; i < d.n; i++) downs += d.v[i].kind == SCHED_D_SCALE_DOWN;
-    assert_int_equal(downs, 3); /* provisioned nodes only: n0 stays */
+    assert_int_equal(downs, 2); /* provisioned nodes only: n0 stays */
     for (size_t i = 0; i < d.n; i++) TU_OK(sched_node_remove(s, d.v[i].node, 2620));
     TU_OK(sched_check(s, 2620));
     sched_decisions_free(&d);

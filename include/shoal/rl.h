@@ -17,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "shoal/common.h"
 #include "shoal/nn.h"
 
 #ifdef __cplusplus
@@ -199,6 +200,15 @@ int rl_save_checkpoint(nn_model *m, const char *path, int version, const json_t 
  * shape (SH_EMISMATCH naming the tensor otherwise). */
 int rl_load_checkpoint(nn_model *m, const char *path);
 
+struct ckpt;
+/* The policy as a safetensors image in memory (BF16 or F32 tensors, Hugging
+ * Face names, no metadata): what the trainer diffs into shoal deltas for the
+ * workers.  *out is the caller's (sh_buf_free). */
+int rl_policy_image(nn_model *m, int bf16, sh_buf *out);
+/* Loads the model's tensors from an opened checkpoint (BF16 or F32);
+ * `what` names it in errors. */
+int rl_load_view(nn_model *m, const struct ckpt *c, const char *what);
+
 /* ---- The runtime (I/O edge) ------------------------------------------------ */
 
 enum { RL_MODE_SYNC = 0, RL_MODE_ASYNC = 1 };
@@ -219,7 +229,7 @@ typedef struct rl_config {
     rl_sampling sampling;
     int prompts_per_step, group; /* a step trains on prompts_per_step*group trajectories */
     int minibatches;
-    int req_prompts; /* async: prompts per worker request (0: half a step's) */
+    int req_prompts; /* async: prompts per worker request (0: a quarter step's) */
     float lr;
     int warm_steps;    /* supervised warm-start steps before RL */
     int eval_every, eval_n;

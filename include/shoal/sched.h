@@ -101,6 +101,13 @@ typedef struct sched_config {
     int max_victims;                /* default 8 */
     /* Reservations held for head-of-line gangs (backfill: always 1). */
     int max_reservations;           /* default 1 for backfill, 4 for shoal */
+    /* shoal's fair share: a tenant holding a fraction f of the busy GPUs
+     * has its jobs ordered as if submitted f x fair_window_s later. */
+    double fair_window_s;           /* default 21600 (6 h) */
+    /* shoal: place a gang in the pool left fullest (fewest free GPUs after
+     * it) rather than the first pool that fits, keeping emptier pools whole.
+     * On the Philly replay it lowers cost but also utilisation: off. */
+    int pack_pools;
     /* Estimated runtime of a job submitted with est_s = 0. */
     double default_est_s;           /* default 3600 */
     /* Autoscaling: off unless autoscale != 0 and quotas are given. */

@@ -27,7 +27,7 @@ static const char train_usage[] =
     "                             time (3): rollouts dominate, as on GPUs\n"
     "  --prompts N --group G      prompts per step (8), samples per prompt (8)\n"
     "  --minibatches M            optimiser steps per RL step (2)\n"
-    "  --request-prompts N        async: prompts per worker request (half a step's)\n"
+    "  --request-prompts N        async: prompts per worker request (a quarter step's)\n"
     "  --lr X --warm N            RL learning rate (1e-3), warm-start steps (70)\n"
     "  --temperature T --top-p P --max-new N   sampling (1, 1, 8)\n"
     "  --clip E --tis-cap C --mis-band LO,HI --mis-level token|seq --decoupled-cap C\n"

@@ -30,6 +30,7 @@ static const char usage_text[] =
     "events:   --failures MTBF_HOURS [--repair-s S]  node failures (per-node MTBF), repairs\n"
     "          --autoscale [--quota zone,fabric,type,gpus,max_nodes,price,delay_s]...\n"
     "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (4)\n"
+    "          --fair-window S (21600) --pack       shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
     "checks:   --check                              sched_check after every event\n";
 
@@ -39,7 +40,8 @@ typedef struct args {
     const char *traces[512];
     int ntraces;
     sim_fleet_opts fo;
-    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations;
+    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack;
+    double fair_window;
     double load, mtbf, repair, hold, restart, up_wait, down_idle;
     int64_t jobs;
     uint64_t seed;
@@ -95,7 +97,7 @@ static int parse(int argc, char **argv, args *a)
         INT("--zones", fo.zones) INT("--fabric-nodes", fo.fabric_nodes) INT("--multi-node", multi_k)
         INT("--node-gpus", node_gpus) INT("--max-victims", max_victims) INT("--reservations", reservations)
         NUM("--load", load) NUM("--failures", mtbf) NUM("--repair-s", repair) NUM("--hold-timeout", hold)
-        NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
+        NUM("--fair-window", fair_window) NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
         if (!strcmp(o, "--jobs") || !strcmp(o, "--seed")) {
             if (!has) return cli_usage("sim", "%s needs a value", o);
             uint64_t x;
@@ -121,6 +123,7 @@ static int parse(int argc, char **argv, args *a)
         if (!strcmp(o, "--json")) { a->json = 1; continue; }
         if (!strcmp(o, "--check")) { a->check = 1; continue; }
         if (!strcmp(o, "--autoscale")) { a->autoscale = 1; continue; }
+        if (!strcmp(o, "--pack")) { a->pack = 1; continue; }
         if (o[0] == '-') return cli_usage("sim", "unknown option \"%s\"", o);
         if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
         a->traces[a->ntraces++] = o;
@@ -288,6 +291,8 @@ int cli_cmd_sim(int argc, char **argv)
         if (a.max_victims >= 0 && pols[p] == SCHED_SHOAL) o.cfg.max_victims = a.max_victims;
         if (a.reservations >= 0 && pols[p] == SCHED_SHOAL) o.cfg.max_reservations = a.reservations;
         if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
+        if (a.fair_window > 0) o.cfg.fair_window_s = a.fair_window;
+        o.cfg.pack_pools = a.pack;
         if (a.down_idle >= 0) o.cfg.scale_down_idle_s = a.down_idle;
         o.cfg.autoscale = a.autoscale, o.cfg.quotas = a.quotas, o.cfg.n_quotas = (size_t)a.nquotas;
         o.mtbf_hours = a.mtbf, o.repair_s = a.repair, o.check = a.check, o.seed = a.seed;

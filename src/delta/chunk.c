@@ -47,10 +47,11 @@ int delta__scratch_init(delta__scratch *s)
     s->zd = ZSTD_createDCtx();
     s->g = malloc(sizeof *s->g);
     s->v = malloc(sizeof *s->v);
+    s->sym = malloc(2 * s->cap);
     s->ho = XXH3_createState();
     s->hn = XXH3_createState();
     if (!s->pos || !s->d || !s->out || !s->rbuf || !s->bits || !s->zbuf || !s->tmp || !s->tmp2 ||
-        !s->zc || !s->zd || !s->g || !s->v || !s->ho || !s->hn) {
+        !s->zc || !s->zd || !s->g || !s->v || !s->ho || !s->hn || !s->sym) {
         delta__scratch_free(s);
         return sh_err(SH_ENOMEM, "out of memory for delta buffers");
     }
@@ -60,7 +61,7 @@ int delta__scratch_init(delta__scratch *s)
 void delta__scratch_free(delta__scratch *s)
 {
     free(s->pos), free(s->d), free(s->out), free(s->rbuf), free(s->bits), free(s->zbuf);
-    free(s->tmp), free(s->tmp2), free(s->g), free(s->v);
+    free(s->tmp), free(s->tmp2), free(s->g), free(s->v), free(s->sym);
     XXH3_freeState(s->ho);
     XXH3_freeState(s->hn);
     ZSTD_freeCCtx(s->zc);
@@ -103,12 +104,14 @@ DELTA__HOT uint64_t delta__diff(const uint8_t *o, const uint8_t *n, unsigned w, 
 
 /* Records the differing units of a 16-byte block at unit index base; the mask
  * has one bit per differing byte.  Returns 0 when the sparse list is full. */
-DELTA__HOT int delta__record(delta__scratch *s, size_t *k, uint32_t m, size_t base,
-                                const uint8_t *o, const uint8_t *n, unsigned w, int is_float)
+/* Records the differing units of a 64-byte block at unit index base; the
+ * mask has one bit per differing byte.  Returns 0 when the list is full. */
+DELTA__HOT int delta__record(delta__scratch *s, size_t *k, uint64_t m, size_t base,
+                             const uint8_t *o, const uint8_t *n, unsigned w, int is_float)
 {
-    uint32_t um = (1u << w) - 1;
+    uint64_t um = (1ull << w) - 1;
     while (m) {
-        unsigned ui = (unsigned)__builtin_ctz(m) / w;
+        unsigned ui = (unsigned)__builtin_ctzll(m) / w;
         if (*k == s->cap) return 0;
         s->pos[*k] = (uint32_t)(base + ui);
         s->d[*k] = delta__diff(o + ui * w, n + ui * w, w, is_float);
@@ -118,10 +121,20 @@ DELTA__HOT int delta__record(delta__scratch *s, size_t *k, uint32_t m, size_t ba
     return 1;
 }
 
+/* The tail of a range, below 64 bytes, byte by byte. */
+DELTA__HOT int delta__scan_tail(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
+                                size_t end, unsigned w, int is_float, size_t *k)
+{
+    uint64_t m = 0;
+    for (size_t b = 0; b < end - i; b++) m |= (uint64_t)(o[i + b] != n[i + b]) << b;
+    return !m || delta__record(s, k, m, i / w, o + i, n + i, w, is_float);
+}
+
 /* Finds the changed units of bytes [i, end) into s->pos/s->d after the *k
- * already there; returns 0 when more than s->cap units changed. */
+ * already there; returns 0 when more than s->cap units changed.  Most
+ * 64-byte blocks are unchanged and cost two or four compares. */
 DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
-                       size_t end, unsigned w, int is_float, size_t *k)
+                           size_t end, unsigned w, int is_float, size_t *k)
 {
 #ifdef __SSE2__
     for (; i + 64 <= end; i += 64) {
@@ -135,28 +148,73 @@ DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n
                                     _mm_loadu_si128((const __m128i *)(n + i + 48)));
         __m128i all = _mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3));
         if (_mm_movemask_epi8(all) == 0xffff) continue;
-        uint32_t m[4] = {~(uint32_t)_mm_movemask_epi8(e0) & 0xffff,
-                         ~(uint32_t)_mm_movemask_epi8(e1) & 0xffff,
-                         ~(uint32_t)_mm_movemask_epi8(e2) & 0xffff,
-                         ~(uint32_t)_mm_movemask_epi8(e3) & 0xffff};
-        for (int b = 0; b < 4; b++)
-            if (m[b] && !delta__record(s, k, m[b], (i + 16 * b) / w, o + i + 16 * b,
-                                       n + i + 16 * b, w, is_float))
-                return 0;
+        uint64_t m = (uint64_t)(uint16_t)_mm_movemask_epi8(e0) |
+                     (uint64_t)(uint16_t)_mm_movemask_epi8(e1) << 16 |
+                     (uint64_t)(uint16_t)_mm_movemask_epi8(e2) << 32 |
+                     (uint64_t)(uint16_t)_mm_movemask_epi8(e3) << 48;
+        if (!delta__record(s, k, ~m, i / w, o + i, n + i, w, is_float)) return 0;
     }
 #endif
-    for (; i < end; i += 16) {
-        size_t len = end - i < 16 ? end - i : 16;
-        uint32_t m = 0;
-        for (size_t b = 0; b < len; b++) m |= (uint32_t)(o[i + b] != n[i + b]) << b;
-        if (m && !delta__record(s, k, m, i / w, o + i, n + i, w, is_float)) return 0;
-    }
-    return 1;
+    for (; i + 64 <= end; i += 64)
+        if (!delta__scan_tail(s, o, n, i, i + 64, w, is_float, k)) return 0;
+    return i == end || delta__scan_tail(s, o, n, i, end, w, is_float, k);
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DELTA__HAVE_AVX2 1
+/* The same with 32-byte compares, for CPUs that have AVX2 (checked at run
+ * time; the output is identical). */
+__attribute__((target("avx2"))) static inline __attribute__((always_inline)) int
+delta__scan_avx2(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i, size_t end,
+                 unsigned w, int is_float, size_t *k)
+{
+    for (; i + 64 <= end; i += 64) {
+        __m256i e0 = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(o + i)),
+                                       _mm256_loadu_si256((const __m256i *)(n + i)));
+        __m256i e1 = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(o + i + 32)),
+                                       _mm256_loadu_si256((const __m256i *)(n + i + 32)));
+        uint64_t m = (uint64_t)(uint32_t)_mm256_movemask_epi8(e0) |
+                     (uint64_t)(uint32_t)_mm256_movemask_epi8(e1) << 32;
+        if (m == ~0ull) continue;
+        if (!delta__record(s, k, ~m, i / w, o + i, n + i, w, is_float)) return 0;
+    }
+    return i == end || delta__scan_tail(s, o, n, i, end, w, is_float, k);
+}
+
+__attribute__((target("avx2"))) static int delta__scan_w_avx2(delta__scratch *s, const uint8_t *o,
+                                                             const uint8_t *n, size_t i,
+                                                             size_t end, unsigned w, int is_float,
+                                                             size_t *k)
+{
+#define DELTA__SCAN(W, F) return delta__scan_avx2(s, o, n, i, end, W, F, k)
+    switch (w * 2 + !!is_float) {
+    case 2: DELTA__SCAN(1, 0);
+    case 3: DELTA__SCAN(1, 1);
+    case 4: DELTA__SCAN(2, 0);
+    case 5: DELTA__SCAN(2, 1);
+    case 8: DELTA__SCAN(4, 0);
+    case 9: DELTA__SCAN(4, 1);
+    case 16: DELTA__SCAN(8, 0);
+    default: DELTA__SCAN(8, 1);
+    }
+#undef DELTA__SCAN
+}
+#endif
 
 static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
                          size_t end, unsigned w, int is_float, size_t *k)
 {
+#ifdef DELTA__HAVE_AVX2
+    static int avx2 = -1; /* every thread computes the same value */
+    int a = __atomic_load_n(&avx2, __ATOMIC_RELAXED);
+    if (a < 0) {
+        __builtin_cpu_init();
+        a = __builtin_cpu_supports("avx2") ? 1 : 0;
+        __atomic_store_n(&avx2, a, __ATOMIC_RELAXED);
+    }
+    if (a) return delta__scan_w_avx2(s, o, n, i, end, w, is_float, k);
+#endif
 #define DELTA__SCAN(W, F) return delta__scan(s, o, n, i, end, W, F, k)
     switch (w * 2 + !!is_float) {
     case 2: DELTA__SCAN(1, 0);
@@ -221,12 +279,18 @@ static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size
     delta__bw bw = {s->bits, s->bits + s->out_cap, 0, 0, 0};
     unsigned nb;
     uint64_t ex;
+    uint8_t *sym = s->sym;
+    /* Pass 1: symbols (kept for pass 2), their counts, and the extra bits,
+     * which go forward in decoding order. */
     for (size_t i = 0; i < k; i++) {
         uint64_t gap = s->pos[i] - (i ? s->pos[i - 1] + 1 : 0);
-        cg[delta__sym(gap, &nb, &ex)]++;
+        unsigned g = delta__sym(gap, &nb, &ex);
+        cg[g]++;
         if (nb) delta__bw_put(&bw, ex, nb);
-        cv[delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex)]++;
+        unsigned v = delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex);
+        cv[v]++;
         if (nb) delta__bw_put(&bw, ex, nb);
+        sym[2 * i] = (uint8_t)g, sym[2 * i + 1] = (uint8_t)v;
     }
     delta__bw_flush(&bw);
     delta__table tg, tv;
@@ -235,11 +299,14 @@ static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size
     uint8_t *p = delta__put_varint(s->out, k);
     p = delta__put_table(p, &tg);
     p = delta__put_table(p, &tv);
-    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, DELTA__L, 0};
+    /* Pass 2: rANS, backwards. */
+    delta__esyms eg, ev;
+    delta__esyms_init(&eg, &tg);
+    delta__esyms_init(&ev, &tv);
+    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L}, 0};
     for (size_t i = k; i-- > 0;) {
-        uint64_t gap = s->pos[i] - (i ? s->pos[i - 1] + 1 : 0);
-        delta__renc_put(&e, &tv, delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex));
-        delta__renc_put(&e, &tg, delta__sym(gap, &nb, &ex));
+        delta__renc_put_fast(&e, 1, &ev.s[sym[2 * i + 1]]);
+        delta__renc_put_fast(&e, 0, &eg.s[sym[2 * i]]);
     }
     delta__renc_finish(&e);
     return delta__assemble(s, p, &e, &bw, limit);
@@ -265,10 +332,10 @@ static size_t delta__encode_dense(delta__scratch *s, const uint8_t *o, const uin
     delta__table tv;
     delta__normalize(cv, &tv);
     uint8_t *p = delta__put_table(s->out, &tv);
-    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, DELTA__L, 0};
+    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L}, 0};
     for (size_t i = units; i-- > 0 && !e.overflow;) {
         uint64_t z = delta__zig(delta__diff(o + i * w, n + i * w, w, is_float), 8 * w);
-        delta__renc_put(&e, &tv, delta__sym(z, &nb, &ex));
+        delta__renc_put(&e, (int)(i & 1), &tv, delta__sym(z, &nb, &ex));
     }
     delta__renc_finish(&e);
     return delta__assemble(s, p, &e, &bw, limit);
@@ -285,6 +352,33 @@ static int delta__encode_bytes(delta__scratch *s, const uint8_t *new, size_t nby
     } else {
         *enc = DELTA__RAW, *payload = new, *len = nbytes;
     }
+    return SH_OK;
+}
+
+int delta__encode_diff(delta__scratch *s, unsigned w, const uint8_t *zeros, const uint8_t *acc,
+                       size_t nbytes, int *enc, const uint8_t **payload, size_t *len,
+                       uint64_t *changed)
+{
+    size_t units = nbytes / w, limit = units / 4, sz;
+    sh_hash128 h1, h2;
+    size_t k = delta__scan_hash(s, zeros, acc, nbytes, w, 0, limit, &h1, &h2);
+    *changed = k;
+    *payload = s->out;
+    if (k == 0) {
+        *enc = DELTA__SAME, *len = 0;
+        return SH_OK;
+    }
+    if (k <= limit) {
+        sz = delta__encode_sparse(s, k, w, s->out_cap - 64);
+        *enc = DELTA__SPARSE;
+    } else {
+        sz = delta__encode_dense(s, zeros, acc, units, w, 0, s->out_cap - 64, changed);
+        *enc = DELTA__DENSE;
+    }
+    if (!sz)
+        return sh_err(SH_ERANGE, "squash: a chunk's composed change is too dense to encode as a "
+                      "difference; apply the deltas one after the other instead");
+    *len = sz;
     return SH_OK;
 }
 

@@ -12,46 +12,65 @@
 #include <xxh_x86dispatch.h>
 #endif
 
-static int delta__br_get(delta__dec *d, unsigned nbits, uint64_t *out)
+/* Extra bits, least significant first; refills eight bytes at a time. */
+static inline int delta__br_get(delta__dec *d, unsigned nbits, uint64_t *out)
 {
     delta__br *b = &d->br;
     if (nbits > 32) {
-        uint64_t lo, hi;
+        uint64_t lo = 0, hi = 0;
         SH_TRY(delta__br_get(d, 32, &lo));
         SH_TRY(delta__br_get(d, nbits - 32, &hi));
         *out = lo | hi << 32;
         return SH_OK;
     }
-    while (b->n < nbits) {
-        if (b->p == b->end) return sh_err(SH_EFORMAT, "%s: extra-bit stream too short", d->what);
-        b->acc |= (uint64_t)*b->p++ << b->n;
-        b->n += 8;
+    if (b->n < nbits) {
+        if (b->end - b->p >= 8) {
+            uint64_t v;
+            memcpy(&v, b->p, 8);
+            b->acc |= v << b->n;
+            b->p += (63 - b->n) >> 3;
+            b->n |= 56;
+            b->acc &= (1ull << b->n) - 1;
+        } else {
+            while (b->n <= 56 && b->p < b->end) {
+                b->acc |= (uint64_t)*b->p++ << b->n;
+                b->n += 8;
+            }
+            if (b->n < nbits)
+                return sh_err(SH_EFORMAT, "%s: extra-bit stream too short", d->what);
+        }
     }
-    *out = nbits ? b->acc & ((1ull << nbits) - 1) : 0;
-    b->acc = nbits ? b->acc >> nbits : b->acc;
+    *out = b->acc & ((1ull << nbits) - 1);
+    b->acc >>= nbits;
     b->n -= nbits;
     return SH_OK;
 }
 
-/* One rANS symbol and its value (symbol + extra bits). */
-static inline int delta__get(delta__dec *d, const delta__dtable *t, uint64_t *v)
+/* One rANS symbol with state st, and its value (symbol + extra bits). */
+static inline int delta__get(delta__dec *d, int st, const delta__dtable *t, uint64_t *v)
 {
-    uint32_t slot = d->x & (DELTA__PROB - 1);
+    uint32_t x = d->x[st], slot = x & (DELTA__PROB - 1);
     unsigned s = t->sym[slot];
-    d->x = t->t.freq[s] * (d->x >> DELTA__PROB_BITS) + slot - t->t.cum[s];
-    while (d->x < DELTA__L) {
+    x = t->t.freq[s] * (x >> DELTA__PROB_BITS) + slot - t->t.cum[s];
+    while (x < DELTA__L) {
         if (d->p == d->end) return sh_err(SH_EFORMAT, "%s: rANS stream too short", d->what);
-        d->x = (d->x << 8) | *d->p++;
+        x = (x << 8) | *d->p++;
     }
+    d->x[st] = x;
     if (s < 16) {
         *v = s;
         return SH_OK;
     }
     unsigned e = 4 + (s - 16) / 4, m = (s - 16) % 4;
-    uint64_t extra;
+    uint64_t extra = 0;
     SH_TRY(delta__br_get(d, e - 2, &extra));
     *v = ((uint64_t)(4 + m) << (e - 2)) | extra;
     return SH_OK;
+}
+
+static uint32_t delta__le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 int delta__dec_open(delta__dec *d, int enc, const uint8_t *payload, size_t len, uint64_t n,
@@ -77,15 +96,16 @@ int delta__dec_open(delta__dec *d, int enc, const uint8_t *payload, size_t len, 
     SH_TRY(delta__get_table(&p, end, s->v, what));
     uint64_t r;
     SH_TRY(delta__get_varint(&p, end, &r, what));
-    if (r < 4 || r > (uint64_t)(end - p))
+    if (r < 8 || r > (uint64_t)(end - p))
         return sh_err(SH_EFORMAT, "%s: rANS stream of %llu bytes does not fit the payload", what,
                       (unsigned long long)r);
-    d->x = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-    if (d->x < DELTA__L || d->x >= (DELTA__L << 8))
-        return sh_err(SH_EFORMAT, "%s: rANS initial state out of range", what);
-    d->p = p + 4;
+    d->x[0] = delta__le32(p), d->x[1] = delta__le32(p + 4);
+    for (int st = 0; st < 2; st++)
+        if (d->x[st] < DELTA__L || d->x[st] >= (DELTA__L << 8))
+            return sh_err(SH_EFORMAT, "%s: rANS initial state out of range", what);
+    d->p = p + 8;
     d->end = p + r;
-    d->br.p = p + r;
+    d->br.start = d->br.p = p + r;
     d->br.end = end;
     return SH_OK;
 }
@@ -93,91 +113,91 @@ int delta__dec_open(delta__dec *d, int enc, const uint8_t *payload, size_t len, 
 int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_t *got)
 {
     size_t k = 0;
-    for (; k < max && d->left; k++, d->left--) {
-        uint64_t g = 0, v = 0;
-        if (!d->dense) {
-            SH_TRY(delta__get(d, d->g, &g));
-            if (g >= d->n - d->next)
-                return sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
+    if (d->dense) {
+        for (; k < max && d->left; k++, d->left--) {
+            uint64_t v = 0;
+            SH_TRY(delta__get(d, (int)(d->next & 1), d->v, &v));
+            if (v > d->zmax)
+                return sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
+                              (unsigned long long)v);
+            pos[k] = (uint32_t)d->next++;
+            z[k] = v;
         }
-        SH_TRY(delta__get(d, d->v, &v));
-        if (v > d->zmax || (!d->dense && v == 0))
-            return sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
-                          (unsigned long long)v);
-        pos[k] = (uint32_t)(d->next + g);
-        z[k] = v;
-        d->next += g + 1;
+        *got = k;
+        return SH_OK;
     }
+    /* The sparse loop keeps the states and the bit reader in locals: every
+     * symbol depends on the previous one through the state, so latency is
+     * what counts. */
+    uint32_t x0 = d->x[0], x1 = d->x[1];
+    const uint8_t *p = d->p, *end = d->end;
+    const delta__dtable *tg = d->g, *tv = d->v;
+    delta__br br = d->br;
+    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax;
+    int rc = SH_OK;
+#define DELTA__SYM(X, T, OUT)                                                                      \
+    do {                                                                                           \
+        uint32_t slot_ = X & (DELTA__PROB - 1);                                                    \
+        unsigned s_ = (T)->sym[slot_];                                                             \
+        X = (T)->t.freq[s_] * (X >> DELTA__PROB_BITS) + slot_ - (T)->t.cum[s_];                   \
+        while (X < DELTA__L) {                                                                     \
+            if (p == end) {                                                                        \
+                rc = sh_err(SH_EFORMAT, "%s: rANS stream too short", d->what);                    \
+                goto out;                                                                          \
+            }                                                                                      \
+            X = (X << 8) | *p++;                                                                   \
+        }                                                                                          \
+        if (s_ < 16) {                                                                             \
+            OUT = s_;                                                                              \
+        } else {                                                                                   \
+            unsigned e_ = 4 + (s_ - 16) / 4, nb_ = e_ - 2;                                         \
+            uint64_t ex_ = 0;                                                                      \
+            if (nb_ <= 32 && br.n >= nb_) {                                                        \
+                ex_ = br.acc & ((1ull << nb_) - 1);                                                \
+                br.acc >>= nb_, br.n -= nb_;                                                       \
+            } else {                                                                               \
+                d->br = br;                                                                        \
+                if ((rc = delta__br_get(d, nb_, &ex_)) < 0) goto out;                              \
+                br = d->br;                                                                        \
+            }                                                                                      \
+            OUT = ((uint64_t)(4 + (s_ - 16) % 4) << nb_) | ex_;                                    \
+        }                                                                                          \
+    } while (0)
+    for (; k < max && left; k++, left--) {
+        uint64_t g, v;
+        DELTA__SYM(x0, tg, g);
+        DELTA__SYM(x1, tv, v);
+        if (g >= n - next) {
+            rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
+            goto out;
+        }
+        if (v > zmax || v == 0) {
+            rc = sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
+                        (unsigned long long)v);
+            goto out;
+        }
+        pos[k] = (uint32_t)(next + g);
+        z[k] = v;
+        next += g + 1;
+    }
+#undef DELTA__SYM
+out:
+    d->x[0] = x0, d->x[1] = x1, d->p = p, d->br = br, d->next = next, d->left = left;
     *got = k;
-    return SH_OK;
+    return rc;
 }
 
 int delta__dec_close(delta__dec *d)
 {
-    if (d->x != DELTA__L || d->p != d->end)
+    if (d->x[0] != DELTA__L || d->x[1] != DELTA__L || d->p != d->end)
         return sh_err(SH_EFORMAT, "%s: rANS stream does not end where it should (corrupt chunk)",
                       d->what);
-    /* All extra bits read, and only the final byte's padding left over. */
-    if (d->br.p != d->br.end || d->br.n >= 8)
-        return sh_err(SH_EFORMAT, "%s: %zu bytes after the extra-bit stream", d->what,
-                      (size_t)(d->br.end - d->br.p) + d->br.n / 8);
+    /* The extra-bit stream is exactly the bytes holding the bits read. */
+    uint64_t used = (uint64_t)(d->br.p - d->br.start) * 8 - d->br.n;
+    if ((used + 7) / 8 != (uint64_t)(d->br.end - d->br.start))
+        return sh_err(SH_EFORMAT, "%s: extra-bit stream of %zu bytes holds %llu bits", d->what,
+                      (size_t)(d->br.end - d->br.start), (unsigned long long)used);
     return SH_OK;
-}
-
-static int delta__patch(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
-                        unsigned w, int is_float, uint8_t *out, size_t nbytes, uint64_t *changed,
-                        const char *what)
-{
-    delta__dec d;
-    SH_TRY(delta__dec_open(&d, enc, payload, len, nbytes / w, w, s, what));
-    uint32_t pos[1024];
-    uint64_t z[1024], mask = delta__mask(w), k = 0;
-    size_t got;
-    do {
-        SH_TRY(delta__dec_next(&d, pos, z, 1024, &got));
-        for (size_t i = 0; i < got; i++) {
-            if (!z[i]) continue;
-            uint8_t *p = out + (size_t)pos[i] * w;
-            uint64_t u = 0;
-            memcpy(&u, p, w);
-            if (is_float) u = delta__ord(u, w);
-            u = (u + delta__unzig(z[i])) & mask;
-            if (is_float) u = delta__ord(u, w);
-            memcpy(p, &u, w);
-            k++;
-        }
-    } while (got);
-    if (changed) *changed += k;
-    return delta__dec_close(&d);
-}
-
-int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
-                        unsigned w, int is_float, uint8_t *out, size_t nbytes, uint64_t *changed,
-                        const char *what)
-{
-    switch (enc) {
-    case DELTA__SAME:
-        if (len) return sh_err(SH_EFORMAT, "%s: SAME chunk with a payload", what);
-        return SH_OK;
-    case DELTA__RAW:
-        if (len != nbytes)
-            return sh_err(SH_EFORMAT, "%s: RAW chunk of %zu bytes, expected %zu", what, len, nbytes);
-        memcpy(out, payload, len);
-        return SH_OK;
-    case DELTA__ZSTD: {
-        size_t r = ZSTD_decompressDCtx(s->zd, out, nbytes, payload, len);
-        if (ZSTD_isError(r))
-            return sh_err(SH_EFORMAT, "%s: zstd: %s", what, ZSTD_getErrorName(r));
-        if (r != nbytes)
-            return sh_err(SH_EFORMAT, "%s: zstd chunk holds %zu bytes, expected %zu", what, r,
-                          nbytes);
-        return SH_OK;
-    }
-    case DELTA__SPARSE:
-    case DELTA__DENSE:
-        return delta__patch(s, enc, payload, len, w, is_float, out, nbytes, changed, what);
-    }
-    return sh_err(SH_EFORMAT, "%s: unknown chunk encoding %d", what, enc);
 }
 
 static inline __attribute__((always_inline)) void delta__patch1(uint8_t *out, uint32_t pos,
@@ -264,4 +284,51 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     *bdig = (sh_hash128){a.low64, a.high64};
     *odig = (sh_hash128){b.low64, b.high64};
     return SH_OK;
+}
+
+static int delta__patch(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
+                        unsigned w, int is_float, uint8_t *out, size_t nbytes, uint64_t *changed,
+                        const char *what)
+{
+    delta__dec d;
+    SH_TRY(delta__dec_open(&d, enc, payload, len, nbytes / w, w, s, what));
+    uint32_t pos[512];
+    uint64_t z[512], k = 0;
+    size_t got;
+    do {
+        SH_TRY(delta__dec_next(&d, pos, z, 512, &got));
+        delta__patch_w(out, pos, z, 0, got, UINT64_MAX, w, is_float);
+        for (size_t i = 0; i < got; i++) k += z[i] != 0;
+    } while (got);
+    if (changed) *changed += k;
+    return delta__dec_close(&d);
+}
+
+int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
+                        unsigned w, int is_float, uint8_t *out, size_t nbytes, uint64_t *changed,
+                        const char *what)
+{
+    switch (enc) {
+    case DELTA__SAME:
+        if (len) return sh_err(SH_EFORMAT, "%s: SAME chunk with a payload", what);
+        return SH_OK;
+    case DELTA__RAW:
+        if (len != nbytes)
+            return sh_err(SH_EFORMAT, "%s: RAW chunk of %zu bytes, expected %zu", what, len, nbytes);
+        memcpy(out, payload, len);
+        return SH_OK;
+    case DELTA__ZSTD: {
+        size_t r = ZSTD_decompressDCtx(s->zd, out, nbytes, payload, len);
+        if (ZSTD_isError(r))
+            return sh_err(SH_EFORMAT, "%s: zstd: %s", what, ZSTD_getErrorName(r));
+        if (r != nbytes)
+            return sh_err(SH_EFORMAT, "%s: zstd chunk holds %zu bytes, expected %zu", what, r,
+                          nbytes);
+        return SH_OK;
+    }
+    case DELTA__SPARSE:
+    case DELTA__DENSE:
+        return delta__patch(s, enc, payload, len, w, is_float, out, nbytes, changed, what);
+    }
+    return sh_err(SH_EFORMAT, "%s: unknown chunk encoding %d", what, enc);
 }

@@ -141,11 +141,12 @@ int delta__get_table(const uint8_t **p, const uint8_t *end, delta__dtable *t, co
 
 void delta__renc_finish(delta__renc *e)
 {
-    for (int i = 3; i >= 0; i--) {
-        if (e->ptr == e->start) {
-            e->overflow = 1;
-            return;
+    for (int st = 1; st >= 0; st--)
+        for (int i = 3; i >= 0; i--) {
+            if (e->ptr == e->start) {
+                e->overflow = 1;
+                return;
+            }
+            *--e->ptr = (uint8_t)(e->x[st] >> (8 * i));
         }
-        *--e->ptr = (uint8_t)(e->x >> (8 * i));
-    }
 }

@@ -38,10 +38,9 @@ void delta__bw_put(delta__bw *w, uint64_t bits, unsigned n); /* n <= 62 */
 void delta__bw_flush(delta__bw *w);
 
 typedef struct {
-    const uint8_t *p, *end;
-    uint64_t acc;
+    const uint8_t *start, *p, *end;
+    uint64_t acc; /* n valid bits, the rest zero */
     unsigned n;
-    uint64_t left; /* bits not yet read */
 } delta__br;
 
 /* ---- Symbols and tables ------------------------------------------------ */
@@ -79,15 +78,17 @@ int delta__get_table(const uint8_t **p, const uint8_t *end, delta__dtable *t, co
 /* ---- rANS -------------------------------------------------------------- */
 
 /* The encoder writes backwards from `end` down to `start`. */
+/* Two states take turns (symbol j uses state j mod 2) so that a decoder
+ * runs two independent dependency chains at once. */
 typedef struct {
     uint8_t *start, *ptr;
-    uint32_t x;
+    uint32_t x[2];
     int overflow;
 } delta__renc;
 
-static inline void delta__renc_put(delta__renc *e, const delta__table *t, unsigned s)
+static inline void delta__renc_put(delta__renc *e, int st, const delta__table *t, unsigned s)
 {
-    uint32_t f = t->freq[s], x = e->x;
+    uint32_t f = t->freq[s], x = e->x[st];
     uint32_t xmax = ((DELTA__L >> DELTA__PROB_BITS) << 8) * f;
     while (x >= xmax) {
         if (e->ptr == e->start) {
@@ -97,8 +98,54 @@ static inline void delta__renc_put(delta__renc *e, const delta__table *t, unsign
         *--e->ptr = (uint8_t)x;
         x >>= 8;
     }
-    e->x = ((x / f) << DELTA__PROB_BITS) + (x % f) + t->cum[s];
+    e->x[st] = ((x / f) << DELTA__PROB_BITS) + (x % f) + t->cum[s];
 }
+/* The encoder's division by a frequency done as a multiplication by its
+ * reciprocal (exact for states below 2^31), which is what makes encoding
+ * fast: x' = (x / f) * 2^14 + x mod f + cum = x + bias + q * (2^14 - f). */
+typedef struct {
+    uint32_t x_max, rcp_freq, bias, cmpl_freq, rcp_shift;
+} delta__esym;
+typedef struct {
+    delta__esym s[256];
+} delta__esyms;
+
+static inline void delta__esyms_init(delta__esyms *e, const delta__table *t)
+{
+    for (int i = 0; i < 256; i++) {
+        uint32_t f = t->freq[i], start = t->cum[i];
+        delta__esym *y = &e->s[i];
+        y->x_max = ((DELTA__L >> DELTA__PROB_BITS) << 8) * f;
+        y->cmpl_freq = DELTA__PROB - f;
+        if (f < 2) {
+            y->rcp_freq = ~0u;
+            y->rcp_shift = 0;
+            y->bias = start + DELTA__PROB - 1;
+        } else {
+            uint32_t shift = 0;
+            while (f > (1u << shift)) shift++;
+            y->rcp_freq = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
+            y->rcp_shift = shift - 1;
+            y->bias = start;
+        }
+    }
+}
+
+static inline void delta__renc_put_fast(delta__renc *e, int st, const delta__esym *y)
+{
+    uint32_t x = e->x[st];
+    while (x >= y->x_max) {
+        if (e->ptr == e->start) {
+            e->overflow = 1;
+            return;
+        }
+        *--e->ptr = (uint8_t)x;
+        x >>= 8;
+    }
+    uint32_t q = (uint32_t)(((uint64_t)x * y->rcp_freq) >> 32) >> y->rcp_shift;
+    e->x[st] = x + y->bias + q * y->cmpl_freq;
+}
+
 /* Writes the final state; the stream is [e->ptr, end). */
 void delta__renc_finish(delta__renc *e);
 
@@ -120,6 +167,7 @@ typedef struct delta__scratch {
     ZSTD_DCtx *zd;
     delta__dtable *g, *v;
     void *ho, *hn;      /* XXH3 states for streaming chunk digests */
+    uint8_t *sym;       /* symbols of a sparse chunk (2 per change) */
 } delta__scratch;
 
 int delta__scratch_init(delta__scratch *s);
@@ -136,11 +184,17 @@ int delta__encode_chunk(delta__scratch *s, unsigned w, int is_float, const uint8
                         const uint8_t *new, size_t nbytes, int *enc, const uint8_t **payload,
                         size_t *len, uint64_t *changed, sh_hash128 *odig, sh_hash128 *ndig);
 
+/* Encodes acc (plain w-byte differences, as the sum of a chain) as SAME,
+ * SPARSE or DENSE; zeros is nbytes of zero bytes. */
+int delta__encode_diff(delta__scratch *s, unsigned w, const uint8_t *zeros, const uint8_t *acc,
+                       size_t nbytes, int *enc, const uint8_t **payload, size_t *len,
+                       uint64_t *changed);
+
 /* Streaming decoder of the changes of a SPARSE or DENSE chunk. */
 typedef struct {
     int dense;
     const uint8_t *p, *end; /* rANS stream */
-    uint32_t x;
+    uint32_t x[2];
     const delta__dtable *g, *v;
     delta__br br;
     uint64_t left;          /* symbols (pairs for sparse) still to decode */

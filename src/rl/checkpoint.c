@@ -12,31 +12,113 @@ void rl_round_bf16(float *w, size_t n)
     for (size_t i = 0; i < n; i++) w[i] = ckpt_bf16_to_f32(ckpt_f32_to_bf16(w[i]));
 }
 
-int rl_save_checkpoint(nn_model *m, const char *path, int version, const json_t *extra)
+/* The tensor table as ckpt specs (names borrowed from the model), laid out
+ * back to back in table order with element size `esz`. */
+static ckpt_tensor *specs(nn_model *m, ckpt_dtype dt, size_t esz, uint64_t *total)
 {
     int nt = nn_num_tensors(m);
     ckpt_tensor *t = calloc((size_t)nt, sizeof *t);
-    uint16_t *data = malloc(nn_num_params(m) * sizeof(uint16_t));
-    if (!t || !data) {
-        free(t), free(data);
-        return sh_err(SH_ENOMEM, "%s: out of memory", path);
-    }
-    const float *p = nn_params(m);
-    size_t off = 0;
+    if (!t) return NULL;
+    uint64_t off = 0;
     for (int i = 0; i < nt; i++) {
         const nn_tensor *s = nn_tensor_at(m, i);
-        size_t n = (size_t)s->rows * s->cols;
-        for (size_t k = 0; k < n; k++) data[off + k] = ckpt_f32_to_bf16(p[s->offset + k]);
+        uint64_t n = (uint64_t)s->rows * s->cols;
         t[i].name = s->name;
-        t[i].dtype = CKPT_BF16;
+        t[i].dtype = dt;
         /* Vectors (norms, biases) are 1-D as in Hugging Face checkpoints. */
         t[i].ndim = s->rows == 1 ? 1 : 2;
         t[i].shape[0] = s->rows == 1 ? s->cols : s->rows;
         t[i].shape[1] = s->cols;
         t[i].numel = n;
-        t[i].nbytes = n * 2;
-        t[i].data = (const uint8_t *)(data + off);
-        off += n;
+        t[i].nbytes = n * esz;
+        t[i].offset = off;
+        off += n * esz;
+    }
+    *total = off;
+    return t;
+}
+
+static void put_values(nn_model *m, const nn_tensor *s, ckpt_dtype dt, uint8_t *dst)
+{
+    const float *p = nn_params(m) + s->offset;
+    size_t n = (size_t)s->rows * s->cols;
+    if (dt == CKPT_F32) {
+        memcpy(dst, p, n * 4);
+        return;
+    }
+    for (size_t k = 0; k < n; k++) {
+        uint16_t h = ckpt_f32_to_bf16(p[k]);
+        memcpy(dst + 2 * k, &h, 2);
+    }
+}
+
+int rl_policy_image(nn_model *m, int bf16, sh_buf *out)
+{
+    ckpt_dtype dt = bf16 ? CKPT_BF16 : CKPT_F32;
+    size_t esz = bf16 ? 2 : 4;
+    uint64_t total;
+    ckpt_tensor *t = specs(m, dt, esz, &total);
+    if (!t) return sh_err(SH_ENOMEM, "policy image: out of memory");
+    sh_buf img = {0};
+    int rc = ckpt_header_build(t, (size_t)nn_num_tensors(m), NULL, &img);
+    if (!rc) rc = sh_buf_reserve(&img, total + 1);
+    if (!rc) {
+        uint8_t *base = img.data + img.len;
+        for (int i = 0; i < nn_num_tensors(m); i++)
+            put_values(m, nn_tensor_at(m, i), dt, base + t[i].offset);
+        img.len += total;
+        *out = img;
+    } else {
+        sh_buf_free(&img);
+    }
+    free(t);
+    return rc;
+}
+
+/* Reads one tensor of a checkpoint into n floats, from BF16 or F32. */
+static int get_values(const ckpt_tensor *t, uint64_t n, float *dst, const char *what)
+{
+    if (t->numel != n || (t->dtype != CKPT_BF16 && t->dtype != CKPT_F32))
+        return sh_err(SH_EMISMATCH, "%s: tensor %s: expected %llu BF16 or F32 values, found %llu %s",
+                      what, t->name, (unsigned long long)n, (unsigned long long)t->numel,
+                      ckpt_dtype_name(t->dtype));
+    for (uint64_t k = 0; k < n; k++) {
+        if (t->dtype == CKPT_F32) {
+            memcpy(&dst[k], t->data + 4 * k, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, t->data + 2 * k, 2);
+            dst[k] = ckpt_bf16_to_f32(h);
+        }
+    }
+    return 0;
+}
+
+int rl_load_view(nn_model *m, const ckpt *c, const char *what)
+{
+    float *p = nn_params(m);
+    for (int i = 0; i < nn_num_tensors(m); i++) {
+        const nn_tensor *s = nn_tensor_at(m, i);
+        const ckpt_tensor *t = ckpt_find(c, s->name);
+        if (!t) return sh_err(SH_ENOENT, "%s: tensor %s is missing", what, s->name);
+        SH_TRY(get_values(t, (uint64_t)s->rows * s->cols, p + s->offset, what));
+    }
+    return 0;
+}
+
+int rl_save_checkpoint(nn_model *m, const char *path, int version, const json_t *extra)
+{
+    uint64_t total;
+    ckpt_tensor *t = specs(m, CKPT_BF16, 2, &total);
+    uint8_t *data = malloc(total ? total : 1);
+    if (!t || !data) {
+        free(t), free(data);
+        return sh_err(SH_ENOMEM, "%s: out of memory", path);
+    }
+    int nt = nn_num_tensors(m);
+    for (int i = 0; i < nt; i++) {
+        put_values(m, nn_tensor_at(m, i), CKPT_BF16, data + t[i].offset);
+        t[i].data = data + t[i].offset;
     }
     const nn_config *c = nn_cfg(m);
     char ver[32], shape[128];
@@ -58,23 +140,7 @@ int rl_load_checkpoint(nn_model *m, const char *path)
 {
     ckpt *c;
     SH_TRY(ckpt_open(path, &c));
-    int rc = 0;
-    float *p = nn_params(m);
-    for (int i = 0; i < nn_num_tensors(m) && !rc; i++) {
-        const nn_tensor *s = nn_tensor_at(m, i);
-        const ckpt_tensor *t = ckpt_find(c, s->name);
-        uint64_t n = (uint64_t)s->rows * s->cols;
-        if (!t) rc = sh_err(SH_ENOENT, "%s: tensor %s is missing", path, s->name);
-        else if (t->dtype != CKPT_BF16 || t->numel != n)
-            rc = sh_err(SH_EMISMATCH, "%s: tensor %s: expected %llu BF16 values, found %llu %s",
-                        path, s->name, (unsigned long long)n, (unsigned long long)t->numel,
-                        ckpt_dtype_name(t->dtype));
-        for (uint64_t k = 0; !rc && k < n; k++) {
-            uint16_t h;
-            memcpy(&h, t->data + 2 * k, 2);
-            p[s->offset + k] = ckpt_bf16_to_f32(h);
-        }
-    }
+    int rc = rl_load_view(m, c, path);
     ckpt_close(c);
     return rc;
 }

@@ -27,6 +27,8 @@
 
 #include "rl/runtime.h"
 #include "rl/wire.h"
+#include "shoal/ckpt.h"
+#include "shoal/delta.h"
 
 /* Held-out reward is the mean over this many samples per problem at the
  * training temperature: what RL optimises, and smoother than one greedy
@@ -55,18 +57,54 @@ typedef struct run {
     long stale_hist[RL_MAX_T + 2];
     long inflight_updates;
     rl_problem *evalset;
+    /* The published image of the current version, and the delta that led
+     * to it from the previous one (what workers holding that get). */
+    sh_buf img, delta;
+    ckpt *ck;
+    double image_bytes, delta_bytes_sum;
+    long deltas;
     json_t *curve, *steps, *ckpts;
     rl_progress_fn progress;
     void *pctx;
     double time_to_target, last_eval;
 } run;
 
-static int enqueue_weights(run *r, wk *w)
+/* Queues the current weights: the delta from the previous version for a
+ * worker that holds it, the whole image for one that just joined. */
+static int enqueue_weights(run *r, wk *w, int full)
 {
-    nn_model *m = r->tr.model;
-    rl_wire_weights hd = {.version = r->version, .encoding = RL_ENC_FP32,
-                          .nbytes = nn_num_params(m) * 4};
-    return rl__msg_append(&w->out, RL_MSG_WEIGHTS, &hd, sizeof hd, nn_params(m), hd.nbytes);
+    int use_delta = !full && r->delta.len;
+    rl_wire_weights hd = {.version = r->version,
+                          .encoding = use_delta ? RL_ENC_DELTA : RL_ENC_IMAGE,
+                          .nbytes = use_delta ? r->delta.len : r->img.len,
+                          .base_version = use_delta ? r->version - 1 : -1};
+    return rl__msg_append(&w->out, RL_MSG_WEIGHTS, &hd, sizeof hd,
+                          use_delta ? r->delta.data : r->img.data, hd.nbytes);
+}
+
+/* Publishes the trainer's weights as version r->version: a new image, and
+ * the shoal delta from the previous image. */
+static int publish(run *r)
+{
+    sh_buf img = {0}, d = {0};
+    ckpt *ck = NULL;
+    int rc = rl_policy_image(r->tr.model, r->c->dtype != RL_DTYPE_FP32, &img);
+    if (!rc) rc = ckpt_open_mem(img.data, img.len, "policy", &ck);
+    if (!rc && r->ck) {
+        delta_opts o = {.threads = 1};
+        rc = delta_make_mem(r->ck, ck, &o, &d, NULL);
+    }
+    if (rc) {
+        ckpt_close(ck);
+        sh_buf_free(&img), sh_buf_free(&d);
+        return rc;
+    }
+    ckpt_close(r->ck);
+    sh_buf_free(&r->img), sh_buf_free(&r->delta);
+    r->img = img, r->delta = d, r->ck = ck;
+    r->image_bytes = (double)img.len;
+    if (d.len) r->delta_bytes_sum += (double)d.len, r->deltas++;
+    return 0;
 }
 
 static int spawn(run *r, int i)
@@ -93,7 +131,7 @@ static int spawn(run *r, int i)
     wk *w = &r->w[i];
     w->pid = pid, w->fd = sv[0], w->alive = 1, w->busy = 0;
     w->in.len = w->out.len = w->out_off = 0;
-    return enqueue_weights(r, w);
+    return enqueue_weights(r, w, 1);
 }
 
 static void worker_dead(run *r, int i)
@@ -159,7 +197,7 @@ static int issue(run *r)
         }
         return 0;
     }
-    int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 1) / 2;
+    int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 3) / 4;
     for (int i = 0; i < c->nworkers; i++) {
         wk *w = &r->w[i];
         long bound = (long)(r->step + c->max_lag + 1) * r->batch;
@@ -336,8 +374,11 @@ static int train_one(run *r)
                            hist_json(hist, nh), "wall_s", wall(r));
     if (r->progress) r->progress(ev, r->pctx);
     json_array_append_new(r->steps, ev);
-    for (int i = 0; i < r->c->nworkers; i++)
-        if (r->w[i].alive && !st.skipped) SH_TRY(enqueue_weights(r, &r->w[i]));
+    if (!st.skipped) {
+        SH_TRY(publish(r));
+        for (int i = 0; i < r->c->nworkers; i++)
+            if (r->w[i].alive) SH_TRY(enqueue_weights(r, &r->w[i], 0));
+    }
     if (r->step % r->c->eval_every == 0 || r->step == r->c->steps) SH_TRY(eval_now(r));
     if (r->step == r->c->steps || (r->c->save_every && r->step % r->c->save_every == 0))
         SH_TRY(save(r));
@@ -446,7 +487,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
     }
     int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
-                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o}",
+                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->max_lag, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
                      c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
@@ -461,7 +502,8 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
                      "curve", json_incref(r->curve), "workers", workers, "step_stats",
                      json_incref(r->steps), "cost_usd", cost, "params",
                      (json_int_t)nn_num_params(r->tr.model), "eval_s", r->eval_s,
-                     "checkpoints", json_incref(r->ckpts));
+                     "checkpoints", json_incref(r->ckpts), "weights_image_bytes", r->image_bytes,
+                     "weights_delta_bytes_mean", r->deltas ? r->delta_bytes_sum / r->deltas : 0.0);
 }
 
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result)
@@ -493,6 +535,7 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
         r->t0 = sh_now_mono();
         json_array_append_new(r->curve, json_pack("{s:f,s:i,s:f}", "wall_s", 0.0, "step", 0,
                                                   "reward", reward_start));
+        rc = publish(r);
         for (int i = 0; i < c->nworkers && !rc; i++) rc = spawn(r, i);
         if (!rc) rc = loop(r);
         wall_s = wall(r);
@@ -502,6 +545,8 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     json_decref(r->curve), json_decref(r->steps), json_decref(r->ckpts);
     nn_adamw_free(&r->tr.opt);
     nn_free(r->tr.model);
+    ckpt_close(r->ck);
+    sh_buf_free(&r->img), sh_buf_free(&r->delta);
     free(r->buf), free(r->evalset), free(r);
     return rc;
 }

@@ -12,7 +12,9 @@
 #define RL_WIRE_MAX (64u << 20)   /* largest payload accepted */
 
 enum { RL_MSG_WEIGHTS = 1, RL_MSG_REQUEST = 2, RL_MSG_TRAJS = 3, RL_MSG_STOP = 4 };
-enum { RL_ENC_FP32 = 0 };
+/* WEIGHTS encodings: a whole safetensors image, or a shoal delta
+ * (docs/delta-format.md) from the image of base_version. */
+enum { RL_ENC_IMAGE = 1, RL_ENC_DELTA = 2 };
 
 typedef struct rl_wire_hdr {
     uint32_t magic, type;
@@ -23,6 +25,8 @@ typedef struct rl_wire_weights {
     int32_t version;
     uint32_t encoding;
     uint64_t nbytes;
+    int32_t base_version; /* RL_ENC_DELTA: the version the delta applies to */
+    uint32_t reserved;
 } rl_wire_weights;
 
 typedef struct rl_wire_request {

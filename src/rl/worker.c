@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "rl/runtime.h"
+#include "shoal/ckpt.h"
+#include "shoal/delta.h"
 #include "rl/wire.h"
 
 typedef struct worker {
@@ -20,26 +22,65 @@ typedef struct worker {
     int idx, fd, version;
     nn_model *model;
     sh_buf msg;
+    sh_buf img; /* the safetensors image of the current weights */
+    ckpt *ck;   /* a view over img: the base the next delta applies to */
     double mark; /* end of the last sleep: compute since then is stretched */
     long updates_in_flight;
 } worker;
 
-/* Installs weights from a WEIGHTS payload and makes the rollout copy in the
- * configured dtype. */
+/* Replaces the worker's image with img (taking ownership) and loads it. */
+static int install(worker *w, sh_buf img, int version)
+{
+    ckpt *ck = NULL;
+    int rc = ckpt_open_mem(img.data, img.len, "weights", &ck);
+    if (!rc) rc = rl_load_view(w->model, ck, "weights");
+    if (rc) {
+        ckpt_close(ck);
+        sh_buf_free(&img);
+        return rc;
+    }
+    ckpt_close(w->ck);
+    sh_buf_free(&w->img);
+    w->img = img;
+    w->ck = ck;
+    w->version = version;
+    return 0;
+}
+
+/* Installs weights from a WEIGHTS payload: a whole image, or a shoal delta
+ * applied to the image the worker holds. */
 static int apply_weights(worker *w, const uint8_t *p, size_t len)
 {
     rl_wire_weights hd;
-    size_t np = nn_num_params(w->model);
     if (len < sizeof hd) return sh_err(SH_EFORMAT, "worker %d: short WEIGHTS message", w->idx);
     memcpy(&hd, p, sizeof hd);
-    if (hd.encoding != RL_ENC_FP32 || hd.nbytes != np * 4 || len != sizeof hd + hd.nbytes)
-        return sh_err(SH_EFORMAT, "worker %d: WEIGHTS encoding %u with %llu bytes, expected %zu",
-                      w->idx, hd.encoding, (unsigned long long)hd.nbytes, np * 4);
-    float *dst = nn_params(w->model);
-    memcpy(dst, p + sizeof hd, np * 4);
-    if (w->c->dtype == RL_DTYPE_BF16) rl_round_bf16(dst, np);
-    w->version = hd.version;
-    return 0;
+    if (len != sizeof hd + hd.nbytes)
+        return sh_err(SH_EFORMAT, "worker %d: WEIGHTS of %llu bytes in a %zu-byte message",
+                      w->idx, (unsigned long long)hd.nbytes, len);
+    p += sizeof hd;
+    sh_buf img = {0};
+    if (hd.encoding == RL_ENC_IMAGE) {
+        SH_TRY(sh_buf_append(&img, p, hd.nbytes));
+        return install(w, img, hd.version);
+    }
+    if (hd.encoding != RL_ENC_DELTA)
+        return sh_err(SH_EFORMAT, "worker %d: unknown WEIGHTS encoding %u", w->idx, hd.encoding);
+    if (!w->ck || hd.base_version != w->version)
+        return sh_err(SH_EMISMATCH, "worker %d: delta %d -> %d does not apply to version %d",
+                      w->idx, hd.base_version, hd.version, w->version);
+    delta *d;
+    SH_TRY(delta_parse(p, hd.nbytes, 0, &d));
+    delta_opts o = {.threads = 1};
+    size_t size = (size_t)delta_target_size(d), got = 0;
+    int rc = sh_buf_reserve(&img, size + 1);
+    if (!rc) rc = delta_apply_mem(w->ck, d, &o, img.data, size, &got);
+    delta_free(d);
+    img.len = got;
+    if (rc) {
+        sh_buf_free(&img);
+        return rc;
+    }
+    return install(w, img, hd.version);
 }
 
 /* Handles one message that is not a REQUEST.  Returns 1 on STOP. */
@@ -118,6 +159,7 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
     signal(SIGINT, SIG_IGN); /* the trainer decides when workers stop */
     worker w = {.c = c, .idx = idx, .fd = fd, .version = -1};
     if (nn_new(&c->model, c->seed, &w.model) < 0) _exit(3);
+    signal(SIGPIPE, SIG_IGN);
     for (;;) {
         uint32_t type;
         if (rl__msg_read(fd, &type, &w.msg) < 0) break;

@@ -114,7 +114,10 @@ int sched_check(const sched *s, double now)
                               p->count[f], c);
             cnt += c;
         }
-        (void)cnt;
+        for (int g = 0, ge = cnt; g <= MAXG; ge -= p->count[g], g++)
+            if (p->ge[g] != ge)
+                return sh_err(SH_EINTERNAL, "pool count of nodes with >= %d free GPUs is %d, holds %d",
+                              g, p->ge[g], ge);
     }
     size_t queued = 0, running = 0;
     for (size_t ji = 0; ji < s->njobs; ji++) {

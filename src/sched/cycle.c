@@ -91,6 +91,10 @@ static void mark_started(sched *s, uint32_t ji, double now)
     j->state = SCHED_RUNNING;
     if (j->first_start < 0) j->first_start = now;
     j->start = now;
+    for (int k = 0; k < j->nplaces; k++) { /* its estimate moved */
+        s->nodes[j->places[k].node].ver++;
+        s->pools[s->nodes[j->places[k].node].pool].ver++;
+    }
     j->wait_acc += now - j->queued_since;
     j->blocked_since = -1;
     j->scale_requested = 0;
@@ -151,7 +155,7 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
     }
     static __thread scand c;
     uint32_t pool;
-    if (!sched__pick_pool(s, j, now, s->cfg.policy == SCHED_SHOAL, &c, &pool)) return 0;
+    if (!sched__pick_pool(s, j, now, s->cfg.policy == SCHED_SHOAL && s->cfg.pack_pools, &c, &pool)) return 0;
     j->pool = pool;
     SH_TRY(start_places(s, d, ji, &c, 1, now));
     mark_started(s, ji, now);
@@ -217,27 +221,33 @@ static void select_k(tnode *v, size_t m, size_t k)
 }
 
 /* When node ni will have g GPUs free, assuming running work ends at its
- * estimate (work past its estimate is assumed to end now). */
-static double node_ready(const sched *s, uint32_t ni, int g, double now)
+ * estimate (work past its estimate is assumed to end now).  The times for
+ * every g are computed together and kept until the node's pods change. */
+static double node_ready(sched *s, uint32_t ni, int g, double now)
 {
-    const snode *n = &s->nodes[ni];
+    snode *n = &s->nodes[ni];
     if (n->free >= g) return now;
-    double ends[MAXG * 4];
-    int gp[MAXG * 4], m = 0;
-    for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
-        double e = sched__est_end(s, &s->jobs[n->refs[r].job]);
-        ends[m] = e < now ? now : e, gp[m++] = n->refs[r].gpus;
+    if (n->ready_ver != n->ver || !n->ver) {
+        double ends[MAXG * 4];
+        int gp[MAXG * 4], m = 0;
+        for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
+            ends[m] = sched__est_end(s, &s->jobs[n->refs[r].job]);
+            gp[m++] = n->refs[r].gpus;
+        }
+        int free = n->free, have = n->free;
+        for (int k = 0; k <= MAXG; k++) n->ready[k] = k <= have ? -INFINITY : INFINITY;
+        while (m) {
+            int b = 0;
+            for (int i = 1; i < m; i++)
+                if (ends[i] < ends[b]) b = i;
+            free += gp[b];
+            for (int k = have + 1; k <= free && k <= MAXG; k++) n->ready[k] = ends[b];
+            if (free > have) have = free;
+            ends[b] = ends[--m], gp[b] = gp[m];
+        }
+        n->ready_ver = n->ver;
     }
-    int free = n->free;
-    while (m) {
-        int b = 0;
-        for (int i = 1; i < m; i++)
-            if (ends[i] < ends[b]) b = i;
-        free += gp[b];
-        if (free >= g) return ends[b];
-        ends[b] = ends[--m], gp[b] = gp[m];
-    }
-    return INFINITY;
+    return n->ready[g] < now ? now : n->ready[g];
 }
 
 /* GPUs of node ni still busy at time T (held by work estimated to end after
@@ -271,23 +281,41 @@ static int make_reservation(sched *s, uint32_t ji, double now)
             if (pass == 1 && pi != bestp) continue;
             spool *p = &s->pools[pi];
             if (p->maxg_ever[j->gpn] < j->nodes) continue;
+            /* Pass 0 only needs the time: reuse it while the pool is
+             * unchanged and no reservation took nodes from it this cycle.
+             * The n-th smallest of max(ready, now) is max(n-th smallest,
+             * now), so the raw time serves any later `now`. */
+            int slot = (j->gpn * 31 + j->nodes) & 7;
+            int cacheable = p->resv_stamp != s->stamp;
+            if (pass == 0 && cacheable && p->rc[slot].ver == p->ver + 1 && p->rc[slot].g == j->gpn &&
+                p->rc[slot].n == j->nodes) {
+                double T = p->rc[slot].T < now ? now : p->rc[slot].T;
+                if (T < bestT) bestT = T, bestp = pi;
+                continue;
+            }
             SH_TRY(GROW(tn, captn, p->nnodes));
             size_t m = 0;
             for (size_t k = 0; k < p->nnodes; k++) {
                 uint32_t ni = p->nodes[k];
                 snode *n = &s->nodes[ni];
                 if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-                tn[m++] = (tnode){node_ready(s, ni, j->gpn, now), ni};
+                tn[m++] = (tnode){node_ready(s, ni, j->gpn, -INFINITY), ni};
             }
-            if (m < (size_t)j->nodes) continue;
+            if (m < (size_t)j->nodes) {
+                if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = INFINITY;
+                continue;
+            }
             select_k(tn, m, (size_t)j->nodes);
-            double T = 0;
+            double T = -INFINITY;
             for (int k = 0; k < j->nodes; k++)
                 if (tn[k].t > T) T = tn[k].t;
+            if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = T;
+            if (T < now) T = now;
             if (pass == 0) {
                 if (T < bestT) bestT = T, bestp = pi;
                 continue;
             }
+            p->resv_stamp = s->stamp;
             SH_TRY(GROW(s->resv, s->capresv, s->nresv + 1));
             sresv *r = &s->resv[s->nresv++];
             r->nodes = realloc(r->nodes, (size_t)j->nodes * sizeof *r->nodes);
@@ -425,22 +453,37 @@ static int try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
 /* The next job to consider: the best head among tenant queues.  shoal
  * orders by priority, then by the tenant's GPUs in use (fair share), then by
  * queue order; the baselines by priority and queue order alone. */
+/* The queue key of a job.  Baselines: its queue order.  shoal adds fair
+ * share as a bounded handicap: a tenant holding a fraction f of the GPUs in
+ * use has its jobs ordered as if submitted f x fair_window_s later.  Tenants
+ * alternate within that window, and beyond it age wins, so fair share never
+ * starves a job (an unbounded share term would: the heavy tenant's oldest
+ * gang waits for as long as lighter tenants keep submitting). */
+static double job_key(const sched *s, const sjob *j, int fair)
+{
+    if (j->order < 0) return j->order - 1e18; /* requeued after a failure: the head */
+    if (!fair || s->gpus_busy <= 0) return j->submit;
+    double f = (double)s->tenants[j->tenant].gpus_in_use / (double)s->gpus_busy;
+    return j->submit + f * s->cfg.fair_window_s;
+}
+
 static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
 {
     uint32_t bt = NONE, bj = NONE;
+    double bk = 0;
     for (size_t ti = 0; ti < s->ntenants; ti++) {
         stenant *t = &s->tenants[ti];
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
+        const sjob *a = &s->jobs[ji];
+        double k = job_key(s, a, fair);
         if (bj != NONE) {
-            const sjob *a = &s->jobs[ji], *b = &s->jobs[bj];
+            const sjob *b = &s->jobs[bj];
             if (a->priority != b->priority) {
                 if (a->priority < b->priority) continue;
-            } else if (fair && t->gpus_in_use != s->tenants[bt].gpus_in_use) {
-                if (t->gpus_in_use > s->tenants[bt].gpus_in_use) continue;
-            } else if (a->order > b->order) continue;
+            } else if (k > bk || (k == bk && a->order > b->order)) continue;
         }
-        bt = (uint32_t)ti, bj = ji;
+        bt = (uint32_t)ti, bj = ji, bk = k;
     }
     *tenant = bt;
     return bj;
@@ -477,11 +520,15 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     memset(memo, 0, sizeof memo);
     uint32_t last_preempted = NONE;
     int scanned = 0, limit = reserve_only ? RESERVE_SCAN : MAX_SCAN;
-    size_t max_resv = (size_t)s->cfg.max_reservations;
+    size_t max_resv = (size_t)s->cfg.max_reservations, dead = 0;
+    uint64_t walk_id = ++s->walk_id;
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
         uint32_t ti, ji = next_job(s, &ti, fair);
         if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
+        /* Every shape still queued fits nowhere: the rest of the walk could
+         * only make reservations, and those are all made. */
+        if (dead >= s->nshapes_live && s->nresv >= max_resv && !s->preemptible_gpus) break;
         sjob *j = &s->jobs[ji];
         if (s->gpus_up - s->gpus_busy <= 0 && s->nresv >= max_resv)
             break; /* nothing can start and no reservation is left to make */
@@ -492,6 +539,9 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
             if (raw_fits(s, j)) {
                 if ((rc = try_start(s, d, ji, now)) < 0) return rc;
                 est = j->est_s;
+            } else {
+                sshape *sh = sched__shape(s, j->shape);
+                if (sh && sh->dead_walk != walk_id) sh->dead_walk = walk_id, dead++;
             }
             if (!rc) {
                 if (memo[m].shape == j->shape && memo[m].est < est) est = memo[m].est;
@@ -681,23 +731,43 @@ static int grow_pass(sched *s, sched_decisions *d, double now)
     return 0;
 }
 
+/* Nodes of the quota's (zone, fabric, type) that could take a pod of the
+ * job now: only the shortfall is asked of the provider. */
+static int quota_have(const sched *s, const squota *q, int g)
+{
+    const uint32_t *tp;
+    size_t n = sched__type_pools(s, q->type, &tp);
+    for (size_t k = 0; k < n; k++) {
+        const spool *p = &s->pools[tp[k]];
+        if (p->zone != q->zone || p->fabric != q->fabric) continue;
+        int have = 0;
+        for (int f = g; f <= MAXG; f++) have += p->count[f];
+        return have;
+    }
+    return 0;
+}
+
 static int scale_up(sched *s, sched_decisions *d, uint32_t ji, double now)
 {
     sjob *j = &s->jobs[ji];
     squota *best = NULL;
+    int best_need = 0;
     for (size_t q = 0; q < s->nquotas; q++) {
         squota *qq = &s->quotas[q];
-        if (qq->gpus < j->gpn || qq->max_nodes - qq->provisioned - qq->pending < j->nodes) continue;
-        if (j->ntypes && sched__job_speed(s, j, qq->type) <= 0) continue;
-        if (!best || qq->price_h < best->price_h) best = qq;
+        if (qq->gpus < j->gpn || (j->ntypes && sched__job_speed(s, j, qq->type) <= 0)) continue;
+        int need = j->nodes - quota_have(s, qq, j->gpn);
+        if (need < 1) need = 1;
+        if (qq->max_nodes - qq->provisioned - qq->pending < need) continue;
+        if (!best || qq->price_h < best->price_h || (qq->price_h == best->price_h && need < best_need))
+            best = qq, best_need = need;
     }
     if (!best) return 0;
     SH_TRY(sched__emit(s, d, SCHED_D_SCALE_UP, ji, NONE));
     sched_decision *x = &d->v[d->n - 1];
     x->zone = s->name[best->zone], x->fabric = s->name[best->fabric];
     x->gpu_type = s->name[best->type];
-    x->n = j->nodes, x->ready_s = now + best->delay_s;
-    best->pending += j->nodes;
+    x->n = best_need, x->ready_s = now + best->delay_s;
+    best->pending += best_need;
     j->scale_requested = 1;
     s->st.scale_ups++;
     return 0;

@@ -39,6 +39,29 @@ static size_t queue_pos(const sched *s, const stenant *t, const sjob *j)
     return lo;
 }
 
+/* The entry of a shape (created empty when new; NULL without memory). */
+sshape *sched__shape(sched *s, uint64_t shape)
+{
+    if (s->nshapes_live * 2 + 2 > s->capshapes) {
+        /* Rebuild, dropping shapes with nothing queued. */
+        size_t cap = s->capshapes ? s->capshapes * 2 : 64;
+        sshape *v = calloc(cap, sizeof *v);
+        if (!v) return NULL;
+        for (size_t i = 0; i < s->capshapes; i++) {
+            if (!s->shapes[i].queued) continue;
+            size_t k = s->shapes[i].shape & (cap - 1);
+            while (v[k].shape) k = (k + 1) & (cap - 1);
+            v[k] = s->shapes[i];
+        }
+        free(s->shapes);
+        s->shapes = v, s->capshapes = cap;
+    }
+    size_t k = shape & (s->capshapes - 1);
+    while (s->shapes[k].shape && s->shapes[k].shape != shape) k = (k + 1) & (s->capshapes - 1);
+    s->shapes[k].shape = shape;
+    return &s->shapes[k];
+}
+
 int sched__queue_push(sched *s, uint32_t ji, double now)
 {
     sjob *j = &s->jobs[ji];
@@ -48,6 +71,9 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     memmove(t->queue + pos + 1, t->queue + pos, (t->nq - pos) * sizeof *t->queue);
     t->queue[pos] = ji;
     t->nq++;
+    sshape *sh = sched__shape(s, j->shape);
+    if (!sh) return sh_err(SH_ENOMEM, "sched: out of memory");
+    if (!sh->queued++) s->nshapes_live++;
     j->state = SCHED_QUEUED;
     j->queued_since = now;
     s->queued++;
@@ -62,6 +88,8 @@ void sched__queue_remove(sched *s, uint32_t ji)
     if (pos >= t->nq || t->queue[pos] != ji) return;
     memmove(t->queue + pos, t->queue + pos + 1, (t->nq - pos - 1) * sizeof *t->queue);
     t->nq--;
+    sshape *sh = sched__shape(s, j->shape);
+    if (sh && sh->queued && !--sh->queued) s->nshapes_live--;
     s->queued--;
 }
 
@@ -138,15 +166,19 @@ int sched_job_submit(sched *s, const sched_job_spec *js, double now)
     j->blocked_since = -1, j->resv_promise = -1, j->pool = NONE;
     j->order = ++s->seq;
     char why[256];
+    /* Types no node or quota has are dropped; a job left with none of its
+     * types can never run. */
     for (int i = 0; i < js->n_types; i++) {
         uint32_t t = js->gpu_types[i] ? sched__intern(s, js->gpu_types[i], 0) : NONE;
-        if (t == NONE) {
-            snprintf(why, sizeof why, "unknown GPU type \"%s\" (no node or quota has it)",
-                     js->gpu_types[i] ? js->gpu_types[i] : "");
-            return reject(s, ji, why);
-        }
+        if (t == NONE) continue;
         j->types[j->ntypes] = t;
         j->speed[j->ntypes++] = js->speed[i] > 0 ? js->speed[i] : 1.0;
+    }
+    if (js->n_types && !j->ntypes) {
+        snprintf(why, sizeof why, "unknown GPU type%s \"%s\"%s (no node or quota has %s)",
+                 js->n_types > 1 ? "s" : "", js->gpu_types[0] ? js->gpu_types[0] : "",
+                 js->n_types > 1 ? ", ..." : "", js->n_types > 1 ? "them" : "it");
+        return reject(s, ji, why);
     }
     if (sched__never_fits(s, j, why, sizeof why)) return reject(s, ji, why);
     struct { int kind, nodes, gpn, nt; uint32_t t[SCHED_MAX_TYPES]; } key;

@@ -12,11 +12,13 @@ void sched__bucket_insert(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
+    p->ver++;
     n->prev = NONE;
     n->next = p->head[n->free];
     if (n->next != NONE) s->nodes[n->next].prev = ni;
     p->head[n->free] = ni;
     p->count[n->free]++;
+    for (int g = 0; g <= n->free; g++) p->ge[g]++;
     p->free_total += n->free;
     p->gpus_up += n->gpus;
     s->gpus_up += n->gpus;
@@ -28,10 +30,12 @@ void sched__bucket_remove(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
+    p->ver++;
     if (n->prev != NONE) s->nodes[n->prev].next = n->next;
     else p->head[n->free] = n->next;
     if (n->next != NONE) s->nodes[n->next].prev = n->prev;
     p->count[n->free]--;
+    for (int g = 0; g <= n->free; g++) p->ge[g]--;
     p->free_total -= n->free;
     p->gpus_up -= n->gpus;
     s->gpus_up -= n->gpus;
@@ -43,6 +47,8 @@ void sched__bucket_remove(sched *s, uint32_t ni)
 static void set_free(sched *s, uint32_t ni, int free)
 {
     snode *n = &s->nodes[ni];
+    n->ver++;
+    s->pools[n->pool].ver++;
     if (n->state != SCHED_NODE_UP) {
         n->free = free;
         return;
@@ -129,12 +135,7 @@ size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out)
     return n;
 }
 
-int sched__pool_fits(const spool *p, int n, int g)
-{
-    int have = 0;
-    for (int f = g; f <= MAXG && have < n; f++) have += p->count[f];
-    return have >= n;
-}
+int sched__pool_fits(const spool *p, int n, int g) { return g <= MAXG && p->ge[g] >= n; }
 
 /* Capacity that could ever exist for the job: nodes of each allowed pool
  * (in any state) plus what the quotas may add. */

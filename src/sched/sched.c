@@ -18,6 +18,7 @@ void sched_config_default(sched_config *c, sched_policy policy)
     c->max_victims = policy == SCHED_SHOAL ? 8 : 0;
     c->max_reservations = policy == SCHED_SHOAL ? 4 : 1;
     c->default_est_s = 3600;
+    c->fair_window_s = 21600;
     c->scale_up_wait_s = 600;
     c->scale_down_idle_s = 1800;
 }
@@ -112,13 +113,13 @@ void sched_free(sched *s)
         free(s->jobs[i].places), free(s->jobs[i].cost_t), free(s->jobs[i].reason);
     }
     for (size_t i = 0; i < s->ntenants; i++) free(s->tenants[i].queue), free(s->tenants[i].cost_t);
-    for (size_t i = 0; i < s->nresv; i++) free(s->resv[i].nodes);
+    for (size_t i = 0; i < s->capresv; i++) free(s->resv[i].nodes);
     for (size_t i = 0; i < s->npend; i++) free(s->pend[i].places);
     sched__map_free(&s->names), sched__map_free(&s->node_map);
     sched__map_free(&s->job_map), sched__map_free(&s->tenant_map);
     free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
     free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
-    free(s->elastic), free(s->allpools);
+    free(s->elastic), free(s->allpools), free(s->shapes);
     for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v);
     free(s->tpools);
     free(s);

@@ -54,16 +54,31 @@ typedef struct snode {
     int resv_spare;
     uint64_t resv_stamp;
     uint64_t mark; /* scratch stamp for placement */
+    /* ready[g]: when g GPUs will be free if work ends at its estimates;
+     * valid while ready_ver == ver (ver changes with every hold and
+     * release on the node). */
+    uint32_t ver, ready_ver;
+    double ready[MAXG + 1];
 } snode;
 
 typedef struct spool {
     uint32_t zone, fabric, type; /* interned name indices */
     uint32_t head[MAXG + 1];     /* UP nodes by free GPU count */
     int count[MAXG + 1];
+    int ge[MAXG + 1]; /* UP nodes with at least g free GPUs */
     int free_total, gpus_up;
     uint32_t *nodes; /* all nodes ever in the pool */
     size_t nnodes, capnodes;
     int maxg_ever[MAXG + 1]; /* nodes (any state) with >= g GPUs, for never-fits */
+    /* Reservation times by gang shape, valid while the pool's version is
+     * unchanged (any hold, release or state change bumps it). */
+    uint64_t ver;
+    uint64_t resv_stamp; /* a reservation took nodes here this cycle */
+    struct {
+        uint64_t ver;
+        int g, n;
+        double T; /* raw: before clamping to the cycle's `now` */
+    } rc[8];
 } spool;
 
 typedef struct stenant {
@@ -103,6 +118,14 @@ typedef struct sjob {
     char *reason;
     uint64_t shape; /* hash of (kind, nodes, gpus, types): equal shapes fit alike */
 } sjob;
+
+/* Queued jobs by shape: lets a cycle stop walking the queue once every
+ * shape waiting is known not to fit anywhere. */
+typedef struct sshape {
+    uint64_t shape;   /* 0: empty slot */
+    size_t queued;    /* queued jobs of this shape */
+    uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
+} sshape;
 
 /* A reservation made in the last step for a blocked head-of-line gang. */
 typedef struct sresv {
@@ -159,6 +182,9 @@ struct sched {
     uint32_t *deferred;   /* preempted in this step, queued again at its end */
     size_t ndeferred, capdeferred;
     double next_wake;
+    sshape *shapes;    /* open addressing by shape hash */
+    size_t capshapes, nshapes_live;
+    uint64_t walk_id;
     uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
     struct stpools {
         uint32_t *v;
@@ -179,6 +205,8 @@ int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
 double sched__job_speed(const sched *s, const sjob *j, uint32_t type);
 double sched__est_end(const sched *s, const sjob *j);
+
+sshape *sched__shape(sched *s, uint64_t shape);
 
 /* place.c */
 void sched__bucket_insert(sched *s, uint32_t ni);

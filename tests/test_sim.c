@@ -1,0 +1,389 @@
+/* Tests for src/sim: importers on the shared data (fleets, Philly traces
+ * with gavel throughputs, Alibaba pods), bad input naming file, line and
+ * field, the multi-node transformer, the Kalos generator, and end-to-end
+ * replays of `shoal sim` watched by sched_check after every event. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shoal/sim.h"
+
+static const char *shared_path(const char *rel)
+{
+    static char buf[4][4096];
+    static int k;
+    const char *sh = tu_shared();
+    if (!sh) return NULL;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/data/%s", sh, rel);
+    return buf[k];
+}
+
+#define NEED_SHARED()                                                          \
+    do {                                                                       \
+        if (!tu_shared()) skip();                                              \
+    } while (0)
+
+/* ---- Fleets --------------------------------------------------------------------- */
+
+static void test_fleet_alibaba(void **state)
+{
+    NEED_SHARED();
+    sim_fleet f;
+    sim_fleet_opts o = {2, 32};
+    TU_OK(sim_fleet_load(shared_path("fleets/alibaba-v2023-gpu-nodes.csv"), "alibaba-v2023", &o, &f));
+    assert_int_equal(f.n, 1213);
+    long gpus = 0;
+    for (size_t i = 0; i < f.n; i++) gpus += f.nodes[i].gpus;
+    assert_int_equal(gpus, 6212);
+    /* The rule: k-th node of a type -> fabric k / 32 of that type, zone
+     * (k / 32) % 2.  openb-node-0000 is the first P100. */
+    assert_string_equal(f.nodes[0].id, "openb-node-0000");
+    assert_string_equal(f.nodes[0].gpu_type, "P100");
+    assert_string_equal(f.nodes[0].zone, "z0");
+    assert_string_equal(f.nodes[0].fabric, "P100-f0");
+    int k = 0;
+    for (size_t i = 0; i < f.n; i++)
+        if (!strcmp(f.nodes[i].gpu_type, "P100") && k++ == 32) {
+            assert_string_equal(f.nodes[i].zone, "z1");
+            assert_string_equal(f.nodes[i].fabric, "P100-f1");
+        }
+    assert_true(fabs(f.nodes[0].price_per_gpu_hour - 0.5) < 1e-9);
+    /* Round trip through the shoal fleet CSV. */
+    TU_OK(sim_fleet_write(&f, tu_path("fleet.csv")));
+    sim_fleet g;
+    TU_OK(sim_fleet_load(tu_path("fleet.csv"), "shoal", NULL, &g));
+    assert_int_equal(g.n, f.n);
+    assert_memory_equal(g.nodes, f.nodes, f.n * sizeof *f.nodes);
+    sim_fleet_free(&g);
+    sim_fleet_free(&f);
+
+    TU_OK(sim_fleet_load(shared_path("fleets/alibaba-v2026-spot-nodes.csv"), "alibaba-v2026", NULL, &f));
+    assert_int_equal(f.n, 4278);
+    gpus = 0;
+    for (size_t i = 0; i < f.n; i++) gpus += f.nodes[i].gpus;
+    assert_int_equal(gpus, 10412);
+    assert_string_equal(f.nodes[0].id, "node-0");
+    sim_fleet_free(&f);
+}
+
+static void test_fleet_bad_input(void **state)
+{
+    static const struct {
+        const char *text, *format, *needle;
+    } rows[] = {
+        {"node_id,zone,fabric,gpu_type,gpus,price_per_gpu_hour\nn1,z,f,t,8,1\nn2,z,f,t,twenty,1\n",
+         "shoal", "bad.csv:3: field gpus: \"twenty\" is not an integer"},
+        {"node_id,zone,fabric,gpu_type,gpus,price_per_gpu_hour\nn1,z,f,t,17,1\n", "shoal",
+         "bad.csv:2: field gpus: 17 is outside 1..16"},
+        {"node_id,zone,fabric,gpu_type,gpus,price_per_gpu_hour\nn1,z,,t,8,1\n", "shoal",
+         "bad.csv:2: field fabric: empty"},
+        {"node_id,zone,fabric,gpu_type,gpus,price_per_gpu_hour\nn1,z,f,t,8,-2\n", "shoal",
+         "bad.csv:2: field price_per_gpu_hour: -2 is below 0"},
+        {"node_id,zone,fabric,gpu_type,gpus,price_per_gpu_hour\nn1,z,f,t,8\n", "shoal",
+         "bad.csv:2: expected 6 fields"},
+        {"id,zone\nn1,z\n", "shoal", "bad.csv:1: expected the header"},
+        {"sn,cpu_milli,memory_mib,gpu,model\nx,1,1,x,P100\n", "alibaba-v2023", "bad.csv:2: field gpu"},
+        {"", "shoal", "empty fleet file"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        tu_write_file(tu_path("bad.csv"), rows[i].text, strlen(rows[i].text));
+        sim_fleet f;
+        int rc = sim_fleet_load(tu_path("bad.csv"), rows[i].format, NULL, &f);
+        if (rc == 0 || !strstr(sh_errmsg(), rows[i].needle))
+            fail_msg("row %zu: rc %d, message \"%s\" lacks \"%s\"", i, rc, sh_errmsg(), rows[i].needle);
+    }
+    sim_fleet f;
+    TU_ERR(sim_fleet_load(tu_path("bad.csv"), "yaml", NULL, &f), SH_EINVAL, "unknown fleet format");
+}
+
+/* ---- Traces --------------------------------------------------------------------- */
+
+static void test_trace_gavel(void **state)
+{
+    NEED_SHARED();
+    sim_trace t;
+    TU_OK(sim_trace_load(shared_path("traces/philly-gavel/0e4a51.trace"), "gavel", NULL, &t));
+    assert_int_equal(t.n, 1181);
+    /* Line 1: Transformer (batch size 128), 95121 steps, 1 GPU: its v100
+     * throughput gives 17465.876 s; p100 runs it at 0.5644 and k80 at
+     * 0.1802 of that speed (worked out from the JSON by hand). */
+    const sim_job *j = NULL;
+    for (size_t i = 0; i < t.n; i++)
+        if (!strcmp(t.jobs[i].id, "0e4a51-1")) j = &t.jobs[i];
+    assert_non_null(j);
+    assert_true(fabs(j->duration_s - 17465.876284) < 1e-3);
+    assert_int_equal(j->n_types, 3);
+    assert_string_equal(j->gpu_types[0], "v100");
+    assert_true(fabs(j->speed[1] - 0.564355) < 1e-5 && fabs(j->speed[2] - 0.180236) < 1e-5);
+    assert_string_equal(j->tenant, "0e4a51");
+    for (size_t i = 1; i < t.n; i++) assert_true(t.jobs[i].submit_s >= t.jobs[i - 1].submit_s);
+    /* Round trip through the shoal trace CSV, with a type map. */
+    TU_OK(sim_trace_write(&t, tu_path("t.csv")));
+    sim_trace u;
+    sim_trace_opts o = {NULL, "v100=V100M32|V100M16,k80=T4"};
+    TU_OK(sim_trace_load(tu_path("t.csv"), "shoal", &o, &u));
+    assert_int_equal(u.n, t.n);
+    for (size_t i = 0; i < u.n; i++) {
+        assert_string_equal(u.jobs[i].id, t.jobs[i].id);
+        assert_true(fabs(u.jobs[i].duration_s - t.jobs[i].duration_s) < 1e-3);
+    }
+    j = &u.jobs[0];
+    assert_int_equal(j->n_types, 4);
+    assert_string_equal(j->gpu_types[0], "V100M32");
+    assert_string_equal(j->gpu_types[1], "V100M16");
+    assert_string_equal(j->gpu_types[2], "p100");
+    assert_string_equal(j->gpu_types[3], "T4");
+    sim_trace_free(&u);
+    sim_trace_free(&t);
+    /* Every Philly trace loads; the wide ones are packed into 8-GPU nodes. */
+    static const char *const vcs[] = {"0e4a51", "103959", "11cb48", "23dbec", "2869ce", "51b7ef",
+                                      "6214e9", "6c71a0", "795a4c", "7f04ca", "925e2b", "b436b2",
+                                      "e13805", "ed69ec", "ee9e8c"};
+    size_t total = 0;
+    int widest = 0;
+    for (size_t v = 0; v < 15; v++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "traces/philly-gavel/%s.trace", vcs[v]);
+        TU_OK(sim_trace_load(shared_path(rel), "gavel", NULL, &t));
+        total += t.n;
+        for (size_t i = 0; i < t.n; i++) {
+            assert_true(t.jobs[i].gpus_per_node <= 8);
+            if (t.jobs[i].nodes > widest) widest = t.jobs[i].nodes;
+        }
+        sim_trace_free(&t);
+    }
+    assert_int_equal(total, 15264);
+    assert_int_equal(widest, 8); /* the one 64-GPU job */
+}
+
+static void test_trace_alibaba(void **state)
+{
+    NEED_SHARED();
+    sim_trace t;
+    TU_OK(sim_trace_load(shared_path("traces/alibaba-v2023/openb_pod_list_default.csv"), "alibaba-v2023", NULL, &t));
+    /* 8,152 pods: 1,949 are CPU-only or were never scheduled. */
+    assert_int_equal(t.n, 6203);
+    assert_int_equal(t.skipped, 1949);
+    int eight = 0;
+    for (size_t i = 0; i < t.n; i++) eight += t.jobs[i].gpus_per_node == 8;
+    assert_int_equal(eight, 44);
+    assert_string_equal(t.jobs[0].id, "openb-pod-0000");
+    assert_true(fabs(t.jobs[0].duration_s - 12537496) < 1e-6);
+    assert_string_equal(t.jobs[0].tenant, "LS");
+    assert_int_equal(t.jobs[0].priority, 1);
+    sim_trace_free(&t);
+}
+
+static void test_trace_bad_input(void **state)
+{
+#define H "job_id,submit_s,tenant,kind,nodes,gpus_per_node,gpu_types,duration_s,priority\n"
+    static const struct {
+        const char *text, *needle;
+    } rows[] = {
+        {H "a,0,t,gang,2,8,*,100,0\nb,1,t,batch,1,1,*,10,0\n", "t.csv:3: field kind: \"batch\" is not gang"},
+        {H "a,0,t,gang,2,8,*,-1,0\n", "t.csv:2: field duration_s"},
+        {H "a,x,t,gang,2,8,*,1,0\n", "t.csv:2: field submit_s: \"x\" is not a number"},
+        {H "a,0,t,gang,2,8,v100:0|p100,1,0\n", "t.csv:2: field gpu_types (speed)"},
+        {H "a,0,t,function,1,2,*,1,0\n", "t.csv:2: field nodes: a function takes 1 node x 1 GPU"},
+        {H "a,0,t,elastic,4-2,1,*,1,0\n", "t.csv:2: field nodes (max replicas): 2 is outside 4..4096"},
+        {H "a,0,t,gang,1,1,*,1,0\na,1,t,gang,1,1,*,1,0\n", "job id \"a\" appears twice"},
+        {H "a,0,t,gang,1,1,*,1\n", "t.csv:2: expected 9 fields"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        tu_write_file(tu_path("t.csv"), rows[i].text, strlen(rows[i].text));
+        sim_trace t;
+        int rc = sim_trace_load(tu_path("t.csv"), "shoal", NULL, &t);
+        if (rc == 0 || !strstr(sh_errmsg(), rows[i].needle))
+            fail_msg("row %zu: rc %d, message \"%s\" lacks \"%s\"", i, rc, sh_errmsg(), rows[i].needle);
+    }
+    const char *gavel = "ResNet-18 (batch size 16)\tcmd\t-n\t1\tmany\t0\t1\n";
+    tu_write_file(tu_path("x.trace"), gavel, strlen(gavel));
+    sim_trace t;
+    sim_trace_opts o = {tu_path("none.json"), NULL};
+    TU_ERR(sim_trace_load(tu_path("x.trace"), "gavel", &o, &t), SH_ENOENT, "none.json");
+#undef H
+}
+
+/* ---- Transforms ------------------------------------------------------------------ */
+
+static void test_multinode_table(void **state)
+{
+    static const struct {
+        int nodes, gpn, k, node_gpus, want_nodes, want_gpn;
+    } rows[] = {
+        {1, 1, 4, 8, 1, 4},  /* 4 GPUs still fit one node */
+        {1, 4, 4, 8, 2, 8},  /* 16 GPUs: two full nodes */
+        {1, 8, 8, 8, 8, 8},  /* 64 GPUs: eight */
+        {1, 3, 3, 8, 2, 8},  /* 9 GPUs round up to two nodes */
+        {2, 8, 2, 8, 4, 8},
+        {1, 2, 2, 4, 1, 4},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        sim_job j;
+        memset(&j, 0, sizeof j);
+        j.kind = SCHED_GANG, j.nodes = rows[i].nodes, j.gpus_per_node = rows[i].gpn;
+        sim_trace t = {&j, 1, 1, 0};
+        TU_OK(sim_trace_multinode(&t, rows[i].k, rows[i].node_gpus));
+        assert_int_equal(j.nodes, rows[i].want_nodes);
+        assert_int_equal(j.gpus_per_node, rows[i].want_gpn);
+    }
+}
+
+static void test_kalos_calibration(void **state)
+{
+    sim_trace t = {0};
+    TU_OK(sim_trace_kalos(&t, 20000, 7, 4096, 0.8));
+    double sum = 0, work = 0;
+    int max = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        int g = t.jobs[i].nodes * t.jobs[i].gpus_per_node;
+        assert_true(g > 0 && (g & (g - 1)) == 0); /* a power of two */
+        sum += g, work += g * t.jobs[i].duration_s;
+        if (g > max) max = g;
+        if (i) assert_true(t.jobs[i].submit_s >= t.jobs[i - 1].submit_s);
+    }
+    double mean = sum / (double)t.n;
+    if (fabs(mean - 26.8) > 26.8 * 0.1) fail_msg("mean GPUs per job %.2f, expected 26.8 +- 10%%", mean);
+    assert_true(max <= 1024 && max >= 256);
+    /* Offered load: GPU-seconds over the arrival span / fleet GPUs ~ 0.8. */
+    double load = work / t.jobs[t.n - 1].submit_s / 4096;
+    assert_true(load > 0.6 && load < 1.0);
+    sim_trace_free(&t);
+}
+
+/* ---- End to end ------------------------------------------------------------------- */
+
+static json_t *run_json(const char *args)
+{
+    char *out = NULL;
+    int rc = tu_run(&out, "%s sim %s --json 2>%s", tu_shoal(), args, tu_path("err.txt"));
+    if (rc != 0) {
+        size_t n;
+        char *err = (char *)tu_read_file(tu_path("err.txt"), &n);
+        fail_msg("shoal sim %s exited %d: %s", args, rc, err);
+    }
+    json_t *j;
+    TU_OK(sh_json_parse(out, strlen(out), "shoal sim --json", &j));
+    free(out);
+    return j;
+}
+
+static void write_fleet(void)
+{
+    /* 2 zones x (v100: one 16-node fabric, p100: one 8-node fabric). */
+    sh_buf b = {0};
+    sh_buf_printf(&b, "node_id,zone,fabric,gpu_type,gpus,price_per_gpu_hour\n");
+    for (int z = 0; z < 2; z++) {
+        for (int n = 0; n < 16; n++) sh_buf_printf(&b, "z%d-v%d,z%d,v100-f0,v100,8,0.9\n", z, n, z);
+        for (int n = 0; n < 8; n++) sh_buf_printf(&b, "z%d-p%d,z%d,p100-f0,p100,8,0.5\n", z, n, z);
+    }
+    tu_write_file(tu_path("fleet.csv"), b.data, b.len);
+    sh_buf_free(&b);
+}
+
+/* Two Philly VCs made multi-node (x4) on a 48-node fleet, every policy,
+ * with failures, and sched_check after every event. */
+static void test_replay_checked(void **state)
+{
+    NEED_SHARED();
+    write_fleet();
+    char args[2048];
+    snprintf(args, sizeof args,
+             "--fleet %s --format gavel --multi-node 4 --policy all --check --failures 2000 %s %s",
+             tu_path("fleet.csv"), shared_path("traces/philly-gavel/2869ce.trace"),
+             shared_path("traces/philly-gavel/e13805.trace"));
+    json_t *all = run_json(args);
+    static const char *const pols[] = {"fifo", "firstfit", "backfill", "shoal"};
+    for (int p = 0; p < 4; p++) {
+        json_t *r = json_object_get(all, pols[p]);
+        assert_non_null(r);
+        static const char *const keys[] = {"jobs_total", "jobs_completed", "jobs_rejected", "partial_gangs",
+                                           "utilization", "jct_mean_s", "cost", "decisions_per_s",
+                                           "wait_p99_s_by_nodes", "wait_p50_s_by_nodes"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (!json_object_get(r, keys[k])) fail_msg("%s: no \"%s\" in the report", pols[p], keys[k]);
+        json_t *by = json_object_get(r, "wait_p99_s_by_nodes");
+        assert_int_equal(json_object_size(by), 5);
+        for (int b = 0; b < SIM_BUCKETS; b++) assert_non_null(json_object_get(by, sim_bucket_names[b]));
+        assert_int_equal(json_integer_value(json_object_get(r, "jobs_total")), 1140);
+        int64_t done = json_integer_value(json_object_get(r, "jobs_completed"));
+        int64_t rej = json_integer_value(json_object_get(r, "jobs_rejected"));
+        assert_int_equal(done + rej, 1140);
+        int64_t partial = json_integer_value(json_object_get(r, "partial_gangs"));
+        if (p == 1) assert_true(partial > 0); /* firstfit holds partial gangs... */
+        else assert_int_equal(partial, 0);    /* ...the others never do */
+        assert_true(json_integer_value(json_object_get(r, "failures")) > 0);
+    }
+    json_decref(all);
+}
+
+/* A gang larger than any fabric is rejected with its reason; autoscaling
+ * with a quota lets it fit instead.  Replays of the shoal trace format. */
+static void test_replay_reject_and_autoscale(void **state)
+{
+    write_fleet();
+    const char *trace = "job_id,submit_s,tenant,kind,nodes,gpus_per_node,gpu_types,duration_s,priority\n"
+                        "small,0,a,gang,2,8,v100,600,0\n"
+                        "huge,10,a,gang,20,8,v100,600,0\n"
+                        "fn,20,b,function,1,1,*,30,0\n"
+                        "el,30,b,elastic,1-4,2,p100:1|v100:2,900,0\n";
+    tu_write_file(tu_path("trace.csv"), trace, strlen(trace));
+    char args[2048];
+    snprintf(args, sizeof args, "--fleet %s --trace %s --check --policy shoal", tu_path("fleet.csv"), tu_path("trace.csv"));
+    json_t *r = run_json(args);
+    assert_int_equal(json_integer_value(json_object_get(r, "jobs_rejected")), 1);
+    assert_int_equal(json_integer_value(json_object_get(r, "jobs_completed")), 3);
+    json_decref(r);
+    snprintf(args, sizeof args,
+             "--fleet %s --trace %s --check --policy shoal --autoscale --scale-up-wait 60 "
+             "--quota z0,v100-f0,v100,8,8,0.9,120",
+             tu_path("fleet.csv"), tu_path("trace.csv"));
+    r = run_json(args);
+    assert_int_equal(json_integer_value(json_object_get(r, "jobs_rejected")), 0);
+    assert_int_equal(json_integer_value(json_object_get(r, "jobs_completed")), 4);
+    assert_true(json_integer_value(json_object_get(r, "scale_ups")) >= 1);
+    /* huge waited for the scale-up threshold plus the provider's delay. */
+    json_t *p99 = json_object_get(json_object_get(r, "wait_p99_s_by_nodes"), "17-64");
+    assert_true(json_real_value(p99) >= 180 - 1e-6);
+    json_decref(r);
+}
+
+static void test_cli_errors(void **state)
+{
+    write_fleet();
+    const char *trace = "job_id,submit_s,tenant,kind,nodes,gpus_per_node,gpu_types,duration_s,priority\n"
+                        "a,0,t,gang,1,8,*,1,0\nb,zero,t,gang,1,8,*,1,0\n";
+    tu_write_file(tu_path("bad.csv"), trace, strlen(trace));
+    char *out = NULL;
+    int rc = tu_run(&out, "%s sim --fleet %s --trace %s 2>&1", tu_shoal(), tu_path("fleet.csv"), tu_path("bad.csv"));
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "bad.csv:3: field submit_s: \"zero\" is not a number"));
+    free(out);
+    rc = tu_run(&out, "%s sim --fleet %s --policy lottery --trace x 2>&1", tu_shoal(), tu_path("fleet.csv"));
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "unknown policy \"lottery\""));
+    free(out);
+    rc = tu_run(&out, "%s sim --bogus 2>&1", tu_shoal());
+    assert_int_equal(rc, 2);
+    free(out);
+    rc = tu_run(&out, "%s sim --help", tu_shoal());
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "--policy"));
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fleet_alibaba),        cmocka_unit_test(test_fleet_bad_input),
+        cmocka_unit_test(test_trace_gavel),          cmocka_unit_test(test_trace_alibaba),
+        cmocka_unit_test(test_trace_bad_input),      cmocka_unit_test(test_multinode_table),
+        cmocka_unit_test(test_kalos_calibration),    cmocka_unit_test(test_replay_checked),
+        cmocka_unit_test(test_replay_reject_and_autoscale), cmocka_unit_test(test_cli_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
