@@ -332,6 +332,87 @@ static void test_autoscale_local_provider(void **state)
     tf_stop(&f);
 }
 
+/* `shoal up` with the example fleet, driven through the command line. */
+static void test_up_and_cli(void **state)
+{
+    const char *dir = tu_path("up");
+    sh_rm_rf(dir);
+    sh_mkdir_p(dir, 0755);
+    char db[4200], out[4200], envf[4200];
+    snprintf(db, sizeof db, "%s/shoal.db", dir);
+    snprintf(out, sizeof out, "%s/up.out", dir);
+    snprintf(envf, sizeof envf, "%s/env", dir);
+    char *argv[] = {(char *)tu_shoal(), "up", "--fleet", "examples/fleet-local.csv", "--db", db, "--port", "0",
+                    "--heartbeat-timeout", "5", NULL};
+    tf_spawn(out, argv);
+    char *env = NULL;
+    for (int i = 0; i < 400 && !env; i++) {
+        size_t len;
+        if (sh_read_file(envf, 4096, &env, &len) < 0) env = NULL, sh_sleep(0.025);
+    }
+    assert_non_null(env);
+    char url[128] = "", tok[128] = "";
+    sscanf(strstr(env, "SHOAL_SERVER=") + 13, "%127s", url);
+    sscanf(strstr(env, "SHOAL_TOKEN=") + 12, "%127s", tok);
+    free(env);
+    const char *sh = tu_shoal();
+    char *o = NULL;
+    /* All eight agents register. */
+    for (int i = 0; i < 200; i++) {
+        free(o);
+        o = NULL;
+        tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s nodes --json", url, tok, sh);
+        json_t *j = json_loads(o, 0, NULL);
+        size_t n = json_array_size(json_object_get(j, "nodes"));
+        json_decref(j);
+        if (n == 8) break;
+        sh_sleep(0.05);
+    }
+    assert_non_null(strstr(o, "h100-a3"));
+    free(o);
+    const char *jobf = tu_path("short.json");
+    const char *job = "{\"name\":\"cli\",\"nodes\":2,\"gpus_per_node\":8,\"gpu_types\":[\"A100\"],"
+                      "\"command\":[\"sh\",\"-c\",\"echo hello from $RANK\"]}";
+    tu_write_file(jobf, job, strlen(job));
+    assert_int_equal(tu_run(&o, "%s submit %s --server %s --token %s --json", sh, jobf, url, tok), 0);
+    json_t *j = json_loads(o, 0, NULL);
+    free(o);
+    long long id = json_integer_value(json_object_get(j, "id"));
+    json_decref(j);
+    assert_true(id > 0);
+    /* logs -f follows until the job ends. */
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s logs %lld --rank 1 -f", url, tok, sh, id), 0);
+    assert_non_null(strstr(o, "hello from 1"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s job %lld", url, tok, sh, id), 0);
+    assert_non_null(strstr(o, "succeeded"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s jobs", url, tok, sh), 0);
+    assert_non_null(strstr(o, "cli"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s cost --json", url, tok, sh), 0);
+    j = json_loads(o, 0, NULL);
+    assert_non_null(json_object_get(json_object_get(json_object_get(j, "by_tenant"), "default"), "A100"));
+    json_decref(j);
+    free(o);
+    /* Errors: a job that never fits, a bad token, a missing job. */
+    const char *huge = tu_path("huge.json");
+    const char *h = "{\"name\":\"huge\",\"nodes\":9,\"gpu_types\":[\"H100\"],\"command\":[\"true\"]}";
+    tu_write_file(huge, h, strlen(h));
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s submit %s", url, tok, sh, huge), 1);
+    assert_non_null(strstr(o, "can never fit"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=nope %s jobs", url, sh), 1);
+    assert_non_null(strstr(o, "401"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s cancel 999", url, tok, sh), 1);
+    assert_non_null(strstr(o, "no such job"));
+    free(o);
+    assert_int_equal(tu_run(&o, "%s jobs --limit x", sh), 2);
+    free(o);
+    tf_kill_all();
+}
+
 static int teardown(void **state)
 {
     tf_kill_all();
@@ -347,6 +428,7 @@ int main(void)
         cmocka_unit_test_teardown(test_killed_agent_fail, teardown),
         cmocka_unit_test_teardown(test_server_kill9_under_load, teardown),
         cmocka_unit_test_teardown(test_autoscale_local_provider, teardown),
+        cmocka_unit_test_teardown(test_up_and_cli, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
