@@ -413,6 +413,49 @@ static void test_up_and_cli(void **state)
     tf_kill_all();
 }
 
+/* The sandbox: pids_max is enforced by the rank's cgroup, the root is
+ * read-only, /tmp is private and the rank sees its own pid namespace. */
+static void test_sandbox_limits(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "sandbox", 5);
+    tf_start_agent(&f, 0, "L4", 4, "z", "eth");
+    const char *out = tu_path("sandbox-out");
+    sh_rm_rf(out);
+    sh_mkdir_p(out, 0755);
+    char body[1024];
+    /* Forks until the pids limit stops it; reports how far it got. */
+    snprintf(body, sizeof body,
+             "{\"name\":\"forks\",\"nodes\":1,\"pids_max\":12,\"command\":[\"sh\",\"-c\","
+             "\"n=0; while [ $n -lt 40 ]; do sleep 5 & n=$((n+1)); done; echo started $n\"]}");
+    int64_t a = tf_submit(&f, TF_ALICE, body);
+    json_t *j = tf_wait_job(&f, a, "failed", 20);
+    json_decref(j);
+    char marker[128];
+    snprintf(marker, sizeof marker, "/tmp/shoal-sandbox-marker-%d", (int)getpid());
+    tu_write_file(marker, "x", 1);
+    snprintf(body, sizeof body,
+             "{\"name\":\"probe\",\"nodes\":1,\"writable\":[\"%s\"],\"command\":[\"sh\",\"-c\","
+             "\"echo $$ > %s/pid; touch /usr/x 2>/dev/null && echo rw > %s/root; ls %s 2>/dev/null | wc -l > %s/tmp\"]}",
+             out, out, out, marker, out);
+    int64_t b = tf_submit(&f, TF_ALICE, body);
+    json_decref(tf_wait_job(&f, b, "succeeded", 20));
+    char p[4200], *t;
+    size_t n;
+    snprintf(p, sizeof p, "%s/root", out);
+    assert_false(sh_path_exists(p)); /* / is read-only inside */
+    snprintf(p, sizeof p, "%s/tmp", out);
+    assert_int_equal(sh_read_file(p, 64, &t, &n), 0);
+    assert_int_equal(atoi(t), 0); /* a private /tmp: the host's file is not there */
+    free(t);
+    unlink(marker);
+    snprintf(p, sizeof p, "%s/pid", out);
+    assert_int_equal(sh_read_file(p, 64, &t, &n), 0);
+    assert_true(atoi(t) < 10); /* a fresh pid namespace */
+    free(t);
+    tf_stop(&f);
+}
+
 static int teardown(void **state)
 {
     tf_kill_all();
@@ -429,6 +472,7 @@ int main(void)
         cmocka_unit_test_teardown(test_server_kill9_under_load, teardown),
         cmocka_unit_test_teardown(test_autoscale_local_provider, teardown),
         cmocka_unit_test_teardown(test_up_and_cli, teardown),
+        cmocka_unit_test_teardown(test_sandbox_limits, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
