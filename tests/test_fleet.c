@@ -456,6 +456,56 @@ static void test_sandbox_limits(void **state)
     tf_stop(&f);
 }
 
+static int live_members(json_t *job)
+{
+    int n = 0;
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(job, "members"), i, m) {
+        const char *st = json_string_value(json_object_get(m, "state"));
+        n += !strcmp(st, "running") || !strcmp(st, "ready") || !strcmp(st, "assigned");
+    }
+    return n;
+}
+
+/* Elastic work fills idle GPUs and makes room when a higher-priority gang
+ * arrives: the core's preempt/shrink decisions are carried out on the
+ * agents, and no GPU is ever given twice. */
+static void test_elastic_yields_to_gang(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "elastic", 5);
+    tf_start_agent(&f, 0, "A100", 8, "z", "ib");
+    tf_start_agent(&f, 1, "A100", 8, "z", "ib");
+    int64_t e = tf_submit(&f, TF_BOB, "{\"name\":\"rollouts\",\"kind\":\"elastic\",\"min_nodes\":1,\"max_nodes\":2,"
+                                      "\"gpus_per_node\":8,\"command\":[\"sleep\",\"60\"]}");
+    json_t *j = NULL;
+    for (int i = 0; i < 200; i++) {
+        json_decref(j);
+        j = tf_wait_job(&f, e, "running", 10);
+        if (live_members(j) == 2) break;
+        sh_sleep(0.05);
+    }
+    assert_int_equal(live_members(j), 2);
+    json_decref(j);
+    int64_t g = tf_submit(&f, TF_ALICE, "{\"name\":\"train\",\"nodes\":2,\"gpus_per_node\":8,\"priority\":10,"
+                                      "\"command\":[\"sleep\",\"60\"]}");
+    json_decref(tf_wait_job(&f, g, "running", 20));
+    int st;
+    j = tf_call(&f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    size_t i;
+    json_t *n;
+    json_array_foreach(json_object_get(j, "nodes"), i, n)
+        assert_true(json_integer_value(json_object_get(n, "gpus_used")) <= 8);
+    json_decref(j);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)e);
+    j = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
+    assert_int_equal(live_members(j), 0);
+    json_decref(j);
+    tf_stop(&f);
+}
+
 static int teardown(void **state)
 {
     tf_kill_all();
@@ -473,6 +523,7 @@ int main(void)
         cmocka_unit_test_teardown(test_autoscale_local_provider, teardown),
         cmocka_unit_test_teardown(test_up_and_cli, teardown),
         cmocka_unit_test_teardown(test_sandbox_limits, teardown),
+        cmocka_unit_test_teardown(test_elastic_yields_to_gang, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
