@@ -54,9 +54,6 @@ int cli_server_config(int argc, char **argv, int first, srv_config *cfg, const c
         else if (!strcmp(a, "--port")) {
             if (sh_parse_u64(v, &u, "--port") < 0 || u > 65535) return cli_usage(cmd, "--port: expected 0..65535, got \"%s\"", v);
             cfg->port = (int)u;
-        } else if (!strcmp(a, "--max-provider-nodes")) {
-            if (sh_parse_u64(v, &u, "--max-provider-nodes") < 0 || u > 1000) return cli_usage(cmd, "--max-provider-nodes: expected 0..1000");
-            cfg->max_provider_nodes = (int)u;
         } else if (!strcmp(a, "--heartbeat-timeout")) {
             if (sh_parse_double(v, &d, "--heartbeat-timeout") < 0 || d <= 0) return cli_usage(cmd, "--heartbeat-timeout: expected seconds > 0, got \"%s\"", v);
             cfg->heartbeat_timeout = d;
