@@ -98,7 +98,7 @@ static void test_gang_all_or_nothing(void **state)
 /* A gang of 2 on a fleet of 3; the agent of rank 1's node is killed. */
 static json_t *kill_rank1(tf_fleet *f, const char *policy, const char *out, int64_t *id, char *victim)
 {
-    tf_start_server(f, policy, 1.0);
+    tf_start_server(f, policy, 2.0); /* short, yet above any stall of a loaded machine */
     for (int i = 0; i < 3; i++) tf_start_agent(f, i, "A100", 8, "z1", "ib");
     sh_rm_rf(out);
     sh_mkdir_p(out, 0755);
