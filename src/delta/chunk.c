@@ -303,10 +303,11 @@ static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size
     delta__esyms eg, ev;
     delta__esyms_init(&eg, &tg);
     delta__esyms_init(&ev, &tv);
-    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L}, 0};
+    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L, DELTA__L, DELTA__L}, 0};
     for (size_t i = k; i-- > 0;) {
-        delta__renc_put_fast(&e, 1, &ev.s[sym[2 * i + 1]]);
-        delta__renc_put_fast(&e, 0, &eg.s[sym[2 * i]]);
+        int st = (int)(2 * i) % DELTA__STATES; /* symbol 2i: gap, 2i + 1: value */
+        delta__renc_put_fast(&e, st + 1, &ev.s[sym[2 * i + 1]]);
+        delta__renc_put_fast(&e, st, &eg.s[sym[2 * i]]);
     }
     delta__renc_finish(&e);
     return delta__assemble(s, p, &e, &bw, limit);
@@ -332,10 +333,10 @@ static size_t delta__encode_dense(delta__scratch *s, const uint8_t *o, const uin
     delta__table tv;
     delta__normalize(cv, &tv);
     uint8_t *p = delta__put_table(s->out, &tv);
-    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L}, 0};
+    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L, DELTA__L, DELTA__L}, 0};
     for (size_t i = units; i-- > 0 && !e.overflow;) {
         uint64_t z = delta__zig(delta__diff(o + i * w, n + i * w, w, is_float), 8 * w);
-        delta__renc_put(&e, (int)(i & 1), &tv, delta__sym(z, &nb, &ex));
+        delta__renc_put(&e, (int)(i % DELTA__STATES), &tv, delta__sym(z, &nb, &ex));
     }
     delta__renc_finish(&e);
     return delta__assemble(s, p, &e, &bw, limit);

@@ -78,11 +78,12 @@ int delta__get_table(const uint8_t **p, const uint8_t *end, delta__dtable *t, co
 /* ---- rANS -------------------------------------------------------------- */
 
 /* The encoder writes backwards from `end` down to `start`. */
-/* Two states take turns (symbol j uses state j mod 2) so that a decoder
- * runs two independent dependency chains at once. */
+/* Four states take turns (symbol j uses state j mod 4) so that a decoder
+ * runs four independent dependency chains at once. */
+#define DELTA__STATES 4
 typedef struct {
     uint8_t *start, *ptr;
-    uint32_t x[2];
+    uint32_t x[DELTA__STATES];
     int overflow;
 } delta__renc;
 
@@ -194,7 +195,8 @@ int delta__encode_diff(delta__scratch *s, unsigned w, const uint8_t *zeros, cons
 typedef struct {
     int dense;
     const uint8_t *p, *end; /* rANS stream */
-    uint32_t x[2];
+    uint32_t x[DELTA__STATES];
+    uint64_t sym;           /* symbols decoded so far (picks the state) */
     const delta__dtable *g, *v;
     delta__br br;
     uint64_t left;          /* symbols (pairs for sparse) still to decode */
