@@ -51,7 +51,7 @@ static int status_of(int rc)
     case SH_EFORMAT: case SH_EINVAL: case SH_ERANGE: return 400;
     case SH_ENOENT: return 404;
     case SH_EPERM: return 403;
-    case SH_EEXIST: return 409;
+    case SH_EEXIST: return 410; /* only a removed node's poll fails this way */
     default: return 500;
     }
 }
@@ -297,7 +297,6 @@ int srv_start(const srv_config *cfg, srv **out)
     if (!s->cfg.bind_addr) s->cfg.bind_addr = "127.0.0.1";
     if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
     if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
-    if (!s->cfg.max_provider_nodes) s->cfg.max_provider_nodes = 8;
     if (s->cfg.scale_up_wait_s <= 0) s->cfg.scale_up_wait_s = 2;
     if (s->cfg.scale_down_idle_s <= 0) s->cfg.scale_down_idle_s = 10;
     if (!s->cfg.db_path) s->cfg.db_path = "shoal.db";
