@@ -114,9 +114,11 @@ $(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC) | $(GEN)/commands.h
 
 fuzz: deps
 	@$(MAKE) --no-print-directory $(FUZZERS)
-	@for f in $(FUZZERS); do n=$$(basename $$f); mkdir -p fuzz/corpus/$$n; \
+	@for f in $(FUZZERS); do n=$$(basename $$f); mkdir -p fuzz/corpus/$$n $(BUILD)/fuzz/$$n.new; \
 	    echo "fuzz: $$n for $(FUZZ_TIME)s"; \
-	    $$f -max_total_time=$(FUZZ_TIME) -artifact_prefix=fuzz/ fuzz/corpus/$$n $(BUILD)/fuzz/$$n.new 2>&1 | tail -3 || exit 1; done
+	    $$f -max_total_time=$(FUZZ_TIME) -artifact_prefix=fuzz/ $(BUILD)/fuzz/$$n.new fuzz/corpus/$$n \
+	        > $(BUILD)/fuzz/$$n.log 2>&1; rc=$$?; tail -3 $(BUILD)/fuzz/$$n.log; \
+	    [ $$rc -eq 0 ] || { echo "fuzz: $$n failed (exit $$rc), see $(BUILD)/fuzz/$$n.log"; exit 1; }; done
 
 clean:
 	rm -rf $(BUILD)

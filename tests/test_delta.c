@@ -211,6 +211,11 @@ static void test_wrong_base(void **state)
     const char *out = tu_path("w_out.safetensors");
     TU_ERR(delta_apply(other, d, out, NULL), SH_EMISMATCH, "wrong base");
     assert_false(sh_path_exists(out));
+    TU_ERR(delta_apply(other, d, out, &(delta_opts){.verify_base = 1}), SH_EMISMATCH, "wrong base: tensor");
+    assert_false(sh_path_exists(out));
+    TU_OK(delta_apply(b, d, out, &(delta_opts){.verify_base = 1}));
+    assert_true(files_equal(out, t));
+    unlink(out);
     /* In place: the target file is left as it was. */
     const char *copy = tu_path("w_copy.safetensors");
     assert_int_equal(tu_run(NULL, "cp %s %s", other, copy), 0);

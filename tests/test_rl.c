@@ -314,7 +314,11 @@ static void test_async_run_learns(void **state)
     assert_true(r1 > r0 + 0.15);
     assert_int_equal(json_integer_value(json_object_get(j, "steps")), 50);
     assert_true(json_number_value(json_object_get(j, "tokens_per_s")) > 0);
-    /* Trajectories came from every worker, and some were updated mid-flight. */
+    /* Workers got the weights as shoal deltas, smaller than the image. */
+    double img = json_number_value(json_object_get(j, "weights_image_bytes"));
+    double dl = json_number_value(json_object_get(j, "weights_delta_bytes_mean"));
+    assert_true(dl > 0 && dl < img);
+    /* Trajectories came from every worker. */
     json_t *w;
     size_t i;
     json_array_foreach(json_object_get(j, "workers"), i, w)

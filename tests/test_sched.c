@@ -284,6 +284,40 @@ static void test_backfill_table(void **state)
     }
 }
 
+/* Found by fuzz_sched: backfilled jobs must share a reserved node's spare
+ * GPUs, not each see all of them.  A (2 x 4, 100 s) leaves 4 free on n1 and
+ * n2; G (2 x 6) is reserved at t=100 with 2 spare GPUs per node.  B and C
+ * (1 x 2, 1000 s) each take one node's spare; D must wait; G starts at 100. */
+static void test_backfill_shares_spare(void **state)
+{
+    static const tnode_row two[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1}, {NULL}};
+    for (int pol = SCHED_BACKFILL; pol <= SCHED_SHOAL; pol++) {
+        sched_decisions d = {0};
+        sched *s = mk((sched_policy)pol, two);
+        submit(s, gang("A", 2, 4, 100), 0);
+        step(s, 0, &d);
+        submit(s, gang("G", 2, 6, 100), 1);
+        submit(s, gang("B", 1, 2, 1000), 1);
+        submit(s, gang("C", 1, 2, 1000), 1);
+        submit(s, gang("D", 1, 2, 1000), 1);
+        step(s, 1, &d);
+        assert_int_equal(jstate(s, "G"), SCHED_QUEUED);
+        assert_int_equal(jstate(s, "B"), SCHED_RUNNING);
+        assert_int_equal(jstate(s, "C"), SCHED_RUNNING);
+        assert_int_equal(jstate(s, "D"), SCHED_QUEUED);
+        assert_string_not_equal(nodes_of(s, "B"), "");
+        char b[8];
+        snprintf(b, sizeof b, "%s", nodes_of(s, "B"));
+        assert_string_not_equal(b, nodes_of(s, "C"));
+        TU_OK(sched_job_finish(s, "A", 100));
+        step(s, 100, &d);
+        assert_int_equal(jstate(s, "G"), SCHED_RUNNING);
+        assert_int_equal(s->resv_late, 0);
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
 /* firstfit's deadlock: n3 and n4 each have 4 GPUs busy until t=1000.  A
  * (3 x 8) holds n1 and n2, B (3 x 4) holds n3 and n4: each waits for the
  * other.  At the timeout both let go and grab the same nodes again.  shoal
@@ -514,6 +548,30 @@ static void test_preemption_table(void **state)
     }
 }
 
+/* Elastic replicas go where their work is cheapest under shoal: h100 at
+ * 3.6 per GPU-hour and speed 1 costs 3.6 per unit of work, l4 at 0.36 and
+ * speed 0.3 costs 1.2, so shoal fills the l4 node first; the baselines
+ * follow the job's type order (h100 first). */
+static void test_elastic_cost_per_work(void **state)
+{
+    static const tnode_row f[] = {{"h", "z", "f", "h100", 4, 3.6}, {"l", "z", "f", "l4", 4, 0.36}, {NULL}};
+    static const struct {
+        sched_policy pol;
+        const char *first_node;
+    } rows[] = {{SCHED_SHOAL, "l"}, {SCHED_BACKFILL, "h"}};
+    for (size_t i = 0; i < 2; i++) {
+        sched_decisions d = {0};
+        sched *s = mk(rows[i].pol, f);
+        sched_job_spec e = elastic("E", 1, 2, 2, 0);
+        e.n_types = 2, e.gpu_types[0] = "h100", e.speed[0] = 1, e.gpu_types[1] = "l4", e.speed[1] = 0.3;
+        submit(s, e, 0);
+        step(s, 0, &d);
+        assert_string_equal(nodes_of(s, "E"), rows[i].first_node[0] == 'l' ? "l,l" : "h,h");
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
 /* ---- Billing and autoscaling ------------------------------------------------------ */
 
 static void test_billing_per_second(void **state)
@@ -656,11 +714,13 @@ int main(void)
         cmocka_unit_test(test_least_fragmentation),
         cmocka_unit_test(test_reject_never_fits),
         cmocka_unit_test(test_backfill_table),
+        cmocka_unit_test(test_backfill_shares_spare),
         cmocka_unit_test(test_firstfit_deadlock),
         cmocka_unit_test(test_failure_requeue),
         cmocka_unit_test(test_failure_replace),
         cmocka_unit_test(test_failure_elastic_and_function),
         cmocka_unit_test(test_preemption_table),
+        cmocka_unit_test(test_elastic_cost_per_work),
         cmocka_unit_test(test_billing_per_second),
         cmocka_unit_test(test_autoscale),
         cmocka_unit_test(test_check_invariants),

@@ -26,6 +26,11 @@ extern "C" {
 typedef struct delta_opts {
     int threads;           /* 0: all cores */
     sh_progress *progress; /* optional: advanced in bytes of target, under a lock */
+    /* apply: also hash the whole base and check its recorded digests.  Not
+     * needed for safety: every rebuilt tensor is checked against its
+     * recorded digest and the delta against its checksum, so a wrong base
+     * is refused anyway; this names the base digest in the message. */
+    int verify_base;
 } delta_opts;
 
 /* What a make or squash produced (all counts over the whole checkpoint). */

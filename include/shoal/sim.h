@@ -107,6 +107,7 @@ typedef struct sim_opts {
     uint64_t seed;
 } sim_opts;
 
+#define SIM_KEYS 64
 #define SIM_BUCKETS 5 /* gang sizes: 1, 2-4, 5-16, 17-64, 65+ nodes */
 extern const char *const sim_bucket_names[SIM_BUCKETS];
 
@@ -129,6 +130,11 @@ typedef struct sim_report {
     uint64_t scale_ups, scale_downs;
     uint64_t resv_late;
     int deadlocked; /* the replay stopped with work queued that could never start */
+    /* Billing by GPU type and by tenant (the first SIM_KEYS of each). */
+    size_t ntypes, ntenants;
+    char type[SIM_KEYS][SIM_NAME], tenant[SIM_KEYS][SIM_NAME];
+    double cost_by_type[SIM_KEYS], cost_by_tenant[SIM_KEYS];
+    char first_rejection[256]; /* why the first rejected job was rejected */
 } sim_report;
 
 /* Replays trace t on fleet f.  Returns 0, or a negative code (sched_check

@@ -106,7 +106,8 @@ int ckpt_open_mem(const void *buf, size_t len, const char *name, ckpt **out)
 {
     ckpt *c = ckpt__new(name, 1);
     if (!c) return sh_err(SH_ENOMEM, "%s: out of memory", name);
-    c->files[0].name = strdup(name);
+    const char *base = strrchr(name, '/');
+    c->files[0].name = strdup(base ? base + 1 : name);
     c->files[0].path = strdup(name);
     c->files[0].map = buf;
     c->files[0].size = len;

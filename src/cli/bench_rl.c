@@ -19,7 +19,8 @@ static double sgemm_peak(int n)
           *c = calloc((size_t)n * n, sizeof(float));
     for (int i = 0; i < n * n; i++) a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.1f;
     double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
+    /* Best of many: other processes on the machine only ever slow it. */
+    for (int rep = 0; rep < 30; rep++) {
         double t0 = sh_now_mono();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
         double g = 2.0 * n * n * n / (sh_now_mono() - t0) / 1e9;
@@ -97,6 +98,9 @@ int cli_bench_rl(int argc, char **argv)
     tput fast, ref;
     int rc = measure(0, reps, &fast);
     if (!rc) rc = measure(1, reps > 4 ? reps / 4 : 1, &ref);
+    /* Measure the peak again after the work and keep the better figure. */
+    double again = sgemm_peak(512);
+    if (again > peak) peak = again;
     if (rc) return cli_fail("bench rl", rc);
     if (json) {
         json_t *j = json_pack("{s:f,s:f,s:{s:f,s:f,s:f},s:{s:f,s:f,s:f},s:{s:f,s:f},s:i}",

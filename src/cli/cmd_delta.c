@@ -9,21 +9,23 @@ const char cli_help_delta[] = "make, apply, squash and inspect lossless weight d
 
 static const char delta_usage[] =
     "usage: shoal delta make BASE NEW -o DELTA [-j N] [--json]\n"
-    "       shoal delta apply BASE DELTA -o OUT [-j N]\n"
-    "       shoal delta apply --in-place CKPT DELTA [-j N]\n"
+    "       shoal delta apply BASE DELTA -o OUT [-j N] [--verify-base]\n"
+    "       shoal delta apply --in-place CKPT DELTA [-j N] [--verify-base]\n"
     "       shoal delta squash D1 D2 ... -o DELTA [-j N] [--json]\n"
     "       shoal delta inspect DELTA [--json]\n\n"
     "BASE, NEW, OUT and CKPT are .safetensors files or sharded checkpoint folders.\n"
     "make     encode the change from BASE to NEW (format: docs/delta-format.md)\n"
     "apply    rebuild NEW from BASE; OUT appears atomically, after its digest is\n"
-    "         verified; --in-place replaces CKPT the same way (never torn)\n"
+    "         verified; --in-place replaces CKPT the same way (never torn).  Every\n"
+    "         rebuilt tensor is checked against its digest, so a wrong base is\n"
+    "         refused; --verify-base also hashes the whole base first-hand\n"
     "squash   compose a chain v->v+1->...->v+k into one delta v->v+k\n"
     "inspect  per tensor: encoding, changed fraction, bytes\n"
     "-j N     threads (default: all cores); the delta is the same for any N\n";
 
 typedef struct {
     const char *out, *pos[4096];
-    int npos, json, in_place, threads;
+    int npos, json, in_place, threads, verify_base;
 } delta_cli;
 
 static int delta_parse_args(int argc, char **argv, delta_cli *o)
@@ -32,6 +34,7 @@ static int delta_parse_args(int argc, char **argv, delta_cli *o)
         const char *a = argv[i];
         if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--in-place")) o->in_place = 1;
+        else if (!strcmp(a, "--verify-base")) o->verify_base = 1;
         else if (!strcmp(a, "-o") && i + 1 < argc) o->out = argv[++i];
         else if (!strcmp(a, "-j") && i + 1 < argc) {
             int64_t j;
@@ -127,7 +130,7 @@ int cli_cmd_delta(int argc, char **argv)
     if (rc) return rc;
     const char *sub = argv[1];
     sh_progress pg;
-    delta_opts opts = {.threads = o.threads, .progress = &pg};
+    delta_opts opts = {.threads = o.threads, .progress = &pg, .verify_base = o.verify_base};
     delta_stats st;
     double t0 = sh_now_mono();
     if (!strcmp(sub, "inspect")) return delta_inspect_cmd(&o);

@@ -200,6 +200,12 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
     json_object_set_new(j, "wait_p50_s_16plus_nodes", num(r->wait_p50_s_big));
     json_object_set_new(j, "wait_p99_s_16plus_nodes", num(r->wait_p99_s_big));
     json_object_set_new(j, "cost", num(r->cost));
+    json_t *bt = json_object(), *bn = json_object();
+    for (size_t k = 0; k < r->ntypes; k++) json_object_set_new(bt, r->type[k], num(r->cost_by_type[k]));
+    for (size_t k = 0; k < r->ntenants; k++) json_object_set_new(bn, r->tenant[k], num(r->cost_by_tenant[k]));
+    json_object_set_new(j, "cost_by_gpu_type", bt);
+    json_object_set_new(j, "cost_by_tenant", bn);
+    if (r->jobs_rejected) json_object_set_new(j, "first_rejection", json_string(r->first_rejection));
     json_object_set_new(j, "makespan_s", num(r->makespan_s));
     json_object_set_new(j, "preemptions", json_integer((json_int_t)r->preemptions));
     json_object_set_new(j, "failures", json_integer((json_int_t)r->failures));
@@ -302,7 +308,10 @@ int cli_cmd_sim(int argc, char **argv)
         rc = sim_run(&f, &t, &o, &r);
         double wall = sh_now_mono() - w0;
         if (rc) break;
-        if (!a.json) print_row(&r, sched_policy_name(pols[p]));
+        if (!a.json) {
+            print_row(&r, sched_policy_name(pols[p]));
+            if (r.jobs_rejected && !p) fprintf(stderr, "rejected (first of %zu): %s\n", r.jobs_rejected, r.first_rejection);
+        }
         else if (all) json_object_set_new(all, sched_policy_name(pols[p]), report_json(&r, sched_policy_name(pols[p]), wall));
         else {
             json_t *j = report_json(&r, sched_policy_name(pols[p]), wall);

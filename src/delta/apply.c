@@ -33,6 +33,7 @@ typedef struct {
     size_t nitems;
     delta__sink sink;
     const delta_opts *o;
+    int verify_base;
     pthread_mutex_t mu;
     uint64_t done;
 } delta__ap;
@@ -62,11 +63,11 @@ static int delta__apply_item(void *arg, size_t i, delta__scratch *s)
         SH_TRY(delta__decode_chunk(s, c->enc, payload, (size_t)c->len, delta__unit(t->dtype),
                                    ckpt_dtype_is_float(t->dtype), dst, n, NULL, what));
         it->dig = ckpt_chunk_digest(dst, n);
-        if (b) it->base_dig = ckpt_chunk_digest(b->data + off, n);
+        if (b && a->verify_base) it->base_dig = ckpt_chunk_digest(b->data + off, n);
     } else {
         SH_TRY(delta__decode_fused(s, c->enc, payload, (size_t)c->len, delta__unit(t->dtype),
                                    ckpt_dtype_is_float(t->dtype), b->data + off, dst, n,
-                                   &it->base_dig, &it->dig, what));
+                                   a->verify_base ? &it->base_dig : NULL, &it->dig, what));
     }
     if (!a->sink.direct) SH_TRY(a->sink.put(a->sink.ctx, t->file, ti, off, s->tmp, n));
     if (a->o && a->o->progress) {
@@ -108,14 +109,14 @@ static int delta__apply_plan(delta__ap *a)
             rc = sh_err(SH_EFORMAT, "delta: base tensor \"%s\" is diffed twice", t->base);
         a->bt[i] = b;
     }
-    for (size_t i = 0; i < B->ntensors; i++)
+    for (size_t i = 0; a->verify_base && i < B->ntensors; i++)
         if (!used[i]) n += (B->tensors[i].nbytes + CKPT_CHUNK - 1) / CKPT_CHUNK;
     a->items = rc == SH_OK ? calloc(n + 1, sizeof *a->items) : NULL;
     if (rc == SH_OK && !a->items) rc = sh_err(SH_ENOMEM, "out of memory");
     for (size_t i = 0; rc == SH_OK && i < d->ntensors; i++)
         for (size_t k = 0; k < d->tensors[i].nchunks; k++)
             a->items[a->nitems++] = (delta__aitem){.tensor = (uint32_t)i, .chunk = (uint32_t)k};
-    for (size_t i = 0; rc == SH_OK && i < B->ntensors; i++) {
+    for (size_t i = 0; rc == SH_OK && a->verify_base && i < B->ntensors; i++) {
         if (used[i]) continue;
         uint64_t nc = (B->tensors[i].nbytes + CKPT_CHUNK - 1) / CKPT_CHUNK;
         for (uint64_t k = 0; k < nc; k++)
@@ -135,6 +136,35 @@ static sh_hash128 delta__combine(const delta__ap *a, size_t k, size_t e, int bas
     sh_hash128 h = sh_hash128_of(b.data, b.len);
     sh_buf_free(&b);
     return h;
+}
+
+/* With verify_base: the base's tensor digests and checkpoint digest. */
+static int delta__verify_base(const delta__ap *a, const sh_hash128 *bd)
+{
+    const delta *d = a->d;
+    const ckpt *B = a->base;
+    char h1[33], h2[33];
+    for (size_t i = 0; i < d->ntensors; i++)
+        if (a->bt[i] && !sh_hash128_eq(bd[a->bt[i] - B->tensors], d->tensors[i].base_digest))
+            return sh_err(SH_EMISMATCH, "wrong base: tensor \"%s\" of %s differs from the one "
+                          "the delta was made against (apply the delta to its own base version)",
+                          d->tensors[i].base, B->path);
+    sh_buf parts = {0};
+    if (B->is_folder) ckpt_digest_write(&parts, sh_hash128_of(B->index_json, B->index_len));
+    for (size_t f = 0; f < B->nfiles; f++) {
+        ckpt_digest_write(&parts, sh_hash128_of(B->files[f].map, B->files[f].header_len));
+        for (size_t i = B->files[f].first; i < B->files[f].first + B->files[f].count; i++)
+            ckpt_digest_write(&parts, bd[i]);
+    }
+    sh_hash128 bdig = sh_hash128_of(parts.data, parts.len);
+    sh_buf_free(&parts);
+    if (!sh_hash128_eq(bdig, d->base_digest)) {
+        sh_hash128_hex(d->base_digest, h1);
+        sh_hash128_hex(bdig, h2);
+        return sh_err(SH_EMISMATCH, "wrong base: the delta was made against checkpoint %s, but %s "
+                      "is %s", h1, B->path, h2);
+    }
+    return SH_OK;
 }
 
 static int delta__verify(const delta__ap *a)
@@ -161,31 +191,19 @@ static int delta__verify(const delta__ap *a)
         k = e;
     }
     int rc = SH_OK;
-    char h1[33], h2[33];
+    if (a->verify_base) rc = delta__verify_base(a, bd);
     for (size_t i = 0; i < d->ntensors && rc == SH_OK; i++)
-        if (a->bt[i] && !sh_hash128_eq(bd[a->bt[i] - B->tensors], d->tensors[i].base_digest))
-            rc = sh_err(SH_EMISMATCH, "wrong base: tensor \"%s\" of %s differs from the one the "
-                        "delta was made against (apply the delta to its own base version)",
-                        d->tensors[i].base, B->path);
+        if (!sh_hash128_eq(td[i], d->tensors[i].digest)) {
+            if (a->bt[i])
+                rc = sh_err(SH_EMISMATCH, "wrong base: tensor \"%s\" rebuilt from %s does not "
+                            "match the delta's target, so %s is not the checkpoint the delta was "
+                            "made against (the delta itself is intact); apply it to its own base "
+                            "version", d->tensors[i].name, B->path, B->path);
+            else
+                rc = sh_err(SH_EMISMATCH, "delta: rebuilt tensor \"%s\" does not match its "
+                            "recorded digest (corrupt delta)", d->tensors[i].name);
+        }
     sh_buf parts = {0};
-    if (B->is_folder) ckpt_digest_write(&parts, sh_hash128_of(B->index_json, B->index_len));
-    for (size_t f = 0; f < B->nfiles; f++) {
-        ckpt_digest_write(&parts, sh_hash128_of(B->files[f].map, B->files[f].header_len));
-        for (size_t i = B->files[f].first; i < B->files[f].first + B->files[f].count; i++)
-            ckpt_digest_write(&parts, bd[i]);
-    }
-    sh_hash128 bdig = sh_hash128_of(parts.data, parts.len);
-    sh_buf_free(&parts);
-    if (rc == SH_OK && !sh_hash128_eq(bdig, d->base_digest)) {
-        sh_hash128_hex(d->base_digest, h1);
-        sh_hash128_hex(bdig, h2);
-        rc = sh_err(SH_EMISMATCH, "wrong base: the delta was made against checkpoint %s, but %s "
-                    "is %s", h1, B->path, h2);
-    }
-    for (size_t i = 0; i < d->ntensors && rc == SH_OK; i++)
-        if (!sh_hash128_eq(td[i], d->tensors[i].digest))
-            rc = sh_err(SH_EMISMATCH, "delta: rebuilt tensor \"%s\" does not match its recorded "
-                        "digest (corrupt delta)", d->tensors[i].name);
     if (d->target_sharded) ckpt_digest_write(&parts, sh_hash128_of(d->index, d->index_len));
     for (size_t f = 0; f < d->nfiles; f++) {
         ckpt_digest_write(&parts, sh_hash128_of(d->files[f].header, d->files[f].header_len));
@@ -199,12 +217,11 @@ static int delta__verify(const delta__ap *a)
     free(bd), free(td);
     return rc;
 }
-
 /* Applies with a sink; nothing is committed here. */
 static int delta__apply_core(const ckpt *base, const delta *d, const delta_opts *o,
                              delta__sink sink)
 {
-    delta__ap a = {.base = base, .d = d, .sink = sink, .o = o};
+    delta__ap a = {.base = base, .d = d, .sink = sink, .o = o, .verify_base = o && o->verify_base};
     pthread_mutex_init(&a.mu, NULL);
     int rc = delta__apply_plan(&a);
     if (o && o->progress && !o->progress->total) o->progress->total = delta_target_size(d);

@@ -1,5 +1,6 @@
 /* Decoding chunks.  Every read is bounds-checked: the input is untrusted
  * (the fuzzer drives this file through delta_apply_mem). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "delta/internal.h"
@@ -110,31 +111,9 @@ int delta__dec_open(delta__dec *d, int enc, const uint8_t *payload, size_t len, 
     return SH_OK;
 }
 
-int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_t *got)
-{
-    size_t k = 0;
-    if (d->dense) {
-        for (; k < max && d->left; k++, d->left--) {
-            uint64_t v = 0;
-            SH_TRY(delta__get(d, (int)(d->next & 1), d->v, &v));
-            if (v > d->zmax)
-                return sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
-                              (unsigned long long)v);
-            pos[k] = (uint32_t)d->next++;
-            z[k] = v;
-        }
-        *got = k;
-        return SH_OK;
-    }
-    /* The sparse loop keeps the states and the bit reader in locals: every
-     * symbol depends on the previous one through the state, so latency is
-     * what counts. */
-    uint32_t x0 = d->x[0], x1 = d->x[1];
-    const uint8_t *p = d->p, *end = d->end;
-    const delta__dtable *tg = d->g, *tv = d->v;
-    delta__br br = d->br;
-    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax;
-    int rc = SH_OK;
+/* One rANS symbol and its value, for the hot loops: X is a local state, T
+ * its table, OUT the value; uses the locals p, end, br, rc, d and the label
+ * `out` of the enclosing function. */
 #define DELTA__SYM(X, T, OUT)                                                                      \
     do {                                                                                           \
         uint32_t slot_ = X & (DELTA__PROB - 1);                                                    \
@@ -163,6 +142,32 @@ int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_
             OUT = ((uint64_t)(4 + (s_ - 16) % 4) << nb_) | ex_;                                    \
         }                                                                                          \
     } while (0)
+
+int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_t *got)
+{
+    size_t k = 0;
+    if (d->dense) {
+        for (; k < max && d->left; k++, d->left--) {
+            uint64_t v = 0;
+            SH_TRY(delta__get(d, (int)(d->next & 1), d->v, &v));
+            if (v > d->zmax)
+                return sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
+                              (unsigned long long)v);
+            pos[k] = (uint32_t)d->next++;
+            z[k] = v;
+        }
+        *got = k;
+        return SH_OK;
+    }
+    /* The sparse loop keeps the states and the bit reader in locals: every
+     * symbol depends on the previous one through the state, so latency is
+     * what counts. */
+    uint32_t x0 = d->x[0], x1 = d->x[1];
+    const uint8_t *p = d->p, *end = d->end;
+    const delta__dtable *tg = d->g, *tv = d->v;
+    delta__br br = d->br;
+    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax;
+    int rc = SH_OK;
     for (; k < max && left; k++, left--) {
         uint64_t g, v;
         DELTA__SYM(x0, tg, g);
@@ -180,7 +185,6 @@ int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_
         z[k] = v;
         next += g + 1;
     }
-#undef DELTA__SYM
 out:
     d->x[0] = x0, d->x[1] = x1, d->p = p, d->br = br, d->next = next, d->left = left;
     *got = k;
@@ -213,20 +217,83 @@ static inline __attribute__((always_inline)) void delta__patch1(uint8_t *out, ui
     memcpy(p, &u, w);
 }
 
-/* Applies changes [bi, bn) below unit lim; returns the new bi. */
+/* Applies changes [bi, bn) below unit lim to out, which holds units from
+ * u0 on; returns the new bi. */
 static inline __attribute__((always_inline)) size_t
 delta__patch_run(uint8_t *out, const uint32_t *pos, const uint64_t *z, size_t bi, size_t bn,
-                 uint64_t lim, unsigned w, int is_float)
+                 uint64_t lim, unsigned w, int is_float, uint32_t u0)
 {
     for (; bi < bn && pos[bi] < lim; bi++)
-        if (z[bi]) delta__patch1(out, pos[bi], z[bi], w, is_float);
+        if (z[bi]) delta__patch1(out, pos[bi] - u0, z[bi], w, is_float);
     return bi;
 }
 
 static size_t delta__patch_w(uint8_t *out, const uint32_t *pos, const uint64_t *z, size_t bi,
-                             size_t bn, uint64_t lim, unsigned w, int is_float)
+                             size_t bn, uint64_t lim, unsigned w, int is_float, uint32_t u0)
 {
-#define DELTA__RUN(W, F) return delta__patch_run(out, pos, z, bi, bn, lim, W, F)
+#define DELTA__RUN(W, F) return delta__patch_run(out, pos, z, bi, bn, lim, W, F, u0)
+    switch (w * 2 + !!is_float) {
+    case 2: DELTA__RUN(1, 0);
+    case 3: DELTA__RUN(1, 1);
+    case 4: DELTA__RUN(2, 0);
+    case 5: DELTA__RUN(2, 1);
+    case 8: DELTA__RUN(4, 0);
+    case 9: DELTA__RUN(4, 1);
+    case 16: DELTA__RUN(8, 0);
+    default: DELTA__RUN(8, 1);
+    }
+#undef DELTA__RUN
+}
+
+/* Decodes the sparse changes below unit lim straight into piece (which
+ * holds units from u0 on); a change at or beyond lim waits in d->pend for
+ * the next piece.  No intermediate arrays: decoding is latency-bound. */
+static inline __attribute__((always_inline)) int
+delta__sparse_patch(delta__dec *d, uint8_t *piece, uint64_t u0, uint64_t lim, unsigned w,
+                    int is_float)
+{
+    if (d->has_pend) {
+        if (d->pend_pos >= lim) return SH_OK;
+        delta__patch1(piece, (uint32_t)(d->pend_pos - u0), d->pend_z, w, is_float);
+        d->has_pend = 0;
+    }
+    uint32_t x0 = d->x[0], x1 = d->x[1];
+    const uint8_t *p = d->p, *end = d->end;
+    const delta__dtable *tg = d->g, *tv = d->v;
+    delta__br br = d->br;
+    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax;
+    int rc = SH_OK;
+    while (left) {
+        uint64_t g, v;
+        DELTA__SYM(x0, tg, g);
+        DELTA__SYM(x1, tv, v);
+        if (g >= n - next) {
+            rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
+            goto out;
+        }
+        if (v > zmax || v == 0) {
+            rc = sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
+                        (unsigned long long)v);
+            goto out;
+        }
+        uint64_t pos = next + g;
+        next = pos + 1;
+        left--;
+        if (pos >= lim) {
+            d->has_pend = 1, d->pend_pos = pos, d->pend_z = v;
+            break;
+        }
+        delta__patch1(piece, (uint32_t)(pos - u0), v, w, is_float);
+    }
+out:
+    d->x[0] = x0, d->x[1] = x1, d->p = p, d->br = br, d->next = next, d->left = left;
+    return rc;
+}
+
+static int delta__sparse_patch_w(delta__dec *d, uint8_t *piece, uint64_t u0, uint64_t lim,
+                                 unsigned w, int is_float)
+{
+#define DELTA__RUN(W, F) return delta__sparse_patch(d, piece, u0, lim, W, F)
     switch (w * 2 + !!is_float) {
     case 2: DELTA__RUN(1, 0);
     case 3: DELTA__RUN(1, 1);
@@ -255,6 +322,7 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     int more = enc != DELTA__SAME;
     if (more) SH_TRY(delta__dec_open(&d, enc, payload, len, nbytes / w, w, s, what));
     XXH3_state_t *hb = s->ho, *ho = s->hn;
+    int hash_base = bdig != NULL, hash_out = enc != DELTA__SAME || !hash_base;
     XXH3_128bits_reset(hb);
     XXH3_128bits_reset(ho);
     uint32_t pos[512];
@@ -262,10 +330,15 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     size_t bi = 0, bn = 0;
     for (size_t i = 0; i < nbytes; i += DELTA__PIECE) {
         size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
-        memcpy(out + i, base + i, end - i);
-        XXH3_128bits_update(hb, out + i, end - i);
+        uint8_t *piece = out + i; /* holds units from i / w on */
+        memcpy(piece, base + i, end - i);
+        if (hash_base) XXH3_128bits_update(hb, piece, end - i);
         uint64_t lim = end / w;
-        while (more) {
+        if (enc == DELTA__SPARSE) {
+            SH_TRY(delta__sparse_patch_w(&d, piece, i / w, lim, w, is_float));
+            more = 0;
+        }
+        while (more && enc == DELTA__DENSE) {
             if (bi == bn) {
                 SH_TRY(delta__dec_next(&d, pos, z, 512, &bn));
                 bi = 0;
@@ -274,14 +347,15 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
                     break;
                 }
             }
-            bi = delta__patch_w(out, pos, z, bi, bn, lim, w, is_float);
+            bi = delta__patch_w(piece, pos, z, bi, bn, lim, w, is_float, (uint32_t)(i / w));
             if (bi < bn) break;
         }
-        if (enc != DELTA__SAME) XXH3_128bits_update(ho, out + i, end - i);
+        if (hash_out) XXH3_128bits_update(ho, piece, end - i);
     }
+
     if (enc != DELTA__SAME) SH_TRY(delta__dec_close(&d));
-    XXH128_hash_t a = XXH3_128bits_digest(hb), b = enc != DELTA__SAME ? XXH3_128bits_digest(ho) : a;
-    *bdig = (sh_hash128){a.low64, a.high64};
+    XXH128_hash_t a = XXH3_128bits_digest(hb), b = hash_out ? XXH3_128bits_digest(ho) : a;
+    if (bdig) *bdig = (sh_hash128){a.low64, a.high64};
     *odig = (sh_hash128){b.low64, b.high64};
     return SH_OK;
 }
@@ -297,7 +371,7 @@ static int delta__patch(delta__scratch *s, int enc, const uint8_t *payload, size
     size_t got;
     do {
         SH_TRY(delta__dec_next(&d, pos, z, 512, &got));
-        delta__patch_w(out, pos, z, 0, got, UINT64_MAX, w, is_float);
+        delta__patch_w(out, pos, z, 0, got, UINT64_MAX, w, is_float, 0);
         for (size_t i = 0; i < got; i++) k += z[i] != 0;
     } while (got);
     if (changed) *changed += k;

@@ -201,6 +201,8 @@ typedef struct {
     uint64_t n;             /* units in the chunk */
     uint64_t next;          /* next candidate position */
     uint64_t zmax;          /* values must be <= zmax */
+    int has_pend;           /* a decoded change beyond the current piece */
+    uint64_t pend_pos, pend_z;
     const char *what;
 } delta__dec;
 
@@ -218,7 +220,7 @@ int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size
                         const char *what);
 
 /* For SAME, SPARSE and DENSE: out = base patched, with the chunk digests
- * of base and out. */
+ * of out and (unless bdig is NULL) of base. */
 int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, const uint8_t *base, uint8_t *out,
                         size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, const char *what);

@@ -33,7 +33,7 @@
 /* Held-out reward is the mean over this many samples per problem at the
  * training temperature: what RL optimises, and smoother than one greedy
  * answer per problem. */
-#define RL_EVAL_SAMPLES 4
+#define RL_EVAL_SAMPLES 8
 
 typedef struct wk {
     pid_t pid;

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rl/runtime.h"
@@ -24,7 +25,7 @@ typedef struct worker {
     sh_buf msg;
     sh_buf img; /* the safetensors image of the current weights */
     ckpt *ck;   /* a view over img: the base the next delta applies to */
-    double mark; /* end of the last sleep: compute since then is stretched */
+    double mark, mark_cpu; /* wall and CPU clocks at the end of the last stretch */
     long updates_in_flight;
 } worker;
 
@@ -91,12 +92,24 @@ static int handle(worker *w, uint32_t type)
     return sh_err(SH_EFORMAT, "worker %d: unexpected message type %u", w->idx, type);
 }
 
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The emulated GPU time of the work since the last mark is its CPU time
+ * times gen_cost / speed: CPU time rather than wall time, so that other
+ * load on the machine slows the emulated GPUs only when it leaves them
+ * less than that. */
 static void stretch(worker *w)
 {
-    double now = sh_now_mono(), spent = now - w->mark;
-    double stretch = w->c->gen_cost / w->c->workers[w->idx].speed;
-    if (stretch > 1.0 && spent > 0) sh_sleep(spent * (stretch - 1.0));
+    double want = (cpu_now() - w->mark_cpu) * w->c->gen_cost / w->c->workers[w->idx].speed;
+    double spent = sh_now_mono() - w->mark;
+    if (want > spent) sh_sleep(want - spent);
     w->mark = sh_now_mono();
+    w->mark_cpu = cpu_now();
 }
 
 /* Between decoding steps: emulate the worker's speed, then take any weights
@@ -115,6 +128,7 @@ static int step_hook(void *ctx)
         w->updates_in_flight++;
     }
     w->mark = sh_now_mono();
+    w->mark_cpu = cpu_now();
     return w->version;
 }
 
@@ -144,6 +158,7 @@ static int serve_request(worker *w)
     for (int i = 0; i < n; i++) rl_problem_make(w->c->task, ids[i], &probs[i], NULL);
     uint64_t rng = rq.seed;
     w->mark = sh_now_mono();
+    w->mark_cpu = cpu_now();
     int rc = rl_generate(w->model, probs, n, rq.group, rq.group0, &w->c->sampling, &rng,
                          w->version, step_hook, w, out);
     stretch(w);

@@ -107,32 +107,55 @@ static void mark_started(sched *s, uint32_t ji, double now)
 
 /* Places up to max replicas of an elastic job, fastest type first, fullest
  * nodes first; 1 when at least `min` were found (then they are held). */
+typedef struct ppool {
+    double key; /* shoal: price per unit of work; baselines: list order */
+    uint32_t pool;
+    double speed;
+} ppool;
+
+static int cmp_ppool(const void *a, const void *b)
+{
+    double x = ((const ppool *)a)->key, y = ((const ppool *)b)->key;
+    return x < y ? -1 : x > y;
+}
+
+/* Places up to max replicas of an elastic job on the fullest nodes that
+ * fit; 1 when at least `min` were found (then they are held).  shoal takes
+ * pools in order of price per unit of work (GPU price / the type's speed),
+ * so a replica goes where its work is cheapest; the baselines take the
+ * job's type order. */
 static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int max,
                          sched_decision_kind kind, double now)
 {
     sjob *j = &s->jobs[ji];
     static __thread scand c;
     static __thread int per[SCHED__MAX_GANG];
-    int got = 0, nt = j->ntypes ? j->ntypes : 1;
+    static __thread ppool *pp;
+    static __thread size_t cappp;
+    const uint32_t *jp;
+    size_t njp = sched__job_pools(s, j, &jp);
+    SH_TRY(sched__grow((void **)&pp, &cappp, njp + 1, sizeof *pp));
+    for (size_t q = 0; q < njp; q++) {
+        double sp = sched__job_speed(s, j, s->pools[jp[q]].type);
+        pp[q] = (ppool){s->cfg.policy == SCHED_SHOAL ? s->pools[jp[q]].price_s / sp : (double)q, jp[q], sp};
+    }
+    qsort(pp, njp, sizeof *pp, cmp_ppool);
+    int got = 0;
     c.n = 0;
-    for (int ti = 0; ti < nt && got < max; ti++) {
-        const uint32_t *tp;
-        size_t ntp = j->ntypes ? sched__type_pools(s, j->types[ti], &tp) : (tp = s->allpools, s->npools);
-        for (size_t q = 0; q < ntp && got < max; q++) {
-            spool *p = &s->pools[tp[q]];
-            double end = now + j->est_s / (j->ntypes ? j->speed[ti] : 1.0);
-            for (int f = j->gpn; f <= MAXG && got < max; f++)
-                for (uint32_t ni = p->head[f]; ni != NONE && got < max; ni = s->nodes[ni].next) {
-                    snode *n = &s->nodes[ni];
-                    int k = f / j->gpn;
-                    if (k > max - got) k = max - got;
-                    while (k > 0 && n->resv_stamp == s->stamp && end > n->resv_T + 1e-9 &&
-                           k * j->gpn > n->resv_spare)
-                        k--;
-                    if (!k || c.n >= SCHED__MAX_GANG) continue;
-                    c.nodes[c.n] = ni, per[c.n++] = k, got += k;
-                }
-        }
+    for (size_t q = 0; q < njp && got < max; q++) {
+        spool *p = &s->pools[pp[q].pool];
+        double end = now + sched__est_len(s, j, pp[q].pool);
+        for (int f = j->gpn; f <= MAXG && got < max; f++)
+            for (uint32_t ni = p->head[f]; ni != NONE && got < max; ni = s->nodes[ni].next) {
+                snode *n = &s->nodes[ni];
+                int k = f / j->gpn;
+                if (k > max - got) k = max - got;
+                while (k > 0 && n->resv_stamp == s->stamp && end > n->resv_T + 1e-9 &&
+                       k * j->gpn > n->resv_spare)
+                    k--;
+                if (!k || c.n >= SCHED__MAX_GANG) continue;
+                c.nodes[c.n] = ni, per[c.n++] = k, got += k;
+            }
     }
     if (got < min || !got) return 0;
     SH_TRY(sched__emit(s, d, kind, ji, NONE));

@@ -74,6 +74,10 @@ int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now)
         SH_TRY(sched__grow((void **)&n->refs, &cap, (size_t)n->nrefs + 1, sizeof *n->refs));
         n->caprefs = (int)cap;
     }
+    /* Work that will outlast a reservation made this cycle on the node uses
+     * up the reservation's spare GPUs there. */
+    if (n->resv_stamp == s->stamp && now + sched__est_len(s, j, n->pool) > n->resv_T + 1e-9)
+        n->resv_spare -= gpus;
     j->places[j->nplaces++] = (splace){ni, gpus, now};
     n->refs[n->nrefs++] = (sref){ji, gpus};
     set_free(s, ni, n->free - gpus);
@@ -223,7 +227,7 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
             const spool *p = &s->pools[pi];
             double sp = j->ntypes ? j->speed[ti] : 1.0;
             if (best != NONE && sp < best_speed) continue;
-            double est_end = now + j->est_s / sp;
+            double est_end = now + sched__est_len(s, j, pi);
             int left = p->free_total - j->nodes * j->gpn;
             if (best != NONE && sp == best_speed && left >= best_left) continue;
             if (!sched__pick_gang(s, j, pi, est_end, &tmp[cur])) continue;

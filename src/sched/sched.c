@@ -183,6 +183,7 @@ int sched_node_add(sched *s, const sched_node_spec *n, double now)
     nd->pool = pi, nd->gpus = n->gpus, nd->free = n->gpus;
     nd->price_s = n->price_per_gpu_hour / 3600.0;
     nd->state = SCHED_NODE_UP, nd->idle_since = now;
+    if (!p->nnodes || p->nnodes == 1 || nd->price_s < p->price_s) p->price_s = nd->price_s;
     for (int g = 0; g <= n->gpus; g++) p->maxg_ever[g]++;
     for (size_t q = 0; q < s->nquotas; q++) {
         squota *qq = &s->quotas[q];

@@ -67,6 +67,7 @@ typedef struct spool {
     int count[MAXG + 1];
     int ge[MAXG + 1]; /* UP nodes with at least g free GPUs */
     int free_total, gpus_up;
+    double price_s;  /* the cheapest node's price per GPU-second */
     uint32_t *nodes; /* all nodes ever in the pool */
     size_t nnodes, capnodes;
     int maxg_ever[MAXG + 1]; /* nodes (any state) with >= g GPUs, for never-fits */
@@ -204,6 +205,7 @@ double sched__place_cost(const sched *s, const splace *p, double now);
 int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
 double sched__job_speed(const sched *s, const sjob *j, uint32_t type);
+double sched__est_len(const sched *s, const sjob *j, uint32_t pool);
 double sched__est_end(const sched *s, const sjob *j);
 
 sshape *sched__shape(sched *s, uint64_t shape);

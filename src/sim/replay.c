@@ -237,7 +237,7 @@ static int submit(run *R, size_t ti, double now)
     int rc = sched_job_submit(R->s, &sp, now);
     if (sched_job_count(R->s) > before) R->six2t[R->nsix++] = (uint32_t)ti;
     if (rc == SH_ERANGE) {
-        R->r->jobs_rejected++;
+        if (!R->r->jobs_rejected++) snprintf(R->r->first_rejection, sizeof R->r->first_rejection, "%s", sh_errmsg());
         R->done++;
         return 0;
     }
@@ -347,6 +347,24 @@ static void summarise(run *R, double t0, double t_end)
     r->wait_p50_s = pct(R->wait, n, 0.5), r->wait_p99_s = pct(R->wait, n, 0.99);
     r->makespan_s = t_end - t0;
     r->cost = sched_cost_tenant(R->s, NULL, NULL, t_end);
+    for (size_t i = 0; i < R->nnodes; i++) {
+        size_t k = 0;
+        while (k < r->ntypes && strcmp(r->type[k], R->nodes[i].gpu_type)) k++;
+        if (k == r->ntypes && k < SIM_KEYS) {
+            memcpy(r->type[k], R->nodes[i].gpu_type, SIM_NAME);
+            r->cost_by_type[k] = sched_cost_tenant(R->s, NULL, r->type[k], t_end);
+            r->ntypes++;
+        }
+    }
+    for (size_t i = 0; i < R->t->n; i++) {
+        size_t k = 0;
+        while (k < r->ntenants && strcmp(r->tenant[k], R->t->jobs[i].tenant)) k++;
+        if (k == r->ntenants && k < SIM_KEYS) {
+            memcpy(r->tenant[k], R->t->jobs[i].tenant, SIM_NAME);
+            r->cost_by_tenant[k] = sched_cost_tenant(R->s, r->tenant[k], NULL, t_end);
+            r->ntenants++;
+        }
+    }
     sched_stats st;
     sched_stats_get(R->s, &st);
     r->decisions = st.decisions;
