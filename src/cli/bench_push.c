@@ -18,10 +18,11 @@ const char cli_bench_help_push[] = "converge time of N replicas over a UCX push 
 static const char usage_text[] =
     "usage: shoal bench push [--replicas N] [--link-gbps G] [--topology tree|star]\n"
     "                        [--payload full|delta] [--params P] [--chunk SIZE]\n"
-    "                        [--fanout F] [--json]\n\n"
+    "                        [--fanout F] [--lr LR] [--json]\n\n"
     "Publishes version 1 of a synthetic checkpoint of P parameters (default 25M,\n"
     "bf16), starts `shoal push serve` and N `shoal replica` processes, waits until\n"
-    "all hold it, then publishes version 2 (one Adam step later; a full anchor or\n"
+    "all hold it, then publishes version 2 (one Adam step of LR later, default\n"
+    "3e-6: about 3% of the weights change; a full anchor or\n"
     "a delta) and times until every replica has activated it.  Every node's\n"
     "sending is limited to G Gb/s (default 1) by a sender-side token bucket, not\n"
     "by network namespaces.  tree: replicas forward to each other, fan-out F\n"
@@ -34,6 +35,7 @@ typedef struct bopt {
     double gbps;
     const char *topology, *payload;
     uint64_t params, chunk;
+    double lr;
 } bopt;
 
 typedef struct result {
@@ -236,6 +238,7 @@ static int parse(int argc, char **argv, bopt *o)
             o->payload = v;
         } else if (!strcmp(a, "--params")) rc = sh_parse_size(v, &o->params, "--params");
         else if (!strcmp(a, "--chunk")) rc = sh_parse_size(v, &o->chunk, "--chunk");
+        else if (!strcmp(a, "--lr")) rc = sh_parse_double(v, &o->lr, "--lr");
         else return cli_usage("bench push", "unknown option \"%s\"", a);
         if (rc < 0) return cli_usage("bench push", "%s", sh_errmsg());
         i++;
@@ -255,7 +258,7 @@ int cli_bench_push(int argc, char **argv)
         fputs(usage_text, stdout);
         return 0;
     }
-    bopt o = {16, 1, 0, 1.0, "tree", "full", 25000000, 1 << 20};
+    bopt o = {16, 1, 0, 1.0, "tree", "full", 25000000, 1 << 20, 3e-6};
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
     /* tmpfs, like a serving node's page cache: the disk of this shared VM is not
@@ -266,7 +269,7 @@ int cli_bench_push(int argc, char **argv)
     snprintf(v1, sizeof v1, "%s/v1.safetensors", base);
     snprintf(v2, sizeof v2, "%s/v2.safetensors", base);
     rc = ckpt_synth(v1, o.params, 1);
-    if (rc == 0) rc = ckpt_step(v1, v2, 1e-5, 1, 2);
+    if (rc == 0) rc = ckpt_step(v1, v2, o.lr, 1, 2);
     int delta = !strcmp(o.payload, "delta");
     int runs = 2 + delta;
     sh_progress pg;
