@@ -30,6 +30,8 @@ static const char usage_text[] =
     "events:   --failures MTBF_HOURS [--repair-s S]  node failures (per-node MTBF), repairs\n"
     "          --replace-wait S                     gangs wait S for a spare node, else requeue\n"
     "          --autoscale [--quota zone,fabric,type,gpus,max_nodes,price,delay_s]...\n"
+    "                                               (no --quota: per GPU type, 64 8-GPU nodes in\n"
+    "                                               fabric auto-<type> of its first zone, 300 s)\n"
     "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (4)\n"
     "          --fair-window S (21600) --pack       shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
