@@ -310,6 +310,23 @@ static void test_zones(void **state)
     kill_all();
 }
 
+/* A replica whose push parent never answers falls back to the store. */
+static void test_store_fallback(void **state)
+{
+    TU_OK(ckpt_synth(tu_path("f1.st"), 200000, 6));
+    sh_rm_rf(tu_path("fb"));
+    publish(tu_path("fb"), tu_path("f1.st"));
+    char *out;
+    const char *dir = tu_path("fb-r");
+    sh_rm_rf(dir);
+    int rc = tu_run(&out, "%s replica --dir %s --parent 127.0.0.1:9 --store %s --until 1 --seconds 60 --json 2>/dev/null",
+                    tu_shoal(), dir, tu_path("fb"));
+    if (rc) fail_msg("replica failed: %s", out);
+    assert_non_null(strstr(out, "\"version\":1"));
+    free(out);
+    same_model(dir, 1, tu_path("f1.st"));
+}
+
 static void test_bad_usage(void **state)
 {
     char *out;
@@ -332,6 +349,7 @@ int main(void)
         cmocka_unit_test_teardown(test_corrupt_chunk_refetched, teardown),
         cmocka_unit_test_teardown(test_relay_killed, teardown),
         cmocka_unit_test_teardown(test_zones, teardown),
+        cmocka_unit_test_teardown(test_store_fallback, teardown),
         cmocka_unit_test_teardown(test_bad_usage, teardown),
     };
     return cmocka_run_group_tests_name("bcast", tests, NULL, NULL);
