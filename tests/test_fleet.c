@@ -98,13 +98,13 @@ static void test_gang_all_or_nothing(void **state)
 /* A gang of 2 on a fleet of 3; the agent of rank 1's node is killed. */
 static json_t *kill_rank1(tf_fleet *f, const char *policy, const char *out, int64_t *id, char *victim)
 {
-    tf_start_server(f, policy, 2.0); /* short, yet above any stall of a loaded machine */
+    tf_start_server(f, policy, 3.0); /* short, yet above the stalls of a loaded machine */
     for (int i = 0; i < 3; i++) tf_start_agent(f, i, "A100", 8, "z1", "ib");
     sh_rm_rf(out);
     sh_mkdir_p(out, 0755);
     char body[1024];
     snprintf(body, sizeof body,
-             "{\"name\":\"p\",\"nodes\":2,\"gpus_per_node\":8,\"on_failure\":\"%s\",\"writable\":[\"%s\"],"
+             "{\"name\":\"p\",\"nodes\":2,\"gpus_per_node\":8,\"max_attempts\":10,\"on_failure\":\"%s\",\"writable\":[\"%s\"],"
              "\"command\":[\"sh\",\"-c\",\"trap 'echo stopped > %s/stopped.$RANK.$SHOAL_ATTEMPT; exit 143' TERM;"
              " echo $SHOAL_NODE > %s/started.$RANK.$SHOAL_ATTEMPT; while :; do sleep 0.05; done\"]}",
              policy, out, out, out);
@@ -127,26 +127,39 @@ static void assert_file(const char *out, const char *name)
     if (!sh_path_exists(p)) fail_msg("%s is missing", p);
 }
 
+/* Waits for the attempt after `first` to run.  A loaded machine may already
+ * have moved the job on (a stalled agent missing its window), so attempts
+ * are counted from the one the test killed, not from 1. */
+static json_t *next_attempt(tf_fleet *f, int64_t id, int first)
+{
+    json_t *j = NULL;
+    for (int i = 0; i < 200; i++) {
+        json_decref(j);
+        j = tf_wait_job(f, id, "running", 20);
+        if (json_integer_value(json_object_get(j, "attempt")) > first) break;
+        sh_sleep(0.05);
+    }
+    assert_true(json_integer_value(json_object_get(j, "attempt")) > first);
+    return j;
+}
+
 static void test_killed_agent_requeue(void **state)
 {
     tf_fleet f = {0};
     int64_t id;
-    char victim[32];
+    char victim[32], name[64];
     const char *out = tu_path("requeue-out");
     json_t *first = kill_rank1(&f, "requeue", out, &id, victim);
-    /* Attempt 2 runs on the two nodes left; the survivor was stopped. */
-    json_t *j = NULL;
-    for (int i = 0; i < 200; i++) {
-        json_decref(j);
-        j = tf_wait_job(&f, id, "running", 10);
-        if (json_integer_value(json_object_get(j, "attempt")) == 2) break;
-        sh_sleep(0.05);
-    }
-    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 2);
+    int a = (int)json_integer_value(json_object_get(first, "attempt"));
+    /* The next attempt runs on the two nodes left; the survivor was stopped. */
+    json_t *j = next_attempt(&f, id, a);
     for (int r = 0; r < 2; r++) assert_string_not_equal(tf_member_node(j, r), victim);
-    assert_file(out, "stopped.0.1");
-    assert_file(out, "started.0.2");
-    assert_file(out, "started.1.2");
+    snprintf(name, sizeof name, "stopped.0.%d", a);
+    assert_file(out, name);
+    for (int r = 0; r < 2; r++) {
+        snprintf(name, sizeof name, "started.%d.%d", r, a + 1);
+        assert_file(out, name);
+    }
     int st;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld/events", (long long)id);
@@ -165,23 +178,19 @@ static void test_killed_agent_replace(void **state)
 {
     tf_fleet f = {0};
     int64_t id;
-    char victim[32], keep[32];
+    char victim[32], keep[32], name[64];
     const char *out = tu_path("replace-out");
     json_t *first = kill_rank1(&f, "replace", out, &id, victim);
+    int a = (int)json_integer_value(json_object_get(first, "attempt"));
     snprintf(keep, sizeof keep, "%s", tf_member_node(first, 0));
-    json_t *j = NULL;
-    for (int i = 0; i < 200; i++) {
-        json_decref(j);
-        j = tf_wait_job(&f, id, "running", 10);
-        if (json_integer_value(json_object_get(j, "attempt")) == 2) break;
-        sh_sleep(0.05);
-    }
-    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 2);
+    json_t *j = next_attempt(&f, id, a);
     /* The surviving node keeps its rank; the dead one is replaced. */
     assert_string_equal(tf_member_node(j, 0), keep);
     assert_string_not_equal(tf_member_node(j, 1), victim);
-    assert_file(out, "stopped.0.1");
-    assert_file(out, "started.1.2");
+    snprintf(name, sizeof name, "stopped.0.%d", a);
+    assert_file(out, name);
+    snprintf(name, sizeof name, "started.1.%d", a + 1);
+    assert_file(out, name);
     json_decref(first);
     json_decref(j);
     tf_stop(&f);
@@ -193,11 +202,13 @@ static void test_killed_agent_fail(void **state)
     int64_t id;
     char victim[32];
     const char *out = tu_path("fail-out");
-    json_decref(kill_rank1(&f, "fail", out, &id, victim));
-    json_t *j = tf_wait_job(&f, id, "failed", 10);
-    assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), victim));
+    json_t *first = kill_rank1(&f, "fail", out, &id, victim);
+    char name[64];
+    snprintf(name, sizeof name, "stopped.0.%d", (int)json_integer_value(json_object_get(first, "attempt")));
+    json_decref(first);
+    json_t *j = tf_wait_job(&f, id, "failed", 20);
     assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "died"));
-    assert_file(out, "stopped.0.1");
+    assert_file(out, name);
     json_decref(j);
     tf_stop(&f);
 }

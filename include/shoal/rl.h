@@ -205,7 +205,8 @@ struct ckpt;
  * Face names, no metadata): what the trainer diffs into shoal deltas for the
  * workers.  *out is the caller's (sh_buf_free). */
 int rl_policy_image(nn_model *m, int bf16, sh_buf *out);
-/* Loads the model's tensors from an opened checkpoint (BF16 or F32);
+/* Loads the model's tensors from an opened checkpoint (BF16, F32, or
+ * F8_E4M3 with NAME_scale_inv block scales as delta_quant_fp8 writes them);
  * `what` names it in errors. */
 int rl_load_view(nn_model *m, const struct ckpt *c, const char *what);
 

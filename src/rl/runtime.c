@@ -49,7 +49,7 @@ typedef struct run {
     rl_trainer tr;
     wk w[RL_MAX_WORKERS];
     rl_traj *buf;
-    int nbuf, batch, version, step, group_next;
+    int nbuf, cap, batch, version, step, group_next;
     long issued; /* trajectories admitted and not lost; bounds staleness */
     uint64_t rng;
     double t0, eval_s;
@@ -149,7 +149,9 @@ static void worker_dead(run *r, int i)
     }
     sh_log(SH_LOG_WARN, "rl: worker %d (%s) died; its in-flight trajectories are dropped", i,
            r->c->workers[i].name);
-    if (r->c->respawn && spawn(r, i) == 0) r->respawns++;
+    /* A worker that keeps dying (a broken setup rather than a lost node)
+     * is not replaced forever: the loop then fails once none is left. */
+    if (r->c->respawn && r->respawns < 3 * r->c->nworkers && spawn(r, i) == 0) r->respawns++;
 }
 
 static int send_request(run *r, int i, int nprompts)
@@ -217,6 +219,9 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
     if (th.count != w->req_trajs || len != sizeof th + (size_t)th.count * sizeof(rl_traj))
         return sh_err(SH_EFORMAT, "worker %d: TRAJS with %d records, expected %d", i, th.count,
                       w->req_trajs);
+    if (r->nbuf + th.count > r->cap)
+        return sh_err(SH_EINTERNAL, "rl: trajectory buffer overflow (%d + %d > %d)", r->nbuf,
+                      th.count, r->cap);
     rl_traj *dst = r->buf + r->nbuf;
     memcpy(dst, p + sizeof th, (size_t)th.count * sizeof(rl_traj));
     for (int k = 0; k < th.count; k++) {
@@ -402,7 +407,9 @@ static int loop(run *r)
                                     .events = POLLIN | (r->w[i].out.len ? POLLOUT : 0)};
             idx[n++] = i;
         }
-        if (!n) return sh_err(SH_EIO, "rl: every worker has died and --respawn is off");
+        if (!n)
+            return sh_err(SH_EIO, "rl: every worker has died (%ld deaths, %ld replacements); "
+                                  "see the worker errors above", r->deaths, r->respawns);
         if (poll(pf, n, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
         for (int k = 0; k < n; k++) {
             int i = idx[k], dead = 0;
@@ -518,7 +525,8 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     r->curve = json_array(), r->steps = json_array(), r->ckpts = json_array();
     /* Admission keeps at most max_lag + 1 batches beyond those consumed;
      * sync keeps one.  Leave room for every worker's request on top. */
-    r->buf = malloc(sizeof(rl_traj) * (size_t)(r->batch * (c->max_lag + 2 + c->nworkers) + 64));
+    r->cap = r->batch * (c->max_lag + 2 + c->nworkers) + 64;
+    r->buf = malloc(sizeof(rl_traj) * (size_t)r->cap);
     r->evalset = malloc(sizeof(rl_problem) * c->eval_n);
     int rc = r->buf && r->evalset ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
     if (!rc && c->out_dir) rc = sh_mkdir_p(c->out_dir, 0755);

@@ -25,9 +25,12 @@ typedef struct worker {
     sh_buf msg;
     sh_buf img; /* the safetensors image of the current weights */
     ckpt *ck;   /* a view over img: the base the next delta applies to */
+    char dir[64]; /* fp8 rollouts: scratch folder for the quantiser's files */
     double mark, mark_cpu; /* wall and CPU clocks at the end of the last stretch */
     long updates_in_flight;
 } worker;
+
+static int load_fp8(worker *w);
 
 /* Replaces the worker's image with img (taking ownership) and loads it. */
 static int install(worker *w, sh_buf img, int version)
@@ -45,7 +48,27 @@ static int install(worker *w, sh_buf img, int version)
     w->img = img;
     w->ck = ck;
     w->version = version;
-    return 0;
+    return w->c->dtype == RL_DTYPE_FP8 ? load_fp8(w) : 0;
+}
+
+/* FP8 rollouts: the bf16 image goes through src/delta's block quantiser
+ * (`shoal quant fp8`: e4m3 with a scale per 128 x 128 block; embeddings and
+ * the output head stay bf16, as DeepSeek-V3 keeps them), and the worker
+ * samples from the dequantised weights. */
+static int load_fp8(worker *w)
+{
+    char in[128], out[128];
+    snprintf(in, sizeof in, "%s/bf16.safetensors", w->dir);
+    snprintf(out, sizeof out, "%s/fp8.safetensors", w->dir);
+    static const char *const keep[] = {"embed", "lm_head", NULL};
+    delta_opts o = {.threads = 1};
+    SH_TRY(sh_write_atomic(in, w->img.data, w->img.len));
+    SH_TRY(delta_quant_fp8(in, out, keep, &o));
+    ckpt *q;
+    SH_TRY(ckpt_open(out, &q));
+    int rc = rl_load_view(w->model, q, out);
+    ckpt_close(q);
+    return rc;
 }
 
 /* Installs weights from a WEIGHTS payload: a whole image, or a shoal delta
@@ -103,6 +126,13 @@ static double cpu_now(void)
  * times gen_cost / speed: CPU time rather than wall time, so that other
  * load on the machine slows the emulated GPUs only when it leaves them
  * less than that. */
+static void leave(worker *w, int code) __attribute__((noreturn));
+static void leave(worker *w, int code)
+{
+    if (w->dir[0]) sh_rm_rf(w->dir);
+    _exit(code);
+}
+
 static void stretch(worker *w)
 {
     double want = (cpu_now() - w->mark_cpu) * w->c->gen_cost / w->c->workers[w->idx].speed;
@@ -121,10 +151,13 @@ static int step_hook(void *ctx)
     struct pollfd pf = {.fd = w->fd, .events = POLLIN};
     while (poll(&pf, 1, 0) > 0) {
         uint32_t type;
-        if (rl__msg_read(w->fd, &type, &w->msg) < 0) _exit(0); /* trainer gone */
+        if (rl__msg_read(w->fd, &type, &w->msg) < 0) leave(w, 0); /* trainer gone */
         int rc = handle(w, type);
-        if (rc == 1) _exit(0);
-        if (rc < 0) _exit(3);
+        if (rc == 1) leave(w, 0);
+        if (rc < 0) {
+            sh_log(SH_LOG_ERROR, "rl worker %d: %s", w->idx, sh_errmsg());
+            leave(w, 3);
+        }
         w->updates_in_flight++;
     }
     w->mark = sh_now_mono();
@@ -175,6 +208,11 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
     worker w = {.c = c, .idx = idx, .fd = fd, .version = -1};
     if (nn_new(&c->model, c->seed, &w.model) < 0) _exit(3);
     signal(SIGPIPE, SIG_IGN);
+    if (c->dtype == RL_DTYPE_FP8) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(w.dir, sizeof w.dir, "%s/shoal-rl-XXXXXX", tmp && strlen(tmp) < 40 ? tmp : "/tmp");
+        if (!mkdtemp(w.dir)) _exit(3);
+    }
     for (;;) {
         uint32_t type;
         if (rl__msg_read(fd, &type, &w.msg) < 0) break;
@@ -182,8 +220,8 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
         if (rc == 1) break;
         if (rc < 0) {
             sh_log(SH_LOG_ERROR, "rl worker %d: %s", idx, sh_errmsg());
-            _exit(3);
+            leave(&w, 3);
         }
     }
-    _exit(0);
+    leave(&w, 0);
 }
