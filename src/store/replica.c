@@ -54,6 +54,7 @@ struct store_replica {
     pthread_t net_thread, apply_thread;
     bcast_stats push;
     uint64_t fp8_blocks; /* blocks re-quantised by the last FP8 update */
+    double last_push_activity, next_store_check; /* monotonic seconds */
 };
 
 /* ---- Models ------------------------------------------------------------ */
@@ -366,7 +367,13 @@ static void *apply_main(void *arg)
             pthread_mutex_lock(&r->mu);
             continue;
         }
-        if (!r->node && r->st) {
+        /* With a push parent the store is the fallback: when the tree has
+         * brought nothing new for a while (a failed apply, a parent that
+         * cannot serve), the replica reads the store itself. */
+        double now = sh_now_mono();
+        int fallback = r->node && r->st && now - r->last_push_activity > 2.0 && now >= r->next_store_check;
+        if ((!r->node && r->st) || fallback) {
+            if (fallback) r->next_store_check = now + 1.0;
             pthread_mutex_unlock(&r->mu);
             if (sync_from_store(r) < 0) set_error(r);
             pthread_mutex_lock(&r->mu);
@@ -403,7 +410,17 @@ static void on_object(void *arg, const bcast_object_info *o)
     pthread_mutex_lock(&r->mu);
     *r->tail = p;
     r->tail = &p->next;
+    r->last_push_activity = sh_now_mono();
     pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Chunks arriving mean the tree is delivering: no store fallback now. */
+static void on_chunk(void *arg, uint64_t version, uint32_t index, uint32_t nchunks)
+{
+    store_replica *r = arg;
+    pthread_mutex_lock(&r->mu);
+    r->last_push_activity = sh_now_mono();
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -461,6 +478,7 @@ static int start_push(store_replica *r)
     snprintf(name, sizeof name, "replica-%ld", (long)getpid());
     bc.name = name;
     bc.on_object = on_object;
+    bc.on_chunk = on_chunk;
     bc.arg = r;
     return bcast_node_new(&bc, &r->node);
 }
@@ -472,6 +490,7 @@ int store_replica_open(const store_replica_config *cfg, store_replica **out)
     if (!r) return sh_err(SH_ENOMEM, "replica");
     r->cfg = *cfg;
     r->tail = &r->queue;
+    r->last_push_activity = sh_now_mono();
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     int rc = make_dirs(r, cfg);
