@@ -4,12 +4,21 @@
 set -eu
 PKGS="build-essential pkg-config clang libclang-rt-14-dev
       libzstd-dev libxxhash-dev libucx-dev ucx-utils libmicrohttpd-dev libjansson-dev
-      libopenblas-dev libsqlite3-dev libcmocka-dev"
+      libopenblas-dev libsqlite3-dev libcmocka-dev
+      bubblewrap chromium"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
+# The dashboard's browser test drives Debian's chromium with playwright-core
+# (pinned in tests/browser/package-lock.json).
+browser_deps() {
+    [ -d tests/browser/node_modules/playwright-core ] && return 0
+    command -v npm >/dev/null 2>&1 || return 0
+    (cd tests/browser && npm ci --no-audit --no-fund >/dev/null 2>&1) ||
+        echo "deps.sh: npm ci in tests/browser failed; the dashboard test will be skipped" >&2
+}
+[ -z "$missing" ] && { browser_deps; exit 0; }
 echo "deps.sh: installing:$missing" >&2
 if [ "$(id -u)" -ne 0 ]; then
     echo "deps.sh: missing packages and not root; run: sudo apt-get install$missing" >&2
@@ -19,3 +28,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # shellcheck disable=SC2086
 apt-get install -y -qq --no-install-recommends $missing
+browser_deps

@@ -27,7 +27,7 @@ void tf_kill_all(void)
     nstarted = 0;
 }
 
-static pid_t spawn(const char *out, char *const argv[])
+pid_t tf_spawn(const char *out, char *const argv[])
 {
     if (!nstarted) atexit(tf_kill_all);
     pid_t parent = getpid();
@@ -65,7 +65,7 @@ static void start(tf_fleet *f)
     snprintf(extra, sizeof extra, "%s", f->extra);
     for (char *s = NULL, *t = strtok_r(extra, " ", &s); t && k < 22; t = strtok_r(NULL, " ", &s)) argv[k++] = t;
     argv[k] = NULL;
-    f->server = spawn(out, argv);
+    f->server = tf_spawn(out, argv);
     for (int i = 0; i < 400; i++) {
         char *text;
         size_t len;
@@ -113,7 +113,7 @@ void tf_start_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, const ch
     char *argv[] = {(char *)tu_shoal(), "agent", "--server", f->url, "--token", TF_AGENT, "--name", f->names[i],
                     "--gpu-type", (char *)gpu_type, "--gpus", g, "--zone", (char *)zone, "--fabric",
                     (char *)fabric, "--price", "2.5", "--work-dir", work, NULL};
-    f->agents[i] = spawn(out, argv);
+    f->agents[i] = tf_spawn(out, argv);
     if (i >= f->nagents) f->nagents = i + 1;
     for (int k = 0; k < 400; k++) {
         int st;

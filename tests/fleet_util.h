@@ -31,6 +31,9 @@ void tf_start_server(tf_fleet *f, const char *name, double hb);
 void tf_restart_server(tf_fleet *f);
 /* Starts agent i as node "n<i>" and waits until the server lists it alive. */
 void tf_start_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, const char *zone, const char *fabric);
+/* Starts argv (argv[0] a path) with stdout and stderr appended to `out`;
+ * the process is stopped by tf_kill_all() and dies with the test. */
+pid_t tf_spawn(const char *out, char *const argv[]);
 /* Stops every process any fleet of this binary started (for teardowns). */
 void tf_kill_all(void);
 /* Stops every process of the fleet (SIGTERM, then SIGKILL) and reaps them. */

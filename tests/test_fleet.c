@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,13 +98,13 @@ static void test_gang_all_or_nothing(void **state)
 /* A gang of 2 on a fleet of 3; the agent of rank 1's node is killed. */
 static json_t *kill_rank1(tf_fleet *f, const char *policy, const char *out, int64_t *id, char *victim)
 {
-    tf_start_server(f, policy, 1.0);
+    tf_start_server(f, policy, 3.0); /* short, yet above the stalls of a loaded machine */
     for (int i = 0; i < 3; i++) tf_start_agent(f, i, "A100", 8, "z1", "ib");
     sh_rm_rf(out);
     sh_mkdir_p(out, 0755);
     char body[1024];
     snprintf(body, sizeof body,
-             "{\"name\":\"p\",\"nodes\":2,\"gpus_per_node\":8,\"on_failure\":\"%s\",\"writable\":[\"%s\"],"
+             "{\"name\":\"p\",\"nodes\":2,\"gpus_per_node\":8,\"max_attempts\":10,\"on_failure\":\"%s\",\"writable\":[\"%s\"],"
              "\"command\":[\"sh\",\"-c\",\"trap 'echo stopped > %s/stopped.$RANK.$SHOAL_ATTEMPT; exit 143' TERM;"
              " echo $SHOAL_NODE > %s/started.$RANK.$SHOAL_ATTEMPT; while :; do sleep 0.05; done\"]}",
              policy, out, out, out);
@@ -126,26 +127,39 @@ static void assert_file(const char *out, const char *name)
     if (!sh_path_exists(p)) fail_msg("%s is missing", p);
 }
 
+/* Waits for the attempt after `first` to run.  A loaded machine may already
+ * have moved the job on (a stalled agent missing its window), so attempts
+ * are counted from the one the test killed, not from 1. */
+static json_t *next_attempt(tf_fleet *f, int64_t id, int first)
+{
+    json_t *j = NULL;
+    for (int i = 0; i < 200; i++) {
+        json_decref(j);
+        j = tf_wait_job(f, id, "running", 20);
+        if (json_integer_value(json_object_get(j, "attempt")) > first) break;
+        sh_sleep(0.05);
+    }
+    assert_true(json_integer_value(json_object_get(j, "attempt")) > first);
+    return j;
+}
+
 static void test_killed_agent_requeue(void **state)
 {
     tf_fleet f = {0};
     int64_t id;
-    char victim[32];
+    char victim[32], name[64];
     const char *out = tu_path("requeue-out");
     json_t *first = kill_rank1(&f, "requeue", out, &id, victim);
-    /* Attempt 2 runs on the two nodes left; the survivor was stopped. */
-    json_t *j = NULL;
-    for (int i = 0; i < 200; i++) {
-        json_decref(j);
-        j = tf_wait_job(&f, id, "running", 10);
-        if (json_integer_value(json_object_get(j, "attempt")) == 2) break;
-        sh_sleep(0.05);
-    }
-    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 2);
+    int a = (int)json_integer_value(json_object_get(first, "attempt"));
+    /* The next attempt runs on the two nodes left; the survivor was stopped. */
+    json_t *j = next_attempt(&f, id, a);
     for (int r = 0; r < 2; r++) assert_string_not_equal(tf_member_node(j, r), victim);
-    assert_file(out, "stopped.0.1");
-    assert_file(out, "started.0.2");
-    assert_file(out, "started.1.2");
+    snprintf(name, sizeof name, "stopped.0.%d", a);
+    assert_file(out, name);
+    for (int r = 0; r < 2; r++) {
+        snprintf(name, sizeof name, "started.%d.%d", r, a + 1);
+        assert_file(out, name);
+    }
     int st;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld/events", (long long)id);
@@ -164,23 +178,19 @@ static void test_killed_agent_replace(void **state)
 {
     tf_fleet f = {0};
     int64_t id;
-    char victim[32], keep[32];
+    char victim[32], keep[32], name[64];
     const char *out = tu_path("replace-out");
     json_t *first = kill_rank1(&f, "replace", out, &id, victim);
+    int a = (int)json_integer_value(json_object_get(first, "attempt"));
     snprintf(keep, sizeof keep, "%s", tf_member_node(first, 0));
-    json_t *j = NULL;
-    for (int i = 0; i < 200; i++) {
-        json_decref(j);
-        j = tf_wait_job(&f, id, "running", 10);
-        if (json_integer_value(json_object_get(j, "attempt")) == 2) break;
-        sh_sleep(0.05);
-    }
-    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 2);
+    json_t *j = next_attempt(&f, id, a);
     /* The surviving node keeps its rank; the dead one is replaced. */
     assert_string_equal(tf_member_node(j, 0), keep);
     assert_string_not_equal(tf_member_node(j, 1), victim);
-    assert_file(out, "stopped.0.1");
-    assert_file(out, "started.1.2");
+    snprintf(name, sizeof name, "stopped.0.%d", a);
+    assert_file(out, name);
+    snprintf(name, sizeof name, "started.1.%d", a + 1);
+    assert_file(out, name);
     json_decref(first);
     json_decref(j);
     tf_stop(&f);
@@ -192,11 +202,13 @@ static void test_killed_agent_fail(void **state)
     int64_t id;
     char victim[32];
     const char *out = tu_path("fail-out");
-    json_decref(kill_rank1(&f, "fail", out, &id, victim));
-    json_t *j = tf_wait_job(&f, id, "failed", 10);
-    assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), victim));
+    json_t *first = kill_rank1(&f, "fail", out, &id, victim);
+    char name[64];
+    snprintf(name, sizeof name, "stopped.0.%d", (int)json_integer_value(json_object_get(first, "attempt")));
+    json_decref(first);
+    json_t *j = tf_wait_job(&f, id, "failed", 20);
     assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "died"));
-    assert_file(out, "stopped.0.1");
+    assert_file(out, name);
     json_decref(j);
     tf_stop(&f);
 }
@@ -289,6 +301,222 @@ static void test_server_kill9_under_load(void **state)
     tf_stop(&f);
 }
 
+static int count_nodes(tf_fleet *f)
+{
+    int st;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    int n = (int)json_array_size(json_object_get(j, "nodes"));
+    json_decref(j);
+    return n;
+}
+
+/* Autoscaling: with no node at all, a job that fits the provider's quota
+ * is accepted; the core asks for nodes, the local provider starts agents,
+ * the job runs, and the idle nodes are released afterwards. */
+static void test_autoscale_local_provider(void **state)
+{
+    tf_fleet f = {0};
+    const char *prov = tu_path("provider.sh"), *pdir = tu_path("provider");
+    char script[8400], shoal[4096];
+    if (!realpath(tu_shoal(), shoal)) fail_msg("no %s", tu_shoal());
+    int n = snprintf(script, sizeof script, "#!/bin/sh\nexec %s provider-local --dir %s\n", shoal, pdir);
+    tu_write_file(prov, script, (size_t)n);
+    chmod(prov, 0755);
+    snprintf(f.extra, sizeof f.extra,
+             "--provider-cmd %s --provider-quota z9,ib,H100,8,2,1.5 --scale-up-wait 0.3 --scale-down-idle 1", prov);
+    tf_start_server(&f, "autoscale", 2);
+    assert_int_equal(count_nodes(&f), 0);
+    int64_t id = tf_submit(&f, TF_ALICE, "{\"name\":\"grow\",\"nodes\":2,\"gpus_per_node\":8,\"gpu_types\":[\"H100\"],"
+                                         "\"command\":[\"true\"]}");
+    json_t *j = tf_wait_job(&f, id, "succeeded", 30);
+    assert_non_null(strstr(tf_member_node(j, 0), "auto-"));
+    json_decref(j);
+    for (int i = 0; i < 400 && count_nodes(&f) > 0; i++) sh_sleep(0.05);
+    assert_int_equal(count_nodes(&f), 0);
+    int st;
+    j = tf_call(&f, TF_ADMIN, "GET", "/v1/events", NULL, &st);
+    char *text = json_dumps(j, 0);
+    assert_non_null(strstr(text, "scale_up"));
+    assert_non_null(strstr(text, "scale_down"));
+    free(text);
+    json_decref(j);
+    tf_stop(&f);
+}
+
+/* `shoal up` with the example fleet, driven through the command line. */
+static void test_up_and_cli(void **state)
+{
+    const char *dir = tu_path("up");
+    sh_rm_rf(dir);
+    sh_mkdir_p(dir, 0755);
+    char db[4200], out[4200], envf[4200];
+    snprintf(db, sizeof db, "%s/shoal.db", dir);
+    snprintf(out, sizeof out, "%s/up.out", dir);
+    snprintf(envf, sizeof envf, "%s/env", dir);
+    char *argv[] = {(char *)tu_shoal(), "up", "--fleet", "examples/fleet-local.csv", "--db", db, "--port", "0",
+                    "--heartbeat-timeout", "5", NULL};
+    tf_spawn(out, argv);
+    char *env = NULL;
+    for (int i = 0; i < 400 && !env; i++) {
+        size_t len;
+        if (sh_read_file(envf, 4096, &env, &len) < 0) env = NULL, sh_sleep(0.025);
+    }
+    assert_non_null(env);
+    char url[128] = "", tok[128] = "";
+    sscanf(strstr(env, "SHOAL_SERVER=") + 13, "%127s", url);
+    sscanf(strstr(env, "SHOAL_TOKEN=") + 12, "%127s", tok);
+    free(env);
+    const char *sh = tu_shoal();
+    char *o = NULL;
+    /* All eight agents register. */
+    for (int i = 0; i < 200; i++) {
+        free(o);
+        o = NULL;
+        tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s nodes --json", url, tok, sh);
+        json_t *j = json_loads(o, 0, NULL);
+        size_t n = json_array_size(json_object_get(j, "nodes"));
+        json_decref(j);
+        if (n == 8) break;
+        sh_sleep(0.05);
+    }
+    assert_non_null(strstr(o, "h100-a3"));
+    free(o);
+    const char *jobf = tu_path("short.json");
+    const char *job = "{\"name\":\"cli\",\"nodes\":2,\"gpus_per_node\":8,\"gpu_types\":[\"A100\"],"
+                      "\"command\":[\"sh\",\"-c\",\"echo hello from $RANK\"]}";
+    tu_write_file(jobf, job, strlen(job));
+    assert_int_equal(tu_run(&o, "%s submit %s --server %s --token %s --json", sh, jobf, url, tok), 0);
+    json_t *j = json_loads(o, 0, NULL);
+    free(o);
+    long long id = json_integer_value(json_object_get(j, "id"));
+    json_decref(j);
+    assert_true(id > 0);
+    /* logs -f follows until the job ends. */
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s logs %lld --rank 1 -f", url, tok, sh, id), 0);
+    assert_non_null(strstr(o, "hello from 1"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s job %lld", url, tok, sh, id), 0);
+    assert_non_null(strstr(o, "succeeded"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s jobs", url, tok, sh), 0);
+    assert_non_null(strstr(o, "cli"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s cost --json", url, tok, sh), 0);
+    j = json_loads(o, 0, NULL);
+    assert_non_null(json_object_get(json_object_get(json_object_get(j, "by_tenant"), "default"), "A100"));
+    json_decref(j);
+    free(o);
+    /* Errors: a job that never fits, a bad token, a missing job. */
+    const char *huge = tu_path("huge.json");
+    const char *h = "{\"name\":\"huge\",\"nodes\":9,\"gpu_types\":[\"H100\"],\"command\":[\"true\"]}";
+    tu_write_file(huge, h, strlen(h));
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s submit %s", url, tok, sh, huge), 1);
+    assert_non_null(strstr(o, "can never fit"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=nope %s jobs", url, sh), 1);
+    assert_non_null(strstr(o, "401"));
+    free(o);
+    assert_int_equal(tu_run(&o, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s cancel 999", url, tok, sh), 1);
+    assert_non_null(strstr(o, "no such job"));
+    free(o);
+    assert_int_equal(tu_run(&o, "%s jobs --limit x", sh), 2);
+    free(o);
+    tf_kill_all();
+}
+
+/* The sandbox: pids_max is enforced by the rank's cgroup, the root is
+ * read-only, /tmp is private and the rank sees its own pid namespace. */
+static void test_sandbox_limits(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "sandbox", 5);
+    tf_start_agent(&f, 0, "L4", 4, "z", "eth");
+    const char *out = tu_path("sandbox-out");
+    sh_rm_rf(out);
+    sh_mkdir_p(out, 0755);
+    char body[1024];
+    /* Forks until the pids limit stops it; reports how far it got. */
+    snprintf(body, sizeof body,
+             "{\"name\":\"forks\",\"nodes\":1,\"pids_max\":12,\"command\":[\"sh\",\"-c\","
+             "\"n=0; while [ $n -lt 40 ]; do sleep 5 & n=$((n+1)); done; echo started $n\"]}");
+    int64_t a = tf_submit(&f, TF_ALICE, body);
+    json_t *j = tf_wait_job(&f, a, "failed", 20);
+    json_decref(j);
+    char marker[128];
+    snprintf(marker, sizeof marker, "/tmp/shoal-sandbox-marker-%d", (int)getpid());
+    tu_write_file(marker, "x", 1);
+    snprintf(body, sizeof body,
+             "{\"name\":\"probe\",\"nodes\":1,\"writable\":[\"%s\"],\"command\":[\"sh\",\"-c\","
+             "\"echo $$ > %s/pid; touch /usr/x 2>/dev/null && echo rw > %s/root; ls %s 2>/dev/null | wc -l > %s/tmp\"]}",
+             out, out, out, marker, out);
+    int64_t b = tf_submit(&f, TF_ALICE, body);
+    json_decref(tf_wait_job(&f, b, "succeeded", 20));
+    char p[4200], *t;
+    size_t n;
+    snprintf(p, sizeof p, "%s/root", out);
+    assert_false(sh_path_exists(p)); /* / is read-only inside */
+    snprintf(p, sizeof p, "%s/tmp", out);
+    assert_int_equal(sh_read_file(p, 64, &t, &n), 0);
+    assert_int_equal(atoi(t), 0); /* a private /tmp: the host's file is not there */
+    free(t);
+    unlink(marker);
+    snprintf(p, sizeof p, "%s/pid", out);
+    assert_int_equal(sh_read_file(p, 64, &t, &n), 0);
+    assert_true(atoi(t) < 10); /* a fresh pid namespace */
+    free(t);
+    tf_stop(&f);
+}
+
+static int live_members(json_t *job)
+{
+    int n = 0;
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(job, "members"), i, m) {
+        const char *st = json_string_value(json_object_get(m, "state"));
+        n += !strcmp(st, "running") || !strcmp(st, "ready") || !strcmp(st, "assigned");
+    }
+    return n;
+}
+
+/* Elastic work fills idle GPUs and makes room when a higher-priority gang
+ * arrives: the core's preempt/shrink decisions are carried out on the
+ * agents, and no GPU is ever given twice. */
+static void test_elastic_yields_to_gang(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "elastic", 5);
+    tf_start_agent(&f, 0, "A100", 8, "z", "ib");
+    tf_start_agent(&f, 1, "A100", 8, "z", "ib");
+    int64_t e = tf_submit(&f, TF_BOB, "{\"name\":\"rollouts\",\"kind\":\"elastic\",\"min_nodes\":1,\"max_nodes\":2,"
+                                      "\"gpus_per_node\":8,\"command\":[\"sleep\",\"60\"]}");
+    json_t *j = NULL;
+    for (int i = 0; i < 200; i++) {
+        json_decref(j);
+        j = tf_wait_job(&f, e, "running", 10);
+        if (live_members(j) == 2) break;
+        sh_sleep(0.05);
+    }
+    assert_int_equal(live_members(j), 2);
+    json_decref(j);
+    int64_t g = tf_submit(&f, TF_ALICE, "{\"name\":\"train\",\"nodes\":2,\"gpus_per_node\":8,\"priority\":10,"
+                                      "\"command\":[\"sleep\",\"60\"]}");
+    json_decref(tf_wait_job(&f, g, "running", 20));
+    int st;
+    j = tf_call(&f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    size_t i;
+    json_t *n;
+    json_array_foreach(json_object_get(j, "nodes"), i, n)
+        assert_true(json_integer_value(json_object_get(n, "gpus_used")) <= 8);
+    json_decref(j);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)e);
+    j = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
+    assert_int_equal(live_members(j), 0);
+    json_decref(j);
+    tf_stop(&f);
+}
+
 static int teardown(void **state)
 {
     tf_kill_all();
@@ -303,6 +531,10 @@ int main(void)
         cmocka_unit_test_teardown(test_killed_agent_replace, teardown),
         cmocka_unit_test_teardown(test_killed_agent_fail, teardown),
         cmocka_unit_test_teardown(test_server_kill9_under_load, teardown),
+        cmocka_unit_test_teardown(test_autoscale_local_provider, teardown),
+        cmocka_unit_test_teardown(test_up_and_cli, teardown),
+        cmocka_unit_test_teardown(test_sandbox_limits, teardown),
+        cmocka_unit_test_teardown(test_elastic_yields_to_gang, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -647,6 +647,64 @@ static void test_autoscale(void **state)
     sched_free(s);
 }
 
+/* sched_job_restore: a server rebuilding after a restart puts running jobs
+ * back on their nodes.  Each row is a placement for a queued job and
+ * whether it is accepted (else the message); a refused one books nothing. */
+static void test_restore_table(void **state)
+{
+    static const tnode_row f[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1},
+                                  {"o1", "z", "g", "t", 8, 1}, {"u1", "z", "f", "u", 8, 1}, {NULL}};
+    static const struct {
+        int nodes, gpn;
+        const char *places; /* node:gpus,... */
+        const char *err;    /* NULL: accepted */
+    } rows[] = {
+        {2, 4, "n1:4,n2:4", NULL},
+        {2, 4, "n1:4", "cannot be restored on 1 places"},
+        {2, 4, "n1:4,n1:4", "two pods on node n1"},
+        {2, 4, "n1:4,o1:4", "span zones, fabrics or GPU types"},
+        {2, 4, "n1:4,n2:2", "has 2 GPUs, the job takes 4"},
+        {2, 4, "n1:4,x9:4", "node x9 is unknown"},
+        {1, 8, "n1:8", NULL},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        sched *s = mk(SCHED_SHOAL, f);
+        submit(s, gang("R", 2, 6, 100), 0); /* to be restored after the rest */
+        submit(s, gang("J", rows[i].nodes, rows[i].gpn, 100), 0);
+        char buf[128], *save = NULL;
+        snprintf(buf, sizeof buf, "%s", rows[i].places);
+        sched_place pl[8];
+        size_t n = 0;
+        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            char *c = strchr(t, ':');
+            *c = 0;
+            pl[n++] = (sched_place){t, 0, atoi(c + 1)};
+        }
+        int rc = sched_job_restore(s, "J", pl, n, 5);
+        if (rows[i].err) {
+            if (rc != SH_EINVAL || !strstr(sh_errmsg(), rows[i].err))
+                fail_msg("row %zu: rc %d \"%s\", expected \"%s\"", i, rc, sh_errmsg(), rows[i].err);
+            assert_int_equal(jstate(s, "J"), SCHED_QUEUED);
+            sched_stats st;
+            sched_stats_get(s, &st);
+            assert_int_equal(st.gpus_busy, 0);
+        } else {
+            TU_OK(rc);
+            assert_int_equal(jstate(s, "J"), SCHED_RUNNING);
+        }
+        TU_OK(sched_check(s, 5));
+        /* A restored job finishes and bills like any other: 5 s at 1/GPU-hour. */
+        if (!rows[i].err) {
+            TU_OK(sched_job_finish(s, "J", 10));
+            assert_true(fabs(sched_cost_job(s, "J", NULL, 10) - 5.0 * 8 / 3600) < 1e-9);
+        }
+        sched_free(s);
+    }
+    sched *s = mk(SCHED_SHOAL, f);
+    TU_ERR(sched_job_restore(s, "nope", NULL, 0, 0), SH_ENOENT, "job nope is not known");
+    sched_free(s);
+}
+
 /* ---- Each invariant: break it behind the API's back, expect sched_check to say so */
 
 static void test_check_invariants(void **state)
@@ -723,6 +781,7 @@ int main(void)
         cmocka_unit_test(test_elastic_cost_per_work),
         cmocka_unit_test(test_billing_per_second),
         cmocka_unit_test(test_autoscale),
+        cmocka_unit_test(test_restore_table),
         cmocka_unit_test(test_check_invariants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -182,7 +182,8 @@ int sched_job_finish(sched *s, const char *id, double now);
 typedef enum sched_decision_kind {
     SCHED_D_START = 0,      /* start job on places[first .. first+count) */
     SCHED_D_GROW = 1,       /* elastic: add these replicas */
-    SCHED_D_SHRINK = 2,     /* elastic: remove these replicas */
+    SCHED_D_SHRINK = 2,     /* elastic: remove these replicas; with `node` set: pods lost
+                               with that failed node (a gang then waits in REPLACING) */
     SCHED_D_PREEMPT = 3,    /* stop job entirely; it is queued again */
     SCHED_D_REQUEUE = 4,    /* a failure stopped job; it is queued again (restart cost) */
     SCHED_D_REPLACE = 5,    /* a gang's failed node is replaced: places holds the new node */
@@ -218,6 +219,15 @@ typedef struct sched_decisions {
 } sched_decisions;
 
 void sched_decisions_free(sched_decisions *d);
+
+/* Marks the queued job `id` running on the n places given, as if a START
+ * decision had placed it there at `now` -- for a server rebuilding its
+ * scheduler after a restart, whose running jobs must not move.  The
+ * placement must be one the job could have been given: a gang on exactly
+ * `nodes` distinct nodes of one pool with gpus_per_node GPUs each, elastic
+ * min..max replicas, a function one GPU, on up nodes with the GPUs free.
+ * Otherwise SH_EINVAL naming the node or the rule, and nothing changes. */
+int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now);
 
 /* Runs one scheduling cycle at `now`: reports pending event effects, expires
  * timeouts, starts, grows, shrinks, preempts and scales.  Resets and fills
@@ -264,7 +274,8 @@ double sched_cost_tenant(const sched *s, const char *tenant, const char *gpu_typ
 double sched_cost_job(const sched *s, const char *job, const char *gpu_type, double now);
 
 /* Queue order as the policy sees it now: up to cap job ids into out;
- * returns the queue length. */
+ * returns the queue length.  Call it between cycles (not from a thread
+ * running sched_step on the same scheduler). */
 size_t sched_queue(const sched *s, const char **out, size_t cap);
 
 typedef struct sched_node_info {

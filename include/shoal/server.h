@@ -37,7 +37,6 @@ typedef struct srv_config {
     size_t max_body;           /* largest request body in bytes (default 1 MiB) */
     const char *provider_cmd;  /* autoscaling hook (NULL: none); see docs/server-api.md */
     const char *provider_quota; /* "ZONE,FABRIC,GPU_TYPE,GPUS,MAX_NODES,PRICE" it may add */
-    int max_provider_nodes;    /* unused; MAX_NODES of the quota bounds scale-up */
     double scale_up_wait_s;    /* a job queued this long asks for nodes (default 2) */
     double scale_down_idle_s;  /* an idle provider node is released after (default 10) */
     int sync_full;             /* 1: SQLite synchronous=FULL (survives power loss) */

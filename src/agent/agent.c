@@ -229,9 +229,9 @@ static int poll_once(agent *a, int wait_ms)
     int rc = srv_client_call(a->cl, "POST", "/v1/agent/poll", b, NULL, 10 + wait_ms / 1000.0, &status, &reply);
     json_decref(b);
     if (rc < 0) return rc;
-    if (status == 404) {
+    if (status == 404 || status == 410) {
         json_decref(reply);
-        return SH_ENOENT;
+        return status == 404 ? SH_ENOENT : sh_err(SH_EEXIST, "node %s was removed from the fleet", a->cfg.name);
     }
     if (status != 200 || !reply) {
         rc = sh_err(SH_EIO, "poll: HTTP %d: %s", status, json_string_value(json_object_get(reply, "error")));
@@ -309,6 +309,10 @@ int agent_run(const agent_config *cfg, volatile sig_atomic_t *stop)
         for (int i = 0; i < a.nm; i++) any_live |= a.m[i].state != AM_EXITED || a.m[i].out_fd >= 0;
         int r = poll_once(&a, news ? 0 : any_live ? 100 : 250);
         if (r == SH_ENOENT) registered = 0;
+        else if (r == SH_EEXIST) {
+            sh_info("agent %s: %s; stopping", a.cfg.name, sh_errmsg());
+            break; /* removed (scaled down): stop, do not register again */
+        }
         else if (r < 0) {
             /* The server is down or restarting: keep the members running and
              * retry; they are reconciled when it answers again. */

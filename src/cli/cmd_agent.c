@@ -20,7 +20,8 @@ static const char usage[] =
     "  --addr A         address other ranks reach this node at (MASTER_ADDR)\n"
     "  --work-dir DIR   members' working directories (default /tmp/shoal-agent)\n"
     "  --sandbox MODE   bwrap when it works (auto), demand it (bwrap), or none\n"
-    "  --probe          print the isolation this kernel allows and exit\n";
+    "  --probe          print the isolation this kernel allows and the GPUs nvidia-smi\n"
+    "                   finds, and exit\n";
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = sig; }
@@ -64,7 +65,11 @@ int cli_cmd_agent(int argc, char **argv)
         char s[256];
         int rc = agent_probe_sandbox(cfg.sandbox ? cfg.sandbox : "auto", s, sizeof s);
         if (rc < 0) return cli_fail("agent", rc);
-        printf("%s\n", s);
+        char t[64];
+        int n = 0;
+        printf("sandbox %s\n", s);
+        if (agent_detect_gpus(t, sizeof t, &n) == 0) printf("gpus    %d x %s (nvidia-smi)\n", n, t);
+        else printf("gpus    none detected (%s): declare them with --gpu-type and --gpus\n", sh_errmsg());
         return 0;
     }
     if (!cfg.name) return cli_usage("agent", "--name NODE is required");

@@ -13,7 +13,7 @@ const char cli_help_server[] = "run the control plane: HTTP/JSON API, SQLite sta
 static const char usage[] =
     "usage: shoal server --tokens FILE [--db PATH] [--port P] [--bind ADDR] [--web DIR]\n"
     "                    [--heartbeat-timeout S] [--max-body BYTES] [--provider-cmd PROG]\n"
-    "                    [--max-provider-nodes N] [--sync-full]\n\n"
+    "                    [--provider-quota Q] [--scale-up-wait S] [--scale-down-idle S] [--sync-full]\n\n"
     "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
     "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
     "  --port P               TCP port (default 8470; 0 picks a free one)\n"
@@ -22,6 +22,9 @@ static const char usage[] =
     "  --heartbeat-timeout S  seconds without a poll before a node is dead (default 3)\n"
     "  --max-body BYTES       largest request body (default 1MiB)\n"
     "  --provider-cmd PROG    autoscaling hook, run with a JSON request on stdin\n"
+    "  --provider-quota ZONE,FABRIC,GPU_TYPE,GPUS,MAX_NODES,PRICE  what it may add\n"
+    "  --scale-up-wait S      a job queued this long asks the provider (default 2)\n"
+    "  --scale-down-idle S    an idle provider node is released after (default 10)\n"
     "  --sync-full            fsync every commit (survives power loss, slower)\n\n"
     "Prints \"listening on http://ADDR:PORT\" once ready.  See docs/server-api.md.\n";
 
@@ -42,12 +45,15 @@ int cli_server_config(int argc, char **argv, int first, srv_config *cfg, const c
         else if (!strcmp(a, "--bind")) cfg->bind_addr = v;
         else if (!strcmp(a, "--web")) cfg->web_dir = v;
         else if (!strcmp(a, "--provider-cmd")) cfg->provider_cmd = v;
+        else if (!strcmp(a, "--provider-quota")) cfg->provider_quota = v;
+        else if (!strcmp(a, "--scale-up-wait") || !strcmp(a, "--scale-down-idle")) {
+            if (sh_parse_double(v, &d, a) < 0 || d <= 0) return cli_usage(cmd, "%s: expected seconds > 0, got \"%s\"", a, v);
+            if (a[8] == 'u') cfg->scale_up_wait_s = d;
+            else cfg->scale_down_idle_s = d;
+        }
         else if (!strcmp(a, "--port")) {
             if (sh_parse_u64(v, &u, "--port") < 0 || u > 65535) return cli_usage(cmd, "--port: expected 0..65535, got \"%s\"", v);
             cfg->port = (int)u;
-        } else if (!strcmp(a, "--max-provider-nodes")) {
-            if (sh_parse_u64(v, &u, "--max-provider-nodes") < 0 || u > 1000) return cli_usage(cmd, "--max-provider-nodes: expected 0..1000");
-            cfg->max_provider_nodes = (int)u;
         } else if (!strcmp(a, "--heartbeat-timeout")) {
             if (sh_parse_double(v, &d, "--heartbeat-timeout") < 0 || d <= 0) return cli_usage(cmd, "--heartbeat-timeout: expected seconds > 0, got \"%s\"", v);
             cfg->heartbeat_timeout = d;

@@ -55,6 +55,7 @@ static int delta__apply_item(void *arg, size_t i, delta__scratch *s)
     size_t n = t->nbytes - off < CKPT_CHUNK ? (size_t)(t->nbytes - off) : CKPT_CHUNK;
     const delta__file *f = &a->d->files[t->file];
     size_t ti = it->tensor - f->first;
+    if (!a->sink.direct) SH_TRY(delta__scratch_tmp(s));
     uint8_t *dst = a->sink.direct ? a->sink.direct(a->sink.ctx, t->file, ti, off) : s->tmp;
     char what[512];
     snprintf(what, sizeof what, "delta: tensor \"%s\" chunk %u", t->name, it->chunk);

@@ -66,6 +66,7 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
 {
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
+    if (t->holes) sched__queue_compact(s);
     SH_TRY(GROW(t->queue, t->capq, t->nq + 1));
     size_t pos = queue_pos(s, t, j);
     memmove(t->queue + pos + 1, t->queue + pos, (t->nq - pos) * sizeof *t->queue);
@@ -73,24 +74,53 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     t->nq++;
     sshape *sh = sched__shape(s, j->shape);
     if (!sh) return sh_err(SH_ENOMEM, "sched: out of memory");
-    if (!sh->queued++) s->nshapes_live++;
+    if (!sh->queued++) s->nshapes_live++, sh->min_est = j->est_s;
+    else if (j->est_s < sh->min_est) sh->min_est = j->est_s;
     j->state = SCHED_QUEUED;
     j->queued_since = now;
     s->queued++;
     return 0;
 }
 
+static void shape_dec(sched *s, const sjob *j)
+{
+    sshape *sh = sched__shape(s, j->shape);
+    if (sh && sh->queued && !--sh->queued) s->nshapes_live--;
+}
+
+void sched__queue_compact(sched *s)
+{
+    for (size_t ti = 0; ti < s->ntenants; ti++) {
+        stenant *t = &s->tenants[ti];
+        if (!t->holes) continue;
+        size_t w = 0;
+        for (size_t r = 0; r < t->nq; r++)
+            if (t->queue[r] != NONE) t->queue[w++] = t->queue[r];
+        t->nq = w, t->holes = 0;
+    }
+}
+
 void sched__queue_remove(sched *s, uint32_t ji)
 {
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
+    /* A job started during a walk sits at its tenant's cursor: leave a hole
+     * there rather than shift the whole queue once per start; the walk
+     * compacts once at its end. */
+    if (s->walking && t->cursor < t->nq && t->queue[t->cursor] == ji) {
+        t->queue[t->cursor] = NONE;
+        t->holes++;
+        s->queued--;
+        shape_dec(s, j);
+        return;
+    }
+    if (t->holes) sched__queue_compact(s);
     size_t pos = queue_pos(s, t, j);
     if (pos >= t->nq || t->queue[pos] != ji) return;
     memmove(t->queue + pos, t->queue + pos + 1, (t->nq - pos - 1) * sizeof *t->queue);
     t->nq--;
-    sshape *sh = sched__shape(s, j->shape);
-    if (sh && sh->queued && !--sh->queued) s->nshapes_live--;
     s->queued--;
+    shape_dec(s, j);
 }
 
 double sched__job_speed(const sched *s, const sjob *j, uint32_t type)

@@ -264,8 +264,9 @@ int srv__agent_poll(srv *s, json_t *b, json_t **reply)
     SH_TRY(sh_json_get_i64(b, "version", 0, "poll", &version));
     SH_TRY(sh_json_get_i64(b, "wait_ms", 0, "poll", &wait_ms));
     int idx = srv__node_find(s, name);
-    if (idx < 0 || s->nodes[idx].state == NODE_GONE)
-        return sh_err(SH_ENOENT, "node \"%s\" is not registered; register it first", name);
+    if (idx < 0) return sh_err(SH_ENOENT, "node \"%s\" is not registered; register it first", name);
+    if (s->nodes[idx].state == NODE_GONE)
+        return sh_err(SH_EEXIST, "node \"%s\" was removed from the fleet; its agent should stop", name);
     srv_node *n = &s->nodes[idx];
     n->last_seen = sh_now_mono();
     s->polls++;

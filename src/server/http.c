@@ -51,9 +51,20 @@ static int status_of(int rc)
     case SH_EFORMAT: case SH_EINVAL: case SH_ERANGE: return 400;
     case SH_ENOENT: return 404;
     case SH_EPERM: return 403;
-    case SH_EEXIST: return 409;
+    case SH_EEXIST: return 410; /* only a removed node's poll fails this way */
     default: return 500;
     }
+}
+
+/* Compares a presented token with a known one in time that depends only on
+ * their lengths, so that response times do not leak a token's prefix. */
+static int token_eq(const char *given, const char *known)
+{
+    if (!known) return 0;
+    size_t a = strlen(given), b = strlen(known);
+    unsigned char diff = a != b;
+    for (size_t i = 0; i < a; i++) diff |= (unsigned char)(given[i] ^ known[i % (b ? b : 1)]);
+    return !diff;
 }
 
 /* Maps the bearer token to a role; *tenant points into s->tokens. */
@@ -67,12 +78,12 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
     const char *tok = h + 7;
     const char *admin = json_string_value(json_object_get(s->tokens, "admin"));
     const char *agent = json_string_value(json_object_get(s->tokens, "agent"));
-    if (admin && !strcmp(tok, admin)) return r->role = ROLE_ADMIN;
-    if (agent && !strcmp(tok, agent)) return r->role = ROLE_AGENT;
+    if (token_eq(tok, admin)) return r->role = ROLE_ADMIN;
+    if (token_eq(tok, agent)) return r->role = ROLE_AGENT;
     const char *name;
     json_t *v;
     json_object_foreach(json_object_get(s->tokens, "tenants"), name, v) {
-        if (json_is_string(v) && !strcmp(tok, json_string_value(v))) {
+        if (json_is_string(v) && token_eq(tok, json_string_value(v))) {
             r->tenant = name;
             return r->role = ROLE_TENANT;
         }
@@ -297,7 +308,6 @@ int srv_start(const srv_config *cfg, srv **out)
     if (!s->cfg.bind_addr) s->cfg.bind_addr = "127.0.0.1";
     if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
     if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
-    if (!s->cfg.max_provider_nodes) s->cfg.max_provider_nodes = 8;
     if (s->cfg.scale_up_wait_s <= 0) s->cfg.scale_up_wait_s = 2;
     if (s->cfg.scale_down_idle_s <= 0) s->cfg.scale_down_idle_s = 10;
     if (!s->cfg.db_path) s->cfg.db_path = "shoal.db";

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now);
 
 static void sid(const srv_job *j, char out[24]) { snprintf(out, 24, "%lld", (long long)j->id); }
 

@@ -235,6 +235,7 @@ int srv__grow(srv *s, srv_job *j, const int *nodes, int n)
 /* Stops one live elastic replica on each node listed. */
 int srv__shrink(srv *s, srv_job *j, const int *nodes, int n)
 {
+    if (n <= 0) return SH_OK; /* the core reports a failed node's places this way too */
     for (int i = 0; i < n; i++)
         for (int r = j->nmem - 1; r >= 0; r--)
             if (j->mem[r].node == nodes[i] && member_live(&j->mem[r])) {

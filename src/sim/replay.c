@@ -232,7 +232,8 @@ static int submit(run *R, size_t ti, double now)
     sp.n_types = j->n_types;
     for (int k = 0; k < j->n_types; k++) sp.gpu_types[k] = j->gpu_types[k], sp.speed[k] = j->speed[k];
     sp.est_s = j->duration_s, sp.priority = j->priority;
-    sp.on_fail = SCHED_REQUEUE;
+    sp.on_fail = R->o->replace_wait_s > 0 ? SCHED_REPLACE : SCHED_REQUEUE;
+    sp.replace_wait_s = R->o->replace_wait_s;
     size_t before = sched_job_count(R->s);
     int rc = sched_job_submit(R->s, &sp, now);
     if (sched_job_count(R->s) > before) R->six2t[R->nsix++] = (uint32_t)ti;
@@ -369,7 +370,7 @@ static void summarise(run *R, double t0, double t_end)
     sched_stats_get(R->s, &st);
     r->decisions = st.decisions;
     r->decisions_per_s = r->sched_wall_s > 0 ? (double)st.decisions / r->sched_wall_s : 0;
-    r->preemptions = st.preemptions, r->requeues = st.requeues;
+    r->preemptions = st.preemptions, r->requeues = st.requeues, r->replaces = st.replaces;
     r->partial_gangs = st.partial_gangs, r->hold_timeouts = st.hold_timeouts;
     r->held_gpu_hours = st.held_gpu_s / 3600.0;
     r->resv_late = st.resv_late;

@@ -1,0 +1,97 @@
+/* shoal bcast: chunked, pipelined push trees over UCX.
+ *
+ * Every process in a push tree runs one bcast_node: the root (`shoal push
+ * serve`) is fed objects from a store; relays and replicas attach to a parent
+ * and receive objects chunk by chunk, forwarding each verified chunk to their
+ * own children while the next one arrives.  An object is one version's
+ * payload file (a full anchor checkpoint or a delta) plus its manifest.
+ * docs/push-protocol.md specifies the wire protocol.
+ *
+ * A node is single-threaded: bcast_node_run() drives UCX progress and must be
+ * called from one thread.  Callbacks run on that thread. */
+#ifndef SHOAL_BCAST_H
+#define SHOAL_BCAST_H
+
+#include <stdint.h>
+
+#include "shoal/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BCAST_DEFAULT_CHUNK (4u << 20)
+#define BCAST_MAX_ADDRS 16
+
+typedef struct bcast_node bcast_node;
+
+/* A complete, verified object as handed to on_object.  The path stays valid
+ * until the node drops the object (after the next anchor completes). */
+typedef struct bcast_object_info {
+    uint64_t version;
+    uint64_t base;        /* 0 for an anchor */
+    int is_anchor;
+    uint64_t size;
+    const char *path;     /* the payload file in the node's spool */
+    const char *manifest; /* the version's manifest.json text */
+} bcast_object_info;
+
+typedef struct bcast_config {
+    const char *name;        /* for logs and HELLO; default "node-<pid>" */
+    const char *zone;        /* default "default" */
+    const char *spool;       /* directory for received payloads (required unless root) */
+    const char *listen_host; /* default 127.0.0.1 */
+    int listen_port;         /* 0: ephemeral */
+    int accept_children;     /* 1 for relays and (by default) replicas */
+    int fanout;              /* same-zone children before redirecting; default 2 */
+    uint32_t chunk_size;     /* root only; default BCAST_DEFAULT_CHUNK */
+    double egress_bps;       /* sender-side rate limit in bytes/s over all children; 0 = none */
+    /* Parents to try, in order ("host:port").  A root has none. */
+    const char *parents[BCAST_MAX_ADDRS];
+    int nparents;
+    uint64_t have_version;   /* the version this node already holds (replica restart) */
+    /* Called on the node's thread when an object is complete and verified. */
+    void (*on_object)(void *arg, const bcast_object_info *obj);
+    /* Called for every verified chunk (progress, tests). */
+    void (*on_chunk)(void *arg, uint64_t version, uint32_t index, uint32_t nchunks);
+    void *arg;
+} bcast_config;
+
+/* Creates a node, its UCX worker and its listener.  The caller owns the node
+ * and frees it with bcast_node_free(). */
+int bcast_node_new(const bcast_config *cfg, bcast_node **out);
+void bcast_node_free(bcast_node *n);
+
+/* "host:port" this node listens on (owned by the node). */
+const char *bcast_node_address(const bcast_node *n);
+
+/* Root only: offers the payload file at `path` (not copied; it must stay
+ * until the node drops the object) described by `manifest_json`
+ * (store-version/1 manifest text).  Versions must be added in increasing
+ * order; an anchor makes older objects droppable. */
+int bcast_node_add_object(bcast_node *n, const char *manifest_json, const char *path);
+
+/* Runs the event loop for up to `seconds` (or until bcast_node_stop()).
+ * Returns 0, or a negative code on a fatal error. */
+int bcast_node_run(bcast_node *n, double seconds);
+void bcast_node_stop(bcast_node *n);
+
+/* Wakes a node blocked in bcast_node_run() from another thread. */
+void bcast_node_wake(bcast_node *n);
+
+typedef struct bcast_stats {
+    uint64_t bytes_sent;      /* chunk payload bytes sent to children */
+    uint64_t bytes_received;  /* chunk payload bytes received (incl. corrupt ones) */
+    uint64_t chunks_corrupt;  /* received chunks dropped for a bad checksum */
+    uint64_t reattaches;      /* parent connections after the first */
+    uint64_t redirects;       /* redirects this node followed */
+    uint64_t have_version;    /* newest complete object */
+    int children;             /* live children */
+    int attached;             /* 1 when connected to a parent (or root) */
+} bcast_stats;
+void bcast_node_stats(const bcast_node *n, bcast_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

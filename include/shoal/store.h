@@ -1,0 +1,197 @@
+/* shoal store: versioned runs of weights on a file system, and replicas.
+ *
+ * A store is a directory with one folder per run and, under it, one folder
+ * per version holding either a full anchor checkpoint or a delta against the
+ * previous version.  A run's LATEST pointer is replaced atomically, and only
+ * after the version it names is durable.  docs/store-format.md specifies the
+ * layout and the protocol.
+ *
+ * Every function returns 0 or a negative SH_E* code with sh_errmsg() set. */
+#ifndef SHOAL_STORE_H
+#define SHOAL_STORE_H
+
+#include <stdint.h>
+
+#include "shoal/bcast.h"
+#include "shoal/ckpt.h"
+#include "shoal/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STORE_DEFAULT_RUN "main"
+#define STORE_MAX_CHAIN 4096
+
+typedef struct store store;
+
+/* One version's manifest. */
+typedef struct store_version {
+    uint64_t version;
+    int anchor;              /* 1: a full checkpoint; 0: a delta on version-1 */
+    uint64_t base;           /* version-1 for a delta, 0 for an anchor */
+    uint64_t size;           /* payload bytes */
+    sh_hash128 xxh3;         /* of the payload file */
+    uint64_t model_size;     /* bytes of the full checkpoint this version is */
+    sh_hash128 model_xxh3;   /* of the full checkpoint */
+    double created_at;       /* seconds since the epoch */
+    char file[64];           /* payload file name inside the version folder */
+} store_version;
+
+/* Opens run `run` (NULL: STORE_DEFAULT_RUN) of the store at `root`.  With
+ * create = 1 the folders are made if missing; otherwise a missing run is
+ * SH_ENOENT.  The caller owns the handle. */
+int store_open(const char *root, const char *run, int create, store **out);
+void store_close(store *s);
+const char *store_root(const store *s);
+const char *store_run(const store *s);
+
+/* The version LATEST names, or 0 when the run has none yet.  A pointer that
+ * names another run or cannot be parsed is an error (SH_EFORMAT), never a
+ * silent fallback. */
+int store_latest(store *s, uint64_t *out);
+
+/* Reads and checks version v's manifest.  *text (optional, caller frees)
+ * gets the manifest's JSON text. */
+int store_get(store *s, uint64_t v, store_version *out, char **text);
+/* Parses a manifest's text (as sent over the push tree); with run non-NULL
+ * the manifest must belong to that run. */
+int store_manifest_parse(const char *text, const char *run, store_version *out);
+/* The payload file of version v. */
+int store_payload_path(store *s, uint64_t v, char *out, size_t cap);
+/* Checks the payload's size and xxh3 against the manifest. */
+int store_verify(store *s, uint64_t v);
+
+/* Every version folder of the run in increasing order (caller frees *out).
+ * A folder whose manifest is unreadable is listed with version set and
+ * size 0, and counted in *broken. */
+int store_list(store *s, store_version **out, size_t *n, size_t *broken);
+
+typedef struct store_publish_opts {
+    uint64_t anchor_every; /* a full anchor every N versions (default 8); 1: all anchors */
+} store_publish_opts;
+
+/* Publishes the checkpoint file `ckpt` as the next version: a delta against
+ * the previous version (computed here), or an anchor every N versions.  The
+ * payload and manifest are made durable and the version folder renamed into
+ * place before LATEST advances; on any failure (SH_ENOSPC included) LATEST is
+ * unchanged and no partial folder remains.  *out gets the new version. */
+int store_publish(store *s, const char *ckpt, const store_publish_opts *o, uint64_t *out);
+
+/* Keeps the newest `keep` versions and every version they chain back to;
+ * removes the rest (and leftovers of crashed publishes).  *removed counts
+ * removed version folders. */
+int store_gc(store *s, uint64_t keep, uint64_t *removed);
+
+/* ---- Plans ---------------------------------------------------------------
+ * How a holder of version `from` (0: nothing) gets to version `to` with the
+ * fewest bytes: apply the deltas after `from`, apply one squashed delta (when
+ * the store has it), or load the nearest anchor and apply from there. */
+enum { STORE_PLAN_NONE = 0, STORE_PLAN_CHAIN = 1, STORE_PLAN_SQUASH = 2, STORE_PLAN_ANCHOR = 3 };
+
+typedef struct store_plan {
+    int kind;
+    uint64_t from, to;
+    uint64_t anchor;      /* STORE_PLAN_ANCHOR: the anchor loaded first */
+    uint64_t bytes;       /* payload bytes read or moved */
+    uint64_t chain_bytes, squash_bytes, anchor_bytes; /* each option; UINT64_MAX if impossible */
+    uint64_t steps[STORE_MAX_CHAIN]; /* deltas to apply in order (CHAIN, ANCHOR) */
+    size_t nsteps;
+} store_plan;
+
+/* Fills *p (caller allocates; it is large).  SH_ENOENT if `to` or a version
+ * it chains to is missing. */
+int store_plan_make(store *s, uint64_t from, uint64_t to, store_plan *p);
+const char *store_plan_kind_name(int kind);
+/* The squashed delta from `from` to `to` (path of the cache file). */
+int store_squash_path(store *s, uint64_t from, uint64_t to, char *out, size_t cap);
+/* Composes the deltas from+1 .. to into that cache file (durably), so that
+ * plans from `from` can use it; *bytes (optional) gets its size. */
+int store_squash(store *s, uint64_t from, uint64_t to, uint64_t *bytes);
+
+/* Writes version v's full checkpoint to `out` (atomically), starting from
+ * `have_path` holding version `have` when that is cheaper (have = 0: none),
+ * and checks the result against the manifest's model_xxh3. */
+int store_materialize(store *s, uint64_t v, uint64_t have, const char *have_path, const char *out);
+
+/* Applies one payload (anchor or delta) on top of `prev` (NULL for an
+ * anchor) into `out`, atomically; checks the model hash in `ver`. */
+int store_apply_payload(const store_version *ver, const char *payload, const char *prev,
+                        const char *out);
+
+/* Whether this build has the delta codec (src/delta). */
+int store_have_codec(void);
+
+/* ---- Replicas --------------------------------------------------------------
+ * A replica keeps the active version of a run in DIR and reconciles with a
+ * store (polling LATEST) or a push tree (attached to a parent): it stages and
+ * verifies the next version while the current one keeps serving, then
+ * activates it with an atomic swap.  Serving code embeds it and leases the
+ * active model per request; a lease pins its version until released.
+ * docs/store-format.md describes DIR. */
+typedef struct store_replica store_replica;
+
+typedef struct store_replica_config {
+    const char *dir;   /* required: models/, staging/, spool/, ACTIVE */
+    const char *store; /* store root: the source when no parent is given */
+    const char *run;   /* NULL: STORE_DEFAULT_RUN */
+    const char *parents[BCAST_MAX_ADDRS]; /* push parents ("host:port") */
+    int nparents;
+    const char *zone;
+    int fanout;
+    int leaf;          /* 1: accept no children in the push tree */
+    double egress_bps; /* rate limit for forwarding to children */
+    double poll_s;     /* store polling period (default 0.02 s) */
+    int fp8;           /* also keep an FP8 serving copy (delta_quant_fp8), updated
+                        * block by block after a delta */
+    /* Called on the replica's apply thread around each activation. */
+    void (*before_activate)(void *arg, uint64_t from, uint64_t to);
+    void (*after_activate)(void *arg, uint64_t version, double activated_at);
+    void *arg;
+} store_replica_config;
+
+/* A leased model: the full checkpoint bytes of one version (read-only). */
+typedef struct store_lease {
+    uint64_t version; /* the version this request runs on (at its start) */
+    const uint8_t *data;
+    uint64_t size;
+    const ckpt *ckpt; /* the parsed checkpoint over data (tensor views) */
+    const ckpt *fp8;  /* with fp8: the FP8 serving copy of the same version */
+    void *priv;
+} store_lease;
+
+/* A tensor of the leased version (valid until the lease is released). */
+int store_lease_tensor(const store_lease *l, const char *name, const ckpt_tensor **out);
+
+typedef struct store_replica_info {
+    uint64_t version;
+    double activated_at;  /* wall-clock seconds */
+    double pause_max_ms;  /* longest time a swap blocked lease callers */
+    uint64_t activations, failures;
+    uint64_t fp8_blocks;  /* blocks re-quantised by the last FP8 update */
+    char last_error[512];
+    bcast_stats push;
+} store_replica_info;
+
+/* Opens DIR (created if missing), restores the last activated version after
+ * checking it, removes what a crash mid-apply left, and starts reconciling in
+ * background threads.  The caller owns the replica. */
+int store_replica_open(const store_replica_config *cfg, store_replica **out);
+void store_replica_close(store_replica *r);
+uint64_t store_replica_version(store_replica *r);
+/* Blocks until the active version is >= v; SH_ETIMEDOUT after timeout_s. */
+int store_replica_wait(store_replica *r, uint64_t v, double timeout_s);
+/* Leases the active model.  min_version / exact_version (0: none) are the
+ * request's constraints; one this replica cannot meet now is SH_EAGAIN
+ * (retryable: later, or on another replica), with the reason. */
+int store_replica_acquire(store_replica *r, uint64_t min_version, uint64_t exact_version,
+                          store_lease *out);
+/* Ends a lease; returns the replica's active version at that moment, so that
+ * a result reports the version at the start and at the end of generation. */
+uint64_t store_replica_release(store_replica *r, store_lease *l);
+void store_replica_get_info(store_replica *r, store_replica_info *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

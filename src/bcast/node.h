@@ -1,0 +1,79 @@
+/* Internal: the state of a push node, shared by node.c (UCX plumbing, event
+ * loop) and sched.c (which child gets which chunk next). */
+#ifndef SHOAL_BCAST_NODE_H
+#define SHOAL_BCAST_NODE_H
+
+#include <ucp/api/ucp.h>
+
+#include "bcast/obj.h"
+#include "shoal/bcast.h"
+
+#define BCAST__MAX_OUTSTANDING 4 /* chunk sends in flight per child */
+#define BCAST__MAX_RESEND 64
+#define BCAST__STACK 32
+
+typedef struct bcast__peer {
+    struct bcast_node *node;
+    ucp_ep_h ep;
+    int dead;  /* the endpoint failed or the child left: reap it */
+    int hello; /* accepted: HELLO received and not redirected */
+    int refs;  /* 1 while listed + one per send in flight */
+    int accepts;
+    char name[BCAST__NAME], zone[BCAST__ZONE], addr[BCAST__ADDR];
+    uint64_t have; /* the version the child holds once what was posted lands */
+    bcast__obj *cur;
+    uint32_t next;
+    uint64_t resume_version;
+    uint32_t resume_next;
+    sh_hash128 resume_hash;
+    uint64_t resend_ver[BCAST__MAX_RESEND];
+    uint32_t resend_idx[BCAST__MAX_RESEND];
+    int nresend;
+    int outstanding;
+    unsigned redirects; /* children this node sent to this one */
+    struct bcast__peer *next_peer;
+} bcast__peer;
+
+struct bcast_node {
+    bcast_config cfg;
+    char name[BCAST__NAME], zone[BCAST__ZONE], addr[BCAST__ADDR];
+    char spool[4096];
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_listener_h listener;
+    int epfd, wakefd, worker_fd;
+    bcast__peer *children;
+    /* The parent: an address stack of redirects on top of the configured
+     * list, so that a dead parent sends us back to whoever sent us to it. */
+    ucp_ep_h parent_ep;
+    int parent_failed;
+    char redirect_to[BCAST__ADDR];
+    double reconnect_at;
+    char stack[BCAST__STACK][BCAST__ADDR];
+    int nstack, base_idx;
+    bcast__obj *objs; /* by increasing version */
+    uint64_t have;    /* newest delivered object */
+    double tokens, tok_t, wake_at;
+    int stop;
+    bcast_stats stats;
+    void **closing;
+    int nclosing, capclosing;
+    int inflight;      /* sends not yet completed, all peers */
+    int recv_inflight; /* rendezvous receives not yet completed */
+    uint64_t corrupt_version; /* fault injection: SHOAL_BCAST_CORRUPT=V:I */
+    uint32_t corrupt_index;
+    int corrupt_armed;
+};
+
+/* sched.c */
+bcast__obj *bcast__find(struct bcast_node *n, uint64_t version);
+void bcast__insert(struct bcast_node *n, bcast__obj *o);
+void bcast__drop_old(struct bcast_node *n);
+void bcast__deliver(struct bcast_node *n);
+void bcast__pump(struct bcast_node *n, double now);
+bcast__peer *bcast__choose_redirect(struct bcast_node *n, const bcast__peer *p);
+/* node.c */
+int bcast__send(struct bcast_node *n, ucp_ep_h ep, bcast__peer *p, unsigned id, const void *hdr,
+                size_t hlen, const void *data, size_t len, void *owned);
+
+#endif

@@ -1,0 +1,174 @@
+/* Objects held by a push node: a mapped payload file and its chunk state. */
+#include "bcast/obj.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int bcast__manifest_parse(const char *text, uint64_t *version, uint64_t *base, int *anchor,
+                          uint64_t *size, sh_hash128 *hash)
+{
+    json_t *j;
+    SH_TRY(sh_json_parse(text, strlen(text), "manifest", &j));
+    int64_t v = 0, b = 0, sz = 0;
+    const char *kind = NULL, *hex = NULL;
+    int rc = sh_json_get_i64(j, "version", 1, "manifest", &v);
+    if (rc == 0) rc = sh_json_get_str(j, "kind", 1, "manifest", &kind);
+    if (rc == 0) rc = sh_json_get_i64(j, "base", 0, "manifest", &b);
+    if (rc == 0) rc = sh_json_get_i64(j, "size", 1, "manifest", &sz);
+    if (rc == 0) rc = sh_json_get_str(j, "xxh3", 1, "manifest", &hex);
+    if (rc == 0 && (v <= 0 || b < 0 || sz < 0))
+        rc = sh_err(SH_EFORMAT, "manifest: version, base and size must be positive");
+    if (rc == 0 && strcmp(kind, "anchor") && strcmp(kind, "delta"))
+        rc = sh_err(SH_EFORMAT, "manifest v%lld: kind \"%s\" is neither anchor nor delta",
+                    (long long)v, kind);
+    if (rc == 0 && sh_hash128_parse(hex, hash) < 0)
+        rc = sh_err(SH_EFORMAT, "manifest v%lld: xxh3 \"%s\" is not 32 hex digits", (long long)v, hex);
+    if (rc == 0) {
+        *version = (uint64_t)v;
+        *anchor = !strcmp(kind, "anchor");
+        *base = *anchor ? 0 : (uint64_t)b;
+        *size = (uint64_t)sz;
+        if (!*anchor && *base + 1 != *version)
+            rc = sh_err(SH_EFORMAT, "manifest v%lld: a delta's base must be v%lld, not v%lld",
+                        (long long)v, (long long)v - 1, (long long)b);
+    }
+    json_decref(j);
+    return rc;
+}
+
+static int alloc_state(bcast__obj *o, const char *manifest, size_t mlen)
+{
+    o->manifest = malloc(mlen + 1);
+    o->verified = calloc(o->nchunks ? o->nchunks : 1, 1);
+    o->receiving = calloc(o->nchunks ? o->nchunks : 1, 1);
+    o->summed = calloc(o->nchunks ? o->nchunks : 1, 1);
+    o->sums = calloc(o->nchunks ? o->nchunks : 1, sizeof *o->sums);
+    if (!o->manifest || !o->verified || !o->receiving || !o->summed || !o->sums) return sh_err(SH_ENOMEM, "push object state");
+    memcpy(o->manifest, manifest, mlen);
+    o->manifest[mlen] = 0;
+    return SH_OK;
+}
+
+static int map_file(bcast__obj *o, int writable)
+{
+    if (o->size == 0) return SH_OK; /* nothing to map; every chunk loop is empty */
+    o->map = mmap(NULL, o->size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, o->fd, 0);
+    if (o->map == MAP_FAILED) {
+        o->map = NULL;
+        return sh_err_errno(errno, "mmap %s", o->path);
+    }
+    return SH_OK;
+}
+
+int bcast__obj_from_file(const char *manifest, const char *path, uint32_t chunk_size,
+                         bcast__obj **out)
+{
+    bcast__obj *o = calloc(1, sizeof *o);
+    if (!o) return sh_err(SH_ENOMEM, "push object");
+    o->fd = -1;
+    int rc = bcast__manifest_parse(manifest, &o->version, &o->base, &o->anchor, &o->size, &o->hash);
+    if (rc == 0) {
+        o->chunk_size = chunk_size;
+        o->nchunks = (uint32_t)((o->size + chunk_size - 1) / chunk_size);
+        snprintf(o->path, sizeof o->path, "%s", path);
+        rc = alloc_state(o, manifest, strlen(manifest));
+    }
+    if (rc == 0) {
+        o->fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (o->fd < 0) rc = sh_err_errno(errno, "open %s", path);
+    }
+    struct stat st;
+    if (rc == 0 && fstat(o->fd, &st) < 0) rc = sh_err_errno(errno, "stat %s", path);
+    if (rc == 0 && (uint64_t)st.st_size != o->size)
+        rc = sh_err(SH_EFORMAT, "%s: %lld bytes, but its manifest says %llu", path,
+                    (long long)st.st_size, (unsigned long long)o->size);
+    if (rc == 0) rc = map_file(o, 0);
+    if (rc < 0) {
+        bcast__obj_free(o);
+        return rc;
+    }
+    memset(o->verified, 1, o->nchunks);
+    o->nverified = o->nchunks;
+    o->complete = 1;
+    *out = o;
+    return SH_OK;
+}
+
+int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t manifest_len,
+                         const char *spool, bcast__obj **out)
+{
+    bcast__obj *o = calloc(1, sizeof *o);
+    if (!o) return sh_err(SH_ENOMEM, "push object");
+    o->fd = -1;
+    o->version = of->version;
+    o->base = of->base;
+    o->size = of->size;
+    o->anchor = of->flags & 1;
+    o->hash = of->hash;
+    o->chunk_size = of->chunk_size;
+    o->nchunks = of->nchunks;
+    o->owned = 1;
+    int rc = alloc_state(o, manifest, manifest_len);
+    if (rc == 0 && snprintf(o->path, sizeof o->path, "%s/v%llu.part", spool,
+                            (unsigned long long)o->version) >= (int)sizeof o->path)
+        rc = sh_err(SH_ERANGE, "spool path too long: %s", spool);
+    if (rc == 0) {
+        o->fd = open(o->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (o->fd < 0) rc = sh_err_errno(errno, "create %s", o->path);
+    }
+    /* fallocate reserves the blocks now, so that a full disk is reported
+     * here rather than as SIGBUS when a chunk lands in the mapping. */
+    if (rc == 0 && o->size > 0) {
+        int e = posix_fallocate(o->fd, 0, (off_t)o->size);
+        if (e == EOPNOTSUPP || e == EINVAL) e = ftruncate(o->fd, (off_t)o->size) < 0 ? errno : 0;
+        if (e) rc = sh_err_errno(e, "reserve %llu bytes for %s", (unsigned long long)o->size, o->path);
+    }
+    if (rc == 0) rc = map_file(o, 1);
+    if (rc < 0) {
+        bcast__obj_free(o);
+        return rc;
+    }
+    *out = o;
+    return SH_OK;
+}
+
+void bcast__obj_free(bcast__obj *o)
+{
+    if (!o) return;
+    if (o->map) munmap(o->map, o->size);
+    if (o->fd >= 0) close(o->fd);
+    if (o->owned && o->path[0]) unlink(o->path);
+    free(o->manifest);
+    free(o->verified);
+    free(o->receiving);
+    free(o->summed);
+    free(o->sums);
+    free(o);
+}
+
+uint64_t bcast__obj_chunk_off(const bcast__obj *o, uint32_t i) { return (uint64_t)i * o->chunk_size; }
+
+uint32_t bcast__obj_chunk_len(const bcast__obj *o, uint32_t i)
+{
+    uint64_t off = bcast__obj_chunk_off(o, i);
+    uint64_t left = o->size - off;
+    return left < o->chunk_size ? (uint32_t)left : o->chunk_size;
+}
+
+int bcast__obj_check_hash(const bcast__obj *o)
+{
+    sh_hash128 h = sh_hash128_of(o->map ? o->map : (const uint8_t *)"", o->size);
+    if (!sh_hash128_eq(h, o->hash)) {
+        char a[33], b[33];
+        sh_hash128_hex(h, a);
+        sh_hash128_hex(o->hash, b);
+        return sh_err(SH_EMISMATCH, "push object v%llu: payload hashes to %s, manifest says %s",
+                      (unsigned long long)o->version, a, b);
+    }
+    return SH_OK;
+}

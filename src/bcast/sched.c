@@ -1,0 +1,226 @@
+/* Which child gets which chunk next, the rate limiter, and the tree shape.
+ *
+ * A node keeps the objects from its newest anchor onwards.  For each child it
+ * walks the cheapest plan it can serve: the deltas after the child's version
+ * when the child holds a version at or after the anchor, else the anchor and
+ * every delta after it.  A chunk is forwarded as soon as it is verified here,
+ * which is what pipelines a tree. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bcast/node.h"
+
+bcast__obj *bcast__find(bcast_node *n, uint64_t version)
+{
+    for (bcast__obj *o = n->objs; o; o = o->next)
+        if (o->version == version) return o;
+    return NULL;
+}
+
+void bcast__insert(bcast_node *n, bcast__obj *o)
+{
+    bcast__obj **pp = &n->objs;
+    while (*pp && (*pp)->version < o->version) pp = &(*pp)->next;
+    o->next = *pp;
+    *pp = o;
+}
+
+static uint64_t newest_delivered_anchor(const bcast_node *n)
+{
+    uint64_t a = 0;
+    for (const bcast__obj *o = n->objs; o; o = o->next)
+        if (o->anchor && o->delivered) a = o->version;
+    return a;
+}
+
+/* Objects older than the newest delivered anchor serve no plan any more:
+ * whoever holds less than that anchor needs the anchor itself.  Objects still
+ * being sent to a child stay until that child moves on. */
+void bcast__drop_old(bcast_node *n)
+{
+    uint64_t a = newest_delivered_anchor(n);
+    bcast__obj **pp = &n->objs;
+    while (*pp) {
+        bcast__obj *o = *pp;
+        int busy = o->refs > 0;
+        for (uint32_t i = 0; !busy && i < o->nchunks; i++) busy = o->receiving[i];
+        if (o->version < a && !busy) {
+            *pp = o->next;
+            bcast__obj_free(o);
+        } else {
+            pp = &o->next;
+        }
+    }
+}
+
+/* Hands complete objects to on_object strictly in version order: an anchor,
+ * or a delta whose base is the version delivered last. */
+void bcast__deliver(bcast_node *n)
+{
+    for (bcast__obj *o = n->objs; o; o = o->next) {
+        if (o->version <= n->have || o->delivered) continue;
+        if (!o->complete || (!o->anchor && o->base != n->have)) break;
+        o->delivered = 1;
+        n->have = o->version;
+        n->stats.have_version = n->have;
+        sh_info("push %s: v%llu complete (%s, %llu bytes)", n->name, (unsigned long long)o->version,
+                o->anchor ? "anchor" : "delta", (unsigned long long)o->size);
+        if (n->cfg.on_object) {
+            bcast_object_info info = {o->version, o->base, o->anchor, o->size, o->path, o->manifest};
+            n->cfg.on_object(n->cfg.arg, &info);
+        }
+    }
+    bcast__drop_old(n);
+}
+
+/* The next object on this child's plan, or NULL when it has everything this
+ * node has (or is ahead of it). */
+static bcast__obj *next_obj(bcast_node *n, const bcast__peer *p)
+{
+    bcast__obj *anchor = NULL;
+    for (bcast__obj *o = n->objs; o; o = o->next)
+        if (o->anchor) anchor = o;
+    if (!anchor) return NULL;
+    if (p->have >= anchor->version) {
+        bcast__obj *o = bcast__find(n, p->have + 1);
+        return o && !o->anchor && o->base == p->have ? o : (o && o->anchor ? o : NULL);
+    }
+    return anchor;
+}
+
+/* A token bucket: a chunk leaves only once the link has had the time to
+ * carry it, so each hop adds one chunk time, as store-and-forward over a
+ * real link would. */
+static int rate_ok(bcast_node *n, uint32_t len, double now)
+{
+    if (n->cfg.egress_bps <= 0) return 1;
+    n->tokens += (now - n->tok_t) * n->cfg.egress_bps;
+    n->tok_t = now;
+    /* At most two chunks of credit: enough to catch up after the loop was
+     * descheduled, too little to burst past the link's rate. */
+    if (n->tokens > 2.0 * len) n->tokens = 2.0 * len;
+    if (n->tokens >= len) {
+        n->tokens -= len;
+        return 1;
+    }
+    double at = now + (len - n->tokens) / n->cfg.egress_bps;
+    if (n->wake_at == 0 || at < n->wake_at) n->wake_at = at;
+    return 0;
+}
+
+static uint64_t chunk_sum(bcast__obj *o, uint32_t i)
+{
+    if (!o->summed[i]) {
+        o->sums[i] = sh_hash64_of(o->map + bcast__obj_chunk_off(o, i), bcast__obj_chunk_len(o, i));
+        o->summed[i] = 1;
+    }
+    return o->sums[i];
+}
+
+static void send_chunk(bcast_node *n, bcast__peer *p, bcast__obj *o, uint32_t i)
+{
+    bcast__chunk c = {o->version, i, bcast__obj_chunk_len(o, i), chunk_sum(o, i)};
+    uint8_t hdr[BCAST__CHUNK_LEN];
+    bcast__pack_chunk(&c, hdr);
+    const uint8_t *data = o->map + bcast__obj_chunk_off(o, i);
+    void *owned = NULL;
+    if (n->corrupt_armed && n->corrupt_version == o->version && n->corrupt_index == i && c.len) {
+        /* Fault injection for tests: one flipped bit on the wire, once. */
+        owned = malloc(c.len);
+        if (owned) {
+            memcpy(owned, data, c.len);
+            ((uint8_t *)owned)[c.len / 2] ^= 0x10;
+            data = owned;
+            n->corrupt_armed = 0;
+            sh_warn("push %s: corrupting chunk %u of v%llu on purpose (SHOAL_BCAST_CORRUPT)",
+                    n->name, i, (unsigned long long)o->version);
+        }
+    }
+    if (bcast__send(n, p->ep, p, BCAST__AM_CHUNK, hdr, sizeof hdr, data, c.len, owned) == 0)
+        n->stats.bytes_sent += c.len;
+}
+
+static void send_offer(bcast_node *n, bcast__peer *p, bcast__obj *o)
+{
+    bcast__offer of = {o->version, o->base, o->size, o->hash, o->chunk_size, o->nchunks,
+                       (uint32_t)o->anchor, (uint32_t)strlen(o->manifest)};
+    uint8_t hdr[BCAST__OFFER_LEN];
+    bcast__pack_offer(&of, hdr);
+    bcast__send(n, p->ep, p, BCAST__AM_OFFER, hdr, sizeof hdr, o->manifest, of.manifest_len, NULL);
+}
+
+/* Posts at most one message to p; returns 1 if it did something. */
+static int pump_peer(bcast_node *n, bcast__peer *p, double now)
+{
+    if (p->dead || !p->hello || p->outstanding >= BCAST__MAX_OUTSTANDING) return 0;
+    if (p->nresend) {
+        bcast__obj *o = bcast__find(n, p->resend_ver[0]);
+        uint32_t i = p->resend_idx[0];
+        if (o && i < o->nchunks && o->verified[i]) {
+            if (!rate_ok(n, bcast__obj_chunk_len(o, i), now)) return 0;
+            send_chunk(n, p, o, i);
+        }
+        p->nresend--;
+        memmove(p->resend_ver, p->resend_ver + 1, p->nresend * sizeof *p->resend_ver);
+        memmove(p->resend_idx, p->resend_idx + 1, p->nresend * sizeof *p->resend_idx);
+        return 1;
+    }
+    if (!p->cur) {
+        bcast__obj *o = next_obj(n, p);
+        if (!o) return 0;
+        p->cur = o;
+        o->refs++;
+        p->next = 0;
+        if (p->resume_version == o->version && sh_hash128_eq(p->resume_hash, o->hash) &&
+            p->resume_next <= o->nchunks)
+            p->next = p->resume_next;
+        send_offer(n, p, o);
+        return 1;
+    }
+    bcast__obj *o = p->cur;
+    if (p->next >= o->nchunks) {
+        p->have = o->version;
+        o->refs--;
+        p->cur = NULL;
+        return 1;
+    }
+    if (!o->verified[p->next]) return 0;
+    if (!rate_ok(n, bcast__obj_chunk_len(o, p->next), now)) return 0;
+    send_chunk(n, p, o, p->next++);
+    return 1;
+}
+
+/* Round-robin over the children, one message each per pass, so that a star
+ * shares the node's egress evenly. */
+void bcast__pump(bcast_node *n, double now)
+{
+    n->wake_at = 0;
+    for (int pass = 0; pass < 1 << 16; pass++) {
+        int did = 0;
+        for (bcast__peer *p = n->children; p; p = p->next_peer) did |= pump_peer(n, p, now);
+        if (!did) break;
+    }
+}
+
+static int same(const char *a, const char *b) { return !strcmp(a, b); }
+
+/* The tree's shape.  A child from another zone goes to this node's child in
+ * that zone when there is one, so that exactly one copy crosses each zone
+ * boundary.  A child of this zone is accepted while fewer than `fanout`
+ * children of this zone are attached, and otherwise sent to the child of
+ * this zone that was sent the fewest so far. */
+bcast__peer *bcast__choose_redirect(bcast_node *n, const bcast__peer *p)
+{
+    bcast__peer *best = NULL;
+    int same_zone = 0;
+    int foreign = !same(p->zone, n->zone);
+    for (bcast__peer *c = n->children; c; c = c->next_peer) {
+        if (c == p || c->dead || !c->hello) continue;
+        if (same(c->zone, n->zone)) same_zone++;
+        if (!c->accepts || !c->addr[0] || !same(c->zone, p->zone)) continue;
+        if (!best || c->redirects < best->redirects) best = c;
+    }
+    if (foreign) return best;
+    int fanout = n->cfg.fanout > 0 ? n->cfg.fanout : 2;
+    return same_zone < fanout ? NULL : best;
+}

@@ -1,0 +1,330 @@
+/* shoal bench push: time until N replica processes have activated a new
+ * version, through a push tree, a star, against the same run with one
+ * replica (the baseline, measured in the same run). */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "shoal/ckpt.h"
+#include "shoal/store.h"
+
+const char cli_bench_help_push[] = "converge time of N replicas over a UCX push tree vs one replica [--json]";
+
+static const char usage_text[] =
+    "usage: shoal bench push [--replicas N] [--link-gbps G] [--topology tree|star|store]\n"
+    "                        [--payload full|delta] [--params P] [--chunk SIZE]\n"
+    "                        [--fanout F] [--lr LR] [--json]\n\n"
+    "Publishes version 1 of a synthetic checkpoint of P parameters (default 25M,\n"
+    "bf16), starts `shoal push serve` and N `shoal replica` processes, waits until\n"
+    "all hold it, then publishes version 2 (one Adam step of LR later, default\n"
+    "3e-6: about 3% of the weights change; a full anchor or\n"
+    "a delta) and times until every replica has activated it.  Every node's\n"
+    "sending is limited to G Gb/s (default 1) by a sender-side token bucket, not\n"
+    "by network namespaces.  tree: replicas forward to each other, fan-out F\n"
+    "(default 1, a pipelined chain); star: every replica attaches to the root;\n"
+    "store: every replica polls the store and reads it directly (a shared file\n"
+    "system here: no link limit applies, only the 20 ms polling).\n"
+    "The same measurement with one replica is the baseline; with --payload delta\n"
+    "the full payload is measured too.  Defaults: N 16, chunk 1MiB.\n";
+
+typedef struct bopt {
+    int replicas, fanout, json;
+    double gbps;
+    const char *topology, *payload;
+    uint64_t params, chunk;
+    double lr;
+} bopt;
+
+typedef struct result {
+    double converge_s, publish_s, pause_ms_max;
+    uint64_t bytes_sent, payload_bytes, model_bytes;
+} result;
+
+static pid_t spawn(char *const argv[], const char *out_path, const char *err_path)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (o >= 0) dup2(o, 1);
+        if (e >= 0) dup2(e, 2);
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int read_json(const char *path, json_t **out)
+{
+    return sh_json_load_file(path, 1 << 20, out);
+}
+
+static int64_t jget_i(json_t *j, const char *k)
+{
+    int64_t v = 0;
+    sh_json_get_i64(j, k, 0, "replica", &v);
+    return v;
+}
+
+/* Waits until every replica's ACTIVE names version v; returns the latest
+ * activated_at among them. */
+static int wait_all(char dirs[][4096], int n, uint64_t v, double timeout, double *last_at)
+{
+    double end = sh_now_mono() + timeout;
+    *last_at = 0;
+    for (int i = 0; i < n; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/ACTIVE", dirs[i]);
+        for (;;) {
+            json_t *j;
+            if (read_json(p, &j) == 0) {
+                double at = 0;
+                int64_t got = jget_i(j, "version");
+                sh_json_get_num(j, "activated_at", 0, p, &at);
+                json_decref(j);
+                if ((uint64_t)got >= v) {
+                    if (at > *last_at) *last_at = at;
+                    break;
+                }
+            }
+            if (sh_now_mono() > end)
+                return sh_err(SH_ETIMEDOUT, "bench push: replica %s did not activate version %llu in %.0fs "
+                              "(see its log beside it)", dirs[i], (unsigned long long)v, timeout);
+            sh_sleep(0.002);
+        }
+    }
+    return SH_OK;
+}
+
+static void stop(pid_t pid)
+{
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+static int start_root(const bopt *o, const char *dir, const char *store_dir, int n, char *addr, size_t cap, pid_t *pid)
+{
+    char addr_file[4200], log[4200], gbps[32], chunk[32], fanout[16];
+    snprintf(addr_file, sizeof addr_file, "%s/root.addr", dir);
+    snprintf(log, sizeof log, "%s/root.log", dir);
+    snprintf(gbps, sizeof gbps, "%g", o->gbps);
+    snprintf(chunk, sizeof chunk, "%llu", (unsigned long long)o->chunk);
+    snprintf(fanout, sizeof fanout, "%d", strcmp(o->topology, "star") ? o->fanout : n);
+    char *argv[] = {"shoal", "push", "serve", "--store", (char *)store_dir, "--addr-file", addr_file,
+                    "--chunk", chunk, "--egress-gbps", gbps, "--fanout", fanout, NULL};
+    *pid = spawn(argv, "/dev/null", log);
+    double end = sh_now_mono() + 30;
+    while (sh_now_mono() < end) {
+        char *text;
+        size_t len;
+        if (sh_read_file(addr_file, 256, &text, &len) == 0) {
+            text[strcspn(text, "\n")] = 0;
+            snprintf(addr, cap, "%s", text);
+            free(text);
+            return SH_OK;
+        }
+        sh_sleep(0.01);
+    }
+    return sh_err(SH_ETIMEDOUT, "bench push: the root did not start (see %s)", log);
+}
+
+static int measure(const bopt *o, const char *base, int n, int delta, const char *v1, const char *v2, result *r)
+{
+    static int seq;
+    char dir[4096], store_dir[4200];
+    snprintf(dir, sizeof dir, "%s/m%d", base, seq++);
+    snprintf(store_dir, sizeof store_dir, "%s/store", dir);
+    memset(r, 0, sizeof *r);
+    store *s;
+    uint64_t v;
+    store_publish_opts po = {delta ? 8 : 1};
+    SH_TRY(store_open(store_dir, NULL, 1, &s));
+    int rc = store_publish(s, v1, &po, &v);
+    char addr[256];
+    pid_t root = 0, *reps = calloc((size_t)n, sizeof *reps);
+    char(*dirs)[4096] = calloc((size_t)n, sizeof *dirs);
+    if (!reps || !dirs) rc = sh_err(SH_ENOMEM, "bench");
+    int from_store = !strcmp(o->topology, "store");
+    if (rc == 0 && !from_store) rc = start_root(o, dir, store_dir, n, addr, sizeof addr, &root);
+    char gbps[32], fanout[16];
+    snprintf(gbps, sizeof gbps, "%g", o->gbps);
+    snprintf(fanout, sizeof fanout, "%d", o->fanout);
+    int star = !strcmp(o->topology, "star");
+    for (int i = 0; rc == 0 && i < n; i++) {
+        char out[4200], err[4200], stats[4200];
+        snprintf(dirs[i], sizeof dirs[i], "%s/rep%02d", dir, i);
+        snprintf(out, sizeof out, "%s.json", dirs[i]);
+        snprintf(err, sizeof err, "%s.log", dirs[i]);
+        snprintf(stats, sizeof stats, "%s.stats", dirs[i]);
+        char *argv[] = {"shoal", "replica", "--dir", dirs[i], "--parent", addr, "--egress-gbps", gbps,
+                        "--fanout", fanout, "--stats-file", stats, "--json", star ? "--leaf" : NULL, NULL};
+        char *sargv[] = {"shoal", "replica", "--dir", dirs[i], "--store", store_dir, "--stats-file", stats,
+                         "--json", NULL};
+        if (from_store) memcpy(argv, sargv, sizeof sargv);
+        reps[i] = spawn(argv, out, err);
+    }
+    double at;
+    if (rc == 0) rc = wait_all(dirs, n, 1, 300, &at);
+    /* Bytes received while warming up, from the stats written at v1. */
+    uint64_t before = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s.stats", dirs[i]);
+        json_t *j = NULL;
+        double end = sh_now_mono() + 10;
+        while (sh_now_mono() < end) {
+            if (read_json(p, &j) == 0 && jget_i(j, "version") >= 1) break;
+            if (j) json_decref(j), j = NULL;
+            sh_sleep(0.01);
+        }
+        if (j) before += (uint64_t)jget_i(j, "bytes_received"), json_decref(j);
+    }
+    double t0 = sh_now_wall();
+    if (rc == 0) rc = store_publish(s, v2, &po, &v);
+    double t1 = sh_now_wall();
+    if (rc == 0) rc = wait_all(dirs, n, 2, 300, &at);
+    r->publish_s = t1 - t0;
+    r->converge_s = at - t1;
+    store_version m;
+    if (rc == 0 && store_get(s, 2, &m, NULL) == 0) r->payload_bytes = m.size, r->model_bytes = m.model_size;
+    uint64_t after = 0;
+    for (int i = 0; i < n; i++) {
+        stop(reps[i]);
+        char p[4200];
+        snprintf(p, sizeof p, "%s.json", dirs[i]);
+        json_t *j;
+        if (rc == 0 && read_json(p, &j) == 0) {
+            double pause = 0;
+            sh_json_get_num(j, "pause_ms_max", 0, p, &pause);
+            if (pause > r->pause_ms_max) r->pause_ms_max = pause;
+            after += (uint64_t)jget_i(j, "bytes_received");
+            json_decref(j);
+        }
+    }
+    /* Replicas that read the store report no push bytes: count what each
+     * read (the payload), which is what the store's link carried. */
+    r->bytes_sent = from_store ? (uint64_t)n * r->payload_bytes : after - before;
+    stop(root);
+    store_close(s);
+    free(reps);
+    free(dirs);
+    if (rc == 0) sh_rm_rf(dir);
+    return rc;
+}
+
+static int parse(int argc, char **argv, bopt *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        int64_t k;
+        if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!v) return cli_usage("bench push", "%s needs a value", a);
+        if (!strcmp(a, "--replicas")) {
+            rc = sh_parse_i64(v, &k, "--replicas");
+            if (rc == 0 && (k < 1 || k > 256)) return cli_usage("bench push", "--replicas must be 1..256");
+            o->replicas = (int)k;
+        } else if (!strcmp(a, "--fanout")) {
+            rc = sh_parse_i64(v, &k, "--fanout");
+            if (rc == 0 && (k < 1 || k > 256)) return cli_usage("bench push", "--fanout must be 1..256");
+            o->fanout = (int)k;
+        } else if (!strcmp(a, "--link-gbps")) {
+            rc = sh_parse_double(v, &o->gbps, "--link-gbps");
+            if (rc == 0 && o->gbps <= 0) return cli_usage("bench push", "--link-gbps must be positive");
+        } else if (!strcmp(a, "--topology")) {
+            if (strcmp(v, "tree") && strcmp(v, "star") && strcmp(v, "store"))
+                return cli_usage("bench push", "--topology is tree, star or store");
+            o->topology = v;
+        } else if (!strcmp(a, "--payload")) {
+            if (strcmp(v, "full") && strcmp(v, "delta")) return cli_usage("bench push", "--payload is full or delta");
+            o->payload = v;
+        } else if (!strcmp(a, "--params")) rc = sh_parse_size(v, &o->params, "--params");
+        else if (!strcmp(a, "--chunk")) rc = sh_parse_size(v, &o->chunk, "--chunk");
+        else if (!strcmp(a, "--lr")) rc = sh_parse_double(v, &o->lr, "--lr");
+        else return cli_usage("bench push", "unknown option \"%s\"", a);
+        if (rc < 0) return cli_usage("bench push", "%s", sh_errmsg());
+        i++;
+    }
+    return 0;
+}
+
+static json_t *result_json(const result *r)
+{
+    return json_pack("{s:f,s:f,s:I,s:f}", "converge_s", r->converge_s, "publish_s", r->publish_s,
+                     "bytes_sent", (json_int_t)r->bytes_sent, "pause_ms_max", r->pause_ms_max);
+}
+
+int cli_bench_push(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--help")) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    bopt o = {16, 1, 0, 1.0, "tree", "full", 25000000, 1 << 20, 3e-6};
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    /* tmpfs, like a serving node's page cache: the disk of this shared VM is not
+     * what the bench measures. */
+    char base[] = "/dev/shm/shoal-bench-push.XXXXXX";
+    if (!mkdtemp(base)) return cli_fail("bench push", sh_err_errno(errno, "mkdtemp"));
+    char v1[4200], v2[4200];
+    snprintf(v1, sizeof v1, "%s/v1.safetensors", base);
+    snprintf(v2, sizeof v2, "%s/v2.safetensors", base);
+    rc = ckpt_synth(v1, o.params, 1);
+    if (rc == 0) rc = ckpt_step(v1, v2, o.lr, 1, 2);
+    int delta = !strcmp(o.payload, "delta");
+    int runs = 2 + delta;
+    sh_progress pg;
+    sh_progress_start(&pg, "bench push", (uint64_t)runs, "runs");
+    result one = {0}, many = {0}, full = {0};
+    if (rc == 0) rc = measure(&o, base, 1, delta, v1, v2, &one);
+    sh_progress_update(&pg, 1);
+    if (rc == 0) rc = measure(&o, base, o.replicas, delta, v1, v2, &many);
+    sh_progress_update(&pg, 2);
+    if (rc == 0 && delta) rc = measure(&o, base, o.replicas, 0, v1, v2, &full);
+    sh_progress_finish(&pg);
+    if (rc < 0) {
+        fprintf(stderr, "shoal bench push: files kept in %s\n", base);
+        return cli_fail("bench push", rc);
+    }
+    sh_rm_rf(base);
+    double ratio = one.converge_s > 0 ? many.converge_s / one.converge_s : 0;
+    if (o.json) {
+        json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",
+                              o.replicas, "topology", o.topology, "payload", o.payload, "link_gbps", o.gbps,
+                              "fanout", strcmp(o.topology, "star") ? o.fanout : o.replicas, "chunk",
+                              (json_int_t)o.chunk, "limiter", strcmp(o.topology, "store") ? "sender-side token bucket per node (no netns/tc)"
+                                                       : "none: replicas read the store's files directly",
+                              "model_bytes", (json_int_t)many.model_bytes, "payload_bytes",
+                              (json_int_t)many.payload_bytes, "bytes_sent", (json_int_t)many.bytes_sent,
+                              "converge_s", many.converge_s, "pause_ms_max",
+                              many.pause_ms_max > one.pause_ms_max ? many.pause_ms_max : one.pause_ms_max,
+                              "publish_s", many.publish_s, "one_replica", result_json(&one),
+                              "ratio_vs_one", ratio);
+        if (delta) {
+            json_object_set_new(j, "full", result_json(&full));
+            json_object_set_new(j, "full_over_delta",
+                                json_real(many.converge_s > 0 ? full.converge_s / many.converge_s : 0));
+        }
+        sh_json_print(j);
+        json_decref(j);
+        return 0;
+    }
+    char mb[32], pb[32];
+    printf("push %s, %s payload %s of a %s model, links %g Gb/s (sender-side limiter)\n", o.topology,
+           o.payload, sh_fmt_bytes((double)many.payload_bytes, pb, sizeof pb), sh_fmt_bytes((double)many.model_bytes, mb, sizeof mb),
+           o.gbps);
+    printf("  %3d replica(s): converge %.3fs\n", 1, one.converge_s);
+    printf("  %3d replica(s): converge %.3fs (%.2fx one replica), %llu bytes sent, pause max %.3f ms\n",
+           o.replicas, many.converge_s, ratio, (unsigned long long)many.bytes_sent, many.pause_ms_max);
+    if (delta)
+        printf("  %3d replica(s), full payload: converge %.3fs (delta is %.1fx faster)\n", o.replicas,
+               full.converge_s, many.converge_s > 0 ? full.converge_s / many.converge_s : 0);
+    return 0;
+}

@@ -1,0 +1,194 @@
+/* shoal push: the root (serve) and relays of a push tree over UCX. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "shoal/bcast.h"
+#include "shoal/store.h"
+
+const char cli_help_push[] = "push versions through a UCX tree: serve (root), relay";
+
+static const char usage_text[] =
+    "usage: shoal push serve --store STORE [--run R] [options]\n"
+    "       shoal push relay --parent HOST:PORT [--parent HOST:PORT ...] [options]\n\n"
+    "serve offers every version of a store's run from its newest anchor on and\n"
+    "follows LATEST; relay attaches to a parent and forwards each verified chunk\n"
+    "to its children while the next arrives.  Replicas attach with\n"
+    "`shoal replica --parent`.  Options:\n"
+    "  --listen HOST:PORT   where to accept children (default 127.0.0.1:0)\n"
+    "  --addr-file F        write the address children should use to F\n"
+    "  --zone Z             this node's zone (default \"default\")\n"
+    "  --fanout F           same-zone children before redirecting (default 2)\n"
+    "  --chunk SIZE         serve: chunk size (default 4MiB)\n"
+    "  --egress-gbps G      limit this node's sending to G Gb/s (sender-side)\n"
+    "  --spool DIR          relay: where received payloads go (default a temp dir)\n"
+    "  --seconds S          exit after S seconds (default: until SIGTERM)\n"
+    "Environment: UCX_TLS selects transports (see docs/push-protocol.md).\n";
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { g_stop = 1; }
+
+typedef struct opts {
+    bcast_config cfg;
+    const char *store, *run, *addr_file, *listen;
+    double seconds;
+    uint64_t chunk;
+} opts;
+
+static int parse(int argc, char **argv, opts *o)
+{
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!v) return cli_usage("push", "%s needs a value", a);
+        double d;
+        int64_t k;
+        if (!strcmp(a, "--store")) o->store = v;
+        else if (!strcmp(a, "--run")) o->run = v;
+        else if (!strcmp(a, "--addr-file")) o->addr_file = v;
+        else if (!strcmp(a, "--listen")) o->listen = v;
+        else if (!strcmp(a, "--zone")) o->cfg.zone = v;
+        else if (!strcmp(a, "--spool")) o->cfg.spool = v;
+        else if (!strcmp(a, "--name")) o->cfg.name = v;
+        else if (!strcmp(a, "--parent")) {
+            if (o->cfg.nparents == BCAST_MAX_ADDRS) return cli_usage("push", "too many --parent");
+            o->cfg.parents[o->cfg.nparents++] = v;
+        } else if (!strcmp(a, "--fanout")) {
+            rc = sh_parse_i64(v, &k, "--fanout");
+            if (rc == 0 && (k < 1 || k > 1024)) return cli_usage("push", "--fanout must be 1..1024");
+            o->cfg.fanout = (int)k;
+        } else if (!strcmp(a, "--chunk")) {
+            rc = sh_parse_size(v, &o->chunk, "--chunk");
+            if (rc == 0 && (o->chunk < 4096 || o->chunk > (1u << 30)))
+                return cli_usage("push", "--chunk must be between 4KiB and 1GiB");
+            o->cfg.chunk_size = (uint32_t)o->chunk;
+        } else if (!strcmp(a, "--egress-gbps")) {
+            rc = sh_parse_double(v, &d, "--egress-gbps");
+            o->cfg.egress_bps = d * 1e9 / 8;
+        } else if (!strcmp(a, "--seconds")) rc = sh_parse_double(v, &o->seconds, "--seconds");
+        else return cli_usage("push", "unknown option \"%s\"", a);
+        if (rc < 0) return cli_usage("push", "%s", sh_errmsg());
+        i++;
+    }
+    return 0;
+}
+
+static int write_addr(const char *file, const char *addr)
+{
+    if (!file) return 0;
+    char line[128];
+    int n = snprintf(line, sizeof line, "%s\n", addr);
+    return sh_write_atomic(file, line, (size_t)n);
+}
+
+/* Offers every version from the newest anchor at or below `latest` that the
+ * node does not have yet, in order. */
+static int offer_new(bcast_node *n, store *s, uint64_t *have, uint64_t latest)
+{
+    store_plan *p = malloc(sizeof *p);
+    if (!p) return sh_err(SH_ENOMEM, "plan");
+    int rc = store_plan_make(s, *have, latest, p);
+    if (rc == 0 && p->kind == STORE_PLAN_SQUASH) rc = store_plan_make(s, 0, latest, p);
+    uint64_t list[STORE_MAX_CHAIN + 1];
+    size_t k = 0;
+    if (rc == 0 && p->kind == STORE_PLAN_ANCHOR) list[k++] = p->anchor;
+    for (size_t i = 0; rc == 0 && i < p->nsteps; i++) list[k++] = p->steps[i];
+    free(p);
+    for (size_t i = 0; rc == 0 && i < k; i++) {
+        char *text = NULL, path[4096];
+        store_version m;
+        rc = store_get(s, list[i], &m, &text);
+        if (rc == 0) rc = store_verify(s, list[i]);
+        if (rc == 0) rc = store_payload_path(s, list[i], path, sizeof path);
+        if (rc == 0) rc = bcast_node_add_object(n, text, path);
+        if (rc == 0) *have = list[i];
+        free(text);
+    }
+    return rc;
+}
+
+static int serve(opts *o)
+{
+    if (!o->store) return cli_usage("push", "serve needs --store STORE");
+    if (o->cfg.nparents) return cli_usage("push", "serve is the root: it takes no --parent");
+    store *s;
+    int rc = store_open(o->store, o->run, 0, &s);
+    if (rc < 0) return cli_fail("push serve", rc);
+    bcast_node *n;
+    o->cfg.accept_children = 1;
+    if (!o->cfg.name) o->cfg.name = "root";
+    if ((rc = bcast_node_new(&o->cfg, &n)) < 0) {
+        store_close(s);
+        return cli_fail("push serve", rc);
+    }
+    rc = write_addr(o->addr_file, bcast_node_address(n));
+    fprintf(stderr, "shoal push serve: %s run %s on %s\n", o->store, store_run(s), bcast_node_address(n));
+    uint64_t have = 0;
+    double end = o->seconds > 0 ? sh_now_mono() + o->seconds : 0;
+    while (rc == 0 && !g_stop && (!end || sh_now_mono() < end)) {
+        uint64_t latest;
+        rc = store_latest(s, &latest);
+        if (rc == 0 && latest > have) rc = offer_new(n, s, &have, latest);
+        if (rc < 0) {
+            /* A bad version in the store stops the offer, not the server:
+             * children keep what they have; the next poll retries. */
+            fprintf(stderr, "shoal push serve: %s\n", sh_errmsg());
+            rc = 0;
+            bcast_node_run(n, 0.5);
+            continue;
+        }
+        rc = bcast_node_run(n, 0.01);
+    }
+    bcast_node_free(n);
+    store_close(s);
+    return rc < 0 ? cli_fail("push serve", rc) : 0;
+}
+
+static int relay(opts *o)
+{
+    if (!o->cfg.nparents) return cli_usage("push", "relay needs --parent HOST:PORT");
+    char spool[4096];
+    if (!o->cfg.spool) {
+        snprintf(spool, sizeof spool, "/tmp/shoal-relay.%ld", (long)getpid());
+        o->cfg.spool = spool;
+    }
+    o->cfg.accept_children = 1;
+    bcast_node *n;
+    int rc = bcast_node_new(&o->cfg, &n);
+    if (rc < 0) return cli_fail("push relay", rc);
+    rc = write_addr(o->addr_file, bcast_node_address(n));
+    fprintf(stderr, "shoal push relay: on %s, parent %s\n", bcast_node_address(n), o->cfg.parents[0]);
+    double end = o->seconds > 0 ? sh_now_mono() + o->seconds : 0;
+    while (rc == 0 && !g_stop && (!end || sh_now_mono() < end)) rc = bcast_node_run(n, 0.05);
+    bcast_node_free(n);
+    if (spool == o->cfg.spool) sh_rm_rf(spool);
+    return rc < 0 ? cli_fail("push relay", rc) : 0;
+}
+
+int cli_cmd_push(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(usage_text, argc < 2 ? stderr : stdout);
+        return argc < 2 ? CLI_USAGE : 0;
+    }
+    opts o = {0};
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    if (o.listen) {
+        static char host[64];
+        const char *c = strrchr(o.listen, ':');
+        int64_t port;
+        if (!c || (size_t)(c - o.listen) >= sizeof host || sh_parse_i64(c + 1, &port, "--listen port") < 0)
+            return cli_usage("push", "--listen wants HOST:PORT, got \"%s\"", o.listen);
+        memcpy(host, o.listen, c - o.listen);
+        host[c - o.listen] = 0;
+        o.cfg.listen_host = host;
+        o.cfg.listen_port = (int)port;
+    }
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    if (!strcmp(argv[1], "serve")) return serve(&o);
+    if (!strcmp(argv[1], "relay")) return relay(&o);
+    return cli_usage("push", "unknown subcommand \"%s\" (serve or relay)", argv[1]);
+}

@@ -1,0 +1,175 @@
+/* shoal replica: keep DIR on the newest version of a run. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "shoal/store.h"
+
+const char cli_help_replica[] = "keep a directory on a run's newest version (store or push) [--json]";
+
+static const char usage_text[] =
+    "usage: shoal replica --dir DIR (--store STORE | --parent HOST:PORT ...) [options]\n\n"
+    "Reconciles DIR with a store's LATEST (polling) or with a push tree: stages\n"
+    "and verifies each new version while the current one serves, then activates\n"
+    "it atomically (DIR/ACTIVE, DIR/models/) and reports {version, activated_at}.\n"
+    "A replica restarted mid-apply comes back on its last good version.\n"
+    "  --run R             the run (default main)\n"
+    "  --zone Z            zone for the push tree (default \"default\")\n"
+    "  --fanout F          same-zone children before redirecting (default 2)\n"
+    "  --leaf              take no children in the push tree\n"
+    "  --egress-gbps G     limit forwarding to children to G Gb/s\n"
+    "  --on-activate CMD   run CMD (sh -c) after each activation, with\n"
+    "                      SHOAL_VERSION and SHOAL_ACTIVATED_AT set\n"
+    "  --until V           exit once version V or newer is active\n"
+    "  --seconds S         exit after S seconds (status 1 if --until was not met)\n"
+    "  --fp8               also keep an FP8 serving copy (models/<v>.fp8.safetensors),\n"
+    "                      re-quantising only the blocks a delta touched\n"
+    "  --stats-file F      rewrite F (JSON) after each activation\n"
+    "  --json              print one JSON object at exit\n";
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { g_stop = 1; }
+
+typedef struct ctx {
+    const char *hook, *stats_file;
+    int json;
+    store_replica *r;
+} ctx;
+
+static json_t *info_json(const store_replica_info *info)
+{
+    char iso[64] = "";
+    if (info->version) {
+        time_t secs = (time_t)info->activated_at;
+        struct tm tm;
+        gmtime_r(&secs, &tm);
+        size_t k = strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%S", &tm);
+        snprintf(iso + k, sizeof iso - k, ".%06ldZ", (long)((info->activated_at - (double)secs) * 1e6));
+    }
+    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I}", "version", (json_int_t)info->version,
+                     "activated_at", iso, "activated_at_us", (json_int_t)(info->activated_at * 1e6),
+                     "pause_ms_max", info->pause_max_ms, "activations", (json_int_t)info->activations,
+                     "failures", (json_int_t)info->failures, "bytes_received",
+                     (json_int_t)info->push.bytes_received, "chunks_corrupt",
+                     (json_int_t)info->push.chunks_corrupt, "reattaches", (json_int_t)info->push.reattaches,
+                     "redirects", (json_int_t)info->push.redirects, "last_error", info->last_error,
+                     "fp8_blocks_requantised", (json_int_t)info->fp8_blocks);
+}
+
+static void after(void *arg, uint64_t v, double at)
+{
+    ctx *c = arg;
+    if (!c->json) {
+        printf("activated version %llu at %.6f\n", (unsigned long long)v, at);
+        fflush(stdout);
+    }
+    if (c->hook) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+        setenv("SHOAL_VERSION", buf, 1);
+        snprintf(buf, sizeof buf, "%.6f", at);
+        setenv("SHOAL_ACTIVATED_AT", buf, 1);
+        int st = system(c->hook);
+        if (st != 0) fprintf(stderr, "shoal replica: --on-activate hook exited with status %d\n", st);
+    }
+}
+
+/* Rewrites the stats file when the version moved (and once at start). */
+static void write_stats(ctx *c, store_replica_info *last)
+{
+    store_replica_info info;
+    store_replica_get_info(c->r, &info);
+    if (info.version == last->version && last->activations) return;
+    json_t *j = info_json(&info);
+    if (sh_json_write_atomic(c->stats_file, j) < 0) fprintf(stderr, "shoal replica: %s\n", sh_errmsg());
+    json_decref(j);
+    *last = info;
+    last->activations = 1;
+}
+
+static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint64_t *until,
+                 double *seconds)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "--json")) { c->json = 1; continue; }
+        if (!strcmp(a, "--leaf")) { cfg->leaf = 1; continue; }
+        if (!strcmp(a, "--fp8")) { cfg->fp8 = 1; continue; }
+        if (!v) return cli_usage("replica", "%s needs a value", a);
+        double d;
+        int64_t k;
+        if (!strcmp(a, "--dir")) cfg->dir = v;
+        else if (!strcmp(a, "--store")) cfg->store = v;
+        else if (!strcmp(a, "--run")) cfg->run = v;
+        else if (!strcmp(a, "--zone")) cfg->zone = v;
+        else if (!strcmp(a, "--on-activate")) c->hook = v;
+        else if (!strcmp(a, "--stats-file")) c->stats_file = v;
+        else if (!strcmp(a, "--parent")) {
+            if (cfg->nparents == BCAST_MAX_ADDRS) return cli_usage("replica", "too many --parent");
+            cfg->parents[cfg->nparents++] = v;
+        } else if (!strcmp(a, "--fanout")) {
+            rc = sh_parse_i64(v, &k, "--fanout");
+            if (rc == 0 && (k < 1 || k > 1024)) return cli_usage("replica", "--fanout must be 1..1024");
+            cfg->fanout = (int)k;
+        } else if (!strcmp(a, "--egress-gbps")) {
+            rc = sh_parse_double(v, &d, "--egress-gbps");
+            cfg->egress_bps = d * 1e9 / 8;
+        } else if (!strcmp(a, "--until")) rc = sh_parse_u64(v, until, "--until");
+        else if (!strcmp(a, "--seconds")) rc = sh_parse_double(v, seconds, "--seconds");
+        else return cli_usage("replica", "unknown option \"%s\"", a);
+        if (rc < 0) return cli_usage("replica", "%s", sh_errmsg());
+        i++;
+    }
+    if (!cfg->dir) return cli_usage("replica", "--dir DIR is required");
+    if (!cfg->store && !cfg->nparents) return cli_usage("replica", "give --store STORE or --parent HOST:PORT");
+    return 0;
+}
+
+int cli_cmd_replica(int argc, char **argv)
+{
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    store_replica_config cfg = {0};
+    ctx c = {0};
+    uint64_t until = 0;
+    double seconds = 0;
+    int rc = parse(argc, argv, &cfg, &c, &until, &seconds);
+    if (rc) return rc;
+    cfg.after_activate = after;
+    cfg.arg = &c;
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    store_replica *r;
+    if ((rc = store_replica_open(&cfg, &r)) < 0) return cli_fail("replica", rc);
+    c.r = r;
+    store_replica_info last = {0};
+    double end = seconds > 0 ? sh_now_mono() + seconds : 0;
+    int met = 0;
+    while (!g_stop && (!end || sh_now_mono() < end)) {
+        if (until && store_replica_version(r) >= until) {
+            met = 1;
+            break;
+        }
+        sh_sleep(0.01);
+        if (c.stats_file) write_stats(&c, &last);
+    }
+    store_replica_info info;
+    store_replica_get_info(r, &info);
+    store_replica_close(r);
+    if (c.json) {
+        json_t *j = info_json(&info);
+        sh_json_print(j);
+        json_decref(j);
+    }
+    if (until && !met && !g_stop) {
+        fprintf(stderr, "shoal replica: version %llu not reached (have %llu)%s%s\n", (unsigned long long)until,
+                (unsigned long long)info.version, info.last_error[0] ? ": " : "", info.last_error);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,33 @@
+/* Internal to src/store. */
+#ifndef SHOAL_STORE_INTERNAL_H
+#define SHOAL_STORE_INTERNAL_H
+
+#include "shoal/store.h"
+
+struct store {
+    char root[4096];
+    char run[65];
+    char dir[4096];      /* root/run */
+    char versions[4096]; /* root/run/versions */
+    char staging[4096];  /* root/run/staging */
+};
+
+#define STORE__ANCHOR_FILE "anchor.safetensors"
+#define STORE__DELTA_FILE "delta.shd"
+
+/* root/run/versions/<v, 10 digits> */
+int store__version_dir(const store *s, uint64_t v, char *out, size_t cap);
+int store__valid_run(const char *run);
+
+/* Copies src to an open fd, hashing what it copies; fsyncs fd. */
+int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size);
+/* Streams a file through xxh3-128. */
+int store__hash_file(const char *path, sh_hash128 *h, uint64_t *size);
+
+/* The delta codec (src/delta), behind one seam so that the store's protocol
+ * does not depend on the codec's internals.  Each writes `out` durably. */
+int store__delta_make(const char *prev, const char *next, const char *out);
+int store__delta_apply(const char *prev, const char *delta, const char *out);
+int store__delta_squash(const char *const *deltas, size_t n, const char *out);
+
+#endif

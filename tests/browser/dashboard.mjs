@@ -1,0 +1,68 @@
+// Loads the shoal dashboard in headless Chromium (Debian's /usr/bin/chromium,
+// driven by playwright-core) against a running server and checks what it
+// draws.  Usage: node dashboard.mjs URL TOKEN SCREENSHOT.png EXPECT.json
+// EXPECT: {"nodes": [names], "dead": [names], "running": {"id", "name"},
+//          "queued": id, "tenant": name, "gpu_type": type, "submit": JOB}
+// Exits 0 when every check passed; prints the failed check otherwise.
+import { chromium } from "playwright-core";
+import { readFileSync, mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const [url, token, shot, expectPath] = process.argv.slice(2);
+const want = JSON.parse(readFileSync(expectPath, "utf8"));
+const fail = msg => { console.error("dashboard check failed: " + msg); process.exitCode = 1; };
+
+// A fresh profile each run (playwright passes it as --user-data-dir).
+const browser = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "shoal-chromium-")), {
+  executablePath: "/usr/bin/chromium",
+  headless: true,
+  viewport: { width: 1400, height: 900 },
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+try {
+  const page = await browser.newPage();
+  const errors = [];
+  page.on("pageerror", e => errors.push(e.message));
+  await page.goto(`${url}/?token=${encodeURIComponent(token)}`);
+  await page.waitForSelector("body[data-loaded='1']", { timeout: 10000 });
+
+  // The fleet: every node drawn once, inside its zone and pool.
+  const names = await page.$$eval("#fleet .node", els => els.map(e => e.dataset.name));
+  for (const n of want.nodes) if (!names.includes(n)) fail(`node ${n} is not drawn (drawn: ${names})`);
+  if (names.length !== want.nodes.length) fail(`${names.length} nodes drawn, expected ${want.nodes.length}`);
+  for (const n of want.dead || []) {
+    const cls = await page.getAttribute(`#fleet .node[data-name='${n}']`, "class");
+    if (!cls || !cls.includes("dead")) fail(`node ${n} is not drawn as dead`);
+  }
+  const zones = await page.$$eval("#fleet .zone", els => els.map(e => e.dataset.zone));
+  for (const z of want.zones || []) if (!zones.includes(z)) fail(`zone ${z} missing (zones: ${zones})`);
+
+  // A running gang, with its ranks on nodes, and its GPUs drawn busy.
+  const gang = `#gangs tr[data-job='${want.running.id}']`;
+  await page.waitForSelector(gang, { timeout: 10000 });
+  const row = await page.textContent(gang);
+  if (!row.includes(want.running.name) || !row.includes("running")) fail(`gang row reads "${row}"`);
+  const busy = await page.$$eval("#fleet .gpu.busy", els => els.length);
+  if (busy < want.running.gpus) fail(`${busy} GPUs drawn busy, expected at least ${want.running.gpus}`);
+
+  // The queue and the costs.
+  await page.waitForSelector(`#queue tr[data-job='${want.queued}']`, { timeout: 10000 });
+  await page.waitForSelector(`#costs tr[data-tenant='${want.tenant}'][data-type='${want.gpu_type}']`, { timeout: 10000 });
+
+  // Live refresh: a job submitted now appears without reloading the page.
+  const id = await page.evaluate(async ([tok, job]) => {
+    const r = await fetch("/v1/jobs", { method: "POST", headers: { Authorization: "Bearer " + tok }, body: JSON.stringify(job) });
+    return (await r.json()).id;
+  }, [token, want.submit]);
+  await page.waitForSelector(`#gangs tr[data-job='${id}'], #queue tr[data-job='${id}']`, { timeout: 10000 });
+
+  if (errors.length) fail("page errors: " + errors.join("; "));
+  await page.screenshot({ path: shot, fullPage: true });
+  console.log(`dashboard ok: ${names.length} nodes, gang ${want.running.id}, queued ${want.queued}, live job ${id}`);
+} catch (e) {
+  fail(e.message);
+} finally {
+  await browser.close();
+}

@@ -1,0 +1,367 @@
+/* Push distribution end to end: real processes (`shoal push serve`, `shoal
+ * push relay`, `shoal replica`) talking UCX over loopback. */
+#include "testutil.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shoal/ckpt.h"
+#include "shoal/store.h"
+
+#define MAXP 16
+static pid_t procs[MAXP];
+static int nprocs;
+
+/* Starts `sh -c "exec CMD"` so that the pid is the shoal process itself. */
+static pid_t spawn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static pid_t spawn(const char *fmt, ...)
+{
+    char cmd[8192], full[8300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "exec %s", cmd);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    assert_true(pid > 0);
+    if (nprocs < MAXP) procs[nprocs++] = pid;
+    return pid;
+}
+
+/* Waits for pid to exit; returns its status, or fails after timeout_s. */
+static int wait_exit(pid_t pid, double timeout_s)
+{
+    double end = sh_now_mono() + timeout_s;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            for (int i = 0; i < nprocs; i++)
+                if (procs[i] == pid) procs[i] = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        if (sh_now_mono() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fail_msg("process %d did not exit within %.0fs", (int)pid, timeout_s);
+        }
+        sh_sleep(0.02);
+    }
+}
+
+static void kill_all(void)
+{
+    for (int i = 0; i < nprocs; i++)
+        if (procs[i] > 0) {
+            kill(procs[i], SIGTERM);
+            waitpid(procs[i], NULL, 0);
+            procs[i] = 0;
+        }
+    nprocs = 0;
+}
+
+static int teardown(void **state)
+{
+    kill_all();
+    return 0;
+}
+
+/* Waits for a file to appear and returns its first line (static buffer). */
+static const char *wait_line(const char *path, double timeout_s)
+{
+    static char line[256];
+    double end = sh_now_mono() + timeout_s;
+    while (sh_now_mono() < end) {
+        FILE *f = fopen(path, "r");
+        if (f) {
+            int ok = fgets(line, sizeof line, f) != NULL;
+            fclose(f);
+            if (ok) {
+                line[strcspn(line, "\n")] = 0;
+                return line;
+            }
+        }
+        sh_sleep(0.02);
+    }
+    fail_msg("%s did not appear within %.0fs", path, timeout_s);
+    return NULL;
+}
+
+static void wait_file(const char *path, double timeout_s)
+{
+    double end = sh_now_mono() + timeout_s;
+    while (!sh_path_exists(path)) {
+        if (sh_now_mono() > end) fail_msg("%s did not appear within %.0fs", path, timeout_s);
+        sh_sleep(0.01);
+    }
+}
+
+/* The version DIR/ACTIVE names (0 if none yet). */
+static uint64_t active_version(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/ACTIVE", dir);
+    json_t *j;
+    if (sh_json_load_file(p, 1 << 16, &j) < 0) return 0;
+    int64_t v = 0;
+    sh_json_get_i64(j, "version", 1, p, &v);
+    json_decref(j);
+    return (uint64_t)v;
+}
+
+static void wait_active(const char *dir, uint64_t v, double timeout_s)
+{
+    double end = sh_now_mono() + timeout_s;
+    while (active_version(dir) < v) {
+        if (sh_now_mono() > end) fail_msg("%s did not activate version %llu", dir, (unsigned long long)v);
+        sh_sleep(0.02);
+    }
+}
+
+static json_t *load_json(const char *path)
+{
+    json_t *j;
+    if (sh_json_load_file(path, 1 << 20, &j) < 0) fail_msg("%s: %s", path, sh_errmsg());
+    return j;
+}
+
+static int64_t jint(json_t *j, const char *key)
+{
+    int64_t v = -1;
+    TU_OK(sh_json_get_i64(j, key, 1, "replica output", &v));
+    return v;
+}
+
+/* The replica's active model is byte-identical to the checkpoint. */
+static void same_model(const char *dir, uint64_t v, const char *ckpt_path)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/models/%010llu.safetensors", dir, (unsigned long long)v);
+    size_t la, lb;
+    uint8_t *a = tu_read_file(p, &la), *b = tu_read_file(ckpt_path, &lb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+    free(a), free(b);
+}
+
+static void publish(const char *store_dir, const char *ckpt_path)
+{
+    char *out;
+    int rc = tu_run(&out, "%s store publish %s %s --anchor-every 1", tu_shoal(), store_dir, ckpt_path);
+    if (rc) fail_msg("publish failed: %s", out);
+    free(out);
+}
+
+static const char *serve_root(const char *name, const char *extra)
+{
+    char addr[256];
+    snprintf(addr, sizeof addr, "%s.addr", name);
+    unlink(tu_path(addr));
+    spawn("%s push serve --store %s --addr-file %s --chunk 256KiB %s 2>%s.log", tu_shoal(),
+          tu_path(name), tu_path(addr), extra, tu_path(name));
+    return wait_line(tu_path(addr), 20);
+}
+
+static void test_tree_converges(void **state)
+{
+    TU_OK(ckpt_synth(tu_path("t1.st"), 1000000, 1));
+    TU_OK(ckpt_synth(tu_path("t2.st"), 1000000, 2));
+    sh_rm_rf(tu_path("tree"));
+    publish(tu_path("tree"), tu_path("t1.st"));
+    char root[256];
+    snprintf(root, sizeof root, "%s", serve_root("tree", "--fanout 1"));
+    pid_t rep[3];
+    char dirs[3][4096], outs[3][4096];
+    for (int i = 0; i < 3; i++) {
+        snprintf(dirs[i], sizeof dirs[i], "%s/rep%d", tu_path("tree-r"), i);
+        snprintf(outs[i], sizeof outs[i], "%s/out%d.json", tu_path("tree-r"), i);
+        sh_rm_rf(dirs[i]);
+        TU_OK(sh_mkdir_p(dirs[i], 0755));
+        rep[i] = spawn("%s replica --dir %s --parent %s --until 2 --seconds 60 --json >%s 2>%s.log",
+                       tu_shoal(), dirs[i], root, outs[i], outs[i]);
+    }
+    for (int i = 0; i < 3; i++) wait_active(dirs[i], 1, 60);
+    publish(tu_path("tree"), tu_path("t2.st"));
+    int redirected = 0;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(wait_exit(rep[i], 60), 0);
+        json_t *j = load_json(outs[i]);
+        assert_int_equal(jint(j, "version"), 2);
+        assert_int_equal(jint(j, "failures"), 0);
+        redirected += jint(j, "redirects") > 0;
+        json_decref(j);
+        same_model(dirs[i], 2, tu_path("t2.st"));
+    }
+    /* Fan-out 1: the root takes one replica, the others are sent down. */
+    assert_int_equal(redirected, 2);
+    kill_all();
+}
+
+static void test_corrupt_chunk_refetched(void **state)
+{
+    TU_OK(ckpt_synth(tu_path("c1.st"), 600000, 3));
+    sh_rm_rf(tu_path("corrupt"));
+    publish(tu_path("corrupt"), tu_path("c1.st"));
+    setenv("SHOAL_BCAST_CORRUPT", "1:2", 1);
+    char root[256];
+    snprintf(root, sizeof root, "%s", serve_root("corrupt", ""));
+    unsetenv("SHOAL_BCAST_CORRUPT");
+    const char *dir = tu_path("corrupt-r");
+    sh_rm_rf(dir);
+    pid_t r = spawn("%s replica --dir %s --parent %s --until 1 --seconds 60 --json >%s.json 2>%s.log",
+                    tu_shoal(), dir, root, dir, dir);
+    assert_int_equal(wait_exit(r, 60), 0);
+    char p[4096];
+    snprintf(p, sizeof p, "%s.json", dir);
+    json_t *j = load_json(p);
+    assert_int_equal(jint(j, "version"), 1);
+    assert_int_equal(jint(j, "chunks_corrupt"), 1);
+    assert_int_equal(jint(j, "activations"), 1);
+    json_decref(j);
+    same_model(dir, 1, tu_path("c1.st"));
+    kill_all();
+}
+
+/* A relay killed mid-transfer: its replicas go back to the root (the address
+ * that redirected them), resume from their last verified chunk, and every
+ * one activates the version whole. */
+static void test_relay_killed(void **state)
+{
+    TU_OK(ckpt_synth(tu_path("k1.st"), 3000000, 4));
+    sh_rm_rf(tu_path("kill"));
+    publish(tu_path("kill"), tu_path("k1.st"));
+    char root[256];
+    /* 0.02 Gb/s: the 6 MB version takes about 2.4 s to leave the root. */
+    snprintf(root, sizeof root, "%s", serve_root("kill", "--fanout 1 --egress-gbps 0.02"));
+    unlink(tu_path("relay.addr"));
+    sh_rm_rf(tu_path("relay-spool"));
+    pid_t relay = spawn("%s push relay --parent %s --addr-file %s --spool %s 2>%s", tu_shoal(), root,
+                        tu_path("relay.addr"), tu_path("relay-spool"), tu_path("relay.log"));
+    wait_line(tu_path("relay.addr"), 20);
+    wait_file(tu_path("relay-spool/v1.part"), 20); /* attached: the root offered it v1 */
+    pid_t rep[2];
+    char dirs[2][4096], outs[2][4096];
+    for (int i = 0; i < 2; i++) {
+        snprintf(dirs[i], sizeof dirs[i], "%s/rep%d", tu_path("kill-r"), i);
+        snprintf(outs[i], sizeof outs[i], "%s/out%d.json", tu_path("kill-r"), i);
+        sh_rm_rf(dirs[i]);
+        TU_OK(sh_mkdir_p(dirs[i], 0755));
+        rep[i] = spawn("%s replica --dir %s --parent %s --until 1 --seconds 60 --json >%s 2>%s.log",
+                       tu_shoal(), dirs[i], root, outs[i], outs[i]);
+    }
+    /* Kill the relay once both replicas are receiving from it (their spool
+     * holds a partial payload) and neither has the version yet. */
+    double end = sh_now_mono() + 30;
+    for (;;) {
+        int receiving = 0;
+        for (int i = 0; i < 2; i++) {
+            char part[4096];
+            snprintf(part, sizeof part, "%s/spool/v1.part", dirs[i]);
+            receiving += sh_path_exists(part) && active_version(dirs[i]) == 0;
+        }
+        if (receiving == 2) break;
+        if (sh_now_mono() > end) fail_msg("the replicas never started receiving from the relay");
+        sh_sleep(0.01);
+    }
+    kill(relay, SIGKILL);
+    wait_exit(relay, 10);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(wait_exit(rep[i], 60), 0);
+        json_t *j = load_json(outs[i]);
+        assert_int_equal(jint(j, "version"), 1);
+        assert_int_equal(jint(j, "activations"), 1);
+        assert_true(jint(j, "redirects") >= 1);
+        assert_true(jint(j, "reattaches") >= 1);
+        json_decref(j);
+        same_model(dirs[i], 1, tu_path("k1.st"));
+    }
+    kill_all();
+}
+
+/* Zones: replicas of zone b that ask the root (zone a) are sent to the
+ * relay of zone b, so one copy crosses the boundary. */
+static void test_zones(void **state)
+{
+    TU_OK(ckpt_synth(tu_path("z1.st"), 300000, 5));
+    sh_rm_rf(tu_path("zone"));
+    publish(tu_path("zone"), tu_path("z1.st"));
+    char root[256];
+    snprintf(root, sizeof root, "%s", serve_root("zone", "--zone a --fanout 8"));
+    unlink(tu_path("zrelay.addr"));
+    sh_rm_rf(tu_path("zrelay-spool"));
+    spawn("%s push relay --zone b --parent %s --addr-file %s --spool %s 2>/dev/null", tu_shoal(), root,
+          tu_path("zrelay.addr"), tu_path("zrelay-spool"));
+    wait_line(tu_path("zrelay.addr"), 20);
+    wait_file(tu_path("zrelay-spool/v1.part"), 20);
+    const char *zones[3] = {"b", "b", "a"};
+    pid_t rep[3];
+    char dirs[3][4096], outs[3][4096];
+    for (int i = 0; i < 3; i++) {
+        snprintf(dirs[i], sizeof dirs[i], "%s/rep%d", tu_path("zone-r"), i);
+        snprintf(outs[i], sizeof outs[i], "%s/out%d.json", tu_path("zone-r"), i);
+        sh_rm_rf(dirs[i]);
+        TU_OK(sh_mkdir_p(dirs[i], 0755));
+        rep[i] = spawn("%s replica --zone %s --leaf --dir %s --parent %s --until 1 --seconds 60 --json >%s 2>/dev/null",
+                       tu_shoal(), zones[i], dirs[i], root, outs[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(wait_exit(rep[i], 60), 0);
+        json_t *j = load_json(outs[i]);
+        assert_int_equal(jint(j, "version"), 1);
+        assert_int_equal(jint(j, "redirects"), zones[i][0] == 'b' ? 1 : 0);
+        json_decref(j);
+    }
+    kill_all();
+}
+
+/* A replica whose push parent never answers falls back to the store. */
+static void test_store_fallback(void **state)
+{
+    TU_OK(ckpt_synth(tu_path("f1.st"), 200000, 6));
+    sh_rm_rf(tu_path("fb"));
+    publish(tu_path("fb"), tu_path("f1.st"));
+    char *out;
+    const char *dir = tu_path("fb-r");
+    sh_rm_rf(dir);
+    int rc = tu_run(&out, "%s replica --dir %s --parent 127.0.0.1:9 --store %s --until 1 --seconds 60 --json 2>/dev/null",
+                    tu_shoal(), dir, tu_path("fb"));
+    if (rc) fail_msg("replica failed: %s", out);
+    assert_non_null(strstr(out, "\"version\":1"));
+    free(out);
+    same_model(dir, 1, tu_path("f1.st"));
+}
+
+static void test_bad_usage(void **state)
+{
+    char *out;
+    assert_int_equal(tu_run(&out, "%s push relay", tu_shoal()), 2);
+    assert_non_null(strstr(out, "relay needs --parent"));
+    free(out);
+    assert_int_equal(tu_run(&out, "%s push serve --store %s", tu_shoal(), tu_path("nostore")), 1);
+    assert_non_null(strstr(out, "does not exist"));
+    free(out);
+    assert_int_equal(tu_run(&out, "%s replica --dir %s --parent nonsense", tu_shoal(), tu_path("bad-r")), 1);
+    assert_non_null(strstr(out, "expected host:port"));
+    free(out);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_tree_converges, teardown),
+        cmocka_unit_test_teardown(test_corrupt_chunk_refetched, teardown),
+        cmocka_unit_test_teardown(test_relay_killed, teardown),
+        cmocka_unit_test_teardown(test_zones, teardown),
+        cmocka_unit_test_teardown(test_store_fallback, teardown),
+        cmocka_unit_test_teardown(test_bad_usage, teardown),
+    };
+    return cmocka_run_group_tests_name("bcast", tests, NULL, NULL);
+}

@@ -1,0 +1,117 @@
+// shoal dashboard: draws GET /v1/overview every second.
+// The token comes from ?token=..., or the form (kept in localStorage).
+"use strict";
+
+const params = new URLSearchParams(location.search);
+let token = params.get("token") || localStorage.getItem("shoal-token") || "";
+
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  return e;
+}
+
+function dur(s) {
+  if (s < 60) return s.toFixed(0) + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m" + String(Math.floor(s % 60)).padStart(2, "0") + "s";
+  return Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
+}
+
+function fill(id, rows) {
+  const body = document.querySelector("#" + id + " tbody");
+  body.replaceChildren(...rows);
+}
+
+function drawFleet(nodes) {
+  // zone -> "fabric / GPU type" pool -> nodes
+  const zones = new Map();
+  for (const n of nodes) {
+    if (!zones.has(n.zone)) zones.set(n.zone, new Map());
+    const pools = zones.get(n.zone), key = n.fabric + " / " + n.gpu_type;
+    if (!pools.has(key)) pools.set(key, []);
+    pools.get(key).push(n);
+  }
+  const out = [];
+  for (const zone of [...zones.keys()].sort()) {
+    const z = el("div", {class: "zone", "data-zone": zone}, el("h3", {}, "zone " + zone));
+    const pools = zones.get(zone);
+    for (const key of [...pools.keys()].sort()) {
+      const p = el("div", {class: "pool", "data-pool": key}, el("h4", {}, key));
+      for (const n of pools.get(key).sort((a, b) => a.name.localeCompare(b.name))) {
+        const gpus = el("div", {class: "gpus"});
+        for (let g = 0; g < n.gpus; g++) gpus.append(el("span", {class: "gpu" + (g < n.gpus_used ? " busy" : "")}));
+        const jobs = n.jobs.map(j => j.job ? `#${j.job}/${j.rank} ${j.name}` : "(other tenant)").join(", ");
+        p.append(el("div", {class: "node " + n.state, "data-name": n.name, "data-used": n.gpus_used,
+                            title: `${n.name}: ${n.gpus_used}/${n.gpus} ${n.gpu_type}, $${n.price_per_gpu_hour}/GPU-h, ${n.sandbox}`},
+          el("span", {class: "name"}, n.name), el("span", {class: "state"}, n.state), gpus,
+          el("div", {class: "jobs"}, jobs)));
+      }
+      z.append(p);
+    }
+    out.push(z);
+  }
+  document.getElementById("fleet").replaceChildren(...out);
+}
+
+function draw(o) {
+  drawFleet(o.nodes);
+  const active = o.jobs.filter(j => ["pending", "starting", "running"].includes(j.state));
+  const ended = o.jobs.filter(j => !active.includes(j));
+  fill("gangs", active.filter(j => j.state !== "pending").map(j => el("tr", {"data-job": j.id},
+    el("td", {}, j.id), el("td", {}, j.name), el("td", {}, j.tenant),
+    el("td", {class: "st-" + j.state}, j.state), el("td", {}, j.attempt),
+    el("td", {}, j.members.map(m => `${m.rank}@${m.node}`).join(" ")),
+    el("td", {}, "$" + j.running_cost.toFixed(4)))));
+  fill("queue", active.filter(j => j.state === "pending").map(j => el("tr", {"data-job": j.id},
+    el("td", {}, j.id), el("td", {}, j.name), el("td", {}, j.tenant), el("td", {}, j.kind),
+    el("td", {}, `${j.nodes}x${j.gpus_per_node}`), el("td", {}, dur(o.now - j.submitted_at)),
+    el("td", {class: "reason"}, j.reason))));
+  fill("ended", ended.map(j => el("tr", {"data-job": j.id},
+    el("td", {}, j.id), el("td", {}, j.name), el("td", {}, j.tenant),
+    el("td", {class: "st-" + j.state}, j.state), el("td", {class: "reason"}, j.reason))));
+  const costRows = [];
+  for (const [tenant, by] of Object.entries(o.costs.by_tenant).sort())
+    for (const [type, c] of Object.entries(by).sort())
+      costRows.push(el("tr", {"data-tenant": tenant, "data-type": type}, el("td", {}, tenant), el("td", {}, type),
+        el("td", {}, (c.gpu_seconds / 3600).toFixed(3)), el("td", {}, "$" + c.dollars.toFixed(4))));
+  costRows.push(el("tr", {class: "total"}, el("td", {}, "total"), el("td", {}, ""), el("td", {}, ""),
+    el("td", {}, "$" + o.costs.total_dollars.toFixed(4))));
+  fill("costs", costRows);
+  const alive = o.nodes.filter(n => n.state === "alive");
+  const gpus = alive.reduce((a, n) => a + n.gpus, 0), used = alive.reduce((a, n) => a + n.gpus_used, 0);
+  document.getElementById("summary").replaceChildren(
+    el("span", {}, el("b", {id: "n-alive"}, alive.length), " nodes alive"),
+    el("span", {}, el("b", {id: "n-gpus"}, `${used}/${gpus}`), " GPUs busy"),
+    el("span", {}, el("b", {id: "n-running"}, active.filter(j => j.state === "running").length), " running"),
+    el("span", {}, el("b", {id: "n-queued"}, active.filter(j => j.state === "pending").length), " queued"),
+    el("span", {}, "viewing as ", el("b", {id: "viewer"}, o.viewer)));
+  document.getElementById("updated").textContent = "updated " + new Date(o.now * 1000).toLocaleTimeString();
+}
+
+async function refresh() {
+  const err = document.getElementById("error");
+  if (!token) { err.textContent = "enter a bearer token to view the fleet"; err.hidden = false; return; }
+  try {
+    const r = await fetch("/v1/overview", {headers: {Authorization: "Bearer " + token}});
+    const o = await r.json();
+    if (!r.ok) throw new Error(o.error || r.statusText);
+    err.hidden = true;
+    draw(o);
+    document.body.dataset.loaded = "1";
+  } catch (e) {
+    err.textContent = "cannot load the fleet: " + e.message;
+    err.hidden = false;
+  }
+}
+
+document.getElementById("login").addEventListener("submit", ev => {
+  ev.preventDefault();
+  token = document.getElementById("token").value.trim();
+  localStorage.setItem("shoal-token", token);
+  refresh();
+});
+refresh();
+setInterval(refresh, 1000);
