@@ -67,6 +67,9 @@ typedef struct run {
     rl_progress_fn progress;
     void *pctx;
     double time_to_target, last_eval;
+    /* Where the trainer's wall-clock time goes: training steps, making and
+     * queueing deltas, and waiting in poll for workers. */
+    double t_train, t_publish, t_wait;
 } run;
 
 /* Queues the current weights: the delta from the previous version for a
@@ -359,7 +362,9 @@ static int train_one(run *r)
         r->inflight_updates += r->buf[i].vend != r->buf[i].vstart;
     }
     rl_step_stats st;
+    double t0 = sh_now_mono();
     int rc = rl_train_step(&r->tr, r->buf, r->batch, &st);
+    r->t_train += sh_now_mono() - t0;
     if (rc < 0 && rc != SH_ERANGE) return rc;
     if (rc == SH_ERANGE) {
         r->skipped++;
@@ -380,9 +385,11 @@ static int train_one(run *r)
     if (r->progress) r->progress(ev, r->pctx);
     json_array_append_new(r->steps, ev);
     if (!st.skipped) {
+        t0 = sh_now_mono();
         SH_TRY(publish(r));
         for (int i = 0; i < r->c->nworkers; i++)
             if (r->w[i].alive) SH_TRY(enqueue_weights(r, &r->w[i], 0));
+        r->t_publish += sh_now_mono() - t0;
     }
     if (r->step % r->c->eval_every == 0 || r->step == r->c->steps) SH_TRY(eval_now(r));
     if (r->step == r->c->steps || (r->c->save_every && r->step % r->c->save_every == 0))
@@ -410,7 +417,9 @@ static int loop(run *r)
         if (!n)
             return sh_err(SH_EIO, "rl: every worker has died (%ld deaths, %ld replacements); "
                                   "see the worker errors above", r->deaths, r->respawns);
+        double t0 = sh_now_mono();
         if (poll(pf, n, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
+        r->t_wait += sh_now_mono() - t0;
         for (int k = 0; k < n; k++) {
             int i = idx[k], dead = 0;
             if (pf[k].revents & POLLOUT) dead = flush_worker(&r->w[i]);
@@ -494,7 +503,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
     }
     int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
-                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f}",
+                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f,s:o}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->max_lag, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
                      c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
@@ -510,7 +519,9 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
                      json_incref(r->steps), "cost_usd", cost, "params",
                      (json_int_t)nn_num_params(r->tr.model), "eval_s", r->eval_s,
                      "checkpoints", json_incref(r->ckpts), "weights_image_bytes", r->image_bytes,
-                     "weights_delta_bytes_mean", r->deltas ? r->delta_bytes_sum / r->deltas : 0.0);
+                     "weights_delta_bytes_mean", r->deltas ? r->delta_bytes_sum / r->deltas : 0.0,
+                     "trainer_phases_s", json_pack("{s:f,s:f,s:f}", "train", r->t_train, "publish",
+                                                   r->t_publish, "wait", r->t_wait));
 }
 
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result)

@@ -28,6 +28,14 @@ typedef struct worker {
     char dir[64]; /* fp8 rollouts: scratch folder for the quantiser's files */
     double mark, mark_cpu; /* wall and CPU clocks at the end of the last stretch */
     long updates_in_flight;
+    /* Where the worker's wall-clock time goes (SHOAL_LOG=debug prints it at
+     * exit): decoding compute, the emulation's sleep, time beyond the
+     * emulated cost (the machine's contention), applying weights, and idle
+     * waiting for a request. */
+    struct {
+        double compute, sleep, over, weights, idle;
+        long requests, trajs, steps;
+    } prof;
 } worker;
 
 static int load_fp8(worker *w);
@@ -111,7 +119,12 @@ static int apply_weights(worker *w, const uint8_t *p, size_t len)
 static int handle(worker *w, uint32_t type)
 {
     if (type == RL_MSG_STOP) return 1;
-    if (type == RL_MSG_WEIGHTS) return apply_weights(w, w->msg.data, w->msg.len);
+    if (type == RL_MSG_WEIGHTS) {
+        double t0 = sh_now_mono();
+        int rc = apply_weights(w, w->msg.data, w->msg.len);
+        w->prof.weights += sh_now_mono() - t0;
+        return rc;
+    }
     return sh_err(SH_EFORMAT, "worker %d: unexpected message type %u", w->idx, type);
 }
 
@@ -129,15 +142,24 @@ static double cpu_now(void)
 static void leave(worker *w, int code) __attribute__((noreturn));
 static void leave(worker *w, int code)
 {
+    sh_log(SH_LOG_DEBUG,
+           "rl worker %d: %ld requests, %ld trajectories, %ld decoding steps; compute %.2f s, "
+           "emulation sleep %.2f s, beyond the emulated cost %.2f s, weights %.2f s, idle %.2f s",
+           w->idx, w->prof.requests, w->prof.trajs, w->prof.steps, w->prof.compute, w->prof.sleep,
+           w->prof.over, w->prof.weights, w->prof.idle);
     if (w->dir[0]) sh_rm_rf(w->dir);
     _exit(code);
 }
 
 static void stretch(worker *w)
 {
-    double want = (cpu_now() - w->mark_cpu) * w->c->gen_cost / w->c->workers[w->idx].speed;
+    double cpu = cpu_now() - w->mark_cpu;
+    double want = cpu * w->c->gen_cost / w->c->workers[w->idx].speed;
     double spent = sh_now_mono() - w->mark;
-    if (want > spent) sh_sleep(want - spent);
+    w->prof.compute += cpu;
+    w->prof.steps++;
+    if (want > spent) sh_sleep(want - spent), w->prof.sleep += want - spent;
+    else w->prof.over += spent - want;
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
 }
@@ -196,6 +218,7 @@ static int serve_request(worker *w)
                          w->version, step_hook, w, out);
     stretch(w);
     for (int i = 0; i < B; i++) out[i].worker = w->idx;
+    w->prof.requests++, w->prof.trajs += B;
     rl_wire_trajs th = {.worker = w->idx, .count = B};
     if (!rc) rc = rl__msg_write(w->fd, RL_MSG_TRAJS, &th, sizeof th, out, sizeof(rl_traj) * B);
     free(probs), free(out);
@@ -215,7 +238,9 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
     }
     for (;;) {
         uint32_t type;
+        double t0 = sh_now_mono();
         if (rl__msg_read(fd, &type, &w.msg) < 0) break;
+        w.prof.idle += sh_now_mono() - t0;
         int rc = type == RL_MSG_REQUEST ? serve_request(&w) : handle(&w, type);
         if (rc == 1) break;
         if (rc < 0) {
