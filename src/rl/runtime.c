@@ -34,10 +34,15 @@
  * training temperature: what RL optimises, and smoother than one greedy
  * answer per problem. */
 #define RL_EVAL_SAMPLES 8
+#define RL_QUEUE 2
 
 typedef struct wk {
     pid_t pid;
-    int fd, alive, busy, req_trajs;
+    /* busy: requests outstanding (async queues up to RL_QUEUE, so that a
+     * worker has its next request at hand while the trainer trains instead
+     * of idling until the trainer reads its result); req_trajs: their sizes,
+     * oldest first (a worker answers in order). */
+    int fd, alive, busy, req_trajs[2];
     sh_buf in, out;
     size_t out_off;
     double busy_since, busy_s;
@@ -145,11 +150,11 @@ static void worker_dead(run *r, int i)
     waitpid(w->pid, &st, 0);
     w->alive = 0;
     r->deaths++;
-    if (w->busy) { /* its trajectories are lost; they will be asked for again */
-        r->issued -= w->req_trajs;
-        r->dropped_dead += w->req_trajs;
-        w->busy = 0;
+    for (int k = 0; k < w->busy; k++) { /* lost; they will be asked for again */
+        r->issued -= w->req_trajs[k];
+        r->dropped_dead += w->req_trajs[k];
     }
+    w->busy = 0;
     sh_log(SH_LOG_WARN, "rl: worker %d (%s) died; its in-flight trajectories are dropped", i,
            r->c->workers[i].name);
     /* A worker that keeps dying (a broken setup rather than a lost node)
@@ -172,17 +177,16 @@ static int send_request(run *r, int i, int nprompts)
     }
     r->group_next += nprompts;
     SH_TRY(rl__msg_append(&w->out, RL_MSG_REQUEST, &rq, sizeof rq, ids, 8 * (size_t)nprompts));
-    w->busy = 1;
-    w->req_trajs = nprompts * r->c->group;
-    w->busy_since = sh_now_mono();
-    r->issued += w->req_trajs;
+    if (!w->busy) w->busy_since = sh_now_mono();
+    w->req_trajs[w->busy++] = nprompts * r->c->group;
+    r->issued += nprompts * r->c->group;
     return 0;
 }
 
 static int busy_count(const run *r)
 {
     int n = 0;
-    for (int i = 0; i < r->c->nworkers; i++) n += r->w[i].alive && r->w[i].busy;
+    for (int i = 0; i < r->c->nworkers; i++) n += r->w[i].alive && r->w[i].busy > 0;
     return n;
 }
 
@@ -203,12 +207,14 @@ static int issue(run *r)
         return 0;
     }
     int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 3) / 4;
-    for (int i = 0; i < c->nworkers; i++) {
-        wk *w = &r->w[i];
-        long bound = (long)(r->step + c->max_lag + 1) * r->batch;
-        if (!w->alive || w->busy || r->issued + per * c->group > bound) continue;
-        SH_TRY(send_request(r, i, per));
-    }
+    long bound = (long)(r->step + c->max_lag + 1) * r->batch;
+    /* Every idle worker gets a request before any gets a second one. */
+    for (int depth = 1; depth <= RL_QUEUE; depth++)
+        for (int i = 0; i < c->nworkers; i++) {
+            wk *w = &r->w[i];
+            if (w->alive && w->busy < depth && r->issued + per * c->group <= bound)
+                SH_TRY(send_request(r, i, per));
+        }
     return 0;
 }
 
@@ -219,9 +225,10 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
     rl_wire_trajs th;
     if (len < sizeof th) return sh_err(SH_EFORMAT, "worker %d: short TRAJS", i);
     memcpy(&th, p, sizeof th);
-    if (th.count != w->req_trajs || len != sizeof th + (size_t)th.count * sizeof(rl_traj))
+    if (!w->busy || th.count != w->req_trajs[0] ||
+        len != sizeof th + (size_t)th.count * sizeof(rl_traj))
         return sh_err(SH_EFORMAT, "worker %d: TRAJS with %d records, expected %d", i, th.count,
-                      w->req_trajs);
+                      w->busy ? w->req_trajs[0] : 0);
     if (r->nbuf + th.count > r->cap)
         return sh_err(SH_EINTERNAL, "rl: trajectory buffer overflow (%d + %d > %d)", r->nbuf,
                       th.count, r->cap);
@@ -238,8 +245,8 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
         r->gen_tokens += t->len - t->plen;
     }
     r->nbuf += th.count;
-    w->busy = 0;
-    w->busy_s += sh_now_mono() - w->busy_since;
+    w->req_trajs[0] = w->req_trajs[1];
+    if (--w->busy == 0) w->busy_s += sh_now_mono() - w->busy_since;
     w->trajs += th.count;
     return 0;
 }
