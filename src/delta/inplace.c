@@ -79,7 +79,11 @@ static int delta__ip_item(void *arg, size_t i, delta__scratch *s)
         memcpy(a->saved[i], data, n);
         SH_TRY(delta__decode_chunk(s, c->enc, a->d->payload + c->off, (size_t)c->len, w, fl, data,
                                    n, NULL, what));
-    } else if (c->enc != DELTA__SAME) {
+    } else if (c->enc == DELTA__SPARSE) {
+        /* Patch and hash piece by piece while in cache. */
+        return delta__decode_fused(s, c->enc, a->d->payload + c->off, (size_t)c->len, w, fl, data,
+                                   data, n, NULL, &a->dig[i], &a->applied[i], what);
+    } else if (c->enc == DELTA__DENSE) {
         SH_TRY(delta__ip_changes(s, c, a->d, w, fl, data, n, 1, UINT64_MAX, &a->applied[i], what));
     } else if (c->len) {
         return sh_err(SH_EFORMAT, "%s: SAME chunk with a payload", what);
