@@ -391,11 +391,26 @@ static void *apply_main(void *arg)
 
 /* ---- Push side -------------------------------------------------------- */
 
+/* On the push thread (the only one that may read the node): publishes the
+ * node's counters.  Called for every chunk and before an object is queued,
+ * so that whoever sees a version active also sees every chunk (corrupt ones
+ * included) that led to it; a snapshot taken only between runs of the loop
+ * could lag an activation by a whole run. */
+static void snapshot_push(store_replica *r)
+{
+    bcast_stats s;
+    bcast_node_stats(r->node, &s);
+    pthread_mutex_lock(&r->mu);
+    r->push = s;
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* On the push thread: keeps the payload (a hard link, so the node may drop
  * its spool file) and queues it for the apply thread. */
 static void on_object(void *arg, const bcast_object_info *o)
 {
     store_replica *r = arg;
+    snapshot_push(r);
     pending *p = calloc(1, sizeof *p);
     if (!p) return;
     int rc = store_manifest_parse(o->manifest, r->run, &p->ver);
@@ -419,6 +434,7 @@ static void on_object(void *arg, const bcast_object_info *o)
 static void on_chunk(void *arg, uint64_t version, uint32_t index, uint32_t nchunks)
 {
     store_replica *r = arg;
+    snapshot_push(r);
     pthread_mutex_lock(&r->mu);
     r->last_push_activity = sh_now_mono();
     pthread_mutex_unlock(&r->mu);
@@ -433,11 +449,7 @@ static void *net_main(void *arg)
         pthread_mutex_unlock(&r->mu);
         if (stop) break;
         bcast_node_run(r->node, 0.05);
-        bcast_stats s;
-        bcast_node_stats(r->node, &s);
-        pthread_mutex_lock(&r->mu);
-        r->push = s;
-        pthread_mutex_unlock(&r->mu);
+        snapshot_push(r);
     }
     return NULL;
 }
