@@ -107,6 +107,12 @@ static void test_bad_requests(void **state)
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"command\":[\"true\"],\"env\":{\"SHOAL_RANK\":\"9\"}}",
                  400, "reserved");
     /* A gang larger than any zone's worth of matching nodes never fits. */
+    /* Zones cannot be pinned, so a job asking for one is refused, not
+     * silently placed in any zone. */
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"zone\":\"z1\",\"command\":[\"true\"]}",
+                 400, "field \"zone\" is not supported");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"replace_wait_s\":-1,\"command\":[\"true\"]}",
+                 400, "outside 0..86400");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":3,\"command\":[\"true\"]}", 422, "can never fit");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"gpu_types\":[\"B300\"],\"command\":[\"true\"]}", 422,
                  "can never fit");

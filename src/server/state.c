@@ -320,7 +320,8 @@ void srv__heartbeats(srv *s, double now)
 static const char *const job_keys[] = {
     "name",   "kind",     "nodes",          "min_nodes",  "max_nodes",    "gpus_per_node",
     "gpus",   "gpu_types", "zone",          "command",    "env",          "on_failure",
-    "max_attempts", "priority", "writable", "memory_mb", "pids_max", "idempotency_key", "est_s", NULL};
+    "max_attempts", "priority", "writable", "memory_mb", "pids_max", "idempotency_key", "est_s",
+    "replace_wait_s", NULL};
 
 static int pick(const char *v, const char *const *names, int n, const char *field, int *out)
 {
@@ -418,12 +419,20 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     double est = 0;
     if (rc == SH_OK) rc = sh_json_get_num(spec, "est_s", 0, "job", &est);
     if (rc == SH_OK && est < 0) rc = sh_err(SH_ERANGE, "job: field \"est_s\": negative");
+    double wait = 30;
+    if (rc == SH_OK) rc = sh_json_get_num(spec, "replace_wait_s", 0, "job", &wait);
+    if (rc == SH_OK && !(wait >= 0 && wait <= 86400))
+        rc = sh_err(SH_ERANGE, "job: field \"replace_wait_s\": %g is outside 0..86400 seconds", wait);
     if (rc == SH_OK) rc = str_array(spec, "command", 1, 0);
     if (rc == SH_OK) rc = str_array(spec, "gpu_types", 0, 0);
     if (rc == SH_OK) rc = str_array(spec, "writable", 0, 1);
     if (rc == SH_OK) rc = check_env(spec);
-    const char *zone = NULL;
-    if (rc == SH_OK) rc = sh_json_get_str(spec, "zone", 0, "job", &zone);
+    /* The scheduling core cannot pin a job to a zone, so a "zone" field
+     * would be a promise the server does not keep: refuse it. */
+    if (rc == SH_OK && json_object_get(spec, "zone"))
+        rc = sh_err(SH_EFORMAT, "job: field \"zone\" is not supported: placement cannot be pinned to a"
+                                " zone; remove it (a gang always runs inside one zone) or narrow"
+                                " \"gpu_types\" instead");
     if (rc == SH_OK && tenant && strlen(tenant) >= sizeof j->tenant)
         rc = sh_err(SH_EFORMAT, "job: tenant name too long");
     if (rc < 0) {
