@@ -351,6 +351,70 @@ static void test_server_kill9_under_load(void **state)
     tf_stop(&f);
 }
 
+/* Reads rank 0's whole log through the API, following offsets. */
+static char *read_log(tf_fleet *f, int64_t id)
+{
+    sh_buf all = {0};
+    long long off = 0;
+    for (int i = 0; i < 1000; i++) {
+        char path[128];
+        int st;
+        snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0&offset=%lld", (long long)id, off);
+        json_t *j = tf_call(f, TF_ALICE, "GET", path, NULL, &st);
+        assert_int_equal(st, 200);
+        json_t *d = json_object_get(j, "data");
+        sh_buf_append(&all, json_string_value(d), json_string_length(d));
+        long long next = json_integer_value(json_object_get(j, "offset"));
+        json_decref(j);
+        if (next == off) break;
+        off = next;
+    }
+    sh_buf_append(&all, "", 1);
+    return (char *)all.data;
+}
+
+/* A crash can cut the last chunk of a log (a power cut, a full disk).  The
+ * server is killed with -9 while a rank writes, its log file is cut inside
+ * the last record as such a crash would leave it, and after the restart the
+ * log must read as whole lines only: the cut chunk is gone, nothing is glued
+ * onto its remains, and the output written after the restart is there. */
+static void test_log_torn_tail(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "logs", 5);
+    tf_start_agent(&f, 0, "L4", 1, "z", "eth");
+    int64_t id = tf_submit(&f, TF_ALICE, "{\"name\":\"chatty\",\"nodes\":1,\"command\":[\"sh\",\"-c\","
+                                         "\"i=0; while [ $i -lt 150 ]; do echo line $i; i=$((i+1)); sleep 0.02; done\"]}");
+    json_decref(tf_wait_job(&f, id, "running", 20));
+    char logf[4200];
+    snprintf(logf, sizeof logf, "%s/logs/%lld/0.log", f.dir, (long long)id);
+    struct stat st;
+    for (int i = 0; i < 200 && (stat(logf, &st) < 0 || st.st_size < 200); i++) sh_sleep(0.02);
+    kill(f.server, SIGKILL);
+    waitpid(f.server, NULL, 0);
+    assert_int_equal(stat(logf, &st), 0);
+    assert_true(st.st_size > 3);
+    assert_int_equal(truncate(logf, st.st_size - 3), 0);
+    tf_restart_server(&f);
+    json_decref(tf_wait_job(&f, id, "succeeded", 30));
+    char *text = read_log(&f, id);
+    /* Every line is an attempt marker or "line N", N increasing, ending
+     * with the last line the rank wrote (after the restart). */
+    int last = -1, lines = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (!strncmp(l, "--- attempt", 11)) continue;
+        int n = -1, used = 0;
+        if (sscanf(l, "line %d%n", &n, &used) != 1 || l[used] || n <= last)
+            fail_msg("log line %d is torn or out of order: \"%s\" after line %d", lines, l, last);
+        last = n;
+        lines++;
+    }
+    assert_int_equal(last, 149);
+    assert_true(lines > 20);
+    free(text);
+    tf_stop(&f);
+}
+
 static int count_nodes(tf_fleet *f)
 {
     int st;
@@ -599,6 +663,7 @@ int main(void)
         cmocka_unit_test_teardown(test_killed_agent_fail, teardown),
         cmocka_unit_test_teardown(test_replace_times_out, teardown),
         cmocka_unit_test_teardown(test_server_kill9_under_load, teardown),
+        cmocka_unit_test_teardown(test_log_torn_tail, teardown),
         cmocka_unit_test_teardown(test_autoscale_local_provider, teardown),
         cmocka_unit_test_teardown(test_up_and_cli, teardown),
         cmocka_unit_test_teardown(test_sandbox_limits, teardown),
