@@ -7,8 +7,8 @@
  *
  *     u32 LE length (1..SRV_LOG_MAX_RECORD) | u32 LE check | length bytes
  *
- * where check is the low 32 bits of xxh3-64 over the length field and the
- * data.  Readers stop at the first record that is incomplete or fails its
+ * where check is the low 32 bits of the low half of xxh3-128 over the
+ * length field and the data.  Readers stop at the first record that is incomplete or fails its
  * check; the first append of each file by a server process truncates the file
  * to its last whole record before writing, so new output never follows torn
  * bytes.  A record is written with one write() on an O_APPEND descriptor, and
