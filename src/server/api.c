@@ -169,10 +169,8 @@ static json_t *costs(srv *s, const char *tenant)
 
 static json_t *nodes_json(srv *s, srv_req *r)
 {
-    json_t *a = json_array();
-    for (int i = 0; i < s->nnodes; i++)
-        if (s->nodes[i].state != NODE_GONE) json_array_append_new(a, srv__node_json(s, i, r->tenant));
-    return a;
+    json_t *a = srv__nodes_json(s, r->tenant);
+    return a ? a : json_array();
 }
 
 static int overview(srv *s, srv_req *r, json_t **reply)

@@ -138,7 +138,8 @@ const char *srv__member_state_name(int st);
 const char *srv__kind_name(int k);
 const char *srv__policy_name(int p);
 json_t *srv__job_json(srv *s, const srv_job *j, int full);
-json_t *srv__node_json(srv *s, int idx, const char *tenant);
+/* Every node not gone, with the work placed on it (tenant: others hidden). */
+json_t *srv__nodes_json(srv *s, const char *tenant);
 int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
 
 /* seam.c: the scheduling core's seam */
