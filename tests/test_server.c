@@ -70,6 +70,23 @@ static void test_tenant_isolation(void **state)
     json_t *j = tf_call(&F, TF_BOB, "GET", "/v1/jobs", NULL, &st);
     assert_int_equal(json_array_size(json_object_get(j, "jobs")), 1);
     json_decref(j);
+    /* The nodes view places each job on its node: the admin sees both by
+     * id, bob sees his own and alice's as an anonymous busy slot. */
+    int64_t seen_admin = 0, seen_bob = 0;
+    for (int who = 0; who < 2; who++) {
+        j = tf_call(&F, who ? TF_BOB : TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+        size_t i, k;
+        json_t *n, *p;
+        json_array_foreach(json_object_get(j, "nodes"), i, n) json_array_foreach(json_object_get(n, "jobs"), k, p) {
+            int64_t id = json_integer_value(json_object_get(p, "job"));
+            int64_t bit = id == a ? 1 : id == b ? 2 : id == 0 ? 4 : 8;
+            if (who) seen_bob |= bit;
+            else seen_admin |= bit;
+        }
+        json_decref(j);
+    }
+    assert_int_equal(seen_admin, 3);
+    assert_int_equal(seen_bob, 6);
     /* The admin sees both; the agent token reaches only /v1/agent/. */
     j = tf_call(&F, TF_ADMIN, "GET", "/v1/jobs?state=running", NULL, &st);
     assert_true(json_array_size(json_object_get(j, "jobs")) >= 2);
@@ -107,6 +124,12 @@ static void test_bad_requests(void **state)
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"command\":[\"true\"],\"env\":{\"SHOAL_RANK\":\"9\"}}",
                  400, "reserved");
     /* A gang larger than any zone's worth of matching nodes never fits. */
+    /* Zones cannot be pinned, so a job asking for one is refused, not
+     * silently placed in any zone. */
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"zone\":\"z1\",\"command\":[\"true\"]}",
+                 400, "field \"zone\" is not supported");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"replace_wait_s\":-1,\"command\":[\"true\"]}",
+                 400, "outside 0..86400");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":3,\"command\":[\"true\"]}", 422, "can never fit");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"gpu_types\":[\"B300\"],\"command\":[\"true\"]}", 422,
                  "can never fit");

@@ -105,6 +105,9 @@ int store_plan_make(store *s, uint64_t from, uint64_t to, store_plan *p);
 const char *store_plan_kind_name(int kind);
 /* The squashed delta from `from` to `to` (path of the cache file). */
 int store_squash_path(store *s, uint64_t from, uint64_t to, char *out, size_t cap);
+/* Composes the deltas from+1 .. to into that cache file (durably), so that
+ * plans from `from` can use it; *bytes (optional) gets its size. */
+int store_squash(store *s, uint64_t from, uint64_t to, uint64_t *bytes);
 
 /* Writes version v's full checkpoint to `out` (atomically), starting from
  * `have_path` holding version `have` when that is cheaper (have = 0: none),

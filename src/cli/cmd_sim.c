@@ -30,6 +30,8 @@ static const char usage_text[] =
     "events:   --failures MTBF_HOURS [--repair-s S]  node failures (per-node MTBF), repairs\n"
     "          --replace-wait S                     gangs wait S for a spare node, else requeue\n"
     "          --autoscale [--quota zone,fabric,type,gpus,max_nodes,price,delay_s]...\n"
+    "                                               (no --quota: per GPU type, 64 8-GPU nodes in\n"
+    "                                               fabric auto-<type> of its first zone, 300 s)\n"
     "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (4)\n"
     "          --fair-window S (21600) --pack       shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
@@ -217,6 +219,7 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
     json_object_set_new(j, "scale_ups", json_integer((json_int_t)r->scale_ups));
     json_object_set_new(j, "scale_downs", json_integer((json_int_t)r->scale_downs));
     json_object_set_new(j, "reservation_delays", json_integer((json_int_t)r->resv_late));
+    json_object_set_new(j, "sched_job_slots", json_integer((json_int_t)r->sched_job_slots));
     json_object_set_new(j, "decisions", json_integer((json_int_t)r->decisions));
     json_object_set_new(j, "decisions_per_s", num(r->decisions_per_s));
     json_object_set_new(j, "wall_s", num(wall));

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now);
 
 static void sid(const srv_job *j, char out[24]) { snprintf(out, 24, "%lld", (long long)j->id); }
 
@@ -34,7 +33,8 @@ static int spec_of(const srv_job *j, char id[24], sched_job_spec *sp)
     sp->est_s = est ? json_number_value(est) : 0;
     sp->priority = j->priority;
     sp->on_fail = j->policy == P_REPLACE ? SCHED_REPLACE : SCHED_REQUEUE;
-    sp->replace_wait_s = 30;
+    json_t *wait = json_object_get(j->spec, "replace_wait_s");
+    sp->replace_wait_s = wait ? json_number_value(wait) : 30;
     return SH_OK;
 }
 
