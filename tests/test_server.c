@@ -15,8 +15,7 @@ static int setup(void **state)
 {
     memset(&F, 0, sizeof F);
     tf_start_server(&F, "api", 30);
-    tf_start_agent(&F, 0, "H100", 8, "z1", "ib");
-    tf_start_agent(&F, 1, "H100", 8, "z1", "ib");
+    tf_start_agents(&F, 2, "H100", 8, "z1", "ib");
     return 0;
 }
 
