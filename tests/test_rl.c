@@ -307,7 +307,7 @@ static void test_async_run_learns(void **state)
 #if defined(__SANITIZE_ADDRESS__)
     skip(); /* about 10 s optimised; the ASan build runs the fault test below */
 #endif
-    json_t *j = run_json("--mode async --max-lag 2 --loss decoupled --steps 40 --seed 1 --quiet", 0);
+    json_t *j = run_json("--mode async --max-lag 2 --loss decoupled --steps 40 --seed 1 --gen-cost 2 --quiet", 0);
     double r0 = json_number_value(json_object_get(j, "reward_start"));
     double r1 = json_number_value(json_object_get(j, "reward_end"));
     print_message("async run: held-out reward %.3f -> %.3f\n", r0, r1);

@@ -22,6 +22,8 @@ typedef struct smap {
 } smap;
 int sched__map_put(smap *m, const char *key, uint32_t val, const char **stored);
 uint32_t sched__map_get(const smap *m, const char *key);
+/* Deletes key (if present), freeing the stored copy. */
+void sched__map_del(smap *m, const char *key);
 void sched__map_free(smap *m);
 
 /* One pod or replica: `gpus` GPUs of node `node` held since `since`. */
@@ -168,6 +170,10 @@ struct sched {
     size_t npools, cappools;
     sjob *jobs;
     size_t njobs, capjobs;
+    uint32_t *freejobs; /* slots of forgotten jobs (id NULL), reused by submit */
+    size_t nfree, capfree;
+    double *forgot_cost_t; /* final bills of forgotten jobs, by type index */
+    size_t nforgot_cost;
     stenant *tenants;
     size_t ntenants, captenants;
     sresv *resv;
