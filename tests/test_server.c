@@ -15,8 +15,7 @@ static int setup(void **state)
 {
     memset(&F, 0, sizeof F);
     tf_start_server(&F, "api", 30);
-    tf_start_agent(&F, 0, "H100", 8, "z1", "ib");
-    tf_start_agent(&F, 1, "H100", 8, "z1", "ib");
+    tf_start_agents(&F, 2, "H100", 8, "z1", "ib");
     return 0;
 }
 
@@ -36,6 +35,16 @@ static void expect_error(const char *token, const char *method, const char *path
     if (st != want || !j || !err_of(j) || !strstr(err_of(j), needle))
         fail_msg("%s %s: got %d \"%s\", expected %d with \"%s\"", method, path, st, j ? err_of(j) : "(not JSON)", want, needle);
     json_decref(j);
+}
+
+/* The value of the sample named exactly `name` in Prometheus text. */
+static long long metric(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; (p = strstr(p, name)); p += n)
+        if ((p == text || p[-1] == '\n') && p[n] == ' ') return atoll(p + n + 1);
+    fail_msg("metric %s is missing", name);
+    return -1;
 }
 
 static const char *sleeper = "{\"name\":\"%s\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"sleep\",\"30\"]}";
@@ -173,6 +182,15 @@ static void test_bad_requests(void **state)
     assert_non_null(strstr(text, "# TYPE shoal_jobs gauge"));
     assert_non_null(strstr(text, "shoal_nodes{state=\"alive\"} 2"));
     assert_non_null(strstr(text, "shoal_jobs_rejected_total 2"));
+    /* The core holds exactly the live jobs: every ended or rejected job was
+     * forgotten once its bill was final. */
+    long long live = metric(text, "shoal_jobs{state=\"pending\"}") + metric(text, "shoal_jobs{state=\"starting\"}") +
+                    metric(text, "shoal_jobs{state=\"running\"}");
+    long long ended = metric(text, "shoal_jobs{state=\"succeeded\"}") + metric(text, "shoal_jobs{state=\"failed\"}") +
+                     metric(text, "shoal_jobs{state=\"cancelled\"}");
+    assert_true(ended >= 1);
+    assert_int_equal(metric(text, "shoal_sched_jobs"), live);
+    assert_int_equal(metric(text, "shoal_sched_jobs_forgotten_total"), ended + 2);
     free(text);
     srv_client_free(c);
 }
