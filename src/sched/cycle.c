@@ -262,13 +262,17 @@ static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
         while (t->cursor < t->nq && t->queue[t->cursor] == NONE) t->cursor++; /* started */
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
-        const sjob *a = &s->jobs[ji];
-        double k = job_key(s, a, fair);
+        if (t->kc_job != ji || t->kc_ver != s->busy_ver || t->kc_fair != fair || s->plain_cycle) {
+            const sjob *a = &s->jobs[ji];
+            t->kc_job = ji, t->kc_ver = s->busy_ver, t->kc_fair = fair;
+            t->kc_key = job_key(s, a, fair), t->kc_prio = a->priority, t->kc_order = a->order;
+        }
+        double k = t->kc_key;
         if (bj != NONE) {
-            const sjob *b = &s->jobs[bj];
-            if (a->priority != b->priority) {
-                if (a->priority < b->priority) continue;
-            } else if (k > bk || (k == bk && a->order > b->order)) continue;
+            const stenant *b = &s->tenants[bt];
+            if (t->kc_prio != b->kc_prio) {
+                if (t->kc_prio < b->kc_prio) continue;
+            } else if (k > bk || (k == bk && t->kc_order > b->kc_order)) continue;
         }
         bt = (uint32_t)ti, bj = ji, bk = k;
     }

@@ -15,6 +15,7 @@ static uint32_t tenant_of(sched *s, const char *name)
     if (GROW(s->tenants, s->captenants, s->ntenants + 1) < 0) return NONE;
     stenant *t = &s->tenants[s->ntenants];
     memset(t, 0, sizeof *t);
+    t->kc_job = NONE;
     if (sched__map_put(&s->tenant_map, name, (uint32_t)s->ntenants, &t->id) < 0) return NONE;
     return (uint32_t)s->ntenants++;
 }
@@ -125,6 +126,7 @@ static int heap_push(sched *s, sshape *sh, double len, uint32_t ji)
 
 int sched__queue_push(sched *s, uint32_t ji, double now)
 {
+    s->busy_ver++; /* queues change: cached head keys lapse */
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
     if (t->holes) sched__queue_compact(s);
@@ -174,6 +176,7 @@ void sched__queue_compact(sched *s)
 
 void sched__queue_remove(sched *s, uint32_t ji)
 {
+    s->busy_ver++;
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
     /* A job started during a walk sits at its tenant's cursor: leave a hole

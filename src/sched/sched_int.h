@@ -93,6 +93,13 @@ typedef struct stenant {
     size_t nq, capq, cursor;
     size_t holes;    /* NONE slots left by jobs started during a walk */
     int gpus_in_use;
+    /* The queue key of the job at the cursor, cached: next_job compares
+     * every tenant's head once per job walked, and recomputing the fair
+     * share key of each made it the replay's hottest function. */
+    uint32_t kc_job;
+    int kc_fair, kc_prio;
+    uint64_t kc_ver;
+    double kc_key, kc_order;
     double *cost_t; /* by type index */
     size_t ncost;
 } stenant;
@@ -210,6 +217,7 @@ struct sched {
     sshape *shapes;    /* open addressing by shape hash */
     size_t capshapes, nshapes_live, nshapes_used;
     uint64_t walk_id;
+    uint64_t busy_ver; /* bumped whenever GPUs in use change (keys of next_job) */
     /* Tests only: 1 turns off the cycle's shortcuts (shape sweeps and probes,
      * the reservation-time cache) to compare decisions with and without. */
     int plain_cycle;
