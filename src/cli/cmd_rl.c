@@ -259,9 +259,10 @@ static int train(int argc, char **argv)
 int cli_cmd_rl(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        printf("usage: shoal rl train [options]   train a policy (see `shoal rl train --help`)\n"
-               "       shoal rl sweep [options]   sweep sync/async x loss x dtype "
-               "(see `shoal rl sweep --help`)\n");
+        fprintf(argc < 2 ? stderr : stdout,
+                "usage: shoal rl train [options]   train a policy (see `shoal rl train --help`)\n"
+                "       shoal rl sweep [options]   sweep sync/async x loss x dtype "
+                "(see `shoal rl sweep --help`)\n");
         return argc < 2 ? CLI_USAGE : 0;
     }
     if (!strcmp(argv[1], "train")) return train(argc - 2, argv + 2);

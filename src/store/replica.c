@@ -281,17 +281,30 @@ static int activate(store_replica *r, const store_version *v, const char *path, 
     return SH_OK;
 }
 
+/* Makes `path` and its name durable: the file's pages (written through the
+ * push node's shared mapping, which fsync flushes like written pages), then
+ * the directory entry. */
+static int fsync_file_and_dir(const char *path, const char *dir)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sh_err_errno(errno, "open %s", path);
+    int rc = fsync(fd) < 0 ? sh_err_errno(errno, "fsync %s", path) : SH_OK;
+    close(fd);
+    return rc == 0 ? sh_fsync_dir(dir) : rc;
+}
+
 /* A pushed anchor is already a private file of this replica (a hard link to
  * the spool) whose bytes the push node checked against the manifest's xxh3,
  * which for an anchor is model_xxh3 (store_manifest_parse insists).  It
  * becomes the model by another link, which saves a copy and a hash of the
- * whole model.  ACTIVE names it before its pages are on disk: a crash then
- * fails the hash check at restart, and the replica refetches. */
-static int adopt_anchor(const store_version *v, const char *payload, const char *out)
+ * whole model.  Durable before visible: the bytes and the link reach the
+ * disk here, on the apply thread before activate() writes ACTIVE, so the
+ * fsync adds nothing to the activation pause (the swap under the mutex). */
+static int adopt_anchor(store_replica *r, const store_version *v, const char *payload, const char *out)
 {
     unlink(out);
     if (link(payload, out) < 0) return store_apply_payload(v, payload, NULL, out);
-    return SH_OK;
+    return fsync_file_and_dir(out, r->models);
 }
 
 /* Builds version v from a payload: an anchor alone, or a delta on the
@@ -310,7 +323,7 @@ static int apply_pending(store_replica *r, const pending *p)
                     (unsigned long long)p->ver.version, (unsigned long long)p->ver.base,
                     (unsigned long long)(cur ? cur->version : 0));
     else if (p->ver.anchor)
-        rc = adopt_anchor(&p->ver, p->payload, out);
+        rc = adopt_anchor(r, &p->ver, p->payload, out);
     else
         rc = store_apply_payload(&p->ver, p->payload, cur->path, out);
     char fp8[4096] = "";
@@ -391,11 +404,26 @@ static void *apply_main(void *arg)
 
 /* ---- Push side -------------------------------------------------------- */
 
+/* On the push thread (the only one that may read the node): publishes the
+ * node's counters.  Called for every chunk and before an object is queued,
+ * so that whoever sees a version active also sees every chunk (corrupt ones
+ * included) that led to it; a snapshot taken only between runs of the loop
+ * could lag an activation by a whole run. */
+static void snapshot_push(store_replica *r)
+{
+    bcast_stats s;
+    bcast_node_stats(r->node, &s);
+    pthread_mutex_lock(&r->mu);
+    r->push = s;
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* On the push thread: keeps the payload (a hard link, so the node may drop
  * its spool file) and queues it for the apply thread. */
 static void on_object(void *arg, const bcast_object_info *o)
 {
     store_replica *r = arg;
+    snapshot_push(r);
     pending *p = calloc(1, sizeof *p);
     if (!p) return;
     int rc = store_manifest_parse(o->manifest, r->run, &p->ver);
@@ -419,6 +447,7 @@ static void on_object(void *arg, const bcast_object_info *o)
 static void on_chunk(void *arg, uint64_t version, uint32_t index, uint32_t nchunks)
 {
     store_replica *r = arg;
+    snapshot_push(r);
     pthread_mutex_lock(&r->mu);
     r->last_push_activity = sh_now_mono();
     pthread_mutex_unlock(&r->mu);
@@ -433,11 +462,7 @@ static void *net_main(void *arg)
         pthread_mutex_unlock(&r->mu);
         if (stop) break;
         bcast_node_run(r->node, 0.05);
-        bcast_stats s;
-        bcast_node_stats(r->node, &s);
-        pthread_mutex_lock(&r->mu);
-        r->push = s;
-        pthread_mutex_unlock(&r->mu);
+        snapshot_push(r);
     }
     return NULL;
 }
