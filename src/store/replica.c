@@ -324,14 +324,16 @@ static int apply_pending(store_replica *r, const pending *p)
                     (unsigned long long)(cur ? cur->version : 0));
     else if (p->ver.anchor)
         rc = adopt_anchor(r, &p->ver, p->payload, out);
-    else
-        rc = store_apply_payload(&p->ver, p->payload, cur->path, out);
+    else /* on the model this replica already has mapped and parsed */
+        rc = store__delta_apply_mapped(cur->ck, p->payload, p->ver.model_size, out);
+    sh_debug("replica %s: v%llu built at %.6f", r->dir, (unsigned long long)p->ver.version, sh_now_wall());
     char fp8[4096] = "";
     if (rc == 0 && r->cfg.fp8)
         rc = make_fp8(r, p->ver.version, out, p->ver.anchor ? NULL : cur, p->ver.anchor ? NULL : p->payload,
                       fp8, sizeof fp8);
     model_unref(r, cur);
     if (rc == 0) rc = activate(r, &p->ver, out, fp8[0] ? fp8 : NULL);
+    sh_debug("replica %s: v%llu active at %.6f", r->dir, (unsigned long long)p->ver.version, sh_now_wall());
     if (rc < 0) unlink(out), fp8[0] ? unlink(fp8) : 0;
     return rc;
 }
@@ -423,6 +425,7 @@ static void snapshot_push(store_replica *r)
 static void on_object(void *arg, const bcast_object_info *o)
 {
     store_replica *r = arg;
+    sh_debug("replica %s: v%llu received at %.6f", r->dir, (unsigned long long)o->version, sh_now_wall());
     snapshot_push(r);
     pending *p = calloc(1, sizeof *p);
     if (!p) return;
