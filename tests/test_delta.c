@@ -477,6 +477,31 @@ static void test_memory_api(void **state)
     TU_OK(delta_apply_mem(B, dp, NULL, out, tl, &len));
     assert_int_equal(len, tl);
     assert_memory_equal(out, ti, tl);
+    /* In place: the target, or (wrong base, corrupt chunks) unchanged. */
+    uint8_t *img = malloc(bl);
+    memcpy(img, bi, bl);
+    TU_OK(delta_apply_mem_inplace(img, bl, dp, &(delta_opts){.threads = 2}));
+    assert_memory_equal(img, ti, tl);
+    TU_ERR(delta_apply_mem_inplace(img, bl, dp, NULL), SH_EMISMATCH, "wrong base");
+    assert_memory_equal(img, ti, tl);
+    uint8_t *m = malloc(d.len);
+    int failed = 0;
+    for (int k = 0; k < 40; k++) {
+        memcpy(img, bi, bl);
+        memcpy(m, d.data, d.len);
+        m[d.len / 2 + rnd() % (d.len / 2 - 16)] ^= (uint8_t)(1 + rnd() % 255);
+        delta *mp;
+        if (delta_parse(m, d.len, DELTA_NO_CHECKSUM, &mp) < 0) continue;
+        int rc = delta_apply_mem_inplace(img, bl, mp, &(delta_opts){.threads = 1 + k % 3});
+        if (rc < 0) failed++;
+        if (memcmp(img, rc < 0 ? (uint8_t *)bi : (uint8_t *)ti, bl))
+            fail_msg("mutation %d: rc %d (%s) but the image is not the %s", k, rc, sh_errmsg(),
+                     rc < 0 ? "base" : "target");
+        delta_free(mp);
+    }
+    assert_true(failed > 20);
+    free(m);
+    free(img);
     delta_free(dp);
     delta_free(NULL);
     free(out);

@@ -108,6 +108,7 @@ typedef struct rl_traj {
 typedef struct rl_sampling {
     float temperature, top_p;
     int max_new; /* response tokens, EOS included */
+    int no_kv_cache; /* 1: recompute the whole prefix at every step (the reference path) */
 } rl_sampling;
 
 /* Called between decoding steps; it may change the model's weights (an

@@ -130,6 +130,9 @@ typedef struct sim_report {
     double held_gpu_hours;
     uint64_t scale_ups, scale_downs;
     uint64_t resv_late;
+    /* Job records the scheduler held at most at once (finished and rejected
+     * jobs are forgotten as the replay goes): bounded by the live jobs. */
+    size_t sched_job_slots;
     int deadlocked; /* the replay stopped with work queued that could never start */
     /* Billing by GPU type and by tenant (the first SIM_KEYS of each). */
     size_t ntypes, ntenants;

@@ -219,6 +219,7 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
     json_object_set_new(j, "scale_ups", json_integer((json_int_t)r->scale_ups));
     json_object_set_new(j, "scale_downs", json_integer((json_int_t)r->scale_downs));
     json_object_set_new(j, "reservation_delays", json_integer((json_int_t)r->resv_late));
+    json_object_set_new(j, "sched_job_slots", json_integer((json_int_t)r->sched_job_slots));
     json_object_set_new(j, "decisions", json_integer((json_int_t)r->decisions));
     json_object_set_new(j, "decisions_per_s", num(r->decisions_per_s));
     json_object_set_new(j, "wall_s", num(wall));

@@ -368,7 +368,8 @@ static int delta__sparse_patch_w(delta__dec *d, uint8_t *piece, uint64_t u0, uin
 #define DELTA__PIECE (64u << 10)
 int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, const uint8_t *base, uint8_t *out,
-                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, const char *what)
+                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, uint64_t *applied,
+                        const char *what)
 {
     if (enc != DELTA__SAME && enc != DELTA__SPARSE && enc != DELTA__DENSE)
         return sh_err(SH_EINTERNAL, "%s: not a diff encoding", what);
@@ -376,6 +377,8 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     delta__dec d;
     int more = enc != DELTA__SAME;
     if (more) SH_TRY(delta__dec_open(&d, enc, payload, len, nbytes / w, w, s, what));
+    uint64_t k0 = more ? d.left : 0;
+    if (applied) *applied = 0;
     XXH3_state_t *hb = s->ho, *ho = s->hn;
     int hash_base = bdig != NULL, hash_out = enc != DELTA__SAME || !hash_base;
     XXH3_128bits_reset(hb);
@@ -386,11 +389,13 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     for (size_t i = 0; i < nbytes; i += DELTA__PIECE) {
         size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
         uint8_t *piece = out + i; /* holds units from i / w on */
-        memcpy(piece, base + i, end - i);
+        if (out != base) memcpy(piece, base + i, end - i); /* else in place */
         if (hash_base) XXH3_128bits_update(hb, piece, end - i);
         uint64_t lim = end / w;
         if (enc == DELTA__SPARSE) {
-            SH_TRY(delta__sparse_patch_w(&d, piece, i / w, lim, w, is_float));
+            int rc = delta__sparse_patch_w(&d, piece, i / w, lim, w, is_float);
+            if (applied) *applied = k0 - d.left - (uint64_t)d.has_pend;
+            SH_TRY(rc);
             more = 0;
         }
         while (more && enc == DELTA__DENSE) {

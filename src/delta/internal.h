@@ -241,10 +241,13 @@ int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size
                         const char *what);
 
 /* For SAME, SPARSE and DENSE: out = base patched, with the chunk digests
- * of out and (unless bdig is NULL) of base. */
+ * of out and (unless bdig is NULL) of base.  out == base patches in place;
+ * then *applied (if not NULL) counts the SPARSE changes written, also on
+ * failure. */
 int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, const uint8_t *base, uint8_t *out,
-                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, const char *what);
+                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, uint64_t *applied,
+                        const char *what);
 
 /* d (as a signed w-byte value, zigzagged) -> its two's-complement value. */
 static inline uint64_t delta__unzig(uint64_t z) { return (z >> 1) ^ (0 - (z & 1)); }

@@ -34,10 +34,15 @@
  * training temperature: what RL optimises, and smoother than one greedy
  * answer per problem. */
 #define RL_EVAL_SAMPLES 8
+#define RL_QUEUE 2
 
 typedef struct wk {
     pid_t pid;
-    int fd, alive, busy, req_trajs;
+    /* busy: requests outstanding (async queues up to RL_QUEUE, so that a
+     * worker has its next request at hand while the trainer trains instead
+     * of idling until the trainer reads its result); req_trajs: their sizes,
+     * oldest first (a worker answers in order). */
+    int fd, alive, busy, req_trajs[2];
     sh_buf in, out;
     size_t out_off;
     double busy_since, busy_s;
@@ -67,6 +72,9 @@ typedef struct run {
     rl_progress_fn progress;
     void *pctx;
     double time_to_target, last_eval;
+    /* Where the trainer's wall-clock time goes: training steps, making and
+     * queueing deltas, and waiting in poll for workers. */
+    double t_train, t_publish, t_wait;
 } run;
 
 /* Queues the current weights: the delta from the previous version for a
@@ -142,11 +150,11 @@ static void worker_dead(run *r, int i)
     waitpid(w->pid, &st, 0);
     w->alive = 0;
     r->deaths++;
-    if (w->busy) { /* its trajectories are lost; they will be asked for again */
-        r->issued -= w->req_trajs;
-        r->dropped_dead += w->req_trajs;
-        w->busy = 0;
+    for (int k = 0; k < w->busy; k++) { /* lost; they will be asked for again */
+        r->issued -= w->req_trajs[k];
+        r->dropped_dead += w->req_trajs[k];
     }
+    w->busy = 0;
     sh_log(SH_LOG_WARN, "rl: worker %d (%s) died; its in-flight trajectories are dropped", i,
            r->c->workers[i].name);
     /* A worker that keeps dying (a broken setup rather than a lost node)
@@ -169,17 +177,16 @@ static int send_request(run *r, int i, int nprompts)
     }
     r->group_next += nprompts;
     SH_TRY(rl__msg_append(&w->out, RL_MSG_REQUEST, &rq, sizeof rq, ids, 8 * (size_t)nprompts));
-    w->busy = 1;
-    w->req_trajs = nprompts * r->c->group;
-    w->busy_since = sh_now_mono();
-    r->issued += w->req_trajs;
+    if (!w->busy) w->busy_since = sh_now_mono();
+    w->req_trajs[w->busy++] = nprompts * r->c->group;
+    r->issued += nprompts * r->c->group;
     return 0;
 }
 
 static int busy_count(const run *r)
 {
     int n = 0;
-    for (int i = 0; i < r->c->nworkers; i++) n += r->w[i].alive && r->w[i].busy;
+    for (int i = 0; i < r->c->nworkers; i++) n += r->w[i].alive && r->w[i].busy > 0;
     return n;
 }
 
@@ -200,12 +207,14 @@ static int issue(run *r)
         return 0;
     }
     int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 3) / 4;
-    for (int i = 0; i < c->nworkers; i++) {
-        wk *w = &r->w[i];
-        long bound = (long)(r->step + c->max_lag + 1) * r->batch;
-        if (!w->alive || w->busy || r->issued + per * c->group > bound) continue;
-        SH_TRY(send_request(r, i, per));
-    }
+    long bound = (long)(r->step + c->max_lag + 1) * r->batch;
+    /* Every idle worker gets a request before any gets a second one. */
+    for (int depth = 1; depth <= RL_QUEUE; depth++)
+        for (int i = 0; i < c->nworkers; i++) {
+            wk *w = &r->w[i];
+            if (w->alive && w->busy < depth && r->issued + per * c->group <= bound)
+                SH_TRY(send_request(r, i, per));
+        }
     return 0;
 }
 
@@ -216,9 +225,10 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
     rl_wire_trajs th;
     if (len < sizeof th) return sh_err(SH_EFORMAT, "worker %d: short TRAJS", i);
     memcpy(&th, p, sizeof th);
-    if (th.count != w->req_trajs || len != sizeof th + (size_t)th.count * sizeof(rl_traj))
+    if (!w->busy || th.count != w->req_trajs[0] ||
+        len != sizeof th + (size_t)th.count * sizeof(rl_traj))
         return sh_err(SH_EFORMAT, "worker %d: TRAJS with %d records, expected %d", i, th.count,
-                      w->req_trajs);
+                      w->busy ? w->req_trajs[0] : 0);
     if (r->nbuf + th.count > r->cap)
         return sh_err(SH_EINTERNAL, "rl: trajectory buffer overflow (%d + %d > %d)", r->nbuf,
                       th.count, r->cap);
@@ -235,8 +245,8 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
         r->gen_tokens += t->len - t->plen;
     }
     r->nbuf += th.count;
-    w->busy = 0;
-    w->busy_s += sh_now_mono() - w->busy_since;
+    w->req_trajs[0] = w->req_trajs[1];
+    if (--w->busy == 0) w->busy_s += sh_now_mono() - w->busy_since;
     w->trajs += th.count;
     return 0;
 }
@@ -359,7 +369,9 @@ static int train_one(run *r)
         r->inflight_updates += r->buf[i].vend != r->buf[i].vstart;
     }
     rl_step_stats st;
+    double t0 = sh_now_mono();
     int rc = rl_train_step(&r->tr, r->buf, r->batch, &st);
+    r->t_train += sh_now_mono() - t0;
     if (rc < 0 && rc != SH_ERANGE) return rc;
     if (rc == SH_ERANGE) {
         r->skipped++;
@@ -380,9 +392,11 @@ static int train_one(run *r)
     if (r->progress) r->progress(ev, r->pctx);
     json_array_append_new(r->steps, ev);
     if (!st.skipped) {
+        t0 = sh_now_mono();
         SH_TRY(publish(r));
         for (int i = 0; i < r->c->nworkers; i++)
             if (r->w[i].alive) SH_TRY(enqueue_weights(r, &r->w[i], 0));
+        r->t_publish += sh_now_mono() - t0;
     }
     if (r->step % r->c->eval_every == 0 || r->step == r->c->steps) SH_TRY(eval_now(r));
     if (r->step == r->c->steps || (r->c->save_every && r->step % r->c->save_every == 0))
@@ -410,7 +424,9 @@ static int loop(run *r)
         if (!n)
             return sh_err(SH_EIO, "rl: every worker has died (%ld deaths, %ld replacements); "
                                   "see the worker errors above", r->deaths, r->respawns);
+        double t0 = sh_now_mono();
         if (poll(pf, n, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
+        r->t_wait += sh_now_mono() - t0;
         for (int k = 0; k < n; k++) {
             int i = idx[k], dead = 0;
             if (pf[k].revents & POLLOUT) dead = flush_worker(&r->w[i]);
@@ -494,7 +510,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
     }
     int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
-                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f}",
+                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f,s:o}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->max_lag, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
                      c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
@@ -510,7 +526,9 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
                      json_incref(r->steps), "cost_usd", cost, "params",
                      (json_int_t)nn_num_params(r->tr.model), "eval_s", r->eval_s,
                      "checkpoints", json_incref(r->ckpts), "weights_image_bytes", r->image_bytes,
-                     "weights_delta_bytes_mean", r->deltas ? r->delta_bytes_sum / r->deltas : 0.0);
+                     "weights_delta_bytes_mean", r->deltas ? r->delta_bytes_sum / r->deltas : 0.0,
+                     "trainer_phases_s", json_pack("{s:f,s:f,s:f}", "train", r->t_train, "publish",
+                                                   r->t_publish, "wait", r->t_wait));
 }
 
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result)

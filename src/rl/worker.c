@@ -23,11 +23,21 @@ typedef struct worker {
     int idx, fd, version;
     nn_model *model;
     sh_buf msg;
+    sh_buf queued; /* REQUESTs that arrived mid-generation: (u32 length, payload)... */
+    size_t queued_off;
     sh_buf img; /* the safetensors image of the current weights */
     ckpt *ck;   /* a view over img: the base the next delta applies to */
     char dir[64]; /* fp8 rollouts: scratch folder for the quantiser's files */
     double mark, mark_cpu; /* wall and CPU clocks at the end of the last stretch */
     long updates_in_flight;
+    /* Where the worker's wall-clock time goes (SHOAL_LOG=debug prints it at
+     * exit): decoding compute, the emulation's sleep, time beyond the
+     * emulated cost (the machine's contention), applying weights, and idle
+     * waiting for a request. */
+    struct {
+        double compute, sleep, over, weights, idle;
+        long requests, trajs, steps;
+    } prof;
 } worker;
 
 static int load_fp8(worker *w);
@@ -111,7 +121,17 @@ static int apply_weights(worker *w, const uint8_t *p, size_t len)
 static int handle(worker *w, uint32_t type)
 {
     if (type == RL_MSG_STOP) return 1;
-    if (type == RL_MSG_WEIGHTS) return apply_weights(w, w->msg.data, w->msg.len);
+    if (type == RL_MSG_REQUEST) { /* the trainer queued the next one: served in order */
+        uint32_t n = (uint32_t)w->msg.len;
+        SH_TRY(sh_buf_append(&w->queued, &n, sizeof n));
+        return sh_buf_append(&w->queued, w->msg.data, n);
+    }
+    if (type == RL_MSG_WEIGHTS) {
+        double t0 = sh_now_mono();
+        int rc = apply_weights(w, w->msg.data, w->msg.len);
+        w->prof.weights += sh_now_mono() - t0;
+        return rc;
+    }
     return sh_err(SH_EFORMAT, "worker %d: unexpected message type %u", w->idx, type);
 }
 
@@ -129,15 +149,24 @@ static double cpu_now(void)
 static void leave(worker *w, int code) __attribute__((noreturn));
 static void leave(worker *w, int code)
 {
+    sh_log(SH_LOG_DEBUG,
+           "rl worker %d: %ld requests, %ld trajectories, %ld decoding steps; compute %.2f s, "
+           "emulation sleep %.2f s, beyond the emulated cost %.2f s, weights %.2f s, idle %.2f s",
+           w->idx, w->prof.requests, w->prof.trajs, w->prof.steps, w->prof.compute, w->prof.sleep,
+           w->prof.over, w->prof.weights, w->prof.idle);
     if (w->dir[0]) sh_rm_rf(w->dir);
     _exit(code);
 }
 
 static void stretch(worker *w)
 {
-    double want = (cpu_now() - w->mark_cpu) * w->c->gen_cost / w->c->workers[w->idx].speed;
+    double cpu = cpu_now() - w->mark_cpu;
+    double want = cpu * w->c->gen_cost / w->c->workers[w->idx].speed;
     double spent = sh_now_mono() - w->mark;
-    if (want > spent) sh_sleep(want - spent);
+    w->prof.compute += cpu;
+    w->prof.steps++;
+    if (want > spent) sh_sleep(want - spent), w->prof.sleep += want - spent;
+    else w->prof.over += spent - want;
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
 }
@@ -158,7 +187,7 @@ static int step_hook(void *ctx)
             sh_log(SH_LOG_ERROR, "rl worker %d: %s", w->idx, sh_errmsg());
             leave(w, 3);
         }
-        w->updates_in_flight++;
+        w->updates_in_flight += type == RL_MSG_WEIGHTS;
     }
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
@@ -173,13 +202,6 @@ static int serve_request(worker *w)
     if (rq.nprompts < 1 || rq.group < 1 ||
         w->msg.len != sizeof rq + (size_t)rq.nprompts * 8)
         return sh_err(SH_EFORMAT, "worker %d: REQUEST sizes do not add up", w->idx);
-    /* Version-constrained: wait for weights at least as new as asked. */
-    while (w->version < rq.min_version) {
-        uint32_t type;
-        SH_TRY(rl__msg_read(w->fd, &type, &w->msg));
-        int rc = handle(w, type);
-        if (rc) return rc;
-    }
     int n = rq.nprompts, B = n * rq.group;
     rl_problem *probs = malloc(sizeof(rl_problem) * n);
     rl_traj *out = malloc(sizeof(rl_traj) * B);
@@ -187,8 +209,19 @@ static int serve_request(worker *w)
         free(probs), free(out);
         return sh_err(SH_ENOMEM, "worker %d: out of memory", w->idx);
     }
+    /* The problems are read before waiting below: that reuses w->msg. */
     const uint64_t *ids = (const uint64_t *)(w->msg.data + sizeof rq);
     for (int i = 0; i < n; i++) rl_problem_make(w->c->task, ids[i], &probs[i], NULL);
+    /* Version-constrained: wait for weights at least as new as asked. */
+    while (w->version < rq.min_version) {
+        uint32_t type;
+        int rc = rl__msg_read(w->fd, &type, &w->msg);
+        if (!rc) rc = handle(w, type);
+        if (rc) {
+            free(probs), free(out);
+            return rc;
+        }
+    }
     uint64_t rng = rq.seed;
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
@@ -196,6 +229,7 @@ static int serve_request(worker *w)
                          w->version, step_hook, w, out);
     stretch(w);
     for (int i = 0; i < B; i++) out[i].worker = w->idx;
+    w->prof.requests++, w->prof.trajs += B;
     rl_wire_trajs th = {.worker = w->idx, .count = B};
     if (!rc) rc = rl__msg_write(w->fd, RL_MSG_TRAJS, &th, sizeof th, out, sizeof(rl_traj) * B);
     free(probs), free(out);
@@ -215,7 +249,19 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
     }
     for (;;) {
         uint32_t type;
-        if (rl__msg_read(fd, &type, &w.msg) < 0) break;
+        if (w.queued_off < w.queued.len) { /* queued requests first, oldest first */
+            uint32_t n;
+            memcpy(&n, w.queued.data + w.queued_off, sizeof n);
+            w.msg.len = 0;
+            if (sh_buf_append(&w.msg, w.queued.data + w.queued_off + sizeof n, n) < 0) leave(&w, 3);
+            w.queued_off += sizeof n + n;
+            if (w.queued_off == w.queued.len) w.queued.len = w.queued_off = 0;
+            type = RL_MSG_REQUEST;
+        } else {
+            double t0 = sh_now_mono();
+            if (rl__msg_read(fd, &type, &w.msg) < 0) break;
+            w.prof.idle += sh_now_mono() - t0;
+        }
         int rc = type == RL_MSG_REQUEST ? serve_request(&w) : handle(&w, type);
         if (rc == 1) break;
         if (rc < 0) {
@@ -223,5 +269,6 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
             leave(&w, 3);
         }
     }
+    sh_buf_free(&w.queued);
     leave(&w, 0);
 }

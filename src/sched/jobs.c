@@ -15,6 +15,7 @@ static uint32_t tenant_of(sched *s, const char *name)
     if (GROW(s->tenants, s->captenants, s->ntenants + 1) < 0) return NONE;
     stenant *t = &s->tenants[s->ntenants];
     memset(t, 0, sizeof *t);
+    t->kc_job = NONE;
     if (sched__map_put(&s->tenant_map, name, (uint32_t)s->ntenants, &t->id) < 0) return NONE;
     return (uint32_t)s->ntenants++;
 }
@@ -42,28 +43,90 @@ static size_t queue_pos(const sched *s, const stenant *t, const sjob *j)
 /* The entry of a shape (created empty when new; NULL without memory). */
 sshape *sched__shape(sched *s, uint64_t shape)
 {
-    if (s->nshapes_live * 2 + 2 > s->capshapes) {
+    /* Slots of shapes with nothing queued stay taken until a rebuild, so
+     * the load counts every taken slot (counting only live shapes once let
+     * the table fill up, and a probe for a new shape never ended). */
+    if ((s->nshapes_used + 1) * 2 > s->capshapes) {
         /* Rebuild, dropping shapes with nothing queued. */
-        size_t cap = s->capshapes ? s->capshapes * 2 : 64;
+        size_t cap = 64;
+        while (cap < (s->nshapes_live + 1) * 4) cap *= 2;
         sshape *v = calloc(cap, sizeof *v);
         if (!v) return NULL;
+        s->nshapes_used = 0;
         for (size_t i = 0; i < s->capshapes; i++) {
-            if (!s->shapes[i].queued) continue;
+            if (!s->shapes[i].queued) {
+                free(s->shapes[i].heap);
+                continue;
+            }
             size_t k = s->shapes[i].shape & (cap - 1);
             while (v[k].shape) k = (k + 1) & (cap - 1);
             v[k] = s->shapes[i];
+            s->nshapes_used++;
         }
         free(s->shapes);
         s->shapes = v, s->capshapes = cap;
     }
     size_t k = shape & (s->capshapes - 1);
     while (s->shapes[k].shape && s->shapes[k].shape != shape) k = (k + 1) & (s->capshapes - 1);
+    if (!s->shapes[k].shape) s->nshapes_used++;
     s->shapes[k].shape = shape;
     return &s->shapes[k];
 }
 
+static int heap_valid(const sched *s, const sshape *sh, const struct slen *e)
+{
+    const sjob *j = &s->jobs[e->job];
+    return j->qgen == e->gen && j->shape == sh->shape &&
+           (j->state == SCHED_QUEUED || j->state == SCHED_HOLDING);
+}
+
+static void heap_down(struct slen *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && h[l].len < h[m].len) m = l;
+        if (r < n && h[r].len < h[m].len) m = r;
+        if (m == i) return;
+        struct slen x = h[i];
+        h[i] = h[m], h[m] = x;
+        i = m;
+    }
+}
+
+double sched__shape_min_len(const sched *s, sshape *sh)
+{
+    while (sh->nheap && !heap_valid(s, sh, &sh->heap[0])) {
+        sh->heap[0] = sh->heap[--sh->nheap];
+        heap_down(sh->heap, sh->nheap, 0);
+    }
+    return sh->nheap ? sh->heap[0].len : INFINITY;
+}
+
+static int heap_push(sched *s, sshape *sh, double len, uint32_t ji)
+{
+    /* Stale entries deep in the heap are dropped when they outnumber the
+     * queued jobs, so the heap stays O(queued jobs of the shape). */
+    if (sh->nheap > 2 * sh->queued + 16) {
+        size_t w = 0;
+        for (size_t i = 0; i < sh->nheap; i++)
+            if (heap_valid(s, sh, &sh->heap[i])) sh->heap[w++] = sh->heap[i];
+        sh->nheap = w;
+        for (size_t i = w / 2; i-- > 0;) heap_down(sh->heap, w, i);
+    }
+    SH_TRY(GROW(sh->heap, sh->capheap, sh->nheap + 1));
+    size_t i = sh->nheap++;
+    sh->heap[i] = (struct slen){len, ji, s->jobs[ji].qgen};
+    while (i && sh->heap[(i - 1) / 2].len > sh->heap[i].len) {
+        struct slen x = sh->heap[i];
+        sh->heap[i] = sh->heap[(i - 1) / 2], sh->heap[(i - 1) / 2] = x;
+        i = (i - 1) / 2;
+    }
+    return 0;
+}
+
 int sched__queue_push(sched *s, uint32_t ji, double now)
 {
+    s->busy_ver++; /* queues change: cached head keys lapse */
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
     if (t->holes) sched__queue_compact(s);
@@ -74,8 +137,19 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     t->nq++;
     sshape *sh = sched__shape(s, j->shape);
     if (!sh) return sh_err(SH_ENOMEM, "sched: out of memory");
-    if (!sh->queued++) s->nshapes_live++, sh->min_est = j->est_s;
-    else if (j->est_s < sh->min_est) sh->min_est = j->est_s;
+    double fastest = 1.0;
+    for (int k = 0; k < j->ntypes; k++) fastest = k ? fmax(fastest, j->speed[k]) : j->speed[k];
+    double len = j->est_s / (fastest > 0 ? fastest : 1.0);
+    if (!sh->queued++) {
+        s->nshapes_live++, sh->min_est = j->est_s, sh->min_len = len;
+        sh->kind = j->kind, sh->nodes = j->nodes, sh->gpn = j->gpn, sh->ntypes = j->ntypes;
+        memcpy(sh->types, j->types, sizeof sh->types);
+    } else {
+        if (j->est_s < sh->min_est) sh->min_est = j->est_s;
+        if (len < sh->min_len) sh->min_len = len;
+    }
+    j->qgen++;
+    SH_TRY(heap_push(s, sh, len, ji));
     j->state = SCHED_QUEUED;
     j->queued_since = now;
     s->queued++;
@@ -102,6 +176,7 @@ void sched__queue_compact(sched *s)
 
 void sched__queue_remove(sched *s, uint32_t ji)
 {
+    s->busy_ver++;
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
     /* A job started during a walk sits at its tenant's cursor: leave a hole
@@ -194,12 +269,20 @@ int sched_job_submit(sched *s, const sched_job_spec *js, double now)
     SH_TRY(check_spec(s, js));
     uint32_t ti = tenant_of(s, js->tenant && *js->tenant ? js->tenant : "default");
     if (ti == NONE) return SH_ENOMEM;
-    SH_TRY(GROW(s->jobs, s->capjobs, s->njobs + 1));
-    uint32_t ji = (uint32_t)s->njobs;
+    /* A forgotten job's slot is reused first, so that the job table stays
+     * as large as the most jobs known at once, not as all jobs ever. */
+    int reuse = s->nfree > 0;
+    uint32_t ji;
+    if (reuse) ji = s->freejobs[s->nfree - 1];
+    else {
+        SH_TRY(GROW(s->jobs, s->capjobs, s->njobs + 1));
+        ji = (uint32_t)s->njobs;
+    }
     sjob *j = &s->jobs[ji];
     memset(j, 0, sizeof *j);
     SH_TRY(sched__map_put(&s->job_map, js->id, ji, &j->id));
-    s->njobs++;
+    if (reuse) s->nfree--;
+    else s->njobs++;
     j->tenant = ti, j->kind = js->kind;
     j->nodes = js->kind == SCHED_FUNCTION ? 1 : js->nodes;
     j->gpn = js->kind == SCHED_FUNCTION ? 1 : js->gpus_per_node;
@@ -272,6 +355,60 @@ int sched_job_finish(sched *s, const char *id, double now)
     return stop_job(s, id, now, SCHED_DONE);
 }
 
+/* ---- Forgetting ended jobs ------------------------------------------------ */
+
+static void add_cost(double **v, size_t *n, uint32_t type, double c);
+
+/* Drops every reference the cycle bookkeeping keeps to job ji: its pending
+ * decisions (the caller forgot the job, so their news is moot), its entry
+ * in the deadline and elastic lists, and the reservation records of the
+ * last cycle (kept for sched_check, which skips a NONE job). */
+static void drop_refs(sched *s, uint32_t ji)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < s->npend; i++) {
+        if (s->pend[i].job == ji) free(s->pend[i].places);
+        else s->pend[w++] = s->pend[i];
+    }
+    s->npend = w;
+    w = 0;
+    for (size_t i = 0; i < s->nwaiting; i++)
+        if (s->waiting[i] != ji) s->waiting[w++] = s->waiting[i];
+    s->nwaiting = w;
+    if (s->jobs[ji].kind == SCHED_ELASTIC) {
+        /* Order kept: the growth pass visits elastic jobs in submit order. */
+        w = 0;
+        for (size_t i = 0; i < s->nelastic; i++)
+            if (s->elastic[i] != ji) s->elastic[w++] = s->elastic[i];
+        s->nelastic = w;
+    }
+    for (size_t i = 0; i < s->nresv; i++)
+        if (s->resv[i].job == ji) s->resv[i].job = NONE;
+}
+
+int sched_job_forget(sched *s, const char *id)
+{
+    uint32_t ji = NONE;
+    SH_TRY(find_job(s, id, &ji));
+    sjob *j = &s->jobs[ji];
+    if (j->state < SCHED_DONE)
+        return sh_err(SH_EINVAL, "job %s has not ended: only a finished, cancelled or rejected job "
+                      "can be forgotten (cancel it first)", id);
+    SH_TRY(GROW(s->freejobs, s->capfree, s->nfree + 1));
+    /* Its final bill stays in the totals for everyone; its tenant's totals
+     * already hold it (sched__bill charges job and tenant together). */
+    for (size_t k = 0; k < j->ncost; k++)
+        add_cost(&s->forgot_cost_t, &s->nforgot_cost, (uint32_t)k, j->cost_t[k]);
+    drop_refs(s, ji);
+    free(j->places), free(j->cost_t), free(j->reason);
+    sched__map_del(&s->job_map, j->id); /* frees the id j->id points to */
+    memset(j, 0, sizeof *j);
+    j->id = NULL, j->state = SCHED_DONE, j->pool = NONE;
+    s->freejobs[s->nfree++] = ji;
+    s->st.forgotten++;
+    return 0;
+}
+
 /* ---- Billing: per second, each allocation's seconds rounded up ----------- */
 
 static void add_cost(double **v, size_t *n, uint32_t type, double c)
@@ -319,8 +456,11 @@ double sched_cost_job(const sched *s, const char *job, const char *gpu_type, dou
     uint32_t type = gpu_type ? sched__map_get(&s->names, gpu_type) : NONE;
     if (gpu_type && type == NONE) return 0;
     double c = 0;
+    if (!job) /* everyone: forgotten jobs too */
+        for (size_t i = 0; i < s->nforgot_cost; i++)
+            if (type == NONE || type == i) c += s->forgot_cost_t[i];
     for (size_t i = 0; i < s->njobs; i++)
-        if (!job || !strcmp(job, s->jobs[i].id)) {
+        if (s->jobs[i].id && (!job || !strcmp(job, s->jobs[i].id))) {
             c += job_cost(s, &s->jobs[i], type, now);
             if (job) break;
         }
@@ -365,7 +505,7 @@ size_t sched_job_count(const sched *s) { return s->njobs; }
 
 int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o)
 {
-    if (ix >= s->njobs) return sh_err(SH_ENOENT, "job handle %u is not known", ix);
+    if (ix >= s->njobs || !s->jobs[ix].id) return sh_err(SH_ENOENT, "job handle %u is not known", ix);
     const sjob *j = &s->jobs[ix];
     memset(o, 0, sizeof *o);
     o->id = j->id, o->tenant = s->tenants[j->tenant].id, o->kind = j->kind, o->state = j->state;

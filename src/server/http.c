@@ -400,6 +400,13 @@ void srv__metrics(srv *s, sh_buf *b)
                      "# TYPE shoal_sched_cycle_seconds gauge\nshoal_sched_cycle_seconds %.6f\n",
                   (unsigned long long)s->submits, (unsigned long long)s->rejects,
                   (unsigned long long)s->polls, s->last_cycle_s);
+    sched_stats ss;
+    sched_stats_get(s->sc, &ss);
+    sh_buf_printf(b, "# HELP shoal_sched_jobs Jobs the scheduling core holds (queued or running).\n"
+                     "# TYPE shoal_sched_jobs gauge\nshoal_sched_jobs %zu\n"
+                     "# HELP shoal_sched_jobs_forgotten_total Ended jobs the core has dropped.\n"
+                     "# TYPE shoal_sched_jobs_forgotten_total counter\nshoal_sched_jobs_forgotten_total %llu\n",
+                  ss.queued + ss.running, (unsigned long long)ss.forgotten);
     sh_buf_printf(b, "# HELP shoal_http_responses_total HTTP responses by status class.\n"
                      "# TYPE shoal_http_responses_total counter\n");
     for (int i = 2; i <= 5; i++)
