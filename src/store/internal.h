@@ -35,5 +35,8 @@ int store__delta_squash(const char *const *deltas, size_t n, const char *out);
 struct ckpt;
 int store__delta_apply_mapped(const struct ckpt *base, const char *delta_path, uint64_t size,
                               const char *out);
+/* The same from `spare`, a copy of the base that the delta patches in place
+ * (only changed elements written) and that is then renamed to out. */
+int store__delta_apply_spare(const char *spare, const char *delta_path, uint64_t size, const char *out);
 
 #endif
