@@ -84,6 +84,15 @@ static int apply_weights(worker *w, const uint8_t *p, size_t len)
     return install(w, img, hd.version);
 }
 
+/* Answers STOP with BYE (version and image hash) and exits. */
+static void __attribute__((noreturn)) bye(worker *w)
+{
+    sh_hash128 h = sh_hash128_of(w->img.data, w->img.len);
+    rl_wire_bye b = {.version = w->version, .hash_lo = h.lo, .hash_hi = h.hi};
+    rl__msg_write(w->fd, RL_MSG_BYE, &b, sizeof b, NULL, 0); /* the trainer may be gone */
+    _exit(0);
+}
+
 /* Handles one message that is not a REQUEST.  Returns 1 on STOP. */
 static int handle(worker *w, uint32_t type)
 {
@@ -123,7 +132,7 @@ static int step_hook(void *ctx)
         uint32_t type;
         if (rl__msg_read(w->fd, &type, &w->msg) < 0) _exit(0); /* trainer gone */
         int rc = handle(w, type);
-        if (rc == 1) _exit(0);
+        if (rc == 1) bye(w);
         if (rc < 0) _exit(3);
         w->updates_in_flight++;
     }
@@ -179,11 +188,29 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
         uint32_t type;
         if (rl__msg_read(fd, &type, &w.msg) < 0) break;
         int rc = type == RL_MSG_REQUEST ? serve_request(&w) : handle(&w, type);
-        if (rc == 1) break;
+        if (rc == 1) bye(&w);
         if (rc < 0) {
             sh_log(SH_LOG_ERROR, "rl worker %d: %s", idx, sh_errmsg());
             _exit(3);
         }
     }
     _exit(0);
+}
+
+void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
+{
+    rl_wire_hello h = {.speed = me->speed, .price = me->price, .pid = (int32_t)getpid()};
+    snprintf(h.name, sizeof h.name, "%s", me->name);
+    signal(SIGPIPE, SIG_IGN);
+    if (rl__msg_write(fd, RL_MSG_HELLO, &h, sizeof h, NULL, 0) < 0) {
+        sh_log(SH_LOG_ERROR, "rl worker %s: HELLO: %s", me->name, sh_errmsg());
+        _exit(3);
+    }
+    /* The worker reads its speed from workers[idx]: a one-entry copy. */
+    rl_config *cc = malloc(sizeof *cc);
+    if (!cc) _exit(3);
+    *cc = *c;
+    cc->workers[0] = *me;
+    cc->nworkers = 1;
+    rl__worker_main(cc, 0, fd);
 }
