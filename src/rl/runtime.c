@@ -326,12 +326,16 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
 static int read_worker(run *r, int i)
 {
     wk *w = &r->w[i];
+    int gone = 0;
     for (;;) {
         SH_TRY(sh_buf_reserve(&w->in, 65536));
         ssize_t n = read(w->fd, w->in.data + w->in.len, w->in.cap - w->in.len - 1);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        if (n <= 0) return 1; /* EOF or error: the worker is gone */
+        if (n <= 0) { /* EOF or error: the worker is gone once its last messages are read */
+            gone = 1;
+            break;
+        }
         w->in.len += (size_t)n;
     }
     for (;;) {
@@ -340,7 +344,7 @@ static int read_worker(run *r, int i)
         size_t len;
         long used = rl__msg_peek(&w->in, &type, &pl, &len);
         if (used < 0) return (int)used;
-        if (!used) return 0;
+        if (!used) return gone;
         if (type == RL_MSG_HELLO && r->c->remote) SH_TRY(got_hello(r, i, pl, len));
         else if (type == RL_MSG_BYE) SH_TRY(got_bye(r, i, pl, len));
         else if (type == RL_MSG_TRAJS && w->hello) SH_TRY(accept_trajs(r, i, pl, len));
