@@ -525,8 +525,10 @@ static int poll_once(run *r)
             if (pf[k].revents & POLLOUT) dead = flush_worker(&r->w[i]);
             if (!dead && (pf[k].revents & (POLLIN | POLLHUP | POLLERR))) {
                 int rc = read_worker(r, i);
-                if (rc < 0) return rc;
-                dead = rc;
+                if (rc < 0 && !c->remote) return rc;
+                if (rc < 0) /* a remote worker that breaks the protocol is dropped, not fatal */
+                    sh_log(SH_LOG_WARN, "rl: dropping worker %d: %s", i, sh_errmsg());
+                dead = rc != 0;
             }
             if (dead) worker_dead(r, i);
         }
