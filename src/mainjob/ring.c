@@ -23,7 +23,12 @@ struct mj_ring {
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_listener_h listener;
-    ucp_ep_h next, prev; /* prev: the endpoint made for the previous rank's connection */
+    ucp_ep_h next;
+    /* Endpoints made for the previous rank's connections: a retried connect
+     * may arrive twice, and every one is kept (receives are matched on the
+     * worker, whichever endpoint they came in on). */
+    ucp_ep_h prev[8];
+    int nprev;
     double timeout_s;
     uint64_t op, bytes_sent;
     float *scratch;
@@ -112,29 +117,42 @@ static int ring_recv(mj_ring *r, void *buf, size_t len, ucp_tag_t tag, const cha
     return 0;
 }
 
+static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t st) { (void)arg, (void)ep, (void)st; }
+
 static void conn_cb(ucp_conn_request_h req, void *arg)
 {
     mj_ring *r = arg;
-    if (r->prev) { /* one previous rank only */
+    if (r->nprev == 8) {
         ucp_listener_reject(r->listener, req);
         return;
     }
-    ucp_ep_params_t p = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST, .conn_request = req};
-    if (ucp_ep_create(r->worker, &p, &r->prev) != UCS_OK) r->prev = NULL;
+    ucp_ep_params_t p = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                         .conn_request = req, .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                         .err_handler = {.cb = ep_err_cb, .arg = r}};
+    if (ucp_ep_create(r->worker, &p, &r->prev[r->nprev]) == UCS_OK) r->nprev++;
 }
 
-static void close_ep(mj_ring *r, ucp_ep_h ep)
+/* Closes an endpoint, flushing what was sent on it first (a completed
+ * eager send only means the buffer is free: a forced close right after it
+ * could drop the message).  Forced after 5 s, for a peer that is gone. */
+static void close_ep(mj_ring *r, ucp_ep_h ep, int force)
 {
     if (!ep) return;
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
     ucs_status_ptr_t p = ucp_ep_close_nbx(ep, &prm);
+    double deadline = sh_now_mono() + 5;
     if (p && !UCS_PTR_IS_ERR(p)) {
-        while (ucp_request_check_status(p) == UCS_INPROGRESS) ucp_worker_progress(r->worker);
+        while (ucp_request_check_status(p) == UCS_INPROGRESS && sh_now_mono() < deadline)
+            ucp_worker_progress(r->worker);
+        if (ucp_request_check_status(p) == UCS_INPROGRESS) {
+            ucp_request_cancel(r->worker, p);
+            while (ucp_request_check_status(p) == UCS_INPROGRESS) ucp_worker_progress(r->worker);
+        }
         ucp_request_free(p);
     }
 }
-
-static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t st) { (void)arg, (void)ep, (void)st; }
 
 static int addr_of(const char *host, int port, struct sockaddr_in *sa)
 {
@@ -195,11 +213,11 @@ static int connect_next(mj_ring *r, const char *host, int base_port)
                              .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                              .err_handler = {.cb = ep_err_cb, .arg = r}};
         if (ucp_ep_create(r->worker, &p, &r->next) != UCS_OK) r->next = NULL;
-        r->timeout_s = 2;
+        r->timeout_s = 5;
         int rc = r->next ? ring_send(r, &me, sizeof me, tag_of(0, PH_HELLO, 0), "hello") : SH_EIO;
         r->timeout_s = keep;
         if (rc == 0) return 0;
-        close_ep(r, r->next);
+        close_ep(r, r->next, 1);
         r->next = NULL;
         if (sh_now_mono() > deadline)
             return sh_err(SH_ETIMEDOUT, "ring rank %d: rank %d at %s:%d did not answer within %.0f s",
@@ -240,8 +258,8 @@ void mj_ring_free(mj_ring *r)
 {
     if (!r) return;
     if (r->worker) {
-        close_ep(r, r->next);
-        close_ep(r, r->prev);
+        close_ep(r, r->next, 0);
+        for (int i = 0; i < r->nprev; i++) close_ep(r, r->prev[i], 0);
         if (r->listener) ucp_listener_destroy(r->listener);
         ucp_worker_destroy(r->worker);
     }

@@ -439,8 +439,10 @@ static int train_one(run *r)
 {
     long hist[RL_MAX_T + 2] = {0};
     int nh = r->c->mode == RL_MODE_ASYNC ? r->c->max_lag + 1 : 1;
+    int smax = 0; /* unclamped: what the staleness bound promises */
     for (int i = 0; i < r->batch; i++) {
         int s = r->version - r->buf[i].vstart;
+        if (s > smax) smax = s;
         s = s < 0 ? 0 : s > nh - 1 ? nh - 1 : s;
         hist[s]++;
         r->stale_hist[s]++;
@@ -466,6 +468,7 @@ static int train_one(run *r)
                            st.abs_dlogp, "kl", st.kl, "clipped_frac", st.clipped_frac,
                            "masked_frac", st.masked_frac, "skipped", st.skipped, "staleness",
                            hist_json(hist, nh), "wall_s", wall(r));
+    json_object_set_new(ev, "staleness_max", json_integer(smax));
     if (r->progress) r->progress(ev, r->pctx);
     json_array_append_new(r->steps, ev);
     if (!st.skipped) {
