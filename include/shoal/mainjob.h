@@ -2,8 +2,7 @@
  * on a mixed fleet (docs/mainjob.md).
  *
  *  - A ring all-reduce over UCX between the ranks of the trainer gang
- *    (mj_ring_*): each rank listens on base_port + rank and connects to the
- *    next one; gradients are averaged with a reduce-scatter and an
+ *    (mj_ring_*): each rank listens and connects to the next one; gradients are averaged with a reduce-scatter and an
  *    all-gather, N - 1 steps each, tag-matched so that messages of different
  *    steps never mix.
  *  - The data-parallel trainer: rank 0 runs the RL engine (src/rl) with
@@ -33,11 +32,14 @@ extern "C" {
 
 typedef struct mj_ring mj_ring;
 
-/* Joins a ring of `world` ranks on `host` (ports base_port .. base_port +
- * world - 1); waits up to timeout_s for the neighbours.  The caller owns
- * *out (mj_ring_free).  world = 1 needs no UCX at all. */
-int mj_ring_new(int rank, int world, const char *host, int base_port, double timeout_s,
-                mj_ring **out);
+/* Joins a ring of `world` ranks on `host`: with rdv_dir NULL on the ports
+ * base_port .. base_port + world - 1; otherwise each rank listens on an
+ * ephemeral port and announces it in rdv_dir/rank-<r> (a folder every rank
+ * sees, fresh for each attempt), which is robust to ports taken by others.
+ * Waits up to timeout_s for the neighbours.  The caller owns *out
+ * (mj_ring_free).  world = 1 needs no UCX at all. */
+int mj_ring_new(int rank, int world, const char *host, int base_port, const char *rdv_dir,
+                double timeout_s, mj_ring **out);
 void mj_ring_free(mj_ring *r);
 /* Sums x (n floats) over all ranks in place, then divides by world (the
  * mean).  Every rank must call it with the same n, in the same order. */

@@ -28,7 +28,7 @@ static const char trainer_usage[] =
     "workers (`shoal rl worker`) announced through DIR/trainer.json, publishes\n"
     "every version to the store DIR (run \"main\"), appends one JSON line per step\n"
     "and evaluation to --events and writes the run's result to --result.  Ranks\n"
-    "all-reduce gradients over a UCX ring (MASTER_PORT + rank).\n";
+    "all-reduce gradients over a UCX ring (rendezvous in DIR/ring/).\n";
 
 static const char worker_usage[] =
     "usage: shoal rl worker --store DIR --fleet FLEET.csv --speeds SPEEDS.csv [--node NAME] [--wait S]\n"
@@ -212,7 +212,8 @@ int cli_rl_trainer(int argc, char **argv)
     int rank = env_int("SHOAL_RANK", 0), world = env_int("SHOAL_WORLD_SIZE", 1);
     const char *host = getenv("MASTER_ADDR") ? getenv("MASTER_ADDR") : "127.0.0.1";
     int port = env_int("MASTER_PORT", 0);
-    if (!rc && world > 1 && !port) rc = cli_usage("rl trainer", "MASTER_PORT is not set: run it as a gang job");
+    if (!rc && world > 1 && !getenv("SHOAL_JOB_ID"))
+        rc = cli_usage("rl trainer", "SHOAL_JOB_ID is not set: run it as a gang job");
     if (rc) {
         free(o.rl);
         return rc;
@@ -221,7 +222,12 @@ int cli_rl_trainer(int argc, char **argv)
     json_t *res = NULL;
     int in_sync = 0;
     long steps = 0;
-    rc = mj_ring_new(rank, world, host, port, o.ring_timeout, &ring);
+    /* Ring rendezvous in the store folder, one per job attempt: fixed ports
+     * could be taken by anyone on the machine. */
+    char rdv[4200];
+    snprintf(rdv, sizeof rdv, "%s/ring/%s-%s", o.store, getenv("SHOAL_JOB_ID") ?: "0",
+             getenv("SHOAL_ATTEMPT") ?: "0");
+    rc = mj_ring_new(rank, world, host, port, rdv, o.ring_timeout, &ring);
     if (!rc && rank == 0) rc = trainer_rank0(&c, &o, ring, world, host, &res);
     else if (!rc) rc = mj_train_follow(&(mj_train){.ring = ring, .rank = rank, .world = world}, &c,
                                        &steps, &in_sync);

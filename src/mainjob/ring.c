@@ -164,7 +164,8 @@ static int addr_of(const char *host, int port, struct sockaddr_in *sa)
     return 0;
 }
 
-static int start(mj_ring *r, const char *host, int base_port)
+/* Listens on host:port (0: an ephemeral port); *port_out gets the port. */
+static int start(mj_ring *r, const char *host, int port, int *port_out)
 {
     ucp_config_t *conf;
     if (ucp_config_read(NULL, NULL, &conf) != UCS_OK) return sh_err(SH_EIO, "ring: UCX configuration");
@@ -182,26 +183,59 @@ static int start(mj_ring *r, const char *host, int base_port)
         return sh_err(SH_EIO, "ring: ucp_worker_create: %s", ucs_status_string(st));
     }
     struct sockaddr_in sa;
-    SH_TRY(addr_of(host, base_port + r->rank, &sa));
+    SH_TRY(addr_of(host, port, &sa));
     ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
                                               UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
                                 .sockaddr = {.addr = (struct sockaddr *)&sa, .addrlen = sizeof sa},
                                 .conn_handler = {.cb = conn_cb, .arg = r}};
     if ((st = ucp_listener_create(r->worker, &lp, &r->listener)) != UCS_OK) {
         r->listener = NULL;
-        return sh_err(SH_EIO, "ring rank %d: listen on %s:%d: %s", r->rank, host, base_port + r->rank,
+        return sh_err(SH_EIO, "ring rank %d: listen on %s:%d: %s", r->rank, host, port,
                       ucs_status_string(st));
     }
+    ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    if (ucp_listener_query(r->listener, &la) != UCS_OK)
+        return sh_err(SH_EIO, "ring rank %d: listener query", r->rank);
+    *port_out = ntohs(((const struct sockaddr_in *)&la.sockaddr)->sin_port);
     return 0;
+}
+
+/* Rendezvous through a shared folder: rank r writes its port to
+ * dir/rank-<r> (atomically) and reads the next rank's, waiting for it. */
+static int rendezvous(mj_ring *r, const char *dir, int port, int *next_port)
+{
+    char path[4096], buf[32];
+    SH_TRY(sh_mkdir_p(dir, 0755));
+    snprintf(path, sizeof path, "%s/rank-%d", dir, r->rank);
+    int n = snprintf(buf, sizeof buf, "%d\n", port);
+    SH_TRY(sh_write_atomic(path, buf, (size_t)n));
+    snprintf(path, sizeof path, "%s/rank-%d", dir, (r->rank + 1) % r->world);
+    double deadline = sh_now_mono() + r->timeout_s;
+    while (!sh_path_exists(path)) {
+        if (sh_now_mono() > deadline)
+            return sh_err(SH_ETIMEDOUT, "ring rank %d: %s did not appear within %.0f s (is every rank running?)",
+                          r->rank, path, r->timeout_s);
+        sh_sleep(0.05);
+    }
+    char *text;
+    size_t len;
+    SH_TRY(sh_read_file(path, 64, &text, &len));
+    int64_t v;
+    text[strcspn(text, "\n")] = 0;
+    int rc = sh_parse_i64(text, &v, path);
+    free(text);
+    if (rc == 0 && (v < 1 || v > 65535)) rc = sh_err(SH_EFORMAT, "%s: port %lld", path, (long long)v);
+    if (rc == 0) *next_port = (int)v;
+    return rc;
 }
 
 /* Connects to the next rank: a HELLO that fails (nobody listening yet) is
  * retried on a new endpoint every 100 ms until the deadline. */
-static int connect_next(mj_ring *r, const char *host, int base_port)
+static int connect_next(mj_ring *r, const char *host, int port)
 {
     struct sockaddr_in sa;
     int nrank = (r->rank + 1) % r->world;
-    SH_TRY(addr_of(host, base_port + nrank, &sa));
+    SH_TRY(addr_of(host, port, &sa));
     double deadline = sh_now_mono() + r->timeout_s, keep = r->timeout_s;
     int32_t me = r->rank;
     for (;;) {
@@ -221,16 +255,17 @@ static int connect_next(mj_ring *r, const char *host, int base_port)
         r->next = NULL;
         if (sh_now_mono() > deadline)
             return sh_err(SH_ETIMEDOUT, "ring rank %d: rank %d at %s:%d did not answer within %.0f s",
-                          r->rank, nrank, host, base_port + nrank, r->timeout_s);
+                          r->rank, nrank, host, port, r->timeout_s);
         sh_sleep(0.1);
     }
 }
 
-int mj_ring_new(int rank, int world, const char *host, int base_port, double timeout_s, mj_ring **out)
+int mj_ring_new(int rank, int world, const char *host, int base_port, const char *rdv_dir, double timeout_s,
+                mj_ring **out)
 {
     if (world < 1 || rank < 0 || rank >= world)
         return sh_err(SH_EINVAL, "ring: rank %d of %d", rank, world);
-    if (base_port < 1 || base_port + world > 65535)
+    if (!rdv_dir && world > 1 && (base_port < 1 || base_port + world > 65535))
         return sh_err(SH_EINVAL, "ring: base port %d", base_port);
     mj_ring *r = calloc(1, sizeof *r);
     if (!r) return sh_err(SH_ENOMEM, "ring: out of memory");
@@ -238,8 +273,10 @@ int mj_ring_new(int rank, int world, const char *host, int base_port, double tim
     r->op = 1;
     int rc = 0;
     if (world > 1) {
-        rc = start(r, host, base_port);
-        if (!rc) rc = connect_next(r, host, base_port);
+        int port = 0, next = (base_port + (rank + 1) % world);
+        rc = start(r, host, rdv_dir ? 0 : base_port + rank, &port);
+        if (!rc && rdv_dir) rc = rendezvous(r, rdv_dir, port, &next);
+        if (!rc) rc = connect_next(r, host, next);
         int32_t who = -1;
         if (!rc) rc = ring_recv(r, &who, sizeof who, tag_of(0, PH_HELLO, 0), "hello from the previous rank");
         if (!rc && who != (rank + world - 1) % world)
