@@ -10,7 +10,7 @@
 #include "shoal/delta.h"
 
 static ckpt *base;
-static uint8_t *out;
+static uint8_t *out, *img;
 #define OUT_CAP (64u << 20)
 
 static void fuzz_init(void)
@@ -21,6 +21,7 @@ static void fuzz_init(void)
         abort();
     }
     out = malloc(OUT_CAP);
+    img = malloc(base->files[0].size);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -36,6 +37,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         delta_apply_mem(base, d, &(delta_opts){.threads = 1}, out, OUT_CAP, &len) < 0 &&
         !sh_errmsg()[0])
         abort();
+    /* In place: the image ends as the target or exactly as it was. */
+    const ckpt_file *f = &base->files[0];
+    memcpy(img, f->map, f->size);
+    int rc = delta_apply_mem_inplace(img, f->size, d, &(delta_opts){.threads = 1});
+    if (rc < 0 && memcmp(img, f->map, f->size)) abort();
     delta_free(d);
     return 0;
 }

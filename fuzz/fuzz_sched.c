@@ -46,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     double now = 0;
     int nodes = 0, jobs = 0;
     while (r.n) {
-        unsigned op = byte(&r) % 9, a = byte(&r), b = byte(&r);
+        unsigned op = byte(&r) % 10, a = byte(&r), b = byte(&r);
         char id[32];
         now += (double)(a % 16);
         if (op == 0 && nodes < 64) {
@@ -75,6 +75,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             snprintf(id, sizeof id, "j%u", a % (unsigned)jobs);
             if (b & 1) sched_job_finish(s, id, now);
             else sched_job_cancel(s, id, now);
+        } else if (op == 7 && nodes && jobs) {
+            /* A restore after a "restart": mostly refused, never corrupting. */
+            char nid[4][16];
+            sched_place pl[4];
+            int n = 1 + (int)(a % 4);
+            for (int k = 0; k < n; k++) {
+                snprintf(nid[k], sizeof nid[k], "n%u", (b + (unsigned)k * (a % 3)) % (unsigned)nodes);
+                pl[k] = (sched_place){nid[k], 0, 1 + (int)((b >> 3) % 8)};
+            }
+            snprintf(id, sizeof id, "j%u", b % (unsigned)jobs);
+            sched_job_restore(s, id, pl, (size_t)n, now);
         } else if (op == 6 && nodes) {
             snprintf(id, sizeof id, "n%u", a % (unsigned)nodes);
             sched_node_remove(s, id, now);

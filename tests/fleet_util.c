@@ -103,7 +103,7 @@ void tf_start_server(tf_fleet *f, const char *name, double hb)
 
 void tf_restart_server(tf_fleet *f) { start(f); }
 
-void tf_start_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, const char *zone, const char *fabric)
+static void spawn_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, const char *zone, const char *fabric)
 {
     char out[4200], work[4200], g[16];
     snprintf(f->names[i], sizeof f->names[i], "n%d", i);
@@ -115,26 +115,56 @@ void tf_start_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, const ch
                     (char *)fabric, "--price", "2.5", "--work-dir", work, NULL};
     f->agents[i] = tf_spawn(out, argv);
     if (i >= f->nagents) f->nagents = i + 1;
-    for (int k = 0; k < 400; k++) {
-        int st;
-        json_t *n = tf_call(f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
-        size_t x;
-        json_t *v;
-        int ok = 0;
-        json_array_foreach(json_object_get(n, "nodes"), x, v)
-            ok |= !strcmp(json_string_value(json_object_get(v, "name")), f->names[i]) &&
-                  !strcmp(json_string_value(json_object_get(v, "state")), "alive");
-        json_decref(n);
-        if (ok) return;
-        sh_sleep(0.025);
-    }
-    fail_msg("agent %s did not register", f->names[i]);
 }
 
-static void stop_pid(pid_t *p)
+/* Whether agents first..first+n-1 are all registered and alive. */
+static int agents_alive(tf_fleet *f, int first, int n)
+{
+    int st, ok = 0;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    size_t x;
+    json_t *v;
+    json_array_foreach(json_object_get(j, "nodes"), x, v) {
+        const char *name = json_string_value(json_object_get(v, "name"));
+        for (int i = first; i < first + n; i++)
+            ok += !strcmp(name, f->names[i]) && !strcmp(json_string_value(json_object_get(v, "state")), "alive");
+    }
+    json_decref(j);
+    return ok == n;
+}
+
+static void wait_agents(tf_fleet *f, int first, int n)
+{
+    for (int k = 0; k < 400; k++) {
+        if (agents_alive(f, first, n)) return;
+        sh_sleep(0.025);
+    }
+    fail_msg("agents n%d..n%d did not all register", first, first + n - 1);
+}
+
+void tf_start_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, const char *zone, const char *fabric)
+{
+    spawn_agent(f, i, gpu_type, gpus, zone, fabric);
+    wait_agents(f, i, 1);
+}
+
+void tf_spawn_agents(tf_fleet *f, int n, const char *gpu_type, int gpus, const char *zone, const char *fabric)
+{
+    for (int i = 0; i < n; i++) spawn_agent(f, i, gpu_type, gpus, zone, fabric);
+}
+
+void tf_wait_agents(tf_fleet *f, int n) { wait_agents(f, 0, n); }
+
+void tf_start_agents(tf_fleet *f, int n, const char *gpu_type, int gpus, const char *zone, const char *fabric)
+{
+    tf_spawn_agents(f, n, gpu_type, gpus, zone, fabric);
+    wait_agents(f, 0, n);
+}
+
+/* Waits for *p after a SIGTERM, then kills it for good. */
+static void reap_pid(pid_t *p)
 {
     if (*p <= 0) return;
-    kill(*p, SIGTERM);
     for (int i = 0; i < 200; i++) {
         if (waitpid(*p, NULL, WNOHANG) == *p) {
             *p = 0;
@@ -147,10 +177,15 @@ static void stop_pid(pid_t *p)
     *p = 0;
 }
 
+/* Agents first, all at once (each stops its ranks in parallel), then the
+ * server. */
 void tf_stop(tf_fleet *f)
 {
-    for (int i = 0; i < f->nagents; i++) stop_pid(&f->agents[i]);
-    stop_pid(&f->server);
+    for (int i = 0; i < f->nagents; i++)
+        if (f->agents[i] > 0) kill(f->agents[i], SIGTERM);
+    for (int i = 0; i < f->nagents; i++) reap_pid(&f->agents[i]);
+    if (f->server > 0) kill(f->server, SIGTERM);
+    reap_pid(&f->server);
 }
 
 json_t *tf_call(tf_fleet *f, const char *token, const char *method, const char *path, const char *body, int *status)

@@ -31,6 +31,12 @@ void tf_start_server(tf_fleet *f, const char *name, double hb);
 void tf_restart_server(tf_fleet *f);
 /* Starts agent i as node "n<i>" and waits until the server lists it alive. */
 void tf_start_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, const char *zone, const char *fabric);
+/* Starts agents 0..n-1 (nodes "n0".."n<n-1>") together and waits until the
+ * server lists them all alive. */
+void tf_start_agents(tf_fleet *f, int n, const char *gpu_type, int gpus, const char *zone, const char *fabric);
+/* The two halves of tf_start_agents, for starting several fleets at once. */
+void tf_spawn_agents(tf_fleet *f, int n, const char *gpu_type, int gpus, const char *zone, const char *fabric);
+void tf_wait_agents(tf_fleet *f, int n);
 /* Starts argv (argv[0] a path) with stdout and stderr appended to `out`;
  * the process is stopped by tf_kill_all() and dies with the test. */
 pid_t tf_spawn(const char *out, char *const argv[]);

@@ -94,6 +94,15 @@ static const char *wait_line(const char *path, double timeout_s)
     return NULL;
 }
 
+static void wait_file(const char *path, double timeout_s)
+{
+    double end = sh_now_mono() + timeout_s;
+    while (!sh_path_exists(path)) {
+        if (sh_now_mono() > end) fail_msg("%s did not appear within %.0fs", path, timeout_s);
+        sh_sleep(0.01);
+    }
+}
+
 /* The version DIR/ACTIVE names (0 if none yet). */
 static uint64_t active_version(const char *dir)
 {
@@ -232,10 +241,11 @@ static void test_relay_killed(void **state)
     /* 0.02 Gb/s: the 6 MB version takes about 2.4 s to leave the root. */
     snprintf(root, sizeof root, "%s", serve_root("kill", "--fanout 1 --egress-gbps 0.02"));
     unlink(tu_path("relay.addr"));
+    sh_rm_rf(tu_path("relay-spool"));
     pid_t relay = spawn("%s push relay --parent %s --addr-file %s --spool %s 2>%s", tu_shoal(), root,
                         tu_path("relay.addr"), tu_path("relay-spool"), tu_path("relay.log"));
     wait_line(tu_path("relay.addr"), 20);
-    sh_sleep(0.2); /* the relay's HELLO reaches the root first */
+    wait_file(tu_path("relay-spool/v1.part"), 20); /* attached: the root offered it v1 */
     pid_t rep[2];
     char dirs[2][4096], outs[2][4096];
     for (int i = 0; i < 2; i++) {
@@ -285,10 +295,11 @@ static void test_zones(void **state)
     char root[256];
     snprintf(root, sizeof root, "%s", serve_root("zone", "--zone a --fanout 8"));
     unlink(tu_path("zrelay.addr"));
+    sh_rm_rf(tu_path("zrelay-spool"));
     spawn("%s push relay --zone b --parent %s --addr-file %s --spool %s 2>/dev/null", tu_shoal(), root,
           tu_path("zrelay.addr"), tu_path("zrelay-spool"));
     wait_line(tu_path("zrelay.addr"), 20);
-    sh_sleep(0.2);
+    wait_file(tu_path("zrelay-spool/v1.part"), 20);
     const char *zones[3] = {"b", "b", "a"};
     pid_t rep[3];
     char dirs[3][4096], outs[3][4096];
@@ -308,6 +319,23 @@ static void test_zones(void **state)
         json_decref(j);
     }
     kill_all();
+}
+
+/* A replica whose push parent never answers falls back to the store. */
+static void test_store_fallback(void **state)
+{
+    TU_OK(ckpt_synth(tu_path("f1.st"), 200000, 6));
+    sh_rm_rf(tu_path("fb"));
+    publish(tu_path("fb"), tu_path("f1.st"));
+    char *out;
+    const char *dir = tu_path("fb-r");
+    sh_rm_rf(dir);
+    int rc = tu_run(&out, "%s replica --dir %s --parent 127.0.0.1:9 --store %s --until 1 --seconds 60 --json 2>/dev/null",
+                    tu_shoal(), dir, tu_path("fb"));
+    if (rc) fail_msg("replica failed: %s", out);
+    assert_non_null(strstr(out, "\"version\":1"));
+    free(out);
+    same_model(dir, 1, tu_path("f1.st"));
 }
 
 static void test_bad_usage(void **state)
@@ -332,6 +360,7 @@ int main(void)
         cmocka_unit_test_teardown(test_corrupt_chunk_refetched, teardown),
         cmocka_unit_test_teardown(test_relay_killed, teardown),
         cmocka_unit_test_teardown(test_zones, teardown),
+        cmocka_unit_test_teardown(test_store_fallback, teardown),
         cmocka_unit_test_teardown(test_bad_usage, teardown),
     };
     return cmocka_run_group_tests_name("bcast", tests, NULL, NULL);

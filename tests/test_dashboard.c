@@ -24,7 +24,7 @@ static void test_dashboard_in_chromium(void **state)
     if (!realpath("web", web)) fail_msg("web/ not found from %s", getcwd(NULL, 0));
     tf_fleet f = {0};
     snprintf(f.extra, sizeof f.extra, "--web %s", web);
-    tf_start_server(&f, "dash", 2.0);
+    tf_start_server(&f, "dash", 3.0);
     tf_start_agent(&f, 0, "H100", 8, "us-east-1a", "ib-a");
     tf_start_agent(&f, 1, "H100", 8, "us-east-1a", "ib-a");
     tf_start_agent(&f, 2, "A100", 8, "us-east-1b", "ib-b");

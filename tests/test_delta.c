@@ -451,6 +451,83 @@ static void test_squash_whole(void **state)
     for (int s = 0; s < 4; s++) tt_free(v[s], 3);
 }
 
+static void test_memory_api(void **state)
+{
+    /* The memory layer on images opened under full paths (a file name with
+     * '/' once leaked into the manifest and made the delta unreadable). */
+    const char *b = tu_path("m_base.safetensors"), *t = tu_path("m_new.safetensors");
+    pair(b, t, 51);
+    char *bi, *ti;
+    size_t bl, tl;
+    TU_OK(sh_read_file(b, 1 << 30, &bi, &bl));
+    TU_OK(sh_read_file(t, 1 << 30, &ti, &tl));
+    ckpt *B, *T;
+    TU_OK(ckpt_open_mem(bi, bl, b, &B));
+    TU_OK(ckpt_open_mem(ti, tl, t, &T));
+    sh_buf d = {0};
+    delta_stats st;
+    TU_OK(delta_make_mem(B, T, &(delta_opts){.threads = 2}, &d, &st));
+    assert_int_equal(st.delta_bytes, d.len);
+    delta *dp;
+    TU_OK(delta_parse(d.data, d.len, 0, &dp));
+    assert_int_equal(delta_target_size(dp), tl);
+    uint8_t *out = malloc(tl);
+    size_t len;
+    TU_ERR(delta_apply_mem(B, dp, NULL, out, tl - 1, &len), SH_ERANGE, "needs");
+    TU_OK(delta_apply_mem(B, dp, NULL, out, tl, &len));
+    assert_int_equal(len, tl);
+    assert_memory_equal(out, ti, tl);
+    /* In place: the target, or (wrong base, corrupt chunks) unchanged. */
+    uint8_t *img = malloc(bl);
+    memcpy(img, bi, bl);
+    TU_OK(delta_apply_mem_inplace(img, bl, dp, &(delta_opts){.threads = 2}));
+    assert_memory_equal(img, ti, tl);
+    TU_ERR(delta_apply_mem_inplace(img, bl, dp, NULL), SH_EMISMATCH, "wrong base");
+    assert_memory_equal(img, ti, tl);
+    uint8_t *m = malloc(d.len);
+    int failed = 0;
+    for (int k = 0; k < 40; k++) {
+        memcpy(img, bi, bl);
+        memcpy(m, d.data, d.len);
+        m[d.len / 2 + rnd() % (d.len / 2 - 16)] ^= (uint8_t)(1 + rnd() % 255);
+        delta *mp;
+        if (delta_parse(m, d.len, DELTA_NO_CHECKSUM, &mp) < 0) continue;
+        int rc = delta_apply_mem_inplace(img, bl, mp, &(delta_opts){.threads = 1 + k % 3});
+        if (rc < 0) failed++;
+        if (memcmp(img, rc < 0 ? (uint8_t *)bi : (uint8_t *)ti, bl))
+            fail_msg("mutation %d: rc %d (%s) but the image is not the %s", k, rc, sh_errmsg(),
+                     rc < 0 ? "base" : "target");
+        delta_free(mp);
+    }
+    assert_true(failed > 20);
+    free(m);
+    free(img);
+    delta_free(dp);
+    delta_free(NULL);
+    free(out);
+    sh_buf_free(&d);
+    ckpt_close(B);
+    ckpt_close(T);
+    free(bi), free(ti);
+}
+
+static void test_golden(void **state)
+{
+    /* Deltas committed with the fuzz corpus still apply: the format of
+     * version 1 does not drift. */
+    const char *base = "fuzz/data/delta_base.safetensors";
+    if (!sh_path_exists(base)) skip();
+    for (int i = 1; i <= 3; i++) {
+        char d[64];
+        snprintf(d, sizeof d, "fuzz/corpus/fuzz_delta/seed%d", i);
+        const char *out = tu_path("golden.safetensors");
+        TU_OK(delta_apply(base, d, out, NULL));
+        ckpt *c;
+        TU_OK(ckpt_open(out, &c));
+        ckpt_close(c);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -458,7 +535,8 @@ int main(void)
         cmocka_unit_test(test_threads_identical),     cmocka_unit_test(test_wrong_base),
         cmocka_unit_test(test_corrupt_delta),         cmocka_unit_test(test_in_place_and_cli),
         cmocka_unit_test(test_sharded),               cmocka_unit_test(test_squash_chain),
-        cmocka_unit_test(test_squash_whole),
+        cmocka_unit_test(test_squash_whole),          cmocka_unit_test(test_memory_api),
+        cmocka_unit_test(test_golden),
     };
     return cmocka_run_group_tests_name("delta", tests, NULL, NULL);
 }

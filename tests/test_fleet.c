@@ -34,7 +34,7 @@ static void test_gang_all_or_nothing(void **state)
 {
     tf_fleet f = {0};
     tf_start_server(&f, "gang", 30);
-    for (int i = 0; i < 3; i++) tf_start_agent(&f, i, "H100", 8, "z1", "ib");
+    tf_start_agents(&f, 3, "H100", 8, "z1", "ib");
     const char *out = tu_path("gang-out");
     sh_rm_rf(out);
     sh_mkdir_p(out, 0755);
@@ -95,28 +95,58 @@ static void test_gang_all_or_nothing(void **state)
     tf_stop(&f);
 }
 
-/* A gang of 2 on a fleet of 3; the agent of rank 1's node is killed. */
-static json_t *kill_rank1(tf_fleet *f, const char *policy, const char *out, int64_t *id, char *victim)
+/* One failure-policy scenario: a gang of 2 on its own fleet of `nag` nodes,
+ * whose rank 1 loses its node.  The scenarios run side by side so that their
+ * heartbeat windows overlap. */
+typedef struct policy_case {
+    tf_fleet f;
+    int64_t id;
+    char victim[32];
+    json_t *first; /* the job as it ran before the kill */
+    int a;         /* its attempt then */
+    const char *out;
+} policy_case;
+
+/* Starts the fleets side by side (servers, then every agent, then every
+ * gang) and waits until each gang runs.  `extra` adds fields to the job file
+ * ("" or ",\"k\":v"). */
+static void policy_setup(policy_case *c, int n, const char *const (*cfg)[4], const int *nag)
 {
-    tf_start_server(f, policy, 2.0); /* short, yet above any stall of a loaded machine */
-    for (int i = 0; i < 3; i++) tf_start_agent(f, i, "A100", 8, "z1", "ib");
-    sh_rm_rf(out);
-    sh_mkdir_p(out, 0755);
-    char body[1024];
-    snprintf(body, sizeof body,
-             "{\"name\":\"p\",\"nodes\":2,\"gpus_per_node\":8,\"on_failure\":\"%s\",\"writable\":[\"%s\"],"
-             "\"command\":[\"sh\",\"-c\",\"trap 'echo stopped > %s/stopped.$RANK.$SHOAL_ATTEMPT; exit 143' TERM;"
-             " echo $SHOAL_NODE > %s/started.$RANK.$SHOAL_ATTEMPT; while :; do sleep 0.05; done\"]}",
-             policy, out, out, out);
-    *id = tf_submit(f, TF_ALICE, body);
-    json_t *j = tf_wait_job(f, *id, "running", 20);
-    snprintf(victim, 32, "%s", tf_member_node(j, 1));
-    int a = tf_agent_of(f, victim);
+    for (int k = 0; k < n; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s-%d", cfg[k][0], nag[k]);
+        c[k].out = tu_path(cfg[k][2]);
+        sh_rm_rf(c[k].out);
+        sh_mkdir_p(c[k].out, 0755);
+        tf_start_server(&c[k].f, name, 3.0); /* short, yet above the stalls of a loaded machine */
+    }
+    for (int k = 0; k < n; k++) tf_spawn_agents(&c[k].f, nag[k], "A100", 8, "z1", "ib");
+    for (int k = 0; k < n; k++) tf_wait_agents(&c[k].f, nag[k]);
+    for (int k = 0; k < n; k++) {
+        const char *out = c[k].out;
+        char body[1024];
+        snprintf(body, sizeof body,
+                 "{\"name\":\"p\",\"nodes\":2,\"gpus_per_node\":8,\"max_attempts\":10,\"on_failure\":\"%s\"%s,\"writable\":[\"%s\"],"
+                 "\"command\":[\"sh\",\"-c\",\"trap 'echo stopped > %s/stopped.$RANK.$SHOAL_ATTEMPT; exit 143' TERM;"
+                 " echo $SHOAL_NODE > %s/started.$RANK.$SHOAL_ATTEMPT; while :; do sleep 0.05; done\"]}",
+                 cfg[k][0], cfg[k][1], out, out, out);
+        c[k].id = tf_submit(&c[k].f, TF_ALICE, body);
+    }
+    for (int k = 0; k < n; k++) c[k].first = tf_wait_job(&c[k].f, c[k].id, "running", 20);
+}
+
+/* Kills the agent of the node under rank 1 (as the job last ran). */
+static void policy_kill(policy_case *c)
+{
+    json_decref(c->first);
+    c->first = tf_wait_job(&c->f, c->id, "running", 20);
+    c->a = (int)json_integer_value(json_object_get(c->first, "attempt"));
+    snprintf(c->victim, sizeof c->victim, "%s", tf_member_node(c->first, 1));
+    int a = tf_agent_of(&c->f, c->victim);
     assert_true(a >= 0);
-    kill(f->agents[a], SIGKILL);
-    waitpid(f->agents[a], NULL, 0);
-    f->agents[a] = 0;
-    return j;
+    kill(c->f.agents[a], SIGKILL);
+    waitpid(c->f.agents[a], NULL, 0);
+    c->f.agents[a] = 0;
 }
 
 static void assert_file(const char *out, const char *name)
@@ -127,79 +157,143 @@ static void assert_file(const char *out, const char *name)
     if (!sh_path_exists(p)) fail_msg("%s is missing", p);
 }
 
-static void test_killed_agent_requeue(void **state)
+/* Waits for the attempt after `first` to run.  A loaded machine may already
+ * have moved the job on (a stalled agent missing its window), so attempts
+ * are counted from the one the test killed, not from 1. */
+static json_t *next_attempt(tf_fleet *f, int64_t id, int first)
 {
-    tf_fleet f = {0};
-    int64_t id;
-    char victim[32];
-    const char *out = tu_path("requeue-out");
-    json_t *first = kill_rank1(&f, "requeue", out, &id, victim);
-    /* Attempt 2 runs on the two nodes left; the survivor was stopped. */
     json_t *j = NULL;
     for (int i = 0; i < 200; i++) {
         json_decref(j);
-        j = tf_wait_job(&f, id, "running", 10);
-        if (json_integer_value(json_object_get(j, "attempt")) == 2) break;
+        j = tf_wait_job(f, id, "running", 20);
+        if (json_integer_value(json_object_get(j, "attempt")) > first) break;
         sh_sleep(0.05);
     }
-    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 2);
+    assert_true(json_integer_value(json_object_get(j, "attempt")) > first);
+    return j;
+}
+
+static void check_requeue(policy_case *c)
+{
+    tf_fleet *f = &c->f;
+    int64_t id = c->id;
+    const char *victim = c->victim, *out = c->out;
+    char name[64];
+    int a = c->a;
+    /* The next attempt runs on the two nodes left; the survivor was stopped. */
+    json_t *j = next_attempt(f, id, a);
     for (int r = 0; r < 2; r++) assert_string_not_equal(tf_member_node(j, r), victim);
-    assert_file(out, "stopped.0.1");
-    assert_file(out, "started.0.2");
-    assert_file(out, "started.1.2");
+    snprintf(name, sizeof name, "stopped.0.%d", a);
+    assert_file(out, name);
+    for (int r = 0; r < 2; r++) {
+        snprintf(name, sizeof name, "started.%d.%d", r, a + 1);
+        assert_file(out, name);
+    }
     int st;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld/events", (long long)id);
-    json_t *ev = tf_call(&f, TF_ALICE, "GET", path, NULL, &st);
+    json_t *ev = tf_call(f, TF_ALICE, "GET", path, NULL, &st);
     char *text = json_dumps(ev, 0);
     assert_non_null(strstr(text, "\"requeue\""));
     assert_non_null(strstr(text, "died"));
     free(text);
     json_decref(ev);
-    json_decref(first);
     json_decref(j);
-    tf_stop(&f);
 }
 
-static void test_killed_agent_replace(void **state)
+static void check_replace(policy_case *c)
 {
-    tf_fleet f = {0};
-    int64_t id;
-    char victim[32], keep[32];
-    const char *out = tu_path("replace-out");
-    json_t *first = kill_rank1(&f, "replace", out, &id, victim);
-    snprintf(keep, sizeof keep, "%s", tf_member_node(first, 0));
-    json_t *j = NULL;
-    for (int i = 0; i < 200; i++) {
-        json_decref(j);
-        j = tf_wait_job(&f, id, "running", 10);
-        if (json_integer_value(json_object_get(j, "attempt")) == 2) break;
-        sh_sleep(0.05);
-    }
-    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 2);
+    const char *out = c->out;
+    char keep[32], name[64];
+    int a = c->a;
+    snprintf(keep, sizeof keep, "%s", tf_member_node(c->first, 0));
+    json_t *j = next_attempt(&c->f, c->id, a);
     /* The surviving node keeps its rank; the dead one is replaced. */
     assert_string_equal(tf_member_node(j, 0), keep);
-    assert_string_not_equal(tf_member_node(j, 1), victim);
-    assert_file(out, "stopped.0.1");
-    assert_file(out, "started.1.2");
-    json_decref(first);
+    assert_string_not_equal(tf_member_node(j, 1), c->victim);
+    snprintf(name, sizeof name, "stopped.0.%d", a);
+    assert_file(out, name);
+    snprintf(name, sizeof name, "started.1.%d", a + 1);
+    assert_file(out, name);
     json_decref(j);
-    tf_stop(&f);
 }
 
-static void test_killed_agent_fail(void **state)
+/* Whether the job's event log holds an event of `kind`. */
+static int has_event(tf_fleet *f, const char *token, int64_t id, const char *kind)
 {
-    tf_fleet f = {0};
-    int64_t id;
-    char victim[32];
-    const char *out = tu_path("fail-out");
-    json_decref(kill_rank1(&f, "fail", out, &id, victim));
-    json_t *j = tf_wait_job(&f, id, "failed", 10);
-    assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), victim));
-    assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "died"));
-    assert_file(out, "stopped.0.1");
+    int st;
+    char path[64], needle[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/events", (long long)id);
+    snprintf(needle, sizeof needle, "\"%s\"", kind);
+    json_t *ev = tf_call(f, token, "GET", path, NULL, &st);
+    char *text = json_dumps(ev, 0);
+    int found = text && strstr(text, needle) != NULL;
+    free(text);
+    json_decref(ev);
+    return found;
+}
+
+/* replace with no spare node: the survivors wait replace_wait_s, then the
+ * job falls back to a requeue and runs again once a node joins. */
+static void check_replace_times_out(policy_case *c)
+{
+    tf_fleet *f = &c->f;
+    int64_t id = c->id;
+    const char *victim = c->victim, *out = c->out;
+    char name[64];
+    int a = c->a;
+    snprintf(name, sizeof name, "stopped.0.%d", a);
+    assert_file(out, name);
+    /* Heartbeat window (3 s) + replace wait (1 s), with slack for a loaded
+     * machine; nothing can replace the node, so only the fallback ends it. */
+    for (int i = 0; i < 300 && !has_event(f, TF_ALICE, id, "requeue"); i++) sh_sleep(0.05);
+    if (!has_event(f, TF_ALICE, id, "requeue")) fail_msg("job %lld: the replace wait never fell back to a requeue", (long long)id);
+    assert_true(has_event(f, TF_ALICE, id, "replace"));
+    json_t *j = tf_wait_job(f, id, "pending", 5);
     json_decref(j);
-    tf_stop(&f);
+    tf_start_agent(f, 2, "A100", 8, "z1", "ib");
+    j = next_attempt(f, id, a);
+    for (int r = 0; r < 2; r++) assert_string_not_equal(tf_member_node(j, r), victim);
+    for (int r = 0; r < 2; r++) {
+        snprintf(name, sizeof name, "started.%d.%d", r, (int)json_integer_value(json_object_get(j, "attempt")));
+        assert_file(out, name);
+    }
+    json_decref(j);
+}
+
+static void check_fail(policy_case *c)
+{
+    char name[64];
+    snprintf(name, sizeof name, "stopped.0.%d", c->a);
+    json_t *j = tf_wait_job(&c->f, c->id, "failed", 20);
+    assert_non_null(strstr(json_string_value(json_object_get(j, "reason")), "died"));
+    assert_file(c->out, name);
+    json_decref(j);
+}
+
+/* A killed agent marks its node dead and each job's failure policy runs:
+ * requeue, replace (with a spare node), fail, and replace with no spare,
+ * which falls back to a requeue after replace_wait_s.  Each scenario has its
+ * own fleet; the agents are killed together so the windows overlap. */
+static void test_killed_agent_policies(void **state)
+{
+    static policy_case c[4];
+    memset(c, 0, sizeof c);
+    static const char *const cfg[4][4] = {{"requeue", "", "requeue-out"},
+                                           {"replace", "", "replace-out"},
+                                           {"fail", "", "fail-out"},
+                                           {"replace", ",\"replace_wait_s\":1", "replace-timeout-out"}};
+    static const int nag[4] = {3, 3, 3, 2};
+    policy_setup(c, 4, cfg, nag);
+    for (int i = 0; i < 4; i++) policy_kill(&c[i]);
+    check_requeue(&c[0]);
+    check_replace(&c[1]);
+    check_fail(&c[2]);
+    check_replace_times_out(&c[3]);
+    for (int i = 0; i < 4; i++) {
+        json_decref(c[i].first);
+        tf_stop(&c[i].f);
+    }
 }
 
 /* The loader: submits N jobs with idempotency keys, retrying each until the
@@ -231,8 +325,7 @@ static void test_server_kill9_under_load(void **state)
 {
     tf_fleet f = {0};
     tf_start_server(&f, "crash", 5);
-    tf_start_agent(&f, 0, "L4", 8, "z1", "eth");
-    tf_start_agent(&f, 1, "L4", 8, "z1", "eth");
+    tf_start_agents(&f, 2, "L4", 8, "z1", "eth");
     const char *out = tu_path("crash-out");
     sh_rm_rf(out);
     sh_mkdir_p(out, 0755);
@@ -287,6 +380,70 @@ static void test_server_kill9_under_load(void **state)
         assert_string_equal(t, "1\n");
         free(t);
     }
+    tf_stop(&f);
+}
+
+/* Reads rank 0's whole log through the API, following offsets. */
+static char *read_log(tf_fleet *f, int64_t id)
+{
+    sh_buf all = {0};
+    long long off = 0;
+    for (int i = 0; i < 1000; i++) {
+        char path[128];
+        int st;
+        snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0&offset=%lld", (long long)id, off);
+        json_t *j = tf_call(f, TF_ALICE, "GET", path, NULL, &st);
+        assert_int_equal(st, 200);
+        json_t *d = json_object_get(j, "data");
+        sh_buf_append(&all, json_string_value(d), json_string_length(d));
+        long long next = json_integer_value(json_object_get(j, "offset"));
+        json_decref(j);
+        if (next == off) break;
+        off = next;
+    }
+    sh_buf_append(&all, "", 1);
+    return (char *)all.data;
+}
+
+/* A crash can cut the last chunk of a log (a power cut, a full disk).  The
+ * server is killed with -9 while a rank writes, its log file is cut inside
+ * the last record as such a crash would leave it, and after the restart the
+ * log must read as whole lines only: the cut chunk is gone, nothing is glued
+ * onto its remains, and the output written after the restart is there. */
+static void test_log_torn_tail(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "logs", 5);
+    tf_start_agent(&f, 0, "L4", 1, "z", "eth");
+    int64_t id = tf_submit(&f, TF_ALICE, "{\"name\":\"chatty\",\"nodes\":1,\"command\":[\"sh\",\"-c\","
+                                         "\"i=0; while [ $i -lt 80 ]; do echo line $i; i=$((i+1)); sleep 0.02; done\"]}");
+    json_decref(tf_wait_job(&f, id, "running", 20));
+    char logf[4200];
+    snprintf(logf, sizeof logf, "%s/logs/%lld/0.log", f.dir, (long long)id);
+    struct stat st;
+    for (int i = 0; i < 200 && (stat(logf, &st) < 0 || st.st_size < 200); i++) sh_sleep(0.02);
+    kill(f.server, SIGKILL);
+    waitpid(f.server, NULL, 0);
+    assert_int_equal(stat(logf, &st), 0);
+    assert_true(st.st_size > 3);
+    assert_int_equal(truncate(logf, st.st_size - 3), 0);
+    tf_restart_server(&f);
+    json_decref(tf_wait_job(&f, id, "succeeded", 30));
+    char *text = read_log(&f, id);
+    /* Every line is an attempt marker or "line N", N increasing, ending
+     * with the last line the rank wrote (after the restart). */
+    int last = -1, lines = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (!strncmp(l, "--- attempt", 11)) continue;
+        int n = -1, used = 0;
+        if (sscanf(l, "line %d%n", &n, &used) != 1 || l[used] || n <= last)
+            fail_msg("log line %d is torn or out of order: \"%s\" after line %d", lines, l, last);
+        last = n;
+        lines++;
+    }
+    assert_int_equal(last, 79);
+    assert_true(lines > 20);
+    free(text);
     tf_stop(&f);
 }
 
@@ -476,10 +633,24 @@ static void test_elastic_yields_to_gang(void **state)
     tf_fleet f = {0};
     tf_start_server(&f, "elastic", 5);
     tf_start_agent(&f, 0, "A100", 8, "z", "ib");
+    const char *out = tu_path("elastic-out");
+    sh_rm_rf(out);
+    sh_mkdir_p(out, 0755);
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"name\":\"rollouts\",\"kind\":\"elastic\",\"min_nodes\":1,\"max_nodes\":2,\"gpus_per_node\":8,"
+             "\"writable\":[\"%s\"],\"command\":[\"sh\",\"-c\",\"echo $SHOAL_NODE > %s/replica.$RANK; exec sleep 60\"]}",
+             out, out);
+    int64_t e = tf_submit(&f, TF_BOB, body);
+    /* One node: the job starts with the one replica that fits. */
+    json_t *j = tf_wait_job(&f, e, "running", 20);
+    assert_int_equal(live_members(j), 1);
+    json_decref(j);
+    assert_file(out, "replica.0");
+    /* A second node joins: the job grows into its idle GPUs, and the new
+     * replica really runs there. */
     tf_start_agent(&f, 1, "A100", 8, "z", "ib");
-    int64_t e = tf_submit(&f, TF_BOB, "{\"name\":\"rollouts\",\"kind\":\"elastic\",\"min_nodes\":1,\"max_nodes\":2,"
-                                      "\"gpus_per_node\":8,\"command\":[\"sleep\",\"60\"]}");
-    json_t *j = NULL;
+    j = NULL;
     for (int i = 0; i < 200; i++) {
         json_decref(j);
         j = tf_wait_job(&f, e, "running", 10);
@@ -487,7 +658,10 @@ static void test_elastic_yields_to_gang(void **state)
         sh_sleep(0.05);
     }
     assert_int_equal(live_members(j), 2);
+    assert_string_not_equal(tf_member_node(j, 0), tf_member_node(j, 1));
     json_decref(j);
+    assert_file(out, "replica.1");
+    assert_true(has_event(&f, TF_BOB, e, "grow"));
     int64_t g = tf_submit(&f, TF_ALICE, "{\"name\":\"train\",\"nodes\":2,\"gpus_per_node\":8,\"priority\":10,"
                                       "\"command\":[\"sleep\",\"60\"]}");
     json_decref(tf_wait_job(&f, g, "running", 20));
@@ -516,10 +690,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_gang_all_or_nothing, teardown),
-        cmocka_unit_test_teardown(test_killed_agent_requeue, teardown),
-        cmocka_unit_test_teardown(test_killed_agent_replace, teardown),
-        cmocka_unit_test_teardown(test_killed_agent_fail, teardown),
+        cmocka_unit_test_teardown(test_killed_agent_policies, teardown),
         cmocka_unit_test_teardown(test_server_kill9_under_load, teardown),
+        cmocka_unit_test_teardown(test_log_torn_tail, teardown),
         cmocka_unit_test_teardown(test_autoscale_local_provider, teardown),
         cmocka_unit_test_teardown(test_up_and_cli, teardown),
         cmocka_unit_test_teardown(test_sandbox_limits, teardown),

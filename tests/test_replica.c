@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "shoal/ckpt.h"
+#include "shoal/delta.h"
 #include "shoal/store.h"
 
 typedef struct calls {
@@ -177,6 +178,52 @@ static void test_bad_version_keeps_serving(void **state)
     store_replica_close(r);
 }
 
+static void same_file(const char *a, const char *b)
+{
+    size_t la, lb;
+    uint8_t *x = tu_read_file(a, &la), *y = tu_read_file(b, &lb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(x, y, la);
+    free(x), free(y);
+}
+
+/* --fp8: the serving copy is what quantising the version from scratch gives,
+ * and after a delta only the touched blocks were re-quantised. */
+static void test_fp8_copy(void **state)
+{
+    store *s3;
+    sh_rm_rf(tu_path("store3"));
+    TU_OK(store_open(tu_path("store3"), NULL, 1, &s3));
+    uint64_t v;
+    TU_OK(store_publish(s3, tu_path("v1.st"), NULL, &v));
+    sh_rm_rf(tu_path("rep8"));
+    store_replica_config cfg = {0};
+    cfg.dir = tu_path("rep8");
+    cfg.store = tu_path("store3");
+    cfg.poll_s = 0.01;
+    cfg.fp8 = 1;
+    store_replica *r;
+    TU_OK(store_replica_open(&cfg, &r));
+    TU_OK(store_replica_wait(r, 1, 30));
+    delta_opts o = {0};
+    TU_OK(delta_quant_fp8(tu_path("v1.st"), tu_path("ref1.fp8"), NULL, &o));
+    same_file(tu_path("rep8/models/0000000001.fp8.safetensors"), tu_path("ref1.fp8"));
+    TU_OK(store_publish(s3, tu_path("v2.st"), NULL, &v));
+    TU_OK(store_replica_wait(r, 2, 30));
+    store_lease l;
+    TU_OK(store_replica_acquire(r, 2, 0, &l));
+    assert_non_null(l.fp8);
+    store_replica_release(r, &l);
+    store_replica_info info;
+    store_replica_get_info(r, &info);
+    assert_true(info.fp8_blocks > 0);
+    TU_OK(delta_quant_fp8(tu_path("v2.st"), tu_path("ref2.fp8"), NULL, &o));
+    same_file(tu_path("rep8/models/0000000002.fp8.safetensors"), tu_path("ref2.fp8"));
+    assert_false(sh_path_exists(tu_path("rep8/models/0000000001.fp8.safetensors")));
+    store_replica_close(r);
+    store_close(s3);
+}
+
 static void test_cli_hook(void **state)
 {
     sh_rm_rf(tu_path("store2"));
@@ -213,6 +260,7 @@ int main(void)
         cmocka_unit_test(test_lease_constraints_callbacks),
         cmocka_unit_test(test_restart_mid_apply),
         cmocka_unit_test(test_bad_version_keeps_serving),
+        cmocka_unit_test(test_fp8_copy),
         cmocka_unit_test(test_cli_hook),
     };
     return cmocka_run_group_tests_name("replica", tests, setup, teardown);

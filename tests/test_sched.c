@@ -600,6 +600,92 @@ static void test_billing_per_second(void **state)
     sched_free(s);
 }
 
+/* Forgetting ended jobs: totals unchanged, handles and ids reused, pending
+ * news about a forgotten job dropped, memory bounded over many jobs. */
+static void test_forget(void **state)
+{
+    static const tnode_row f[] = {{"h", "z", "f", "h100", 8, 3.6}, {"a", "z", "f", "a10", 4, 0.72},
+                                  {"b", "z", "f", "a10", 4, 0.72}, {NULL}};
+    sched_decisions d = {0};
+    sched *s = mk(SCHED_SHOAL, f);
+    sched_job_spec j = gang("x", 1, 2, 10);
+    j.tenant = "acme", j.n_types = 1, j.gpu_types[0] = "h100";
+    submit(s, j, 0);
+    j = gang("y", 2, 4, 10);
+    j.tenant = "zeta", j.n_types = 1, j.gpu_types[0] = "a10";
+    submit(s, j, 0);
+    j = gang("q", 1, 8, 10); /* waits behind x for the h100 node */
+    j.tenant = "acme", j.n_types = 1, j.gpu_types[0] = "h100";
+    submit(s, j, 0);
+    j = gang("big", 9, 1, 10);
+    TU_ERR(sched_job_submit(s, &j, 0), SH_ERANGE, "rejected");
+    step(s, 0, &d);
+    assert_int_equal(jstate(s, "q"), SCHED_QUEUED);
+    TU_ERR(sched_job_forget(s, "x"), SH_EINVAL, "has not ended");
+    TU_ERR(sched_job_forget(s, "q"), SH_EINVAL, "cancel it first");
+    TU_ERR(sched_job_forget(s, "nope"), SH_ENOENT, "not known");
+    TU_OK(sched_job_finish(s, "x", 10.2));
+    TU_OK(sched_job_cancel(s, "q", 11));
+    /* y loses a node: its requeue is pending for the next step, then it is
+     * cancelled and forgotten before that step. */
+    TU_OK(sched_node_fail(s, "b", 12));
+    TU_OK(sched_job_cancel(s, "y", 12));
+    static const char *const tenants[] = {NULL, "acme", "zeta"};
+    static const char *const types[] = {NULL, "h100", "a10"};
+    double before[3][3], all_jobs = sched_cost_job(s, NULL, NULL, 99);
+    for (int t = 0; t < 3; t++)
+        for (int g = 0; g < 3; g++) before[t][g] = sched_cost_tenant(s, tenants[t], types[g], 99);
+    size_t slots = sched_job_count(s);
+    int64_t xi = sched_job_ix(s, "x");
+    static const char *const gone[] = {"x", "y", "q", "big"};
+    for (int k = 0; k < 4; k++) TU_OK(sched_job_forget(s, gone[k]));
+    TU_ERR(sched_job_forget(s, "x"), SH_ENOENT, "not known");
+    sched_job_info ji;
+    TU_ERR(sched_job_info_get(s, "x", 99, &ji), SH_ENOENT, "not known");
+    TU_ERR(sched_job_info_ix(s, (uint32_t)xi, 99, &ji), SH_ENOENT, "not known");
+    for (int t = 0; t < 3; t++)
+        for (int g = 0; g < 3; g++)
+            assert_true(fabs(sched_cost_tenant(s, tenants[t], types[g], 99) - before[t][g]) < 1e-12);
+    assert_true(fabs(sched_cost_job(s, NULL, NULL, 99) - all_jobs) < 1e-12);
+    assert_true(all_jobs > 0.022 - 1e-9); /* x's 11 s on 2 GPUs at least */
+    assert_true(fabs(sched_cost_job(s, "x", NULL, 99)) < 1e-12);
+    assert_int_equal(step(s, 20, &d), 0); /* y's pending requeue went with it */
+    /* The id may come back as a new job, in a reused slot. */
+    j = gang("x", 1, 8, 10);
+    submit(s, j, 20);
+    assert_true(sched_job_ix(s, "x") >= 0 && (size_t)sched_job_ix(s, "x") < slots);
+    assert_int_equal(sched_job_count(s), slots);
+    step(s, 20, &d);
+    assert_non_null(find(&d, SCHED_D_START, "x"));
+    TU_OK(sched_job_finish(s, "x", 30));
+    TU_OK(sched_job_forget(s, "x"));
+    /* Many short jobs, each forgotten when done: the table stays small and
+     * the cost for everyone keeps every bill. */
+    double t = 40, c0 = sched_cost_job(s, NULL, NULL, t);
+    for (int i = 0; i < 2000; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "w%d", i);
+        j = gang(id, 1, 4, 5);
+        submit(s, j, t);
+        step(s, t, &d);
+        assert_non_null(find(&d, SCHED_D_START, id));
+        t += 5;
+        TU_OK(sched_job_finish(s, id, t));
+        TU_OK(sched_job_forget(s, id));
+        TU_OK(sched_check(s, t));
+    }
+    assert_true(sched_job_count(s) <= slots);
+    sched_stats st;
+    sched_stats_get(s, &st);
+    assert_int_equal(st.forgotten, 2005);
+    /* Each job: 5 s on 4 GPUs, at 0.001 (h100) or 0.0002 (a10) per GPU-second. */
+    double c = sched_cost_job(s, NULL, NULL, t) - c0;
+    assert_true(c >= 2000 * 20 * 0.0002 - 1e-9 && c <= 2000 * 20 * 0.001 + 1e-9);
+    assert_true(fabs(sched_cost_tenant(s, NULL, NULL, t) - sched_cost_job(s, NULL, NULL, t)) < 1e-9);
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
 static void test_autoscale(void **state)
 {
     sched_quota q = {"z", "f", "t", 8, 4, 2.0, 120};
@@ -644,6 +730,64 @@ static void test_autoscale(void **state)
     for (size_t i = 0; i < d.n; i++) TU_OK(sched_node_remove(s, d.v[i].node, 2620));
     TU_OK(sched_check(s, 2620));
     sched_decisions_free(&d);
+    sched_free(s);
+}
+
+/* sched_job_restore: a server rebuilding after a restart puts running jobs
+ * back on their nodes.  Each row is a placement for a queued job and
+ * whether it is accepted (else the message); a refused one books nothing. */
+static void test_restore_table(void **state)
+{
+    static const tnode_row f[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1},
+                                  {"o1", "z", "g", "t", 8, 1}, {"u1", "z", "f", "u", 8, 1}, {NULL}};
+    static const struct {
+        int nodes, gpn;
+        const char *places; /* node:gpus,... */
+        const char *err;    /* NULL: accepted */
+    } rows[] = {
+        {2, 4, "n1:4,n2:4", NULL},
+        {2, 4, "n1:4", "cannot be restored on 1 places"},
+        {2, 4, "n1:4,n1:4", "two pods on node n1"},
+        {2, 4, "n1:4,o1:4", "span zones, fabrics or GPU types"},
+        {2, 4, "n1:4,n2:2", "has 2 GPUs, the job takes 4"},
+        {2, 4, "n1:4,x9:4", "node x9 is unknown"},
+        {1, 8, "n1:8", NULL},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        sched *s = mk(SCHED_SHOAL, f);
+        submit(s, gang("R", 2, 6, 100), 0); /* to be restored after the rest */
+        submit(s, gang("J", rows[i].nodes, rows[i].gpn, 100), 0);
+        char buf[128], *save = NULL;
+        snprintf(buf, sizeof buf, "%s", rows[i].places);
+        sched_place pl[8];
+        size_t n = 0;
+        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            char *c = strchr(t, ':');
+            *c = 0;
+            pl[n++] = (sched_place){t, 0, atoi(c + 1)};
+        }
+        int rc = sched_job_restore(s, "J", pl, n, 5);
+        if (rows[i].err) {
+            if (rc != SH_EINVAL || !strstr(sh_errmsg(), rows[i].err))
+                fail_msg("row %zu: rc %d \"%s\", expected \"%s\"", i, rc, sh_errmsg(), rows[i].err);
+            assert_int_equal(jstate(s, "J"), SCHED_QUEUED);
+            sched_stats st;
+            sched_stats_get(s, &st);
+            assert_int_equal(st.gpus_busy, 0);
+        } else {
+            TU_OK(rc);
+            assert_int_equal(jstate(s, "J"), SCHED_RUNNING);
+        }
+        TU_OK(sched_check(s, 5));
+        /* A restored job finishes and bills like any other: 5 s at 1/GPU-hour. */
+        if (!rows[i].err) {
+            TU_OK(sched_job_finish(s, "J", 10));
+            assert_true(fabs(sched_cost_job(s, "J", NULL, 10) - 5.0 * 8 / 3600) < 1e-9);
+        }
+        sched_free(s);
+    }
+    sched *s = mk(SCHED_SHOAL, f);
+    TU_ERR(sched_job_restore(s, "nope", NULL, 0, 0), SH_ENOENT, "job nope is not known");
     sched_free(s);
 }
 
@@ -722,7 +866,9 @@ int main(void)
         cmocka_unit_test(test_preemption_table),
         cmocka_unit_test(test_elastic_cost_per_work),
         cmocka_unit_test(test_billing_per_second),
+        cmocka_unit_test(test_forget),
         cmocka_unit_test(test_autoscale),
+        cmocka_unit_test(test_restore_table),
         cmocka_unit_test(test_check_invariants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

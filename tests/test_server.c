@@ -15,8 +15,7 @@ static int setup(void **state)
 {
     memset(&F, 0, sizeof F);
     tf_start_server(&F, "api", 30);
-    tf_start_agent(&F, 0, "H100", 8, "z1", "ib");
-    tf_start_agent(&F, 1, "H100", 8, "z1", "ib");
+    tf_start_agents(&F, 2, "H100", 8, "z1", "ib");
     return 0;
 }
 
@@ -36,6 +35,16 @@ static void expect_error(const char *token, const char *method, const char *path
     if (st != want || !j || !err_of(j) || !strstr(err_of(j), needle))
         fail_msg("%s %s: got %d \"%s\", expected %d with \"%s\"", method, path, st, j ? err_of(j) : "(not JSON)", want, needle);
     json_decref(j);
+}
+
+/* The value of the sample named exactly `name` in Prometheus text. */
+static long long metric(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; (p = strstr(p, name)); p += n)
+        if ((p == text || p[-1] == '\n') && p[n] == ' ') return atoll(p + n + 1);
+    fail_msg("metric %s is missing", name);
+    return -1;
 }
 
 static const char *sleeper = "{\"name\":\"%s\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"sleep\",\"30\"]}";
@@ -70,6 +79,23 @@ static void test_tenant_isolation(void **state)
     json_t *j = tf_call(&F, TF_BOB, "GET", "/v1/jobs", NULL, &st);
     assert_int_equal(json_array_size(json_object_get(j, "jobs")), 1);
     json_decref(j);
+    /* The nodes view places each job on its node: the admin sees both by
+     * id, bob sees his own and alice's as an anonymous busy slot. */
+    int64_t seen_admin = 0, seen_bob = 0;
+    for (int who = 0; who < 2; who++) {
+        j = tf_call(&F, who ? TF_BOB : TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+        size_t i, k;
+        json_t *n, *p;
+        json_array_foreach(json_object_get(j, "nodes"), i, n) json_array_foreach(json_object_get(n, "jobs"), k, p) {
+            int64_t id = json_integer_value(json_object_get(p, "job"));
+            int64_t bit = id == a ? 1 : id == b ? 2 : id == 0 ? 4 : 8;
+            if (who) seen_bob |= bit;
+            else seen_admin |= bit;
+        }
+        json_decref(j);
+    }
+    assert_int_equal(seen_admin, 3);
+    assert_int_equal(seen_bob, 6);
     /* The admin sees both; the agent token reaches only /v1/agent/. */
     j = tf_call(&F, TF_ADMIN, "GET", "/v1/jobs?state=running", NULL, &st);
     assert_true(json_array_size(json_object_get(j, "jobs")) >= 2);
@@ -107,6 +133,12 @@ static void test_bad_requests(void **state)
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"command\":[\"true\"],\"env\":{\"SHOAL_RANK\":\"9\"}}",
                  400, "reserved");
     /* A gang larger than any zone's worth of matching nodes never fits. */
+    /* Zones cannot be pinned, so a job asking for one is refused, not
+     * silently placed in any zone. */
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"zone\":\"z1\",\"command\":[\"true\"]}",
+                 400, "field \"zone\" is not supported");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"replace_wait_s\":-1,\"command\":[\"true\"]}",
+                 400, "outside 0..86400");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":3,\"command\":[\"true\"]}", 422, "can never fit");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"gpu_types\":[\"B300\"],\"command\":[\"true\"]}", 422,
                  "can never fit");
@@ -150,6 +182,15 @@ static void test_bad_requests(void **state)
     assert_non_null(strstr(text, "# TYPE shoal_jobs gauge"));
     assert_non_null(strstr(text, "shoal_nodes{state=\"alive\"} 2"));
     assert_non_null(strstr(text, "shoal_jobs_rejected_total 2"));
+    /* The core holds exactly the live jobs: every ended or rejected job was
+     * forgotten once its bill was final. */
+    long long live = metric(text, "shoal_jobs{state=\"pending\"}") + metric(text, "shoal_jobs{state=\"starting\"}") +
+                    metric(text, "shoal_jobs{state=\"running\"}");
+    long long ended = metric(text, "shoal_jobs{state=\"succeeded\"}") + metric(text, "shoal_jobs{state=\"failed\"}") +
+                     metric(text, "shoal_jobs{state=\"cancelled\"}");
+    assert_true(ended >= 1);
+    assert_int_equal(metric(text, "shoal_sched_jobs"), live);
+    assert_int_equal(metric(text, "shoal_sched_jobs_forgotten_total"), ended + 2);
     free(text);
     srv_client_free(c);
 }

@@ -317,8 +317,22 @@ static void test_replay_checked(void **state)
         if (p == 1) assert_true(partial > 0); /* firstfit holds partial gangs... */
         else assert_int_equal(partial, 0);    /* ...the others never do */
         assert_true(json_integer_value(json_object_get(r, "failures")) > 0);
+        /* Finished jobs are forgotten: the scheduler held fewer records at
+         * once than the trace has jobs. */
+        int64_t slots = json_integer_value(json_object_get(r, "sched_job_slots"));
+        assert_true(slots > 0 && slots < 1140);
     }
     json_decref(all);
+    /* The replace policy: gangs keep their survivors and wait for a spare. */
+    snprintf(args, sizeof args,
+             "--fleet %s --format gavel --multi-node 4 --policy shoal --check --failures 100 "
+             "--replace-wait 600 %s",
+             tu_path("fleet.csv"), shared_path("traces/philly-gavel/2869ce.trace"));
+    json_t *r = run_json(args);
+    assert_int_equal(json_integer_value(json_object_get(r, "jobs_completed")), 533);
+    assert_true(json_integer_value(json_object_get(r, "replaces")) > 0);
+    assert_true(json_integer_value(json_object_get(r, "failures_survived")) > 0);
+    json_decref(r);
 }
 
 /* A gang larger than any fabric is rejected with its reason; autoscaling

@@ -310,6 +310,67 @@ static void test_enospc(void **state)
     assert_false(leftover);
 }
 
+static void same_bytes(const char *a, const char *b)
+{
+    size_t la, lb;
+    uint8_t *x = tu_read_file(a, &la), *y = tu_read_file(b, &lb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(x, y, la);
+    free(x), free(y);
+}
+
+/* Real deltas from the codec: publish computes them, materialise and a
+ * squashed delta rebuild the exact checkpoint, anchors come every N. */
+static void test_deltas_and_squash(void **state)
+{
+    char p[5][64];
+    for (int i = 0; i < 5; i++) {
+        snprintf(p[i], sizeof p[i], "d%d.st", i + 1);
+        if (i == 0) TU_OK(ckpt_synth(tu_path(p[0]), 200000, 21));
+        else TU_OK(ckpt_step(tu_path(p[i - 1]), tu_path(p[i]), 3e-6, 1, (uint64_t)i));
+    }
+    store *s = fresh("deltas");
+    uint64_t v;
+    for (int i = 0; i < 5; i++) TU_OK(store_publish(s, tu_path(p[i]), NULL, &v));
+    store_version m;
+    TU_OK(store_get(s, 1, &m, NULL));
+    assert_true(m.anchor);
+    for (uint64_t k = 2; k <= 5; k++) {
+        TU_OK(store_get(s, k, &m, NULL));
+        assert_false(m.anchor);
+        assert_int_equal(m.base, k - 1);
+        assert_true(m.size * 10 < m.model_size);
+        TU_OK(store_verify(s, k));
+    }
+    TU_OK(store_materialize(s, 5, 0, NULL, tu_path("m5.st")));
+    same_bytes(tu_path("m5.st"), tu_path(p[4]));
+    uint64_t bytes;
+    TU_ERR(store_squash(s, 1, 2, &bytes), SH_EINVAL, "at least two deltas");
+    TU_OK(store_squash(s, 1, 5, &bytes));
+    store_plan *pl = malloc(sizeof *pl);
+    TU_OK(store_plan_make(s, 1, 5, pl));
+    assert_int_equal(pl->kind, STORE_PLAN_SQUASH);
+    assert_int_equal(pl->bytes, bytes);
+    assert_true(pl->squash_bytes < pl->chain_bytes);
+    free(pl);
+    TU_OK(store_materialize(s, 5, 1, tu_path(p[0]), tu_path("s5.st")));
+    same_bytes(tu_path("s5.st"), tu_path(p[4]));
+    /* gc keeps the chain back to the anchor, and the squash from it. */
+    uint64_t removed;
+    TU_OK(store_gc(s, 1, &removed));
+    assert_int_equal(removed, 0);
+    store_close(s);
+    /* --anchor-every 2: anchor, delta, anchor, delta, anchor. */
+    s = fresh("every2");
+    store_publish_opts o = {2};
+    for (int i = 0; i < 5; i++) {
+        TU_OK(store_publish(s, tu_path(p[i]), &o, &v));
+        TU_OK(store_get(s, v, &m, NULL));
+        assert_int_equal(m.anchor, i % 2 == 0);
+    }
+    store_close(s);
+}
+
 static void test_cli(void **state)
 {
     char *out;
@@ -342,7 +403,8 @@ int main(void)
         cmocka_unit_test(test_publish_and_latest), cmocka_unit_test(test_bad_pointers),
         cmocka_unit_test(test_truncated_and_missing), cmocka_unit_test(test_plan),
         cmocka_unit_test(test_gc_keeps_chains), cmocka_unit_test(test_crash_leftovers),
-        cmocka_unit_test(test_enospc), cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_enospc), cmocka_unit_test(test_deltas_and_squash),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests_name("store", tests, NULL, NULL);
 }

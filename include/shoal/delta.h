@@ -63,6 +63,12 @@ void delta_free(delta *d);
  * apply does.  For benchmarks, tests and fuzzing. */
 int delta_apply_mem(const ckpt *base, const delta *d, const delta_opts *o, uint8_t *out,
                     size_t cap, size_t *len);
+/* Applies d in place to img, a base image of len bytes in memory (a replica
+ * holding its weights), when the delta keeps the layout (same header): only
+ * changed elements are written and each chunk is hashed once.  Verified like
+ * delta_apply_mem; on any failure every write is undone, so img is either
+ * the target or unchanged.  SH_EINVAL when the layout changes. */
+int delta_apply_mem_inplace(uint8_t *img, size_t len, const delta *d, const delta_opts *o);
 /* The size of the target image (single-file targets), for delta_apply_mem. */
 uint64_t delta_target_size(const delta *d);
 

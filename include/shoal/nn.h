@@ -74,6 +74,25 @@ void nn_set_reference(nn_model *m, int reference);
  * ctx (SH_EINVAL otherwise). */
 int nn_forward(nn_model *m, const int *tokens, int B, int T, const float **logits);
 
+/* Incremental decoding with a key/value cache: each of `rows` sequences
+ * keeps the keys and values of every layer for the tokens it has been fed,
+ * so a new token costs one row of work instead of a forward pass over the
+ * whole prefix.  Same arithmetic as nn_forward (within float rounding:
+ * matrix products of different shapes may round differently).  The cache
+ * belongs to the caller (nn_kv_free); it holds activations computed with
+ * the weights of the time, so a caller that changes the weights resets it
+ * and feeds the prefix again. */
+typedef struct nn_kv nn_kv;
+int nn_kv_new(const nn_model *m, int rows, nn_kv **out);
+void nn_kv_free(nn_kv *kv);
+void nn_kv_reset(nn_kv *kv); /* every row back to no tokens */
+/* Feeds tokens[i] to row rows[i] (i < n; distinct rows) at that row's next
+ * position; *logits (n, V) for the token after it, owned by the cache and
+ * valid until the next call.  SH_EINVAL for a bad row or token, or a row
+ * whose context is full. */
+int nn_decode(nn_model *m, nn_kv *kv, const int *rows, const int *tokens, int n,
+              const float **logits);
+
 /* Backward pass for the last forward: dlogits (B,T,V) is dLoss/dlogits.
  * Adds into the gradients (call nn_zero_grad first). */
 int nn_backward(nn_model *m, const float *dlogits);

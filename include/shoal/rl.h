@@ -108,6 +108,7 @@ typedef struct rl_traj {
 typedef struct rl_sampling {
     float temperature, top_p;
     int max_new; /* response tokens, EOS included */
+    int no_kv_cache; /* 1: recompute the whole prefix at every step (the reference path) */
 } rl_sampling;
 
 /* Called between decoding steps; it may change the model's weights (an
@@ -210,7 +211,8 @@ struct ckpt;
  * Face names, no metadata): what the trainer diffs into shoal deltas for the
  * workers.  *out is the caller's (sh_buf_free). */
 int rl_policy_image(nn_model *m, int bf16, sh_buf *out);
-/* Loads the model's tensors from an opened checkpoint (BF16 or F32);
+/* Loads the model's tensors from an opened checkpoint (BF16, F32, or
+ * F8_E4M3 with NAME_scale_inv block scales as delta_quant_fp8 writes them);
  * `what` names it in errors. */
 int rl_load_view(nn_model *m, const struct ckpt *c, const char *what);
 

@@ -177,12 +177,25 @@ int sched_job_cancel(sched *s, const char *id, double now);
 /* The job completed; its GPUs are freed at once. */
 int sched_job_finish(sched *s, const char *id, double now);
 
+/* Forgets an ended job (SCHED_DONE, SCHED_CANCELLED or SCHED_REJECTED):
+ * its record, id, allocation history and any decision about it still
+ * pending are dropped, so that a long-running server or a long replay keeps
+ * memory bounded by the jobs alive at once.  Its final bill stays in every
+ * total: sched_cost_tenant (any tenant, type) and sched_cost_job(s, NULL,
+ * ...) return what they returned before; sched_cost_job for its id returns
+ * 0 from then on.  Its handle may be given to a later submission, and its
+ * id may be submitted again as a new job.  SH_ENOENT for an unknown id,
+ * SH_EINVAL for a job that has not ended (cancel it first).  Strings that
+ * earlier decisions or infos returned for the job become invalid. */
+int sched_job_forget(sched *s, const char *id);
+
 /* ---- Scheduling cycle ------------------------------------------------------- */
 
 typedef enum sched_decision_kind {
     SCHED_D_START = 0,      /* start job on places[first .. first+count) */
     SCHED_D_GROW = 1,       /* elastic: add these replicas */
-    SCHED_D_SHRINK = 2,     /* elastic: remove these replicas */
+    SCHED_D_SHRINK = 2,     /* elastic: remove these replicas; with `node` set: pods lost
+                               with that failed node (a gang then waits in REPLACING) */
     SCHED_D_PREEMPT = 3,    /* stop job entirely; it is queued again */
     SCHED_D_REQUEUE = 4,    /* a failure stopped job; it is queued again (restart cost) */
     SCHED_D_REPLACE = 5,    /* a gang's failed node is replaced: places holds the new node */
@@ -219,6 +232,15 @@ typedef struct sched_decisions {
 
 void sched_decisions_free(sched_decisions *d);
 
+/* Marks the queued job `id` running on the n places given, as if a START
+ * decision had placed it there at `now` -- for a server rebuilding its
+ * scheduler after a restart, whose running jobs must not move.  The
+ * placement must be one the job could have been given: a gang on exactly
+ * `nodes` distinct nodes of one pool with gpus_per_node GPUs each, elastic
+ * min..max replicas, a function one GPU, on up nodes with the GPUs free.
+ * Otherwise SH_EINVAL naming the node or the rule, and nothing changes. */
+int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now);
+
 /* Runs one scheduling cycle at `now`: reports pending event effects, expires
  * timeouts, starts, grows, shrinks, preempts and scales.  Resets and fills
  * out.  Returns the number of decisions, or a negative code (no memory). */
@@ -249,9 +271,13 @@ typedef struct sched_job_info {
 } sched_job_info;
 
 int sched_job_info_get(const sched *s, const char *id, double now, sched_job_info *out);
-/* Handle of a job id (dense, in submit order, stable); -1 if unknown. */
+/* Handle of a job id (dense, stable while the job is known; once it is
+ * forgotten the handle may be reused by a later submission); -1 if unknown. */
 int64_t sched_job_ix(const sched *s, const char *id);
+/* SH_ENOENT for a handle out of range or of a forgotten job. */
 int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *out);
+/* One more than the largest handle in use so far: handles lie in
+ * 0..count-1 (some may be free after sched_job_forget). */
 size_t sched_job_count(const sched *s);
 
 /* Copies up to cap places of the job's allocation into out; returns how many
@@ -264,7 +290,8 @@ double sched_cost_tenant(const sched *s, const char *tenant, const char *gpu_typ
 double sched_cost_job(const sched *s, const char *job, const char *gpu_type, double now);
 
 /* Queue order as the policy sees it now: up to cap job ids into out;
- * returns the queue length. */
+ * returns the queue length.  Call it between cycles (not from a thread
+ * running sched_step on the same scheduler). */
 size_t sched_queue(const sched *s, const char **out, size_t cap);
 
 typedef struct sched_node_info {
@@ -283,6 +310,7 @@ typedef struct sched_stats {
     double held_gpu_s;        /* firstfit: GPU-seconds held by partial gangs */
     uint64_t scale_ups, scale_downs;
     uint64_t resv_late;       /* head reservations that moved later, or started late */
+    uint64_t forgotten;       /* jobs dropped by sched_job_forget */
     int nodes_up, gpus_up, gpus_busy;
     size_t queued, running;
 } sched_stats;

@@ -102,6 +102,7 @@ typedef struct sim_opts {
     double mtbf_hours;   /* per node; 0 = no failures */
     double repair_s;     /* a failed node comes back after this long; default 3600 */
     double restart_cost_s; /* work lost by a requeued gang; default cfg.restart_cost_s */
+    double replace_wait_s; /* > 0: gangs use the replace failure policy with this wait */
     int check;           /* call sched_check after every event */
     int progress;        /* draw a progress bar on a terminal */
     uint64_t seed;
@@ -124,11 +125,14 @@ typedef struct sim_report {
     double makespan_s;
     uint64_t decisions;
     double sched_wall_s, decisions_per_s;
-    uint64_t preemptions, failures, failures_survived, requeues, restarts;
+    uint64_t preemptions, failures, failures_survived, requeues, replaces, restarts;
     uint64_t partial_gangs, hold_timeouts;
     double held_gpu_hours;
     uint64_t scale_ups, scale_downs;
     uint64_t resv_late;
+    /* Job records the scheduler held at most at once (finished and rejected
+     * jobs are forgotten as the replay goes): bounded by the live jobs. */
+    size_t sched_job_slots;
     int deadlocked; /* the replay stopped with work queued that could never start */
     /* Billing by GPU type and by tenant (the first SIM_KEYS of each). */
     size_t ntypes, ntenants;

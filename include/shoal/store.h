@@ -105,6 +105,9 @@ int store_plan_make(store *s, uint64_t from, uint64_t to, store_plan *p);
 const char *store_plan_kind_name(int kind);
 /* The squashed delta from `from` to `to` (path of the cache file). */
 int store_squash_path(store *s, uint64_t from, uint64_t to, char *out, size_t cap);
+/* Composes the deltas from+1 .. to into that cache file (durably), so that
+ * plans from `from` can use it; *bytes (optional) gets its size. */
+int store_squash(store *s, uint64_t from, uint64_t to, uint64_t *bytes);
 
 /* Writes version v's full checkpoint to `out` (atomically), starting from
  * `have_path` holding version `have` when that is cheaper (have = 0: none),
@@ -139,6 +142,8 @@ typedef struct store_replica_config {
     int leaf;          /* 1: accept no children in the push tree */
     double egress_bps; /* rate limit for forwarding to children */
     double poll_s;     /* store polling period (default 0.02 s) */
+    int fp8;           /* also keep an FP8 serving copy (delta_quant_fp8), updated
+                        * block by block after a delta */
     /* Called on the replica's apply thread around each activation. */
     void (*before_activate)(void *arg, uint64_t from, uint64_t to);
     void (*after_activate)(void *arg, uint64_t version, double activated_at);
@@ -151,6 +156,7 @@ typedef struct store_lease {
     const uint8_t *data;
     uint64_t size;
     const ckpt *ckpt; /* the parsed checkpoint over data (tensor views) */
+    const ckpt *fp8;  /* with fp8: the FP8 serving copy of the same version */
     void *priv;
 } store_lease;
 
@@ -162,6 +168,7 @@ typedef struct store_replica_info {
     double activated_at;  /* wall-clock seconds */
     double pause_max_ms;  /* longest time a swap blocked lease callers */
     uint64_t activations, failures;
+    uint64_t fp8_blocks;  /* blocks re-quantised by the last FP8 update */
     char last_error[512];
     bcast_stats push;
 } store_replica_info;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bcast/node.h"
@@ -420,6 +421,8 @@ static void chunk_landed(bcast_node *n, uint64_t version, uint32_t i, uint64_t s
 static void recv_cb(void *req, ucs_status_t st, size_t length, void *user)
 {
     recv_ctx *r = user;
+    r->node->recv_inflight--;
+    sh_debug("push %s: chunk %u landed at %.6f", r->node->name, r->index, sh_now_wall());
     if (!r->scratch) chunk_landed(r->node, r->version, r->index, r->sum, st == UCS_OK);
     free(r->scratch);
     free(r);
@@ -465,6 +468,8 @@ static ucs_status_t on_chunk(void *arg, const void *hdr, size_t hlen, void *data
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.recv_am = recv_cb;
     rp.user_data = r;
+    n->recv_inflight++;
+    sh_debug("push %s: chunk %u announced at %.6f", n->name, r->index, sh_now_wall());
     ucs_status_ptr_t q = ucp_am_recv_data_nbx(n->worker, data, dst, len, &rp);
     if (q == NULL) recv_cb(NULL, UCS_OK, len, r);
     else if (UCS_PTR_IS_ERR(q)) recv_cb(NULL, UCS_PTR_STATUS(q), 0, r);
@@ -644,6 +649,11 @@ void bcast_node_wake(bcast_node *n)
 
 static void wait_events(bcast_node *n, double until)
 {
+    /* While transfers are in flight UCX may need progress calls that the
+     * event fd does not announce (a TCP socket turning writable), so the
+     * wait is cut to a millisecond then. */
+    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + 0.001)
+        until = sh_now_mono() + 0.001;
     if (ucp_worker_arm(n->worker) == UCS_ERR_BUSY) return;
     double now = sh_now_mono();
     int ms = until > now ? (int)((until - now) * 1000) + 1 : 0;

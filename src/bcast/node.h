@@ -58,7 +58,8 @@ struct bcast_node {
     bcast_stats stats;
     void **closing;
     int nclosing, capclosing;
-    int inflight; /* sends not yet completed, all peers */
+    int inflight;      /* sends not yet completed, all peers */
+    int recv_inflight; /* rendezvous receives not yet completed */
     uint64_t corrupt_version; /* fault injection: SHOAL_BCAST_CORRUPT=V:I */
     uint32_t corrupt_index;
     int corrupt_armed;

@@ -130,7 +130,7 @@ static void bench_fill(const bench_pair *p, uint64_t off, uint8_t *x, size_t n, 
 
 typedef struct {
     uint64_t bytes;
-    double make_s, apply_s;
+    double make_s, apply_s, inplace_s;
 } bench_xor;
 
 static int bench_xor_run(const bench_pair *p, uint8_t *out, bench_xor *r)
@@ -169,8 +169,22 @@ static int bench_xor_run(const bench_pair *p, uint8_t *out, bench_xor *r)
     }
     XXH128_hash_t got = XXH3_128bits(out, total);
     r->apply_s = bench_cpu() - t0;
-    XXH3_freeState(h);
     int ok = got.low64 == want.low64 && got.high64 == want.high64;
+    /* In place: the state already holds the base; XOR each chunk into it. */
+    for (size_t c = 0; c < nch; c++) {
+        size_t n = total - (uint64_t)c * XOR_CHUNK < XOR_CHUNK ? (size_t)(total - (uint64_t)c * XOR_CHUNK) : XOR_CHUNK;
+        bench_fill(p, (uint64_t)c * XOR_CHUNK, out + (uint64_t)c * XOR_CHUNK, n, FILL_BASE);
+    }
+    t0 = bench_cpu();
+    for (size_t c = 0; c < nch; c++) {
+        size_t n = ZSTD_decompressDCtx(dc, x, XOR_CHUNK, z + c * cap, zl[c]);
+        uint8_t *o = out + (uint64_t)c * XOR_CHUNK;
+        for (size_t j = 0; j < n; j++) o[j] ^= x[j];
+    }
+    got = XXH3_128bits(out, total);
+    r->inplace_s = bench_cpu() - t0;
+    ok = ok && got.low64 == want.low64 && got.high64 == want.high64;
+    XXH3_freeState(h);
     free(x), free(z), free(zl);
     ZSTD_freeCCtx(cc);
     ZSTD_freeDCtx(dc);
@@ -306,7 +320,7 @@ static int bench_generate(const bench_opts *o, char *dir, char *bp, char *tp)
 
 typedef struct {
     uint64_t bytes, changed, units, params, ckpt_bytes;
-    double make_s, apply_s, bound;
+    double make_s, apply_s, inplace_s, bound;
     uint64_t peak_make, peak_apply;
     bench_xor x;
 } bench_res;
@@ -335,6 +349,21 @@ static int bench_shoal(const ckpt *B, const ckpt *T, uint8_t *out, uint64_t size
     r->peak_apply = bench_mem_stop(&m, before);
     if (rc == SH_OK && (len != T->files[0].size || memcmp(out, T->files[0].map, len)))
         rc = sh_err(SH_EINTERNAL, "shoal apply did not reproduce the target");
+    /* In place, when the layout allows: out holds the base image first. */
+    r->inplace_s = NAN;
+    if (rc == SH_OK && B->files[0].size == size) {
+        memcpy(out, B->files[0].map, size);
+        delta_free(dp);
+        dp = NULL;
+        t0 = bench_cpu();
+        rc = delta_parse(d.data, d.len, 0, &dp);
+        if (rc == SH_OK) rc = delta_apply_mem_inplace(out, size, dp, &one);
+        double dt = bench_cpu() - t0;
+        if (rc == SH_OK) r->inplace_s = dt;
+        if (rc == SH_EINVAL) rc = SH_OK; /* the layout changes: not measured */
+        if (rc == SH_OK && !isnan(r->inplace_s) && memcmp(out, T->files[0].map, size))
+            rc = sh_err(SH_EINTERNAL, "shoal in-place apply did not reproduce the target");
+    }
     delta_free(dp);
     sh_buf_free(&d);
     return rc;
@@ -345,18 +374,22 @@ static void bench_print(const bench_opts *o, const bench_res *r)
     double gb = (double)r->ckpt_bytes / 1e9, frac = r->units ? (double)r->changed / (double)r->units : 0;
     double size_x = (double)r->bytes / (double)r->x.bytes, bound_x = (double)r->bytes / r->bound;
     double make_x = r->x.make_s / r->make_s, apply_gbs = gb / r->apply_s;
+    double inplace_gbs = gb / r->inplace_s;
     if (o->json) {
         json_t *j = json_pack(
-            "{s:I,s:I,s:f,s:{s:I,s:f,s:f,s:f,s:f,s:f},s:{s:I,s:f,s:f},s:f,s:{s:f,s:f,s:f,s:f,s:b}}",
+            "{s:I,s:I,s:f,s:{s:I,s:f,s:f,s:f,s:f,s:f,s:o},s:{s:I,s:f,s:f,s:f},s:f,s:{s:f,s:f,s:f,s:f,s:b}}",
             "params", (json_int_t)r->params, "checkpoint_bytes", (json_int_t)r->ckpt_bytes,
             "changed_fraction", frac, "shoal", "bytes", (json_int_t)r->bytes, "make_s", r->make_s,
             "apply_s", r->apply_s, "peak_extra_mib",
             (double)(r->peak_make > r->peak_apply ? r->peak_make : r->peak_apply) / 1048576.0,
-            "apply_gb_per_s", apply_gbs, "make_gb_per_s", gb / r->make_s, "xor_zstd1", "bytes",
+            "apply_gb_per_s", apply_gbs, "make_gb_per_s", gb / r->make_s, "apply_inplace_s",
+            isnan(r->inplace_s) ? json_null() : json_real(r->inplace_s), "xor_zstd1", "bytes",
             (json_int_t)r->x.bytes, "make_s", r->x.make_s, "apply_s", r->x.apply_s,
+            "apply_inplace_s", r->x.inplace_s,
             "entropy_bound_bytes", r->bound, "ratios", "size_vs_xor", size_x, "size_vs_bound",
             bound_x, "make_speedup", make_x, "apply_speedup", r->x.apply_s / r->apply_s,
             "targets_met", size_x <= 0.5 && bound_x <= 1.3 && make_x >= 3 && apply_gbs >= 4);
+        (void)inplace_gbs;
         sh_json_print(j);
         json_decref(j);
         return;
@@ -364,20 +397,23 @@ static void bench_print(const bench_opts *o, const bench_res *r)
     char b[32];
     printf("shoal bench delta: %llu parameters, %s checkpoint, %.3f%% of elements changed (one core)\n\n",
            (unsigned long long)r->params, sh_fmt_bytes((double)r->ckpt_bytes, b, sizeof b), 100 * frac);
-    printf("| codec         |      delta bytes | vs xor+zstd-1 | make s | apply s | apply GB/s | peak extra MiB |\n");
-    printf("|---------------|-----------------:|--------------:|-------:|--------:|-----------:|---------------:|\n");
-    printf("| xor+zstd-1    | %16llu |         1.000 | %6.3f | %7.3f | %10.2f |              - |\n",
-           (unsigned long long)r->x.bytes, r->x.make_s, r->x.apply_s, gb / r->x.apply_s);
-    printf("| shoal         | %16llu | %13.3f | %6.3f | %7.3f | %10.2f | %6.1f / %-6.1f |\n",
-           (unsigned long long)r->bytes, size_x, r->make_s, r->apply_s, apply_gbs,
+    printf("| codec         |      delta bytes | vs xor+zstd-1 | make s | apply s | apply GB/s | in place GB/s | peak extra MiB |\n");
+    printf("|---------------|-----------------:|--------------:|-------:|--------:|-----------:|--------------:|---------------:|\n");
+    printf("| xor+zstd-1    | %16llu |         1.000 | %6.3f | %7.3f | %10.2f | %13.2f |              - |\n",
+           (unsigned long long)r->x.bytes, r->x.make_s, r->x.apply_s, gb / r->x.apply_s,
+           gb / r->x.inplace_s);
+    printf("| shoal         | %16llu | %13.3f | %6.3f | %7.3f | %10.2f | %13.2f | %6.1f / %-6.1f |\n",
+           (unsigned long long)r->bytes, size_x, r->make_s, r->apply_s, apply_gbs, inplace_gbs,
            (double)r->peak_make / 1048576.0, (double)r->peak_apply / 1048576.0);
-    printf("| entropy bound | %16.0f | %13.3f |        |         |            |                |\n\n",
+    printf("| entropy bound | %16.0f | %13.3f |        |         |            |               |                |\n\n",
            r->bound, r->bound / (double)r->x.bytes);
     printf("size:  shoal = %.3f x xor+zstd-1 (target <= 0.5) %s, %.3f x entropy bound (target <= 1.3) %s\n",
            size_x, size_x <= 0.5 ? "met" : "MISSED", bound_x, bound_x <= 1.3 ? "met" : "MISSED");
     printf("make:  %.2f x faster than xor+zstd-1 (target >= 3) %s\n", make_x, make_x >= 3 ? "met" : "MISSED");
-    printf("apply: %.2f GB/s of checkpoint (target >= 4) %s; %.2f x xor+zstd-1\n", apply_gbs,
-           apply_gbs >= 4 ? "met" : "MISSED", r->x.apply_s / r->apply_s);
+    printf("apply: %.2f GB/s of checkpoint into a new buffer (target >= 4) %s, %.2f x xor+zstd-1;\n"
+           "       %.2f GB/s in place (target >= 4) %s, %.2f x xor+zstd-1 in place\n", apply_gbs,
+           apply_gbs >= 4 ? "met" : "MISSED", r->x.apply_s / r->apply_s, inplace_gbs,
+           inplace_gbs >= 4 ? "met" : "MISSED", r->x.inplace_s / r->inplace_s);
     printf("(peak extra: make / apply, resident anonymous memory above the start)\n");
 }
 
@@ -424,7 +460,9 @@ int cli_bench_delta(int argc, char **argv)
                 continue;
             }
             r.x.make_s = fmin(r.x.make_s, x.make_s), r.x.apply_s = fmin(r.x.apply_s, x.apply_s);
+            r.x.inplace_s = fmin(r.x.inplace_s, x.inplace_s);
             r.make_s = fmin(r.make_s, s.make_s), r.apply_s = fmin(r.apply_s, s.apply_s);
+            r.inplace_s = fmin(r.inplace_s, s.inplace_s);
             if (s.peak_make > r.peak_make) r.peak_make = s.peak_make;
             if (s.peak_apply > r.peak_apply) r.peak_apply = s.peak_apply;
         }

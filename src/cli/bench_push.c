@@ -16,16 +16,19 @@
 const char cli_bench_help_push[] = "converge time of N replicas over a UCX push tree vs one replica [--json]";
 
 static const char usage_text[] =
-    "usage: shoal bench push [--replicas N] [--link-gbps G] [--topology tree|star]\n"
+    "usage: shoal bench push [--replicas N] [--link-gbps G] [--topology tree|star|store]\n"
     "                        [--payload full|delta] [--params P] [--chunk SIZE]\n"
-    "                        [--fanout F] [--json]\n\n"
+    "                        [--fanout F] [--lr LR] [--json]\n\n"
     "Publishes version 1 of a synthetic checkpoint of P parameters (default 25M,\n"
     "bf16), starts `shoal push serve` and N `shoal replica` processes, waits until\n"
-    "all hold it, then publishes version 2 (one Adam step later; a full anchor or\n"
+    "all hold it, then publishes version 2 (one Adam step of LR later, default\n"
+    "3e-6: about 3% of the weights change; a full anchor or\n"
     "a delta) and times until every replica has activated it.  Every node's\n"
     "sending is limited to G Gb/s (default 1) by a sender-side token bucket, not\n"
     "by network namespaces.  tree: replicas forward to each other, fan-out F\n"
-    "(default 1, a pipelined chain); star: every replica attaches to the root.\n"
+    "(default 1, a pipelined chain); star: every replica attaches to the root;\n"
+    "store: every replica polls the store and reads it directly (a shared file\n"
+    "system here: no link limit applies, only the 20 ms polling).\n"
     "The same measurement with one replica is the baseline; with --payload delta\n"
     "the full payload is measured too.  Defaults: N 16, chunk 1MiB.\n";
 
@@ -34,6 +37,7 @@ typedef struct bopt {
     double gbps;
     const char *topology, *payload;
     uint64_t params, chunk;
+    double lr;
 } bopt;
 
 typedef struct result {
@@ -146,7 +150,8 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
     pid_t root = 0, *reps = calloc((size_t)n, sizeof *reps);
     char(*dirs)[4096] = calloc((size_t)n, sizeof *dirs);
     if (!reps || !dirs) rc = sh_err(SH_ENOMEM, "bench");
-    if (rc == 0) rc = start_root(o, dir, store_dir, n, addr, sizeof addr, &root);
+    int from_store = !strcmp(o->topology, "store");
+    if (rc == 0 && !from_store) rc = start_root(o, dir, store_dir, n, addr, sizeof addr, &root);
     char gbps[32], fanout[16];
     snprintf(gbps, sizeof gbps, "%g", o->gbps);
     snprintf(fanout, sizeof fanout, "%d", o->fanout);
@@ -159,6 +164,9 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
         snprintf(stats, sizeof stats, "%s.stats", dirs[i]);
         char *argv[] = {"shoal", "replica", "--dir", dirs[i], "--parent", addr, "--egress-gbps", gbps,
                         "--fanout", fanout, "--stats-file", stats, "--json", star ? "--leaf" : NULL, NULL};
+        char *sargv[] = {"shoal", "replica", "--dir", dirs[i], "--store", store_dir, "--stats-file", stats,
+                         "--json", NULL};
+        if (from_store) memcpy(argv, sargv, sizeof sargv);
         reps[i] = spawn(argv, out, err);
     }
     double at;
@@ -199,7 +207,9 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
             json_decref(j);
         }
     }
-    r->bytes_sent = after - before;
+    /* Replicas that read the store report no push bytes: count what each
+     * read (the payload), which is what the store's link carried. */
+    r->bytes_sent = from_store ? (uint64_t)n * r->payload_bytes : after - before;
     stop(root);
     store_close(s);
     free(reps);
@@ -228,14 +238,15 @@ static int parse(int argc, char **argv, bopt *o)
             rc = sh_parse_double(v, &o->gbps, "--link-gbps");
             if (rc == 0 && o->gbps <= 0) return cli_usage("bench push", "--link-gbps must be positive");
         } else if (!strcmp(a, "--topology")) {
-            if (strcmp(v, "tree") && strcmp(v, "star"))
-                return cli_usage("bench push", "--topology is tree or star (store: not implemented)");
+            if (strcmp(v, "tree") && strcmp(v, "star") && strcmp(v, "store"))
+                return cli_usage("bench push", "--topology is tree, star or store");
             o->topology = v;
         } else if (!strcmp(a, "--payload")) {
             if (strcmp(v, "full") && strcmp(v, "delta")) return cli_usage("bench push", "--payload is full or delta");
             o->payload = v;
         } else if (!strcmp(a, "--params")) rc = sh_parse_size(v, &o->params, "--params");
         else if (!strcmp(a, "--chunk")) rc = sh_parse_size(v, &o->chunk, "--chunk");
+        else if (!strcmp(a, "--lr")) rc = sh_parse_double(v, &o->lr, "--lr");
         else return cli_usage("bench push", "unknown option \"%s\"", a);
         if (rc < 0) return cli_usage("bench push", "%s", sh_errmsg());
         i++;
@@ -255,7 +266,7 @@ int cli_bench_push(int argc, char **argv)
         fputs(usage_text, stdout);
         return 0;
     }
-    bopt o = {16, 1, 0, 1.0, "tree", "full", 25000000, 1 << 20};
+    bopt o = {16, 1, 0, 1.0, "tree", "full", 25000000, 1 << 20, 3e-6};
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
     /* tmpfs, like a serving node's page cache: the disk of this shared VM is not
@@ -266,7 +277,7 @@ int cli_bench_push(int argc, char **argv)
     snprintf(v1, sizeof v1, "%s/v1.safetensors", base);
     snprintf(v2, sizeof v2, "%s/v2.safetensors", base);
     rc = ckpt_synth(v1, o.params, 1);
-    if (rc == 0) rc = ckpt_step(v1, v2, 1e-5, 1, 2);
+    if (rc == 0) rc = ckpt_step(v1, v2, o.lr, 1, 2);
     int delta = !strcmp(o.payload, "delta");
     int runs = 2 + delta;
     sh_progress pg;
@@ -288,7 +299,8 @@ int cli_bench_push(int argc, char **argv)
         json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",
                               o.replicas, "topology", o.topology, "payload", o.payload, "link_gbps", o.gbps,
                               "fanout", strcmp(o.topology, "star") ? o.fanout : o.replicas, "chunk",
-                              (json_int_t)o.chunk, "limiter", "sender-side token bucket per node (no netns/tc)",
+                              (json_int_t)o.chunk, "limiter", strcmp(o.topology, "store") ? "sender-side token bucket per node (no netns/tc)"
+                                                       : "none: replicas read the store's files directly",
                               "model_bytes", (json_int_t)many.model_bytes, "payload_bytes",
                               (json_int_t)many.payload_bytes, "bytes_sent", (json_int_t)many.bytes_sent,
                               "converge_s", many.converge_s, "pause_ms_max",

@@ -24,7 +24,8 @@ static const char usage_text[] =
     "                      SHOAL_VERSION and SHOAL_ACTIVATED_AT set\n"
     "  --until V           exit once version V or newer is active\n"
     "  --seconds S         exit after S seconds (status 1 if --until was not met)\n"
-    "  --fp8               keep an FP8 serving copy (needs the delta codec)\n"
+    "  --fp8               also keep an FP8 serving copy (models/<v>.fp8.safetensors),\n"
+    "                      re-quantising only the blocks a delta touched\n"
     "  --stats-file F      rewrite F (JSON) after each activation\n"
     "  --json              print one JSON object at exit\n";
 
@@ -47,13 +48,14 @@ static json_t *info_json(const store_replica_info *info)
         size_t k = strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%S", &tm);
         snprintf(iso + k, sizeof iso - k, ".%06ldZ", (long)((info->activated_at - (double)secs) * 1e6));
     }
-    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:s}", "version", (json_int_t)info->version,
+    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I}", "version", (json_int_t)info->version,
                      "activated_at", iso, "activated_at_us", (json_int_t)(info->activated_at * 1e6),
                      "pause_ms_max", info->pause_max_ms, "activations", (json_int_t)info->activations,
                      "failures", (json_int_t)info->failures, "bytes_received",
                      (json_int_t)info->push.bytes_received, "chunks_corrupt",
                      (json_int_t)info->push.chunks_corrupt, "reattaches", (json_int_t)info->push.reattaches,
-                     "redirects", (json_int_t)info->push.redirects, "last_error", info->last_error);
+                     "redirects", (json_int_t)info->push.redirects, "last_error", info->last_error,
+                     "fp8_blocks_requantised", (json_int_t)info->fp8_blocks);
 }
 
 static void after(void *arg, uint64_t v, double at)
@@ -95,9 +97,7 @@ static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint6
         int rc = 0;
         if (!strcmp(a, "--json")) { c->json = 1; continue; }
         if (!strcmp(a, "--leaf")) { cfg->leaf = 1; continue; }
-        if (!strcmp(a, "--fp8"))
-            return cli_usage("replica", "--fp8 needs the delta codec's FP8 re-quantisation, which this "
-                             "build does not have yet");
+        if (!strcmp(a, "--fp8")) { cfg->fp8 = 1; continue; }
         if (!v) return cli_usage("replica", "%s needs a value", a);
         double d;
         int64_t k;

@@ -24,7 +24,7 @@ static const char train_usage[] =
     "  --steps N --seed S         RL steps (60), seed (1)\n"
     "  --workers LIST             name:speed:price,... (h100:1:2.5,a100:0.5:1.3,l4:0.25:0.45)\n"
     "  --gen-cost F               a decoding step on a speed-1 worker lasts F x its CPU\n"
-    "                             time (3): rollouts dominate, as on GPUs\n"
+    "                             time (6): rollouts dominate, as on GPUs\n"
     "  --prompts N --group G      prompts per step (8), samples per prompt (8)\n"
     "  --minibatches M            optimiser steps per RL step (2)\n"
     "  --request-prompts N        async: prompts per worker request (a quarter step's)\n"
@@ -39,7 +39,9 @@ static const char train_usage[] =
     "                             names) to DIR at the end and every N steps\n"
     "  --kill-worker-at STEP      fault injection: SIGKILL worker 0 after STEP\n"
     "  --no-respawn               do not replace a worker that died\n"
-    "  --quiet                    no per-evaluation lines on stderr\n";
+    "  --quiet                    no per-evaluation lines on stderr\n"
+    "  --verbose                  one line per step: reward, loss, |dlogp|, KL, clipped and\n"
+    "                             masked fractions, staleness histogram, gradient norm\n";
 
 static int need(int i, int argc, char **argv)
 {
@@ -155,6 +157,7 @@ int cli_rl_parse(const char *cmd, int argc, char **argv, rl_config *c, int *json
         if (!strcmp(o, "--json")) { *json = 1; continue; }
         if (!strcmp(o, "--quiet")) { c->quiet = 1; continue; }
         if (!strcmp(o, "--no-respawn")) { c->respawn = 0; continue; }
+        if (!strcmp(o, "--verbose")) continue; /* read by train() */
         if (strncmp(o, "--", 2)) return cli_usage(cmd, "unexpected argument \"%s\"", o);
         if (need(i, argc, argv)) return CLI_USAGE;
         int rc = option(c, o, argv[i + 1]);
@@ -175,7 +178,27 @@ int cli_rl_parse(const char *cmd, int argc, char **argv, rl_config *c, int *json
 typedef struct progress_ctx {
     const rl_config *c;
     sh_progress bar;
+    int verbose;
 } progress_ctx;
+
+static double num(const json_t *ev, const char *k) { return json_number_value(json_object_get(ev, k)); }
+
+/* One line per step: the figures the issue asks every step to report. */
+static void step_line(const json_t *ev, int step)
+{
+    char hist[128] = "";
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(ev, "staleness"), i, v)
+        snprintf(hist + strlen(hist), sizeof hist - strlen(hist), "%s%lld", i ? "/" : "",
+                 (long long)json_integer_value(v));
+    fprintf(stderr,
+            "rl: step %4d  reward %.3f  loss %+.4f  |dlogp| %.4f  kl %.5f  clipped %.3f  "
+            "masked %.3f  staleness %s  grad %.3f  %.1fs\n",
+            step, num(ev, "reward"), num(ev, "loss"), num(ev, "abs_dlogp"), num(ev, "kl"),
+            num(ev, "clipped_frac"), num(ev, "masked_frac"), hist, num(ev, "grad_norm"),
+            num(ev, "wall_s"));
+}
 
 static void on_event(const json_t *ev, void *ctx)
 {
@@ -185,7 +208,8 @@ static void on_event(const json_t *ev, void *ctx)
     if (!strcmp(kind, "step")) {
         if (json_is_true(json_object_get(ev, "skipped")))
             fprintf(stderr, "rl: step %d skipped (non-finite loss or gradient); weights kept\n", step);
-        sh_progress_update(&p->bar, (uint64_t)step);
+        if (p->verbose) step_line(ev, step);
+        else sh_progress_update(&p->bar, (uint64_t)step);
         return;
     }
     if (p->c->quiet) return;
@@ -207,6 +231,7 @@ static int train(int argc, char **argv)
     int rc = cli_rl_parse("rl train", argc, argv, &c, &json);
     if (rc) return rc;
     progress_ctx p = {.c = &c};
+    for (int i = 0; i < argc; i++) p.verbose |= !strcmp(argv[i], "--verbose");
     sh_progress_start(&p.bar, "rl train", (uint64_t)c.steps, "steps");
     json_t *res = NULL;
     rc = rl_run(&c, on_event, &p, &res);
@@ -234,12 +259,13 @@ static int train(int argc, char **argv)
 int cli_cmd_rl(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        printf("usage: shoal rl train [options]   train a policy (see `shoal rl train --help`)\n"
-               "       shoal rl sweep [options]   sweep sync/async x loss x dtype "
-               "(see `shoal rl sweep --help`)\n"
-               "       shoal rl trainer|worker    the main job's gang ranks and rollout workers\n"
-               "       shoal rl report --dir RUN  live progress and the HTML report of a main job\n"
-               "       shoal rl fleet-cost        uniform vs mixed vs tuned rollout pools [--json]\n");
+        fprintf(argc < 2 ? stderr : stdout,
+                "usage: shoal rl train [options]   train a policy (see `shoal rl train --help`)\n"
+                "       shoal rl sweep [options]   sweep sync/async x loss x dtype "
+                "(see `shoal rl sweep --help`)\n"
+                "       shoal rl trainer|worker    the main job's gang ranks and rollout workers\n"
+                "       shoal rl report --dir RUN  live progress and the HTML report of a main job\n"
+                "       shoal rl fleet-cost        uniform vs mixed vs tuned rollout pools [--json]\n");
         return argc < 2 ? CLI_USAGE : 0;
     }
     if (!strcmp(argv[1], "train")) return train(argc - 2, argv + 2);

@@ -28,7 +28,10 @@ static const char usage_text[] =
     "          --jobs N --load L --seed S           kalos: N synthetic jobs offering L x fleet GPUs\n"
     "          --write-trace FILE --write-fleet FILE  save the imported inputs as shoal CSV\n"
     "events:   --failures MTBF_HOURS [--repair-s S]  node failures (per-node MTBF), repairs\n"
+    "          --replace-wait S                     gangs wait S for a spare node, else requeue\n"
     "          --autoscale [--quota zone,fabric,type,gpus,max_nodes,price,delay_s]...\n"
+    "                                               (no --quota: per GPU type, 64 8-GPU nodes in\n"
+    "                                               fabric auto-<type> of its first zone, 300 s)\n"
     "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (4)\n"
     "          --fair-window S (21600) --pack       shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
@@ -42,7 +45,7 @@ typedef struct args {
     sim_fleet_opts fo;
     int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack;
     double fair_window;
-    double load, mtbf, repair, hold, restart, up_wait, down_idle;
+    double load, mtbf, repair, hold, restart, up_wait, down_idle, replace_wait;
     int64_t jobs;
     uint64_t seed;
     sched_quota quotas[64];
@@ -96,7 +99,7 @@ static int parse(int argc, char **argv, args *a)
         STR("--write-trace", write_trace) STR("--write-fleet", write_fleet)
         INT("--zones", fo.zones) INT("--fabric-nodes", fo.fabric_nodes) INT("--multi-node", multi_k)
         INT("--node-gpus", node_gpus) INT("--max-victims", max_victims) INT("--reservations", reservations)
-        NUM("--load", load) NUM("--failures", mtbf) NUM("--repair-s", repair) NUM("--hold-timeout", hold)
+        NUM("--load", load) NUM("--failures", mtbf) NUM("--repair-s", repair) NUM("--replace-wait", replace_wait) NUM("--hold-timeout", hold)
         NUM("--fair-window", fair_window) NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
         if (!strcmp(o, "--jobs") || !strcmp(o, "--seed")) {
             if (!has) return cli_usage("sim", "%s needs a value", o);
@@ -161,7 +164,7 @@ static int load_inputs(const args *a, sim_fleet *f, sim_trace *t)
     }
     if (a->multi_k) SH_TRY(sim_trace_multinode(t, a->multi_k, a->node_gpus));
     /* Merged traces replay in submit order. */
-    qsort(t->jobs, t->n, sizeof *t->jobs, cmp_submit);
+    if (t->n) qsort(t->jobs, t->n, sizeof *t->jobs, cmp_submit);
     if (a->write_trace) SH_TRY(sim_trace_write(t, a->write_trace));
     if (a->write_fleet) SH_TRY(sim_fleet_write(f, a->write_fleet));
     return 0;
@@ -211,9 +214,12 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
     json_object_set_new(j, "failures", json_integer((json_int_t)r->failures));
     json_object_set_new(j, "failures_survived", json_integer((json_int_t)r->failures_survived));
     json_object_set_new(j, "requeues", json_integer((json_int_t)r->requeues));
+    json_object_set_new(j, "replaces", json_integer((json_int_t)r->replaces));
+    json_object_set_new(j, "restarts", json_integer((json_int_t)r->restarts));
     json_object_set_new(j, "scale_ups", json_integer((json_int_t)r->scale_ups));
     json_object_set_new(j, "scale_downs", json_integer((json_int_t)r->scale_downs));
     json_object_set_new(j, "reservation_delays", json_integer((json_int_t)r->resv_late));
+    json_object_set_new(j, "sched_job_slots", json_integer((json_int_t)r->sched_job_slots));
     json_object_set_new(j, "decisions", json_integer((json_int_t)r->decisions));
     json_object_set_new(j, "decisions_per_s", num(r->decisions_per_s));
     json_object_set_new(j, "wall_s", num(wall));
@@ -302,6 +308,7 @@ int cli_cmd_sim(int argc, char **argv)
         if (a.down_idle >= 0) o.cfg.scale_down_idle_s = a.down_idle;
         o.cfg.autoscale = a.autoscale, o.cfg.quotas = a.quotas, o.cfg.n_quotas = (size_t)a.nquotas;
         o.mtbf_hours = a.mtbf, o.repair_s = a.repair, o.check = a.check, o.seed = a.seed;
+        o.replace_wait_s = a.replace_wait;
         o.progress = 1; /* drawn only when stderr is a terminal */
         sim_report r;
         double w0 = sh_now_mono();

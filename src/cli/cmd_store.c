@@ -5,19 +5,21 @@
 #include "cli.h"
 #include "shoal/store.h"
 
-const char cli_help_store[] = "versioned weight store: publish, ls, gc, plan, verify [--json]";
+const char cli_help_store[] = "versioned weight store: publish, ls, gc, plan, squash, verify [--json]";
 
 static const char usage_text[] =
     "usage: shoal store publish STORE CKPT [--run R] [--anchor-every N] [--json]\n"
     "       shoal store ls STORE [--run R] [--json]\n"
     "       shoal store gc STORE --keep K [--run R] [--json]\n"
     "       shoal store plan STORE --from A --to B [--run R] [--json]\n"
-    "       shoal store verify STORE [--version V] [--run R] [--json]\n\n"
+    "       shoal store verify STORE [--version V] [--run R] [--json]\n"
+    "       shoal store squash STORE --from A --to B [--run R] [--json]\n\n"
     "A store holds one folder per run and one per version: a full anchor or a\n"
     "delta on the previous version.  LATEST advances only after a version is\n"
     "durable.  publish computes the delta itself and writes an anchor every N\n"
     "versions (default 8).  gc keeps the newest K versions and all they chain\n"
     "back to.  plan prints the cheapest way from version A (0: nothing) to B.\n"
+    "squash composes the deltas after A up to B into one, which plans then use.\n"
     "See docs/store-format.md.\n";
 
 typedef struct opts {
@@ -174,6 +176,24 @@ static int do_plan(store *s, const opts *o)
     return 0;
 }
 
+static int do_squash(store *s, const opts *o)
+{
+    if (!o->has_to) return cli_usage("store squash", "--from A and --to B are required");
+    uint64_t bytes = 0;
+    int rc = store_squash(s, o->from, o->to, &bytes);
+    if (rc < 0) return cli_fail("store squash", rc);
+    if (o->json) {
+        json_t *j = json_pack("{s:I,s:I,s:I}", "from", (json_int_t)o->from, "to", (json_int_t)o->to,
+                              "bytes", (json_int_t)bytes);
+        sh_json_print(j);
+        json_decref(j);
+    } else {
+        printf("squashed %llu -> %llu: %llu bytes\n", (unsigned long long)o->from, (unsigned long long)o->to,
+               (unsigned long long)bytes);
+    }
+    return 0;
+}
+
 static int do_verify(store *s, const opts *o)
 {
     uint64_t latest;
@@ -218,7 +238,8 @@ int cli_cmd_store(int argc, char **argv)
     int rc = parse("store", argc, argv, &o);
     if (rc) return rc;
     int pub = !strcmp(sub, "publish");
-    if (!pub && strcmp(sub, "ls") && strcmp(sub, "gc") && strcmp(sub, "plan") && strcmp(sub, "verify"))
+    if (!pub && strcmp(sub, "ls") && strcmp(sub, "gc") && strcmp(sub, "plan") && strcmp(sub, "verify") &&
+        strcmp(sub, "squash"))
         return cli_usage("store", "unknown subcommand \"%s\"", sub);
     if (o.npos != (pub ? 2 : 1))
         return cli_usage("store", pub ? "publish needs STORE and CKPT" : "%s needs STORE", sub);
@@ -228,6 +249,7 @@ int cli_cmd_store(int argc, char **argv)
     else if (!strcmp(sub, "ls")) rc = do_ls(s, &o);
     else if (!strcmp(sub, "gc")) rc = do_gc(s, &o);
     else if (!strcmp(sub, "plan")) rc = do_plan(s, &o);
+    else if (!strcmp(sub, "squash")) rc = do_squash(s, &o);
     else rc = do_verify(s, &o);
     store_close(s);
     return rc;

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -102,8 +103,12 @@ static int make_tokens(const char *path)
 
 static pid_t spawn_agent(const fleet_node *f, const char *url, const char *token, const char *work, const char *sandbox)
 {
+    pid_t parent = getpid();
     pid_t p = fork();
     if (p != 0) return p;
+    /* The server lives in `shoal up`: its agents end with it, even on kill -9. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
     setenv("SHOAL_TOKEN", token, 1);
     char *argv[] = {"shoal", "agent", "--server", (char *)url, "--name", (char *)f->name, "--gpu-type",
                     (char *)f->gpu_type, "--gpus", (char *)f->gpus, "--zone", (char *)f->zone, "--fabric",

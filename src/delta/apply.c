@@ -55,6 +55,7 @@ static int delta__apply_item(void *arg, size_t i, delta__scratch *s)
     size_t n = t->nbytes - off < CKPT_CHUNK ? (size_t)(t->nbytes - off) : CKPT_CHUNK;
     const delta__file *f = &a->d->files[t->file];
     size_t ti = it->tensor - f->first;
+    if (!a->sink.direct) SH_TRY(delta__scratch_tmp(s));
     uint8_t *dst = a->sink.direct ? a->sink.direct(a->sink.ctx, t->file, ti, off) : s->tmp;
     char what[512];
     snprintf(what, sizeof what, "delta: tensor \"%s\" chunk %u", t->name, it->chunk);
@@ -67,7 +68,7 @@ static int delta__apply_item(void *arg, size_t i, delta__scratch *s)
     } else {
         SH_TRY(delta__decode_fused(s, c->enc, payload, (size_t)c->len, delta__unit(t->dtype),
                                    ckpt_dtype_is_float(t->dtype), b->data + off, dst, n,
-                                   a->verify_base ? &it->base_dig : NULL, &it->dig, what));
+                                   a->verify_base ? &it->base_dig : NULL, &it->dig, NULL, what));
     }
     if (!a->sink.direct) SH_TRY(a->sink.put(a->sink.ctx, t->file, ti, off, s->tmp, n));
     if (a->o && a->o->progress) {

@@ -29,33 +29,51 @@ unsigned delta__unit(ckpt_dtype d)
     return b == 16 || b == 32 || b == 64 ? b / 8 : 1;
 }
 
+/* Decoding needs only the small buffers; encoding and chunk staging
+ * allocate theirs on first use, so that a thread that only applies stays
+ * small (and fuzzing stays fast). */
 int delta__scratch_init(delta__scratch *s)
 {
     memset(s, 0, sizeof *s);
     s->cap = CKPT_CHUNK / 4 + 16; /* sparse holds at most a quarter of 1-byte units */
     s->out_cap = CKPT_CHUNK + 4096;
     s->zcap = ZSTD_compressBound(CKPT_CHUNK);
+    s->zd = ZSTD_createDCtx();
+    s->g = malloc(sizeof *s->g);
+    s->v = malloc(sizeof *s->v);
+    s->ho = XXH3_createState();
+    s->hn = XXH3_createState();
+    if (!s->zd || !s->g || !s->v || !s->ho || !s->hn) {
+        delta__scratch_free(s);
+        return sh_err(SH_ENOMEM, "out of memory for delta buffers");
+    }
+    return SH_OK;
+}
+
+int delta__scratch_enc(delta__scratch *s)
+{
+    if (s->zc) return SH_OK;
     s->pos = malloc(s->cap * sizeof *s->pos);
     s->d = malloc(s->cap * sizeof *s->d);
     s->out = malloc(s->out_cap);
     s->rbuf = malloc(s->out_cap);
     s->bits = malloc(s->out_cap);
     s->zbuf = malloc(s->zcap);
-    s->tmp = malloc(CKPT_CHUNK);
-    s->tmp2 = malloc(CKPT_CHUNK);
-    s->zc = ZSTD_createCCtx();
-    s->zd = ZSTD_createDCtx();
-    s->g = malloc(sizeof *s->g);
-    s->v = malloc(sizeof *s->v);
     s->sym = malloc(2 * s->cap);
-    s->ho = XXH3_createState();
-    s->hn = XXH3_createState();
-    if (!s->pos || !s->d || !s->out || !s->rbuf || !s->bits || !s->zbuf || !s->tmp || !s->tmp2 ||
-        !s->zc || !s->zd || !s->g || !s->v || !s->ho || !s->hn || !s->sym) {
-        delta__scratch_free(s);
+    s->zc = ZSTD_createCCtx();
+    if (!s->pos || !s->d || !s->out || !s->rbuf || !s->bits || !s->zbuf || !s->sym || !s->zc) {
+        ZSTD_freeCCtx(s->zc);
+        s->zc = NULL;
         return sh_err(SH_ENOMEM, "out of memory for delta buffers");
     }
     return SH_OK;
+}
+
+int delta__scratch_tmp(delta__scratch *s)
+{
+    if (!s->tmp) s->tmp = malloc(CKPT_CHUNK);
+    if (!s->tmp2) s->tmp2 = malloc(CKPT_CHUNK);
+    return s->tmp && s->tmp2 ? SH_OK : sh_err(SH_ENOMEM, "out of memory for delta buffers");
 }
 
 void delta__scratch_free(delta__scratch *s)
@@ -286,10 +304,10 @@ static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size
         uint64_t gap = s->pos[i] - (i ? s->pos[i - 1] + 1 : 0);
         unsigned g = delta__sym(gap, &nb, &ex);
         cg[g]++;
-        if (nb) delta__bw_put(&bw, ex, nb);
+        if (nb) delta__bw_put_fast(&bw, ex, nb);
         unsigned v = delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex);
         cv[v]++;
-        if (nb) delta__bw_put(&bw, ex, nb);
+        if (nb) delta__bw_put_fast(&bw, ex, nb);
         sym[2 * i] = (uint8_t)g, sym[2 * i + 1] = (uint8_t)v;
     }
     delta__bw_flush(&bw);
@@ -303,10 +321,11 @@ static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size
     delta__esyms eg, ev;
     delta__esyms_init(&eg, &tg);
     delta__esyms_init(&ev, &tv);
-    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L}, 0};
+    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L, DELTA__L, DELTA__L}, 0};
     for (size_t i = k; i-- > 0;) {
-        delta__renc_put_fast(&e, 1, &ev.s[sym[2 * i + 1]]);
-        delta__renc_put_fast(&e, 0, &eg.s[sym[2 * i]]);
+        int st = (int)(2 * i) % DELTA__STATES; /* symbol 2i: gap, 2i + 1: value */
+        delta__renc_put_fast(&e, st + 1, &ev.s[sym[2 * i + 1]]);
+        delta__renc_put_fast(&e, st, &eg.s[sym[2 * i]]);
     }
     delta__renc_finish(&e);
     return delta__assemble(s, p, &e, &bw, limit);
@@ -324,7 +343,7 @@ static size_t delta__encode_dense(delta__scratch *s, const uint8_t *o, const uin
         uint64_t z = delta__zig(delta__diff(o + i * w, n + i * w, w, is_float), 8 * w);
         k += z != 0;
         cv[delta__sym(z, &nb, &ex)]++;
-        if (nb) delta__bw_put(&bw, ex, nb);
+        if (nb) delta__bw_put_fast(&bw, ex, nb);
         if (bw.overflow) return 0;
     }
     delta__bw_flush(&bw);
@@ -332,10 +351,10 @@ static size_t delta__encode_dense(delta__scratch *s, const uint8_t *o, const uin
     delta__table tv;
     delta__normalize(cv, &tv);
     uint8_t *p = delta__put_table(s->out, &tv);
-    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L}, 0};
+    delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L, DELTA__L, DELTA__L}, 0};
     for (size_t i = units; i-- > 0 && !e.overflow;) {
         uint64_t z = delta__zig(delta__diff(o + i * w, n + i * w, w, is_float), 8 * w);
-        delta__renc_put(&e, (int)(i & 1), &tv, delta__sym(z, &nb, &ex));
+        delta__renc_put(&e, (int)(i % DELTA__STATES), &tv, delta__sym(z, &nb, &ex));
     }
     delta__renc_finish(&e);
     return delta__assemble(s, p, &e, &bw, limit);
@@ -359,6 +378,7 @@ int delta__encode_diff(delta__scratch *s, unsigned w, const uint8_t *zeros, cons
                        size_t nbytes, int *enc, const uint8_t **payload, size_t *len,
                        uint64_t *changed)
 {
+    SH_TRY(delta__scratch_enc(s));
     size_t units = nbytes / w, limit = units / 4, sz;
     sh_hash128 h1, h2;
     size_t k = delta__scan_hash(s, zeros, acc, nbytes, w, 0, limit, &h1, &h2);
@@ -386,6 +406,7 @@ int delta__encode_chunk(delta__scratch *s, unsigned w, int is_float, const uint8
                         const uint8_t *new, size_t nbytes, int *enc, const uint8_t **payload,
                         size_t *len, uint64_t *changed, sh_hash128 *odig, sh_hash128 *ndig)
 {
+    SH_TRY(delta__scratch_enc(s));
     *changed = 0;
     if (!old) {
         *ndig = ckpt_chunk_digest(new, nbytes);

@@ -97,14 +97,15 @@ int delta__dec_open(delta__dec *d, int enc, const uint8_t *payload, size_t len, 
     SH_TRY(delta__get_table(&p, end, s->v, what));
     uint64_t r;
     SH_TRY(delta__get_varint(&p, end, &r, what));
-    if (r < 8 || r > (uint64_t)(end - p))
+    if (r < 4 * DELTA__STATES || r > (uint64_t)(end - p))
         return sh_err(SH_EFORMAT, "%s: rANS stream of %llu bytes does not fit the payload", what,
                       (unsigned long long)r);
-    d->x[0] = delta__le32(p), d->x[1] = delta__le32(p + 4);
-    for (int st = 0; st < 2; st++)
+    for (int st = 0; st < DELTA__STATES; st++) {
+        d->x[st] = delta__le32(p + 4 * st);
         if (d->x[st] < DELTA__L || d->x[st] >= (DELTA__L << 8))
             return sh_err(SH_EFORMAT, "%s: rANS initial state out of range", what);
-    d->p = p + 8;
+    }
+    d->p = p + 4 * DELTA__STATES;
     d->end = p + r;
     d->br.start = d->br.p = p + r;
     d->br.end = end;
@@ -143,13 +144,43 @@ int delta__dec_open(delta__dec *d, int enc, const uint8_t *payload, size_t len, 
         }                                                                                          \
     } while (0)
 
+/* The same without branches on the data, when at least 4 stream bytes (a
+ * symbol renormalises with at most 2) and 8 extra-bit bytes are left and
+ * the extra bits fit one refill (at most 56: gaps and values of units up to
+ * 4 bytes). */
+#define DELTA__FAST_SYM(X, T, OUT)                                                                 \
+    do {                                                                                           \
+        uint32_t slot_ = X & (DELTA__PROB - 1);                                                    \
+        unsigned s_ = (T)->sym[slot_];                                                             \
+        X = (T)->t.freq[s_] * (X >> DELTA__PROB_BITS) + slot_ - (T)->t.cum[s_];                   \
+        uint32_t c1_ = X < DELTA__L;                                                               \
+        X = c1_ ? (X << 8) | *p : X;                                                               \
+        p += c1_;                                                                                  \
+        uint32_t c2_ = X < DELTA__L;                                                               \
+        X = c2_ ? (X << 8) | *p : X;                                                               \
+        p += c2_;                                                                                  \
+        unsigned big_ = s_ >= 16, sb_ = big_ ? s_ - 16 : 0, nb_ = big_ ? sb_ / 4 + 2 : 0;          \
+        if (br.n < nb_) {                                                                          \
+            uint64_t w_;                                                                           \
+            memcpy(&w_, br.p, 8);                                                                  \
+            br.acc |= w_ << br.n;                                                                  \
+            br.p += (63 - br.n) >> 3;                                                              \
+            br.n |= 56;                                                                            \
+            br.acc &= (1ull << br.n) - 1;                                                          \
+        }                                                                                          \
+        uint64_t ex_ = br.acc & ((1ull << nb_) - 1);                                               \
+        br.acc >>= nb_;                                                                            \
+        br.n -= nb_;                                                                               \
+        OUT = big_ ? ((uint64_t)(4 + sb_ % 4) << nb_) | ex_ : s_;                                  \
+    } while (0)
+
 int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_t *got)
 {
     size_t k = 0;
     if (d->dense) {
         for (; k < max && d->left; k++, d->left--) {
             uint64_t v = 0;
-            SH_TRY(delta__get(d, (int)(d->next & 1), d->v, &v));
+            SH_TRY(delta__get(d, (int)(d->next % DELTA__STATES), d->v, &v));
             if (v > d->zmax)
                 return sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
                               (unsigned long long)v);
@@ -162,16 +193,21 @@ int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_
     /* The sparse loop keeps the states and the bit reader in locals: every
      * symbol depends on the previous one through the state, so latency is
      * what counts. */
-    uint32_t x0 = d->x[0], x1 = d->x[1];
+    uint32_t x0 = d->x[0], x1 = d->x[1], x2 = d->x[2], x3 = d->x[3];
     const uint8_t *p = d->p, *end = d->end;
     const delta__dtable *tg = d->g, *tv = d->v;
     delta__br br = d->br;
-    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax;
+    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax, pair = d->sym / 2;
     int rc = SH_OK;
-    for (; k < max && left; k++, left--) {
+    for (; k < max && left; k++, left--, pair++) {
         uint64_t g, v;
-        DELTA__SYM(x0, tg, g);
-        DELTA__SYM(x1, tv, v);
+        if (pair & 1) {
+            DELTA__SYM(x2, tg, g);
+            DELTA__SYM(x3, tv, v);
+        } else {
+            DELTA__SYM(x0, tg, g);
+            DELTA__SYM(x1, tv, v);
+        }
         if (g >= n - next) {
             rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
             goto out;
@@ -186,14 +222,17 @@ int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_
         next += g + 1;
     }
 out:
-    d->x[0] = x0, d->x[1] = x1, d->p = p, d->br = br, d->next = next, d->left = left;
+    d->x[0] = x0, d->x[1] = x1, d->x[2] = x2, d->x[3] = x3;
+    d->p = p, d->br = br, d->next = next, d->left = left, d->sym = 2 * pair;
     *got = k;
     return rc;
 }
 
 int delta__dec_close(delta__dec *d)
 {
-    if (d->x[0] != DELTA__L || d->x[1] != DELTA__L || d->p != d->end)
+    for (int st = 0; st < DELTA__STATES; st++)
+        if (d->x[st] != DELTA__L) d->p = NULL; /* flags the error below */
+    if (d->p != d->end)
         return sh_err(SH_EFORMAT, "%s: rANS stream does not end where it should (corrupt chunk)",
                       d->what);
     /* The extra-bit stream is exactly the bytes holding the bits read. */
@@ -257,16 +296,31 @@ delta__sparse_patch(delta__dec *d, uint8_t *piece, uint64_t u0, uint64_t lim, un
         delta__patch1(piece, (uint32_t)(d->pend_pos - u0), d->pend_z, w, is_float);
         d->has_pend = 0;
     }
-    uint32_t x0 = d->x[0], x1 = d->x[1];
+    uint32_t x0 = d->x[0], x1 = d->x[1], x2 = d->x[2], x3 = d->x[3];
     const uint8_t *p = d->p, *end = d->end;
     const delta__dtable *tg = d->g, *tv = d->v;
     delta__br br = d->br;
-    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax;
+    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax, pair = d->sym / 2;
     int rc = SH_OK;
     while (left) {
         uint64_t g, v;
-        DELTA__SYM(x0, tg, g);
-        DELTA__SYM(x1, tv, v);
+        /* Pairs alternate between states (0, 1) and (2, 3): consecutive
+         * pairs do not wait for each other. */
+        int fast = w <= 4 && end - p >= 4 && br.end - br.p >= 8;
+        if (fast && (pair & 1)) {
+            DELTA__FAST_SYM(x2, tg, g);
+            DELTA__FAST_SYM(x3, tv, v);
+        } else if (fast) {
+            DELTA__FAST_SYM(x0, tg, g);
+            DELTA__FAST_SYM(x1, tv, v);
+        } else if (pair & 1) {
+            DELTA__SYM(x2, tg, g);
+            DELTA__SYM(x3, tv, v);
+        } else {
+            DELTA__SYM(x0, tg, g);
+            DELTA__SYM(x1, tv, v);
+        }
+        pair++;
         if (g >= n - next) {
             rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
             goto out;
@@ -286,7 +340,8 @@ delta__sparse_patch(delta__dec *d, uint8_t *piece, uint64_t u0, uint64_t lim, un
         delta__patch1(piece, (uint32_t)(pos - u0), v, w, is_float);
     }
 out:
-    d->x[0] = x0, d->x[1] = x1, d->p = p, d->br = br, d->next = next, d->left = left;
+    d->x[0] = x0, d->x[1] = x1, d->x[2] = x2, d->x[3] = x3;
+    d->p = p, d->br = br, d->next = next, d->left = left, d->sym = 2 * pair;
     return rc;
 }
 
@@ -313,7 +368,8 @@ static int delta__sparse_patch_w(delta__dec *d, uint8_t *piece, uint64_t u0, uin
 #define DELTA__PIECE (64u << 10)
 int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, const uint8_t *base, uint8_t *out,
-                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, const char *what)
+                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, uint64_t *applied,
+                        const char *what)
 {
     if (enc != DELTA__SAME && enc != DELTA__SPARSE && enc != DELTA__DENSE)
         return sh_err(SH_EINTERNAL, "%s: not a diff encoding", what);
@@ -321,6 +377,8 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     delta__dec d;
     int more = enc != DELTA__SAME;
     if (more) SH_TRY(delta__dec_open(&d, enc, payload, len, nbytes / w, w, s, what));
+    uint64_t k0 = more ? d.left : 0;
+    if (applied) *applied = 0;
     XXH3_state_t *hb = s->ho, *ho = s->hn;
     int hash_base = bdig != NULL, hash_out = enc != DELTA__SAME || !hash_base;
     XXH3_128bits_reset(hb);
@@ -331,11 +389,13 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     for (size_t i = 0; i < nbytes; i += DELTA__PIECE) {
         size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
         uint8_t *piece = out + i; /* holds units from i / w on */
-        memcpy(piece, base + i, end - i);
+        if (out != base) memcpy(piece, base + i, end - i); /* else in place */
         if (hash_base) XXH3_128bits_update(hb, piece, end - i);
         uint64_t lim = end / w;
         if (enc == DELTA__SPARSE) {
-            SH_TRY(delta__sparse_patch_w(&d, piece, i / w, lim, w, is_float));
+            int rc = delta__sparse_patch_w(&d, piece, i / w, lim, w, is_float);
+            if (applied) *applied = k0 - d.left - (uint64_t)d.has_pend;
+            SH_TRY(rc);
             more = 0;
         }
         while (more && enc == DELTA__DENSE) {

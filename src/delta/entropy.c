@@ -141,7 +141,7 @@ int delta__get_table(const uint8_t **p, const uint8_t *end, delta__dtable *t, co
 
 void delta__renc_finish(delta__renc *e)
 {
-    for (int st = 1; st >= 0; st--)
+    for (int st = DELTA__STATES - 1; st >= 0; st--)
         for (int i = 3; i >= 0; i--) {
             if (e->ptr == e->start) {
                 e->overflow = 1;

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <zstd.h>
 
 #include "shoal/delta.h"
@@ -35,6 +36,22 @@ typedef struct {
     int overflow;
 } delta__bw;
 void delta__bw_put(delta__bw *w, uint64_t bits, unsigned n); /* n <= 62 */
+/* The common case inline: n <= 32 and room for 8 more bytes. */
+static inline void delta__bw_put_fast(delta__bw *w, uint64_t bits, unsigned n)
+{
+    if (n > 32 || w->end - w->p < 8) {
+        delta__bw_put(w, bits, n);
+        return;
+    }
+    w->acc |= bits << w->n; /* w->n < 8 here, so nothing is lost */
+    w->n += n;
+    uint64_t a = w->acc;
+    memcpy(w->p, &a, 8);    /* little-endian host: whole bytes go out */
+    unsigned bytes = w->n / 8;
+    w->p += bytes;
+    w->acc = bytes == 8 ? 0 : a >> (8 * bytes);
+    w->n -= 8 * bytes;
+}
 void delta__bw_flush(delta__bw *w);
 
 typedef struct {
@@ -78,11 +95,12 @@ int delta__get_table(const uint8_t **p, const uint8_t *end, delta__dtable *t, co
 /* ---- rANS -------------------------------------------------------------- */
 
 /* The encoder writes backwards from `end` down to `start`. */
-/* Two states take turns (symbol j uses state j mod 2) so that a decoder
- * runs two independent dependency chains at once. */
+/* Four states take turns (symbol j uses state j mod 4) so that a decoder
+ * runs four independent dependency chains at once. */
+#define DELTA__STATES 4
 typedef struct {
     uint8_t *start, *ptr;
-    uint32_t x[2];
+    uint32_t x[DELTA__STATES];
     int overflow;
 } delta__renc;
 
@@ -171,6 +189,8 @@ typedef struct delta__scratch {
 } delta__scratch;
 
 int delta__scratch_init(delta__scratch *s);
+int delta__scratch_enc(delta__scratch *s); /* the encoder's buffers */
+int delta__scratch_tmp(delta__scratch *s); /* tmp and tmp2 */
 void delta__scratch_free(delta__scratch *s);
 
 /* Unit width in bytes for a dtype (1, 2, 4 or 8). */
@@ -194,7 +214,8 @@ int delta__encode_diff(delta__scratch *s, unsigned w, const uint8_t *zeros, cons
 typedef struct {
     int dense;
     const uint8_t *p, *end; /* rANS stream */
-    uint32_t x[2];
+    uint32_t x[DELTA__STATES];
+    uint64_t sym;           /* symbols decoded so far (picks the state) */
     const delta__dtable *g, *v;
     delta__br br;
     uint64_t left;          /* symbols (pairs for sparse) still to decode */
@@ -220,10 +241,13 @@ int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size
                         const char *what);
 
 /* For SAME, SPARSE and DENSE: out = base patched, with the chunk digests
- * of out and (unless bdig is NULL) of base. */
+ * of out and (unless bdig is NULL) of base.  out == base patches in place;
+ * then *applied (if not NULL) counts the SPARSE changes written, also on
+ * failure. */
 int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, const uint8_t *base, uint8_t *out,
-                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, const char *what);
+                        size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, uint64_t *applied,
+                        const char *what);
 
 /* d (as a signed w-byte value, zigzagged) -> its two's-complement value. */
 static inline uint64_t delta__unzig(uint64_t z) { return (z >> 1) ^ (0 - (z & 1)); }

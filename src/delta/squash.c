@@ -88,6 +88,7 @@ static int delta__squash_item(void *arg, size_t k, delta__scratch *s)
     int fl = ckpt_dtype_is_float(last->dtype);
     uint64_t off = (uint64_t)it->chunk * CKPT_CHUNK;
     size_t nb = last->nbytes - off < CKPT_CHUNK ? (size_t)(last->nbytes - off) : CKPT_CHUNK;
+    SH_TRY(delta__scratch_tmp(s));
     /* The last delta in the lineage that stored this chunk's bytes. */
     size_t r = SIZE_MAX;
     for (size_t j = l->start; j < q->n; j++) {

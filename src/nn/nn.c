@@ -314,6 +314,140 @@ int nn_forward(nn_model *m, const int *tokens, int B, int T, const float **logit
     return 0;
 }
 
+struct nn_kv {
+    int rows, ctx, C, L;
+    int *len;       /* tokens fed per row */
+    float *k, *v;   /* (L, rows, ctx, C) each */
+    /* Scratch for up to `rows` new tokens. */
+    float *x, *ln, *qkv, *atty, *proj, *res, *fch, *fchg, *mean, *rstd, *att, *logits;
+};
+
+int nn_kv_new(const nn_model *m, int rows, nn_kv **out)
+{
+    const nn_config *c = &m->cfg;
+    if (rows < 1) return sh_err(SH_EINVAL, "kv cache: %d rows", rows);
+    nn_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return sh_err(SH_ENOMEM, "kv cache: out of memory");
+    size_t R = (size_t)rows, C = c->width, cache = (size_t)c->layers * R * c->ctx * C;
+    kv->rows = rows, kv->ctx = c->ctx, kv->C = c->width, kv->L = c->layers;
+    kv->len = calloc(R, sizeof(int));
+    kv->k = malloc(cache * sizeof(float));
+    kv->v = malloc(cache * sizeof(float));
+    /* One block for the scratch: x, ln, atty, proj, res (C each), qkv (3C),
+     * fch, fchg (4C each), mean, rstd (1 each), logits (V), att (ctx). */
+    size_t per = 5 * C + 3 * C + 8 * C + 2 + c->vocab;
+    float *s = malloc((R * per + c->ctx) * sizeof(float));
+    if (!kv->len || !kv->k || !kv->v || !s) {
+        free(s);
+        nn_kv_free(kv);
+        return sh_err(SH_ENOMEM, "kv cache: out of memory for %d rows", rows);
+    }
+    float **bufs[] = {&kv->x, &kv->ln, &kv->atty, &kv->proj, &kv->res, &kv->qkv,
+                      &kv->fch, &kv->fchg, &kv->mean, &kv->rstd, &kv->logits, &kv->att};
+    size_t sizes[] = {C, C, C, C, C, 3 * C, 4 * C, 4 * C, 1, 1, c->vocab, 0};
+    for (int i = 0; i < 12; i++) {
+        *bufs[i] = s;
+        s += i < 11 ? R * sizes[i] : 0;
+    }
+    *out = kv;
+    return 0;
+}
+
+void nn_kv_free(nn_kv *kv)
+{
+    if (!kv) return;
+    free(kv->x); /* the scratch block starts with x */
+    free(kv->len), free(kv->k), free(kv->v), free(kv);
+}
+
+void nn_kv_reset(nn_kv *kv) { memset(kv->len, 0, sizeof(int) * kv->rows); }
+
+/* Causal attention of n new queries against their rows' cached keys and
+ * values (the new token's included), as nn__attention_forward does for one
+ * position. */
+static void kv_attend(nn_kv *kv, int l, const int *rows, int n, int NH)
+{
+    int C = kv->C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs), *a = kv->att;
+    for (int i = 0; i < n; i++) {
+        size_t base = (((size_t)l * kv->rows + rows[i]) * kv->ctx) * C;
+        const float *K = kv->k + base, *Vv = kv->v + base;
+        int T = kv->len[rows[i]] + 1;
+        for (int h = 0; h < NH; h++) {
+            const float *q = kv->qkv + (size_t)i * 3 * C + h * hs;
+            float maxv = -INFINITY, sum = 0;
+            for (int t = 0; t < T; t++) {
+                float sc = 0;
+                for (int j = 0; j < hs; j++) sc += q[j] * K[(size_t)t * C + h * hs + j];
+                a[t] = sc * scale;
+                if (a[t] > maxv) maxv = a[t];
+            }
+            for (int t = 0; t < T; t++) sum += a[t] = expf(a[t] - maxv);
+            float *o = kv->atty + (size_t)i * C + h * hs;
+            for (int j = 0; j < hs; j++) o[j] = 0;
+            for (int t = 0; t < T; t++) {
+                float w = a[t] / sum;
+                for (int j = 0; j < hs; j++) o[j] += w * Vv[(size_t)t * C + h * hs + j];
+            }
+        }
+    }
+}
+
+int nn_decode(nn_model *m, nn_kv *kv, const int *rows, const int *tokens, int n,
+              const float **logits)
+{
+    const nn_config *c = &m->cfg;
+    if (n < 1 || n > kv->rows || kv->C != c->width || kv->L != c->layers || kv->ctx != c->ctx)
+        return sh_err(SH_EINVAL, "decode: %d tokens for a cache of %d rows (or another shape)",
+                      n, kv->rows);
+    for (int i = 0; i < n; i++) {
+        if (rows[i] < 0 || rows[i] >= kv->rows)
+            return sh_err(SH_EINVAL, "decode: row %d not in 0..%d", rows[i], kv->rows - 1);
+        if (tokens[i] < 0 || tokens[i] >= c->vocab)
+            return sh_err(SH_EINVAL, "decode: token %d not in vocabulary 0..%d", tokens[i],
+                          c->vocab - 1);
+        if (kv->len[rows[i]] >= c->ctx)
+            return sh_err(SH_EINVAL, "decode: row %d already holds the whole context of %d",
+                          rows[i], c->ctx);
+    }
+    int C = c->width, ref = m->reference;
+    float **p = m->ptr;
+    for (int i = 0; i < n; i++) {
+        const float *we = p[P_WTE] + (size_t)tokens[i] * C;
+        const float *pe = p[P_WPE] + (size_t)kv->len[rows[i]] * C;
+        for (int j = 0; j < C; j++) kv->x[(size_t)i * C + j] = we[j] + pe[j];
+    }
+    for (int l = 0; l < c->layers; l++) {
+        size_t lc = (size_t)l * C, lcc = lc * C;
+        nn__layernorm_forward(kv->ln, kv->mean, kv->rstd, kv->x, p[P_LN1W] + lc, p[P_LN1B] + lc,
+                              n, C);
+        nn__matmul_forward(kv->qkv, kv->ln, p[P_QKVW] + 3 * lcc, p[P_QKVB] + 3 * lc, n, C, 3 * C,
+                           ref);
+        for (int i = 0; i < n; i++) { /* append this token's key and value */
+            size_t at = (((size_t)l * kv->rows + rows[i]) * kv->ctx + kv->len[rows[i]]) * C;
+            memcpy(kv->k + at, kv->qkv + (size_t)i * 3 * C + C, sizeof(float) * C);
+            memcpy(kv->v + at, kv->qkv + (size_t)i * 3 * C + 2 * C, sizeof(float) * C);
+        }
+        kv_attend(kv, l, rows, n, c->heads);
+        nn__matmul_forward(kv->proj, kv->atty, p[P_ATTPROJW] + lcc, p[P_ATTPROJB] + lc, n, C, C,
+                           ref);
+        nn__residual_forward(kv->res, kv->x, kv->proj, n * C);
+        nn__layernorm_forward(kv->ln, kv->mean, kv->rstd, kv->res, p[P_LN2W] + lc,
+                              p[P_LN2B] + lc, n, C);
+        nn__matmul_forward(kv->fch, kv->ln, p[P_FCW] + 4 * lcc, p[P_FCB] + 4 * lc, n, C, 4 * C,
+                           ref);
+        nn__gelu_forward(kv->fchg, kv->fch, n * 4 * C);
+        nn__matmul_forward(kv->proj, kv->fchg, p[P_FCPROJW] + 4 * lcc, p[P_FCPROJB] + lc, n,
+                           4 * C, C, ref);
+        nn__residual_forward(kv->x, kv->res, kv->proj, n * C);
+    }
+    for (int i = 0; i < n; i++) kv->len[rows[i]]++;
+    nn__layernorm_forward(kv->ln, kv->mean, kv->rstd, kv->x, p[P_LNFW], p[P_LNFB], n, C);
+    nn__matmul_forward(kv->logits, kv->ln, p[P_HEAD], NULL, n, C, c->vocab, ref);
+    *logits = kv->logits;
+    return 0;
+}
+
 int nn_backward(nn_model *m, const float *dlogits)
 {
     if (!m->B) return sh_err(SH_EINVAL, "backward: no forward pass to differentiate");

@@ -94,6 +94,30 @@ static int get_values(const ckpt_tensor *t, uint64_t n, float *dst, const char *
     return 0;
 }
 
+/* Dequantises an F8_E4M3 [rows, cols] tensor with its NAME_scale_inv (one
+ * F32 per 128 x 128 block, as `shoal quant fp8` writes them). */
+static int get_fp8(const ckpt *c, const ckpt_tensor *t, const nn_tensor *s, float *dst,
+                   const char *what)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%s_scale_inv", t->name);
+    const ckpt_tensor *sc = ckpt_find(c, name);
+    int64_t nbr = (s->rows + 127) / 128, nbc = (s->cols + 127) / 128;
+    if (t->ndim != 2 || t->shape[0] != s->rows || t->shape[1] != s->cols)
+        return sh_err(SH_EMISMATCH, "%s: tensor %s: F8_E4M3 shape does not match the model", what,
+                      t->name);
+    if (!sc || sc->dtype != CKPT_F32 || sc->numel != (uint64_t)(nbr * nbc))
+        return sh_err(SH_EFORMAT, "%s: tensor %s needs %s as %lld F32 block scales", what,
+                      t->name, name, (long long)(nbr * nbc));
+    for (int64_t r = 0; r < s->rows; r++)
+        for (int64_t k = 0; k < s->cols; k++) {
+            float si;
+            memcpy(&si, sc->data + 4 * ((r / 128) * nbc + k / 128), 4);
+            dst[r * s->cols + k] = ckpt_e4m3_to_f32(t->data[r * s->cols + k]) * si;
+        }
+    return 0;
+}
+
 int rl_load_view(nn_model *m, const ckpt *c, const char *what)
 {
     float *p = nn_params(m);
@@ -101,7 +125,8 @@ int rl_load_view(nn_model *m, const ckpt *c, const char *what)
         const nn_tensor *s = nn_tensor_at(m, i);
         const ckpt_tensor *t = ckpt_find(c, s->name);
         if (!t) return sh_err(SH_ENOENT, "%s: tensor %s is missing", what, s->name);
-        SH_TRY(get_values(t, (uint64_t)s->rows * s->cols, p + s->offset, what));
+        if (t->dtype == CKPT_F8_E4M3) SH_TRY(get_fp8(c, t, s, p + s->offset, what));
+        else SH_TRY(get_values(t, (uint64_t)s->rows * s->cols, p + s->offset, what));
     }
     return 0;
 }

@@ -35,7 +35,7 @@ void rl_config_default(rl_config *c)
     c->nworkers = 3;
     memcpy(c->workers, default_workers, sizeof default_workers);
     c->respawn = 1;
-    c->gen_cost = 3.0;
+    c->gen_cost = 6.0;
     c->target_reward = 0.8;
     c->model = nn_config_default(rl_vocab());
 }
@@ -111,9 +111,5 @@ int rl_config_check(const rl_config *c)
     if (c->warm_steps < 0 || c->eval_every < 1 || c->eval_n < 1 || c->eval_n > 1024)
         return sh_err(SH_EINVAL, "--warm %d / --eval-every %d / --eval-n %d out of range",
                       c->warm_steps, c->eval_every, c->eval_n);
-    if (c->dtype == RL_DTYPE_FP8)
-        return sh_err(SH_EINVAL,
-                      "--rollout-dtype fp8 needs the FP8 block quantiser of src/delta, which is "
-                      "not in this build yet; use fp32 or bf16");
     return 0;
 }

@@ -79,6 +79,71 @@ static void finish_traj(rl_traj *t, const rl_problem *p)
     t->reward = rl_reward(p, resp, n, term);
 }
 
+/* Samples one token for every active sequence from its row of logits. */
+static void sample_step(rl_traj *out, const int *idx, int Ba, const float *logits, size_t stride,
+                        const int *row_of, int V, int ctx, const rl_sampling *s, uint64_t *rng,
+                        float *lp, int ver, uint8_t *done)
+{
+    for (int a = 0; a < Ba; a++) {
+        rl_traj *t = &out[idx[a]];
+        float logp;
+        int k = sample_row(logits + (size_t)row_of[a] * stride, V, s, rng, lp, &logp);
+        t->tokens[t->len] = k;
+        t->blogp[t->len] = logp;
+        t->len++;
+        t->vend = ver;
+        if (k == RL_EOS || t->len >= ctx || t->len - t->plen >= s->max_new) done[idx[a]] = 1;
+    }
+}
+
+/* The logits of the next token of every active sequence, without a cache:
+ * a forward pass over the whole (right-padded) prefixes. */
+static int logits_full(nn_model *m, const rl_traj *out, const int *idx, int Ba, int *tok,
+                       int *row_of, const float **logits, size_t *stride)
+{
+    int T = 0, V = nn_cfg(m)->vocab;
+    for (int a = 0; a < Ba; a++)
+        if (out[idx[a]].len > T) T = out[idx[a]].len;
+    /* Right-pad with EOS: causal attention keeps padding out of the
+     * positions each sequence reads. */
+    for (int a = 0; a < Ba; a++) {
+        const rl_traj *t = &out[idx[a]];
+        for (int j = 0; j < T; j++) tok[a * T + j] = j < t->len ? t->tokens[j] : RL_EOS;
+        row_of[a] = a * T + t->len - 1;
+    }
+    *stride = (size_t)V;
+    return nn_forward(m, tok, Ba, T, logits);
+}
+
+/* The same with the KV cache: the cache holds every token but the last of
+ * each sequence; feed the last ones.  When the weights changed (a new
+ * version from the hook), the cached keys and values are stale: the cache
+ * is rebuilt from the prefixes with the new weights, as the no-cache path
+ * would see them. */
+static int logits_cached(nn_model *m, nn_kv *kv, int rebuild, const rl_traj *out, const int *idx,
+                         int Ba, int *tok, int *row_of, const float **logits, size_t *stride)
+{
+    if (rebuild) {
+        nn_kv_reset(kv);
+        for (int j = 0;; j++) { /* position by position, every sequence that has it */
+            int n = 0;
+            for (int a = 0; a < Ba; a++)
+                if (out[idx[a]].len - 1 > j) row_of[n] = idx[a], tok[n++] = out[idx[a]].tokens[j];
+            if (!n) break;
+            const float *unused;
+            SH_TRY(nn_decode(m, kv, row_of, tok, n, &unused));
+        }
+    }
+    for (int a = 0; a < Ba; a++) {
+        tok[a] = out[idx[a]].tokens[out[idx[a]].len - 1];
+        row_of[a] = idx[a];
+    }
+    SH_TRY(nn_decode(m, kv, row_of, tok, Ba, logits));
+    for (int a = 0; a < Ba; a++) row_of[a] = a;
+    *stride = (size_t)nn_cfg(m)->vocab;
+    return 0;
+}
+
 int rl_generate(nn_model *m, const rl_problem *probs, int n, int group, int group0,
                 const rl_sampling *s, uint64_t *rng, int version, rl_step_hook hook,
                 void *hook_ctx, rl_traj *out)
@@ -86,45 +151,37 @@ int rl_generate(nn_model *m, const rl_problem *probs, int n, int group, int grou
     int V = nn_cfg(m)->vocab, ctx = nn_cfg(m)->ctx, B = n * group;
     if (ctx > RL_MAX_T) ctx = RL_MAX_T;
     int *tok = malloc(sizeof(int) * B * ctx), *idx = malloc(sizeof(int) * B);
+    int *row_of = malloc(sizeof(int) * B);
     float *lp = malloc(sizeof(float) * V);
     uint8_t *done = calloc(B, 1);
-    if (!tok || !idx || !lp || !done) {
-        free(tok), free(idx), free(lp), free(done);
-        return sh_err(SH_ENOMEM, "generate: out of memory for %d sequences", B);
-    }
-    for (int i = 0; i < B; i++) start_traj(&out[i], &probs[i / group], group0 + i / group);
-    int rc = 0;
+    nn_kv *kv = NULL;
+    int rc = !s->no_kv_cache && B > 0 ? nn_kv_new(m, B, &kv) : 0;
+    if (!rc && (!tok || !idx || !row_of || !lp || !done))
+        rc = sh_err(SH_ENOMEM, "generate: out of memory for %d sequences", B);
+    for (int i = 0; i < B && !rc; i++) start_traj(&out[i], &probs[i / group], group0 + i / group);
+    int cached_ver = 0;
     for (int step = 0; step < s->max_new && !rc; step++) {
         int ver = hook ? hook(hook_ctx) : version;
-        int Ba = 0, T = 0;
+        int Ba = 0;
         for (int i = 0; i < B; i++) {
             if (done[i]) continue;
             if (!step) out[i].vstart = ver;
             idx[Ba++] = i;
-            if (out[i].len > T) T = out[i].len;
         }
         if (!Ba) break;
-        /* Right-pad with EOS: causal attention keeps padding out of the
-         * positions each sequence reads. */
-        for (int a = 0; a < Ba; a++) {
-            const rl_traj *t = &out[idx[a]];
-            for (int j = 0; j < T; j++) tok[a * T + j] = j < t->len ? t->tokens[j] : RL_EOS;
-        }
         const float *logits;
-        rc = nn_forward(m, tok, Ba, T, &logits);
-        for (int a = 0; a < Ba && !rc; a++) {
-            rl_traj *t = &out[idx[a]];
-            float logp;
-            int k = sample_row(logits + ((size_t)a * T + t->len - 1) * V, V, s, rng, lp, &logp);
-            t->tokens[t->len] = k;
-            t->blogp[t->len] = logp;
-            t->len++;
-            t->vend = ver;
-            if (k == RL_EOS || t->len >= ctx || t->len - t->plen >= s->max_new) done[idx[a]] = 1;
-        }
+        size_t stride;
+        if (kv)
+            rc = logits_cached(m, kv, !step || ver != cached_ver, out, idx, Ba, tok, row_of,
+                               &logits, &stride);
+        else
+            rc = logits_full(m, out, idx, Ba, tok, row_of, &logits, &stride);
+        cached_ver = ver;
+        if (!rc) sample_step(out, idx, Ba, logits, stride, row_of, V, ctx, s, rng, lp, ver, done);
     }
     for (int i = 0; i < B && !rc; i++) finish_traj(&out[i], &probs[i / group]);
-    free(tok), free(idx), free(lp), free(done);
+    nn_kv_free(kv);
+    free(tok), free(idx), free(row_of), free(lp), free(done);
     return rc;
 }
 

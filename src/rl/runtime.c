@@ -34,10 +34,15 @@
  * training temperature: what RL optimises, and smoother than one greedy
  * answer per problem. */
 #define RL_EVAL_SAMPLES 8
+#define RL_QUEUE 2
 
 typedef struct wk {
     pid_t pid;
-    int fd, alive, busy, req_trajs;
+    /* busy: requests outstanding (async queues up to RL_QUEUE, so that a
+     * worker has its next request at hand while the trainer trains instead
+     * of idling until the trainer reads its result); req_trajs: their sizes,
+     * oldest first (a worker answers in order). */
+    int fd, alive, busy, req_trajs[2];
     sh_buf in, out;
     size_t out_off;
     double busy_since, busy_s;
@@ -59,7 +64,7 @@ typedef struct run {
     long joins, dropped_end;
     json_t *gone; /* remote workers that left, as result entries */
     rl_traj *buf;
-    int nbuf, batch, version, step, group_next;
+    int nbuf, cap, batch, version, step, group_next;
     long issued; /* trajectories admitted and not lost; bounds staleness */
     uint64_t rng;
     double t0, eval_s;
@@ -77,6 +82,9 @@ typedef struct run {
     rl_progress_fn progress;
     void *pctx;
     double time_to_target, last_eval;
+    /* Where the trainer's wall-clock time goes: training steps, making and
+     * queueing deltas, and waiting in poll for workers. */
+    double t_train, t_publish, t_wait;
 } run;
 
 /* Queues the current weights: the delta from the previous version for a
@@ -157,15 +165,15 @@ static void worker_dead(run *r, int i)
     w->left = sh_now_mono() - r->t0;
     if (w->bye) { /* a clean exit after STOP */
         json_array_append_new(r->gone, worker_json(r, i, w->left));
-        w->trajs = 0, w->busy_s = 0, w->hello = 0, w->bye = 0;
+        w->trajs = 0, w->busy_s = 0, w->hello = 0, w->bye = 0, w->busy = 0;
         return;
     }
     r->deaths++;
-    if (w->busy) { /* its trajectories are lost; they will be asked for again */
-        r->issued -= w->req_trajs;
-        r->dropped_dead += w->req_trajs;
-        w->busy = 0;
+    for (int k = 0; k < w->busy; k++) { /* lost; they will be asked for again */
+        r->issued -= w->req_trajs[k];
+        r->dropped_dead += w->req_trajs[k];
     }
+    w->busy = 0;
     sh_log(SH_LOG_WARN, "rl: worker %d (%s) died; its in-flight trajectories are dropped", i,
            r->spec[i].name);
     if (r->c->remote) {
@@ -174,7 +182,9 @@ static void worker_dead(run *r, int i)
         w->trajs = 0, w->busy_s = 0, w->hello = 0, w->bye = 0;
         return;
     }
-    if (r->c->respawn && spawn(r, i) == 0) r->respawns++;
+    /* A worker that keeps dying (a broken setup rather than a lost node)
+     * is not replaced forever: the loop then fails once none is left. */
+    if (r->c->respawn && r->respawns < 3 * r->c->nworkers && spawn(r, i) == 0) r->respawns++;
 }
 
 /* Remote mode: takes a new connection into a free slot; it gets weights
@@ -247,17 +257,16 @@ static int send_request(run *r, int i, int nprompts)
     }
     r->group_next += nprompts;
     SH_TRY(rl__msg_append(&w->out, RL_MSG_REQUEST, &rq, sizeof rq, ids, 8 * (size_t)nprompts));
-    w->busy = 1;
-    w->req_trajs = nprompts * r->c->group;
-    w->busy_since = sh_now_mono();
-    r->issued += w->req_trajs;
+    if (!w->busy) w->busy_since = sh_now_mono();
+    w->req_trajs[w->busy++] = nprompts * r->c->group;
+    r->issued += nprompts * r->c->group;
     return 0;
 }
 
 static int busy_count(const run *r)
 {
     int n = 0;
-    for (int i = 0; i < r->nslots; i++) n += r->w[i].alive && r->w[i].busy;
+    for (int i = 0; i < r->nslots; i++) n += r->w[i].alive && r->w[i].busy > 0;
     return n;
 }
 
@@ -278,13 +287,15 @@ static int issue(run *r)
         return 0;
     }
     int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 3) / 4;
-    for (int i = 0; i < r->nslots; i++) {
-        wk *w = &r->w[i];
-        int n = r->spec[i].req_prompts ? r->spec[i].req_prompts : per;
-        long bound = (long)(r->step + c->max_lag + 1) * r->batch;
-        if (!w->alive || !w->hello || w->busy || r->issued + n * c->group > bound) continue;
-        SH_TRY(send_request(r, i, n));
-    }
+    long bound = (long)(r->step + c->max_lag + 1) * r->batch;
+    /* Every idle worker gets a request before any gets a second one. */
+    for (int depth = 1; depth <= RL_QUEUE; depth++)
+        for (int i = 0; i < r->nslots; i++) {
+            wk *w = &r->w[i];
+            int n = r->spec[i].req_prompts ? r->spec[i].req_prompts : per;
+            if (w->alive && w->hello && w->busy < depth && r->issued + n * c->group <= bound)
+                SH_TRY(send_request(r, i, n));
+        }
     return 0;
 }
 
@@ -295,14 +306,19 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
     rl_wire_trajs th;
     if (len < sizeof th) return sh_err(SH_EFORMAT, "worker %d: short TRAJS", i);
     memcpy(&th, p, sizeof th);
-    if (th.count != w->req_trajs || len != sizeof th + (size_t)th.count * sizeof(rl_traj))
+    if (!w->busy || th.count != w->req_trajs[0] ||
+        len != sizeof th + (size_t)th.count * sizeof(rl_traj))
         return sh_err(SH_EFORMAT, "worker %d: TRAJS with %d records, expected %d", i, th.count,
-                      w->req_trajs);
+                      w->busy ? w->req_trajs[0] : 0);
     if (r->step >= r->c->steps) { /* the run is over: answers to old requests */
         r->dropped_end += th.count;
-        w->busy = 0;
+        w->req_trajs[0] = w->req_trajs[1];
+        w->busy--;
         return 0;
     }
+    if (r->nbuf + th.count > r->cap)
+        return sh_err(SH_EINTERNAL, "rl: trajectory buffer overflow (%d + %d > %d)", r->nbuf,
+                      th.count, r->cap);
     rl_traj *dst = r->buf + r->nbuf;
     memcpy(dst, p + sizeof th, (size_t)th.count * sizeof(rl_traj));
     for (int k = 0; k < th.count; k++) {
@@ -317,8 +333,8 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
         t->worker = i; /* remote workers do not know their slot */
     }
     r->nbuf += th.count;
-    w->busy = 0;
-    w->busy_s += sh_now_mono() - w->busy_since;
+    w->req_trajs[0] = w->req_trajs[1];
+    if (--w->busy == 0) w->busy_s += sh_now_mono() - w->busy_since;
     w->trajs += th.count;
     return 0;
 }
@@ -449,8 +465,10 @@ static int train_one(run *r)
         r->inflight_updates += r->buf[i].vend != r->buf[i].vstart;
     }
     rl_step_stats st;
+    double t0 = sh_now_mono();
     int rc = r->c->train_fn ? r->c->train_fn(r->c->hook_ctx, &r->tr, r->buf, r->batch, &st)
                             : rl_train_step(&r->tr, r->buf, r->batch, &st);
+    r->t_train += sh_now_mono() - t0;
     if (rc < 0 && rc != SH_ERANGE) return rc;
     if (rc == SH_ERANGE) {
         r->skipped++;
@@ -472,9 +490,11 @@ static int train_one(run *r)
     if (r->progress) r->progress(ev, r->pctx);
     json_array_append_new(r->steps, ev);
     if (!st.skipped) {
+        t0 = sh_now_mono();
         SH_TRY(publish(r));
         for (int i = 0; i < r->nslots; i++)
             if (r->w[i].alive && r->w[i].hello) SH_TRY(enqueue_weights(r, &r->w[i], 0));
+        r->t_publish += sh_now_mono() - t0;
     }
     if (r->step % r->c->eval_every == 0 || r->step == r->c->steps) SH_TRY(eval_now(r));
     if (r->step == r->c->steps || (r->c->save_every && r->step % r->c->save_every == 0))
@@ -518,10 +538,14 @@ static int poll_once(run *r)
                                     .events = POLLIN | (r->w[i].out.len ? POLLOUT : 0)};
             idx[n++] = i;
         }
-        if (!n && !c->remote) return sh_err(SH_EIO, "rl: every worker has died and --respawn is off");
+        if (!n && !c->remote)
+            return sh_err(SH_EIO, "rl: every worker has died (%ld deaths, %ld replacements); "
+                                  "see the worker errors above", r->deaths, r->respawns);
         int nw = n;
         if (c->remote) pf[n++] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
+        double t0 = sh_now_mono();
         if (poll(pf, n, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
+        r->t_wait += sh_now_mono() - t0;
         if (c->remote && (pf[nw].revents & POLLIN)) accept_remote(r);
         for (int k = 0; k < nw; k++) {
             int i = idx[k], dead = 0;
@@ -644,7 +668,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
     sh_hash128_hex(sh_hash128_of(r->img.data, r->img.len), hex);
     int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
-                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f,s:i,s:s,s:I,s:I}",
+                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f,s:o,s:i,s:s,s:I,s:I}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->max_lag, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
                      c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
@@ -661,6 +685,8 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
                      (json_int_t)nn_num_params(r->tr.model), "eval_s", r->eval_s,
                      "checkpoints", json_incref(r->ckpts), "weights_image_bytes", r->image_bytes,
                      "weights_delta_bytes_mean", r->deltas ? r->delta_bytes_sum / r->deltas : 0.0,
+                     "trainer_phases_s", json_pack("{s:f,s:f,s:f}", "train", r->t_train, "publish",
+                                                   r->t_publish, "wait", r->t_wait),
                      "final_version", r->version, "final_image_xxh3", hex, "worker_joins",
                      (json_int_t)r->joins, "dropped_end", (json_int_t)r->dropped_end);
 }
@@ -681,7 +707,8 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     /* Admission keeps at most max_lag + 1 batches beyond those consumed;
      * sync keeps one.  Leave room for every worker's request on top. */
     int slots = c->remote ? RL_MAX_WORKERS : c->nworkers;
-    r->buf = malloc(sizeof(rl_traj) * (size_t)(r->batch * (c->max_lag + 2 + slots) + 64));
+    r->cap = r->batch * (c->max_lag + 2 + RL_QUEUE * slots) + 64;
+    r->buf = malloc(sizeof(rl_traj) * (size_t)r->cap);
     r->evalset = malloc(sizeof(rl_problem) * c->eval_n);
     int rc = r->buf && r->evalset ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
     if (!rc && c->out_dir) rc = sh_mkdir_p(c->out_dir, 0755);

@@ -23,11 +23,24 @@ typedef struct worker {
     int idx, fd, version;
     nn_model *model;
     sh_buf msg;
+    sh_buf queued; /* REQUESTs that arrived mid-generation: (u32 length, payload)... */
+    size_t queued_off;
     sh_buf img; /* the safetensors image of the current weights */
     ckpt *ck;   /* a view over img: the base the next delta applies to */
+    char dir[64]; /* fp8 rollouts: scratch folder for the quantiser's files */
     double mark, mark_cpu; /* wall and CPU clocks at the end of the last stretch */
     long updates_in_flight;
+    /* Where the worker's wall-clock time goes (SHOAL_LOG=debug prints it at
+     * exit): decoding compute, the emulation's sleep, time beyond the
+     * emulated cost (the machine's contention), applying weights, and idle
+     * waiting for a request. */
+    struct {
+        double compute, sleep, over, weights, idle;
+        long requests, trajs, steps;
+    } prof;
 } worker;
+
+static int load_fp8(worker *w);
 
 /* Replaces the worker's image with img (taking ownership) and loads it. */
 static int install(worker *w, sh_buf img, int version)
@@ -45,7 +58,27 @@ static int install(worker *w, sh_buf img, int version)
     w->img = img;
     w->ck = ck;
     w->version = version;
-    return 0;
+    return w->c->dtype == RL_DTYPE_FP8 ? load_fp8(w) : 0;
+}
+
+/* FP8 rollouts: the bf16 image goes through src/delta's block quantiser
+ * (`shoal quant fp8`: e4m3 with a scale per 128 x 128 block; embeddings and
+ * the output head stay bf16, as DeepSeek-V3 keeps them), and the worker
+ * samples from the dequantised weights. */
+static int load_fp8(worker *w)
+{
+    char in[128], out[128];
+    snprintf(in, sizeof in, "%s/bf16.safetensors", w->dir);
+    snprintf(out, sizeof out, "%s/fp8.safetensors", w->dir);
+    static const char *const keep[] = {"embed", "lm_head", NULL};
+    delta_opts o = {.threads = 1};
+    SH_TRY(sh_write_atomic(in, w->img.data, w->img.len));
+    SH_TRY(delta_quant_fp8(in, out, keep, &o));
+    ckpt *q;
+    SH_TRY(ckpt_open(out, &q));
+    int rc = rl_load_view(w->model, q, out);
+    ckpt_close(q);
+    return rc;
 }
 
 /* Installs weights from a WEIGHTS payload: a whole image, or a shoal delta
@@ -84,20 +117,32 @@ static int apply_weights(worker *w, const uint8_t *p, size_t len)
     return install(w, img, hd.version);
 }
 
+static void leave(worker *w, int code) __attribute__((noreturn));
+
 /* Answers STOP with BYE (version and image hash) and exits. */
 static void __attribute__((noreturn)) bye(worker *w)
 {
     sh_hash128 h = sh_hash128_of(w->img.data, w->img.len);
     rl_wire_bye b = {.version = w->version, .hash_lo = h.lo, .hash_hi = h.hi};
     rl__msg_write(w->fd, RL_MSG_BYE, &b, sizeof b, NULL, 0); /* the trainer may be gone */
-    _exit(0);
+    leave(w, 0);
 }
 
 /* Handles one message that is not a REQUEST.  Returns 1 on STOP. */
 static int handle(worker *w, uint32_t type)
 {
     if (type == RL_MSG_STOP) return 1;
-    if (type == RL_MSG_WEIGHTS) return apply_weights(w, w->msg.data, w->msg.len);
+    if (type == RL_MSG_REQUEST) { /* the trainer queued the next one: served in order */
+        uint32_t n = (uint32_t)w->msg.len;
+        SH_TRY(sh_buf_append(&w->queued, &n, sizeof n));
+        return sh_buf_append(&w->queued, w->msg.data, n);
+    }
+    if (type == RL_MSG_WEIGHTS) {
+        double t0 = sh_now_mono();
+        int rc = apply_weights(w, w->msg.data, w->msg.len);
+        w->prof.weights += sh_now_mono() - t0;
+        return rc;
+    }
     return sh_err(SH_EFORMAT, "worker %d: unexpected message type %u", w->idx, type);
 }
 
@@ -112,11 +157,26 @@ static double cpu_now(void)
  * times gen_cost / speed: CPU time rather than wall time, so that other
  * load on the machine slows the emulated GPUs only when it leaves them
  * less than that. */
+static void leave(worker *w, int code)
+{
+    sh_log(SH_LOG_DEBUG,
+           "rl worker %d: %ld requests, %ld trajectories, %ld decoding steps; compute %.2f s, "
+           "emulation sleep %.2f s, beyond the emulated cost %.2f s, weights %.2f s, idle %.2f s",
+           w->idx, w->prof.requests, w->prof.trajs, w->prof.steps, w->prof.compute, w->prof.sleep,
+           w->prof.over, w->prof.weights, w->prof.idle);
+    if (w->dir[0]) sh_rm_rf(w->dir);
+    _exit(code);
+}
+
 static void stretch(worker *w)
 {
-    double want = (cpu_now() - w->mark_cpu) * w->c->gen_cost / w->c->workers[w->idx].speed;
+    double cpu = cpu_now() - w->mark_cpu;
+    double want = cpu * w->c->gen_cost / w->c->workers[w->idx].speed;
     double spent = sh_now_mono() - w->mark;
-    if (want > spent) sh_sleep(want - spent);
+    w->prof.compute += cpu;
+    w->prof.steps++;
+    if (want > spent) sh_sleep(want - spent), w->prof.sleep += want - spent;
+    else w->prof.over += spent - want;
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
 }
@@ -130,11 +190,14 @@ static int step_hook(void *ctx)
     struct pollfd pf = {.fd = w->fd, .events = POLLIN};
     while (poll(&pf, 1, 0) > 0) {
         uint32_t type;
-        if (rl__msg_read(w->fd, &type, &w->msg) < 0) _exit(0); /* trainer gone */
+        if (rl__msg_read(w->fd, &type, &w->msg) < 0) leave(w, 0); /* trainer gone */
         int rc = handle(w, type);
         if (rc == 1) bye(w);
-        if (rc < 0) _exit(3);
-        w->updates_in_flight++;
+        if (rc < 0) {
+            sh_log(SH_LOG_ERROR, "rl worker %d: %s", w->idx, sh_errmsg());
+            leave(w, 3);
+        }
+        w->updates_in_flight += type == RL_MSG_WEIGHTS;
     }
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
@@ -149,13 +212,6 @@ static int serve_request(worker *w)
     if (rq.nprompts < 1 || rq.group < 1 ||
         w->msg.len != sizeof rq + (size_t)rq.nprompts * 8)
         return sh_err(SH_EFORMAT, "worker %d: REQUEST sizes do not add up", w->idx);
-    /* Version-constrained: wait for weights at least as new as asked. */
-    while (w->version < rq.min_version) {
-        uint32_t type;
-        SH_TRY(rl__msg_read(w->fd, &type, &w->msg));
-        int rc = handle(w, type);
-        if (rc) return rc;
-    }
     int n = rq.nprompts, B = n * rq.group;
     rl_problem *probs = malloc(sizeof(rl_problem) * n);
     rl_traj *out = malloc(sizeof(rl_traj) * B);
@@ -163,8 +219,19 @@ static int serve_request(worker *w)
         free(probs), free(out);
         return sh_err(SH_ENOMEM, "worker %d: out of memory", w->idx);
     }
+    /* The problems are read before waiting below: that reuses w->msg. */
     const uint64_t *ids = (const uint64_t *)(w->msg.data + sizeof rq);
     for (int i = 0; i < n; i++) rl_problem_make(w->c->task, ids[i], &probs[i], NULL);
+    /* Version-constrained: wait for weights at least as new as asked. */
+    while (w->version < rq.min_version) {
+        uint32_t type;
+        int rc = rl__msg_read(w->fd, &type, &w->msg);
+        if (!rc) rc = handle(w, type);
+        if (rc) {
+            free(probs), free(out);
+            return rc;
+        }
+    }
     uint64_t rng = rq.seed;
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
@@ -172,6 +239,7 @@ static int serve_request(worker *w)
                          w->version, step_hook, w, out);
     stretch(w);
     for (int i = 0; i < B; i++) out[i].worker = w->idx;
+    w->prof.requests++, w->prof.trajs += B;
     rl_wire_trajs th = {.worker = w->idx, .count = B};
     if (!rc) rc = rl__msg_write(w->fd, RL_MSG_TRAJS, &th, sizeof th, out, sizeof(rl_traj) * B);
     free(probs), free(out);
@@ -184,17 +252,35 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
     worker w = {.c = c, .idx = idx, .fd = fd, .version = -1};
     if (nn_new(&c->model, c->seed, &w.model) < 0) _exit(3);
     signal(SIGPIPE, SIG_IGN);
+    if (c->dtype == RL_DTYPE_FP8) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(w.dir, sizeof w.dir, "%s/shoal-rl-XXXXXX", tmp && strlen(tmp) < 40 ? tmp : "/tmp");
+        if (!mkdtemp(w.dir)) _exit(3);
+    }
     for (;;) {
         uint32_t type;
-        if (rl__msg_read(fd, &type, &w.msg) < 0) break;
+        if (w.queued_off < w.queued.len) { /* queued requests first, oldest first */
+            uint32_t n;
+            memcpy(&n, w.queued.data + w.queued_off, sizeof n);
+            w.msg.len = 0;
+            if (sh_buf_append(&w.msg, w.queued.data + w.queued_off + sizeof n, n) < 0) leave(&w, 3);
+            w.queued_off += sizeof n + n;
+            if (w.queued_off == w.queued.len) w.queued.len = w.queued_off = 0;
+            type = RL_MSG_REQUEST;
+        } else {
+            double t0 = sh_now_mono();
+            if (rl__msg_read(fd, &type, &w.msg) < 0) break;
+            w.prof.idle += sh_now_mono() - t0;
+        }
         int rc = type == RL_MSG_REQUEST ? serve_request(&w) : handle(&w, type);
         if (rc == 1) bye(&w);
         if (rc < 0) {
             sh_log(SH_LOG_ERROR, "rl worker %d: %s", idx, sh_errmsg());
-            _exit(3);
+            leave(&w, 3);
         }
     }
-    _exit(0);
+    sh_buf_free(&w.queued);
+    leave(&w, 0);
 }
 
 void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)

@@ -74,7 +74,7 @@ static int check_resv(const sched *s, double now)
 {
     for (size_t i = 0; i < s->nresv; i++) {
         const sresv *r = &s->resv[i];
-        if (s->jobs[r->job].state != SCHED_QUEUED) continue; /* it started: kept */
+        if (r->job == NONE || s->jobs[r->job].state != SCHED_QUEUED) continue; /* started or forgotten */
         for (int k = 0; k < r->n; k++) {
             const snode *n = &s->nodes[r->nodes[k]];
             if (n->state != SCHED_NODE_UP) continue; /* a failure, not backfill */

@@ -197,280 +197,6 @@ static int raw_fits(const sched *s, const sjob *j)
     return 0;
 }
 
-/* ---- Reservations --------------------------------------------------------- */
-
-typedef struct tnode {
-    double t;
-    uint32_t ni;
-} tnode;
-
-/* Moves the k smallest times to v[0..k) (in any order) and v[k-1] holds the
- * k-th smallest: Hoare's selection, O(m) on average, where a full sort of
- * a large pool dominated the cycle. */
-static void select_k(tnode *v, size_t m, size_t k)
-{
-    size_t lo = 0, hi = m - 1, want = k - 1;
-    while (lo < hi) {
-        double pivot = v[lo + (hi - lo) / 2].t;
-        size_t i = lo, j = hi;
-        while (i <= j) {
-            while (v[i].t < pivot) i++;
-            while (v[j].t > pivot) j--;
-            if (i <= j) {
-                tnode x = v[i];
-                v[i] = v[j], v[j] = x;
-                i++;
-                if (j == 0) break;
-                j--;
-            }
-        }
-        if (want <= j) hi = j;
-        else if (want >= i) lo = i;
-        else break;
-    }
-    /* v[want] is now the k-th smallest; everything before it is <= it. */
-    double T = v[want].t;
-    size_t w = 0;
-    for (size_t r = 0; r < m && w < k; r++)
-        if (v[r].t < T) {
-            tnode x = v[w];
-            v[w++] = v[r], v[r] = x;
-        }
-    for (size_t r = w; r < m && w < k; r++)
-        if (v[r].t == T) {
-            tnode x = v[w];
-            v[w++] = v[r], v[r] = x;
-        }
-}
-
-/* When node ni will have g GPUs free, assuming running work ends at its
- * estimate (work past its estimate is assumed to end now).  The times for
- * every g are computed together and kept until the node's pods change. */
-static double node_ready(sched *s, uint32_t ni, int g, double now)
-{
-    snode *n = &s->nodes[ni];
-    if (n->free >= g) return now;
-    if (n->ready_ver != n->ver || !n->ver) {
-        double ends[MAXG * 4];
-        int gp[MAXG * 4], m = 0;
-        for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
-            ends[m] = sched__est_end(s, &s->jobs[n->refs[r].job]);
-            gp[m++] = n->refs[r].gpus;
-        }
-        int free = n->free, have = n->free;
-        for (int k = 0; k <= MAXG; k++) n->ready[k] = k <= have ? -INFINITY : INFINITY;
-        while (m) {
-            int b = 0;
-            for (int i = 1; i < m; i++)
-                if (ends[i] < ends[b]) b = i;
-            free += gp[b];
-            for (int k = have + 1; k <= free && k <= MAXG; k++) n->ready[k] = ends[b];
-            if (free > have) have = free;
-            ends[b] = ends[--m], gp[b] = gp[m];
-        }
-        n->ready_ver = n->ver;
-    }
-    return n->ready[g] < now ? now : n->ready[g];
-}
-
-/* GPUs of node ni still busy at time T (held by work estimated to end after
- * T, or already running past its estimate). */
-static int busy_at(const sched *s, uint32_t ni, double T, double now)
-{
-    const snode *n = &s->nodes[ni];
-    int b = 0;
-    for (int r = 0; r < n->nrefs; r++) {
-        double e = sched__est_end(s, &s->jobs[n->refs[r].job]);
-        if (e > T + 1e-9 || e < now) b += n->refs[r].gpus;
-    }
-    return b;
-}
-
-/* Reserves, for the blocked gang ji, the nodes of the pool where it can
- * start soonest.  Nodes reserved for earlier gangs this cycle are skipped,
- * so later reservations never take from earlier ones. */
-static int make_reservation(sched *s, uint32_t ji, double now)
-{
-    sjob *j = &s->jobs[ji];
-    static __thread tnode *tn;
-    static __thread size_t captn;
-    double bestT = INFINITY;
-    uint32_t bestp = NONE;
-    for (int pass = 0; pass < 2; pass++) {
-        const uint32_t *jp;
-        size_t njp = sched__job_pools(s, j, &jp);
-        for (size_t q = 0; q < njp; q++) {
-            uint32_t pi = jp[q];
-            if (pass == 1 && pi != bestp) continue;
-            spool *p = &s->pools[pi];
-            if (p->maxg_ever[j->gpn] < j->nodes) continue;
-            /* Pass 0 only needs the time: reuse it while the pool is
-             * unchanged and no reservation took nodes from it this cycle.
-             * The n-th smallest of max(ready, now) is max(n-th smallest,
-             * now), so the raw time serves any later `now`. */
-            int slot = (j->gpn * 31 + j->nodes) & 7;
-            int cacheable = p->resv_stamp != s->stamp;
-            if (pass == 0 && cacheable && p->rc[slot].ver == p->ver + 1 && p->rc[slot].g == j->gpn &&
-                p->rc[slot].n == j->nodes) {
-                double T = p->rc[slot].T < now ? now : p->rc[slot].T;
-                if (T < bestT) bestT = T, bestp = pi;
-                continue;
-            }
-            SH_TRY(GROW(tn, captn, p->nnodes));
-            size_t m = 0;
-            for (size_t k = 0; k < p->nnodes; k++) {
-                uint32_t ni = p->nodes[k];
-                snode *n = &s->nodes[ni];
-                if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-                tn[m++] = (tnode){node_ready(s, ni, j->gpn, -INFINITY), ni};
-            }
-            if (m < (size_t)j->nodes) {
-                if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = INFINITY;
-                continue;
-            }
-            select_k(tn, m, (size_t)j->nodes);
-            double T = -INFINITY;
-            for (int k = 0; k < j->nodes; k++)
-                if (tn[k].t > T) T = tn[k].t;
-            if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = T;
-            if (T < now) T = now;
-            if (pass == 0) {
-                if (T < bestT) bestT = T, bestp = pi;
-                continue;
-            }
-            p->resv_stamp = s->stamp;
-            SH_TRY(GROW(s->resv, s->capresv, s->nresv + 1));
-            sresv *r = &s->resv[s->nresv++];
-            r->nodes = realloc(r->nodes, (size_t)j->nodes * sizeof *r->nodes);
-            if (!r->nodes) return s->nresv--, sh_err(SH_ENOMEM, "sched: out of memory");
-            r->job = ji, r->T = T, r->n = j->nodes, r->need = j->gpn;
-            for (int k = 0; k < j->nodes; k++) {
-                snode *n = &s->nodes[tn[k].ni];
-                r->nodes[k] = tn[k].ni;
-                n->resv_stamp = s->stamp, n->resv_T = T;
-                n->resv_spare = n->gpus - j->gpn - busy_at(s, tn[k].ni, T, now);
-                if (n->resv_spare < 0) n->resv_spare = 0;
-            }
-            if (s->nresv == 1) {
-                if (j->resv_promise >= 0 && T > j->resv_promise + 1e-6) s->resv_late++;
-                j->resv_promise = T;
-            }
-        }
-        if (bestp == NONE) break;
-    }
-    return 0;
-}
-
-/* ---- Preemption (shoal) ----------------------------------------------------- */
-
-typedef struct vnode {
-    int cost;
-    uint32_t ni;
-} vnode;
-
-static int cmp_vnode(const void *a, const void *b)
-{
-    return ((const vnode *)a)->cost - ((const vnode *)b)->cost;
-}
-
-static int victim_ok(const sched *s, const sjob *j, const sjob *v)
-{
-    return v->kind != SCHED_GANG && v->priority < j->priority && v->state == SCHED_RUNNING;
-}
-
-/* Victims needed on node ni to free g GPUs (largest holdings first), or -1. */
-static int node_victims(const sched *s, const sjob *j, uint32_t ni, int g, sref *out)
-{
-    const snode *n = &s->nodes[ni];
-    sref v[MAXG * 4];
-    int m = 0, free = n->free, cnt = 0;
-    if (free >= g) return 0;
-    for (int r = 0; r < n->nrefs && m < MAXG * 4; r++)
-        if (victim_ok(s, j, &s->jobs[n->refs[r].job])) v[m++] = n->refs[r];
-    while (free < g && m) {
-        int b = 0;
-        for (int i = 1; i < m; i++)
-            if (v[i].gpus > v[b].gpus) b = i;
-        free += v[b].gpus;
-        if (out) out[cnt] = v[b];
-        cnt++;
-        v[b] = v[--m];
-    }
-    return free >= g ? cnt : -1;
-}
-
-static int evict(sched *s, sched_decisions *d, const sref *v, uint32_t ni, double now)
-{
-    sjob *x = &s->jobs[v->job];
-    if (x->state != SCHED_RUNNING) return 0; /* already preempted whole */
-    int k = 0;
-    while (k < x->nplaces && !(x->places[k].node == ni && x->places[k].gpus == v->gpus)) k++;
-    if (k == x->nplaces) return 0;
-    if (x->kind == SCHED_ELASTIC && x->nplaces - 1 >= x->nodes) {
-        sched__release_place(s, v->job, k, now);
-        SH_TRY(sched__emit(s, d, SCHED_D_SHRINK, v->job, NONE));
-        SH_TRY(sched__emit_place(d, s, ni, v->gpus));
-        s->st.shrinks++;
-        return 0;
-    }
-    s->running--;
-    sched__release_all(s, v->job, now);
-    x->state = SCHED_QUEUED;
-    x->preemptions++;
-    s->st.preemptions++;
-    SH_TRY(GROW(s->deferred, s->capdeferred, s->ndeferred + 1));
-    s->deferred[s->ndeferred++] = v->job;
-    return sched__emit(s, d, SCHED_D_PREEMPT, v->job, NONE);
-}
-
-/* Frees room for gang ji by shrinking or preempting lower-priority elastic
- * and function work: the pool needing the fewest victims, at most
- * max_victims, and only victims on the chosen nodes (each one helps).
- * Returns 1 when room was made. */
-static int try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
-{
-    sjob *j = &s->jobs[ji];
-    static __thread vnode *vn;
-    static __thread size_t capvn;
-    int best = INT32_MAX;
-    uint32_t bestp = NONE;
-    for (int pass = 0; pass < 2; pass++) {
-        const uint32_t *jp;
-        size_t njp = sched__job_pools(s, j, &jp);
-        for (size_t q = 0; q < njp; q++) {
-            uint32_t pi = jp[q];
-            if (pass && pi != bestp) continue;
-            spool *p = &s->pools[pi];
-            if (p->maxg_ever[j->gpn] < j->nodes) continue;
-            SH_TRY(GROW(vn, capvn, p->nnodes));
-            size_t m = 0;
-            for (size_t k = 0; k < p->nnodes; k++) {
-                uint32_t ni = p->nodes[k];
-                snode *n = &s->nodes[ni];
-                if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-                int c = node_victims(s, j, ni, j->gpn, NULL);
-                if (c >= 0) vn[m++] = (vnode){c, ni};
-            }
-            if (m < (size_t)j->nodes) continue;
-            qsort(vn, m, sizeof *vn, cmp_vnode);
-            int total = 0;
-            for (int k = 0; k < j->nodes; k++) total += vn[k].cost;
-            if (pass == 0) {
-                if (total > 0 && total <= s->cfg.max_victims && total < best) best = total, bestp = pi;
-                continue;
-            }
-            for (int k = 0; k < j->nodes; k++) {
-                sref v[MAXG * 4];
-                int c = node_victims(s, j, vn[k].ni, j->gpn, v);
-                for (int i = 0; i < c; i++) SH_TRY(evict(s, d, &v[i], vn[k].ni, now));
-            }
-            return 1;
-        }
-        if (bestp == NONE) return 0;
-    }
-    return 0;
-}
-
 /* ---- Queue order ------------------------------------------------------------ */
 
 /* The next job to consider: the best head among tenant queues.  shoal
@@ -496,6 +222,7 @@ static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
     double bk = 0;
     for (size_t ti = 0; ti < s->ntenants; ti++) {
         stenant *t = &s->tenants[ti];
+        while (t->cursor < t->nq && t->queue[t->cursor] == NONE) t->cursor++; /* started */
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
         const sjob *a = &s->jobs[ji];
@@ -549,8 +276,8 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     for (;;) {
         uint32_t ti, ji = next_job(s, &ti, fair);
         if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
-        /* Every shape still queued fits nowhere: the rest of the walk could
-         * only make reservations, and those are all made. */
+        /* No shape still queued can start: the rest of the walk could only
+         * make reservations, and those are all made. */
         if (dead >= s->nshapes_live && s->nresv >= max_resv && !s->preemptible_gpus) break;
         sjob *j = &s->jobs[ji];
         if (s->gpus_up - s->gpus_busy <= 0 && s->nresv >= max_resv)
@@ -562,13 +289,14 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
             if (raw_fits(s, j)) {
                 if ((rc = try_start(s, d, ji, now)) < 0) return rc;
                 est = j->est_s;
-            } else {
-                sshape *sh = sched__shape(s, j->shape);
-                if (sh && sh->dead_walk != walk_id) sh->dead_walk = walk_id, dead++;
             }
             if (!rc) {
                 if (memo[m].shape == j->shape && memo[m].est < est) est = memo[m].est;
                 memo[m].shape = j->shape, memo[m].est = est;
+                /* No queued job of the shape has a shorter estimate: the
+                 * whole shape is blocked for the rest of the walk. */
+                sshape *sh = sched__shape(s, j->shape);
+                if (sh && sh->dead_walk != walk_id && est <= sh->min_est) sh->dead_walk = walk_id, dead++;
             }
         }
         if (rc == 1) continue; /* it left the queue: the cursor already points past it */
@@ -577,7 +305,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
         if (j->blocked_since < 0) j->blocked_since = now;
         if (s->cfg.policy == SCHED_FIFO) return 1; /* strict order: nothing passes the head */
         if (j->kind == SCHED_GANG && s->cfg.max_victims && s->preemptible_gpus && last_preempted != ji) {
-            if ((rc = try_preempt(s, d, ji, now)) < 0) return rc;
+            if ((rc = sched__try_preempt(s, d, ji, now)) < 0) return rc;
             if (rc) {
                 last_preempted = ji;
                 memset(memo, 0, sizeof memo);
@@ -586,7 +314,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
             }
         }
         if (j->kind == SCHED_GANG && s->nresv < max_resv && !has_reservation(s, ji))
-            SH_TRY(make_reservation(s, ji, now));
+            SH_TRY(sched__make_reservation(s, ji, now));
     }
     return 0;
 }
@@ -597,12 +325,13 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
  * order. */
 static int queue_pass(sched *s, sched_decisions *d, double now)
 {
-    int fair = s->cfg.policy == SCHED_SHOAL;
-    if (fair) {
-        int rc = walk(s, d, now, 0, 1);
-        if (rc < 0) return rc;
-    }
-    int rc = walk(s, d, now, fair, 0);
+    int fair = s->cfg.policy == SCHED_SHOAL, rc = 0;
+    s->walking = 1;
+    if (fair) rc = walk(s, d, now, 0, 1);
+    sched__queue_compact(s);
+    if (rc >= 0) rc = walk(s, d, now, fair, 0);
+    s->walking = 0;
+    sched__queue_compact(s);
     return rc < 0 ? rc : 0;
 }
 
@@ -846,7 +575,12 @@ int sched_step(sched *s, double now, sched_decisions *d)
     s->next_wake = INFINITY;
     int rc = flush_pending(s, d);
     if (!rc) rc = expire(s, d, now);
-    if (!rc) rc = s->cfg.policy == SCHED_FIRSTFIT ? firstfit_pass(s, d, now) : queue_pass(s, d, now);
+    if (!rc && s->cfg.policy == SCHED_FIRSTFIT) {
+        s->walking = 1;
+        rc = firstfit_pass(s, d, now);
+        s->walking = 0;
+        sched__queue_compact(s);
+    } else if (!rc) rc = queue_pass(s, d, now);
     if (!rc) rc = grow_pass(s, d, now);
     if (!rc && s->cfg.autoscale && s->nquotas) rc = autoscale(s, d, now);
     for (size_t i = 0; i < s->ndeferred && !rc; i++) rc = sched__queue_push(s, s->deferred[i], now);

@@ -66,6 +66,7 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
 {
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
+    if (t->holes) sched__queue_compact(s);
     SH_TRY(GROW(t->queue, t->capq, t->nq + 1));
     size_t pos = queue_pos(s, t, j);
     memmove(t->queue + pos + 1, t->queue + pos, (t->nq - pos) * sizeof *t->queue);
@@ -73,24 +74,53 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     t->nq++;
     sshape *sh = sched__shape(s, j->shape);
     if (!sh) return sh_err(SH_ENOMEM, "sched: out of memory");
-    if (!sh->queued++) s->nshapes_live++;
+    if (!sh->queued++) s->nshapes_live++, sh->min_est = j->est_s;
+    else if (j->est_s < sh->min_est) sh->min_est = j->est_s;
     j->state = SCHED_QUEUED;
     j->queued_since = now;
     s->queued++;
     return 0;
 }
 
+static void shape_dec(sched *s, const sjob *j)
+{
+    sshape *sh = sched__shape(s, j->shape);
+    if (sh && sh->queued && !--sh->queued) s->nshapes_live--;
+}
+
+void sched__queue_compact(sched *s)
+{
+    for (size_t ti = 0; ti < s->ntenants; ti++) {
+        stenant *t = &s->tenants[ti];
+        if (!t->holes) continue;
+        size_t w = 0;
+        for (size_t r = 0; r < t->nq; r++)
+            if (t->queue[r] != NONE) t->queue[w++] = t->queue[r];
+        t->nq = w, t->holes = 0;
+    }
+}
+
 void sched__queue_remove(sched *s, uint32_t ji)
 {
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
+    /* A job started during a walk sits at its tenant's cursor: leave a hole
+     * there rather than shift the whole queue once per start; the walk
+     * compacts once at its end. */
+    if (s->walking && t->cursor < t->nq && t->queue[t->cursor] == ji) {
+        t->queue[t->cursor] = NONE;
+        t->holes++;
+        s->queued--;
+        shape_dec(s, j);
+        return;
+    }
+    if (t->holes) sched__queue_compact(s);
     size_t pos = queue_pos(s, t, j);
     if (pos >= t->nq || t->queue[pos] != ji) return;
     memmove(t->queue + pos, t->queue + pos + 1, (t->nq - pos - 1) * sizeof *t->queue);
     t->nq--;
-    sshape *sh = sched__shape(s, j->shape);
-    if (sh && sh->queued && !--sh->queued) s->nshapes_live--;
     s->queued--;
+    shape_dec(s, j);
 }
 
 double sched__job_speed(const sched *s, const sjob *j, uint32_t type)
@@ -164,12 +194,20 @@ int sched_job_submit(sched *s, const sched_job_spec *js, double now)
     SH_TRY(check_spec(s, js));
     uint32_t ti = tenant_of(s, js->tenant && *js->tenant ? js->tenant : "default");
     if (ti == NONE) return SH_ENOMEM;
-    SH_TRY(GROW(s->jobs, s->capjobs, s->njobs + 1));
-    uint32_t ji = (uint32_t)s->njobs;
+    /* A forgotten job's slot is reused first, so that the job table stays
+     * as large as the most jobs known at once, not as all jobs ever. */
+    int reuse = s->nfree > 0;
+    uint32_t ji;
+    if (reuse) ji = s->freejobs[s->nfree - 1];
+    else {
+        SH_TRY(GROW(s->jobs, s->capjobs, s->njobs + 1));
+        ji = (uint32_t)s->njobs;
+    }
     sjob *j = &s->jobs[ji];
     memset(j, 0, sizeof *j);
     SH_TRY(sched__map_put(&s->job_map, js->id, ji, &j->id));
-    s->njobs++;
+    if (reuse) s->nfree--;
+    else s->njobs++;
     j->tenant = ti, j->kind = js->kind;
     j->nodes = js->kind == SCHED_FUNCTION ? 1 : js->nodes;
     j->gpn = js->kind == SCHED_FUNCTION ? 1 : js->gpus_per_node;
@@ -242,6 +280,60 @@ int sched_job_finish(sched *s, const char *id, double now)
     return stop_job(s, id, now, SCHED_DONE);
 }
 
+/* ---- Forgetting ended jobs ------------------------------------------------ */
+
+static void add_cost(double **v, size_t *n, uint32_t type, double c);
+
+/* Drops every reference the cycle bookkeeping keeps to job ji: its pending
+ * decisions (the caller forgot the job, so their news is moot), its entry
+ * in the deadline and elastic lists, and the reservation records of the
+ * last cycle (kept for sched_check, which skips a NONE job). */
+static void drop_refs(sched *s, uint32_t ji)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < s->npend; i++) {
+        if (s->pend[i].job == ji) free(s->pend[i].places);
+        else s->pend[w++] = s->pend[i];
+    }
+    s->npend = w;
+    w = 0;
+    for (size_t i = 0; i < s->nwaiting; i++)
+        if (s->waiting[i] != ji) s->waiting[w++] = s->waiting[i];
+    s->nwaiting = w;
+    if (s->jobs[ji].kind == SCHED_ELASTIC) {
+        /* Order kept: the growth pass visits elastic jobs in submit order. */
+        w = 0;
+        for (size_t i = 0; i < s->nelastic; i++)
+            if (s->elastic[i] != ji) s->elastic[w++] = s->elastic[i];
+        s->nelastic = w;
+    }
+    for (size_t i = 0; i < s->nresv; i++)
+        if (s->resv[i].job == ji) s->resv[i].job = NONE;
+}
+
+int sched_job_forget(sched *s, const char *id)
+{
+    uint32_t ji = NONE;
+    SH_TRY(find_job(s, id, &ji));
+    sjob *j = &s->jobs[ji];
+    if (j->state < SCHED_DONE)
+        return sh_err(SH_EINVAL, "job %s has not ended: only a finished, cancelled or rejected job "
+                      "can be forgotten (cancel it first)", id);
+    SH_TRY(GROW(s->freejobs, s->capfree, s->nfree + 1));
+    /* Its final bill stays in the totals for everyone; its tenant's totals
+     * already hold it (sched__bill charges job and tenant together). */
+    for (size_t k = 0; k < j->ncost; k++)
+        add_cost(&s->forgot_cost_t, &s->nforgot_cost, (uint32_t)k, j->cost_t[k]);
+    drop_refs(s, ji);
+    free(j->places), free(j->cost_t), free(j->reason);
+    sched__map_del(&s->job_map, j->id); /* frees the id j->id points to */
+    memset(j, 0, sizeof *j);
+    j->id = NULL, j->state = SCHED_DONE, j->pool = NONE;
+    s->freejobs[s->nfree++] = ji;
+    s->st.forgotten++;
+    return 0;
+}
+
 /* ---- Billing: per second, each allocation's seconds rounded up ----------- */
 
 static void add_cost(double **v, size_t *n, uint32_t type, double c)
@@ -289,8 +381,11 @@ double sched_cost_job(const sched *s, const char *job, const char *gpu_type, dou
     uint32_t type = gpu_type ? sched__map_get(&s->names, gpu_type) : NONE;
     if (gpu_type && type == NONE) return 0;
     double c = 0;
+    if (!job) /* everyone: forgotten jobs too */
+        for (size_t i = 0; i < s->nforgot_cost; i++)
+            if (type == NONE || type == i) c += s->forgot_cost_t[i];
     for (size_t i = 0; i < s->njobs; i++)
-        if (!job || !strcmp(job, s->jobs[i].id)) {
+        if (s->jobs[i].id && (!job || !strcmp(job, s->jobs[i].id))) {
             c += job_cost(s, &s->jobs[i], type, now);
             if (job) break;
         }
@@ -335,7 +430,7 @@ size_t sched_job_count(const sched *s) { return s->njobs; }
 
 int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o)
 {
-    if (ix >= s->njobs) return sh_err(SH_ENOENT, "job handle %u is not known", ix);
+    if (ix >= s->njobs || !s->jobs[ix].id) return sh_err(SH_ENOENT, "job handle %u is not known", ix);
     const sjob *j = &s->jobs[ix];
     memset(o, 0, sizeof *o);
     o->id = j->id, o->tenant = s->tenants[j->tenant].id, o->kind = j->kind, o->state = j->state;

@@ -1,7 +1,7 @@
 /* A string -> index map with open addressing and linear probing.  Keys are
- * copied and owned by the map; entries are never deleted (a removed node or
- * job keeps its slot so that its index stays a valid handle), which keeps
- * probing simple and lookups O(1). */
+ * copied and owned by the map.  A removed node keeps its entry (its index
+ * stays a valid handle); a forgotten job's entry is deleted by backward
+ * shifting, so probing needs no tombstones and lookups stay O(1). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +55,26 @@ uint32_t sched__map_get(const smap *m, const char *key)
     if (!m->cap || !key) return NONE;
     size_t k = map__slot(m, key, sh_hash64_of(key, strlen(key)));
     return m->keys[k] ? m->vals[k] : NONE;
+}
+
+void sched__map_del(smap *m, const char *key)
+{
+    if (!m->cap || !key) return;
+    size_t mask = m->cap - 1, i = map__slot(m, key, sh_hash64_of(key, strlen(key)));
+    if (!m->keys[i]) return;
+    free(m->keys[i]);
+    m->keys[i] = NULL;
+    m->n--;
+    /* Shift back every later entry of the run whose home slot does not lie
+     * cyclically in (i, j]: otherwise a lookup would stop at the gap. */
+    for (size_t j = (i + 1) & mask; m->keys[j]; j = (j + 1) & mask) {
+        size_t home = m->hashes[j] & mask;
+        int stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (stays) continue;
+        m->keys[i] = m->keys[j], m->hashes[i] = m->hashes[j], m->vals[i] = m->vals[j];
+        m->keys[j] = NULL;
+        i = j;
+    }
 }
 
 void sched__map_free(smap *m)

@@ -1,37 +1,60 @@
 /* Restoring running work after the control-plane server restarts.
  *
- * Added by the server component (issue 6): the server rebuilds a fresh
- * scheduler from SQLite after a crash; jobs that were running keep running
- * on their nodes (they are reconciled, not restarted), so the scheduler must
- * learn their placement rather than choose a new one.  This file only uses
- * the internal helpers the cycle uses to start a job. */
-#include "sched_int.h"
-
+ * Asked for by the server (issue 6): after a crash it rebuilds a fresh
+ * scheduler from SQLite, and jobs that were running keep running on their
+ * nodes (they are reconciled, not restarted), so the scheduler must learn
+ * their placement rather than choose a new one.  The placement is checked
+ * whole before anything is booked, so a refused restore changes nothing. */
 #include <string.h>
 
-/* Declared in src/server/seam.c until it joins include/shoal/sched.h:
- * marks the just-submitted (queued) job `id` running on the n places given,
- * as if a START decision had placed it there at `now`.  Fails with SH_EINVAL
- * naming the node when a place is unknown, down or lacks free GPUs, or when a
- * gang's places span pools. */
-int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now);
+#include "sched_int.h"
+
+/* The rules a START decision would have kept: a gang gets exactly `nodes`
+ * distinct nodes of one pool with gpus_per_node each; elastic replicas of
+ * gpus_per_node number min..max; a function one GPU; every node up, known,
+ * and with the GPUs free (counting earlier places on the same node). */
+static int check_places(sched *s, const sjob *j, const sched_place *pl, size_t n, uint32_t *pool)
+{
+    if (j->kind == SCHED_GANG && n != (size_t)j->nodes)
+        return sh_err(SH_EINVAL, "job %s: a gang of %d nodes cannot be restored on %zu places "
+                      "(no partial gangs)", j->id, j->nodes, n);
+    if (j->kind == SCHED_ELASTIC && (n < (size_t)j->nodes || n > (size_t)j->maxr))
+        return sh_err(SH_EINVAL, "job %s: %zu replicas are outside %d..%d", j->id, n, j->nodes, j->maxr);
+    if (j->kind == SCHED_FUNCTION && n != 1)
+        return sh_err(SH_EINVAL, "job %s: a function runs on one place, not %zu", j->id, n);
+    uint64_t mark = ++s->markseq;
+    *pool = NONE;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t ni = sched__map_get(&s->node_map, pl[i].node);
+        if (ni == NONE || s->nodes[ni].removed || s->nodes[ni].state != SCHED_NODE_UP)
+            return sh_err(SH_EINVAL, "job %s: node %s is unknown or not up", j->id, pl[i].node ? pl[i].node : "");
+        snode *nd = &s->nodes[ni];
+        if (pl[i].gpus != j->gpn)
+            return sh_err(SH_EINVAL, "job %s: place on node %s has %d GPUs, the job takes %d", j->id,
+                          nd->id, pl[i].gpus, j->gpn);
+        if (sched__job_speed(s, j, s->pools[nd->pool].type) <= 0)
+            return sh_err(SH_EINVAL, "job %s: node %s has a GPU type the job does not allow", j->id, nd->id);
+        if (nd->mark != mark) nd->mark = mark, nd->scratch = nd->free; /* GPUs left */
+        else if (j->kind == SCHED_GANG)
+            return sh_err(SH_EINVAL, "job %s: a gang puts two pods on node %s", j->id, nd->id);
+        if (nd->scratch < pl[i].gpus)
+            return sh_err(SH_EINVAL, "job %s: node %s lacks %d free GPUs", j->id, nd->id, pl[i].gpus);
+        nd->scratch -= pl[i].gpus;
+        if (i == 0) *pool = nd->pool;
+        if (j->kind == SCHED_GANG && nd->pool != *pool)
+            return sh_err(SH_EINVAL, "job %s: a gang's places span zones, fabrics or GPU types", j->id);
+    }
+    return 0;
+}
 
 int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now)
 {
     uint32_t ji = sched__map_get(&s->job_map, id);
-    if (ji == NONE) return sh_err(SH_ENOENT, "job %s is not known", id);
+    if (ji == NONE) return sh_err(SH_ENOENT, "job %s is not known", id ? id : "(null)");
     sjob *j = &s->jobs[ji];
     if (j->state != SCHED_QUEUED) return sh_err(SH_EINVAL, "job %s: only a queued job can be restored", id);
-    if (!n) return sh_err(SH_EINVAL, "job %s: no places to restore", id);
     uint32_t pool = NONE;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t ni = sched__map_get(&s->node_map, places[i].node);
-        if (ni == NONE || s->nodes[ni].state != SCHED_NODE_UP || s->nodes[ni].free < places[i].gpus)
-            return sh_err(SH_EINVAL, "job %s: node %s is unknown, down or full", id, places[i].node);
-        if (i == 0) pool = s->nodes[ni].pool;
-        if (j->kind == SCHED_GANG && s->nodes[ni].pool != pool)
-            return sh_err(SH_EINVAL, "job %s: a gang's places span pools", id);
-    }
+    SH_TRY(check_places(s, j, places, n, &pool));
     for (size_t i = 0; i < n; i++)
         SH_TRY(sched__hold(s, ji, sched__map_get(&s->node_map, places[i].node), places[i].gpus, now));
     sched__queue_remove(s, ji);
@@ -41,5 +64,9 @@ int sched_job_restore(sched *s, const char *id, const sched_place *places, size_
     j->pool = j->kind == SCHED_GANG ? pool : NONE;
     s->running++;
     s->st.starts++;
+    for (size_t i = 0; i < n; i++) { /* its estimate starts now */
+        uint32_t ni = sched__map_get(&s->node_map, places[i].node);
+        s->nodes[ni].ver++, s->pools[s->nodes[ni].pool].ver++;
+    }
     return 0;
 }

@@ -22,6 +22,8 @@ typedef struct smap {
 } smap;
 int sched__map_put(smap *m, const char *key, uint32_t val, const char **stored);
 uint32_t sched__map_get(const smap *m, const char *key);
+/* Deletes key (if present), freeing the stored copy. */
+void sched__map_del(smap *m, const char *key);
 void sched__map_free(smap *m);
 
 /* One pod or replica: `gpus` GPUs of node `node` held since `since`. */
@@ -54,6 +56,7 @@ typedef struct snode {
     int resv_spare;
     uint64_t resv_stamp;
     uint64_t mark; /* scratch stamp for placement */
+    int scratch;   /* scratch count, valid where mark is current */
     /* ready[g]: when g GPUs will be free if work ends at its estimates;
      * valid while ready_ver == ver (ver changes with every hold and
      * release on the node). */
@@ -86,6 +89,7 @@ typedef struct stenant {
     const char *id;
     uint32_t *queue; /* queued job indices sorted by (-priority, order) */
     size_t nq, capq, cursor;
+    size_t holes;    /* NONE slots left by jobs started during a walk */
     int gpus_in_use;
     double *cost_t; /* by type index */
     size_t ncost;
@@ -126,6 +130,7 @@ typedef struct sshape {
     uint64_t shape;   /* 0: empty slot */
     size_t queued;    /* queued jobs of this shape */
     uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
+    double min_est;     /* a lower bound of the queued jobs' estimates */
 } sshape;
 
 /* A reservation made in the last step for a blocked head-of-line gang. */
@@ -165,6 +170,10 @@ struct sched {
     size_t npools, cappools;
     sjob *jobs;
     size_t njobs, capjobs;
+    uint32_t *freejobs; /* slots of forgotten jobs (id NULL), reused by submit */
+    size_t nfree, capfree;
+    double *forgot_cost_t; /* final bills of forgotten jobs, by type index */
+    size_t nforgot_cost;
     stenant *tenants;
     size_t ntenants, captenants;
     sresv *resv;
@@ -186,6 +195,7 @@ struct sched {
     sshape *shapes;    /* open addressing by shape hash */
     size_t capshapes, nshapes_live;
     uint64_t walk_id;
+    int walking;       /* a queue walk is running: starts leave holes */
     uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
     struct stpools {
         uint32_t *v;
@@ -204,6 +214,8 @@ void sched__bill(sched *s, sjob *j, const splace *p, double now);
 double sched__place_cost(const sched *s, const splace *p, double now);
 int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
+/* Removes the holes that starts left in the tenant queues during a walk. */
+void sched__queue_compact(sched *s);
 double sched__job_speed(const sched *s, const sjob *j, uint32_t type);
 double sched__est_len(const sched *s, const sjob *j, uint32_t pool);
 double sched__est_end(const sched *s, const sjob *j);
@@ -230,6 +242,11 @@ typedef struct scand {
 } scand;
 int sched__pick_gang(sched *s, const sjob *j, uint32_t pi, double est_end, scand *out);
 int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, uint32_t *pool);
+
+/* room.c: reserves nodes for blocked gang ji (shoal and backfill); frees
+ * room for it by preemption (shoal), returning 1 when room was made. */
+int sched__make_reservation(sched *s, uint32_t ji, double now);
+int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now);
 
 /* cycle.c */
 int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);

@@ -122,20 +122,28 @@ static int job_eval(srv *s, srv_job *j)
     return SH_OK;
 }
 
-static void log_note(srv *s, int64_t job, int rank, const char *fmt, ...)
+/* Appends to rank's log; the first append by this process repairs the file.
+ * Logs are best effort: the job's state is what must not tear. */
+static void log_append(srv *s, srv_job *j, int rank, const char *data, size_t len)
 {
-    char path[4200], line[512];
-    if (srv__log_path(s, job, rank, path, sizeof path) < 0) return;
+    char path[4200];
+    if (rank < 0 || rank >= 64 || srv__log_path(s, j->id, rank, path, sizeof path) < 0) return;
+    int repair = !(j->log_checked & (1ull << rank));
+    if (srv__log_append(path, data, len, repair) < 0) {
+        sh_warn("job %lld rank %d: log: %s", (long long)j->id, rank, sh_errmsg());
+        return;
+    }
+    j->log_checked |= 1ull << rank;
+}
+
+static void log_note(srv *s, srv_job *j, int rank, const char *fmt, ...)
+{
+    char line[512];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) return;
-    if (sh_write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1, path) < 0) {
-        /* logs are best effort: the job's state is what must not tear */
-    }
-    close(fd);
+    if (n > 0) log_append(s, j, rank, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
 /* Applies one member report from node idx. */
@@ -158,7 +166,7 @@ static int apply_report(srv *s, int idx, const json_t *r)
     else if (!strcmp(st, "running") && m->state < M_RUNNING) {
         m->state = M_RUNNING;
         m->t_start = sh_now_wall();
-        log_note(s, id, (int)rank, "--- attempt %d on node %s ---\n", j->attempt, s->nodes[idx].name);
+        log_note(s, j, (int)rank, "--- attempt %d on node %s ---\n", j->attempt, s->nodes[idx].name);
     } else if (!strcmp(st, "exited")) {
         if (m->state < M_RUNNING) m->t_start = 0;
         SH_TRY(srv__member_end(s, j, m, M_EXITED, (int)code));
@@ -186,14 +194,10 @@ static void apply_logs(srv *s, const json_t *logs)
         int64_t id = 0, rank = 0;
         const char *data = NULL;
         if (sh_json_get_i64(c, "job", 1, "log", &id) || sh_json_get_i64(c, "rank", 1, "log", &rank) ||
-            sh_json_get_str(c, "data", 1, "log", &data) || !srv__job(s, id) || rank < 0 || rank > 64)
+            sh_json_get_str(c, "data", 1, "log", &data) || !srv__job(s, id) || rank < 0 || rank >= 64)
             continue;
-        char path[4200];
-        if (srv__log_path(s, id, (int)rank, path, sizeof path) < 0) continue;
-        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (fd < 0) continue;
-        (void)sh_write_all(fd, data, json_string_length(json_object_get(c, "data")), path);
-        close(fd);
+        size_t len = json_string_length(json_object_get(c, "data"));
+        if (len) log_append(s, srv__job(s, id), (int)rank, data, len);
     }
 }
 

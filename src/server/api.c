@@ -122,22 +122,18 @@ static int job_logs(srv *s, srv_req *r, srv_job *j, json_t **reply)
 {
     int64_t rank = query_i64(r, "rank", 0), off = query_i64(r, "offset", 0);
     if (off < 0) off = 0;
+    if (rank < 0 || rank >= 64) return sh_err(SH_EINVAL, "logs: rank %lld is outside 0..63", (long long)rank);
     char path[4200];
     SH_TRY(srv__log_path(s, j->id, (int)rank, path, sizeof path));
     sh_buf b = {0};
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        struct stat stt;
-        if (fstat(fd, &stt) == 0 && stt.st_size > off) {
-            size_t n = (size_t)(stt.st_size - off);
-            if (n > (1 << 20)) n = 1 << 20;
-            if (sh_buf_reserve(&b, n + 1) == SH_OK && sh_pread_all(fd, b.data, n, (uint64_t)off, path) == SH_OK)
-                b.len = n;
-        }
-        close(fd);
+    uint64_t next = (uint64_t)off;
+    int rc = srv__log_read(path, (uint64_t)off, 1 << 20, &b, &next);
+    if (rc < 0) {
+        sh_buf_free(&b);
+        return rc;
     }
     *reply = json_pack("{s:s%,s:I,s:b,s:s}", "data", b.data ? (char *)b.data : "", b.len, "offset",
-                       (json_int_t)(off + (int64_t)b.len), "done", j->state > J_RUNNING, "state",
+                       (json_int_t)next, "done", j->state > J_RUNNING, "state",
                        srv__job_state_name(j->state));
     sh_buf_free(&b);
     return SH_OK;
@@ -173,10 +169,8 @@ static json_t *costs(srv *s, const char *tenant)
 
 static json_t *nodes_json(srv *s, srv_req *r)
 {
-    json_t *a = json_array();
-    for (int i = 0; i < s->nnodes; i++)
-        if (s->nodes[i].state != NODE_GONE) json_array_append_new(a, srv__node_json(s, i, r->tenant));
-    return a;
+    json_t *a = srv__nodes_json(s, r->tenant);
+    return a ? a : json_array();
 }
 
 static int overview(srv *s, srv_req *r, json_t **reply)

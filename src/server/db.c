@@ -256,6 +256,9 @@ static int db__load_members(srv *s)
 static int db__load_job(srv *s, sqlite3_stmt *st)
 {
     json_t *spec = json_loads(col_text(st, 12), 0, NULL);
+    /* Databases written before "zone" was refused may hold it; it never
+     * affected placement, so dropping it keeps those jobs loadable. */
+    if (json_is_object(spec)) json_object_del(spec, "zone");
     srv_job *j = NULL;
     int rc = srv__job_from_spec(spec, col_text(st, 1), &j);
     json_decref(spec);

@@ -56,6 +56,17 @@ static int status_of(int rc)
     }
 }
 
+/* Compares a presented token with a known one in time that depends only on
+ * their lengths, so that response times do not leak a token's prefix. */
+static int token_eq(const char *given, const char *known)
+{
+    if (!known) return 0;
+    size_t a = strlen(given), b = strlen(known);
+    unsigned char diff = a != b;
+    for (size_t i = 0; i < a; i++) diff |= (unsigned char)(given[i] ^ known[i % (b ? b : 1)]);
+    return !diff;
+}
+
 /* Maps the bearer token to a role; *tenant points into s->tokens. */
 static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char **err)
 {
@@ -67,12 +78,12 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
     const char *tok = h + 7;
     const char *admin = json_string_value(json_object_get(s->tokens, "admin"));
     const char *agent = json_string_value(json_object_get(s->tokens, "agent"));
-    if (admin && !strcmp(tok, admin)) return r->role = ROLE_ADMIN;
-    if (agent && !strcmp(tok, agent)) return r->role = ROLE_AGENT;
+    if (token_eq(tok, admin)) return r->role = ROLE_ADMIN;
+    if (token_eq(tok, agent)) return r->role = ROLE_AGENT;
     const char *name;
     json_t *v;
     json_object_foreach(json_object_get(s->tokens, "tenants"), name, v) {
-        if (json_is_string(v) && !strcmp(tok, json_string_value(v))) {
+        if (json_is_string(v) && token_eq(tok, json_string_value(v))) {
             r->tenant = name;
             return r->role = ROLE_TENANT;
         }
@@ -389,6 +400,13 @@ void srv__metrics(srv *s, sh_buf *b)
                      "# TYPE shoal_sched_cycle_seconds gauge\nshoal_sched_cycle_seconds %.6f\n",
                   (unsigned long long)s->submits, (unsigned long long)s->rejects,
                   (unsigned long long)s->polls, s->last_cycle_s);
+    sched_stats ss;
+    sched_stats_get(s->sc, &ss);
+    sh_buf_printf(b, "# HELP shoal_sched_jobs Jobs the scheduling core holds (queued or running).\n"
+                     "# TYPE shoal_sched_jobs gauge\nshoal_sched_jobs %zu\n"
+                     "# HELP shoal_sched_jobs_forgotten_total Ended jobs the core has dropped.\n"
+                     "# TYPE shoal_sched_jobs_forgotten_total counter\nshoal_sched_jobs_forgotten_total %llu\n",
+                  ss.queued + ss.running, (unsigned long long)ss.forgotten);
     sh_buf_printf(b, "# HELP shoal_http_responses_total HTTP responses by status class.\n"
                      "# TYPE shoal_http_responses_total counter\n");
     for (int i = 2; i <= 5; i++)

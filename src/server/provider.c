@@ -50,9 +50,11 @@ static int run(srv *s, json_t *req)
         free(text);
         return sh_err_errno(errno, "provider: pipe");
     }
+    pid_t parent = getpid();
     pid_t p = fork();
     if (p == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* local agents end with their server */
+        if (getppid() != parent) _exit(1); /* the server died before prctl took hold */
         dup2(fds[0], 0);
         execl("/bin/sh", "sh", "-c", s->cfg.provider_cmd, (char *)NULL);
         _exit(127);

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now);
 
 static void sid(const srv_job *j, char out[24]) { snprintf(out, 24, "%lld", (long long)j->id); }
 
@@ -41,7 +40,8 @@ static int spec_of(const srv_job *j, char id[24], sched_job_spec *sp)
     sp->est_s = est ? json_number_value(est) : 0;
     sp->priority = j->priority;
     sp->on_fail = j->policy == P_REPLACE ? SCHED_REPLACE : SCHED_REQUEUE;
-    sp->replace_wait_s = 30;
+    json_t *wait = json_object_get(j->spec, "replace_wait_s");
+    sp->replace_wait_s = wait ? json_number_value(wait) : 30;
     return SH_OK;
 }
 
@@ -53,19 +53,27 @@ int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap)
     int rc = sched_job_submit(s->sc, &sp, sh_now_mono());
     if (rc == SH_ERANGE || rc == SH_EINVAL) {
         snprintf(why, cap, "can never fit: %s", sh_errmsg());
+        /* A rejected job never runs, so nothing of it is left to bill. */
+        sched_job_forget(s->sc, id);
         return 1;
     }
     return rc;
 }
 
+/* Called by srv__finish after every member was billed to the ledger in
+ * SQLite: the server's bill is final, so the core forgets the job and its
+ * memory stays bounded by the jobs alive at once. */
 void srv__seam_end(srv *s, const srv_job *j, int cancelled)
 {
     char id[24];
     sid(j, id);
     sched_job_info info;
-    if (sched_job_info_get(s->sc, id, sh_now_mono(), &info) < 0 || info.state >= SCHED_DONE) return;
-    if (cancelled) sched_job_cancel(s->sc, id, sh_now_mono());
-    else sched_job_finish(s->sc, id, sh_now_mono());
+    if (sched_job_info_get(s->sc, id, sh_now_mono(), &info) < 0) return;
+    if (info.state < SCHED_DONE) {
+        if (cancelled) sched_job_cancel(s->sc, id, sh_now_mono());
+        else sched_job_finish(s->sc, id, sh_now_mono());
+    }
+    if (sched_job_forget(s->sc, id) < 0) sh_warn("job %s: scheduler: %s", id, sh_errmsg());
 }
 
 int srv__seam_node(srv *s, int idx, int event)

@@ -55,6 +55,7 @@ typedef struct srv_job {
     int go;                              /* the launch barrier is open */
     int nmem;
     srv_member *mem;
+    uint64_t log_checked;                /* ranks whose log file this process has repaired */
     int nprefer;                         /* replace policy: nodes to keep, by rank */
     int prefer[64];
 } srv_job;
@@ -137,7 +138,8 @@ const char *srv__member_state_name(int st);
 const char *srv__kind_name(int k);
 const char *srv__policy_name(int p);
 json_t *srv__job_json(srv *s, const srv_job *j, int full);
-json_t *srv__node_json(srv *s, int idx, const char *tenant);
+/* Every node not gone, with the work placed on it (tenant: others hidden). */
+json_t *srv__nodes_json(srv *s, const char *tenant);
 int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
 
 /* seam.c: the scheduling core's seam */
@@ -165,6 +167,17 @@ int srv__agent_register(srv *s, json_t *body, json_t **reply);
 int srv__agent_poll(srv *s, json_t *body, json_t **reply);
 int srv__agent_logs(srv *s, json_t *body);
 int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap);
+
+/* logfile.c: rank logs as framed records (docs/server-api.md) */
+#define SRV_LOG_MAX_RECORD (1u << 20)
+/* Appends data as one or more records; with repair, first cuts the file back
+ * to its last whole record (a crash may have left a torn one). */
+int srv__log_append(const char *path, const void *data, size_t len, int repair);
+/* Appends to out the data of whole records from file offset off, stopping
+ * once out holds max bytes or at the first incomplete or broken record;
+ * *next is the offset after the last record read.  A missing file reads
+ * as empty. */
+int srv__log_read(const char *path, uint64_t off, size_t max, sh_buf *out, uint64_t *next);
 
 /* api.c */
 int srv__presubmit(srv_req *r);

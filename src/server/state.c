@@ -235,6 +235,7 @@ int srv__grow(srv *s, srv_job *j, const int *nodes, int n)
 /* Stops one live elastic replica on each node listed. */
 int srv__shrink(srv *s, srv_job *j, const int *nodes, int n)
 {
+    if (n <= 0) return SH_OK; /* the core reports a failed node's places this way too */
     for (int i = 0; i < n; i++)
         for (int r = j->nmem - 1; r >= 0; r--)
             if (j->mem[r].node == nodes[i] && member_live(&j->mem[r])) {
@@ -320,7 +321,7 @@ static const char *const job_keys[] = {
     "name",   "kind",     "nodes",          "min_nodes",  "max_nodes",    "gpus_per_node",
     "gpus",   "gpu_types", "zone",          "command",    "env",          "on_failure",
     "max_attempts", "priority", "writable", "memory_mb", "pids_max", "idempotency_key", "est_s",
-    "gpu_speeds", NULL};
+    "gpu_speeds", "replace_wait_s", NULL};
 
 static int pick(const char *v, const char *const *names, int n, const char *field, int *out)
 {
@@ -439,13 +440,21 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     double est = 0;
     if (rc == SH_OK) rc = sh_json_get_num(spec, "est_s", 0, "job", &est);
     if (rc == SH_OK && est < 0) rc = sh_err(SH_ERANGE, "job: field \"est_s\": negative");
+    double wait = 30;
+    if (rc == SH_OK) rc = sh_json_get_num(spec, "replace_wait_s", 0, "job", &wait);
+    if (rc == SH_OK && !(wait >= 0 && wait <= 86400))
+        rc = sh_err(SH_ERANGE, "job: field \"replace_wait_s\": %g is outside 0..86400 seconds", wait);
     if (rc == SH_OK) rc = str_array(spec, "command", 1, 0);
     if (rc == SH_OK) rc = str_array(spec, "gpu_types", 0, 0);
     if (rc == SH_OK) rc = str_array(spec, "writable", 0, 1);
     if (rc == SH_OK) rc = check_env(spec);
     if (rc == SH_OK) rc = check_speeds(spec);
-    const char *zone = NULL;
-    if (rc == SH_OK) rc = sh_json_get_str(spec, "zone", 0, "job", &zone);
+    /* The scheduling core cannot pin a job to a zone, so a "zone" field
+     * would be a promise the server does not keep: refuse it. */
+    if (rc == SH_OK && json_object_get(spec, "zone"))
+        rc = sh_err(SH_EFORMAT, "job: field \"zone\" is not supported: placement cannot be pinned to a"
+                                " zone; remove it (a gang always runs inside one zone) or narrow"
+                                " \"gpu_types\" instead");
     if (rc == SH_OK && tenant && strlen(tenant) >= sizeof j->tenant)
         rc = sh_err(SH_EFORMAT, "job: tenant name too long");
     if (rc < 0) {
@@ -513,29 +522,54 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full)
 
 static const char *const node_states[] = {"alive", "dead", "gone"};
 
-json_t *srv__node_json(srv *s, int idx, const char *tenant)
+static json_t *node_json(const srv_node *n, json_t *jobs)
 {
-    const srv_node *n = &s->nodes[idx];
-    json_t *jobs = json_array();
-    for (int64_t a = 0; a < s->nactive; a++) {
-        srv_job *j = srv__job(s, s->active[a]);
-        if (!j || j->state > J_RUNNING) continue;
-        for (int i = 0; i < j->nmem; i++)
-            if (j->mem[i].node == idx && member_live(&j->mem[i])) {
-                int mine = !tenant || !strcmp(tenant, j->tenant);
-                /* Other tenants' work shows as busy GPUs, never as a job. */
-                json_array_append_new(jobs, json_pack("{s:I,s:i,s:s,s:s,s:s,s:i}", "job",
-                                                      (json_int_t)(mine ? j->id : 0), "rank",
-                                                      mine ? j->mem[i].rank : 0, "name",
-                                                      mine ? j->name : "", "tenant",
-                                                      mine ? j->tenant : "", "kind",
-                                                      srv__kind_name(j->kind), "gpus",
-                                                      j->gpus_per_node));
-            }
-    }
     return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:o}", "name", n->name,
                      "gpu_type", n->gpu_type, "gpus", n->gpus, "gpus_used", n->gpus_used, "zone",
                      n->zone, "fabric", n->fabric, "addr", n->addr, "price_per_gpu_hour", n->price,
                      "state", node_states[n->state], "sandbox", n->sandbox, "from_provider",
                      n->from_provider, "jobs", jobs);
+}
+
+/* One entry of a node's "jobs" list. */
+static json_t *placement_json(const srv_job *j, const srv_member *m, const char *tenant)
+{
+    int mine = !tenant || !strcmp(tenant, j->tenant);
+    /* Other tenants' work shows as busy GPUs, never as a job. */
+    return json_pack("{s:I,s:i,s:s,s:s,s:s,s:i}", "job", (json_int_t)(mine ? j->id : 0), "rank",
+                     mine ? m->rank : 0, "name", mine ? j->name : "", "tenant", mine ? j->tenant : "",
+                     "kind", srv__kind_name(j->kind), "gpus", j->gpus_per_node);
+}
+
+/* Every node as JSON, in node order.  The live members of the active jobs
+ * are bucketed by node in one pass, so the cost is nodes + members rather
+ * than nodes x active jobs. */
+json_t *srv__nodes_json(srv *s, const char *tenant)
+{
+    json_t **per = calloc((size_t)s->nnodes + 1, sizeof *per);
+    json_t *out = json_array();
+    if (!per || !out) {
+        free(per);
+        json_decref(out);
+        return NULL;
+    }
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        if (!j || j->state > J_RUNNING) continue;
+        for (int i = 0; i < j->nmem; i++) {
+            const srv_member *m = &j->mem[i];
+            if (!member_live(m) || m->node < 0 || m->node >= s->nnodes) continue;
+            if (!per[m->node]) per[m->node] = json_array();
+            json_array_append_new(per[m->node], placement_json(j, m, tenant));
+        }
+    }
+    for (int i = 0; i < s->nnodes; i++) {
+        if (s->nodes[i].state == NODE_GONE) {
+            json_decref(per[i]);
+            continue;
+        }
+        json_array_append_new(out, node_json(&s->nodes[i], per[i] ? per[i] : json_array()));
+    }
+    free(per);
+    return out;
 }

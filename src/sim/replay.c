@@ -25,6 +25,7 @@ typedef struct rjob {
     int gpus;      /* GPUs of running work now (for utilisation) */
     int hit;       /* a failure touched it */
     int started;
+    double first_start; /* virtual time of its first START, or -1 */
 } rjob;
 
 typedef struct run {
@@ -36,7 +37,9 @@ typedef struct run {
     size_t nheap, capheap;
     uint64_t seq;
     rjob *jobs;       /* by trace index */
-    uint32_t *six2t;  /* scheduler job handle -> trace index */
+    /* Scheduler job handle -> trace index.  Handles are reused after
+     * sched_job_forget, so this is as large as the most jobs alive at once. */
+    uint32_t *six2t;
     size_t nsix;
     sim_node *nodes;  /* by scheduler node handle (fleet, then provisioned) */
     sim_node *prov;   /* nodes asked of the provider, by EV_ADD index */
@@ -199,7 +202,7 @@ static int apply(run *R, const sched_decision *x, double now)
     rjob *rj = &R->jobs[ti];
     switch (x->kind) {
     case SCHED_D_START:
-        if (!rj->started) rj->remaining = R->t->jobs[ti].duration_s, rj->started = 1;
+        if (!rj->started) rj->remaining = R->t->jobs[ti].duration_s, rj->started = 1, rj->first_start = now;
         rj->rate = 0, rj->last = now;
         return replan(R, x->job_ix, now);
     case SCHED_D_PREEMPT:
@@ -232,14 +235,19 @@ static int submit(run *R, size_t ti, double now)
     sp.n_types = j->n_types;
     for (int k = 0; k < j->n_types; k++) sp.gpu_types[k] = j->gpu_types[k], sp.speed[k] = j->speed[k];
     sp.est_s = j->duration_s, sp.priority = j->priority;
-    sp.on_fail = SCHED_REQUEUE;
-    size_t before = sched_job_count(R->s);
+    sp.on_fail = R->o->replace_wait_s > 0 ? SCHED_REPLACE : SCHED_REQUEUE;
+    sp.replace_wait_s = R->o->replace_wait_s;
     int rc = sched_job_submit(R->s, &sp, now);
-    if (sched_job_count(R->s) > before) R->six2t[R->nsix++] = (uint32_t)ti;
+    int64_t six = sched_job_ix(R->s, j->id);
+    if (six >= 0) {
+        R->six2t[six] = (uint32_t)ti;
+        if ((size_t)six >= R->nsix) R->nsix = (size_t)six + 1;
+    }
     if (rc == SH_ERANGE) {
         if (!R->r->jobs_rejected++) snprintf(R->r->first_rejection, sizeof R->r->first_rejection, "%s", sh_errmsg());
         R->done++;
-        return 0;
+        /* The replay keeps what it reports; the scheduler need not. */
+        return sched_job_forget(R->s, j->id);
     }
     return rc;
 }
@@ -259,7 +267,10 @@ static int finish(run *R, uint32_t ti, double now)
     R->r->restarts += (uint64_t)info.restarts;
     if (rj->hit) R->r->failures_survived++;
     R->done++;
-    return 0;
+    /* Everything the report needs is recorded above or in rj; forgetting
+     * the job keeps the scheduler's memory bounded by the live jobs over a
+     * long replay (its bill stays in the cost totals). */
+    return sched_job_forget(R->s, j->id);
 }
 
 static int handle(run *R, const ev *e)
@@ -317,17 +328,18 @@ static void summarise(run *R, double t0, double t_end)
     sum = 0;
     for (size_t i = 0; i < n; i++) sum += R->wait[i];
     r->wait_mean_s = n ? sum / (double)n : NAN;
-    /* Waits by gang size, from the scheduler's record of every started job. */
+    /* Waits by gang size, over every job that started (finished jobs are
+     * forgotten by the scheduler: the replay's own record is used). */
     double *bw[SIM_BUCKETS], *big = malloc((R->t->n + 1) * sizeof(double));
     size_t nb[SIM_BUCKETS] = {0}, nbig = 0;
     for (int b = 0; b < SIM_BUCKETS; b++) bw[b] = malloc((R->t->n + 1) * sizeof(double));
-    for (size_t six = 0; six < R->nsix; six++) {
-        sched_job_info info;
-        if (sched_job_info_ix(R->s, (uint32_t)six, t_end, &info) || info.first_start_s < 0) continue;
-        const sim_job *j = &R->t->jobs[R->six2t[six]];
+    for (size_t ti = 0; ti < R->t->n; ti++) {
+        if (!R->jobs[ti].started) continue;
+        const sim_job *j = &R->t->jobs[ti];
+        double w = R->jobs[ti].first_start - j->submit_s;
         int b = bucket_of(j->nodes);
-        if (bw[b]) bw[b][nb[b]++] = info.first_start_s - j->submit_s;
-        if (big && j->nodes >= 16) big[nbig++] = info.first_start_s - j->submit_s;
+        if (bw[b]) bw[b][nb[b]++] = w;
+        if (big && j->nodes >= 16) big[nbig++] = w;
     }
     if (big) qsort(big, nbig, sizeof(double), cmp_d);
     r->big_jobs = nbig;
@@ -369,10 +381,11 @@ static void summarise(run *R, double t0, double t_end)
     sched_stats_get(R->s, &st);
     r->decisions = st.decisions;
     r->decisions_per_s = r->sched_wall_s > 0 ? (double)st.decisions / r->sched_wall_s : 0;
-    r->preemptions = st.preemptions, r->requeues = st.requeues;
+    r->preemptions = st.preemptions, r->requeues = st.requeues, r->replaces = st.replaces;
     r->partial_gangs = st.partial_gangs, r->hold_timeouts = st.hold_timeouts;
     r->held_gpu_hours = st.held_gpu_s / 3600.0;
     r->resv_late = st.resv_late;
+    r->sched_job_slots = sched_job_count(R->s);
     r->jobs_unfinished = r->jobs_total - r->jobs_completed - r->jobs_rejected;
 }
 

@@ -263,7 +263,7 @@ int sim_trace_load(const char *path, const char *format, const sim_trace_opts *o
     json_decref(thr);
     if (!rc && header) rc = sh_err(SH_EFORMAT, "%s: empty trace (no header)", path);
     if (rc) return sim_trace_free(out), rc;
-    qsort(out->jobs, out->n, sizeof *out->jobs, cmp_submit);
+    if (out->n) qsort(out->jobs, out->n, sizeof *out->jobs, cmp_submit);
     for (size_t i = 1; i < out->n; i++)
         if (!strcmp(out->jobs[i].id, out->jobs[i - 1].id)) {
             rc = sh_err(SH_EFORMAT, "%s: job id \"%s\" appears twice", path, out->jobs[i].id);

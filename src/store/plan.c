@@ -183,8 +183,16 @@ int store_materialize(store *s, uint64_t v, uint64_t have, const char *have_path
     if (!p) return sh_err(SH_ENOMEM, "plan");
     int rc = store_plan_make(s, have_path ? have : 0, v, p);
     if (rc == 0 && p->kind == STORE_PLAN_SQUASH) {
-        /* Materialising reads local files: the chain is as good as the squash. */
-        p->kind = STORE_PLAN_CHAIN;
+        /* One squashed delta from `have` straight to v. */
+        store_version m;
+        char sq[4096];
+        rc = store_get(s, v, &m, NULL);
+        if (rc == 0) rc = store_squash_path(s, have, v, sq, sizeof sq);
+        if (rc == 0) rc = store__delta_apply(have_path, sq, out);
+        if (rc == 0) rc = check_model(&m, out);
+        if (rc < 0) unlink(out);
+        free(p);
+        return rc;
     }
     char cur[4096], next[4096], payload[4096];
     snprintf(cur, sizeof cur, "%s", "");
@@ -228,6 +236,36 @@ int store_materialize(store *s, uint64_t v, uint64_t have, const char *have_path
     return rc;
 }
 
+int store_squash(store *s, uint64_t from, uint64_t to, uint64_t *bytes)
+{
+    if (from == 0 || to < from + 2)
+        return sh_err(SH_EINVAL, "squash %llu..%llu: needs a version to start from and at least two "
+                      "deltas after it", (unsigned long long)from, (unsigned long long)to);
+    const char **paths = calloc(to - from, sizeof *paths);
+    char(*bufs)[4096] = calloc(to - from, sizeof *bufs);
+    int rc = paths && bufs ? SH_OK : sh_err(SH_ENOMEM, "squash");
+    for (uint64_t v = from + 1; rc == 0 && v <= to; v++) {
+        store_version m;
+        rc = store_get(s, v, &m, NULL);
+        if (rc == 0 && (m.anchor || m.base != v - 1))
+            rc = sh_err(SH_EINVAL, "squash %llu..%llu: version %llu is an anchor; squash from it instead",
+                        (unsigned long long)from, (unsigned long long)to, (unsigned long long)v);
+        if (rc == 0) rc = store_payload_path(s, v, bufs[v - from - 1], sizeof bufs[0]);
+        paths[v - from - 1] = bufs[v - from - 1];
+    }
+    char dir[4096], out[4096];
+    if (rc == 0) rc = sh_path_join(dir, sizeof dir, s->dir, "squash");
+    if (rc == 0) rc = sh_mkdir_p(dir, 0755);
+    if (rc == 0) rc = store_squash_path(s, from, to, out, sizeof out);
+    if (rc == 0) rc = store__delta_squash(paths, (size_t)(to - from), out);
+    if (rc == 0) rc = sh_fsync_dir(dir);
+    struct stat st;
+    if (rc == 0 && bytes) *bytes = stat(out, &st) == 0 ? (uint64_t)st.st_size : 0;
+    free(paths);
+    free(bufs);
+    return rc;
+}
+
 /* ---- Garbage collection ------------------------------------------------- */
 
 static int remove_version(store *s, uint64_t v)
@@ -258,6 +296,22 @@ static void clean_staging(store *s)
         if (sh_path_join(path, sizeof path, s->staging, e->d_name) == 0) sh_rm_rf(path);
     }
     closedir(d);
+}
+
+/* Squashed deltas that start before what gc kept can no longer be used. */
+static void clean_squash(store *s, uint64_t floor)
+{
+    char dir[4096];
+    if (sh_path_join(dir, sizeof dir, s->dir, "squash") < 0) return;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        unsigned long long from = 0;
+        if (sscanf(e->d_name, "%10llu-", &from) != 1 || from >= floor) continue;
+        char path[4096];
+        if (sh_path_join(path, sizeof path, dir, e->d_name) == 0) unlink(path);
+    }
+    if (d) closedir(d);
 }
 
 int store_gc(store *s, uint64_t keep, uint64_t *removed)
@@ -292,5 +346,6 @@ int store_gc(store *s, uint64_t keep, uint64_t *removed)
     }
     free(list);
     if (rc == 0) clean_staging(s);
+    if (rc == 0) clean_squash(s, latest ? floor : UINT64_MAX);
     return rc;
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "shoal/ckpt.h"
+#include "shoal/delta.h"
 #include "store/internal.h"
 
 typedef struct model {
@@ -26,6 +27,7 @@ typedef struct model {
     uint8_t *map;
     ckpt *ck; /* parsed once, before activation: leases get tensor views */
     char path[4096];
+    struct model *fp8; /* --fp8: the FP8 serving copy of the same version */
 } model;
 
 typedef struct pending {
@@ -51,6 +53,8 @@ struct store_replica {
     int have_net, have_apply;
     pthread_t net_thread, apply_thread;
     bcast_stats push;
+    uint64_t fp8_blocks; /* blocks re-quantised by the last FP8 update */
+    double last_push_activity, next_store_check; /* monotonic seconds */
 };
 
 /* ---- Models ------------------------------------------------------------ */
@@ -89,7 +93,17 @@ static int model_open(const char *path, uint64_t version, model **out)
     return SH_OK;
 }
 
-/* Drops a reference; the last one unmaps the model and deletes its file
+static void model_free(model *m, int unlink_files)
+{
+    if (!m) return;
+    model_free(m->fp8, unlink_files);
+    ckpt_close(m->ck);
+    if (m->map) munmap(m->map, m->size);
+    if (unlink_files) unlink(m->path);
+    free(m);
+}
+
+/* Drops a reference; the last one unmaps the model and deletes its files
  * unless it is still the active one on disk. */
 static void model_unref(store_replica *r, model *m)
 {
@@ -98,17 +112,48 @@ static void model_unref(store_replica *r, model *m)
     int last = --m->refs == 0;
     int is_active = r->active == m;
     pthread_mutex_unlock(&r->mu);
-    if (!last) return;
-    ckpt_close(m->ck);
-    if (m->map) munmap(m->map, m->size);
-    if (!is_active) unlink(m->path);
-    free(m);
+    if (last) model_free(m, !is_active);
 }
 
 static int model_path(store_replica *r, uint64_t v, char *out, size_t cap)
 {
     int k = snprintf(out, cap, "%s/%010llu.safetensors", r->models, (unsigned long long)v);
     return k < 0 || (size_t)k >= cap ? sh_err(SH_ERANGE, "replica path too long") : SH_OK;
+}
+
+static int fp8_path(store_replica *r, uint64_t v, char *out, size_t cap)
+{
+    int k = snprintf(out, cap, "%s/%010llu.fp8.safetensors", r->models, (unsigned long long)v);
+    return k < 0 || (size_t)k >= cap ? sh_err(SH_ERANGE, "replica path too long") : SH_OK;
+}
+
+/* --fp8: the serving copy of version v (bf16 at `bf16`).  After one delta
+ * on a version whose FP8 copy exists, only the blocks the delta touched are
+ * re-quantised; otherwise the whole model is quantised.  Both give the same
+ * bytes (the codec guarantees it). */
+static int make_fp8(store_replica *r, uint64_t v, const char *bf16, const model *prev,
+                    const char *delta_path, char *out, size_t cap)
+{
+    SH_TRY(fp8_path(r, v, out, cap));
+    delta_opts o = {0};
+    if (prev && prev->fp8 && delta_path) {
+        uint64_t blocks = 0;
+        int rc = delta_quant_fp8_update(prev->fp8->path, bf16, delta_path, out, NULL, &o, &blocks);
+        if (rc == 0) {
+            pthread_mutex_lock(&r->mu);
+            r->fp8_blocks = blocks;
+            pthread_mutex_unlock(&r->mu);
+            return SH_OK;
+        }
+        sh_warn("replica %s: FP8 update failed (%s); quantising the whole model", r->dir, sh_errmsg());
+    }
+    return delta_quant_fp8(bf16, out, NULL, &o);
+}
+
+static int model_open_fp8(model *m, const char *fp8)
+{
+    if (!fp8) return SH_OK;
+    return model_open(fp8, m->version, &m->fp8);
 }
 
 /* ---- ACTIVE --------------------------------------------------------------- */
@@ -156,6 +201,19 @@ static int restore_active(store_replica *r)
     if (rc == 0) rc = model_open(path, (uint64_t)v, &r->active);
     if (rc == 0) r->activated_at = at;
     json_decref(j);
+    if (rc == 0 && r->cfg.fp8) {
+        char fp8[4096];
+        rc = fp8_path(r, (uint64_t)v, fp8, sizeof fp8);
+        /* A missing or damaged FP8 copy is rebuilt from the verified bf16. */
+        if (rc == 0 && model_open_fp8(r->active, fp8) < 0) {
+            rc = make_fp8(r, (uint64_t)v, path, NULL, NULL, fp8, sizeof fp8);
+            if (rc == 0) rc = model_open_fp8(r->active, fp8);
+        }
+        if (rc < 0) {
+            model_free(r->active, 0);
+            r->active = NULL;
+        }
+    }
     return rc;
 }
 
@@ -164,14 +222,15 @@ static void clean_leftovers(store_replica *r)
 {
     sh_rm_rf(r->staging);
     sh_mkdir_p(r->staging, 0755);
-    char keep[4096] = "";
+    char keep[4096] = "", keep8[4096] = "";
     if (r->active) snprintf(keep, sizeof keep, "%s", r->active->path);
+    if (r->active && r->active->fp8) snprintf(keep8, sizeof keep8, "%s", r->active->fp8->path);
     DIR *d = opendir(r->models);
     struct dirent *e;
     while (d && (e = readdir(d))) {
         char p[4096];
         if (e->d_name[0] == '.' || sh_path_join(p, sizeof p, r->models, e->d_name) < 0) continue;
-        if (strcmp(p, keep)) unlink(p);
+        if (strcmp(p, keep) && strcmp(p, keep8)) unlink(p);
     }
     if (d) closedir(d);
 }
@@ -190,10 +249,15 @@ static void set_error(store_replica *r)
 /* `path` holds version v's full checkpoint, verified.  ACTIVE is made
  * durable first, so that a crash after it restarts on the new version and a
  * crash before it on the old one; then the in-memory swap. */
-static int activate(store_replica *r, const store_version *v, const char *path)
+static int activate(store_replica *r, const store_version *v, const char *path, const char *fp8)
 {
     model *m;
     SH_TRY(model_open(path, v->version, &m));
+    int rc0 = model_open_fp8(m, fp8);
+    if (rc0 < 0) {
+        model_free(m, 0);
+        return rc0;
+    }
     uint64_t from = store_replica_version(r);
     if (r->cfg.before_activate) r->cfg.before_activate(r->cfg.arg, from, v->version);
     double at = sh_now_wall();
@@ -217,17 +281,30 @@ static int activate(store_replica *r, const store_version *v, const char *path)
     return SH_OK;
 }
 
+/* Makes `path` and its name durable: the file's pages (written through the
+ * push node's shared mapping, which fsync flushes like written pages), then
+ * the directory entry. */
+static int fsync_file_and_dir(const char *path, const char *dir)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sh_err_errno(errno, "open %s", path);
+    int rc = fsync(fd) < 0 ? sh_err_errno(errno, "fsync %s", path) : SH_OK;
+    close(fd);
+    return rc == 0 ? sh_fsync_dir(dir) : rc;
+}
+
 /* A pushed anchor is already a private file of this replica (a hard link to
  * the spool) whose bytes the push node checked against the manifest's xxh3,
  * which for an anchor is model_xxh3 (store_manifest_parse insists).  It
  * becomes the model by another link, which saves a copy and a hash of the
- * whole model.  ACTIVE names it before its pages are on disk: a crash then
- * fails the hash check at restart, and the replica refetches. */
-static int adopt_anchor(const store_version *v, const char *payload, const char *out)
+ * whole model.  Durable before visible: the bytes and the link reach the
+ * disk here, on the apply thread before activate() writes ACTIVE, so the
+ * fsync adds nothing to the activation pause (the swap under the mutex). */
+static int adopt_anchor(store_replica *r, const store_version *v, const char *payload, const char *out)
 {
     unlink(out);
     if (link(payload, out) < 0) return store_apply_payload(v, payload, NULL, out);
-    return SH_OK;
+    return fsync_file_and_dir(out, r->models);
 }
 
 /* Builds version v from a payload: an anchor alone, or a delta on the
@@ -246,12 +323,16 @@ static int apply_pending(store_replica *r, const pending *p)
                     (unsigned long long)p->ver.version, (unsigned long long)p->ver.base,
                     (unsigned long long)(cur ? cur->version : 0));
     else if (p->ver.anchor)
-        rc = adopt_anchor(&p->ver, p->payload, out);
+        rc = adopt_anchor(r, &p->ver, p->payload, out);
     else
         rc = store_apply_payload(&p->ver, p->payload, cur->path, out);
+    char fp8[4096] = "";
+    if (rc == 0 && r->cfg.fp8)
+        rc = make_fp8(r, p->ver.version, out, p->ver.anchor ? NULL : cur, p->ver.anchor ? NULL : p->payload,
+                      fp8, sizeof fp8);
     model_unref(r, cur);
-    if (rc == 0) rc = activate(r, &p->ver, out);
-    if (rc < 0) unlink(out);
+    if (rc == 0) rc = activate(r, &p->ver, out, fp8[0] ? fp8 : NULL);
+    if (rc < 0) unlink(out), fp8[0] ? unlink(fp8) : 0;
     return rc;
 }
 
@@ -269,9 +350,16 @@ static int sync_from_store(store_replica *r)
     if (r->active) (cur = r->active)->refs++;
     pthread_mutex_unlock(&r->mu);
     int rc = store_materialize(r->st, latest, cur ? cur->version : 0, cur ? cur->path : NULL, out);
+    char fp8[4096] = "", delta_path[4096];
+    /* One delta on top of what this replica holds: the FP8 copy is updated
+     * block by block; anything else is quantised whole. */
+    int one_delta = cur && !v.anchor && v.base == cur->version &&
+                    store_payload_path(r->st, latest, delta_path, sizeof delta_path) == 0;
+    if (rc == 0 && r->cfg.fp8)
+        rc = make_fp8(r, latest, out, one_delta ? cur : NULL, one_delta ? delta_path : NULL, fp8, sizeof fp8);
     model_unref(r, cur);
-    if (rc == 0) rc = activate(r, &v, out);
-    if (rc < 0) unlink(out);
+    if (rc == 0) rc = activate(r, &v, out, fp8[0] ? fp8 : NULL);
+    if (rc < 0) unlink(out), fp8[0] ? unlink(fp8) : 0;
     return rc;
 }
 
@@ -292,7 +380,13 @@ static void *apply_main(void *arg)
             pthread_mutex_lock(&r->mu);
             continue;
         }
-        if (!r->node && r->st) {
+        /* With a push parent the store is the fallback: when the tree has
+         * brought nothing new for a while (a failed apply, a parent that
+         * cannot serve), the replica reads the store itself. */
+        double now = sh_now_mono();
+        int fallback = r->node && r->st && now - r->last_push_activity > 2.0 && now >= r->next_store_check;
+        if ((!r->node && r->st) || fallback) {
+            if (fallback) r->next_store_check = now + 1.0;
             pthread_mutex_unlock(&r->mu);
             if (sync_from_store(r) < 0) set_error(r);
             pthread_mutex_lock(&r->mu);
@@ -310,11 +404,26 @@ static void *apply_main(void *arg)
 
 /* ---- Push side -------------------------------------------------------- */
 
+/* On the push thread (the only one that may read the node): publishes the
+ * node's counters.  Called for every chunk and before an object is queued,
+ * so that whoever sees a version active also sees every chunk (corrupt ones
+ * included) that led to it; a snapshot taken only between runs of the loop
+ * could lag an activation by a whole run. */
+static void snapshot_push(store_replica *r)
+{
+    bcast_stats s;
+    bcast_node_stats(r->node, &s);
+    pthread_mutex_lock(&r->mu);
+    r->push = s;
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* On the push thread: keeps the payload (a hard link, so the node may drop
  * its spool file) and queues it for the apply thread. */
 static void on_object(void *arg, const bcast_object_info *o)
 {
     store_replica *r = arg;
+    snapshot_push(r);
     pending *p = calloc(1, sizeof *p);
     if (!p) return;
     int rc = store_manifest_parse(o->manifest, r->run, &p->ver);
@@ -329,7 +438,18 @@ static void on_object(void *arg, const bcast_object_info *o)
     pthread_mutex_lock(&r->mu);
     *r->tail = p;
     r->tail = &p->next;
+    r->last_push_activity = sh_now_mono();
     pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Chunks arriving mean the tree is delivering: no store fallback now. */
+static void on_chunk(void *arg, uint64_t version, uint32_t index, uint32_t nchunks)
+{
+    store_replica *r = arg;
+    snapshot_push(r);
+    pthread_mutex_lock(&r->mu);
+    r->last_push_activity = sh_now_mono();
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -342,11 +462,7 @@ static void *net_main(void *arg)
         pthread_mutex_unlock(&r->mu);
         if (stop) break;
         bcast_node_run(r->node, 0.05);
-        bcast_stats s;
-        bcast_node_stats(r->node, &s);
-        pthread_mutex_lock(&r->mu);
-        r->push = s;
-        pthread_mutex_unlock(&r->mu);
+        snapshot_push(r);
     }
     return NULL;
 }
@@ -387,6 +503,7 @@ static int start_push(store_replica *r)
     snprintf(name, sizeof name, "replica-%ld", (long)getpid());
     bc.name = name;
     bc.on_object = on_object;
+    bc.on_chunk = on_chunk;
     bc.arg = r;
     return bcast_node_new(&bc, &r->node);
 }
@@ -398,6 +515,7 @@ int store_replica_open(const store_replica_config *cfg, store_replica **out)
     if (!r) return sh_err(SH_ENOMEM, "replica");
     r->cfg = *cfg;
     r->tail = &r->queue;
+    r->last_push_activity = sh_now_mono();
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     int rc = make_dirs(r, cfg);
@@ -445,12 +563,7 @@ void store_replica_close(store_replica *r)
         unlink(p->payload);
         free(p);
     }
-    if (r->active) {
-        model *m = r->active;
-        ckpt_close(m->ck);
-        if (m->map) munmap(m->map, m->size);
-        free(m);
-    }
+    model_free(r->active, 0);
     store_close(r->st);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -508,6 +621,7 @@ int store_replica_acquire(store_replica *r, uint64_t min_version, uint64_t exact
         out->data = m->map;
         out->size = m->size;
         out->ckpt = m->ck;
+        out->fp8 = m->fp8 ? m->fp8->ck : NULL;
         out->priv = m;
     }
     pthread_mutex_unlock(&r->mu);
@@ -530,6 +644,7 @@ void store_replica_get_info(store_replica *r, store_replica_info *out)
     out->activated_at = r->activated_at;
     out->pause_max_ms = r->pause_max_ms;
     out->activations = r->activations;
+    out->fp8_blocks = r->fp8_blocks;
     out->failures = r->failures;
     snprintf(out->last_error, sizeof out->last_error, "%s", r->last_error);
     out->push = r->push;
