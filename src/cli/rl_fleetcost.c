@@ -32,7 +32,7 @@ static const char usage[] =
     "  --train-type T      the training GPU type (H100)\n"
     "  --trainer-gpus N    GPUs of the trainer gang, kept out of the pools (2)\n"
     "  --throughput X      rollout throughput of each pool in training GPUs (3)\n"
-    "  --steps N --seed S  RL steps (30) and seed (1) of every run\n"
+    "  --steps N --seed S  RL steps (60) and seed (1) of every run\n"
     "  --gen-cost F        emulated GPU time per CPU second of decoding (3)\n";
 
 typedef struct pool {
@@ -191,7 +191,7 @@ int cli_rl_fleet_cost(int argc, char **argv)
     double thr = 3;
     rl_config base;
     rl_config_default(&base);
-    base.steps = 30, base.eval_every = 10, base.eval_n = 48, base.quiet = 1;
+    base.steps = 60, base.eval_every = 20, base.eval_n = 64, base.quiet = 1;
     int rc = parse(argc, argv, &fleet, &speeds, &ttype, &tg, &thr, &base, &json);
     if (rc) return rc;
     mj_fleet f;
