@@ -242,10 +242,19 @@ static int write_report(const char *dir, const run_data *d)
     series s[4] = {{"held-out reward", "#c0392b"}, {"batch reward", "#7fb3d5"}};
     series_from(d->events, "eval", "t", "reward", t0, d->costs, &s[0]);
     series_from(d->events, "step", "t", "reward", t0, d->costs, &s[1]);
-    plot(&b, "Reward against wall-clock time", "seconds", "reward", s, 2, 1.0);
     series c[2] = {{"held-out reward", "#c0392b"}, {"batch reward", "#7fb3d5"}};
     series_from(d->events, "eval", "cost", "reward", t0, d->costs, &c[0]);
     series_from(d->events, "step", "cost", "reward", t0, d->costs, &c[1]);
+    /* The held-out reward before RL (the result's reward_start) opens both curves. */
+    if (d->result && s[0].x && c[0].x) {
+        memmove(s[0].x + 1, s[0].x, sizeof(double) * (size_t)s[0].n);
+        memmove(s[0].y + 1, s[0].y, sizeof(double) * (size_t)s[0].n);
+        s[0].x[0] = 0, s[0].y[0] = num(d->result, "reward_start"), s[0].n++;
+        memmove(c[0].x + 1, c[0].x, sizeof(double) * (size_t)c[0].n);
+        memmove(c[0].y + 1, c[0].y, sizeof(double) * (size_t)c[0].n);
+        c[0].x[0] = cost_at(d->costs, t0), c[0].y[0] = s[0].y[0], c[0].n++;
+    }
+    plot(&b, "Reward against wall-clock time", "seconds", "reward", s, 2, 1.0);
     plot(&b, "Reward against cost (fleet billing)", "dollars", "reward", c, 2, 1.0);
     /* Cost by GPU type: the last billing sample. */
     json_t *last = json_array_get(d->costs, json_array_size(d->costs) - 1);
