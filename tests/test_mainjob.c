@@ -111,6 +111,9 @@ static void test_pipeline(void **state)
     /* Ranks see a private /tmp: what they read lives in the run folder,
      * which the jobs mount read-write. */
     char run[4096], storedir[4200], db[4200], fleet[4200], speeds[4200];
+    /* Ranks run in their own working directory: the binary by absolute path. */
+    char *shoal = realpath(tu_shoal(), NULL);
+    assert_non_null(shoal);
     snprintf(run, sizeof run, "%s", tu_path("run"));
     snprintf(storedir, sizeof storedir, "%s/store", run);
     snprintf(db, sizeof db, "%s/fleet/shoal.db", run);
@@ -132,13 +135,13 @@ static void test_pipeline(void **state)
              "{\"name\":\"rl-trainer\",\"kind\":\"gang\",\"nodes\":2,\"gpu_types\":[\"H100\"],\"priority\":10,"
              "\"on_failure\":\"fail\",\"writable\":[\"%s\"],\"command\":[\"%s\",\"rl\",\"trainer\",\"--store\",\"%s\","
              "\"--events\",\"%s/events.jsonl\",\"--result\",\"%s/result.json\",%s]}",
-             run, tu_shoal(), storedir, run, run, rlopts);
+             run, shoal, storedir, run, run, rlopts);
     tu_write_file(tu_path("trainer.json"), job, strlen(job));
     snprintf(job, sizeof job,
              "{\"name\":\"rl-rollouts\",\"kind\":\"elastic\",\"max_nodes\":3,\"gpu_types\":[\"H100\",\"A100\",\"L4\"],"
              "\"gpu_speeds\":{\"H100\":1,\"A100\":0.7,\"L4\":0.3},\"writable\":[\"%s\"],"
              "\"command\":[\"%s\",\"rl\",\"worker\",\"--store\",\"%s\",\"--fleet\",\"%s\",\"--speeds\",\"%s\"]}",
-             run, tu_shoal(), storedir, fleet, speeds);
+             run, shoal, storedir, fleet, speeds);
     tu_write_file(tu_path("rollouts.json"), job, strlen(job));
     /* Submit once every agent has registered (before that the types are unknown). */
     int rc = tu_run(&out, "set -a; . %s; for i in $(seq 200); do [ $(%s nodes | grep -c alive) -ge 5 ] && break; "
@@ -148,7 +151,12 @@ static void test_pipeline(void **state)
     free(out);
     char path[4300];
     snprintf(path, sizeof path, "%s/result.json", run);
-    json_t *res = wait_json(path, 120);
+    /* Wait for the result; a job that failed ends the wait at once. */
+    json_t *res = NULL;
+    for (double t0 = sh_now_mono(); !res && sh_now_mono() - t0 < 120;) {
+        res = wait_json(path, 3);
+        if (!res && tu_run(NULL, "set -a; . %s; %s jobs | grep -q failed", envf, tu_shoal()) == 0) break;
+    }
     if (!res) {
         tu_run(&out, "set -a; . %s; %s jobs; %s logs 1 --rank 0; %s logs 2", envf, tu_shoal(), tu_shoal(), tu_shoal());
         stop_up(up);
@@ -195,6 +203,7 @@ static void test_pipeline(void **state)
     check_store(storedir, hex, final_version);
     json_decref(res);
     stop_up(up);
+    free(shoal);
 }
 
 /* The ring alone: three ranks (processes) average distinct vectors. */
