@@ -851,6 +851,102 @@ static void test_check_invariants(void **state)
     }
 }
 
+/* ---- The cycle's shortcuts change no decision ----------------------------------- */
+
+static uint64_t lcg(uint64_t *r)
+{
+    *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+    return *r >> 33;
+}
+
+static void same_decisions(const sched_decisions *a, const sched_decisions *b, int cycle)
+{
+    if (a->n != b->n) fail_msg("cycle %d: %zu decisions with shortcuts, %zu without", cycle, a->n, b->n);
+    for (size_t i = 0; i < a->n; i++) {
+        const sched_decision *x = &a->v[i], *y = &b->v[i];
+        if (x->kind != y->kind || x->count != y->count || !x->job != !y->job ||
+            (x->job && strcmp(x->job, y->job)))
+            fail_msg("cycle %d: decision %zu differs: %d %s vs %d %s", cycle, i, x->kind,
+                     x->job ? x->job : "-", y->kind, y->job ? y->job : "-");
+        for (size_t k = 0; k < x->count; k++)
+            if (strcmp(a->places[x->first + k].node, b->places[y->first + k].node) ||
+                a->places[x->first + k].gpus != b->places[y->first + k].gpus)
+                fail_msg("cycle %d: job %s placed differently", cycle, x->job ? x->job : "-");
+    }
+}
+
+/* A generated workload (gangs, functions and elastic jobs of three types
+ * with per-type speeds, priorities, two tenants, node failures) drives two
+ * schedulers in lockstep, one with the shortcuts (shape sweeps, the
+ * reservation-time cache) and one without: every cycle must decide the
+ * same, under every policy. */
+static void test_shortcuts_same_decisions(void **state)
+{
+    static const char *const types[] = {"h100", "a100", "l4"};
+    for (int run = 0; run < 8; run++) {
+        int pol = run % 4, mixed = run < 4; /* gangs only: nothing preemptible, the sweeps run */
+        sched *s[2];
+        sched_decisions d[2] = {{0}, {0}};
+        for (int v = 0; v < 2; v++) {
+            s[v] = mk((sched_policy)pol, NULL);
+            s[v]->plain_cycle = v;
+            for (int i = 0; i < 48; i++) {
+                char id[16], fab[16];
+                snprintf(id, sizeof id, "n%d", i);
+                snprintf(fab, sizeof fab, "f%d", i / 12);
+                sched_node_spec n = {id, i < 24 ? "z0" : "z1", fab, types[(i / 12) % 3], i % 5 ? 8 : 4, 1.0 + i % 3};
+                TU_OK(sched_node_add(s[v], &n, 0));
+            }
+        }
+        uint64_t rng = 12345 + (uint64_t)run;
+        char running[512][16];
+        int nrun = 0, next = 0;
+        for (int cyc = 0; cyc < 400; cyc++) {
+            double now = cyc * 60.0;
+            for (int k = (int)(lcg(&rng) % 6); k > 0; k--) {
+                char id[16];
+                snprintf(id, sizeof id, "j%d", next++);
+                sched_job_spec j = gang(id, 1 + (int)(lcg(&rng) % 6), 1 << (lcg(&rng) % 4), 300 + (double)(lcg(&rng) % 7200));
+                uint64_t kind = lcg(&rng) % 10;
+                if (kind == 0 && mixed) j.kind = SCHED_FUNCTION;
+                else if (kind == 1 && mixed) j.kind = SCHED_ELASTIC, j.max_replicas = j.nodes + 2;
+                j.tenant = lcg(&rng) % 3 ? "a" : "b";
+                j.priority = (int)(lcg(&rng) % 3);
+                if (lcg(&rng) % 2) {
+                    j.n_types = 2;
+                    int t = (int)(lcg(&rng) % 3);
+                    j.gpu_types[0] = types[t], j.speed[0] = 1.0 + (double)(lcg(&rng) % 3);
+                    j.gpu_types[1] = types[(t + 1) % 3], j.speed[1] = 0.5;
+                }
+                int rc0 = sched_job_submit(s[0], &j, now), rc1 = sched_job_submit(s[1], &j, now);
+                assert_int_equal(rc0, rc1);
+            }
+            if (cyc % 50 == 25) {
+                char id[16];
+                snprintf(id, sizeof id, "n%d", (int)(lcg(&rng) % 48));
+                TU_OK(sched_node_fail(s[0], id, now));
+                TU_OK(sched_node_fail(s[1], id, now));
+            }
+            for (int v = 0; v < 2; v++) step(s[v], now, &d[v]);
+            same_decisions(&d[0], &d[1], cyc);
+            for (size_t i = 0; i < d[0].n; i++)
+                if (d[0].v[i].kind == SCHED_D_START && nrun < 512)
+                    snprintf(running[nrun++], 16, "%s", d[0].v[i].job);
+            /* Finish a few running jobs, then forget them in both. */
+            for (int k = (int)(lcg(&rng) % 4); k > 0 && nrun; k--) {
+                int pick = (int)(lcg(&rng) % (uint64_t)nrun);
+                for (int v = 0; v < 2; v++)
+                    if (sched_job_ix(s[v], running[pick]) >= 0 && jstate(s[v], running[pick]) == SCHED_RUNNING) {
+                        TU_OK(sched_job_finish(s[v], running[pick], now + 30));
+                        TU_OK(sched_job_forget(s[v], running[pick]));
+                    }
+                memcpy(running[pick], running[--nrun], 16);
+            }
+        }
+        for (int v = 0; v < 2; v++) sched_decisions_free(&d[v]), sched_free(s[v]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -867,6 +963,7 @@ int main(void)
         cmocka_unit_test(test_elastic_cost_per_work),
         cmocka_unit_test(test_billing_per_second),
         cmocka_unit_test(test_forget),
+        cmocka_unit_test(test_shortcuts_same_decisions),
         cmocka_unit_test(test_autoscale),
         cmocka_unit_test(test_restore_table),
         cmocka_unit_test(test_check_invariants),

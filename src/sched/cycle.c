@@ -197,6 +197,43 @@ static int raw_fits(const sched *s, const sjob *j)
     return 0;
 }
 
+/* Whether some queued job of shape sh might start now: its placement with
+ * the shortest run time any of them could have (min_len, at speed 1 on
+ * every type) finds room.  Elastic shapes are assumed to.  The estimate
+ * is a lower bound, so "no" is certain: a job only gets more room with a
+ * shorter run. */
+static int shape_may_fit(sched *s, const sshape *sh, double now)
+{
+    if (sh->kind == SCHED_ELASTIC) return 1;
+    static __thread sjob probe;
+    static __thread scand c;
+    memset(&probe, 0, sizeof probe);
+    probe.kind = sh->kind, probe.nodes = sh->nodes, probe.maxr = sh->nodes, probe.gpn = sh->gpn;
+    probe.ntypes = sh->ntypes;
+    memcpy(probe.types, sh->types, sizeof probe.types);
+    for (int k = 0; k < probe.ntypes; k++) probe.speed[k] = 1.0;
+    probe.est_s = sched__shape_min_len(s, (sshape *)sh);
+    if (!isfinite(probe.est_s)) return 0; /* none queued after all */
+    uint32_t pool;
+    return raw_fits(s, &probe) && sched__pick_pool(s, &probe, now, 0, &c, &pool);
+}
+
+/* Marks dead, for this walk, every live shape no queued job of which can
+ * start now.  Without it the walk only learns that a shape is dead when it
+ * reaches one of its jobs, and a rare shape (a 64-node gang) sits deep in
+ * the queue: with one job finishing per cycle, every cycle walked hundreds
+ * of jobs that could not start to reach it.  Placement only gets harder as
+ * the walk goes on (the caller makes sure no preemption can free room), so
+ * a dead shape stays dead, and the walk's stop changes no decision. */
+static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, double now)
+{
+    for (size_t i = 0; i < s->capshapes && *dead < s->nshapes_live; i++) {
+        sshape *sh = &s->shapes[i];
+        if (!sh->shape || !sh->queued || sh->dead_walk == walk_id) continue;
+        if (!shape_may_fit(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
+    }
+}
+
 /* ---- Queue order ------------------------------------------------------------ */
 
 /* The next job to consider: the best head among tenant queues.  shoal
@@ -225,13 +262,17 @@ static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
         while (t->cursor < t->nq && t->queue[t->cursor] == NONE) t->cursor++; /* started */
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
-        const sjob *a = &s->jobs[ji];
-        double k = job_key(s, a, fair);
+        if (t->kc_job != ji || t->kc_ver != s->busy_ver || t->kc_fair != fair || s->plain_cycle) {
+            const sjob *a = &s->jobs[ji];
+            t->kc_job = ji, t->kc_ver = s->busy_ver, t->kc_fair = fair;
+            t->kc_key = job_key(s, a, fair), t->kc_prio = a->priority, t->kc_order = a->order;
+        }
+        double k = t->kc_key;
         if (bj != NONE) {
-            const sjob *b = &s->jobs[bj];
-            if (a->priority != b->priority) {
-                if (a->priority < b->priority) continue;
-            } else if (k > bk || (k == bk && a->order > b->order)) continue;
+            const stenant *b = &s->tenants[bt];
+            if (t->kc_prio != b->kc_prio) {
+                if (t->kc_prio < b->kc_prio) continue;
+            } else if (k > bk || (k == bk && t->kc_order > b->kc_order)) continue;
         }
         bt = (uint32_t)ti, bj = ji, bk = k;
     }
@@ -272,10 +313,18 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     int scanned = 0, limit = reserve_only ? RESERVE_SCAN : MAX_SCAN;
     size_t max_resv = (size_t)s->cfg.max_reservations, dead = 0;
     uint64_t walk_id = ++s->walk_id;
+    /* Sweeps leave the stop to chance when autoscaling: blocked_since is
+     * set only on the jobs a walk reaches, and scale-ups read it. */
+    int sweep = !s->plain_cycle && !(s->cfg.autoscale && s->nquotas), next_sweep = 16;
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
         uint32_t ti, ji = next_job(s, &ti, fair);
         if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
+        if (sweep && scanned >= next_sweep && s->nresv >= max_resv && !s->preemptible_gpus &&
+            dead < s->nshapes_live) {
+            sweep_shapes(s, walk_id, &dead, now);
+            next_sweep = scanned * 2;
+        }
         /* No shape still queued can start: the rest of the walk could only
          * make reservations, and those are all made. */
         if (dead >= s->nshapes_live && s->nresv >= max_resv && !s->preemptible_gpus) break;

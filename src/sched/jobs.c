@@ -15,6 +15,7 @@ static uint32_t tenant_of(sched *s, const char *name)
     if (GROW(s->tenants, s->captenants, s->ntenants + 1) < 0) return NONE;
     stenant *t = &s->tenants[s->ntenants];
     memset(t, 0, sizeof *t);
+    t->kc_job = NONE;
     if (sched__map_put(&s->tenant_map, name, (uint32_t)s->ntenants, &t->id) < 0) return NONE;
     return (uint32_t)s->ntenants++;
 }
@@ -42,28 +43,90 @@ static size_t queue_pos(const sched *s, const stenant *t, const sjob *j)
 /* The entry of a shape (created empty when new; NULL without memory). */
 sshape *sched__shape(sched *s, uint64_t shape)
 {
-    if (s->nshapes_live * 2 + 2 > s->capshapes) {
+    /* Slots of shapes with nothing queued stay taken until a rebuild, so
+     * the load counts every taken slot (counting only live shapes once let
+     * the table fill up, and a probe for a new shape never ended). */
+    if ((s->nshapes_used + 1) * 2 > s->capshapes) {
         /* Rebuild, dropping shapes with nothing queued. */
-        size_t cap = s->capshapes ? s->capshapes * 2 : 64;
+        size_t cap = 64;
+        while (cap < (s->nshapes_live + 1) * 4) cap *= 2;
         sshape *v = calloc(cap, sizeof *v);
         if (!v) return NULL;
+        s->nshapes_used = 0;
         for (size_t i = 0; i < s->capshapes; i++) {
-            if (!s->shapes[i].queued) continue;
+            if (!s->shapes[i].queued) {
+                free(s->shapes[i].heap);
+                continue;
+            }
             size_t k = s->shapes[i].shape & (cap - 1);
             while (v[k].shape) k = (k + 1) & (cap - 1);
             v[k] = s->shapes[i];
+            s->nshapes_used++;
         }
         free(s->shapes);
         s->shapes = v, s->capshapes = cap;
     }
     size_t k = shape & (s->capshapes - 1);
     while (s->shapes[k].shape && s->shapes[k].shape != shape) k = (k + 1) & (s->capshapes - 1);
+    if (!s->shapes[k].shape) s->nshapes_used++;
     s->shapes[k].shape = shape;
     return &s->shapes[k];
 }
 
+static int heap_valid(const sched *s, const sshape *sh, const struct slen *e)
+{
+    const sjob *j = &s->jobs[e->job];
+    return j->qgen == e->gen && j->shape == sh->shape &&
+           (j->state == SCHED_QUEUED || j->state == SCHED_HOLDING);
+}
+
+static void heap_down(struct slen *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && h[l].len < h[m].len) m = l;
+        if (r < n && h[r].len < h[m].len) m = r;
+        if (m == i) return;
+        struct slen x = h[i];
+        h[i] = h[m], h[m] = x;
+        i = m;
+    }
+}
+
+double sched__shape_min_len(const sched *s, sshape *sh)
+{
+    while (sh->nheap && !heap_valid(s, sh, &sh->heap[0])) {
+        sh->heap[0] = sh->heap[--sh->nheap];
+        heap_down(sh->heap, sh->nheap, 0);
+    }
+    return sh->nheap ? sh->heap[0].len : INFINITY;
+}
+
+static int heap_push(sched *s, sshape *sh, double len, uint32_t ji)
+{
+    /* Stale entries deep in the heap are dropped when they outnumber the
+     * queued jobs, so the heap stays O(queued jobs of the shape). */
+    if (sh->nheap > 2 * sh->queued + 16) {
+        size_t w = 0;
+        for (size_t i = 0; i < sh->nheap; i++)
+            if (heap_valid(s, sh, &sh->heap[i])) sh->heap[w++] = sh->heap[i];
+        sh->nheap = w;
+        for (size_t i = w / 2; i-- > 0;) heap_down(sh->heap, w, i);
+    }
+    SH_TRY(GROW(sh->heap, sh->capheap, sh->nheap + 1));
+    size_t i = sh->nheap++;
+    sh->heap[i] = (struct slen){len, ji, s->jobs[ji].qgen};
+    while (i && sh->heap[(i - 1) / 2].len > sh->heap[i].len) {
+        struct slen x = sh->heap[i];
+        sh->heap[i] = sh->heap[(i - 1) / 2], sh->heap[(i - 1) / 2] = x;
+        i = (i - 1) / 2;
+    }
+    return 0;
+}
+
 int sched__queue_push(sched *s, uint32_t ji, double now)
 {
+    s->busy_ver++; /* queues change: cached head keys lapse */
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
     if (t->holes) sched__queue_compact(s);
@@ -74,8 +137,19 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     t->nq++;
     sshape *sh = sched__shape(s, j->shape);
     if (!sh) return sh_err(SH_ENOMEM, "sched: out of memory");
-    if (!sh->queued++) s->nshapes_live++, sh->min_est = j->est_s;
-    else if (j->est_s < sh->min_est) sh->min_est = j->est_s;
+    double fastest = 1.0;
+    for (int k = 0; k < j->ntypes; k++) fastest = k ? fmax(fastest, j->speed[k]) : j->speed[k];
+    double len = j->est_s / (fastest > 0 ? fastest : 1.0);
+    if (!sh->queued++) {
+        s->nshapes_live++, sh->min_est = j->est_s, sh->min_len = len;
+        sh->kind = j->kind, sh->nodes = j->nodes, sh->gpn = j->gpn, sh->ntypes = j->ntypes;
+        memcpy(sh->types, j->types, sizeof sh->types);
+    } else {
+        if (j->est_s < sh->min_est) sh->min_est = j->est_s;
+        if (len < sh->min_len) sh->min_len = len;
+    }
+    j->qgen++;
+    SH_TRY(heap_push(s, sh, len, ji));
     j->state = SCHED_QUEUED;
     j->queued_since = now;
     s->queued++;
@@ -102,6 +176,7 @@ void sched__queue_compact(sched *s)
 
 void sched__queue_remove(sched *s, uint32_t ji)
 {
+    s->busy_ver++;
     sjob *j = &s->jobs[ji];
     stenant *t = &s->tenants[j->tenant];
     /* A job started during a walk sits at its tenant's cursor: leave a hole

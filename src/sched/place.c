@@ -23,6 +23,7 @@ void sched__bucket_insert(sched *s, uint32_t ni)
     p->gpus_up += n->gpus;
     s->gpus_up += n->gpus;
     s->gpus_busy += n->gpus - n->free;
+    s->busy_ver++; /* fair-share keys moved */
     s->nodes_up++;
 }
 
@@ -40,6 +41,7 @@ void sched__bucket_remove(sched *s, uint32_t ni)
     p->gpus_up -= n->gpus;
     s->gpus_up -= n->gpus;
     s->gpus_busy -= n->gpus - n->free;
+    s->busy_ver++; /* fair-share keys moved */
     s->nodes_up--;
 }
 
@@ -82,6 +84,7 @@ int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now)
     n->refs[n->nrefs++] = (sref){ji, gpus};
     set_free(s, ni, n->free - gpus);
     s->tenants[j->tenant].gpus_in_use += gpus;
+    s->busy_ver++; /* fair-share keys moved */
     if (is_preemptible(j)) s->preemptible_gpus += gpus;
     return 0;
 }
@@ -101,6 +104,7 @@ void sched__release_place(sched *s, uint32_t ji, int k, double now)
     if (!n->nrefs) n->idle_since = now;
     j->places[k] = j->places[--j->nplaces];
     s->tenants[j->tenant].gpus_in_use -= p.gpus;
+    s->busy_ver++; /* fair-share keys moved */
     if (is_preemptible(j)) s->preemptible_gpus -= p.gpus;
 }
 

@@ -98,6 +98,25 @@ static int busy_at(const sched *s, uint32_t ni, double T, double now)
     return b;
 }
 
+/* The slot of pool p's reservation-time cache for gangs of n nodes x g
+ * GPUs: the entry holding that shape if it is current, else a stale entry,
+ * else the next in turn.  Fully associative: the head-of-line gangs that
+ * get reservations are few but often share a hash slot (8 x 16, 8 x 32 and
+ * 8 x 64 did), and a cache that thrashes rescans whole pools every cycle. */
+static int rc_slot(spool *p, int g, int n)
+{
+    int stale = -1;
+    for (int k = 0; k < RC_SLOTS; k++) {
+        if (p->rc[k].ver != p->ver + 1) {
+            if (stale < 0) stale = k;
+            continue;
+        }
+        if (p->rc[k].g == g && p->rc[k].n == n) return k;
+    }
+    if (stale >= 0) return stale;
+    return (int)(p->rc_next++ % RC_SLOTS);
+}
+
 /* Reserves, for the blocked gang ji, the nodes of the pool where it can
  * start soonest.  Nodes reserved for earlier gangs this cycle are skipped,
  * so later reservations never take from earlier ones. */
@@ -120,8 +139,8 @@ int sched__make_reservation(sched *s, uint32_t ji, double now)
              * unchanged and no reservation took nodes from it this cycle.
              * The n-th smallest of max(ready, now) is max(n-th smallest,
              * now), so the raw time serves any later `now`. */
-            int slot = (j->gpn * 31 + j->nodes) & 7;
-            int cacheable = p->resv_stamp != s->stamp;
+            int cacheable = p->resv_stamp != s->stamp && !s->plain_cycle;
+            int slot = cacheable ? rc_slot(p, j->gpn, j->nodes) : 0;
             if (pass == 0 && cacheable && p->rc[slot].ver == p->ver + 1 && p->rc[slot].g == j->gpn &&
                 p->rc[slot].n == j->nodes) {
                 double T = p->rc[slot].T < now ? now : p->rc[slot].T;

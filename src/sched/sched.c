@@ -119,6 +119,7 @@ void sched_free(sched *s)
     sched__map_free(&s->job_map), sched__map_free(&s->tenant_map);
     free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
     free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
+    for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap);
     free(s->elastic), free(s->allpools), free(s->shapes), free(s->freejobs), free(s->forgot_cost_t);
     for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v);
     free(s->tpools);

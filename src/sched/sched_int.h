@@ -12,6 +12,7 @@
 #define NONE UINT32_MAX
 #define MAXG SCHED_MAX_NODE_GPUS
 #define SCHED__MAX_GANG 4096 /* nodes in one gang */
+#define RC_SLOTS 8 /* reservation times cached per pool, by gang shape */
 
 /* ---- String -> index map (open addressing, keys owned by the map) ------- */
 typedef struct smap {
@@ -82,7 +83,8 @@ typedef struct spool {
         uint64_t ver;
         int g, n;
         double T; /* raw: before clamping to the cycle's `now` */
-    } rc[8];
+    } rc[RC_SLOTS];
+    uint32_t rc_next; /* round-robin victim when every slot is current */
 } spool;
 
 typedef struct stenant {
@@ -91,6 +93,13 @@ typedef struct stenant {
     size_t nq, capq, cursor;
     size_t holes;    /* NONE slots left by jobs started during a walk */
     int gpus_in_use;
+    /* The queue key of the job at the cursor, cached: next_job compares
+     * every tenant's head once per job walked, and recomputing the fair
+     * share key of each made it the replay's hottest function. */
+    uint32_t kc_job;
+    int kc_fair, kc_prio;
+    uint64_t kc_ver;
+    double kc_key, kc_order;
     double *cost_t; /* by type index */
     size_t ncost;
 } stenant;
@@ -122,6 +131,7 @@ typedef struct sjob {
     size_t ncost;
     char *reason;
     uint64_t shape; /* hash of (kind, nodes, gpus, types): equal shapes fit alike */
+    uint32_t qgen;  /* bumped each time it is queued: names its shape-heap entry */
 } sjob;
 
 /* Queued jobs by shape: lets a cycle stop walking the queue once every
@@ -131,6 +141,18 @@ typedef struct sshape {
     size_t queued;    /* queued jobs of this shape */
     uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
     double min_est;     /* a lower bound of the queued jobs' estimates */
+    /* What placement needs of the shape, for probes without a job at hand
+     * (copied from the job that made it live). */
+    sched_kind kind;
+    int nodes, gpn, ntypes;
+    uint32_t types[SCHED_MAX_TYPES];
+    double min_len; /* a lower bound of est_s / fastest speed, queued jobs */
+    /* Min-heap of (len, job, qgen) pushed with each queued job of the shape;
+     * an entry whose job has left the queue since (its qgen moved, or it is
+     * not queued) is dropped when it reaches the top, so the top gives the
+     * exact shortest queued job (sched__shape_min_len). */
+    struct slen { double len; uint32_t job, gen; } *heap;
+    size_t nheap, capheap;
 } sshape;
 
 /* A reservation made in the last step for a blocked head-of-line gang. */
@@ -193,8 +215,12 @@ struct sched {
     size_t ndeferred, capdeferred;
     double next_wake;
     sshape *shapes;    /* open addressing by shape hash */
-    size_t capshapes, nshapes_live;
+    size_t capshapes, nshapes_live, nshapes_used;
     uint64_t walk_id;
+    uint64_t busy_ver; /* bumped whenever GPUs in use change (keys of next_job) */
+    /* Tests only: 1 turns off the cycle's shortcuts (shape sweeps and probes,
+     * the reservation-time cache) to compare decisions with and without. */
+    int plain_cycle;
     int walking;       /* a queue walk is running: starts leave holes */
     uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
     struct stpools {
@@ -221,6 +247,8 @@ double sched__est_len(const sched *s, const sjob *j, uint32_t pool);
 double sched__est_end(const sched *s, const sjob *j);
 
 sshape *sched__shape(sched *s, uint64_t shape);
+/* The shortest est_s / fastest speed among the shape's queued jobs. */
+double sched__shape_min_len(const sched *s, sshape *sh);
 
 /* place.c */
 void sched__bucket_insert(sched *s, uint32_t ni);
