@@ -67,7 +67,7 @@ cat >"$RUN/rollouts.json" <<EOF
  "writable": ["$RUN"],
  "command": $(json_args "$SHOAL" rl worker --store "$RUN/store" --fleet "$FLEET" --speeds "$SPEEDS")}
 EOF
-NODES=$(grep -c '^[^#n]' "$FLEET")
+NODES=$(grep -v -e '^#' -e '^name,' -e '^$' "$FLEET" | wc -l)
 i=0
 until [ "$("$SHOAL" nodes | grep -c alive)" -ge "$NODES" ]; do
     i=$((i + 1)); [ $i -lt 200 ] || { echo "run-main: the agents did not register; see $RUN/up.log" >&2; exit 1; }
