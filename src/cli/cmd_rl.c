@@ -24,7 +24,7 @@ static const char train_usage[] =
     "  --steps N --seed S         RL steps (60), seed (1)\n"
     "  --workers LIST             name:speed:price,... (h100:1:2.5,a100:0.5:1.3,l4:0.25:0.45)\n"
     "  --gen-cost F               a decoding step on a speed-1 worker lasts F x its CPU\n"
-    "                             time (6): rollouts dominate, as on GPUs\n"
+    "                             time (24): rollouts dominate, as on GPUs\n"
     "  --prompts N --group G      prompts per step (8), samples per prompt (8)\n"
     "  --minibatches M            optimiser steps per RL step (2)\n"
     "  --request-prompts N        async: prompts per worker request (a quarter step's)\n"

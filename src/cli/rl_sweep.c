@@ -14,13 +14,16 @@
 #include "cli_rl.h"
 
 static const char sweep_usage[] =
-    "usage: shoal rl sweep [--quick] [--seeds N] [--steps N] [--target R] [--out DIR] [--json]\n"
+    "usage: shoal rl sweep [--quick] [--seeds N] [--steps N] [--async-steps N] [--target R]\n"
+    "                      [--out DIR] [--json]\n"
     "Runs shoal rl train for sync and async (max lag 1, 2, 4, 8) x loss (ppo, tis, mis,\n"
     "decoupled) x rollout dtype (bf16, fp8), each for N seeds (3), and writes\n"
     "DIR/sweep.md, DIR/sweep.json and DIR/sweep.svg (DIR: rl-sweep).\n"
     "  --quick        sync, async lag 1 and 4 x the four losses in bf16, plus fp8 for\n"
     "                 sync and lag 4 with ppo and decoupled; one seed\n"
     "  --steps N      RL steps per run (60)\n"
+    "  --async-steps N  RL steps per async run (--steps): staleness costs progress per\n"
+    "                 step, so async may need more steps to reach the sync run's reward\n"
     "  --target R     held-out reward whose wall-clock time is reported (0.7)\n"
     "  --json         print the table as one JSON object instead of markdown\n"
     "Any other option is passed to every shoal rl train run (see its --help).\n";
@@ -212,7 +215,7 @@ static void write_svg(sh_buf *s, json_t *rows, double target)
 
 int cli_rl_sweep(int argc, char **argv)
 {
-    int quick = 0, seeds = 3, steps = 60, json = 0;
+    int quick = 0, seeds = 3, steps = 60, async_steps = 0, json = 0;
     double target = 0.7;
     const char *out = "rl-sweep";
     char extra[2048] = "";
@@ -223,10 +226,11 @@ int cli_rl_sweep(int argc, char **argv)
         else if (!strcmp(o, "--quick")) quick = 1;
         else if (!strcmp(o, "--json")) json = 1;
         else if (!v) return cli_usage("rl sweep", "%s needs a value or is unknown", o);
-        else if (!strcmp(o, "--seeds") || !strcmp(o, "--steps")) {
+        else if (!strcmp(o, "--seeds") || !strcmp(o, "--steps") || !strcmp(o, "--async-steps")) {
             if (sh_parse_i64(v, &n, o) < 0 || n < 1 || n > 100000)
                 return cli_usage("rl sweep", "%s \"%s\": expected a count >= 1", o, v);
-            *(!strcmp(o, "--seeds") ? &seeds : &steps) = (int)n, i++;
+            *(!strcmp(o, "--seeds") ? &seeds : !strcmp(o, "--steps") ? &steps : &async_steps) = (int)n;
+            i++;
         } else if (!strcmp(o, "--target")) {
             if (sh_parse_double(v, &target, o) < 0 || !(target > 0 && target <= 1))
                 return cli_usage("rl sweep", "--target \"%s\": expected a reward in (0,1]", v);
@@ -239,6 +243,7 @@ int cli_rl_sweep(int argc, char **argv)
         } else return cli_usage("rl sweep", "unexpected argument \"%s\"", o);
     }
     if (quick && seeds == 3) seeds = 1;
+    if (!async_steps) async_steps = steps;
     /* Check the passed-on options once, before any work starts. */
     {
         rl_config c;
@@ -276,7 +281,7 @@ int cli_rl_sweep(int argc, char **argv)
         char name[96];
         cfg_name(&cf[i], name, sizeof name);
         for (int s = 1; s <= seeds && !rc; s++) {
-            rc = run_one(&cf[i], s, steps, target, extra);
+            rc = run_one(&cf[i], s, cf[i].async ? async_steps : steps, target, extra);
             sh_progress_update(&bar, (uint64_t)i * seeds + s);
         }
         if (!rc) {
@@ -302,8 +307,10 @@ int cli_rl_sweep(int argc, char **argv)
         return cli_fail("rl sweep", rc);
     }
     char cmdline[2600];
-    snprintf(cmdline, sizeof cmdline, "shoal rl sweep%s%s --seeds %d --steps %d --target %g%s",
-             quick ? " --quick" : "", "", seeds, steps, target, extra);
+    char as[48] = "";
+    if (async_steps != steps) snprintf(as, sizeof as, " --async-steps %d", async_steps);
+    snprintf(cmdline, sizeof cmdline, "shoal rl sweep%s --seeds %d --steps %d%s --target %g%s",
+             quick ? " --quick" : "", seeds, steps, as, target, extra);
     json_t *res = json_pack("{s:s,s:f,s:i,s:i,s:O}", "command", cmdline, "target", target,
                             "seeds", seeds, "steps", steps, "rows", rows);
     sh_buf md = {0}, svg = {0};

@@ -35,7 +35,7 @@ void rl_config_default(rl_config *c)
     c->nworkers = 3;
     memcpy(c->workers, default_workers, sizeof default_workers);
     c->respawn = 1;
-    c->gen_cost = 6.0;
+    c->gen_cost = 24.0;
     c->target_reward = 0.8;
     c->model = nn_config_default(rl_vocab());
 }

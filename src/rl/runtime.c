@@ -34,7 +34,7 @@
  * training temperature: what RL optimises, and smoother than one greedy
  * answer per problem. */
 #define RL_EVAL_SAMPLES 8
-#define RL_QUEUE 2
+#define RL_QUEUE 4
 
 typedef struct wk {
     pid_t pid;
@@ -42,7 +42,7 @@ typedef struct wk {
      * worker has its next request at hand while the trainer trains instead
      * of idling until the trainer reads its result); req_trajs: their sizes,
      * oldest first (a worker answers in order). */
-    int fd, alive, busy, req_trajs[2];
+    int fd, alive, busy, req_trajs[RL_QUEUE];
     sh_buf in, out;
     size_t out_off;
     double busy_since, busy_s;
@@ -288,12 +288,20 @@ static int issue(run *r)
     }
     int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 3) / 4;
     long bound = (long)(r->step + c->max_lag + 1) * r->batch;
-    /* Every idle worker gets a request before any gets a second one. */
+    double fastest = 0;
+    for (int i = 0; i < r->nslots; i++)
+        if (r->spec[i].speed > fastest) fastest = r->spec[i].speed;
+    if (fastest <= 0) fastest = 1; /* remote slots before their HELLO */
+    /* Every idle worker gets a request before any gets a second one.  A
+     * slow worker gets a shorter queue: work queued behind it would be
+     * stale by the time it started. */
     for (int depth = 1; depth <= RL_QUEUE; depth++)
         for (int i = 0; i < r->nslots; i++) {
             wk *w = &r->w[i];
             int n = r->spec[i].req_prompts ? r->spec[i].req_prompts : per;
-            if (w->alive && w->hello && w->busy < depth && r->issued + n * c->group <= bound)
+            int limit = 1 + (int)((RL_QUEUE - 1) * r->spec[i].speed / fastest + 0.5);
+            if (w->alive && w->hello && w->busy < depth && depth <= limit &&
+                r->issued + n * c->group <= bound)
                 SH_TRY(send_request(r, i, n));
         }
     return 0;
@@ -333,7 +341,7 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
         t->worker = i; /* remote workers do not know their slot */
     }
     r->nbuf += th.count;
-    w->req_trajs[0] = w->req_trajs[1];
+    memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
     if (--w->busy == 0) w->busy_s += sh_now_mono() - w->busy_since;
     w->trajs += th.count;
     return 0;
