@@ -75,6 +75,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             snprintf(id, sizeof id, "j%u", a % (unsigned)jobs);
             if (b & 1) sched_job_finish(s, id, now);
             else sched_job_cancel(s, id, now);
+            /* Often forget it too (refused unless it ended): its slot and
+             * id are reused by later submissions. */
+            if (b & 2) sched_job_forget(s, id);
         } else if (op == 7 && nodes && jobs) {
             /* A restore after a "restart": mostly refused, never corrupting. */
             char nid[4][16];

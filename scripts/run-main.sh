@@ -1,6 +1,108 @@
 #!/bin/sh
-# The main job (`make run`).  Until the end-to-end RL job exists, this runs
-# the delta codec on a generated checkpoint pair and prints its comparison
-# against XOR+zstd-1.
+# The main job (`make run`, docs/mainjob.md): a local mixed fleet from
+# fleets/local-mixed.csv under `shoal up`; the RL trainer as a 2-node H100
+# gang (gradients all-reduced over a UCX ring) and the rollout workers as an
+# elastic job the scheduler places by price per unit of rollout throughput;
+# every version goes to the store and down a push tree to a replica.  Live
+# progress on the terminal, then an HTML report; the fleet-cost experiment
+# (`shoal rl fleet-cost`) is summarised in it.  Everything started here is
+# stopped on exit.
+#
+# Knobs: SHOAL_RUN_STEPS (30), SHOAL_RUN_PORT (8479), SHOAL_RUN_DIR
+# (build/mainrun), SHOAL_RUN_FLEET_COST=0 to skip the cost experiment.
 set -eu
-exec build/shoal bench delta --params "${SHOAL_RUN_PARAMS:-64M}"
+
+ROOT=$(pwd)
+SHOAL=$ROOT/build/shoal
+RUN=${SHOAL_RUN_DIR:-$ROOT/build/mainrun}
+FLEET=$ROOT/fleets/local-mixed.csv
+SPEEDS=$ROOT/fleets/local-mixed.speeds.csv
+PORT=${SHOAL_RUN_PORT:-8479}
+STEPS=${SHOAL_RUN_STEPS:-30}
+# The same options reach the workers through the store's trainer.json.
+RLOPTS="--steps $STEPS --warm 70 --eval-every 5 --eval-n 48 --max-lag 2 --loss decoupled --gen-cost 3"
+
+case $RUN in /tmp/*) echo "run-main: SHOAL_RUN_DIR must be outside /tmp (ranks get a private /tmp)" >&2; exit 2 ;; esac
+rm -rf "$RUN"
+mkdir -p "$RUN/store"
+
+PIDS=""
+cleanup() {
+    status=$?
+    trap - EXIT INT TERM
+    for p in $PIDS; do kill "$p" 2>/dev/null || true; done
+    for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+    exit $status
+}
+trap cleanup EXIT INT TERM
+
+echo "run-main: starting the fleet ($FLEET) on port $PORT; logs in $RUN"
+"$SHOAL" up --fleet "$FLEET" --db "$RUN/fleet/shoal.db" --port "$PORT" >"$RUN/up.log" 2>&1 &
+PIDS="$PIDS $!"
+i=0
+while [ ! -s "$RUN/fleet/env" ]; do
+    i=$((i + 1))
+    [ $i -lt 100 ] || { echo "run-main: shoal up did not start; see $RUN/up.log" >&2; exit 1; }
+    sleep 0.1
+done
+set -a
+. "$RUN/fleet/env"
+set +a
+
+json_args() { # prints its arguments as a JSON array of strings
+    printf '['; sep=''
+    for a in "$@"; do printf '%s"%s"' "$sep" "$a"; sep=','; done
+    printf ']'
+}
+# shellcheck disable=SC2086
+cat >"$RUN/trainer.json" <<EOF
+{"name": "rl-trainer", "kind": "gang", "nodes": 2, "gpus_per_node": 1, "gpu_types": ["H100"],
+ "priority": 10, "on_failure": "fail", "writable": ["$RUN"],
+ "command": $(json_args "$SHOAL" rl trainer --store "$RUN/store" --events "$RUN/events.jsonl" --result "$RUN/result.json" $RLOPTS)}
+EOF
+cat >"$RUN/rollouts.json" <<EOF
+{"name": "rl-rollouts", "kind": "elastic", "min_nodes": 1, "max_nodes": 7, "gpus_per_node": 1,
+ "gpu_types": ["H100", "A100", "L40S", "L4"],
+ "gpu_speeds": {"H100": 1.0, "A100": 0.70, "L40S": 0.55, "L4": 0.30},
+ "writable": ["$RUN"],
+ "command": $(json_args "$SHOAL" rl worker --store "$RUN/store" --fleet "$FLEET" --speeds "$SPEEDS")}
+EOF
+NODES=$(grep -v -e '^#' -e '^name,' -e '^$' "$FLEET" | wc -l)
+i=0
+until [ "$("$SHOAL" nodes | grep -c alive)" -ge "$NODES" ]; do
+    i=$((i + 1)); [ $i -lt 200 ] || { echo "run-main: the agents did not register; see $RUN/up.log" >&2; exit 1; }
+    sleep 0.1
+done
+"$SHOAL" submit "$RUN/trainer.json"
+"$SHOAL" submit "$RUN/rollouts.json"
+
+# The push tree: a root serving the store (once the trainer has published
+# its first version), one replica following it.
+i=0
+while [ ! -e "$RUN/store/main/LATEST" ]; do
+    i=$((i + 1)); [ $i -lt 1200 ] || { echo "run-main: no version published after 120 s; see \`shoal logs 1\`" >&2; exit 1; }
+    sleep 0.1
+done
+"$SHOAL" push serve --store "$RUN/store" --addr-file "$RUN/push.addr" >"$RUN/push.log" 2>&1 &
+PIDS="$PIDS $!"
+i=0
+while [ ! -s "$RUN/push.addr" ]; do
+    i=$((i + 1)); [ $i -lt 100 ] || { echo "run-main: push root did not start; see $RUN/push.log" >&2; exit 1; }
+    sleep 0.1
+done
+"$SHOAL" replica --dir "$RUN/replica" --parent "$(cat "$RUN/push.addr")" --leaf \
+    --stats-file "$RUN/replica.json" >"$RUN/replica.log" 2>&1 &
+PIDS="$PIDS $!"
+
+# Live progress until the trainer's result is written, then the report.
+"$SHOAL" rl report --dir "$RUN" --watch --timeout 900
+
+"$SHOAL" jobs >"$RUN/jobs.txt" 2>&1 || true
+"$SHOAL" nodes >"$RUN/nodes.txt" 2>&1 || true
+
+if [ "${SHOAL_RUN_FLEET_COST:-1}" != 0 ]; then
+    echo "run-main: the fleet-cost experiment (uniform H100 vs mixed vs per-type tuned pools)"
+    "$SHOAL" rl fleet-cost --fleet "$FLEET" --speeds "$SPEEDS" --json >"$RUN/fleet-cost.json"
+    "$SHOAL" rl report --dir "$RUN" --quiet
+fi
+echo "run-main: report: $RUN/report.html"

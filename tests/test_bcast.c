@@ -229,6 +229,47 @@ static void test_corrupt_chunk_refetched(void **state)
     kill_all();
 }
 
+/* A delta pushed through the tree is rebuilt on each replica's mapped model
+ * (the fast apply path): both replicas, the second one a hop down, end with
+ * the exact bytes of the new checkpoint and no failed apply. */
+static void test_delta_pushed(void **state)
+{
+    TU_OK(ckpt_synth(tu_path("d1.st"), 800000, 7));
+    TU_OK(ckpt_step(tu_path("d1.st"), tu_path("d2.st"), 1e-5, 1, 8));
+    sh_rm_rf(tu_path("dstore"));
+    char *out;
+    if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), tu_path("dstore"), tu_path("d1.st")))
+        fail_msg("publish failed: %s", out);
+    free(out);
+    char root[256];
+    snprintf(root, sizeof root, "%s", serve_root("dstore", "--fanout 1"));
+    pid_t rep[2];
+    char dirs[2][4096], outs[2][4096];
+    for (int i = 0; i < 2; i++) {
+        snprintf(dirs[i], sizeof dirs[i], "%s/rep%d", tu_path("dstore-r"), i);
+        snprintf(outs[i], sizeof outs[i], "%s/out%d.json", tu_path("dstore-r"), i);
+        sh_rm_rf(dirs[i]);
+        TU_OK(sh_mkdir_p(dirs[i], 0755));
+        rep[i] = spawn("%s replica --dir %s --parent %s --until 2 --seconds 60 --json >%s 2>%s.log",
+                       tu_shoal(), dirs[i], root, outs[i], outs[i]);
+    }
+    for (int i = 0; i < 2; i++) wait_active(dirs[i], 1, 60);
+    if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), tu_path("dstore"), tu_path("d2.st")))
+        fail_msg("publish failed: %s", out);
+    assert_non_null(strstr(out, "delta"));
+    free(out);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(wait_exit(rep[i], 60), 0);
+        json_t *j = load_json(outs[i]);
+        assert_int_equal(jint(j, "version"), 2);
+        assert_int_equal(jint(j, "activations"), 2);
+        assert_int_equal(jint(j, "failures"), 0);
+        json_decref(j);
+        same_model(dirs[i], 2, tu_path("d2.st"));
+    }
+    kill_all();
+}
+
 /* A relay killed mid-transfer: its replicas go back to the root (the address
  * that redirected them), resume from their last verified chunk, and every
  * one activates the version whole. */
@@ -358,6 +399,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_tree_converges, teardown),
         cmocka_unit_test_teardown(test_corrupt_chunk_refetched, teardown),
+        cmocka_unit_test_teardown(test_delta_pushed, teardown),
         cmocka_unit_test_teardown(test_relay_killed, teardown),
         cmocka_unit_test_teardown(test_zones, teardown),
         cmocka_unit_test_teardown(test_store_fallback, teardown),

@@ -181,6 +181,11 @@ typedef struct rl_trainer {
     rl_loss_cfg loss;
     float temperature;
     int minibatches;
+    /* Optional: called after each minibatch's backward pass and before its
+     * AdamW update, with the gradients in nn_grads(model).  Data-parallel
+     * trainers all-reduce them here (src/mainjob).  NULL: none. */
+    int (*grad_hook)(void *ctx, nn_model *m);
+    void *grad_ctx;
 } rl_trainer;
 
 /* One optimisation step on n trajectories (whole groups).  A NaN or
@@ -222,6 +227,7 @@ typedef struct rl_worker_spec {
     char name[16];
     double speed; /* 1 = full speed; 0.25 = four times slower */
     double price; /* dollars per hour */
+    int req_prompts; /* async: prompts per request for this worker (0: the run's) */
 } rl_worker_spec;
 
 typedef struct rl_config {
@@ -250,6 +256,21 @@ typedef struct rl_config {
     int save_every;      /* also save every N steps (0: only the last) */
     const char *self_exe; /* unused unless workers exec; may be NULL */
     int quiet;
+    /* Remote workers (the main job, docs/mainjob.md): with remote = 1 the
+     * trainer forks none; it accepts connections on listen_fd (a listening
+     * stream socket), each opening with HELLO, up to RL_MAX_WORKERS at a
+     * time, joining and leaving at any moment.  nworkers and workers[] are
+     * then unused.  At the end every worker gets the last weights and STOP,
+     * and the trainer waits up to drain_s for its BYE. */
+    int remote, listen_fd;
+    double drain_s;
+    /* Optional hooks, all called with hook_ctx.  on_publish: after each
+     * version is made (img: its safetensors image; delta: from the previous
+     * version, empty for the first); a failure stops the run.  train_fn:
+     * replaces rl_train_step (data-parallel trainers). */
+    int (*on_publish)(void *ctx, int version, const sh_buf *img, const sh_buf *delta);
+    int (*train_fn)(void *ctx, rl_trainer *tr, const rl_traj *t, int n, rl_step_stats *st);
+    void *hook_ctx;
 } rl_config;
 
 /* Defaults: code task, async, max lag 2, decoupled loss, bf16 rollouts, 3
@@ -268,6 +289,14 @@ typedef void (*rl_progress_fn)(const json_t *event, void *ctx);
  * success *result is a new JSON object (caller decrefs) with reward_start,
  * reward_end, wall_s, steps, tokens_per_s, the curve and per-step stats. */
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result);
+
+/* A remote rollout worker on a connected stream socket fd (the main job):
+ * sends HELLO naming `me`, then serves the trainer as a forked worker does
+ * until STOP (answered with BYE) or EOF.  c must match the trainer's model
+ * shape, task, sampling and gen_cost.  Never returns: exits 0 on STOP or EOF,
+ * 3 on an error (logged). */
+void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
+    __attribute__((noreturn));
 
 #ifdef __cplusplus
 }

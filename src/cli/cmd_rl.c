@@ -262,10 +262,17 @@ int cli_cmd_rl(int argc, char **argv)
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: shoal rl train [options]   train a policy (see `shoal rl train --help`)\n"
                 "       shoal rl sweep [options]   sweep sync/async x loss x dtype "
-                "(see `shoal rl sweep --help`)\n");
+                "(see `shoal rl sweep --help`)\n"
+                "       shoal rl trainer|worker    the main job's gang ranks and rollout workers\n"
+                "       shoal rl report --dir RUN  live progress and the HTML report of a main job\n"
+                "       shoal rl fleet-cost        uniform vs mixed vs tuned rollout pools [--json]\n");
         return argc < 2 ? CLI_USAGE : 0;
     }
     if (!strcmp(argv[1], "train")) return train(argc - 2, argv + 2);
     if (!strcmp(argv[1], "sweep")) return cli_rl_sweep(argc - 2, argv + 2);
-    return cli_usage("rl", "unknown subcommand \"%s\" (expected train or sweep)", argv[1]);
+    if (!strcmp(argv[1], "trainer")) return cli_rl_trainer(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "worker")) return cli_rl_worker(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "report")) return cli_rl_report(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "fleet-cost")) return cli_rl_fleet_cost(argc - 2, argv + 2);
+    return cli_usage("rl", "unknown subcommand \"%s\" (expected train, sweep, trainer, worker, report or fleet-cost)", argv[1]);
 }

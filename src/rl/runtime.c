@@ -47,12 +47,22 @@ typedef struct wk {
     size_t out_off;
     double busy_since, busy_s;
     long trajs;
+    int hello;            /* remote: HELLO received (forked workers start with 1) */
+    int bye, final_version; /* BYE received, and the version it reported */
+    sh_hash128 final_hash;
+    double joined, left;  /* seconds since the RL phase began (left < 0: still here) */
 } wk;
 
 typedef struct run {
     const rl_config *c;
     rl_trainer tr;
     wk w[RL_MAX_WORKERS];
+    /* What each slot stands for: c->workers for forked workers, the HELLO
+     * of the current connection for remote ones. */
+    rl_worker_spec spec[RL_MAX_WORKERS];
+    int nslots;
+    long joins, dropped_end;
+    json_t *gone; /* remote workers that left, as result entries */
     rl_traj *buf;
     int nbuf, cap, batch, version, step, group_next;
     long issued; /* trajectories admitted and not lost; bounds staleness */
@@ -112,6 +122,7 @@ static int publish(run *r)
     r->img = img, r->delta = d, r->ck = ck;
     r->image_bytes = (double)img.len;
     if (d.len) r->delta_bytes_sum += (double)d.len, r->deltas++;
+    if (r->c->on_publish) return r->c->on_publish(r->c->hook_ctx, r->version, &r->img, &r->delta);
     return 0;
 }
 
@@ -119,17 +130,17 @@ static int spawn(run *r, int i)
 {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-        return sh_err_errno(errno, "worker %s: socketpair", r->c->workers[i].name);
+        return sh_err_errno(errno, "worker %s: socketpair", r->spec[i].name);
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
     if (pid < 0) {
         close(sv[0]), close(sv[1]);
-        return sh_err_errno(errno, "worker %s: fork", r->c->workers[i].name);
+        return sh_err_errno(errno, "worker %s: fork", r->spec[i].name);
     }
     if (pid == 0) {
         signal(SIGPIPE, SIG_IGN);
-        for (int j = 0; j < r->c->nworkers; j++)
+        for (int j = 0; j < r->nslots; j++)
             if (r->w[j].alive) close(r->w[j].fd);
         close(sv[0]);
         rl__worker_main(r->c, i, sv[1]);
@@ -137,18 +148,26 @@ static int spawn(run *r, int i)
     close(sv[1]);
     fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
     wk *w = &r->w[i];
-    w->pid = pid, w->fd = sv[0], w->alive = 1, w->busy = 0;
+    w->pid = pid, w->fd = sv[0], w->alive = 1, w->busy = 0, w->hello = 1;
     w->in.len = w->out.len = w->out_off = 0;
     return enqueue_weights(r, w, 1);
 }
+
+static json_t *worker_json(const run *r, int i, double wall_s);
 
 static void worker_dead(run *r, int i)
 {
     wk *w = &r->w[i];
     close(w->fd);
     int st;
-    waitpid(w->pid, &st, 0);
+    if (!r->c->remote) waitpid(w->pid, &st, 0);
     w->alive = 0;
+    w->left = sh_now_mono() - r->t0;
+    if (w->bye) { /* a clean exit after STOP */
+        json_array_append_new(r->gone, worker_json(r, i, w->left));
+        w->trajs = 0, w->busy_s = 0, w->hello = 0, w->bye = 0, w->busy = 0;
+        return;
+    }
     r->deaths++;
     for (int k = 0; k < w->busy; k++) { /* lost; they will be asked for again */
         r->issued -= w->req_trajs[k];
@@ -156,10 +175,71 @@ static void worker_dead(run *r, int i)
     }
     w->busy = 0;
     sh_log(SH_LOG_WARN, "rl: worker %d (%s) died; its in-flight trajectories are dropped", i,
-           r->c->workers[i].name);
+           r->spec[i].name);
+    if (r->c->remote) {
+        /* The slot is reused by the next connection: keep its record. */
+        if (w->hello) json_array_append_new(r->gone, worker_json(r, i, w->left));
+        w->trajs = 0, w->busy_s = 0, w->hello = 0, w->bye = 0;
+        return;
+    }
     /* A worker that keeps dying (a broken setup rather than a lost node)
      * is not replaced forever: the loop then fails once none is left. */
     if (r->c->respawn && r->respawns < 3 * r->c->nworkers && spawn(r, i) == 0) r->respawns++;
+}
+
+/* Remote mode: takes a new connection into a free slot; it gets weights
+ * once its HELLO says what it is.  With every slot taken it is closed. */
+static void accept_remote(run *r)
+{
+    int fd = accept4(r->c->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    int i = 0;
+    while (i < RL_MAX_WORKERS && r->w[i].alive) i++;
+    if (i == RL_MAX_WORKERS) {
+        sh_log(SH_LOG_WARN, "rl: a worker connected but all %d slots are taken", RL_MAX_WORKERS);
+        close(fd);
+        return;
+    }
+    if (i >= r->nslots) r->nslots = i + 1;
+    wk *w = &r->w[i];
+    w->pid = 0, w->fd = fd, w->alive = 1, w->busy = 0, w->hello = 0, w->bye = 0;
+    w->trajs = 0, w->busy_s = 0;
+    w->in.len = w->out.len = w->out_off = 0;
+    w->joined = sh_now_mono() - r->t0, w->left = -1;
+}
+
+static int got_hello(run *r, int i, const uint8_t *p, size_t len)
+{
+    rl_wire_hello h;
+    if (len != sizeof h || r->w[i].hello)
+        return sh_err(SH_EFORMAT, "worker %d: unexpected or malformed HELLO", i);
+    memcpy(&h, p, sizeof h);
+    h.name[sizeof h.name - 1] = 0;
+    if (!(h.speed > 0 && h.speed <= 1) || !(h.price >= 0))
+        return sh_err(SH_EFORMAT, "worker %d (%s): HELLO speed %g must be in (0,1], price %g >= 0",
+                      i, h.name, h.speed, h.price);
+    rl_worker_spec *sp = &r->spec[i];
+    memset(sp, 0, sizeof *sp);
+    snprintf(sp->name, sizeof sp->name, "%s", h.name);
+    sp->speed = h.speed, sp->price = h.price;
+    r->w[i].pid = h.pid;
+    r->w[i].hello = 1;
+    r->joins++;
+    SH_TRY(enqueue_weights(r, &r->w[i], 1));
+    if (r->step >= r->c->steps) /* joined while the run was ending */
+        return rl__msg_append(&r->w[i].out, RL_MSG_STOP, NULL, 0, NULL, 0);
+    return 0;
+}
+
+static int got_bye(run *r, int i, const uint8_t *p, size_t len)
+{
+    rl_wire_bye b;
+    if (len != sizeof b) return sh_err(SH_EFORMAT, "worker %d: malformed BYE", i);
+    memcpy(&b, p, sizeof b);
+    r->w[i].bye = 1;
+    r->w[i].final_version = b.version;
+    r->w[i].final_hash = (sh_hash128){b.hash_lo, b.hash_hi};
+    return 0;
 }
 
 static int send_request(run *r, int i, int nprompts)
@@ -186,7 +266,7 @@ static int send_request(run *r, int i, int nprompts)
 static int busy_count(const run *r)
 {
     int n = 0;
-    for (int i = 0; i < r->c->nworkers; i++) n += r->w[i].alive && r->w[i].busy > 0;
+    for (int i = 0; i < r->nslots; i++) n += r->w[i].alive && r->w[i].busy > 0;
     return n;
 }
 
@@ -197,10 +277,10 @@ static int issue(run *r)
     if (c->mode == RL_MODE_SYNC) {
         if (busy_count(r) || r->nbuf >= r->batch) return 0;
         int alive = 0, need = (r->batch - r->nbuf) / c->group;
-        for (int i = 0; i < c->nworkers; i++) alive += r->w[i].alive;
+        for (int i = 0; i < r->nslots; i++) alive += r->w[i].alive && r->w[i].hello;
         if (!alive) return 0;
-        for (int i = 0, k = 0; i < c->nworkers; i++) {
-            if (!r->w[i].alive) continue;
+        for (int i = 0, k = 0; i < r->nslots; i++) {
+            if (!r->w[i].alive || !r->w[i].hello) continue;
             int share = need / alive + (k++ < need % alive);
             if (share) SH_TRY(send_request(r, i, share));
         }
@@ -209,18 +289,20 @@ static int issue(run *r)
     int per = c->req_prompts ? c->req_prompts : (c->prompts_per_step + 3) / 4;
     long bound = (long)(r->step + c->max_lag + 1) * r->batch;
     double fastest = 0;
-    for (int i = 0; i < c->nworkers; i++)
-        if (c->workers[i].speed > fastest) fastest = c->workers[i].speed;
+    for (int i = 0; i < r->nslots; i++)
+        if (r->spec[i].speed > fastest) fastest = r->spec[i].speed;
+    if (fastest <= 0) fastest = 1; /* remote slots before their HELLO */
     /* Every idle worker gets a request before any gets a second one.  A
      * slow worker gets a shorter queue: work queued behind it would be
      * stale by the time it started. */
     for (int depth = 1; depth <= RL_QUEUE; depth++)
-        for (int i = 0; i < c->nworkers; i++) {
+        for (int i = 0; i < r->nslots; i++) {
             wk *w = &r->w[i];
-            int limit = 1 + (int)((RL_QUEUE - 1) * c->workers[i].speed / fastest + 0.5);
-            if (w->alive && w->busy < depth && depth <= limit &&
-                r->issued + per * c->group <= bound)
-                SH_TRY(send_request(r, i, per));
+            int n = r->spec[i].req_prompts ? r->spec[i].req_prompts : per;
+            int limit = 1 + (int)((RL_QUEUE - 1) * r->spec[i].speed / fastest + 0.5);
+            if (w->alive && w->hello && w->busy < depth && depth <= limit &&
+                r->issued + n * c->group <= bound)
+                SH_TRY(send_request(r, i, n));
         }
     return 0;
 }
@@ -236,6 +318,12 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
         len != sizeof th + (size_t)th.count * sizeof(rl_traj))
         return sh_err(SH_EFORMAT, "worker %d: TRAJS with %d records, expected %d", i, th.count,
                       w->busy ? w->req_trajs[0] : 0);
+    if (r->step >= r->c->steps) { /* the run is over: answers to old requests */
+        r->dropped_end += th.count;
+        w->req_trajs[0] = w->req_trajs[1];
+        w->busy--;
+        return 0;
+    }
     if (r->nbuf + th.count > r->cap)
         return sh_err(SH_EINTERNAL, "rl: trajectory buffer overflow (%d + %d > %d)", r->nbuf,
                       th.count, r->cap);
@@ -250,6 +338,7 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
             if (t->tokens[j] < 0 || t->tokens[j] >= rl_vocab())
                 return sh_err(SH_EFORMAT, "worker %d: trajectory %d: bad token", i, k);
         r->gen_tokens += t->len - t->plen;
+        t->worker = i; /* remote workers do not know their slot */
     }
     r->nbuf += th.count;
     memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
@@ -261,12 +350,16 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
 static int read_worker(run *r, int i)
 {
     wk *w = &r->w[i];
+    int gone = 0;
     for (;;) {
         SH_TRY(sh_buf_reserve(&w->in, 65536));
         ssize_t n = read(w->fd, w->in.data + w->in.len, w->in.cap - w->in.len - 1);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        if (n <= 0) return 1; /* EOF or error: the worker is gone */
+        if (n <= 0) { /* EOF or error: the worker is gone once its last messages are read */
+            gone = 1;
+            break;
+        }
         w->in.len += (size_t)n;
     }
     for (;;) {
@@ -275,9 +368,11 @@ static int read_worker(run *r, int i)
         size_t len;
         long used = rl__msg_peek(&w->in, &type, &pl, &len);
         if (used < 0) return (int)used;
-        if (!used) return 0;
-        if (type != RL_MSG_TRAJS) return sh_err(SH_EFORMAT, "worker %d: unexpected message %u", i, type);
-        SH_TRY(accept_trajs(r, i, pl, len));
+        if (!used) return gone;
+        if (type == RL_MSG_HELLO && r->c->remote) SH_TRY(got_hello(r, i, pl, len));
+        else if (type == RL_MSG_BYE) SH_TRY(got_bye(r, i, pl, len));
+        else if (type == RL_MSG_TRAJS && w->hello) SH_TRY(accept_trajs(r, i, pl, len));
+        else return sh_err(SH_EFORMAT, "worker %d: unexpected message %u", i, type);
         memmove(w->in.data, w->in.data + used, w->in.len - used);
         w->in.len -= used;
     }
@@ -368,8 +463,10 @@ static int train_one(run *r)
 {
     long hist[RL_MAX_T + 2] = {0};
     int nh = r->c->mode == RL_MODE_ASYNC ? r->c->max_lag + 1 : 1;
+    int smax = 0; /* unclamped: what the staleness bound promises */
     for (int i = 0; i < r->batch; i++) {
         int s = r->version - r->buf[i].vstart;
+        if (s > smax) smax = s;
         s = s < 0 ? 0 : s > nh - 1 ? nh - 1 : s;
         hist[s]++;
         r->stale_hist[s]++;
@@ -377,7 +474,8 @@ static int train_one(run *r)
     }
     rl_step_stats st;
     double t0 = sh_now_mono();
-    int rc = rl_train_step(&r->tr, r->buf, r->batch, &st);
+    int rc = r->c->train_fn ? r->c->train_fn(r->c->hook_ctx, &r->tr, r->buf, r->batch, &st)
+                            : rl_train_step(&r->tr, r->buf, r->batch, &st);
     r->t_train += sh_now_mono() - t0;
     if (rc < 0 && rc != SH_ERANGE) return rc;
     if (rc == SH_ERANGE) {
@@ -396,13 +494,14 @@ static int train_one(run *r)
                            st.abs_dlogp, "kl", st.kl, "clipped_frac", st.clipped_frac,
                            "masked_frac", st.masked_frac, "skipped", st.skipped, "staleness",
                            hist_json(hist, nh), "wall_s", wall(r));
+    json_object_set_new(ev, "staleness_max", json_integer(smax));
     if (r->progress) r->progress(ev, r->pctx);
     json_array_append_new(r->steps, ev);
     if (!st.skipped) {
         t0 = sh_now_mono();
         SH_TRY(publish(r));
-        for (int i = 0; i < r->c->nworkers; i++)
-            if (r->w[i].alive) SH_TRY(enqueue_weights(r, &r->w[i], 0));
+        for (int i = 0; i < r->nslots; i++)
+            if (r->w[i].alive && r->w[i].hello) SH_TRY(enqueue_weights(r, &r->w[i], 0));
         r->t_publish += sh_now_mono() - t0;
     }
     if (r->step % r->c->eval_every == 0 || r->step == r->c->steps) SH_TRY(eval_now(r));
@@ -415,35 +514,14 @@ static int train_one(run *r)
     return 0;
 }
 
+static int poll_once(run *r);
+
 static int loop(run *r)
 {
     const rl_config *c = r->c;
     while (r->step < c->steps) {
         SH_TRY(issue(r));
-        struct pollfd pf[RL_MAX_WORKERS];
-        int idx[RL_MAX_WORKERS], n = 0;
-        for (int i = 0; i < c->nworkers; i++) {
-            if (!r->w[i].alive) continue;
-            pf[n] = (struct pollfd){.fd = r->w[i].fd,
-                                    .events = POLLIN | (r->w[i].out.len ? POLLOUT : 0)};
-            idx[n++] = i;
-        }
-        if (!n)
-            return sh_err(SH_EIO, "rl: every worker has died (%ld deaths, %ld replacements); "
-                                  "see the worker errors above", r->deaths, r->respawns);
-        double t0 = sh_now_mono();
-        if (poll(pf, n, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
-        r->t_wait += sh_now_mono() - t0;
-        for (int k = 0; k < n; k++) {
-            int i = idx[k], dead = 0;
-            if (pf[k].revents & POLLOUT) dead = flush_worker(&r->w[i]);
-            if (!dead && (pf[k].revents & (POLLIN | POLLHUP | POLLERR))) {
-                int rc = read_worker(r, i);
-                if (rc < 0) return rc;
-                dead = rc;
-            }
-            if (dead) worker_dead(r, i);
-        }
+        SH_TRY(poll_once(r));
         if (c->mode == RL_MODE_ASYNC) drop_stale(r);
         while (r->nbuf >= r->batch && r->step < c->steps &&
                (c->mode == RL_MODE_ASYNC || !busy_count(r))) {
@@ -454,11 +532,73 @@ static int loop(run *r)
     return 0;
 }
 
+/* One poll over the workers (and, remote, the listening socket): flushes
+ * outboxes, reads messages, handles deaths and new connections. */
+static int poll_once(run *r)
+{
+    const rl_config *c = r->c;
+    {
+        struct pollfd pf[RL_MAX_WORKERS + 1];
+        int idx[RL_MAX_WORKERS + 1], n = 0;
+        for (int i = 0; i < r->nslots; i++) {
+            if (!r->w[i].alive) continue;
+            pf[n] = (struct pollfd){.fd = r->w[i].fd,
+                                    .events = POLLIN | (r->w[i].out.len ? POLLOUT : 0)};
+            idx[n++] = i;
+        }
+        if (!n && !c->remote)
+            return sh_err(SH_EIO, "rl: every worker has died (%ld deaths, %ld replacements); "
+                                  "see the worker errors above", r->deaths, r->respawns);
+        int nw = n;
+        if (c->remote) pf[n++] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
+        double t0 = sh_now_mono();
+        if (poll(pf, n, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
+        r->t_wait += sh_now_mono() - t0;
+        if (c->remote && (pf[nw].revents & POLLIN)) accept_remote(r);
+        for (int k = 0; k < nw; k++) {
+            int i = idx[k], dead = 0;
+            if (pf[k].revents & POLLOUT) dead = flush_worker(&r->w[i]);
+            if (!dead && (pf[k].revents & (POLLIN | POLLHUP | POLLERR))) {
+                int rc = read_worker(r, i);
+                if (rc < 0 && !c->remote) return rc;
+                if (rc < 0) /* a remote worker that breaks the protocol is dropped, not fatal */
+                    sh_log(SH_LOG_WARN, "rl: dropping worker %d: %s", i, sh_errmsg());
+                dead = rc != 0;
+            }
+            if (dead) worker_dead(r, i);
+        }
+    }
+    return 0;
+}
+
 /* STOP to every worker, then close; a worker that does not exit within two
  * seconds is killed. */
+static void shutdown_remote(run *r)
+{
+    for (int i = 0; i < r->nslots; i++)
+        if (r->w[i].alive && r->w[i].hello) rl__msg_append(&r->w[i].out, RL_MSG_STOP, NULL, 0, NULL, 0);
+        else if (r->w[i].alive) worker_dead(r, i);
+    /* Workers apply the last weights, finish what they generate (answers
+     * are discarded), then answer STOP with BYE and close. */
+    double deadline = sh_now_mono() + (r->c->drain_s > 0 ? r->c->drain_s : 10);
+    for (;;) {
+        int alive = 0;
+        for (int i = 0; i < r->nslots; i++) alive += r->w[i].alive;
+        if (!alive || sh_now_mono() > deadline) break;
+        if (poll_once(r) < 0) sh_log(SH_LOG_WARN, "rl: while stopping workers: %s", sh_errmsg());
+    }
+    for (int i = 0; i < r->nslots; i++)
+        if (r->w[i].alive) worker_dead(r, i);
+    for (int i = 0; i < RL_MAX_WORKERS; i++) sh_buf_free(&r->w[i].in), sh_buf_free(&r->w[i].out);
+}
+
 static void shutdown_workers(run *r)
 {
-    for (int i = 0; i < r->c->nworkers; i++) {
+    if (r->c->remote) {
+        shutdown_remote(r);
+        return;
+    }
+    for (int i = 0; i < r->nslots; i++) {
         wk *w = &r->w[i];
         if (!w->alive) continue;
         w->out.len = w->out_off = 0;
@@ -467,7 +607,7 @@ static void shutdown_workers(run *r)
         close(w->fd);
     }
     double deadline = sh_now_mono() + 2.0;
-    for (int i = 0; i < r->c->nworkers; i++) {
+    for (int i = 0; i < r->nslots; i++) {
         wk *w = &r->w[i];
         if (!w->alive) continue;
         int st;
@@ -481,7 +621,7 @@ static void shutdown_workers(run *r)
         }
         w->alive = 0;
     }
-    for (int i = 0; i < r->c->nworkers; i++) sh_buf_free(&r->w[i].in), sh_buf_free(&r->w[i].out);
+    for (int i = 0; i < r->nslots; i++) sh_buf_free(&r->w[i].in), sh_buf_free(&r->w[i].out);
 }
 
 static int warm_start(run *r)
@@ -500,24 +640,43 @@ static int warm_start(run *r)
     return rc;
 }
 
+/* One worker's entry in the result.  A rented GPU is paid for the whole
+ * time it is held, busy or not: the run for forked workers, from joining
+ * to leaving for remote ones. */
+static json_t *worker_json(const run *r, int i, double until)
+{
+    const wk *w = &r->w[i];
+    const rl_worker_spec *sp = &r->spec[i];
+    double held = r->c->remote ? until - w->joined : until;
+    char hex[33];
+    sh_hash128_hex(w->final_hash, hex);
+    json_t *o = json_pack("{s:s,s:f,s:f,s:I,s:f,s:f,s:f}", "name", sp->name, "speed", sp->speed,
+                          "price_per_h", sp->price, "trajectories", (json_int_t)w->trajs,
+                          "busy_s", w->busy_s, "held_s", held, "cost_usd",
+                          sp->price * held / 3600.0);
+    if (r->c->remote)
+        json_object_set_new(o, "final", w->bye ? json_pack("{s:i,s:s}", "version", w->final_version,
+                                                           "image_xxh3", hex)
+                                               : json_null());
+    return o;
+}
+
 static json_t *result_json(run *r, double reward_start, double wall_s)
 {
     const rl_config *c = r->c;
     json_t *workers = json_array();
     double cost = 0;
-    for (int i = 0; i < c->nworkers; i++) {
-        /* A rented GPU is paid for the whole run, busy or not. */
-        double usd = c->workers[i].price * wall_s / 3600.0;
-        cost += usd;
-        json_array_append_new(workers, json_pack("{s:s,s:f,s:f,s:I,s:f,s:f}", "name",
-                                                 c->workers[i].name, "speed", c->workers[i].speed,
-                                                 "price_per_h", c->workers[i].price, "trajectories",
-                                                 (json_int_t)r->w[i].trajs, "busy_s",
-                                                 r->w[i].busy_s, "cost_usd", usd));
-    }
+    size_t k;
+    json_t *g;
+    json_array_foreach(r->gone, k, g) json_array_append(workers, g);
+    for (int i = 0; i < r->nslots; i++)
+        if (!c->remote) json_array_append_new(workers, worker_json(r, i, wall_s));
+    json_array_foreach(workers, k, g) cost += json_number_value(json_object_get(g, "cost_usd"));
+    char hex[33];
+    sh_hash128_hex(sh_hash128_of(r->img.data, r->img.len), hex);
     int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
-                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f,s:o}",
+                     "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f,s:o,s:i,s:s,s:I,s:I}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->max_lag, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
                      c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
@@ -535,7 +694,9 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
                      "checkpoints", json_incref(r->ckpts), "weights_image_bytes", r->image_bytes,
                      "weights_delta_bytes_mean", r->deltas ? r->delta_bytes_sum / r->deltas : 0.0,
                      "trainer_phases_s", json_pack("{s:f,s:f,s:f}", "train", r->t_train, "publish",
-                                                   r->t_publish, "wait", r->t_wait));
+                                                   r->t_publish, "wait", r->t_wait),
+                     "final_version", r->version, "final_image_xxh3", hex, "worker_joins",
+                     (json_int_t)r->joins, "dropped_end", (json_int_t)r->dropped_end);
 }
 
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result)
@@ -548,9 +709,13 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     r->rng = c->seed * 0x2545f4914f6cdd1dULL + 1;
     r->time_to_target = -1;
     r->curve = json_array(), r->steps = json_array(), r->ckpts = json_array();
+    r->gone = json_array();
+    r->nslots = c->remote ? 0 : c->nworkers;
+    if (!c->remote) memcpy(r->spec, c->workers, sizeof r->spec);
     /* Admission keeps at most max_lag + 1 batches beyond those consumed;
      * sync keeps one.  Leave room for every worker's request on top. */
-    r->cap = r->batch * (c->max_lag + 2 + c->nworkers) + 64;
+    int slots = c->remote ? RL_MAX_WORKERS : c->nworkers;
+    r->cap = r->batch * (c->max_lag + 2 + RL_QUEUE * slots) + 64;
     r->buf = malloc(sizeof(rl_traj) * (size_t)r->cap);
     r->evalset = malloc(sizeof(rl_problem) * c->eval_n);
     int rc = r->buf && r->evalset ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
@@ -569,13 +734,13 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
         json_array_append_new(r->curve, json_pack("{s:f,s:i,s:f}", "wall_s", 0.0, "step", 0,
                                                   "reward", reward_start));
         rc = publish(r);
-        for (int i = 0; i < c->nworkers && !rc; i++) rc = spawn(r, i);
+        for (int i = 0; i < r->nslots && !rc; i++) rc = spawn(r, i);
         if (!rc) rc = loop(r);
         wall_s = wall(r);
         shutdown_workers(r);
     }
     if (!rc) *result = result_json(r, reward_start, wall_s);
-    json_decref(r->curve), json_decref(r->steps), json_decref(r->ckpts);
+    json_decref(r->curve), json_decref(r->steps), json_decref(r->ckpts), json_decref(r->gone);
     nn_adamw_free(&r->tr.opt);
     nn_free(r->tr.model);
     ckpt_close(r->ck);

@@ -89,6 +89,7 @@ static int minibatch(rl_trainer *t, pass *p, const float *adv, const float *lold
         }
     nn_zero_grad(t->model);
     SH_TRY(nn_backward(t->model, dlog));
+    if (t->grad_hook) SH_TRY(t->grad_hook(t->grad_ctx, t->model));
     double gn;
     int rc = nn_adamw_step(&t->opt, t->model, &gn);
     if (gn > st->grad_norm || !isfinite(gn)) st->grad_norm = gn;

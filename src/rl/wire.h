@@ -11,7 +11,8 @@
 #define RL_WIRE_MAGIC 0x4c524853u /* "SHRL" little-endian */
 #define RL_WIRE_MAX (64u << 20)   /* largest payload accepted */
 
-enum { RL_MSG_WEIGHTS = 1, RL_MSG_REQUEST = 2, RL_MSG_TRAJS = 3, RL_MSG_STOP = 4 };
+enum { RL_MSG_WEIGHTS = 1, RL_MSG_REQUEST = 2, RL_MSG_TRAJS = 3, RL_MSG_STOP = 4,
+       RL_MSG_HELLO = 5, RL_MSG_BYE = 6 };
 /* WEIGHTS encodings: a whole safetensors image, or a shoal delta
  * (docs/delta-format.md) from the image of base_version. */
 enum { RL_ENC_IMAGE = 1, RL_ENC_DELTA = 2 };
@@ -37,6 +38,20 @@ typedef struct rl_wire_request {
 typedef struct rl_wire_trajs {
     int32_t worker, count;
 } rl_wire_trajs; /* followed by count rl_traj records */
+
+/* HELLO (remote worker -> trainer, first message): what GPU it stands for. */
+typedef struct rl_wire_hello {
+    char name[16]; /* NUL-terminated GPU type or worker name */
+    double speed, price;
+    int32_t pid, reserved;
+} rl_wire_hello;
+
+/* BYE (worker -> trainer, answer to STOP): the version it holds and the
+ * xxh3-128 of its weights image, so the trainer can check convergence. */
+typedef struct rl_wire_bye {
+    int32_t version, reserved;
+    uint64_t hash_lo, hash_hi;
+} rl_wire_bye;
 
 /* Appends one framed message (header, a, b) to buf. */
 int rl__msg_append(sh_buf *buf, uint32_t type, const void *a, size_t alen, const void *b,

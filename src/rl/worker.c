@@ -117,6 +117,17 @@ static int apply_weights(worker *w, const uint8_t *p, size_t len)
     return install(w, img, hd.version);
 }
 
+static void leave(worker *w, int code) __attribute__((noreturn));
+
+/* Answers STOP with BYE (version and image hash) and exits. */
+static void __attribute__((noreturn)) bye(worker *w)
+{
+    sh_hash128 h = sh_hash128_of(w->img.data, w->img.len);
+    rl_wire_bye b = {.version = w->version, .hash_lo = h.lo, .hash_hi = h.hi};
+    rl__msg_write(w->fd, RL_MSG_BYE, &b, sizeof b, NULL, 0); /* the trainer may be gone */
+    leave(w, 0);
+}
+
 /* Handles one message that is not a REQUEST.  Returns 1 on STOP. */
 static int handle(worker *w, uint32_t type)
 {
@@ -146,7 +157,6 @@ static double cpu_now(void)
  * times gen_cost / speed: CPU time rather than wall time, so that other
  * load on the machine slows the emulated GPUs only when it leaves them
  * less than that. */
-static void leave(worker *w, int code) __attribute__((noreturn));
 static void leave(worker *w, int code)
 {
     sh_log(SH_LOG_DEBUG,
@@ -182,7 +192,7 @@ static int step_hook(void *ctx)
         uint32_t type;
         if (rl__msg_read(w->fd, &type, &w->msg) < 0) leave(w, 0); /* trainer gone */
         int rc = handle(w, type);
-        if (rc == 1) leave(w, 0);
+        if (rc == 1) bye(w);
         if (rc < 0) {
             sh_log(SH_LOG_ERROR, "rl worker %d: %s", w->idx, sh_errmsg());
             leave(w, 3);
@@ -263,7 +273,7 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
             w.prof.idle += sh_now_mono() - t0;
         }
         int rc = type == RL_MSG_REQUEST ? serve_request(&w) : handle(&w, type);
-        if (rc == 1) break;
+        if (rc == 1) bye(&w);
         if (rc < 0) {
             sh_log(SH_LOG_ERROR, "rl worker %d: %s", idx, sh_errmsg());
             leave(&w, 3);
@@ -271,4 +281,22 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
     }
     sh_buf_free(&w.queued);
     leave(&w, 0);
+}
+
+void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
+{
+    rl_wire_hello h = {.speed = me->speed, .price = me->price, .pid = (int32_t)getpid()};
+    snprintf(h.name, sizeof h.name, "%s", me->name);
+    signal(SIGPIPE, SIG_IGN);
+    if (rl__msg_write(fd, RL_MSG_HELLO, &h, sizeof h, NULL, 0) < 0) {
+        sh_log(SH_LOG_ERROR, "rl worker %s: HELLO: %s", me->name, sh_errmsg());
+        _exit(3);
+    }
+    /* The worker reads its speed from workers[idx]: a one-entry copy. */
+    rl_config *cc = malloc(sizeof *cc);
+    if (!cc) _exit(3);
+    *cc = *c;
+    cc->workers[0] = *me;
+    cc->nworkers = 1;
+    rl__worker_main(cc, 0, fd);
 }

@@ -315,7 +315,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     uint64_t walk_id = ++s->walk_id;
     /* Sweeps leave the stop to chance when autoscaling: blocked_since is
      * set only on the jobs a walk reaches, and scale-ups read it. */
-    int sweep = !s->plain_cycle && !(s->cfg.autoscale && s->nquotas), next_sweep = 16;
+    int sweep = !s->plain_cycle && !(s->cfg.autoscale && s->nquotas), next_sweep = 128;
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
         uint32_t ti, ji = next_job(s, &ti, fair);

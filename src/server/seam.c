@@ -28,7 +28,14 @@ static int spec_of(const srv_job *j, char id[24], sched_job_spec *sp)
     json_t *types = json_object_get(j->spec, "gpu_types");
     size_t i;
     json_t *v;
-    json_array_foreach(types, i, v) if (sp->n_types < SCHED_MAX_TYPES) sp->gpu_types[sp->n_types++] = json_string_value(v);
+    json_t *speeds = json_object_get(j->spec, "gpu_speeds");
+    json_array_foreach(types, i, v) if (sp->n_types < SCHED_MAX_TYPES) {
+        /* Declared speeds let the core place elastic work by price per unit
+         * of throughput (docs/job-format.md, gpu_speeds). */
+        json_t *spd = json_object_get(speeds, json_string_value(v));
+        sp->speed[sp->n_types] = spd ? json_number_value(spd) : 0;
+        sp->gpu_types[sp->n_types++] = json_string_value(v);
+    }
     json_t *est = json_object_get(j->spec, "est_s");
     sp->est_s = est ? json_number_value(est) : 0;
     sp->priority = j->priority;

@@ -321,7 +321,7 @@ static const char *const job_keys[] = {
     "name",   "kind",     "nodes",          "min_nodes",  "max_nodes",    "gpus_per_node",
     "gpus",   "gpu_types", "zone",          "command",    "env",          "on_failure",
     "max_attempts", "priority", "writable", "memory_mb", "pids_max", "idempotency_key", "est_s",
-    "replace_wait_s", NULL};
+    "gpu_speeds", "replace_wait_s", NULL};
 
 static int pick(const char *v, const char *const *names, int n, const char *field, int *out)
 {
@@ -360,6 +360,27 @@ static int str_array(const json_t *spec, const char *key, int min, int abs_paths
         if (abs_paths && json_string_value(v)[0] != '/')
             return sh_err(SH_EFORMAT, "job: field \"%s\"[%zu]: \"%s\" is not an absolute path", key,
                           i, json_string_value(v));
+    }
+    return SH_OK;
+}
+
+/* gpu_speeds: {"TYPE": speed > 0, ...}, each TYPE one of gpu_types. */
+static int check_speeds(const json_t *spec)
+{
+    json_t *o = json_object_get(spec, "gpu_speeds"), *types = json_object_get(spec, "gpu_types");
+    if (!o) return SH_OK;
+    if (!json_is_object(o)) return sh_err(SH_EFORMAT, "job: field \"gpu_speeds\": expected an object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0))
+            return sh_err(SH_EFORMAT, "job: field \"gpu_speeds\".%s: expected a number > 0", k);
+        int listed = 0;
+        size_t i;
+        json_t *t;
+        json_array_foreach(types, i, t) listed |= json_is_string(t) && !strcmp(json_string_value(t), k);
+        if (!listed)
+            return sh_err(SH_EFORMAT, "job: field \"gpu_speeds\": type \"%s\" is not in \"gpu_types\"", k);
     }
     return SH_OK;
 }
@@ -427,6 +448,7 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     if (rc == SH_OK) rc = str_array(spec, "gpu_types", 0, 0);
     if (rc == SH_OK) rc = str_array(spec, "writable", 0, 1);
     if (rc == SH_OK) rc = check_env(spec);
+    if (rc == SH_OK) rc = check_speeds(spec);
     /* The scheduling core cannot pin a job to a zone, so a "zone" field
      * would be a promise the server does not keep: refuse it. */
     if (rc == SH_OK && json_object_get(spec, "zone"))

@@ -55,6 +55,10 @@ struct store_replica {
     bcast_stats push;
     uint64_t fp8_blocks; /* blocks re-quantised by the last FP8 update */
     double last_push_activity, next_store_check; /* monotonic seconds */
+    /* Apply thread only: staging/spare, a scratch copy of the active model
+     * (version spare_version, 0: none) for the next delta to patch. */
+    char spare[4096];
+    uint64_t spare_version;
 };
 
 /* ---- Models ------------------------------------------------------------ */
@@ -307,6 +311,46 @@ static int adopt_anchor(store_replica *r, const store_version *v, const char *pa
     return fsync_file_and_dir(out, r->models);
 }
 
+/* After an activation, on the apply thread: copies the new model to
+ * staging/spare so that the next delta patches only what it changes
+ * instead of copying the whole model while a version waits.  Not durable
+ * and not trusted: the patch is verified against the delta's digests and
+ * fsynced whole before it becomes a model, and a restart deletes it. */
+static void make_spare(store_replica *r, const char *path, uint64_t version)
+{
+    char tmp[4200];
+    r->spare_version = 0;
+    snprintf(tmp, sizeof tmp, "%s.tmp", r->spare);
+    int in = open(path, O_RDONLY | O_CLOEXEC);
+    int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    struct stat st;
+    int ok = in >= 0 && out >= 0 && fstat(in, &st) == 0;
+    for (off_t left = ok ? st.st_size : 0; ok && left > 0;) {
+        ssize_t k = copy_file_range(in, NULL, out, NULL, (size_t)left, 0);
+        if (k <= 0) ok = 0;
+        else left -= k;
+    }
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    if (ok && rename(tmp, r->spare) == 0) r->spare_version = version;
+    else unlink(tmp), sh_debug("replica %s: no spare copy of v%llu", r->dir, (unsigned long long)version);
+}
+
+/* A delta on the active model: patched into the spare copy when there is
+ * one of that version, else rebuilt from the mapped model. */
+static int apply_delta(store_replica *r, const pending *p, const model *cur, const char *out)
+{
+    if (r->spare_version == cur->version) {
+        r->spare_version = 0;
+        int rc = store__delta_apply_spare(r->spare, p->payload, p->ver.model_size, out);
+        if (rc == 0) return rc;
+        sh_warn("replica %s: in-place apply failed (%s); rebuilding from the active model", r->dir,
+                sh_errmsg());
+        unlink(r->spare);
+    }
+    return store__delta_apply_mapped(cur->ck, p->payload, p->ver.model_size, out);
+}
+
 /* Builds version v from a payload: an anchor alone, or a delta on the
  * active model. */
 static int apply_pending(store_replica *r, const pending *p)
@@ -325,14 +369,17 @@ static int apply_pending(store_replica *r, const pending *p)
     else if (p->ver.anchor)
         rc = adopt_anchor(r, &p->ver, p->payload, out);
     else
-        rc = store_apply_payload(&p->ver, p->payload, cur->path, out);
+        rc = apply_delta(r, p, cur, out);
+    sh_debug("replica %s: v%llu built at %.6f", r->dir, (unsigned long long)p->ver.version, sh_now_wall());
     char fp8[4096] = "";
     if (rc == 0 && r->cfg.fp8)
         rc = make_fp8(r, p->ver.version, out, p->ver.anchor ? NULL : cur, p->ver.anchor ? NULL : p->payload,
                       fp8, sizeof fp8);
     model_unref(r, cur);
     if (rc == 0) rc = activate(r, &p->ver, out, fp8[0] ? fp8 : NULL);
+    sh_debug("replica %s: v%llu active at %.6f", r->dir, (unsigned long long)p->ver.version, sh_now_wall());
     if (rc < 0) unlink(out), fp8[0] ? unlink(fp8) : 0;
+    if (rc == 0) make_spare(r, out, p->ver.version);
     return rc;
 }
 
@@ -423,6 +470,7 @@ static void snapshot_push(store_replica *r)
 static void on_object(void *arg, const bcast_object_info *o)
 {
     store_replica *r = arg;
+    sh_debug("replica %s: v%llu received at %.6f", r->dir, (unsigned long long)o->version, sh_now_wall());
     snapshot_push(r);
     pending *p = calloc(1, sizeof *p);
     if (!p) return;
@@ -482,6 +530,7 @@ static int make_dirs(store_replica *r, const store_replica_config *cfg)
     SH_TRY(sh_path_join(r->staging, sizeof r->staging, cfg->dir, "staging"));
     SH_TRY(sh_path_join(r->spool, sizeof r->spool, cfg->dir, "spool"));
     SH_TRY(sh_path_join(r->active_path, sizeof r->active_path, cfg->dir, "ACTIVE"));
+    SH_TRY(sh_path_join(r->spare, sizeof r->spare, r->staging, "spare.safetensors"));
     SH_TRY(sh_mkdir_p(r->models, 0755));
     SH_TRY(sh_mkdir_p(r->staging, 0755));
     SH_TRY(sh_rm_rf(r->spool));

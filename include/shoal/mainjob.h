@@ -1,0 +1,102 @@
+/* shoal mainjob: the pieces that turn the RL engine into control-plane jobs
+ * on a mixed fleet (docs/mainjob.md).
+ *
+ *  - A ring all-reduce over UCX between the ranks of the trainer gang
+ *    (mj_ring_*): each rank listens and connects to the next one; gradients are averaged with a reduce-scatter and an
+ *    all-gather, N - 1 steps each, tag-matched so that messages of different
+ *    steps never mix.
+ *  - The data-parallel trainer: rank 0 runs the RL engine (src/rl) with
+ *    remote workers, broadcasts each batch, every rank trains on its share of
+ *    the groups and all-reduces gradients, so all ranks hold the same weights
+ *    (mj_train_*).
+ *  - Fleet files with declared speed factors (mj_fleet_*), for placement by
+ *    cost per unit of rollout throughput and for workers to know what GPU
+ *    they stand for.
+ *
+ * I/O edge: sockets, UCX, files.  Every function returns 0 or a negative
+ * SH_E* code with sh_errmsg() set. */
+#ifndef SHOAL_MAINJOB_H
+#define SHOAL_MAINJOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shoal/common.h"
+#include "shoal/rl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Ring all-reduce over UCX ------------------------------------------- */
+
+typedef struct mj_ring mj_ring;
+
+/* Joins a ring of `world` ranks on `host`: with rdv_dir NULL on the ports
+ * base_port .. base_port + world - 1; otherwise each rank listens on an
+ * ephemeral port and announces it in rdv_dir/rank-<r> (a folder every rank
+ * sees, fresh for each attempt), which is robust to ports taken by others.
+ * Waits up to timeout_s for the neighbours.  The caller owns *out
+ * (mj_ring_free).  world = 1 needs no UCX at all. */
+int mj_ring_new(int rank, int world, const char *host, int base_port, const char *rdv_dir,
+                double timeout_s, mj_ring **out);
+void mj_ring_free(mj_ring *r);
+/* Sums x (n floats) over all ranks in place, then divides by world (the
+ * mean).  Every rank must call it with the same n, in the same order. */
+int mj_ring_allreduce_mean(mj_ring *r, float *x, size_t n);
+/* Rank `root`'s buffer to every rank: the root passes its bytes in *buf;
+ * others get a malloc'd copy in *buf (caller frees) and its length in *len. */
+int mj_ring_bcast(mj_ring *r, int root, void **buf, size_t *len);
+/* Bytes this rank sent over the ring so far. */
+uint64_t mj_ring_bytes_sent(const mj_ring *r);
+
+/* ---- Data-parallel trainer --------------------------------------------------- */
+
+/* Per-rank state.  Rank 0 passes mj_train_step as rl_config.train_fn (with
+ * hook_ctx = this); other ranks run mj_train_follow. */
+typedef struct mj_train {
+    mj_ring *ring;
+    int rank, world;
+    int synced; /* 1 once rank 0 has sent its warm-started weights */
+    long steps;
+    long total_steps; /* rank 0: after this many steps it ends the gang */
+    int in_sync;      /* rank 0, after the last step: 1 when all ranks' weights match */
+} mj_train;
+
+/* rl_config.train_fn for rank 0: broadcasts the batch (and, the first time,
+ * the weights), trains on rank 0's share of the groups with gradients
+ * all-reduced across the ring.  After step total_steps it calls
+ * mj_train_finish and records in_sync. */
+int mj_train_step(void *ctx, rl_trainer *tr, const rl_traj *t, int n, rl_step_stats *st);
+/* Rank 0 at the end: an empty batch tells the others to stop; then every
+ * rank compares the xxh3 of its weights.  *in_sync = 1 when all are equal. */
+int mj_train_finish(mj_train *m, rl_trainer *tr, int *in_sync);
+/* Ranks > 0: follow rank 0 until it finishes; *steps_out counts the steps. */
+int mj_train_follow(mj_train *m, const rl_config *c, long *steps_out, int *in_sync);
+
+/* ---- Fleets with speed factors ----------------------------------------------- */
+
+typedef struct mj_node {
+    char name[64], gpu_type[32], zone[64], fabric[64];
+    int gpus;
+    double price; /* per GPU-hour */
+    double speed; /* declared rollout speed factor (1 = the training type) */
+} mj_node;
+
+typedef struct mj_fleet {
+    mj_node *nodes;
+    int n;
+} mj_fleet;
+
+/* Reads a `shoal up` fleet file and its speed table (gpu_type,speed lines;
+ * docs/mainjob.md).  Every GPU type of the fleet needs a speed. */
+int mj_fleet_load(const char *fleet_csv, const char *speeds_csv, mj_fleet *out);
+void mj_fleet_free(mj_fleet *f);
+const mj_node *mj_fleet_node(const mj_fleet *f, const char *name);
+/* The speed of a GPU type (0 if unknown). */
+double mj_fleet_speed(const mj_fleet *f, const char *gpu_type);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

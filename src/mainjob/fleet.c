@@ -1,0 +1,143 @@
+/* Fleet files with declared rollout speed factors: the `shoal up` fleet CSV
+ * (name,gpu_type,gpus,zone,fabric,price_per_gpu_hour) plus a table of
+ * gpu_type,speed (docs/mainjob.md).  Lines starting with '#' are comments. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shoal/mainjob.h"
+
+typedef struct speed_row {
+    char type[32];
+    double speed;
+} speed_row;
+
+/* Splits line l in place on commas into at most max fields. */
+static int split(char *l, char **f, int max)
+{
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(l, ",", &save); t && n < max + 1; t = strtok_r(NULL, ",", &save))
+        if (n < max) f[n++] = t;
+        else return max + 1;
+    return n;
+}
+
+/* Calls row(ctx, fields, n, line) for each data line after the header. */
+static int each_line(const char *path, const char *header, int nf,
+                     int (*row)(void *ctx, char **f, int line), void *ctx)
+{
+    char *text;
+    size_t len;
+    SH_TRY(sh_read_file(path, 16 << 20, &text, &len));
+    int line = 0, rc = 0, seen_header = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && !rc; l = strtok_r(NULL, "\n", &save)) {
+        line++;
+        l[strcspn(l, "\r")] = 0;
+        if (!*l || *l == '#') continue;
+        if (!seen_header) {
+            seen_header = 1;
+            if (strcmp(l, header))
+                rc = sh_err(SH_EFORMAT, "%s: line %d: expected the header %s", path, line, header);
+            continue;
+        }
+        char *f[8];
+        if (split(l, f, 8) != nf)
+            rc = sh_err(SH_EFORMAT, "%s: line %d: expected %d comma-separated fields", path, line, nf);
+        else
+            rc = row(ctx, f, line);
+        if (rc && !strstr(sh_errmsg(), path)) rc = sh_err_wrap(rc, "%s: line %d", path, line);
+    }
+    free(text);
+    return rc;
+}
+
+typedef struct speeds {
+    speed_row *v;
+    int n, cap;
+} speeds;
+
+static int speed_row_fn(void *ctx, char **f, int line)
+{
+    speeds *s = ctx;
+    double v;
+    SH_TRY(sh_parse_double(f[1], &v, "speed"));
+    if (!(v > 0 && v <= 1)) return sh_err(SH_ERANGE, "speed %g of %s must be in (0,1]", v, f[0]);
+    if (s->n == s->cap) {
+        speed_row *nv = realloc(s->v, sizeof *nv * (size_t)(s->cap = s->cap ? 2 * s->cap : 8));
+        if (!nv) return sh_err(SH_ENOMEM, "fleet: out of memory");
+        s->v = nv;
+    }
+    snprintf(s->v[s->n].type, sizeof s->v[s->n].type, "%s", f[0]);
+    s->v[s->n++].speed = v;
+    return 0;
+}
+
+typedef struct nodes {
+    mj_fleet *f;
+    int cap;
+    const speeds *sp;
+} nodes;
+
+static int node_row_fn(void *ctx, char **f, int line)
+{
+    nodes *ns = ctx;
+    mj_fleet *fl = ns->f;
+    if (fl->n == ns->cap) {
+        mj_node *nv = realloc(fl->nodes, sizeof *nv * (size_t)(ns->cap = ns->cap ? 2 * ns->cap : 16));
+        if (!nv) return sh_err(SH_ENOMEM, "fleet: out of memory");
+        fl->nodes = nv;
+    }
+    mj_node *n = &fl->nodes[fl->n];
+    memset(n, 0, sizeof *n);
+    int64_t g;
+    SH_TRY(sh_parse_i64(f[2], &g, "gpus"));
+    SH_TRY(sh_parse_double(f[5], &n->price, "price_per_gpu_hour"));
+    if (g < 0 || g > 64 || n->price < 0)
+        return sh_err(SH_ERANGE, "node %s: gpus %lld must be 0..64 and the price >= 0", f[0], (long long)g);
+    snprintf(n->name, sizeof n->name, "%s", f[0]);
+    snprintf(n->gpu_type, sizeof n->gpu_type, "%s", f[1]);
+    snprintf(n->zone, sizeof n->zone, "%s", f[3]);
+    snprintf(n->fabric, sizeof n->fabric, "%s", f[4]);
+    n->gpus = (int)g;
+    for (int i = 0; i < ns->sp->n; i++)
+        if (!strcmp(ns->sp->v[i].type, n->gpu_type)) n->speed = ns->sp->v[i].speed;
+    if (n->speed <= 0)
+        return sh_err(SH_ENOENT, "node %s: GPU type %s has no speed in the speed table; add a line "
+                      "\"%s,<speed>\"", n->name, n->gpu_type, n->gpu_type);
+    fl->n++;
+    return 0;
+}
+
+int mj_fleet_load(const char *fleet_csv, const char *speeds_csv, mj_fleet *out)
+{
+    memset(out, 0, sizeof *out);
+    speeds sp = {0};
+    int rc = each_line(speeds_csv, "gpu_type,speed", 2, speed_row_fn, &sp);
+    nodes ns = {.f = out, .sp = &sp};
+    if (!rc)
+        rc = each_line(fleet_csv, "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour", 6, node_row_fn, &ns);
+    if (!rc && !out->n) rc = sh_err(SH_EFORMAT, "%s: no nodes", fleet_csv);
+    free(sp.v);
+    if (rc) mj_fleet_free(out);
+    return rc;
+}
+
+void mj_fleet_free(mj_fleet *f)
+{
+    if (!f) return;
+    free(f->nodes);
+    memset(f, 0, sizeof *f);
+}
+
+const mj_node *mj_fleet_node(const mj_fleet *f, const char *name)
+{
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->nodes[i].name, name)) return &f->nodes[i];
+    return NULL;
+}
+
+double mj_fleet_speed(const mj_fleet *f, const char *gpu_type)
+{
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->nodes[i].gpu_type, gpu_type)) return f->nodes[i].speed;
+    return 0;
+}

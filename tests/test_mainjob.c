@@ -1,0 +1,275 @@
+/* The main job end to end, short: a fleet from a file under `shoal up`, the
+ * trainer as a 2-node gang whose ranks all-reduce gradients over a UCX
+ * ring, the rollout workers as an elastic job placed by price per unit of
+ * throughput, weights published to the store as deltas and applied by the
+ * workers in flight, the decoupled correction with a staleness bound.
+ *
+ * Checks: the held-out reward rises; every trained batch respects the
+ * staleness bound; every worker said BYE holding the last version, byte for
+ * byte; both trainer ranks hold the same weights; the store's last version
+ * rebuilt from its deltas is the trainer's final image; the elastic pool
+ * went to the cheapest GPUs per unit of throughput.  Plus the ring
+ * all-reduce on its own and bad fleet files. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shoal/mainjob.h"
+#include "shoal/store.h"
+#include "testutil.h"
+
+static const char fleet_csv[] =
+    "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour\n"
+    "h100-t0,H100,1,us-east-1a,ib-train,3.95\n"
+    "h100-t1,H100,1,us-east-1a,ib-train,3.95\n"
+    "h100-r0,H100,1,us-east-1b,eth-e,3.95\n"
+    "a100-r0,A100,1,us-central-1a,eth-c,2.50\n"
+    "l4-r0,L4,2,us-west-2b,eth-w,0.80\n";
+static const char speeds_csv[] = "gpu_type,speed\nH100,1.0\nA100,0.70\nL4,0.30\n";
+
+static pid_t start_up(const char *fleet, const char *db, int port)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char p[16];
+        snprintf(p, sizeof p, "%d", port);
+        freopen(tu_path("up.log"), "w", stdout);
+        freopen(tu_path("up.err"), "w", stderr);
+        execl(tu_shoal(), tu_shoal(), "up", "--fleet", fleet, "--db", db, "--port", p, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void stop_up(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    int st;
+    for (int i = 0; i < 100 && waitpid(pid, &st, WNOHANG) == 0; i++) sh_sleep(0.05);
+    if (waitpid(pid, &st, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+}
+
+static json_t *wait_json(const char *path, double timeout)
+{
+    double deadline = sh_now_mono() + timeout;
+    while (!sh_path_exists(path) && sh_now_mono() < deadline) sh_sleep(0.2);
+    json_t *j = NULL;
+    if (sh_path_exists(path)) sh_json_load_file(path, 64 << 20, &j);
+    return j;
+}
+
+/* Every step event of events.jsonl: staleness_max <= max_lag. */
+static void check_staleness(const char *events, int max_lag, int *steps)
+{
+    char *text = (char *)tu_read_file(events, NULL);
+    *steps = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        json_t *e = json_loads(l, 0, NULL);
+        assert_non_null(e);
+        if (!strcmp(json_string_value(json_object_get(e, "event")), "step")) {
+            (*steps)++;
+            json_int_t s = json_integer_value(json_object_get(e, "staleness_max"));
+            if (s > max_lag) fail_msg("step %lld trained on data %lld versions old (bound %d)",
+                                      (long long)json_integer_value(json_object_get(e, "step")), (long long)s, max_lag);
+        }
+        json_decref(e);
+    }
+    free(text);
+}
+
+/* The store's newest version, rebuilt from anchor and deltas, hashes as the
+ * trainer's final image. */
+static void check_store(const char *dir, const char *want_hex, int final_version)
+{
+    store *s;
+    TU_OK(store_open(dir, NULL, 0, &s));
+    uint64_t latest;
+    TU_OK(store_latest(s, &latest));
+    assert_int_equal(latest, (uint64_t)final_version + 1); /* store versions count from 1 */
+    const char *out = tu_path("final.safetensors");
+    TU_OK(store_materialize(s, latest, 0, NULL, out));
+    size_t len;
+    uint8_t *img = tu_read_file(out, &len);
+    char hex[33];
+    sh_hash128_hex(sh_hash128_of(img, len), hex);
+    assert_string_equal(hex, want_hex);
+    free(img);
+    store_close(s);
+}
+
+static void test_pipeline(void **state)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    skip(); /* about 40 s of real training; it runs in the optimised build */
+#endif
+    /* Ranks see a private /tmp: what they read lives in the run folder,
+     * which the jobs mount read-write. */
+    char run[4096], storedir[4200], db[4200], fleet[4200], speeds[4200];
+    /* Ranks run in their own working directory: the binary by absolute path. */
+    char *shoal = realpath(tu_shoal(), NULL);
+    assert_non_null(shoal);
+    snprintf(run, sizeof run, "%s", tu_path("run"));
+    snprintf(storedir, sizeof storedir, "%s/store", run);
+    snprintf(db, sizeof db, "%s/fleet/shoal.db", run);
+    snprintf(fleet, sizeof fleet, "%s/fleet.csv", run);
+    snprintf(speeds, sizeof speeds, "%s/speeds.csv", run);
+    TU_OK(sh_mkdir_p(storedir, 0755));
+    tu_write_file(fleet, fleet_csv, strlen(fleet_csv));
+    tu_write_file(speeds, speeds_csv, strlen(speeds_csv));
+    int port = 21000 + (int)(getpid() % 2000);
+    pid_t up = start_up(fleet, db, port);
+    char envf[4300];
+    snprintf(envf, sizeof envf, "%s/fleet/env", run);
+    for (int i = 0; i < 200 && !sh_path_exists(envf); i++) sh_sleep(0.05);
+    assert_true(sh_path_exists(envf));
+    const char *rlopts = "\"--steps\",\"30\",\"--warm\",\"70\",\"--eval-every\",\"30\",\"--eval-n\",\"64\","
+                         "\"--max-lag\",\"2\",\"--loss\",\"decoupled\"";
+    char job[8192], *out = NULL;
+    snprintf(job, sizeof job,
+             "{\"name\":\"rl-trainer\",\"kind\":\"gang\",\"nodes\":2,\"gpu_types\":[\"H100\"],\"priority\":10,"
+             "\"on_failure\":\"fail\",\"writable\":[\"%s\"],\"command\":[\"%s\",\"rl\",\"trainer\",\"--store\",\"%s\","
+             "\"--events\",\"%s/events.jsonl\",\"--result\",\"%s/result.json\",%s]}",
+             run, shoal, storedir, run, run, rlopts);
+    tu_write_file(tu_path("trainer.json"), job, strlen(job));
+    snprintf(job, sizeof job,
+             "{\"name\":\"rl-rollouts\",\"kind\":\"elastic\",\"max_nodes\":3,\"gpu_types\":[\"H100\",\"A100\",\"L4\"],"
+             "\"gpu_speeds\":{\"H100\":1,\"A100\":0.7,\"L4\":0.3},\"writable\":[\"%s\"],"
+             "\"command\":[\"%s\",\"rl\",\"worker\",\"--store\",\"%s\",\"--fleet\",\"%s\",\"--speeds\",\"%s\"]}",
+             run, shoal, storedir, fleet, speeds);
+    tu_write_file(tu_path("rollouts.json"), job, strlen(job));
+    /* Submit once every agent has registered (before that the types are unknown). */
+    int rc = tu_run(&out, "set -a; . %s; for i in $(seq 200); do [ $(%s nodes | grep -c alive) -ge 5 ] && break; "
+                    "sleep 0.05; done; %s submit %s && %s submit %s", envf, tu_shoal(), tu_shoal(),
+                    tu_path("trainer.json"), tu_shoal(), tu_path("rollouts.json"));
+    if (rc) fail_msg("submit: %s", out);
+    free(out);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/result.json", run);
+    /* Wait for the result; a job that failed ends the wait at once. */
+    json_t *res = NULL;
+    for (double t0 = sh_now_mono(); !res && sh_now_mono() - t0 < 120;) {
+        res = wait_json(path, 3);
+        if (!res && tu_run(NULL, "set -a; . %s; %s jobs | grep -q failed", envf, tu_shoal()) == 0) break;
+    }
+    if (!res) {
+        tu_run(&out, "set -a; . %s; %s jobs; %s logs 1 --rank 0; %s logs 2", envf, tu_shoal(), tu_shoal(), tu_shoal());
+        stop_up(up);
+        fail_msg("no result from the trainer gang:\n%s", out);
+    }
+    double r0 = json_number_value(json_object_get(res, "reward_start"));
+    double r1 = json_number_value(json_object_get(res, "reward_end"));
+    print_message("held-out reward %.3f -> %.3f\n", r0, r1);
+    assert_true(r1 > r0);
+    assert_true(json_is_true(json_object_get(res, "ranks_in_sync")));
+    assert_int_equal(json_integer_value(json_object_get(res, "ranks")), 2);
+    int final_version = (int)json_integer_value(json_object_get(res, "final_version"));
+    const char *hex = json_string_value(json_object_get(res, "final_image_xxh3"));
+    assert_true(final_version >= 26); /* a step may be skipped, never many */
+    int steps;
+    snprintf(path, sizeof path, "%s/events.jsonl", run);
+    check_staleness(path, 2, &steps);
+    assert_int_equal(steps, 30);
+    /* Deltas: every version after the first went out as a delta. */
+    assert_true(json_number_value(json_object_get(res, "delta_bytes_total")) > 0);
+    assert_true(json_number_value(json_object_get(res, "delta_bytes_total")) <
+                json_number_value(json_object_get(res, "full_bytes_total")));
+    /* The elastic pool: three replicas, on the two L4 GPUs (0.80/0.3 per
+     * unit of throughput) and the A100 (2.50/0.7), not the H100 (3.95/1). */
+    json_t *ws = json_object_get(res, "workers");
+    int l4 = 0, a100 = 0, h100 = 0;
+    size_t i;
+    json_t *w;
+    json_array_foreach(ws, i, w) {
+        const char *n = json_string_value(json_object_get(w, "name"));
+        l4 += !strcmp(n, "L4"), a100 += !strcmp(n, "A100"), h100 += !strcmp(n, "H100");
+        json_t *f = json_object_get(w, "final");
+        if (!json_is_object(f)) fail_msg("worker %zu (%s) did not say BYE", i, n);
+        assert_int_equal(json_integer_value(json_object_get(f, "version")), final_version);
+        assert_string_equal(json_string_value(json_object_get(f, "image_xxh3")), hex);
+        assert_true(json_integer_value(json_object_get(w, "trajectories")) > 0);
+    }
+    assert_int_equal(l4, 2);
+    assert_int_equal(a100, 1);
+    assert_int_equal(h100, 0);
+    /* Off-policy data was used (and corrected): some trajectories were stale. */
+    json_t *h = json_object_get(res, "staleness_hist");
+    assert_true(json_integer_value(json_array_get(h, 1)) + json_integer_value(json_array_get(h, 2)) > 0);
+    check_store(storedir, hex, final_version);
+    json_decref(res);
+    stop_up(up);
+    free(shoal);
+}
+
+/* The ring alone: three ranks (processes) average distinct vectors. */
+static void test_ring(void **state)
+{
+    const int W = 3, N = 1001;
+    int port = 23000 + (int)(getpid() % 2000) * 3;
+    pid_t kids[3];
+    for (int r = 0; r < W; r++) {
+        kids[r] = fork();
+        assert_true(kids[r] >= 0);
+        if (kids[r] == 0) {
+            mj_ring *ring;
+            if (mj_ring_new(r, W, "127.0.0.1", port, tu_path("rdv"), 30, &ring) < 0) fprintf(stderr, "rank %d: %s\n", r, sh_errmsg()), _exit(2);
+            float x[1001];
+            for (int i = 0; i < N; i++) x[i] = (float)(r * 1000 + i);
+            if (mj_ring_allreduce_mean(ring, x, N) < 0) fprintf(stderr, "rank %d: %s\n", r, sh_errmsg()), _exit(3);
+            for (int i = 0; i < N; i++)
+                if (x[i] != (float)(1000 + i)) _exit(4); /* mean of r*1000 + i over r = 0,1,2 */
+            char msg[] = "hello from rank 0";
+            void *b = r == 0 ? msg : NULL;
+            size_t len = r == 0 ? sizeof msg : 0;
+            if (mj_ring_bcast(ring, 0, &b, &len) < 0) fprintf(stderr, "rank %d: %s\n", r, sh_errmsg()), _exit(5);
+            if (len != sizeof msg || memcmp(b, msg, len)) _exit(6);
+            if (r) free(b);
+            mj_ring_free(ring);
+            _exit(0);
+        }
+    }
+    for (int r = 0; r < W; r++) {
+        int st;
+        waitpid(kids[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("ring rank %d exited with %d", r, WEXITSTATUS(st));
+    }
+}
+
+static void test_fleet_files(void **state)
+{
+    const char *f = tu_path("f.csv"), *s = tu_path("s.csv");
+    tu_write_file(f, fleet_csv, strlen(fleet_csv));
+    const char *no_l4 = "gpu_type,speed\nH100,1\nA100,0.7\n";
+    tu_write_file(s, no_l4, strlen(no_l4));
+    mj_fleet fl;
+    TU_ERR(mj_fleet_load(f, s, &fl), SH_ENOENT, "GPU type L4 has no speed");
+    const char *bad = "gpu_type,speed\nH100,1\nA100,1.7\nL4,0.3\n";
+    tu_write_file(s, bad, strlen(bad));
+    TU_ERR(mj_fleet_load(f, s, &fl), SH_ERANGE, "line 3");
+    tu_write_file(s, speeds_csv, strlen(speeds_csv));
+    TU_OK(mj_fleet_load(f, s, &fl));
+    assert_int_equal(fl.n, 5);
+    assert_string_equal(mj_fleet_node(&fl, "l4-r0")->gpu_type, "L4");
+    assert_true(mj_fleet_speed(&fl, "A100") == 0.7);
+    mj_fleet_free(&fl);
+    char *out = NULL;
+    int rc = tu_run(&out, "%s rl worker --store /nonexistent --fleet %s --speeds %s --node nope", tu_shoal(), f, s);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "node \"nope\" is not in"));
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fleet_files),
+        cmocka_unit_test(test_ring),
+        cmocka_unit_test(test_pipeline),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
