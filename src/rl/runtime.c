@@ -320,7 +320,7 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
                       w->busy ? w->req_trajs[0] : 0);
     if (r->step >= r->c->steps) { /* the run is over: answers to old requests */
         r->dropped_end += th.count;
-        w->req_trajs[0] = w->req_trajs[1];
+        memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
         w->busy--;
         return 0;
     }
