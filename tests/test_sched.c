@@ -125,7 +125,7 @@ static void test_placement_table(void **state)
     };
     for (int pack = 0; pack < 2; pack++) {
         sched_config c;
-        sched_config_default(&c, SCHED_SHOAL);
+        sched_config_default(&c, SCHED_POLICY_SHOAL);
         c.pack_pools = pack;
         sched *s = sched_new(&c);
         for (const tnode_row *r = fleet1; r->id; r++) {
@@ -178,13 +178,13 @@ static void test_least_fragmentation(void **state)
         const char *expect;
     } rows[] = {{"x4", 1, 4, "n5"}, {"g3", 2, 3, "n3,n8"}, {"x1", 1, 1, "n5"}, {"x5", 1, 5, "n8"},
                 {"y1", 1, 1, "-"}};
-    for (int pol = SCHED_FIFO; pol <= SCHED_SHOAL; pol++) {
+    for (int pol = SCHED_POLICY_FIFO; pol <= SCHED_POLICY_SHOAL; pol++) {
         sched_decisions d = {0};
         sched *s = mk((sched_policy)pol, f);
         for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
             submit(s, gang(rows[i].id, rows[i].nodes, rows[i].gpn, 1000), (double)i);
             step(s, (double)i, &d);
-            if (pol == SCHED_FIRSTFIT) continue; /* spreads: tested below */
+            if (pol == SCHED_POLICY_FIRSTFIT) continue; /* spreads: tested below */
             if (rows[i].expect[0] == '-') assert_int_equal(jstate(s, rows[i].id), SCHED_QUEUED);
             else assert_string_equal(nodes_of(s, rows[i].id), rows[i].expect);
         }
@@ -195,7 +195,7 @@ static void test_least_fragmentation(void **state)
 
 static void test_reject_never_fits(void **state)
 {
-    sched *s = mk(SCHED_SHOAL, fleet1);
+    sched *s = mk(SCHED_POLICY_SHOAL, fleet1);
     sched_job_spec j = gang("huge", 3, 8, 10); /* 3 x 8 h100: each fabric has only 2-3 nodes */
     TU_OK(sched_job_submit(s, &j, 0));         /* f1 has 3 nodes: it fits */
     j = gang("huge2", 4, 8, 10);
@@ -240,10 +240,10 @@ static void test_backfill_table(void **state)
         sched_policy pol;
         sched_job_state a, b, c, d;
     } rows[] = {
-        {SCHED_FIFO, SCHED_RUNNING, SCHED_QUEUED, SCHED_QUEUED, SCHED_QUEUED},
-        {SCHED_BACKFILL, SCHED_RUNNING, SCHED_QUEUED, SCHED_RUNNING, SCHED_QUEUED},
-        {SCHED_SHOAL, SCHED_RUNNING, SCHED_QUEUED, SCHED_RUNNING, SCHED_QUEUED},
-        {SCHED_FIRSTFIT, SCHED_RUNNING, SCHED_HOLDING, SCHED_QUEUED, SCHED_QUEUED},
+        {SCHED_POLICY_FIFO, SCHED_RUNNING, SCHED_QUEUED, SCHED_QUEUED, SCHED_QUEUED},
+        {SCHED_POLICY_BACKFILL, SCHED_RUNNING, SCHED_QUEUED, SCHED_RUNNING, SCHED_QUEUED},
+        {SCHED_POLICY_SHOAL, SCHED_RUNNING, SCHED_QUEUED, SCHED_RUNNING, SCHED_QUEUED},
+        {SCHED_POLICY_FIRSTFIT, SCHED_RUNNING, SCHED_HOLDING, SCHED_QUEUED, SCHED_QUEUED},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         sched_decisions d = {0};
@@ -258,7 +258,7 @@ static void test_backfill_table(void **state)
         assert_int_equal(jstate(s, "B"), rows[i].b);
         assert_int_equal(jstate(s, "C"), rows[i].c);
         assert_int_equal(jstate(s, "D"), rows[i].d);
-        if (rows[i].pol == SCHED_BACKFILL || rows[i].pol == SCHED_SHOAL) {
+        if (rows[i].pol == SCHED_POLICY_BACKFILL || rows[i].pol == SCHED_POLICY_SHOAL) {
             sched_job_info ci;
             TU_OK(sched_job_info_get(s, "C", 0, &ci));
             assert_int_equal(ci.backfilled, 1);
@@ -277,8 +277,8 @@ static void test_backfill_table(void **state)
         assert_int_equal(s->resv_late, 0);
         sched_stats st;
         sched_stats_get(s, &st);
-        assert_int_equal(st.partial_gangs, rows[i].pol == SCHED_FIRSTFIT ? 1 : 0);
-        if (rows[i].pol == SCHED_FIRSTFIT) assert_true(st.held_gpu_s >= 8 * 100 - 1e-6);
+        assert_int_equal(st.partial_gangs, rows[i].pol == SCHED_POLICY_FIRSTFIT ? 1 : 0);
+        if (rows[i].pol == SCHED_POLICY_FIRSTFIT) assert_true(st.held_gpu_s >= 8 * 100 - 1e-6);
         sched_decisions_free(&d);
         sched_free(s);
     }
@@ -291,7 +291,7 @@ static void test_backfill_table(void **state)
 static void test_backfill_shares_spare(void **state)
 {
     static const tnode_row two[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1}, {NULL}};
-    for (int pol = SCHED_BACKFILL; pol <= SCHED_SHOAL; pol++) {
+    for (int pol = SCHED_POLICY_BACKFILL; pol <= SCHED_POLICY_SHOAL; pol++) {
         sched_decisions d = {0};
         sched *s = mk((sched_policy)pol, two);
         submit(s, gang("A", 2, 4, 100), 0);
@@ -325,7 +325,7 @@ static void test_backfill_shares_spare(void **state)
 static void test_firstfit_deadlock(void **state)
 {
     static const tnode_row half[] = {{"n3", "z", "f", "t", 8, 1}, {"n4", "z", "f", "t", 8, 1}, {NULL}};
-    for (int pol = SCHED_FIRSTFIT; pol <= SCHED_SHOAL; pol += 2) {
+    for (int pol = SCHED_POLICY_FIRSTFIT; pol <= SCHED_POLICY_SHOAL; pol += 2) {
         sched_decisions d = {0};
         sched *s = mk((sched_policy)pol, half);
         submit(s, gang("R", 2, 4, 1000), 0);
@@ -337,7 +337,7 @@ static void test_firstfit_deadlock(void **state)
         submit(s, gang("B", 3, 4, 100), 1);
         step(s, 1, &d);
         sched_stats st;
-        if (pol == SCHED_FIRSTFIT) {
+        if (pol == SCHED_POLICY_FIRSTFIT) {
             assert_int_equal(jstate(s, "A"), SCHED_HOLDING);
             assert_int_equal(jstate(s, "B"), SCHED_HOLDING);
             assert_string_equal(nodes_of(s, "A"), "n1,n2");
@@ -369,7 +369,7 @@ static void test_failure_requeue(void **state)
     static const tnode_row three[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1},
                                       {"n3", "z", "f", "t", 8, 1}, {NULL}};
     sched_decisions d = {0};
-    sched *s = mk(SCHED_SHOAL, three);
+    sched *s = mk(SCHED_POLICY_SHOAL, three);
     submit(s, gang("G", 2, 8, 1000), 0);
     step(s, 0, &d);
     char before[64];
@@ -405,7 +405,7 @@ static void test_failure_replace(void **state)
                                       {"n3", "z", "f2", "t", 8, 1}, {"n4", "z", "f", "t", 8, 1},
                                       {NULL}};
     sched_decisions d = {0};
-    sched *s = mk(SCHED_BACKFILL, three);
+    sched *s = mk(SCHED_POLICY_BACKFILL, three);
     sched_job_spec j = gang("G", 2, 8, 1000);
     j.on_fail = SCHED_REPLACE, j.replace_wait_s = 100;
     submit(s, j, 0);
@@ -456,7 +456,7 @@ static void test_failure_elastic_and_function(void **state)
 {
     static const tnode_row two[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1}, {NULL}};
     sched_decisions d = {0};
-    sched *s = mk(SCHED_SHOAL, two);
+    sched *s = mk(SCHED_POLICY_SHOAL, two);
     submit(s, elastic("E", 2, 3, 4, 0), 0);
     sched_job_spec fn = {.id = "F", .kind = SCHED_FUNCTION, .est_s = 10};
     submit(s, fn, 0);
@@ -511,7 +511,7 @@ static void test_preemption_table(void **state)
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         sched_config c;
-        sched_config_default(&c, SCHED_SHOAL);
+        sched_config_default(&c, SCHED_POLICY_SHOAL);
         c.max_victims = rows[i].max_victims < 2 ? 2 : rows[i].max_victims;
         sched *s = sched_new(&c);
         for (const tnode_row *r = two; r->id; r++) {
@@ -558,7 +558,7 @@ static void test_elastic_cost_per_work(void **state)
     static const struct {
         sched_policy pol;
         const char *first_node;
-    } rows[] = {{SCHED_SHOAL, "l"}, {SCHED_BACKFILL, "h"}};
+    } rows[] = {{SCHED_POLICY_SHOAL, "l"}, {SCHED_POLICY_BACKFILL, "h"}};
     for (size_t i = 0; i < 2; i++) {
         sched_decisions d = {0};
         sched *s = mk(rows[i].pol, f);
@@ -579,7 +579,7 @@ static void test_billing_per_second(void **state)
     static const tnode_row f[] = {{"h", "z", "f", "h100", 8, 3.6}, {"a", "z", "f", "a10", 4, 0.72},
                                   {NULL}};
     sched_decisions d = {0};
-    sched *s = mk(SCHED_SHOAL, f);
+    sched *s = mk(SCHED_POLICY_SHOAL, f);
     sched_job_spec j = gang("x", 1, 2, 10);
     j.tenant = "acme", j.n_types = 1, j.gpu_types[0] = "h100";
     submit(s, j, 0);
@@ -607,7 +607,7 @@ static void test_forget(void **state)
     static const tnode_row f[] = {{"h", "z", "f", "h100", 8, 3.6}, {"a", "z", "f", "a10", 4, 0.72},
                                   {"b", "z", "f", "a10", 4, 0.72}, {NULL}};
     sched_decisions d = {0};
-    sched *s = mk(SCHED_SHOAL, f);
+    sched *s = mk(SCHED_POLICY_SHOAL, f);
     sched_job_spec j = gang("x", 1, 2, 10);
     j.tenant = "acme", j.n_types = 1, j.gpu_types[0] = "h100";
     submit(s, j, 0);
@@ -690,7 +690,7 @@ static void test_autoscale(void **state)
 {
     sched_quota q = {"z", "f", "t", 8, 4, 2.0, 120};
     sched_config c;
-    sched_config_default(&c, SCHED_SHOAL);
+    sched_config_default(&c, SCHED_POLICY_SHOAL);
     c.autoscale = 1, c.quotas = &q, c.n_quotas = 1;
     sched *s = sched_new(&c);
     sched_node_spec n0 = {"n0", "z", "f", "t", 8, 2.0};
@@ -754,7 +754,7 @@ static void test_restore_table(void **state)
         {1, 8, "n1:8", NULL},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        sched *s = mk(SCHED_SHOAL, f);
+        sched *s = mk(SCHED_POLICY_SHOAL, f);
         submit(s, gang("R", 2, 6, 100), 0); /* to be restored after the rest */
         submit(s, gang("J", rows[i].nodes, rows[i].gpn, 100), 0);
         char buf[128], *save = NULL;
@@ -786,7 +786,7 @@ static void test_restore_table(void **state)
         }
         sched_free(s);
     }
-    sched *s = mk(SCHED_SHOAL, f);
+    sched *s = mk(SCHED_POLICY_SHOAL, f);
     TU_ERR(sched_job_restore(s, "nope", NULL, 0, 0), SH_ENOENT, "job nope is not known");
     sched_free(s);
 }
@@ -802,7 +802,7 @@ static void test_check_invariants(void **state)
                                       {"n3", "z", "f", "t", 8, 1}, {"o1", "z", "g", "t", 8, 1},
                                       {NULL}};
         sched_decisions d = {0};
-        sched *s = mk(SCHED_BACKFILL, f);
+        sched *s = mk(SCHED_POLICY_BACKFILL, f);
         submit(s, gang("A", 2, 8, 100), 0);
         submit(s, gang("B", 3, 8, 100), 0); /* blocked: reserved at t=100 */
         step(s, 0, &d);

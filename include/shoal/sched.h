@@ -52,10 +52,10 @@ extern "C" {
 typedef struct sched sched;
 
 typedef enum sched_policy {
-    SCHED_FIFO = 0,     /* strict order: nothing starts before the queue head */
-    SCHED_FIRSTFIT = 1, /* greedy per-pod placement holding partial gangs (k8s coscheduling) */
-    SCHED_BACKFILL = 2, /* EASY backfill: one reservation for the head, first pool that fits */
-    SCHED_SHOAL = 3,    /* priorities, fair share, reservations + backfill, preemption, packing */
+    SCHED_POLICY_FIFO = 0,     /* strict order: nothing starts before the queue head */
+    SCHED_POLICY_FIRSTFIT = 1, /* greedy per-pod placement holding partial gangs (k8s coscheduling) */
+    SCHED_POLICY_BACKFILL = 2, /* EASY backfill: one reservation for the head, first pool that fits */
+    SCHED_POLICY_SHOAL = 3,    /* priorities, fair share, reservations + backfill, preemption, packing */
 } sched_policy;
 
 typedef enum sched_kind { SCHED_GANG = 0, SCHED_ELASTIC = 1, SCHED_FUNCTION = 2 } sched_kind;

@@ -225,7 +225,7 @@ int cli_bench_sched(int argc, char **argv)
     if (!json)
         printf("%d nodes, %d queued jobs, %d finishing per cycle\n%-9s %10s %8s %14s %8s\n", nodes,
                queued, batch, "policy", "decisions", "seconds", "decisions/s", "x naive");
-    static const sched_policy pols[] = {SCHED_FIFO, SCHED_BACKFILL, SCHED_SHOAL};
+    static const sched_policy pols[] = {SCHED_POLICY_FIFO, SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL};
     for (size_t p = 0; p < 3; p++) {
         /* Best of three runs: the machine is shared, and the fastest run is
          * the one least disturbed by others. */

@@ -300,8 +300,8 @@ int cli_cmd_sim(int argc, char **argv)
         sched_config_default(&o.cfg, pols[p]);
         if (a.hold >= 0) o.cfg.hold_timeout_s = a.hold;
         if (a.restart >= 0) o.cfg.restart_cost_s = a.restart;
-        if (a.max_victims >= 0 && pols[p] == SCHED_SHOAL) o.cfg.max_victims = a.max_victims;
-        if (a.reservations >= 0 && pols[p] == SCHED_SHOAL) o.cfg.max_reservations = a.reservations;
+        if (a.max_victims >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_victims = a.max_victims;
+        if (a.reservations >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_reservations = a.reservations;
         if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
         if (a.fair_window > 0) o.cfg.fair_window_s = a.fair_window;
         o.cfg.pack_pools = a.pack;

@@ -50,7 +50,7 @@ static int check_job(const sched *s, uint32_t ji)
     }
     if (j->state == SCHED_RUNNING && j->nplaces != j->nodes)
         return sh_err(SH_EINTERNAL, "partial gang: job %s runs on %d of its %d nodes", j->id, j->nplaces, j->nodes);
-    if (j->state == SCHED_HOLDING && s->cfg.policy != SCHED_FIRSTFIT)
+    if (j->state == SCHED_HOLDING && s->cfg.policy != SCHED_POLICY_FIRSTFIT)
         return sh_err(SH_EINTERNAL, "partial gang: job %s holds %d of %d pods outside firstfit",
                       j->id, j->nplaces, j->nodes);
     for (int k = 0; k < j->nplaces; k++) {

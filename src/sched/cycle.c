@@ -137,7 +137,7 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
     SH_TRY(sched__grow((void **)&pp, &cappp, njp + 1, sizeof *pp));
     for (size_t q = 0; q < njp; q++) {
         double sp = sched__job_speed(s, j, s->pools[jp[q]].type);
-        pp[q] = (ppool){s->cfg.policy == SCHED_SHOAL ? s->pools[jp[q]].price_s / sp : (double)q, jp[q], sp};
+        pp[q] = (ppool){s->cfg.policy == SCHED_POLICY_SHOAL ? s->pools[jp[q]].price_s / sp : (double)q, jp[q], sp};
     }
     qsort(pp, njp, sizeof *pp, cmp_ppool);
     int got = 0;
@@ -178,7 +178,7 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
     }
     static __thread scand c;
     uint32_t pool;
-    if (!sched__pick_pool(s, j, now, s->cfg.policy == SCHED_SHOAL && s->cfg.pack_pools, &c, &pool)) return 0;
+    if (!sched__pick_pool(s, j, now, s->cfg.policy == SCHED_POLICY_SHOAL && s->cfg.pack_pools, &c, &pool)) return 0;
     j->pool = pool;
     SH_TRY(start_places(s, d, ji, &c, 1, now));
     mark_started(s, ji, now);
@@ -352,7 +352,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
         s->tenants[ti].cursor++;
         scanned++;
         if (j->blocked_since < 0) j->blocked_since = now;
-        if (s->cfg.policy == SCHED_FIFO) return 1; /* strict order: nothing passes the head */
+        if (s->cfg.policy == SCHED_POLICY_FIFO) return 1; /* strict order: nothing passes the head */
         if (j->kind == SCHED_GANG && s->cfg.max_victims && s->preemptible_gpus && last_preempted != ji) {
             if ((rc = sched__try_preempt(s, d, ji, now)) < 0) return rc;
             if (rc) {
@@ -374,7 +374,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
  * order. */
 static int queue_pass(sched *s, sched_decisions *d, double now)
 {
-    int fair = s->cfg.policy == SCHED_SHOAL, rc = 0;
+    int fair = s->cfg.policy == SCHED_POLICY_SHOAL, rc = 0;
     s->walking = 1;
     if (fair) rc = walk(s, d, now, 0, 1);
     sched__queue_compact(s);
@@ -522,7 +522,7 @@ static int expire(sched *s, sched_decisions *d, double now)
 
 static int grow_pass(sched *s, sched_decisions *d, double now)
 {
-    if (s->cfg.policy != SCHED_SHOAL && s->queued) return 0; /* only preemptible growth may idle-fill */
+    if (s->cfg.policy != SCHED_POLICY_SHOAL && s->queued) return 0; /* only preemptible growth may idle-fill */
     for (size_t i = 0; i < s->nelastic && s->gpus_up > s->gpus_busy; i++) {
         uint32_t ji = s->elastic[i];
         sjob *j = &s->jobs[ji];
@@ -624,7 +624,7 @@ int sched_step(sched *s, double now, sched_decisions *d)
     s->next_wake = INFINITY;
     int rc = flush_pending(s, d);
     if (!rc) rc = expire(s, d, now);
-    if (!rc && s->cfg.policy == SCHED_FIRSTFIT) {
+    if (!rc && s->cfg.policy == SCHED_POLICY_FIRSTFIT) {
         s->walking = 1;
         rc = firstfit_pass(s, d, now);
         s->walking = 0;
@@ -654,7 +654,7 @@ size_t sched_queue(const sched *s, const char **out, size_t cap)
     for (size_t t = 0; t < m->ntenants; t++) m->tenants[t].cursor = 0;
     size_t n = 0;
     for (;;) {
-        uint32_t ti, ji = next_job(m, &ti, m->cfg.policy == SCHED_SHOAL);
+        uint32_t ti, ji = next_job(m, &ti, m->cfg.policy == SCHED_POLICY_SHOAL);
         if (ji == NONE) break;
         if (n < cap) out[n] = m->jobs[ji].id;
         n++;

@@ -15,8 +15,8 @@ void sched_config_default(sched_config *c, sched_policy policy)
     c->policy = policy;
     c->hold_timeout_s = 300;
     c->restart_cost_s = 60;
-    c->max_victims = policy == SCHED_SHOAL ? 8 : 0;
-    c->max_reservations = policy == SCHED_SHOAL ? 4 : 1;
+    c->max_victims = policy == SCHED_POLICY_SHOAL ? 8 : 0;
+    c->max_reservations = policy == SCHED_POLICY_SHOAL ? 4 : 1;
     c->default_est_s = 3600;
     c->fair_window_s = 21600;
     c->scale_up_wait_s = 600;
@@ -70,7 +70,7 @@ static int check_name(const char *what, const char *v)
 
 sched *sched_new(const sched_config *c)
 {
-    if (!c || (unsigned)c->policy > SCHED_SHOAL) {
+    if (!c || (unsigned)c->policy > SCHED_POLICY_SHOAL) {
         sh_err(SH_EINVAL, "sched_new: unknown policy");
         return NULL;
     }
@@ -83,8 +83,8 @@ sched *sched_new(const sched_config *c)
     s->cfg = *c;
     s->cfg.quotas = NULL;
     if (s->cfg.default_est_s <= 0) s->cfg.default_est_s = 3600;
-    if (c->policy == SCHED_BACKFILL) s->cfg.max_reservations = 1;
-    if (c->policy != SCHED_SHOAL) s->cfg.max_victims = 0;
+    if (c->policy == SCHED_POLICY_BACKFILL) s->cfg.max_reservations = 1;
+    if (c->policy != SCHED_POLICY_SHOAL) s->cfg.max_victims = 0;
     s->quotas = c->n_quotas ? calloc(c->n_quotas, sizeof *s->quotas) : NULL;
     for (size_t i = 0; i < c->n_quotas; i++) {
         const sched_quota *q = &c->quotas[i];

@@ -99,7 +99,7 @@ int srv__seam_node(srv *s, int idx, int event)
 int srv__seam_init(srv *s)
 {
     sched_config c;
-    sched_config_default(&c, SCHED_SHOAL);
+    sched_config_default(&c, SCHED_POLICY_SHOAL);
     SH_TRY(srv__provider_config(s, &c));
     s->sc = sched_new(&c);
     if (!s->sc) return sh_err(SH_EINVAL, "scheduler: %s", sh_errmsg());

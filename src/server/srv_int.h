@@ -12,8 +12,6 @@
 #ifndef SHOAL_SRV_INT_H
 #define SHOAL_SRV_INT_H
 
-/* shoal/sched.h comes first: its SCHED_FIFO enumerator collides with the
- * POSIX macro of the same name that <pthread.h> pulls in through <sched.h>. */
 #include "shoal/sched.h"
 
 #include <pthread.h>
