@@ -11,20 +11,9 @@ static const char usage[] = "usage: shoal cost [--server URL] [--token T] [--jso
 
 int cli_cmd_cost(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
-    cli_ctl x;
-    int rc = cli_ctl_init(&x, "cost", &argc, argv);
-    if (rc) return rc;
-    if (argc > 1) return cli_ctl_free(&x), cli_usage("cost", "unexpected argument \"%s\"", argv[1]);
     json_t *reply;
-    rc = cli_ctl_call(&x, "GET", "/v1/costs", NULL, NULL, &reply);
-    cli_ctl_free(&x);
-    if (rc) return rc;
-    if (x.json) {
-        sh_json_print(reply);
-        json_decref(reply);
-        return 0;
-    }
+    int rc = cli_ctl_get_table("cost", argc, argv, usage, "/v1/costs", &reply);
+    if (rc >= 0) return rc;
     printf("%-14s %-10s %12s %12s\n", "TENANT", "GPU", "GPU-HOURS", "DOLLARS");
     const char *t, *g;
     json_t *by, *v;

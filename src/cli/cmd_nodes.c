@@ -10,20 +10,9 @@ static const char usage[] = "usage: shoal nodes [--server URL] [--token T] [--js
 
 int cli_cmd_nodes(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
-    cli_ctl x;
-    int rc = cli_ctl_init(&x, "nodes", &argc, argv);
-    if (rc) return rc;
-    if (argc > 1) return cli_ctl_free(&x), cli_usage("nodes", "unexpected argument \"%s\"", argv[1]);
     json_t *reply;
-    rc = cli_ctl_call(&x, "GET", "/v1/nodes", NULL, NULL, &reply);
-    cli_ctl_free(&x);
-    if (rc) return rc;
-    if (x.json) {
-        sh_json_print(reply);
-        json_decref(reply);
-        return 0;
-    }
+    int rc = cli_ctl_get_table("nodes", argc, argv, usage, "/v1/nodes", &reply);
+    if (rc >= 0) return rc;
     printf("%-16s %-8s %5s %-10s %-10s %-6s %8s  %s\n", "NAME", "GPU", "USED", "ZONE", "FABRIC", "STATE", "$/GPU-H", "JOBS");
     size_t i, k;
     json_t *n, *j;

@@ -71,3 +71,20 @@ const char *cli_fmt_time(double wall, char *buf, size_t cap)
     strftime(buf, cap, "%H:%M:%S", &tm);
     return buf;
 }
+
+int cli_ctl_get_table(const char *cmd, int argc, char **argv, const char *usage, const char *path,
+                      json_t **reply)
+{
+    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    cli_ctl x;
+    int rc = cli_ctl_init(&x, cmd, &argc, argv);
+    if (rc) return rc;
+    if (argc > 1) return cli_ctl_free(&x), cli_usage(cmd, "unexpected argument \"%s\"", argv[1]);
+    rc = cli_ctl_call(&x, "GET", path, NULL, NULL, reply);
+    cli_ctl_free(&x);
+    if (rc) return rc;
+    if (!x.json) return -1;
+    sh_json_print(*reply);
+    json_decref(*reply);
+    return 0;
+}

@@ -21,6 +21,12 @@ void cli_ctl_free(cli_ctl *x);
  * *reply (caller owns) is set on success. */
 int cli_ctl_call(cli_ctl *x, const char *method, const char *path, const json_t *body,
                  const char *extra_header, json_t **reply);
+/* The whole of a command that takes no argument and GETs one path: parses
+ * --help and the common options, fetches `path`, and with --json prints the
+ * reply.  Returns -1 with *reply set (caller owns) when the caller should
+ * print it as a table, else the command's exit status. */
+int cli_ctl_get_table(const char *cmd, int argc, char **argv, const char *usage, const char *path,
+                      json_t **reply);
 /* Parses the server's options shared by `shoal server` and `shoal up`. */
 struct srv_config;
 int cli_server_config(int argc, char **argv, int first, struct srv_config *cfg, const char *cmd);
