@@ -206,16 +206,7 @@ __attribute__((target("avx2"))) static int delta__scan_w_avx2(delta__scratch *s,
                                                              size_t *k)
 {
 #define DELTA__SCAN(W, F) return delta__scan_avx2(s, o, n, i, end, W, F, k)
-    switch (w * 2 + !!is_float) {
-    case 2: DELTA__SCAN(1, 0);
-    case 3: DELTA__SCAN(1, 1);
-    case 4: DELTA__SCAN(2, 0);
-    case 5: DELTA__SCAN(2, 1);
-    case 8: DELTA__SCAN(4, 0);
-    case 9: DELTA__SCAN(4, 1);
-    case 16: DELTA__SCAN(8, 0);
-    default: DELTA__SCAN(8, 1);
-    }
+    DELTA__BY_UNIT(w, is_float, DELTA__SCAN)
 #undef DELTA__SCAN
 }
 #endif
@@ -234,16 +225,7 @@ static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, 
     if (a) return delta__scan_w_avx2(s, o, n, i, end, w, is_float, k);
 #endif
 #define DELTA__SCAN(W, F) return delta__scan(s, o, n, i, end, W, F, k)
-    switch (w * 2 + !!is_float) {
-    case 2: DELTA__SCAN(1, 0);
-    case 3: DELTA__SCAN(1, 1);
-    case 4: DELTA__SCAN(2, 0);
-    case 5: DELTA__SCAN(2, 1);
-    case 8: DELTA__SCAN(4, 0);
-    case 9: DELTA__SCAN(4, 1);
-    case 16: DELTA__SCAN(8, 0);
-    default: DELTA__SCAN(8, 1);
-    }
+    DELTA__BY_UNIT(w, is_float, DELTA__SCAN)
 #undef DELTA__SCAN
 }
 
@@ -251,7 +233,6 @@ static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, 
  * while it is in cache (the digests are needed anyway, and reading the
  * chunk once from memory is what bounds the speed).  Returns the number of
  * changes, or limit + 1 when there are more. */
-#define DELTA__PIECE (64u << 10)
 static size_t delta__scan_hash(delta__scratch *s, const uint8_t *o, const uint8_t *n,
                                size_t nbytes, unsigned w, int is_float, size_t limit,
                                sh_hash128 *odig, sh_hash128 *ndig)

@@ -196,6 +196,28 @@ void delta__scratch_free(delta__scratch *s);
 /* Unit width in bytes for a dtype (1, 2, 4 or 8). */
 unsigned delta__unit(ckpt_dtype d);
 
+/* Instantiates a hot loop for each unit width and float-ness: F(W, FL) is
+ * called with constants (so that, inlined, each case compiles to its own
+ * loop with single-instruction loads) and must return.  Used by the scan of
+ * the encoder and the patch of the decoder. */
+#define DELTA__BY_UNIT(w, is_float, F)                                                             \
+    switch ((w) * 2 + !!(is_float)) {                                                              \
+    case 2: F(1, 0);                                                                               \
+    case 3: F(1, 1);                                                                               \
+    case 4: F(2, 0);                                                                               \
+    case 5: F(2, 1);                                                                               \
+    case 8: F(4, 0);                                                                               \
+    case 9: F(4, 1);                                                                               \
+    case 16: F(8, 0);                                                                              \
+    default: F(8, 1);                                                                              \
+    }
+
+/* Make and apply walk a chunk in pieces of this size, hashing each piece of
+ * both sides while it is in cache, so that every byte crosses memory once. */
+#define DELTA__PIECE (64u << 10)
+/* Changes decoded at a time before they are patched in. */
+#define DELTA__BATCH 512
+
 /* Encodes a chunk.  With old == NULL (a whole tensor) only RAW or ZSTD are
  * chosen.  *payload points into the scratch or at `new` (valid until the next
  * call); *changed counts differing units; *odig and *ndig get the chunk
@@ -222,8 +244,6 @@ typedef struct {
     uint64_t n;             /* units in the chunk */
     uint64_t next;          /* next candidate position */
     uint64_t zmax;          /* values must be <= zmax */
-    int has_pend;           /* a decoded change beyond the current piece */
-    uint64_t pend_pos, pend_z;
     const char *what;
 } delta__dec;
 
@@ -242,8 +262,8 @@ int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size
 
 /* For SAME, SPARSE and DENSE: out = base patched, with the chunk digests
  * of out and (unless bdig is NULL) of base.  out == base patches in place;
- * then *applied (if not NULL) counts the SPARSE changes written, also on
- * failure. */
+ * then *applied (if not NULL) counts the changes decoded and written (in
+ * stream order), also on failure. */
 int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, const uint8_t *base, uint8_t *out,
                         size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, uint64_t *applied,
