@@ -7,6 +7,7 @@
 #ifndef SHOAL_DELTA_INTERNAL_H
 #define SHOAL_DELTA_INTERNAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -336,5 +337,8 @@ json_t *delta__hex(sh_hash128 h);
  * threads, each with its own scratch; stops at the first error. */
 typedef int (*delta__work_fn)(void *arg, size_t i, delta__scratch *s);
 int delta__parallel(int threads, size_t n, delta__work_fn fn, void *arg);
+/* Adds n to *done and shows it on o->progress (when o and it are set);
+ * the pool's threads share done under mu. */
+void delta__progress(const delta_opts *o, pthread_mutex_t *mu, uint64_t *done, uint64_t n);
 
 #endif

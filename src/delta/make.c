@@ -48,12 +48,7 @@ static int delta__make_item(void *arg, size_t i, delta__scratch *s)
     it->payload = malloc(it->len ? it->len : 1);
     if (!it->payload) return sh_err(SH_ENOMEM, "out of memory");
     memcpy(it->payload, payload, it->len);
-    if (m->o && m->o->progress) {
-        pthread_mutex_lock(&m->mu);
-        m->done += n;
-        sh_progress_update(m->o->progress, m->done);
-        pthread_mutex_unlock(&m->mu);
-    }
+    delta__progress(m->o, &m->mu, &m->done, n);
     return SH_OK;
 }
 
