@@ -285,10 +285,10 @@ static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size
         uint64_t gap = s->pos[i] - (i ? s->pos[i - 1] + 1 : 0);
         unsigned g = delta__sym(gap, &nb, &ex);
         cg[g]++;
-        if (nb) delta__bw_put_fast(&bw, ex, nb);
+        delta__bw_put_fast(&bw, ex, nb); /* nb may be 0: cheaper than a branch */
         unsigned v = delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex);
         cv[v]++;
-        if (nb) delta__bw_put_fast(&bw, ex, nb);
+        delta__bw_put_fast(&bw, ex, nb);
         sym[2 * i] = (uint8_t)g, sym[2 * i + 1] = (uint8_t)v;
     }
     delta__bw_flush(&bw);

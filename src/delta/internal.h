@@ -63,18 +63,16 @@ typedef struct {
 
 /* ---- Symbols and tables ------------------------------------------------ */
 
-/* v -> symbol (returned) and extra bits (*nbits of *extra). */
+/* v -> symbol (returned) and extra bits (*nbits of *extra).  Branch-free:
+ * whether a gap is below 16 is common and unpredictable. */
 static inline unsigned delta__sym(uint64_t v, unsigned *nbits, uint64_t *extra)
 {
-    if (v < 16) {
-        *nbits = 0;
-        *extra = 0;
-        return (unsigned)v;
-    }
-    unsigned e = 63u - (unsigned)__builtin_clzll(v);
-    *nbits = e - 2;
-    *extra = v & ((1ull << (e - 2)) - 1);
-    return 16 + 4 * (e - 4) + (unsigned)((v >> (e - 2)) & 3);
+    unsigned e = 63u - (unsigned)__builtin_clzll(v | 16), big = v >= 16;
+    unsigned nb = big ? e - 2 : 0;
+    unsigned s = 16 + 4 * (e - 4) + (unsigned)((v >> (e - 2)) & 3);
+    *nbits = nb;
+    *extra = v & ((1ull << nb) - 1);
+    return big ? s : (unsigned)v;
 }
 
 typedef struct {
@@ -153,13 +151,24 @@ static inline void delta__esyms_init(delta__esyms *e, const delta__table *t)
 static inline void delta__renc_put_fast(delta__renc *e, int st, const delta__esym *y)
 {
     uint32_t x = e->x[st];
-    while (x >= y->x_max) {
-        if (e->ptr == e->start) {
-            e->overflow = 1;
-            return;
+    if (e->ptr - e->start >= 2) {
+        /* At most two bytes go out (x < 2^31 and x_max >= 2^17): store two
+         * and keep as many as needed, without branching on the data.  A
+         * byte not kept lies below the stream and is overwritten later. */
+        unsigned n = (x >= y->x_max) + ((x >> 8) >= y->x_max);
+        uint16_t two = (uint16_t)((x & 0xff) << 8 | ((x >> 8) & 0xff));
+        memcpy(e->ptr - 2, &two, 2); /* little-endian: ptr[-1] = x & 0xff */
+        e->ptr -= n;
+        x >>= 8 * n;
+    } else {
+        while (x >= y->x_max) {
+            if (e->ptr == e->start) {
+                e->overflow = 1;
+                return;
+            }
+            *--e->ptr = (uint8_t)x;
+            x >>= 8;
         }
-        *--e->ptr = (uint8_t)x;
-        x >>= 8;
     }
     uint32_t q = (uint32_t)(((uint64_t)x * y->rcp_freq) >> 32) >> y->rcp_shift;
     e->x[st] = x + y->bias + q * y->cmpl_freq;
