@@ -120,40 +120,49 @@ DELTA__HOT uint64_t delta__diff(const uint8_t *o, const uint8_t *n, unsigned w, 
     return (b - a) & delta__mask(w);
 }
 
-/* Records the differing units of a 16-byte block at unit index base; the mask
- * has one bit per differing byte.  Returns 0 when the sparse list is full. */
+/* The changes found so far.  The scan works on a local copy: stores to pos
+ * and d could alias anything reached through the scratch, and would force
+ * k and the pointers back to memory at every change. */
+typedef struct {
+    uint32_t *pos;
+    uint64_t *d;
+    size_t k, cap;
+} delta__found;
+
 /* Records the differing units of a 64-byte block at unit index base; the
  * mask has one bit per differing byte.  Returns 0 when the list is full. */
-DELTA__HOT int delta__record(delta__scratch *s, size_t *k, uint64_t m, size_t base,
-                             const uint8_t *o, const uint8_t *n, unsigned w, int is_float)
+DELTA__HOT int delta__record(delta__found *f, uint64_t m, size_t base, const uint8_t *o,
+                             const uint8_t *n, unsigned w, int is_float)
 {
     uint64_t um = (1ull << w) - 1;
     while (m) {
         unsigned ui = (unsigned)__builtin_ctzll(m) / w;
-        if (*k == s->cap) return 0;
-        s->pos[*k] = (uint32_t)(base + ui);
-        s->d[*k] = delta__diff(o + ui * w, n + ui * w, w, is_float);
-        (*k)++;
+        if (f->k == f->cap) return 0;
+        f->pos[f->k] = (uint32_t)(base + ui);
+        f->d[f->k] = delta__diff(o + ui * w, n + ui * w, w, is_float);
+        f->k++;
         m &= ~(um << (ui * w));
     }
     return 1;
 }
 
 /* The tail of a range, below 64 bytes, byte by byte. */
-DELTA__HOT int delta__scan_tail(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
-                                size_t end, unsigned w, int is_float, size_t *k)
+DELTA__HOT int delta__scan_tail(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i,
+                                size_t end, unsigned w, int is_float)
 {
     uint64_t m = 0;
     for (size_t b = 0; b < end - i; b++) m |= (uint64_t)(o[i + b] != n[i + b]) << b;
-    return !m || delta__record(s, k, m, i / w, o + i, n + i, w, is_float);
+    return !m || delta__record(f, m, i / w, o + i, n + i, w, is_float);
 }
 
-/* Finds the changed units of bytes [i, end) into s->pos/s->d after the *k
- * already there; returns 0 when more than s->cap units changed.  Most
+/* Finds the changed units of bytes [i, end) into f after the f->k already
+ * there; returns 0 when more than f->cap units changed.  Most
  * 64-byte blocks are unchanged and cost two or four compares. */
-DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
-                           size_t end, unsigned w, int is_float, size_t *k)
+DELTA__HOT int delta__scan(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i,
+                           size_t end, unsigned w, int is_float)
 {
+    delta__found l = *f; /* kept in registers */
+    int ok = 1;
 #ifdef __SSE2__
     for (; i + 64 <= end; i += 64) {
         __m128i e0 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i)),
@@ -170,12 +179,13 @@ DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n
                      (uint64_t)(uint16_t)_mm_movemask_epi8(e1) << 16 |
                      (uint64_t)(uint16_t)_mm_movemask_epi8(e2) << 32 |
                      (uint64_t)(uint16_t)_mm_movemask_epi8(e3) << 48;
-        if (!delta__record(s, k, ~m, i / w, o + i, n + i, w, is_float)) return 0;
+        if (!(ok = delta__record(&l, ~m, i / w, o + i, n + i, w, is_float))) break;
     }
 #endif
-    for (; i + 64 <= end; i += 64)
-        if (!delta__scan_tail(s, o, n, i, i + 64, w, is_float, k)) return 0;
-    return i == end || delta__scan_tail(s, o, n, i, end, w, is_float, k);
+    for (; ok && i + 64 <= end; i += 64) ok = delta__scan_tail(&l, o, n, i, i + 64, w, is_float);
+    if (ok && i < end) ok = delta__scan_tail(&l, o, n, i, end, w, is_float);
+    f->k = l.k;
+    return ok;
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -184,9 +194,11 @@ DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n
 /* The same with 32-byte compares, for CPUs that have AVX2 (checked at run
  * time; the output is identical). */
 __attribute__((target("avx2"))) static inline __attribute__((always_inline)) int
-delta__scan_avx2(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i, size_t end,
-                 unsigned w, int is_float, size_t *k)
+delta__scan_avx2(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i, size_t end,
+                 unsigned w, int is_float)
 {
+    delta__found l = *f; /* kept in registers */
+    int ok = 1;
     for (; i + 64 <= end; i += 64) {
         __m256i e0 = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(o + i)),
                                        _mm256_loadu_si256((const __m256i *)(n + i)));
@@ -195,24 +207,25 @@ delta__scan_avx2(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i
         uint64_t m = (uint64_t)(uint32_t)_mm256_movemask_epi8(e0) |
                      (uint64_t)(uint32_t)_mm256_movemask_epi8(e1) << 32;
         if (m == ~0ull) continue;
-        if (!delta__record(s, k, ~m, i / w, o + i, n + i, w, is_float)) return 0;
+        if (!(ok = delta__record(&l, ~m, i / w, o + i, n + i, w, is_float))) break;
     }
-    return i == end || delta__scan_tail(s, o, n, i, end, w, is_float, k);
+    if (ok && i < end) ok = delta__scan_tail(&l, o, n, i, end, w, is_float);
+    f->k = l.k;
+    return ok;
 }
 
-__attribute__((target("avx2"))) static int delta__scan_w_avx2(delta__scratch *s, const uint8_t *o,
+__attribute__((target("avx2"))) static int delta__scan_w_avx2(delta__found *f, const uint8_t *o,
                                                              const uint8_t *n, size_t i,
-                                                             size_t end, unsigned w, int is_float,
-                                                             size_t *k)
+                                                             size_t end, unsigned w, int is_float)
 {
-#define DELTA__SCAN(W, F) return delta__scan_avx2(s, o, n, i, end, W, F, k)
+#define DELTA__SCAN(W, F) return delta__scan_avx2(f, o, n, i, end, W, F)
     DELTA__BY_UNIT(w, is_float, DELTA__SCAN)
 #undef DELTA__SCAN
 }
 #endif
 
-static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
-                         size_t end, unsigned w, int is_float, size_t *k)
+static int delta__scan_in(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i,
+                          size_t end, unsigned w, int is_float)
 {
 #ifdef DELTA__HAVE_AVX2
     static int avx2 = -1; /* every thread computes the same value */
@@ -222,11 +235,22 @@ static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, 
         a = __builtin_cpu_supports("avx2") ? 1 : 0;
         __atomic_store_n(&avx2, a, __ATOMIC_RELAXED);
     }
-    if (a) return delta__scan_w_avx2(s, o, n, i, end, w, is_float, k);
+    if (a) return delta__scan_w_avx2(f, o, n, i, end, w, is_float);
 #endif
-#define DELTA__SCAN(W, F) return delta__scan(s, o, n, i, end, W, F, k)
+#define DELTA__SCAN(W, F) return delta__scan(f, o, n, i, end, W, F)
     DELTA__BY_UNIT(w, is_float, DELTA__SCAN)
 #undef DELTA__SCAN
+}
+
+/* The scan of bytes [i, end) with the changes kept in s->pos/s->d (*k of
+ * them so far, at most s->cap). */
+static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
+                         size_t end, unsigned w, int is_float, size_t *k)
+{
+    delta__found f = {s->pos, s->d, *k, s->cap};
+    int ok = delta__scan_in(&f, o, n, i, end, w, is_float);
+    *k = f.k;
+    return ok;
 }
 
 /* Scans a chunk in cache-sized pieces, hashing both sides of each piece
