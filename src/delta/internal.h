@@ -336,8 +336,15 @@ struct delta {
     size_t ntensors;
 };
 
-/* Serialises a delta: manifest JSON, then the payload, then the trailer. */
-int delta__write_container(const json_t *manifest, const sh_buf *payload, sh_buf *out);
+/* A piece of the payload; the payload is its pieces one after the other. */
+typedef struct {
+    const void *p;
+    size_t len;
+} delta__seg;
+/* Serialises a delta into *out (allocated once, at its final size):
+ * manifest JSON, then the payload, then the trailer. */
+int delta__write_container(const json_t *manifest, const delta__seg *seg, size_t nseg,
+                           sh_buf *out);
 /* zstd-compresses bytes into the payload and returns the [off, len] array. */
 json_t *delta__blob(sh_buf *payload, const void *data, size_t len);
 json_t *delta__hex(sh_hash128 h);
