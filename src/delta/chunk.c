@@ -127,7 +127,20 @@ typedef struct {
     uint32_t *pos;
     uint64_t *d;
     size_t k, cap;
+    size_t pf_end; /* the chunk's end: the next piece is prefetched below it */
 } delta__found;
+
+/* While the scan works on the block at byte i, the block one piece ahead
+ * is fetched from memory: the next piece's hashing then reads from cache,
+ * and the scan's arithmetic overlaps the memory traffic instead of waiting
+ * for it.  (Make is otherwise hash-from-memory, then compute, in turns.) */
+#define DELTA__PREFETCH_NEXT(f, o, n, i)                                                           \
+    do {                                                                                           \
+        if ((i) + DELTA__PIECE < (f)->pf_end) {                                                   \
+            __builtin_prefetch((o) + (i) + DELTA__PIECE, 0, 2);                                    \
+            __builtin_prefetch((n) + (i) + DELTA__PIECE, 0, 2);                                    \
+        }                                                                                          \
+    } while (0)
 
 /* Records the differing units of a 64-byte block at unit index base; the
  * mask has one bit per differing byte.  Returns 0 when the list is full. */
@@ -165,6 +178,7 @@ DELTA__HOT int delta__scan(delta__found *f, const uint8_t *o, const uint8_t *n, 
     int ok = 1;
 #ifdef __SSE2__
     for (; i + 64 <= end; i += 64) {
+        DELTA__PREFETCH_NEXT(&l, o, n, i);
         __m128i e0 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i)),
                                     _mm_loadu_si128((const __m128i *)(n + i)));
         __m128i e1 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i + 16)),
@@ -200,6 +214,7 @@ delta__scan_avx2(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i, 
     delta__found l = *f; /* kept in registers */
     int ok = 1;
     for (; i + 64 <= end; i += 64) {
+        DELTA__PREFETCH_NEXT(&l, o, n, i);
         __m256i e0 = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(o + i)),
                                        _mm256_loadu_si256((const __m256i *)(n + i)));
         __m256i e1 = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(o + i + 32)),
@@ -245,9 +260,9 @@ static int delta__scan_in(delta__found *f, const uint8_t *o, const uint8_t *n, s
 /* The scan of bytes [i, end) with the changes kept in s->pos/s->d (*k of
  * them so far, at most s->cap). */
 static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
-                         size_t end, unsigned w, int is_float, size_t *k)
+                         size_t end, size_t chunk_end, unsigned w, int is_float, size_t *k)
 {
-    delta__found f = {s->pos, s->d, *k, s->cap};
+    delta__found f = {s->pos, s->d, *k, s->cap, chunk_end};
     int ok = delta__scan_in(&f, o, n, i, end, w, is_float);
     *k = f.k;
     return ok;
@@ -271,7 +286,7 @@ static size_t delta__scan_hash(delta__scratch *s, const uint8_t *o, const uint8_
         size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
         XXH3_128bits_update(ho, o + i, end - i);
         XXH3_128bits_update(hn, n + i, end - i);
-        if (!full && !delta__scan_w(s, o, n, i, end, w, is_float, &k)) full = 1;
+        if (!full && !delta__scan_w(s, o, n, i, end, nbytes, w, is_float, &k)) full = 1;
     }
     XXH128_hash_t a = XXH3_128bits_digest(ho), b = XXH3_128bits_digest(hn);
     *odig = (sh_hash128){a.low64, a.high64};
