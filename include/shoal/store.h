@@ -163,6 +163,20 @@ typedef struct store_lease {
 /* A tensor of the leased version (valid until the lease is released). */
 int store_lease_tensor(const store_lease *l, const char *name, const ckpt_tensor **out);
 
+/* Where the time of one version's activation went, as wall-clock seconds
+ * (0: the step did not happen, e.g. no chunk for a version read from the
+ * store).  Filled by the replica for the newest activation. */
+typedef struct store_timeline {
+    uint64_t version;
+    double first_chunk; /* the first verified chunk of its payload arrived */
+    double last_chunk;  /* the last one arrived */
+    double received;    /* the whole payload verified and queued */
+    double apply_start; /* the apply thread took it */
+    double built;       /* the full model is built and verified */
+    double durable;     /* its bytes and name are on disk (fsync) */
+    double active;      /* swapped in */
+} store_timeline;
+
 typedef struct store_replica_info {
     uint64_t version;
     double activated_at;  /* wall-clock seconds */
@@ -171,6 +185,7 @@ typedef struct store_replica_info {
     uint64_t fp8_blocks;  /* blocks re-quantised by the last FP8 update */
     char last_error[512];
     bcast_stats push;
+    store_timeline timeline; /* of the newest activation */
 } store_replica_info;
 
 /* Opens DIR (created if missing), restores the last activated version after

@@ -331,6 +331,7 @@ static ucs_status_t on_nack(void *arg, const void *hdr, size_t hlen, void *data,
     bcast__peer *p = peer_of(n, prm);
     bcast__nack k;
     if (!p || bcast__unpack_nack(hdr, hlen, &k) < 0) return UCS_OK;
+    p->nack_at = sh_now_mono();
     if (p->nresend < BCAST__MAX_RESEND) {
         p->resend_ver[p->nresend] = k.version;
         p->resend_idx[p->nresend++] = k.index;
@@ -401,6 +402,7 @@ static void chunk_landed(bcast_node *n, uint64_t version, uint32_t i, uint64_t s
         return;
     }
     o->verified[i] = 1;
+    o->ready_at[i] = sh_now_mono();
     o->sums[i] = sum;
     o->summed[i] = 1;
     o->nverified++;
@@ -602,7 +604,6 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
     if (!n->cfg.chunk_size) n->cfg.chunk_size = BCAST_DEFAULT_CHUNK;
     n->have = cfg->have_version;
     n->stats.have_version = n->have;
-    n->tok_t = sh_now_mono();
     parse_corrupt(n);
     int rc = cfg->spool ? sh_mkdir_p(cfg->spool, 0755) : 0;
     if (rc == 0) rc = start_ucx(n);

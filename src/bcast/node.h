@@ -30,6 +30,7 @@ typedef struct bcast__peer {
     uint32_t resend_idx[BCAST__MAX_RESEND];
     int nresend;
     int outstanding;
+    double offer_at, nack_at; /* monotonic: when this child's object and last NACK came */
     unsigned redirects; /* children this node sent to this one */
     struct bcast__peer *next_peer;
 } bcast__peer;
@@ -53,7 +54,7 @@ struct bcast_node {
     int nstack, base_idx;
     bcast__obj *objs; /* by increasing version */
     uint64_t have;    /* newest delivered object */
-    double tokens, tok_t, wake_at;
+    double link_free, wake_at; /* monotonic: the egress link's clock (sched.c) */
     int stop;
     bcast_stats stats;
     void **closing;

@@ -26,6 +26,7 @@ typedef struct bcast__obj {
     uint8_t *receiving; /* one byte per chunk: a receive is in flight */
     uint64_t *sums;     /* per-chunk xxh3-64, valid where verified (root: lazily) */
     uint8_t *summed;    /* root: sums[i] computed */
+    double *ready_at;   /* monotonic time chunk i was verified here (root: added) */
     uint32_t nverified;
     int complete;   /* every chunk verified and the whole-file hash checked */
     int delivered;  /* on_object was called */

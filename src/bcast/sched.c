@@ -88,23 +88,25 @@ static bcast__obj *next_obj(bcast_node *n, const bcast__peer *p)
     return anchor;
 }
 
-/* A token bucket: a chunk leaves only once the link has had the time to
- * carry it, so each hop adds one chunk time, as store-and-forward over a
- * real link would. */
-static int rate_ok(bcast_node *n, uint32_t len, double now)
+/* The link: a FIFO drained at egress_bps, one per node (a NIC shared by its
+ * children).  A chunk that became ready at `ready` starts on the link when
+ * the link is free and it is ready, and is handed to UCX once the link has
+ * had the time to carry it: each hop adds one chunk time, as store-and-
+ * forward over a real link would.  The link's clock runs on scheduled
+ * times, not on when this process got the CPU, so a node the scheduler held
+ * back for a moment then sends what a NIC would have carried meanwhile
+ * instead of losing that link time for good (a real NIC drains its queue
+ * while the host is busy); the average rate never exceeds the link's. */
+static int rate_ok(bcast_node *n, uint32_t len, double ready, double now)
 {
     if (n->cfg.egress_bps <= 0) return 1;
-    n->tokens += (now - n->tok_t) * n->cfg.egress_bps;
-    n->tok_t = now;
-    /* At most two chunks of credit: enough to catch up after the loop was
-     * descheduled, too little to burst past the link's rate. */
-    if (n->tokens > 2.0 * len) n->tokens = 2.0 * len;
-    if (n->tokens >= len) {
-        n->tokens -= len;
+    double start = ready > n->link_free ? ready : n->link_free;
+    double done = start + len / n->cfg.egress_bps;
+    if (done <= now) {
+        n->link_free = done;
         return 1;
     }
-    double at = now + (len - n->tokens) / n->cfg.egress_bps;
-    if (n->wake_at == 0 || at < n->wake_at) n->wake_at = at;
+    if (n->wake_at == 0 || done < n->wake_at) n->wake_at = done;
     return 0;
 }
 
@@ -157,7 +159,7 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
         bcast__obj *o = bcast__find(n, p->resend_ver[0]);
         uint32_t i = p->resend_idx[0];
         if (o && i < o->nchunks && o->verified[i]) {
-            if (!rate_ok(n, bcast__obj_chunk_len(o, i), now)) return 0;
+            if (!rate_ok(n, bcast__obj_chunk_len(o, i), p->nack_at, now)) return 0;
             send_chunk(n, p, o, i);
         }
         p->nresend--;
@@ -175,6 +177,7 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
             p->resume_next <= o->nchunks)
             p->next = p->resume_next;
         send_offer(n, p, o);
+        p->offer_at = now;
         return 1;
     }
     bcast__obj *o = p->cur;
@@ -185,7 +188,8 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
         return 1;
     }
     if (!o->verified[p->next]) return 0;
-    if (!rate_ok(n, bcast__obj_chunk_len(o, p->next), now)) return 0;
+    double ready = o->ready_at[p->next] > p->offer_at ? o->ready_at[p->next] : p->offer_at;
+    if (!rate_ok(n, bcast__obj_chunk_len(o, p->next), ready, now)) return 0;
     send_chunk(n, p, o, p->next++);
     return 1;
 }
