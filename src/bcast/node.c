@@ -619,10 +619,26 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
 
 const char *bcast_node_address(const bcast_node *n) { return n->addr; }
 
+/* The chunk size for an object of `size` bytes: the configured one, cut
+ * down so that the object has at least BCAST__MIN_CHUNKS chunks (in 4 KiB
+ * steps).  Every hop of a tree adds one chunk time, so a small object (a
+ * delta) cut into big chunks would spend most of its time waiting at each
+ * hop for a whole chunk. */
+static uint32_t chunk_for(const bcast_node *n, uint64_t size)
+{
+    uint64_t c = (size + BCAST__MIN_CHUNKS - 1) / BCAST__MIN_CHUNKS;
+    c = (c + 4095) & ~(uint64_t)4095;
+    return c < n->cfg.chunk_size ? (uint32_t)c : n->cfg.chunk_size;
+}
+
 int bcast_node_add_object(bcast_node *n, const char *manifest, const char *path)
 {
     bcast__obj *o;
-    SH_TRY(bcast__obj_from_file(manifest, path, n->cfg.chunk_size, &o));
+    uint64_t version, base, size;
+    int anchor;
+    sh_hash128 h;
+    SH_TRY(bcast__manifest_parse(manifest, &version, &base, &anchor, &size, &h));
+    SH_TRY(bcast__obj_from_file(manifest, path, chunk_for(n, size), &o));
     if (bcast__find(n, o->version) || o->version <= n->have) {
         uint64_t v = o->version;
         bcast__obj_free(o);

@@ -10,6 +10,7 @@
 
 #define BCAST__MAX_OUTSTANDING 4 /* chunk sends in flight per child */
 #define BCAST__MAX_RESEND 64
+#define BCAST__MIN_CHUNKS 32 /* the root cuts an object into at least this many */
 #define BCAST__STACK 32
 
 typedef struct bcast__peer {

@@ -74,18 +74,19 @@ void bcast__deliver(bcast_node *n)
 }
 
 /* The next object on this child's plan, or NULL when it has everything this
- * node has (or is ahead of it). */
+ * node can give it.  A child at or after this node's newest anchor (or any
+ * child, when this node holds no anchor: a replica that restarted on a
+ * version and since received only deltas) gets the object right after its
+ * version, if that is a delta on it or an anchor; a child behind the anchor
+ * gets the anchor. */
 static bcast__obj *next_obj(bcast_node *n, const bcast__peer *p)
 {
     bcast__obj *anchor = NULL;
     for (bcast__obj *o = n->objs; o; o = o->next)
         if (o->anchor) anchor = o;
-    if (!anchor) return NULL;
-    if (p->have >= anchor->version) {
-        bcast__obj *o = bcast__find(n, p->have + 1);
-        return o && !o->anchor && o->base == p->have ? o : (o && o->anchor ? o : NULL);
-    }
-    return anchor;
+    if (anchor && p->have < anchor->version) return anchor;
+    bcast__obj *o = bcast__find(n, p->have + 1);
+    return o && (o->anchor || o->base == p->have) ? o : NULL;
 }
 
 /* The link: a FIFO drained at egress_bps, one per node (a NIC shared by its

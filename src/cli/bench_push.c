@@ -20,8 +20,9 @@ static const char usage_text[] =
     "                        [--payload full|delta] [--params P] [--chunk SIZE]\n"
     "                        [--fanout F] [--lr LR] [--json]\n\n"
     "Publishes version 1 of a synthetic checkpoint of P parameters (default 25M,\n"
-    "bf16), starts `shoal push serve` and N `shoal replica` processes, waits until\n"
-    "all hold it, then publishes version 2 (one Adam step of LR later, default\n"
+    "bf16), seeds N replica directories with it from the store, starts `shoal push\n"
+    "serve` and N `shoal replica` processes on them, waits until all serve it and\n"
+    "a second more, then publishes version 2 (one Adam step of LR later, default\n"
     "3e-6: about 3% of the weights change; a full anchor or\n"
     "a delta) and times until every replica has activated it.  Every node's\n"
     "sending is limited to G Gb/s (default 1) by a sender-side token bucket, not\n"
@@ -191,6 +192,24 @@ static void stop(pid_t pid)
     waitpid(pid, NULL, 0);
 }
 
+/* Every replica starts holding version 1, as after a restart: its
+ * directory is filled from the store by `shoal replica --store --until 1`,
+ * so that only version 2 crosses the links. */
+static int seed(char dirs[][4096], int n, const char *store_dir)
+{
+    for (int i = 0; i < n; i++) {
+        char log[4200];
+        snprintf(log, sizeof log, "%s.seed.log", dirs[i]);
+        char *argv[] = {"shoal", "replica", "--dir", dirs[i], "--store", (char *)store_dir, "--until", "1",
+                        "--seconds", "120", NULL};
+        pid_t pid = spawn(argv, "/dev/null", log);
+        int st = 0;
+        if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            return sh_err(SH_EIO, "bench push: seeding %s with version 1 failed (see %s)", dirs[i], log);
+    }
+    return SH_OK;
+}
+
 static int start_root(const bopt *o, const char *dir, const char *store_dir, int n, char *addr, size_t cap, pid_t *pid)
 {
     char addr_file[4200], log[4200], gbps[32], chunk[32], fanout[16];
@@ -239,9 +258,10 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
     snprintf(gbps, sizeof gbps, "%g", o->gbps);
     snprintf(fanout, sizeof fanout, "%d", o->fanout);
     int star = !strcmp(o->topology, "star");
+    for (int i = 0; i < n; i++) snprintf(dirs[i], sizeof dirs[i], "%s/rep%02d", dir, i);
+    if (rc == 0) rc = seed(dirs, n, store_dir);
     for (int i = 0; rc == 0 && i < n; i++) {
         char out[4200], err[4200], stats[4200];
-        snprintf(dirs[i], sizeof dirs[i], "%s/rep%02d", dir, i);
         snprintf(out, sizeof out, "%s.json", dirs[i]);
         snprintf(err, sizeof err, "%s.log", dirs[i]);
         snprintf(stats, sizeof stats, "%s.stats", dirs[i]);
@@ -268,6 +288,9 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
         }
         if (j) before += (uint64_t)jget_i(j, "bytes_received"), json_decref(j);
     }
+    /* Idle between versions, as replicas are between a trainer's publishes:
+     * each loads its model image once its tree is quiet. */
+    sh_sleep(1.0);
     double u0, s0, u1, s1;
     cpu_all(root, reps, n, &u0, &s0);
     double t0 = sh_now_wall();
