@@ -624,7 +624,7 @@ const char *bcast_node_address(const bcast_node *n) { return n->addr; }
  * steps).  Every hop of a tree adds one chunk time, so a small object (a
  * delta) cut into big chunks would spend most of its time waiting at each
  * hop for a whole chunk. */
-static uint32_t chunk_for(const bcast_node *n, uint64_t size)
+uint32_t bcast__chunk_for(const bcast_node *n, uint64_t size)
 {
     uint64_t c = (size + BCAST__MIN_CHUNKS - 1) / BCAST__MIN_CHUNKS;
     c = (c + 4095) & ~(uint64_t)4095;
@@ -638,7 +638,7 @@ int bcast_node_add_object(bcast_node *n, const char *manifest, const char *path)
     int anchor;
     sh_hash128 h;
     SH_TRY(bcast__manifest_parse(manifest, &version, &base, &anchor, &size, &h));
-    SH_TRY(bcast__obj_from_file(manifest, path, chunk_for(n, size), &o));
+    SH_TRY(bcast__obj_from_file(manifest, path, bcast__chunk_for(n, size), &o));
     if (bcast__find(n, o->version) || o->version <= n->have) {
         uint64_t v = o->version;
         bcast__obj_free(o);
@@ -734,10 +734,12 @@ void bcast_node_free(bcast_node *n)
         ucp_worker_destroy(n->worker);
     }
     if (n->ctx) ucp_cleanup(n->ctx);
-    while (n->objs) {
-        bcast__obj *o = n->objs;
-        n->objs = o->next;
-        bcast__obj_free(o);
+    for (bcast__obj **l = &n->objs; l; l = l == &n->objs ? &n->squashes : NULL) {
+        while (*l) {
+            bcast__obj *o = *l;
+            *l = o->next;
+            bcast__obj_free(o);
+        }
     }
     free(n->closing);
     if (n->epfd >= 0) close(n->epfd);

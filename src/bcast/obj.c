@@ -69,29 +69,42 @@ static int map_file(bcast__obj *o)
     return SH_OK;
 }
 
-int bcast__obj_from_file(const char *manifest, const char *path, uint32_t chunk_size,
-                         bcast__obj **out)
+/* Opens and maps the root's payload; `size` is checked unless it is
+ * UINT64_MAX, when it is taken from the file. */
+static int open_payload(bcast__obj *o, const char *path, uint64_t size)
+{
+    snprintf(o->path, sizeof o->path, "%s", path);
+    o->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (o->fd < 0) return sh_err_errno(errno, "open %s", path);
+    struct stat st;
+    if (fstat(o->fd, &st) < 0) return sh_err_errno(errno, "stat %s", path);
+    if (size != UINT64_MAX && (uint64_t)st.st_size != size)
+        return sh_err(SH_EFORMAT, "%s: %lld bytes, but its manifest says %llu", path,
+                      (long long)st.st_size, (unsigned long long)size);
+    o->size = (uint64_t)st.st_size;
+    return map_file(o);
+}
+
+static int root_obj(const char *manifest, const char *path, uint32_t chunk_size, uint64_t squash_base,
+                    bcast__obj **out)
 {
     bcast__obj *o = calloc(1, sizeof *o);
     if (!o) return sh_err(SH_ENOMEM, "push object");
     o->fd = -1;
     int rc = bcast__manifest_parse(manifest, &o->version, &o->base, &o->anchor, &o->size, &o->hash);
+    if (rc == 0 && squash_base) {
+        if (o->anchor || squash_base >= o->version)
+            rc = sh_err(SH_EINVAL, "push: a squashed delta to v%llu cannot start at v%llu",
+                        (unsigned long long)o->version, (unsigned long long)squash_base);
+        o->squash = 1, o->base = squash_base;
+    }
+    if (rc == 0) rc = open_payload(o, path, o->squash ? UINT64_MAX : o->size);
+    if (rc == 0 && o->squash) o->hash = sh_hash128_of(o->map ? o->map : (const uint8_t *)"", o->size);
     if (rc == 0) {
         o->chunk_size = chunk_size;
         o->nchunks = (uint32_t)((o->size + chunk_size - 1) / chunk_size);
-        snprintf(o->path, sizeof o->path, "%s", path);
         rc = alloc_state(o, manifest, strlen(manifest));
     }
-    if (rc == 0) {
-        o->fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (o->fd < 0) rc = sh_err_errno(errno, "open %s", path);
-    }
-    struct stat st;
-    if (rc == 0 && fstat(o->fd, &st) < 0) rc = sh_err_errno(errno, "stat %s", path);
-    if (rc == 0 && (uint64_t)st.st_size != o->size)
-        rc = sh_err(SH_EFORMAT, "%s: %lld bytes, but its manifest says %llu", path,
-                    (long long)st.st_size, (unsigned long long)o->size);
-    if (rc == 0) rc = map_file(o);
     if (rc < 0) {
         bcast__obj_free(o);
         return rc;
@@ -105,6 +118,18 @@ int bcast__obj_from_file(const char *manifest, const char *path, uint32_t chunk_
     return SH_OK;
 }
 
+int bcast__obj_from_file(const char *manifest, const char *path, uint32_t chunk_size,
+                         bcast__obj **out)
+{
+    return root_obj(manifest, path, chunk_size, 0, out);
+}
+
+int bcast__obj_squash(const char *manifest, const char *path, uint64_t base, uint32_t chunk_size,
+                      bcast__obj **out)
+{
+    return root_obj(manifest, path, chunk_size, base, out);
+}
+
 int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t manifest_len,
                          const char *spool, bcast__obj **out)
 {
@@ -114,7 +139,8 @@ int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t ma
     o->version = of->version;
     o->base = of->base;
     o->size = of->size;
-    o->anchor = of->flags & 1;
+    o->anchor = (of->flags & BCAST__OFFER_ANCHOR) != 0;
+    o->squash = (of->flags & BCAST__OFFER_SQUASH) != 0;
     o->hash = of->hash;
     o->chunk_size = of->chunk_size;
     o->nchunks = of->nchunks;

@@ -7,6 +7,7 @@
  * which is what pipelines a tree. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bcast/node.h"
 
@@ -38,6 +39,13 @@ static uint64_t newest_delivered_anchor(const bcast_node *n)
  * being sent to a child stay until that child moves on. */
 void bcast__drop_old(bcast_node *n)
 {
+    /* Root: a squashed delta to an older version than the newest helps no
+     * one once no child is being sent it. */
+    for (bcast__obj **sp = &n->squashes; *sp;) {
+        bcast__obj *o = *sp;
+        if (o->version < n->have && o->refs == 0) *sp = o->next, bcast__obj_free(o);
+        else sp = &o->next;
+    }
     uint64_t a = newest_delivered_anchor(n);
     bcast__obj **pp = &n->objs;
     while (*pp) {
@@ -66,27 +74,66 @@ void bcast__deliver(bcast_node *n)
         sh_info("push %s: v%llu complete (%s, %llu bytes)", n->name, (unsigned long long)o->version,
                 o->anchor ? "anchor" : "delta", (unsigned long long)o->size);
         if (n->cfg.on_object) {
-            bcast_object_info info = {o->version, o->base, o->anchor, o->size, o->path, o->manifest};
+            bcast_object_info info = {o->version, o->base, o->anchor, o->squash, o->size, o->path,
+                                      o->manifest};
             n->cfg.on_object(n->cfg.arg, &info);
         }
     }
     bcast__drop_old(n);
 }
 
+/* Root: the object for the squashed delta at `path` from `from` to the
+ * newest version (kept for other children at `from`). */
+static bcast__obj *squash_obj(bcast_node *n, uint64_t from, const char *path)
+{
+    bcast__obj *last = bcast__find(n, n->have), *o;
+    struct stat st;
+    if (!last || stat(path, &st) < 0 ||
+        bcast__obj_squash(last->manifest, path, from, bcast__chunk_for(n, (uint64_t)st.st_size), &o) < 0) {
+        sh_warn("push %s: cannot serve the squashed delta %s: %s", n->name, path, sh_errmsg());
+        return NULL;
+    }
+    o->next = n->squashes;
+    n->squashes = o;
+    return o;
+}
+
+/* Root: asks the squash callback once per child and newest version whether
+ * a child two or more versions behind (at or after the anchor) should get
+ * a squashed delta.  NULL: the chain. */
+static bcast__obj *planned(bcast_node *n, bcast__peer *p)
+{
+    if (!n->cfg.squash || n->cfg.nparents > 0 || n->have < p->have + 2) return NULL;
+    for (bcast__obj *o = n->squashes; o; o = o->next)
+        if (o->base == p->have && o->version == n->have) return o;
+    if (p->plan_for == n->have) return NULL; /* asked: the chain */
+    char path[4096];
+    p->plan_for = n->have;
+    p->squash = n->cfg.squash(n->cfg.arg, p->have, n->have, path, sizeof path);
+    sh_info("push %s: child %s from v%llu to v%llu: %s", n->name, p->name, (unsigned long long)p->have,
+            (unsigned long long)n->have, p->squash ? "a squashed delta" : "the chain of deltas");
+    return p->squash ? squash_obj(n, p->have, path) : NULL;
+}
+
 /* The next object on this child's plan, or NULL when it has everything this
- * node can give it.  A child at or after this node's newest anchor (or any
- * child, when this node holds no anchor: a replica that restarted on a
- * version and since received only deltas) gets the object right after its
- * version, if that is a delta on it or an anchor; a child behind the anchor
- * gets the anchor. */
-static bcast__obj *next_obj(bcast_node *n, const bcast__peer *p)
+ * node can give it.  A child behind this node's newest anchor gets the
+ * anchor.  Otherwise (or when this node holds no anchor: a replica that
+ * restarted on a version and since received only deltas) the root may
+ * send a squashed delta when that is fewer bytes than the chain; else the
+ * child gets the first object that is
+ * a delta on its version: the next of the chain, or a squashed delta this
+ * node received from its version. */
+static bcast__obj *next_obj(bcast_node *n, bcast__peer *p)
 {
     bcast__obj *anchor = NULL;
     for (bcast__obj *o = n->objs; o; o = o->next)
         if (o->anchor) anchor = o;
     if (anchor && p->have < anchor->version) return anchor;
-    bcast__obj *o = bcast__find(n, p->have + 1);
-    return o && (o->anchor || o->base == p->have) ? o : NULL;
+    bcast__obj *o = planned(n, p);
+    if (o) return o;
+    for (o = n->objs; o; o = o->next)
+        if (o->version > p->have && !o->anchor && o->base == p->have) return o;
+    return NULL;
 }
 
 /* The link: a FIFO drained at egress_bps, one per node (a NIC shared by its
@@ -145,8 +192,9 @@ static void send_chunk(bcast_node *n, bcast__peer *p, bcast__obj *o, uint32_t i)
 
 static void send_offer(bcast_node *n, bcast__peer *p, bcast__obj *o)
 {
+    uint32_t flags = (o->anchor ? BCAST__OFFER_ANCHOR : 0) | (o->squash ? BCAST__OFFER_SQUASH : 0);
     bcast__offer of = {o->version, o->base, o->size, o->hash, o->chunk_size, o->nchunks,
-                       (uint32_t)o->anchor, (uint32_t)strlen(o->manifest)};
+                       flags, (uint32_t)strlen(o->manifest)};
     uint8_t hdr[BCAST__OFFER_LEN];
     bcast__pack_offer(&of, hdr);
     bcast__send(n, p->ep, p, BCAST__AM_OFFER, hdr, sizeof hdr, o->manifest, of.manifest_len, NULL);

@@ -93,6 +93,11 @@ static void on_object(void *arg, const bcast_object_info *o)
     pending *p = calloc(1, sizeof *p);
     if (!p) return;
     int rc = store_manifest_parse(o->manifest, r->run, &p->ver);
+    if (rc == 0 && o->is_squash) {
+        /* A squashed delta from o->base: the manifest is its target's. */
+        p->ver.base = o->base;
+        p->ver.size = o->size;
+    }
     pthread_mutex_lock(&r->mu);
     if (r->recv_tl.version == o->version) p->tl = r->recv_tl;
     pthread_mutex_unlock(&r->mu);
