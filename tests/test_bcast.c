@@ -139,6 +139,20 @@ static int64_t jint(json_t *j, const char *key)
     return v;
 }
 
+/* Runs `shoal replica --dir DIR --parent ROOT --until V --json` to the end
+ * and returns its JSON report, checked to be on version V. */
+static json_t *replica_until(const char *dir, const char *root, int v)
+{
+    pid_t r = spawn("%s replica --dir %s --parent %s --until %d --seconds 60 --json >%s.json 2>%s.log",
+                    tu_shoal(), dir, root, v, dir, dir);
+    assert_int_equal(wait_exit(r, 60), 0);
+    char p[4096];
+    snprintf(p, sizeof p, "%s.json", dir);
+    json_t *j = load_json(p);
+    assert_int_equal(jint(j, "version"), v);
+    return j;
+}
+
 /* The replica's active model is byte-identical to the checkpoint. */
 static void same_model(const char *dir, uint64_t v, const char *ckpt_path)
 {
@@ -215,13 +229,7 @@ static void test_corrupt_chunk_refetched(void **state)
     unsetenv("SHOAL_BCAST_CORRUPT");
     const char *dir = tu_path("corrupt-r");
     sh_rm_rf(dir);
-    pid_t r = spawn("%s replica --dir %s --parent %s --until 1 --seconds 60 --json >%s.json 2>%s.log",
-                    tu_shoal(), dir, root, dir, dir);
-    assert_int_equal(wait_exit(r, 60), 0);
-    char p[4096];
-    snprintf(p, sizeof p, "%s.json", dir);
-    json_t *j = load_json(p);
-    assert_int_equal(jint(j, "version"), 1);
+    json_t *j = replica_until(dir, root, 1);
     assert_int_equal(jint(j, "chunks_corrupt"), 1);
     assert_int_equal(jint(j, "activations"), 1);
     json_decref(j);
@@ -405,13 +413,7 @@ static void test_late_joiner_squash(void **state)
     }
     char root[256];
     snprintf(root, sizeof root, "%s", serve_root("sq", ""));
-    pid_t r = spawn("%s replica --dir %s --parent %s --until 4 --seconds 60 --json >%s.json 2>%s.log",
-                    tu_shoal(), dir, root, dir, dir);
-    assert_int_equal(wait_exit(r, 60), 0);
-    char p[4096];
-    snprintf(p, sizeof p, "%s.json", dir);
-    json_t *j = load_json(p);
-    assert_int_equal(jint(j, "version"), 4);
+    json_t *j = replica_until(dir, root, 4);
     assert_int_equal(jint(j, "failures"), 0);
     uint64_t got = (uint64_t)jint(j, "bytes_received");
     json_decref(j);

@@ -194,7 +194,10 @@ typedef struct store_replica_info {
 int store_replica_open(const store_replica_config *cfg, store_replica **out);
 void store_replica_close(store_replica *r);
 uint64_t store_replica_version(store_replica *r);
-/* Blocks until the active version is >= v; SH_ETIMEDOUT after timeout_s. */
+/* Blocks until an activation of a version >= v is complete: serving it, its
+ * ACTIVE durable, the previous version's files gone (unless leased) and
+ * after_activate run.  (Leases see a new version a moment earlier, at the
+ * swap.)  SH_ETIMEDOUT after timeout_s. */
 int store_replica_wait(store_replica *r, uint64_t v, double timeout_s);
 /* Leases the active model.  min_version / exact_version (0: none) are the
  * request's constraints; one this replica cannot meet now is SH_EAGAIN

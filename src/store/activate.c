@@ -79,13 +79,18 @@ static int activate(store_replica *r, const store_version *v, const char *path, 
         /* Serving the verified new version from memory, but ACTIVE still
          * names the old file: keep it for a restart. */
         if (old) old->keep = 1;
-        store__model_unref(r, old);
-        return sh_err_wrap(rc, "version %llu is served but not durable; a restart comes back on "
-                           "version %llu", (unsigned long long)v->version, (unsigned long long)from);
+        rc = sh_err_wrap(rc, "version %llu is served but not durable; a restart comes back on "
+                         "version %llu", (unsigned long long)v->version, (unsigned long long)from);
     }
     store__model_unref(r, old);
-    if (r->cfg.after_activate) r->cfg.after_activate(r->cfg.arg, v->version, at);
-    return SH_OK;
+    if (rc == 0 && r->cfg.after_activate) r->cfg.after_activate(r->cfg.arg, v->version, at);
+    /* Waiters see the activation once it is complete (durable, old files
+     * gone, callback run); serving threads saw it at the swap. */
+    pthread_mutex_lock(&r->mu);
+    r->done_version = v->version;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 /* A pushed anchor is already a private name (a hard link to the spool) for

@@ -212,6 +212,7 @@ int store_replica_open(const store_replica_config *cfg, store_replica **out)
         store__clean_leftovers(r);
     }
     if (rc == 0 && cfg->nparents > 0) rc = start_push(r);
+    if (rc == 0 && r->active) r->done_version = r->active->version;
     /* A restarted push replica loads its image when its tree is quiet. */
     if (rc == 0 && r->node && r->active) r->img_wanted = 1;
     if (rc == 0 && r->node) {
@@ -267,7 +268,7 @@ int store_replica_wait(store_replica *r, uint64_t v, double timeout_s)
 {
     double end = sh_now_wall() + timeout_s;
     pthread_mutex_lock(&r->mu);
-    while (!r->active || r->active->version < v) {
+    while (r->done_version < v) {
         double now = sh_now_wall();
         if (now >= end) {
             uint64_t have = r->active ? r->active->version : 0;

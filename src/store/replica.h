@@ -36,6 +36,7 @@ struct store_replica {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     model *active;
+    uint64_t done_version; /* the newest activation that is complete (durable) */
     double activated_at, pause_max_ms;
     uint64_t activations, failures;
     char last_error[512];
