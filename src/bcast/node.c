@@ -15,6 +15,10 @@
 
 #include "bcast/node.h"
 
+#ifndef BCAST__INFLIGHT_WAIT
+#define BCAST__INFLIGHT_WAIT 0.001
+#endif
+
 typedef struct send_ctx {
     bcast_node *node;
     bcast__peer *peer;
@@ -669,8 +673,8 @@ static void wait_events(bcast_node *n, double until)
     /* While transfers are in flight UCX may need progress calls that the
      * event fd does not announce (a TCP socket turning writable), so the
      * wait is cut to a millisecond then. */
-    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + 0.001)
-        until = sh_now_mono() + 0.001;
+    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + BCAST__INFLIGHT_WAIT)
+        until = sh_now_mono() + BCAST__INFLIGHT_WAIT;
     if (ucp_worker_arm(n->worker) == UCS_ERR_BUSY) return;
     double now = sh_now_mono();
     int ms = until > now ? (int)((until - now) * 1000) + 1 : 0;
