@@ -69,6 +69,7 @@ static int recycle_prev(store_replica *r, const char *out)
     store__model_free(m->fp8, !m->keep);
     m->fp8 = NULL;
     int ok = mine && rename(m->path, out) == 0;
+    if (ok) sh_debug("replica %s: recycling the file of v%llu for %s", r->dir, (unsigned long long)m->version, out);
     store__model_free(m, !ok && !m->keep);
     return ok;
 }
