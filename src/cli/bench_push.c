@@ -404,8 +404,9 @@ int cli_bench_push(int argc, char **argv)
     char ck[3][4200];
     for (int i = 0; i < 3; i++) snprintf(ck[i], sizeof ck[i], "%s/v%d.safetensors", base, i + 1);
     rc = ckpt_synth(ck[0], o.params, 1);
-    for (int i = 1; rc == 0 && i < 3; i++) rc = ckpt_step(ck[i - 1], ck[i], o.lr, 1, 1 + (uint64_t)i);
     int delta = !strcmp(o.payload, "delta");
+    /* A third version only for the timed delta after an untimed one. */
+    for (int i = 1; rc == 0 && i < 2 + delta; i++) rc = ckpt_step(ck[i - 1], ck[i], o.lr, 1, 1 + (uint64_t)i);
     int runs = 2 + delta;
     sh_progress pg;
     sh_progress_start(&pg, "bench push", (uint64_t)runs, "runs");
