@@ -109,9 +109,12 @@ double mj_req_latency_s(const rl_config *c, const rl_worker_spec *w, int prompts
 double mj_worker_rate(const rl_config *c, const rl_worker_spec *w, int prompts);
 /* The pool's rate: every worker at its own request size (or the default). */
 double mj_pool_rate(const rl_config *c);
+/* The worst-case latency of the pool's stalest request, in version periods
+ * (one version = a step's trajectories at the pool's rate). */
+double mj_stalest(const rl_config *c);
 /* Sets every worker's req_prompts to the size with the highest rate whose
- * worst-case latency fits within max_lag - 1/2 version periods of the pool
- * (one version = a step's trajectories at the pool's rate), iterated to a
+ * worst-case latency is at most mj_stalest() of the pool as given (its
+ * untuned staleness) version periods of the tuned pool, iterated to a
  * fixed point. */
 int mj_tune(rl_config *c);
 

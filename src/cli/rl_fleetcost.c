@@ -41,7 +41,7 @@ static const char usage[] =
     "  --seeds N --seed S  N seeds from S (3, 1)\n"
     "  --step-s F          emulated seconds of a one-sequence decoding step on the\n"
     "                      training type (0.008)\n"
-    "  --seq-cost F        cost of each further concurrent sequence, relative (0.125)\n"
+    "  --seq-cost F        cost of each further concurrent sequence, relative (0.0625)\n"
     "  --eval-every N      steps between held-out evaluations (2)\n"
     "  --eval-n N          held-out problems per evaluation (96)\n"
     "  --window N          the target is reached when the mean of the last N\n"
@@ -324,7 +324,7 @@ int cli_rl_fleet_cost(int argc, char **argv)
     rl_config base;
     rl_config_default(&base);
     base.steps = 120, base.eval_every = 2, base.eval_n = 96, base.target_window = 3, base.quiet = 1, base.target_reward = 0.7;
-    base.stop_at_target = 1, base.step_s = 0.008, base.seq_cost = 0.125;
+    base.stop_at_target = 1, base.step_s = 0.008, base.seq_cost = 0.0625;
     int rc = parse(argc, argv, &o, &base);
     if (rc) return rc;
     mj_fleet f;

@@ -5,9 +5,11 @@
  * to what its memory holds, but a larger request also takes longer, and a
  * request that outlives the staleness bound is wasted.  mj_tune picks for
  * each worker the request size (whole prompts) with the highest throughput
- * whose worst-case latency stays within (max_lag - 1/2) versions of the
- * pool; the version period depends on the pool's throughput, so it
- * iterates to a fixed point.  Pure. */
+ * whose worst-case latency, counted in versions of the pool, is no longer
+ * than that of the stalest request of the untuned pool (the slowest GPU
+ * type at the default size): the staleness the pool already lives with.
+ * The version period depends on the pool's throughput, so it iterates to a
+ * fixed point.  Pure. */
 #include "shoal/mainjob.h"
 
 double mj_req_latency_s(const rl_config *c, const rl_worker_spec *w, int prompts)
@@ -48,12 +50,29 @@ static int best_prompts(const rl_config *c, const rl_worker_spec *w, double budg
     return best;
 }
 
+/* Seconds of one version period: a step's trajectories at the pool's rate. */
+static double version_s(const rl_config *c)
+{
+    return c->prompts_per_step * c->group / mj_pool_rate(c);
+}
+
+double mj_stalest(const rl_config *c)
+{
+    double worst = 0;
+    for (int i = 0; i < c->nworkers; i++) {
+        const rl_worker_spec *w = &c->workers[i];
+        double l = mj_req_latency_s(c, w, w->req_prompts ? w->req_prompts : mj_default_prompts(c));
+        if (l > worst) worst = l;
+    }
+    return worst / version_s(c);
+}
+
 int mj_tune(rl_config *c)
 {
     if (!(c->step_s > 0)) return sh_err(SH_EINVAL, "mj_tune: the pool needs emulated GPU time (step_s > 0)");
+    double versions = mj_stalest(c);
     for (int it = 0; it < 32; it++) {
-        double rate = mj_pool_rate(c);
-        double budget = (c->max_lag - 0.5) * c->prompts_per_step * c->group / rate;
+        double budget = versions * version_s(c) * (1 + 1e-9);
         int changed = 0;
         for (int i = 0; i < c->nworkers; i++) {
             int k = best_prompts(c, &c->workers[i], budget);

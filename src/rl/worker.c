@@ -5,6 +5,7 @@
  * A worker stands in for a GPU type: each decoding step is stretched by
  * sleeping until it has lasted gen_cost / speed times its compute time, so
  * a 0.25 worker takes four times as long as a full-speed one. */
+#include <errno.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -267,6 +268,9 @@ static int serve_request(worker *w)
     rl_wire_trajs th = {.worker = w->idx, .count = B};
     if (!rc) rc = rl__msg_write(w->fd, RL_MSG_TRAJS, &th, sizeof th, out, sizeof(rl_traj) * B);
     free(probs), free(out);
+    /* The trainer ended the run (its target reached) while we generated:
+     * not an error. */
+    if (rc < 0 && (errno == EPIPE || errno == ECONNRESET)) leave(w, 0);
     return rc;
 }
 
