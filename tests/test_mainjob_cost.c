@@ -89,9 +89,6 @@ static void test_tune(void **state)
 static void test_counted_from_work(void **state)
 {
     (void)state;
-#if defined(__SANITIZE_ADDRESS__)
-    skip(); /* a real run with forked workers: the optimised build runs it */
-#endif
     rl_config c = emu_config();
     c.step_s = 0.002, c.steps = 3, c.warm_steps = 5, c.eval_every = 3, c.eval_n = 8, c.quiet = 1;
     c.nworkers = 2;
