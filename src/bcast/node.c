@@ -378,6 +378,9 @@ static ucs_status_t on_offer(void *arg, const void *hdr, size_t hlen, void *data
     }
     bcast__obj *o = bcast__find(n, of.version);
     if (o && sh_hash128_eq(o->hash, of.hash)) return UCS_OK; /* resuming */
+    /* Part of another payload of this version (a squashed delta where the
+     * chain's delta now comes, after a new parent): start over with this. */
+    if (o && bcast__replace(n, o)) o = NULL;
     if (o || of.version <= n->have) return UCS_OK;           /* stale: keep ours */
     if (bcast__obj_for_offer(&of, data, len, n->spool, &o) < 0) {
         sh_warn("push %s: %s", n->name, sh_errmsg());
