@@ -139,6 +139,20 @@ static int64_t jint(json_t *j, const char *key)
     return v;
 }
 
+/* Runs `shoal replica --dir DIR --parent ROOT --until V --json` to the end
+ * and returns its JSON report, checked to be on version V. */
+static json_t *replica_until(const char *dir, const char *root, int v)
+{
+    pid_t r = spawn("%s replica --dir %s --parent %s --until %d --seconds 60 --json >%s.json 2>%s.log",
+                    tu_shoal(), dir, root, v, dir, dir);
+    assert_int_equal(wait_exit(r, 60), 0);
+    char p[4096];
+    snprintf(p, sizeof p, "%s.json", dir);
+    json_t *j = load_json(p);
+    assert_int_equal(jint(j, "version"), v);
+    return j;
+}
+
 /* The replica's active model is byte-identical to the checkpoint. */
 static void same_model(const char *dir, uint64_t v, const char *ckpt_path)
 {
@@ -215,13 +229,7 @@ static void test_corrupt_chunk_refetched(void **state)
     unsetenv("SHOAL_BCAST_CORRUPT");
     const char *dir = tu_path("corrupt-r");
     sh_rm_rf(dir);
-    pid_t r = spawn("%s replica --dir %s --parent %s --until 1 --seconds 60 --json >%s.json 2>%s.log",
-                    tu_shoal(), dir, root, dir, dir);
-    assert_int_equal(wait_exit(r, 60), 0);
-    char p[4096];
-    snprintf(p, sizeof p, "%s.json", dir);
-    json_t *j = load_json(p);
-    assert_int_equal(jint(j, "version"), 1);
+    json_t *j = replica_until(dir, root, 1);
     assert_int_equal(jint(j, "chunks_corrupt"), 1);
     assert_int_equal(jint(j, "activations"), 1);
     json_decref(j);
@@ -379,6 +387,57 @@ static void test_store_fallback(void **state)
     same_model(dir, 1, tu_path("f1.st"));
 }
 
+/* A replica that joins three versions behind (it restarted on version 1
+ * while 2, 3 and 4 were published as deltas) is sent one squashed delta
+ * 1 -> 4, fewer bytes than the chain of three, and ends on the exact bytes
+ * of version 4. */
+static void test_late_joiner_squash(void **state)
+{
+    const char *ck[4] = {"q1.st", "q2.st", "q3.st", "q4.st"};
+    TU_OK(ckpt_synth(tu_path(ck[0]), 800000, 9));
+    for (int i = 1; i < 4; i++) TU_OK(ckpt_step(tu_path(ck[i - 1]), tu_path(ck[i]), 1e-5, 1, 10));
+    char sq[4096], dir[4096]; /* tu_path's buffers rotate */
+    snprintf(sq, sizeof sq, "%s", tu_path("sq"));
+    snprintf(dir, sizeof dir, "%s", tu_path("sq-r"));
+    sh_rm_rf(sq);
+    char *out;
+    for (int i = 0; i < 4; i++) {
+        if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), sq, tu_path(ck[i])))
+            fail_msg("publish failed: %s", out);
+        free(out);
+        if (i > 0) continue;
+        sh_rm_rf(dir);
+        if (tu_run(&out, "%s replica --dir %s --store %s --until 1 --seconds 60", tu_shoal(), dir, sq))
+            fail_msg("seeding the replica with version 1 failed: %s", out);
+        free(out);
+    }
+    char root[256];
+    snprintf(root, sizeof root, "%s", serve_root("sq", ""));
+    json_t *j = replica_until(dir, root, 4);
+    assert_int_equal(jint(j, "failures"), 0);
+    uint64_t got = (uint64_t)jint(j, "bytes_received");
+    json_decref(j);
+    /* What crossed the link is the squashed delta the root made, and that
+     * is fewer bytes than the three deltas. */
+    store *s;
+    TU_OK(store_open(sq, NULL, 0, &s));
+    uint64_t chain = 0;
+    for (uint64_t v = 2; v <= 4; v++) {
+        store_version m;
+        TU_OK(store_get(s, v, &m, NULL));
+        chain += m.size;
+    }
+    char path[4096];
+    TU_OK(store_squash_path(s, 1, 4, path, sizeof path));
+    store_close(s);
+    size_t squashed;
+    free(tu_read_file(path, &squashed));
+    assert_int_equal(got, squashed);
+    assert_true(squashed < chain);
+    same_model(dir, 4, tu_path(ck[3]));
+    kill_all();
+}
+
 static void test_bad_usage(void **state)
 {
     char *out;
@@ -403,6 +462,7 @@ int main(void)
         cmocka_unit_test_teardown(test_relay_killed, teardown),
         cmocka_unit_test_teardown(test_zones, teardown),
         cmocka_unit_test_teardown(test_store_fallback, teardown),
+        cmocka_unit_test_teardown(test_late_joiner_squash, teardown),
         cmocka_unit_test_teardown(test_bad_usage, teardown),
     };
     return cmocka_run_group_tests_name("bcast", tests, NULL, NULL);
