@@ -281,7 +281,7 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
 
 static void print_table(const opts *o, const pool *p, const json_t *out)
 {
-    printf("%s\n%-8s %-20s %-16s %7s %6s %9s %8s %8s %9s %9s %9s\n", json_string_value(json_object_get(out, "setup")),
+    printf("%s\n%-8s %-20s %-20s %7s %6s %9s %8s %8s %9s %9s %9s\n", json_string_value(json_object_get(out, "setup")),
            "pool", "workers", "prompts/request", "$/h", "steps", "reward", "traj", "emul s", "cost $",
            "$/1k traj", "total $");
     for (int i = 0; i < NPOOL; i++) {
@@ -292,7 +292,7 @@ static void print_table(const opts *o, const pool *p, const json_t *out)
         json_object_foreach((json_t *)json_object_get(r, "per_type"), k, v)
             q += snprintf(q, sizeof req - (size_t)(q - req), "%s%s:%lld", q == req ? "" : " ", k,
                           (long long)json_integer_value(json_object_get(v, "request_prompts")));
-        printf("%-8s %-20s %-16s %7.2f %6.1f %9.3f %8.0f %8.1f %9.4f %9.4f %9.4f  (cost %.4f..%.4f, %lld/%d reached)\n",
+        printf("%-8s %-20s %-20s %7.2f %6.1f %9.3f %8.0f %8.1f %9.4f %9.4f %9.4f  (cost %.4f..%.4f, %lld/%d reached)\n",
                p[i].name, p[i].desc, req, p[i].per_h, num(r, "steps"), num(r, "reward_end"), num(r, "trajectories"),
                num(r, "emulated_s"), num(r, "cost"), num(r, "cost_per_1k_trajectories"), num(r, "total_cost"),
                num(sp, "min"), num(sp, "max"), (long long)json_integer_value(json_object_get(r, "reached")), o->seeds);
