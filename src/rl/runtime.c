@@ -46,6 +46,7 @@ typedef struct wk {
     sh_buf in, out;
     size_t out_off;
     double busy_since, busy_s;
+    double gpu_s; /* emulated busy GPU seconds (rl_config.step_s > 0), from the work done */
     long trajs;
     int hello;            /* remote: HELLO received (forked workers start with 1) */
     int bye, final_version; /* BYE received, and the version it reported */
@@ -82,6 +83,8 @@ typedef struct run {
     rl_progress_fn progress;
     void *pctx;
     double time_to_target, last_eval;
+    double recent[RL_TARGET_WINDOW_MAX]; /* the last evaluations' rewards, a ring */
+    int nevals;
     /* Where the trainer's wall-clock time goes: training steps, making and
      * queueing deltas, and waiting in poll for workers. */
     double t_train, t_publish, t_wait;
@@ -124,6 +127,12 @@ static int publish(run *r)
     if (d.len) r->delta_bytes_sum += (double)d.len, r->deltas++;
     if (r->c->on_publish) return r->c->on_publish(r->c->hook_ctx, r->version, &r->img, &r->delta);
     return 0;
+}
+
+/* The run has done its steps, or reached its target with stop_at_target. */
+static int over(const run *r)
+{
+    return r->step >= r->c->steps || (r->c->stop_at_target && r->time_to_target >= 0);
 }
 
 static int spawn(run *r, int i)
@@ -226,7 +235,7 @@ static int got_hello(run *r, int i, const uint8_t *p, size_t len)
     r->w[i].hello = 1;
     r->joins++;
     SH_TRY(enqueue_weights(r, &r->w[i], 1));
-    if (r->step >= r->c->steps) /* joined while the run was ending */
+    if (over(r)) /* joined while the run was ending */
         return rl__msg_append(&r->w[i].out, RL_MSG_STOP, NULL, 0, NULL, 0);
     return 0;
 }
@@ -318,7 +327,14 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
         len != sizeof th + (size_t)th.count * sizeof(rl_traj))
         return sh_err(SH_EFORMAT, "worker %d: TRAJS with %d records, expected %d", i, th.count,
                       w->busy ? w->req_trajs[0] : 0);
-    if (r->step >= r->c->steps) { /* the run is over: answers to old requests */
+    if (r->c->step_s > 0) { /* the GPU did the work, whether or not it is used */
+        rl_traj *tmp = malloc((size_t)th.count * sizeof(rl_traj));
+        if (!tmp) return sh_err(SH_ENOMEM, "rl: out of memory");
+        memcpy(tmp, p + sizeof th, (size_t)th.count * sizeof(rl_traj)); /* p may be unaligned */
+        w->gpu_s += rl_emu_request_s(r->c, &r->spec[i], tmp, th.count);
+        free(tmp);
+    }
+    if (over(r)) { /* the run is over: answers to old requests */
         r->dropped_end += th.count;
         memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
         w->busy--;
@@ -424,7 +440,14 @@ static int eval_now(run *r)
     r->last_eval = rew;
     json_array_append_new(r->curve, json_pack("{s:f,s:i,s:f}", "wall_s", t, "step", r->step,
                                               "reward", rew));
-    if (r->time_to_target < 0 && r->c->target_reward > 0 && rew >= r->c->target_reward)
+    /* Reached when the mean of the last target_window evaluations (at least
+     * one) is at the target: one lucky evaluation of a noisy curve is not. */
+    int win = r->c->target_window > 1 ? r->c->target_window : 1, have = 0;
+    double sum = 0;
+    r->recent[r->nevals++ % RL_TARGET_WINDOW_MAX] = rew;
+    for (int k = 0; k < win && k < r->nevals; k++, have++)
+        sum += r->recent[(r->nevals - 1 - k) % RL_TARGET_WINDOW_MAX];
+    if (r->time_to_target < 0 && r->c->target_reward > 0 && have == win && sum / win >= r->c->target_reward)
         r->time_to_target = t;
     if (r->progress) {
         json_t *ev = json_pack("{s:s,s:i,s:f,s:f}", "event", "eval", "step", r->step, "reward",
@@ -519,11 +542,11 @@ static int poll_once(run *r);
 static int loop(run *r)
 {
     const rl_config *c = r->c;
-    while (r->step < c->steps) {
+    while (!over(r)) {
         SH_TRY(issue(r));
         SH_TRY(poll_once(r));
         if (c->mode == RL_MODE_ASYNC) drop_stale(r);
-        while (r->nbuf >= r->batch && r->step < c->steps &&
+        while (r->nbuf >= r->batch && !over(r) &&
                (c->mode == RL_MODE_ASYNC || !busy_count(r))) {
             SH_TRY(train_one(r));
             if (c->mode == RL_MODE_ASYNC) drop_stale(r);
@@ -654,6 +677,11 @@ static json_t *worker_json(const run *r, int i, double until)
                           "price_per_h", sp->price, "trajectories", (json_int_t)w->trajs,
                           "busy_s", w->busy_s, "held_s", held, "cost_usd",
                           sp->price * held / 3600.0);
+    if (r->c->step_s > 0) {
+        json_object_set_new(o, "gpu_s", json_real(w->gpu_s));
+        json_object_set_new(o, "max_seqs", json_integer(sp->max_seqs));
+        json_object_set_new(o, "req_prompts", json_integer(sp->req_prompts));
+    }
     if (r->c->remote)
         json_object_set_new(o, "final", w->bye ? json_pack("{s:i,s:s}", "version", w->final_version,
                                                            "image_xxh3", hex)
