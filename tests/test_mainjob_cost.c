@@ -154,7 +154,7 @@ static void test_fleet_cost_cli(void **state)
     const char *root = getenv("SHOAL_ROOT") ? getenv("SHOAL_ROOT") : ".";
     char *out = NULL;
     int rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "
-                    "--seeds 1 --max-steps 3 --target 1 --eval-every 3 --eval-n 8 --step-s 0.002 --json >%s 2>%s",
+                    "--seeds 1 --max-steps 3 --target 1 --eval-every 3 --eval-n 8 --step-s 0.002 --warm 5 --json >%s 2>%s",
                     tu_shoal(), root, root, tu_path("fc.json"), tu_path("fc.err"));
     free(out);
     assert_int_equal(rc, 0);
