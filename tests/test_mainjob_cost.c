@@ -148,9 +148,6 @@ static double num(const json_t *o, const char *k) { return json_number_value(jso
 static void test_fleet_cost_cli(void **state)
 {
     (void)state;
-#if defined(__SANITIZE_ADDRESS__)
-    skip(); /* nine real runs; the optimised build runs them */
-#endif
     const char *root = getenv("SHOAL_ROOT") ? getenv("SHOAL_ROOT") : ".";
     char *out = NULL;
     int rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "
