@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -237,13 +238,18 @@ static void test_corrupt_chunk_refetched(void **state)
     kill_all();
 }
 
-/* A delta pushed through the tree is rebuilt on each replica's mapped model
- * (the fast apply path): both replicas, the second one a hop down, end with
- * the exact bytes of the new checkpoint and no failed apply. */
+/* Deltas pushed through the tree are applied to each replica's in-memory
+ * image of its model (the fast apply path) and written into the recycled
+ * file of the model two versions back once there is a private one (version
+ * 4 into version 2's file: version 1 is a pushed anchor, linked to the push
+ * spool).  Both replicas, the second one a hop down, end with the exact
+ * bytes of the newest checkpoint and no failed apply. */
 static void test_delta_pushed(void **state)
 {
     TU_OK(ckpt_synth(tu_path("d1.st"), 800000, 7));
     TU_OK(ckpt_step(tu_path("d1.st"), tu_path("d2.st"), 1e-5, 1, 8));
+    TU_OK(ckpt_step(tu_path("d2.st"), tu_path("d3.st"), 1e-5, 1, 9));
+    TU_OK(ckpt_step(tu_path("d3.st"), tu_path("d4.st"), 1e-5, 1, 10));
     sh_rm_rf(tu_path("dstore"));
     char *out;
     if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), tu_path("dstore"), tu_path("d1.st")))
@@ -258,22 +264,34 @@ static void test_delta_pushed(void **state)
         snprintf(outs[i], sizeof outs[i], "%s/out%d.json", tu_path("dstore-r"), i);
         sh_rm_rf(dirs[i]);
         TU_OK(sh_mkdir_p(dirs[i], 0755));
-        rep[i] = spawn("%s replica --dir %s --parent %s --until 2 --seconds 60 --json >%s 2>%s.log",
+        rep[i] = spawn("%s replica --dir %s --parent %s --until 4 --seconds 60 --json >%s 2>%s.log",
                        tu_shoal(), dirs[i], root, outs[i], outs[i]);
     }
     for (int i = 0; i < 2; i++) wait_active(dirs[i], 1, 60);
-    if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), tu_path("dstore"), tu_path("d2.st")))
-        fail_msg("publish failed: %s", out);
-    assert_non_null(strstr(out, "delta"));
-    free(out);
+    ino_t v2_file[2] = {0, 0};
+    for (int v = 2; v <= 4; v++) {
+        char ck[16], p[4200];
+        snprintf(ck, sizeof ck, "d%d.st", v);
+        if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), tu_path("dstore"), tu_path(ck)))
+            fail_msg("publish failed: %s", out);
+        assert_non_null(strstr(out, "delta"));
+        free(out);
+        for (int i = 0; i < 2; i++) {
+            wait_active(dirs[i], (uint64_t)v, 60);
+            snprintf(p, sizeof p, "%s/models/%010d.safetensors", dirs[i], v);
+            struct stat st;
+            if (v == 2 && stat(p, &st) == 0) v2_file[i] = st.st_ino;
+            if (v == 4) assert_int_equal(stat(p, &st), 0), assert_int_equal(st.st_ino, v2_file[i]);
+        }
+    }
     for (int i = 0; i < 2; i++) {
         assert_int_equal(wait_exit(rep[i], 60), 0);
         json_t *j = load_json(outs[i]);
-        assert_int_equal(jint(j, "version"), 2);
-        assert_int_equal(jint(j, "activations"), 2);
+        assert_int_equal(jint(j, "version"), 4);
+        assert_int_equal(jint(j, "activations"), 4);
         assert_int_equal(jint(j, "failures"), 0);
         json_decref(j);
-        same_model(dirs[i], 2, tu_path("d2.st"));
+        same_model(dirs[i], 4, tu_path("d4.st"));
     }
     kill_all();
 }

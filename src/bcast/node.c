@@ -15,6 +15,10 @@
 
 #include "bcast/node.h"
 
+#ifndef BCAST__INFLIGHT_WAIT
+#define BCAST__INFLIGHT_WAIT 0.001
+#endif
+
 typedef struct send_ctx {
     bcast_node *node;
     bcast__peer *peer;
@@ -374,6 +378,9 @@ static ucs_status_t on_offer(void *arg, const void *hdr, size_t hlen, void *data
     }
     bcast__obj *o = bcast__find(n, of.version);
     if (o && sh_hash128_eq(o->hash, of.hash)) return UCS_OK; /* resuming */
+    /* Part of another payload of this version (a squashed delta where the
+     * chain's delta now comes, after a new parent): start over with this. */
+    if (o && bcast__replace(n, o)) o = NULL;
     if (o || of.version <= n->have) return UCS_OK;           /* stale: keep ours */
     if (bcast__obj_for_offer(&of, data, len, n->spool, &o) < 0) {
         sh_warn("push %s: %s", n->name, sh_errmsg());
@@ -669,8 +676,8 @@ static void wait_events(bcast_node *n, double until)
     /* While transfers are in flight UCX may need progress calls that the
      * event fd does not announce (a TCP socket turning writable), so the
      * wait is cut to a millisecond then. */
-    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + 0.001)
-        until = sh_now_mono() + 0.001;
+    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + BCAST__INFLIGHT_WAIT)
+        until = sh_now_mono() + BCAST__INFLIGHT_WAIT;
     if (ucp_worker_arm(n->worker) == UCS_ERR_BUSY) return;
     double now = sh_now_mono();
     int ms = until > now ? (int)((until - now) * 1000) + 1 : 0;

@@ -74,6 +74,11 @@ struct bcast_node {
 bcast__obj *bcast__find(struct bcast_node *n, uint64_t version);
 void bcast__insert(struct bcast_node *n, bcast__obj *o);
 void bcast__drop_old(struct bcast_node *n);
+/* Whether a child is being sent o or a receive into it is in flight. */
+int bcast__obj_busy(const bcast__obj *o);
+/* Drops o, an incomplete object nothing uses, so that another payload of
+ * its version can be received (1), or keeps it (0). */
+int bcast__replace(struct bcast_node *n, bcast__obj *o);
 void bcast__deliver(struct bcast_node *n);
 void bcast__pump(struct bcast_node *n, double now);
 bcast__peer *bcast__choose_redirect(struct bcast_node *n, const bcast__peer *p);

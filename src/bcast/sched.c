@@ -34,6 +34,25 @@ static uint64_t newest_delivered_anchor(const bcast_node *n)
     return a;
 }
 
+int bcast__obj_busy(const bcast__obj *o)
+{
+    int busy = o->refs > 0;
+    for (uint32_t i = 0; !busy && i < o->nchunks; i++) busy = o->receiving[i];
+    return busy;
+}
+
+int bcast__replace(bcast_node *n, bcast__obj *o)
+{
+    if (o->complete || bcast__obj_busy(o)) return 0;
+    for (bcast__obj **pp = &n->objs; *pp; pp = &(*pp)->next) {
+        if (*pp != o) continue;
+        *pp = o->next;
+        bcast__obj_free(o);
+        return 1;
+    }
+    return 0;
+}
+
 /* Objects older than the newest delivered anchor serve no plan any more:
  * whoever holds less than that anchor needs the anchor itself.  Objects still
  * being sent to a child stay until that child moves on. */
@@ -50,9 +69,7 @@ void bcast__drop_old(bcast_node *n)
     bcast__obj **pp = &n->objs;
     while (*pp) {
         bcast__obj *o = *pp;
-        int busy = o->refs > 0;
-        for (uint32_t i = 0; !busy && i < o->nchunks; i++) busy = o->receiving[i];
-        if (o->version < a && !busy) {
+        if (o->version < a && !bcast__obj_busy(o)) {
             *pp = o->next;
             bcast__obj_free(o);
         } else {

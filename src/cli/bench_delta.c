@@ -148,6 +148,24 @@ typedef struct {
     size_t zcap, nch, *zl;
 } bench_xbufs;
 
+/* Decompresses each chunk and XORs it into out, which first gets the base's
+ * bytes (into a new buffer) or already holds them (in place); returns the
+ * xxh3-128 of the result. */
+static XXH128_hash_t bench_xor_apply(const bench_pair *p, const bench_xbufs *xb, ZSTD_DCtx *dc,
+                                     uint8_t *out, int from_base)
+{
+    size_t zoff = 0;
+    for (size_t c = 0; c < xb->nch; c++) {
+        size_t n = ZSTD_decompressDCtx(dc, xb->x, XOR_CHUNK, xb->z + zoff, xb->zl[c]);
+        uint8_t *o = out + (uint64_t)c * XOR_CHUNK;
+        zoff += xb->zl[c];
+        if (ZSTD_isError(n)) n = 0; /* then the digest cannot match */
+        if (from_base) bench_fill(p, (uint64_t)c * XOR_CHUNK, o, n, FILL_BASE);
+        for (size_t j = 0; j < n; j++) o[j] ^= xb->x[j];
+    }
+    return XXH3_128bits(out, ckpt_data_bytes(p->t));
+}
+
 static int bench_xor_run(const bench_pair *p, const bench_xbufs *xb, uint8_t *out, bench_xor *r)
 {
     uint64_t total = ckpt_data_bytes(p->t);
@@ -156,57 +174,42 @@ static int bench_xor_run(const bench_pair *p, const bench_xbufs *xb, uint8_t *ou
     ZSTD_CCtx *cc = ZSTD_createCCtx();
     ZSTD_DCtx *dc = ZSTD_createDCtx();
     XXH3_state_t *h = XXH3_createState();
-    if (!cc || !dc || !h) return sh_err(SH_ENOMEM, "out of memory");
+    int rc = cc && dc && h ? SH_OK : sh_err(SH_ENOMEM, "out of memory");
+    if (rc < 0) goto out;
     double t0 = bench_cpu();
     XXH3_128bits_reset(h);
     r->bytes = 16;
     /* The new state's hash, as stitch records it, straight from the tensors. */
     for (size_t i = 0; i < p->t->ntensors; i++)
         XXH3_128bits_update(h, p->t->tensors[i].data, p->t->tensors[i].nbytes);
-    for (size_t c = 0; c < xb->nch; c++) {
+    for (size_t c = 0; c < xb->nch && rc == SH_OK; c++) {
         size_t n = total - (uint64_t)c * XOR_CHUNK < XOR_CHUNK ? (size_t)(total - (uint64_t)c * XOR_CHUNK) : XOR_CHUNK;
         bench_fill(p, (uint64_t)c * XOR_CHUNK, x, n, FILL_XOR);
         zl[c] = ZSTD_compressCCtx(cc, z + zoff, xb->zcap - zoff, x, n, 1);
-        if (ZSTD_isError(zl[c])) return sh_err(SH_EINTERNAL, "zstd: %s", ZSTD_getErrorName(zl[c]));
-        zoff += zl[c];
-        r->bytes += zl[c];
+        if (ZSTD_isError(zl[c])) rc = sh_err(SH_EINTERNAL, "zstd: %s", ZSTD_getErrorName(zl[c]));
+        else zoff += zl[c], r->bytes += zl[c];
     }
     XXH128_hash_t want = XXH3_128bits_digest(h);
     r->make_s = bench_cpu() - t0;
+    if (rc < 0) goto out;
     /* Apply: decompress each chunk and XOR it onto the base, then check the
      * xxh3-128 of the final state. */
     t0 = bench_cpu();
-    zoff = 0;
-    for (size_t c = 0; c < xb->nch; c++) {
-        size_t n = ZSTD_decompressDCtx(dc, x, XOR_CHUNK, z + zoff, zl[c]);
-        uint8_t *o = out + (uint64_t)c * XOR_CHUNK;
-        zoff += zl[c];
-        bench_fill(p, (uint64_t)c * XOR_CHUNK, o, n, FILL_BASE);
-        for (size_t j = 0; j < n; j++) o[j] ^= x[j];
-    }
-    XXH128_hash_t got = XXH3_128bits(out, total);
+    XXH128_hash_t got = bench_xor_apply(p, xb, dc, out, 1);
     r->apply_s = bench_cpu() - t0;
     int ok = got.low64 == want.low64 && got.high64 == want.high64;
     /* In place: the state already holds the base; XOR each chunk into it. */
-    for (size_t c = 0; c < xb->nch; c++) {
-        size_t n = total - (uint64_t)c * XOR_CHUNK < XOR_CHUNK ? (size_t)(total - (uint64_t)c * XOR_CHUNK) : XOR_CHUNK;
-        bench_fill(p, (uint64_t)c * XOR_CHUNK, out + (uint64_t)c * XOR_CHUNK, n, FILL_BASE);
-    }
+    bench_fill(p, 0, out, (size_t)total, FILL_BASE);
     t0 = bench_cpu();
-    zoff = 0;
-    for (size_t c = 0; c < xb->nch; c++) {
-        size_t n = ZSTD_decompressDCtx(dc, x, XOR_CHUNK, z + zoff, zl[c]);
-        uint8_t *o = out + (uint64_t)c * XOR_CHUNK;
-        zoff += zl[c];
-        for (size_t j = 0; j < n; j++) o[j] ^= x[j];
-    }
-    got = XXH3_128bits(out, total);
+    got = bench_xor_apply(p, xb, dc, out, 0);
     r->inplace_s = bench_cpu() - t0;
     ok = ok && got.low64 == want.low64 && got.high64 == want.high64;
+    if (!ok) rc = sh_err(SH_EINTERNAL, "xor+zstd baseline did not round-trip");
+out:
     XXH3_freeState(h);
     ZSTD_freeCCtx(cc);
     ZSTD_freeDCtx(dc);
-    return ok ? SH_OK : sh_err(SH_EINTERNAL, "xor+zstd baseline did not round-trip");
+    return rc;
 }
 
 /* ---- The entropy bound ----------------------------------------------------- */

@@ -21,15 +21,21 @@ static const char usage_text[] =
     "                        [--fanout F] [--lr LR] [--json]\n\n"
     "Publishes version 1 of a synthetic checkpoint of P parameters (default 25M,\n"
     "bf16), seeds N replica directories with it from the store, starts `shoal push\n"
-    "serve` and N `shoal replica` processes on them, waits until all serve it and\n"
-    "a second more, then publishes version 2 (one Adam step of LR later, default\n"
-    "3e-6: about 3% of the weights change; a full anchor or\n"
-    "a delta) and times until every replica has activated it.  Every node's\n"
-    "sending is limited to G Gb/s (default 1) by a sender-side token bucket, not\n"
-    "by network namespaces.  tree: replicas forward to each other, fan-out F\n"
+    "serve` and N `shoal replica` processes on them and waits until all serve it.\n"
+    "Then it publishes the next version (one Adam step of LR later, default 3e-6:\n"
+    "about 3% of the weights change), a full anchor or a delta, and times until\n"
+    "every replica has activated it.  With --payload delta the replicas first\n"
+    "take one delta untimed (their steady state between a trainer's steps); the\n"
+    "timed delta is the second.  Every node's sending is limited to G Gb/s\n"
+    "(default 1) by a sender-side link model (docs/push-protocol.md), not by\n"
+    "network namespaces.  tree: replicas forward to each other, fan-out F\n"
     "(default 1, a pipelined chain); star: every replica attaches to the root;\n"
     "store: every replica polls the store and reads it directly (a shared file\n"
     "system here: no link limit applies, only the 20 ms polling).\n"
+    "--json adds `breakdown`: per replica, seconds from the publish to its first\n"
+    "and last chunk, payload verified, apply start, model built and verified,\n"
+    "active (swapped in) and durable (ACTIVE written), with min/median/max; and\n"
+    "`cpu_s`, the CPU the nodes used meanwhile.\n"
     "The same measurement with one replica is the baseline; with --payload delta\n"
     "the full payload is measured too.  Defaults: N 16, chunk 1MiB.\n";
 
@@ -236,7 +242,12 @@ static int start_root(const bopt *o, const char *dir, const char *store_dir, int
     return sh_err(SH_ETIMEDOUT, "bench push: the root did not start (see %s)", log);
 }
 
-static int measure(const bopt *o, const char *base, int n, int delta, const char *v1, const char *v2, result *r)
+/* ck: three checkpoints.  Replicas start on version 1 (ck[0]); with a delta
+ * payload they first take version 2 (ck[1], a delta, not timed), so that
+ * the timed delta finds them in their steady state (a model image in
+ * memory, a previous model file to recycle), as between a trainer's steps.
+ * The timed version is the next one. */
+static int measure(const bopt *o, const char *base, int n, int delta, char ck[][4200], result *r)
 {
     static int seq;
     char dir[4096], store_dir[4200];
@@ -247,7 +258,8 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
     uint64_t v;
     store_publish_opts po = {delta ? 8 : 1};
     SH_TRY(store_open(store_dir, NULL, 1, &s));
-    int rc = store_publish(s, v1, &po, &v);
+    int rc = store_publish(s, ck[0], &po, &v);
+    uint64_t warm = delta ? 2 : 1, mv = warm + 1;
     char addr[256];
     pid_t root = 0, *reps = calloc((size_t)n, sizeof *reps);
     char(*dirs)[4096] = calloc((size_t)n, sizeof *dirs);
@@ -274,7 +286,9 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
     }
     double at;
     if (rc == 0) rc = wait_all(dirs, n, 1, 300, &at);
-    /* Bytes received while warming up, from the stats written at v1. */
+    if (rc == 0 && warm == 2) rc = store_publish(s, ck[1], &po, &v);
+    if (rc == 0 && warm == 2) rc = wait_all(dirs, n, 2, 300, &at);
+    /* Bytes received while warming up, from the stats written then. */
     uint64_t before = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         char p[4200];
@@ -282,7 +296,7 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
         json_t *j = NULL;
         double end = sh_now_mono() + 10;
         while (sh_now_mono() < end) {
-            if (read_json(p, &j) == 0 && jget_i(j, "version") >= 1) break;
+            if (read_json(p, &j) == 0 && (uint64_t)jget_i(j, "version") >= warm) break;
             if (j) json_decref(j), j = NULL;
             sh_sleep(0.01);
         }
@@ -294,15 +308,15 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
     double u0, s0, u1, s1;
     cpu_all(root, reps, n, &u0, &s0);
     double t0 = sh_now_wall();
-    if (rc == 0) rc = store_publish(s, v2, &po, &v);
+    if (rc == 0) rc = store_publish(s, ck[warm], &po, &v);
     double t1 = sh_now_wall();
-    if (rc == 0) rc = wait_all(dirs, n, 2, 300, &at);
+    if (rc == 0) rc = wait_all(dirs, n, mv, 300, &at);
     cpu_all(root, reps, n, &u1, &s1);
     r->cpu_user_s = u1 - u0, r->cpu_sys_s = s1 - s0;
     r->publish_s = t1 - t0;
     r->converge_s = at - t1;
     store_version m;
-    if (rc == 0 && store_get(s, 2, &m, NULL) == 0) r->payload_bytes = m.size, r->model_bytes = m.model_size;
+    if (rc == 0 && store_get(s, mv, &m, NULL) == 0) r->payload_bytes = m.size, r->model_bytes = m.model_size;
     uint64_t after = 0;
     r->steps = calloc((size_t)n, sizeof *r->steps);
     r->n = r->steps ? n : 0;
@@ -316,7 +330,7 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
             sh_json_get_num(j, "pause_ms_max", 0, p, &pause);
             if (pause > r->pause_ms_max) r->pause_ms_max = pause;
             after += (uint64_t)jget_i(j, "bytes_received");
-            if (r->steps) read_steps(j, 2, t1, r->steps[i]);
+            if (r->steps) read_steps(j, mv, t1, r->steps[i]);
             json_decref(j);
         }
     }
@@ -387,21 +401,21 @@ int cli_bench_push(int argc, char **argv)
      * what the bench measures. */
     char base[] = "/dev/shm/shoal-bench-push.XXXXXX";
     if (!mkdtemp(base)) return cli_fail("bench push", sh_err_errno(errno, "mkdtemp"));
-    char v1[4200], v2[4200];
-    snprintf(v1, sizeof v1, "%s/v1.safetensors", base);
-    snprintf(v2, sizeof v2, "%s/v2.safetensors", base);
-    rc = ckpt_synth(v1, o.params, 1);
-    if (rc == 0) rc = ckpt_step(v1, v2, o.lr, 1, 2);
+    char ck[3][4200];
+    for (int i = 0; i < 3; i++) snprintf(ck[i], sizeof ck[i], "%s/v%d.safetensors", base, i + 1);
+    rc = ckpt_synth(ck[0], o.params, 1);
     int delta = !strcmp(o.payload, "delta");
+    /* A third version only for the timed delta after an untimed one. */
+    for (int i = 1; rc == 0 && i < 2 + delta; i++) rc = ckpt_step(ck[i - 1], ck[i], o.lr, 1, 1 + (uint64_t)i);
     int runs = 2 + delta;
     sh_progress pg;
     sh_progress_start(&pg, "bench push", (uint64_t)runs, "runs");
     result one = {0}, many = {0}, full = {0};
-    if (rc == 0) rc = measure(&o, base, 1, delta, v1, v2, &one);
+    if (rc == 0) rc = measure(&o, base, 1, delta, ck, &one);
     sh_progress_update(&pg, 1);
-    if (rc == 0) rc = measure(&o, base, o.replicas, delta, v1, v2, &many);
+    if (rc == 0) rc = measure(&o, base, o.replicas, delta, ck, &many);
     sh_progress_update(&pg, 2);
-    if (rc == 0 && delta) rc = measure(&o, base, o.replicas, 0, v1, v2, &full);
+    if (rc == 0 && delta) rc = measure(&o, base, o.replicas, 0, ck, &full);
     sh_progress_finish(&pg);
     if (rc < 0) {
         free(one.steps), free(many.steps), free(full.steps);
@@ -414,7 +428,7 @@ int cli_bench_push(int argc, char **argv)
         json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",
                               o.replicas, "topology", o.topology, "payload", o.payload, "link_gbps", o.gbps,
                               "fanout", strcmp(o.topology, "star") ? o.fanout : o.replicas, "chunk",
-                              (json_int_t)o.chunk, "limiter", strcmp(o.topology, "store") ? "sender-side token bucket per node (no netns/tc)"
+                              (json_int_t)o.chunk, "limiter", strcmp(o.topology, "store") ? "sender-side link model per node (no netns/tc)"
                                                        : "none: replicas read the store's files directly",
                               "model_bytes", (json_int_t)many.model_bytes, "payload_bytes",
                               (json_int_t)many.payload_bytes, "bytes_sent", (json_int_t)many.bytes_sent,

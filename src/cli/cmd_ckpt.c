@@ -120,14 +120,6 @@ static int ckpt_inspect(ckpt_opts *o)
     return 0;
 }
 
-/* Ends the bar: full on success; on failure only the line, so that the
- * error message starts on a line of its own. */
-static void ckpt_progress_end(sh_progress *pg, int rc)
-{
-    if (rc == SH_OK) sh_progress_finish(pg);
-    else if (pg->enabled && pg->done) fputc('\n', stderr);
-}
-
 int cli_cmd_ckpt(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -146,7 +138,7 @@ int cli_cmd_ckpt(int argc, char **argv)
         sh_progress pg;
         sh_progress_start(&pg, "ckpt synth", 0, "B");
         rc = ckpt_synth_progress(o.out, o.params, o.seed, &pg);
-        ckpt_progress_end(&pg, rc);
+        cli_progress_end(&pg, rc);
         return rc < 0 ? cli_fail("ckpt synth", rc) : 0;
     }
     if (!strcmp(sub, "step")) {
@@ -156,7 +148,7 @@ int cli_cmd_ckpt(int argc, char **argv)
         sh_progress pg;
         sh_progress_start(&pg, "ckpt step", 0, "B");
         rc = ckpt_step_progress(o.pos[0], o.out, o.lr, o.steps, o.seed, &pg);
-        ckpt_progress_end(&pg, rc);
+        cli_progress_end(&pg, rc);
         return rc < 0 ? cli_fail("ckpt step", rc) : 0;
     }
     return cli_usage("ckpt", "unknown subcommand \"%s\" (synth, step, inspect)", sub);

@@ -19,13 +19,6 @@ static const char quant_usage[] =
     "changed, writing OUT or replacing FP8CKPT atomically; the result is byte-identical\n"
     "to `shoal quant fp8 NEW_BF16` with the same --keep.\n";
 
-/* Full bar on success; on failure only the end of its line. */
-static void quant_progress_end(sh_progress *pg, int rc)
-{
-    if (rc == SH_OK) sh_progress_finish(pg);
-    else if (pg->enabled && pg->done) fputc('\n', stderr);
-}
-
 int cli_cmd_quant(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -62,7 +55,7 @@ int cli_cmd_quant(int argc, char **argv)
         uint64_t blocks = 0;
         sh_progress_start(&pg, "quant fp8 --update", 0, "B");
         int rc = delta_quant_fp8_update(upd, from, dlt, out, keep, &o, &blocks);
-        quant_progress_end(&pg, rc);
+        cli_progress_end(&pg, rc);
         if (rc < 0) return cli_fail("quant fp8", rc);
         if (json) {
             json_t *j = json_pack("{s:I,s:f}", "blocks_requantised", (json_int_t)blocks, "seconds",
@@ -78,6 +71,6 @@ int cli_cmd_quant(int argc, char **argv)
     if (!in || !out) return cli_usage("quant", "fp8 needs IN and -o OUT");
     sh_progress_start(&pg, "quant fp8", 0, "B");
     int rc = delta_quant_fp8(in, out, keep, &o);
-    quant_progress_end(&pg, rc);
+    cli_progress_end(&pg, rc);
     return rc < 0 ? cli_fail("quant fp8", rc) : 0;
 }

@@ -38,6 +38,42 @@ static int fsync_file_and_dir(const char *path, const char *dir)
     return rc == 0 ? sh_fsync_dir(dir) : rc;
 }
 
+/* A push replica keeps the model an activation replaced (with the
+ * reference the active slot held) so that the next delta can write its
+ * result into that file's pages instead of allocating a new file (the
+ * double buffer); an older one is let go. */
+static void retire(store_replica *r, model *old)
+{
+    store__model_unref(r, r->prev);
+    r->prev = old;
+}
+
+/* Takes r->prev's file for `out` when nothing else uses it: no lease, and
+ * no other name (a pushed anchor is a hard link to the push node's spool
+ * file, which the node may still forward from).  Returns 1 when `out` is
+ * now that file. */
+static int recycle_prev(store_replica *r, const char *out)
+{
+    model *m = r->prev;
+    if (!m) return 0;
+    pthread_mutex_lock(&r->mu);
+    int leased = m->refs > 1;
+    pthread_mutex_unlock(&r->mu);
+    r->prev = NULL;
+    if (leased) {
+        store__model_unref(r, m); /* deleted when its last lease ends */
+        return 0;
+    }
+    struct stat st;
+    int mine = !m->keep && stat(m->path, &st) == 0 && st.st_nlink == 1;
+    store__model_free(m->fp8, !m->keep);
+    m->fp8 = NULL;
+    int ok = mine && rename(m->path, out) == 0;
+    if (ok) sh_debug("replica %s: recycling the file of v%llu for %s", r->dir, (unsigned long long)m->version, out);
+    store__model_free(m, !ok && !m->keep);
+    return ok;
+}
+
 /* `path` holds version v's full checkpoint, built and verified in memory.
  * It is swapped in first, so serving threads see it at once; then its bytes
  * and name are made durable and ACTIVE is replaced.  ACTIVE only ever names
@@ -82,7 +118,8 @@ static int activate(store_replica *r, const store_version *v, const char *path, 
         rc = sh_err_wrap(rc, "version %llu is served but not durable; a restart comes back on "
                          "version %llu", (unsigned long long)v->version, (unsigned long long)from);
     }
-    store__model_unref(r, old);
+    if (rc == 0 && r->node) retire(r, old);
+    else store__model_unref(r, old);
     if (rc == 0 && r->cfg.after_activate) r->cfg.after_activate(r->cfg.arg, v->version, at);
     /* Waiters see the activation once it is complete (durable, old files
      * gone, callback run); serving threads saw it at the swap. */
@@ -165,17 +202,20 @@ int store__prepare_image(store_replica *r, int quiet)
     return 0;
 }
 
-/* Writes the image (version v) to `out`, a new file; activate() makes it
- * durable. */
+/* Writes the image to `out`: into the previous model's file when it can be
+ * recycled (its pages are overwritten: no page is allocated, zeroed or
+ * freed), else a new file.  activate() makes it durable. */
 static int img_write(store_replica *r, const char *out)
 {
-    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int reuse = recycle_prev(r, out);
+    int fd = open(out, O_WRONLY | O_CLOEXEC | (reuse ? 0 : O_CREAT | O_TRUNC), 0644);
     if (fd < 0) return sh_err_errno(errno, "create %s", out);
     int e = posix_fallocate(fd, 0, (off_t)r->img_size);
     int rc = e && e != EOPNOTSUPP && e != EINVAL
                  ? sh_err_errno(e, "reserve %llu bytes for %s", (unsigned long long)r->img_size, out)
                  : SH_OK;
     if (rc == 0) rc = sh_pwrite_all(fd, r->img, (size_t)r->img_size, 0, out);
+    if (rc == 0 && reuse && ftruncate(fd, (off_t)r->img_size) < 0) rc = sh_err_errno(errno, "truncate %s", out);
     close(fd);
     if (rc < 0) unlink(out);
     return rc;

@@ -58,7 +58,7 @@ static int load_delta(const char *delta_path, uint64_t size, char **buf, delta *
     return rc;
 }
 
-/* The replica's path without a spare: the base is the model the replica
+/* The replica's path without a model image: the base is the model the replica
  * already has mapped and parsed; the target is rebuilt straight into a
  * mapping of the new file `out` (no staging buffer, no write copy), and
  * every rebuilt chunk is hashed once while it is in cache (the codec's own

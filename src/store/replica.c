@@ -249,6 +249,7 @@ void store_replica_close(store_replica *r)
         free(p);
     }
     store__img_free(r);
+    store__model_free(r->prev, r->prev && !r->prev->keep);
     store__model_free(r->active, 0);
     store_close(r->st);
     pthread_mutex_destroy(&r->mu);

@@ -55,6 +55,7 @@ struct store_replica {
     size_t img_cap;
     uint64_t img_size, img_version;
     int img_wanted; /* load the image when the push tree is quiet */
+    model *prev;    /* the model the last activation replaced (recycled) */
 };
 
 /* models.c */
