@@ -18,9 +18,13 @@
  * done, never the wall clock: the pool's emulated time is the work its
  * workers did spread over the pool in proportion to their rates (an
  * elastic pool kept busy), and every worker is billed for that time. */
+#include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "cli_rl.h"
@@ -39,6 +43,8 @@ static const char usage[] =
     "  --target R          held-out reward every run trains to (0.7)\n"
     "  --max-steps N       step cap of a run that does not reach it (120)\n"
     "  --seeds N --seed S  N seeds from S (3, 1)\n"
+    "  --max-lag N         staleness bound: versions a trajectory may lag (2)\n"
+    "  -j, --jobs N        runs at once, each in its own process (the core count)\n"
     "  --step-s F          emulated seconds of a one-sequence decoding step on the\n"
     "                      training type (0.008)\n"
     "  --seq-cost F        cost of each further concurrent sequence, relative (0.0625)\n"
@@ -128,16 +134,12 @@ static int build_pools(const mj_fleet *f, const char *ttype, int tgpus, double t
     return 0;
 }
 
-typedef struct prog {
-    sh_progress *bar;
-    uint64_t base;
-} prog;
-
+/* In a run's process: each step as a line "S <step>" on the pipe to the
+ * parent, which draws the progress bar. */
 static void on_event(const json_t *ev, void *ctx)
 {
-    prog *p = ctx;
     if (!strcmp(json_string_value(json_object_get(ev, "event")) ?: "", "step"))
-        sh_progress_update(p->bar, p->base + (uint64_t)json_integer_value(json_object_get(ev, "step")));
+        dprintf(*(int *)ctx, "S %lld\n", (long long)json_integer_value(json_object_get(ev, "step")));
 }
 
 static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
@@ -159,12 +161,12 @@ static double pool_time(const rl_config *c, const json_t *res)
 }
 
 /* One run of pool p from seed `seed`: the figures of docs/mainjob.md. */
-static json_t *run_pool(const pool *p, uint64_t seed, double trainer_per_h, prog *pg, int *rc)
+static json_t *run_pool(const pool *p, uint64_t seed, double trainer_per_h, int *fd, int *rc)
 {
     rl_config c = p->c;
     c.seed = seed;
     json_t *res = NULL;
-    if ((*rc = rl_run(&c, on_event, pg, &res))) return NULL;
+    if ((*rc = rl_run(&c, on_event, fd, &res))) return NULL;
     double t = pool_time(&c, res), cost = p->per_h * t / 3600;
     long steps = (long)json_integer_value(json_object_get(res, "steps"));
     long accepted = steps * c.prompts_per_step * c.group, generated = 0;
@@ -241,7 +243,7 @@ static json_t *summarise(const pool *p, json_t *runs)
 
 typedef struct opts {
     const char *fleet, *speeds, *ttype;
-    int tg, seeds, json;
+    int tg, seeds, json, jobs;
     double thr;
 } opts;
 
@@ -261,6 +263,8 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
         else if (!strcmp(a, "--target")) rc = sh_parse_double(v, &c->target_reward, a);
         else if (!strcmp(a, "--max-steps")) rc = sh_parse_i64(v, &k, a), c->steps = (int)k;
         else if (!strcmp(a, "--seeds")) rc = sh_parse_i64(v, &k, a), o->seeds = (int)k;
+        else if (!strcmp(a, "-j") || !strcmp(a, "--jobs")) rc = sh_parse_i64(v, &k, a), o->jobs = (int)k;
+        else if (!strcmp(a, "--max-lag")) rc = sh_parse_i64(v, &k, a), c->max_lag = (int)k;
         else if (!strcmp(a, "--seed")) rc = sh_parse_i64(v, &k, a), c->seed = (uint64_t)k;
         else if (!strcmp(a, "--step-s")) rc = sh_parse_double(v, &c->step_s, a);
         else if (!strcmp(a, "--seq-cost")) rc = sh_parse_double(v, &c->seq_cost, a);
@@ -275,6 +279,8 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
     if (!o->fleet || !o->speeds) return cli_usage("rl fleet-cost", "--fleet and --speeds are required");
     if (!(o->thr > 0) || o->tg < 0) return cli_usage("rl fleet-cost", "--throughput must be > 0 and --trainer-gpus >= 0");
     if (o->seeds < 1 || o->seeds > MAX_SEEDS) return cli_usage("rl fleet-cost", "--seeds must be 1..%d", MAX_SEEDS);
+    if (o->jobs < 1 || o->jobs > 64) return cli_usage("rl fleet-cost", "-j must be 1..64");
+    if (c->max_lag < 1 || c->max_lag > 64) return cli_usage("rl fleet-cost", "--max-lag must be 1..64");
     if (!(c->target_reward > 0 && c->target_reward <= 1)) return cli_usage("rl fleet-cost", "--target must be in (0,1]");
     if (!(c->step_s > 0 && c->step_s <= 10) || !(c->seq_cost >= 0 && c->seq_cost <= 1))
         return cli_usage("rl fleet-cost", "--step-s must be in (0,10] and --seq-cost in [0,1]");
@@ -318,11 +324,133 @@ static void savings(json_t *out, const char *key, const json_t *a, const json_t 
     json_object_set_new(out, k, arr);
 }
 
+/* The runs, NPOOL x seeds of them, each in its own process, up to `jobs`
+ * at a time.  Running them side by side does not change the bill (it is
+ * counted from the work done, and the emulated workers sleep), and each
+ * run's worker processes are its own.  A child sends "S <step>" lines and
+ * ends with "R <result JSON>" or "E <message>" on its pipe. */
+typedef struct run_slot {
+    pid_t pid;
+    int fd, pool, seed, step;
+    sh_buf in;
+} run_slot;
+
+static void run_child(const pool *p, uint64_t seed, double trainer_per_h, int fd)
+{
+    int rc = 0;
+    json_t *r = run_pool(p, seed, trainer_per_h, &fd, &rc);
+    char *s = r ? json_dumps(r, JSON_COMPACT) : NULL;
+    if (s) dprintf(fd, "R %s\n", s);
+    else dprintf(fd, "E %s\n", rc ? sh_errmsg() : "out of memory");
+    _exit(s ? 0 : 1);
+}
+
+static int start_run(run_slot *sl, const pool *p, uint64_t seed, double trainer_per_h)
+{
+    int pfd[2];
+    if (pipe(pfd)) return sh_err_errno(errno, "rl fleet-cost: pipe");
+    fflush(NULL);
+    sl->pid = fork();
+    if (sl->pid < 0) {
+        close(pfd[0]), close(pfd[1]);
+        return sh_err_errno(errno, "rl fleet-cost: fork");
+    }
+    if (!sl->pid) close(pfd[0]), run_child(p, seed, trainer_per_h, pfd[1]);
+    close(pfd[1]);
+    sl->fd = pfd[0], sl->step = 0, sl->in = (sh_buf){0};
+    return 0;
+}
+
+/* Reads what a run sent; 1 when it has ended (its result in *res, or an
+ * error recorded), 0 while it goes on. */
+static int read_run(run_slot *sl, json_t **res, int *rc)
+{
+    char b[65536];
+    ssize_t n = read(sl->fd, b, sizeof b);
+    if (n < 0 && errno == EINTR) return 0;
+    if (n > 0) {
+        if (sh_buf_append(&sl->in, b, (size_t)n)) return *rc = SH_ENOMEM, 1;
+        char *line = (char *)sl->in.data, *end = line + sl->in.len, *nl;
+        while ((nl = memchr(line, '\n', (size_t)(end - line)))) {
+            *nl = 0;
+            if (line[0] == 'S') sl->step = atoi(line + 2);
+            else if (line[0] == 'R') *res = json_loads(line + 2, 0, NULL);
+            else if (line[0] == 'E') *rc = sh_err(SH_EIO, "rl fleet-cost: pool run, seed %d: %s", sl->seed, line + 2);
+            if (line[0] != 'S') return 1;
+            line = nl + 1;
+        }
+        memmove(sl->in.data, line, (size_t)(end - line));
+        sl->in.len = (size_t)(end - line);
+        return 0;
+    }
+    *rc = sh_err(SH_EIO, "rl fleet-cost: the run of seed %d ended without a result", sl->seed);
+    return 1;
+}
+
+static void end_run(run_slot *sl)
+{
+    close(sl->fd);
+    sh_buf_free(&sl->in);
+    waitpid(sl->pid, NULL, 0);
+    sl->pid = 0;
+}
+
+static int run_all(const pool *p, int seeds, uint64_t seed0, double trainer_per_h, int jobs, json_t **runs)
+{
+    int total = NPOOL * seeds, next = 0, live = 0, rc = 0, steps = p[0].c.steps;
+    run_slot *sl = calloc((size_t)jobs, sizeof *sl);
+    json_t **res = calloc((size_t)total, sizeof *res);
+    uint64_t done = 0;
+    sh_progress bar;
+    if (!sl || !res) return free(sl), free(res), sh_err(SH_ENOMEM, "out of memory");
+    sh_progress_start(&bar, "fleet-cost", (uint64_t)total * (uint64_t)steps, "steps");
+    while ((next < total && !rc) || live) {
+        struct pollfd pf[64];
+        int np = 0;
+        for (int j = 0; j < jobs; j++) {
+            /* Seed-major, so that a slow stretch of the machine hits every pool. */
+            if (!sl[j].pid && next < total && !rc) {
+                sl[j].seed = next / NPOOL, sl[j].pool = next % NPOOL;
+                if ((rc = start_run(&sl[j], &p[sl[j].pool], seed0 + (uint64_t)sl[j].seed, trainer_per_h))) continue;
+                next++, live++;
+            }
+            if (sl[j].pid) pf[np++] = (struct pollfd){.fd = sl[j].fd, .events = POLLIN};
+        }
+        if (!np) break;
+        if (poll(pf, (nfds_t)np, -1) < 0 && errno != EINTR) {
+            rc = sh_err_errno(errno, "rl fleet-cost: poll");
+            break;
+        }
+        uint64_t running = 0;
+        for (int j = 0; j < jobs; j++) {
+            if (!sl[j].pid) continue;
+            json_t *r = NULL;
+            int k = 0;
+            for (int q = 0; q < np; q++) k |= pf[q].fd == sl[j].fd && pf[q].revents;
+            if (k && read_run(&sl[j], &r, &rc)) {
+                res[sl[j].seed * NPOOL + sl[j].pool] = r;
+                if (!r && !rc) rc = sh_err(SH_EFORMAT, "rl fleet-cost: a run's result is not JSON");
+                done += (uint64_t)steps, live--;
+                end_run(&sl[j]);
+            } else {
+                running += (uint64_t)sl[j].step;
+            }
+        }
+        sh_progress_update(&bar, done + running);
+    }
+    sh_progress_finish(&bar);
+    for (int i = 0; i < total; i++)
+        if (res[i]) json_array_append_new(runs[i % NPOOL], res[i]);
+    free(sl), free(res);
+    return rc;
+}
+
 int cli_rl_fleet_cost(int argc, char **argv)
 {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
-    opts o = {.ttype = "H100", .tg = 2, .seeds = 3, .thr = 3};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    opts o = {.ttype = "H100", .tg = 2, .seeds = 3, .thr = 3, .jobs = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu};
     rl_config base;
     rl_config_default(&base);
     base.steps = 120, base.eval_every = 2, base.eval_n = 96, base.target_window = 3, base.quiet = 1, base.target_reward = 0.7;
@@ -340,18 +468,9 @@ int cli_rl_fleet_cost(int argc, char **argv)
     mj_fleet_free(&f);
     for (int i = 0; i < NPOOL && !rc; i++) rc = rl_config_check(&p[i].c);
     if (rc < 0) return cli_fail("rl fleet-cost", rc);
-    sh_progress bar;
-    sh_progress_start(&bar, "fleet-cost", (uint64_t)NPOOL * o.seeds * base.steps, "steps");
     json_t *out = json_object(), *runs[NPOOL];
     for (int i = 0; i < NPOOL; i++) runs[i] = json_array();
-    /* Seed-major, so that a slow stretch of the machine hits every pool. */
-    for (int s = 0; s < o.seeds && !rc; s++)
-        for (int i = 0; i < NPOOL && !rc; i++) {
-            prog pg = {&bar, (uint64_t)(s * NPOOL + i) * base.steps};
-            json_t *r = run_pool(&p[i], base.seed + (uint64_t)s, o.tg * tprice, &pg, &rc);
-            if (r) json_array_append_new(runs[i], r);
-        }
-    sh_progress_finish(&bar);
+    rc = run_all(p, o.seeds, base.seed, o.tg * tprice, o.jobs, runs);
     if (rc < 0) {
         for (int i = 0; i < NPOOL; i++) json_decref(runs[i]);
         json_decref(out);
