@@ -182,7 +182,7 @@ static void test_fleet_cost_cli(void **state)
     const char *root = getenv("SHOAL_ROOT") ? getenv("SHOAL_ROOT") : ".";
     char *out = NULL;
     int rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "
-                    "--seeds 1 --max-steps 3 --target 1 --eval-every 3 --eval-n 8 --step-s 0.002 --warm 5 --json >%s 2>%s",
+                    "--seeds 2 -j 3 --max-steps 3 --target 1 --eval-every 3 --eval-n 8 --step-s 0.002 --warm 5 --json >%s 2>%s",
                     tu_shoal(), root, root, tu_path("fc.json"), tu_path("fc.err"));
     free(out);
     assert_int_equal(rc, 0);
@@ -198,16 +198,32 @@ static void test_fleet_cost_cli(void **state)
         assert_true(fabs(num(p, "trajectories") - 3 * 64) < 1e-9);
         assert_true(num(p, "reward_end") > 0 && num(p, "reward_end") <= 1);
         assert_true(num(p, "cost") > 0);
-        assert_int_equal(json_array_size(json_object_get(p, "runs")), 1);
-        /* cost = the pool's $/h over its emulated time, for each run */
-        json_t *r = json_array_get(json_object_get(p, "runs"), 0);
-        assert_true(fabs(num(r, "cost") - num(p, "rollout_per_h") * num(r, "emulated_s") / 3600) < 1e-12);
-        assert_true(num(r, "total_cost") > num(r, "cost"));
+        /* two seeds, run side by side, come back in seed order */
+        assert_int_equal(json_array_size(json_object_get(p, "runs")), 2);
+        double dropped = 0, generated = 0;
+        for (int k = 0; k < 2; k++) {
+            /* cost = the pool's $/h over its emulated time, for each run */
+            json_t *r = json_array_get(json_object_get(p, "runs"), (size_t)k);
+            assert_int_equal(json_integer_value(json_object_get(r, "seed")), k + 1);
+            assert_true(fabs(num(r, "cost") - num(p, "rollout_per_h") * num(r, "emulated_s") / 3600) < 1e-12);
+            assert_true(num(r, "total_cost") > num(r, "cost"));
+            dropped += num(r, "dropped_stale"), generated += num(r, "generated");
+        }
+        assert_true(generated >= 2 * 3 * 64);
+        assert_true(fabs(num(p, "dropped_stale_frac") - dropped / generated) < 1e-9);
     }
     double u = num(json_object_get(j, "uniform"), "cost"), m = num(json_object_get(j, "mixed"), "cost");
     assert_true(fabs(num(j, "mixed_saving") - (1 - m / u)) < 1e-8);
     assert_string_equal(json_string_value(json_object_get(json_object_get(j, "uniform"), "workers")), "3xH100");
-    assert_int_equal(json_array_size(json_object_get(j, "tuned_vs_mixed_by_seed")), 1);
+    /* the paired saving is the mean of the per-seed savings */
+    json_t *by = json_object_get(j, "mixed_saving_by_seed"), *pr = json_object_get(j, "mixed_saving_paired");
+    assert_int_equal(json_array_size(by), 2);
+    double a = json_number_value(json_array_get(by, 0)), b = json_number_value(json_array_get(by, 1));
+    assert_true(fabs(num(pr, "mean") - (a + b) / 2) < 1e-8);
+    assert_true(fabs(num(pr, "se") - fabs(a - b) / 2) < 1e-8); /* sd |a-b|/sqrt 2, over sqrt 2 */
+    assert_int_equal(json_array_size(json_object_get(j, "tuned_vs_mixed_by_seed")), 2);
+    /* crossings: thresholds 0.40 .. the target (1) in steps of 0.025 */
+    assert_int_equal(json_array_size(json_object_get(j, "crossings")), 25);
     json_decref(j);
     /* Bad input: a clear message and exit status 2. */
     rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "

@@ -222,7 +222,11 @@ static json_t *summarise(const pool *p, json_t *runs)
         json_object_set_new(o, keys[k], json_real(m));
     }
     size_t i, reached = 0;
-    json_array_foreach(runs, i, r) reached += json_is_true(json_object_get(r, "reached"));
+    double dropped = 0, generated = 0;
+    json_array_foreach(runs, i, r) {
+        reached += json_is_true(json_object_get(r, "reached"));
+        dropped += num(r, "dropped_stale"), generated += num(r, "generated");
+    }
     for (int w = 0; w < p->c.nworkers; w++) { /* the setting of each GPU type */
         const rl_worker_spec *s = &p->c.workers[w];
         int k = s->req_prompts ? s->req_prompts : mj_default_prompts(&p->c), seqs = k * p->c.group;
@@ -236,6 +240,8 @@ static json_t *summarise(const pool *p, json_t *runs)
     json_object_set_new(o, "rate_trajs_per_emulated_s", json_real(mj_pool_rate(&p->c)));
     json_object_set_new(o, "per_type", per);
     json_object_set_new(o, "reached", json_integer((json_int_t)reached));
+    /* Paid for, not trained on: the waste of the staleness bound. */
+    json_object_set_new(o, "dropped_stale_frac", json_real(generated > 0 ? dropped / generated : 0));
     json_object_set_new(o, "spread", sp);
     json_object_set_new(o, "runs", runs);
     return o;
@@ -300,17 +306,30 @@ static void print_table(const opts *o, const pool *p, const json_t *out)
         json_object_foreach((json_t *)json_object_get(r, "per_type"), k, v)
             q += snprintf(q, sizeof req - (size_t)(q - req), "%s%s:%lld", q == req ? "" : " ", k,
                           (long long)json_integer_value(json_object_get(v, "request_prompts")));
-        printf("%-8s %-20s %-20s %7.2f %6.1f %9.3f %8.0f %8.1f %9.4f %9.4f %9.4f  (cost %.4f..%.4f, %lld/%d reached)\n",
+        printf("%-8s %-20s %-20s %7.2f %6.1f %9.3f %8.0f %8.1f %9.4f %9.4f %9.4f  (cost %.4f..%.4f, %lld/%d reached, %.1f%% dropped stale)\n",
                p[i].name, p[i].desc, req, p[i].per_h, num(r, "steps"), num(r, "reward_end"), num(r, "trajectories"),
                num(r, "emulated_s"), num(r, "cost"), num(r, "cost_per_1k_trajectories"), num(r, "total_cost"),
-               num(sp, "min"), num(sp, "max"), (long long)json_integer_value(json_object_get(r, "reached")), o->seeds);
+               num(sp, "min"), num(sp, "max"), (long long)json_integer_value(json_object_get(r, "reached")), o->seeds,
+               100 * num(r, "dropped_stale_frac"));
     }
     printf("mixed saving %.1f%% (total %.1f%%), tuned saving %.1f%% (total %.1f%%), tuned vs mixed %.1f%%\n",
            100 * num(out, "mixed_saving"), 100 * num(out, "mixed_saving_total"), 100 * num(out, "tuned_saving"),
            100 * num(out, "tuned_saving_total"), 100 * num(out, "tuned_vs_mixed"));
+    static const char *const keys[] = {"mixed_saving", "tuned_saving", "tuned_vs_mixed"};
+    for (int i = 0; i < 3; i++) {
+        char k[64];
+        snprintf(k, sizeof k, "%s_paired", keys[i]);
+        const json_t *q = json_object_get(out, k);
+        printf("%s paired by seed: mean %.1f%% +- %.1f%% (standard error; sd %.1f%%, %.1f%%..%.1f%%)\n", keys[i],
+               100 * num(q, "mean"), 100 * num(q, "se"), 100 * num(q, "sd"), 100 * num(q, "min"), 100 * num(q, "max"));
+    }
 }
 
-/* Savings (1 - a/b) of the means and of each seed's pair of runs. */
+/* Savings (1 - a/b) of the means, and for cost of each seed's pair of
+ * runs: `<key>_by_seed`, and `<key>_paired` with the mean of those paired
+ * savings, their standard deviation and standard error (sd / sqrt n).  The
+ * pairs share a seed (warm start, task draws), so their difference carries
+ * less of the seed-to-seed spread than a difference of means does. */
 static void savings(json_t *out, const char *key, const json_t *a, const json_t *b, const char *field)
 {
     json_object_set_new(out, key, json_real(1 - num(a, field) / num(b, field)));
@@ -318,10 +337,61 @@ static void savings(json_t *out, const char *key, const json_t *a, const json_t 
     char k[64];
     snprintf(k, sizeof k, "%s_by_seed", key);
     json_t *arr = json_array();
-    for (size_t i = 0; i < json_array_size(json_object_get(a, "runs")); i++)
-        json_array_append_new(arr, json_real(1 - num(json_array_get(json_object_get(a, "runs"), i), field) /
-                                                     num(json_array_get(json_object_get(b, "runs"), i), field)));
+    size_t n = json_array_size(json_object_get(a, "runs"));
+    double sum = 0, sq = 0, lo = INFINITY, hi = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        double v = 1 - num(json_array_get(json_object_get(a, "runs"), i), field) /
+                           num(json_array_get(json_object_get(b, "runs"), i), field);
+        json_array_append_new(arr, json_real(v));
+        sum += v, sq += v * v, lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+    }
     json_object_set_new(out, k, arr);
+    double mean = n ? sum / (double)n : 0, var = n > 1 ? (sq - (double)n * mean * mean) / (double)(n - 1) : 0;
+    double sd = var > 0 ? sqrt(var) : 0;
+    snprintf(k, sizeof k, "%s_paired", key);
+    json_object_set_new(out, k, json_pack("{s:f,s:f,s:f,s:f,s:f,s:I}", "mean", mean, "sd", sd, "se",
+                                          n ? sd / sqrt((double)n) : 0, "min", lo, "max", hi, "n", (json_int_t)n));
+}
+
+/* The step at which a run's curve first has the mean of its last w
+ * evaluations at tau (the rule the runs stop by), -1 if never. */
+static double crossing_step(const json_t *curve, int w, double tau)
+{
+    size_t n = json_array_size(curve);
+    for (size_t i = (size_t)w - 1; i < n; i++) {
+        double m = 0;
+        for (size_t j = i + 1 - (size_t)w; j <= i; j++) m += json_number_value(json_array_get(json_array_get(curve, j), 1));
+        if (m / w >= tau - 1e-12) return json_number_value(json_array_get(json_array_get(curve, i), 0));
+    }
+    return -1;
+}
+
+/* How the steps to a threshold vary over seeds, for thresholds up to the
+ * target, read off the runs' curves (a run that stops at the target has
+ * crossed every lower threshold on the way): where the learning curve is
+ * steep, the crossing steps vary least (a low coefficient of variation),
+ * and a target there makes "cost at equal reward" least noisy. */
+static json_t *crossings(json_t *out, const char *const *names, double target, int w)
+{
+    json_t *arr = json_array();
+    for (double tau = 0.40; tau <= target + 1e-9; tau += 0.025) {
+        json_t *row = json_pack("{s:f}", "threshold", tau);
+        for (int p = 0; p < NPOOL; p++) {
+            double sum = 0, sq = 0;
+            int n = 0;
+            size_t i;
+            json_t *r;
+            json_array_foreach(json_object_get(json_object_get(out, names[p]), "runs"), i, r) {
+                double st = crossing_step(json_object_get(r, "curve"), w, tau);
+                if (st >= 0) sum += st, sq += st * st, n++;
+            }
+            double mean = n ? sum / n : 0, var = n > 1 ? (sq - n * mean * mean) / (n - 1) : 0;
+            json_object_set_new(row, names[p], json_pack("{s:i,s:f,s:f}", "reached", n, "steps_mean", mean,
+                                                         "steps_cv", mean > 0 && var > 0 ? sqrt(var) / mean : 0));
+        }
+        json_array_append_new(arr, row);
+    }
+    return arr;
 }
 
 /* The runs, NPOOL x seeds of them, each in its own process, up to `jobs`
@@ -492,6 +562,9 @@ int cli_rl_fleet_cost(int argc, char **argv)
              base.step_s, base.seq_cost, base.target_window ? base.target_window : 1, base.eval_every);
     json_object_set_new(out, "setup", json_string(setup));
     json_object_set_new(out, "target_reward", json_real(base.target_reward));
+    static const char *const names[NPOOL] = {"uniform", "mixed", "tuned"};
+    json_object_set_new(out, "crossings", crossings(out, names, base.target_reward,
+                                                    base.target_window ? base.target_window : 1));
     json_object_set_new(out, "seeds", json_integer(o.seeds));
     if (o.json) sh_json_print(out);
     else print_table(&o, p, out);
