@@ -181,7 +181,8 @@ static void fleet_cost_table(sh_buf *b, const json_t *fc)
                      "counted from the work done (docs/mainjob.md); means over seeds, min..max in brackets.</p>\n"
                      "<table><tr><th>pool</th><th>workers</th><th>per type</th><th>rollout $/h</th>"
                      "<th>reached</th><th>steps</th><th>reward end</th><th>accepted traj</th><th>emulated s</th>"
-                     "<th>rollout cost $</th><th>$ per 1k accepted</th><th>total $ (with trainer)</th></tr>\n",
+                     "<th>rollout cost $</th><th>$ per 1k accepted</th><th>total $ (with trainer)</th>"
+                     "<th>dropped as stale</th></tr>\n",
                   json_string_value(json_object_get(fc, "setup")) ?: "");
     const char *names[] = {"uniform", "mixed", "tuned"};
     double v[3];
@@ -192,17 +193,26 @@ static void fleet_cost_table(sh_buf *b, const json_t *fc)
         sh_buf_printf(b, "<tr><td>%s</td><td>%s</td><td>", names[i], json_string_value(json_object_get(p, "workers")) ?: "");
         per_type(b, p);
         sh_buf_printf(b, "</td><td>%.2f</td><td>%lld/%lld</td><td>%.1f</td><td>%.3f</td><td>%.0f</td><td>%.1f</td>"
-                         "<td>%.4f (%.4f..%.4f)</td><td>%.4f</td><td>%.4f</td></tr>\n",
+                         "<td>%.4f (%.4f..%.4f)</td><td>%.4f</td><td>%.4f</td><td>%.1f%%</td></tr>\n",
                       num(p, "rollout_per_h"), (long long)json_integer_value(json_object_get(p, "reached")),
                       (long long)json_integer_value(json_object_get(fc, "seeds")), num(p, "steps"),
                       num(p, "reward_end"), num(p, "trajectories"), num(p, "emulated_s"), v[i], num(sp, "min"),
-                      num(sp, "max"), num(p, "cost_per_1k_trajectories"), num(p, "total_cost"));
+                      num(sp, "max"), num(p, "cost_per_1k_trajectories"), num(p, "total_cost"),
+                      100 * num(p, "dropped_stale_frac"));
     }
     sh_buf_printf(b, "</table><p>mixed saving (1 &minus; mixed/uniform rollout cost): <b>%.1f%%</b>; "
                      "tuned saving: <b>%.1f%%</b>; tuned against mixed: <b>%.1f%%</b>; on total cost (trainer "
                      "included): %.1f%% and %.1f%%.</p>\n",
                   100 * num(fc, "mixed_saving"), 100 * num(fc, "tuned_saving"), 100 * num(fc, "tuned_vs_mixed"),
                   100 * num(fc, "mixed_saving_total"), 100 * num(fc, "tuned_saving_total"));
+    const json_t *mp = json_object_get(fc, "mixed_saving_paired"), *tp = json_object_get(fc, "tuned_vs_mixed_paired");
+    if (mp && tp)
+        sh_buf_printf(b, "<p>Paired by seed (each seed's runs compared, then averaged over %lld seeds): mixed saving "
+                         "<b>%.1f%% &plusmn; %.1f%%</b> (standard error; per seed %.1f%%..%.1f%%), tuned against "
+                         "mixed %.1f%% &plusmn; %.1f%%.</p>\n",
+                      (long long)json_integer_value(json_object_get(mp, "n")), 100 * num(mp, "mean"),
+                      100 * num(mp, "se"), 100 * num(mp, "min"), 100 * num(mp, "max"), 100 * num(tp, "mean"),
+                      100 * num(tp, "se"));
     bars(b, "Fleet cost: rollout cost to the target reward, mean over seeds", "$", names, v, 3);
 }
 
