@@ -240,6 +240,12 @@ typedef struct rl_config {
     int req_prompts; /* async: prompts per worker request (0: a quarter step's) */
     float lr;
     int warm_steps;    /* supervised warm-start steps before RL */
+    /* A folder where warm-started weights are kept (F32 safetensors named
+     * by a hash of everything they depend on: task, model shape, seed,
+     * steps), so that runs differing only in RL settings train the warm
+     * start once.  A cached start is bit-for-bit the trained one.  NULL:
+     * always train. */
+    const char *warm_cache;
     int eval_every, eval_n;
     int nworkers;
     rl_worker_spec workers[RL_MAX_WORKERS];

@@ -29,6 +29,8 @@ static const char train_usage[] =
     "  --minibatches M            optimiser steps per RL step (2)\n"
     "  --request-prompts N        async: prompts per worker request (a quarter step's)\n"
     "  --lr X --warm N            RL learning rate (1e-3), warm-start steps (70)\n"
+    "  --warm-cache DIR           keep warm-started weights in DIR and reuse them (a run\n"
+    "                             with the same task, shape, seed and --warm loads them)\n"
     "  --temperature T --top-p P --max-new N   sampling (1, 1, 8)\n"
     "  --clip E --tis-cap C --mis-band LO,HI --mis-level token|seq --decoupled-cap C\n"
     "                             loss knobs (0.2, 2, 0.5,2, token, none)\n"
@@ -143,6 +145,10 @@ static int option(rl_config *c, const char *o, const char *v)
     }
     if (!strcmp(o, "--out")) {
         c->out_dir = v;
+        return 1;
+    }
+    if (!strcmp(o, "--warm-cache")) {
+        c->warm_cache = v;
         return 1;
     }
     if (!strcmp(o, "--save-every")) return parse_int(v, 0, 1000000, &c->save_every, o) ?: 1;
