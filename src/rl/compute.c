@@ -24,6 +24,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rl/runtime.h"
@@ -105,9 +106,25 @@ static void failed(rl__compute *cp, int rc)
     pthread_mutex_unlock(&cp->mu);
 }
 
+static double thread_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The emulated trainer GPU: the step has lasted train_cost times the CPU
+ * time it used (measured on this thread, so other load on the machine does
+ * not count unless it leaves the thread less than that). */
+static void stretch(const run *r, double t0, double cpu0)
+{
+    double want = (thread_cpu() - cpu0) * r->c->train_cost, spent = sh_now_mono() - t0;
+    if (r->c->train_cost > 1 && want > spent) sh_sleep(want - spent);
+}
+
 static void run_job(run *r, rl__compute *cp)
 {
-    double t0 = sh_now_mono();
+    double t0 = sh_now_mono(), cpu0 = thread_cpu();
     rl_step_stats st = {0};
     int rc = r->c->train_fn ? r->c->train_fn(r->c->hook_ctx, &r->tr, cp->batch, cp->n, &st)
                             : rl_train_step(&r->tr, cp->batch, cp->n, &st);
@@ -115,6 +132,7 @@ static void run_job(run *r, rl__compute *cp)
     char msg[1024] = "";
     if (rc == SH_ERANGE) snprintf(msg, sizeof msg, "%s", sh_errmsg()), rc = 0;
     if (!rc && !st.skipped) rc = make_version(r, cp);
+    stretch(r, t0, cpu0);
     pthread_mutex_lock(&cp->mu);
     cp->st = st, cp->train_s = t1 - t0, cp->publish_s = sh_now_mono() - t1;
     if (rc && !cp->rc) cp->rc = rc, snprintf(cp->err, sizeof cp->err, "%s", sh_errmsg());
@@ -247,6 +265,8 @@ int rl__compute_dispatch(run *r)
         r->inflight_updates += r->buf[i].vend != r->buf[i].vstart;
     }
     memcpy(cp->batch, r->buf, sizeof(rl_traj) * (size_t)r->batch);
+    if (r->step + 1 == r->c->nan_at_step) /* fault injection: one corrupt log-probability */
+        cp->batch[0].blogp[cp->batch[0].plen] = NAN;
     memmove(r->buf, r->buf + r->batch, sizeof(rl_traj) * (size_t)(r->nbuf - r->batch));
     r->nbuf -= r->batch;
     int step = r->step + 1;
@@ -268,6 +288,10 @@ json_t *rl__hist_json(const long *h, int n)
     for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(h[i]));
     return a;
 }
+
+/* JSON has no NaN or infinity (json_pack fails on them): a skipped step's
+ * figures are reported as -1. */
+static double fin(double x) { return isfinite(x) ? x : -1.0; }
 
 /* The loop's half of a trained step: the new version goes out, the step
  * is reported, and the fault injection fires. */
@@ -294,13 +318,14 @@ static int took_step(run *r, rl__compute *cp, const rl_step_stats *st)
         r->t_publish += cp->publish_s + sh_now_mono() - t0;
     }
     json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:o,s:f,s:i}", "event",
-                           "step", "step", r->step, "version", r->version, "reward", st->reward,
-                           "loss", isfinite(st->loss) ? st->loss : -1.0, "grad_norm",
-                           isfinite(st->grad_norm) ? st->grad_norm : -1.0, "abs_dlogp",
-                           st->abs_dlogp, "kl", st->kl, "clipped_frac", st->clipped_frac,
-                           "masked_frac", st->masked_frac, "skipped", st->skipped, "staleness",
+                           "step", "step", r->step, "version", r->version, "reward",
+                           fin(st->reward), "loss", fin(st->loss), "grad_norm", fin(st->grad_norm),
+                           "abs_dlogp", fin(st->abs_dlogp), "kl", fin(st->kl), "clipped_frac",
+                           fin(st->clipped_frac), "masked_frac", fin(st->masked_frac), "skipped",
+                           st->skipped, "staleness",
                            rl__hist_json(cp->hist, cp->nh), "wall_s", rl__wall(r), "staleness_max",
                            cp->smax);
+    if (!ev) return sh_err(SH_EINTERNAL, "rl: step %d: its report could not be built", r->step);
     if (r->progress) r->progress(ev, r->pctx);
     json_array_append_new(r->steps, ev);
     /* The reward the evaluation will measure is that of the weights just

@@ -66,6 +66,7 @@ static int spawn(run *r, int i)
     fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
     wk *w = &r->w[i];
     w->pid = pid, w->fd = sv[0], w->alive = 1, w->busy = 0, w->hello = 1;
+    w->trajs_at_join = w->trajs;
     w->in.len = w->out.len = w->out_off = 0;
     return rl__enqueue_weights(r, w, 1);
 }
@@ -120,7 +121,7 @@ static void accept_remote(run *r)
     if (i >= r->nslots) r->nslots = i + 1;
     wk *w = &r->w[i];
     w->pid = 0, w->fd = fd, w->alive = 1, w->busy = 0, w->hello = 0, w->bye = 0;
-    w->trajs = 0, w->busy_s = 0;
+    w->trajs = w->trajs_at_join = 0, w->busy_s = 0;
     w->in.len = w->out.len = w->out_off = 0;
     w->joined = sh_now_mono() - r->t0, w->left = -1;
 }
@@ -461,8 +462,9 @@ static json_t *worker_json(const run *r, int i, double until)
     double held = r->c->remote ? until - w->joined : until;
     char hex[33];
     sh_hash128_hex(w->final_hash, hex);
-    json_t *o = json_pack("{s:s,s:f,s:f,s:I,s:f,s:f,s:f}", "name", sp->name, "speed", sp->speed,
+    json_t *o = json_pack("{s:s,s:f,s:f,s:I,s:I,s:f,s:f,s:f}", "name", sp->name, "speed", sp->speed,
                           "price_per_h", sp->price, "trajectories", (json_int_t)w->trajs,
+                          "trajectories_since_join", (json_int_t)(w->trajs - w->trajs_at_join),
                           "busy_s", w->busy_s, "held_s", held, "cost_usd",
                           sp->price * held / 3600.0);
     if (r->c->remote)

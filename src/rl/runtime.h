@@ -26,7 +26,7 @@ typedef struct wk {
     sh_buf in, out;
     size_t out_off;
     double busy_since, busy_s;
-    long trajs;
+    long trajs, trajs_at_join; /* trajs_at_join: trajs when the current process joined */
     int hello;            /* remote: HELLO received (forked workers start with 1) */
     int bye, final_version; /* BYE received, and the version it reported */
     sh_hash128 final_hash;
