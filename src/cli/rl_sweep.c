@@ -33,7 +33,7 @@ static const char sweep_usage[] =
     "  --steps N      RL steps per sync run (60; quick 30)\n"
     "  --async-steps N  RL steps per async run (twice --steps)\n"
     "  --target R     held-out reward whose wall-clock time is reported (0.7)\n"
-    "  --jobs N       runs at once (4 per core): runs mostly sleep in their emulated GPUs\n"
+    "  --jobs N       runs at once (2 per core): each uses about 0.4 of a core\n"
     "Every run gets --train-cost 3 (pass another to override) so that runs at once\n"
     "do not slow each other's trainers.\n"
     "  --json         print the table as one JSON object instead of markdown\n"
@@ -409,7 +409,7 @@ int cli_rl_sweep(int argc, char **argv)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     sweep sw = {.seeds = 0, .steps = 0, .target = 0.7, .out = "rl-sweep",
-                .jobs = 4 * (int)(cores > 0 ? cores : 1)};
+                .jobs = 2 * (int)(cores > 0 ? cores : 1)};
     int rc = parse_args(argc, argv, &sw);
     if (rc) return rc == 1 ? 0 : rc;
     if (!sw.seeds) sw.seeds = sw.quick ? 2 : 3;
