@@ -8,7 +8,7 @@
 # (`shoal rl fleet-cost`) is summarised in it.  Everything started here is
 # stopped on exit.
 #
-# Knobs: SHOAL_RUN_STEPS (30), SHOAL_RUN_PORT (8479), SHOAL_RUN_DIR
+# Knobs: SHOAL_RUN_STEPS (40), SHOAL_RUN_PORT (8479), SHOAL_RUN_DIR
 # (build/mainrun), SHOAL_RUN_FLEET_COST=0 to skip the cost experiment.
 set -eu
 
@@ -18,7 +18,7 @@ RUN=${SHOAL_RUN_DIR:-$ROOT/build/mainrun}
 FLEET=$ROOT/fleets/local-mixed.csv
 SPEEDS=$ROOT/fleets/local-mixed.speeds.csv
 PORT=${SHOAL_RUN_PORT:-8479}
-STEPS=${SHOAL_RUN_STEPS:-30}
+STEPS=${SHOAL_RUN_STEPS:-40}
 # The same options reach the workers through the store's trainer.json.
 RLOPTS="--steps $STEPS --warm 70 --eval-every 5 --eval-n 48 --max-lag 2 --loss decoupled --gen-cost 3"
 

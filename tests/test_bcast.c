@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -139,6 +140,20 @@ static int64_t jint(json_t *j, const char *key)
     return v;
 }
 
+/* Runs `shoal replica --dir DIR --parent ROOT --until V --json` to the end
+ * and returns its JSON report, checked to be on version V. */
+static json_t *replica_until(const char *dir, const char *root, int v)
+{
+    pid_t r = spawn("%s replica --dir %s --parent %s --until %d --seconds 60 --json >%s.json 2>%s.log",
+                    tu_shoal(), dir, root, v, dir, dir);
+    assert_int_equal(wait_exit(r, 60), 0);
+    char p[4096];
+    snprintf(p, sizeof p, "%s.json", dir);
+    json_t *j = load_json(p);
+    assert_int_equal(jint(j, "version"), v);
+    return j;
+}
+
 /* The replica's active model is byte-identical to the checkpoint. */
 static void same_model(const char *dir, uint64_t v, const char *ckpt_path)
 {
@@ -215,13 +230,7 @@ static void test_corrupt_chunk_refetched(void **state)
     unsetenv("SHOAL_BCAST_CORRUPT");
     const char *dir = tu_path("corrupt-r");
     sh_rm_rf(dir);
-    pid_t r = spawn("%s replica --dir %s --parent %s --until 1 --seconds 60 --json >%s.json 2>%s.log",
-                    tu_shoal(), dir, root, dir, dir);
-    assert_int_equal(wait_exit(r, 60), 0);
-    char p[4096];
-    snprintf(p, sizeof p, "%s.json", dir);
-    json_t *j = load_json(p);
-    assert_int_equal(jint(j, "version"), 1);
+    json_t *j = replica_until(dir, root, 1);
     assert_int_equal(jint(j, "chunks_corrupt"), 1);
     assert_int_equal(jint(j, "activations"), 1);
     json_decref(j);
@@ -229,13 +238,18 @@ static void test_corrupt_chunk_refetched(void **state)
     kill_all();
 }
 
-/* A delta pushed through the tree is rebuilt on each replica's mapped model
- * (the fast apply path): both replicas, the second one a hop down, end with
- * the exact bytes of the new checkpoint and no failed apply. */
+/* Deltas pushed through the tree are applied to each replica's in-memory
+ * image of its model (the fast apply path) and written into the recycled
+ * file of the model two versions back once there is a private one (version
+ * 4 into version 2's file: version 1 is a pushed anchor, linked to the push
+ * spool).  Both replicas, the second one a hop down, end with the exact
+ * bytes of the newest checkpoint and no failed apply. */
 static void test_delta_pushed(void **state)
 {
     TU_OK(ckpt_synth(tu_path("d1.st"), 800000, 7));
     TU_OK(ckpt_step(tu_path("d1.st"), tu_path("d2.st"), 1e-5, 1, 8));
+    TU_OK(ckpt_step(tu_path("d2.st"), tu_path("d3.st"), 1e-5, 1, 9));
+    TU_OK(ckpt_step(tu_path("d3.st"), tu_path("d4.st"), 1e-5, 1, 10));
     sh_rm_rf(tu_path("dstore"));
     char *out;
     if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), tu_path("dstore"), tu_path("d1.st")))
@@ -250,22 +264,34 @@ static void test_delta_pushed(void **state)
         snprintf(outs[i], sizeof outs[i], "%s/out%d.json", tu_path("dstore-r"), i);
         sh_rm_rf(dirs[i]);
         TU_OK(sh_mkdir_p(dirs[i], 0755));
-        rep[i] = spawn("%s replica --dir %s --parent %s --until 2 --seconds 60 --json >%s 2>%s.log",
+        rep[i] = spawn("%s replica --dir %s --parent %s --until 4 --seconds 60 --json >%s 2>%s.log",
                        tu_shoal(), dirs[i], root, outs[i], outs[i]);
     }
     for (int i = 0; i < 2; i++) wait_active(dirs[i], 1, 60);
-    if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), tu_path("dstore"), tu_path("d2.st")))
-        fail_msg("publish failed: %s", out);
-    assert_non_null(strstr(out, "delta"));
-    free(out);
+    ino_t v2_file[2] = {0, 0};
+    for (int v = 2; v <= 4; v++) {
+        char ck[16], p[4200];
+        snprintf(ck, sizeof ck, "d%d.st", v);
+        if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), tu_path("dstore"), tu_path(ck)))
+            fail_msg("publish failed: %s", out);
+        assert_non_null(strstr(out, "delta"));
+        free(out);
+        for (int i = 0; i < 2; i++) {
+            wait_active(dirs[i], (uint64_t)v, 60);
+            snprintf(p, sizeof p, "%s/models/%010d.safetensors", dirs[i], v);
+            struct stat st;
+            if (v == 2 && stat(p, &st) == 0) v2_file[i] = st.st_ino;
+            if (v == 4) assert_int_equal(stat(p, &st), 0), assert_int_equal(st.st_ino, v2_file[i]);
+        }
+    }
     for (int i = 0; i < 2; i++) {
         assert_int_equal(wait_exit(rep[i], 60), 0);
         json_t *j = load_json(outs[i]);
-        assert_int_equal(jint(j, "version"), 2);
-        assert_int_equal(jint(j, "activations"), 2);
+        assert_int_equal(jint(j, "version"), 4);
+        assert_int_equal(jint(j, "activations"), 4);
         assert_int_equal(jint(j, "failures"), 0);
         json_decref(j);
-        same_model(dirs[i], 2, tu_path("d2.st"));
+        same_model(dirs[i], 4, tu_path("d4.st"));
     }
     kill_all();
 }
@@ -379,6 +405,57 @@ static void test_store_fallback(void **state)
     same_model(dir, 1, tu_path("f1.st"));
 }
 
+/* A replica that joins three versions behind (it restarted on version 1
+ * while 2, 3 and 4 were published as deltas) is sent one squashed delta
+ * 1 -> 4, fewer bytes than the chain of three, and ends on the exact bytes
+ * of version 4. */
+static void test_late_joiner_squash(void **state)
+{
+    const char *ck[4] = {"q1.st", "q2.st", "q3.st", "q4.st"};
+    TU_OK(ckpt_synth(tu_path(ck[0]), 800000, 9));
+    for (int i = 1; i < 4; i++) TU_OK(ckpt_step(tu_path(ck[i - 1]), tu_path(ck[i]), 1e-5, 1, 10));
+    char sq[4096], dir[4096]; /* tu_path's buffers rotate */
+    snprintf(sq, sizeof sq, "%s", tu_path("sq"));
+    snprintf(dir, sizeof dir, "%s", tu_path("sq-r"));
+    sh_rm_rf(sq);
+    char *out;
+    for (int i = 0; i < 4; i++) {
+        if (tu_run(&out, "%s store publish %s %s --anchor-every 8", tu_shoal(), sq, tu_path(ck[i])))
+            fail_msg("publish failed: %s", out);
+        free(out);
+        if (i > 0) continue;
+        sh_rm_rf(dir);
+        if (tu_run(&out, "%s replica --dir %s --store %s --until 1 --seconds 60", tu_shoal(), dir, sq))
+            fail_msg("seeding the replica with version 1 failed: %s", out);
+        free(out);
+    }
+    char root[256];
+    snprintf(root, sizeof root, "%s", serve_root("sq", ""));
+    json_t *j = replica_until(dir, root, 4);
+    assert_int_equal(jint(j, "failures"), 0);
+    uint64_t got = (uint64_t)jint(j, "bytes_received");
+    json_decref(j);
+    /* What crossed the link is the squashed delta the root made, and that
+     * is fewer bytes than the three deltas. */
+    store *s;
+    TU_OK(store_open(sq, NULL, 0, &s));
+    uint64_t chain = 0;
+    for (uint64_t v = 2; v <= 4; v++) {
+        store_version m;
+        TU_OK(store_get(s, v, &m, NULL));
+        chain += m.size;
+    }
+    char path[4096];
+    TU_OK(store_squash_path(s, 1, 4, path, sizeof path));
+    store_close(s);
+    size_t squashed;
+    free(tu_read_file(path, &squashed));
+    assert_int_equal(got, squashed);
+    assert_true(squashed < chain);
+    same_model(dir, 4, tu_path(ck[3]));
+    kill_all();
+}
+
 static void test_bad_usage(void **state)
 {
     char *out;
@@ -403,6 +480,7 @@ int main(void)
         cmocka_unit_test_teardown(test_relay_killed, teardown),
         cmocka_unit_test_teardown(test_zones, teardown),
         cmocka_unit_test_teardown(test_store_fallback, teardown),
+        cmocka_unit_test_teardown(test_late_joiner_squash, teardown),
         cmocka_unit_test_teardown(test_bad_usage, teardown),
     };
     return cmocka_run_group_tests_name("bcast", tests, NULL, NULL);

@@ -528,6 +528,29 @@ static void test_golden(void **state)
     }
 }
 
+static void test_bench_json(void **state)
+{
+    /* The bench generates a pair, runs both codecs (each checks its own
+     * round trip) and reports one JSON object with medians and ranges. */
+    char *o;
+    assert_int_equal(tu_run(&o, "TMPDIR=%s %s bench delta --params 1M --reps 2 --json", tu_tmpdir(),
+                            tu_shoal()), 0);
+    json_t *j;
+    TU_OK(sh_json_parse(o, strlen(o), "bench delta", &j));
+    json_t *sh = json_object_get(j, "shoal"), *x = json_object_get(j, "xor_zstd1");
+    assert_int_equal(json_integer_value(json_object_get(j, "reps")), 2);
+    assert_true(json_integer_value(json_object_get(sh, "bytes")) > 0);
+    assert_true(json_integer_value(json_object_get(sh, "bytes")) <
+                json_integer_value(json_object_get(x, "bytes")));
+    json_t *r = json_object_get(json_object_get(sh, "range"), "make_s");
+    double lo = json_real_value(json_array_get(r, 0)), hi = json_real_value(json_array_get(r, 1));
+    double med = json_real_value(json_object_get(sh, "make_s"));
+    assert_true(lo > 0 && lo <= med && med <= hi);
+    assert_true(json_real_value(json_object_get(json_object_get(j, "machine"), "memcpy_gb_per_s")) > 0);
+    json_decref(j);
+    free(o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -536,7 +559,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_delta),         cmocka_unit_test(test_in_place_and_cli),
         cmocka_unit_test(test_sharded),               cmocka_unit_test(test_squash_chain),
         cmocka_unit_test(test_squash_whole),          cmocka_unit_test(test_memory_api),
-        cmocka_unit_test(test_golden),
+        cmocka_unit_test(test_golden),                cmocka_unit_test(test_bench_json),
     };
     return cmocka_run_group_tests_name("delta", tests, NULL, NULL);
 }

@@ -29,8 +29,10 @@ typedef struct bcast_node bcast_node;
  * until the node drops the object (after the next anchor completes). */
 typedef struct bcast_object_info {
     uint64_t version;
-    uint64_t base;        /* 0 for an anchor */
+    uint64_t base;        /* 0 for an anchor; for a squashed delta, its base */
     int is_anchor;
+    int is_squash;        /* a squashed delta base -> version: the manifest is the
+                           * version's, but size and hash are the squash's */
     uint64_t size;
     const char *path;     /* the payload file in the node's spool */
     const char *manifest; /* the version's manifest.json text */
@@ -50,6 +52,13 @@ typedef struct bcast_config {
     const char *parents[BCAST_MAX_ADDRS];
     int nparents;
     uint64_t have_version;   /* the version this node already holds (replica restart) */
+    /* Root only (optional): for a child at version `from` (at or after the
+     * node's newest anchor; a child behind it gets the anchor) that is two or
+     * more versions behind the newest, `to`: returns 1 with `path` set to a
+     * squashed delta from -> to when that is fewer bytes than the chain of
+     * deltas, else 0 (the chain).  The file must stay until the node is
+     * freed.  Called on the node's thread, once per child and version. */
+    int (*squash)(void *arg, uint64_t from, uint64_t to, char *path, size_t cap);
     /* Called on the node's thread when an object is complete and verified. */
     void (*on_object)(void *arg, const bcast_object_info *obj);
     /* Called for every verified chunk (progress, tests). */

@@ -191,6 +191,11 @@ int ckpt_synth(const char *path, uint64_t params, uint64_t seed);
  * (m ~ N(0, (1-b1)/(1+b1)), v = 1: deep into training), and the result is
  * cast back with round-to-nearest-even.  Streams chunk by chunk. */
 int ckpt_step(const char *in, const char *out, double lr, uint64_t steps, uint64_t seed);
+/* The same two, advancing pg (sh_progress_start'ed by the caller; its total
+ * is set here when 0) in bytes of tensor data written. */
+int ckpt_synth_progress(const char *path, uint64_t params, uint64_t seed, sh_progress *pg);
+int ckpt_step_progress(const char *in, const char *out, double lr, uint64_t steps, uint64_t seed,
+                       sh_progress *pg);
 
 #ifdef __cplusplus
 }

@@ -130,6 +130,17 @@ int sh_write_all(int fd, const void *buf, size_t len, const char *what);
 int sh_pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *what);
 int sh_pread_all(int fd, void *buf, size_t len, uint64_t off, const char *what);
 
+/* Maps `size` bytes of path shared, read-write, with every page table entry
+ * set up writable in one batch (MADV_POPULATE_WRITE where the kernel has
+ * it), so that writing through the map takes no page fault per 4 KiB; in a
+ * virtual machine every fault exits to the host and costs more than the
+ * copy it serves.  Every page becomes dirty: for files whose pages are all
+ * written anyway.  With `create` the file is made (truncated) and its space
+ * reserved first, so that a full disk is an error here and never a SIGBUS;
+ * otherwise it must have `size` bytes.  *fd_out (optional) gets the open
+ * descriptor, else it is closed.  The caller munmaps. */
+int sh_map_rw(const char *path, uint64_t size, int create, uint8_t **out, int *fd_out);
+
 /* Reads a whole file into a NUL-terminated malloc'd buffer (caller frees).
  * Fails with SH_ERANGE if it is larger than max_len. */
 int sh_read_file(const char *path, size_t max_len, char **out, size_t *out_len);

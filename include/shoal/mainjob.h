@@ -81,6 +81,7 @@ typedef struct mj_node {
     int gpus;
     double price; /* per GPU-hour */
     double speed; /* declared rollout speed factor (1 = the training type) */
+    int max_seqs; /* sequences its memory holds at once (0: not declared) */
 } mj_node;
 
 typedef struct mj_fleet {
@@ -95,6 +96,27 @@ void mj_fleet_free(mj_fleet *f);
 const mj_node *mj_fleet_node(const mj_fleet *f, const char *name);
 /* The speed of a GPU type (0 if unknown). */
 double mj_fleet_speed(const mj_fleet *f, const char *gpu_type);
+
+/* ---- Per-type tuning under emulated GPU time (pure) -------------------------- */
+
+/* The request size (prompts) of a worker without its own: the run's
+ * req_prompts, or a quarter of a step's prompts (as src/rl does). */
+int mj_default_prompts(const rl_config *c);
+/* Worst-case emulated seconds of a request of `prompts` prompts on w: every
+ * response runs to max_new tokens (c->step_s must be > 0). */
+double mj_req_latency_s(const rl_config *c, const rl_worker_spec *w, int prompts);
+/* Trajectories per emulated second of w at that request size. */
+double mj_worker_rate(const rl_config *c, const rl_worker_spec *w, int prompts);
+/* The pool's rate: every worker at its own request size (or the default). */
+double mj_pool_rate(const rl_config *c);
+/* The worst-case latency of the pool's stalest request, in version periods
+ * (one version = a step's trajectories at the pool's rate). */
+double mj_stalest(const rl_config *c);
+/* Sets every worker's req_prompts to the size with the highest rate whose
+ * worst-case latency is at most mj_stalest() of the pool as given (its
+ * untuned staleness) version periods of the tuned pool, iterated to a
+ * fixed point. */
+int mj_tune(rl_config *c);
 
 #ifdef __cplusplus
 }

@@ -228,6 +228,7 @@ typedef struct rl_worker_spec {
     double speed; /* 1 = full speed; 0.25 = four times slower */
     double price; /* dollars per hour */
     int req_prompts; /* async: prompts per request for this worker (0: the run's) */
+    int max_seqs;    /* emulated GPU time: sequences its memory holds at once (0: no limit) */
 } rl_worker_spec;
 
 typedef struct rl_config {
@@ -285,7 +286,19 @@ typedef struct rl_config {
     int (*on_publish)(void *ctx, int version, const sh_buf *img, const sh_buf *delta);
     int (*train_fn)(void *ctx, rl_trainer *tr, const rl_traj *t, int n, rl_step_stats *st);
     void *hook_ctx;
+    /* Emulated GPU time (rl_emu_*; docs/mainjob.md).  step_s > 0: a worker's
+     * decoding step lasts rl_emu_step_s() of its request's sequences
+     * (instead of gen_cost times its CPU time), and the result reports each
+     * worker's emulated busy seconds (gpu_s), counted from the work done, not
+     * from the clock.  seq_cost: the cost of one more concurrent sequence
+     * relative to a one-sequence step. */
+    double step_s, seq_cost;
+    int stop_at_target; /* end the run at the evaluation that reaches target_reward */
+    int target_window;  /* the target counts as reached when the mean of the last
+                         * target_window evaluations (1..RL_TARGET_WINDOW_MAX; 0: 1) is at it */
 } rl_config;
+
+#define RL_TARGET_WINDOW_MAX 16
 
 /* Defaults: code task, async, max lag 2, decoupled loss, bf16 rollouts, 3
  * heterogeneous workers. */
@@ -303,6 +316,14 @@ typedef void (*rl_progress_fn)(const json_t *event, void *ctx);
  * success *result is a new JSON object (caller decrefs) with reward_start,
  * reward_end, wall_s, steps, tokens_per_s, the curve and per-step stats. */
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result);
+
+/* Emulated seconds of one decoding step of `seqs` sequences on worker w
+ * (0 for seqs < 1).  Pure. */
+double rl_emu_step_s(const rl_config *c, const rl_worker_spec *w, int seqs);
+/* Decoding steps of a request: its longest response (len - plen). */
+int rl_emu_steps(const rl_traj *t, int n);
+/* Emulated seconds of the request that produced t[0..n) on worker w. */
+double rl_emu_request_s(const rl_config *c, const rl_worker_spec *w, const rl_traj *t, int n);
 
 /* A remote rollout worker on a connected stream socket fd (the main job):
  * sends HELLO naming `me`, then serves the trainer as a forked worker does

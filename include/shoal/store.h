@@ -163,6 +163,20 @@ typedef struct store_lease {
 /* A tensor of the leased version (valid until the lease is released). */
 int store_lease_tensor(const store_lease *l, const char *name, const ckpt_tensor **out);
 
+/* Where the time of one version's activation went, as wall-clock seconds
+ * (0: the step did not happen, e.g. no chunk for a version read from the
+ * store).  Filled by the replica for the newest activation. */
+typedef struct store_timeline {
+    uint64_t version;
+    double first_chunk; /* the first verified chunk of its payload arrived */
+    double last_chunk;  /* the last one arrived */
+    double received;    /* the whole payload verified and queued */
+    double apply_start; /* the apply thread took it */
+    double built;       /* the full model is built and verified */
+    double durable;     /* its bytes and name are on disk (fsync) */
+    double active;      /* swapped in */
+} store_timeline;
+
 typedef struct store_replica_info {
     uint64_t version;
     double activated_at;  /* wall-clock seconds */
@@ -171,6 +185,7 @@ typedef struct store_replica_info {
     uint64_t fp8_blocks;  /* blocks re-quantised by the last FP8 update */
     char last_error[512];
     bcast_stats push;
+    store_timeline timeline; /* of the newest activation */
 } store_replica_info;
 
 /* Opens DIR (created if missing), restores the last activated version after
@@ -179,7 +194,10 @@ typedef struct store_replica_info {
 int store_replica_open(const store_replica_config *cfg, store_replica **out);
 void store_replica_close(store_replica *r);
 uint64_t store_replica_version(store_replica *r);
-/* Blocks until the active version is >= v; SH_ETIMEDOUT after timeout_s. */
+/* Blocks until an activation of a version >= v is complete: serving it, its
+ * ACTIVE durable, the previous version's files gone (unless leased) and
+ * after_activate run.  (Leases see a new version a moment earlier, at the
+ * swap.)  SH_ETIMEDOUT after timeout_s. */
 int store_replica_wait(store_replica *r, uint64_t v, double timeout_s);
 /* Leases the active model.  min_version / exact_version (0: none) are the
  * request's constraints; one this replica cannot meet now is SH_EAGAIN

@@ -15,6 +15,10 @@
 
 #include "bcast/node.h"
 
+#ifndef BCAST__INFLIGHT_WAIT
+#define BCAST__INFLIGHT_WAIT 0.001
+#endif
+
 typedef struct send_ctx {
     bcast_node *node;
     bcast__peer *peer;
@@ -331,6 +335,7 @@ static ucs_status_t on_nack(void *arg, const void *hdr, size_t hlen, void *data,
     bcast__peer *p = peer_of(n, prm);
     bcast__nack k;
     if (!p || bcast__unpack_nack(hdr, hlen, &k) < 0) return UCS_OK;
+    p->nack_at = sh_now_mono();
     if (p->nresend < BCAST__MAX_RESEND) {
         p->resend_ver[p->nresend] = k.version;
         p->resend_idx[p->nresend++] = k.index;
@@ -373,6 +378,9 @@ static ucs_status_t on_offer(void *arg, const void *hdr, size_t hlen, void *data
     }
     bcast__obj *o = bcast__find(n, of.version);
     if (o && sh_hash128_eq(o->hash, of.hash)) return UCS_OK; /* resuming */
+    /* Part of another payload of this version (a squashed delta where the
+     * chain's delta now comes, after a new parent): start over with this. */
+    if (o && bcast__replace(n, o)) o = NULL;
     if (o || of.version <= n->have) return UCS_OK;           /* stale: keep ours */
     if (bcast__obj_for_offer(&of, data, len, n->spool, &o) < 0) {
         sh_warn("push %s: %s", n->name, sh_errmsg());
@@ -401,6 +409,7 @@ static void chunk_landed(bcast_node *n, uint64_t version, uint32_t i, uint64_t s
         return;
     }
     o->verified[i] = 1;
+    o->ready_at[i] = sh_now_mono();
     o->sums[i] = sum;
     o->summed[i] = 1;
     o->nverified++;
@@ -602,7 +611,6 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
     if (!n->cfg.chunk_size) n->cfg.chunk_size = BCAST_DEFAULT_CHUNK;
     n->have = cfg->have_version;
     n->stats.have_version = n->have;
-    n->tok_t = sh_now_mono();
     parse_corrupt(n);
     int rc = cfg->spool ? sh_mkdir_p(cfg->spool, 0755) : 0;
     if (rc == 0) rc = start_ucx(n);
@@ -618,10 +626,26 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
 
 const char *bcast_node_address(const bcast_node *n) { return n->addr; }
 
+/* The chunk size for an object of `size` bytes: the configured one, cut
+ * down so that the object has at least BCAST__MIN_CHUNKS chunks (in 4 KiB
+ * steps).  Every hop of a tree adds one chunk time, so a small object (a
+ * delta) cut into big chunks would spend most of its time waiting at each
+ * hop for a whole chunk. */
+uint32_t bcast__chunk_for(const bcast_node *n, uint64_t size)
+{
+    uint64_t c = (size + BCAST__MIN_CHUNKS - 1) / BCAST__MIN_CHUNKS;
+    c = (c + 4095) & ~(uint64_t)4095;
+    return c < n->cfg.chunk_size ? (uint32_t)c : n->cfg.chunk_size;
+}
+
 int bcast_node_add_object(bcast_node *n, const char *manifest, const char *path)
 {
     bcast__obj *o;
-    SH_TRY(bcast__obj_from_file(manifest, path, n->cfg.chunk_size, &o));
+    uint64_t version, base, size;
+    int anchor;
+    sh_hash128 h;
+    SH_TRY(bcast__manifest_parse(manifest, &version, &base, &anchor, &size, &h));
+    SH_TRY(bcast__obj_from_file(manifest, path, bcast__chunk_for(n, size), &o));
     if (bcast__find(n, o->version) || o->version <= n->have) {
         uint64_t v = o->version;
         bcast__obj_free(o);
@@ -652,8 +676,8 @@ static void wait_events(bcast_node *n, double until)
     /* While transfers are in flight UCX may need progress calls that the
      * event fd does not announce (a TCP socket turning writable), so the
      * wait is cut to a millisecond then. */
-    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + 0.001)
-        until = sh_now_mono() + 0.001;
+    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + BCAST__INFLIGHT_WAIT)
+        until = sh_now_mono() + BCAST__INFLIGHT_WAIT;
     if (ucp_worker_arm(n->worker) == UCS_ERR_BUSY) return;
     double now = sh_now_mono();
     int ms = until > now ? (int)((until - now) * 1000) + 1 : 0;
@@ -717,10 +741,12 @@ void bcast_node_free(bcast_node *n)
         ucp_worker_destroy(n->worker);
     }
     if (n->ctx) ucp_cleanup(n->ctx);
-    while (n->objs) {
-        bcast__obj *o = n->objs;
-        n->objs = o->next;
-        bcast__obj_free(o);
+    for (bcast__obj **l = &n->objs; l; l = l == &n->objs ? &n->squashes : NULL) {
+        while (*l) {
+            bcast__obj *o = *l;
+            *l = o->next;
+            bcast__obj_free(o);
+        }
     }
     free(n->closing);
     if (n->epfd >= 0) close(n->epfd);

@@ -10,6 +10,7 @@
 
 #define BCAST__MAX_OUTSTANDING 4 /* chunk sends in flight per child */
 #define BCAST__MAX_RESEND 64
+#define BCAST__MIN_CHUNKS 32 /* the root cuts an object into at least this many */
 #define BCAST__STACK 32
 
 typedef struct bcast__peer {
@@ -21,6 +22,8 @@ typedef struct bcast__peer {
     int accepts;
     char name[BCAST__NAME], zone[BCAST__ZONE], addr[BCAST__ADDR];
     uint64_t have; /* the version the child holds once what was posted lands */
+    uint64_t plan_for; /* root: n->have when this child's plan was last asked (0: never) */
+    int squash;        /* that answer: 1 for a squashed delta */
     bcast__obj *cur;
     uint32_t next;
     uint64_t resume_version;
@@ -30,6 +33,7 @@ typedef struct bcast__peer {
     uint32_t resend_idx[BCAST__MAX_RESEND];
     int nresend;
     int outstanding;
+    double offer_at, nack_at; /* monotonic: when this child's object and last NACK came */
     unsigned redirects; /* children this node sent to this one */
     struct bcast__peer *next_peer;
 } bcast__peer;
@@ -52,8 +56,9 @@ struct bcast_node {
     char stack[BCAST__STACK][BCAST__ADDR];
     int nstack, base_idx;
     bcast__obj *objs; /* by increasing version */
+    bcast__obj *squashes; /* root: squashed deltas served to late joiners */
     uint64_t have;    /* newest delivered object */
-    double tokens, tok_t, wake_at;
+    double link_free, wake_at; /* monotonic: the egress link's clock (sched.c) */
     int stop;
     bcast_stats stats;
     void **closing;
@@ -69,9 +74,15 @@ struct bcast_node {
 bcast__obj *bcast__find(struct bcast_node *n, uint64_t version);
 void bcast__insert(struct bcast_node *n, bcast__obj *o);
 void bcast__drop_old(struct bcast_node *n);
+/* Whether a child is being sent o or a receive into it is in flight. */
+int bcast__obj_busy(const bcast__obj *o);
+/* Drops o, an incomplete object nothing uses, so that another payload of
+ * its version can be received (1), or keeps it (0). */
+int bcast__replace(struct bcast_node *n, bcast__obj *o);
 void bcast__deliver(struct bcast_node *n);
 void bcast__pump(struct bcast_node *n, double now);
 bcast__peer *bcast__choose_redirect(struct bcast_node *n, const bcast__peer *p);
+uint32_t bcast__chunk_for(const struct bcast_node *n, uint64_t size);
 /* node.c */
 int bcast__send(struct bcast_node *n, ucp_ep_h ep, bcast__peer *p, unsigned id, const void *hdr,
                 size_t hlen, const void *data, size_t len, void *owned);

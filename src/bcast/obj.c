@@ -48,16 +48,20 @@ static int alloc_state(bcast__obj *o, const char *manifest, size_t mlen)
     o->receiving = calloc(o->nchunks ? o->nchunks : 1, 1);
     o->summed = calloc(o->nchunks ? o->nchunks : 1, 1);
     o->sums = calloc(o->nchunks ? o->nchunks : 1, sizeof *o->sums);
-    if (!o->manifest || !o->verified || !o->receiving || !o->summed || !o->sums) return sh_err(SH_ENOMEM, "push object state");
+    o->ready_at = calloc(o->nchunks ? o->nchunks : 1, sizeof *o->ready_at);
+    if (!o->manifest || !o->verified || !o->receiving || !o->summed || !o->sums || !o->ready_at) return sh_err(SH_ENOMEM, "push object state");
     memcpy(o->manifest, manifest, mlen);
     o->manifest[mlen] = 0;
     return SH_OK;
 }
 
-static int map_file(bcast__obj *o, int writable)
+static int map_file(bcast__obj *o)
 {
     if (o->size == 0) return SH_OK; /* nothing to map; every chunk loop is empty */
-    o->map = mmap(NULL, o->size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, o->fd, 0);
+    /* Populated up front: one batch instead of a page fault per 4 KiB as
+     * chunks land or leave, which costs more than the copy itself (and much
+     * more in a virtual machine, where every fault exits to the host). */
+    o->map = mmap(NULL, o->size, PROT_READ, MAP_SHARED | MAP_POPULATE, o->fd, 0);
     if (o->map == MAP_FAILED) {
         o->map = NULL;
         return sh_err_errno(errno, "mmap %s", o->path);
@@ -65,38 +69,65 @@ static int map_file(bcast__obj *o, int writable)
     return SH_OK;
 }
 
-int bcast__obj_from_file(const char *manifest, const char *path, uint32_t chunk_size,
-                         bcast__obj **out)
+/* Opens and maps the root's payload; `size` is checked unless it is
+ * UINT64_MAX, when it is taken from the file. */
+static int open_payload(bcast__obj *o, const char *path, uint64_t size)
+{
+    snprintf(o->path, sizeof o->path, "%s", path);
+    o->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (o->fd < 0) return sh_err_errno(errno, "open %s", path);
+    struct stat st;
+    if (fstat(o->fd, &st) < 0) return sh_err_errno(errno, "stat %s", path);
+    if (size != UINT64_MAX && (uint64_t)st.st_size != size)
+        return sh_err(SH_EFORMAT, "%s: %lld bytes, but its manifest says %llu", path,
+                      (long long)st.st_size, (unsigned long long)size);
+    o->size = (uint64_t)st.st_size;
+    return map_file(o);
+}
+
+static int root_obj(const char *manifest, const char *path, uint32_t chunk_size, uint64_t squash_base,
+                    bcast__obj **out)
 {
     bcast__obj *o = calloc(1, sizeof *o);
     if (!o) return sh_err(SH_ENOMEM, "push object");
     o->fd = -1;
     int rc = bcast__manifest_parse(manifest, &o->version, &o->base, &o->anchor, &o->size, &o->hash);
+    if (rc == 0 && squash_base) {
+        if (o->anchor || squash_base >= o->version)
+            rc = sh_err(SH_EINVAL, "push: a squashed delta to v%llu cannot start at v%llu",
+                        (unsigned long long)o->version, (unsigned long long)squash_base);
+        o->squash = 1, o->base = squash_base;
+    }
+    if (rc == 0) rc = open_payload(o, path, o->squash ? UINT64_MAX : o->size);
+    if (rc == 0 && o->squash) o->hash = sh_hash128_of(o->map ? o->map : (const uint8_t *)"", o->size);
     if (rc == 0) {
         o->chunk_size = chunk_size;
         o->nchunks = (uint32_t)((o->size + chunk_size - 1) / chunk_size);
-        snprintf(o->path, sizeof o->path, "%s", path);
         rc = alloc_state(o, manifest, strlen(manifest));
     }
-    if (rc == 0) {
-        o->fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (o->fd < 0) rc = sh_err_errno(errno, "open %s", path);
-    }
-    struct stat st;
-    if (rc == 0 && fstat(o->fd, &st) < 0) rc = sh_err_errno(errno, "stat %s", path);
-    if (rc == 0 && (uint64_t)st.st_size != o->size)
-        rc = sh_err(SH_EFORMAT, "%s: %lld bytes, but its manifest says %llu", path,
-                    (long long)st.st_size, (unsigned long long)o->size);
-    if (rc == 0) rc = map_file(o, 0);
     if (rc < 0) {
         bcast__obj_free(o);
         return rc;
     }
     memset(o->verified, 1, o->nchunks);
+    double now = sh_now_mono();
+    for (uint32_t i = 0; i < o->nchunks; i++) o->ready_at[i] = now;
     o->nverified = o->nchunks;
     o->complete = 1;
     *out = o;
     return SH_OK;
+}
+
+int bcast__obj_from_file(const char *manifest, const char *path, uint32_t chunk_size,
+                         bcast__obj **out)
+{
+    return root_obj(manifest, path, chunk_size, 0, out);
+}
+
+int bcast__obj_squash(const char *manifest, const char *path, uint64_t base, uint32_t chunk_size,
+                      bcast__obj **out)
+{
+    return root_obj(manifest, path, chunk_size, base, out);
 }
 
 int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t manifest_len,
@@ -108,7 +139,8 @@ int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t ma
     o->version = of->version;
     o->base = of->base;
     o->size = of->size;
-    o->anchor = of->flags & 1;
+    o->anchor = (of->flags & BCAST__OFFER_ANCHOR) != 0;
+    o->squash = (of->flags & BCAST__OFFER_SQUASH) != 0;
     o->hash = of->hash;
     o->chunk_size = of->chunk_size;
     o->nchunks = of->nchunks;
@@ -117,18 +149,8 @@ int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t ma
     if (rc == 0 && snprintf(o->path, sizeof o->path, "%s/v%llu.part", spool,
                             (unsigned long long)o->version) >= (int)sizeof o->path)
         rc = sh_err(SH_ERANGE, "spool path too long: %s", spool);
-    if (rc == 0) {
-        o->fd = open(o->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (o->fd < 0) rc = sh_err_errno(errno, "create %s", o->path);
-    }
-    /* fallocate reserves the blocks now, so that a full disk is reported
-     * here rather than as SIGBUS when a chunk lands in the mapping. */
-    if (rc == 0 && o->size > 0) {
-        int e = posix_fallocate(o->fd, 0, (off_t)o->size);
-        if (e == EOPNOTSUPP || e == EINVAL) e = ftruncate(o->fd, (off_t)o->size) < 0 ? errno : 0;
-        if (e) rc = sh_err_errno(e, "reserve %llu bytes for %s", (unsigned long long)o->size, o->path);
-    }
-    if (rc == 0) rc = map_file(o, 1);
+    /* Every chunk lands in this mapping: populated writable up front. */
+    if (rc == 0) rc = sh_map_rw(o->path, o->size, 1, &o->map, &o->fd);
     if (rc < 0) {
         bcast__obj_free(o);
         return rc;
@@ -148,6 +170,7 @@ void bcast__obj_free(bcast__obj *o)
     free(o->receiving);
     free(o->summed);
     free(o->sums);
+    free(o->ready_at);
     free(o);
 }
 

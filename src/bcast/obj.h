@@ -15,6 +15,7 @@
 typedef struct bcast__obj {
     uint64_t version, base, size;
     int anchor;
+    int squash;     /* a squashed delta from `base`; its size and hash are the file's */
     sh_hash128 hash;
     uint32_t chunk_size, nchunks;
     char *manifest; /* NUL-terminated manifest.json text */
@@ -26,6 +27,7 @@ typedef struct bcast__obj {
     uint8_t *receiving; /* one byte per chunk: a receive is in flight */
     uint64_t *sums;     /* per-chunk xxh3-64, valid where verified (root: lazily) */
     uint8_t *summed;    /* root: sums[i] computed */
+    double *ready_at;   /* monotonic time chunk i was verified here (root: added) */
     uint32_t nverified;
     int complete;   /* every chunk verified and the whole-file hash checked */
     int delivered;  /* on_object was called */
@@ -42,6 +44,11 @@ int bcast__manifest_parse(const char *text, uint64_t *version, uint64_t *base, i
  * after checking the file's size (not its hash: the store verified it). */
 int bcast__obj_from_file(const char *manifest, const char *path, uint32_t chunk_size,
                          bcast__obj **out);
+/* The root's squashed delta from `base` to the manifest's version at `path`:
+ * its size and hash come from the file (hashed here), the rest from the
+ * target version's manifest. */
+int bcast__obj_squash(const char *manifest, const char *path, uint64_t base, uint32_t chunk_size,
+                      bcast__obj **out);
 /* A receiver's object: creates <spool>/v<version>.part of the offered size. */
 int bcast__obj_for_offer(const bcast__offer *o, const char *manifest, size_t manifest_len,
                          const char *spool, bcast__obj **out);

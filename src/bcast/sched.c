@@ -7,6 +7,7 @@
  * which is what pipelines a tree. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bcast/node.h"
 
@@ -33,18 +34,42 @@ static uint64_t newest_delivered_anchor(const bcast_node *n)
     return a;
 }
 
+int bcast__obj_busy(const bcast__obj *o)
+{
+    int busy = o->refs > 0;
+    for (uint32_t i = 0; !busy && i < o->nchunks; i++) busy = o->receiving[i];
+    return busy;
+}
+
+int bcast__replace(bcast_node *n, bcast__obj *o)
+{
+    if (o->complete || bcast__obj_busy(o)) return 0;
+    for (bcast__obj **pp = &n->objs; *pp; pp = &(*pp)->next) {
+        if (*pp != o) continue;
+        *pp = o->next;
+        bcast__obj_free(o);
+        return 1;
+    }
+    return 0;
+}
+
 /* Objects older than the newest delivered anchor serve no plan any more:
  * whoever holds less than that anchor needs the anchor itself.  Objects still
  * being sent to a child stay until that child moves on. */
 void bcast__drop_old(bcast_node *n)
 {
+    /* Root: a squashed delta to an older version than the newest helps no
+     * one once no child is being sent it. */
+    for (bcast__obj **sp = &n->squashes; *sp;) {
+        bcast__obj *o = *sp;
+        if (o->version < n->have && o->refs == 0) *sp = o->next, bcast__obj_free(o);
+        else sp = &o->next;
+    }
     uint64_t a = newest_delivered_anchor(n);
     bcast__obj **pp = &n->objs;
     while (*pp) {
         bcast__obj *o = *pp;
-        int busy = o->refs > 0;
-        for (uint32_t i = 0; !busy && i < o->nchunks; i++) busy = o->receiving[i];
-        if (o->version < a && !busy) {
+        if (o->version < a && !bcast__obj_busy(o)) {
             *pp = o->next;
             bcast__obj_free(o);
         } else {
@@ -66,45 +91,87 @@ void bcast__deliver(bcast_node *n)
         sh_info("push %s: v%llu complete (%s, %llu bytes)", n->name, (unsigned long long)o->version,
                 o->anchor ? "anchor" : "delta", (unsigned long long)o->size);
         if (n->cfg.on_object) {
-            bcast_object_info info = {o->version, o->base, o->anchor, o->size, o->path, o->manifest};
+            bcast_object_info info = {o->version, o->base, o->anchor, o->squash, o->size, o->path,
+                                      o->manifest};
             n->cfg.on_object(n->cfg.arg, &info);
         }
     }
     bcast__drop_old(n);
 }
 
+/* Root: the object for the squashed delta at `path` from `from` to the
+ * newest version (kept for other children at `from`). */
+static bcast__obj *squash_obj(bcast_node *n, uint64_t from, const char *path)
+{
+    bcast__obj *last = bcast__find(n, n->have), *o;
+    struct stat st;
+    if (!last || stat(path, &st) < 0 ||
+        bcast__obj_squash(last->manifest, path, from, bcast__chunk_for(n, (uint64_t)st.st_size), &o) < 0) {
+        sh_warn("push %s: cannot serve the squashed delta %s: %s", n->name, path, sh_errmsg());
+        return NULL;
+    }
+    o->next = n->squashes;
+    n->squashes = o;
+    return o;
+}
+
+/* Root: asks the squash callback once per child and newest version whether
+ * a child two or more versions behind (at or after the anchor) should get
+ * a squashed delta.  NULL: the chain. */
+static bcast__obj *planned(bcast_node *n, bcast__peer *p)
+{
+    if (!n->cfg.squash || n->cfg.nparents > 0 || n->have < p->have + 2) return NULL;
+    for (bcast__obj *o = n->squashes; o; o = o->next)
+        if (o->base == p->have && o->version == n->have) return o;
+    if (p->plan_for == n->have) return NULL; /* asked: the chain */
+    char path[4096];
+    p->plan_for = n->have;
+    p->squash = n->cfg.squash(n->cfg.arg, p->have, n->have, path, sizeof path);
+    sh_info("push %s: child %s from v%llu to v%llu: %s", n->name, p->name, (unsigned long long)p->have,
+            (unsigned long long)n->have, p->squash ? "a squashed delta" : "the chain of deltas");
+    return p->squash ? squash_obj(n, p->have, path) : NULL;
+}
+
 /* The next object on this child's plan, or NULL when it has everything this
- * node has (or is ahead of it). */
-static bcast__obj *next_obj(bcast_node *n, const bcast__peer *p)
+ * node can give it.  A child behind this node's newest anchor gets the
+ * anchor.  Otherwise (or when this node holds no anchor: a replica that
+ * restarted on a version and since received only deltas) the root may
+ * send a squashed delta when that is fewer bytes than the chain; else the
+ * child gets the first object that is
+ * a delta on its version: the next of the chain, or a squashed delta this
+ * node received from its version. */
+static bcast__obj *next_obj(bcast_node *n, bcast__peer *p)
 {
     bcast__obj *anchor = NULL;
     for (bcast__obj *o = n->objs; o; o = o->next)
         if (o->anchor) anchor = o;
-    if (!anchor) return NULL;
-    if (p->have >= anchor->version) {
-        bcast__obj *o = bcast__find(n, p->have + 1);
-        return o && !o->anchor && o->base == p->have ? o : (o && o->anchor ? o : NULL);
-    }
-    return anchor;
+    if (anchor && p->have < anchor->version) return anchor;
+    bcast__obj *o = planned(n, p);
+    if (o) return o;
+    for (o = n->objs; o; o = o->next)
+        if (o->version > p->have && !o->anchor && o->base == p->have) return o;
+    return NULL;
 }
 
-/* A token bucket: a chunk leaves only once the link has had the time to
- * carry it, so each hop adds one chunk time, as store-and-forward over a
- * real link would. */
-static int rate_ok(bcast_node *n, uint32_t len, double now)
+/* The link: a FIFO drained at egress_bps, one per node (a NIC shared by its
+ * children).  A chunk that became ready at `ready` starts on the link when
+ * the link is free and it is ready, and is handed to UCX once the link has
+ * had the time to carry it: each hop adds one chunk time, as store-and-
+ * forward over a real link would.  The link's clock runs on scheduled
+ * times, not on when this process got the CPU, so a node the scheduler held
+ * back for a moment then sends what a NIC would have carried meanwhile
+ * instead of losing that link time for good (a real NIC drains its queue
+ * while the host is busy); the average rate never exceeds the link's. */
+static int rate_ok(bcast_node *n, uint32_t len, double ready, double now)
 {
     if (n->cfg.egress_bps <= 0) return 1;
-    n->tokens += (now - n->tok_t) * n->cfg.egress_bps;
-    n->tok_t = now;
-    /* At most two chunks of credit: enough to catch up after the loop was
-     * descheduled, too little to burst past the link's rate. */
-    if (n->tokens > 2.0 * len) n->tokens = 2.0 * len;
-    if (n->tokens >= len) {
-        n->tokens -= len;
+    double start = ready > n->link_free ? ready : n->link_free;
+    double done = start + len / n->cfg.egress_bps;
+    if (done <= now) {
+        n->link_free = done;
         return 1;
     }
-    double at = now + (len - n->tokens) / n->cfg.egress_bps;
-    if (n->wake_at == 0 || at < n->wake_at) n->wake_at = at;
+    if (n->wake_at == 0 || done < n->wake_at) n->wake_at = done;
     return 0;
 }
 
@@ -142,8 +209,9 @@ static void send_chunk(bcast_node *n, bcast__peer *p, bcast__obj *o, uint32_t i)
 
 static void send_offer(bcast_node *n, bcast__peer *p, bcast__obj *o)
 {
+    uint32_t flags = (o->anchor ? BCAST__OFFER_ANCHOR : 0) | (o->squash ? BCAST__OFFER_SQUASH : 0);
     bcast__offer of = {o->version, o->base, o->size, o->hash, o->chunk_size, o->nchunks,
-                       (uint32_t)o->anchor, (uint32_t)strlen(o->manifest)};
+                       flags, (uint32_t)strlen(o->manifest)};
     uint8_t hdr[BCAST__OFFER_LEN];
     bcast__pack_offer(&of, hdr);
     bcast__send(n, p->ep, p, BCAST__AM_OFFER, hdr, sizeof hdr, o->manifest, of.manifest_len, NULL);
@@ -157,7 +225,7 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
         bcast__obj *o = bcast__find(n, p->resend_ver[0]);
         uint32_t i = p->resend_idx[0];
         if (o && i < o->nchunks && o->verified[i]) {
-            if (!rate_ok(n, bcast__obj_chunk_len(o, i), now)) return 0;
+            if (!rate_ok(n, bcast__obj_chunk_len(o, i), p->nack_at, now)) return 0;
             send_chunk(n, p, o, i);
         }
         p->nresend--;
@@ -175,6 +243,7 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
             p->resume_next <= o->nchunks)
             p->next = p->resume_next;
         send_offer(n, p, o);
+        p->offer_at = now;
         return 1;
     }
     bcast__obj *o = p->cur;
@@ -185,7 +254,8 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
         return 1;
     }
     if (!o->verified[p->next]) return 0;
-    if (!rate_ok(n, bcast__obj_chunk_len(o, p->next), now)) return 0;
+    double ready = o->ready_at[p->next] > p->offer_at ? o->ready_at[p->next] : p->offer_at;
+    if (!rate_ok(n, bcast__obj_chunk_len(o, p->next), ready, now)) return 0;
     send_chunk(n, p, o, p->next++);
     return 1;
 }

@@ -109,6 +109,9 @@ int bcast__unpack_offer(const void *buf, size_t len, bcast__offer *o)
     o->flags = get32(p + 48);
     o->manifest_len = get32(p + 52);
     if (o->version == 0) return sh_err(SH_EFORMAT, "push OFFER: version 0");
+    if ((o->flags & BCAST__OFFER_SQUASH) && ((o->flags & BCAST__OFFER_ANCHOR) || o->base >= o->version))
+        return sh_err(SH_EFORMAT, "push OFFER v%llu: a squashed delta needs a base below it, not %llu",
+                      (unsigned long long)o->version, (unsigned long long)o->base);
     if (o->chunk_size == 0) return sh_err(SH_EFORMAT, "push OFFER v%llu: chunk size 0",
                                           (unsigned long long)o->version);
     uint64_t want = (o->size + o->chunk_size - 1) / o->chunk_size;

@@ -23,6 +23,10 @@ enum {
 #define BCAST__ZONE 32
 #define BCAST__ADDR 64
 
+/* OFFER flags */
+#define BCAST__OFFER_ANCHOR 1u
+#define BCAST__OFFER_SQUASH 2u /* a squashed delta from `base` (< version - 1 allowed) */
+
 #define BCAST__HELLO_LEN 224
 #define BCAST__REDIRECT_LEN 64
 #define BCAST__OFFER_LEN 56
@@ -49,7 +53,7 @@ typedef struct bcast__offer {
     sh_hash128 hash;
     uint32_t chunk_size;
     uint32_t nchunks;
-    uint32_t flags; /* bit 0: anchor */
+    uint32_t flags; /* BCAST__OFFER_* */
     uint32_t manifest_len;
 } bcast__offer;
 

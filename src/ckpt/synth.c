@@ -97,17 +97,22 @@ static uint64_t ckpt__seed(uint64_t seed, uint64_t tensor, uint64_t chunk)
 typedef int (*ckpt__fill_fn)(void *ctx, size_t t, uint64_t chunk, uint64_t first, size_t n,
                              uint16_t *out);
 
-static int ckpt__fill_all(ckpt_writer *w, ckpt__fill_fn fill, void *ctx)
+/* Fills every tensor of w chunk by chunk; pg (optional) advances in bytes. */
+static int ckpt__fill_all(ckpt_writer *w, ckpt__fill_fn fill, void *ctx, sh_progress *pg)
 {
     uint16_t *buf = malloc(CKPT_CHUNK);
     if (!buf) return sh_err(SH_ENOMEM, "out of memory");
     int rc = SH_OK;
+    uint64_t done = 0;
+    if (pg && !pg->total)
+        for (size_t i = 0; i < ckpt_writer_count(w); i++) pg->total += ckpt_writer_tensor(w, i)->nbytes;
     for (size_t i = 0; i < ckpt_writer_count(w) && rc == SH_OK; i++) {
         const ckpt_tensor *t = ckpt_writer_tensor(w, i);
         for (uint64_t off = 0, k = 0; off < t->nbytes && rc == SH_OK; off += CKPT_CHUNK, k++) {
             size_t nb = t->nbytes - off < CKPT_CHUNK ? (size_t)(t->nbytes - off) : CKPT_CHUNK;
             rc = fill(ctx, i, k, off / 2, nb / 2, buf);
             if (rc == SH_OK) rc = ckpt_writer_put(w, i, off, buf, nb);
+            if (pg) sh_progress_update(pg, done += nb);
         }
     }
     free(buf);
@@ -129,7 +134,7 @@ static int ckpt__synth_fill(void *arg, size_t t, uint64_t chunk, uint64_t first,
     return SH_OK;
 }
 
-int ckpt_synth(const char *path, uint64_t params, uint64_t seed)
+int ckpt_synth_progress(const char *path, uint64_t params, uint64_t seed, sh_progress *pg)
 {
     ckpt__cfg cfg;
     ckpt__config(params, &cfg);
@@ -160,13 +165,18 @@ int ckpt_synth(const char *path, uint64_t params, uint64_t seed)
             for (size_t k = 0; k < n; k++)
                 if (!strcmp(spec[k].name, ckpt_writer_tensor(w, i)->name)) ord[i] = spec[k];
         ckpt__synth_ctx ctx = {ord, seed};
-        rc = ord ? ckpt__fill_all(w, ckpt__synth_fill, &ctx) : sh_err(SH_ENOMEM, "out of memory");
+        rc = ord ? ckpt__fill_all(w, ckpt__synth_fill, &ctx, pg) : sh_err(SH_ENOMEM, "out of memory");
         free(ord);
         if (rc == SH_OK) rc = ckpt_writer_commit(w);
         else ckpt_writer_abort(w);
     }
     free(spec);
     return rc;
+}
+
+int ckpt_synth(const char *path, uint64_t params, uint64_t seed)
+{
+    return ckpt_synth_progress(path, params, seed, NULL);
 }
 
 typedef struct {
@@ -214,7 +224,8 @@ static int ckpt__step_fill(void *arg, size_t t, uint64_t chunk, uint64_t first, 
     return SH_OK;
 }
 
-int ckpt_step(const char *in, const char *out, double lr, uint64_t steps, uint64_t seed)
+int ckpt_step_progress(const char *in, const char *out, double lr, uint64_t steps, uint64_t seed,
+                       sh_progress *pg)
 {
     ckpt *c;
     SH_TRY(ckpt_open(in, &c));
@@ -230,10 +241,15 @@ int ckpt_step(const char *in, const char *out, double lr, uint64_t steps, uint64
     if (rc == SH_OK) rc = ckpt_writer_open_raw(out, c->files[0].map, c->files[0].header_len, &w);
     if (rc == SH_OK) {
         ckpt__step_ctx ctx = {c, w, lr, steps, seed};
-        rc = ckpt__fill_all(w, ckpt__step_fill, &ctx);
+        rc = ckpt__fill_all(w, ckpt__step_fill, &ctx, pg);
         if (rc == SH_OK) rc = ckpt_writer_commit(w);
         else ckpt_writer_abort(w);
     }
     ckpt_close(c);
     return rc;
+}
+
+int ckpt_step(const char *in, const char *out, double lr, uint64_t steps, uint64_t seed)
+{
+    return ckpt_step_progress(in, out, lr, steps, seed, NULL);
 }

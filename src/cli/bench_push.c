@@ -20,15 +20,22 @@ static const char usage_text[] =
     "                        [--payload full|delta] [--params P] [--chunk SIZE]\n"
     "                        [--fanout F] [--lr LR] [--json]\n\n"
     "Publishes version 1 of a synthetic checkpoint of P parameters (default 25M,\n"
-    "bf16), starts `shoal push serve` and N `shoal replica` processes, waits until\n"
-    "all hold it, then publishes version 2 (one Adam step of LR later, default\n"
-    "3e-6: about 3% of the weights change; a full anchor or\n"
-    "a delta) and times until every replica has activated it.  Every node's\n"
-    "sending is limited to G Gb/s (default 1) by a sender-side token bucket, not\n"
-    "by network namespaces.  tree: replicas forward to each other, fan-out F\n"
+    "bf16), seeds N replica directories with it from the store, starts `shoal push\n"
+    "serve` and N `shoal replica` processes on them and waits until all serve it.\n"
+    "Then it publishes the next version (one Adam step of LR later, default 3e-6:\n"
+    "about 3% of the weights change), a full anchor or a delta, and times until\n"
+    "every replica has activated it.  With --payload delta the replicas first\n"
+    "take one delta untimed (their steady state between a trainer's steps); the\n"
+    "timed delta is the second.  Every node's sending is limited to G Gb/s\n"
+    "(default 1) by a sender-side link model (docs/push-protocol.md), not by\n"
+    "network namespaces.  tree: replicas forward to each other, fan-out F\n"
     "(default 1, a pipelined chain); star: every replica attaches to the root;\n"
     "store: every replica polls the store and reads it directly (a shared file\n"
     "system here: no link limit applies, only the 20 ms polling).\n"
+    "--json adds `breakdown`: per replica, seconds from the publish to its first\n"
+    "and last chunk, payload verified, apply start, model built and verified,\n"
+    "active (swapped in) and durable (ACTIVE written), with min/median/max; and\n"
+    "`cpu_s`, the CPU the nodes used meanwhile.\n"
     "The same measurement with one replica is the baseline; with --payload delta\n"
     "the full payload is measured too.  Defaults: N 16, chunk 1MiB.\n";
 
@@ -40,10 +47,65 @@ typedef struct bopt {
     double lr;
 } bopt;
 
+#define NSTEPS 7
+static const char *const step_names[NSTEPS] = {"first_chunk", "last_chunk", "received", "apply_start",
+                                               "built", "active", "durable"};
+
 typedef struct result {
     double converge_s, publish_s, pause_ms_max;
+    double cpu_user_s, cpu_sys_s; /* the nodes' CPU from the publish to convergence */
     uint64_t bytes_sent, payload_bytes, model_bytes;
+    /* Per replica, seconds from the publish to each step of its timeline
+     * (docs: store_timeline); -1 where the step did not happen. */
+    double (*steps)[NSTEPS];
+    int n;
 } result;
+
+/* Reads a replica's timeline of version v relative to t0. */
+static void read_steps(json_t *j, uint64_t v, double t0, double out[NSTEPS])
+{
+    json_t *tl = json_object_get(j, "timeline");
+    int ok = tl && (uint64_t)json_integer_value(json_object_get(tl, "version")) == v;
+    for (int k = 0; k < NSTEPS; k++) {
+        char key[32];
+        snprintf(key, sizeof key, "%s_us", step_names[k]);
+        double at = ok ? (double)json_integer_value(json_object_get(tl, key)) * 1e-6 : 0;
+        out[k] = at > 0 ? at - t0 : -1;
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* {step: {min, median, max}} over the replicas that reached each step, and
+ * every replica's timeline (by replica index). */
+static json_t *breakdown_json(const result *r)
+{
+    json_t *b = json_object();
+    double *col = calloc((size_t)r->n + 1, sizeof *col);
+    for (int k = 0; col && k < NSTEPS; k++) {
+        int m = 0;
+        for (int i = 0; i < r->n; i++)
+            if (r->steps[i][k] >= 0) col[m++] = r->steps[i][k];
+        if (!m) continue;
+        qsort(col, (size_t)m, sizeof *col, cmp_double);
+        json_object_set_new(b, step_names[k], json_pack("{s:f,s:f,s:f}", "min", col[0], "median",
+                                                          col[m / 2], "max", col[m - 1]));
+    }
+    free(col);
+    json_t *each = json_array();
+    for (int i = 0; i < r->n; i++) {
+        json_t *e = json_object();
+        for (int k = 0; k < NSTEPS; k++)
+            if (r->steps[i][k] >= 0) json_object_set_new(e, step_names[k], json_real(r->steps[i][k]));
+        json_array_append_new(each, e);
+    }
+    json_object_set_new(b, "replicas", each);
+    return b;
+}
 
 static pid_t spawn(char *const argv[], const char *out_path, const char *err_path)
 {
@@ -101,11 +163,57 @@ static int wait_all(char dirs[][4096], int n, uint64_t v, double timeout, double
     return SH_OK;
 }
 
+/* CPU seconds (user, system) a process has used so far, from /proc. */
+static void cpu_of(pid_t pid, double *user, double *sys)
+{
+    char p[64], text[4096];
+    snprintf(p, sizeof p, "/proc/%ld/stat", (long)pid);
+    *user = *sys = 0;
+    FILE *f = fopen(p, "r");
+    size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[len] = 0;
+    /* Fields 14 and 15 (utime, stime in clock ticks), after the ")" that
+     * ends the command name. */
+    const char *q = strrchr(text, ')');
+    unsigned long long ut = 0, st = 0;
+    if (q && sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2) {
+        double hz = (double)sysconf(_SC_CLK_TCK);
+        *user = (double)ut / hz, *sys = (double)st / hz;
+    }
+}
+
+/* CPU the replicas (and the root) used, summed. */
+static void cpu_all(pid_t root, const pid_t *reps, int n, double *user, double *sys)
+{
+    double u, s;
+    cpu_of(root, user, sys);
+    for (int i = 0; i < n; i++) cpu_of(reps[i], &u, &s), *user += u, *sys += s;
+}
+
 static void stop(pid_t pid)
 {
     if (pid <= 0) return;
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
+}
+
+/* Every replica starts holding version 1, as after a restart: its
+ * directory is filled from the store by `shoal replica --store --until 1`,
+ * so that only version 2 crosses the links. */
+static int seed(char dirs[][4096], int n, const char *store_dir)
+{
+    for (int i = 0; i < n; i++) {
+        char log[4200];
+        snprintf(log, sizeof log, "%s.seed.log", dirs[i]);
+        char *argv[] = {"shoal", "replica", "--dir", dirs[i], "--store", (char *)store_dir, "--until", "1",
+                        "--seconds", "120", NULL};
+        pid_t pid = spawn(argv, "/dev/null", log);
+        int st = 0;
+        if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            return sh_err(SH_EIO, "bench push: seeding %s with version 1 failed (see %s)", dirs[i], log);
+    }
+    return SH_OK;
 }
 
 static int start_root(const bopt *o, const char *dir, const char *store_dir, int n, char *addr, size_t cap, pid_t *pid)
@@ -134,7 +242,12 @@ static int start_root(const bopt *o, const char *dir, const char *store_dir, int
     return sh_err(SH_ETIMEDOUT, "bench push: the root did not start (see %s)", log);
 }
 
-static int measure(const bopt *o, const char *base, int n, int delta, const char *v1, const char *v2, result *r)
+/* ck: three checkpoints.  Replicas start on version 1 (ck[0]); with a delta
+ * payload they first take version 2 (ck[1], a delta, not timed), so that
+ * the timed delta finds them in their steady state (a model image in
+ * memory, a previous model file to recycle), as between a trainer's steps.
+ * The timed version is the next one. */
+static int measure(const bopt *o, const char *base, int n, int delta, char ck[][4200], result *r)
 {
     static int seq;
     char dir[4096], store_dir[4200];
@@ -145,7 +258,8 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
     uint64_t v;
     store_publish_opts po = {delta ? 8 : 1};
     SH_TRY(store_open(store_dir, NULL, 1, &s));
-    int rc = store_publish(s, v1, &po, &v);
+    int rc = store_publish(s, ck[0], &po, &v);
+    uint64_t warm = delta ? 2 : 1, mv = warm + 1;
     char addr[256];
     pid_t root = 0, *reps = calloc((size_t)n, sizeof *reps);
     char(*dirs)[4096] = calloc((size_t)n, sizeof *dirs);
@@ -156,9 +270,10 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
     snprintf(gbps, sizeof gbps, "%g", o->gbps);
     snprintf(fanout, sizeof fanout, "%d", o->fanout);
     int star = !strcmp(o->topology, "star");
+    for (int i = 0; i < n; i++) snprintf(dirs[i], sizeof dirs[i], "%s/rep%02d", dir, i);
+    if (rc == 0) rc = seed(dirs, n, store_dir);
     for (int i = 0; rc == 0 && i < n; i++) {
         char out[4200], err[4200], stats[4200];
-        snprintf(dirs[i], sizeof dirs[i], "%s/rep%02d", dir, i);
         snprintf(out, sizeof out, "%s.json", dirs[i]);
         snprintf(err, sizeof err, "%s.log", dirs[i]);
         snprintf(stats, sizeof stats, "%s.stats", dirs[i]);
@@ -171,7 +286,9 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
     }
     double at;
     if (rc == 0) rc = wait_all(dirs, n, 1, 300, &at);
-    /* Bytes received while warming up, from the stats written at v1. */
+    if (rc == 0 && warm == 2) rc = store_publish(s, ck[1], &po, &v);
+    if (rc == 0 && warm == 2) rc = wait_all(dirs, n, 2, 300, &at);
+    /* Bytes received while warming up, from the stats written then. */
     uint64_t before = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         char p[4200];
@@ -179,21 +296,30 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
         json_t *j = NULL;
         double end = sh_now_mono() + 10;
         while (sh_now_mono() < end) {
-            if (read_json(p, &j) == 0 && jget_i(j, "version") >= 1) break;
+            if (read_json(p, &j) == 0 && (uint64_t)jget_i(j, "version") >= warm) break;
             if (j) json_decref(j), j = NULL;
             sh_sleep(0.01);
         }
         if (j) before += (uint64_t)jget_i(j, "bytes_received"), json_decref(j);
     }
+    /* Idle between versions, as replicas are between a trainer's publishes:
+     * each loads its model image once its tree is quiet. */
+    sh_sleep(1.0);
+    double u0, s0, u1, s1;
+    cpu_all(root, reps, n, &u0, &s0);
     double t0 = sh_now_wall();
-    if (rc == 0) rc = store_publish(s, v2, &po, &v);
+    if (rc == 0) rc = store_publish(s, ck[warm], &po, &v);
     double t1 = sh_now_wall();
-    if (rc == 0) rc = wait_all(dirs, n, 2, 300, &at);
+    if (rc == 0) rc = wait_all(dirs, n, mv, 300, &at);
+    cpu_all(root, reps, n, &u1, &s1);
+    r->cpu_user_s = u1 - u0, r->cpu_sys_s = s1 - s0;
     r->publish_s = t1 - t0;
     r->converge_s = at - t1;
     store_version m;
-    if (rc == 0 && store_get(s, 2, &m, NULL) == 0) r->payload_bytes = m.size, r->model_bytes = m.model_size;
+    if (rc == 0 && store_get(s, mv, &m, NULL) == 0) r->payload_bytes = m.size, r->model_bytes = m.model_size;
     uint64_t after = 0;
+    r->steps = calloc((size_t)n, sizeof *r->steps);
+    r->n = r->steps ? n : 0;
     for (int i = 0; i < n; i++) {
         stop(reps[i]);
         char p[4200];
@@ -204,6 +330,7 @@ static int measure(const bopt *o, const char *base, int n, int delta, const char
             sh_json_get_num(j, "pause_ms_max", 0, p, &pause);
             if (pause > r->pause_ms_max) r->pause_ms_max = pause;
             after += (uint64_t)jget_i(j, "bytes_received");
+            if (r->steps) read_steps(j, mv, t1, r->steps[i]);
             json_decref(j);
         }
     }
@@ -256,8 +383,9 @@ static int parse(int argc, char **argv, bopt *o)
 
 static json_t *result_json(const result *r)
 {
-    return json_pack("{s:f,s:f,s:I,s:f}", "converge_s", r->converge_s, "publish_s", r->publish_s,
-                     "bytes_sent", (json_int_t)r->bytes_sent, "pause_ms_max", r->pause_ms_max);
+    return json_pack("{s:f,s:f,s:I,s:f,s:f,s:f,s:o}", "converge_s", r->converge_s, "publish_s",
+                     r->publish_s, "bytes_sent", (json_int_t)r->bytes_sent, "pause_ms_max", r->pause_ms_max,
+                     "cpu_user_s", r->cpu_user_s, "cpu_sys_s", r->cpu_sys_s, "breakdown", breakdown_json(r));
 }
 
 int cli_bench_push(int argc, char **argv)
@@ -273,23 +401,24 @@ int cli_bench_push(int argc, char **argv)
      * what the bench measures. */
     char base[] = "/dev/shm/shoal-bench-push.XXXXXX";
     if (!mkdtemp(base)) return cli_fail("bench push", sh_err_errno(errno, "mkdtemp"));
-    char v1[4200], v2[4200];
-    snprintf(v1, sizeof v1, "%s/v1.safetensors", base);
-    snprintf(v2, sizeof v2, "%s/v2.safetensors", base);
-    rc = ckpt_synth(v1, o.params, 1);
-    if (rc == 0) rc = ckpt_step(v1, v2, o.lr, 1, 2);
+    char ck[3][4200];
+    for (int i = 0; i < 3; i++) snprintf(ck[i], sizeof ck[i], "%s/v%d.safetensors", base, i + 1);
+    rc = ckpt_synth(ck[0], o.params, 1);
     int delta = !strcmp(o.payload, "delta");
+    /* A third version only for the timed delta after an untimed one. */
+    for (int i = 1; rc == 0 && i < 2 + delta; i++) rc = ckpt_step(ck[i - 1], ck[i], o.lr, 1, 1 + (uint64_t)i);
     int runs = 2 + delta;
     sh_progress pg;
     sh_progress_start(&pg, "bench push", (uint64_t)runs, "runs");
     result one = {0}, many = {0}, full = {0};
-    if (rc == 0) rc = measure(&o, base, 1, delta, v1, v2, &one);
+    if (rc == 0) rc = measure(&o, base, 1, delta, ck, &one);
     sh_progress_update(&pg, 1);
-    if (rc == 0) rc = measure(&o, base, o.replicas, delta, v1, v2, &many);
+    if (rc == 0) rc = measure(&o, base, o.replicas, delta, ck, &many);
     sh_progress_update(&pg, 2);
-    if (rc == 0 && delta) rc = measure(&o, base, o.replicas, 0, v1, v2, &full);
+    if (rc == 0 && delta) rc = measure(&o, base, o.replicas, 0, ck, &full);
     sh_progress_finish(&pg);
     if (rc < 0) {
+        free(one.steps), free(many.steps), free(full.steps);
         fprintf(stderr, "shoal bench push: files kept in %s\n", base);
         return cli_fail("bench push", rc);
     }
@@ -299,7 +428,7 @@ int cli_bench_push(int argc, char **argv)
         json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",
                               o.replicas, "topology", o.topology, "payload", o.payload, "link_gbps", o.gbps,
                               "fanout", strcmp(o.topology, "star") ? o.fanout : o.replicas, "chunk",
-                              (json_int_t)o.chunk, "limiter", strcmp(o.topology, "store") ? "sender-side token bucket per node (no netns/tc)"
+                              (json_int_t)o.chunk, "limiter", strcmp(o.topology, "store") ? "sender-side link model per node (no netns/tc)"
                                                        : "none: replicas read the store's files directly",
                               "model_bytes", (json_int_t)many.model_bytes, "payload_bytes",
                               (json_int_t)many.payload_bytes, "bytes_sent", (json_int_t)many.bytes_sent,
@@ -307,6 +436,8 @@ int cli_bench_push(int argc, char **argv)
                               many.pause_ms_max > one.pause_ms_max ? many.pause_ms_max : one.pause_ms_max,
                               "publish_s", many.publish_s, "one_replica", result_json(&one),
                               "ratio_vs_one", ratio);
+        json_object_set_new(j, "breakdown", breakdown_json(&many));
+        json_object_set_new(j, "cpu_s", json_pack("{s:f,s:f}", "user", many.cpu_user_s, "sys", many.cpu_sys_s));
         if (delta) {
             json_object_set_new(j, "full", result_json(&full));
             json_object_set_new(j, "full_over_delta",
@@ -314,8 +445,9 @@ int cli_bench_push(int argc, char **argv)
         }
         sh_json_print(j);
         json_decref(j);
-        return 0;
     }
+    free(one.steps), free(many.steps), free(full.steps);
+    if (o.json) return 0;
     char mb[32], pb[32];
     printf("push %s, %s payload %s of a %s model, links %g Gb/s (sender-side limiter)\n", o.topology,
            o.payload, sh_fmt_bytes((double)many.payload_bytes, pb, sizeof pb), sh_fmt_bytes((double)many.model_bytes, mb, sizeof mb),

@@ -18,5 +18,8 @@
 int cli_fail(const char *cmd, int rc);
 /* Prints "shoal <cmd>: <formatted>" and a hint to run --help; returns 2. */
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Ends a progress bar: drawn full when rc is SH_OK; otherwise only its line
+ * is ended, so that the error message that follows starts a line. */
+void cli_progress_end(sh_progress *pg, int rc);
 
 #endif

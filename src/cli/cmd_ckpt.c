@@ -135,14 +135,20 @@ int cli_cmd_ckpt(int argc, char **argv)
         if (!o.has_params || !o.out || o.npos)
             return cli_usage("ckpt", "synth needs --params N and -o OUT");
         if (o.params < 1000) return cli_usage("ckpt", "--params must be at least 1000");
-        rc = ckpt_synth(o.out, o.params, o.seed);
+        sh_progress pg;
+        sh_progress_start(&pg, "ckpt synth", 0, "B");
+        rc = ckpt_synth_progress(o.out, o.params, o.seed, &pg);
+        cli_progress_end(&pg, rc);
         return rc < 0 ? cli_fail("ckpt synth", rc) : 0;
     }
     if (!strcmp(sub, "step")) {
         if (o.npos != 1 || !o.has_lr || !o.out)
             return cli_usage("ckpt", "step needs IN, --lr LR and -o OUT");
         if (!(o.lr > 0 && o.lr < 1)) return cli_usage("ckpt", "--lr must be in (0, 1)");
-        rc = ckpt_step(o.pos[0], o.out, o.lr, o.steps, o.seed);
+        sh_progress pg;
+        sh_progress_start(&pg, "ckpt step", 0, "B");
+        rc = ckpt_step_progress(o.pos[0], o.out, o.lr, o.steps, o.seed, &pg);
+        cli_progress_end(&pg, rc);
         return rc < 0 ? cli_fail("ckpt step", rc) : 0;
     }
     return cli_usage("ckpt", "unknown subcommand \"%s\" (synth, step, inspect)", sub);

@@ -108,6 +108,24 @@ static int offer_new(bcast_node *n, store *s, uint64_t *have, uint64_t latest)
     return rc;
 }
 
+/* The root's answer for a late joiner at `from`: a squashed delta to `to`
+ * when the store's plan says it is the fewest bytes.  It is made (and kept
+ * in the store's squash cache) the first time a child needs it. */
+static int squash_plan(void *arg, uint64_t from, uint64_t to, char *path, size_t cap)
+{
+    store *s = arg;
+    store_plan *p = malloc(sizeof *p);
+    int rc = p ? store_plan_make(s, from, to, p) : sh_err(SH_ENOMEM, "plan");
+    if (rc == 0 && p->kind == STORE_PLAN_CHAIN && store_squash_path(s, from, to, path, cap) == 0 &&
+        !sh_path_exists(path) && store_squash(s, from, to, NULL) == 0)
+        rc = store_plan_make(s, from, to, p);
+    int use = rc == 0 && p->kind == STORE_PLAN_SQUASH && store_squash_path(s, from, to, path, cap) == 0;
+    if (rc < 0) fprintf(stderr, "shoal push serve: plan v%llu -> v%llu: %s\n", (unsigned long long)from,
+                        (unsigned long long)to, sh_errmsg());
+    free(p);
+    return use;
+}
+
 static int serve(opts *o)
 {
     if (!o->store) return cli_usage("push", "serve needs --store STORE");
@@ -118,6 +136,8 @@ static int serve(opts *o)
     bcast_node *n;
     o->cfg.accept_children = 1;
     if (!o->cfg.name) o->cfg.name = "root";
+    o->cfg.squash = squash_plan;
+    o->cfg.arg = s;
     if ((rc = bcast_node_new(&o->cfg, &n)) < 0) {
         store_close(s);
         return cli_fail("push serve", rc);

@@ -46,13 +46,16 @@ int cli_cmd_quant(int argc, char **argv)
         } else if (a[0] != '-' && !in) in = a;
         else return cli_usage("quant", "unexpected argument \"%s\"", a);
     }
-    delta_opts o = {.threads = threads};
+    sh_progress pg;
+    delta_opts o = {.threads = threads, .progress = &pg};
     double t0 = sh_now_mono();
     if (upd) {
         if (in || !from || !dlt)
             return cli_usage("quant", "--update FP8CKPT needs --from NEW_BF16 and --delta DELTA");
         uint64_t blocks = 0;
+        sh_progress_start(&pg, "quant fp8 --update", 0, "B");
         int rc = delta_quant_fp8_update(upd, from, dlt, out, keep, &o, &blocks);
+        cli_progress_end(&pg, rc);
         if (rc < 0) return cli_fail("quant fp8", rc);
         if (json) {
             json_t *j = json_pack("{s:I,s:f}", "blocks_requantised", (json_int_t)blocks, "seconds",
@@ -66,6 +69,8 @@ int cli_cmd_quant(int argc, char **argv)
         return 0;
     }
     if (!in || !out) return cli_usage("quant", "fp8 needs IN and -o OUT");
+    sh_progress_start(&pg, "quant fp8", 0, "B");
     int rc = delta_quant_fp8(in, out, keep, &o);
+    cli_progress_end(&pg, rc);
     return rc < 0 ? cli_fail("quant fp8", rc) : 0;
 }

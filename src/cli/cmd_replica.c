@@ -48,14 +48,23 @@ static json_t *info_json(const store_replica_info *info)
         size_t k = strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%S", &tm);
         snprintf(iso + k, sizeof iso - k, ".%06ldZ", (long)((info->activated_at - (double)secs) * 1e6));
     }
-    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I}", "version", (json_int_t)info->version,
+    /* Microseconds since the epoch: a double printed as JSON keeps too few
+     * digits for steps a millisecond apart. */
+    const store_timeline *t = &info->timeline;
+    const double at[] = {t->first_chunk, t->last_chunk, t->received, t->apply_start, t->built, t->active, t->durable};
+    const char *names[] = {"first_chunk_us", "last_chunk_us", "received_us", "apply_start_us", "built_us",
+                           "active_us", "durable_us"};
+    json_t *tl = json_pack("{s:I}", "version", (json_int_t)t->version);
+    for (size_t k = 0; k < sizeof at / sizeof *at; k++)
+        json_object_set_new(tl, names[k], json_integer((json_int_t)(at[k] * 1e6)));
+    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:o}", "version", (json_int_t)info->version,
                      "activated_at", iso, "activated_at_us", (json_int_t)(info->activated_at * 1e6),
                      "pause_ms_max", info->pause_max_ms, "activations", (json_int_t)info->activations,
                      "failures", (json_int_t)info->failures, "bytes_received",
                      (json_int_t)info->push.bytes_received, "chunks_corrupt",
                      (json_int_t)info->push.chunks_corrupt, "reattaches", (json_int_t)info->push.reattaches,
                      "redirects", (json_int_t)info->push.redirects, "last_error", info->last_error,
-                     "fp8_blocks_requantised", (json_int_t)info->fp8_blocks);
+                     "fp8_blocks_requantised", (json_int_t)info->fp8_blocks, "timeline", tl);
 }
 
 static void after(void *arg, uint64_t v, double at)

@@ -54,6 +54,12 @@ int cli_usage(const char *cmd, const char *fmt, ...)
     return CLI_USAGE;
 }
 
+void cli_progress_end(sh_progress *pg, int rc)
+{
+    if (rc == SH_OK) sh_progress_finish(pg);
+    else if (pg->enabled && pg->done) fputc('\n', stderr);
+}
+
 static void list(FILE *f, const struct cli_entry *t, const char *prefix)
 {
     for (const struct cli_entry *e = t; e->name; e++)

@@ -159,32 +159,51 @@ static void series_from(json_t *events, const char *kind, const char *xkey, cons
     s->n = (int)k;
 }
 
+/* "L4:1 L40S:3 A100:4": prompts per request per GPU type. */
+static void per_type(sh_buf *b, const json_t *p)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)json_object_get(p, "per_type"), k, v)
+        sh_buf_printf(b, "%s: %lld prompts, %lld at once<br>", k,
+                      (long long)json_integer_value(json_object_get(v, "request_prompts")),
+                      (long long)json_integer_value(json_object_get(v, "concurrency")));
+}
+
 static void fleet_cost_table(sh_buf *b, const json_t *fc)
 {
     if (!fc) {
         sh_buf_printf(b, "<p>The fleet-cost experiment did not run (<code>SHOAL_RUN_FLEET_COST=0</code>).</p>\n");
         return;
     }
-    sh_buf_printf(b, "<h2>Fleet cost: the same training on three rollout pools</h2>\n"
-                     "<p><code>build/shoal rl fleet-cost --json</code>: %s</p>\n<table><tr><th>pool</th><th>workers</th>"
-                     "<th>rollout $/h</th><th>wall s</th><th>reward end</th><th>accepted trajectories</th>"
-                     "<th>rollout cost $</th><th>$ per 1k accepted</th><th>total cost $ (with trainer)</th></tr>\n",
+    sh_buf_printf(b, "<h2>Fleet cost: the same training to the same reward on three rollout pools</h2>\n"
+                     "<p><code>build/shoal rl fleet-cost --json</code>: %s.  Billing in emulated GPU seconds "
+                     "counted from the work done (docs/mainjob.md); means over seeds, min..max in brackets.</p>\n"
+                     "<table><tr><th>pool</th><th>workers</th><th>per type</th><th>rollout $/h</th>"
+                     "<th>reached</th><th>steps</th><th>reward end</th><th>accepted traj</th><th>emulated s</th>"
+                     "<th>rollout cost $</th><th>$ per 1k accepted</th><th>total $ (with trainer)</th></tr>\n",
                   json_string_value(json_object_get(fc, "setup")) ?: "");
     const char *names[] = {"uniform", "mixed", "tuned"};
+    double v[3];
     for (int i = 0; i < 3; i++) {
-        json_t *p = json_object_get(fc, names[i]);
+        json_t *p = json_object_get(fc, names[i]), *sp = json_object_get(json_object_get(p, "spread"), "cost");
+        v[i] = num(p, "cost");
         if (!p) continue;
-        sh_buf_printf(b, "<tr><td>%s</td><td>%s</td><td>%.2f</td><td>%.1f</td><td>%.3f</td><td>%lld</td>"
-                         "<td>%.4f</td><td>%.4f</td><td>%.4f</td></tr>\n",
-                      names[i], json_string_value(json_object_get(p, "workers")) ?: "", num(p, "rollout_per_h"),
-                      num(p, "wall_s"), num(p, "reward_end"),
-                      (long long)json_integer_value(json_object_get(p, "trajectories")), num(p, "cost"),
-                      num(p, "cost_per_1k_trajectories"), num(p, "total_cost"));
+        sh_buf_printf(b, "<tr><td>%s</td><td>%s</td><td>", names[i], json_string_value(json_object_get(p, "workers")) ?: "");
+        per_type(b, p);
+        sh_buf_printf(b, "</td><td>%.2f</td><td>%lld/%lld</td><td>%.1f</td><td>%.3f</td><td>%.0f</td><td>%.1f</td>"
+                         "<td>%.4f (%.4f..%.4f)</td><td>%.4f</td><td>%.4f</td></tr>\n",
+                      num(p, "rollout_per_h"), (long long)json_integer_value(json_object_get(p, "reached")),
+                      (long long)json_integer_value(json_object_get(fc, "seeds")), num(p, "steps"),
+                      num(p, "reward_end"), num(p, "trajectories"), num(p, "emulated_s"), v[i], num(sp, "min"),
+                      num(sp, "max"), num(p, "cost_per_1k_trajectories"), num(p, "total_cost"));
     }
     sh_buf_printf(b, "</table><p>mixed saving (1 &minus; mixed/uniform rollout cost): <b>%.1f%%</b>; "
-                     "tuned saving: <b>%.1f%%</b>; on total cost (trainer included): %.1f%% and %.1f%%.</p>\n",
-                  100 * num(fc, "mixed_saving"), 100 * num(fc, "tuned_saving"),
+                     "tuned saving: <b>%.1f%%</b>; tuned against mixed: <b>%.1f%%</b>; on total cost (trainer "
+                     "included): %.1f%% and %.1f%%.</p>\n",
+                  100 * num(fc, "mixed_saving"), 100 * num(fc, "tuned_saving"), 100 * num(fc, "tuned_vs_mixed"),
                   100 * num(fc, "mixed_saving_total"), 100 * num(fc, "tuned_saving_total"));
+    bars(b, "Fleet cost: rollout cost to the target reward, mean over seeds", "$", names, v, 3);
 }
 
 static void summary(sh_buf *b, const run_data *d)

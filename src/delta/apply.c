@@ -71,12 +71,7 @@ static int delta__apply_item(void *arg, size_t i, delta__scratch *s)
                                    a->verify_base ? &it->base_dig : NULL, &it->dig, NULL, what));
     }
     if (!a->sink.direct) SH_TRY(a->sink.put(a->sink.ctx, t->file, ti, off, s->tmp, n));
-    if (a->o && a->o->progress) {
-        pthread_mutex_lock(&a->mu);
-        a->done += n;
-        sh_progress_update(a->o->progress, a->done);
-        pthread_mutex_unlock(&a->mu);
-    }
+    delta__progress(a->o, &a->mu, &a->done, n);
     return SH_OK;
 }
 

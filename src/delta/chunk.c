@@ -120,42 +120,65 @@ DELTA__HOT uint64_t delta__diff(const uint8_t *o, const uint8_t *n, unsigned w, 
     return (b - a) & delta__mask(w);
 }
 
-/* Records the differing units of a 16-byte block at unit index base; the mask
- * has one bit per differing byte.  Returns 0 when the sparse list is full. */
+/* The changes found so far.  The scan works on a local copy: stores to pos
+ * and d could alias anything reached through the scratch, and would force
+ * k and the pointers back to memory at every change. */
+typedef struct {
+    uint32_t *pos;
+    uint64_t *d;
+    size_t k, cap;
+    size_t pf_end; /* the chunk's end: the next piece is prefetched below it */
+} delta__found;
+
+/* While the scan works on the block at byte i, the block one piece ahead
+ * is fetched from memory: the next piece's hashing then reads from cache,
+ * and the scan's arithmetic overlaps the memory traffic instead of waiting
+ * for it.  (Make is otherwise hash-from-memory, then compute, in turns.) */
+#define DELTA__PREFETCH_NEXT(f, o, n, i)                                                           \
+    do {                                                                                           \
+        if ((i) + DELTA__PIECE < (f)->pf_end) {                                                   \
+            __builtin_prefetch((o) + (i) + DELTA__PIECE, 0, 2);                                    \
+            __builtin_prefetch((n) + (i) + DELTA__PIECE, 0, 2);                                    \
+        }                                                                                          \
+    } while (0)
+
 /* Records the differing units of a 64-byte block at unit index base; the
  * mask has one bit per differing byte.  Returns 0 when the list is full. */
-DELTA__HOT int delta__record(delta__scratch *s, size_t *k, uint64_t m, size_t base,
-                             const uint8_t *o, const uint8_t *n, unsigned w, int is_float)
+DELTA__HOT int delta__record(delta__found *f, uint64_t m, size_t base, const uint8_t *o,
+                             const uint8_t *n, unsigned w, int is_float)
 {
     uint64_t um = (1ull << w) - 1;
     while (m) {
         unsigned ui = (unsigned)__builtin_ctzll(m) / w;
-        if (*k == s->cap) return 0;
-        s->pos[*k] = (uint32_t)(base + ui);
-        s->d[*k] = delta__diff(o + ui * w, n + ui * w, w, is_float);
-        (*k)++;
+        if (f->k == f->cap) return 0;
+        f->pos[f->k] = (uint32_t)(base + ui);
+        f->d[f->k] = delta__diff(o + ui * w, n + ui * w, w, is_float);
+        f->k++;
         m &= ~(um << (ui * w));
     }
     return 1;
 }
 
 /* The tail of a range, below 64 bytes, byte by byte. */
-DELTA__HOT int delta__scan_tail(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
-                                size_t end, unsigned w, int is_float, size_t *k)
+DELTA__HOT int delta__scan_tail(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i,
+                                size_t end, unsigned w, int is_float)
 {
     uint64_t m = 0;
     for (size_t b = 0; b < end - i; b++) m |= (uint64_t)(o[i + b] != n[i + b]) << b;
-    return !m || delta__record(s, k, m, i / w, o + i, n + i, w, is_float);
+    return !m || delta__record(f, m, i / w, o + i, n + i, w, is_float);
 }
 
-/* Finds the changed units of bytes [i, end) into s->pos/s->d after the *k
- * already there; returns 0 when more than s->cap units changed.  Most
+/* Finds the changed units of bytes [i, end) into f after the f->k already
+ * there; returns 0 when more than f->cap units changed.  Most
  * 64-byte blocks are unchanged and cost two or four compares. */
-DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
-                           size_t end, unsigned w, int is_float, size_t *k)
+DELTA__HOT int delta__scan(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i,
+                           size_t end, unsigned w, int is_float)
 {
+    delta__found l = *f; /* kept in registers */
+    int ok = 1;
 #ifdef __SSE2__
     for (; i + 64 <= end; i += 64) {
+        DELTA__PREFETCH_NEXT(&l, o, n, i);
         __m128i e0 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i)),
                                     _mm_loadu_si128((const __m128i *)(n + i)));
         __m128i e1 = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(o + i + 16)),
@@ -170,12 +193,13 @@ DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n
                      (uint64_t)(uint16_t)_mm_movemask_epi8(e1) << 16 |
                      (uint64_t)(uint16_t)_mm_movemask_epi8(e2) << 32 |
                      (uint64_t)(uint16_t)_mm_movemask_epi8(e3) << 48;
-        if (!delta__record(s, k, ~m, i / w, o + i, n + i, w, is_float)) return 0;
+        if (!(ok = delta__record(&l, ~m, i / w, o + i, n + i, w, is_float))) break;
     }
 #endif
-    for (; i + 64 <= end; i += 64)
-        if (!delta__scan_tail(s, o, n, i, i + 64, w, is_float, k)) return 0;
-    return i == end || delta__scan_tail(s, o, n, i, end, w, is_float, k);
+    for (; ok && i + 64 <= end; i += 64) ok = delta__scan_tail(&l, o, n, i, i + 64, w, is_float);
+    if (ok && i < end) ok = delta__scan_tail(&l, o, n, i, end, w, is_float);
+    f->k = l.k;
+    return ok;
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -184,10 +208,13 @@ DELTA__HOT int delta__scan(delta__scratch *s, const uint8_t *o, const uint8_t *n
 /* The same with 32-byte compares, for CPUs that have AVX2 (checked at run
  * time; the output is identical). */
 __attribute__((target("avx2"))) static inline __attribute__((always_inline)) int
-delta__scan_avx2(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i, size_t end,
-                 unsigned w, int is_float, size_t *k)
+delta__scan_avx2(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i, size_t end,
+                 unsigned w, int is_float)
 {
+    delta__found l = *f; /* kept in registers */
+    int ok = 1;
     for (; i + 64 <= end; i += 64) {
+        DELTA__PREFETCH_NEXT(&l, o, n, i);
         __m256i e0 = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(o + i)),
                                        _mm256_loadu_si256((const __m256i *)(n + i)));
         __m256i e1 = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(o + i + 32)),
@@ -195,33 +222,25 @@ delta__scan_avx2(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i
         uint64_t m = (uint64_t)(uint32_t)_mm256_movemask_epi8(e0) |
                      (uint64_t)(uint32_t)_mm256_movemask_epi8(e1) << 32;
         if (m == ~0ull) continue;
-        if (!delta__record(s, k, ~m, i / w, o + i, n + i, w, is_float)) return 0;
+        if (!(ok = delta__record(&l, ~m, i / w, o + i, n + i, w, is_float))) break;
     }
-    return i == end || delta__scan_tail(s, o, n, i, end, w, is_float, k);
+    if (ok && i < end) ok = delta__scan_tail(&l, o, n, i, end, w, is_float);
+    f->k = l.k;
+    return ok;
 }
 
-__attribute__((target("avx2"))) static int delta__scan_w_avx2(delta__scratch *s, const uint8_t *o,
+__attribute__((target("avx2"))) static int delta__scan_w_avx2(delta__found *f, const uint8_t *o,
                                                              const uint8_t *n, size_t i,
-                                                             size_t end, unsigned w, int is_float,
-                                                             size_t *k)
+                                                             size_t end, unsigned w, int is_float)
 {
-#define DELTA__SCAN(W, F) return delta__scan_avx2(s, o, n, i, end, W, F, k)
-    switch (w * 2 + !!is_float) {
-    case 2: DELTA__SCAN(1, 0);
-    case 3: DELTA__SCAN(1, 1);
-    case 4: DELTA__SCAN(2, 0);
-    case 5: DELTA__SCAN(2, 1);
-    case 8: DELTA__SCAN(4, 0);
-    case 9: DELTA__SCAN(4, 1);
-    case 16: DELTA__SCAN(8, 0);
-    default: DELTA__SCAN(8, 1);
-    }
+#define DELTA__SCAN(W, F) return delta__scan_avx2(f, o, n, i, end, W, F)
+    DELTA__BY_UNIT(w, is_float, DELTA__SCAN)
 #undef DELTA__SCAN
 }
 #endif
 
-static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
-                         size_t end, unsigned w, int is_float, size_t *k)
+static int delta__scan_in(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i,
+                          size_t end, unsigned w, int is_float)
 {
 #ifdef DELTA__HAVE_AVX2
     static int avx2 = -1; /* every thread computes the same value */
@@ -231,27 +250,28 @@ static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, 
         a = __builtin_cpu_supports("avx2") ? 1 : 0;
         __atomic_store_n(&avx2, a, __ATOMIC_RELAXED);
     }
-    if (a) return delta__scan_w_avx2(s, o, n, i, end, w, is_float, k);
+    if (a) return delta__scan_w_avx2(f, o, n, i, end, w, is_float);
 #endif
-#define DELTA__SCAN(W, F) return delta__scan(s, o, n, i, end, W, F, k)
-    switch (w * 2 + !!is_float) {
-    case 2: DELTA__SCAN(1, 0);
-    case 3: DELTA__SCAN(1, 1);
-    case 4: DELTA__SCAN(2, 0);
-    case 5: DELTA__SCAN(2, 1);
-    case 8: DELTA__SCAN(4, 0);
-    case 9: DELTA__SCAN(4, 1);
-    case 16: DELTA__SCAN(8, 0);
-    default: DELTA__SCAN(8, 1);
-    }
+#define DELTA__SCAN(W, F) return delta__scan(f, o, n, i, end, W, F)
+    DELTA__BY_UNIT(w, is_float, DELTA__SCAN)
 #undef DELTA__SCAN
+}
+
+/* The scan of bytes [i, end) with the changes kept in s->pos/s->d (*k of
+ * them so far, at most s->cap). */
+static int delta__scan_w(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t i,
+                         size_t end, size_t chunk_end, unsigned w, int is_float, size_t *k)
+{
+    delta__found f = {s->pos, s->d, *k, s->cap, chunk_end};
+    int ok = delta__scan_in(&f, o, n, i, end, w, is_float);
+    *k = f.k;
+    return ok;
 }
 
 /* Scans a chunk in cache-sized pieces, hashing both sides of each piece
  * while it is in cache (the digests are needed anyway, and reading the
  * chunk once from memory is what bounds the speed).  Returns the number of
  * changes, or limit + 1 when there are more. */
-#define DELTA__PIECE (64u << 10)
 static size_t delta__scan_hash(delta__scratch *s, const uint8_t *o, const uint8_t *n,
                                size_t nbytes, unsigned w, int is_float, size_t limit,
                                sh_hash128 *odig, sh_hash128 *ndig)
@@ -266,7 +286,7 @@ static size_t delta__scan_hash(delta__scratch *s, const uint8_t *o, const uint8_
         size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
         XXH3_128bits_update(ho, o + i, end - i);
         XXH3_128bits_update(hn, n + i, end - i);
-        if (!full && !delta__scan_w(s, o, n, i, end, w, is_float, &k)) full = 1;
+        if (!full && !delta__scan_w(s, o, n, i, end, nbytes, w, is_float, &k)) full = 1;
     }
     XXH128_hash_t a = XXH3_128bits_digest(ho), b = XXH3_128bits_digest(hn);
     *odig = (sh_hash128){a.low64, a.high64};
@@ -304,10 +324,10 @@ static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size
         uint64_t gap = s->pos[i] - (i ? s->pos[i - 1] + 1 : 0);
         unsigned g = delta__sym(gap, &nb, &ex);
         cg[g]++;
-        if (nb) delta__bw_put_fast(&bw, ex, nb);
+        delta__bw_put_fast(&bw, ex, nb); /* nb may be 0: cheaper than a branch */
         unsigned v = delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex);
         cv[v]++;
-        if (nb) delta__bw_put_fast(&bw, ex, nb);
+        delta__bw_put_fast(&bw, ex, nb);
         sym[2 * i] = (uint8_t)g, sym[2 * i + 1] = (uint8_t)v;
     }
     delta__bw_flush(&bw);

@@ -198,10 +198,44 @@ int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_
     const delta__dtable *tg = d->g, *tv = d->v;
     delta__br br = d->br;
     uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax, pair = d->sym / 2;
-    int rc = SH_OK;
+    int rc = SH_OK, narrow = zmax <= 0xffffffffu; /* units of at most 4 bytes */
+    /* Two pairs a turn, branch-free, while the streams have room for them
+     * (4 symbols renormalise with at most 8 bytes and refill the extra bits
+     * at most 4 times): states 0-1 then 2-3, so the chains overlap. */
+    while (narrow && !(pair & 1) && k + 2 <= max && left >= 2 && end - p >= 8 &&
+           br.end - br.p >= 32) {
+        uint64_t g0, v0, g1, v1;
+        DELTA__FAST_SYM(x0, tg, g0);
+        DELTA__FAST_SYM(x1, tv, v0);
+        DELTA__FAST_SYM(x2, tg, g1);
+        DELTA__FAST_SYM(x3, tv, v1);
+        if (g0 >= n - next || g1 >= n - next - g0 - 1) {
+            rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
+            goto out;
+        }
+        if (v0 - 1 >= zmax || v1 - 1 >= zmax) {
+            rc = sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
+                        (unsigned long long)(v0 - 1 >= zmax ? v0 : v1));
+            goto out;
+        }
+        pos[k] = (uint32_t)(next + g0);
+        z[k] = v0;
+        next += g0 + 1;
+        pos[k + 1] = (uint32_t)(next + g1);
+        z[k + 1] = v1;
+        next += g1 + 1;
+        k += 2, left -= 2, pair += 2;
+    }
     for (; k < max && left; k++, left--, pair++) {
         uint64_t g, v;
-        if (pair & 1) {
+        int fast = narrow && end - p >= 4 && br.end - br.p >= 8;
+        if (fast && (pair & 1)) {
+            DELTA__FAST_SYM(x2, tg, g);
+            DELTA__FAST_SYM(x3, tv, v);
+        } else if (fast) {
+            DELTA__FAST_SYM(x0, tg, g);
+            DELTA__FAST_SYM(x1, tv, v);
+        } else if (pair & 1) {
             DELTA__SYM(x2, tg, g);
             DELTA__SYM(x3, tv, v);
         } else {
@@ -271,101 +305,13 @@ static size_t delta__patch_w(uint8_t *out, const uint32_t *pos, const uint64_t *
                              size_t bn, uint64_t lim, unsigned w, int is_float, uint32_t u0)
 {
 #define DELTA__RUN(W, F) return delta__patch_run(out, pos, z, bi, bn, lim, W, F, u0)
-    switch (w * 2 + !!is_float) {
-    case 2: DELTA__RUN(1, 0);
-    case 3: DELTA__RUN(1, 1);
-    case 4: DELTA__RUN(2, 0);
-    case 5: DELTA__RUN(2, 1);
-    case 8: DELTA__RUN(4, 0);
-    case 9: DELTA__RUN(4, 1);
-    case 16: DELTA__RUN(8, 0);
-    default: DELTA__RUN(8, 1);
-    }
-#undef DELTA__RUN
-}
-
-/* Decodes the sparse changes below unit lim straight into piece (which
- * holds units from u0 on); a change at or beyond lim waits in d->pend for
- * the next piece.  No intermediate arrays: decoding is latency-bound. */
-static inline __attribute__((always_inline)) int
-delta__sparse_patch(delta__dec *d, uint8_t *piece, uint64_t u0, uint64_t lim, unsigned w,
-                    int is_float)
-{
-    if (d->has_pend) {
-        if (d->pend_pos >= lim) return SH_OK;
-        delta__patch1(piece, (uint32_t)(d->pend_pos - u0), d->pend_z, w, is_float);
-        d->has_pend = 0;
-    }
-    uint32_t x0 = d->x[0], x1 = d->x[1], x2 = d->x[2], x3 = d->x[3];
-    const uint8_t *p = d->p, *end = d->end;
-    const delta__dtable *tg = d->g, *tv = d->v;
-    delta__br br = d->br;
-    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax, pair = d->sym / 2;
-    int rc = SH_OK;
-    while (left) {
-        uint64_t g, v;
-        /* Pairs alternate between states (0, 1) and (2, 3): consecutive
-         * pairs do not wait for each other. */
-        int fast = w <= 4 && end - p >= 4 && br.end - br.p >= 8;
-        if (fast && (pair & 1)) {
-            DELTA__FAST_SYM(x2, tg, g);
-            DELTA__FAST_SYM(x3, tv, v);
-        } else if (fast) {
-            DELTA__FAST_SYM(x0, tg, g);
-            DELTA__FAST_SYM(x1, tv, v);
-        } else if (pair & 1) {
-            DELTA__SYM(x2, tg, g);
-            DELTA__SYM(x3, tv, v);
-        } else {
-            DELTA__SYM(x0, tg, g);
-            DELTA__SYM(x1, tv, v);
-        }
-        pair++;
-        if (g >= n - next) {
-            rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
-            goto out;
-        }
-        if (v > zmax || v == 0) {
-            rc = sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
-                        (unsigned long long)v);
-            goto out;
-        }
-        uint64_t pos = next + g;
-        next = pos + 1;
-        left--;
-        if (pos >= lim) {
-            d->has_pend = 1, d->pend_pos = pos, d->pend_z = v;
-            break;
-        }
-        delta__patch1(piece, (uint32_t)(pos - u0), v, w, is_float);
-    }
-out:
-    d->x[0] = x0, d->x[1] = x1, d->x[2] = x2, d->x[3] = x3;
-    d->p = p, d->br = br, d->next = next, d->left = left, d->sym = 2 * pair;
-    return rc;
-}
-
-static int delta__sparse_patch_w(delta__dec *d, uint8_t *piece, uint64_t u0, uint64_t lim,
-                                 unsigned w, int is_float)
-{
-#define DELTA__RUN(W, F) return delta__sparse_patch(d, piece, u0, lim, W, F)
-    switch (w * 2 + !!is_float) {
-    case 2: DELTA__RUN(1, 0);
-    case 3: DELTA__RUN(1, 1);
-    case 4: DELTA__RUN(2, 0);
-    case 5: DELTA__RUN(2, 1);
-    case 8: DELTA__RUN(4, 0);
-    case 9: DELTA__RUN(4, 1);
-    case 16: DELTA__RUN(8, 0);
-    default: DELTA__RUN(8, 1);
-    }
+    DELTA__BY_UNIT(w, is_float, DELTA__RUN)
 #undef DELTA__RUN
 }
 
 /* Copies the base chunk to out and patches it in cache-sized pieces,
  * hashing each piece of the base and of the result while it is in cache:
  * apply then reads the base once and writes the target once. */
-#define DELTA__PIECE (64u << 10)
 int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, const uint8_t *base, uint8_t *out,
                         size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, uint64_t *applied,
@@ -377,14 +323,13 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     delta__dec d;
     int more = enc != DELTA__SAME;
     if (more) SH_TRY(delta__dec_open(&d, enc, payload, len, nbytes / w, w, s, what));
-    uint64_t k0 = more ? d.left : 0;
     if (applied) *applied = 0;
     XXH3_state_t *hb = s->ho, *ho = s->hn;
     int hash_base = bdig != NULL, hash_out = enc != DELTA__SAME || !hash_base;
     XXH3_128bits_reset(hb);
     XXH3_128bits_reset(ho);
-    uint32_t pos[512];
-    uint64_t z[512];
+    uint32_t pos[DELTA__BATCH];
+    uint64_t z[DELTA__BATCH];
     size_t bi = 0, bn = 0;
     for (size_t i = 0; i < nbytes; i += DELTA__PIECE) {
         size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
@@ -392,22 +337,18 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
         if (out != base) memcpy(piece, base + i, end - i); /* else in place */
         if (hash_base) XXH3_128bits_update(hb, piece, end - i);
         uint64_t lim = end / w;
-        if (enc == DELTA__SPARSE) {
-            int rc = delta__sparse_patch_w(&d, piece, i / w, lim, w, is_float);
-            if (applied) *applied = k0 - d.left - (uint64_t)d.has_pend;
-            SH_TRY(rc);
-            more = 0;
-        }
-        while (more && enc == DELTA__DENSE) {
+        while (more) {
             if (bi == bn) {
-                SH_TRY(delta__dec_next(&d, pos, z, 512, &bn));
+                SH_TRY(delta__dec_next(&d, pos, z, DELTA__BATCH, &bn));
                 bi = 0;
                 if (!bn) {
                     more = 0;
                     break;
                 }
             }
+            size_t b0 = bi;
             bi = delta__patch_w(piece, pos, z, bi, bn, lim, w, is_float, (uint32_t)(i / w));
+            if (applied) *applied += bi - b0;
             if (bi < bn) break;
         }
         if (hash_out) XXH3_128bits_update(ho, piece, end - i);
@@ -426,11 +367,11 @@ static int delta__patch(delta__scratch *s, int enc, const uint8_t *payload, size
 {
     delta__dec d;
     SH_TRY(delta__dec_open(&d, enc, payload, len, nbytes / w, w, s, what));
-    uint32_t pos[512];
-    uint64_t z[512], k = 0;
+    uint32_t pos[DELTA__BATCH];
+    uint64_t z[DELTA__BATCH], k = 0;
     size_t got;
     do {
-        SH_TRY(delta__dec_next(&d, pos, z, 512, &got));
+        SH_TRY(delta__dec_next(&d, pos, z, DELTA__BATCH, &got));
         delta__patch_w(out, pos, z, 0, got, UINT64_MAX, w, is_float, 0);
         for (size_t i = 0; i < got; i++) k += z[i] != 0;
     } while (got);

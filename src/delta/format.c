@@ -31,22 +31,24 @@ static void delta__put_u64(uint8_t *p, uint64_t v)
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-int delta__write_container(const json_t *manifest, const sh_buf *payload, sh_buf *out)
+int delta__write_container(const json_t *manifest, const delta__seg *seg, size_t nseg,
+                           sh_buf *out)
 {
     char *m = json_dumps(manifest, JSON_COMPACT);
     if (!m) return sh_err(SH_ENOMEM, "cannot serialise the delta manifest");
-    size_t ml = strlen(m);
+    size_t ml = strlen(m), plen = 0;
+    for (size_t i = 0; i < nseg; i++) plen += seg[i].len;
     uint8_t head[24];
     memcpy(head, DELTA__MAGIC, 8);
     head[8] = DELTA_VERSION, head[9] = head[10] = head[11] = 0;
     memset(head + 12, 0, 4);
     delta__put_u64(head + 16, ml);
     sh_buf b = {0};
-    int rc = sh_buf_reserve(&b, 24 + ml + payload->len + 16);
+    int rc = sh_buf_reserve(&b, 24 + ml + plen + 16 + 1);
     if (rc == SH_OK) {
         sh_buf_append(&b, head, 24);
         sh_buf_append(&b, m, ml);
-        sh_buf_append(&b, payload->data, payload->len);
+        for (size_t i = 0; i < nseg; i++) sh_buf_append(&b, seg[i].p, seg[i].len);
         sh_hash128 h = sh_hash128_of(b.data, b.len);
         ckpt_digest_write(&b, h);
         *out = b;

@@ -7,6 +7,7 @@
 #ifndef SHOAL_DELTA_INTERNAL_H
 #define SHOAL_DELTA_INTERNAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -62,18 +63,16 @@ typedef struct {
 
 /* ---- Symbols and tables ------------------------------------------------ */
 
-/* v -> symbol (returned) and extra bits (*nbits of *extra). */
+/* v -> symbol (returned) and extra bits (*nbits of *extra).  Branch-free:
+ * whether a gap is below 16 is common and unpredictable. */
 static inline unsigned delta__sym(uint64_t v, unsigned *nbits, uint64_t *extra)
 {
-    if (v < 16) {
-        *nbits = 0;
-        *extra = 0;
-        return (unsigned)v;
-    }
-    unsigned e = 63u - (unsigned)__builtin_clzll(v);
-    *nbits = e - 2;
-    *extra = v & ((1ull << (e - 2)) - 1);
-    return 16 + 4 * (e - 4) + (unsigned)((v >> (e - 2)) & 3);
+    unsigned e = 63u - (unsigned)__builtin_clzll(v | 16), big = v >= 16;
+    unsigned nb = big ? e - 2 : 0;
+    unsigned s = 16 + 4 * (e - 4) + (unsigned)((v >> (e - 2)) & 3);
+    *nbits = nb;
+    *extra = v & ((1ull << nb) - 1);
+    return big ? s : (unsigned)v;
 }
 
 typedef struct {
@@ -152,13 +151,24 @@ static inline void delta__esyms_init(delta__esyms *e, const delta__table *t)
 static inline void delta__renc_put_fast(delta__renc *e, int st, const delta__esym *y)
 {
     uint32_t x = e->x[st];
-    while (x >= y->x_max) {
-        if (e->ptr == e->start) {
-            e->overflow = 1;
-            return;
+    if (e->ptr - e->start >= 2) {
+        /* At most two bytes go out (x < 2^31 and x_max >= 2^17): store two
+         * and keep as many as needed, without branching on the data.  A
+         * byte not kept lies below the stream and is overwritten later. */
+        unsigned n = (x >= y->x_max) + ((x >> 8) >= y->x_max);
+        uint16_t two = (uint16_t)((x & 0xff) << 8 | ((x >> 8) & 0xff));
+        memcpy(e->ptr - 2, &two, 2); /* little-endian: ptr[-1] = x & 0xff */
+        e->ptr -= n;
+        x >>= 8 * n;
+    } else {
+        while (x >= y->x_max) {
+            if (e->ptr == e->start) {
+                e->overflow = 1;
+                return;
+            }
+            *--e->ptr = (uint8_t)x;
+            x >>= 8;
         }
-        *--e->ptr = (uint8_t)x;
-        x >>= 8;
     }
     uint32_t q = (uint32_t)(((uint64_t)x * y->rcp_freq) >> 32) >> y->rcp_shift;
     e->x[st] = x + y->bias + q * y->cmpl_freq;
@@ -196,6 +206,28 @@ void delta__scratch_free(delta__scratch *s);
 /* Unit width in bytes for a dtype (1, 2, 4 or 8). */
 unsigned delta__unit(ckpt_dtype d);
 
+/* Instantiates a hot loop for each unit width and float-ness: F(W, FL) is
+ * called with constants (so that, inlined, each case compiles to its own
+ * loop with single-instruction loads) and must return.  Used by the scan of
+ * the encoder and the patch of the decoder. */
+#define DELTA__BY_UNIT(w, is_float, F)                                                             \
+    switch ((w) * 2 + !!(is_float)) {                                                              \
+    case 2: F(1, 0);                                                                               \
+    case 3: F(1, 1);                                                                               \
+    case 4: F(2, 0);                                                                               \
+    case 5: F(2, 1);                                                                               \
+    case 8: F(4, 0);                                                                               \
+    case 9: F(4, 1);                                                                               \
+    case 16: F(8, 0);                                                                              \
+    default: F(8, 1);                                                                              \
+    }
+
+/* Make and apply walk a chunk in pieces of this size, hashing each piece of
+ * both sides while it is in cache, so that every byte crosses memory once. */
+#define DELTA__PIECE (64u << 10)
+/* Changes decoded at a time before they are patched in. */
+#define DELTA__BATCH 512
+
 /* Encodes a chunk.  With old == NULL (a whole tensor) only RAW or ZSTD are
  * chosen.  *payload points into the scratch or at `new` (valid until the next
  * call); *changed counts differing units; *odig and *ndig get the chunk
@@ -222,8 +254,6 @@ typedef struct {
     uint64_t n;             /* units in the chunk */
     uint64_t next;          /* next candidate position */
     uint64_t zmax;          /* values must be <= zmax */
-    int has_pend;           /* a decoded change beyond the current piece */
-    uint64_t pend_pos, pend_z;
     const char *what;
 } delta__dec;
 
@@ -242,8 +272,8 @@ int delta__decode_chunk(delta__scratch *s, int enc, const uint8_t *payload, size
 
 /* For SAME, SPARSE and DENSE: out = base patched, with the chunk digests
  * of out and (unless bdig is NULL) of base.  out == base patches in place;
- * then *applied (if not NULL) counts the SPARSE changes written, also on
- * failure. */
+ * then *applied (if not NULL) counts the changes decoded and written (in
+ * stream order), also on failure. */
 int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size_t len,
                         unsigned w, int is_float, const uint8_t *base, uint8_t *out,
                         size_t nbytes, sh_hash128 *bdig, sh_hash128 *odig, uint64_t *applied,
@@ -306,8 +336,15 @@ struct delta {
     size_t ntensors;
 };
 
-/* Serialises a delta: manifest JSON, then the payload, then the trailer. */
-int delta__write_container(const json_t *manifest, const sh_buf *payload, sh_buf *out);
+/* A piece of the payload; the payload is its pieces one after the other. */
+typedef struct {
+    const void *p;
+    size_t len;
+} delta__seg;
+/* Serialises a delta into *out (allocated once, at its final size):
+ * manifest JSON, then the payload, then the trailer. */
+int delta__write_container(const json_t *manifest, const delta__seg *seg, size_t nseg,
+                           sh_buf *out);
 /* zstd-compresses bytes into the payload and returns the [off, len] array. */
 json_t *delta__blob(sh_buf *payload, const void *data, size_t len);
 json_t *delta__hex(sh_hash128 h);
@@ -316,5 +353,8 @@ json_t *delta__hex(sh_hash128 h);
  * threads, each with its own scratch; stops at the first error. */
 typedef int (*delta__work_fn)(void *arg, size_t i, delta__scratch *s);
 int delta__parallel(int threads, size_t n, delta__work_fn fn, void *arg);
+/* Adds n to *done and shows it on o->progress (when o and it are set);
+ * the pool's threads share done under mu. */
+void delta__progress(const delta_opts *o, pthread_mutex_t *mu, uint64_t *done, uint64_t n);
 
 #endif

@@ -48,12 +48,7 @@ static int delta__make_item(void *arg, size_t i, delta__scratch *s)
     it->payload = malloc(it->len ? it->len : 1);
     if (!it->payload) return sh_err(SH_ENOMEM, "out of memory");
     memcpy(it->payload, payload, it->len);
-    if (m->o && m->o->progress) {
-        pthread_mutex_lock(&m->mu);
-        m->done += n;
-        sh_progress_update(m->o->progress, m->done);
-        pthread_mutex_unlock(&m->mu);
-    }
+    delta__progress(m->o, &m->mu, &m->done, n);
     return SH_OK;
 }
 
@@ -147,17 +142,21 @@ static sh_hash128 delta__ckpt_digest(const delta__mk *m, const ckpt *c, int is_b
     return h;
 }
 
-static json_t *delta__tensor_json(const delta__mk *m, size_t i, size_t *k, sh_buf *payload,
-                                  const sh_hash128 *td, const sh_hash128 *bd, delta_stats *st)
+/* The manifest entry of target tensor i, whose chunks are items *k on; their
+ * payloads take their places from *off in the payload, and segments in seg. */
+static json_t *delta__tensor_json(const delta__mk *m, size_t i, size_t *k, uint64_t *off,
+                                  delta__seg *seg, const sh_hash128 *td, const sh_hash128 *bd,
+                                  delta_stats *st)
 {
     const ckpt_tensor *t = &m->target->tensors[i], *b = m->bt[i];
     json_t *chunks = json_array();
     uint64_t changed = 0;
     for (; *k < m->nitems && !m->items[*k].hash_only && m->items[*k].tensor == i; (*k)++) {
         delta__item *it = &m->items[*k];
-        json_array_append_new(chunks, json_pack("[i,I,I]", it->enc, (json_int_t)payload->len,
+        json_array_append_new(chunks, json_pack("[i,I,I]", it->enc, (json_int_t)*off,
                                                 (json_int_t)it->len));
-        sh_buf_append(payload, it->payload, it->len);
+        seg[*k] = (delta__seg){it->payload, it->len};
+        *off += it->len;
         changed += it->changed;
         st->chunks[it->enc]++;
     }
@@ -186,7 +185,10 @@ static int delta__assemble_delta(delta__mk *m, sh_buf *out, delta_stats *st)
         return sh_err(SH_ENOMEM, "out of memory");
     }
     sh_hash128 tdig = delta__ckpt_digest(m, T, 0, td), bdig = delta__ckpt_digest(m, B, 1, bd);
+    /* The payload: the compressed headers, then every chunk's bytes straight
+     * from its item (one copy, into the container). */
     sh_buf payload = {0};
+    delta__seg *seg = calloc(m->nitems + 2, sizeof *seg);
     json_t *files = json_array(), *tensors = json_array();
     for (size_t f = 0; f < T->nfiles; f++)
         json_array_append_new(files, json_pack("{s:s,s:o}", "name", T->files[f].name, "header",
@@ -194,17 +196,20 @@ static int delta__assemble_delta(delta__mk *m, sh_buf *out, delta_stats *st)
                                                            T->files[f].header_len)));
     json_t *index = T->is_folder ? delta__blob(&payload, T->index_json, T->index_len) : json_null();
     size_t k = 0;
-    for (size_t i = 0; i < T->ntensors; i++)
-        json_array_append_new(tensors, delta__tensor_json(m, i, &k, &payload, td, bd, st));
+    uint64_t off = payload.len;
+    for (size_t i = 0; seg && i < T->ntensors; i++)
+        json_array_append_new(tensors, delta__tensor_json(m, i, &k, &off, seg + 1, td, bd, st));
+    if (seg) seg[0] = (delta__seg){payload.data, payload.len};
     json_t *man = json_pack("{s:s,s:i,s:i,s:{s:o,s:b},s:{s:o,s:b,s:o},s:o,s:o}", "format",
                             "shoal-delta", "version", DELTA_VERSION, "chunk_bytes", CKPT_CHUNK,
                             "base", "digest", delta__hex(bdig), "sharded", B->is_folder, "target",
                             "digest", delta__hex(tdig), "sharded", T->is_folder, "index", index,
                             "files", files, "tensors", tensors);
-    int rc = man ? delta__write_container(man, &payload, out)
-                 : sh_err(SH_ENOMEM, "cannot build the delta manifest");
+    int rc = man && seg ? delta__write_container(man, seg, k + 1, out)
+                        : sh_err(SH_ENOMEM, "cannot build the delta manifest");
     json_decref(man);
     sh_buf_free(&payload);
+    free(seg);
     free(td), free(bd);
     if (rc == SH_OK) st->delta_bytes = out->len;
     return rc;

@@ -67,3 +67,12 @@ int delta__parallel(int threads, size_t n, delta__work_fn fn, void *arg)
     if (pl.rc < 0) return sh_err(pl.rc, "%s", pl.msg);
     return SH_OK;
 }
+
+void delta__progress(const delta_opts *o, pthread_mutex_t *mu, uint64_t *done, uint64_t n)
+{
+    if (!o || !o->progress) return;
+    pthread_mutex_lock(mu);
+    *done += n;
+    sh_progress_update(o->progress, *done);
+    pthread_mutex_unlock(mu);
+}

@@ -30,6 +30,9 @@ typedef struct {
     size_t *items;         /* work items: (writer tensor << 32) | block row or chunk */
     size_t nitems;
     uint64_t requantised;
+    const delta_opts *o;
+    pthread_mutex_t mu;    /* guards done, the progress in source bytes */
+    uint64_t done;
 } quant__job;
 
 static int quant__eligible(const ckpt_tensor *t, const char *const *keep)
@@ -114,6 +117,7 @@ static int quant__copy_item(quant__job *j, size_t wt, size_t chunk)
     const ckpt_tensor *s = &j->src->tensors[j->map[wt].src];
     uint64_t off = (uint64_t)chunk * CKPT_CHUNK;
     size_t n = t->nbytes - off < CKPT_CHUNK ? (size_t)(t->nbytes - off) : CKPT_CHUNK;
+    delta__progress(j->o, &j->mu, &j->done, n);
     return ckpt_writer_put(j->w, wt, off, s->data + off, n);
 }
 
@@ -153,6 +157,7 @@ static int quant__row_item(quant__job *j, size_t wt, int64_t br)
     if (rc == SH_OK)
         rc = ckpt_writer_put(j->w, j->map[wt].scale, (uint64_t)(br * nbc) * 4, sc, (size_t)nbc * 4);
     __atomic_fetch_add(&j->requantised, done, __ATOMIC_RELAXED);
+    delta__progress(j->o, &j->mu, &j->done, (uint64_t)(nr * cols) * 2);
     free(q), free(sc);
     return rc;
 }
@@ -231,7 +236,11 @@ static int quant__run(quant__job *j, const char *out, const char *const *keep, s
     quant__free_names(names, n);
     SH_TRY(rc);
     rc = quant__plan(j);
+    j->o = o;
+    if (o && o->progress && !o->progress->total) o->progress->total = ckpt_data_bytes(j->src);
+    pthread_mutex_init(&j->mu, NULL);
     if (rc == SH_OK) rc = delta__parallel(o ? o->threads : 0, j->nitems, quant__item, j);
+    pthread_mutex_destroy(&j->mu);
     if (rc == SH_OK) rc = ckpt_writer_commit(j->w);
     else ckpt_writer_abort(j->w);
     return rc;

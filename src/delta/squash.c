@@ -194,7 +194,7 @@ static int delta__squash_assemble(delta__sq *q, sh_buf *out, delta_stats *st)
                             q->ds[0]->base_sharded, "target", "digest",
                             delta__hex(L->target_digest), "sharded", L->target_sharded, "index",
                             index, "files", files, "tensors", tensors);
-    int rc = man ? delta__write_container(man, &payload, out)
+    int rc = man ? delta__write_container(man, &(delta__seg){payload.data, payload.len}, 1, out)
                  : sh_err(SH_ENOMEM, "cannot build the delta manifest");
     json_decref(man);
     sh_buf_free(&payload);

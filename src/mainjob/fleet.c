@@ -9,6 +9,7 @@
 typedef struct speed_row {
     char type[32];
     double speed;
+    int max_seqs;
 } speed_row;
 
 /* Splits line l in place on commas into at most max fields. */
@@ -21,29 +22,46 @@ static int split(char *l, char **f, int max)
     return n;
 }
 
-/* Calls row(ctx, fields, n, line) for each data line after the header. */
-static int each_line(const char *path, const char *header, int nf,
-                     int (*row)(void *ctx, char **f, int line), void *ctx)
+/* The number of fields of the header l if it is one of `headers` (a
+ * '|'-separated list of accepted headers), else 0. */
+static int header_fields(const char *l, const char *headers)
+{
+    size_t n = strlen(l);
+    for (const char *h = headers; *h;) {
+        size_t k = strcspn(h, "|");
+        if (k == n && !strncmp(h, l, n)) {
+            int nf = 1;
+            for (size_t i = 0; i < n; i++) nf += l[i] == ',';
+            return nf;
+        }
+        h += k + (h[k] == '|');
+    }
+    return 0;
+}
+
+/* Calls row(ctx, fields, nfields, line) for each data line after the
+ * header, which must be one of `headers` ('|'-separated). */
+static int each_line(const char *path, const char *headers,
+                     int (*row)(void *ctx, char **f, int nf, int line), void *ctx)
 {
     char *text;
     size_t len;
     SH_TRY(sh_read_file(path, 16 << 20, &text, &len));
-    int line = 0, rc = 0, seen_header = 0;
+    int line = 0, rc = 0, nf = 0;
     for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && !rc; l = strtok_r(NULL, "\n", &save)) {
         line++;
         l[strcspn(l, "\r")] = 0;
         if (!*l || *l == '#') continue;
-        if (!seen_header) {
-            seen_header = 1;
-            if (strcmp(l, header))
-                rc = sh_err(SH_EFORMAT, "%s: line %d: expected the header %s", path, line, header);
+        if (!nf) {
+            if (!(nf = header_fields(l, headers)))
+                rc = sh_err(SH_EFORMAT, "%s: line %d: expected the header %s", path, line, headers);
             continue;
         }
         char *f[8];
         if (split(l, f, 8) != nf)
             rc = sh_err(SH_EFORMAT, "%s: line %d: expected %d comma-separated fields", path, line, nf);
         else
-            rc = row(ctx, f, line);
+            rc = row(ctx, f, nf, line);
         if (rc && !strstr(sh_errmsg(), path)) rc = sh_err_wrap(rc, "%s: line %d", path, line);
     }
     free(text);
@@ -55,18 +73,23 @@ typedef struct speeds {
     int n, cap;
 } speeds;
 
-static int speed_row_fn(void *ctx, char **f, int line)
+static int speed_row_fn(void *ctx, char **f, int nf, int line)
 {
     speeds *s = ctx;
     double v;
+    int64_t m = 0;
+    (void)line;
     SH_TRY(sh_parse_double(f[1], &v, "speed"));
     if (!(v > 0 && v <= 1)) return sh_err(SH_ERANGE, "speed %g of %s must be in (0,1]", v, f[0]);
+    if (nf > 2) SH_TRY(sh_parse_i64(f[2], &m, "max_seqs"));
+    if (m < 0 || m > 4096) return sh_err(SH_ERANGE, "max_seqs %lld of %s must be 0..4096", (long long)m, f[0]);
     if (s->n == s->cap) {
         speed_row *nv = realloc(s->v, sizeof *nv * (size_t)(s->cap = s->cap ? 2 * s->cap : 8));
         if (!nv) return sh_err(SH_ENOMEM, "fleet: out of memory");
         s->v = nv;
     }
     snprintf(s->v[s->n].type, sizeof s->v[s->n].type, "%s", f[0]);
+    s->v[s->n].max_seqs = (int)m;
     s->v[s->n++].speed = v;
     return 0;
 }
@@ -77,8 +100,9 @@ typedef struct nodes {
     const speeds *sp;
 } nodes;
 
-static int node_row_fn(void *ctx, char **f, int line)
+static int node_row_fn(void *ctx, char **f, int nf, int line)
 {
+    (void)nf, (void)line;
     nodes *ns = ctx;
     mj_fleet *fl = ns->f;
     if (fl->n == ns->cap) {
@@ -99,7 +123,8 @@ static int node_row_fn(void *ctx, char **f, int line)
     snprintf(n->fabric, sizeof n->fabric, "%s", f[4]);
     n->gpus = (int)g;
     for (int i = 0; i < ns->sp->n; i++)
-        if (!strcmp(ns->sp->v[i].type, n->gpu_type)) n->speed = ns->sp->v[i].speed;
+        if (!strcmp(ns->sp->v[i].type, n->gpu_type))
+            n->speed = ns->sp->v[i].speed, n->max_seqs = ns->sp->v[i].max_seqs;
     if (n->speed <= 0)
         return sh_err(SH_ENOENT, "node %s: GPU type %s has no speed in the speed table; add a line "
                       "\"%s,<speed>\"", n->name, n->gpu_type, n->gpu_type);
@@ -111,10 +136,10 @@ int mj_fleet_load(const char *fleet_csv, const char *speeds_csv, mj_fleet *out)
 {
     memset(out, 0, sizeof *out);
     speeds sp = {0};
-    int rc = each_line(speeds_csv, "gpu_type,speed", 2, speed_row_fn, &sp);
+    int rc = each_line(speeds_csv, "gpu_type,speed,max_seqs|gpu_type,speed", speed_row_fn, &sp);
     nodes ns = {.f = out, .sp = &sp};
     if (!rc)
-        rc = each_line(fleet_csv, "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour", 6, node_row_fn, &ns);
+        rc = each_line(fleet_csv, "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour", node_row_fn, &ns);
     if (!rc && !out->n) rc = sh_err(SH_EFORMAT, "%s: no nodes", fleet_csv);
     free(sp.v);
     if (rc) mj_fleet_free(out);

@@ -345,7 +345,15 @@ static void took_eval(run *r, double rew)
     r->last_eval = rew;
     json_array_append_new(r->curve, json_pack("{s:f,s:i,s:f}", "wall_s", t, "step",
                                               r->pending_eval_step, "reward", rew));
-    if (r->time_to_target < 0 && r->c->target_reward > 0 && rew >= r->c->target_reward)
+    /* Reached when the mean of the last target_window evaluations (at least
+     * one) is at the target: one lucky evaluation of a noisy curve is not. */
+    int win = r->c->target_window > 1 ? r->c->target_window : 1, have = 0;
+    double sum = 0;
+    r->recent[r->nevals++ % RL_TARGET_WINDOW_MAX] = rew;
+    for (int k = 0; k < win && k < r->nevals; k++, have++)
+        sum += r->recent[(r->nevals - 1 - k) % RL_TARGET_WINDOW_MAX];
+    if (r->time_to_target < 0 && r->c->target_reward > 0 && have == win &&
+        sum / win >= r->c->target_reward)
         r->time_to_target = t;
     if (r->progress) {
         json_t *ev = json_pack("{s:s,s:i,s:f,s:f}", "event", "eval", "step", r->pending_eval_step,

@@ -114,5 +114,10 @@ int rl_config_check(const rl_config *c)
     if (c->warm_steps < 0 || c->eval_every < 1 || c->eval_n < 1 || c->eval_n > 1024)
         return sh_err(SH_EINVAL, "--warm %d / --eval-every %d / --eval-n %d out of range",
                       c->warm_steps, c->eval_every, c->eval_n);
+    if (c->target_window < 0 || c->target_window > RL_TARGET_WINDOW_MAX)
+        return sh_err(SH_EINVAL, "target window %d: must be 0..%d evaluations", c->target_window,
+                      RL_TARGET_WINDOW_MAX);
+    if (c->step_s < 0 || c->seq_cost < 0)
+        return sh_err(SH_EINVAL, "emulated step %g s and sequence cost %g must be >= 0", c->step_s, c->seq_cost);
     return 0;
 }

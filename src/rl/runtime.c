@@ -43,6 +43,12 @@ int rl__enqueue_weights(run *r, wk *w, int full)
                           use_delta ? r->delta.data : r->img.data, hd.nbytes);
 }
 
+/* The run has done its steps, or reached its target with stop_at_target. */
+int rl__over(const run *r)
+{
+    return r->step >= r->c->steps || (r->c->stop_at_target && r->time_to_target >= 0);
+}
+
 static int spawn(run *r, int i)
 {
     int sv[2];
@@ -144,7 +150,7 @@ static int got_hello(run *r, int i, const uint8_t *p, size_t len)
     r->w[i].hello = 1;
     r->joins++;
     SH_TRY(rl__enqueue_weights(r, &r->w[i], 1));
-    if (r->step >= r->c->steps) /* joined while the run was ending */
+    if (rl__over(r)) /* joined while the run was ending */
         return rl__msg_append(&r->w[i].out, RL_MSG_STOP, NULL, 0, NULL, 0);
     return 0;
 }
@@ -192,7 +198,7 @@ static int busy_count(const run *r)
 static int issue(run *r)
 {
     const rl_config *c = r->c;
-    if (r->step >= c->steps) return 0;
+    if (rl__over(r)) return 0;
     if (c->mode == RL_MODE_SYNC) {
         /* Sync: the next round starts with the weights of the step that
          * is training, once they are back. */
@@ -239,7 +245,14 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
         len != sizeof th + (size_t)th.count * sizeof(rl_traj))
         return sh_err(SH_EFORMAT, "worker %d: TRAJS with %d records, expected %d", i, th.count,
                       w->busy ? w->req_trajs[0] : 0);
-    if (r->step >= r->c->steps) { /* the run is over: answers to old requests */
+    if (r->c->step_s > 0) { /* the GPU did the work, whether or not it is used */
+        rl_traj *tmp = malloc((size_t)th.count * sizeof(rl_traj));
+        if (!tmp) return sh_err(SH_ENOMEM, "rl: out of memory");
+        memcpy(tmp, p + sizeof th, (size_t)th.count * sizeof(rl_traj)); /* p may be unaligned */
+        w->gpu_s += rl_emu_request_s(r->c, &r->spec[i], tmp, th.count);
+        free(tmp);
+    }
+    if (rl__over(r)) { /* the run is over: answers to old requests */
         r->dropped_end += th.count;
         memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
         w->busy--;
@@ -343,13 +356,20 @@ static int loop(run *r)
 {
     const rl_config *c = r->c;
     int busy = 0;
-    while (r->step < c->steps || busy) {
+    while (!rl__over(r) || busy) {
+        if (rl__over(r)) { /* only the last evaluation is left: workers wait */
+            struct pollfd pf = {.fd = rl__compute_wake_fd(r), .events = POLLIN};
+            if (poll(&pf, 1, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
+            SH_TRY(rl__compute_collect(r));
+            busy = rl__compute_busy(r);
+            continue;
+        }
         SH_TRY(issue(r));
         SH_TRY(poll_once(r));
         SH_TRY(rl__compute_collect(r));
         if (c->mode == RL_MODE_ASYNC) drop_stale(r);
         busy = rl__compute_busy(r);
-        if (!busy && r->step < c->steps && r->nbuf >= r->batch &&
+        if (!busy && !rl__over(r) && r->nbuf >= r->batch &&
             (c->mode == RL_MODE_ASYNC || !busy_count(r))) {
             SH_TRY(rl__compute_dispatch(r));
             busy = 1;
@@ -467,6 +487,11 @@ static json_t *worker_json(const run *r, int i, double until)
                           "trajectories_since_join", (json_int_t)(w->trajs - w->trajs_at_join),
                           "busy_s", w->busy_s, "held_s", held, "cost_usd",
                           sp->price * held / 3600.0);
+    if (r->c->step_s > 0) {
+        json_object_set_new(o, "gpu_s", json_real(w->gpu_s));
+        json_object_set_new(o, "max_seqs", json_integer(sp->max_seqs));
+        json_object_set_new(o, "req_prompts", json_integer(sp->req_prompts));
+    }
     if (r->c->remote)
         json_object_set_new(o, "final", w->bye ? json_pack("{s:i,s:s}", "version", w->final_version,
                                                            "image_xxh3", hex)

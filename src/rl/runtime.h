@@ -26,6 +26,7 @@ typedef struct wk {
     sh_buf in, out;
     size_t out_off;
     double busy_since, busy_s;
+    double gpu_s; /* emulated busy GPU seconds (rl_config.step_s > 0), from the work done */
     long trajs, trajs_at_join; /* trajs_at_join: trajs when the current process joined */
     int hello;            /* remote: HELLO received (forked workers start with 1) */
     int bye, final_version; /* BYE received, and the version it reported */
@@ -66,6 +67,8 @@ typedef struct run {
     rl_progress_fn progress;
     void *pctx;
     double time_to_target, last_eval;
+    double recent[RL_TARGET_WINDOW_MAX]; /* the last evaluations' rewards, a ring */
+    int nevals;
     /* Where the trainer's wall-clock time goes: training steps, making and
      * queueing deltas, and waiting in poll for workers. */
     double t_train, t_publish, t_wait;
@@ -79,6 +82,8 @@ typedef struct run {
 /* Wall-clock seconds of the RL phase so far (evaluations included: they
  * run on the compute thread while the loop keeps serving workers). */
 double rl__wall(const run *r);
+/* The run has done its steps, or reached its target with stop_at_target. */
+int rl__over(const run *r);
 
 /* ---- The compute thread (compute.c) --------------------------------------
  * The trainer's event loop (runtime.c) owns the sockets and the buffer of

@@ -5,6 +5,7 @@
  * A worker stands in for a GPU type: each decoding step is stretched by
  * sleeping until it has lasted gen_cost / speed times its compute time, so
  * a 0.25 worker takes four times as long as a full-speed one. */
+#include <errno.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -30,6 +31,9 @@ typedef struct worker {
     char dir[64]; /* fp8 rollouts: scratch folder for the quantiser's files */
     double mark, mark_cpu; /* wall and CPU clocks at the end of the last stretch */
     long updates_in_flight;
+    /* Emulated GPU time (rl_config.step_s > 0): the current request's
+     * sequences, the decoding steps emulated so far, and hook calls. */
+    int req_seqs, req_steps, hooks;
     /* Where the worker's wall-clock time goes (SHOAL_LOG=debug prints it at
      * exit): decoding compute, the emulation's sleep, time beyond the
      * emulated cost (the machine's contention), applying weights, and idle
@@ -181,12 +185,30 @@ static void stretch(worker *w)
     w->mark_cpu = cpu_now();
 }
 
+/* One decoding step of the current request in emulated GPU time: sleeps
+ * until the step has lasted rl_emu_step_s() (src/rl/emulate.c). */
+static void emu_step(worker *w)
+{
+    double want = rl_emu_step_s(w->c, &w->c->workers[w->idx], w->req_seqs);
+    double spent = sh_now_mono() - w->mark;
+    w->prof.compute += cpu_now() - w->mark_cpu;
+    w->prof.steps++;
+    if (want > spent) sh_sleep(want - spent), w->prof.sleep += want - spent;
+    else w->prof.over += spent - want;
+    w->req_steps++;
+    w->mark = sh_now_mono();
+    w->mark_cpu = cpu_now();
+}
+
 /* Between decoding steps: emulate the worker's speed, then take any weights
- * that arrived meanwhile. */
+ * that arrived meanwhile.  rl_generate calls the hook before every step
+ * (and once more when all sequences are done), so with emulated GPU time
+ * every call but the first closes one decoding step. */
 static int step_hook(void *ctx)
 {
     worker *w = ctx;
-    stretch(w);
+    if (w->c->step_s <= 0) stretch(w);
+    else if (w->hooks++) emu_step(w);
     struct pollfd pf = {.fd = w->fd, .events = POLLIN};
     while (poll(&pf, 1, 0) > 0) {
         uint32_t type;
@@ -235,14 +257,20 @@ static int serve_request(worker *w)
     uint64_t rng = rq.seed;
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
+    w->req_seqs = B, w->req_steps = w->hooks = 0;
     int rc = rl_generate(w->model, probs, n, rq.group, rq.group0, &w->c->sampling, &rng,
                          w->version, step_hook, w, out);
-    stretch(w);
+    if (w->c->step_s <= 0) stretch(w);
+    else /* the last step when every response ran to max_new */
+        while (!rc && w->req_steps < rl_emu_steps(out, B)) emu_step(w);
     for (int i = 0; i < B; i++) out[i].worker = w->idx;
     w->prof.requests++, w->prof.trajs += B;
     rl_wire_trajs th = {.worker = w->idx, .count = B};
     if (!rc) rc = rl__msg_write(w->fd, RL_MSG_TRAJS, &th, sizeof th, out, sizeof(rl_traj) * B);
     free(probs), free(out);
+    /* The trainer ended the run (its target reached) while we generated:
+     * not an error. */
+    if (rc < 0 && (errno == EPIPE || errno == ECONNRESET)) leave(w, 0);
     return rc;
 }
 

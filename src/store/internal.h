@@ -30,13 +30,14 @@ int store__delta_make(const char *prev, const char *next, const char *out);
 int store__delta_apply(const char *prev, const char *delta, const char *out);
 int store__delta_squash(const char *const *deltas, size_t n, const char *out);
 /* Rebuilds the single-file target of delta_path (`size` bytes) from a base
- * already parsed in memory into out, verified against the delta's target
- * digest and written durably (one fsync). */
+ * already parsed in memory into a new file `out`, verified against the
+ * delta's digests.  Not fsynced: the caller makes it durable. */
 struct ckpt;
-int store__delta_apply_mapped(const struct ckpt *base, const char *delta_path, uint64_t size,
-                              const char *out);
-/* The same from `spare`, a copy of the base that the delta patches in place
- * (only changed elements written) and that is then renamed to out. */
-int store__delta_apply_spare(const char *spare, const char *delta_path, uint64_t size, const char *out);
+int store__delta_build(const struct ckpt *base, const char *delta_path, uint64_t size,
+                       const char *out);
+/* Applies delta_path in place to img (`size` bytes), a copy of its base in
+ * memory: only changed elements are written; verified; on failure img
+ * still holds the base. */
+int store__delta_patch_mem(uint8_t *img, uint64_t size, const char *delta_path);
 
 #endif

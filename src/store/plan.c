@@ -13,7 +13,9 @@
 
 #define COPY_BLOCK (4u << 20)
 
-int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size)
+/* Streams src through xxh3-128, also writing it to fd unless fd < 0 (then
+ * dst_name is unused); a copy is fsynced. */
+static int stream_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size)
 {
     int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0) return sh_err_errno(errno, "open %s", src);
@@ -27,10 +29,10 @@ int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *
         if (n < 0) rc = sh_err_errno(errno, "read %s", src);
         if (n <= 0) break;
         sh_hasher_update(hs, buf, (size_t)n);
-        rc = sh_write_all(fd, buf, (size_t)n, dst_name);
+        if (fd >= 0) rc = sh_write_all(fd, buf, (size_t)n, dst_name);
         total += (uint64_t)n;
     }
-    if (rc == 0 && fsync(fd) < 0) rc = sh_err_errno(errno, "fsync %s", dst_name);
+    if (rc == 0 && fd >= 0 && fsync(fd) < 0) rc = sh_err_errno(errno, "fsync %s", dst_name);
     if (rc == 0) {
         *h = sh_hasher_digest(hs);
         *size = total;
@@ -41,30 +43,14 @@ int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *
     return rc;
 }
 
+int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size)
+{
+    return stream_hash(src, fd, dst_name, h, size);
+}
+
 int store__hash_file(const char *path, sh_hash128 *h, uint64_t *size)
 {
-    int in = open(path, O_RDONLY | O_CLOEXEC);
-    if (in < 0) return sh_err_errno(errno, "open %s", path);
-    uint8_t *buf = malloc(COPY_BLOCK);
-    sh_hasher *hs = sh_hasher_new();
-    int rc = buf && hs ? SH_OK : sh_err(SH_ENOMEM, "hash buffer");
-    uint64_t total = 0;
-    while (rc == 0) {
-        ssize_t n = read(in, buf, COPY_BLOCK);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) rc = sh_err_errno(errno, "read %s", path);
-        if (n <= 0) break;
-        sh_hasher_update(hs, buf, (size_t)n);
-        total += (uint64_t)n;
-    }
-    if (rc == 0) {
-        *h = sh_hasher_digest(hs);
-        *size = total;
-    }
-    sh_hasher_free(hs);
-    free(buf);
-    close(in);
-    return rc;
+    return stream_hash(path, -1, NULL, h, size);
 }
 
 /* ---- Plans -------------------------------------------------------------- */

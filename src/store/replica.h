@@ -1,0 +1,85 @@
+/* Internal to src/store: a replica's state, shared by models.c (model files
+ * and ACTIVE), activate.c (building, verifying and activating versions) and
+ * replica.c (threads and the public API). */
+#ifndef SHOAL_STORE_REPLICA_H
+#define SHOAL_STORE_REPLICA_H
+
+#include <pthread.h>
+
+#include "shoal/ckpt.h"
+#include "store/internal.h"
+
+typedef struct model {
+    int refs;
+    uint64_t version;
+    uint64_t size;
+    uint8_t *map;
+    ckpt *ck; /* parsed once, before activation: leases get tensor views */
+    char path[4096];
+    struct model *fp8; /* --fp8: the FP8 serving copy of the same version */
+    int keep;          /* ACTIVE may still name this file: never delete it */
+} model;
+
+typedef struct pending {
+    store_version ver;
+    store_timeline tl; /* receive steps filled by the push thread */
+    char payload[4096];
+    struct pending *next;
+} pending;
+
+struct store_replica {
+    store_replica_config cfg;
+    char dir[4096], models[4096], staging[4096], spool[4096], active_path[4096];
+    char run[65];
+    store *st;
+    bcast_node *node;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    model *active;
+    uint64_t done_version; /* the newest activation that is complete (durable) */
+    double activated_at, pause_max_ms;
+    uint64_t activations, failures;
+    char last_error[512];
+    pending *queue, **tail;
+    int stop;
+    int have_net, have_apply;
+    pthread_t net_thread, apply_thread;
+    bcast_stats push;
+    uint64_t fp8_blocks; /* blocks re-quantised by the last FP8 update */
+    store_timeline recv_tl; /* push thread: the payload being received */
+    store_timeline timeline; /* the newest activation's */
+    double last_push_activity, next_store_check; /* monotonic seconds */
+    /* Apply thread only (activate.c): the in-memory image of version
+     * img_version (0: none) that the next delta patches in place. */
+    uint8_t *img;
+    size_t img_cap;
+    uint64_t img_size, img_version;
+    int img_wanted; /* load the image when the push tree is quiet */
+    model *prev;    /* the model the last activation replaced (recycled) */
+};
+
+/* models.c */
+int store__model_open(const char *path, uint64_t version, model **out);
+void store__model_free(model *m, int unlink_files);
+void store__model_unref(store_replica *r, model *m);
+int store__model_path(store_replica *r, uint64_t v, char *out, size_t cap);
+int store__fp8_path(store_replica *r, uint64_t v, char *out, size_t cap);
+int store__make_fp8(store_replica *r, uint64_t v, const char *bf16, const model *prev,
+                    const char *delta_path, char *out, size_t cap);
+int store__model_open_fp8(model *m, const char *fp8);
+int store__write_active(store_replica *r, const store_version *v, double at);
+int store__restore_active(store_replica *r);
+void store__clean_leftovers(store_replica *r);
+/* activate.c */
+void store__replica_error(store_replica *r);
+int store__apply_pending(store_replica *r, pending *p);
+int store__sync_from_store(store_replica *r);
+/* Idle work on the apply thread: loads the image of the active version
+ * once the push tree has been `quiet` (no chunk for STORE__IDLE_S, so that
+ * it takes no CPU from chunks still being forwarded).  Returns 1 while
+ * there is work left. */
+#define STORE__IDLE_S 0.1
+int store__prepare_image(store_replica *r, int quiet);
+void store__img_free(store_replica *r);
+
+#endif

@@ -1,0 +1,231 @@
+/* The cost experiment's parts: the emulated GPU-time model (hand-checked
+ * step times, passes beyond the memory limit), the trainer's count of
+ * emulated seconds from the work done in a real run, a run that stops at
+ * its target reward, per-type tuning within the untuned pool's staleness,
+ * speed tables with memory limits, and `shoal rl fleet-cost --json` end to
+ * end on a short run (its keys and its arithmetic). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shoal/mainjob.h"
+#include "testutil.h"
+
+static rl_config emu_config(void)
+{
+    rl_config c;
+    rl_config_default(&c);
+    c.step_s = 0.01, c.seq_cost = 0.125;
+    return c;
+}
+
+/* step_s / speed * sum over passes of (1 + seq_cost * (b - 1)). */
+static void test_step_time(void **state)
+{
+    (void)state;
+    rl_config c = emu_config();
+    rl_worker_spec h100 = {.name = "H100", .speed = 1, .max_seqs = 64};
+    rl_worker_spec l4 = {.name = "L4", .speed = 0.25, .max_seqs = 10};
+    rl_worker_spec free_ = {.name = "X", .speed = 0.5};
+    const struct { const rl_worker_spec *w; int seqs; double want; } t[] = {
+        {&h100, 1, 0.01},
+        {&h100, 16, 0.01 * (1 + 0.125 * 15)},          /* 0.02875 */
+        {&h100, 64, 0.01 * (1 + 0.125 * 63)},          /* one pass at the limit */
+        {&l4, 10, 0.04 * (1 + 0.125 * 9)},             /* 0.085 */
+        {&l4, 16, 0.04 * ((1 + 0.125 * 9) + (1 + 0.125 * 5))}, /* two passes: 10 + 6 */
+        {&l4, 30, 0.04 * 3 * (1 + 0.125 * 9)},         /* three full passes */
+        {&free_, 100, 0.02 * (1 + 0.125 * 99)},        /* no limit */
+        {&h100, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        assert_true(fabs(rl_emu_step_s(&c, t[i].w, t[i].seqs) - t[i].want) < 1e-12);
+    /* Throughput rises with concurrency up to the memory limit. */
+    assert_true(16 / rl_emu_step_s(&c, &h100, 16) > 8 / rl_emu_step_s(&c, &h100, 8));
+    assert_true(fabs(20 / rl_emu_step_s(&c, &l4, 20) - 10 / rl_emu_step_s(&c, &l4, 10)) < 1e-9);
+    /* A request lasts as many steps as its longest response. */
+    rl_traj tr[3] = {{.len = 9, .plen = 6}, {.len = 14, .plen = 6}, {.len = 7, .plen = 6}};
+    assert_int_equal(rl_emu_steps(tr, 3), 8);
+    assert_true(fabs(rl_emu_request_s(&c, &h100, tr, 3) - 8 * 0.01 * 1.25) < 1e-12);
+}
+
+/* Tuning: a fast GPU with room takes larger requests, a slow one with
+ * little memory smaller ones, and every choice fits the latency budget. */
+static void test_tune(void **state)
+{
+    (void)state;
+    rl_config c = emu_config();
+    c.nworkers = 3;
+    c.workers[0] = (rl_worker_spec){.name = "A100", .speed = 0.7, .price = 2.5, .max_seqs = 64};
+    c.workers[1] = (rl_worker_spec){.name = "L4", .speed = 0.3, .price = 0.8, .max_seqs = 17};
+    c.workers[2] = (rl_worker_spec){.name = "L4", .speed = 0.3, .price = 0.8, .max_seqs = 17};
+    double before = mj_pool_rate(&c), versions = mj_stalest(&c);
+    assert_int_equal(mj_default_prompts(&c), 2);
+    /* The stalest untuned request: an L4's 16 sequences, 8 steps of
+     * 0.04 s * (1 + 15/8)... in versions of 64 trajectories at the rate. */
+    double l4 = 8 * 0.01 / 0.3 * (1 + 0.125 * 15);
+    assert_true(fabs(mj_req_latency_s(&c, &c.workers[1], 2) - l4) < 1e-12);
+    assert_true(fabs(versions - l4 / (64 / before)) < 1e-9);
+    TU_OK(mj_tune(&c));
+    double budget = versions * 64 / mj_pool_rate(&c);
+    for (int i = 0; i < 3; i++) {
+        const rl_worker_spec *w = &c.workers[i];
+        assert_true(w->req_prompts >= 1 && w->req_prompts <= c.prompts_per_step);
+        assert_true(w->req_prompts == 1 || mj_req_latency_s(&c, w, w->req_prompts) <= budget * (1 + 1e-9));
+        /* No larger size within the budget would be faster. */
+        for (int k = w->req_prompts + 1; k <= c.prompts_per_step; k++)
+            assert_true(mj_req_latency_s(&c, w, k) > budget || mj_worker_rate(&c, w, k) <= mj_worker_rate(&c, w, w->req_prompts));
+    }
+    assert_true(c.workers[0].req_prompts > 2); /* the A100 has room and speed for more */
+    assert_true(mj_pool_rate(&c) > before);
+    assert_int_equal(c.workers[1].req_prompts, c.workers[2].req_prompts);
+    assert_true(before > 0);
+    c.step_s = 0;
+    assert_int_equal(mj_tune(&c), SH_EINVAL);
+}
+
+/* The trainer's count of emulated seconds is whole decoding steps of the
+ * request size, from the work done: between one and max_new steps per
+ * request. */
+static void test_counted_from_work(void **state)
+{
+    (void)state;
+    rl_config c = emu_config();
+    c.step_s = 0.002, c.steps = 3, c.warm_steps = 5, c.eval_every = 3, c.eval_n = 8, c.quiet = 1;
+    c.nworkers = 2;
+    c.workers[0] = (rl_worker_spec){.name = "H100", .speed = 1, .price = 3.95, .max_seqs = 64};
+    c.workers[1] = (rl_worker_spec){.name = "L4", .speed = 0.3, .price = 0.8, .max_seqs = 5, .req_prompts = 1};
+    json_t *res = NULL;
+    TU_OK(rl_run(&c, NULL, NULL, &res));
+    json_t *ws = json_object_get(res, "workers");
+    assert_int_equal(json_array_size(ws), 2);
+    for (int i = 0; i < 2; i++) {
+        json_t *w = json_array_get(ws, (size_t)i);
+        int B = (c.workers[i].req_prompts ? c.workers[i].req_prompts : mj_default_prompts(&c)) * c.group;
+        double step = rl_emu_step_s(&c, &c.workers[i], B), gpu_s = json_number_value(json_object_get(w, "gpu_s"));
+        long reqs = (long)json_integer_value(json_object_get(w, "trajectories")) / B;
+        double steps = gpu_s / step;
+        assert_true(fabs(steps - round(steps)) < 1e-6);
+        assert_true(round(steps) >= reqs && round(steps) <= reqs * c.sampling.max_new);
+    }
+    json_decref(res);
+}
+
+/* A run with stop_at_target ends at the evaluation where the mean of the
+ * last target_window evaluations first reaches the target, not before. */
+static void test_stop_at_target(void **state)
+{
+    (void)state;
+    rl_config c = emu_config();
+    c.step_s = 0.001, c.steps = 50, c.warm_steps = 30, c.eval_every = 1, c.eval_n = 8, c.quiet = 1;
+    c.target_reward = 0.05, c.stop_at_target = 1, c.target_window = 3;
+    c.nworkers = 1;
+    c.workers[0] = (rl_worker_spec){.name = "H100", .speed = 1, .price = 3.95};
+    json_t *res = NULL;
+    TU_OK(rl_run(&c, NULL, NULL, &res));
+    /* The curve opens with the reward before RL (not an evaluation that
+     * counts), then one evaluation per step: the run ends at the first step
+     * whose last three evaluations average at least the target. */
+    json_t *curve = json_object_get(res, "curve");
+    long steps = (long)json_integer_value(json_object_get(res, "steps")), want = -1;
+    for (size_t i = 3; i < json_array_size(curve) && want < 0; i++) {
+        double m = 0;
+        for (size_t k = i - 2; k <= i; k++) m += json_number_value(json_object_get(json_array_get(curve, k), "reward"));
+        if (m / 3 >= c.target_reward) want = (long)json_integer_value(json_object_get(json_array_get(curve, i), "step"));
+    }
+    assert_true(want >= 3 && steps < c.steps);
+    assert_int_equal(steps, want);
+    assert_true(json_number_value(json_object_get(res, "time_to_target_s")) >= 0);
+    json_decref(res);
+    c.target_window = RL_TARGET_WINDOW_MAX + 1;
+    assert_int_equal(rl_config_check(&c), SH_EINVAL);
+    assert_non_null(strstr(sh_errmsg(), "target window"));
+}
+
+static void test_speed_tables(void **state)
+{
+    (void)state;
+    const char *f = tu_path("fleet.csv"), *s = tu_path("speeds.csv");
+    static const char fleet[] = "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour\n"
+                                "a,H100,2,z,f,3.95\nb,L4,2,z2,f2,0.80\n";
+    tu_write_file(f, fleet, strlen(fleet));
+    static const char sp[] = "# comment\ngpu_type,speed,max_seqs\nH100,1.0,64\nL4,0.30,17\n";
+    tu_write_file(s, sp, strlen(sp));
+    mj_fleet fl;
+    TU_OK(mj_fleet_load(f, s, &fl));
+    assert_int_equal(fl.nodes[1].max_seqs, 17);
+    assert_true(fabs(fl.nodes[1].speed - 0.3) < 1e-12);
+    mj_fleet_free(&fl);
+    static const char old[] = "gpu_type,speed\nH100,1.0\nL4,0.30\n"; /* no memory limits */
+    tu_write_file(s, old, strlen(old));
+    TU_OK(mj_fleet_load(f, s, &fl));
+    assert_int_equal(fl.nodes[1].max_seqs, 0);
+    mj_fleet_free(&fl);
+    static const char bad[] = "gpu_type,speed,max_seqs\nH100,1.0,64\nL4,0.30,-3\n";
+    tu_write_file(s, bad, strlen(bad));
+    assert_int_equal(mj_fleet_load(f, s, &fl), SH_ERANGE);
+    assert_non_null(strstr(sh_errmsg(), "max_seqs -3 of L4"));
+    assert_non_null(strstr(sh_errmsg(), "line 3"));
+    static const char mixed[] = "gpu_type,speed,max_seqs\nH100,1.0\n";
+    tu_write_file(s, mixed, strlen(mixed));
+    assert_int_equal(mj_fleet_load(f, s, &fl), SH_EFORMAT);
+    assert_non_null(strstr(sh_errmsg(), "expected 3 comma-separated fields"));
+}
+
+static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+
+/* fleet-cost end to end, short: a target it cannot reach in 3 steps, so
+ * every run goes to the cap and says so; the figures obey their
+ * definitions. */
+static void test_fleet_cost_cli(void **state)
+{
+    (void)state;
+    const char *root = getenv("SHOAL_ROOT") ? getenv("SHOAL_ROOT") : ".";
+    char *out = NULL;
+    int rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "
+                    "--seeds 1 --max-steps 3 --target 1 --eval-every 3 --eval-n 8 --step-s 0.002 --warm 5 --json >%s 2>%s",
+                    tu_shoal(), root, root, tu_path("fc.json"), tu_path("fc.err"));
+    free(out);
+    assert_int_equal(rc, 0);
+    json_error_t je;
+    json_t *j = json_load_file(tu_path("fc.json"), 0, &je);
+    assert_non_null(j);
+    const char *pools[] = {"uniform", "mixed", "tuned"};
+    for (int i = 0; i < 3; i++) {
+        json_t *p = json_object_get(j, pools[i]);
+        assert_non_null(p);
+        assert_int_equal(json_integer_value(json_object_get(p, "reached")), 0);
+        assert_true(fabs(num(p, "steps") - 3) < 1e-9);
+        assert_true(fabs(num(p, "trajectories") - 3 * 64) < 1e-9);
+        assert_true(num(p, "reward_end") > 0 && num(p, "reward_end") <= 1);
+        assert_true(num(p, "cost") > 0);
+        assert_int_equal(json_array_size(json_object_get(p, "runs")), 1);
+        /* cost = the pool's $/h over its emulated time, for each run */
+        json_t *r = json_array_get(json_object_get(p, "runs"), 0);
+        assert_true(fabs(num(r, "cost") - num(p, "rollout_per_h") * num(r, "emulated_s") / 3600) < 1e-12);
+        assert_true(num(r, "total_cost") > num(r, "cost"));
+    }
+    double u = num(json_object_get(j, "uniform"), "cost"), m = num(json_object_get(j, "mixed"), "cost");
+    assert_true(fabs(num(j, "mixed_saving") - (1 - m / u)) < 1e-8);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "uniform"), "workers")), "3xH100");
+    assert_int_equal(json_array_size(json_object_get(j, "tuned_vs_mixed_by_seed")), 1);
+    json_decref(j);
+    /* Bad input: a clear message and exit status 2. */
+    rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "
+                "--seeds 0", tu_shoal(), root, root);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--seeds must be 1.."));
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_step_time),
+        cmocka_unit_test(test_tune),
+        cmocka_unit_test(test_speed_tables),
+        cmocka_unit_test(test_counted_from_work),
+        cmocka_unit_test(test_stop_at_target),
+        cmocka_unit_test(test_fleet_cost_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
