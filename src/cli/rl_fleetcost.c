@@ -26,7 +26,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -50,6 +49,8 @@ static const char usage[] =
     "  -j, --jobs N        runs at once, each in its own process (the core count)\n"
     "  --train-cost F      a training step lasts F times its CPU time, the rest slept,\n"
     "                      so the trainer's pace does not depend on the load (3)\n"
+    "  --warm-cache DIR    keep each seed's warm start there (a temporary folder,\n"
+    "                      removed afterwards)\n"
     "  --step-s F          emulated seconds of a one-sequence decoding step on the\n"
     "                      training type (0.008)\n"
     "  --seq-cost F        cost of each further concurrent sequence, relative (0.0625)\n"
@@ -66,7 +67,6 @@ typedef struct pool {
     rl_config c;
     char desc[128];
     double per_h;
-    double train_cost; /* > 1: paced_train */
 } pool;
 
 typedef struct gpu {
@@ -166,37 +166,11 @@ static double pool_time(const rl_config *c, const json_t *res)
     return work / mj_pool_rate(c);
 }
 
-/* The trainer as an emulated GPU: a training step lasts train_cost times
- * the CPU time it took (the rest slept), so that its pace, and with it the
- * staleness of the rollouts, does not depend on how many runs, or other
- * users, share the cores, as long as it gets 1/train_cost of a core.
- * (src/rl on branch rl gains the same as rl_config.train_cost; this hook
- * stands in until it reaches main.) */
-static double thread_cpu(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int paced_train(void *ctx, rl_trainer *tr, const rl_traj *t, int n, rl_step_stats *st)
-{
-    double cpu0 = thread_cpu(), t0 = sh_now_mono();
-    int rc = rl_train_step(tr, t, n, st);
-    double want = (thread_cpu() - cpu0) * *(const double *)ctx, spent = sh_now_mono() - t0;
-    if (want > spent) {
-        double d = want - spent;
-        nanosleep(&(struct timespec){(time_t)d, (long)((d - (double)(time_t)d) * 1e9)}, NULL);
-    }
-    return rc;
-}
-
 /* One run of pool p from seed `seed`: the figures of docs/mainjob.md. */
 static json_t *run_pool(const pool *p, uint64_t seed, double trainer_per_h, int *fd, int *rc)
 {
     rl_config c = p->c;
     c.seed = seed;
-    if (p->train_cost > 1) c.train_fn = paced_train, c.hook_ctx = (void *)&p->train_cost;
     json_t *res = NULL;
     if ((*rc = rl_run(&c, on_event, fd, &res))) return NULL;
     double t = pool_time(&c, res), cost = p->per_h * t / 3600;
@@ -282,7 +256,8 @@ static json_t *summarise(const pool *p, json_t *runs)
 typedef struct opts {
     const char *fleet, *speeds, *ttype;
     int tg, seeds, json, jobs;
-    double thr, train_cost;
+    const char *warm_cache;
+    double thr;
 } opts;
 
 static int parse(int argc, char **argv, opts *o, rl_config *c)
@@ -302,7 +277,8 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
         else if (!strcmp(a, "--max-steps")) rc = sh_parse_i64(v, &k, a), c->steps = (int)k;
         else if (!strcmp(a, "--seeds")) rc = sh_parse_i64(v, &k, a), o->seeds = (int)k;
         else if (!strcmp(a, "-j") || !strcmp(a, "--jobs")) rc = sh_parse_i64(v, &k, a), o->jobs = (int)k;
-        else if (!strcmp(a, "--train-cost")) rc = sh_parse_double(v, &o->train_cost, a);
+        else if (!strcmp(a, "--train-cost")) rc = sh_parse_double(v, &c->train_cost, a);
+        else if (!strcmp(a, "--warm-cache")) o->warm_cache = v;
         else if (!strcmp(a, "--max-lag")) rc = sh_parse_i64(v, &k, a), c->max_lag = (int)k;
         else if (!strcmp(a, "--seed")) rc = sh_parse_i64(v, &k, a), c->seed = (uint64_t)k;
         else if (!strcmp(a, "--step-s")) rc = sh_parse_double(v, &c->step_s, a);
@@ -318,7 +294,6 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
     if (!o->fleet || !o->speeds) return cli_usage("rl fleet-cost", "--fleet and --speeds are required");
     if (!(o->thr > 0) || o->tg < 0) return cli_usage("rl fleet-cost", "--throughput must be > 0 and --trainer-gpus >= 0");
     if (o->seeds < 1 || o->seeds > MAX_SEEDS) return cli_usage("rl fleet-cost", "--seeds must be 1..%d", MAX_SEEDS);
-    if (!(o->train_cost >= 1 && o->train_cost <= 100)) return cli_usage("rl fleet-cost", "--train-cost must be in [1,100]");
     if (o->jobs < 1 || o->jobs > 64) return cli_usage("rl fleet-cost", "-j must be 1..64");
     if (c->max_lag < 1 || c->max_lag > 64) return cli_usage("rl fleet-cost", "--max-lag must be 1..64");
     if (!(c->target_reward > 0 && c->target_reward <= 1)) return cli_usage("rl fleet-cost", "--target must be in (0,1]");
@@ -518,9 +493,12 @@ static int run_all(const pool *p, int seeds, uint64_t seed0, double trainer_per_
         struct pollfd pf[64];
         int np = 0;
         for (int j = 0; j < jobs; j++) {
-            /* Seed-major, so that a slow stretch of the machine hits every pool. */
+            /* Pool-major: the uniform runs train each seed's warm start
+             * and put it in the cache, the other pools load it.  The
+             * order no longer matters to the timing: the trainer is paced
+             * (train_cost) and the workers sleep. */
             if (!sl[j].pid && next < total && !rc) {
-                sl[j].seed = next / NPOOL, sl[j].pool = next % NPOOL;
+                sl[j].pool = next / seeds, sl[j].seed = next % seeds;
                 if ((rc = start_run(&sl[j], &p[sl[j].pool], seed0 + (uint64_t)sl[j].seed, trainer_per_h))) continue;
                 next++, live++;
             }
@@ -560,18 +538,18 @@ int cli_rl_fleet_cost(int argc, char **argv)
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    opts o = {.ttype = "H100", .tg = 2, .seeds = 3, .thr = 3, .jobs = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu,
-              .train_cost = 3};
+    opts o = {.ttype = "H100", .tg = 2, .seeds = 3, .thr = 3, .jobs = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu};
     rl_config base;
     rl_config_default(&base);
     base.steps = 120, base.eval_every = 2, base.eval_n = 96, base.target_window = 3, base.quiet = 1, base.target_reward = 0.7;
     base.stop_at_target = 1, base.step_s = 0.008, base.seq_cost = 0.0625;
+    base.train_cost = 3;
     int rc = parse(argc, argv, &o, &base);
     if (rc) return rc;
     mj_fleet f;
     if ((rc = mj_fleet_load(o.fleet, o.speeds, &f)) < 0) return cli_fail("rl fleet-cost", rc);
     pool p[NPOOL] = {{"uniform", base}, {"mixed", base}, {"tuned", base}};
-    for (int i = 0; i < NPOOL; i++) p[i].c.nworkers = 0, p[i].train_cost = o.train_cost;
+    for (int i = 0; i < NPOOL; i++) p[i].c.nworkers = 0;
     double tprice = 0;
     for (int i = 0; i < f.n; i++)
         if (!strcmp(f.nodes[i].gpu_type, o.ttype) && (!tprice || f.nodes[i].price < tprice)) tprice = f.nodes[i].price;
@@ -579,9 +557,16 @@ int cli_rl_fleet_cost(int argc, char **argv)
     mj_fleet_free(&f);
     for (int i = 0; i < NPOOL && !rc; i++) rc = rl_config_check(&p[i].c);
     if (rc < 0) return cli_fail("rl fleet-cost", rc);
+    char tmp[4096] = "";
+    if (!o.warm_cache) { /* a warm start per seed, made once for the three pools */
+        snprintf(tmp, sizeof tmp, "%s/shoal-fleet-cost-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+        if (!mkdtemp(tmp)) return cli_fail("rl fleet-cost", sh_err_errno(errno, "rl fleet-cost: mkdtemp %s", tmp));
+    }
+    for (int i = 0; i < NPOOL; i++) p[i].c.warm_cache = o.warm_cache ? o.warm_cache : tmp;
     json_t *out = json_object(), *runs[NPOOL];
     for (int i = 0; i < NPOOL; i++) runs[i] = json_array();
     rc = run_all(p, o.seeds, base.seed, o.tg * tprice, o.jobs, runs);
+    if (tmp[0]) sh_rm_rf(tmp);
     if (rc < 0) {
         for (int i = 0; i < NPOOL; i++) json_decref(runs[i]);
         json_decref(out);
@@ -602,7 +587,7 @@ int cli_rl_fleet_cost(int argc, char **argv)
              base.target_reward, base.steps, (unsigned long long)base.seed,
              (unsigned long long)(base.seed + (uint64_t)o.seeds - 1), o.thr, o.ttype, o.tg, o.ttype, tprice,
              base.step_s, base.seq_cost, base.target_window ? base.target_window : 1, base.eval_every, base.max_lag,
-             o.train_cost);
+             base.train_cost);
     json_object_set_new(out, "setup", json_string(setup));
     json_object_set_new(out, "target_reward", json_real(base.target_reward));
     static const char *const names[NPOOL] = {"uniform", "mixed", "tuned"};
