@@ -489,6 +489,20 @@ static void test_bad_configs(void **state)
                      cases[i].needle, out);
         free(out);
     }
+    /* The sweep checks what it passes on before starting any run. */
+    static const char *sweep_bad[][2] = {{"--loss foo", "pg, ppo, tis, mis or decoupled"},
+                                         {"--jobs 0", "--jobs"},
+                                         {"--train-cost 0.5", "--train-cost"}};
+    for (size_t i = 0; i < 3; i++) {
+        char *out = NULL;
+        int rc = tu_run(&out, "%s rl sweep --quick --out %s %s 2>&1", tu_shoal(),
+                        tu_path("sweep-bad"), sweep_bad[i][0]);
+        if (rc != 2 || !strstr(out, sweep_bad[i][1]))
+            fail_msg("rl sweep %s: exit %d, output lacks \"%s\": %s", sweep_bad[i][0], rc,
+                     sweep_bad[i][1], out);
+        free(out);
+        assert_false(sh_path_exists(tu_path("sweep-bad")));
+    }
 }
 
 /* A model whose logits are far from uniform: fresh weights scaled up. */
