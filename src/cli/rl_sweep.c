@@ -379,15 +379,19 @@ static int check_extra(const sweep *sw)
     return cli_rl_parse("rl sweep", na, args, &c, &js);
 }
 
-static int write_outputs(const sweep *sw, json_t *rows)
+static int write_outputs(const sweep *sw, json_t *rows, double secs)
 {
     char cmdline[2600], as[48] = "", jobs[32];
     if (sw->async_steps != sw->steps) snprintf(as, sizeof as, " --async-steps %d", sw->async_steps);
     snprintf(jobs, sizeof jobs, " --jobs %d", sw->jobs);
     snprintf(cmdline, sizeof cmdline, "shoal rl sweep%s --seeds %d --steps %d%s --target %g%s%s",
              sw->quick ? " --quick" : "", sw->seeds, sw->steps, as, sw->target, jobs, sw->extra);
-    json_t *res = json_pack("{s:s,s:f,s:i,s:i,s:i,s:O}", "command", cmdline, "target", sw->target,
-                            "seeds", sw->seeds, "steps", sw->steps, "jobs", sw->jobs, "rows", rows);
+    double load[3] = {0, 0, 0};
+    getloadavg(load, 3);
+    json_t *res = json_pack("{s:s,s:f,s:i,s:i,s:i,s:f,s:[f,f,f],s:O}", "command", cmdline, "target",
+                            sw->target, "seeds", sw->seeds, "steps", sw->steps, "jobs", sw->jobs,
+                            "sweep_wall_s", secs, "load_average_end", load[0], load[1], load[2],
+                            "rows", rows);
     sh_buf md = {0}, svg = {0};
     write_md(&md, rows, sw->target, cmdline);
     write_svg(&svg, rows, sw->target);
@@ -447,7 +451,7 @@ int cli_rl_sweep(int argc, char **argv)
                 ref = &cf[k];
         json_array_append_new(rows, row_json(&cf[i], ref));
     }
-    if (!rc) rc = write_outputs(&sw, rows);
+    if (!rc) rc = write_outputs(&sw, rows, sh_now_mono() - t0);
     for (int i = 0; i < ncf; i++) json_decref(cf[i].runs);
     json_decref(rows);
     return rc ? cli_fail("rl sweep", rc) : 0;
