@@ -13,7 +13,9 @@
  *
  * The trainer never blocks on a worker: sockets are non-blocking with an
  * outbox each, so a worker busy writing trajectories cannot deadlock with a
- * trainer busy writing weights. */
+ * trainer busy writing weights.  This file is the trainer's event loop; it
+ * never computes: training, making versions, evaluating and saving run on
+ * the compute thread (compute.c), so the loop keeps serving workers. */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
