@@ -160,27 +160,36 @@ static inline void delta__esyms_init(delta__esyms *e, const delta__table *t)
     }
 }
 
+/* One symbol into state x with at least 2 bytes free below *ptr; returns
+ * the new state.  At most two bytes go out (x < 2^31 and x_max >= 2^17):
+ * it stores two and keeps as many as needed, without branching on the
+ * data.  A byte not kept lies below the stream and is overwritten later. */
+static inline __attribute__((always_inline)) uint32_t delta__renc_sym(uint32_t x, uint8_t **ptr,
+                                                                     const delta__esym *y)
+{
+    unsigned n = (x >= y->x_max) + ((x >> 8) >= y->x_max);
+    uint16_t two = (uint16_t)((x & 0xff) << 8 | ((x >> 8) & 0xff));
+    memcpy(*ptr - 2, &two, 2); /* little-endian: ptr[-1] = x & 0xff */
+    *ptr -= n;
+    x >>= 8 * n;
+    uint32_t q = (uint32_t)(((uint64_t)x * y->rcp_freq) >> 32) >> y->rcp_shift;
+    return x + y->bias + q * y->cmpl_freq;
+}
+
 static inline void delta__renc_put_fast(delta__renc *e, int st, const delta__esym *y)
 {
-    uint32_t x = e->x[st];
     if (e->ptr - e->start >= 2) {
-        /* At most two bytes go out (x < 2^31 and x_max >= 2^17): store two
-         * and keep as many as needed, without branching on the data.  A
-         * byte not kept lies below the stream and is overwritten later. */
-        unsigned n = (x >= y->x_max) + ((x >> 8) >= y->x_max);
-        uint16_t two = (uint16_t)((x & 0xff) << 8 | ((x >> 8) & 0xff));
-        memcpy(e->ptr - 2, &two, 2); /* little-endian: ptr[-1] = x & 0xff */
-        e->ptr -= n;
-        x >>= 8 * n;
-    } else {
-        while (x >= y->x_max) {
-            if (e->ptr == e->start) {
-                e->overflow = 1;
-                return;
-            }
-            *--e->ptr = (uint8_t)x;
-            x >>= 8;
+        e->x[st] = delta__renc_sym(e->x[st], &e->ptr, y);
+        return;
+    }
+    uint32_t x = e->x[st];
+    while (x >= y->x_max) {
+        if (e->ptr == e->start) {
+            e->overflow = 1;
+            return;
         }
+        *--e->ptr = (uint8_t)x;
+        x >>= 8;
     }
     uint32_t q = (uint32_t)(((uint64_t)x * y->rcp_freq) >> 32) >> y->rcp_shift;
     e->x[st] = x + y->bias + q * y->cmpl_freq;
