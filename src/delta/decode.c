@@ -294,7 +294,15 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     for (size_t i = 0; i < nbytes; i += DELTA__PIECE) {
         size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
         uint8_t *piece = out + i; /* holds units from i / w on */
-        if (out != base) memcpy(piece, base + i, end - i); /* else in place */
+        if (out != base) {
+            memcpy(piece, base + i, end - i);
+        } else if (end < nbytes) {
+            /* In place nothing streams the piece into cache before the
+             * patches land on it at random: fetch the next piece while
+             * this one is patched and hashed. */
+            size_t next_end = nbytes - end < DELTA__PIECE ? nbytes : end + DELTA__PIECE;
+            for (size_t q = end; q < next_end; q += 64) __builtin_prefetch(out + q, 1, 3);
+        }
         if (hash_base) XXH3_128bits_update(hb, piece, end - i);
         uint64_t lim = end / w;
         while (more) {
