@@ -135,9 +135,10 @@ int delta__get_table(const uint8_t **p, const uint8_t *end, delta__dtable *t, co
     t->maxnb = 0;
     for (unsigned s = 0; s < 256; s++) {
         delta__dsym *y = &t->d[s];
-        unsigned e = 4 + (s - 16) / 4; /* the symbol's value range, docs "Symbols" */
         y->freq = (uint16_t)freq[s], y->cum = (uint16_t)cum;
-        y->nb = s < 16 ? 0 : e - 2;
+        /* Symbols >= 16: e = 4 + (s - 16) / 4 and e - 2 extra bits below
+         * the top bits 4 + (s - 16) % 4 (docs/delta-format.md, "Symbols"). */
+        y->nb = s < 16 ? 0 : 4 + (s - 16) / 4 - 2;
         y->base = s < 16 ? s : (uint64_t)(4 + (s - 16) % 4) << y->nb;
         if (freq[s]) {
             memset(t->sym + cum, (int)s, freq[s]);
