@@ -1,9 +1,9 @@
 /* The cost experiment's parts: the emulated GPU-time model (hand-checked
  * step times, passes beyond the memory limit), the trainer's count of
- * emulated seconds from the work done in a real run, per-type tuning under
- * the staleness bound, speed tables with memory limits, and `shoal rl
- * fleet-cost --json` end to end on a short run (its keys and its
- * arithmetic). */
+ * emulated seconds from the work done in a real run, a run that stops at
+ * its target reward, per-type tuning within the untuned pool's staleness,
+ * speed tables with memory limits, and `shoal rl fleet-cost --json` end to
+ * end on a short run (its keys and its arithmetic). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +110,37 @@ static void test_counted_from_work(void **state)
     json_decref(res);
 }
 
+/* A run with stop_at_target ends at the evaluation where the mean of the
+ * last target_window evaluations first reaches the target, not before. */
+static void test_stop_at_target(void **state)
+{
+    (void)state;
+    rl_config c = emu_config();
+    c.step_s = 0.001, c.steps = 50, c.warm_steps = 30, c.eval_every = 1, c.eval_n = 8, c.quiet = 1;
+    c.target_reward = 0.05, c.stop_at_target = 1, c.target_window = 3;
+    c.nworkers = 1;
+    c.workers[0] = (rl_worker_spec){.name = "H100", .speed = 1, .price = 3.95};
+    json_t *res = NULL;
+    TU_OK(rl_run(&c, NULL, NULL, &res));
+    /* The curve opens with the reward before RL (not an evaluation that
+     * counts), then one evaluation per step: the run ends at the first step
+     * whose last three evaluations average at least the target. */
+    json_t *curve = json_object_get(res, "curve");
+    long steps = (long)json_integer_value(json_object_get(res, "steps")), want = -1;
+    for (size_t i = 3; i < json_array_size(curve) && want < 0; i++) {
+        double m = 0;
+        for (size_t k = i - 2; k <= i; k++) m += json_number_value(json_object_get(json_array_get(curve, k), "reward"));
+        if (m / 3 >= c.target_reward) want = (long)json_integer_value(json_object_get(json_array_get(curve, i), "step"));
+    }
+    assert_true(want >= 3 && steps < c.steps);
+    assert_int_equal(steps, want);
+    assert_true(json_number_value(json_object_get(res, "time_to_target_s")) >= 0);
+    json_decref(res);
+    c.target_window = RL_TARGET_WINDOW_MAX + 1;
+    assert_int_equal(rl_config_check(&c), SH_EINVAL);
+    assert_non_null(strstr(sh_errmsg(), "target window"));
+}
+
 static void test_speed_tables(void **state)
 {
     (void)state;
@@ -148,13 +179,10 @@ static double num(const json_t *o, const char *k) { return json_number_value(jso
 static void test_fleet_cost_cli(void **state)
 {
     (void)state;
-#if defined(__SANITIZE_ADDRESS__)
-    skip(); /* nine real runs; the optimised build runs them */
-#endif
     const char *root = getenv("SHOAL_ROOT") ? getenv("SHOAL_ROOT") : ".";
     char *out = NULL;
     int rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "
-                    "--seeds 1 --max-steps 3 --target 1 --eval-every 3 --eval-n 8 --step-s 0.002 --json >%s 2>%s",
+                    "--seeds 1 --max-steps 3 --target 1 --eval-every 3 --eval-n 8 --step-s 0.002 --warm 5 --json >%s 2>%s",
                     tu_shoal(), root, root, tu_path("fc.json"), tu_path("fc.err"));
     free(out);
     assert_int_equal(rc, 0);
@@ -196,6 +224,7 @@ int main(void)
         cmocka_unit_test(test_tune),
         cmocka_unit_test(test_speed_tables),
         cmocka_unit_test(test_counted_from_work),
+        cmocka_unit_test(test_stop_at_target),
         cmocka_unit_test(test_fleet_cost_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

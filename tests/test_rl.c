@@ -93,18 +93,33 @@ static void test_tasks(void **state)
         rl_problem_make(RL_TASK_CODE, p.id, &q, &h);
         assert_false(h);
     }
-    rl_problem ev[16];
-    rl_eval_set(RL_TASK_ARITH, 16, ev);
-    for (int i = 0; i < 16; i++) {
+    /* The arithmetic evaluation set spreads over both operands, as
+     * training draws do (ids in order would all have a small second). */
+    rl_problem ev[64];
+    rl_eval_set(RL_TASK_ARITH, 64, ev);
+    int big_a = 0, big_b = 0;
+    for (int i = 0; i < 64; i++) {
         rl_problem_make(RL_TASK_ARITH, ev[i].id, &p, &h);
         assert_true(h);
         int a, b;
         assert_int_equal(sscanf(ev[i].prompt, "%d+%d=", &a, &b), 2);
+        assert_int_equal(strlen(ev[i].prompt), 6); /* two digits each: "07+38=" */
+        big_a += a >= 50, big_b += b >= 50;
         char ans[8];
         snprintf(ans, sizeof ans, "%d", a + b);
         assert_float_equal(rl_reward(&ev[i], ans, (int)strlen(ans), 1), 1.0, 0);
-        assert_float_equal(rl_reward(&ev[i], "99", 2, 1), 0.0, 0);
+        assert_float_equal(rl_reward(&ev[i], ans, (int)strlen(ans), 0), 0.0, 0);
     }
+    assert_true(big_a > 16 && big_a < 48 && big_b > 16 && big_b < 48);
+    /* Partial credit per digit place, aligned on the units. */
+    rl_problem_make(RL_TASK_ARITH, 38 * 100 + 7, &p, NULL); /* 07+38=45 */
+    assert_string_equal(p.prompt, "07+38=");
+    assert_float_equal(rl_reward(&p, "45", 2, 1), 1.0, 0);
+    assert_float_equal(rl_reward(&p, "35", 2, 1), 0.5, 0);  /* no carry */
+    assert_float_equal(rl_reward(&p, "145", 3, 1), 2.0 / 3, 1e-6);
+    assert_float_equal(rl_reward(&p, "5", 1, 1), 0.5, 0);
+    assert_float_equal(rl_reward(&p, "54", 2, 1), 0.0, 0);
+    assert_float_equal(rl_reward(&p, "", 0, 1), 0.0, 0);
 }
 
 /* The two-token example worked by hand in docs/rl.md:
@@ -307,12 +322,12 @@ static void test_async_run_learns(void **state)
 #if defined(__SANITIZE_ADDRESS__)
     skip(); /* about 10 s optimised; the ASan build runs the fault test below */
 #endif
-    json_t *j = run_json("--mode async --max-lag 2 --loss decoupled --steps 40 --seed 1 --gen-cost 2 --quiet", 0);
+    json_t *j = run_json("--mode async --max-lag 2 --loss decoupled --steps 60 --seed 1 --gen-cost 3 --quiet", 0);
     double r0 = json_number_value(json_object_get(j, "reward_start"));
     double r1 = json_number_value(json_object_get(j, "reward_end"));
     print_message("async run: held-out reward %.3f -> %.3f\n", r0, r1);
     assert_true(r1 > r0 + 0.1);
-    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 40);
+    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 60);
     assert_true(json_number_value(json_object_get(j, "tokens_per_s")) > 0);
     /* Workers got the weights as shoal deltas, smaller than the image. */
     double img = json_number_value(json_object_get(j, "weights_image_bytes"));
@@ -326,6 +341,31 @@ static void test_async_run_learns(void **state)
     json_decref(j);
 }
 
+/* The arithmetic task's held-out reward rises under RL (it used to fall
+ * while the training reward rose: 320 training sums were memorised).  A
+ * sync run is reproducible, so this checks one fixed trajectory of the
+ * held-out reward; the margin is several times the evaluation's noise. */
+static void test_arith_heldout_rises(void **state)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    skip(); /* about 20 s optimised */
+#endif
+    json_t *j = run_json("--task arith --mode sync --loss ppo --steps 60 --warm 250 --lr 5e-4 "
+                         "--prompts 16 --seed 2 --gen-cost 1 --eval-every 20 --eval-n 128 --quiet", 0);
+    json_t *curve = json_object_get(j, "curve");
+    double r0 = json_number_value(json_object_get(j, "reward_start"));
+    double r1 = json_number_value(json_object_get(j, "reward_end"));
+    print_message("arith: held-out reward %.3f -> %.3f\n", r0, r1);
+    assert_int_equal(json_array_size(curve), 4);
+    assert_true(r1 > r0 + 0.025);
+    /* Rising, not one lucky evaluation: the mean of the later ones too. */
+    double later = 0;
+    for (size_t i = 1; i < 4; i++)
+        later += json_number_value(json_object_get(json_array_get(curve, i), "reward")) / 3;
+    assert_true(later > r0 + 0.01);
+    json_decref(j);
+}
+
 static void test_worker_killed(void **state)
 {
     json_t *j = run_json("--mode async --steps 8 --warm 5 --eval-every 4 --eval-n 8 --prompts 4 "
@@ -333,12 +373,65 @@ static void test_worker_killed(void **state)
     assert_int_equal(json_integer_value(json_object_get(j, "steps")), 8);
     assert_true(json_integer_value(json_object_get(j, "worker_deaths")) >= 1);
     assert_true(json_integer_value(json_object_get(j, "respawns")) >= 1);
+    /* The killed worker's requests were in flight (async keeps a queue):
+     * they are dropped, and its replacement, given the whole current
+     * image, caught up and contributed. */
+    assert_true(json_integer_value(json_object_get(j, "dropped_dead")) >= 1);
+    json_t *w0 = json_array_get(json_object_get(j, "workers"), 0);
+    print_message("replacement of worker 0: %lld trajectories\n",
+                  (long long)json_integer_value(json_object_get(w0, "trajectories_since_join")));
+    assert_true(json_integer_value(json_object_get(w0, "trajectories_since_join")) > 0);
     json_decref(j);
     /* Without respawn the run still finishes on the workers left. */
     j = run_json("--mode sync --steps 6 --warm 5 --eval-every 3 --eval-n 8 --prompts 4 "
                  "--kill-worker-at 2 --no-respawn --gen-cost 1 --quiet", 0);
     assert_int_equal(json_integer_value(json_object_get(j, "steps")), 6);
     assert_int_equal(json_integer_value(json_object_get(j, "respawns")), 0);
+    json_decref(j);
+}
+
+/* A fixed-seed sync run reproduces bit for bit, although the trainer
+ * trains on its own thread and workers answer in any order.  The first run
+ * trains its warm start and caches it, the second loads it: the cache must
+ * give back exactly the trained weights. */
+static void test_sync_reproducible(void **state)
+{
+    char args[512];
+    snprintf(args, sizeof args, "--mode sync --loss tis --steps 4 --warm 20 --eval-every 2 "
+             "--eval-n 8 --prompts 4 --gen-cost 1 --seed 5 --quiet --warm-cache %s",
+             tu_path("warm"));
+    json_t *a = run_json(args, 0), *b = run_json(args, 0);
+    const char *ha = json_string_value(json_object_get(a, "final_image_xxh3"));
+    const char *hb = json_string_value(json_object_get(b, "final_image_xxh3"));
+    print_message("final weights %s and %s\n", ha, hb);
+    assert_string_equal(ha, hb);
+    assert_int_equal(json_integer_value(json_object_get(a, "final_version")), 4);
+    json_t *ca = json_object_get(a, "curve"), *cb = json_object_get(b, "curve");
+    assert_int_equal(json_array_size(ca), 3);
+    for (size_t i = 0; i < json_array_size(ca); i++)
+        assert_true(json_number_value(json_object_get(json_array_get(ca, i), "reward")) ==
+                    json_number_value(json_object_get(json_array_get(cb, i), "reward")));
+    json_decref(a), json_decref(b);
+}
+
+/* A NaN in a step's batch: the step is skipped, the weights of before it
+ * are kept (no new version), the run says so and goes on. */
+static void test_nan_step_end_to_end(void **state)
+{
+    json_t *j = run_json("--mode sync --steps 4 --warm 5 --eval-every 2 --eval-n 8 --prompts 4 "
+                         "--gen-cost 1 --nan-at 2 --quiet", 0);
+    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 4);
+    assert_int_equal(json_integer_value(json_object_get(j, "skipped_steps")), 1);
+    assert_int_equal(json_integer_value(json_object_get(j, "final_version")), 3);
+    json_t *st = json_object_get(j, "step_stats");
+    assert_true(json_is_true(json_object_get(json_array_get(st, 1), "skipped")));
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(st, 1), "version")), 1);
+    assert_true(json_is_false(json_object_get(json_array_get(st, 2), "skipped")));
+    size_t n;
+    char *err = (char *)tu_read_file(tu_path("stderr.txt"), &n);
+    if (!strstr(err, "step 2 skipped") || !strstr(err, "weights kept"))
+        fail_msg("stderr does not say the step was skipped: %s", err);
+    free(err);
     json_decref(j);
 }
 
@@ -509,8 +602,9 @@ int main(void)
         cmocka_unit_test(test_checkpoint_roundtrip),
         cmocka_unit_test(test_kv_cache_logits),  cmocka_unit_test(test_kv_cache_sampling),
         cmocka_unit_test(test_bad_configs),      cmocka_unit_test(test_worker_killed),
-        cmocka_unit_test(test_rollout_dtypes),
-        cmocka_unit_test(test_async_run_learns),
+        cmocka_unit_test(test_rollout_dtypes),    cmocka_unit_test(test_sync_reproducible),
+        cmocka_unit_test(test_nan_step_end_to_end),
+        cmocka_unit_test(test_async_run_learns),  cmocka_unit_test(test_arith_heldout_rises),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

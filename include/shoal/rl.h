@@ -241,6 +241,12 @@ typedef struct rl_config {
     int req_prompts; /* async: prompts per worker request (0: a quarter step's) */
     float lr;
     int warm_steps;    /* supervised warm-start steps before RL */
+    /* A folder where warm-started weights are kept (F32 safetensors named
+     * by a hash of everything they depend on: task, model shape, seed,
+     * steps), so that runs differing only in RL settings train the warm
+     * start once.  A cached start is bit-for-bit the trained one.  NULL:
+     * always train. */
+    const char *warm_cache;
     int eval_every, eval_n;
     int nworkers;
     rl_worker_spec workers[RL_MAX_WORKERS];
@@ -249,7 +255,15 @@ typedef struct rl_config {
      * sleeping keeps the emulation from competing with the trainer for
      * cores. */
     double gen_cost;
+    /* The trainer is an emulated GPU too: a training step (with making
+     * the next version) lasts train_cost times its CPU time, the rest
+     * slept.  1 (the default) does not stretch it.  Above 1 it makes a
+     * run's timing independent of other load on the machine, as long as
+     * the trainer gets at least 1/train_cost of a core: what lets
+     * `shoal rl sweep` run several runs at once. */
+    double train_cost;
     int kill_at_step;  /* fault injection: SIGKILL worker 0 at this step (0: never) */
+    int nan_at_step;   /* fault injection: a NaN behaviour log-prob in this step's batch (0: never) */
     int respawn;       /* replace a worker that died */
     double target_reward; /* wall-clock time to reach it is reported (0: none) */
     nn_config model;

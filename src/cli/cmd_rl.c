@@ -25,10 +25,14 @@ static const char train_usage[] =
     "  --workers LIST             name:speed:price,... (h100:1:2.5,a100:0.5:1.3,l4:0.25:0.45)\n"
     "  --gen-cost F               a decoding step on a speed-1 worker lasts F x its CPU\n"
     "                             time (24): rollouts dominate, as on GPUs\n"
+    "  --train-cost F             a training step lasts F x its CPU time (1: as it comes);\n"
+    "                             above 1, timings no longer depend on other load\n"
     "  --prompts N --group G      prompts per step (8), samples per prompt (8)\n"
     "  --minibatches M            optimiser steps per RL step (2)\n"
     "  --request-prompts N        async: prompts per worker request (a quarter step's)\n"
     "  --lr X --warm N            RL learning rate (1e-3), warm-start steps (70)\n"
+    "  --warm-cache DIR           keep warm-started weights in DIR and reuse them (a run\n"
+    "                             with the same task, shape, seed and --warm loads them)\n"
     "  --temperature T --top-p P --max-new N   sampling (1, 1, 8)\n"
     "  --clip E --tis-cap C --mis-band LO,HI --mis-level token|seq --decoupled-cap C\n"
     "                             loss knobs (0.2, 2, 0.5,2, token, none)\n"
@@ -38,6 +42,8 @@ static const char train_usage[] =
     "  --out DIR --save-every N   write bf16 safetensors policy checkpoints (Hugging Face\n"
     "                             names) to DIR at the end and every N steps\n"
     "  --kill-worker-at STEP      fault injection: SIGKILL worker 0 after STEP\n"
+    "  --nan-at STEP              fault injection: a NaN behaviour log-probability in the\n"
+    "                             batch of STEP (the step is skipped, the weights kept)\n"
     "  --no-respawn               do not replace a worker that died\n"
     "  --quiet                    no per-evaluation lines on stderr\n"
     "  --verbose                  one line per step: reward, loss, |dlogp|, KL, clipped and\n"
@@ -136,17 +142,22 @@ static int option(rl_config *c, const char *o, const char *v)
     if (!strcmp(o, "--layers")) return parse_int(v, 1, 64, &c->model.layers, o) ?: 1;
     if (!strcmp(o, "--heads")) return parse_int(v, 1, 256, &c->model.heads, o) ?: 1;
     if (!strcmp(o, "--ctx")) return parse_int(v, 1, 4096, &c->model.ctx, o) ?: 1;
-    if (!strcmp(o, "--gen-cost")) {
+    if (!strcmp(o, "--gen-cost") || !strcmp(o, "--train-cost")) {
         SH_TRY(sh_parse_double(v, &d, o));
-        c->gen_cost = d;
+        *(!strcmp(o, "--gen-cost") ? &c->gen_cost : &c->train_cost) = d;
         return 1;
     }
     if (!strcmp(o, "--out")) {
         c->out_dir = v;
         return 1;
     }
+    if (!strcmp(o, "--warm-cache")) {
+        c->warm_cache = v;
+        return 1;
+    }
     if (!strcmp(o, "--save-every")) return parse_int(v, 0, 1000000, &c->save_every, o) ?: 1;
     if (!strcmp(o, "--kill-worker-at")) return parse_int(v, 0, 1000000, &c->kill_at_step, o) ?: 1;
+    if (!strcmp(o, "--nan-at")) return parse_int(v, 0, 1000000, &c->nan_at_step, o) ?: 1;
     return 0;
 }
 

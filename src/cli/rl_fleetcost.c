@@ -45,7 +45,8 @@ static const char usage[] =
     "  --eval-every N      steps between held-out evaluations (2)\n"
     "  --eval-n N          held-out problems per evaluation (96)\n"
     "  --window N          the target is reached when the mean of the last N\n"
-    "                      evaluations is at it (3)\n";
+    "                      evaluations is at it (3)\n"
+    "  --warm N            supervised warm-start steps before RL (70)\n";
 
 enum { NPOOL = 3, MAX_SEEDS = 16 };
 
@@ -266,6 +267,7 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
         else if (!strcmp(a, "--eval-every")) rc = sh_parse_i64(v, &k, a), c->eval_every = (int)k;
         else if (!strcmp(a, "--eval-n")) rc = sh_parse_i64(v, &k, a), c->eval_n = (int)k;
         else if (!strcmp(a, "--window")) rc = sh_parse_i64(v, &k, a), c->target_window = (int)k;
+        else if (!strcmp(a, "--warm")) rc = sh_parse_i64(v, &k, a), c->warm_steps = (int)k;
         else return cli_usage("rl fleet-cost", "unknown option \"%s\"", a);
         if (rc < 0) return cli_usage("rl fleet-cost", "%s", sh_errmsg());
         i++;

@@ -36,6 +36,7 @@ void rl_config_default(rl_config *c)
     memcpy(c->workers, default_workers, sizeof default_workers);
     c->respawn = 1;
     c->gen_cost = 24.0;
+    c->train_cost = 1.0;
     c->target_reward = 0.8;
     c->model = nn_config_default(rl_vocab());
 }
@@ -85,6 +86,8 @@ int rl_config_check(const rl_config *c)
                           c->workers[i].name, c->workers[i].speed, c->workers[i].price);
     if (!(c->gen_cost >= 1 && c->gen_cost <= 100))
         return sh_err(SH_EINVAL, "--gen-cost %g: must be in [1,100]", c->gen_cost);
+    if (!(c->train_cost >= 1 && c->train_cost <= 100))
+        return sh_err(SH_EINVAL, "--train-cost %g: must be in [1,100]", c->train_cost);
     if (c->group < 2 || c->group > 64)
         return sh_err(SH_EINVAL, "--group %d: GRPO needs 2..64 samples per prompt", c->group);
     if (c->prompts_per_step < 1 || c->prompts_per_step * c->group > 4096)

@@ -30,69 +30,9 @@
 #include "shoal/ckpt.h"
 #include "shoal/delta.h"
 
-/* Held-out reward is the mean over this many samples per problem at the
- * training temperature: what RL optimises, and smoother than one greedy
- * answer per problem. */
-#define RL_EVAL_SAMPLES 8
-#define RL_QUEUE 4
-
-typedef struct wk {
-    pid_t pid;
-    /* busy: requests outstanding (async queues up to RL_QUEUE, so that a
-     * worker has its next request at hand while the trainer trains instead
-     * of idling until the trainer reads its result); req_trajs: their sizes,
-     * oldest first (a worker answers in order). */
-    int fd, alive, busy, req_trajs[RL_QUEUE];
-    sh_buf in, out;
-    size_t out_off;
-    double busy_since, busy_s;
-    double gpu_s; /* emulated busy GPU seconds (rl_config.step_s > 0), from the work done */
-    long trajs;
-    int hello;            /* remote: HELLO received (forked workers start with 1) */
-    int bye, final_version; /* BYE received, and the version it reported */
-    sh_hash128 final_hash;
-    double joined, left;  /* seconds since the RL phase began (left < 0: still here) */
-} wk;
-
-typedef struct run {
-    const rl_config *c;
-    rl_trainer tr;
-    wk w[RL_MAX_WORKERS];
-    /* What each slot stands for: c->workers for forked workers, the HELLO
-     * of the current connection for remote ones. */
-    rl_worker_spec spec[RL_MAX_WORKERS];
-    int nslots;
-    long joins, dropped_end;
-    json_t *gone; /* remote workers that left, as result entries */
-    rl_traj *buf;
-    int nbuf, cap, batch, version, step, group_next;
-    long issued; /* trajectories admitted and not lost; bounds staleness */
-    uint64_t rng;
-    double t0, eval_s;
-    long gen_tokens, train_tokens, dropped_stale, dropped_dead, deaths, respawns, skipped;
-    long stale_hist[RL_MAX_T + 2];
-    long inflight_updates;
-    rl_problem *evalset;
-    /* The published image of the current version, and the delta that led
-     * to it from the previous one (what workers holding that get). */
-    sh_buf img, delta;
-    ckpt *ck;
-    double image_bytes, delta_bytes_sum;
-    long deltas;
-    json_t *curve, *steps, *ckpts;
-    rl_progress_fn progress;
-    void *pctx;
-    double time_to_target, last_eval;
-    double recent[RL_TARGET_WINDOW_MAX]; /* the last evaluations' rewards, a ring */
-    int nevals;
-    /* Where the trainer's wall-clock time goes: training steps, making and
-     * queueing deltas, and waiting in poll for workers. */
-    double t_train, t_publish, t_wait;
-} run;
-
 /* Queues the current weights: the delta from the previous version for a
  * worker that holds it, the whole image for one that just joined. */
-static int enqueue_weights(run *r, wk *w, int full)
+int rl__enqueue_weights(run *r, wk *w, int full)
 {
     int use_delta = !full && r->delta.len;
     rl_wire_weights hd = {.version = r->version,
@@ -103,34 +43,8 @@ static int enqueue_weights(run *r, wk *w, int full)
                           use_delta ? r->delta.data : r->img.data, hd.nbytes);
 }
 
-/* Publishes the trainer's weights as version r->version: a new image, and
- * the shoal delta from the previous image. */
-static int publish(run *r)
-{
-    sh_buf img = {0}, d = {0};
-    ckpt *ck = NULL;
-    int rc = rl_policy_image(r->tr.model, r->c->dtype != RL_DTYPE_FP32, &img);
-    if (!rc) rc = ckpt_open_mem(img.data, img.len, "policy", &ck);
-    if (!rc && r->ck) {
-        delta_opts o = {.threads = 1};
-        rc = delta_make_mem(r->ck, ck, &o, &d, NULL);
-    }
-    if (rc) {
-        ckpt_close(ck);
-        sh_buf_free(&img), sh_buf_free(&d);
-        return rc;
-    }
-    ckpt_close(r->ck);
-    sh_buf_free(&r->img), sh_buf_free(&r->delta);
-    r->img = img, r->delta = d, r->ck = ck;
-    r->image_bytes = (double)img.len;
-    if (d.len) r->delta_bytes_sum += (double)d.len, r->deltas++;
-    if (r->c->on_publish) return r->c->on_publish(r->c->hook_ctx, r->version, &r->img, &r->delta);
-    return 0;
-}
-
 /* The run has done its steps, or reached its target with stop_at_target. */
-static int over(const run *r)
+int rl__over(const run *r)
 {
     return r->step >= r->c->steps || (r->c->stop_at_target && r->time_to_target >= 0);
 }
@@ -158,8 +72,9 @@ static int spawn(run *r, int i)
     fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
     wk *w = &r->w[i];
     w->pid = pid, w->fd = sv[0], w->alive = 1, w->busy = 0, w->hello = 1;
+    w->trajs_at_join = w->trajs;
     w->in.len = w->out.len = w->out_off = 0;
-    return enqueue_weights(r, w, 1);
+    return rl__enqueue_weights(r, w, 1);
 }
 
 static json_t *worker_json(const run *r, int i, double wall_s);
@@ -212,7 +127,7 @@ static void accept_remote(run *r)
     if (i >= r->nslots) r->nslots = i + 1;
     wk *w = &r->w[i];
     w->pid = 0, w->fd = fd, w->alive = 1, w->busy = 0, w->hello = 0, w->bye = 0;
-    w->trajs = 0, w->busy_s = 0;
+    w->trajs = w->trajs_at_join = 0, w->busy_s = 0;
     w->in.len = w->out.len = w->out_off = 0;
     w->joined = sh_now_mono() - r->t0, w->left = -1;
 }
@@ -234,8 +149,8 @@ static int got_hello(run *r, int i, const uint8_t *p, size_t len)
     r->w[i].pid = h.pid;
     r->w[i].hello = 1;
     r->joins++;
-    SH_TRY(enqueue_weights(r, &r->w[i], 1));
-    if (over(r)) /* joined while the run was ending */
+    SH_TRY(rl__enqueue_weights(r, &r->w[i], 1));
+    if (rl__over(r)) /* joined while the run was ending */
         return rl__msg_append(&r->w[i].out, RL_MSG_STOP, NULL, 0, NULL, 0);
     return 0;
 }
@@ -283,8 +198,11 @@ static int busy_count(const run *r)
 static int issue(run *r)
 {
     const rl_config *c = r->c;
+    if (rl__over(r)) return 0;
     if (c->mode == RL_MODE_SYNC) {
-        if (busy_count(r) || r->nbuf >= r->batch) return 0;
+        /* Sync: the next round starts with the weights of the step that
+         * is training, once they are back. */
+        if (busy_count(r) || r->nbuf >= r->batch || r->training) return 0;
         int alive = 0, need = (r->batch - r->nbuf) / c->group;
         for (int i = 0; i < r->nslots; i++) alive += r->w[i].alive && r->w[i].hello;
         if (!alive) return 0;
@@ -334,7 +252,7 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
         w->gpu_s += rl_emu_request_s(r->c, &r->spec[i], tmp, th.count);
         free(tmp);
     }
-    if (over(r)) { /* the run is over: answers to old requests */
+    if (rl__over(r)) { /* the run is over: answers to old requests */
         r->dropped_end += th.count;
         memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
         w->busy--;
@@ -427,129 +345,34 @@ static void drop_stale(run *r)
     r->nbuf = k;
 }
 
-/* Wall-clock time of the RL phase without held-out evaluations: they cost
- * the same in both modes and are measurement, not training. */
-static double wall(const run *r) { return sh_now_mono() - r->t0 - r->eval_s; }
-
-static int eval_now(run *r)
-{
-    double rew, e0 = sh_now_mono();
-    SH_TRY(rl_evaluate(r->tr.model, r->evalset, r->c->eval_n, &r->c->sampling, RL_EVAL_SAMPLES, 99, &rew));
-    r->eval_s += sh_now_mono() - e0;
-    double t = wall(r);
-    r->last_eval = rew;
-    json_array_append_new(r->curve, json_pack("{s:f,s:i,s:f}", "wall_s", t, "step", r->step,
-                                              "reward", rew));
-    /* Reached when the mean of the last target_window evaluations (at least
-     * one) is at the target: one lucky evaluation of a noisy curve is not. */
-    int win = r->c->target_window > 1 ? r->c->target_window : 1, have = 0;
-    double sum = 0;
-    r->recent[r->nevals++ % RL_TARGET_WINDOW_MAX] = rew;
-    for (int k = 0; k < win && k < r->nevals; k++, have++)
-        sum += r->recent[(r->nevals - 1 - k) % RL_TARGET_WINDOW_MAX];
-    if (r->time_to_target < 0 && r->c->target_reward > 0 && have == win && sum / win >= r->c->target_reward)
-        r->time_to_target = t;
-    if (r->progress) {
-        json_t *ev = json_pack("{s:s,s:i,s:f,s:f}", "event", "eval", "step", r->step, "reward",
-                               rew, "wall_s", t);
-        r->progress(ev, r->pctx);
-        json_decref(ev);
-    }
-    return 0;
-}
-
-/* out_dir/policy-v<version>.safetensors; the path is recorded in the run's
- * result. */
-static int save(run *r)
-{
-    if (!r->c->out_dir) return 0;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/policy-v%06d.safetensors", r->c->out_dir, r->version);
-    char step[32];
-    snprintf(step, sizeof step, "%d", r->step);
-    json_t *extra = json_pack("{s:s,s:s}", "shoal.step", step, "shoal.task", rl_task_name(r->c->task));
-    int rc = rl_save_checkpoint(r->tr.model, path, r->version, extra);
-    json_decref(extra);
-    if (!rc) json_array_append_new(r->ckpts, json_string(path));
-    return rc;
-}
-
-static json_t *hist_json(const long *h, int n)
-{
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(h[i]));
-    return a;
-}
-
-/* Trains on the first batch in the buffer, then publishes the weights. */
-static int train_one(run *r)
-{
-    long hist[RL_MAX_T + 2] = {0};
-    int nh = r->c->mode == RL_MODE_ASYNC ? r->c->max_lag + 1 : 1;
-    int smax = 0; /* unclamped: what the staleness bound promises */
-    for (int i = 0; i < r->batch; i++) {
-        int s = r->version - r->buf[i].vstart;
-        if (s > smax) smax = s;
-        s = s < 0 ? 0 : s > nh - 1 ? nh - 1 : s;
-        hist[s]++;
-        r->stale_hist[s]++;
-        r->inflight_updates += r->buf[i].vend != r->buf[i].vstart;
-    }
-    rl_step_stats st;
-    double t0 = sh_now_mono();
-    int rc = r->c->train_fn ? r->c->train_fn(r->c->hook_ctx, &r->tr, r->buf, r->batch, &st)
-                            : rl_train_step(&r->tr, r->buf, r->batch, &st);
-    r->t_train += sh_now_mono() - t0;
-    if (rc < 0 && rc != SH_ERANGE) return rc;
-    if (rc == SH_ERANGE) {
-        r->skipped++;
-        sh_log(SH_LOG_WARN, "rl: step %d: %s", r->step + 1, sh_errmsg());
-    }
-    r->train_tokens += st.tokens;
-    memmove(r->buf, r->buf + r->batch, sizeof(rl_traj) * (r->nbuf - r->batch));
-    r->nbuf -= r->batch;
-    r->step++;
-    if (!st.skipped) r->version++;
-    json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:o,s:f}", "event", "step",
-                           "step", r->step, "version", r->version, "reward", st.reward, "loss",
-                           isfinite(st.loss) ? st.loss : -1.0, "grad_norm",
-                           isfinite(st.grad_norm) ? st.grad_norm : -1.0, "abs_dlogp",
-                           st.abs_dlogp, "kl", st.kl, "clipped_frac", st.clipped_frac,
-                           "masked_frac", st.masked_frac, "skipped", st.skipped, "staleness",
-                           hist_json(hist, nh), "wall_s", wall(r));
-    json_object_set_new(ev, "staleness_max", json_integer(smax));
-    if (r->progress) r->progress(ev, r->pctx);
-    json_array_append_new(r->steps, ev);
-    if (!st.skipped) {
-        t0 = sh_now_mono();
-        SH_TRY(publish(r));
-        for (int i = 0; i < r->nslots; i++)
-            if (r->w[i].alive && r->w[i].hello) SH_TRY(enqueue_weights(r, &r->w[i], 0));
-        r->t_publish += sh_now_mono() - t0;
-    }
-    if (r->step % r->c->eval_every == 0 || r->step == r->c->steps) SH_TRY(eval_now(r));
-    if (r->step == r->c->steps || (r->c->save_every && r->step % r->c->save_every == 0))
-        SH_TRY(save(r));
-    if (r->step == r->c->kill_at_step && r->w[0].alive) {
-        sh_log(SH_LOG_WARN, "rl: fault injection: killing worker 0 (pid %d)", (int)r->w[0].pid);
-        kill(r->w[0].pid, SIGKILL);
-    }
-    return 0;
-}
+double rl__wall(const run *r) { return sh_now_mono() - r->t0; }
 
 static int poll_once(run *r);
 
+/* The event loop: it never computes, so workers are answered and fed
+ * while the compute thread trains and evaluates.  The run ends when the
+ * last step is trained and its evaluation is in. */
 static int loop(run *r)
 {
     const rl_config *c = r->c;
-    while (!over(r)) {
+    int busy = 0;
+    while (!rl__over(r) || busy) {
+        if (rl__over(r)) { /* only the last evaluation is left: workers wait */
+            struct pollfd pf = {.fd = rl__compute_wake_fd(r), .events = POLLIN};
+            if (poll(&pf, 1, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
+            SH_TRY(rl__compute_collect(r));
+            busy = rl__compute_busy(r);
+            continue;
+        }
         SH_TRY(issue(r));
         SH_TRY(poll_once(r));
+        SH_TRY(rl__compute_collect(r));
         if (c->mode == RL_MODE_ASYNC) drop_stale(r);
-        while (r->nbuf >= r->batch && !over(r) &&
-               (c->mode == RL_MODE_ASYNC || !busy_count(r))) {
-            SH_TRY(train_one(r));
-            if (c->mode == RL_MODE_ASYNC) drop_stale(r);
+        busy = rl__compute_busy(r);
+        if (!busy && !rl__over(r) && r->nbuf >= r->batch &&
+            (c->mode == RL_MODE_ASYNC || !busy_count(r))) {
+            SH_TRY(rl__compute_dispatch(r));
+            busy = 1;
         }
     }
     return 0;
@@ -561,8 +384,8 @@ static int poll_once(run *r)
 {
     const rl_config *c = r->c;
     {
-        struct pollfd pf[RL_MAX_WORKERS + 1];
-        int idx[RL_MAX_WORKERS + 1], n = 0;
+        struct pollfd pf[RL_MAX_WORKERS + 2];
+        int idx[RL_MAX_WORKERS + 2], n = 0;
         for (int i = 0; i < r->nslots; i++) {
             if (!r->w[i].alive) continue;
             pf[n] = (struct pollfd){.fd = r->w[i].fd,
@@ -574,10 +397,12 @@ static int poll_once(run *r)
                                   "see the worker errors above", r->deaths, r->respawns);
         int nw = n;
         if (c->remote) pf[n++] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
+        pf[n++] = (struct pollfd){.fd = rl__compute_wake_fd(r), .events = POLLIN};
         double t0 = sh_now_mono();
         if (poll(pf, n, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
         r->t_wait += sh_now_mono() - t0;
         if (c->remote && (pf[nw].revents & POLLIN)) accept_remote(r);
+        /* The compute thread's news is taken by the loop's next collect. */
         for (int k = 0; k < nw; k++) {
             int i = idx[k], dead = 0;
             if (pf[k].revents & POLLOUT) dead = flush_worker(&r->w[i]);
@@ -647,22 +472,6 @@ static void shutdown_workers(run *r)
     for (int i = 0; i < r->nslots; i++) sh_buf_free(&r->w[i].in), sh_buf_free(&r->w[i].out);
 }
 
-static int warm_start(run *r)
-{
-    nn_adamw opt;
-    SH_TRY(nn_adamw_init(&opt, r->tr.model, 3e-3f));
-    rl_problem p[32];
-    uint64_t rng = r->c->seed * 7919 + 17;
-    int rc = 0;
-    for (int s = 0; s < r->c->warm_steps && !rc; s++) {
-        for (int i = 0; i < 32; i++) rl_problem_draw(r->c->task, 0, &rng, &p[i]);
-        float loss;
-        rc = rl_sft_step(r->tr.model, &opt, p, 32, &loss);
-    }
-    nn_adamw_free(&opt);
-    return rc;
-}
-
 /* One worker's entry in the result.  A rented GPU is paid for the whole
  * time it is held, busy or not: the run for forked workers, from joining
  * to leaving for remote ones. */
@@ -673,8 +482,9 @@ static json_t *worker_json(const run *r, int i, double until)
     double held = r->c->remote ? until - w->joined : until;
     char hex[33];
     sh_hash128_hex(w->final_hash, hex);
-    json_t *o = json_pack("{s:s,s:f,s:f,s:I,s:f,s:f,s:f}", "name", sp->name, "speed", sp->speed,
+    json_t *o = json_pack("{s:s,s:f,s:f,s:I,s:I,s:f,s:f,s:f}", "name", sp->name, "speed", sp->speed,
                           "price_per_h", sp->price, "trajectories", (json_int_t)w->trajs,
+                          "trajectories_since_join", (json_int_t)(w->trajs - w->trajs_at_join),
                           "busy_s", w->busy_s, "held_s", held, "cost_usd",
                           sp->price * held / 3600.0);
     if (r->c->step_s > 0) {
@@ -715,7 +525,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
                      "dropped_stale", (json_int_t)r->dropped_stale, "dropped_dead",
                      (json_int_t)r->dropped_dead, "worker_deaths", (json_int_t)r->deaths,
                      "respawns", (json_int_t)r->respawns, "inflight_updated_trajs",
-                     (json_int_t)r->inflight_updates, "staleness_hist", hist_json(r->stale_hist, nh),
+                     (json_int_t)r->inflight_updates, "staleness_hist", rl__hist_json(r->stale_hist, nh),
                      "curve", json_incref(r->curve), "workers", workers, "step_stats",
                      json_incref(r->steps), "cost_usd", cost, "params",
                      (json_int_t)nn_num_params(r->tr.model), "eval_s", r->eval_s,
@@ -745,11 +555,12 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     int slots = c->remote ? RL_MAX_WORKERS : c->nworkers;
     r->cap = r->batch * (c->max_lag + 2 + RL_QUEUE * slots) + 64;
     r->buf = malloc(sizeof(rl_traj) * (size_t)r->cap);
+    r->sortbuf = malloc(sizeof(rl_traj) * (size_t)r->cap);
     r->evalset = malloc(sizeof(rl_problem) * c->eval_n);
-    int rc = r->buf && r->evalset ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
+    int rc = r->buf && r->sortbuf && r->evalset ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
     if (!rc && c->out_dir) rc = sh_mkdir_p(c->out_dir, 0755);
     if (!rc) rc = nn_new(&c->model, c->seed, &r->tr.model);
-    if (!rc) rc = warm_start(r);
+    if (!rc) rc = rl__warm_start(c, r->tr.model);
     r->tr.loss = c->loss, r->tr.temperature = c->sampling.temperature;
     r->tr.minibatches = c->minibatches;
     if (!rc) rc = nn_adamw_init(&r->tr.opt, r->tr.model, c->lr);
@@ -761,10 +572,13 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
         r->t0 = sh_now_mono();
         json_array_append_new(r->curve, json_pack("{s:f,s:i,s:f}", "wall_s", 0.0, "step", 0,
                                                   "reward", reward_start));
-        rc = publish(r);
+        rc = rl__publish_now(r);
+        /* Before the thread starts: forked workers must not inherit it. */
         for (int i = 0; i < r->nslots && !rc; i++) rc = spawn(r, i);
+        if (!rc) rc = rl__compute_start(r);
         if (!rc) rc = loop(r);
-        wall_s = wall(r);
+        wall_s = rl__wall(r);
+        rl__compute_stop(r);
         shutdown_workers(r);
     }
     if (!rc) *result = result_json(r, reward_start, wall_s);
@@ -773,6 +587,6 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     nn_free(r->tr.model);
     ckpt_close(r->ck);
     sh_buf_free(&r->img), sh_buf_free(&r->delta);
-    free(r->buf), free(r->evalset), free(r);
+    free(r->buf), free(r->sortbuf), free(r->evalset), free(r);
     return rc;
 }

@@ -42,6 +42,19 @@ static const struct {
 #define NFORMS ((int)(sizeof forms / sizeof forms[0]))
 static const int64_t test_inputs[] = {-2, -1, 0, 1, 2, 3};
 
+/* Arithmetic operands are 0..ARITH_N-1.  With 0..19 (the first version)
+ * there were 320 training sums: RL drew the same ones again and again and
+ * the policy memorised them, while the 80 held-out sums never improved.
+ * With 0..99 there are 8,000 training sums, a run of 60 steps x 8 prompts
+ * sees almost every one once, and the only way to raise the reward is to
+ * learn to add, which is what the held-out sums measure.  Operands are
+ * written with two digits ("07+38=") so that a digit's place is its
+ * position, and a response earns partial credit per digit (see
+ * rl_reward): an exact-sum reward alone is almost always 0 for a policy
+ * that has not yet learnt to carry, and GRPO learns nothing from a group
+ * whose rewards are all equal. */
+#define ARITH_N 100
+
 static void fmt2(char *out, size_t cap, const char *fmt, char a, char b)
 {
     /* The forms hold one or two %c; snprintf ignores the extra argument. */
@@ -71,8 +84,8 @@ void rl_problem_make(int task, uint64_t id, rl_problem *p, int *held_out)
     p->task = task;
     char body[20];
     if (task == RL_TASK_ARITH) {
-        int a = (int)(id % 20), b = (int)(id / 20 % 20);
-        snprintf(body, sizeof body, "%d+%d", a, b);
+        int a = (int)(id % ARITH_N), b = (int)(id / ARITH_N % ARITH_N);
+        snprintf(body, sizeof body, "%02d+%02d", a, b);
         snprintf(p->answer, sizeof p->answer, "%d", a + b);
     } else {
         int f = (int)(id % NFORMS), a = (int)(id / NFORMS % 9) + 1, b = (int)(id / NFORMS / 9 % 9) + 1;
@@ -97,7 +110,10 @@ static uint64_t next_u64(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static uint64_t space(int task) { return task == RL_TASK_ARITH ? 400 : (uint64_t)NFORMS * 81; }
+static uint64_t space(int task)
+{
+    return task == RL_TASK_ARITH ? (uint64_t)ARITH_N * ARITH_N : (uint64_t)NFORMS * 81;
+}
 
 void rl_problem_draw(int task, int held_out, uint64_t *rng, rl_problem *p)
 {
@@ -108,10 +124,17 @@ void rl_problem_draw(int task, int held_out, uint64_t *rng, rl_problem *p)
     }
 }
 
+/* The code task's evaluation set is the first held-out problems in id
+ * order, which cycles through every formula shape.  Arithmetic ids in
+ * order would all have a small second operand (id / 100), a distribution
+ * unlike training's: they are visited in a stride that is coprime with
+ * the space, so the set spreads over both operands. */
 void rl_eval_set(int task, int n, rl_problem *out)
 {
     int k = 0;
-    for (uint64_t id = 0; id < space(task) && k < n; id++) {
+    uint64_t N = space(task);
+    for (uint64_t j = 0; j < N && k < n; j++) {
+        uint64_t id = task == RL_TASK_ARITH ? j * 7919 % N : j;
         int h;
         rl_problem_make(task, id, &out[k], &h);
         int dup = task == RL_TASK_CODE && !forms[id % NFORMS].two && id / NFORMS / 9 % 9 != 0;
@@ -121,11 +144,22 @@ void rl_eval_set(int task, int n, rl_problem *out)
     for (int i = k; i < n && k; i++) out[i] = out[i % k];
 }
 
+/* The fraction of digit places (aligned on the units) at which the
+ * response has the answer's digit, over the longer of the two: 1 only for
+ * the exact sum, and a shorter or longer response loses the places it
+ * lacks or adds. */
+static float arith_reward(const char *ans, const char *resp, int len)
+{
+    int n = (int)strlen(ans), m = len > n ? len : n, ok = 0;
+    if (len < 1) return 0.0f;
+    for (int i = 1; i <= n && i <= len; i++) ok += ans[n - i] == resp[len - i];
+    return (float)ok / (float)m;
+}
+
 float rl_reward(const rl_problem *p, const char *resp, int len, int terminated)
 {
     if (!terminated) return 0.0f;
-    if (p->task == RL_TASK_ARITH)
-        return (size_t)len == strlen(p->answer) && !memcmp(resp, p->answer, len) ? 1.0f : 0.0f;
+    if (p->task == RL_TASK_ARITH) return arith_reward(p->answer, resp, len);
     rl_limits lim = rl_limits_default();
     int pass = 0;
     for (int i = 0; i < p->ntests; i++) {

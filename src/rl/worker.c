@@ -281,7 +281,11 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
     if (nn_new(&c->model, c->seed, &w.model) < 0) _exit(3);
     signal(SIGPIPE, SIG_IGN);
     if (c->dtype == RL_DTYPE_FP8) {
+        /* The quantiser works on files, written atomically (with fsync)
+         * for every version: in memory (/dev/shm) where there is one, so
+         * that FP8 rollouts do not wait on a disk shared with other runs. */
         const char *tmp = getenv("TMPDIR");
+        if (sh_is_dir("/dev/shm") && access("/dev/shm", W_OK) == 0) tmp = "/dev/shm";
         snprintf(w.dir, sizeof w.dir, "%s/shoal-rl-XXXXXX", tmp && strlen(tmp) < 40 ? tmp : "/tmp");
         if (!mkdtemp(w.dir)) _exit(3);
     }
