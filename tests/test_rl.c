@@ -511,8 +511,11 @@ static void test_bad_configs(void **state)
     /* The sweep checks what it passes on before starting any run. */
     static const char *sweep_bad[][2] = {{"--loss foo", "pg, ppo, tis, mis or decoupled"},
                                          {"--jobs 0", "--jobs"},
-                                         {"--train-cost 0.5", "--train-cost"}};
-    for (size_t i = 0; i < 3; i++) {
+                                         {"--train-cost 0.5", "--train-cost"},
+                                         {"--losses ppo,foo", "ppo, tis, mis, decoupled"},
+                                         {"--dtypes fp16", "bf16, fp8"},
+                                         {"--stop-after-reward 1.5", "in (0,1]"}};
+    for (size_t i = 0; i < sizeof sweep_bad / sizeof sweep_bad[0]; i++) {
         char *out = NULL;
         int rc = tu_run(&out, "%s rl sweep --quick --out %s %s 2>&1", tu_shoal(),
                         tu_path("sweep-bad"), sweep_bad[i][0]);

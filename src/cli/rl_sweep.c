@@ -23,6 +23,7 @@
 
 static const char sweep_usage[] =
     "usage: shoal rl sweep [--quick] [--seeds N] [--steps N] [--async-steps N] [--target R]\n"
+    "                      [--losses L,..] [--dtypes D,..]\n"
     "                      [--jobs N] [--out DIR] [--json] [rl train options]\n"
     "Runs shoal rl train for sync and async (max lag 1, 2, 4, 8) x loss (ppo, tis, mis,\n"
     "decoupled) x rollout dtype (bf16, fp8), each for N seeds (3), and writes\n"
