@@ -48,7 +48,8 @@ int rl__enqueue_weights(run *r, wk *w, int full)
 /* The run has done its steps, or reached its target with stop_at_target. */
 int rl__over(const run *r)
 {
-    return r->step >= r->c->steps || (r->c->stop_at_target && r->time_to_target >= 0);
+    return r->step >= r->c->steps || (r->c->stop_at_target && r->time_to_target >= 0) ||
+           (r->stop_step > 0 && r->step >= r->stop_step);
 }
 
 static int spawn(run *r, int i)
