@@ -136,6 +136,46 @@ static void test_roundtrip_every_dtype(void **state)
     tt_free(t, n);
 }
 
+/* Changes of every size the symbols allow: 64-bit units replaced by random
+ * values (up to 61 extra bits a value, beyond what the decoder's fast loop
+ * reads at once), 32-bit ones by random steps, and a dense 16-bit integer
+ * tensor; each chunk's end is decoded by the careful path. */
+static void test_wide_changes(void **state)
+{
+    tt b[3], t[3];
+    tt_set(&b[0], "i64", CKPT_I64, 1, 20001, 0);
+    tt_set(&b[1], "f32", CKPT_F32, 2, 25001, 2);
+    tt_set(&b[2], "u16", CKPT_U16, 1, 70001, 0);
+    for (size_t i = 0; i < 3; i++) {
+        t[i] = b[i];
+        t[i].data = malloc(b[i].nbytes + 1);
+        memcpy(t[i].data, b[i].data, b[i].nbytes);
+    }
+    for (size_t i = 0; i + 8 <= t[0].nbytes; i += 8)
+        if (rnd() % 100 < 3) for (int k = 0; k < 8; k++) t[0].data[i + k] = (uint8_t)rnd();
+    for (size_t i = 0; i + 4 <= t[1].nbytes; i += 4)
+        if (rnd() % 100 < 5) {
+            uint32_t u;
+            memcpy(&u, t[1].data + i, 4);
+            u += (uint32_t)rnd() >> (rnd() % 32);
+            memcpy(t[1].data + i, &u, 4);
+        }
+    perturb(&t[2], 600, 2);
+    const char *bp = tu_path("wide_base.safetensors"), *tp = tu_path("wide_new.safetensors");
+    const char *dp = tu_path("wide.delta"), *op = tu_path("wide_out.safetensors");
+    save(bp, b, 3);
+    save(tp, t, 3);
+    TU_OK(delta_make(bp, tp, dp, &(delta_opts){.threads = 2}, NULL));
+    TU_OK(delta_apply(bp, dp, op, NULL));
+    assert_true(files_equal(op, tp));
+    json_t *j = inspect(dp);
+    assert_int_equal(count_enc(j, "SPARSE"), 2);
+    assert_int_equal(count_enc(j, "DENSE"), 1);
+    json_decref(j);
+    tt_free(b, 3);
+    tt_free(t, 3);
+}
+
 static void test_structure_changes(void **state)
 {
     tt b[5], t[5];
@@ -560,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_sharded),               cmocka_unit_test(test_squash_chain),
         cmocka_unit_test(test_squash_whole),          cmocka_unit_test(test_memory_api),
         cmocka_unit_test(test_golden),                cmocka_unit_test(test_bench_json),
+        cmocka_unit_test(test_wide_changes),
     };
     return cmocka_run_group_tests_name("delta", tests, NULL, NULL);
 }

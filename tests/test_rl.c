@@ -411,6 +411,25 @@ static void test_sync_reproducible(void **state)
     for (size_t i = 0; i < json_array_size(ca); i++)
         assert_true(json_number_value(json_object_get(json_array_get(ca, i), "reward")) ==
                     json_number_value(json_object_get(json_array_get(cb, i), "reward")));
+    /* --stop-after-reward: the same run given more steps stops one
+     * evaluation after the first that reaches a level the curve above hit,
+     * with the same weights as the run above had at that step. */
+    int s = 0;
+    double level = 0;
+    for (size_t i = 1; i < json_array_size(ca) && !s; i++)
+        if ((level = json_number_value(json_object_get(json_array_get(ca, i), "reward"))) > 0)
+            s = (int)json_integer_value(json_object_get(json_array_get(ca, i), "step"));
+    if (s) {
+        char more[700];
+        snprintf(more, sizeof more, "%s --steps 12 --stop-after-reward %.17g", args, level);
+        json_t *c = run_json(more, 0);
+        print_message("stop after reward %.3f (step %d): %d steps\n", level, s,
+                      (int)json_integer_value(json_object_get(c, "final_version")));
+        assert_int_equal(json_integer_value(json_object_get(c, "final_version")), s + 2);
+        if (s + 2 == 4)
+            assert_string_equal(ha, json_string_value(json_object_get(c, "final_image_xxh3")));
+        json_decref(c);
+    } else print_message("no evaluation above 0: --stop-after-reward not checked\n");
     json_decref(a), json_decref(b);
 }
 
@@ -488,6 +507,23 @@ static void test_bad_configs(void **state)
             fail_msg("rl train %s: exit %d, output lacks \"%s\": %s", cases[i].args, rc,
                      cases[i].needle, out);
         free(out);
+    }
+    /* The sweep checks what it passes on before starting any run. */
+    static const char *sweep_bad[][2] = {{"--loss foo", "pg, ppo, tis, mis or decoupled"},
+                                         {"--jobs 0", "--jobs"},
+                                         {"--train-cost 0.5", "--train-cost"},
+                                         {"--losses ppo,foo", "ppo, tis, mis, decoupled"},
+                                         {"--dtypes fp16", "bf16, fp8"},
+                                         {"--stop-after-reward 1.5", "in (0,1]"}};
+    for (size_t i = 0; i < sizeof sweep_bad / sizeof sweep_bad[0]; i++) {
+        char *out = NULL;
+        int rc = tu_run(&out, "%s rl sweep --quick --out %s %s 2>&1", tu_shoal(),
+                        tu_path("sweep-bad"), sweep_bad[i][0]);
+        if (rc != 2 || !strstr(out, sweep_bad[i][1]))
+            fail_msg("rl sweep %s: exit %d, output lacks \"%s\": %s", sweep_bad[i][0], rc,
+                     sweep_bad[i][1], out);
+        free(out);
+        assert_false(sh_path_exists(tu_path("sweep-bad")));
     }
 }
 

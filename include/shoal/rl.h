@@ -294,6 +294,10 @@ typedef struct rl_config {
      * relative to a one-sequence step. */
     double step_s, seq_cost;
     int stop_at_target; /* end the run at the evaluation that reaches target_reward */
+    /* > 0: end the run one evaluation after the first evaluation at or
+     * above this held-out reward (rl sweep --quick: an async run stops once
+     * it has shown it reaches its sync partner's final reward). */
+    double stop_reward;
     int target_window;  /* the target counts as reached when the mean of the last
                          * target_window evaluations (1..RL_TARGET_WINDOW_MAX; 0: 1) is at it */
 } rl_config;

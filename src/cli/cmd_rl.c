@@ -38,6 +38,8 @@ static const char train_usage[] =
     "                             loss knobs (0.2, 2, 0.5,2, token, none)\n"
     "  --eval-every N --eval-n N  held-out evaluation cadence (10) and size (64)\n"
     "  --target R                 report wall-clock time to held-out reward R (0.8)\n"
+    "  --stop-after-reward R      end the run one evaluation after the held-out reward\n"
+    "                             first reaches R (default: run all --steps)\n"
     "  --width C --layers L --heads H --ctx T   model shape (64, 2, 4, 24)\n"
     "  --out DIR --save-every N   write bf16 safetensors policy checkpoints (Hugging Face\n"
     "                             names) to DIR at the end and every N steps\n"
@@ -136,6 +138,12 @@ static int option(rl_config *c, const char *o, const char *v)
     if (!strcmp(o, "--target")) {
         SH_TRY(sh_parse_double(v, &d, o));
         c->target_reward = d;
+        return 1;
+    }
+    if (!strcmp(o, "--stop-after-reward")) {
+        SH_TRY(sh_parse_double(v, &d, o));
+        if (!(d > 0 && d <= 1)) return sh_err(SH_EINVAL, "--stop-after-reward %s: expected a reward in (0,1]", v);
+        c->stop_reward = d;
         return 1;
     }
     if (!strcmp(o, "--width")) return parse_int(v, 1, 8192, &c->model.width, o) ?: 1;

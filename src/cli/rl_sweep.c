@@ -23,17 +23,21 @@
 
 static const char sweep_usage[] =
     "usage: shoal rl sweep [--quick] [--seeds N] [--steps N] [--async-steps N] [--target R]\n"
+    "                      [--losses L,..] [--dtypes D,..]\n"
     "                      [--jobs N] [--out DIR] [--json] [rl train options]\n"
     "Runs shoal rl train for sync and async (max lag 1, 2, 4, 8) x loss (ppo, tis, mis,\n"
     "decoupled) x rollout dtype (bf16, fp8), each for N seeds (3), and writes\n"
     "DIR/sweep.md, DIR/sweep.json and DIR/sweep.svg (DIR: rl-sweep).  Every run of a\n"
     "seed starts from the same warm start, trained once and kept in DIR/warm.\n"
     "  --quick        the same grid with 2 seeds, 30 RL steps and a 32-problem\n"
-    "                 held-out set evaluated every 5 steps\n"
+    "                 held-out set evaluated every 5 steps; sync runs go first and\n"
+    "                 each async run stops one evaluation after it reaches its sync\n"
+    "                 partner's final reward (docs/rl.md)\n"
     "  --steps N      RL steps per sync run (60; quick 30)\n"
     "  --async-steps N  RL steps per async run (twice --steps)\n"
     "  --target R     held-out reward whose wall-clock time is reported (0.7)\n"
     "  --jobs N       runs at once (2 per core): each uses about 0.4 of a core\n"
+    "  --losses L,..  --dtypes D,..  only these losses / rollout dtypes (a smaller grid)\n"
     "Every run gets --train-cost 3 (pass another to override) so that runs at once\n"
     "do not slow each other's trainers.\n"
     "  --json         print the table as one JSON object instead of markdown\n"
@@ -49,6 +53,7 @@ typedef struct sweep {
     int quick, seeds, steps, async_steps, json, jobs;
     double target;
     const char *out;
+    const char *losses, *dtypes; /* comma-separated subsets of the grid (NULL: all) */
     char extra[2048];
 } sweep;
 
@@ -100,9 +105,10 @@ static void run_paths(const sweep *sw, int ci, int seed, char *out, char *err, s
 /* Starts one run: a child shoal process (this executable) whose stdout and
  * stderr go to files, so that any number can run without their pipes
  * filling up.  No shell: the arguments are passed as they are. */
-static int start_run(const sweep *sw, const cfg *c, int ci, int seed, pid_t *pid)
+static int start_run(const sweep *sw, const cfg *c, int ci, int seed, double stop, pid_t *pid)
 {
     char outp[4096], errp[4096], steps[16], lag[16], seed_s[16], target[32], warm[4096], xbuf[2048];
+    char stop_s[40];
     run_paths(sw, ci, seed, outp, errp, sizeof outp);
     snprintf(steps, sizeof steps, "%d", c->async ? sw->async_steps : sw->steps);
     snprintf(lag, sizeof lag, "%d", c->lag);
@@ -118,6 +124,10 @@ static int start_run(const sweep *sw, const cfg *c, int ci, int seed, pid_t *pid
      * machine do not slow each other's trainers (rl_config.train_cost). */
     argv[n++] = "--train-cost", argv[n++] = "3";
     if (sw->quick) argv[n++] = "--eval-n", argv[n++] = "32", argv[n++] = "--eval-every", argv[n++] = "5";
+    if (stop > 0) { /* %.17g: the very level the speed-up is measured against */
+        snprintf(stop_s, sizeof stop_s, "%.17g", stop);
+        argv[n++] = "--stop-after-reward", argv[n++] = stop_s;
+    }
     snprintf(xbuf, sizeof xbuf, "%s", sw->extra);
     for (char *t = strtok(xbuf, " "); t && n < 198; t = strtok(NULL, " ")) argv[n++] = t;
     argv[n] = NULL;
@@ -163,21 +173,58 @@ typedef struct slot {
     int ci, seed;
 } slot;
 
-/* Runs every (configuration, seed), sw->jobs at a time, seed-major so
- * that each seed's warm start is made by its first runs.  A failure stops
- * new runs; those already running finish. */
+/* The sync configuration with the same loss and dtype as c (c if none). */
+static const cfg *sync_ref(const cfg *cf, int ncf, const cfg *c)
+{
+    for (int k = 0; k < ncf; k++)
+        if (!cf[k].async && cf[k].loss == c->loss && !strcmp(cf[k].dtype, c->dtype)) return &cf[k];
+    return c;
+}
+
+/* The order runs start in, as configuration * seeds + seed - 1: seed-major
+ * so that each seed's warm start is made by its first runs; with --quick
+ * every sync run first, so that each async run knows its sync partner's
+ * final reward when it starts. */
+static int *run_order(const sweep *sw, const cfg *cf, int ncf)
+{
+    int *o = malloc(sizeof *o * (size_t)(ncf * sw->seeds)), n = 0;
+    if (!o) return NULL;
+    for (int pass = sw->quick ? 0 : 1; pass < 2; pass++)
+        for (int s = 0; s < sw->seeds; s++)
+            for (int c = 0; c < ncf; c++)
+                if (!sw->quick || cf[c].async == pass) o[n++] = c * sw->seeds + s;
+    return o;
+}
+
+/* With --quick an async run stops one evaluation after it reaches its sync
+ * partner's final held-out reward (rl train --stop-after-reward): the rest
+ * of its steps cannot change its speed-up.  Returns 0 for no stop, and
+ * -1 while the partner is still running. */
+static double stop_level(const sweep *sw, const cfg *cf, int ncf, int ci, int seed)
+{
+    if (!sw->quick || !cf[ci].async) return 0;
+    json_t *sr = json_array_get(sync_ref(cf, ncf, &cf[ci])->runs, (size_t)seed - 1);
+    return json_is_object(sr) ? json_number_value(json_object_get(sr, "reward_end")) : -1;
+}
+
+/* Runs every (configuration, seed), sw->jobs at a time, in run_order.  A
+ * failure stops new runs; those already running finish. */
 static int run_all(const sweep *sw, cfg *cf, int ncf)
 {
     int total = ncf * sw->seeds, next = 0, running = 0, done = 0, rc = 0;
     slot *sl = calloc((size_t)sw->jobs, sizeof *sl);
-    if (!sl) return sh_err(SH_ENOMEM, "rl sweep: out of memory");
+    int *order = run_order(sw, cf, ncf);
+    if (!sl || !order) return free(sl), free(order), sh_err(SH_ENOMEM, "rl sweep: out of memory");
     sh_progress bar;
     sh_progress_start(&bar, "rl sweep", (uint64_t)total, "runs");
     while (running || (next < total && !rc)) {
         for (int k = 0; k < sw->jobs && next < total && !rc; k++) {
             if (sl[k].pid) continue;
-            sl[k].ci = next % ncf, sl[k].seed = next / ncf + 1;
-            rc = start_run(sw, &cf[sl[k].ci], sl[k].ci, sl[k].seed, &sl[k].pid);
+            int ci = order[next] / sw->seeds, seed = order[next] % sw->seeds + 1;
+            double stop = stop_level(sw, cf, ncf, ci, seed);
+            if (stop < 0) break; /* wait for the sync partner */
+            sl[k].ci = ci, sl[k].seed = seed;
+            rc = start_run(sw, &cf[ci], ci, seed, stop, &sl[k].pid);
             if (!rc) running++, next++;
         }
         if (!running) break;
@@ -197,7 +244,7 @@ static int run_all(const sweep *sw, cfg *cf, int ncf)
         sh_progress_update(&bar, (uint64_t)done);
     }
     sh_progress_finish(&bar);
-    free(sl);
+    free(sl), free(order);
     return rc;
 }
 
@@ -358,11 +405,37 @@ static int parse_args(int argc, char **argv, sweep *sw)
                 return cli_usage("rl sweep", "--target \"%s\": expected a reward in (0,1]", v);
             i++;
         } else if (!strcmp(o, "--out")) sw->out = v, i++;
+        else if (!strcmp(o, "--losses")) sw->losses = v, i++;
+        else if (!strcmp(o, "--dtypes")) sw->dtypes = v, i++;
         else if (!strncmp(o, "--", 2) && strlen(sw->extra) + strlen(o) + strlen(v) + 8 < sizeof sw->extra) {
             if (strchr(v, ' ') || strchr(o, ' '))
                 return cli_usage("rl sweep", "option %s %s: values with spaces cannot be passed on", o, v);
             snprintf(sw->extra + strlen(sw->extra), sizeof sw->extra - strlen(sw->extra), " %s %s", o, v), i++;
         } else return cli_usage("rl sweep", "unexpected argument \"%s\"", o);
+    }
+    return 0;
+}
+
+/* Whether name is in the comma-separated list (NULL: everything is). */
+static int in_list(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (!strncmp(p, name, n) && (p[n] == ',' || !p[n])) return 1;
+    return !list;
+}
+
+/* Every name in a --losses / --dtypes list is one of the grid's. */
+static int check_subset(const char *list, const char *opt)
+{
+    static const char *names[] = {"ppo", "tis", "mis", "decoupled", "bf16", "fp8"};
+    int dt = !strcmp(opt, "--dtypes");
+    for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        size_t n = strcspn(p, ","), ok = 0;
+        for (int k = dt ? 4 : 0; k < (dt ? 6 : 4); k++) ok |= strlen(names[k]) == n && !strncmp(p, names[k], n);
+        if (!ok)
+            return cli_usage("rl sweep", "%s \"%s\": expected a comma-separated list of %s", opt, list,
+                             dt ? "bf16, fp8" : "ppo, tis, mis, decoupled");
     }
     return 0;
 }
@@ -379,15 +452,22 @@ static int check_extra(const sweep *sw)
     return cli_rl_parse("rl sweep", na, args, &c, &js);
 }
 
-static int write_outputs(const sweep *sw, json_t *rows)
+static int write_outputs(const sweep *sw, json_t *rows, double secs)
 {
     char cmdline[2600], as[48] = "", jobs[32];
     if (sw->async_steps != sw->steps) snprintf(as, sizeof as, " --async-steps %d", sw->async_steps);
     snprintf(jobs, sizeof jobs, " --jobs %d", sw->jobs);
-    snprintf(cmdline, sizeof cmdline, "shoal rl sweep%s --seeds %d --steps %d%s --target %g%s%s",
-             sw->quick ? " --quick" : "", sw->seeds, sw->steps, as, sw->target, jobs, sw->extra);
-    json_t *res = json_pack("{s:s,s:f,s:i,s:i,s:i,s:O}", "command", cmdline, "target", sw->target,
-                            "seeds", sw->seeds, "steps", sw->steps, "jobs", sw->jobs, "rows", rows);
+    char grid[600] = "";
+    if (sw->losses) snprintf(grid, sizeof grid, " --losses %.250s", sw->losses);
+    if (sw->dtypes) snprintf(grid + strlen(grid), sizeof grid - strlen(grid), " --dtypes %.250s", sw->dtypes);
+    snprintf(cmdline, sizeof cmdline, "shoal rl sweep%s --seeds %d --steps %d%s --target %g%s%s%s",
+             sw->quick ? " --quick" : "", sw->seeds, sw->steps, as, sw->target, jobs, grid, sw->extra);
+    double load[3] = {0, 0, 0};
+    getloadavg(load, 3);
+    json_t *res = json_pack("{s:s,s:f,s:i,s:i,s:i,s:f,s:[f,f,f],s:O}", "command", cmdline, "target",
+                            sw->target, "seeds", sw->seeds, "steps", sw->steps, "jobs", sw->jobs,
+                            "sweep_wall_s", secs, "load_average_end", load[0], load[1], load[2],
+                            "rows", rows);
     sh_buf md = {0}, svg = {0};
     write_md(&md, rows, sw->target, cmdline);
     write_svg(&svg, rows, sw->target);
@@ -421,11 +501,13 @@ int cli_rl_sweep(int argc, char **argv)
     if ((rc = check_extra(&sw))) return rc;
     static const int lags[] = {0, 1, 2, 4, 8};
     static const char *dts[] = {"bf16", "fp8"};
+    if ((rc = check_subset(sw.losses, "--losses")) || (rc = check_subset(sw.dtypes, "--dtypes"))) return rc;
     cfg cf[64];
     int ncf = 0;
     for (int d = 0; d < 2; d++)
         for (int l = 0; l < 5; l++)
             for (int k = RL_LOSS_PPO; k <= RL_LOSS_DECOUPLED; k++) {
+                if (!in_list(sw.losses, rl_loss_name(k)) || !in_list(sw.dtypes, dts[d])) continue;
                 cf[ncf] = (cfg){.async = lags[l] > 0, .lag = lags[l] > 0 ? lags[l] : 2, .loss = k,
                                 .dtype = dts[d], .runs = json_array()};
                 for (int s = 0; s < sw.seeds; s++) json_array_append_new(cf[ncf].runs, json_null());
@@ -441,13 +523,9 @@ int cli_rl_sweep(int argc, char **argv)
     /* Rows once every run is in: each compares with its sync counterpart. */
     json_t *rows = json_array();
     for (int i = 0; i < ncf && !rc; i++) {
-        const cfg *ref = &cf[i];
-        for (int k = 0; k < ncf; k++)
-            if (!cf[k].async && cf[k].loss == cf[i].loss && !strcmp(cf[k].dtype, cf[i].dtype))
-                ref = &cf[k];
-        json_array_append_new(rows, row_json(&cf[i], ref));
+        json_array_append_new(rows, row_json(&cf[i], sync_ref(cf, ncf, &cf[i])));
     }
-    if (!rc) rc = write_outputs(&sw, rows);
+    if (!rc) rc = write_outputs(&sw, rows, sh_now_mono() - t0);
     for (int i = 0; i < ncf; i++) json_decref(cf[i].runs);
     json_decref(rows);
     return rc ? cli_fail("rl sweep", rc) : 0;

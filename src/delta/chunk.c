@@ -311,25 +311,85 @@ static size_t delta__assemble(delta__scratch *s, uint8_t *p, const delta__renc *
     return (size_t)(p - s->out) + r + nb;
 }
 
-static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size_t limit)
+/* Pass 1 of a sparse chunk: the symbols (kept for pass 2), their counts,
+ * and the extra bits, which go forward in decoding order.  Counts go to
+ * four copies of each histogram in turn: the same symbol comes again and
+ * again, and one counter would make each increment wait for the last. */
+static void delta__sparse_symbols(delta__scratch *s, size_t k, unsigned w, uint64_t cg[256],
+                                  uint64_t cv[256], delta__bw *bw)
 {
-    uint64_t cg[256] = {0}, cv[256] = {0};
-    delta__bw bw = {s->bits, s->bits + s->out_cap, 0, 0, 0};
-    unsigned nb;
-    uint64_t ex;
-    uint8_t *sym = s->sym;
-    /* Pass 1: symbols (kept for pass 2), their counts, and the extra bits,
-     * which go forward in decoding order. */
-    for (size_t i = 0; i < k; i++) {
-        uint64_t gap = s->pos[i] - (i ? s->pos[i - 1] + 1 : 0);
-        unsigned g = delta__sym(gap, &nb, &ex);
-        cg[g]++;
-        delta__bw_put_fast(&bw, ex, nb); /* nb may be 0: cheaper than a branch */
+    uint32_t hg[4][256] = {{0}}, hv[4][256] = {{0}}; /* k < 2^32 */
+    uint8_t *sym = s->sym, *p = bw->p;
+    uint64_t acc = bw->acc, ex;
+    unsigned n = bw->n, nb;
+    uint32_t prev = 0; /* position after the previous change */
+    size_t i = 0;
+    /* Units of at most 4 bytes: a gap has at most 18 extra bits and a value
+     * at most 29, so a pair's bits fit the 64-bit accumulator with the 7
+     * left over, and one 8-byte store writes them out. */
+    for (; w <= 4 && i < k && bw->end - p >= 8; i++) {
+        unsigned g = delta__sym(s->pos[i] - prev, &nb, &ex);
+        acc |= ex << n, n += nb;
+        prev = s->pos[i] + 1;
         unsigned v = delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex);
-        cv[v]++;
-        delta__bw_put_fast(&bw, ex, nb);
+        acc |= ex << n, n += nb;
+        memcpy(p, &acc, 8); /* little-endian host: whole bytes go out */
+        p += n >> 3;
+        acc >>= n & 56;
+        n &= 7;
+        hg[i & 3][g]++, hv[i & 3][v]++;
         sym[2 * i] = (uint8_t)g, sym[2 * i + 1] = (uint8_t)v;
     }
+    bw->p = p, bw->acc = acc, bw->n = n;
+    for (; i < k; i++) {
+        unsigned g = delta__sym(s->pos[i] - prev, &nb, &ex);
+        delta__bw_put(bw, ex, nb);
+        prev = s->pos[i] + 1;
+        unsigned v = delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex);
+        delta__bw_put(bw, ex, nb);
+        hg[i & 3][g]++, hv[i & 3][v]++;
+        sym[2 * i] = (uint8_t)g, sym[2 * i + 1] = (uint8_t)v;
+    }
+    for (int c = 0; c < 256; c++) {
+        cg[c] = (uint64_t)hg[0][c] + hg[1][c] + hg[2][c] + hg[3][c];
+        cv[c] = (uint64_t)hv[0][c] + hv[1][c] + hv[2][c] + hv[3][c];
+    }
+}
+
+/* Pass 2: rANS, backwards, pair i with states 2 (i mod 2) and 2 (i mod 2)
+ * + 1.  Two pairs a turn with the four states in locals (a state picked
+ * by a run-time index would live in memory) while 8 bytes are free below
+ * the stream, then one symbol at a time with every store checked. */
+static void delta__sparse_rans(delta__renc *e, const uint8_t *sym, size_t k,
+                               const delta__esyms *eg, const delta__esyms *ev)
+{
+    size_t i = k;
+    if (i & 1) { /* the last pair is even: states 0 and 1 */
+        i--;
+        delta__renc_put_fast(e, 1, &ev->s[sym[2 * i + 1]]);
+        delta__renc_put_fast(e, 0, &eg->s[sym[2 * i]]);
+    }
+    uint32_t x0 = e->x[0], x1 = e->x[1], x2 = e->x[2], x3 = e->x[3];
+    uint8_t *ptr = e->ptr;
+    for (; i >= 2 && ptr - e->start >= 8; i -= 2) {
+        x3 = delta__renc_sym(x3, &ptr, &ev->s[sym[2 * i - 1]]);
+        x2 = delta__renc_sym(x2, &ptr, &eg->s[sym[2 * i - 2]]);
+        x1 = delta__renc_sym(x1, &ptr, &ev->s[sym[2 * i - 3]]);
+        x0 = delta__renc_sym(x0, &ptr, &eg->s[sym[2 * i - 4]]);
+    }
+    e->x[0] = x0, e->x[1] = x1, e->x[2] = x2, e->x[3] = x3, e->ptr = ptr;
+    while (i-- > 0) {
+        int st = (int)(2 * i) % DELTA__STATES; /* symbol 2i: gap, 2i + 1: value */
+        delta__renc_put_fast(e, st + 1, &ev->s[sym[2 * i + 1]]);
+        delta__renc_put_fast(e, st, &eg->s[sym[2 * i]]);
+    }
+}
+
+static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size_t limit)
+{
+    uint64_t cg[256], cv[256];
+    delta__bw bw = {s->bits, s->bits + s->out_cap, 0, 0, 0};
+    delta__sparse_symbols(s, k, w, cg, cv, &bw);
     delta__bw_flush(&bw);
     delta__table tg, tv;
     delta__normalize(cg, &tg);
@@ -337,16 +397,11 @@ static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size
     uint8_t *p = delta__put_varint(s->out, k);
     p = delta__put_table(p, &tg);
     p = delta__put_table(p, &tv);
-    /* Pass 2: rANS, backwards. */
     delta__esyms eg, ev;
     delta__esyms_init(&eg, &tg);
     delta__esyms_init(&ev, &tv);
     delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L, DELTA__L, DELTA__L}, 0};
-    for (size_t i = k; i-- > 0;) {
-        int st = (int)(2 * i) % DELTA__STATES; /* symbol 2i: gap, 2i + 1: value */
-        delta__renc_put_fast(&e, st + 1, &ev.s[sym[2 * i + 1]]);
-        delta__renc_put_fast(&e, st, &eg.s[sym[2 * i]]);
-    }
+    delta__sparse_rans(&e, s->sym, k, &eg, &ev);
     delta__renc_finish(&e);
     return delta__assemble(s, p, &e, &bw, limit);
 }

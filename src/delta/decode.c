@@ -13,59 +13,40 @@
 #include <xxh_x86dispatch.h>
 #endif
 
-/* Extra bits, least significant first; refills eight bytes at a time. */
-static inline int delta__br_get(delta__dec *d, unsigned nbits, uint64_t *out)
+/* nbits (<= 64) extra bits, least significant first, checked against the
+ * stream's end: the careful path, for the last bytes of a stream. */
+static int delta__br_get(delta__dec *d, unsigned nbits, uint64_t *out)
 {
     delta__br *b = &d->br;
-    if (nbits > 32) {
-        uint64_t lo = 0, hi = 0;
-        SH_TRY(delta__br_get(d, 32, &lo));
-        SH_TRY(delta__br_get(d, nbits - 32, &hi));
-        *out = lo | hi << 32;
-        return SH_OK;
+    if (nbits > 8 * b->len - b->pos)
+        return sh_err(SH_EFORMAT, "%s: extra-bit stream too short", d->what);
+    uint64_t v = 0;
+    for (unsigned got = 0; got < nbits;) {
+        uint64_t at = b->pos + got;
+        unsigned sh = (unsigned)(at & 7), take = 8 - sh < nbits - got ? 8 - sh : nbits - got;
+        v |= (uint64_t)((b->start[at >> 3] >> sh) & ((1u << take) - 1)) << got;
+        got += take;
     }
-    if (b->n < nbits) {
-        if (b->end - b->p >= 8) {
-            uint64_t v;
-            memcpy(&v, b->p, 8);
-            b->acc |= v << b->n;
-            b->p += (63 - b->n) >> 3;
-            b->n |= 56;
-            b->acc &= (1ull << b->n) - 1;
-        } else {
-            while (b->n <= 56 && b->p < b->end) {
-                b->acc |= (uint64_t)*b->p++ << b->n;
-                b->n += 8;
-            }
-            if (b->n < nbits)
-                return sh_err(SH_EFORMAT, "%s: extra-bit stream too short", d->what);
-        }
-    }
-    *out = b->acc & ((1ull << nbits) - 1);
-    b->acc >>= nbits;
-    b->n -= nbits;
+    b->pos += nbits;
+    *out = v;
     return SH_OK;
 }
 
-/* One rANS symbol with state st, and its value (symbol + extra bits). */
-static inline int delta__get(delta__dec *d, int st, const delta__dtable *t, uint64_t *v)
+/* One rANS symbol with state st, and its value (symbol + extra bits), with
+ * every read checked. */
+static int delta__get(delta__dec *d, int st, const delta__dtable *t, uint64_t *v)
 {
     uint32_t x = d->x[st], slot = x & (DELTA__PROB - 1);
-    unsigned s = t->sym[slot];
-    x = t->t.freq[s] * (x >> DELTA__PROB_BITS) + slot - t->t.cum[s];
+    const delta__dsym *y = &t->d[t->sym[slot]];
+    x = y->freq * (x >> DELTA__PROB_BITS) + slot - y->cum;
     while (x < DELTA__L) {
         if (d->p == d->end) return sh_err(SH_EFORMAT, "%s: rANS stream too short", d->what);
         x = (x << 8) | *d->p++;
     }
     d->x[st] = x;
-    if (s < 16) {
-        *v = s;
-        return SH_OK;
-    }
-    unsigned e = 4 + (s - 16) / 4, m = (s - 16) % 4;
     uint64_t extra = 0;
-    SH_TRY(delta__br_get(d, e - 2, &extra));
-    *v = ((uint64_t)(4 + m) << (e - 2)) | extra;
+    SH_TRY(delta__br_get(d, y->nb, &extra));
+    *v = y->base | extra;
     return SH_OK;
 }
 
@@ -107,157 +88,135 @@ int delta__dec_open(delta__dec *d, int enc, const uint8_t *payload, size_t len, 
     }
     d->p = p + 4 * DELTA__STATES;
     d->end = p + r;
-    d->br.start = d->br.p = p + r;
-    d->br.end = end;
+    d->br = (delta__br){p + r, (size_t)(end - p - r), 0};
+    /* The fast loops read 8 bytes at the bit position and take up to 4
+     * symbols' extra bits a turn; they run while the position is below
+     * fast_lim (none when a table holds symbols of over 56 extra bits,
+     * which one 8-byte read could not hold). */
+    unsigned mg = d->dense ? d->v->maxnb : d->g->maxnb, mv = d->v->maxnb;
+    uint64_t need = 64 + 2 * (uint64_t)(mg + mv), have = 8 * (uint64_t)d->br.len;
+    d->fast_lim = mg <= 56 && mv <= 56 && have >= need ? have - need + 1 : 0;
     return SH_OK;
 }
 
-/* One rANS symbol and its value, for the hot loops: X is a local state, T
- * its table, OUT the value; uses the locals p, end, br, rc, d and the label
- * `out` of the enclosing function. */
-#define DELTA__SYM(X, T, OUT)                                                                      \
-    do {                                                                                           \
-        uint32_t slot_ = X & (DELTA__PROB - 1);                                                    \
-        unsigned s_ = (T)->sym[slot_];                                                             \
-        X = (T)->t.freq[s_] * (X >> DELTA__PROB_BITS) + slot_ - (T)->t.cum[s_];                   \
-        while (X < DELTA__L) {                                                                     \
-            if (p == end) {                                                                        \
-                rc = sh_err(SH_EFORMAT, "%s: rANS stream too short", d->what);                    \
-                goto out;                                                                          \
-            }                                                                                      \
-            X = (X << 8) | *p++;                                                                   \
-        }                                                                                          \
-        if (s_ < 16) {                                                                             \
-            OUT = s_;                                                                              \
-        } else {                                                                                   \
-            unsigned e_ = 4 + (s_ - 16) / 4, nb_ = e_ - 2;                                         \
-            uint64_t ex_ = 0;                                                                      \
-            if (nb_ <= 32 && br.n >= nb_) {                                                        \
-                ex_ = br.acc & ((1ull << nb_) - 1);                                                \
-                br.acc >>= nb_, br.n -= nb_;                                                       \
-            } else {                                                                               \
-                d->br = br;                                                                        \
-                if ((rc = delta__br_get(d, nb_, &ex_)) < 0) goto out;                              \
-                br = d->br;                                                                        \
-            }                                                                                      \
-            OUT = ((uint64_t)(4 + (s_ - 16) % 4) << nb_) | ex_;                                    \
-        }                                                                                          \
-    } while (0)
-
-/* The same without branches on the data, when at least 4 stream bytes (a
- * symbol renormalises with at most 2) and 8 extra-bit bytes are left and
- * the extra bits fit one refill (at most 56: gaps and values of units up to
- * 4 bytes). */
+/* One rANS symbol and its value without a branch on the data, for the hot
+ * loops: X is a local state, T its table, OUT the value; uses the locals p
+ * (rANS stream, 2 bytes readable), bs and bp (extra-bit stream and bit
+ * position, 8 bytes readable at bp / 8).  Renormalisation needs at most two
+ * bytes (x >= 2^9 after decoding), so both are loaded at once and the
+ * number used computed from x: the stream position then depends on the
+ * states only through an add, and the four states' chains overlap. */
 #define DELTA__FAST_SYM(X, T, OUT)                                                                 \
     do {                                                                                           \
         uint32_t slot_ = X & (DELTA__PROB - 1);                                                    \
-        unsigned s_ = (T)->sym[slot_];                                                             \
-        X = (T)->t.freq[s_] * (X >> DELTA__PROB_BITS) + slot_ - (T)->t.cum[s_];                   \
-        uint32_t c1_ = X < DELTA__L;                                                               \
-        X = c1_ ? (X << 8) | *p : X;                                                               \
-        p += c1_;                                                                                  \
-        uint32_t c2_ = X < DELTA__L;                                                               \
-        X = c2_ ? (X << 8) | *p : X;                                                               \
-        p += c2_;                                                                                  \
-        unsigned big_ = s_ >= 16, sb_ = big_ ? s_ - 16 : 0, nb_ = big_ ? sb_ / 4 + 2 : 0;          \
-        if (br.n < nb_) {                                                                          \
-            uint64_t w_;                                                                           \
-            memcpy(&w_, br.p, 8);                                                                  \
-            br.acc |= w_ << br.n;                                                                  \
-            br.p += (63 - br.n) >> 3;                                                              \
-            br.n |= 56;                                                                            \
-            br.acc &= (1ull << br.n) - 1;                                                          \
+        const delta__dsym *y_ = &(T)->d[(T)->sym[slot_]];                                          \
+        X = y_->freq * (X >> DELTA__PROB_BITS) + slot_ - y_->cum;                                  \
+        unsigned n_ = (X < DELTA__L) + (X < (DELTA__L >> 8));                                      \
+        uint32_t in_ = (uint32_t)p[0] << 8 | p[1];                                                 \
+        X = X << (8 * n_) | in_ >> (16 - 8 * n_);                                                  \
+        p += n_;                                                                                   \
+        uint64_t w_;                                                                               \
+        memcpy(&w_, bs + (bp >> 3), 8);                                                            \
+        OUT = y_->base | ((w_ >> (bp & 7)) & ((1ull << y_->nb) - 1));                              \
+        bp += y_->nb;                                                                              \
+    } while (0)
+
+/* Dense: every unit's value, four symbols (states 0-3) a turn while the
+ * streams have room, then one at a time with every read checked. */
+static int delta__dec_dense(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_t *got)
+{
+    size_t k = 0;
+    if (d->next % DELTA__STATES == 0) {
+        uint32_t x0 = d->x[0], x1 = d->x[1], x2 = d->x[2], x3 = d->x[3];
+        const uint8_t *p = d->p, *end = d->end, *bs = d->br.start;
+        const delta__dtable *tv = d->v;
+        uint64_t bp = d->br.pos, next = d->next, zmax = d->zmax, bad = 0;
+        for (; k + 4 <= max && d->left - k >= 4 && end - p >= 8 && bp < d->fast_lim; k += 4) {
+            uint64_t v0, v1, v2, v3;
+            DELTA__FAST_SYM(x0, tv, v0);
+            DELTA__FAST_SYM(x1, tv, v1);
+            DELTA__FAST_SYM(x2, tv, v2);
+            DELTA__FAST_SYM(x3, tv, v3);
+            bad |= (v0 > zmax) | (v1 > zmax) | (v2 > zmax) | (v3 > zmax);
+            z[k] = v0, z[k + 1] = v1, z[k + 2] = v2, z[k + 3] = v3;
+            for (int i = 0; i < 4; i++) pos[k + i] = (uint32_t)next++;
+        }
+        d->x[0] = x0, d->x[1] = x1, d->x[2] = x2, d->x[3] = x3;
+        d->p = p, d->br.pos = bp, d->next = next, d->left -= k;
+        if (bad) return sh_err(SH_EFORMAT, "%s: change value out of range", d->what);
+    }
+    for (; k < max && d->left; k++, d->left--) {
+        uint64_t v = 0;
+        SH_TRY(delta__get(d, (int)(d->next % DELTA__STATES), d->v, &v));
+        if (v > d->zmax)
+            return sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
+                          (unsigned long long)v);
+        pos[k] = (uint32_t)d->next++;
+        z[k] = v;
+    }
+    *got = k;
+    return SH_OK;
+}
+
+/* Checks a decoded change at position `next` + g (of n units) with value
+ * v, and records it as change k. */
+#define DELTA__PUT(G, V)                                                                           \
+    do {                                                                                           \
+        if ((G) >= n - next) {                                                                     \
+            rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);             \
+            goto out;                                                                              \
         }                                                                                          \
-        uint64_t ex_ = br.acc & ((1ull << nb_) - 1);                                               \
-        br.acc >>= nb_;                                                                            \
-        br.n -= nb_;                                                                               \
-        OUT = big_ ? ((uint64_t)(4 + sb_ % 4) << nb_) | ex_ : s_;                                  \
+        if ((V) - 1 >= zmax) {                                                                     \
+            rc = sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,                \
+                        (unsigned long long)(V));                                                  \
+            goto out;                                                                              \
+        }                                                                                          \
+        pos[k] = (uint32_t)(next + (G));                                                           \
+        z[k++] = (V);                                                                              \
+        next += (G) + 1;                                                                           \
     } while (0)
 
 int delta__dec_next(delta__dec *d, uint32_t *pos, uint64_t *z, size_t max, size_t *got)
 {
-    size_t k = 0;
-    if (d->dense) {
-        for (; k < max && d->left; k++, d->left--) {
-            uint64_t v = 0;
-            SH_TRY(delta__get(d, (int)(d->next % DELTA__STATES), d->v, &v));
-            if (v > d->zmax)
-                return sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
-                              (unsigned long long)v);
-            pos[k] = (uint32_t)d->next++;
-            z[k] = v;
-        }
-        *got = k;
-        return SH_OK;
-    }
-    /* The sparse loop keeps the states and the bit reader in locals: every
-     * symbol depends on the previous one through the state, so latency is
+    if (d->dense) return delta__dec_dense(d, pos, z, max, got);
+    /* The sparse loop keeps the states and the stream positions in locals:
+     * every symbol depends on the previous one of its state, so latency is
      * what counts. */
     uint32_t x0 = d->x[0], x1 = d->x[1], x2 = d->x[2], x3 = d->x[3];
-    const uint8_t *p = d->p, *end = d->end;
+    const uint8_t *p = d->p, *end = d->end, *bs = d->br.start;
     const delta__dtable *tg = d->g, *tv = d->v;
-    delta__br br = d->br;
-    uint64_t next = d->next, left = d->left, n = d->n, zmax = d->zmax, pair = d->sym / 2;
-    int rc = SH_OK, narrow = zmax <= 0xffffffffu; /* units of at most 4 bytes */
-    /* Two pairs a turn, branch-free, while the streams have room for them
-     * (4 symbols renormalise with at most 8 bytes and refill the extra bits
-     * at most 4 times): states 0-1 then 2-3, so the chains overlap. */
-    while (narrow && !(pair & 1) && k + 2 <= max && left >= 2 && end - p >= 8 &&
-           br.end - br.p >= 32) {
-        uint64_t g0, v0, g1, v1;
-        DELTA__FAST_SYM(x0, tg, g0);
-        DELTA__FAST_SYM(x1, tv, v0);
-        DELTA__FAST_SYM(x2, tg, g1);
-        DELTA__FAST_SYM(x3, tv, v1);
-        if (g0 >= n - next || g1 >= n - next - g0 - 1) {
-            rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
-            goto out;
+    uint64_t bp = d->br.pos, next = d->next, left = d->left, n = d->n, zmax = d->zmax;
+    uint64_t pair = d->sym / 2, fast_lim = d->fast_lim;
+    size_t k = 0;
+    int rc = SH_OK;
+    /* Two pairs a turn, without branches on the data, while the streams
+     * have room for them (4 symbols renormalise with at most 8 bytes):
+     * states 0-1 then 2-3, so the chains overlap. */
+    if (!(pair & 1))
+        while (k + 2 <= max && left - k >= 2 && end - p >= 8 && bp < fast_lim) {
+            uint64_t g0, v0, g1, v1;
+            DELTA__FAST_SYM(x0, tg, g0);
+            DELTA__FAST_SYM(x1, tv, v0);
+            DELTA__FAST_SYM(x2, tg, g1);
+            DELTA__FAST_SYM(x3, tv, v1);
+            DELTA__PUT(g0, v0);
+            DELTA__PUT(g1, v1);
         }
-        if (v0 - 1 >= zmax || v1 - 1 >= zmax) {
-            rc = sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
-                        (unsigned long long)(v0 - 1 >= zmax ? v0 : v1));
-            goto out;
-        }
-        pos[k] = (uint32_t)(next + g0);
-        z[k] = v0;
-        next += g0 + 1;
-        pos[k + 1] = (uint32_t)(next + g1);
-        z[k + 1] = v1;
-        next += g1 + 1;
-        k += 2, left -= 2, pair += 2;
-    }
-    for (; k < max && left; k++, left--, pair++) {
+    /* The rest one pair at a time, every read checked (through d). */
+    for (pair += k; k < max && k < left; pair++) {
         uint64_t g, v;
-        int fast = narrow && end - p >= 4 && br.end - br.p >= 8;
-        if (fast && (pair & 1)) {
-            DELTA__FAST_SYM(x2, tg, g);
-            DELTA__FAST_SYM(x3, tv, v);
-        } else if (fast) {
-            DELTA__FAST_SYM(x0, tg, g);
-            DELTA__FAST_SYM(x1, tv, v);
-        } else if (pair & 1) {
-            DELTA__SYM(x2, tg, g);
-            DELTA__SYM(x3, tv, v);
-        } else {
-            DELTA__SYM(x0, tg, g);
-            DELTA__SYM(x1, tv, v);
-        }
-        if (g >= n - next) {
-            rc = sh_err(SH_EFORMAT, "%s: change position beyond the chunk", d->what);
-            goto out;
-        }
-        if (v > zmax || v == 0) {
-            rc = sh_err(SH_EFORMAT, "%s: change value %llu out of range", d->what,
-                        (unsigned long long)v);
-            goto out;
-        }
-        pos[k] = (uint32_t)(next + g);
-        z[k] = v;
-        next += g + 1;
+        int st = pair & 1 ? 2 : 0;
+        d->p = p, d->br.pos = bp;
+        d->x[0] = x0, d->x[1] = x1, d->x[2] = x2, d->x[3] = x3;
+        if ((rc = delta__get(d, st, tg, &g)) < 0 || (rc = delta__get(d, st + 1, tv, &v)) < 0)
+            return rc;
+        p = d->p, bp = d->br.pos;
+        x0 = d->x[0], x1 = d->x[1], x2 = d->x[2], x3 = d->x[3];
+        DELTA__PUT(g, v);
     }
 out:
     d->x[0] = x0, d->x[1] = x1, d->x[2] = x2, d->x[3] = x3;
-    d->p = p, d->br = br, d->next = next, d->left = left, d->sym = 2 * pair;
+    d->p = p, d->br.pos = bp, d->next = next, d->left = left - k, d->sym = 2 * (d->sym / 2 + k);
     *got = k;
     return rc;
 }
@@ -270,10 +229,10 @@ int delta__dec_close(delta__dec *d)
         return sh_err(SH_EFORMAT, "%s: rANS stream does not end where it should (corrupt chunk)",
                       d->what);
     /* The extra-bit stream is exactly the bytes holding the bits read. */
-    uint64_t used = (uint64_t)(d->br.p - d->br.start) * 8 - d->br.n;
-    if ((used + 7) / 8 != (uint64_t)(d->br.end - d->br.start))
+    uint64_t used = d->br.pos;
+    if ((used + 7) / 8 != d->br.len)
         return sh_err(SH_EFORMAT, "%s: extra-bit stream of %zu bytes holds %llu bits", d->what,
-                      (size_t)(d->br.end - d->br.start), (unsigned long long)used);
+                      d->br.len, (unsigned long long)used);
     return SH_OK;
 }
 
@@ -296,8 +255,9 @@ static inline __attribute__((always_inline)) size_t
 delta__patch_run(uint8_t *out, const uint32_t *pos, const uint64_t *z, size_t bi, size_t bn,
                  uint64_t lim, unsigned w, int is_float, uint32_t u0)
 {
-    for (; bi < bn && pos[bi] < lim; bi++)
-        if (z[bi]) delta__patch1(out, pos[bi] - u0, z[bi], w, is_float);
+    /* z = 0 (dense) is patched too: it rewrites the same value, cheaper
+     * than a branch that mispredicts. */
+    for (; bi < bn && pos[bi] < lim; bi++) delta__patch1(out, pos[bi] - u0, z[bi], w, is_float);
     return bi;
 }
 
@@ -334,7 +294,15 @@ int delta__decode_fused(delta__scratch *s, int enc, const uint8_t *payload, size
     for (size_t i = 0; i < nbytes; i += DELTA__PIECE) {
         size_t end = nbytes - i < DELTA__PIECE ? nbytes : i + DELTA__PIECE;
         uint8_t *piece = out + i; /* holds units from i / w on */
-        if (out != base) memcpy(piece, base + i, end - i); /* else in place */
+        if (out != base) {
+            memcpy(piece, base + i, end - i);
+        } else if (end < nbytes) {
+            /* In place nothing streams the piece into cache before the
+             * patches land on it at random: fetch the next piece while
+             * this one is patched and hashed. */
+            size_t next_end = nbytes - end < DELTA__PIECE ? nbytes : end + DELTA__PIECE;
+            for (size_t q = end; q < next_end; q += 64) __builtin_prefetch(out + q, 1, 3);
+        }
         if (hash_base) XXH3_128bits_update(hb, piece, end - i);
         uint64_t lim = end / w;
         while (more) {

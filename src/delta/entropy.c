@@ -114,7 +114,7 @@ int delta__get_table(const uint8_t **p, const uint8_t *end, delta__dtable *t, co
     if (used < 1 || used > 256)
         return sh_err(SH_EFORMAT, "%s: frequency table has %llu symbols (1..256 allowed)", what,
                       (unsigned long long)used);
-    memset(t->t.freq, 0, sizeof t->t.freq);
+    uint32_t freq[256] = {0};
     uint64_t sym = 0, sum = 0;
     for (uint64_t i = 0; i < used; i++) {
         SH_TRY(delta__get_varint(p, end, &dl, what));
@@ -125,16 +125,26 @@ int delta__get_table(const uint8_t **p, const uint8_t *end, delta__dtable *t, co
         if (f < 1 || f > DELTA__PROB)
             return sh_err(SH_EFORMAT, "%s: frequency %llu out of 1..16384", what,
                           (unsigned long long)f);
-        t->t.freq[sym] = (uint32_t)f;
+        freq[sym] = (uint32_t)f;
         sum += f;
     }
     if (sum != DELTA__PROB)
         return sh_err(SH_EFORMAT, "%s: frequencies sum to %llu, not 16384", what,
                       (unsigned long long)sum);
-    t->t.cum[0] = 0;
-    for (int s = 0; s < 256; s++) {
-        t->t.cum[s + 1] = t->t.cum[s] + t->t.freq[s];
-        if (t->t.freq[s]) memset(t->sym + t->t.cum[s], s, t->t.freq[s]);
+    uint32_t cum = 0;
+    t->maxnb = 0;
+    for (unsigned s = 0; s < 256; s++) {
+        delta__dsym *y = &t->d[s];
+        y->freq = (uint16_t)freq[s], y->cum = (uint16_t)cum;
+        /* Symbols >= 16: e = 4 + (s - 16) / 4 and e - 2 extra bits below
+         * the top bits 4 + (s - 16) % 4 (docs/delta-format.md, "Symbols"). */
+        y->nb = s < 16 ? 0 : 4 + (s - 16) / 4 - 2;
+        y->base = s < 16 ? s : (uint64_t)(4 + (s - 16) % 4) << y->nb;
+        if (freq[s]) {
+            memset(t->sym + cum, (int)s, freq[s]);
+            if (y->nb > t->maxnb) t->maxnb = y->nb;
+        }
+        cum += freq[s];
     }
     return SH_OK;
 }

@@ -55,10 +55,12 @@ static inline void delta__bw_put_fast(delta__bw *w, uint64_t bits, unsigned n)
 }
 void delta__bw_flush(delta__bw *w);
 
+/* The extra-bit stream as the decoder reads it: a bit position, so that a
+ * read is one unaligned 8-byte load and a shift, with no refill branch. */
 typedef struct {
-    const uint8_t *start, *p, *end;
-    uint64_t acc; /* n valid bits, the rest zero */
-    unsigned n;
+    const uint8_t *start;
+    size_t len;   /* bytes */
+    uint64_t pos; /* bits read, <= 8 * len */
 } delta__br;
 
 /* ---- Symbols and tables ------------------------------------------------ */
@@ -79,9 +81,19 @@ typedef struct {
     uint32_t freq[256], cum[257];
 } delta__table;
 
+/* What the decoder needs of a symbol, in one 16-byte load: its frequency
+ * and start, and its value without the extra bits (value = base | the nb
+ * extra bits). */
 typedef struct {
-    delta__table t;
-    uint8_t sym[DELTA__PROB]; /* slot -> symbol */
+    uint16_t freq, cum;
+    uint32_t nb;
+    uint64_t base;
+} delta__dsym;
+
+typedef struct {
+    delta__dsym d[256];
+    unsigned maxnb;           /* the most extra bits of a symbol in the table */
+    uint8_t sym[DELTA__PROB]; /* slot -> symbol: 16 KiB, stays in L1 */
 } delta__dtable;
 
 /* Scales counts (not all zero) to frequencies summing to 2^14, keeping every
@@ -148,27 +160,36 @@ static inline void delta__esyms_init(delta__esyms *e, const delta__table *t)
     }
 }
 
+/* One symbol into state x with at least 2 bytes free below *ptr; returns
+ * the new state.  At most two bytes go out (x < 2^31 and x_max >= 2^17):
+ * it stores two and keeps as many as needed, without branching on the
+ * data.  A byte not kept lies below the stream and is overwritten later. */
+static inline __attribute__((always_inline)) uint32_t delta__renc_sym(uint32_t x, uint8_t **ptr,
+                                                                     const delta__esym *y)
+{
+    unsigned n = (x >= y->x_max) + ((x >> 8) >= y->x_max);
+    uint16_t two = (uint16_t)((x & 0xff) << 8 | ((x >> 8) & 0xff));
+    memcpy(*ptr - 2, &two, 2); /* little-endian: ptr[-1] = x & 0xff */
+    *ptr -= n;
+    x >>= 8 * n;
+    uint32_t q = (uint32_t)(((uint64_t)x * y->rcp_freq) >> 32) >> y->rcp_shift;
+    return x + y->bias + q * y->cmpl_freq;
+}
+
 static inline void delta__renc_put_fast(delta__renc *e, int st, const delta__esym *y)
 {
-    uint32_t x = e->x[st];
     if (e->ptr - e->start >= 2) {
-        /* At most two bytes go out (x < 2^31 and x_max >= 2^17): store two
-         * and keep as many as needed, without branching on the data.  A
-         * byte not kept lies below the stream and is overwritten later. */
-        unsigned n = (x >= y->x_max) + ((x >> 8) >= y->x_max);
-        uint16_t two = (uint16_t)((x & 0xff) << 8 | ((x >> 8) & 0xff));
-        memcpy(e->ptr - 2, &two, 2); /* little-endian: ptr[-1] = x & 0xff */
-        e->ptr -= n;
-        x >>= 8 * n;
-    } else {
-        while (x >= y->x_max) {
-            if (e->ptr == e->start) {
-                e->overflow = 1;
-                return;
-            }
-            *--e->ptr = (uint8_t)x;
-            x >>= 8;
+        e->x[st] = delta__renc_sym(e->x[st], &e->ptr, y);
+        return;
+    }
+    uint32_t x = e->x[st];
+    while (x >= y->x_max) {
+        if (e->ptr == e->start) {
+            e->overflow = 1;
+            return;
         }
+        *--e->ptr = (uint8_t)x;
+        x >>= 8;
     }
     uint32_t q = (uint32_t)(((uint64_t)x * y->rcp_freq) >> 32) >> y->rcp_shift;
     e->x[st] = x + y->bias + q * y->cmpl_freq;
@@ -254,6 +275,7 @@ typedef struct {
     uint64_t n;             /* units in the chunk */
     uint64_t next;          /* next candidate position */
     uint64_t zmax;          /* values must be <= zmax */
+    uint64_t fast_lim;      /* the fast loops run while br.pos < fast_lim */
     const char *what;
 } delta__dec;
 
@@ -287,10 +309,13 @@ static inline uint64_t delta__zig(uint64_t d, unsigned bits)
     return ((uint64_t)s << 1) ^ (uint64_t)(s >> 63);
 }
 static inline uint64_t delta__mask(unsigned w) { return w == 8 ? ~0ull : (1ull << (8 * w)) - 1; }
+/* ord(u) = u below S = 2^(b-1), else (S - 1 - u) mod 2^b, which is u with
+ * every bit but the top one flipped: computed without a branch, since the
+ * sign of a weight is as good as random. */
 static inline uint64_t delta__ord(uint64_t u, unsigned w)
 {
-    uint64_t S = 1ull << (8 * w - 1);
-    return u < S ? u : (S - 1 - u) & delta__mask(w);
+    unsigned top = 8 * w - 1;
+    return u ^ ((0 - ((u >> top) & 1)) & ((1ull << top) - 1));
 }
 
 /* ---- The parsed delta (format.c) ------------------------------------------ */

@@ -355,6 +355,10 @@ static void took_eval(run *r, double rew)
     if (r->time_to_target < 0 && r->c->target_reward > 0 && have == win &&
         sum / win >= r->c->target_reward)
         r->time_to_target = t;
+    /* One more evaluation after stop_reward is reached, so that the curve
+     * shows whether the level holds; eval_every keeps it an evaluated step. */
+    if (r->c->stop_reward > 0 && !r->stop_step && rew >= r->c->stop_reward)
+        r->stop_step = r->pending_eval_step + r->c->eval_every;
     if (r->progress) {
         json_t *ev = json_pack("{s:s,s:i,s:f,s:f}", "event", "eval", "step", r->pending_eval_step,
                                "reward", rew, "wall_s", t);

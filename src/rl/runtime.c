@@ -13,7 +13,9 @@
  *
  * The trainer never blocks on a worker: sockets are non-blocking with an
  * outbox each, so a worker busy writing trajectories cannot deadlock with a
- * trainer busy writing weights. */
+ * trainer busy writing weights.  This file is the trainer's event loop; it
+ * never computes: training, making versions, evaluating and saving run on
+ * the compute thread (compute.c), so the loop keeps serving workers. */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -46,7 +48,8 @@ int rl__enqueue_weights(run *r, wk *w, int full)
 /* The run has done its steps, or reached its target with stop_at_target. */
 int rl__over(const run *r)
 {
-    return r->step >= r->c->steps || (r->c->stop_at_target && r->time_to_target >= 0);
+    return r->step >= r->c->steps || (r->c->stop_at_target && r->time_to_target >= 0) ||
+           (r->stop_step > 0 && r->step >= r->stop_step);
 }
 
 static int spawn(run *r, int i)

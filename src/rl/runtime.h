@@ -69,6 +69,7 @@ typedef struct run {
     double time_to_target, last_eval;
     double recent[RL_TARGET_WINDOW_MAX]; /* the last evaluations' rewards, a ring */
     int nevals;
+    int stop_step; /* > 0: the last step, set when stop_reward was reached */
     /* Where the trainer's wall-clock time goes: training steps, making and
      * queueing deltas, and waiting in poll for workers. */
     double t_train, t_publish, t_wait;
