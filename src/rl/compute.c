@@ -37,8 +37,8 @@ struct rl__compute {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int wake[2]; /* the thread writes a byte here for every piece of news */
-    int todo, quit;
-    /* The job: set by the loop before todo = 1. */
+    int job_ready, quit;
+    /* The job: set by the loop before job_ready = 1. */
     rl_traj *batch;
     int n, version, step, eval, save;
     long hist[RL_MAX_T + 2];
@@ -164,12 +164,12 @@ static void *thread_main(void *arg)
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     pthread_mutex_lock(&cp->mu);
     for (;;) {
-        while (!cp->todo && !cp->quit) pthread_cond_wait(&cp->cv, &cp->mu);
-        if (!cp->todo) break;
+        while (!cp->job_ready && !cp->quit) pthread_cond_wait(&cp->cv, &cp->mu);
+        if (!cp->job_ready) break;
         pthread_mutex_unlock(&cp->mu);
         run_job(r, cp);
         pthread_mutex_lock(&cp->mu);
-        cp->todo = 0;
+        cp->job_ready = 0;
         wake(cp);
     }
     pthread_mutex_unlock(&cp->mu);
@@ -223,7 +223,7 @@ void rl__compute_stop(run *r)
 int rl__compute_busy(run *r)
 {
     pthread_mutex_lock(&r->cp->mu);
-    int busy = r->cp->todo;
+    int busy = r->cp->job_ready;
     pthread_mutex_unlock(&r->cp->mu);
     return busy;
 }
@@ -275,7 +275,7 @@ int rl__compute_dispatch(run *r)
     cp->eval = step % r->c->eval_every == 0 || step == r->c->steps;
     cp->save = step == r->c->steps || (r->c->save_every && step % r->c->save_every == 0);
     cp->trained = cp->evaluated = 0;
-    cp->todo = 1;
+    cp->job_ready = 1;
     pthread_cond_signal(&cp->cv);
     pthread_mutex_unlock(&cp->mu);
     r->training = 1;
