@@ -262,3 +262,10 @@ int tf_agent_of(tf_fleet *f, const char *node)
         if (!strcmp(f->names[i], node)) return i;
     return -1;
 }
+
+int tf_teardown(void **state)
+{
+    (void)state;
+    tf_kill_all();
+    return 0;
+}

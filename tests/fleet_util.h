@@ -42,6 +42,8 @@ void tf_wait_agents(tf_fleet *f, int n);
 pid_t tf_spawn(const char *out, char *const argv[]);
 /* Stops every process any fleet of this binary started (for teardowns). */
 void tf_kill_all(void);
+/* A cmocka teardown that calls tf_kill_all(). */
+int tf_teardown(void **state);
 /* Stops every process of the fleet (SIGTERM, then SIGKILL) and reaps them. */
 void tf_stop(tf_fleet *f);
 /* One API call; returns the parsed reply (caller decrefs; NULL if not JSON). */

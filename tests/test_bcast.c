@@ -159,11 +159,7 @@ static void same_model(const char *dir, uint64_t v, const char *ckpt_path)
 {
     char p[4096];
     snprintf(p, sizeof p, "%s/models/%010llu.safetensors", dir, (unsigned long long)v);
-    size_t la, lb;
-    uint8_t *a = tu_read_file(p, &la), *b = tu_read_file(ckpt_path, &lb);
-    assert_int_equal(la, lb);
-    assert_memory_equal(a, b, la);
-    free(a), free(b);
+    tu_assert_same_file(p, ckpt_path);
 }
 
 static void publish(const char *store_dir, const char *ckpt_path)

@@ -65,16 +65,10 @@ static void test_dashboard_in_chromium(void **state)
     tf_stop(&f);
 }
 
-static int teardown(void **state)
-{
-    tf_kill_all();
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_dashboard_in_chromium, teardown),
+        cmocka_unit_test_teardown(test_dashboard_in_chromium, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -680,23 +680,17 @@ static void test_elastic_yields_to_gang(void **state)
     tf_stop(&f);
 }
 
-static int teardown(void **state)
-{
-    tf_kill_all();
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_gang_all_or_nothing, teardown),
-        cmocka_unit_test_teardown(test_killed_agent_policies, teardown),
-        cmocka_unit_test_teardown(test_server_kill9_under_load, teardown),
-        cmocka_unit_test_teardown(test_log_torn_tail, teardown),
-        cmocka_unit_test_teardown(test_autoscale_local_provider, teardown),
-        cmocka_unit_test_teardown(test_up_and_cli, teardown),
-        cmocka_unit_test_teardown(test_sandbox_limits, teardown),
-        cmocka_unit_test_teardown(test_elastic_yields_to_gang, teardown),
+        cmocka_unit_test_teardown(test_gang_all_or_nothing, tf_teardown),
+        cmocka_unit_test_teardown(test_killed_agent_policies, tf_teardown),
+        cmocka_unit_test_teardown(test_server_kill9_under_load, tf_teardown),
+        cmocka_unit_test_teardown(test_log_torn_tail, tf_teardown),
+        cmocka_unit_test_teardown(test_autoscale_local_provider, tf_teardown),
+        cmocka_unit_test_teardown(test_up_and_cli, tf_teardown),
+        cmocka_unit_test_teardown(test_sandbox_limits, tf_teardown),
+        cmocka_unit_test_teardown(test_elastic_yields_to_gang, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -178,15 +178,6 @@ static void test_bad_version_keeps_serving(void **state)
     store_replica_close(r);
 }
 
-static void same_file(const char *a, const char *b)
-{
-    size_t la, lb;
-    uint8_t *x = tu_read_file(a, &la), *y = tu_read_file(b, &lb);
-    assert_int_equal(la, lb);
-    assert_memory_equal(x, y, la);
-    free(x), free(y);
-}
-
 /* --fp8: the serving copy is what quantising the version from scratch gives,
  * and after a delta only the touched blocks were re-quantised. */
 static void test_fp8_copy(void **state)
@@ -207,7 +198,7 @@ static void test_fp8_copy(void **state)
     TU_OK(store_replica_wait(r, 1, 30));
     delta_opts o = {0};
     TU_OK(delta_quant_fp8(tu_path("v1.st"), tu_path("ref1.fp8"), NULL, &o));
-    same_file(tu_path("rep8/models/0000000001.fp8.safetensors"), tu_path("ref1.fp8"));
+    tu_assert_same_file(tu_path("rep8/models/0000000001.fp8.safetensors"), tu_path("ref1.fp8"));
     TU_OK(store_publish(s3, tu_path("v2.st"), NULL, &v));
     TU_OK(store_replica_wait(r, 2, 30));
     store_lease l;
@@ -218,7 +209,7 @@ static void test_fp8_copy(void **state)
     store_replica_get_info(r, &info);
     assert_true(info.fp8_blocks > 0);
     TU_OK(delta_quant_fp8(tu_path("v2.st"), tu_path("ref2.fp8"), NULL, &o));
-    same_file(tu_path("rep8/models/0000000002.fp8.safetensors"), tu_path("ref2.fp8"));
+    tu_assert_same_file(tu_path("rep8/models/0000000002.fp8.safetensors"), tu_path("ref2.fp8"));
     assert_false(sh_path_exists(tu_path("rep8/models/0000000001.fp8.safetensors")));
     store_replica_close(r);
     store_close(s3);

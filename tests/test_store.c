@@ -310,15 +310,6 @@ static void test_enospc(void **state)
     assert_false(leftover);
 }
 
-static void same_bytes(const char *a, const char *b)
-{
-    size_t la, lb;
-    uint8_t *x = tu_read_file(a, &la), *y = tu_read_file(b, &lb);
-    assert_int_equal(la, lb);
-    assert_memory_equal(x, y, la);
-    free(x), free(y);
-}
-
 /* Real deltas from the codec: publish computes them, materialise and a
  * squashed delta rebuild the exact checkpoint, anchors come every N. */
 static void test_deltas_and_squash(void **state)
@@ -343,7 +334,7 @@ static void test_deltas_and_squash(void **state)
         TU_OK(store_verify(s, k));
     }
     TU_OK(store_materialize(s, 5, 0, NULL, tu_path("m5.st")));
-    same_bytes(tu_path("m5.st"), tu_path(p[4]));
+    tu_assert_same_file(tu_path("m5.st"), tu_path(p[4]));
     uint64_t bytes;
     TU_ERR(store_squash(s, 1, 2, &bytes), SH_EINVAL, "at least two deltas");
     TU_OK(store_squash(s, 1, 5, &bytes));
@@ -354,7 +345,7 @@ static void test_deltas_and_squash(void **state)
     assert_true(pl->squash_bytes < pl->chain_bytes);
     free(pl);
     TU_OK(store_materialize(s, 5, 1, tu_path(p[0]), tu_path("s5.st")));
-    same_bytes(tu_path("s5.st"), tu_path(p[4]));
+    tu_assert_same_file(tu_path("s5.st"), tu_path(p[4]));
     /* gc keeps the chain back to the anchor, and the squash from it. */
     uint64_t removed;
     TU_OK(store_gc(s, 1, &removed));

@@ -76,3 +76,12 @@ uint8_t *tu_read_file(const char *path, size_t *len)
     if (sh_read_file(path, (size_t)1 << 34, &buf, len) < 0) fail_msg("read %s: %s", path, sh_errmsg());
     return (uint8_t *)buf;
 }
+
+void tu_assert_same_file(const char *a, const char *b)
+{
+    size_t la, lb;
+    uint8_t *x = tu_read_file(a, &la), *y = tu_read_file(b, &lb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(x, y, la);
+    free(x), free(y);
+}

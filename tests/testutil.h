@@ -34,6 +34,8 @@ int tu_run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 void tu_write_file(const char *path, const void *data, size_t len);
 /* Reads a file whole (asserts on failure); *len gets its size. */
 uint8_t *tu_read_file(const char *path, size_t *len);
+/* Asserts that two files hold the same bytes. */
+void tu_assert_same_file(const char *a, const char *b);
 
 /* Asserts that an shoal call succeeded, printing sh_errmsg() when not. */
 #define TU_OK(expr)                                                           \
