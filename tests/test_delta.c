@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "shoal/delta.h"
+#include "delta/internal.h" /* delta__isa_max */
 
 static uint64_t rng = 88172645463325252ull;
 static uint64_t rnd(void)
@@ -239,6 +240,67 @@ static void test_threads_identical(void **state)
     TU_OK(delta_make(b, b, d0, NULL, &st));
     assert_int_equal(st.changed, 0);
     assert_int_equal(st.chunks[1] + st.chunks[2] + st.chunks[3] + st.chunks[4], 0);
+}
+
+/* Every vector width of the scan (AVX-512, AVX2, SSE2, as far as this CPU
+ * has them) writes the same delta: every unit width, float and integer,
+ * sparse and dense chunks, tails below one 64-byte block, and chunks with
+ * exactly the most changes a sparse chunk may hold (a quarter of the units)
+ * and one more. */
+static void test_isa_identical(void **state)
+{
+    tt b[32], t[32];
+    size_t n = 0;
+    ckpt_dtype dts[] = {CKPT_U8, CKPT_BF16, CKPT_I16, CKPT_F32, CKPT_I32, CKPT_F64, CKPT_I64};
+    for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
+        for (int v = 0; v < 2; v++) {
+            char nm[32];
+            snprintf(nm, sizeof nm, "w%zu.%d", d, v);
+            tt_set(&b[n++], nm, dts[d], 1, v ? 300007 : 1000, 0);
+        }
+    tt_set(&b[n++], "at_limit", CKPT_I16, 1, 4096, 0);
+    tt_set(&b[n++], "over_limit", CKPT_I16, 1, 4096, 0);
+    for (size_t i = 0; i < n; i++) {
+        t[i] = b[i];
+        t[i].data = malloc(b[i].nbytes + 1);
+        memcpy(t[i].data, b[i].data, b[i].nbytes);
+        if (!strcmp(t[i].name, "at_limit") || !strcmp(t[i].name, "over_limit")) {
+            size_t k = !strcmp(t[i].name, "at_limit") ? 1024 : 1025;
+            for (size_t u = 0; u < k; u++) t[i].data[2 * (4095 - 3 * u)] ^= 1;
+        } else {
+            perturb(&t[i], i % 2 ? 15 : 400, 3);
+            t[i].data[t[i].nbytes - 1] ^= 0x40; /* the tail */
+        }
+    }
+    const char *bp = tu_path("isa_base.safetensors"), *tp = tu_path("isa_new.safetensors");
+    save(bp, b, n);
+    save(tp, t, n);
+    const char *d2 = tu_path("isa2.delta");
+    TU_OK(delta_make(bp, tp, d2, &(delta_opts){.threads = 1}, NULL));
+    json_t *j = inspect(d2);
+    assert_true(count_enc(j, "SPARSE") > 0);
+    assert_true(count_enc(j, "DENSE") + count_enc(j, "ZSTD") + count_enc(j, "RAW") > 0);
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(j, "tensors"), i, e) {
+        const char *nm = json_string_value(json_object_get(e, "name"));
+        if (strcmp(nm, "at_limit") && strcmp(nm, "over_limit")) continue;
+        json_t *enc = json_object_get(e, "encodings");
+        assert_int_equal(json_integer_value(json_object_get(enc, "SPARSE")), !strcmp(nm, "at_limit"));
+    }
+    json_decref(j);
+    for (int isa = 1; isa >= 0; isa--) {
+        const char *d = tu_path("isa_other.delta");
+        delta__isa_max = isa;
+        TU_OK(delta_make(bp, tp, d, &(delta_opts){.threads = 1}, NULL));
+        delta__isa_max = 2;
+        assert_true(files_equal(d, d2));
+    }
+    const char *op = tu_path("isa_out.safetensors");
+    TU_OK(delta_apply(bp, d2, op, NULL));
+    assert_true(files_equal(op, tp));
+    tt_free(b, n);
+    tt_free(t, n);
 }
 
 static void test_wrong_base(void **state)
@@ -600,7 +662,7 @@ int main(void)
         cmocka_unit_test(test_sharded),               cmocka_unit_test(test_squash_chain),
         cmocka_unit_test(test_squash_whole),          cmocka_unit_test(test_memory_api),
         cmocka_unit_test(test_golden),                cmocka_unit_test(test_bench_json),
-        cmocka_unit_test(test_wide_changes),
+        cmocka_unit_test(test_wide_changes),          cmocka_unit_test(test_isa_identical),
     };
     return cmocka_run_group_tests_name("delta", tests, NULL, NULL);
 }

@@ -53,7 +53,7 @@ int delta__scratch_init(delta__scratch *s)
 int delta__scratch_enc(delta__scratch *s)
 {
     if (s->zc) return SH_OK;
-    s->pos = malloc(s->cap * sizeof *s->pos);
+    s->pos = malloc((s->cap + 64) * sizeof *s->pos); /* the AVX-512 scan's stores */
     s->d = malloc(s->cap * sizeof *s->d);
     s->out = malloc(s->out_cap);
     s->rbuf = malloc(s->out_cap);
@@ -237,20 +237,108 @@ __attribute__((target("avx2"))) static int delta__scan_w_avx2(delta__found *f, c
     DELTA__BY_UNIT(w, is_float, DELTA__SCAN)
 #undef DELTA__SCAN
 }
+/* With AVX-512 the scan has no branch per block: one compare gives a mask
+ * with a bit per unit, and each 16 bits of it compress the matching unit
+ * indices into a register that is stored whole at the end of the list
+ * (the list has 64 entries of room past its capacity for that).  A block
+ * that changed and one that did not cost the same, so a change rate that
+ * leaves a third of the blocks changed no longer mispredicts.  The values
+ * are read in a second pass over the new entries, from cache.  (The
+ * register form of vpcompressd: the form that stores to memory is
+ * microcoded and slow on some CPUs.) */
+#define DELTA__AVX512 "avx512f,avx512bw"
+__attribute__((target(DELTA__AVX512))) static inline __attribute__((always_inline)) size_t
+delta__compress16(uint32_t *pos, size_t k, __m512i idx, unsigned m)
+{
+    _mm512_storeu_si512(pos + k, _mm512_maskz_compress_epi32((__mmask16)m, idx));
+    return k + (unsigned)__builtin_popcount(m & 0xffff);
+}
+
+__attribute__((target(DELTA__AVX512))) static inline __attribute__((always_inline)) int
+delta__scan_avx512(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i, size_t end,
+                   unsigned w, int is_float)
+{
+    delta__found l = *f; /* kept in registers */
+    uint32_t *pos = l.pos;
+    size_t k = l.k, k0 = l.k;
+    int ok = 1;
+    const __m512i s16 = _mm512_set1_epi32(16), s8 = _mm512_set1_epi32(8);
+    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32((int)(i / w)),
+                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                     14, 15));
+    for (; i + 64 <= end; i += 64) {
+        DELTA__PREFETCH_NEXT(&l, o, n, i);
+        __m512i a = _mm512_loadu_si512(o + i), b = _mm512_loadu_si512(n + i);
+        if (w == 1) {
+            uint64_t m = _mm512_cmpneq_epi8_mask(a, b);
+            for (int q = 0; q < 4; q++, idx = _mm512_add_epi32(idx, s16))
+                k = delta__compress16(pos, k, idx, (unsigned)(m >> (16 * q)) & 0xffff);
+        } else if (w == 2) {
+            uint32_t m = _mm512_cmpneq_epi16_mask(a, b);
+            k = delta__compress16(pos, k, idx, m & 0xffff);
+            idx = _mm512_add_epi32(idx, s16);
+            k = delta__compress16(pos, k, idx, m >> 16);
+            idx = _mm512_add_epi32(idx, s16);
+        } else if (w == 4) {
+            k = delta__compress16(pos, k, idx, _mm512_cmpneq_epi32_mask(a, b));
+            idx = _mm512_add_epi32(idx, s16);
+        } else {
+            k = delta__compress16(pos, k, idx, _mm512_cmpneq_epi64_mask(a, b));
+            idx = _mm512_add_epi32(idx, s8);
+        }
+        if (__builtin_expect(k > l.cap, 0)) {
+            ok = 0;
+            break;
+        }
+    }
+    if (ok) {
+        for (size_t j = k0; j < k; j++) l.d[j] = delta__diff(o + (size_t)pos[j] * w, n + (size_t)pos[j] * w, w, is_float);
+        l.k = k;
+        if (i < end) ok = delta__scan_tail(&l, o, n, i, end, w, is_float);
+    }
+    f->k = ok ? l.k : k;
+    return ok;
+}
+
+__attribute__((target(DELTA__AVX512))) static int delta__scan_w_avx512(delta__found *f, const uint8_t *o,
+                                                                    const uint8_t *n, size_t i,
+                                                                    size_t end, unsigned w,
+                                                                    int is_float)
+{
+#define DELTA__SCAN(W, F) return delta__scan_avx512(f, o, n, i, end, W, F)
+    DELTA__BY_UNIT(w, is_float, DELTA__SCAN)
+#undef DELTA__SCAN
+}
 #endif
+
+int delta__isa_max = 2;
+
+/* The widest scan this CPU runs: 2 AVX-512 (F and BW), 1 AVX2, 0 SSE2; at
+ * most delta__isa_max (tests lower it to check that every path writes the
+ * same delta). */
+static int delta__isa(void)
+{
+    static int isa = -1; /* every thread computes the same value */
+    int a = __atomic_load_n(&isa, __ATOMIC_RELAXED);
+    if (a < 0) {
+        a = 0;
+#ifdef DELTA__HAVE_AVX2
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2")) a = 1;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) a = 2;
+#endif
+        __atomic_store_n(&isa, a, __ATOMIC_RELAXED);
+    }
+    return a < delta__isa_max ? a : delta__isa_max;
+}
 
 static int delta__scan_in(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i,
                           size_t end, unsigned w, int is_float)
 {
 #ifdef DELTA__HAVE_AVX2
-    static int avx2 = -1; /* every thread computes the same value */
-    int a = __atomic_load_n(&avx2, __ATOMIC_RELAXED);
-    if (a < 0) {
-        __builtin_cpu_init();
-        a = __builtin_cpu_supports("avx2") ? 1 : 0;
-        __atomic_store_n(&avx2, a, __ATOMIC_RELAXED);
-    }
-    if (a) return delta__scan_w_avx2(f, o, n, i, end, w, is_float);
+    int a = delta__isa();
+    if (a == 2) return delta__scan_w_avx512(f, o, n, i, end, w, is_float);
+    if (a == 1) return delta__scan_w_avx2(f, o, n, i, end, w, is_float);
 #endif
 #define DELTA__SCAN(W, F) return delta__scan(f, o, n, i, end, W, F)
     DELTA__BY_UNIT(w, is_float, DELTA__SCAN)

@@ -224,6 +224,10 @@ int delta__scratch_enc(delta__scratch *s); /* the encoder's buffers */
 int delta__scratch_tmp(delta__scratch *s); /* tmp and tmp2 */
 void delta__scratch_free(delta__scratch *s);
 
+/* The widest vector scan make may use: 2 AVX-512, 1 AVX2, 0 SSE2 (when the
+ * CPU has it).  Every level writes the same delta; tests lower it. */
+extern int delta__isa_max;
+
 /* Unit width in bytes for a dtype (1, 2, 4 or 8). */
 unsigned delta__unit(ckpt_dtype d);
 
