@@ -348,21 +348,66 @@ static void test_async_run_learns(void **state)
 static void test_arith_heldout_rises(void **state)
 {
 #if defined(__SANITIZE_ADDRESS__)
-    skip(); /* about 20 s optimised */
+    skip(); /* about 3 x 20 s optimised */
 #endif
-    json_t *j = run_json("--task arith --mode sync --loss ppo --steps 60 --warm 250 --lr 5e-4 "
-                         "--prompts 16 --seed 2 --gen-cost 1 --eval-every 20 --eval-n 128 --quiet", 0);
-    json_t *curve = json_object_get(j, "curve");
-    double r0 = json_number_value(json_object_get(j, "reward_start"));
-    double r1 = json_number_value(json_object_get(j, "reward_end"));
-    print_message("arith: held-out reward %.3f -> %.3f\n", r0, r1);
-    assert_int_equal(json_array_size(curve), 4);
-    assert_true(r1 > r0 + 0.025);
-    /* Rising, not one lucky evaluation: the mean of the later ones too. */
-    double later = 0;
-    for (size_t i = 1; i < 4; i++)
-        later += json_number_value(json_object_get(json_array_get(curve, i), "reward")) / 3;
-    assert_true(later > r0 + 0.01);
+    /* The rise is slow (a few points in 60 steps) and one seed's can be
+     * lost in the evaluation's noise: seeds 1..3, side by side, and their
+     * mean. */
+    assert_int_equal(tu_run(NULL, "for s in 1 2 3; do %s rl train --task arith --mode sync --loss ppo "
+                          "--steps 60 --warm 250 --lr 5e-4 --prompts 16 --seed $s --gen-cost 1 "
+                          "--eval-every 20 --eval-n 128 --quiet --json >%s.$s 2>&1 & done; wait",
+                    tu_shoal(), tu_path("arith")), 0);
+    double rise = 0, later_rise = 0;
+    for (int seed = 1; seed <= 3; seed++) {
+        char f[64];
+        snprintf(f, sizeof f, "arith.%d", seed);
+        size_t n;
+        char *txt = (char *)tu_read_file(tu_path(f), &n);
+        json_t *j = NULL;
+        TU_OK(sh_json_parse(txt, n, f, &j));
+        free(txt);
+        json_t *curve = json_object_get(j, "curve");
+        double r0 = json_number_value(json_object_get(j, "reward_start"));
+        double r1 = json_number_value(json_object_get(j, "reward_end"));
+        print_message("arith seed %d: held-out reward %.3f -> %.3f\n", seed, r0, r1);
+        assert_int_equal(json_array_size(curve), 4);
+        rise += (r1 - r0) / 3;
+        /* Rising, not one lucky evaluation: the mean of the later ones too. */
+        for (size_t i = 1; i < 4; i++)
+            later_rise += (json_number_value(json_object_get(json_array_get(curve, i), "reward")) - r0) / 9;
+        json_decref(j);
+    }
+    print_message("arith: mean rise %.3f, of the later evaluations %.3f\n", rise, later_rise);
+    assert_true(rise > 0.025);
+    assert_true(later_rise > 0.01);
+}
+
+/* Ordered async: a worker killed with requests in flight leaves holes in
+ * the run's sequence of groups; they are asked for again, so the run does
+ * all its steps, and nothing is dropped as stale (requests wait for new
+ * enough weights instead), with every trajectory within the bound. */
+static void test_ordered_worker_killed(void **state)
+{
+    json_t *j = run_json("--mode async --ordered --max-lag 1 --steps 8 --warm 5 --eval-every 4 "
+                         "--eval-n 8 --prompts 4 --kill-worker-at 3 --gen-cost 1 --quiet", 0);
+    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 8);
+    assert_true(json_integer_value(json_object_get(j, "worker_deaths")) >= 1);
+    assert_true(json_integer_value(json_object_get(j, "dropped_dead")) >= 1);
+    assert_int_equal(json_integer_value(json_object_get(j, "dropped_stale")), 0);
+    json_t *h = json_object_get(j, "staleness_hist");
+    long total = 0;
+    for (size_t i = 0; i < json_array_size(h); i++) total += (long)json_integer_value(json_array_get(h, i));
+    assert_int_equal(json_array_size(h), 2); /* lags 0 and 1 only */
+    assert_int_equal(total, 8 * 4 * 8);
+    /* Step s trained on groups 4 (s - 1) .. 4 s - 1, within the bound. */
+    json_t *steps = json_object_get(j, "step_stats");
+    assert_int_equal(json_array_size(steps), 8);
+    for (size_t i = 0; i < 8; i++) {
+        json_t *st = json_array_get(steps, i), *g = json_object_get(st, "groups");
+        assert_int_equal(json_integer_value(json_array_get(g, 0)), 4 * (int)i);
+        assert_int_equal(json_integer_value(json_array_get(g, 1)), 4 * (int)i + 3);
+        assert_true(json_integer_value(json_object_get(st, "staleness_max")) <= 1);
+    }
     json_decref(j);
 }
 
@@ -538,6 +583,41 @@ static nn_model *sharp_model(uint64_t seed)
     return m;
 }
 
+/* A group's responses depend on the seed and its number alone: six
+ * groups generated in one call, or as 2 + 4 in two calls (two requests,
+ * perhaps on two workers), are the same tokens with the same behaviour
+ * log-probabilities (to rounding: the batch shapes differ); and another
+ * seed gives other responses. */
+static void test_generate_partition_independent(void **state)
+{
+    rl_problem probs[6];
+    rl_eval_set(RL_TASK_CODE, 6, probs);
+    nn_model *m = sharp_model(5);
+    rl_sampling s = {.temperature = 1, .top_p = 1, .max_new = 8};
+    rl_traj *a = malloc(sizeof(rl_traj) * 24), *b = malloc(sizeof(rl_traj) * 24);
+    rl_traj *c = malloc(sizeof(rl_traj) * 24);
+    uint64_t r1 = 77, r2 = 77, r3 = 77, r4 = 78;
+    TU_OK(rl_generate(m, probs, 6, 4, 10, &s, &r1, 3, NULL, NULL, a));
+    TU_OK(rl_generate(m, probs, 2, 4, 10, &s, &r2, 3, NULL, NULL, b));
+    TU_OK(rl_generate(m, probs + 2, 4, 4, 12, &s, &r3, 3, NULL, NULL, b + 8));
+    TU_OK(rl_generate(m, probs, 6, 4, 10, &s, &r4, 3, NULL, NULL, c));
+    int differ = 0, other = 0;
+    for (int i = 0; i < 24; i++) {
+        assert_int_equal(a[i].group, b[i].group);
+        assert_int_equal(a[i].len, b[i].len);
+        assert_memory_equal(a[i].tokens, b[i].tokens, sizeof(int) * a[i].len);
+        for (int j = a[i].plen; j < a[i].len; j++) /* batch sizes differ: BLAS sums in another order */
+            assert_float_equal(a[i].blogp[j], b[i].blogp[j], 1e-3);
+        differ += a[i].len != a[i % 4].len || memcmp(a[i].tokens, a[i & ~3].tokens, sizeof(int) * a[i].len);
+        other += a[i].len != c[i].len || memcmp(a[i].tokens, c[i].tokens, sizeof(int) * a[i].len);
+    }
+    assert_true(differ > 0); /* members of a group differ */
+    assert_true(other > 0);
+    assert_true(r1 != 77); /* advanced for the next call */
+    free(a), free(b), free(c);
+    nn_free(m);
+}
+
 /* The KV cache gives the logits of a full forward pass, position by
  * position, for sequences of different lengths fed together. */
 static void test_kv_cache_logits(void **state)
@@ -617,7 +697,7 @@ static void test_kv_cache_sampling(void **state)
             assert_int_equal(a[i].len, b[i].len);
             assert_memory_equal(a[i].tokens, b[i].tokens, sizeof(int) * a[i].len);
             for (int j = a[i].plen; j < a[i].len; j++)
-                assert_float_equal(a[i].blogp[j], b[i].blogp[j], 1e-4);
+                assert_float_equal(a[i].blogp[j], b[i].blogp[j], 1e-3);
             assert_int_equal(a[i].vend, b[i].vend);
             updated += a[i].vend == 8;
             differ += a[i].len != a[0].len || a[i].reward != a[0].reward;
@@ -641,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_rollout_dtypes),    cmocka_unit_test(test_sync_reproducible),
         cmocka_unit_test(test_nan_step_end_to_end),
         cmocka_unit_test(test_async_run_learns),  cmocka_unit_test(test_arith_heldout_rises),
+        cmocka_unit_test(test_generate_partition_independent), cmocka_unit_test(test_ordered_worker_killed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,8 +116,11 @@ typedef struct rl_sampling {
 typedef int (*rl_step_hook)(void *ctx);
 
 /* Samples `group` responses to each of n problems (n*group trajectories
- * into out, groups numbered group0 + i).  *rng is advanced.  hook may be
- * NULL (version then stays `version`). */
+ * into out, groups numbered group0 + i).  Member j of group g draws from a
+ * random stream that depends only on *rng, g and j: with the same weights,
+ * a group's responses are the same whichever call, request or worker
+ * generates it.  *rng is then advanced.  hook may be NULL (version then
+ * stays `version`). */
 int rl_generate(nn_model *m, const rl_problem *probs, int n, int group, int group0,
                 const rl_sampling *s, uint64_t *rng, int version, rl_step_hook hook,
                 void *hook_ctx, rl_traj *out);
@@ -294,6 +297,13 @@ typedef struct rl_config {
      * relative to a one-sequence step. */
     double step_s, seq_cost;
     int stop_at_target; /* end the run at the evaluation that reaches target_reward */
+    /* Async, ordered: step s trains on exactly groups [s P, (s + 1) P) of the
+     * run's sequence (P = prompts_per_step), whichever workers generate them,
+     * and requests wait for weights new enough that none is dropped.  Runs
+     * on different pools from one seed then train on the same problems with
+     * the same sampling streams, differing only in the versions that
+     * generated each group: what `rl fleet-cost` compares. */
+    int ordered;
     /* > 0: end the run one evaluation after the first evaluation at or
      * above this held-out reward (rl sweep --quick: an async run stops once
      * it has shown it reaches its sync partner's final reward). */

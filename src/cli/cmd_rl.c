@@ -19,6 +19,8 @@ static const char train_usage[] =
     "  --task code|arith          task (code)\n"
     "  --mode sync|async          runtime (async)\n"
     "  --max-lag N                async staleness bound eta in versions (2)\n"
+    "  --ordered                  async: step s trains on exactly the groups s P..(s+1) P - 1\n"
+    "                             of the run's sequence, whoever brings them (none dropped)\n"
     "  --loss pg|ppo|tis|mis|decoupled   objective (decoupled)\n"
     "  --rollout-dtype fp32|bf16|fp8     weights the workers sample with (bf16)\n"
     "  --steps N --seed S         RL steps (60), seed (1)\n"
@@ -176,6 +178,7 @@ int cli_rl_parse(const char *cmd, int argc, char **argv, rl_config *c, int *json
         if (!strcmp(o, "--json")) { *json = 1; continue; }
         if (!strcmp(o, "--quiet")) { c->quiet = 1; continue; }
         if (!strcmp(o, "--no-respawn")) { c->respawn = 0; continue; }
+        if (!strcmp(o, "--ordered")) { c->ordered = 1; continue; }
         if (!strcmp(o, "--verbose")) continue; /* read by train() */
         if (strncmp(o, "--", 2)) return cli_usage(cmd, "unexpected argument \"%s\"", o);
         if (need(i, argc, argv)) return CLI_USAGE;

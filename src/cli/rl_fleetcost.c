@@ -14,7 +14,11 @@
  *
  * Each pool runs the RL engine (rl_run, forked workers in emulated GPU
  * time) from each seed until the held-out reward reaches the target, or
- * the step cap.  Billing uses emulated GPU seconds counted from the work
+ * the step cap.  Runs are ordered (rl_config.ordered): from one seed, every
+ * pool trains on the same problems with the same sampling streams in the
+ * same batches, and differs only in which versions generated them (its
+ * staleness), so that comparing pools seed by seed compares the pools,
+ * not two draws of an RL run's luck.  Billing uses emulated GPU seconds counted from the work
  * done, never the wall clock: the pool's emulated time is the work its
  * workers did spread over the pool in proportion to their rates (an
  * elastic pool kept busy), and every worker is billed for that time. */
@@ -59,7 +63,10 @@ static const char usage[] =
     "  --eval-n N          held-out problems per evaluation (96)\n"
     "  --window N          the target is reached when the mean of the last N\n"
     "                      evaluations is at it (3)\n"
-    "  --warm N            supervised warm-start steps before RL (70)\n";
+    "  --warm N            supervised warm-start steps before RL (70)\n"
+    "  --unordered         train on whichever groups arrive first (rl train's default)\n"
+    "                      instead of in the run's order: the pools then see different\n"
+    "                      data, and the steps to the target vary far more\n";
 
 enum { NPOOL = 3, MAX_SEEDS = 32 };
 
@@ -267,6 +274,7 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t k = 0;
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!strcmp(a, "--unordered")) { c->ordered = 0; continue; }
         if (!v) return cli_usage("rl fleet-cost", "unknown option or missing value \"%s\"", a);
         int rc = 0;
         if (!strcmp(a, "--fleet")) o->fleet = v;
@@ -544,6 +552,7 @@ int cli_rl_fleet_cost(int argc, char **argv)
     rl_config_default(&base);
     base.steps = 120, base.eval_every = 2, base.eval_n = 96, base.target_window = 3, base.quiet = 1, base.target_reward = 0.75;
     base.stop_at_target = 1, base.step_s = 0.008, base.seq_cost = 0.0625;
+    base.ordered = 1; /* the same data in every pool: see usage */
     base.train_cost = 3;
     int rc = parse(argc, argv, &o, &base);
     if (rc) return rc;

@@ -43,6 +43,7 @@ struct rl__compute {
     int n, version, step, eval, save;
     long hist[RL_MAX_T + 2];
     int nh, smax;
+    int gmin, gmax; /* the batch's first and last group numbers */
     /* Results (thread), read by the loop under mu. */
     int trained, evaluated, rc;
     char err[1024];
@@ -256,6 +257,7 @@ int rl__compute_dispatch(run *r)
     memset(cp->hist, 0, sizeof cp->hist);
     cp->nh = r->c->mode == RL_MODE_ASYNC ? r->c->max_lag + 1 : 1;
     cp->smax = 0; /* unclamped: what the staleness bound promises */
+    cp->gmin = r->batch ? r->buf[0].group : 0, cp->gmax = r->batch ? r->buf[r->batch - 1].group : 0;
     for (int i = 0; i < r->batch; i++) {
         int s = r->version - r->buf[i].vstart;
         if (s > cp->smax) cp->smax = s;
@@ -317,14 +319,14 @@ static int took_step(run *r, rl__compute *cp, const rl_step_stats *st)
             if (r->w[i].alive && r->w[i].hello) SH_TRY(rl__enqueue_weights(r, &r->w[i], 0));
         r->t_publish += cp->publish_s + sh_now_mono() - t0;
     }
-    json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:o,s:f,s:i}", "event",
+    json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:o,s:f,s:i,s:[i,i]}", "event",
                            "step", "step", r->step, "version", r->version, "reward",
                            fin(st->reward), "loss", fin(st->loss), "grad_norm", fin(st->grad_norm),
                            "abs_dlogp", fin(st->abs_dlogp), "kl", fin(st->kl), "clipped_frac",
                            fin(st->clipped_frac), "masked_frac", fin(st->masked_frac), "skipped",
                            st->skipped, "staleness",
                            rl__hist_json(cp->hist, cp->nh), "wall_s", rl__wall(r), "staleness_max",
-                           cp->smax);
+                           cp->smax, "groups", cp->gmin, cp->gmax);
     if (!ev) return sh_err(SH_EINTERNAL, "rl: step %d: its report could not be built", r->step);
     if (r->progress) r->progress(ev, r->pctx);
     json_array_append_new(r->steps, ev);

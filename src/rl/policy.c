@@ -81,13 +81,13 @@ static void finish_traj(rl_traj *t, const rl_problem *p)
 
 /* Samples one token for every active sequence from its row of logits. */
 static void sample_step(rl_traj *out, const int *idx, int Ba, const float *logits, size_t stride,
-                        const int *row_of, int V, int ctx, const rl_sampling *s, uint64_t *rng,
+                        const int *row_of, int V, int ctx, const rl_sampling *s, uint64_t *srng,
                         float *lp, int ver, uint8_t *done)
 {
     for (int a = 0; a < Ba; a++) {
         rl_traj *t = &out[idx[a]];
         float logp;
-        int k = sample_row(logits + (size_t)row_of[a] * stride, V, s, rng, lp, &logp);
+        int k = sample_row(logits + (size_t)row_of[a] * stride, V, s, &srng[idx[a]], lp, &logp);
         t->tokens[t->len] = k;
         t->blogp[t->len] = logp;
         t->len++;
@@ -144,6 +144,14 @@ static int logits_cached(nn_model *m, nn_kv *kv, int rebuild, const rl_traj *out
     return 0;
 }
 
+/* The random stream of member j of group g: a function of the caller's
+ * seed and (g, j) alone. */
+static uint64_t seq_seed(uint64_t seed, int g, int j)
+{
+    uint64_t z = seed ^ ((uint64_t)(uint32_t)g << 20 | (uint32_t)j) * 0xd1b54a32d192ed03ULL;
+    return (uint64_t)(unif(&z) * 9007199254740992.0) ^ z;
+}
+
 int rl_generate(nn_model *m, const rl_problem *probs, int n, int group, int group0,
                 const rl_sampling *s, uint64_t *rng, int version, rl_step_hook hook,
                 void *hook_ctx, rl_traj *out)
@@ -154,11 +162,15 @@ int rl_generate(nn_model *m, const rl_problem *probs, int n, int group, int grou
     int *row_of = malloc(sizeof(int) * B);
     float *lp = malloc(sizeof(float) * V);
     uint8_t *done = calloc(B, 1);
+    uint64_t *srng = malloc(sizeof(uint64_t) * (B ? B : 1));
     nn_kv *kv = NULL;
     int rc = !s->no_kv_cache && B > 0 ? nn_kv_new(m, B, &kv) : 0;
-    if (!rc && (!tok || !idx || !row_of || !lp || !done))
+    if (!rc && (!tok || !idx || !row_of || !lp || !done || !srng))
         rc = sh_err(SH_ENOMEM, "generate: out of memory for %d sequences", B);
-    for (int i = 0; i < B && !rc; i++) start_traj(&out[i], &probs[i / group], group0 + i / group);
+    for (int i = 0; i < B && !rc; i++) {
+        start_traj(&out[i], &probs[i / group], group0 + i / group);
+        srng[i] = seq_seed(*rng, group0 + i / group, i % group);
+    }
     int cached_ver = 0;
     for (int step = 0; step < s->max_new && !rc; step++) {
         int ver = hook ? hook(hook_ctx) : version;
@@ -177,11 +189,12 @@ int rl_generate(nn_model *m, const rl_problem *probs, int n, int group, int grou
         else
             rc = logits_full(m, out, idx, Ba, tok, row_of, &logits, &stride);
         cached_ver = ver;
-        if (!rc) sample_step(out, idx, Ba, logits, stride, row_of, V, ctx, s, rng, lp, ver, done);
+        if (!rc) sample_step(out, idx, Ba, logits, stride, row_of, V, ctx, s, srng, lp, ver, done);
     }
     for (int i = 0; i < B && !rc; i++) finish_traj(&out[i], &probs[i / group]);
+    *rng = seq_seed(*rng, group0 + n, -1); /* the next call's seed */
     nn_kv_free(kv);
-    free(tok), free(idx), free(row_of), free(lp), free(done);
+    free(tok), free(idx), free(row_of), free(lp), free(done), free(srng);
     return rc;
 }
 

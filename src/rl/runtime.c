@@ -10,6 +10,14 @@
  *        issued stay within (version + max_lag + 1) batches, and a group
  *        that started more than max_lag versions before the step that would
  *        consume it is dropped.  New weights reach workers mid-batch.
+ * ordered (async): step s trains on exactly groups [s P, (s + 1) P) (P
+ *        prompts a step), whichever workers bring them and in whatever
+ *        order; a request asks for weights no older than max_lag versions
+ *        before the step that will consume its last group, so nothing is
+ *        dropped, and groups lost with a worker are asked for again.  Group
+ *        g's problem and sampling streams depend only on the seed and g
+ *        (in every mode), so two pools that train this way see the same
+ *        data, differing only in the versions that generated it.
  *
  * The trainer never blocks on a worker: sockets are non-blocking with an
  * outbox each, so a worker busy writing trajectories cannot deadlock with a
@@ -99,6 +107,11 @@ static void worker_dead(run *r, int i)
     for (int k = 0; k < w->busy; k++) { /* lost; they will be asked for again */
         r->issued -= w->req_trajs[k];
         r->dropped_dead += w->req_trajs[k];
+        if (r->c->ordered && r->nlost < RL_MAX_WORKERS * RL_QUEUE) {
+            r->lost[2 * r->nlost] = w->req_group0[k];
+            r->lost[2 * r->nlost + 1] = w->req_trajs[k] / r->c->group;
+            r->nlost++;
+        }
     }
     w->busy = 0;
     sh_log(SH_LOG_WARN, "rl: worker %d (%s) died; its in-flight trajectories are dropped", i,
@@ -169,24 +182,37 @@ static int got_bye(run *r, int i, const uint8_t *p, size_t len)
     return 0;
 }
 
-static int send_request(run *r, int i, int nprompts)
+/* Group g's problem: a function of the run's seed and g alone. */
+static void group_problem(const run *r, int g, rl_problem *p)
+{
+    uint64_t rng = r->seed ^ ((uint64_t)(uint32_t)g * 0x9e3779b97f4a7c15ULL);
+    rl_problem_draw(r->c->task, 0, &rng, p);
+}
+
+/* Asks worker i for groups [g0, g0 + nprompts); g0 < 0: the next new ones. */
+static int send_request(run *r, int i, int nprompts, int g0)
 {
     wk *w = &r->w[i];
-    rl_wire_request rq = {.min_version = r->c->mode == RL_MODE_ASYNC ? r->version - r->c->max_lag
-                                                                     : r->version,
-                          .nprompts = nprompts, .group = r->c->group, .group0 = r->group_next,
-                          .seed = r->rng ^ ((uint64_t)r->group_next * 0x9e3779b97f4a7c15ULL)};
+    const rl_config *c = r->c;
+    if (g0 < 0) g0 = r->group_next, r->group_next += nprompts;
+    int minv = c->mode == RL_MODE_ASYNC ? r->version - c->max_lag : r->version;
+    if (c->mode == RL_MODE_ASYNC && c->ordered) { /* the step that consumes the last group */
+        int last = (g0 + nprompts - 1) / c->prompts_per_step - c->max_lag;
+        if (last > minv) minv = last;
+    }
+    rl_wire_request rq = {.min_version = minv, .nprompts = nprompts, .group = c->group,
+                          .group0 = g0, .seed = r->seed};
     uint64_t ids[4096];
     for (int k = 0; k < nprompts; k++) {
         rl_problem p;
-        rl_problem_draw(r->c->task, 0, &r->rng, &p);
+        group_problem(r, g0 + k, &p);
         ids[k] = p.id;
     }
-    r->group_next += nprompts;
     SH_TRY(rl__msg_append(&w->out, RL_MSG_REQUEST, &rq, sizeof rq, ids, 8 * (size_t)nprompts));
     if (!w->busy) w->busy_since = sh_now_mono();
-    w->req_trajs[w->busy++] = nprompts * r->c->group;
-    r->issued += nprompts * r->c->group;
+    w->req_group0[w->busy] = g0;
+    w->req_trajs[w->busy++] = nprompts * c->group;
+    r->issued += nprompts * c->group;
     return 0;
 }
 
@@ -212,7 +238,7 @@ static int issue(run *r)
         for (int i = 0, k = 0; i < r->nslots; i++) {
             if (!r->w[i].alive || !r->w[i].hello) continue;
             int share = need / alive + (k++ < need % alive);
-            if (share) SH_TRY(send_request(r, i, share));
+            if (share) SH_TRY(send_request(r, i, share, -1));
         }
         return 0;
     }
@@ -222,6 +248,13 @@ static int issue(run *r)
     for (int i = 0; i < r->nslots; i++)
         if (r->spec[i].speed > fastest) fastest = r->spec[i].speed;
     if (fastest <= 0) fastest = 1; /* remote slots before their HELLO */
+    /* Ordered: lost groups first, to the first worker with room. */
+    for (int i = 0; i < r->nslots && r->nlost; i++) {
+        wk *w = &r->w[i];
+        if (!w->alive || !w->hello || w->busy >= RL_QUEUE) continue;
+        r->nlost--;
+        SH_TRY(send_request(r, i, r->lost[2 * r->nlost + 1], r->lost[2 * r->nlost]));
+    }
     /* Every idle worker gets a request before any gets a second one.  A
      * slow worker gets a shorter queue: work queued behind it would be
      * stale by the time it started. */
@@ -232,7 +265,7 @@ static int issue(run *r)
             int limit = 1 + (int)((RL_QUEUE - 1) * r->spec[i].speed / fastest + 0.5);
             if (w->alive && w->hello && w->busy < depth && depth <= limit &&
                 r->issued + n * c->group <= bound)
-                SH_TRY(send_request(r, i, n));
+                SH_TRY(send_request(r, i, n, -1));
         }
     return 0;
 }
@@ -258,6 +291,7 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
     if (rl__over(r)) { /* the run is over: answers to old requests */
         r->dropped_end += th.count;
         memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
+        memmove(w->req_group0, w->req_group0 + 1, sizeof(int) * (RL_QUEUE - 1));
         w->busy--;
         return 0;
     }
@@ -279,6 +313,7 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
     }
     r->nbuf += th.count;
     memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
+    memmove(w->req_group0, w->req_group0 + 1, sizeof(int) * (RL_QUEUE - 1));
     if (--w->busy == 0) w->busy_s += sh_now_mono() - w->busy_since;
     w->trajs += th.count;
     return 0;
@@ -352,6 +387,17 @@ double rl__wall(const run *r) { return sh_now_mono() - r->t0; }
 
 static int poll_once(run *r);
 
+/* A batch is buffered: any batch of whole groups, or, ordered, every group
+ * of the next step's. */
+static int batch_ready(const run *r)
+{
+    if (r->nbuf < r->batch) return 0;
+    if (!r->c->ordered || r->c->mode != RL_MODE_ASYNC) return 1;
+    int end = (r->step + 1) * r->c->prompts_per_step, n = 0;
+    for (int i = 0; i < r->nbuf; i++) n += r->buf[i].group < end;
+    return n == r->batch;
+}
+
 /* The event loop: it never computes, so workers are answered and fed
  * while the compute thread trains and evaluates.  The run ends when the
  * last step is trained and its evaluation is in. */
@@ -370,9 +416,11 @@ static int loop(run *r)
         SH_TRY(issue(r));
         SH_TRY(poll_once(r));
         SH_TRY(rl__compute_collect(r));
-        if (c->mode == RL_MODE_ASYNC) drop_stale(r);
+        /* Ordered requests wait for weights new enough instead (a dropped
+         * group would leave a hole in the sequence). */
+        if (c->mode == RL_MODE_ASYNC && !c->ordered) drop_stale(r);
         busy = rl__compute_busy(r);
-        if (!busy && !rl__over(r) && r->nbuf >= r->batch &&
+        if (!busy && !rl__over(r) && batch_ready(r) &&
             (c->mode == RL_MODE_ASYNC || !busy_count(r))) {
             SH_TRY(rl__compute_dispatch(r));
             busy = 1;
@@ -547,7 +595,7 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     if (!r) return sh_err(SH_ENOMEM, "rl: out of memory");
     r->c = c, r->progress = progress, r->pctx = ctx;
     r->batch = c->prompts_per_step * c->group;
-    r->rng = c->seed * 0x2545f4914f6cdd1dULL + 1;
+    r->seed = c->seed * 0x2545f4914f6cdd1dULL + 1;
     r->time_to_target = -1;
     r->curve = json_array(), r->steps = json_array(), r->ckpts = json_array();
     r->gone = json_array();

@@ -23,6 +23,7 @@ typedef struct wk {
      * of idling until the trainer reads its result); req_trajs: their sizes,
      * oldest first (a worker answers in order). */
     int fd, alive, busy, req_trajs[RL_QUEUE];
+    int req_group0[RL_QUEUE]; /* each request's first group (ordered: re-issued if lost) */
     sh_buf in, out;
     size_t out_off;
     double busy_since, busy_s;
@@ -47,7 +48,12 @@ typedef struct run {
     rl_traj *buf;
     int nbuf, cap, batch, version, step, group_next;
     long issued; /* trajectories admitted and not lost; bounds staleness */
-    uint64_t rng;
+    /* The run's seed for problems and sampling: group g's problem and
+     * responses are functions of it and g alone. */
+    uint64_t seed;
+    /* Ordered: groups lost with a dead worker, as (first group, prompts)
+     * pairs, asked for again before any new group. */
+    int lost[2 * RL_MAX_WORKERS * RL_QUEUE], nlost;
     double t0, eval_s;
     rl_traj *sortbuf; /* scratch for sort_buffer */
     long gen_tokens, train_tokens, dropped_stale, dropped_dead, deaths, respawns, skipped;
