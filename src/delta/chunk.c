@@ -246,7 +246,7 @@ __attribute__((target("avx2"))) static int delta__scan_w_avx2(delta__found *f, c
  * are read in a second pass over the new entries, from cache.  (The
  * register form of vpcompressd: the form that stores to memory is
  * microcoded and slow on some CPUs.) */
-#define DELTA__AVX512 "avx512f,avx512bw"
+#define DELTA__AVX512 "avx512f,avx512bw,avx512cd"
 __attribute__((target(DELTA__AVX512))) static inline __attribute__((always_inline)) size_t
 delta__compress16(uint32_t *pos, size_t k, __m512i idx, unsigned m)
 {
@@ -313,7 +313,7 @@ __attribute__((target(DELTA__AVX512))) static int delta__scan_w_avx512(delta__fo
 
 int delta__isa_max = 2;
 
-/* The widest scan this CPU runs: 2 AVX-512 (F and BW), 1 AVX2, 0 SSE2; at
+/* The widest scan this CPU runs: 2 AVX-512 (F, BW, CD), 1 AVX2, 0 SSE2; at
  * most delta__isa_max (tests lower it to check that every path writes the
  * same delta). */
 static int delta__isa(void)
@@ -325,7 +325,9 @@ static int delta__isa(void)
 #ifdef DELTA__HAVE_AVX2
         __builtin_cpu_init();
         if (__builtin_cpu_supports("avx2")) a = 1;
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) a = 2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512cd"))
+            a = 2;
 #endif
         __atomic_store_n(&isa, a, __ATOMIC_RELAXED);
     }
@@ -399,6 +401,101 @@ static size_t delta__assemble(delta__scratch *s, uint8_t *p, const delta__renc *
     return (size_t)(p - s->out) + r + nb;
 }
 
+/* The scalar pass 1 over pairs [*i, end) while the stream has room for an
+ * 8-byte store: units of at most 4 bytes only, whose gap has at most 18
+ * extra bits and value at most 29, so that a pair's bits fit the 64-bit
+ * accumulator with the 7 left over, and one store writes them out. */
+static inline void delta__symbols_fast(delta__scratch *s, size_t *i, size_t end, unsigned w,
+                                       uint32_t hg[4][256], uint32_t hv[4][256], delta__bw *bw)
+{
+    uint8_t *sym = s->sym, *p = bw->p;
+    uint64_t acc = bw->acc, ex;
+    unsigned n = bw->n, nb;
+    size_t q = *i;
+    for (; q < end && bw->end - p >= 8; q++) {
+        uint32_t prev = q ? s->pos[q - 1] + 1 : 0; /* position after the previous change */
+        unsigned g = delta__sym(s->pos[q] - prev, &nb, &ex);
+        acc |= ex << n, n += nb;
+        unsigned v = delta__sym(delta__zig(s->d[q], 8 * w), &nb, &ex);
+        acc |= ex << n, n += nb;
+        memcpy(p, &acc, 8); /* little-endian host: whole bytes go out */
+        p += n >> 3;
+        acc >>= n & 56;
+        n &= 7;
+        hg[q & 3][g]++, hv[q & 3][v]++;
+        sym[2 * q] = (uint8_t)g, sym[2 * q + 1] = (uint8_t)v;
+    }
+    bw->p = p, bw->acc = acc, bw->n = n;
+    *i = q;
+}
+
+#ifdef DELTA__HAVE_AVX2
+/* delta__sym on 16 lanes of 32 bits: the symbol, the extra bits and
+ * their count.  16 + 4 (e - 4) + top two bits = 4 e + top two bits. */
+__attribute__((target(DELTA__AVX512))) static inline __attribute__((always_inline)) __m512i
+delta__sym16(__m512i v, __m512i *nb, __m512i *ex)
+{
+    const __m512i c16 = _mm512_set1_epi32(16), c2 = _mm512_set1_epi32(2), c3 = _mm512_set1_epi32(3);
+    __m512i e = _mm512_sub_epi32(_mm512_set1_epi32(31), _mm512_lzcnt_epi32(_mm512_or_si512(v, c16)));
+    __mmask16 big = _mm512_cmpge_epu32_mask(v, c16);
+    __m512i sh = _mm512_sub_epi32(e, c2);
+    __m512i sym = _mm512_add_epi32(_mm512_slli_epi32(e, 2), _mm512_and_si512(_mm512_srlv_epi32(v, sh), c3));
+    *nb = _mm512_maskz_mov_epi32(big, sh);
+    *ex = _mm512_and_si512(v, _mm512_sub_epi32(_mm512_sllv_epi32(_mm512_set1_epi32(1), *nb),
+                                               _mm512_set1_epi32(1)));
+    return _mm512_mask_blend_epi32(big, v, sym);
+}
+
+/* Pass 1 of delta__sparse_symbols for pairs [i, k) of units of w <= 4
+ * bytes, 16 pairs a turn: the symbols and each pair's extra bits are
+ * computed in vectors, and only the bit packing and the counts stay
+ * serial.  The bits are those of the scalar loop, in the same order.
+ * Returns the pair it stopped at (room for a whole turn runs out first). */
+__attribute__((target(DELTA__AVX512))) static size_t
+delta__symbols16(delta__scratch *s, size_t i, size_t k, unsigned w, uint32_t hg[4][256],
+                 uint32_t hv[4][256], delta__bw *bw)
+{
+    uint8_t *sym = s->sym, *p = bw->p;
+    uint64_t acc = bw->acc;
+    unsigned n = bw->n;
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i vbits = _mm512_set1_epi32((int)(32 - 8 * w)); /* sign-extend from 8 w bits */
+    for (; i >= 1 && i + 16 <= k && bw->end - p >= 8 + 16 * 6; i += 16) {
+        __m512i pos = _mm512_loadu_si512(s->pos + i), prev = _mm512_loadu_si512(s->pos + i - 1);
+        __m512i g = _mm512_sub_epi32(_mm512_sub_epi32(pos, prev), one);
+        __m512i d = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(_mm512_loadu_si512(s->d + i))),
+                                       _mm512_cvtepi64_epi32(_mm512_loadu_si512(s->d + i + 8)), 1);
+        __m512i sx = _mm512_srav_epi32(_mm512_sllv_epi32(d, vbits), vbits);
+        __m512i v = _mm512_xor_si512(_mm512_slli_epi32(sx, 1), _mm512_srai_epi32(sx, 31));
+        __m512i nbg, exg, nbv, exv;
+        __m512i sg = delta__sym16(g, &nbg, &exg), sv = delta__sym16(v, &nbv, &exv);
+        _mm256_storeu_si256((__m256i *)(sym + 2 * i),
+                            _mm512_cvtepi32_epi16(_mm512_or_si512(sg, _mm512_slli_epi32(sv, 8))));
+        /* A pair's bits: the gap's, then the value's above them (<= 47). */
+        uint64_t pb[16];
+        uint32_t nt[16];
+        for (int h = 0; h < 2; h++) {
+            __m512i eg = _mm512_cvtepu32_epi64(h ? _mm512_extracti64x4_epi64(exg, 1) : _mm512_castsi512_si256(exg));
+            __m512i ev = _mm512_cvtepu32_epi64(h ? _mm512_extracti64x4_epi64(exv, 1) : _mm512_castsi512_si256(exv));
+            __m512i ng = _mm512_cvtepu32_epi64(h ? _mm512_extracti64x4_epi64(nbg, 1) : _mm512_castsi512_si256(nbg));
+            _mm512_storeu_si512(pb + 8 * h, _mm512_or_si512(eg, _mm512_sllv_epi64(ev, ng)));
+        }
+        _mm512_storeu_si512(nt, _mm512_add_epi32(nbg, nbv));
+        for (int j = 0; j < 16; j++) {
+            acc |= pb[j] << n, n += nt[j];
+            memcpy(p, &acc, 8); /* little-endian host: whole bytes go out */
+            p += n >> 3;
+            acc >>= n & 56;
+            n &= 7;
+            size_t q = i + (size_t)j;
+            hg[q & 3][sym[2 * q]]++, hv[q & 3][sym[2 * q + 1]]++;
+        }
+    }
+    bw->p = p, bw->acc = acc, bw->n = n;
+    return i;
+}
+#endif
+
 /* Pass 1 of a sparse chunk: the symbols (kept for pass 2), their counts,
  * and the extra bits, which go forward in decoding order.  Counts go to
  * four copies of each histogram in turn: the same symbol comes again and
@@ -407,32 +504,23 @@ static void delta__sparse_symbols(delta__scratch *s, size_t k, unsigned w, uint6
                                   uint64_t cv[256], delta__bw *bw)
 {
     uint32_t hg[4][256] = {{0}}, hv[4][256] = {{0}}; /* k < 2^32 */
-    uint8_t *sym = s->sym, *p = bw->p;
-    uint64_t acc = bw->acc, ex;
-    unsigned n = bw->n, nb;
-    uint32_t prev = 0; /* position after the previous change */
+    uint8_t *sym = s->sym;
+    uint64_t ex;
+    unsigned nb;
     size_t i = 0;
-    /* Units of at most 4 bytes: a gap has at most 18 extra bits and a value
-     * at most 29, so a pair's bits fit the 64-bit accumulator with the 7
-     * left over, and one 8-byte store writes them out. */
-    for (; w <= 4 && i < k && bw->end - p >= 8; i++) {
-        unsigned g = delta__sym(s->pos[i] - prev, &nb, &ex);
-        acc |= ex << n, n += nb;
-        prev = s->pos[i] + 1;
-        unsigned v = delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex);
-        acc |= ex << n, n += nb;
-        memcpy(p, &acc, 8); /* little-endian host: whole bytes go out */
-        p += n >> 3;
-        acc >>= n & 56;
-        n &= 7;
-        hg[i & 3][g]++, hv[i & 3][v]++;
-        sym[2 * i] = (uint8_t)g, sym[2 * i + 1] = (uint8_t)v;
+    if (w <= 4) {
+#ifdef DELTA__HAVE_AVX2
+        if (delta__isa() == 2) { /* the first pair has no previous position to load */
+            delta__symbols_fast(s, &i, k < 1 ? k : 1, w, hg, hv, bw);
+            i = delta__symbols16(s, i, k, w, hg, hv, bw);
+        }
+#endif
+        delta__symbols_fast(s, &i, k, w, hg, hv, bw);
     }
-    bw->p = p, bw->acc = acc, bw->n = n;
     for (; i < k; i++) {
+        uint32_t prev = i ? s->pos[i - 1] + 1 : 0;
         unsigned g = delta__sym(s->pos[i] - prev, &nb, &ex);
         delta__bw_put(bw, ex, nb);
-        prev = s->pos[i] + 1;
         unsigned v = delta__sym(delta__zig(s->d[i], 8 * w), &nb, &ex);
         delta__bw_put(bw, ex, nb);
         hg[i & 3][g]++, hv[i & 3][v]++;
