@@ -101,7 +101,7 @@ PIDS="$PIDS $!"
 "$SHOAL" nodes >"$RUN/nodes.txt" 2>&1 || true
 
 if [ "${SHOAL_RUN_FLEET_COST:-1}" != 0 ]; then
-    echo "run-main: the fleet-cost experiment (uniform H100 vs mixed vs per-type tuned pools, 8 seeds each: about 5 minutes; SHOAL_RUN_FLEET_COST=0 skips it)"
+    echo "run-main: the fleet-cost experiment (uniform H100 vs mixed vs per-type tuned pools, 8 seeds each, ordered: about 3 minutes on 2 idle cores; SHOAL_RUN_FLEET_COST=0 skips it)"
     "$SHOAL" rl fleet-cost --fleet "$FLEET" --speeds "$SPEEDS" --json >"$RUN/fleet-cost.json"
     "$SHOAL" rl report --dir "$RUN" --quiet
 fi
