@@ -20,7 +20,7 @@ SPEEDS=$ROOT/fleets/local-mixed.speeds.csv
 PORT=${SHOAL_RUN_PORT:-8479}
 STEPS=${SHOAL_RUN_STEPS:-40}
 # The same options reach the workers through the store's trainer.json.
-RLOPTS="--steps $STEPS --warm 70 --eval-every 5 --eval-n 48 --max-lag 2 --loss decoupled --gen-cost 3"
+RLOPTS="--steps $STEPS --warm 70 --eval-every 5 --eval-n 48 --max-lag 2 --loss decoupled --gen-cost 12 --ordered"
 
 case $RUN in /tmp/*) echo "run-main: SHOAL_RUN_DIR must be outside /tmp (ranks get a private /tmp)" >&2; exit 2 ;; esac
 rm -rf "$RUN"
@@ -101,7 +101,7 @@ PIDS="$PIDS $!"
 "$SHOAL" nodes >"$RUN/nodes.txt" 2>&1 || true
 
 if [ "${SHOAL_RUN_FLEET_COST:-1}" != 0 ]; then
-    echo "run-main: the fleet-cost experiment (uniform H100 vs mixed vs per-type tuned pools, 8 seeds each, ordered: about 3 minutes on 2 idle cores; SHOAL_RUN_FLEET_COST=0 skips it)"
+    echo "run-main: the fleet-cost experiment (uniform H100 vs mixed vs per-type tuned pools, 16 seeds each, ordered: about 5 minutes on 2 idle cores; SHOAL_RUN_FLEET_COST=0 skips it)"
     "$SHOAL" rl fleet-cost --fleet "$FLEET" --speeds "$SPEEDS" --json >"$RUN/fleet-cost.json"
     "$SHOAL" rl report --dir "$RUN" --quiet
 fi
