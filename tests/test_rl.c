@@ -348,13 +348,13 @@ static void test_async_run_learns(void **state)
 static void test_arith_heldout_rises(void **state)
 {
 #if defined(__SANITIZE_ADDRESS__)
-    skip(); /* about 3 x 20 s optimised */
+    skip(); /* about 3 x 10 s optimised */
 #endif
-    /* The rise is slow (a few points in 60 steps) and one seed's can be
+    /* The rise is slow (a few points in 100 steps) and one seed's can be
      * lost in the evaluation's noise: seeds 1..3, side by side, and their
      * mean. */
     assert_int_equal(tu_run(NULL, "for s in 1 2 3; do %s rl train --task arith --mode sync --loss ppo "
-                          "--steps 60 --warm 250 --lr 5e-4 --prompts 16 --seed $s --gen-cost 1 "
+                          "--steps 120 --warm 250 --lr 5e-4 --prompts 16 --seed $s --gen-cost 1 "
                           "--eval-every 20 --eval-n 128 --quiet --json >%s.$s 2>&1 & done; wait",
                     tu_shoal(), tu_path("arith")), 0);
     double rise = 0, later_rise = 0;
@@ -370,16 +370,16 @@ static void test_arith_heldout_rises(void **state)
         double r0 = json_number_value(json_object_get(j, "reward_start"));
         double r1 = json_number_value(json_object_get(j, "reward_end"));
         print_message("arith seed %d: held-out reward %.3f -> %.3f\n", seed, r0, r1);
-        assert_int_equal(json_array_size(curve), 4);
+        assert_int_equal(json_array_size(curve), 7);
         rise += (r1 - r0) / 3;
-        /* Rising, not one lucky evaluation: the mean of the later ones too. */
-        for (size_t i = 1; i < 4; i++)
+        /* Rising, not one lucky evaluation: the mean of the last three too. */
+        for (size_t i = 4; i < 7; i++)
             later_rise += (json_number_value(json_object_get(json_array_get(curve, i), "reward")) - r0) / 9;
         json_decref(j);
     }
-    print_message("arith: mean rise %.3f, of the later evaluations %.3f\n", rise, later_rise);
+    print_message("arith: mean rise %.3f, of the last three evaluations %.3f\n", rise, later_rise);
     assert_true(rise > 0.025);
-    assert_true(later_rise > 0.01);
+    assert_true(later_rise > 0.02);
 }
 
 /* Ordered async: a worker killed with requests in flight leaves holes in

@@ -35,6 +35,8 @@ void nn__attention_backward(float *dinp, float *dpreatt, float *datt, const floa
                             const float *inp, const float *att, int B, int T, int C, int NH);
 
 /* tanh-approximated GELU, elementwise over n values. */
+/* tanh to 3e-7 absolute, the one GELU uses (vectorisable; see layers.c). */
+float nn__tanhf(float x);
 void nn__gelu_forward(float *out, const float *inp, int n);
 void nn__gelu_backward(float *dinp, const float *inp, const float *dout, int n);
 
