@@ -235,14 +235,14 @@ NN__VEC static inline float nn__tanh(float x)
     x = x > 9.0f ? 9.0f : x < -9.0f ? -9.0f : x; /* tanh(9) = 1 - 3e-8 */
     float y = 2.0f * x;
     float t = y * 1.44269504088896341f + 12582912.0f; /* round to nearest: 1.5 x 2^23 */
-    int32_t ti;
+    uint32_t ti; /* unsigned: a NaN's bits wrap instead of overflowing */
     memcpy(&ti, &t, 4);
-    int32_t n = ti - 0x4B400000;
+    uint32_t n = ti - 0x4B400000u; /* the rounded y log2 e, two's complement */
     float nf = t - 12582912.0f;
     float r = (y - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
               r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
-    int32_t bits = (n + 127) << 23;
+    uint32_t bits = (n + 127u) << 23;
     float scale;
     memcpy(&scale, &bits, 4);
     return 1.0f - 2.0f / (p * scale + 1.0f);
