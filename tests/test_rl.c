@@ -544,6 +544,7 @@ static void test_bad_configs(void **state)
         {"--width 30", "multiple of heads"},
         {"--steps", "needs a value"},
         {"--bogus 1", "unknown option"},
+        {"--mode sync --ordered", "--ordered is for --mode async"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out = NULL;

@@ -78,6 +78,9 @@ int rl_config_check(const rl_config *c)
     if (c->steps < 1 || c->steps > 1000000) return sh_err(SH_EINVAL, "--steps %d: must be 1..1000000", c->steps);
     if (c->mode == RL_MODE_ASYNC && (c->max_lag < 0 || c->max_lag > 64))
         return sh_err(SH_EINVAL, "--max-lag %d: must be 0..64", c->max_lag);
+    if (c->ordered && c->mode != RL_MODE_ASYNC)
+        return sh_err(SH_EINVAL, "--ordered is for --mode async (a sync run already trains each "
+                                 "step on its own groups in order); drop one of them");
     if (c->nworkers < 1 || c->nworkers > RL_MAX_WORKERS)
         return sh_err(SH_EINVAL, "--workers: %d workers, must be 1..%d", c->nworkers, RL_MAX_WORKERS);
     for (int i = 0; i < c->nworkers; i++)
