@@ -262,17 +262,20 @@ static int train(int argc, char **argv)
     if (json) {
         sh_json_print(res);
     } else {
-        printf("%s %s lag %d, loss %s, %s rollouts: held-out reward %.3f -> %.3f in %d steps, "
-               "%.1f s, %.0f tokens/s generated, time to %.2f: %.1f s\n",
-               rl_task_name(c.task), c.mode ? "async" : "sync", c.max_lag,
-               rl_loss_name(c.loss.kind),
+        double ttt = json_number_value(json_object_get(res, "time_to_target_s"));
+        char reach[64];
+        if (ttt >= 0) snprintf(reach, sizeof reach, "%.1f s", ttt);
+        else snprintf(reach, sizeof reach, "not reached");
+        printf("%s %s%s lag %d, loss %s, %s rollouts: held-out reward %.3f -> %.3f in %d steps, "
+               "%.1f s, %.0f tokens/s generated, time to %.2f: %s\n",
+               rl_task_name(c.task), c.mode ? "async" : "sync", c.ordered ? " ordered" : "",
+               c.max_lag, rl_loss_name(c.loss.kind),
                json_string_value(json_object_get(res, "rollout_dtype")),
                json_number_value(json_object_get(res, "reward_start")),
                json_number_value(json_object_get(res, "reward_end")),
                (int)json_integer_value(json_object_get(res, "steps")),
                json_number_value(json_object_get(res, "wall_s")),
-               json_number_value(json_object_get(res, "tokens_per_s")), c.target_reward,
-               json_number_value(json_object_get(res, "time_to_target_s")));
+               json_number_value(json_object_get(res, "tokens_per_s")), c.target_reward, reach);
     }
     json_decref(res);
     return 0;
