@@ -641,6 +641,7 @@ static void test_bench_json(void **state)
     TU_OK(sh_json_parse(o, strlen(o), "bench delta", &j));
     json_t *sh = json_object_get(j, "shoal"), *x = json_object_get(j, "xor_zstd1");
     assert_int_equal(json_integer_value(json_object_get(j, "reps")), 2);
+    assert_int_equal(json_integer_value(json_object_get(j, "warmup_runs")), 1);
     assert_true(json_integer_value(json_object_get(sh, "bytes")) > 0);
     assert_true(json_integer_value(json_object_get(sh, "bytes")) <
                 json_integer_value(json_object_get(x, "bytes")));
