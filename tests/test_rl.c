@@ -382,17 +382,28 @@ static void test_arith_heldout_rises(void **state)
     assert_true(later_rise > 0.02);
 }
 
+/* An 8-step async run (options `extra` added) whose worker 0 is killed
+ * after step 3 with requests in flight: the run still does every step,
+ * and the killed worker's requests count as dropped. */
+static json_t *run_killed(const char *extra)
+{
+    char args[512];
+    snprintf(args, sizeof args, "--mode async %s --steps 8 --warm 5 --eval-every 4 --eval-n 8 "
+             "--prompts 4 --kill-worker-at 3 --gen-cost 1 --quiet", extra);
+    json_t *j = run_json(args, 0);
+    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 8);
+    assert_true(json_integer_value(json_object_get(j, "worker_deaths")) >= 1);
+    assert_true(json_integer_value(json_object_get(j, "dropped_dead")) >= 1);
+    return j;
+}
+
 /* Ordered async: a worker killed with requests in flight leaves holes in
  * the run's sequence of groups; they are asked for again, so the run does
  * all its steps, and nothing is dropped as stale (requests wait for new
  * enough weights instead), with every trajectory within the bound. */
 static void test_ordered_worker_killed(void **state)
 {
-    json_t *j = run_json("--mode async --ordered --max-lag 1 --steps 8 --warm 5 --eval-every 4 "
-                         "--eval-n 8 --prompts 4 --kill-worker-at 3 --gen-cost 1 --quiet", 0);
-    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 8);
-    assert_true(json_integer_value(json_object_get(j, "worker_deaths")) >= 1);
-    assert_true(json_integer_value(json_object_get(j, "dropped_dead")) >= 1);
+    json_t *j = run_killed("--ordered --max-lag 1");
     assert_int_equal(json_integer_value(json_object_get(j, "dropped_stale")), 0);
     json_t *h = json_object_get(j, "staleness_hist");
     long total = 0;
@@ -413,15 +424,11 @@ static void test_ordered_worker_killed(void **state)
 
 static void test_worker_killed(void **state)
 {
-    json_t *j = run_json("--mode async --steps 8 --warm 5 --eval-every 4 --eval-n 8 --prompts 4 "
-                         "--kill-worker-at 3 --gen-cost 1 --quiet", 0);
-    assert_int_equal(json_integer_value(json_object_get(j, "steps")), 8);
-    assert_true(json_integer_value(json_object_get(j, "worker_deaths")) >= 1);
+    json_t *j = run_killed("");
     assert_true(json_integer_value(json_object_get(j, "respawns")) >= 1);
     /* The killed worker's requests were in flight (async keeps a queue):
-     * they are dropped, and its replacement, given the whole current
+     * they were dropped, and its replacement, given the whole current
      * image, caught up and contributed. */
-    assert_true(json_integer_value(json_object_get(j, "dropped_dead")) >= 1);
     json_t *w0 = json_array_get(json_object_get(j, "workers"), 0);
     print_message("replacement of worker 0: %lld trajectories\n",
                   (long long)json_integer_value(json_object_get(w0, "trajectories_since_join")));
