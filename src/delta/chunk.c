@@ -269,22 +269,13 @@ delta__scan_avx512(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i
     for (; i + 64 <= end; i += 64) {
         DELTA__PREFETCH_NEXT(&l, o, n, i);
         __m512i a = _mm512_loadu_si512(o + i), b = _mm512_loadu_si512(n + i);
-        if (w == 1) {
-            uint64_t m = _mm512_cmpneq_epi8_mask(a, b);
-            for (int q = 0; q < 4; q++, idx = _mm512_add_epi32(idx, s16))
-                k = delta__compress16(pos, k, idx, (unsigned)(m >> (16 * q)) & 0xffff);
-        } else if (w == 2) {
-            uint32_t m = _mm512_cmpneq_epi16_mask(a, b);
-            k = delta__compress16(pos, k, idx, m & 0xffff);
-            idx = _mm512_add_epi32(idx, s16);
-            k = delta__compress16(pos, k, idx, m >> 16);
-            idx = _mm512_add_epi32(idx, s16);
-        } else if (w == 4) {
-            k = delta__compress16(pos, k, idx, _mm512_cmpneq_epi32_mask(a, b));
-            idx = _mm512_add_epi32(idx, s16);
-        } else {
-            k = delta__compress16(pos, k, idx, _mm512_cmpneq_epi64_mask(a, b));
-            idx = _mm512_add_epi32(idx, s8);
+        uint64_t m = w == 1 ? _mm512_cmpneq_epi8_mask(a, b)
+                   : w == 2 ? _mm512_cmpneq_epi16_mask(a, b)
+                   : w == 4 ? _mm512_cmpneq_epi32_mask(a, b)
+                            : _mm512_cmpneq_epi64_mask(a, b);
+        for (unsigned q = 0; q < 64 / w; q += 16) { /* 16 units at a time, 8 when w = 8 */
+            k = delta__compress16(pos, k, idx, (unsigned)(m >> q) & 0xffff);
+            idx = _mm512_add_epi32(idx, w == 8 ? s8 : s16);
         }
         if (__builtin_expect(k > l.cap, 0)) {
             ok = 0;
@@ -292,7 +283,8 @@ delta__scan_avx512(delta__found *f, const uint8_t *o, const uint8_t *n, size_t i
         }
     }
     if (ok) {
-        for (size_t j = k0; j < k; j++) l.d[j] = delta__diff(o + (size_t)pos[j] * w, n + (size_t)pos[j] * w, w, is_float);
+        for (size_t j = k0; j < k; j++)
+            l.d[j] = delta__diff(o + (size_t)pos[j] * w, n + (size_t)pos[j] * w, w, is_float);
         l.k = k;
         if (i < end) ok = delta__scan_tail(&l, o, n, i, end, w, is_float);
     }
