@@ -43,6 +43,8 @@ typedef struct trainer_ctx {
     const char *store_dir;
     FILE *events;
     double t0, delta_bytes, full_bytes, last_delta, image_bytes, publish_s;
+    double store_bytes; /* payload bytes written to the store (deltas and anchors) */
+    uint64_t base0;     /* the store's LATEST when the trainer started */
     long versions;
 } trainer_ctx;
 
@@ -52,18 +54,21 @@ static int env_int(const char *name, int dflt)
     return v && *v ? atoi(v) : dflt;
 }
 
+/* Policy version `version` becomes store version base0 + version + 1: the
+ * image and the delta the trainer made for it go to the store as they are
+ * (store_publish_mem: nothing is diffed again, no image is staged for a
+ * delta version). */
 static int on_publish(void *ctx, int version, const sh_buf *img, const sh_buf *delta)
 {
     trainer_ctx *t = ctx;
     double t0 = sh_now_mono();
-    char path[4096];
-    snprintf(path, sizeof path, "%s/incoming-%d.safetensors", t->store_dir, (int)getpid());
     uint64_t v;
-    int rc = sh_write_atomic(path, img->data, img->len);
+    store_mem_version in = {img->data, img->len, delta->data, delta->len, t->base0 + (uint64_t)version};
     store_publish_opts o = {.anchor_every = 16};
-    if (!rc) rc = store_publish(t->st, path, &o, &v);
-    unlink(path);
+    int rc = store_publish_mem(t->st, &in, &o, &v);
     if (rc) return sh_err_wrap(rc, "trainer: publishing version %d to %s", version, t->store_dir);
+    store_version sv;
+    if (store_get(t->st, v, &sv, NULL) == 0) t->store_bytes += (double)sv.size;
     t->image_bytes = (double)img->len;
     t->last_delta = (double)delta->len;
     t->delta_bytes += (double)delta->len;
@@ -92,12 +97,13 @@ static void on_event(const json_t *ev, void *ctx)
 }
 
 /* DIR/trainer.json: where workers connect and the options they must share. */
-static int announce(const char *dir, const char *addr, int argc, char **argv, const char *state)
+static int announce(const char *dir, const char *addr, int argc, char **argv, const char *state,
+                    uint64_t base0)
 {
     json_t *args = json_array();
     for (int i = 0; i < argc; i++) json_array_append_new(args, json_string(argv[i]));
-    json_t *j = json_pack("{s:s,s:o,s:s,s:i}", "addr", addr, "args", args, "state", state, "pid",
-                          (int)getpid());
+    json_t *j = json_pack("{s:s,s:o,s:s,s:i,s:I}", "addr", addr, "args", args, "state", state, "pid",
+                          (int)getpid(), "store_base", (json_int_t)base0);
     char path[4096];
     snprintf(path, sizeof path, "%s/trainer.json", dir);
     int rc = sh_json_write_atomic(path, j);
@@ -168,10 +174,11 @@ static int trainer_rank0(const rl_config *c0, trainer_opts *o, mj_ring *ring, in
     int lfd = -1;
     int rc = sh_mkdir_p(o->store, 0755);
     if (!rc) rc = store_open(o->store, NULL, 1, &t.st);
+    if (!rc) rc = store_latest(t.st, &t.base0);
     if (!rc) rc = listen_tcp(host, addr, sizeof addr, &lfd);
     if (!rc && o->events && !(t.events = fopen(o->events, "a")))
         rc = sh_err_errno(errno, "trainer: %s", o->events);
-    if (!rc) rc = announce(o->store, addr, o->nrl, o->rl, "running");
+    if (!rc) rc = announce(o->store, addr, o->nrl, o->rl, "running", t.base0);
     if (!rc) {
         fprintf(stderr, "trainer: rank 0 of %d, workers connect to %s (announced in %s/trainer.json)\n",
                 world, addr, o->store);
@@ -186,10 +193,12 @@ static int trainer_rank0(const rl_config *c0, trainer_opts *o, mj_ring *ring, in
         json_object_set_new(*res, "store_versions", json_integer(t.versions));
         json_object_set_new(*res, "delta_bytes_total", json_real(t.delta_bytes));
         json_object_set_new(*res, "full_bytes_total", json_real(t.full_bytes));
+        json_object_set_new(*res, "store_bytes_total", json_real(t.store_bytes));
+        json_object_set_new(*res, "store_base", json_integer((json_int_t)t.base0));
         json_object_set_new(*res, "publish_s", json_real(t.publish_s));
         if (o->result) rc = sh_json_write_atomic(o->result, *res);
     }
-    announce(o->store, lfd >= 0 ? addr : "", o->nrl, o->rl, rc ? "failed" : "done");
+    announce(o->store, lfd >= 0 ? addr : "", o->nrl, o->rl, rc ? "failed" : "done", t.base0);
     if (lfd >= 0) close(lfd);
     if (t.events) fclose(t.events);
     store_close(t.st);
