@@ -122,6 +122,12 @@ json_t *rl__hist_json(const long *h, int n);
 int rl__warm_start(const rl_config *c, nn_model *m);
 int rl__enqueue_weights(run *r, wk *w, int full);
 
+/* FP8 rollouts (checkpoint.c): loads the dequantised FP8 view of the BF16
+ * image img into m, in memory.  With prev (the image m's weights were last
+ * loaded from this way) only the 128 x 128 blocks whose bytes differ are
+ * re-quantised; *blocks (optional) counts the blocks redone. */
+int rl__load_fp8(nn_model *m, const struct ckpt *img, const struct ckpt *prev, uint64_t *blocks);
+
 /* Runs a rollout worker on fd until STOP or EOF; never returns (_exit). */
 void rl__worker_main(const rl_config *c, int idx, int fd) __attribute__((noreturn));
 

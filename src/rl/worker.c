@@ -28,7 +28,7 @@ typedef struct worker {
     size_t queued_off;
     sh_buf img; /* the safetensors image of the current weights */
     ckpt *ck;   /* a view over img: the base the next delta applies to */
-    char dir[64]; /* fp8 rollouts: scratch folder for the quantiser's files */
+    uint64_t fp8_blocks; /* FP8 rollouts: blocks re-quantised by the last update */
     double mark, mark_cpu; /* wall and CPU clocks at the end of the last stretch */
     long updates_in_flight;
     /* Emulated GPU time (rl_config.step_s > 0): the current request's
@@ -44,14 +44,15 @@ typedef struct worker {
     } prof;
 } worker;
 
-static int load_fp8(worker *w);
-
-/* Replaces the worker's image with img (taking ownership) and loads it. */
+/* Replaces the worker's image with img (taking ownership) and loads it.
+ * FP8 rollouts sample from the dequantised FP8 weights, updated in memory
+ * block by block from the image held before (rl__load_fp8). */
 static int install(worker *w, sh_buf img, int version)
 {
     ckpt *ck = NULL;
     int rc = ckpt_open_mem(img.data, img.len, "weights", &ck);
-    if (!rc) rc = rl_load_view(w->model, ck, "weights");
+    if (!rc && w->c->dtype == RL_DTYPE_FP8) rc = rl__load_fp8(w->model, ck, w->ck, &w->fp8_blocks);
+    else if (!rc) rc = rl_load_view(w->model, ck, "weights");
     if (rc) {
         ckpt_close(ck);
         sh_buf_free(&img);
@@ -62,27 +63,7 @@ static int install(worker *w, sh_buf img, int version)
     w->img = img;
     w->ck = ck;
     w->version = version;
-    return w->c->dtype == RL_DTYPE_FP8 ? load_fp8(w) : 0;
-}
-
-/* FP8 rollouts: the bf16 image goes through src/delta's block quantiser
- * (`shoal quant fp8`: e4m3 with a scale per 128 x 128 block; embeddings and
- * the output head stay bf16, as DeepSeek-V3 keeps them), and the worker
- * samples from the dequantised weights. */
-static int load_fp8(worker *w)
-{
-    char in[128], out[128];
-    snprintf(in, sizeof in, "%s/bf16.safetensors", w->dir);
-    snprintf(out, sizeof out, "%s/fp8.safetensors", w->dir);
-    static const char *const keep[] = {"embed", "lm_head", NULL};
-    delta_opts o = {.threads = 1};
-    SH_TRY(sh_write_atomic(in, w->img.data, w->img.len));
-    SH_TRY(delta_quant_fp8(in, out, keep, &o));
-    ckpt *q;
-    SH_TRY(ckpt_open(out, &q));
-    int rc = rl_load_view(w->model, q, out);
-    ckpt_close(q);
-    return rc;
+    return 0;
 }
 
 /* Installs weights from a WEIGHTS payload: a whole image, or a shoal delta
@@ -168,7 +149,6 @@ static void leave(worker *w, int code)
            "emulation sleep %.2f s, beyond the emulated cost %.2f s, weights %.2f s, idle %.2f s",
            w->idx, w->prof.requests, w->prof.trajs, w->prof.steps, w->prof.compute, w->prof.sleep,
            w->prof.over, w->prof.weights, w->prof.idle);
-    if (w->dir[0]) sh_rm_rf(w->dir);
     _exit(code);
 }
 
@@ -280,15 +260,6 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
     worker w = {.c = c, .idx = idx, .fd = fd, .version = -1};
     if (nn_new(&c->model, c->seed, &w.model) < 0) _exit(3);
     signal(SIGPIPE, SIG_IGN);
-    if (c->dtype == RL_DTYPE_FP8) {
-        /* The quantiser works on files, written atomically (with fsync)
-         * for every version: in memory (/dev/shm) where there is one, so
-         * that FP8 rollouts do not wait on a disk shared with other runs. */
-        const char *tmp = getenv("TMPDIR");
-        if (sh_is_dir("/dev/shm") && access("/dev/shm", W_OK) == 0) tmp = "/dev/shm";
-        snprintf(w.dir, sizeof w.dir, "%s/shoal-rl-XXXXXX", tmp && strlen(tmp) < 40 ? tmp : "/tmp");
-        if (!mkdtemp(w.dir)) _exit(3);
-    }
     for (;;) {
         uint32_t type;
         if (w.queued_off < w.queued.len) { /* queued requests first, oldest first */
