@@ -194,6 +194,7 @@ static int parent_connect(bcast_node *n)
     snprintf(h.addr, sizeof h.addr, "%s", n->cfg.accept_children ? n->addr : "");
     uint8_t buf[BCAST__HELLO_LEN];
     bcast__pack_hello(&h, buf);
+    snprintf(n->fed_by, sizeof n->fed_by, "%s", addr);
     sh_info("push %s: attaching to %s (have v%llu)", n->name, addr, (unsigned long long)n->have);
     return bcast__send(n, n->parent_ep, NULL, BCAST__AM_HELLO, buf, sizeof buf, NULL, 0, NULL);
 }
@@ -722,6 +723,7 @@ void bcast_node_stats(const bcast_node *n, bcast_stats *out)
     out->children = 0;
     for (const bcast__peer *p = n->children; p; p = p->next_peer) out->children += p->hello && !p->dead;
     out->attached = n->cfg.nparents == 0 || n->parent_ep != NULL;
+    snprintf(out->addr, sizeof out->addr, "%s", n->addr);
 }
 
 void bcast_node_free(bcast_node *n)

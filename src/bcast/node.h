@@ -52,6 +52,7 @@ struct bcast_node {
     ucp_ep_h parent_ep;
     int parent_failed;
     char redirect_to[BCAST__ADDR];
+    char fed_by[BCAST__ADDR]; /* the parent connected to last: objects come from it */
     double reconnect_at;
     char stack[BCAST__STACK][BCAST__ADDR];
     int nstack, base_idx;

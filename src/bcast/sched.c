@@ -88,6 +88,7 @@ void bcast__deliver(bcast_node *n)
         o->delivered = 1;
         n->have = o->version;
         n->stats.have_version = n->have;
+        snprintf(n->stats.parent, sizeof n->stats.parent, "%s", n->fed_by);
         sh_info("push %s: v%llu complete (%s, %llu bytes)", n->name, (unsigned long long)o->version,
                 o->anchor ? "anchor" : "delta", (unsigned long long)o->size);
         if (n->cfg.on_object) {

@@ -31,11 +31,18 @@ static const char trainer_usage[] =
     "all-reduce gradients over a UCX ring (rendezvous in DIR/ring/).\n";
 
 static const char worker_usage[] =
-    "usage: shoal rl worker --store DIR --fleet FLEET.csv --speeds SPEEDS.csv [--node NAME] [--wait S]\n"
+    "usage: shoal rl worker --store DIR --fleet FLEET.csv --speeds SPEEDS.csv [--push PDIR]\n"
+    "                       [--node NAME] [--wait S] [--min-wait S]\n"
     "One rollout worker (a replica of an elastic job).  Its GPU type, price and\n"
     "declared speed are those of node NAME (default $SHOAL_NODE) in the fleet\n"
     "files; it waits up to S seconds (300) for DIR/trainer.json, connects, and\n"
-    "generates trajectories until the trainer says STOP.\n";
+    "generates trajectories until the trainer says STOP.\n"
+    "With --push PDIR its weights come by the push tree whose root's address is\n"
+    "in PDIR/push.addr: the worker is a replica (PDIR/replicas/NODE-PID) in its\n"
+    "node's zone, logs each version's parent to PDIR/tree.jsonl, and refuses a\n"
+    "request whose minimum version it cannot get within --min-wait S (5).\n"
+    "Without it the weights come from the trainer over the RL socket (the\n"
+    "direct transport, a baseline).\n";
 
 typedef struct trainer_ctx {
     mj_train dp; /* first: rl_config.hook_ctx is also mj_train_step's ctx */
@@ -303,10 +310,46 @@ static int connect_to(const char *addr, int *fd_out)
     return 0;
 }
 
+/* The worker's replica on the push tree whose root PDIR/push.addr names. */
+static int open_weights(const char *pdir, const char *node, const char *zone, uint64_t base,
+                        double wait_s, double min_wait, mj_weights **out)
+{
+    char addr_file[4096], addr[256] = "", dir[4096], log[4096];
+    snprintf(addr_file, sizeof addr_file, "%s/push.addr", pdir);
+    for (double end = sh_now_mono() + wait_s; !addr[0]; sh_sleep(0.1)) {
+        char *text = NULL;
+        size_t len = 0;
+        if (sh_path_exists(addr_file) && sh_read_file(addr_file, 255, &text, &len) == 0) {
+            snprintf(addr, sizeof addr, "%.*s", (int)strcspn(text, "\r\n"), text);
+            free(text);
+        }
+        if (!addr[0] && sh_now_mono() > end)
+            return sh_err(SH_ETIMEDOUT, "%s: no push root within %.0f s (start `shoal push serve "
+                          "--addr-file %s`)", addr_file, wait_s, addr_file);
+    }
+    /* Replicas of one node (one per GPU) run in private process namespaces
+     * and may share a pid: the job's rank names them, a fresh folder keeps
+     * them apart. */
+    char name[64];
+    const char *rank = getenv("SHOAL_RANK");
+    if (rank) snprintf(name, sizeof name, "%s-r%s", node, rank);
+    else snprintf(name, sizeof name, "%s-%ld", node, (long)getpid());
+    snprintf(dir, sizeof dir, "%s/replicas", pdir);
+    int rc = sh_mkdir_p(dir, 0755);
+    if (rc < 0) return rc;
+    snprintf(dir, sizeof dir, "%s/replicas/%s-XXXXXX", pdir, name);
+    if (!mkdtemp(dir)) return sh_err_errno(errno, "replica folder %s", dir);
+    snprintf(log, sizeof log, "%s/tree.jsonl", pdir);
+    mj_weights_config wc = {.dir = dir, .parent = addr, .zone = zone, .name = name, .tree_log = log,
+                            .store_base = base, .min_wait_s = min_wait};
+    return mj_weights_open(&wc, out);
+}
+
 int cli_rl_worker(int argc, char **argv)
 {
     const char *store_dir = NULL, *fleet = NULL, *speeds = NULL, *node = getenv("SHOAL_NODE");
-    double wait_s = 300;
+    const char *push = NULL;
+    double wait_s = 300, min_wait = 5;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(worker_usage, stdout), 0;
@@ -315,8 +358,10 @@ int cli_rl_worker(int argc, char **argv)
         else if (!strcmp(a, "--fleet")) fleet = v;
         else if (!strcmp(a, "--speeds")) speeds = v;
         else if (!strcmp(a, "--node")) node = v;
-        else if (!strcmp(a, "--wait")) {
-            if (sh_parse_double(v, &wait_s, a) < 0) return cli_usage("rl worker", "%s", sh_errmsg());
+        else if (!strcmp(a, "--push")) push = v;
+        else if (!strcmp(a, "--wait") || !strcmp(a, "--min-wait")) {
+            if (sh_parse_double(v, !strcmp(a, "--wait") ? &wait_s : &min_wait, a) < 0)
+                return cli_usage("rl worker", "%s", sh_errmsg());
         } else return cli_usage("rl worker", "unknown option \"%s\"", a);
         i++;
     }
@@ -332,6 +377,8 @@ int cli_rl_worker(int argc, char **argv)
     }
     rl_worker_spec me = {.speed = n->speed, .price = n->price};
     snprintf(me.name, sizeof me.name, "%s", n->gpu_type);
+    char zone[64];
+    snprintf(zone, sizeof zone, "%s", n->zone);
     mj_fleet_free(&f);
     json_t *tj = NULL;
     rc = wait_trainer(store_dir, wait_s, &tj);
@@ -354,8 +401,16 @@ int cli_rl_worker(int argc, char **argv)
         return cli_fail("rl worker", SH_EIO);
     }
     if (rc) return rc;
-    fprintf(stderr, "worker: %s (speed %.2f, $%.2f/h) on %s connected to the trainer at %s\n", me.name,
-            me.speed, me.price, node, json_string_value(json_object_get(tj, "addr")));
+    mj_weights *mw = NULL;
+    if (push) {
+        uint64_t base = (uint64_t)json_integer_value(json_object_get(tj, "store_base"));
+        rc = open_weights(push, node, zone, base, wait_s, min_wait, &mw);
+        if (rc < 0) return cli_fail("rl worker", rc);
+    }
+    fprintf(stderr, "worker: %s (speed %.2f, $%.2f/h) on %s in %s connected to the trainer at %s; weights %s\n",
+            me.name, me.speed, me.price, node, zone, json_string_value(json_object_get(tj, "addr")),
+            mw ? "by the push tree" : "from the trainer (direct)");
     fflush(stderr);
-    rl_worker_serve(&c, &me, fd); /* keeps av and tj alive: it never returns */
+    /* Never returns: av, tj and mw stay alive for the process's life. */
+    rl_worker_serve_from(&c, &me, fd, mw ? mj_weights_source(mw) : NULL);
 }
