@@ -129,7 +129,8 @@ typedef struct mj_weights mj_weights;
 
 typedef struct mj_weights_config {
     const char *dir;      /* the replica's folder (required) */
-    const char *parent;   /* push parent "host:port" (required): the root */
+    const char *parent;   /* push parent "host:port": the root */
+    const char *parent_file; /* or a file that will name it: the replica starts when it does */
     const char *zone;     /* the node's zone: one relay per zone */
     const char *name;     /* in the tree log */
     const char *tree_log; /* NULL: none */

@@ -294,6 +294,16 @@ static void reap_children(bcast_node *n)
     }
 }
 
+void bcast__redirect(bcast_node *n, bcast__peer *p, bcast__peer *to)
+{
+    uint8_t buf[BCAST__REDIRECT_LEN] = {0};
+    snprintf((char *)buf, sizeof buf, "%s", to->addr);
+    to->redirects++;
+    p->hello = 0; /* nothing more is sent to it here */
+    sh_info("push %s: redirecting %s (zone %s) to %s", n->name, p->name, p->zone, to->name);
+    bcast__send(n, p->ep, p, BCAST__AM_REDIRECT, buf, sizeof buf, NULL, 0, NULL);
+}
+
 static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data, size_t len,
                              const ucp_am_recv_param_t *prm)
 {
@@ -310,16 +320,12 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
     snprintf(p->zone, sizeof p->zone, "%s", h.zone);
     snprintf(p->addr, sizeof p->addr, "%s", h.addr);
     p->accepts = h.flags & 1;
+    p->have = h.have;
     bcast__peer *to = bcast__choose_redirect(n, p);
     if (to) {
-        uint8_t buf[BCAST__REDIRECT_LEN] = {0};
-        snprintf((char *)buf, sizeof buf, "%s", to->addr);
-        to->redirects++;
-        sh_info("push %s: redirecting %s (zone %s) to %s", n->name, h.name, h.zone, to->name);
-        bcast__send(n, p->ep, p, BCAST__AM_REDIRECT, buf, sizeof buf, NULL, 0, NULL);
+        bcast__redirect(n, p, to);
         return UCS_OK;
     }
-    p->have = h.have;
     p->resume_version = h.resume_version;
     p->resume_next = h.resume_next;
     p->resume_hash = h.resume_hash;

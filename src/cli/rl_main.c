@@ -311,22 +311,13 @@ static int connect_to(const char *addr, int *fd_out)
 }
 
 /* The worker's replica on the push tree whose root PDIR/push.addr names. */
+/* The worker's replica on the push tree whose root PDIR/push.addr names
+ * (now or later: the worker serves the trainer meanwhile). */
 static int open_weights(const char *pdir, const char *node, const char *zone, uint64_t base,
-                        double wait_s, double min_wait, mj_weights **out)
+                        double min_wait, mj_weights **out)
 {
-    char addr_file[4096], addr[256] = "", dir[4096], log[4096];
+    char addr_file[4096], dir[4096], log[4096];
     snprintf(addr_file, sizeof addr_file, "%s/push.addr", pdir);
-    for (double end = sh_now_mono() + wait_s; !addr[0]; sh_sleep(0.1)) {
-        char *text = NULL;
-        size_t len = 0;
-        if (sh_path_exists(addr_file) && sh_read_file(addr_file, 255, &text, &len) == 0) {
-            snprintf(addr, sizeof addr, "%.*s", (int)strcspn(text, "\r\n"), text);
-            free(text);
-        }
-        if (!addr[0] && sh_now_mono() > end)
-            return sh_err(SH_ETIMEDOUT, "%s: no push root within %.0f s (start `shoal push serve "
-                          "--addr-file %s`)", addr_file, wait_s, addr_file);
-    }
     /* Replicas of one node (one per GPU) run in private process namespaces
      * and may share a pid: the job's rank names them, a fresh folder keeps
      * them apart. */
@@ -340,8 +331,8 @@ static int open_weights(const char *pdir, const char *node, const char *zone, ui
     snprintf(dir, sizeof dir, "%s/replicas/%s-XXXXXX", pdir, name);
     if (!mkdtemp(dir)) return sh_err_errno(errno, "replica folder %s", dir);
     snprintf(log, sizeof log, "%s/tree.jsonl", pdir);
-    mj_weights_config wc = {.dir = dir, .parent = addr, .zone = zone, .name = name, .tree_log = log,
-                            .store_base = base, .min_wait_s = min_wait};
+    mj_weights_config wc = {.dir = dir, .parent_file = addr_file, .zone = zone, .name = name,
+                            .tree_log = log, .store_base = base, .min_wait_s = min_wait};
     return mj_weights_open(&wc, out);
 }
 
@@ -404,7 +395,7 @@ int cli_rl_worker(int argc, char **argv)
     mj_weights *mw = NULL;
     if (push) {
         uint64_t base = (uint64_t)json_integer_value(json_object_get(tj, "store_base"));
-        rc = open_weights(push, node, zone, base, wait_s, min_wait, &mw);
+        rc = open_weights(push, node, zone, base, min_wait, &mw);
         if (rc < 0) return cli_fail("rl worker", rc);
     }
     fprintf(stderr, "worker: %s (speed %.2f, $%.2f/h) on %s in %s connected to the trainer at %s; weights %s\n",
