@@ -9,12 +9,12 @@
 # (`shoal rl fleet-cost`) is summarised in it.  Everything started here is
 # stopped on exit.
 #
-# Knobs: SHOAL_RUN_STEPS (40), SHOAL_RUN_PORT (8479), SHOAL_RUN_DIR
+# Knobs: SHOAL_BIN (build/shoal), SHOAL_RUN_STEPS (40), SHOAL_RUN_PORT (8479), SHOAL_RUN_DIR
 # (build/mainrun), SHOAL_RUN_FLEET_COST=0 to skip the cost experiment.
 set -eu
 
 ROOT=$(pwd)
-SHOAL=$ROOT/build/shoal
+SHOAL=${SHOAL_BIN:-$ROOT/build/shoal}
 RUN=${SHOAL_RUN_DIR:-$ROOT/build/mainrun}
 FLEET=$ROOT/fleets/local-mixed.csv
 SPEEDS=$ROOT/fleets/local-mixed.speeds.csv
