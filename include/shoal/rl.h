@@ -132,7 +132,13 @@ int rl_evaluate(nn_model *m, const rl_problem *probs, int n, const rl_sampling *
 
 /* ---- Losses ---------------------------------------------------------------- */
 
-enum { RL_LOSS_PG, RL_LOSS_PPO, RL_LOSS_TIS, RL_LOSS_MIS, RL_LOSS_DECOUPLED };
+/* pg: REINFORCE.  naive: PPO clipped against pi_old (the trainer's weights at
+ * the start of the step) with no behaviour weight, as if pi_old had sampled
+ * the data (uncorrected).  ppo: PPO clipped against mu.  tis, mis,
+ * decoupled: PPO against pi_old with the behaviour weight pi_old/mu
+ * truncated, masked outside a band (IcePop), or whole.  See docs/rl.md. */
+enum { RL_LOSS_PG, RL_LOSS_PPO, RL_LOSS_TIS, RL_LOSS_MIS, RL_LOSS_DECOUPLED, RL_LOSS_NAIVE,
+       RL_LOSS_COUNT };
 int rl_loss_parse(const char *name, int *loss);
 const char *rl_loss_name(int loss);
 
