@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shoal/ckpt.h"
 #include "shoal/rl.h"
 
 static int run_sc(const char *prog, int64_t x, int64_t *r)
@@ -424,6 +425,114 @@ static void test_trainer_uses_mu(void **state)
     nn_free(w.m);
 }
 
+/* A small paced run: no warm start, 4 prompts x 4 samples a step. */
+static rl_config paced_config(int lag)
+{
+    rl_config c;
+    rl_config_default(&c);
+    c.mode = lag ? RL_MODE_ASYNC : RL_MODE_SYNC;
+    c.max_lag = lag;
+    c.warm_steps = 0, c.steps = 8, c.eval_every = 4, c.eval_n = 4;
+    c.prompts_per_step = 4, c.group = 4, c.req_prompts = 1;
+    c.step_s = 0.01, c.seq_cost = 0.1, c.train_s = 0.6;
+    c.quiet = 1;
+    return c;
+}
+
+static long hist_at(json_t *r, size_t i)
+{
+    return (long)json_integer_value(json_array_get(json_object_get(r, "staleness_hist"), i));
+}
+
+/* Staleness is forced by the schedule, not left to the machine: with a
+ * trainer slower than the workers, an async run trains almost only on
+ * groups max_lag versions old (the first steps cannot be), sync on fresh
+ * ones; and a paced run is a function of its configuration, bit for bit. */
+static void test_paced_staleness(void **state)
+{
+    rl_config c = paced_config(3);
+    json_t *a, *b, *s;
+    TU_OK(rl_paced_run(&c, NULL, NULL, &a));
+    TU_OK(rl_paced_run(&c, NULL, NULL, &b));
+    assert_true(json_equal(a, b));
+    long total = 0;
+    for (size_t i = 0; i < 4; i++) total += hist_at(a, i);
+    assert_int_equal(total, 8 * 16);
+    print_message("lag 3 staleness %ld/%ld/%ld/%ld\n", hist_at(a, 0), hist_at(a, 1), hist_at(a, 2), hist_at(a, 3));
+    assert_true(hist_at(a, 3) >= 4 * 16); /* every step from the fourth on */
+    /* Async is faster per step; sync trains on the current version only. */
+    rl_config sc = paced_config(0);
+    TU_OK(rl_paced_run(&sc, NULL, NULL, &s));
+    assert_int_equal(hist_at(s, 0), 8 * 16);
+    double ta = json_number_value(json_object_get(a, "emulated_s"));
+    double ts = json_number_value(json_object_get(s, "emulated_s"));
+    assert_true(ta < ts);
+    assert_true(ta >= 8 * 0.6 - 1e-9); /* trainer-bound: the steps back to back */
+    /* Emulated time needs emulated costs. */
+    c.train_s = 0;
+    json_t *x = NULL;
+    TU_ERR(rl_paced_run(&c, NULL, NULL, &x), SH_EINVAL, "training step");
+    json_decref(a), json_decref(b), json_decref(s);
+}
+
+/* rl_e4m3_round gives the value ckpt's e4m3 codec round-trips, for every
+ * code, every midpoint between neighbours (ties to even) and beyond 448. */
+static void test_e4m3_round(void **state)
+{
+    for (int b = 0; b < 256; b++) {
+        float v = ckpt_e4m3_to_f32((uint8_t)b);
+        if (v != v) continue;
+        assert_true(rl_e4m3_round(v) == v);
+        float next = ckpt_e4m3_to_f32((uint8_t)(b + 1));
+        if ((b & 0x7f) < 0x7e && next == next) {
+            float mid = (v + next) / 2, want = ckpt_e4m3_to_f32(ckpt_f32_to_e4m3(mid));
+            if (rl_e4m3_round(mid) != want) fail_msg("midpoint %g: %g, codec %g", mid, rl_e4m3_round(mid), want);
+            float q = v + (next - v) * 0.3f;
+            assert_true(rl_e4m3_round(q) == ckpt_e4m3_to_f32(ckpt_f32_to_e4m3(q)));
+        }
+    }
+    assert_true(rl_e4m3_round(1e6f) == 448.0f);
+    assert_true(rl_e4m3_round(-500.0f) == -448.0f);
+    /* A model's matrices: every value a multiple of its block's scale
+     * times an e4m3 value; biases untouched; embeddings only if asked. */
+    nn_config cfg = nn_config_default(rl_vocab());
+    nn_model *m, *q;
+    TU_OK(nn_new(&cfg, 2, &m));
+    TU_OK(nn_clone(m, &q));
+    rl_round_fp8(q, 128, 0);
+    const nn_tensor *e = nn_tensor_find(m, "model.embed_tokens.weight");
+    assert_memory_equal(nn_params(m) + e->offset, nn_params(q) + e->offset, sizeof(float) * e->rows * e->cols);
+    const nn_tensor *w = nn_tensor_find(m, "model.layers.0.mlp.up_proj.weight");
+    assert_true(memcmp(nn_params(m) + w->offset, nn_params(q) + w->offset, sizeof(float) * w->rows * w->cols) != 0);
+    rl_round_fp8(q, 128, 1);
+    assert_true(memcmp(nn_params(m) + e->offset, nn_params(q) + e->offset, sizeof(float) * e->rows * e->cols) != 0);
+    nn_free(m), nn_free(q);
+}
+
+/* --seed is the first of the sweep's seeds, and every cell row carries
+ * its runs with their seeds. */
+static void test_sweep_seeds(void **state)
+{
+    char *out = NULL;
+    int rc = tu_run(&out, "%s rl sweep --seeds 2 --seed 1234 --lags 0,2 --losses pg --dtypes bf16 "
+                          "--steps 4 --eval-every 2 --last-k 1 --eval-n 4 --warm 0 --prompts 2 "
+                          "--group 4 --json --out %s 2>/dev/null", tu_shoal(), tu_path("sweep"));
+    if (rc) fail_msg("rl sweep: exit %d: %s", rc, out);
+    json_t *j;
+    TU_OK(sh_json_parse(out, strlen(out), "sweep", &j));
+    json_t *rows = json_object_get(j, "rows");
+    assert_int_equal(json_array_size(rows), 2);
+    for (size_t r = 0; r < 2; r++) {
+        json_t *runs = json_object_get(json_array_get(rows, r), "runs");
+        assert_int_equal(json_array_size(runs), 2);
+        for (size_t i = 0; i < 2; i++)
+            assert_int_equal(json_integer_value(json_object_get(json_array_get(runs, i), "seed")), 1234 + i);
+    }
+    assert_true(sh_path_exists(tu_path("sweep/sweep.md")) && sh_path_exists(tu_path("sweep/sweep.svg")));
+    json_decref(j);
+    free(out);
+}
+
 static void test_bf16_rounding(void **state)
 {
     float w[4] = {1.0f, 1.00390625f /* 1 + 2^-8: a tie, rounds to even 1.0 */,
@@ -720,13 +829,18 @@ static void test_bad_configs(void **state)
                      cases[i].needle, out);
         free(out);
     }
-    /* The sweep checks what it passes on before starting any run. */
-    static const char *sweep_bad[][2] = {{"--loss foo", "pg, naive, ppo, tis, mis or decoupled"},
+    /* The sweep checks its grid and what it passes on before any run. */
+    static const char *sweep_bad[][2] = {{"--loss foo", "use --losses"},
+                                         {"--losses ppo,foo", "pg, naive, ppo, tis, mis or decoupled"},
                                          {"--jobs 0", "--jobs"},
-                                         {"--train-cost 0.5", "--train-cost"},
-                                         {"--losses ppo,foo", "ppo, tis, mis, decoupled"},
-                                         {"--dtypes fp16", "bf16, fp8"},
-                                         {"--stop-after-reward 1.5", "in (0,1]"}};
+                                         {"--train-cost 3", "use --train-s"},
+                                         {"--mode async", "use --lags"},
+                                         {"--lags 0,99", "staleness bound"},
+                                         {"--dtypes fp16", "fp32, bf16 or fp8"},
+                                         {"--seed -3", "the first seed"},
+                                         {"--stop-after-reward 0.5", "equal steps"},
+                                         {"--lr 5", "--lr"},
+                                         {"--last-k 30", "only 8 evaluations"}};
     for (size_t i = 0; i < sizeof sweep_bad / sizeof sweep_bad[0]; i++) {
         char *out = NULL;
         int rc = tu_run(&out, "%s rl sweep --quick --out %s %s 2>&1", tu_shoal(),
@@ -883,7 +997,8 @@ int main(void)
         cmocka_unit_test(test_loss_gradients),   cmocka_unit_test(test_grpo),
         cmocka_unit_test(test_nan_step_skipped), cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_trainer_gradient_sign), cmocka_unit_test(test_trainer_pi_old_fixed),
-        cmocka_unit_test(test_trainer_uses_mu),
+        cmocka_unit_test(test_trainer_uses_mu),  cmocka_unit_test(test_paced_staleness),
+        cmocka_unit_test(test_e4m3_round),       cmocka_unit_test(test_sweep_seeds),
         cmocka_unit_test(test_checkpoint_roundtrip),
         cmocka_unit_test(test_kv_cache_logits),  cmocka_unit_test(test_kv_cache_sampling),
         cmocka_unit_test(test_bad_configs),      cmocka_unit_test(test_worker_killed),
