@@ -24,6 +24,7 @@
 #include "shoal/common.h"
 #include "shoal/rl.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -121,4 +122,5 @@ int mj_tune(rl_config *c);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif
