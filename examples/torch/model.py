@@ -38,6 +38,11 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
+        # GPT-2's initialisation: weights of the scale LLM checkpoints have
+        # (std 0.02), which sets how often a bf16 weight moves per step.
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
 
     def forward(self, idx):
         x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
