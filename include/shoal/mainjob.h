@@ -24,6 +24,7 @@
 #include "shoal/common.h"
 #include "shoal/rl.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -160,4 +161,5 @@ int mj_run_lines(const char *path, json_t **out);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -20,6 +20,7 @@
 #include "shoal/common.h"
 #include "shoal/nn.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -449,4 +450,5 @@ void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif
