@@ -192,6 +192,109 @@ static void test_manifest_rules(void **state)
     store_close(s);
 }
 
+/* A holder's copy of a version (the have_path of a plan) is checked before
+ * it is used as the result: a same-size corrupted copy is refused. */
+static void test_store_have_corrupt(void **state)
+{
+    const char *root = tu_path("have-store"), *ck = tu_path("have.st"), *bad = tu_path("have-bad.st");
+    sh_rm_rf(root);
+    TU_OK(ckpt_synth(ck, 100000, 13));
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    TU_OK(store_publish(s, ck, NULL, &v));
+    size_t len;
+    uint8_t *b = tu_read_file(ck, &len);
+    tu_write_file(bad, b, len);
+    free(b);
+    flip_byte(bad, len - 100);
+    const char *out = tu_path("have-out.st");
+    unlink(out);
+    TU_ERR(store_materialize(s, 1, 1, bad, out), SH_EMISMATCH, "model_xxh3");
+    assert_false(sh_path_exists(out));
+    TU_OK(store_materialize(s, 1, 1, ck, out));
+    tu_assert_same_file(out, ck);
+    store_close(s);
+}
+
+/* Run names become folder names: nothing that climbs out or hides. */
+static void test_run_names(void **state)
+{
+    const char *root = tu_path("names-store");
+    static const char *bad[] = {"..", ".", ".hidden", "a/b", "", "x y",
+                                "0123456789012345678901234567890123456789012345678901234567890123456789"};
+    store *s;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        TU_ERR(store_open(root, bad[i], 1, &s), SH_EINVAL, "run id");
+    TU_OK(store_open(root, "run-1_a.b", 1, &s));
+    store_close(s);
+}
+
+/* A replica restarted over a model file that went bad on its disk (same
+ * size) does not serve it: it checks the file against ACTIVE's hash and
+ * fetches the version again. */
+static void test_replica_restore_corrupt(void **state)
+{
+    const char *root = tu_path("restore-store"), *ck = tu_path("restore.st"), *dir = tu_path("restore-rep");
+    sh_rm_rf(root);
+    sh_rm_rf(dir);
+    TU_OK(ckpt_synth(ck, 100000, 17));
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    TU_OK(store_publish(s, ck, NULL, &v));
+    store_close(s);
+    store_replica_config cfg = {.dir = dir, .store = root, .poll_s = 0.01};
+    store_replica *r;
+    TU_OK(store_replica_open(&cfg, &r));
+    TU_OK(store_replica_wait(r, 1, 30));
+    store_replica_close(r);
+    char model[4096];
+    snprintf(model, sizeof model, "%s/models/%010d.safetensors", dir, 1);
+    size_t len;
+    free(tu_read_file(model, &len));
+    flip_byte_in_place(model, len - 10);
+    int rc = store_replica_open(&cfg, &r);
+    if (rc < 0) return; /* refused outright: also safe */
+    TU_OK(store_replica_wait(r, 1, 30));
+    store_lease l;
+    TU_OK(store_replica_acquire(r, 0, 0, &l));
+    uint8_t *want = tu_read_file(ck, &len);
+    assert_int_equal(l.size, len);
+    if (memcmp(l.data, want, len)) fail_msg("the replica serves the corrupted model file after a restart");
+    free(want);
+    store_replica_release(r, &l);
+    store_replica_close(r);
+}
+
+/* LATEST names a positive version of its own run, or the store refuses it
+ * (never a silent fallback). */
+static void test_latest_rules(void **state)
+{
+    const char *root = tu_path("latest-store");
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    char p[4096];
+    snprintf(p, sizeof p, "%s/main/LATEST", root);
+    static const struct {
+        const char *text, *needle;
+        int code;
+    } rows[] = {
+        {"{\"format\":\"shoal-latest/1\",\"run\":\"main\",\"version\":0}", "is not positive", SH_EFORMAT},
+        {"{\"format\":\"shoal-latest/1\",\"run\":\"main\",\"version\":-3}", "is not positive", SH_EFORMAT},
+        {"{\"format\":\"shoal-latest/1\",\"run\":\"other\",\"version\":1}", "pointer of run \"other\"", SH_EMISMATCH},
+        {"{\"format\":\"shoal-latest/2\",\"run\":\"main\",\"version\":1}", "expected shoal-latest/1", SH_EFORMAT},
+        {"{\"format\":\"shoal-latest/1\",\"run\":\"main\",\"version\":7}", "is missing", SH_ENOENT},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        tu_write_file(p, rows[i].text, strlen(rows[i].text));
+        uint64_t v = 99;
+        TU_ERR(store_latest(s, &v), rows[i].code, rows[i].needle);
+    }
+    store_close(s);
+}
+
 /* ---- Push tree: a root serving a same-size corrupted anchor -------------- */
 
 static pid_t spawn_sh(const char *cmd)
@@ -643,6 +746,10 @@ int main(void)
         cmocka_unit_test(test_store_anchor_same_size),
         cmocka_unit_test(test_store_delta_corrupt_model),
         cmocka_unit_test(test_manifest_rules),
+        cmocka_unit_test(test_store_have_corrupt),
+        cmocka_unit_test(test_run_names),
+        cmocka_unit_test(test_latest_rules),
+        cmocka_unit_test(test_replica_restore_corrupt),
         cmocka_unit_test(test_push_root_corrupt_anchor),
         cmocka_unit_test(test_sparse_position_at_end),
         cmocka_unit_test(test_sparse_value_out_of_range),

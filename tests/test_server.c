@@ -297,6 +297,10 @@ static void test_roles(void **state)
     expect_error(TF_ALICE, "POST", "/v1/agent/poll", "{\"node\":\"n0\"}", 403, "agent token");
     expect_error(TF_BOB, "POST", "/v1/agent/register", "{\"name\":\"evil\"}", 403, "agent token");
     expect_error(TF_ALICE, "DELETE", "/v1/nodes/n0", NULL, 403, "only the admin removes nodes");
+    /* A token matches whole: not a prefix, not a repetition. */
+    expect_error("tok-", "GET", "/v1/jobs", NULL, 401, "unknown bearer token");
+    expect_error("tok-admintok-admin", "GET", "/v1/jobs", NULL, 401, "unknown bearer token");
+    expect_error("tok-admi", "GET", "/v1/jobs", NULL, 401, "unknown bearer token");
     int st;
     json_t *j = tf_call(&F, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
     assert_int_equal(st, 200);
