@@ -67,13 +67,19 @@ void agent__limits(const agent *a, const json_t *d, long long *mem_mb, long long
  * jail (src/agent/jail.c); returns 0 or -errno. */
 int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv);
 /* The paths a member must not see, into masks; returns how many: the work
- * root, its topmost ancestor others may not enter, and the protected paths
- * the server named that exist here. */
-int agent__masks(const agent *a, char (*masks)[4096]);
+ * root and the protected paths the server named that exist here (the
+ * outermost of them).  closed (4096 bytes, may be NULL) gets the work
+ * root's topmost ancestor others may not enter, or "". */
+int agent__masks(const agent *a, char (*masks)[4096], char *closed);
+/* 1 if path is dir or lies under it. */
+int agent__under(const char *path, const char *dir);
 /* gvisor.c: whether runsc runs a container here (why not, into why), and
  * the member's OCI bundle and argv under runsc. */
 int agent__gvisor_works(char *why, size_t cap);
 char **agent__gvisor_argv(const agent *a, const agent_member *m, const json_t *d);
 void agent__gvisor_cleanup(const agent *a, const agent_member *m);
+/* Where the idmapped view of the member's k-th "writable" directory is
+ * mounted for runsc: an empty directory in its bundle. */
+void agent__gvisor_stage(const agent *a, const agent_member *m, int k, char *out, size_t cap);
 
 #endif

@@ -88,6 +88,18 @@ static char **run_argv(const char *state, const char *bundle, const char *id, js
     return argv;
 }
 
+static void member_id(const agent *a, const agent_member *m, char *id, size_t cap)
+{
+    snprintf(id, cap, "%s-%d-%lld-%d-%d", a->cfg.name, (int)a->pid, (long long)m->job, m->attempt, m->rank);
+}
+
+void agent__gvisor_stage(const agent *a, const agent_member *m, int k, char *out, size_t cap)
+{
+    char id[256];
+    member_id(a, m, id, sizeof id);
+    snprintf(out, cap, "%s/.bundles/%s/w%d", a->cfg.work_dir, id, k);
+}
+
 char **agent__gvisor_argv(const agent *a, const agent_member *m, const json_t *d)
 {
     json_t *args = json_array(), *env = json_array(), *mounts = base_mounts();
@@ -108,20 +120,33 @@ char **agent__gvisor_argv(const agent *a, const agent_member *m, const json_t *d
         json_array_append_new(env, json_stringn((char *)b.data, b.len));
         sh_buf_free(&b);
     }
-    /* Hidden paths first, then what lies under them is mounted back. */
-    char mask[AGENT_MAX_MASKS][4096];
-    int nm = agent__masks(a, mask);
+    /* A closed ancestor of the work root as an empty tmpfs (the member
+     * could not pass it), the "writable" directories, then the hidden paths
+     * over them (a writable directory may hold the server's state), then
+     * the work directory, which lies under a hidden path. */
+    char mask[AGENT_MAX_MASKS][4096], closed[4096];
+    int nm = agent__masks(a, mask, closed);
+    if (closed[0]) json_array_append_new(mounts, mount_of(closed, "tmpfs", "tmpfs", "nosuid,nodev,noexec,mode=755"));
+    json_array_foreach(json_object_get(d, "writable"), i, v) {
+        char stage[4200];
+        agent__gvisor_stage(a, m, (int)i, stage, sizeof stage);
+        if (sh_mkdir_p(stage, 0700) < 0) {
+            json_decref(args);
+            json_decref(env);
+            json_decref(mounts);
+            return NULL;
+        }
+        json_array_append_new(mounts, mount_of(json_string_value(v), "bind", stage, "rbind,rw,nosuid,nodev"));
+    }
     for (int k = 0; k < nm; k++) json_array_append_new(mounts, mount_of(mask[k], "tmpfs", "tmpfs", "nosuid,nodev,noexec,mode=755"));
     json_array_append_new(mounts, mount_of(m->workdir, "bind", m->workdir, "rbind,rw,nosuid,nodev"));
-    json_array_foreach(json_object_get(d, "writable"), i, v)
-        json_array_append_new(mounts, mount_of(json_string_value(v), "bind", json_string_value(v), "rbind,rw,nosuid,nodev"));
     long long pids, mem_mb;
     double cpus;
     agent__limits(a, d, &mem_mb, &pids, &cpus);
     json_t *cfg = spec(m->workdir, m->uid, args, env, mounts, pids, mem_mb << 20, (long long)(cpus * 100000));
     char state[4200], bundle[4200], id[256];
     snprintf(state, sizeof state, "%s/.runsc", a->cfg.work_dir);
-    snprintf(id, sizeof id, "%s-%d-%lld-%d-%d", a->cfg.name, (int)a->pid, (long long)m->job, m->attempt, m->rank);
+    member_id(a, m, id, sizeof id);
     snprintf(bundle, sizeof bundle, "%s/.bundles/%s", a->cfg.work_dir, id);
     char **argv = cfg ? run_argv(state, bundle, id, cfg) : NULL;
     json_decref(cfg);
@@ -195,7 +220,7 @@ int agent__gvisor_works(char *why, size_t cap)
 void agent__gvisor_cleanup(const agent *a, const agent_member *m)
 {
     char p[4200], id[256];
-    snprintf(id, sizeof id, "%s-%d-%lld-%d-%d", a->cfg.name, (int)a->pid, (long long)m->job, m->attempt, m->rank);
+    member_id(a, m, id, sizeof id);
     snprintf(p, sizeof p, "%s/.bundles/%s", a->cfg.work_dir, id);
     sh_rm_rf(p);
     /* runsc removes its state when `run` returns; a killed one leaves it. */

@@ -118,9 +118,9 @@ static int idmap_userns(uid_t from_u, gid_t from_g, uid_t to)
     return e ? -e : fd;
 }
 
-/* Overmounts dir (in this process's mount namespace) with an idmapped view
- * in which its owner is `uid`, nosuid and nodev. */
-static int idmapped_bind(const char *dir, uid_t uid)
+/* Mounts on `at` (in this process's mount namespace) an idmapped view of
+ * dir in which its owner is `uid`, nosuid and nodev. */
+static int idmapped_bind(const char *dir, const char *at, uid_t uid)
 {
     struct stat st;
     if (stat(dir, &st) < 0) return -errno;
@@ -134,7 +134,7 @@ static int idmapped_bind(const char *dir, uid_t uid)
         attr.userns_fd = (uint64_t)ns;
         if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) e = errno;
     }
-    if (!e && syscall(SYS_move_mount, t, "", AT_FDCWD, dir, MOVE_MOUNT_F_EMPTY_PATH) < 0) e = errno;
+    if (!e && syscall(SYS_move_mount, t, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0) e = errno;
     if (t >= 0) close(t);
     close(ns);
     return -e;
@@ -153,7 +153,7 @@ static int mkdir_p(const char *path)
     return mkdir(p, 0755) < 0 && errno != EEXIST ? -errno : 0;
 }
 
-static int under(const char *path, const char *dir)
+int agent__under(const char *path, const char *dir)
 {
     size_t n = strlen(dir);
     return !strncmp(path, dir, n) && (path[n] == '/' || path[n] == 0 || (n == 1 && dir[0] == '/'));
@@ -178,13 +178,11 @@ static void closed_ancestor(const char *path, char *out, size_t cap)
     }
 }
 
-int agent__masks(const agent *a, char (*masks)[4096])
+int agent__masks(const agent *a, char (*masks)[4096], char *closed)
 {
     char all[AGENT_MAX_MASKS][4096];
     int n = 0, nm = 0;
     snprintf(all[n++], 4096, "%s", a->cfg.work_dir);
-    closed_ancestor(a->cfg.work_dir, all[n], 4096);
-    if (all[n][0]) n++;
     for (int i = 0; i < a->nprotect; i++)
         if (sh_is_dir(a->protect[i])) snprintf(all[n++], 4096, "%s", a->protect[i]);
     /* Only the outermost: a mask under another is hidden already (and
@@ -192,16 +190,33 @@ int agent__masks(const agent *a, char (*masks)[4096])
     for (int i = 0; i < n; i++) {
         int inner = 0;
         for (int k = 0; k < n && !inner; k++)
-            inner = k != i && under(all[i], all[k]) && (strcmp(all[i], all[k]) || k < i);
+            inner = k != i && agent__under(all[i], all[k]) && (strcmp(all[i], all[k]) || k < i);
         if (!inner) snprintf(masks[nm++], 4096, "%s", all[i]);
     }
+    if (closed) closed_ancestor(a->cfg.work_dir, closed, 4096);
     return nm;
 }
 
-/* Steps 1 and 2 (see the top of the file); under gVisor (masks = 0) only
- * the idmapped binds, since runsc itself must read its bundle under the
- * work root: the masks go into its OCI spec instead. */
-static int prepare_mounts(const agent *a, const agent_member *m, const json_t *d, int masks)
+/* Binds fd (an O_PATH descriptor) on path, creating the mount point. */
+static int bind_fd(int fd, const char *path)
+{
+    char src[64];
+    snprintf(src, sizeof src, "/proc/self/fd/%d", fd);
+    int e = mkdir_p(path);
+    if (e == 0 && mount(src, path, NULL, MS_BIND | MS_REC, NULL) < 0) e = -errno;
+    return e;
+}
+
+static int mask(const char *path)
+{
+    return mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") < 0 ? -errno : 0;
+}
+
+/* Steps 1 and 2 (see the top of the file).  Under gVisor only the
+ * idmapped views, made beside the bundle (agent__gvisor_stage) rather than
+ * over the directories, since runsc itself, as root, keeps its state under
+ * the work root: the masks and binds go into its OCI spec instead. */
+static int prepare_mounts(const agent *a, const agent_member *m, const json_t *d, int gvisor)
 {
     if (unshare(CLONE_NEWNS) < 0) return -errno;
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -errno;
@@ -211,45 +226,46 @@ static int prepare_mounts(const agent *a, const agent_member *m, const json_t *d
     int fd[nb];
     bind[0] = m->workdir;
     for (size_t i = 1; i < nb; i++) bind[i] = json_string_value(json_array_get(wr, i - 1));
+    /* The work directory as it is on disk (owned by the member), before
+     * an idmapped view of a directory above it could change its owner. */
+    if ((fd[0] = open(bind[0], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -errno;
     for (size_t i = 1; i < nb; i++) {
-        int e = idmapped_bind(bind[i], m->uid);
+        char at[4200];
+        if (gvisor) agent__gvisor_stage(a, m, (int)i - 1, at, sizeof at);
+        else snprintf(at, sizeof at, "%s", bind[i]);
+        int e = idmapped_bind(bind[i], at, m->uid);
         if (e < 0) return e;
     }
-    if (!masks) return 0;
-    for (size_t i = 0; i < nb; i++)
+    if (gvisor) return close(fd[0]), 0;
+    for (size_t i = 1; i < nb; i++)
         if ((fd[i] = open(bind[i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -errno;
-    /* What to hide: the work root (other members' directories), the
-     * protected paths the server named, and closed ancestors. */
-    char mask[AGENT_MAX_MASKS][4096];
-    int nm = agent__masks(a, mask);
-    for (int i = 0; i < nm; i++)
-        if (mount("tmpfs", mask[i], "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") < 0)
-            return -errno;
-    /* Bind back what the masks covered. */
-    for (size_t i = 0; i < nb; i++) {
-        int hidden = 0;
-        for (int k = 0; k < nm; k++) hidden |= under(bind[i], mask[k]);
-        if (!hidden) {
-            close(fd[i]);
-            continue;
-        }
-        char src[64];
-        snprintf(src, sizeof src, "/proc/self/fd/%d", fd[i]);
-        int e = mkdir_p(bind[i]);
-        if (e == 0 && mount(src, bind[i], NULL, MS_BIND | MS_REC, NULL) < 0) e = -errno;
-        close(fd[i]);
-        if (e < 0) return e;
+    /* A closed ancestor of the work root would stop the member on its way
+     * to its own directory: replace it by an empty tmpfs and bind back the
+     * "writable" directories under it. */
+    char secret[AGENT_MAX_MASKS][4096], closed[4096];
+    int ns = agent__masks(a, secret, closed), e = 0;
+    if (closed[0]) {
+        e = mask(closed);
+        for (size_t i = 1; i < nb && e == 0; i++)
+            if (agent__under(bind[i], closed)) e = bind_fd(fd[i], bind[i]);
     }
-    return 0;
+    /* Then hide the secrets, wherever they are still visible (also inside
+     * a "writable" directory that holds them), and bind the work
+     * directory back from under the work root's mask. */
+    for (int k = 0; k < ns && e == 0; k++)
+        if (sh_is_dir(secret[k])) e = mask(secret[k]);
+    if (e == 0) e = bind_fd(fd[0], bind[0]);
+    for (size_t i = 0; i < nb; i++) close(fd[i]);
+    return e;
 }
 
 int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv)
 {
     if (a->mode == SB_NONE) return 0;
     /* runsc needs root to build its sandbox and drops it itself. */
-    if (a->mode == SB_GVISOR) return prepare_mounts(a, m, d, 0);
+    if (a->mode == SB_GVISOR) return prepare_mounts(a, m, d, 1);
     if (geteuid() == 0) {
-        int e = prepare_mounts(a, m, d, 1);
+        int e = prepare_mounts(a, m, d, 0);
         if (e < 0) return e;
         if (setgroups(0, NULL) < 0 || setresgid(m->uid, m->uid, m->uid) < 0 ||
             setresuid(m->uid, m->uid, m->uid) < 0)

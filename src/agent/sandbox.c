@@ -313,8 +313,10 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
 /* The "writable" paths must be directories exactly as named: a symbolic
  * link anywhere in one could point the bind outside what the server
  * checked. */
-static int check_writable(const json_t *d)
+static int check_writable(const agent *a, const json_t *d)
 {
+    char mask[AGENT_MAX_MASKS][4096];
+    int nm = agent__masks(a, mask, NULL);
     size_t i;
     json_t *v;
     json_array_foreach(json_object_get(d, "writable"), i, v) {
@@ -323,6 +325,11 @@ static int check_writable(const json_t *d)
         if (!p || !realpath(p, real) || strcmp(real, p) || !sh_is_dir(p))
             return sh_err(SH_EINVAL, "writable \"%s\": not an existing directory named without symbolic links"
                                      " or \"..\" on this node", p ? p : "?");
+        /* Inside a hidden path (another member's directory, the server's
+         * state) it would undo the hiding. */
+        for (int k = 0; k < nm; k++)
+            if (agent__under(p, mask[k]))
+                return sh_err(SH_EPERM, "writable \"%s\": lies in %s, which members may not see", p, mask[k]);
     }
     return SH_OK;
 }
@@ -402,7 +409,7 @@ int agent__launch(agent *a, agent_member *m, const json_t *d)
     m->uid = geteuid() == 0 && a->mode != SB_NONE
                  ? AGENT_UID_BASE + (uid_t)json_integer_value(json_object_get(d, "uid"))
                  : geteuid();
-    if (a->mode != SB_NONE) SH_TRY(check_writable(d));
+    if (a->mode != SB_NONE) SH_TRY(check_writable(a, d));
     SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0755));
     if (mkdir(m->workdir, 0700) < 0 && errno != EEXIST) return sh_err_errno(errno, "mkdir %s", m->workdir);
     if (chown(m->workdir, m->uid, m->uid) < 0) return sh_err_errno(errno, "chown %s", m->workdir);

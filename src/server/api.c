@@ -306,8 +306,7 @@ static int agent_routes(srv *s, srv_req *r, json_t **reply)
 
 /* Each "writable" path must be absolute and plain (no "." or ".."
  * components, no doubled or trailing '/'), lie under a directory the admin
- * allows (--allow-writable), and neither hold nor lie in the server's
- * state directory. */
+ * allows (--allow-writable), and not lie in the server's state directory. */
 static int check_writable(srv *s, const srv_job *j)
 {
     size_t i;
@@ -318,8 +317,10 @@ static int check_writable(srv *s, const srv_job *j)
         if (p[0] != '/' || strstr(p, "//") || strstr(p, "/./") || strstr(p, "/../") || (n > 1 && p[n - 1] == '/') ||
             (n >= 2 && !strcmp(p + n - 2, "/.")) || (n >= 3 && !strcmp(p + n - 3, "/..")))
             return sh_err(SH_EINVAL, "job: field \"writable\"[%zu]: \"%s\" is not a plain absolute path", i, p);
-        if (srv__path_under(p, s->state_dir) || srv__path_under(s->state_dir, p))
-            return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" overlaps the server's state directory %s",
+        /* A directory that holds the state directory is allowed: agents
+         * hide the state directory inside it (the "protect" list). */
+        if (srv__path_under(p, s->state_dir))
+            return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" lies in the server's state directory %s",
                           i, p, s->state_dir);
         int ok = 0;
         char allow[4096];
