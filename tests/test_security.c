@@ -178,8 +178,11 @@ static void escapes(const char *mode)
                            " (echo $$ > /sys/fs/cgroup/pids/cgroup.procs) 2>/dev/null && echo ESCAPED-move || echo move-refused;"
                            " mkdir -p /tmp/cg; " PY_MOUNT("b'cgroup'", "b'/tmp/cg'", "b'cgroup'", "0", "b'pids'"));
     /* 7. A fork bomb under the default limits (1 GPU of 16: 256 tasks). */
+    /* Each child forks and blocks opening a FIFO, with no exec: the bomb
+     * reaches its limit in a fraction of a second, even on a busy host. */
     int64_t bomb = submit_sh(&f, TF_BOB, "bomb",
-                             "i=0; while [ $i -lt 3000 ]; do sleep 30 & i=$((i+1)); done; echo forked=$i; wait");
+                             "mkfifo /tmp/f; i=0; while [ $i -lt 3000 ]; do (read x < /tmp/f) & i=$((i+1)); done;"
+                             " echo forked=$i; wait");
 
     char *l = wait_log(&f, caps, 60);
     log_has("caps", l, "CapEff:\t0000000000000000");

@@ -279,9 +279,6 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
     if (a->mode == SB_BWRAP) {
         for (int i = 0; bwrap_base[i]; i++) argv[k++] = strdup(bwrap_base[i]);
         gpu_devices(d, argv, &k);
-        argv[k++] = strdup("--bind");
-        argv[k++] = strdup(m->workdir);
-        argv[k++] = strdup(m->workdir);
         /* The private /tmp hides a program that lives under /tmp (a build
          * in a checkout there): show that one file, read-only. */
         const char *prog = json_string_value(json_array_get(cmd, 0));
@@ -297,6 +294,20 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
             argv[k++] = strdup(json_string_value(v));
             argv[k++] = strdup(json_string_value(v));
         }
+        /* An agent that is not root cannot prepare the mounts (jail.c):
+         * bwrap hides the secrets itself, after the "writable" binds that
+         * may hold them. */
+        if (geteuid() != 0) {
+            char mask[AGENT_MAX_MASKS][4096];
+            int nm = agent__masks(a, mask, NULL);
+            for (int q = 0; q < nm; q++) {
+                argv[k++] = strdup("--tmpfs");
+                argv[k++] = strdup(mask[q]);
+            }
+        }
+        argv[k++] = strdup("--bind");
+        argv[k++] = strdup(m->workdir);
+        argv[k++] = strdup(m->workdir);
         argv[k++] = strdup("--seccomp");
         argv[k++] = strdup(AGENT_SECCOMP_FD);
         argv[k++] = strdup("--chdir");
