@@ -5,6 +5,7 @@
  * acts on it between progress calls, because closing or creating endpoints
  * from inside a UCX callback is not allowed. */
 #include <arpa/inet.h>
+#include <math.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -615,7 +616,7 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
     if (cfg->name) snprintf(n->name, sizeof n->name, "%s", cfg->name);
     else snprintf(n->name, sizeof n->name, "node-%ld", (long)getpid());
     if (cfg->spool) snprintf(n->spool, sizeof n->spool, "%s", cfg->spool);
-    if (!n->cfg.chunk_size) n->cfg.chunk_size = BCAST_DEFAULT_CHUNK;
+    if (!n->cfg.chunk_size && n->cfg.depth_hint <= 0) n->cfg.chunk_size = BCAST_DEFAULT_CHUNK;
     n->have = cfg->have_version;
     n->stats.have_version = n->have;
     parse_corrupt(n);
@@ -638,8 +639,23 @@ const char *bcast_node_address(const bcast_node *n) { return n->addr; }
  * steps).  Every hop of a tree adds one chunk time, so a small object (a
  * delta) cut into big chunks would spend most of its time waiting at each
  * hop for a whole chunk. */
+uint64_t bcast_chunk_auto(uint64_t payload, int depth, double gbps, double overhead_s)
+{
+    if (depth < 1) depth = 1;
+    if (!(overhead_s > 0)) overhead_s = 50e-6;
+    if (!(gbps > 0)) gbps = 10;
+    double c = sqrt((double)payload * overhead_s * (gbps * 1e9 / 8) / depth);
+    uint64_t k = c < 0 ? 0 : (uint64_t)c & ~(uint64_t)4095;
+    if (k < (64u << 10)) k = 64u << 10;
+    if (k > (64ull << 20)) k = 64ull << 20;
+    if (payload >= (2u << 20) && k > payload / 32) k = (payload / 32 + 4095) & ~(uint64_t)4095;
+    return k;
+}
+
 uint32_t bcast__chunk_for(const bcast_node *n, uint64_t size)
 {
+    if (!n->cfg.chunk_size) /* chosen for this payload and the tree's depth */
+        return (uint32_t)bcast_chunk_auto(size, n->cfg.depth_hint, n->cfg.egress_bps * 8 / 1e9, 0);
     uint64_t c = (size + BCAST__MIN_CHUNKS - 1) / BCAST__MIN_CHUNKS;
     c = (c + 4095) & ~(uint64_t)4095;
     return c < n->cfg.chunk_size ? (uint32_t)c : n->cfg.chunk_size;
