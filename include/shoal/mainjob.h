@@ -157,6 +157,23 @@ int mj_tree_load(const char *run, json_t **root, json_t **lines);
 int mj_tree_svg(const json_t *root, const json_t *lines, sh_buf *b);
 int mj_run_lines(const char *path, json_t **out);
 
+/* ---- Plots and the report (plot.c, report.c) -----------------------------
+ * mj_plot_lines / mj_plot_bars append one <svg> (a line plot of ns series,
+ * y up to ymax_fixed or a round maximum; a bar chart) to b.
+ * mj_report_write writes RUN/summary.json and RUN/report.html from what the
+ * run folder holds and hands back the summary (caller owns it). */
+typedef struct mj_series {
+    const char *name, *color;
+    double *x, *y;
+    int n;
+} mj_series;
+
+void mj_plot_lines(sh_buf *b, const char *title, const char *xl, const char *yl, const mj_series *s, int ns,
+                   double ymax_fixed);
+void mj_plot_bars(sh_buf *b, const char *title, const char *unit, const char *const *names, const double *v,
+                  int n);
+int mj_report_write(const char *run, json_t **summary);
+
 #ifdef __cplusplus
 }
 #endif
