@@ -16,6 +16,7 @@
 
 #include "shoal/common.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -115,4 +116,5 @@ void bcast_node_stats(const bcast_node *n, bcast_stats *out);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -24,6 +24,7 @@
 #include "shoal/common.h"
 #include "shoal/rl.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -230,4 +231,5 @@ int mj_worker_weights(const char *pdir, const char *node, const char *zone, uint
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -16,6 +16,7 @@
 #include "shoal/ckpt.h"
 #include "shoal/common.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -232,7 +233,36 @@ int store_replica_acquire(store_replica *r, uint64_t min_version, uint64_t exact
 uint64_t store_replica_release(store_replica *r, store_lease *l);
 void store_replica_get_info(store_replica *r, store_replica_info *out);
 
+/* ---- For bindings (python/shoal; src/store/bind.c) ----------------------
+ * The same operations with only pointers, numbers and JSON text crossing, so
+ * that a foreign caller mirrors no struct that may grow.  Text returned in
+ * *out is the caller's (sh_free). */
+/* store_publish() with opts.anchor_every = anchor_every (0: default). */
+int store_publish_path(store *s, const char *ckpt, uint64_t anchor_every, uint64_t *out);
+/* Publishes n tensors from the caller's memory (name, dtype, ndim, shape and
+ * data of each used; nbytes is derived): written once, straight from .data,
+ * into a checkpoint in the run's staging folder, published, then removed. */
+int store_publish_tensors(store *s, const ckpt_tensor *t, size_t n, uint64_t anchor_every,
+                          uint64_t *out);
+/* store_list() as a JSON array of manifests ({"version", "kind", "base",
+ * "size", "xxh3", "model_size", "model_xxh3", "created_at"}, or {"version",
+ * "broken": true}). */
+int store_list_json(store *s, char **out);
+/* store_replica_open() from a JSON object with the keys of
+ * store_replica_config: "dir", "store", "run", "parents" (a list of
+ * "host:port"), "zone", "fanout", "leaf", "egress_bps", "poll_s", "fp8".
+ * Close with store_replica_close_json(). */
+int store_replica_open_json(const char *config_json, store_replica **out);
+void store_replica_close_json(store_replica *r);
+/* store_replica_get_info() as a JSON object. */
+int store_replica_info_json(store_replica *r, char **out);
+/* store_replica_acquire() into a lease allocated here; store_lease_free()
+ * releases and frees it (NULL: no-op) and returns what release returns. */
+int store_lease_new(store_replica *r, uint64_t min_version, uint64_t exact_version, store_lease **out);
+uint64_t store_lease_free(store_replica *r, store_lease *l);
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -383,6 +383,13 @@ static int publish_locked(store *s, const char *src, uint64_t every, uint64_t *o
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", sh_errmsg());
         sh_rm_rf(stage);
+        /* LATEST may have moved with only the fsync of its folder failing:
+         * then the version it names is durable and must stay. */
+        uint64_t now = 0;
+        if (store_latest(s, &now) == SH_OK && now == v)
+            return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST names version %llu, "
+                          "but a crash may bring back version %llu", (unsigned long long)v, s->run, msg,
+                          (unsigned long long)v, (unsigned long long)latest);
         sh_rm_rf(final);
         return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST still names version %llu",
                       (unsigned long long)v, s->run, msg, (unsigned long long)latest);
