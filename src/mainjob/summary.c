@@ -121,6 +121,9 @@ int mj_summary(const char *run, json_t **out)
                      json_integer_value(json_object_get(res, "refused_requests")), "reward_start",
                      num(res, "reward_start"), "reward_end", num(res, "reward_end"), "final_version",
                      (int)final);
+    /* A direct worker got each version from the trainer itself: its copies
+     * are in trainer_bytes_sent, not in the tree's log. */
+    if (*out) json_object_set_new(*out, "workers_direct", json_integer(workers - push));
     if (*out)
         json_object_set_new(*out, "targets",
                             json_pack("{s:b,s:b,s:b}", "trainer_bytes",
