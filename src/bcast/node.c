@@ -16,8 +16,14 @@
 
 #include "bcast/node.h"
 
+/* While transfers are in flight the loop wakes at least this often (see
+ * wait_events), backing off to BCAST__INFLIGHT_MAX while wake-ups find
+ * nothing to do. */
 #ifndef BCAST__INFLIGHT_WAIT
 #define BCAST__INFLIGHT_WAIT 0.001
+#endif
+#ifndef BCAST__INFLIGHT_MAX
+#define BCAST__INFLIGHT_MAX 0.016
 #endif
 
 typedef struct send_ctx {
@@ -698,9 +704,13 @@ static void wait_events(bcast_node *n, double until)
 {
     /* While transfers are in flight UCX may need progress calls that the
      * event fd does not announce (a TCP socket turning writable), so the
-     * wait is cut to a millisecond then. */
-    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + BCAST__INFLIGHT_WAIT)
-        until = sh_now_mono() + BCAST__INFLIGHT_WAIT;
+     * wait is cut to a millisecond then; each wake-up that found nothing
+     * to do doubles it (up to 16 ms), each that did resets it: a node
+     * whose sends wait on a slow link does not spin its core at a thousand
+     * wake-ups a second, and one that moves data keeps its reaction time. */
+    double cap = n->inflight_wait > 0 ? n->inflight_wait : BCAST__INFLIGHT_WAIT;
+    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + cap)
+        until = sh_now_mono() + cap;
     if (ucp_worker_arm(n->worker) == UCS_ERR_BUSY) return;
     double now = sh_now_mono();
     int ms = until > now ? (int)((until - now) * 1000) + 1 : 0;
@@ -719,14 +729,19 @@ int bcast_node_run(bcast_node *n, double seconds)
     double end = sh_now_mono() + seconds;
     n->stop = 0;
     while (!n->stop) {
-        while (ucp_worker_progress(n->worker)) {}
+        unsigned did = 0, k;
+        uint64_t moved = n->stats.bytes_sent + n->stats.bytes_received;
+        while ((k = ucp_worker_progress(n->worker))) did += k;
         double now = sh_now_mono();
         parent_events(n, now);
         reap_children(n);
         reap_closing(n);
         bcast__deliver(n);
         bcast__pump(n, now);
-        while (ucp_worker_progress(n->worker)) {}
+        while ((k = ucp_worker_progress(n->worker))) did += k;
+        int active = did || n->stats.bytes_sent + n->stats.bytes_received != moved;
+        n->inflight_wait = active || n->inflight_wait <= 0 ? BCAST__INFLIGHT_WAIT
+                                                          : fmin(2 * n->inflight_wait, BCAST__INFLIGHT_MAX);
         if (now >= end || n->stop) break;
         double until = end;
         if (n->wake_at > 0 && n->wake_at < until) until = n->wake_at;
