@@ -324,6 +324,7 @@ typedef struct rl_config {
      * in bf16). */
     double train_s;
     int fp8_block, fp8_embed;
+    int fp8_act; /* FP8 rollouts also round activations (W8A8, nn_set_fp8_act) */
     /* > 0: the target is reward_start + target_gain instead of
      * target_reward (warm starts differ between seeds by more than RL
      * gains; a sync and an async run of one seed share their start). */
@@ -362,9 +363,6 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
  * dropped_stale, and the mean |log pi_old - log mu| of the first step and
  * of all steps.  See src/rl/paced.c. */
 int rl_paced_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result);
-/* Rounds x to the nearest e4m3fn value (ties to even, saturating at
- * +-448).  Pure. */
-float rl_e4m3_round(float x);
 /* Quantises the model's matrices in place as FP8 rollout weights: e4m3
  * with one scale (amax / 448) per block x block tile (block 0: per
  * tensor), then back to F32.  Vectors are left alone; embeddings and the

@@ -35,6 +35,7 @@ static const char sweep_usage[] =
     "                  more sequence in a step (0.1), training step (0.6 s)\n"
     "  --fp8-block N   FP8 scaling block (128; 0: per tensor)\n"
     "  --fp8-embed 0|1 quantise embeddings and output head too (1)\n"
+    "  --fp8-act 0|1   FP8 activations too (W8A8, one scale per 128 values of a row) (0)\n"
     "  --jobs N        runs at once (one per core)\n"
     "  --json          print the result as one JSON object instead of markdown\n"
     "Other rl train options (--lr, --workers, --prompts, --clip, ...) apply to every run;\n"
@@ -98,13 +99,14 @@ static int sweep_option(opts *o, const char *k, const char *v, int *used)
     rl_sweep_cfg *s = &o->s;
     *used = 1;
     if (!strcmp(k, "--seeds") || !strcmp(k, "--jobs") || !strcmp(k, "--last-k") ||
-        !strcmp(k, "--fp8-block") || !strcmp(k, "--fp8-embed")) {
+        !strcmp(k, "--fp8-block") || !strcmp(k, "--fp8-embed") || !strcmp(k, "--fp8-act")) {
         if (sh_parse_i64(v, &n, k) < 0 || n < 0 || n > 65536)
             return sh_err(SH_EINVAL, "%s \"%s\": expected a count", k, v);
         *(!strcmp(k, "--seeds") ? &s->seeds : !strcmp(k, "--jobs") ? &s->jobs
           : !strcmp(k, "--last-k") ? &s->last_k : !strcmp(k, "--fp8-block") ? &s->base.fp8_block
-          : &s->base.fp8_embed) = (int)n;
-        if (!strcmp(k, "--fp8-embed") && n > 1) return sh_err(SH_EINVAL, "--fp8-embed %s: expected 0 or 1", v);
+          : !strcmp(k, "--fp8-act") ? &s->base.fp8_act : &s->base.fp8_embed) = (int)n;
+        if ((!strcmp(k, "--fp8-embed") || !strcmp(k, "--fp8-act")) && n > 1)
+            return sh_err(SH_EINVAL, "%s %s: expected 0 or 1", k, v);
         return 0;
     }
     if (!strcmp(k, "--seed")) {
@@ -270,14 +272,15 @@ static void write_md(sh_buf *md, json_t *res, const char *cmdline, double wall)
                       "end %.1f).  Seeds %lld..%lld; %d RL steps for every cell; final reward = "
                       "mean held-out reward of the last %d evaluations (every %d steps, %d problems "
                       "x 8 samples); learning rate %g; emulated decoding step %g s, +%g per extra "
-                      "sequence, training step %g s; FP8: e4m3, %s scaling, embeddings and head %s.\n\n",
+                      "sequence, training step %g s; FP8: e4m3 weights, %s scaling, embeddings and head %s%s.\n\n",
                   cmdline, seeds * (int)json_array_size(rows), wall, ival(res, "jobs"), load[0],
                   (long long)json_integer_value(json_object_get(res, "seed0")),
                   (long long)json_integer_value(json_object_get(res, "seed0")) + seeds - 1,
                   ival(res, "steps"), ival(res, "last_k"), ival(res, "eval_every"), ival(res, "eval_n"),
                   num(res, "lr"), num(res, "step_s"), num(res, "seq_cost"), num(res, "train_s"),
                   ival(res, "fp8_block") ? "128 x 128 block" : "per-tensor",
-                  ival(res, "fp8_embed") ? "quantised too" : "kept in bf16");
+                  ival(res, "fp8_embed") ? "quantised too" : "kept in bf16",
+                  ival(res, "fp8_act") ? ", activations e4m3 per 1 x 128 tile (W8A8)" : "");
     json_t *dts = json_object_get(res, "dtypes"), *d;
     json_array_foreach(dts, i, d) {
         const char *dt = json_string_value(d);

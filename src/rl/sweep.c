@@ -334,5 +334,6 @@ int rl_sweep_run(const rl_sweep_cfg *s, rl_sweep_progress progress, void *ctx, j
                      "seq_cost", c->seq_cost, "train_s", c->train_s, "fp8_block", c->fp8_block,
                      "fp8_embed", c->fp8_embed, "rows", rows);
     json_object_set_new(*out, "target_gain", json_real(c->target_gain));
+    json_object_set_new(*out, "fp8_act", json_integer(c->fp8_act));
     return 0;
 }
