@@ -377,6 +377,7 @@ typedef struct rl_sweep_cfg {
     int lags[16], nlags;  /* staleness bounds; 0 is the sync run */
     int losses[RL_LOSS_COUNT], nlosses;
     int dtypes[3], ndtypes;
+    int fp8_lags[16], nfp8_lags; /* dtypes other than bf16 only at these bounds (0 of them: all) */
     int seeds;            /* seeds seed0, seed0 + 1, ... */
     uint64_t seed0;
     int last_k;           /* final reward: the mean of the last last_k evaluations */

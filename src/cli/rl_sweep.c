@@ -18,13 +18,14 @@ static const char sweep_usage[] =
     "Paced RL runs (emulated time: staleness depends on the bound, not on the machine)\n"
     "over staleness bound x loss x rollout dtype x seed; writes DIR/sweep.md, .json and\n"
     ".svg (DIR: rl-sweep).  Every run of a seed starts from one warm start (DIR/warm).\n"
-    "  --quick         lags 0,2,8 x losses pg,naive,tis,decoupled x bf16,fp8, 3 seeds,\n"
+    "  --quick         lags 0,2,8 x losses pg,naive,tis,decoupled x bf16 (fp8 at 0,8), 3 seeds,\n"
     "                  40 steps, 32 held-out problems (full: lags 0,1,2,4,8,16, all six\n"
     "                  losses, 5 seeds, 60 steps, 64 problems)\n"
     "  --seeds N       seeds per cell; --seed S: the first (1), the others S+1, S+2, ...\n"
     "  --lags L,..     staleness bounds, 0 for sync\n"
     "  --losses L,..   of pg, naive, ppo, tis, mis, decoupled\n"
     "  --dtypes D,..   of fp32, bf16, fp8\n"
+    "  --fp8-lags L,.. dtypes other than bf16 only at these bounds (0,8)\n"
     "  --steps N --eval-every N --eval-n N   RL steps (equal for every cell), evaluations\n"
     "  --last-k K      final reward: the mean of the last K evaluations (3)\n"
     "  --target-gain G the target reward of a run is its start + G (0.05): seeds' warm\n"
@@ -35,7 +36,7 @@ static const char sweep_usage[] =
     "                  more sequence in a step (0.1), training step (0.6 s)\n"
     "  --fp8-block N   FP8 scaling block (128; 0: per tensor)\n"
     "  --fp8-embed 0|1 quantise embeddings and output head too (1)\n"
-    "  --fp8-act 0|1   FP8 activations too (W8A8, one scale per 128 values of a row) (0)\n"
+    "  --fp8-act 0|1   FP8 activations too (W8A8, one scale per 128 values of a row) (1)\n"
     "  --jobs N        runs at once (one per core)\n"
     "  --json          print the result as one JSON object instead of markdown\n"
     "Other rl train options (--lr, --workers, --prompts, --clip, ...) apply to every run;\n"
@@ -133,6 +134,7 @@ static int sweep_option(opts *o, const char *k, const char *v, int *used)
     }
     if (!strcmp(k, "--lags")) return parse_list(k, v, s->lags, &s->nlags, 16, parse_lag);
     if (!strcmp(k, "--losses")) return parse_list(k, v, s->losses, &s->nlosses, RL_LOSS_COUNT, rl_loss_parse);
+    if (!strcmp(k, "--fp8-lags")) return parse_list(k, v, s->fp8_lags, &s->nfp8_lags, 16, parse_lag);
     if (!strcmp(k, "--dtypes")) return parse_list(k, v, s->dtypes, &s->ndtypes, 3, parse_dtype);
     if (!strcmp(k, "--out")) return o->out = v, 0;
     *used = 0;
@@ -417,12 +419,17 @@ static int write_outputs(const opts *o, json_t *res, double wall)
 
 typedef struct bar_ctx {
     sh_progress bar;
+    int total;
 } bar_ctx;
 
+/* The bar on a terminal; otherwise (make bench, a log) a line every 5 %. */
 static void on_progress(int done, int total, void *ctx)
 {
-    (void)total;
-    sh_progress_update(&((bar_ctx *)ctx)->bar, (uint64_t)done);
+    bar_ctx *b = ctx;
+    if (total != b->total) b->bar.total = (uint64_t)total, b->total = total;
+    sh_progress_update(&b->bar, (uint64_t)done);
+    if (!isatty(2) && (done * 20 / total != (done - 1) * 20 / total || done == total))
+        fprintf(stderr, "rl sweep: %d/%d runs\n", done, total);
 }
 
 int cli_rl_sweep(int argc, char **argv)
@@ -431,7 +438,7 @@ int cli_rl_sweep(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : rc;
     int total = o.s.seeds * (1 + o.s.nlags * o.s.nlosses * o.s.ndtypes);
-    bar_ctx b;
+    bar_ctx b = {.total = total};
     sh_progress_start(&b.bar, "rl sweep", (uint64_t)total, "runs");
     double t0 = sh_now_mono();
     json_t *res = NULL;
