@@ -531,6 +531,13 @@ static void test_sweep_seeds(void **state)
     assert_true(sh_path_exists(tu_path("sweep/sweep.md")) && sh_path_exists(tu_path("sweep/sweep.svg")));
     json_decref(j);
     free(out);
+    /* --render writes the same tables again from the JSON alone. */
+    rc = tu_run(&out, "%s rl sweep --render %s --out %s", tu_shoal(), tu_path("sweep/sweep.json"),
+                tu_path("again"));
+    if (rc) fail_msg("rl sweep --render: exit %d: %s", rc, out);
+    free(out);
+    tu_assert_same_file(tu_path("sweep/sweep.md"), tu_path("again/sweep.md"));
+    tu_assert_same_file(tu_path("sweep/sweep.svg"), tu_path("again/sweep.svg"));
 }
 
 static void test_bf16_rounding(void **state)
