@@ -229,6 +229,9 @@ int rl_load_view(nn_model *m, const struct ckpt *c, const char *what);
 
 enum { RL_MODE_SYNC = 0, RL_MODE_ASYNC = 1 };
 enum { RL_DTYPE_FP32 = 0, RL_DTYPE_BF16 = 1, RL_DTYPE_FP8 = 2 };
+/* "fp32", "bf16", "fp8" and back; the parse error names the value. */
+int rl_dtype_parse(const char *name, int *dtype);
+const char *rl_dtype_name(int dtype);
 
 #define RL_MAX_WORKERS 16
 

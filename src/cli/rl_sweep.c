@@ -74,15 +74,6 @@ static int parse_lag(const char *s, int *out)
     return 0;
 }
 
-static int parse_dtype(const char *s, int *out)
-{
-    if (!strcmp(s, "fp32")) *out = RL_DTYPE_FP32;
-    else if (!strcmp(s, "bf16")) *out = RL_DTYPE_BF16;
-    else if (!strcmp(s, "fp8")) *out = RL_DTYPE_FP8;
-    else return sh_err(SH_EINVAL, "\"%s\": expected fp32, bf16 or fp8", s);
-    return 0;
-}
-
 /* Options the grid sets per cell, with what to use instead. */
 static const char *const owned[][2] = {
     {"--mode", "--lags (0 is sync)"},          {"--max-lag", "--lags"},
@@ -136,7 +127,7 @@ static int sweep_option(opts *o, const char *k, const char *v, int *used)
     if (!strcmp(k, "--lags")) return parse_list(k, v, s->lags, &s->nlags, 16, parse_lag);
     if (!strcmp(k, "--losses")) return parse_list(k, v, s->losses, &s->nlosses, RL_LOSS_COUNT, rl_loss_parse);
     if (!strcmp(k, "--fp8-lags")) return parse_list(k, v, s->fp8_lags, &s->nfp8_lags, 16, parse_lag);
-    if (!strcmp(k, "--dtypes")) return parse_list(k, v, s->dtypes, &s->ndtypes, 3, parse_dtype);
+    if (!strcmp(k, "--dtypes")) return parse_list(k, v, s->dtypes, &s->ndtypes, 3, rl_dtype_parse);
     if (!strcmp(k, "--out")) return o->out = v, 0;
     if (!strcmp(k, "--render")) return o->render = v, 0;
     *used = 0;

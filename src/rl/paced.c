@@ -302,7 +302,7 @@ static json_t *result(paced *p, double reward_start)
                      "s:f,s:f,s:o,s:i}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->mode ? c->max_lag : 0, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
-                     c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
+                     rl_dtype_name(c->dtype),
                      "seed", (json_int_t)c->seed, "reward_start", reward_start, "reward_end",
                      p->nevals ? p->recent[(p->nevals - 1) % RL_TARGET_WINDOW_MAX] : reward_start,
                      "steps", p->step, "emulated_s", p->now, "target", p->target, "time_to_target_s", p->time_to_target,

@@ -27,8 +27,6 @@
 
 #include "rl/runtime.h"
 
-static const char *dtype_name(int d) { return d == RL_DTYPE_FP32 ? "fp32" : d == RL_DTYPE_BF16 ? "bf16" : "fp8"; }
-
 void rl_sweep_default(rl_sweep_cfg *s, int quick)
 {
     memset(s, 0, sizeof *s);
@@ -308,7 +306,7 @@ static json_t *cell_row(const rl_sweep_cfg *s, json_t *runs, int k)
     int below_sync = 0, below_bf16 = 0;
     json_t *row = json_pack("{s:s,s:i,s:s,s:s,s:o,s:o,s:o,s:o,s:i,s:o,s:i,s:i,s:o,s:f,s:o,s:o}",
                             "mode", s->lags[g] ? "async" : "sync", "max_lag", s->lags[g], "loss",
-                            rl_loss_name(s->losses[l]), "rollout_dtype", dtype_name(s->dtypes[d]),
+                            rl_loss_name(s->losses[l]), "rollout_dtype", rl_dtype_name(s->dtypes[d]),
                             "reward_start", stat_json(&start), "reward_final", stat_json(&fin),
                             "vs_sync", paired(mine, sync, s->last_k, &below_sync),
                             "time_to_target_s", stat_json(&ttt), "target_reached", ttt.n,
@@ -353,7 +351,7 @@ int rl_sweep_run(const rl_sweep_cfg *s, rl_sweep_progress progress, void *ctx, j
     json_t *lags = json_array(), *losses = json_array(), *dts = json_array();
     for (int i = 0; i < s->nlags; i++) json_array_append_new(lags, json_integer(s->lags[i]));
     for (int i = 0; i < s->nlosses; i++) json_array_append_new(losses, json_string(rl_loss_name(s->losses[i])));
-    for (int i = 0; i < s->ndtypes; i++) json_array_append_new(dts, json_string(dtype_name(s->dtypes[i])));
+    for (int i = 0; i < s->ndtypes; i++) json_array_append_new(dts, json_string(rl_dtype_name(s->dtypes[i])));
     *out = json_pack("{s:o,s:o,s:o,s:i,s:I,s:i,s:i,s:i,s:i,s:f,s:i,s:f,s:f,s:f,s:f,s:i,s:i,s:o}",
                      "lags", lags, "losses", losses, "dtypes", dts, "seeds", s->seeds, "seed0",
                      (json_int_t)s->seed0, "steps", c->steps, "eval_every", c->eval_every, "eval_n",
