@@ -49,7 +49,7 @@ LIBFLAGS  := -fPIC -fvisibility=hidden
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 
-.PHONY: all deps test test-opt test-asan run bench fuzz clean install
+.PHONY: all deps test test-opt test-asan run bench fuzz clean install mutants
 all: $(BUILD)/shoal $(BUILD)/libshoal.a $(BUILD)/$(SONAME)
 
 deps:
@@ -117,6 +117,13 @@ run: deps
 bench: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@sh scripts/bench.sh
+
+# Mutation testing (docs/testing.md): each mutant in tests/mutants.txt is
+# applied to a private copy of the tree (build/mut/tree), built there and run
+# against the tests it names; any survivor not marked equivalent, or any
+# stale entry, fails.  MUTANTS="--only ID,ID" runs a few.
+mutants: deps
+	@python3 scripts/mutants.py $(MUTANTS)
 
 # libFuzzer targets, built with clang against the library sources.
 $(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC) | $(GEN)/commands.h

@@ -98,6 +98,8 @@ typedef struct bcast_stats {
     uint64_t have_version;    /* newest complete object */
     int children;             /* live children */
     int attached;             /* 1 when connected to a parent (or root) */
+    char addr[64];            /* this node's listening address "host:port" */
+    char parent[64];          /* the parent the newest complete object came from ("": root) */
 } bcast_stats;
 void bcast_node_stats(const bcast_node *n, bcast_stats *out);
 

@@ -79,6 +79,29 @@ typedef struct store_publish_opts {
  * unchanged and no partial folder remains.  *out gets the new version. */
 int store_publish(store *s, const char *ckpt, const store_publish_opts *o, uint64_t *out);
 
+/* A version held in memory by its writer: the full checkpoint image (one
+ * safetensors file's bytes) and, optionally, the shoal delta from the image of
+ * store version `base` to it, as delta_make_mem() made it.  Both stay the
+ * caller's. */
+typedef struct store_mem_version {
+    const uint8_t *image;
+    size_t image_len;
+    const uint8_t *delta; /* NULL / 0: none (the version becomes an anchor) */
+    size_t delta_len;
+    uint64_t base;        /* the version LATEST must name now (0: the run is empty) */
+} store_mem_version;
+
+/* Publishes the next version from memory, diffing nothing: the given delta
+ * becomes its payload, or the image when the version is due for an anchor
+ * (every N versions, the first, or no delta given).  Only the payload is
+ * staged, never a full image for a delta version.  LATEST must name
+ * in->base (else SH_EMISMATCH and nothing is written: another publisher
+ * moved it).  The delta is parsed and its target size checked; readers check
+ * its digests when they apply it.  Durability and failure as store_publish():
+ * on any failure LATEST is unchanged and no partial folder remains. */
+int store_publish_mem(store *s, const store_mem_version *in, const store_publish_opts *o,
+                      uint64_t *out);
+
 /* Keeps the newest `keep` versions and every version they chain back to;
  * removes the rest (and leftovers of crashed publishes).  *removed counts
  * removed version folders. */
