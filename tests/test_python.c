@@ -70,6 +70,11 @@ static void install_prefix(void **state)
     printf("%s", out);
     if (rc != 0 || !strstr(out, "identical")) fail_msg("demo against the installed library: %d\n%s", rc, out);
     free(out);
+    /* Every public header marks its declarations for export (a header
+     * without the two pragma lines would leave its functions hidden). */
+    rc = tu_run(&out, "grep -L 'pragma GCC visibility push(default)' include/shoal/*.h");
+    if (out[0]) fail_msg("public headers without the export pragmas:\n%s", out);
+    free(out);
     /* Only the public API is exported: no internal `__` names. */
     rc = tu_run(&out, "nm -D --defined-only %s/lib/libshoal.so | awk '{print $3}' | grep '__'", pre);
     if (rc == 0) fail_msg("libshoal.so exports internal names:\n%s", out);
