@@ -166,6 +166,23 @@ static void check_pointer(const char *src, const char *dst)
         violation("%s is renamed to %s while %s has %s not fsynced", src, dst, x->path,
                   x->content ? "bytes" : "entries");
     }
+    /* What the pointer names must exist: a store's version folder, or a
+     * replica's model file. */
+    char *text = NULL, named[2048];
+    size_t len;
+    long long v = 0;
+    const char *at;
+    if (sh_read_file(src, 4096, &text, &len) < 0 || !(at = strstr(text, "\"version\":")) ||
+        sscanf(at + 10, "%lld", &v) != 1) {
+        violation("%s is renamed to %s without a \"version\" in it", src, dst);
+        free(text);
+        return;
+    }
+    free(text);
+    if (!strcmp(strrchr(dst, '/'), "/LATEST")) snprintf(named, sizeof named, "%s/versions/%010lld/manifest.json", dir, v);
+    else snprintf(named, sizeof named, "%s/models/%010lld.safetensors", dir, v);
+    struct stat st;
+    if (stat(named, &st) < 0) violation("%s is renamed to %s naming version %lld, but %s does not exist", src, dst, v, named);
 }
 
 static void note_write(int fd)
