@@ -683,6 +683,37 @@ static void test_inplace_wrong_layout(void **state)
     free_five(&f);
 }
 
+/* With verify_base, a base whose tensors are the delta's base but whose
+ * header is not (other metadata) is named as the wrong checkpoint; without
+ * it the target is rebuilt, whole and right, from the same tensors. */
+static void test_verify_base_header(void **state)
+{
+    five f;
+    make_five(&f, "vb");
+    uint8_t *other = malloc(f.len);
+    memcpy(other, f.base, f.len);
+    uint8_t *ia = memmem(other, 4096, "abcdefgh", 8);
+    assert_non_null(ia);
+    ia[7] = 'X';
+    tu_write_file(tu_path("vb-other.st"), other, f.len);
+    free(other);
+    ckpt *B;
+    TU_OK(ckpt_open(tu_path("vb-other.st"), &B));
+    delta *d;
+    TU_OK(delta_parse(f.delta.data, f.delta.len, 0, &d));
+    uint8_t *out = malloc(f.len);
+    size_t got = 0;
+    TU_ERR(delta_apply_mem(B, d, &(delta_opts){.threads = 1, .verify_base = 1}, out, f.len, &got), SH_EMISMATCH,
+           "the delta was made against checkpoint");
+    TU_OK(delta_apply_mem(B, d, &(delta_opts){.threads = 1}, out, f.len, &got));
+    assert_int_equal(got, f.len);
+    assert_memory_equal(out, f.target, f.len);
+    free(out);
+    delta_free(d);
+    ckpt_close(B);
+    free_five(&f);
+}
+
 /* ---- Scheduler: reservations go to the oldest blocked gang ---------------- */
 
 /* Four 8-GPU nodes.  Tenant "big" runs A on three of them.  Then, oldest
@@ -758,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_tampered_header_no_checksum),
         cmocka_unit_test(test_inplace_header_tamper),
         cmocka_unit_test(test_inplace_wrong_layout),
+        cmocka_unit_test(test_verify_base_header),
         cmocka_unit_test(test_reservation_order_tenants),
     };
     return cmocka_run_group_tests_name("integrity", tests, NULL, NULL);
