@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -440,7 +441,7 @@ static void faults_assert_ordered(const char *what)
  * calls child_arm() (where the counting run armed); returns the child's
  * exit status (77: it exited at step k). */
 static const char *child_root;
-static long child_k;
+static long child_k, child_fail;
 
 static void child_arm(void) { faults_arm(child_root, 0, child_k); }
 
@@ -739,6 +740,132 @@ static void test_replica_faults(void **state)
     }
 }
 
+/* ---- A push replica's activation ------------------------------------------ */
+
+/* A replica attached to a real `shoal push serve` root receives version 3
+ * (a delta) over UCX, applies it to its in-memory image and writes the new
+ * model itself (no store in between), then makes it durable and moves
+ * ACTIVE.  UCX runs only in forked children, so each case starts clean. */
+typedef struct {
+    rep r;
+    char parent[256];
+    char result[1100]; /* where a child writes what it saw */
+} push;
+
+/* Runs in a child: activates version 3 from the push root with step
+ * `fail_at` failing (0: none) and writes "steps fired failed violation" to
+ * p->result; exits 77 when exit_at hits. */
+static void push_child(void *arg)
+{
+    push *p = arg;
+    store_replica_config cfg = {.dir = p->r.dir, .parents = {p->parent}, .nparents = 1, .leaf = 1};
+    if (child_k) child_arm();
+    else faults_arm(p->r.dir, child_fail, 0);
+    store_replica *x;
+    int failed = 0;
+    if (store_replica_open(&cfg, &x) < 0) _exit(3);
+    double end = sh_now_mono() + 60;
+    store_replica_info info;
+    for (;;) {
+        store_replica_get_info(x, &info);
+        if (info.failures) break;
+        if (store_replica_wait(x, 3, 0.05) == SH_OK) break;
+        if (sh_now_mono() > end) _exit(4);
+    }
+    for (double until = sh_now_mono() + 5;;) {
+        store_replica_get_info(x, &info);
+        if (info.failures || !F.fired || sh_now_mono() > until) break;
+        sh_sleep(0.01);
+    }
+    failed = info.failures > 0;
+    store_replica_close(x);
+    long n = faults_disarm();
+    if (!failed) faults_assert_synced(p->r.dir);
+    FILE *f = fopen(p->result, "w");
+    if (!f) _exit(5);
+    fprintf(f, "%ld %d %d %s\n", n, F.fired, failed, F.violation[0] ? F.violation : "-");
+    fclose(f);
+    _exit(0);
+}
+
+static void push_run(push *p, long fail_at, long exit_at, long *steps, int *fired, int *failed, char *viol,
+                     size_t cap, int *status)
+{
+    unlink(p->result);
+    child_fail = fail_at;
+    *status = in_child_exit_at(p->r.dir, exit_at, push_child, p);
+    child_fail = 0;
+    *steps = 0, *fired = 0, *failed = 0;
+    viol[0] = 0;
+    if (*status != 0) return;
+    char *text;
+    size_t len;
+    TU_OK(sh_read_file(p->result, 4096, &text, &len));
+    int off = 0;
+    if (sscanf(text, "%ld %d %d %n", steps, fired, failed, &off) < 3) fail_msg("bad child report: %s", text);
+    snprintf(viol, cap, "%s", text + off);
+    viol[strcspn(viol, "\n")] = 0;
+    if (!strcmp(viol, "-")) viol[0] = 0;
+    free(text);
+}
+
+static void test_push_replica_faults(void **state)
+{
+    push p;
+    pub_setup(&p.r.p, "push-store", 8);
+    snprintf(p.r.dir, sizeof p.r.dir, "%s", tu_path("push-dir"));
+    snprintf(p.result, sizeof p.result, "%s", tu_path("push-result"));
+    rep_make(&p.r); /* the replica on version 2, version 3 in the store */
+    /* The root: a real `shoal push serve` over the store. */
+    char addr[1100], cmd[4096], *out;
+    snprintf(addr, sizeof addr, "%s.addr", p.r.p.root);
+    unlink(addr);
+    snprintf(cmd, sizeof cmd, "%s push serve --store %s --addr-file %s --chunk 64KiB >%s.log 2>&1 & echo $!", tu_shoal(),
+             p.r.p.root, addr, p.r.p.root);
+    assert_int_equal(tu_run(&out, "%s", cmd), 0);
+    long root_pid = atol(out);
+    free(out);
+    double end = sh_now_mono() + 20;
+    char *line = NULL;
+    size_t len = 0;
+    while (sh_now_mono() < end) {
+        if (sh_read_file(addr, 4096, &line, &len) == SH_OK && len && line[len - 1] == '\n') break;
+        free(line);
+        line = NULL;
+        sh_sleep(0.02);
+    }
+    if (!line) fail_msg("the push root did not start");
+    line[strcspn(line, "\n")] = 0;
+    snprintf(p.parent, sizeof p.parent, "%s", line);
+    free(line);
+    long n;
+    int fired, failed, st;
+    char viol[2048], ctx[256];
+    rep_reset(&p.r);
+    push_run(&p, 0, 0, &n, &fired, &failed, viol, sizeof viol, &st);
+    if (st != 0) fail_msg("push activation: the child exited %d", st);
+    if (failed) fail_msg("push activation failed without a fault");
+    if (viol[0]) fail_msg("push activation: %s", viol);
+    assert_true(n >= 4);
+    print_message("push replica activation: %ld steps, each failed and each exited at\n", n);
+    for (long k = 1; k <= n; k++) {
+        rep_reset(&p.r);
+        long n2;
+        push_run(&p, k, 0, &n2, &fired, &failed, viol, sizeof viol, &st);
+        snprintf(ctx, sizeof ctx, "push replica: step %ld of %ld fails", k, n);
+        if (st != 0) fail_msg("%s: the child exited %d", ctx, st);
+        if (viol[0]) fail_msg("%s: %s", ctx, viol);
+        if (fired && !failed) fail_msg("%s: activated although a step failed", ctx);
+        rep_check(&p.r, 1, ctx);
+        rep_reset(&p.r);
+        push_run(&p, 0, k, &n2, &fired, &failed, viol, sizeof viol, &st);
+        snprintf(ctx, sizeof ctx, "push replica: exit at step %ld of %ld", k, n);
+        if (st != 77) fail_msg("%s: the child exited %d", ctx, st);
+        rep_check(&p.r, 1, ctx);
+    }
+    kill((pid_t)root_pid, SIGKILL);
+}
+
 /* ---- The server's state ---------------------------------------------------- */
 
 typedef struct {
@@ -892,6 +1019,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_publish_faults),
         cmocka_unit_test(test_replica_faults),
+        cmocka_unit_test(test_push_replica_faults),
         cmocka_unit_test(test_server_state_faults),
     };
     return cmocka_run_group_tests_name("faults", tests, NULL, NULL);
