@@ -116,6 +116,11 @@ typedef struct sched_config {
     double scale_down_idle_s;       /* an idle provisioned node is released; default 1800 */
     const sched_quota *quotas;      /* copied by sched_new */
     size_t n_quotas;
+    /* 1: the reference search, without the cycle's shortcuts (shape
+     * sweeps, cached reservation times, the preemption index and memo).
+     * Slower; it must decide exactly what the default search decides,
+     * which tests check. */
+    int reference;
 } sched_config;
 
 /* Fills c with the defaults above for `policy`. */

@@ -95,6 +95,18 @@ int sim_trace_multinode(sim_trace *t, int k, int node_gpus);
  * offered load is `load` x fleet_gpus.  Appends n jobs to t. */
 int sim_trace_kalos(sim_trace *t, size_t n, uint64_t seed, int fleet_gpus, double load);
 
+/* A mixed fleet: `nodes` 8-GPU nodes of three types (30% H100, 40% A100,
+ * 30% L4), fabrics of fabric_nodes nodes per type spread over three zones.
+ * The caller frees f with sim_fleet_free. */
+int sim_fleet_mixed(sim_fleet *f, int nodes, int fabric_nodes);
+/* A mixed workload for that fleet: 45% one-GPU functions (minutes, any
+ * type), 15% elastic jobs (1-4 to 2-16 replicas of 1-8 GPUs, H100, A100 or
+ * L4 at their speeds), 40% gangs (half single-node, up to 64 nodes of 8
+ * GPUs; large gangs want the fastest type), priorities 0-2, six tenants;
+ * log-normal durations and Poisson arrivals offering `load` x fleet_gpus.
+ * Appends n jobs to t. */
+int sim_trace_mixed(sim_trace *t, size_t n, uint64_t seed, int fleet_gpus, double load);
+
 /* ---- Replay ------------------------------------------------------------------ */
 
 typedef struct sim_opts {
@@ -124,7 +136,8 @@ typedef struct sim_report {
     double cost;
     double makespan_s;
     uint64_t decisions;
-    double sched_wall_s, decisions_per_s;
+    double sched_cpu_s;               /* this thread's CPU time in sched_step */
+    double decisions_per_s;           /* decisions / sched_cpu_s */
     uint64_t preemptions, failures, failures_survived, requeues, replaces, restarts;
     uint64_t partial_gangs, hold_timeouts;
     double held_gpu_hours;
