@@ -363,7 +363,8 @@ static int pool_victims(sched *s, const sjob *j, uint32_t pi, vnode **vn, size_t
     if (!s->plain_cycle) {
         /* Cheapest tests first: no victim in the pool, or too few nodes
          * free even before reservations are taken out. */
-        if (!sched__prios_below(&p->pre, j->priority) || j->nodes - p->ge[j->gpn] > max) return -1;
+        if (j->nodes - p->ge[j->gpn] > max || !p->npre_nodes || !sched__prios_below(&p->pre, j->priority))
+            return -1;
         zero = p->resv_stamp == s->stamp ? free_nodes(s, j, pi) : p->ge[j->gpn];
         if (zero >= j->nodes || j->nodes - zero > max) return -1;
     }
@@ -393,6 +394,35 @@ static struct spmemo *pmemo_slot(sched *s, const sjob *j)
     return &s->pmemo[(j->shape ^ (uint64_t)(uint32_t)j->priority * 0x9e3779b97f4a7c15ull) % 256];
 }
 
+/* The pool where gang j needs the fewest victims (the first such in its
+ * list), or NONE when no pool can be freed with at most max_victims. */
+static uint32_t best_victim_pool(sched *s, const sjob *j)
+{
+    static __thread vnode *vn;
+    static __thread size_t capvn;
+    int best = INT32_MAX;
+    uint32_t bestp = NONE;
+    const uint32_t *jp;
+    size_t njp = sched__job_pools(s, j, &jp), m;
+    for (size_t q = 0; q < njp; q++) {
+        int total = pool_victims(s, j, jp[q], &vn, &capvn, &m);
+        if (total >= 0 && total < best) best = total, bestp = jp[q];
+    }
+    return bestp;
+}
+
+int sched__preempt_possible(sched *s, const sjob *j)
+{
+    if (j->kind != SCHED_GANG || !s->cfg.max_victims || !sched__prios_below(&s->pre, j->priority)) return 0;
+    struct spmemo *mo = pmemo_slot(s, j);
+    if (mo->shape == j->shape && mo->prio == j->priority && mo->stamp == s->stamp &&
+        mo->epoch == s->release_epoch)
+        return 0;
+    if (best_victim_pool(s, j) != NONE) return 1;
+    *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority};
+    return 0;
+}
+
 /* Frees room for gang ji by shrinking or preempting lower-priority elastic
  * and function work: the pool needing the fewest victims, at most
  * max_victims, and only victims on the chosen nodes (each one helps).
@@ -407,18 +437,12 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
     if (!s->plain_cycle && mo->shape == j->shape && mo->prio == j->priority && mo->stamp == s->stamp &&
         mo->epoch == s->release_epoch)
         return 0; /* the same search failed this cycle, and no room was freed since */
-    int best = INT32_MAX;
-    uint32_t bestp = NONE;
-    const uint32_t *jp;
-    size_t njp = sched__job_pools(s, j, &jp), m;
-    for (size_t q = 0; q < njp; q++) {
-        int total = pool_victims(s, j, jp[q], &vn, &capvn, &m);
-        if (total >= 0 && total < best) best = total, bestp = jp[q];
-    }
+    uint32_t bestp = best_victim_pool(s, j);
     if (bestp == NONE) {
         *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority};
         return 0;
     }
+    size_t m;
     pool_victims(s, j, bestp, &vn, &capvn, &m);
     for (size_t k = 0; k < m; k++) {
         sref v[MAXG * 4];

@@ -167,6 +167,8 @@ typedef struct sshape {
     uint64_t shape;   /* 0: empty slot */
     size_t queued;    /* queued jobs of this shape */
     uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
+    uint64_t nopre_walk; /* the walk that found its gangs cannot preempt */
+    int max_prio;       /* an upper bound of its queued jobs' priorities */
     double min_est;     /* a lower bound of the queued jobs' estimates */
     /* What placement needs of the shape, for probes without a job at hand
      * (copied from the job that made it live). */
@@ -314,6 +316,9 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
  * room for it by preemption (shoal), returning 1 when room was made. */
 int sched__make_reservation(sched *s, uint32_t ji, double now);
 int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now);
+/* Whether a preemption search for gang j (a job or a probe with its shape
+ * and priority) could succeed now. */
+int sched__preempt_possible(sched *s, const sjob *j);
 
 /* cycle.c */
 int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
