@@ -62,6 +62,7 @@ typedef struct sim_job {
     double speed[SCHED_MAX_TYPES];
     double duration_s; /* run time at speed 1 (elastic: at min replicas) */
     int priority;
+    size_t line;       /* its line in the file it was read from; 0 if generated */
 } sim_job;
 
 typedef struct sim_trace {
@@ -83,6 +84,9 @@ typedef struct sim_trace_opts {
  * time.  The caller frees out with sim_trace_free. */
 int sim_trace_load(const char *path, const char *format, const sim_trace_opts *opts, sim_trace *out);
 int sim_trace_write(const sim_trace *t, const char *path);
+/* SH_EFORMAT naming the job and both lines ("what:LINE: ...") when two jobs
+ * of t share an id. */
+int sim_trace_check_ids(const sim_trace *t, const char *what);
 void sim_trace_free(sim_trace *t);
 
 /* Makes a single-node trace multi-node: every gang's GPU count is scaled by

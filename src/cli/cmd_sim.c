@@ -315,6 +315,12 @@ int cli_cmd_sim(int argc, char **argv)
         rc = sim_run(&f, &t, &o, &r);
         double wall = sh_now_mono() - w0;
         if (rc) break;
+        if (r.jobs_total && r.jobs_rejected == r.jobs_total) {
+            rc = sh_err(SH_ERANGE, "all %zu jobs were rejected, none fits the fleet; the first: %s "
+                        "(check the trace's GPU types and sizes against the fleet, or --type-map)",
+                        r.jobs_total, r.first_rejection);
+            break;
+        }
         if (!a.json) {
             print_row(&r, sched_policy_name(pols[p]));
             if (r.jobs_rejected && !p) fprintf(stderr, "rejected (first of %zu): %s\n", r.jobs_rejected, r.first_rejection);
