@@ -12,8 +12,8 @@ const char cli_help_sim[] =
     "replay job traces on a fleet under fifo|firstfit|backfill|shoal (or all) [--json]";
 
 static const char usage_text[] =
-    "usage: shoal sim --fleet F [--fleet-format shoal|alibaba-v2023|alibaba-v2026]\n"
-    "                 [--trace T]... [T...] [--format shoal|gavel|alibaba-v2023|kalos]\n"
+    "usage: shoal sim --fleet F|mixed:NODES [--fleet-format shoal|alibaba-v2023|alibaba-v2026]\n"
+    "                 [--trace T]... [T...] [--format shoal|gavel|alibaba-v2023|kalos|mixed]\n"
     "                 [--policy fifo|firstfit|backfill|shoal|all] [--json]\n"
     "\n"
     "Replays the traces (several are merged into one workload, one tenant each\n"
@@ -22,10 +22,14 @@ static const char usage_text[] =
     "utilisation, cost, preemptions, failures and decisions per second.\n"
     "\n"
     "fleet:    --zones N (2) --fabric-nodes N (32)   zone/fabric rule for imported node lists\n"
+    "          --fleet mixed:N                      N generated 8-GPU nodes: H100, A100, L4 in 3 zones,\n"
+    "                                               fabrics of --fabric-nodes (default here 128)\n"
     "trace:    --type-map v100=A|B,k80=C            rename trace GPU types to fleet types\n"
     "          --throughputs FILE                   gavel throughputs (default: beside the trace)\n"
     "          --multi-node K [--node-gpus 8]       scale GPU counts by K, pack into nodes\n"
-    "          --jobs N --load L --seed S           kalos: N synthetic jobs offering L x fleet GPUs\n"
+    "          --jobs N --load L --seed S           kalos, mixed: N synthetic jobs offering L x fleet GPUs\n"
+    "                                               (mixed: 45% functions, 15% elastic, 40% gangs of\n"
+    "                                               1-64 nodes, priorities 0-2)\n"
     "          --write-trace FILE --write-fleet FILE  save the imported inputs as shoal CSV\n"
     "events:   --failures MTBF_HOURS [--repair-s S]  node failures (per-node MTBF), repairs\n"
     "          --replace-wait S                     gangs wait S for a spare node, else requeue\n"
@@ -82,10 +86,10 @@ static int parse(int argc, char **argv, args *a)
 {
     memset(a, 0, sizeof *a);
     a->fleet_format = "shoal", a->format = "shoal", a->policy = "shoal";
-    a->fo = (sim_fleet_opts){2, 32};
+    a->fo = (sim_fleet_opts){2, 0};
     a->node_gpus = 8, a->jobs = 1000, a->load = 0.9, a->seed = 1;
     a->max_victims = -1, a->reservations = -1;
-    a->hold = a->restart = a->up_wait = a->down_idle = -1;
+    a->hold = a->restart = a->up_wait = a->down_idle = a->fair_window = -1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         int has = i + 1 < argc;
@@ -132,7 +136,8 @@ static int parse(int argc, char **argv, args *a)
         a->traces[a->ntraces++] = o;
     }
     if (!a->fleet) return cli_usage("sim", "--fleet is required");
-    if (!a->ntraces && strcmp(a->format, "kalos")) return cli_usage("sim", "give a trace (--trace FILE) or --format kalos");
+    if (!a->ntraces && strcmp(a->format, "kalos") && strcmp(a->format, "mixed"))
+        return cli_usage("sim", "give a trace (--trace FILE) or --format kalos|mixed");
     return 0;
 }
 
@@ -145,13 +150,21 @@ static int cmp_submit(const void *x, const void *y)
 
 static int load_inputs(const args *a, sim_fleet *f, sim_trace *t)
 {
-    SH_TRY(sim_fleet_load(a->fleet, a->fleet_format, &a->fo, f));
-    memset(t, 0, sizeof *t);
-    if (!strcmp(a->format, "kalos")) {
-        int gpus = 0;
-        for (size_t i = 0; i < f->n; i++) gpus += f->nodes[i].gpus;
-        SH_TRY(sim_trace_kalos(t, (size_t)a->jobs, a->seed, gpus, a->load));
+    if (!strncmp(a->fleet, "mixed:", 6)) {
+        int64_t n;
+        if (sh_parse_i64(a->fleet + 6, &n, "--fleet mixed:N") || n < 3 || n > 1000000)
+            return sh_err(SH_EINVAL, "--fleet %s: give mixed:N with N in 3..1000000 nodes", a->fleet);
+        SH_TRY(sim_fleet_mixed(f, (int)n, a->fo.fabric_nodes ? a->fo.fabric_nodes : 128));
+    } else {
+        sim_fleet_opts fo = a->fo;
+        if (!fo.fabric_nodes) fo.fabric_nodes = 32;
+        SH_TRY(sim_fleet_load(a->fleet, a->fleet_format, &fo, f));
     }
+    memset(t, 0, sizeof *t);
+    int gpus = 0;
+    for (size_t i = 0; i < f->n; i++) gpus += f->nodes[i].gpus;
+    if (!strcmp(a->format, "kalos")) SH_TRY(sim_trace_kalos(t, (size_t)a->jobs, a->seed, gpus, a->load));
+    if (!strcmp(a->format, "mixed")) SH_TRY(sim_trace_mixed(t, (size_t)a->jobs, a->seed, gpus, a->load));
     sim_trace_opts to = {a->throughputs, a->type_map};
     for (int i = 0; i < a->ntraces; i++) {
         sim_trace one;
@@ -306,7 +319,7 @@ int cli_cmd_sim(int argc, char **argv)
         if (a.max_victims >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_victims = a.max_victims;
         if (a.reservations >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_reservations = a.reservations;
         if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
-        if (a.fair_window > 0) o.cfg.fair_window_s = a.fair_window;
+        if (a.fair_window >= 0) o.cfg.fair_window_s = a.fair_window;
         o.cfg.pack_pools = a.pack;
         if (a.down_idle >= 0) o.cfg.scale_down_idle_s = a.down_idle;
         o.cfg.autoscale = a.autoscale, o.cfg.quotas = a.quotas, o.cfg.n_quotas = (size_t)a.nquotas;

@@ -521,6 +521,8 @@ int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o
     o->restarts = j->restarts, o->preemptions = j->preemptions, o->backfilled = j->backfilled;
     o->cost = job_cost(s, j, NONE, now);
     o->reason = j->reason;
+    o->est_start_s = -1;
+    if (j->state == SCHED_QUEUED || j->state == SCHED_HOLDING) sched__pending((sched *)s, ix, now, o);
     return 0;
 }
 

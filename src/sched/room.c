@@ -58,7 +58,7 @@ static void select_k(tnode *v, size_t m, size_t k)
 /* When node ni will have g GPUs free, assuming running work ends at its
  * estimate (work past its estimate is assumed to end now).  The times for
  * every g are computed together and kept until the node's pods change. */
-static double node_ready(sched *s, uint32_t ni, int g, double now)
+double sched__node_ready(sched *s, uint32_t ni, int g, double now)
 {
     snode *n = &s->nodes[ni];
     if (n->free >= g) return now;
@@ -127,7 +127,7 @@ static double pool_time(sched *s, const sjob *j, uint32_t pi, tnode **tn, size_t
         uint32_t ni = p->nodes[k];
         snode *n = &s->nodes[ni];
         if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-        (*tn)[(*m)++] = (tnode){node_ready(s, ni, j->gpn, -INFINITY), ni};
+        (*tn)[(*m)++] = (tnode){sched__node_ready(s, ni, j->gpn, -INFINITY), ni};
     }
     if (*m < (size_t)j->nodes) return INFINITY;
     select_k(*tn, *m, (size_t)j->nodes);
@@ -257,6 +257,7 @@ int sched__make_reservation(sched *s, uint32_t ji, double now)
         snode *n = &s->nodes[tn[k].ni];
         r->nodes[k] = tn[k].ni;
         n->resv_stamp = s->stamp, n->resv_T = T;
+        n->resv_end = T + sched__est_len(s, j, bestp);
         n->resv_spare = n->gpus - j->gpn - busy_at(s, tn[k].ni, T, now);
         if (n->resv_spare < 0) n->resv_spare = 0;
     }

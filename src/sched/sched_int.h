@@ -53,7 +53,7 @@ typedef struct snode {
     int removed;
     double idle_since;
     /* Reservation bookkeeping for this step: spare GPUs at resv_T. */
-    double resv_T;
+    double resv_T, resv_end; /* the reserved gang's start and estimated end */
     int resv_spare;
     uint64_t resv_stamp;
     int pre_gpus;      /* GPUs held here by preemptible work */
@@ -315,10 +315,16 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
 /* room.c: reserves nodes for blocked gang ji (shoal and backfill); frees
  * room for it by preemption (shoal), returning 1 when room was made. */
 int sched__make_reservation(sched *s, uint32_t ji, double now);
+/* When node ni will have g GPUs free if running work ends at its estimates
+ * (never before now); cached per node. */
+double sched__node_ready(sched *s, uint32_t ni, int g, double now);
 int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now);
 /* Whether a preemption search for gang j (a job or a probe with its shape
  * and priority) could succeed now. */
 int sched__preempt_possible(sched *s, const sjob *j);
+
+/* why.c: the wait reason and start estimate of queued job ji. */
+void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o);
 
 /* cycle.c */
 int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
