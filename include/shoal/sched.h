@@ -112,10 +112,10 @@ typedef struct sched_config {
     /* shoal: most victims one preemption may take (0 disables preemption). */
     int max_victims;                /* default 8 */
     /* Reservations held for head-of-line gangs (backfill: always 1). */
-    int max_reservations;           /* default 1 for backfill, 4 for shoal */
+    int max_reservations;           /* default 1 (backfill: always 1) */
     /* shoal's fair share: a tenant holding a fraction f of the busy GPUs
      * has its jobs ordered as if submitted f x fair_window_s later. */
-    double fair_window_s;           /* default 21600 (6 h) */
+    double fair_window_s;           /* default 7200 (2 h) */
     /* shoal: place a gang in the pool left fullest (fewest free GPUs after
      * it) rather than the first pool that fits, keeping emptier pools whole.
      * On the Philly replay it lowers cost but also utilisation: off. */

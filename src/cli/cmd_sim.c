@@ -36,8 +36,8 @@ static const char usage_text[] =
     "          --autoscale [--quota zone,fabric,type,gpus,max_nodes,price,delay_s]...\n"
     "                                               (no --quota: per GPU type, 64 8-GPU nodes in\n"
     "                                               fabric auto-<type> of its first zone, 300 s)\n"
-    "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (4)\n"
-    "          --fair-window S (21600) --pack       shoal's fair-share window, pool packing\n"
+    "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (1)\n"
+    "          --fair-window S (7200) --pack        shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
     "checks:   --check                              sched_check after every event\n";
 

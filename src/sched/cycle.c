@@ -403,7 +403,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
                 continue;
             }
         }
-        if (j->kind == SCHED_GANG && s->nresv < max_resv && (!s->nresv || j->nodes >= (getenv("BIG") ? atoi(getenv("BIG")) : 0)) && !has_reservation(s, ji))
+        if (j->kind == SCHED_GANG && s->nresv < max_resv && !has_reservation(s, ji))
             SH_TRY(sched__make_reservation(s, ji, now));
     }
     return 0;
@@ -563,7 +563,11 @@ static int expire(sched *s, sched_decisions *d, double now)
 
 static int grow_pass(sched *s, sched_decisions *d, double now)
 {
-    if ((s->cfg.policy != SCHED_POLICY_SHOAL || getenv("NOGROW")) && s->queued) return 0; /* only preemptible growth may idle-fill */
+    /* Growth fills only GPUs no queued job wants: replicas grown while gangs
+     * wait hold GPUs that gangs of the same or lower priority cannot take
+     * back, and on the mixed replays they cost small gangs more wait at
+     * p99 than they gave elastic jobs. */
+    if (s->queued) return 0;
     for (size_t i = 0; i < s->nelastic && s->gpus_up > s->gpus_busy; i++) {
         uint32_t ji = s->elastic[i];
         sjob *j = &s->jobs[ji];
