@@ -122,6 +122,7 @@ typedef struct sim_opts {
     double replace_wait_s; /* > 0: gangs use the replace failure policy with this wait */
     int check;           /* call sched_check after every event */
     int progress;        /* draw a progress bar on a terminal */
+    int estimates;       /* record each job's start estimate after its first cycle */
     uint64_t seed;
 } sim_opts;
 
@@ -157,6 +158,11 @@ typedef struct sim_report {
     char type[SIM_KEYS][SIM_NAME], tenant[SIM_KEYS][SIM_NAME];
     double cost_by_type[SIM_KEYS], cost_by_tenant[SIM_KEYS];
     char first_rejection[256]; /* why the first rejected job was rejected */
+    /* Start estimates (sim_opts.estimates) against actual first starts,
+     * over the jobs still queued after the cycle that saw them arrive and
+     * given a finite estimate; error = actual - estimated (> 0: late). */
+    size_t est_jobs, est_infinite;
+    double est_mean_error_s, est_mean_abs_error_s, est_p50_abs_error_s, est_p90_abs_error_s;
 } sim_report;
 
 /* Replays trace t on fleet f.  Returns 0, or a negative code (sched_check

@@ -39,7 +39,9 @@ static const char usage_text[] =
     "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (1)\n"
     "          --fair-window S (7200) --pack        shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
-    "checks:   --check                              sched_check after every event\n";
+    "checks:   --check                              sched_check after every event\n"
+    "          --no-estimates                       skip checking start estimates against starts\n"
+    "                                               (reported as start_estimates in --json)\n";
 
 typedef struct args {
     const char *fleet, *fleet_format, *format, *policy, *type_map, *throughputs;
@@ -47,7 +49,7 @@ typedef struct args {
     const char *traces[512];
     int ntraces;
     sim_fleet_opts fo;
-    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack;
+    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack, no_estimates;
     double fair_window;
     double load, mtbf, repair, hold, restart, up_wait, down_idle, replace_wait;
     int64_t jobs;
@@ -131,6 +133,7 @@ static int parse(int argc, char **argv, args *a)
         if (!strcmp(o, "--check")) { a->check = 1; continue; }
         if (!strcmp(o, "--autoscale")) { a->autoscale = 1; continue; }
         if (!strcmp(o, "--pack")) { a->pack = 1; continue; }
+        if (!strcmp(o, "--no-estimates")) { a->no_estimates = 1; continue; }
         if (o[0] == '-') return cli_usage("sim", "unknown option \"%s\"", o);
         if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
         a->traces[a->ntraces++] = o;
@@ -223,6 +226,11 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
     json_object_set_new(j, "cost_by_tenant", bn);
     if (r->jobs_rejected) json_object_set_new(j, "first_rejection", json_string(r->first_rejection));
     json_object_set_new(j, "makespan_s", num(r->makespan_s));
+    json_object_set_new(j, "start_estimates",
+                        json_pack("{s:I,s:I,s:o,s:o,s:o,s:o}", "jobs", (json_int_t)r->est_jobs, "no_estimate",
+                                  (json_int_t)r->est_infinite, "mean_error_s", num(r->est_mean_error_s),
+                                  "mean_abs_error_s", num(r->est_mean_abs_error_s), "p50_abs_error_s",
+                                  num(r->est_p50_abs_error_s), "p90_abs_error_s", num(r->est_p90_abs_error_s)));
     json_object_set_new(j, "preemptions", json_integer((json_int_t)r->preemptions));
     json_object_set_new(j, "failures", json_integer((json_int_t)r->failures));
     json_object_set_new(j, "failures_survived", json_integer((json_int_t)r->failures_survived));
@@ -326,6 +334,7 @@ int cli_cmd_sim(int argc, char **argv)
         o.mtbf_hours = a.mtbf, o.repair_s = a.repair, o.check = a.check, o.seed = a.seed;
         o.replace_wait_s = a.replace_wait;
         o.progress = 1; /* drawn only when stderr is a terminal */
+        o.estimates = !a.no_estimates;
         sim_report r;
         double w0 = sh_now_mono();
         rc = sim_run(&f, &t, &o, &r);
@@ -339,6 +348,13 @@ int cli_cmd_sim(int argc, char **argv)
         }
         if (!a.json) {
             print_row(&r, sched_policy_name(pols[p]));
+            if (r.est_jobs) {
+                char e50[16], e90[16], em[16];
+                fmt_s(e50, sizeof e50, r.est_p50_abs_error_s), fmt_s(e90, sizeof e90, r.est_p90_abs_error_s);
+                fmt_s(em, sizeof em, fabs(r.est_mean_error_s));
+                printf("%9s start estimates of %zu waiting jobs: |error| p50 %s, p90 %s; mean %s %s\n", "",
+                       r.est_jobs, e50, e90, em, r.est_mean_error_s >= 0 ? "late" : "early");
+            }
             if (r.jobs_rejected && !p) fprintf(stderr, "rejected (first of %zu): %s\n", r.jobs_rejected, r.first_rejection);
         }
         else if (all) json_object_set_new(all, sched_policy_name(pols[p]), report_json(&r, sched_policy_name(pols[p]), wall));

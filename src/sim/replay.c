@@ -27,6 +27,7 @@ typedef struct rjob {
     int hit;       /* a failure touched it */
     int started;
     double first_start; /* virtual time of its first START, or -1 */
+    double est;         /* its start estimate after its first cycle; NAN: none taken */
 } rjob;
 
 typedef struct run {
@@ -419,6 +420,44 @@ static int cycle(run *R, double now)
     return n;
 }
 
+/* Jobs submitted at `now` that the cycle left queued get the core's start
+ * estimate, to be checked against their actual start. */
+static int take_estimates(run *R, size_t from, size_t to, double now)
+{
+    for (size_t ti = from; ti < to; ti++) {
+        int64_t six = sched_job_ix(R->s, R->t->jobs[ti].id);
+        if (six < 0) continue; /* rejected and forgotten */
+        sched_job_info in;
+        SH_TRY(sched_job_info_ix(R->s, (uint32_t)six, now, &in));
+        if (in.state == SCHED_QUEUED) R->jobs[ti].est = in.est_start_s;
+    }
+    return 0;
+}
+
+static void summarise_estimates(run *R)
+{
+    sim_report *r = R->r;
+    double *abs_e = malloc((R->t->n + 1) * sizeof *abs_e), sum = 0, sum_abs = 0;
+    size_t n = 0;
+    for (size_t ti = 0; ti < R->t->n && abs_e; ti++) {
+        const rjob *rj = &R->jobs[ti];
+        if (isnan(rj->est) || !rj->started) continue;
+        if (!isfinite(rj->est)) {
+            r->est_infinite++;
+            continue;
+        }
+        double e = rj->first_start - rj->est;
+        sum += e, sum_abs += fabs(e), abs_e[n++] = fabs(e);
+    }
+    r->est_jobs = n;
+    r->est_mean_error_s = n ? sum / (double)n : NAN;
+    r->est_mean_abs_error_s = n ? sum_abs / (double)n : NAN;
+    if (abs_e) qsort(abs_e, n, sizeof *abs_e, cmp_d);
+    r->est_p50_abs_error_s = abs_e ? pct(abs_e, n, 0.5) : NAN;
+    r->est_p90_abs_error_s = abs_e ? pct(abs_e, n, 0.9) : NAN;
+    free(abs_e);
+}
+
 static int loop(run *R, double *t0, double *t_end)
 {
     const sim_trace *t = R->t;
@@ -441,6 +480,7 @@ static int loop(run *R, double *t0, double *t_end)
             util_up += (double)st.gpus_up * (now - last);
         }
         last = now;
+        size_t first_new = next;
         while (next < t->n && t->jobs[next].submit_s <= now) SH_TRY(submit(R, next++, now));
         while (R->nheap && R->heap[0].t <= now) {
             ev e = pop_ev(R);
@@ -452,6 +492,7 @@ static int loop(run *R, double *t0, double *t_end)
         }
         int n = cycle(R, now);
         if (n < 0) return n;
+        if (R->o->estimates) SH_TRY(take_estimates(R, first_new, next, now));
         /* A livelock (firstfit gangs holding and releasing each other's
          * nodes with nothing running and nothing left to arrive) ends the
          * replay as deadlocked rather than spinning forever. */
@@ -485,6 +526,7 @@ int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_repor
     R.wake_at = -1;
     R.s = sched_new(&opt.cfg);
     R.jobs = calloc(t->n + 1, sizeof *R.jobs);
+    for (size_t i = 0; R.jobs && i < t->n; i++) R.jobs[i].est = NAN;
     R.six2t = calloc(t->n + 1, sizeof *R.six2t);
     R.wait = calloc(t->n + 1, sizeof *R.wait);
     R.jct = calloc(t->n + 1, sizeof *R.jct);
@@ -495,6 +537,7 @@ int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_repor
     if (!rc) rc = next_failure(&R, t->n ? t->jobs[0].submit_s : 0);
     if (!rc) rc = loop(&R, &t0, &t_end);
     if (!rc) summarise(&R, t0, t_end);
+    if (!rc) summarise_estimates(&R);
     sched_decisions_free(&R.d);
     sched_free(R.s);
     free(R.heap), free(R.jobs), free(R.six2t), free(R.nodes), free(R.prov), free(R.wait), free(R.jct);
