@@ -164,7 +164,8 @@ static int list_jobs(srv *s, srv_req *r, json_t **reply)
         srv_job *j = visible_job(s, r, id);
         if (!j) continue;
         if (state && strcmp(state, srv__job_state_name(j->state)) &&
-            !(!strcmp(state, "active") && j->state <= J_RUNNING))
+            !(!strcmp(state, "active") && j->state <= J_RUNNING) &&
+            !(!strcmp(state, "finished") && j->state > J_RUNNING))
             continue;
         json_array_append_new(a, srv__job_json(s, j, 0));
     }

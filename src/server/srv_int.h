@@ -131,6 +131,7 @@ int srv__db_commit(srv *s);
 void srv__db_rollback(srv *s);
 json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit);
 json_t *srv__db_costs(srv *s, const char *tenant);
+void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s);
 
 /* state.c */
 srv_job *srv__job(srv *s, int64_t id);

@@ -3,6 +3,7 @@
  * database transaction opened by its caller. */
 #include "srv_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -577,6 +578,39 @@ static double running_cost(srv *s, const srv_job *j, double now)
     return c;
 }
 
+/* What a job cost and how long it ran: the closed ledger plus its live
+ * members, so a finished job keeps its final bill; "replicas" counts the
+ * members running now (an elastic job may run fewer than its maximum). */
+static void add_billing(srv *s, const srv_job *j, json_t *o)
+{
+    double dollars, gpu_s;
+    srv__db_job_cost(s, j->id, &dollars, &gpu_s);
+    double now = sh_now_wall();
+    int live = 0;
+    for (int i = 0; i < j->nmem; i++) live += member_live(&j->mem[i]) && j->mem[i].t_start > 0;
+    double run = j->t_start > 0 ? (j->t_end > 0 ? j->t_end : now) - j->t_start : 0;
+    json_object_set_new(o, "cost", json_real(dollars + running_cost(s, j, now)));
+    json_object_set_new(o, "cost_final", json_boolean(j->state > J_RUNNING));
+    json_object_set_new(o, "run_s", json_real(run > 0 ? run : 0));
+    json_object_set_new(o, "replicas", json_integer(j->state <= J_RUNNING ? live : 0));
+}
+
+/* Why a pending job waits and when it should start, from the core (its
+ * clock is monotonic: the estimate is moved onto the wall clock). */
+static void add_pending(srv *s, const srv_job *j, json_t *o)
+{
+    if (j->state != J_PENDING || !s->sc) return;
+    char id[24];
+    snprintf(id, sizeof id, "%lld", (long long)j->id);
+    sched_job_info in;
+    double mono = sh_now_mono(), wall = sh_now_wall();
+    if (sched_job_info_get(s->sc, id, mono, &in) < 0 || in.wait == SCHED_WAIT_NONE) return;
+    json_object_set_new(o, "wait", json_string(sched_wait_name(in.wait)));
+    json_object_set_new(o, "pending_reason", json_string(in.wait_text));
+    json_object_set_new(o, "start_estimate",
+                        isfinite(in.est_start_s) ? json_real(wall + (in.est_start_s - mono)) : json_null());
+}
+
 json_t *srv__job_json(srv *s, const srv_job *j, int full)
 {
     json_t *o = json_pack("{s:I,s:s,s:s,s:s,s:s,s:i,s:i,s:s,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:i,s:s,s:f}",
@@ -590,6 +624,8 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full)
                           "running_cost", running_cost(s, j, sh_now_wall()));
     json_t *gt = json_object_get(j->spec, "gpu_types");
     json_object_set_new(o, "gpu_types", gt ? json_incref(gt) : json_array());
+    add_billing(s, j, o);
+    add_pending(s, j, o);
     json_t *mem = json_array();
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
