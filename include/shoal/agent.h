@@ -13,6 +13,7 @@
 
 #include <signal.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,4 +50,5 @@ int agent_detect_gpus(char *gpu_type, size_t cap, int *gpus);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -16,6 +16,7 @@
 
 #include "shoal/common.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -97,10 +98,13 @@ typedef struct bcast_stats {
     uint64_t have_version;    /* newest complete object */
     int children;             /* live children */
     int attached;             /* 1 when connected to a parent (or root) */
+    char addr[64];            /* this node's listening address "host:port" */
+    char parent[64];          /* the parent the newest complete object came from ("": root) */
 } bcast_stats;
 void bcast_node_stats(const bcast_node *n, bcast_stats *out);
 
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -23,6 +23,7 @@
 
 #include <jansson.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -225,7 +226,16 @@ int sh_json_check_keys(const json_t *obj, const char *const *allowed, const char
 /* Prints j to stdout as one compact line (for --json outputs). */
 void sh_json_print(const json_t *j);
 
+/* ---- For bindings (python/shoal) ----------------------------------------
+ * Frees memory that shoal returned to a foreign caller (text from the
+ * *_json functions). */
+void sh_free(void *p);
+/* Serialises j as compact JSON into *out (caller frees with sh_free) and
+ * drops the caller's reference to j, whatever happens. */
+int sh_json_take_text(json_t *j, char **out);
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

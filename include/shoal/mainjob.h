@@ -24,6 +24,7 @@
 #include "shoal/common.h"
 #include "shoal/rl.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -118,7 +119,47 @@ double mj_stalest(const rl_config *c);
  * fixed point. */
 int mj_tune(rl_config *c);
 
+/* ---- A rollout worker's weights from the push tree (weights.c) ---------
+ * A store_replica attached to the push tree, seen by the RL worker as an
+ * rl_weights_source.  Store version store_base + v + 1 holds policy version
+ * v.  After each activation one JSON line is appended to tree_log:
+ * {"version", "store_version", "name", "zone", "addr" (this replica's push
+ * address), "parent" (the address it got the version from), "bytes" (push
+ * bytes received since the last line), "t", "reattaches"}. */
+typedef struct mj_weights mj_weights;
+
+typedef struct mj_weights_config {
+    const char *dir;      /* the replica's folder (required) */
+    const char *parent;   /* push parent "host:port": the root */
+    const char *parent_file; /* or a file that will name it: the replica starts when it does */
+    const char *zone;     /* the node's zone: one relay per zone */
+    const char *name;     /* in the tree log */
+    const char *tree_log; /* NULL: none */
+    uint64_t store_base;
+    int fanout;           /* same-zone children before redirecting (0: 2) */
+    double min_wait_s;    /* rl_weights_source.min_wait_s */
+} mj_weights_config;
+
+/* Opens the replica and starts following the tree.  The caller owns *out. */
+int mj_weights_open(const mj_weights_config *cfg, mj_weights **out);
+/* The source for rl_worker_serve_from (valid until mj_weights_close). */
+const rl_weights_source *mj_weights_source(mj_weights *w);
+void mj_weights_close(mj_weights *w);
+
+/* ---- What moved (summary.c) ----------------------------------------------
+ * mj_summary: RUN/summary.json's object (docs/mainjob.md) from
+ * RUN/result.json and the push tree's log; the caller owns *out.
+ * mj_tree_load: RUN/push/root.json (NULL when missing) and the lines of
+ * RUN/push/tree.jsonl.  mj_tree_svg: the tree (who fed whom, and per
+ * version) as an SVG appended to b.  mj_run_lines: a JSON-lines file as an
+ * array (a missing file: empty). */
+int mj_summary(const char *run, json_t **out);
+int mj_tree_load(const char *run, json_t **root, json_t **lines);
+int mj_tree_svg(const json_t *root, const json_t *lines, sh_buf *b);
+int mj_run_lines(const char *path, json_t **out);
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

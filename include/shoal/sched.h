@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -325,4 +326,5 @@ int sched_check(const sched *s, double now);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

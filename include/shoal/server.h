@@ -21,6 +21,7 @@
 
 #include <jansson.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -82,4 +83,5 @@ int srv_client_raw(srv_client *c, const char *method, const char *path, const ch
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -12,6 +12,7 @@
 
 #include "shoal/sched.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -148,4 +149,5 @@ int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_repor
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

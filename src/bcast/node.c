@@ -194,6 +194,7 @@ static int parent_connect(bcast_node *n)
     snprintf(h.addr, sizeof h.addr, "%s", n->cfg.accept_children ? n->addr : "");
     uint8_t buf[BCAST__HELLO_LEN];
     bcast__pack_hello(&h, buf);
+    snprintf(n->fed_by, sizeof n->fed_by, "%s", addr);
     sh_info("push %s: attaching to %s (have v%llu)", n->name, addr, (unsigned long long)n->have);
     return bcast__send(n, n->parent_ep, NULL, BCAST__AM_HELLO, buf, sizeof buf, NULL, 0, NULL);
 }
@@ -293,6 +294,16 @@ static void reap_children(bcast_node *n)
     }
 }
 
+void bcast__redirect(bcast_node *n, bcast__peer *p, bcast__peer *to)
+{
+    uint8_t buf[BCAST__REDIRECT_LEN] = {0};
+    snprintf((char *)buf, sizeof buf, "%s", to->addr);
+    to->redirects++;
+    p->hello = 0; /* nothing more is sent to it here */
+    sh_info("push %s: redirecting %s (zone %s) to %s", n->name, p->name, p->zone, to->name);
+    bcast__send(n, p->ep, p, BCAST__AM_REDIRECT, buf, sizeof buf, NULL, 0, NULL);
+}
+
 static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data, size_t len,
                              const ucp_am_recv_param_t *prm)
 {
@@ -309,16 +320,12 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
     snprintf(p->zone, sizeof p->zone, "%s", h.zone);
     snprintf(p->addr, sizeof p->addr, "%s", h.addr);
     p->accepts = h.flags & 1;
+    p->have = h.have;
     bcast__peer *to = bcast__choose_redirect(n, p);
     if (to) {
-        uint8_t buf[BCAST__REDIRECT_LEN] = {0};
-        snprintf((char *)buf, sizeof buf, "%s", to->addr);
-        to->redirects++;
-        sh_info("push %s: redirecting %s (zone %s) to %s", n->name, h.name, h.zone, to->name);
-        bcast__send(n, p->ep, p, BCAST__AM_REDIRECT, buf, sizeof buf, NULL, 0, NULL);
+        bcast__redirect(n, p, to);
         return UCS_OK;
     }
-    p->have = h.have;
     p->resume_version = h.resume_version;
     p->resume_next = h.resume_next;
     p->resume_hash = h.resume_hash;
@@ -722,6 +729,7 @@ void bcast_node_stats(const bcast_node *n, bcast_stats *out)
     out->children = 0;
     for (const bcast__peer *p = n->children; p; p = p->next_peer) out->children += p->hello && !p->dead;
     out->attached = n->cfg.nparents == 0 || n->parent_ep != NULL;
+    snprintf(out->addr, sizeof out->addr, "%s", n->addr);
 }
 
 void bcast_node_free(bcast_node *n)

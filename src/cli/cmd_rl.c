@@ -21,7 +21,7 @@ static const char train_usage[] =
     "  --max-lag N                async staleness bound eta in versions (2)\n"
     "  --ordered                  async: step s trains on exactly the groups s P..(s+1) P - 1\n"
     "                             of the run's sequence, whoever brings them (none dropped)\n"
-    "  --loss pg|ppo|tis|mis|decoupled   objective (decoupled)\n"
+    "  --loss pg|naive|ppo|tis|mis|decoupled   objective (decoupled)\n"
     "  --rollout-dtype fp32|bf16|fp8     weights the workers sample with (bf16)\n"
     "  --steps N --seed S         RL steps (60), seed (1)\n"
     "  --workers LIST             name:speed:price,... (h100:1:2.5,a100:0.5:1.3,l4:0.25:0.45)\n"

@@ -273,8 +273,11 @@ static void default_quotas(args *a, const sim_fleet *f)
     }
 }
 
+int cli_sim_push(int argc, char **argv); /* src/cli/sim_push.c */
+
 int cli_cmd_sim(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "push")) return cli_sim_push(argc - 1, argv + 1);
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return fputs(usage_text, stdout), 0;
     static args a;
     int rc = parse(argc, argv, &a);

@@ -31,11 +31,18 @@ static const char trainer_usage[] =
     "all-reduce gradients over a UCX ring (rendezvous in DIR/ring/).\n";
 
 static const char worker_usage[] =
-    "usage: shoal rl worker --store DIR --fleet FLEET.csv --speeds SPEEDS.csv [--node NAME] [--wait S]\n"
+    "usage: shoal rl worker --store DIR --fleet FLEET.csv --speeds SPEEDS.csv [--push PDIR]\n"
+    "                       [--node NAME] [--wait S] [--min-wait S]\n"
     "One rollout worker (a replica of an elastic job).  Its GPU type, price and\n"
     "declared speed are those of node NAME (default $SHOAL_NODE) in the fleet\n"
     "files; it waits up to S seconds (300) for DIR/trainer.json, connects, and\n"
-    "generates trajectories until the trainer says STOP.\n";
+    "generates trajectories until the trainer says STOP.\n"
+    "With --push PDIR its weights come by the push tree whose root's address is\n"
+    "in PDIR/push.addr: the worker is a replica (PDIR/replicas/NODE-PID) in its\n"
+    "node's zone, logs each version's parent to PDIR/tree.jsonl, and refuses a\n"
+    "request whose minimum version it cannot get within --min-wait S (5).\n"
+    "Without it the weights come from the trainer over the RL socket (the\n"
+    "direct transport, a baseline).\n";
 
 typedef struct trainer_ctx {
     mj_train dp; /* first: rl_config.hook_ctx is also mj_train_step's ctx */
@@ -43,6 +50,8 @@ typedef struct trainer_ctx {
     const char *store_dir;
     FILE *events;
     double t0, delta_bytes, full_bytes, last_delta, image_bytes, publish_s;
+    double store_bytes; /* payload bytes written to the store (deltas and anchors) */
+    uint64_t base0;     /* the store's LATEST when the trainer started */
     long versions;
 } trainer_ctx;
 
@@ -52,18 +61,21 @@ static int env_int(const char *name, int dflt)
     return v && *v ? atoi(v) : dflt;
 }
 
+/* Policy version `version` becomes store version base0 + version + 1: the
+ * image and the delta the trainer made for it go to the store as they are
+ * (store_publish_mem: nothing is diffed again, no image is staged for a
+ * delta version). */
 static int on_publish(void *ctx, int version, const sh_buf *img, const sh_buf *delta)
 {
     trainer_ctx *t = ctx;
     double t0 = sh_now_mono();
-    char path[4096];
-    snprintf(path, sizeof path, "%s/incoming-%d.safetensors", t->store_dir, (int)getpid());
     uint64_t v;
-    int rc = sh_write_atomic(path, img->data, img->len);
+    store_mem_version in = {img->data, img->len, delta->data, delta->len, t->base0 + (uint64_t)version};
     store_publish_opts o = {.anchor_every = 16};
-    if (!rc) rc = store_publish(t->st, path, &o, &v);
-    unlink(path);
+    int rc = store_publish_mem(t->st, &in, &o, &v);
     if (rc) return sh_err_wrap(rc, "trainer: publishing version %d to %s", version, t->store_dir);
+    store_version sv;
+    if (store_get(t->st, v, &sv, NULL) == 0) t->store_bytes += (double)sv.size;
     t->image_bytes = (double)img->len;
     t->last_delta = (double)delta->len;
     t->delta_bytes += (double)delta->len;
@@ -92,12 +104,13 @@ static void on_event(const json_t *ev, void *ctx)
 }
 
 /* DIR/trainer.json: where workers connect and the options they must share. */
-static int announce(const char *dir, const char *addr, int argc, char **argv, const char *state)
+static int announce(const char *dir, const char *addr, int argc, char **argv, const char *state,
+                    uint64_t base0)
 {
     json_t *args = json_array();
     for (int i = 0; i < argc; i++) json_array_append_new(args, json_string(argv[i]));
-    json_t *j = json_pack("{s:s,s:o,s:s,s:i}", "addr", addr, "args", args, "state", state, "pid",
-                          (int)getpid());
+    json_t *j = json_pack("{s:s,s:o,s:s,s:i,s:I}", "addr", addr, "args", args, "state", state, "pid",
+                          (int)getpid(), "store_base", (json_int_t)base0);
     char path[4096];
     snprintf(path, sizeof path, "%s/trainer.json", dir);
     int rc = sh_json_write_atomic(path, j);
@@ -168,10 +181,11 @@ static int trainer_rank0(const rl_config *c0, trainer_opts *o, mj_ring *ring, in
     int lfd = -1;
     int rc = sh_mkdir_p(o->store, 0755);
     if (!rc) rc = store_open(o->store, NULL, 1, &t.st);
+    if (!rc) rc = store_latest(t.st, &t.base0);
     if (!rc) rc = listen_tcp(host, addr, sizeof addr, &lfd);
     if (!rc && o->events && !(t.events = fopen(o->events, "a")))
         rc = sh_err_errno(errno, "trainer: %s", o->events);
-    if (!rc) rc = announce(o->store, addr, o->nrl, o->rl, "running");
+    if (!rc) rc = announce(o->store, addr, o->nrl, o->rl, "running", t.base0);
     if (!rc) {
         fprintf(stderr, "trainer: rank 0 of %d, workers connect to %s (announced in %s/trainer.json)\n",
                 world, addr, o->store);
@@ -186,10 +200,12 @@ static int trainer_rank0(const rl_config *c0, trainer_opts *o, mj_ring *ring, in
         json_object_set_new(*res, "store_versions", json_integer(t.versions));
         json_object_set_new(*res, "delta_bytes_total", json_real(t.delta_bytes));
         json_object_set_new(*res, "full_bytes_total", json_real(t.full_bytes));
+        json_object_set_new(*res, "store_bytes_total", json_real(t.store_bytes));
+        json_object_set_new(*res, "store_base", json_integer((json_int_t)t.base0));
         json_object_set_new(*res, "publish_s", json_real(t.publish_s));
         if (o->result) rc = sh_json_write_atomic(o->result, *res);
     }
-    announce(o->store, lfd >= 0 ? addr : "", o->nrl, o->rl, rc ? "failed" : "done");
+    announce(o->store, lfd >= 0 ? addr : "", o->nrl, o->rl, rc ? "failed" : "done", t.base0);
     if (lfd >= 0) close(lfd);
     if (t.events) fclose(t.events);
     store_close(t.st);
@@ -294,10 +310,37 @@ static int connect_to(const char *addr, int *fd_out)
     return 0;
 }
 
+/* The worker's replica on the push tree whose root PDIR/push.addr names. */
+/* The worker's replica on the push tree whose root PDIR/push.addr names
+ * (now or later: the worker serves the trainer meanwhile). */
+static int open_weights(const char *pdir, const char *node, const char *zone, uint64_t base,
+                        double min_wait, mj_weights **out)
+{
+    char addr_file[4096], dir[4096], log[4096];
+    snprintf(addr_file, sizeof addr_file, "%s/push.addr", pdir);
+    /* Replicas of one node (one per GPU) run in private process namespaces
+     * and may share a pid: the job's rank names them, a fresh folder keeps
+     * them apart. */
+    char name[64];
+    const char *rank = getenv("SHOAL_RANK");
+    if (rank) snprintf(name, sizeof name, "%s-r%s", node, rank);
+    else snprintf(name, sizeof name, "%s-%ld", node, (long)getpid());
+    snprintf(dir, sizeof dir, "%s/replicas", pdir);
+    int rc = sh_mkdir_p(dir, 0755);
+    if (rc < 0) return rc;
+    snprintf(dir, sizeof dir, "%s/replicas/%s-XXXXXX", pdir, name);
+    if (!mkdtemp(dir)) return sh_err_errno(errno, "replica folder %s", dir);
+    snprintf(log, sizeof log, "%s/tree.jsonl", pdir);
+    mj_weights_config wc = {.dir = dir, .parent_file = addr_file, .zone = zone, .name = name,
+                            .tree_log = log, .store_base = base, .min_wait_s = min_wait};
+    return mj_weights_open(&wc, out);
+}
+
 int cli_rl_worker(int argc, char **argv)
 {
     const char *store_dir = NULL, *fleet = NULL, *speeds = NULL, *node = getenv("SHOAL_NODE");
-    double wait_s = 300;
+    const char *push = NULL;
+    double wait_s = 300, min_wait = 5;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(worker_usage, stdout), 0;
@@ -306,8 +349,10 @@ int cli_rl_worker(int argc, char **argv)
         else if (!strcmp(a, "--fleet")) fleet = v;
         else if (!strcmp(a, "--speeds")) speeds = v;
         else if (!strcmp(a, "--node")) node = v;
-        else if (!strcmp(a, "--wait")) {
-            if (sh_parse_double(v, &wait_s, a) < 0) return cli_usage("rl worker", "%s", sh_errmsg());
+        else if (!strcmp(a, "--push")) push = v;
+        else if (!strcmp(a, "--wait") || !strcmp(a, "--min-wait")) {
+            if (sh_parse_double(v, !strcmp(a, "--wait") ? &wait_s : &min_wait, a) < 0)
+                return cli_usage("rl worker", "%s", sh_errmsg());
         } else return cli_usage("rl worker", "unknown option \"%s\"", a);
         i++;
     }
@@ -323,6 +368,8 @@ int cli_rl_worker(int argc, char **argv)
     }
     rl_worker_spec me = {.speed = n->speed, .price = n->price};
     snprintf(me.name, sizeof me.name, "%s", n->gpu_type);
+    char zone[64];
+    snprintf(zone, sizeof zone, "%s", n->zone);
     mj_fleet_free(&f);
     json_t *tj = NULL;
     rc = wait_trainer(store_dir, wait_s, &tj);
@@ -345,8 +392,16 @@ int cli_rl_worker(int argc, char **argv)
         return cli_fail("rl worker", SH_EIO);
     }
     if (rc) return rc;
-    fprintf(stderr, "worker: %s (speed %.2f, $%.2f/h) on %s connected to the trainer at %s\n", me.name,
-            me.speed, me.price, node, json_string_value(json_object_get(tj, "addr")));
+    mj_weights *mw = NULL;
+    if (push) {
+        uint64_t base = (uint64_t)json_integer_value(json_object_get(tj, "store_base"));
+        rc = open_weights(push, node, zone, base, min_wait, &mw);
+        if (rc < 0) return cli_fail("rl worker", rc);
+    }
+    fprintf(stderr, "worker: %s (speed %.2f, $%.2f/h) on %s in %s connected to the trainer at %s; weights %s\n",
+            me.name, me.speed, me.price, node, zone, json_string_value(json_object_get(tj, "addr")),
+            mw ? "by the push tree" : "from the trainer (direct)");
     fflush(stderr);
-    rl_worker_serve(&c, &me, fd); /* keeps av and tj alive: it never returns */
+    /* Never returns: av, tj and mw stay alive for the process's life. */
+    rl_worker_serve_from(&c, &me, fd, mw ? mj_weights_source(mw) : NULL);
 }

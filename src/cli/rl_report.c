@@ -2,7 +2,7 @@
  *
  * It reads what the run directory holds (docs/mainjob.md): the trainer's
  * events.jsonl (one JSON object per step and evaluation) and result.json,
- * the replica's replica.json, fleet-cost.json when the cost experiment ran,
+ * the push tree's log (push/root.json, push/tree.jsonl), fleet-cost.json when the cost experiment ran,
  * and costs.jsonl, which --watch appends to from the server's billing
  * (GET /v1/costs) once a second.  The report is one self-contained HTML
  * page with inline SVG plots. */
@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "cli_rl.h"
 #include "ctl.h"
+#include "shoal/mainjob.h"
 
 static const char usage[] =
     "usage: shoal rl report --dir RUN [--watch [--timeout S]] [--quiet] [--server URL] [--token T]\n"
@@ -142,7 +143,8 @@ static void bars(sh_buf *b, const char *title, const char *unit, const char **na
 /* ---- the report ------------------------------------------------------------ */
 
 typedef struct run_data {
-    json_t *events, *costs, *result, *replica, *fleet_cost;
+    json_t *events, *costs, *result, *fleet_cost;
+    json_t *summary, *tree_root, *tree_lines; /* what moved, and the push tree's log */
 } run_data;
 
 static void series_from(json_t *events, const char *kind, const char *xkey, const char *ykey, double t0,
@@ -234,12 +236,28 @@ static void summary(sh_buf *b, const run_data *d)
     sh_buf_printf(b, "(bound %lld; dropped stale %lld)</td></tr>", (long long)json_integer_value(json_object_get(r, "max_lag")),
                   (long long)json_integer_value(json_object_get(r, "dropped_stale")));
     sh_buf_printf(b, "<tr><th>weights</th><td>%lld versions in the store; deltas %.1f KiB in all vs %.1f KiB "
-                     "as full images (%.1fx less); replica at version %lld, %.1f KiB received</td></tr>",
+                     "as full images (%.1fx less)</td></tr>",
                   (long long)json_integer_value(json_object_get(r, "store_versions")),
                   num(r, "delta_bytes_total") / 1024, num(r, "full_bytes_total") / 1024,
-                  num(r, "full_bytes_total") / fmax(num(r, "delta_bytes_total"), 1),
-                  (long long)json_integer_value(json_object_get(d->replica, "version")),
-                  num(d->replica, "bytes_received") / 1024);
+                  num(r, "full_bytes_total") / fmax(num(r, "delta_bytes_total"), 1));
+    const json_t *m = d->summary;
+    if (m)
+        sh_buf_printf(b, "<tr><th>what moved (summary.json)</th><td>%lld workers in %lld zones, %lld of them on "
+                         "the push tree; per version the trainer sent %.1f KiB (delta %.1f KiB, full image "
+                         "%.1f KiB; target &le; 1.1 &times; (zones + 1) &times; delta: %s); %.2f copies "
+                         "crossed a zone per version (target &le; %lld: %s); workers identical at the end: "
+                         "%s; requests refused and asked again: %lld</td></tr>",
+                      (long long)json_integer_value(json_object_get(m, "workers")),
+                      (long long)json_integer_value(json_object_get(m, "zones")),
+                      (long long)json_integer_value(json_object_get(m, "workers_on_push_tree")),
+                      num(m, "trainer_bytes_sent_per_version_mean") / 1024, num(m, "delta_bytes_mean") / 1024,
+                      num(m, "full_bytes") / 1024,
+                      json_is_true(json_object_get(json_object_get(m, "targets"), "trainer_bytes")) ? "met" : "MISSED",
+                      num(m, "cross_zone_copies_per_version_mean"),
+                      (long long)json_integer_value(json_object_get(m, "zones")),
+                      json_is_true(json_object_get(json_object_get(m, "targets"), "cross_zone")) ? "met" : "MISSED",
+                      json_is_true(json_object_get(m, "workers_identical_at_end")) ? "yes" : "NO",
+                      (long long)json_integer_value(json_object_get(m, "refused_requests")));
     sh_buf_printf(b, "<tr><th>workers</th><td>");
     size_t i;
     json_t *w;
@@ -301,6 +319,7 @@ static int write_report(const char *dir, const run_data *d)
     for (int i = 0; i < m[0].n; i++) m[0].y[i] /= 1024;
     for (int i = 0; i < m[1].n; i++) m[1].y[i] /= 1024;
     plot(&b, "Bytes per worker per version, cumulative (KiB)", "step", "KiB", m, 2, 0);
+    if (d->tree_lines && json_array_size(d->tree_lines)) mj_tree_svg(d->tree_root, d->tree_lines, &b);
     fleet_cost_table(&b, d->fleet_cost);
     sh_buf_printf(&b, "<p>Produced by <code>make run</code> (scripts/run-main.sh); regenerate with "
                       "<code>build/shoal rl report --dir %s</code>.</p></body></html>\n", dir);
@@ -412,13 +431,38 @@ int cli_rl_report(int argc, char **argv)
     char p[4096];
     snprintf(p, sizeof p, "%s/events.jsonl", dir);
     run_data d = {.events = load_lines(p), .result = load_json(dir, "result.json"),
-                  .replica = load_json(dir, "replica.json"), .fleet_cost = load_json(dir, "fleet-cost.json")};
+                  .fleet_cost = load_json(dir, "fleet-cost.json")};
     snprintf(p, sizeof p, "%s/costs.jsonl", dir);
     d.costs = load_lines(p);
     if (!d.result) rc = sh_err(SH_ENOENT, "%s/result.json: no result yet (did the trainer finish?)", dir);
+    if (!rc) rc = mj_tree_load(dir, &d.tree_root, &d.tree_lines);
+    if (!rc) rc = mj_summary(dir, &d.summary);
+    snprintf(p, sizeof p, "%s/summary.json", dir);
+    if (!rc) rc = sh_json_write_atomic(p, d.summary);
     if (!rc) rc = write_report(dir, &d);
-    json_decref(d.events), json_decref(d.result), json_decref(d.replica), json_decref(d.fleet_cost), json_decref(d.costs);
-    if (rc < 0) return cli_fail("rl report", rc);
-    if (!quiet) printf("report: %s/report.html\n", dir);
+    json_decref(d.events), json_decref(d.result), json_decref(d.fleet_cost), json_decref(d.costs);
+    json_decref(d.tree_root), json_decref(d.tree_lines);
+    if (rc < 0) {
+        json_decref(d.summary);
+        return cli_fail("rl report", rc);
+    }
+    if (!quiet) {
+        const json_t *m = d.summary, *t = json_object_get(m, "targets");
+        printf("what moved: %lld workers in %lld zones (%lld on the push tree); per version the trainer sent "
+               "%.1f KiB for a %.1f KiB delta (target <= %.1f KiB: %s); %.2f copies crossed a zone "
+               "(target <= %lld: %s); workers identical at the end: %s\n",
+               (long long)json_integer_value(json_object_get(m, "workers")),
+               (long long)json_integer_value(json_object_get(m, "zones")),
+               (long long)json_integer_value(json_object_get(m, "workers_on_push_tree")),
+               num(m, "trainer_bytes_sent_per_version_mean") / 1024, num(m, "delta_bytes_mean") / 1024,
+               1.1 * (double)(json_integer_value(json_object_get(m, "zones")) + 1) * num(m, "delta_bytes_mean") / 1024,
+               json_is_true(json_object_get(t, "trainer_bytes")) ? "met" : "MISSED",
+               num(m, "cross_zone_copies_per_version_mean"),
+               (long long)json_integer_value(json_object_get(m, "zones")),
+               json_is_true(json_object_get(t, "cross_zone")) ? "met" : "MISSED",
+               json_is_true(json_object_get(m, "workers_identical_at_end")) ? "yes" : "NO");
+        printf("report: %s/report.html, summary: %s\n", dir, p);
+    }
+    json_decref(d.summary);
     return 0;
 }

@@ -102,12 +102,15 @@ static int delta__plan(delta__mk *m)
 }
 
 /* Digests of every tensor of c from the items (diff chunks carry the base's
- * chunk digests), and the checkpoint digest. */
-static sh_hash128 delta__ckpt_digest(const delta__mk *m, const ckpt *c, int is_base,
-                                     sh_hash128 *td)
+ * chunk digests), and the checkpoint digest into *out.  A tensor's chunk
+ * digests are gathered into `parts`, which grows to the longest run of one
+ * tensor's items: a tensor may have many more chunks than the checkpoint
+ * has tensors (a 1 GB embedding is 501 chunks). */
+static int delta__ckpt_digest(const delta__mk *m, const ckpt *c, int is_base, sh_hash128 *td,
+                              sh_hash128 *out)
 {
-    sh_hash128 *parts = malloc((c->ntensors + 1) * sizeof *parts);
-    size_t np = 0;
+    sh_hash128 *parts = NULL;
+    size_t cap = 0;
     for (size_t i = 0; i < c->ntensors; i++) td[i] = ckpt_tensor_digest(NULL, 0);
     /* Items of one tensor are consecutive; gather them per tensor. */
     for (size_t k = 0; k < m->nitems;) {
@@ -122,12 +125,21 @@ static sh_hash128 delta__ckpt_digest(const delta__mk *m, const ckpt *c, int is_b
             idx = (size_t)(m->bt[it->tensor] - c->tensors);
             base_side = 1;
         }
-        if (idx != SIZE_MAX && parts) {
+        if (idx != SIZE_MAX) {
+            if (e - k > cap) {
+                sh_hash128 *p = realloc(parts, (e - k) * sizeof *parts);
+                if (!p) {
+                    free(parts);
+                    return sh_err(SH_ENOMEM, "out of memory");
+                }
+                parts = p, cap = e - k;
+            }
             for (size_t q = k; q < e; q++) parts[q - k] = base_side ? m->items[q].base_dig : m->items[q].dig;
             td[idx] = ckpt_combine_digests(parts, e - k);
         }
         k = e;
     }
+    free(parts);
     sh_buf b = {0};
     if (c->is_folder) ckpt_digest_write(&b, sh_hash128_of(c->index_json, c->index_len));
     for (size_t f = 0; f < c->nfiles; f++) {
@@ -135,11 +147,9 @@ static sh_hash128 delta__ckpt_digest(const delta__mk *m, const ckpt *c, int is_b
         for (size_t i = c->files[f].first; i < c->files[f].first + c->files[f].count; i++)
             ckpt_digest_write(&b, td[i]);
     }
-    (void)np;
-    free(parts);
-    sh_hash128 h = sh_hash128_of(b.data, b.len);
+    *out = sh_hash128_of(b.data, b.len);
     sh_buf_free(&b);
-    return h;
+    return SH_OK;
 }
 
 /* The manifest entry of target tensor i, whose chunks are items *k on; their
@@ -184,7 +194,13 @@ static int delta__assemble_delta(delta__mk *m, sh_buf *out, delta_stats *st)
         free(td), free(bd);
         return sh_err(SH_ENOMEM, "out of memory");
     }
-    sh_hash128 tdig = delta__ckpt_digest(m, T, 0, td), bdig = delta__ckpt_digest(m, B, 1, bd);
+    sh_hash128 tdig, bdig;
+    int drc = delta__ckpt_digest(m, T, 0, td, &tdig);
+    if (drc == SH_OK) drc = delta__ckpt_digest(m, B, 1, bd, &bdig);
+    if (drc < 0) {
+        free(td), free(bd);
+        return drc;
+    }
     /* The payload: the compressed headers, then every chunk's bytes straight
      * from its item (one copy, into the container). */
     sh_buf payload = {0};

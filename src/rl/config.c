@@ -39,6 +39,7 @@ void rl_config_default(rl_config *c)
     c->train_cost = 1.0;
     c->target_reward = 0.8;
     c->model = nn_config_default(rl_vocab());
+    c->fp8_block = 128;
 }
 
 int rl_workers_parse(const char *s, rl_config *c)
@@ -120,6 +121,11 @@ int rl_config_check(const rl_config *c)
     if (c->target_window < 0 || c->target_window > RL_TARGET_WINDOW_MAX)
         return sh_err(SH_EINVAL, "target window %d: must be 0..%d evaluations", c->target_window,
                       RL_TARGET_WINDOW_MAX);
+    if (!(c->target_gain >= 0 && c->target_gain < 1))
+        return sh_err(SH_EINVAL, "--target-gain %g: must be in [0,1)", c->target_gain);
+    if (!(c->train_s >= 0) || c->fp8_block < 0 || c->fp8_block > 65536)
+        return sh_err(SH_EINVAL, "emulated training step %g s must be >= 0 and the FP8 block %d "
+                                 "0..65536", c->train_s, c->fp8_block);
     if (c->step_s < 0 || c->seq_cost < 0)
         return sh_err(SH_EINVAL, "emulated step %g s and sequence cost %g must be >= 0", c->step_s, c->seq_cost);
     return 0;

@@ -227,6 +227,11 @@ int store_squash(store *s, uint64_t from, uint64_t to, uint64_t *bytes)
     if (from == 0 || to < from + 2)
         return sh_err(SH_EINVAL, "squash %llu..%llu: needs a version to start from and at least two "
                       "deltas after it", (unsigned long long)from, (unsigned long long)to);
+    /* The arrays below are sized by to - from before any version is read:
+     * bound it by the longest chain a store may hold, not by memory. */
+    if (to - from > STORE_MAX_CHAIN)
+        return sh_err(SH_EINVAL, "squash %llu..%llu: more than %d deltas; a chain is at most "
+                      "that long", (unsigned long long)from, (unsigned long long)to, STORE_MAX_CHAIN);
     const char **paths = calloc(to - from, sizeof *paths);
     char(*bufs)[4096] = calloc(to - from, sizeof *bufs);
     int rc = paths && bufs ? SH_OK : sh_err(SH_ENOMEM, "squash");
