@@ -34,7 +34,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
 
 static enum MHD_Result send_json(srv *s, struct MHD_Connection *c, int status, json_t *j)
 {
-    char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(12));
+    char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(j);
     if (!text) return MHD_NO;
     __atomic_fetch_add(&s->http_req[status / 100 <= 5 ? status / 100 : 0], 1, __ATOMIC_RELAXED);

@@ -55,6 +55,7 @@ typedef struct srv_job {
     int nmem;
     srv_member *mem;
     uint64_t log_checked;                /* ranks whose log file this process has repaired */
+    int rdzv_port;                       /* MASTER_PORT of this attempt (0: not chosen yet) */
     int nprefer;                         /* replace policy: nodes to keep, by rank */
     int prefer[64];
 } srv_job;

@@ -130,6 +130,7 @@ int srv__start(srv *s, srv_job *j, const int *nodes, int n)
         sh_buf_printf(&where, "%s%s", r ? "," : "", nd->name);
     }
     j->state = J_STARTING;
+    j->rdzv_port = 0; /* each attempt rendezvouses on a fresh port (agentapi.c) */
     j->go = j->kind != K_GANG; /* only gangs wait at the barrier */
     j->nprefer = 0;
     int rc = srv__db_job(s, j);
