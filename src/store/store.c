@@ -325,6 +325,84 @@ static int anchor_of(store *s, uint64_t v, uint64_t *out)
     return sh_err(SH_EFORMAT, "run \"%s\": a delta chain longer than %d versions", s->run, STORE_MAX_CHAIN);
 }
 
+/* ---- The head cache ----------------------------------------------------
+ * A delta is made against the previous version's full checkpoint.  When
+ * that version is an anchor, its payload is that checkpoint.  Otherwise the
+ * run keeps cache/head.safetensors, the newest published checkpoint (a hard
+ * link to the file published, or rebuilt from the chain once), named by
+ * cache/head.json.  A cache whose bytes do not hash to the version's
+ * model_xxh3 (the publisher rewrote its file in place, a crash) is rebuilt,
+ * so a delta is never made against anything but the real previous version.
+ * A publish therefore stages only its delta. */
+
+static int head_paths(store *s, char *file, char *meta, size_t cap)
+{
+    char dir[4096];
+    SH_TRY(sh_path_join(dir, sizeof dir, s->dir, "cache"));
+    SH_TRY(sh_mkdir_p(dir, 0755));
+    SH_TRY(sh_path_join(file, cap, dir, "head.safetensors"));
+    return sh_path_join(meta, cap, dir, "head.json");
+}
+
+static void head_drop(const char *file, const char *meta)
+{
+    unlink(meta);
+    unlink(file);
+}
+
+/* The version cache/head.json names, or 0. */
+static uint64_t head_version(const char *meta)
+{
+    json_t *j;
+    int64_t v = 0;
+    if (sh_json_load_file(meta, 4096, &j) < 0) return 0;
+    sh_json_get_i64(j, "version", 0, meta, &v);
+    json_decref(j);
+    return v > 0 ? (uint64_t)v : 0;
+}
+
+static int head_name(const char *meta, uint64_t v)
+{
+    char text[64];
+    int n = snprintf(text, sizeof text, "{\"version\":%llu}\n", (unsigned long long)v);
+    return sh_write_atomic(meta, text, (size_t)n);
+}
+
+/* The full checkpoint of version prev (manifest pm) into out. */
+static int head_base(store *s, uint64_t prev, const store_version *pm, char *out, size_t cap)
+{
+    if (pm->anchor) return store_payload_path(s, prev, out, cap);
+    char meta[4096];
+    SH_TRY(head_paths(s, out, meta, cap));
+    if (head_version(meta) == prev) {
+        sh_hash128 h;
+        uint64_t n;
+        if (store__hash_file(out, &h, &n) == SH_OK && n == pm->model_size &&
+            sh_hash128_eq(h, pm->model_xxh3))
+            return SH_OK;
+    }
+    head_drop(out, meta);
+    SH_TRY(store_materialize(s, prev, 0, NULL, out));
+    return head_name(meta, prev);
+}
+
+/* After version v (from src) is published: the cache names it.  A hard
+ * link costs no space; where src is on another file system the cache is
+ * dropped and the next delta publish rebuilds it. */
+static void head_advance(store *s, uint64_t v, const char *src)
+{
+    char file[4096], meta[4096], tmp[4200];
+    if (head_paths(s, file, meta, sizeof file) < 0) return;
+    head_drop(file, meta);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", file, (long)getpid());
+    unlink(tmp);
+    if (link(src, tmp) < 0) return;
+    if (rename(tmp, file) < 0 || head_name(meta, v) < 0) {
+        unlink(tmp);
+        head_drop(file, meta);
+    }
+}
+
 static int stage_payload(store *s, const char *stage, const char *src, uint64_t prev, int anchor,
                          store_version *m)
 {
@@ -341,12 +419,13 @@ static int stage_payload(store *s, const char *stage, const char *src, uint64_t 
         return rc;
     }
     /* The delta is made against the previous version's full checkpoint,
-     * rebuilt from the store so that a publisher needs no local state. */
-    char prev_full[4096];
-    SH_TRY(sh_path_join(prev_full, sizeof prev_full, stage, "prev.safetensors"));
-    SH_TRY(store_materialize(s, prev, 0, NULL, prev_full));
-    int rc = store__delta_make(prev_full, src, out);
-    unlink(prev_full);
+     * from the store (its anchor, or the head cache), so that a publisher
+     * needs no local state and stages nothing but the delta. */
+    store_version pm;
+    char base[4096];
+    SH_TRY(store_get(s, prev, &pm, NULL));
+    SH_TRY(head_base(s, prev, &pm, base, sizeof base));
+    int rc = store__delta_make(base, src, out);
     if (rc == 0) rc = store__hash_file(out, &m->xxh3, &m->size);
     if (rc == 0) rc = store__hash_file(src, &m->model_xxh3, &m->model_size);
     return rc;
@@ -387,6 +466,7 @@ static int publish_locked(store *s, const char *src, uint64_t every, uint64_t *o
         return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST still names version %llu",
                       (unsigned long long)v, s->run, msg, (unsigned long long)latest);
     }
+    if (!anchor) head_advance(s, v, src);
     *out = v;
     return SH_OK;
 }
