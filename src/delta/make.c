@@ -267,19 +267,24 @@ int delta_make_mem(const ckpt *base, const ckpt *target, const delta_opts *o, sh
 
 /* The file layer streams the container into the output file: the chunk
  * payloads (the delta's size) are the only copy held in memory. */
+int delta_make_ckpt(const ckpt *base, const ckpt *target, const char *out, const delta_opts *o,
+                    delta_stats *st)
+{
+    sh_atomic_file f;
+    SH_TRY(sh_atomic_open(&f, out));
+    int rc = delta__make(base, target, o, &(delta__dst){.fd = f.fd, .name = f.tmp}, st);
+    if (rc == SH_OK) return sh_atomic_commit(&f);
+    sh_atomic_abort(&f);
+    return rc;
+}
+
 int delta_make(const char *base, const char *target, const char *out, const delta_opts *o,
                delta_stats *st)
 {
     ckpt *b = NULL, *t = NULL;
     int rc = ckpt_open(base, &b);
     if (rc == SH_OK) rc = ckpt_open(target, &t);
-    sh_atomic_file f;
-    if (rc == SH_OK) rc = sh_atomic_open(&f, out);
-    if (rc == SH_OK) {
-        rc = delta__make(b, t, o, &(delta__dst){.fd = f.fd, .name = f.tmp}, st);
-        if (rc == SH_OK) rc = sh_atomic_commit(&f);
-        else sh_atomic_abort(&f);
-    }
+    if (rc == SH_OK) rc = delta_make_ckpt(b, t, out, o, st);
     ckpt_close(b);
     ckpt_close(t);
     return rc;
