@@ -19,6 +19,7 @@
 
 #include "shoal/common.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -245,7 +246,16 @@ typedef struct ckpt_train_opts {
  * block maxima; other dtypes are copied.  Streams; out is replaced. */
 int ckpt_family_next(const char *in, const char *out, const ckpt_train_opts *o, sh_progress *pg);
 
+/* ---- For bindings (python/shoal) ---------------------------------------- */
+/* The number of tensors of c, and tensor i in file order (NULL past the
+ * end); owned by c. */
+size_t ckpt_count(const ckpt *c);
+const ckpt_tensor *ckpt_tensor_at(const ckpt *c, size_t i);
+/* sizeof(ckpt_tensor), so that a binding that mirrors it can check. */
+size_t ckpt_tensor_sizeof(void);
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -17,6 +17,7 @@
 #include "shoal/ckpt.h"
 #include "shoal/common.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -125,4 +126,5 @@ int delta_quant_fp8_update(const char *fp8, const char *new_bf16, const char *de
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -511,6 +511,13 @@ static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t 
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", sh_errmsg());
         sh_rm_rf(stage);
+        /* LATEST may have moved with only the fsync of its folder failing:
+         * then the version it names is durable and must stay. */
+        uint64_t now = 0;
+        if (store_latest(s, &now) == SH_OK && now == v)
+            return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST names version %llu, "
+                          "but a crash may bring back version %llu", (unsigned long long)v, s->run, msg,
+                          (unsigned long long)v, (unsigned long long)latest);
         sh_rm_rf(final);
         return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST still names version %llu",
                       (unsigned long long)v, s->run, msg, (unsigned long long)latest);
@@ -556,3 +563,12 @@ int store_publish(store *s, const char *path, const store_publish_opts *o, uint6
     ckpt_close(c);
     return rc;
 }
+
+/* ---- Shared with publish_mem.c ------------------------------------------ */
+
+int store__write_manifest(store *s, const char *dir, const store_version *m)
+{
+    return write_manifest(s, dir, m);
+}
+int store__write_latest(store *s, uint64_t v) { return write_latest(s, v); }
+int store__anchor_of(store *s, uint64_t v, uint64_t *out) { return anchor_of(s, v, out); }
