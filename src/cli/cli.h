@@ -67,5 +67,9 @@ int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(print
 /* Ends a progress bar: drawn full when rc is SH_OK; otherwise only its line
  * is ended, so that the error message that follows starts a line. */
 void cli_progress_end(sh_progress *pg, int rc);
+/* Runs this binary with argv (argv[0] "shoal", NULL-terminated; output
+ * discarded) and samples the child's RssAnon: *peak gets its maximum and
+ * *secs the wall time.  A non-zero exit is an error. */
+int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs);
 
 #endif
