@@ -42,7 +42,8 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 echo "run-main: starting the fleet ($FLEET) on port $PORT; logs in $RUN"
-"$SHOAL" up --fleet "$FLEET" --db "$RUN/fleet/shoal.db" --port "$PORT" >"$RUN/up.log" 2>&1 &
+# The jobs write $RUN (their "writable"): as the fleet's admin, allow it.
+"$SHOAL" up --fleet "$FLEET" --db "$RUN/fleet/shoal.db" --port "$PORT" --allow-writable "$RUN" >"$RUN/up.log" 2>&1 &
 PIDS="$PIDS $!"
 i=0
 while [ ! -s "$RUN/fleet/env" ]; do
