@@ -56,7 +56,7 @@ class CodecOnAdamWTest(unittest.TestCase):
         state = {"step": 0}
 
         def step():
-            x, y = batch(state["step"])
+            x, y = batch(state["step"], B=4, T=32)
             loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
             opt.zero_grad()
             loss.backward()
