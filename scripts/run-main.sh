@@ -3,17 +3,20 @@
 # fleets/local-mixed.csv under `shoal up`; the RL trainer as a 2-node H100
 # gang (gradients all-reduced over a UCX ring) and the rollout workers as an
 # elastic job the scheduler places by price per unit of rollout throughput;
-# every version goes to the store and down a push tree to a replica.  Live
+# every version goes to the store once and down a push tree (one relay per
+# zone) to the workers, which are its replicas.  Live
 # progress on the terminal, then an HTML report; the fleet-cost experiment
 # (`shoal rl fleet-cost`) is summarised in it.  Everything started here is
 # stopped on exit.
 #
-# Knobs: SHOAL_RUN_STEPS (40), SHOAL_RUN_PORT (8479), SHOAL_RUN_DIR
+# Knobs: SHOAL_BIN (build/shoal), SHOAL_RUN_TRANSPORT (push; direct: the
+# workers take every version from the trainer over the RL socket, the
+# baseline), SHOAL_RUN_STEPS (40), SHOAL_RUN_PORT (8479), SHOAL_RUN_DIR
 # (build/mainrun), SHOAL_RUN_FLEET_COST=0 to skip the cost experiment.
 set -eu
 
 ROOT=$(pwd)
-SHOAL=$ROOT/build/shoal
+SHOAL=${SHOAL_BIN:-$ROOT/build/shoal}
 RUN=${SHOAL_RUN_DIR:-$ROOT/build/mainrun}
 FLEET=$ROOT/fleets/local-mixed.csv
 SPEEDS=$ROOT/fleets/local-mixed.speeds.csv
@@ -24,7 +27,9 @@ RLOPTS="--steps $STEPS --warm 70 --eval-every 5 --eval-n 48 --max-lag 2 --loss d
 
 case $RUN in /tmp/*) echo "run-main: SHOAL_RUN_DIR must be outside /tmp (ranks get a private /tmp)" >&2; exit 2 ;; esac
 rm -rf "$RUN"
-mkdir -p "$RUN/store"
+mkdir -p "$RUN/store" "$RUN/push"
+# The push root sits beside the store, in the trainer's zone.
+ROOT_ZONE=us-east-1a
 
 PIDS=""
 cleanup() {
@@ -37,7 +42,8 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 echo "run-main: starting the fleet ($FLEET) on port $PORT; logs in $RUN"
-"$SHOAL" up --fleet "$FLEET" --db "$RUN/fleet/shoal.db" --port "$PORT" >"$RUN/up.log" 2>&1 &
+# The jobs write $RUN (their "writable"): as the fleet's admin, allow it.
+"$SHOAL" up --fleet "$FLEET" --db "$RUN/fleet/shoal.db" --port "$PORT" --allow-writable "$RUN" >"$RUN/up.log" 2>&1 &
 PIDS="$PIDS $!"
 i=0
 while [ ! -s "$RUN/fleet/env" ]; do
@@ -49,6 +55,8 @@ set -a
 . "$RUN/fleet/env"
 set +a
 
+PUSHOPT="--push $RUN/push"
+[ "${SHOAL_RUN_TRANSPORT:-push}" = direct ] && PUSHOPT=""
 json_args() { # prints its arguments as a JSON array of strings
     printf '['; sep=''
     for a in "$@"; do printf '%s"%s"' "$sep" "$a"; sep=','; done
@@ -65,7 +73,7 @@ cat >"$RUN/rollouts.json" <<EOF
  "gpu_types": ["H100", "A100", "L40S", "L4"],
  "gpu_speeds": {"H100": 1.0, "A100": 0.70, "L40S": 0.55, "L4": 0.30},
  "writable": ["$RUN"],
- "command": $(json_args "$SHOAL" rl worker --store "$RUN/store" --fleet "$FLEET" --speeds "$SPEEDS")}
+ "command": $(json_args "$SHOAL" rl worker --store "$RUN/store" --fleet "$FLEET" --speeds "$SPEEDS" $PUSHOPT)}
 EOF
 NODES=$(grep -v -e '^#' -e '^name,' -e '^$' "$FLEET" | wc -l)
 i=0
@@ -77,22 +85,22 @@ done
 "$SHOAL" submit "$RUN/rollouts.json"
 
 # The push tree: a root serving the store (once the trainer has published
-# its first version), one replica following it.
+# its first version) in the trainer's zone; every rollout worker attaches to
+# it as a replica, and the first one of each zone relays to the others.
 i=0
 while [ ! -e "$RUN/store/main/LATEST" ]; do
     i=$((i + 1)); [ $i -lt 1200 ] || { echo "run-main: no version published after 120 s; see \`shoal logs 1\`" >&2; exit 1; }
     sleep 0.1
 done
-"$SHOAL" push serve --store "$RUN/store" --addr-file "$RUN/push.addr" >"$RUN/push.log" 2>&1 &
+"$SHOAL" push serve --store "$RUN/store" --zone "$ROOT_ZONE" --addr-file "$RUN/push/push.tmp" >"$RUN/push.log" 2>&1 &
 PIDS="$PIDS $!"
 i=0
-while [ ! -s "$RUN/push.addr" ]; do
+while [ ! -s "$RUN/push/push.tmp" ]; do
     i=$((i + 1)); [ $i -lt 100 ] || { echo "run-main: push root did not start; see $RUN/push.log" >&2; exit 1; }
     sleep 0.1
 done
-"$SHOAL" replica --dir "$RUN/replica" --parent "$(cat "$RUN/push.addr")" --leaf \
-    --stats-file "$RUN/replica.json" >"$RUN/replica.log" 2>&1 &
-PIDS="$PIDS $!"
+printf '{"name": "root", "zone": "%s", "addr": "%s"}\n' "$ROOT_ZONE" "$(cat "$RUN/push/push.tmp")" >"$RUN/push/root.json"
+mv "$RUN/push/push.tmp" "$RUN/push/push.addr"
 
 # Live progress until the trainer's result is written, then the report.
 "$SHOAL" rl report --dir "$RUN" --watch --timeout 900

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shoal/ckpt.h"
 #include "shoal/rl.h"
 
 static int run_sc(const char *prog, int64_t x, int64_t *r)
@@ -154,21 +155,29 @@ static void test_losses_hand_computed(void **state)
     /* tis: r vs pi_old: r0 = 1.25 -> 1.2, w0 = min(4, 2) = 2 -> -2.4;
      * r1 = 1, w1 = 0.6 -> +0.3, coef = -w A r / n = 0.15. */
     check_loss(rl_loss_defaults(RL_LOSS_TIS), 2, -1.05, 0, 0.15f, 1, 0);
-    /* mis (token): w0 = 4 outside [0.5, 2] is masked; t1 as tis with w 1. */
-    check_loss(rl_loss_defaults(RL_LOSS_MIS), 2, 0.25, 0, 0.25f, 0, 1);
+    /* mis (token, IcePop): w0 = 4 outside [0.5, 2] is masked and leaves the
+     * denominator; t1 is kept with its weight w1 = 0.6: loss -0.6 * -0.5 / 1,
+     * coef = -w A r / 1 = 0.3. */
+    check_loss(rl_loss_defaults(RL_LOSS_MIS), 2, 0.3, 0, 0.3f, 0, 1);
+    /* naive: PPO against pi_old, no weight: r0 = 1.25 -> 1.2 -> -1.2; r1 = 1
+     * -> +0.5, coef1 = 0.5 * 1 / 2. */
+    check_loss(rl_loss_defaults(RL_LOSS_NAIVE), 2, -0.35, 0, 0.25f, 1, 0);
     /* mis (sequence): both tokens in one sequence, geometric mean
-     * sqrt(4 * 0.6) = 1.55 is in the band: nothing masked. */
+     * sqrt(4 * 0.6) = 1.55 is in the band: nothing masked, and each token
+     * keeps its own weight (4 and 0.6), as decoupled below. */
     rl_loss_cfg seq = rl_loss_defaults(RL_LOSS_MIS);
     seq.mis_seq = 1;
     rl_tok_in one[2] = {ex[0], ex[1]};
     one[1].seq = 0;
     float coef[2];
     rl_loss_stats st;
-    assert_float_equal(rl_loss(&seq, one, 2, 1, coef, &st), (-1.2 + 0.5) / 2, 1e-5);
+    assert_float_equal(rl_loss(&seq, one, 2, 1, coef, &st), (-4.8 + 0.3) / 2, 1e-5);
     assert_int_equal(st.masked, 0);
     /* ... while a band of [0.5, 1.2] masks the whole sequence. */
     seq.mis_hi = 1.2f;
     assert_float_equal(rl_loss(&seq, one, 2, 1, coef, &st), 0.0, 0);
+    assert_float_equal(coef[0], 0.0, 0);
+    assert_float_equal(coef[1], 0.0, 0);
     assert_int_equal(st.masked, 2);
     /* decoupled: w0 = 4 (uncapped) -> -4.8; w1 = 0.6 -> +0.3. */
     check_loss(rl_loss_defaults(RL_LOSS_DECOUPLED), 2, -2.25, 0, 0.15f, 1, 0);
@@ -185,7 +194,7 @@ static void test_loss_gradients(void **state)
     for (int i = 0; i < 6; i++)
         t[i] = (rl_tok_in){.logp = -1.0f + 0.1f * i, .lold = -1.02f + 0.09f * i,
                            .lmu = -1.1f + 0.13f * i, .adv = (i % 2 ? -0.7f : 0.9f), .seq = i / 3};
-    for (int k = RL_LOSS_PG; k <= RL_LOSS_DECOUPLED; k++) {
+    for (int k = 0; k < RL_LOSS_COUNT; k++) {
         rl_loss_cfg c = rl_loss_defaults(k);
         float coef[6], tmp[6];
         rl_loss_stats st;
@@ -263,6 +272,272 @@ static void test_nan_step_skipped(void **state)
     free(before);
     nn_adamw_free(&t.opt);
     nn_free(t.model);
+}
+
+/* ---- The trainer's wiring (rl_train_step), fast ------------------------
+ * Sixteen trajectories of four prompts sampled from the model itself
+ * (temperature 1, no top-p: mu equals the trainer's pi_old to float
+ * rounding), rewards alternating 0/1 so that every group has a spread. */
+typedef struct wiring {
+    nn_model *m;
+    rl_traj tr[16];
+    float adv[16];
+} wiring;
+
+static void wiring_setup(wiring *w)
+{
+    nn_config cfg = nn_config_default(rl_vocab());
+    TU_OK(nn_new(&cfg, 5, &w->m));
+    rl_problem p[4];
+    uint64_t rng = 21;
+    for (int i = 0; i < 4; i++) rl_problem_draw(RL_TASK_CODE, 0, &rng, &p[i]);
+    rl_sampling s = {.temperature = 1, .top_p = 1, .max_new = 8};
+    TU_OK(rl_generate(w->m, p, 4, 4, 0, &s, &rng, 0, NULL, NULL, w->tr));
+    for (int i = 0; i < 16; i++) w->tr[i].reward = (float)(i % 2);
+    rl_grpo_advantages(w->tr, 16, w->adv);
+}
+
+/* A trainer on a copy of w's model. */
+static rl_trainer wiring_trainer(const wiring *w, int kind, int minibatches, float lr)
+{
+    rl_trainer t = {.loss = rl_loss_defaults(kind), .temperature = 1, .minibatches = minibatches};
+    TU_OK(nn_clone(w->m, &t.model));
+    TU_OK(nn_adamw_init(&t.opt, t.model, lr));
+    return t;
+}
+
+static void trainer_free(rl_trainer *t)
+{
+    nn_adamw_free(&t->opt);
+    nn_free(t->model);
+}
+
+/* Sum of the response tokens' log-probabilities of each trajectory. */
+static void seq_logps(nn_model *m, const rl_traj *tr, int n, double *out)
+{
+    int V = rl_vocab(), T = nn_cfg(m)->ctx, tok[16 * RL_MAX_T];
+    float lp[64];
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < T; j++) tok[i * T + j] = j < tr[i].len ? tr[i].tokens[j] : RL_EOS;
+    const float *logits;
+    TU_OK(nn_forward(m, tok, n, T, &logits));
+    for (int i = 0; i < n; i++) {
+        out[i] = 0;
+        for (int j = tr[i].plen; j < tr[i].len; j++) {
+            nn_log_softmax(logits + ((size_t)i * T + j - 1) * V, V, 1, lp);
+            out[i] += lp[tr[i].tokens[j]];
+        }
+    }
+}
+
+/* Every loss moves the policy the right way: after one small step the
+ * rewarded responses are more likely and the others less (a flipped sign
+ * anywhere between the loss and the logits gradient fails this). */
+static void test_trainer_gradient_sign(void **state)
+{
+    wiring w;
+    wiring_setup(&w);
+    double before[16], after[16];
+    seq_logps(w.m, w.tr, 16, before);
+    for (int k = 0; k < RL_LOSS_COUNT; k++) {
+        rl_trainer t = wiring_trainer(&w, k, 1, 1e-3f);
+        rl_step_stats st;
+        TU_OK(rl_train_step(&t, w.tr, 16, &st));
+        seq_logps(t.model, w.tr, 16, after);
+        double up = 0, down = 0;
+        for (int i = 0; i < 16; i++) *(w.adv[i] > 0 ? &up : &down) += (after[i] - before[i]) / 8;
+        if (!(up > 0 && down < 0))
+            fail_msg("%s: rewarded responses' log-prob moved %+.4f, the others %+.4f", rl_loss_name(k),
+                     up, down);
+        trainer_free(&t);
+    }
+    nn_free(w.m);
+}
+
+/* pi_old is the trainer's weights at the start of the step, kept for every
+ * minibatch: the second minibatch (here the same trajectories again) sees
+ * a policy the first one moved, so its ratios leave the clip range.  A
+ * trainer that recomputed pi_old per minibatch would start every minibatch
+ * at ratio 1 and never clip. */
+static void test_trainer_pi_old_fixed(void **state)
+{
+    wiring w;
+    wiring_setup(&w);
+    rl_traj two[32];
+    memcpy(two, w.tr, sizeof w.tr);
+    memcpy(two + 16, w.tr, sizeof w.tr);
+    for (int i = 16; i < 32; i++) two[i].group += 100;
+    int kinds[] = {RL_LOSS_NAIVE, RL_LOSS_DECOUPLED};
+    for (int k = 0; k < 2; k++) {
+        rl_trainer t = wiring_trainer(&w, kinds[k], 1, 0.05f);
+        rl_step_stats st;
+        TU_OK(rl_train_step(&t, two, 32, &st));
+        assert_true(st.clipped_frac == 0); /* one minibatch: ratio 1 everywhere */
+        trainer_free(&t);
+        t = wiring_trainer(&w, kinds[k], 2, 0.05f);
+        TU_OK(rl_train_step(&t, two, 32, &st));
+        print_message("%s, 2 minibatches: clipped %.3f\n", rl_loss_name(kinds[k]), st.clipped_frac);
+        if (!(st.clipped_frac > 0.1))
+            fail_msg("%s: clipped fraction %.3f with 2 minibatches; pi_old must stay the step's "
+                     "start", rl_loss_name(kinds[k]), st.clipped_frac);
+        trainer_free(&t);
+    }
+    nn_free(w.m);
+}
+
+/* mu comes from the trajectories, not from the trainer: the rewarded
+ * responses are made three times less likely under mu than under pi_old
+ * (as if an older or coarser policy had sampled them).  MIS then masks
+ * exactly their tokens, PPO against mu clips them, and decoupled weights
+ * them by 3: its loss at ratio 1 is -sum(w A) / N, which a trainer that
+ * used pi_old for mu would compute with w = 1. */
+static void test_trainer_uses_mu(void **state)
+{
+    wiring w;
+    wiring_setup(&w);
+    int pos = 0, ntok = 0;
+    double want = 0;
+    for (int i = 0; i < 16; i++) {
+        int n = w.tr[i].len - w.tr[i].plen;
+        ntok += n;
+        if (w.adv[i] > 0) {
+            pos += n;
+            for (int j = w.tr[i].plen; j < w.tr[i].len; j++) w.tr[i].blogp[j] -= logf(3);
+        }
+        want -= (w.adv[i] > 0 ? 3.0 : 1.0) * w.adv[i] * n;
+    }
+    want /= ntok;
+    rl_step_stats st;
+    rl_trainer t = wiring_trainer(&w, RL_LOSS_MIS, 1, 1e-3f);
+    TU_OK(rl_train_step(&t, w.tr, 16, &st));
+    assert_float_equal(st.masked_frac, (double)pos / ntok, 1e-9);
+    trainer_free(&t);
+    t = wiring_trainer(&w, RL_LOSS_PPO, 1, 1e-3f);
+    TU_OK(rl_train_step(&t, w.tr, 16, &st));
+    assert_float_equal(st.clipped_frac, (double)pos / ntok, 1e-9);
+    trainer_free(&t);
+    t = wiring_trainer(&w, RL_LOSS_DECOUPLED, 1, 1e-3f);
+    TU_OK(rl_train_step(&t, w.tr, 16, &st));
+    print_message("decoupled loss %.5f, expected %.5f\n", st.loss, want);
+    assert_float_equal(st.loss, want, 1e-3 * fabs(want) + 1e-5);
+    assert_true(st.abs_dlogp > 0.3);
+    trainer_free(&t);
+    nn_free(w.m);
+}
+
+/* A small paced run: no warm start, 4 prompts x 4 samples a step. */
+static rl_config paced_config(int lag)
+{
+    rl_config c;
+    rl_config_default(&c);
+    c.mode = lag ? RL_MODE_ASYNC : RL_MODE_SYNC;
+    c.max_lag = lag;
+    c.warm_steps = 0, c.steps = 8, c.eval_every = 4, c.eval_n = 4;
+    c.prompts_per_step = 4, c.group = 4, c.req_prompts = 1;
+    c.step_s = 0.01, c.seq_cost = 0.1, c.train_s = 0.6;
+    c.quiet = 1;
+    return c;
+}
+
+static long hist_at(json_t *r, size_t i)
+{
+    return (long)json_integer_value(json_array_get(json_object_get(r, "staleness_hist"), i));
+}
+
+/* Staleness is forced by the schedule, not left to the machine: with a
+ * trainer slower than the workers, an async run trains almost only on
+ * groups max_lag versions old (the first steps cannot be), sync on fresh
+ * ones; and a paced run is a function of its configuration, bit for bit. */
+static void test_paced_staleness(void **state)
+{
+    rl_config c = paced_config(3);
+    json_t *a, *b, *s;
+    TU_OK(rl_paced_run(&c, NULL, NULL, &a));
+    TU_OK(rl_paced_run(&c, NULL, NULL, &b));
+    assert_true(json_equal(a, b));
+    long total = 0;
+    for (size_t i = 0; i < 4; i++) total += hist_at(a, i);
+    assert_int_equal(total, 8 * 16);
+    print_message("lag 3 staleness %ld/%ld/%ld/%ld\n", hist_at(a, 0), hist_at(a, 1), hist_at(a, 2), hist_at(a, 3));
+    assert_true(hist_at(a, 3) >= 4 * 16); /* every step from the fourth on */
+    /* Async is faster per step; sync trains on the current version only. */
+    rl_config sc = paced_config(0);
+    TU_OK(rl_paced_run(&sc, NULL, NULL, &s));
+    assert_int_equal(hist_at(s, 0), 8 * 16);
+    double ta = json_number_value(json_object_get(a, "emulated_s"));
+    double ts = json_number_value(json_object_get(s, "emulated_s"));
+    assert_true(ta < ts);
+    assert_true(ta >= 8 * 0.6 - 1e-9); /* trainer-bound: the steps back to back */
+    /* Emulated time needs emulated costs. */
+    c.train_s = 0;
+    json_t *x = NULL;
+    TU_ERR(rl_paced_run(&c, NULL, NULL, &x), SH_EINVAL, "training step");
+    json_decref(a), json_decref(b), json_decref(s);
+}
+
+/* nn_e4m3_round gives the value ckpt's e4m3 codec round-trips, for every
+ * code, every midpoint between neighbours (ties to even) and beyond 448. */
+static void test_e4m3_round(void **state)
+{
+    for (int b = 0; b < 256; b++) {
+        float v = ckpt_e4m3_to_f32((uint8_t)b);
+        if (v != v) continue;
+        assert_true(nn_e4m3_round(v) == v);
+        float next = ckpt_e4m3_to_f32((uint8_t)(b + 1));
+        if ((b & 0x7f) < 0x7e && next == next) {
+            float mid = (v + next) / 2, want = ckpt_e4m3_to_f32(ckpt_f32_to_e4m3(mid));
+            if (nn_e4m3_round(mid) != want) fail_msg("midpoint %g: %g, codec %g", mid, nn_e4m3_round(mid), want);
+            float q = v + (next - v) * 0.3f;
+            assert_true(nn_e4m3_round(q) == ckpt_e4m3_to_f32(ckpt_f32_to_e4m3(q)));
+        }
+    }
+    assert_true(nn_e4m3_round(1e6f) == 448.0f);
+    assert_true(nn_e4m3_round(-500.0f) == -448.0f);
+    /* A model's matrices: every value a multiple of its block's scale
+     * times an e4m3 value; biases untouched; embeddings only if asked. */
+    nn_config cfg = nn_config_default(rl_vocab());
+    nn_model *m, *q;
+    TU_OK(nn_new(&cfg, 2, &m));
+    TU_OK(nn_clone(m, &q));
+    rl_round_fp8(q, 128, 0);
+    const nn_tensor *e = nn_tensor_find(m, "model.embed_tokens.weight");
+    assert_memory_equal(nn_params(m) + e->offset, nn_params(q) + e->offset, sizeof(float) * e->rows * e->cols);
+    const nn_tensor *w = nn_tensor_find(m, "model.layers.0.mlp.up_proj.weight");
+    assert_true(memcmp(nn_params(m) + w->offset, nn_params(q) + w->offset, sizeof(float) * w->rows * w->cols) != 0);
+    rl_round_fp8(q, 128, 1);
+    assert_true(memcmp(nn_params(m) + e->offset, nn_params(q) + e->offset, sizeof(float) * e->rows * e->cols) != 0);
+    nn_free(m), nn_free(q);
+}
+
+/* --seed is the first of the sweep's seeds, and every cell row carries
+ * its runs with their seeds. */
+static void test_sweep_seeds(void **state)
+{
+    char *out = NULL;
+    int rc = tu_run(&out, "%s rl sweep --seeds 2 --seed 1234 --lags 0,2 --losses pg --dtypes bf16 "
+                          "--steps 4 --eval-every 2 --last-k 1 --eval-n 4 --warm 0 --prompts 2 "
+                          "--group 4 --json --out %s 2>/dev/null", tu_shoal(), tu_path("sweep"));
+    if (rc) fail_msg("rl sweep: exit %d: %s", rc, out);
+    json_t *j;
+    TU_OK(sh_json_parse(out, strlen(out), "sweep", &j));
+    json_t *rows = json_object_get(j, "rows");
+    assert_int_equal(json_array_size(rows), 2);
+    for (size_t r = 0; r < 2; r++) {
+        json_t *runs = json_object_get(json_array_get(rows, r), "runs");
+        assert_int_equal(json_array_size(runs), 2);
+        for (size_t i = 0; i < 2; i++)
+            assert_int_equal(json_integer_value(json_object_get(json_array_get(runs, i), "seed")), 1234 + i);
+    }
+    assert_true(sh_path_exists(tu_path("sweep/sweep.md")) && sh_path_exists(tu_path("sweep/sweep.svg")));
+    json_decref(j);
+    free(out);
+    /* --render writes the same tables again from the JSON alone. */
+    rc = tu_run(&out, "%s rl sweep --render %s --out %s", tu_shoal(), tu_path("sweep/sweep.json"),
+                tu_path("again"));
+    if (rc) fail_msg("rl sweep --render: exit %d: %s", rc, out);
+    free(out);
+    tu_assert_same_file(tu_path("sweep/sweep.md"), tu_path("again/sweep.md"));
+    tu_assert_same_file(tu_path("sweep/sweep.svg"), tu_path("again/sweep.svg"));
 }
 
 static void test_bf16_rounding(void **state)
@@ -541,7 +816,7 @@ static void test_bad_configs(void **state)
     static const struct {
         const char *args, *needle;
     } cases[] = {
-        {"--loss foo", "pg, ppo, tis, mis or decoupled"},
+        {"--loss foo", "pg, naive, ppo, tis, mis or decoupled"},
         {"--max-lag -1", "--max-lag"},
         {"--mode later", "sync or async"},
         {"--workers h100:2:1", "speed 2 must be in (0,1]"},
@@ -561,13 +836,18 @@ static void test_bad_configs(void **state)
                      cases[i].needle, out);
         free(out);
     }
-    /* The sweep checks what it passes on before starting any run. */
-    static const char *sweep_bad[][2] = {{"--loss foo", "pg, ppo, tis, mis or decoupled"},
+    /* The sweep checks its grid and what it passes on before any run. */
+    static const char *sweep_bad[][2] = {{"--loss foo", "use --losses"},
+                                         {"--losses ppo,foo", "pg, naive, ppo, tis, mis or decoupled"},
                                          {"--jobs 0", "--jobs"},
-                                         {"--train-cost 0.5", "--train-cost"},
-                                         {"--losses ppo,foo", "ppo, tis, mis, decoupled"},
-                                         {"--dtypes fp16", "bf16, fp8"},
-                                         {"--stop-after-reward 1.5", "in (0,1]"}};
+                                         {"--train-cost 3", "use --train-s"},
+                                         {"--mode async", "use --lags"},
+                                         {"--lags 0,99", "staleness bound"},
+                                         {"--dtypes fp16", "fp32, bf16 or fp8"},
+                                         {"--seed -3", "the first seed"},
+                                         {"--stop-after-reward 0.5", "equal steps"},
+                                         {"--lr 5", "--lr"},
+                                         {"--last-k 30", "only 8 evaluations"}};
     for (size_t i = 0; i < sizeof sweep_bad / sizeof sweep_bad[0]; i++) {
         char *out = NULL;
         int rc = tu_run(&out, "%s rl sweep --quick --out %s %s 2>&1", tu_shoal(),
@@ -723,6 +1003,9 @@ int main(void)
         cmocka_unit_test(test_tasks),            cmocka_unit_test(test_losses_hand_computed),
         cmocka_unit_test(test_loss_gradients),   cmocka_unit_test(test_grpo),
         cmocka_unit_test(test_nan_step_skipped), cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_trainer_gradient_sign), cmocka_unit_test(test_trainer_pi_old_fixed),
+        cmocka_unit_test(test_trainer_uses_mu),  cmocka_unit_test(test_paced_staleness),
+        cmocka_unit_test(test_e4m3_round),       cmocka_unit_test(test_sweep_seeds),
         cmocka_unit_test(test_checkpoint_roundtrip),
         cmocka_unit_test(test_kv_cache_logits),  cmocka_unit_test(test_kv_cache_sampling),
         cmocka_unit_test(test_bad_configs),      cmocka_unit_test(test_worker_killed),
@@ -731,5 +1014,7 @@ int main(void)
         cmocka_unit_test(test_async_run_learns),  cmocka_unit_test(test_arith_heldout_rises),
         cmocka_unit_test(test_generate_partition_independent), cmocka_unit_test(test_ordered_worker_killed),
     };
+    /* SHOAL_TEST_FILTER=test_trainer_* runs a subset while working. */
+    if (getenv("SHOAL_TEST_FILTER")) cmocka_set_test_filter(getenv("SHOAL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

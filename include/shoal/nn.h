@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -68,6 +69,15 @@ const nn_tensor *nn_tensor_find(const nn_model *m, const char *name);
 /* Selects the plain-C reference matrix product (1) or OpenBLAS (0, the
  * default).  Used by tests and the benchmark. */
 void nn_set_reference(nn_model *m, int reference);
+
+/* FP8 activations (1, off by default): every matrix product's input is
+ * rounded to e4m3 with one scale per 128 values of a row, as W8A8 FP8
+ * serving does; for rollout models (the backward pass would differentiate
+ * the rounded inputs).  Applies to nn_forward and nn_decode alike. */
+void nn_set_fp8_act(nn_model *m, int on);
+/* x rounded to the nearest OCP e4m3fn value (ties to even), saturating at
+ * +-448. */
+float nn_e4m3_round(float x);
 
 /* Forward pass over tokens (B,T); returns the logits (B,T,V), owned by the
  * model and valid until the next forward.  Token ids must be < V and T <=
@@ -129,4 +139,5 @@ void nn_log_softmax(const float *logits, int V, float temperature, float *out);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -20,6 +20,7 @@
 #include "shoal/common.h"
 #include "shoal/nn.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -132,7 +133,13 @@ int rl_evaluate(nn_model *m, const rl_problem *probs, int n, const rl_sampling *
 
 /* ---- Losses ---------------------------------------------------------------- */
 
-enum { RL_LOSS_PG, RL_LOSS_PPO, RL_LOSS_TIS, RL_LOSS_MIS, RL_LOSS_DECOUPLED };
+/* pg: REINFORCE.  naive: PPO clipped against pi_old (the trainer's weights at
+ * the start of the step) with no behaviour weight, as if pi_old had sampled
+ * the data (uncorrected).  ppo: PPO clipped against mu.  tis, mis,
+ * decoupled: PPO against pi_old with the behaviour weight pi_old/mu
+ * truncated, masked outside a band (IcePop), or whole.  See docs/rl.md. */
+enum { RL_LOSS_PG, RL_LOSS_PPO, RL_LOSS_TIS, RL_LOSS_MIS, RL_LOSS_DECOUPLED, RL_LOSS_NAIVE,
+       RL_LOSS_COUNT };
 int rl_loss_parse(const char *name, int *loss);
 const char *rl_loss_name(int loss);
 
@@ -223,6 +230,9 @@ int rl_load_view(nn_model *m, const struct ckpt *c, const char *what);
 
 enum { RL_MODE_SYNC = 0, RL_MODE_ASYNC = 1 };
 enum { RL_DTYPE_FP32 = 0, RL_DTYPE_BF16 = 1, RL_DTYPE_FP8 = 2 };
+/* "fp32", "bf16", "fp8" and back; the parse error names the value. */
+int rl_dtype_parse(const char *name, int *dtype);
+const char *rl_dtype_name(int dtype);
 
 #define RL_MAX_WORKERS 16
 
@@ -310,6 +320,19 @@ typedef struct rl_config {
     double stop_reward;
     int target_window;  /* the target counts as reached when the mean of the last
                          * target_window evaluations (1..RL_TARGET_WINDOW_MAX; 0: 1) is at it */
+    /* The paced run (rl_paced_run) only: emulated seconds of one training
+     * step, and its FP8 rollout weights: scaling blocks of fp8_block x
+     * fp8_block (0: one scale per tensor), embeddings and output head
+     * quantised too when fp8_embed is 1.  rl_run's workers quantise as
+     * `shoal quant fp8` does (128 x 128 blocks, embeddings and head kept
+     * in bf16). */
+    double train_s;
+    int fp8_block, fp8_embed;
+    int fp8_act; /* FP8 rollouts also round activations (W8A8, nn_set_fp8_act) */
+    /* > 0: the target is reward_start + target_gain instead of
+     * target_reward (warm starts differ between seeds by more than RL
+     * gains; a sync and an async run of one seed share their start). */
+    double target_gain;
 } rl_config;
 
 #define RL_TARGET_WINDOW_MAX 16
@@ -331,6 +354,50 @@ typedef void (*rl_progress_fn)(const json_t *event, void *ctx);
  * reward_end, wall_s, steps, tokens_per_s, the curve and per-step stats. */
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result);
 
+/* The same RL as rl_run in one process, with emulated time: requests last
+ * rl_emu_request_s() (c->step_s, c->seq_cost > 0), training steps
+ * c->train_s (> 0), so that which version generated each group, and the
+ * time each step ends, depend on the configuration and the work alone, not
+ * on the machine's load; a seed reproduces a run bit for bit.  Sync and
+ * async (max_lag) as in rl_run, without in-flight updates (a request keeps
+ * the version it started with), remote workers or --ordered.  *result
+ * (caller decrefs): reward_start, reward_end, emulated_s,
+ * time_to_target_s (emulated, -1: not reached), the curve (t_s, step,
+ * reward), the realised staleness histogram of the trained trajectories,
+ * dropped_stale, and the mean |log pi_old - log mu| of the first step and
+ * of all steps.  See src/rl/paced.c. */
+int rl_paced_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result);
+/* Quantises the model's matrices in place as FP8 rollout weights: e4m3
+ * with one scale (amax / 448) per block x block tile (block 0: per
+ * tensor), then back to F32.  Vectors are left alone; embeddings and the
+ * output head too unless `embed`.  Pure. */
+void rl_round_fp8(nn_model *m, int block, int embed);
+
+/* ---- The sweep (src/rl/sweep.c; docs/rl.md) -------------------------------
+ * Paced runs over staleness bound x loss x rollout dtype x seed, forked
+ * `jobs` at a time, and the figures comparing them. */
+typedef struct rl_sweep_cfg {
+    rl_config base;       /* every run's settings but mode, max_lag, loss kind, dtype, seed */
+    int lags[16], nlags;  /* staleness bounds; 0 is the sync run */
+    int losses[RL_LOSS_COUNT], nlosses;
+    int dtypes[3], ndtypes;
+    int fp8_lags[16], nfp8_lags; /* dtypes other than bf16 only at these bounds (0 of them: all) */
+    int seeds;            /* seeds seed0, seed0 + 1, ... */
+    uint64_t seed0;
+    int last_k;           /* final reward: the mean of the last last_k evaluations */
+    int jobs;             /* runs at once */
+    const char *dir;      /* DIR/runs: run files; DIR/warm: warm starts (unless base.warm_cache) */
+} rl_sweep_cfg;
+/* The full grid (quick = 0) or the quick one; dir and jobs are the caller's. */
+void rl_sweep_default(rl_sweep_cfg *s, int quick);
+/* Checks the grid and the base configuration; the message names the option. */
+int rl_sweep_check(const rl_sweep_cfg *s);
+typedef void (*rl_sweep_progress)(int done, int total, void *ctx);
+/* Runs the sweep.  *out (caller decrefs): the grid, the settings and one
+ * row of figures per cell (reward_final, vs_sync, vs_bf16, time to target,
+ * speed-up, staleness, mismatch, each {mean, se, n}) with its runs. */
+int rl_sweep_run(const rl_sweep_cfg *s, rl_sweep_progress progress, void *ctx, json_t **out);
+
 /* Emulated seconds of one decoding step of `seqs` sequences on worker w
  * (0 for seqs < 1).  Pure. */
 double rl_emu_step_s(const rl_config *c, const rl_worker_spec *w, int seqs);
@@ -347,7 +414,43 @@ double rl_emu_request_s(const rl_config *c, const rl_worker_spec *w, const rl_tr
 void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
     __attribute__((noreturn));
 
+/* Where a remote worker's weights come from when they do not travel on the
+ * trainer's socket: a replica of the store on a push tree (src/mainjob),
+ * numbered in policy versions.  A view pins one version's image until it is
+ * released; the worker holds one at a time and takes a newer one between two
+ * decoding steps.  The callbacks run on the worker's one thread. */
+typedef struct rl_weights_view {
+    int version;          /* policy version */
+    const uint8_t *image; /* its safetensors image (read-only, len bytes) */
+    size_t len;
+    void *priv;
+} rl_weights_view;
+
+typedef struct rl_weights_source {
+    /* The newest policy version that can be acquired now; -1: none yet. */
+    int (*version)(void *arg);
+    /* Waits up to timeout_s until version >= v can be acquired: 0, or
+     * SH_ETIMEDOUT. */
+    int (*wait)(void *arg, int v, double timeout_s);
+    /* Pins the newest version; SH_EAGAIN when there is none. */
+    int (*acquire)(void *arg, rl_weights_view *out);
+    void (*release)(void *arg, rl_weights_view *v);
+    void *arg;
+    /* How long a request whose min_version this worker does not hold waits
+     * for it before it is refused (REFUSE, docs/rl-protocol.md); 0: 5 s. */
+    double min_wait_s;
+} rl_weights_source;
+
+/* rl_worker_serve with the weights from src: the HELLO says so (flag
+ * RL_HELLO_PUSH), the trainer sends it no WEIGHTS, and a request for a
+ * version src cannot bring within src->min_wait_s is answered with REFUSE.
+ * At STOP the worker first takes the trainer's final version (waiting up to
+ * 15 s), so its BYE names it. */
+void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
+                          const rl_weights_source *src) __attribute__((noreturn));
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -21,7 +21,7 @@ static const char train_usage[] =
     "  --max-lag N                async staleness bound eta in versions (2)\n"
     "  --ordered                  async: step s trains on exactly the groups s P..(s+1) P - 1\n"
     "                             of the run's sequence, whoever brings them (none dropped)\n"
-    "  --loss pg|ppo|tis|mis|decoupled   objective (decoupled)\n"
+    "  --loss pg|naive|ppo|tis|mis|decoupled   objective (decoupled)\n"
     "  --rollout-dtype fp32|bf16|fp8     weights the workers sample with (bf16)\n"
     "  --steps N --seed S         RL steps (60), seed (1)\n"
     "  --workers LIST             name:speed:price,... (h100:1:2.5,a100:0.5:1.3,l4:0.25:0.45)\n"
@@ -78,11 +78,7 @@ static int parse_float(const char *s, float *out, const char *what)
 
 static int parse_dtype(const char *s, int *out)
 {
-    if (!strcmp(s, "fp32")) *out = RL_DTYPE_FP32;
-    else if (!strcmp(s, "bf16")) *out = RL_DTYPE_BF16;
-    else if (!strcmp(s, "fp8")) *out = RL_DTYPE_FP8;
-    else return sh_err(SH_EINVAL, "--rollout-dtype \"%s\": expected fp32, bf16 or fp8", s);
-    return 0;
+    return rl_dtype_parse(s, out) ? sh_err(SH_EINVAL, "--rollout-dtype \"%s\": expected fp32, bf16 or fp8", s) : 0;
 }
 
 /* One option with its value; returns 1 if consumed, 0 if unknown, <0 error. */

@@ -1,532 +1,468 @@
-/* shoal rl sweep: runs `shoal rl train` over modes (sync, async with several
- * staleness bounds) x losses x rollout dtypes x seeds, each run in its own
- * process so that runs do not share caches or allocator state, several at
- * a time, and writes a markdown table, the same as JSON, and an SVG plot
- * of held-out reward against wall-clock time.
- *
- * Running several at once is sound because a run's emulated GPUs sleep
- * most of the time (worker.c stretches each decoding step to gen_cost
- * times its CPU time, measured in CPU time so that other load does not
- * stretch it further); what the runs share is the CPU their trainers and
- * decoding use, which is why --jobs defaults to a few per core. */
-#include <errno.h>
-#include <fcntl.h>
+/* shoal rl sweep: parses the grid, runs it (src/rl/sweep.c: paced runs,
+ * forked a few at a time) and writes DIR/sweep.md, DIR/sweep.json and
+ * DIR/sweep.svg (final reward against the staleness bound). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "cli_rl.h"
 
 static const char sweep_usage[] =
-    "usage: shoal rl sweep [--quick] [--seeds N] [--steps N] [--async-steps N] [--target R]\n"
-    "                      [--losses L,..] [--dtypes D,..]\n"
+    "usage: shoal rl sweep [--quick] [--seeds N] [--seed S] [--steps N] [--lags L,..]\n"
+    "                      [--losses L,..] [--dtypes D,..] [--target R] [--last-k K]\n"
     "                      [--jobs N] [--out DIR] [--json] [rl train options]\n"
-    "Runs shoal rl train for sync and async (max lag 1, 2, 4, 8) x loss (ppo, tis, mis,\n"
-    "decoupled) x rollout dtype (bf16, fp8), each for N seeds (3), and writes\n"
-    "DIR/sweep.md, DIR/sweep.json and DIR/sweep.svg (DIR: rl-sweep).  Every run of a\n"
-    "seed starts from the same warm start, trained once and kept in DIR/warm.\n"
-    "  --quick        the same grid with 2 seeds, 30 RL steps and a 32-problem\n"
-    "                 held-out set evaluated every 5 steps; sync runs go first and\n"
-    "                 each async run stops one evaluation after it reaches its sync\n"
-    "                 partner's final reward (docs/rl.md)\n"
-    "  --steps N      RL steps per sync run (60; quick 30)\n"
-    "  --async-steps N  RL steps per async run (twice --steps)\n"
-    "  --target R     held-out reward whose wall-clock time is reported (0.7)\n"
-    "  --jobs N       runs at once (2 per core): each uses about 0.4 of a core\n"
-    "  --losses L,..  --dtypes D,..  only these losses / rollout dtypes (a smaller grid)\n"
-    "Every run gets --train-cost 3 (pass another to override) so that runs at once\n"
-    "do not slow each other's trainers.\n"
-    "  --json         print the table as one JSON object instead of markdown\n"
-    "Any other option is passed to every shoal rl train run (see its --help).\n";
+    "Paced RL runs (emulated time: staleness depends on the bound, not on the machine)\n"
+    "over staleness bound x loss x rollout dtype x seed; writes DIR/sweep.md, .json and\n"
+    ".svg (DIR: rl-sweep).  Every run of a seed starts from one warm start (DIR/warm).\n"
+    "  --quick         lags 0,2,8 x losses pg,naive,tis,decoupled x bf16 (fp8 at 0,8), 3 seeds,\n"
+    "                  40 steps, 32 held-out problems (full: lags 0,1,2,4,8,16, all six\n"
+    "                  losses, 5 seeds, 60 steps, 64 problems)\n"
+    "  --seeds N       seeds per cell; --seed S: the first (1), the others S+1, S+2, ...\n"
+    "  --lags L,..     staleness bounds, 0 for sync\n"
+    "  --losses L,..   of pg, naive, ppo, tis, mis, decoupled\n"
+    "  --dtypes D,..   of fp32, bf16, fp8\n"
+    "  --fp8-lags L,.. dtypes other than bf16 only at these bounds (0,8)\n"
+    "  --steps N --eval-every N --eval-n N   RL steps (equal for every cell), evaluations\n"
+    "  --last-k K      final reward: the mean of the last K evaluations (3)\n"
+    "  --target-gain G the target reward of a run is its start + G (0.05): seeds' warm\n"
+    "                  starts differ by more than RL gains; sync and async of a seed share it\n"
+    "  --target R      a fixed target reward instead; the mean of the last 2 evaluations\n"
+    "                  must reach it, and its emulated time is reported\n"
+    "  --step-s S --seq-cost F --train-s S   emulated decoding step (0.01 s), cost of one\n"
+    "                  more sequence in a step (0.1), training step (0.6 s)\n"
+    "  --fp8-block N   FP8 scaling block (128; 0: per tensor)\n"
+    "  --fp8-embed 0|1 quantise embeddings and output head too (1)\n"
+    "  --fp8-act 0|1   FP8 activations too (W8A8, one scale per 128 values of a row) (1)\n"
+    "  --jobs N        runs at once (one per core)\n"
+    "  --json          print the result as one JSON object instead of markdown\n"
+    "  --render FILE   write DIR/sweep.md and .svg again from a sweep.json, run nothing\n"
+    "Other rl train options (--lr, --workers, --prompts, --clip, ...) apply to every run;\n"
+    "the sweep's learning rate is 3e-4.\n";
 
-typedef struct cfg {
-    int async, lag, loss;
-    const char *dtype;
-    json_t *runs; /* results by seed (null until the run is in) */
-} cfg;
+typedef struct opts {
+    rl_sweep_cfg s;
+    int quick, json;
+    const char *out, *render;
+    char cmdline[2048];
+} opts;
 
-typedef struct sweep {
-    int quick, seeds, steps, async_steps, json, jobs;
-    double target;
-    const char *out;
-    const char *losses, *dtypes; /* comma-separated subsets of the grid (NULL: all) */
-    char extra[2048];
-} sweep;
-
-static double mean_sd(json_t *runs, const char *key, double *sd, int *count, int skip_neg)
+/* Parses a comma-separated list with parse_one into out[]; names the option. */
+static int parse_list(const char *opt, const char *v, int *out, int *n, int cap,
+                      int (*parse_one)(const char *, int *))
 {
-    double s = 0, q = 0;
-    int n = 0;
-    size_t i;
-    json_t *r;
-    json_array_foreach(runs, i, r) {
-        double v = json_number_value(json_object_get(r, key));
-        if (skip_neg && v < 0) continue;
-        s += v, q += v * v, n++;
+    char buf[256];
+    *n = 0;
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n >= cap) return sh_err(SH_EINVAL, "%s \"%s\": more than %d entries", opt, v, cap);
+        if (parse_one(t, &out[(*n)++]) < 0) return sh_err_wrap(SH_EINVAL, "%s", opt);
     }
-    *count = n;
-    double m = n ? s / n : NAN;
-    *sd = n > 1 ? sqrt(fmax(0, (q - n * m * m) / (n - 1))) : 0;
-    return m;
-}
-
-/* Wall-clock time at which a run's held-out curve first reaches `level`,
- * interpolated between evaluations; -1 if it never does. */
-static double reach_time(json_t *run, double level)
-{
-    json_t *curve = json_object_get(run, "curve"), *pt;
-    double pt_t = 0, pr = 0;
-    size_t i;
-    json_array_foreach(curve, i, pt) {
-        double t = json_number_value(json_object_get(pt, "wall_s"));
-        double r = json_number_value(json_object_get(pt, "reward"));
-        if (r >= level) return i ? pt_t + (t - pt_t) * (level - pr) / (r - pr) : t;
-        pt_t = t, pr = r;
-    }
-    return -1;
-}
-
-static void cfg_name(const cfg *c, char *out, size_t cap)
-{
-    if (c->async) snprintf(out, cap, "async lag %d, %s, %s", c->lag, rl_loss_name(c->loss), c->dtype);
-    else snprintf(out, cap, "sync, %s, %s", rl_loss_name(c->loss), c->dtype);
-}
-
-static void run_paths(const sweep *sw, int ci, int seed, char *out, char *err, size_t cap)
-{
-    snprintf(out, cap, "%s/runs/%02d-s%d.json", sw->out, ci, seed);
-    snprintf(err, cap, "%s/runs/%02d-s%d.log", sw->out, ci, seed);
-}
-
-/* Starts one run: a child shoal process (this executable) whose stdout and
- * stderr go to files, so that any number can run without their pipes
- * filling up.  No shell: the arguments are passed as they are. */
-static int start_run(const sweep *sw, const cfg *c, int ci, int seed, double stop, pid_t *pid)
-{
-    char outp[4096], errp[4096], steps[16], lag[16], seed_s[16], target[32], warm[4096], xbuf[2048];
-    char stop_s[40];
-    run_paths(sw, ci, seed, outp, errp, sizeof outp);
-    snprintf(steps, sizeof steps, "%d", c->async ? sw->async_steps : sw->steps);
-    snprintf(lag, sizeof lag, "%d", c->lag);
-    snprintf(seed_s, sizeof seed_s, "%d", seed);
-    snprintf(target, sizeof target, "%g", sw->target);
-    snprintf(warm, sizeof warm, "%s/warm", sw->out);
-    char *argv[200] = {"shoal", "rl", "train", "--mode", c->async ? "async" : "sync",
-                       "--max-lag", lag, "--loss", (char *)rl_loss_name(c->loss),
-                       "--rollout-dtype", (char *)c->dtype, "--steps", steps, "--seed", seed_s,
-                       "--target", target, "--warm-cache", warm, "--quiet", "--json"};
-    int n = 21;
-    /* The trainer is stretched like the workers, so that runs sharing the
-     * machine do not slow each other's trainers (rl_config.train_cost). */
-    argv[n++] = "--train-cost", argv[n++] = "3";
-    if (sw->quick) argv[n++] = "--eval-n", argv[n++] = "32", argv[n++] = "--eval-every", argv[n++] = "5";
-    if (stop > 0) { /* %.17g: the very level the speed-up is measured against */
-        snprintf(stop_s, sizeof stop_s, "%.17g", stop);
-        argv[n++] = "--stop-after-reward", argv[n++] = stop_s;
-    }
-    snprintf(xbuf, sizeof xbuf, "%s", sw->extra);
-    for (char *t = strtok(xbuf, " "); t && n < 198; t = strtok(NULL, " ")) argv[n++] = t;
-    argv[n] = NULL;
-    fflush(stdout), fflush(stderr);
-    pid_t p = fork();
-    if (p < 0) return sh_err_errno(errno, "rl sweep: fork");
-    if (p == 0) {
-        int fo = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0) _exit(126);
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
-    *pid = p;
+    if (!*n) return sh_err(SH_EINVAL, "%s: empty list", opt);
     return 0;
 }
 
-/* Takes a finished run's result into its configuration's row. */
-static int finish_run(const sweep *sw, cfg *c, int ci, int seed, int status)
+static int parse_lag(const char *s, int *out)
 {
-    char outp[4096], errp[4096], name[96];
-    run_paths(sw, ci, seed, outp, errp, sizeof outp);
-    cfg_name(c, name, sizeof name);
-    char *text = NULL;
-    size_t len = 0;
-    json_t *j = NULL;
-    int rc = WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : SH_EIO;
-    if (!rc) rc = sh_read_file(outp, 64 << 20, &text, &len);
-    if (!rc) rc = sh_json_parse(text, len, outp, &j);
-    free(text);
-    if (rc)
-        return sh_err(SH_EIO, "rl sweep: run \"%s\" seed %d failed (exit status %d); its output "
-                              "is in %s and %s", name, seed, WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-                      outp, errp);
-    json_object_del(j, "step_stats"); /* keep the sweep file readable */
-    json_array_set_new(c->runs, (size_t)seed - 1, j);
-    unlink(outp), unlink(errp);
+    int64_t v;
+    if (sh_parse_i64(s, &v, "staleness bound") < 0 || v < 0 || v > 64)
+        return sh_err(SH_EINVAL, "\"%s\" is not a staleness bound 0..64 (0: sync)", s);
+    *out = (int)v;
     return 0;
 }
 
-typedef struct slot {
-    pid_t pid;
-    int ci, seed;
-} slot;
+/* Options the grid sets per cell, with what to use instead. */
+static const char *const owned[][2] = {
+    {"--mode", "--lags (0 is sync)"},          {"--max-lag", "--lags"},
+    {"--loss", "--losses"},                    {"--rollout-dtype", "--dtypes"},
+    {"--ordered", "nothing: paced runs are not ordered"},
+    {"--stop-after-reward", "nothing: every cell runs --steps steps, so rewards compare at equal steps"},
+    {"--train-cost", "--train-s (paced runs emulate the trainer's time)"},
+    {"--gen-cost", "--step-s and --seq-cost (paced runs emulate the workers' time)"},
+    {"--async-steps", "nothing: sync and async run the same --steps"},
+};
 
-/* The sync configuration with the same loss and dtype as c (c if none). */
-static const cfg *sync_ref(const cfg *cf, int ncf, const cfg *c)
+static int sweep_option(opts *o, const char *k, const char *v, int *used)
 {
-    for (int k = 0; k < ncf; k++)
-        if (!cf[k].async && cf[k].loss == c->loss && !strcmp(cf[k].dtype, c->dtype)) return &cf[k];
-    return c;
-}
-
-/* The order runs start in, as configuration * seeds + seed - 1: seed-major
- * so that each seed's warm start is made by its first runs; with --quick
- * every sync run first, so that each async run knows its sync partner's
- * final reward when it starts. */
-static int *run_order(const sweep *sw, const cfg *cf, int ncf)
-{
-    int *o = malloc(sizeof *o * (size_t)(ncf * sw->seeds)), n = 0;
-    if (!o) return NULL;
-    for (int pass = sw->quick ? 0 : 1; pass < 2; pass++)
-        for (int s = 0; s < sw->seeds; s++)
-            for (int c = 0; c < ncf; c++)
-                if (!sw->quick || cf[c].async == pass) o[n++] = c * sw->seeds + s;
-    return o;
-}
-
-/* With --quick an async run stops one evaluation after it reaches its sync
- * partner's final held-out reward (rl train --stop-after-reward): the rest
- * of its steps cannot change its speed-up.  Returns 0 for no stop, and
- * -1 while the partner is still running. */
-static double stop_level(const sweep *sw, const cfg *cf, int ncf, int ci, int seed)
-{
-    if (!sw->quick || !cf[ci].async) return 0;
-    json_t *sr = json_array_get(sync_ref(cf, ncf, &cf[ci])->runs, (size_t)seed - 1);
-    return json_is_object(sr) ? json_number_value(json_object_get(sr, "reward_end")) : -1;
-}
-
-/* Runs every (configuration, seed), sw->jobs at a time, in run_order.  A
- * failure stops new runs; those already running finish. */
-static int run_all(const sweep *sw, cfg *cf, int ncf)
-{
-    int total = ncf * sw->seeds, next = 0, running = 0, done = 0, rc = 0;
-    slot *sl = calloc((size_t)sw->jobs, sizeof *sl);
-    int *order = run_order(sw, cf, ncf);
-    if (!sl || !order) return free(sl), free(order), sh_err(SH_ENOMEM, "rl sweep: out of memory");
-    sh_progress bar;
-    sh_progress_start(&bar, "rl sweep", (uint64_t)total, "runs");
-    while (running || (next < total && !rc)) {
-        for (int k = 0; k < sw->jobs && next < total && !rc; k++) {
-            if (sl[k].pid) continue;
-            int ci = order[next] / sw->seeds, seed = order[next] % sw->seeds + 1;
-            double stop = stop_level(sw, cf, ncf, ci, seed);
-            if (stop < 0) break; /* wait for the sync partner */
-            sl[k].ci = ci, sl[k].seed = seed;
-            rc = start_run(sw, &cf[ci], ci, seed, stop, &sl[k].pid);
-            if (!rc) running++, next++;
-        }
-        if (!running) break;
-        int st;
-        pid_t p = waitpid(-1, &st, 0);
-        if (p < 0 && errno == EINTR) continue;
-        if (p < 0) {
-            rc = sh_err_errno(errno, "rl sweep: waitpid");
-            break;
-        }
-        for (int k = 0; k < sw->jobs; k++) {
-            if (sl[k].pid != p) continue;
-            sl[k].pid = 0, running--, done++;
-            int r = finish_run(sw, &cf[sl[k].ci], sl[k].ci, sl[k].seed, st);
-            if (r && !rc) rc = r;
-        }
-        sh_progress_update(&bar, (uint64_t)done);
+    int64_t n;
+    double d;
+    rl_sweep_cfg *s = &o->s;
+    *used = 1;
+    if (!strcmp(k, "--seeds") || !strcmp(k, "--jobs") || !strcmp(k, "--last-k") ||
+        !strcmp(k, "--fp8-block") || !strcmp(k, "--fp8-embed") || !strcmp(k, "--fp8-act")) {
+        if (sh_parse_i64(v, &n, k) < 0 || n < 0 || n > 65536)
+            return sh_err(SH_EINVAL, "%s \"%s\": expected a count", k, v);
+        *(!strcmp(k, "--seeds") ? &s->seeds : !strcmp(k, "--jobs") ? &s->jobs
+          : !strcmp(k, "--last-k") ? &s->last_k : !strcmp(k, "--fp8-block") ? &s->base.fp8_block
+          : !strcmp(k, "--fp8-act") ? &s->base.fp8_act : &s->base.fp8_embed) = (int)n;
+        if ((!strcmp(k, "--fp8-embed") || !strcmp(k, "--fp8-act")) && n > 1)
+            return sh_err(SH_EINVAL, "%s %s: expected 0 or 1", k, v);
+        return 0;
     }
-    sh_progress_finish(&bar);
-    free(sl), free(order);
-    return rc;
-}
-
-/* Per seed, paired with the sync run of the same seed (same warm start):
- * the sync run's wall-clock time over the time this configuration's run
- * takes to reach the sync run's final held-out reward.  Seeds that never
- * reach it are counted apart. */
-static json_t *speedups(const cfg *c, const cfg *ref, double *mean, double *sd, int *reached)
-{
-    json_t *a = json_array();
-    double s = 0, q = 0;
-    int n = 0;
-    for (size_t i = 0; i < json_array_size(c->runs); i++) {
-        json_t *sr = json_array_get(ref->runs, i);
-        double level = json_number_value(json_object_get(sr, "reward_end"));
-        double t = reach_time(json_array_get(c->runs, i), level - 1e-9);
-        double sp = t > 0 ? json_number_value(json_object_get(sr, "wall_s")) / t : -1;
-        json_array_append_new(a, json_real(sp));
-        if (sp > 0) s += sp, q += sp * sp, n++;
+    if (!strcmp(k, "--seed")) {
+        if (sh_parse_i64(v, &n, k) < 0 || n < 0)
+            return sh_err(SH_EINVAL, "--seed \"%s\": expected the first seed, >= 0 (the sweep "
+                                     "runs seeds S, S+1, ... --seeds of them)", v);
+        s->seed0 = (uint64_t)n;
+        return 0;
     }
-    *reached = n;
-    *mean = n ? s / n : -1;
-    *sd = n > 1 ? sqrt(fmax(0, (q - n * *mean * *mean) / (n - 1))) : 0;
-    return a;
+    if (!strcmp(k, "--step-s") || !strcmp(k, "--seq-cost") || !strcmp(k, "--train-s")) {
+        if (sh_parse_double(v, &d, k) < 0 || !(d >= 0 && d < 1e6))
+            return sh_err(SH_EINVAL, "%s \"%s\": expected seconds >= 0", k, v);
+        *(!strcmp(k, "--step-s") ? &s->base.step_s : !strcmp(k, "--seq-cost") ? &s->base.seq_cost
+                                                                                : &s->base.train_s) = d;
+        return 0;
+    }
+    if (!strcmp(k, "--target") || !strcmp(k, "--target-gain")) {
+        if (sh_parse_double(v, &d, k) < 0 || !(d > 0 && d <= 1))
+            return sh_err(SH_EINVAL, "%s \"%s\": expected a reward in (0,1]", k, v);
+        int gain = !strcmp(k, "--target-gain");
+        s->base.target_reward = gain ? 0 : d;
+        s->base.target_gain = gain ? d : 0;
+        return 0;
+    }
+    if (!strcmp(k, "--lags")) return parse_list(k, v, s->lags, &s->nlags, 16, parse_lag);
+    if (!strcmp(k, "--losses")) return parse_list(k, v, s->losses, &s->nlosses, RL_LOSS_COUNT, rl_loss_parse);
+    if (!strcmp(k, "--fp8-lags")) return parse_list(k, v, s->fp8_lags, &s->nfp8_lags, 16, parse_lag);
+    if (!strcmp(k, "--dtypes")) return parse_list(k, v, s->dtypes, &s->ndtypes, 3, rl_dtype_parse);
+    if (!strcmp(k, "--out")) return o->out = v, 0;
+    if (!strcmp(k, "--render")) return o->render = v, 0;
+    *used = 0;
+    return 0;
 }
 
-/* ref: the sync configuration with the same loss and dtype (may be c). */
-static json_t *row_json(const cfg *c, const cfg *ref)
+static int parse_args(int argc, char **argv, opts *o)
 {
-    double sd1, sd2, sd3, sd4, sps, spm;
-    int n1, n2, n3, n4, nsp;
-    double r = mean_sd(c->runs, "reward_end", &sd1, &n1, 0);
-    double t = mean_sd(c->runs, "time_to_target_s", &sd2, &n2, 1);
-    double w = mean_sd(c->runs, "wall_s", &sd3, &n3, 0);
-    double tp = mean_sd(c->runs, "tokens_per_s", &sd4, &n4, 0);
-    double sdr, level = mean_sd(ref->runs, "reward_end", &sdr, &n3, 0);
-    json_t *sp = speedups(c, ref, &spm, &sps, &nsp);
-    char name[96];
-    cfg_name(c, name, sizeof name);
-    return json_pack("{s:f,s:f,s:f,s:i,s:o,s:s,s:s,s:i,s:s,s:s,s:f,s:f,s:f,s:f,s:i,s:i,s:f,s:f,s:f,s:O}",
-                     "sync_reward_ref", level, "speedup_vs_sync", spm, "speedup_sd", sps,
-                     "speedup_reached", nsp, "speedup_by_seed", sp, "config", name,
-                     "mode", c->async ? "async" : "sync", "max_lag", c->lag, "loss",
-                     rl_loss_name(c->loss), "rollout_dtype", c->dtype, "reward_end_mean", r,
-                     "reward_end_sd", sd1, "time_to_target_mean_s", n2 ? t : -1.0,
-                     "time_to_target_sd_s", sd2, "reached", n2, "seeds", n1, "wall_mean_s", w,
-                     "wall_sd_s", sd3, "tokens_per_s", tp, "runs", c->runs);
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(sweep_usage, stdout), 1;
+        o->quick |= !strcmp(argv[i], "--quick");
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    rl_sweep_default(&o->s, o->quick);
+    o->s.jobs = cores > 0 ? (int)cores : 1;
+    char *rest[256];
+    int nrest = 0;
+    snprintf(o->cmdline, sizeof o->cmdline, "shoal rl sweep");
+    for (int i = 0; i < argc; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        size_t len = strlen(o->cmdline);
+        snprintf(o->cmdline + len, sizeof o->cmdline - len, " %s", k);
+        if (!strcmp(k, "--quick")) continue;
+        if (!strcmp(k, "--json")) { o->json = 1; continue; }
+        for (size_t j = 0; j < sizeof owned / sizeof owned[0]; j++)
+            if (!strcmp(k, owned[j][0]))
+                return cli_usage("rl sweep", "%s: the sweep sets it for each cell; use %s", k, owned[j][1]);
+        if (strncmp(k, "--", 2)) return cli_usage("rl sweep", "unexpected argument \"%s\"", k);
+        int used = 0;
+        if (v && sweep_option(o, k, v, &used) < 0) return cli_usage("rl sweep", "%s", sh_errmsg());
+        if (used) {
+            i++;
+            len = strlen(o->cmdline);
+            snprintf(o->cmdline + len, sizeof o->cmdline - len, " %s", v);
+            continue;
+        }
+        if (nrest >= 254) return cli_usage("rl sweep", "too many options");
+        rest[nrest++] = argv[i]; /* an rl train option, with its value if it takes one */
+        if (v && strncmp(v, "--", 2)) {
+            rest[nrest++] = argv[++i];
+            len = strlen(o->cmdline);
+            snprintf(o->cmdline + len, sizeof o->cmdline - len, " %s", v);
+        }
+    }
+    int js = 0;
+    if (cli_rl_parse("rl sweep", nrest, rest, &o->s.base, &js)) return CLI_USAGE;
+    o->s.dir = o->out;
+    if (rl_sweep_check(&o->s) < 0) return cli_usage("rl sweep", "%s", sh_errmsg());
+    return 0;
 }
 
-static double num(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+/* ---- Output ------------------------------------------------------------- */
 
-static void write_md(sh_buf *md, json_t *rows, double target, const char *cmdline)
+static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+static double mean(const json_t *o, const char *k) { return num(json_object_get(o, k), "mean"); }
+static double se(const json_t *o, const char *k) { return num(json_object_get(o, k), "se"); }
+static int ival(const json_t *o, const char *k) { return (int)json_integer_value(json_object_get(o, k)); }
+static const char *str(const json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
+
+/* The row of (lag, loss, dtype); NULL if the grid lacks it. */
+static json_t *find(json_t *rows, int lag, const char *loss, const char *dt)
 {
-    sh_buf_printf(md, "Produced by `%s`.\n\n", cmdline);
-    sh_buf_printf(md, "| config | held-out reward (end) | time to %.2f (s) | reached | wall (s) | "
-                      "tokens/s | speed-up vs sync |\n|---|---|---|---|---|---|---|\n", target);
     size_t i;
     json_t *r;
+    json_array_foreach(rows, i, r) if (ival(r, "max_lag") == lag && !strcmp(str(r, "loss"), loss) &&
+                                       !strcmp(str(r, "rollout_dtype"), dt)) return r;
+    return NULL;
+}
+
+static void lag_head(sh_buf *md, json_t *lags, const char *first)
+{
+    size_t i;
+    json_t *l;
+    sh_buf_printf(md, "| %s |", first);
+    json_array_foreach(lags, i, l) {
+        if (json_integer_value(l)) sh_buf_printf(md, " η = %lld |", (long long)json_integer_value(l));
+        else sh_buf_printf(md, " sync |");
+    }
+    sh_buf_printf(md, "\n|---|");
+    for (i = 0; i < json_array_size(lags); i++) sh_buf_printf(md, "---|");
+    sh_buf_printf(md, "\n");
+}
+
+/* Final reward per loss x lag for one dtype; in brackets the seeds below
+ * the reference (sync for bf16, bf16 for the others). */
+static void reward_table(sh_buf *md, json_t *res, const char *dt, int seeds)
+{
+    json_t *lags = json_object_get(res, "lags"), *losses = json_object_get(res, "losses"), *l, *g;
+    size_t i, j;
+    int bf = !strcmp(dt, "bf16");
+    lag_head(md, lags, "loss");
+    json_array_foreach(losses, i, l) {
+        sh_buf_printf(md, "| %s |", json_string_value(l));
+        json_array_foreach(lags, j, g) {
+            json_t *r = find(json_object_get(res, "rows"), (int)json_integer_value(g), json_string_value(l), dt);
+            if (!r) { sh_buf_printf(md, " – |"); continue; }
+            sh_buf_printf(md, " %.3f ± %.3f", mean(r, "reward_final"), se(r, "reward_final"));
+            if (bf && json_integer_value(g))
+                sh_buf_printf(md, "; Δ %+.3f ± %.3f (%d/%d below)", mean(r, "vs_sync"), se(r, "vs_sync"),
+                              ival(r, "seeds_below_sync"), seeds);
+            if (!bf && json_object_get(r, "seeds_below_bf16"))
+                sh_buf_printf(md, "; Δ %+.3f ± %.3f (%d/%d below)", mean(r, "vs_bf16"), se(r, "vs_bf16"),
+                              ival(r, "seeds_below_bf16"), seeds);
+            sh_buf_printf(md, " |");
+        }
+        sh_buf_printf(md, "\n");
+    }
+}
+
+static void speedup_table(sh_buf *md, json_t *res, int seeds)
+{
+    json_t *lags = json_object_get(res, "lags"), *losses = json_object_get(res, "losses"), *l, *g;
+    size_t i, j;
+    lag_head(md, lags, "loss");
+    json_array_foreach(losses, i, l) {
+        sh_buf_printf(md, "| %s |", json_string_value(l));
+        json_array_foreach(lags, j, g) {
+            json_t *r = find(json_object_get(res, "rows"), (int)json_integer_value(g), json_string_value(l), "bf16");
+            if (!r) { sh_buf_printf(md, " – |"); continue; }
+            if (!json_integer_value(g))
+                sh_buf_printf(md, " %.1f s ± %.1f (%d/%d reach) |", mean(r, "time_to_target_s"),
+                              se(r, "time_to_target_s"), ival(r, "target_reached"), seeds);
+            else if (ival(r, "speedup_seeds_both_reach"))
+                sh_buf_printf(md, " %.2fx ± %.2f (%d/%d) |", mean(r, "speedup_vs_sync"), se(r, "speedup_vs_sync"),
+                              ival(r, "speedup_seeds_both_reach"), seeds);
+            else sh_buf_printf(md, " not reached (%d/%d reach) |", ival(r, "target_reached"), seeds);
+        }
+        sh_buf_printf(md, "\n");
+    }
+}
+
+static void write_md(sh_buf *md, json_t *res, const char *cmdline, double wall)
+{
+    int seeds = ival(res, "seeds");
+    json_t *rows = json_object_get(res, "rows"), *r;
+    size_t i, j;
+    double load = json_number_value(json_array_get(json_object_get(res, "load_average_end"), 0));
+    sh_buf_printf(md, "Produced by `%s` (%d paced runs in %.0f s, %d at a time; load average at the "
+                      "end %.1f).  Seeds %lld..%lld; %d RL steps for every cell; final reward = "
+                      "mean held-out reward of the last %d evaluations (every %d steps, %d problems "
+                      "x 8 samples); learning rate %g; emulated decoding step %g s, +%g per extra "
+                      "sequence, training step %g s; FP8: e4m3 weights, %s scaling, embeddings and head %s%s.\n\n",
+                  cmdline, seeds * (int)json_array_size(rows), wall, ival(res, "jobs"), load,
+                  (long long)json_integer_value(json_object_get(res, "seed0")),
+                  (long long)json_integer_value(json_object_get(res, "seed0")) + seeds - 1,
+                  ival(res, "steps"), ival(res, "last_k"), ival(res, "eval_every"), ival(res, "eval_n"),
+                  num(res, "lr"), num(res, "step_s"), num(res, "seq_cost"), num(res, "train_s"),
+                  ival(res, "fp8_block") ? "128 x 128 block" : "per-tensor",
+                  ival(res, "fp8_embed") ? "quantised too" : "kept in bf16",
+                  ival(res, "fp8_act") ? ", activations e4m3 per 1 x 128 tile (W8A8)" : "");
+    json_t *dts = json_object_get(res, "dtypes"), *d;
+    json_array_foreach(dts, i, d) {
+        const char *dt = json_string_value(d);
+        sh_buf_printf(md, "**Final held-out reward, %s rollouts** (mean ± standard error over %d seeds; "
+                          "Δ: the paired difference to %s, seed by seed, ± its standard error, and the "
+                          "seeds where the cell is below)\n\n", dt, seeds,
+                      strcmp(dt, "bf16") ? "the bf16 cell of the same loss and bound" : "sync with the same loss");
+        reward_table(md, res, dt, seeds);
+        sh_buf_printf(md, "\n");
+    }
+    char tgt[64];
+    if (num(res, "target_gain") > 0) snprintf(tgt, sizeof tgt, "start + %.2f", num(res, "target_gain"));
+    else snprintf(tgt, sizeof tgt, "%.2f", num(res, "target"));
+    sh_buf_printf(md, "**Emulated time to held-out reward %s** (mean of 2 evaluations), bf16: sync "
+                      "in seconds, async as the speed-up over sync of the same loss and seed (mean ± "
+                      "standard error over the seeds where both reach it, and how many do)\n\n",
+                  tgt);
+    speedup_table(md, res, seeds);
+    sh_buf_printf(md, "\n**Every cell**: Δ is the paired difference of final reward (in brackets, "
+                      "seeds below); staleness = trainer version − the version that generated a "
+                      "trajectory, over every trained trajectory of every seed (histogram 0, 1, ...); "
+                      "|Δlogp| = mean |log π_old − log μ| of the first step (sync: the rollout dtype's "
+                      "precision gap alone) and of all steps.\n\n"
+                      "| mode | η | loss | dtype | final reward | Δ vs sync | Δ vs bf16 | time to target (s) "
+                      "| staleness mean: histogram | \\|Δlogp\\| first / all |\n"
+                      "|---|---|---|---|---|---|---|---|---|---|\n");
     json_array_foreach(rows, i, r) {
-        int seeds = (int)json_integer_value(json_object_get(r, "seeds"));
-        char tt[48] = "not reached", sps[48] = "not reached";
-        if (num(r, "time_to_target_mean_s") >= 0)
-            snprintf(tt, sizeof tt, "%.1f ± %.1f", num(r, "time_to_target_mean_s"),
-                     num(r, "time_to_target_sd_s"));
-        int nsp = (int)json_integer_value(json_object_get(r, "speedup_reached"));
-        if (nsp == seeds)
-            snprintf(sps, sizeof sps, "%.2fx ± %.2f", num(r, "speedup_vs_sync"), num(r, "speedup_sd"));
-        else if (nsp) /* the mean is over the seeds that reach, which flatters it */
-            snprintf(sps, sizeof sps, "%.2fx (%d/%d seeds reach)", num(r, "speedup_vs_sync"), nsp, seeds);
-        sh_buf_printf(md, "| %s | %.3f ± %.3f | %s | %d/%d | %.1f ± %.1f | %.0f | %s |\n",
-                      json_string_value(json_object_get(r, "config")), num(r, "reward_end_mean"),
-                      num(r, "reward_end_sd"), tt,
-                      (int)json_integer_value(json_object_get(r, "reached")), seeds,
-                      num(r, "wall_mean_s"), num(r, "wall_sd_s"), num(r, "tokens_per_s"), sps);
+        char hist[256] = "", vb[64] = "–", tt[64] = "not reached";
+        json_t *h;
+        json_array_foreach(json_object_get(r, "staleness_hist"), j, h)
+            snprintf(hist + strlen(hist), sizeof hist - strlen(hist), "%s%lld", j ? "/" : "",
+                     (long long)json_integer_value(h));
+        if (json_object_get(r, "vs_bf16"))
+            snprintf(vb, sizeof vb, "%+.3f ± %.3f (%d)", mean(r, "vs_bf16"), se(r, "vs_bf16"), ival(r, "seeds_below_bf16"));
+        if (ival(r, "target_reached"))
+            snprintf(tt, sizeof tt, "%.1f ± %.1f (%d/%d)", mean(r, "time_to_target_s"), se(r, "time_to_target_s"),
+                     ival(r, "target_reached"), seeds);
+        sh_buf_printf(md, "| %s | %d | %s | %s | %.3f ± %.3f | %+.3f ± %.3f (%d) | %s | %s | %.2f: %s | %.4f / %.4f |\n",
+                      str(r, "mode"), ival(r, "max_lag"), str(r, "loss"), str(r, "rollout_dtype"),
+                      mean(r, "reward_final"), se(r, "reward_final"), mean(r, "vs_sync"), se(r, "vs_sync"),
+                      ival(r, "seeds_below_sync"), vb, tt, num(r, "staleness_mean"), hist,
+                      mean(r, "abs_dlogp_first"), mean(r, "abs_dlogp_mean"));
     }
-    sh_buf_printf(md, "\nMean ± standard deviation over seeds.  Speed-up vs sync, per seed: the "
-                      "wall-clock time of the sync run with the same loss, dtype and seed (so the "
-                      "same warm start) divided by the time this configuration's run takes to first "
-                      "reach that sync run's final held-out reward.\n");
 }
 
-/* Reward against wall-clock time, one polyline per run: colour by mode
- * (sync, then each staleness bound), dashed for FP8 rollouts. */
-static void write_svg(sh_buf *s, json_t *rows, double target)
+/* Final reward against the staleness bound, one line per loss (bf16
+ * solid, others dashed), with standard-error bars. */
+static void write_svg(sh_buf *s, json_t *res)
 {
-    static const int lags[] = {0, 1, 2, 4, 8};
-    static const char *pal[] = {"#000000", "#1f77b4", "#2ca02c", "#d62728", "#9467bd"};
-    double tmax = 1;
-    size_t i, k;
-    json_t *r, *run, *pt;
-    json_array_foreach(rows, i, r) json_array_foreach(json_object_get(r, "runs"), k, run) {
-        json_t *curve = json_object_get(run, "curve");
-        double t = num(json_array_get(curve, json_array_size(curve) - 1), "wall_s");
-        if (t > tmax) tmax = t;
+    static const char *pal[] = {"#000000", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"};
+    json_t *lags = json_object_get(res, "lags"), *losses = json_object_get(res, "losses");
+    json_t *dts = json_object_get(res, "dtypes"), *rows = json_object_get(res, "rows"), *l, *d, *r;
+    size_t nl = json_array_size(lags), i, j, k;
+    double lo = 1, hi = 0;
+    json_array_foreach(rows, i, r) {
+        lo = fmin(lo, mean(r, "reward_final") - se(r, "reward_final"));
+        hi = fmax(hi, mean(r, "reward_final") + se(r, "reward_final"));
     }
-    const double W = 760, H = 440, L = 60, R = 170, T = 20, B = 50, pw = W - L - R, ph = H - T - B;
+    lo = floor(lo * 10) / 10, hi = ceil(hi * 10) / 10;
+    if (hi <= lo) hi = lo + 0.1;
+    const double W = 720, H = 420, L = 60, R = 150, T = 20, B = 50, pw = W - L - R, ph = H - T - B;
+#define X(g) (L + pw * ((g) + 0.5) / (double)nl)
+#define Y(v) (T + ph - ph * ((v) - lo) / (hi - lo))
     sh_buf_printf(s, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                      "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
     for (int g = 0; g <= 5; g++) {
-        double y = T + ph - ph * g / 5.0, x = L + pw * g / 5.0;
+        double v = lo + (hi - lo) * g / 5;
         sh_buf_printf(s, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                         "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.1f</text>\n",
-                      L, y, L + pw, y, L - 5, y + 4, g / 5.0);
-        sh_buf_printf(s, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n", x,
-                      T + ph + 15, tmax * g / 5.0);
+                         "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.2f</text>\n", L, Y(v), L + pw, Y(v), L - 5, Y(v) + 4, v);
     }
-    double ty = T + ph - ph * target;
-    sh_buf_printf(s, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#000\" stroke-dasharray=\"2,3\"/>\n", L, ty, L + pw, ty);
-    sh_buf_printf(s, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">wall-clock seconds of RL "
-                     "(evaluations included)</text>\n<text x=\"15\" y=\"%.0f\" transform=\"rotate(-90 15 %.0f)\" "
-                     "text-anchor=\"middle\">held-out reward</text>\n",
+    json_array_foreach(lags, i, l) {
+        char lab[32];
+        if (json_integer_value(l)) snprintf(lab, sizeof lab, "η = %lld", (long long)json_integer_value(l));
+        else snprintf(lab, sizeof lab, "sync");
+        sh_buf_printf(s, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n", X((double)i), T + ph + 15, lab);
+    }
+    sh_buf_printf(s, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">staleness bound (paced: realised staleness follows it)</text>\n"
+                     "<text x=\"15\" y=\"%.0f\" transform=\"rotate(-90 15 %.0f)\" text-anchor=\"middle\">final held-out reward (± SE)</text>\n",
                   L + pw / 2, H - 12, T + ph / 2, T + ph / 2);
-    json_array_foreach(rows, i, r) {
-        int m = 0, lag = strcmp(json_string_value(json_object_get(r, "mode")), "async")
-                             ? 0 : (int)json_integer_value(json_object_get(r, "max_lag"));
-        while (m < 4 && lags[m] != lag) m++;
-        int fp8 = !strcmp(json_string_value(json_object_get(r, "rollout_dtype")), "fp8");
-        json_array_foreach(json_object_get(r, "runs"), k, run) {
-            sh_buf_printf(s, "<polyline fill=\"none\" stroke=\"%s\" stroke-opacity=\"0.55\" stroke-width=\"1.2\"%s points=\"",
-                          pal[m], fp8 ? " stroke-dasharray=\"5,3\"" : "");
-            size_t q;
-            json_array_foreach(json_object_get(run, "curve"), q, pt)
-                sh_buf_printf(s, "%.1f,%.1f ", L + pw * num(pt, "wall_s") / tmax, T + ph - ph * num(pt, "reward"));
-            sh_buf_printf(s, "\"/>\n");
+    json_array_foreach(dts, k, d) json_array_foreach(losses, j, l) {
+        const char *dt = json_string_value(d), *ls = json_string_value(l);
+        const char *col = pal[j % 6], *dash = strcmp(dt, "bf16") ? " stroke-dasharray=\"5,3\"" : "";
+        sh_buf_printf(s, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\"%s points=\"", col, dash);
+        for (i = 0; i < nl; i++) {
+            json_t *c = find(rows, (int)json_integer_value(json_array_get(lags, i)), ls, dt);
+            if (c) sh_buf_printf(s, "%.1f,%.1f ", X((double)i) + 4.0 * k, Y(mean(c, "reward_final")));
+        }
+        sh_buf_printf(s, "\"/>\n");
+        for (i = 0; i < nl; i++) {
+            json_t *c = find(rows, (int)json_integer_value(json_array_get(lags, i)), ls, dt);
+            if (!c) continue;
+            double m = mean(c, "reward_final"), e = se(c, "reward_final"), x = X((double)i) + 4.0 * k;
+            sh_buf_printf(s, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>"
+                             "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
+                          x, Y(m - e), x, Y(m + e), col, x, Y(m), col);
         }
     }
-    static const char *names[] = {"sync", "async lag 1", "async lag 2", "async lag 4", "async lag 8",
-                                  "bf16 rollouts", "fp8 rollouts"};
-    for (int g = 0; g < 7; g++) {
-        double ly = T + 10 + 18 * g;
-        sh_buf_printf(s, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"2\"%s/>"
+    json_array_foreach(losses, j, l) {
+        double ly = T + 10 + 18 * (double)j;
+        sh_buf_printf(s, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"2\"/>"
                          "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
-                      W - R + 10, ly, W - R + 35, ly, g < 5 ? pal[g] : "#777",
-                      g == 6 ? " stroke-dasharray=\"5,3\"" : "", W - R + 40, ly + 4, names[g]);
+                      W - R + 10, ly, W - R + 35, ly, pal[j % 6], W - R + 40, ly + 4, json_string_value(l));
     }
-    sh_buf_printf(s, "<text x=\"%.0f\" y=\"%.0f\">one line per run (loss x seed)</text>\n", W - R + 10, T + 10 + 18 * 7.5);
+    double ly = T + 10 + 18 * (double)json_array_size(losses) + 10;
+    sh_buf_printf(s, "<text x=\"%.0f\" y=\"%.0f\">solid: bf16 rollouts</text><text x=\"%.0f\" y=\"%.0f\">dashed: fp8</text>\n",
+                  W - R + 10, ly, W - R + 10, ly + 16);
     sh_buf_printf(s, "</svg>\n");
+#undef X
+#undef Y
 }
 
-static int parse_args(int argc, char **argv, sweep *sw)
+/* rendered: res comes from an earlier sweep's JSON (--render), which keeps
+ * its own command, time and load. */
+static int write_outputs(const opts *o, json_t *res, double wall, int rendered)
 {
-    for (int i = 0; i < argc; i++) {
-        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t n;
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) return fputs(sweep_usage, stdout), 1;
-        else if (!strcmp(o, "--quick")) sw->quick = 1;
-        else if (!strcmp(o, "--json")) sw->json = 1;
-        else if (!v) return cli_usage("rl sweep", "%s needs a value or is unknown", o);
-        else if (!strcmp(o, "--seeds") || !strcmp(o, "--steps") || !strcmp(o, "--async-steps") ||
-                 !strcmp(o, "--jobs")) {
-            if (sh_parse_i64(v, &n, o) < 0 || n < 1 || n > 1000)
-                return cli_usage("rl sweep", "%s \"%s\": expected a count in 1..1000", o, v);
-            *(!strcmp(o, "--seeds") ? &sw->seeds : !strcmp(o, "--steps") ? &sw->steps
-              : !strcmp(o, "--jobs") ? &sw->jobs : &sw->async_steps) = (int)n;
-            i++;
-        } else if (!strcmp(o, "--target")) {
-            if (sh_parse_double(v, &sw->target, o) < 0 || !(sw->target > 0 && sw->target <= 1))
-                return cli_usage("rl sweep", "--target \"%s\": expected a reward in (0,1]", v);
-            i++;
-        } else if (!strcmp(o, "--out")) sw->out = v, i++;
-        else if (!strcmp(o, "--losses")) sw->losses = v, i++;
-        else if (!strcmp(o, "--dtypes")) sw->dtypes = v, i++;
-        else if (!strncmp(o, "--", 2) && strlen(sw->extra) + strlen(o) + strlen(v) + 8 < sizeof sw->extra) {
-            if (strchr(v, ' ') || strchr(o, ' '))
-                return cli_usage("rl sweep", "option %s %s: values with spaces cannot be passed on", o, v);
-            snprintf(sw->extra + strlen(sw->extra), sizeof sw->extra - strlen(sw->extra), " %s %s", o, v), i++;
-        } else return cli_usage("rl sweep", "unexpected argument \"%s\"", o);
+    if (!rendered) {
+        json_object_set_new(res, "command", json_string(o->cmdline));
+        json_object_set_new(res, "jobs", json_integer(o->s.jobs));
+        json_object_set_new(res, "sweep_wall_s", json_real(wall));
+        double load[3] = {0, 0, 0};
+        getloadavg(load, 3);
+        json_object_set_new(res, "load_average_end", json_pack("[f,f,f]", load[0], load[1], load[2]));
     }
-    return 0;
-}
-
-/* Whether name is in the comma-separated list (NULL: everything is). */
-static int in_list(const char *list, const char *name)
-{
-    size_t n = strlen(name);
-    for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-        if (!strncmp(p, name, n) && (p[n] == ',' || !p[n])) return 1;
-    return !list;
-}
-
-/* Every name in a --losses / --dtypes list is one of the grid's. */
-static int check_subset(const char *list, const char *opt)
-{
-    static const char *names[] = {"ppo", "tis", "mis", "decoupled", "bf16", "fp8"};
-    int dt = !strcmp(opt, "--dtypes");
-    for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
-        size_t n = strcspn(p, ","), ok = 0;
-        for (int k = dt ? 4 : 0; k < (dt ? 6 : 4); k++) ok |= strlen(names[k]) == n && !strncmp(p, names[k], n);
-        if (!ok)
-            return cli_usage("rl sweep", "%s \"%s\": expected a comma-separated list of %s", opt, list,
-                             dt ? "bf16, fp8" : "ppo, tis, mis, decoupled");
-    }
-    return 0;
-}
-
-/* The passed-on options are checked once, before any work starts. */
-static int check_extra(const sweep *sw)
-{
-    rl_config c;
-    rl_config_default(&c);
-    char buf[2048], *args[128];
-    int na = 0, js = 0;
-    snprintf(buf, sizeof buf, "%s", sw->extra);
-    for (char *t = strtok(buf, " "); t && na < 128; t = strtok(NULL, " ")) args[na++] = t;
-    return cli_rl_parse("rl sweep", na, args, &c, &js);
-}
-
-static int write_outputs(const sweep *sw, json_t *rows, double secs)
-{
-    char cmdline[2600], as[48] = "", jobs[32];
-    if (sw->async_steps != sw->steps) snprintf(as, sizeof as, " --async-steps %d", sw->async_steps);
-    snprintf(jobs, sizeof jobs, " --jobs %d", sw->jobs);
-    char grid[600] = "";
-    if (sw->losses) snprintf(grid, sizeof grid, " --losses %.250s", sw->losses);
-    if (sw->dtypes) snprintf(grid + strlen(grid), sizeof grid - strlen(grid), " --dtypes %.250s", sw->dtypes);
-    snprintf(cmdline, sizeof cmdline, "shoal rl sweep%s --seeds %d --steps %d%s --target %g%s%s%s",
-             sw->quick ? " --quick" : "", sw->seeds, sw->steps, as, sw->target, jobs, grid, sw->extra);
-    double load[3] = {0, 0, 0};
-    getloadavg(load, 3);
-    json_t *res = json_pack("{s:s,s:f,s:i,s:i,s:i,s:f,s:[f,f,f],s:O}", "command", cmdline, "target",
-                            sw->target, "seeds", sw->seeds, "steps", sw->steps, "jobs", sw->jobs,
-                            "sweep_wall_s", secs, "load_average_end", load[0], load[1], load[2],
-                            "rows", rows);
     sh_buf md = {0}, svg = {0};
-    write_md(&md, rows, sw->target, cmdline);
-    write_svg(&svg, rows, sw->target);
+    write_md(&md, res, str(res, "command"), num(res, "sweep_wall_s"));
+    write_svg(&svg, res);
     char p1[4096], p2[4096], p3[4096];
-    snprintf(p1, sizeof p1, "%s/sweep.md", sw->out);
-    snprintf(p2, sizeof p2, "%s/sweep.json", sw->out);
-    snprintf(p3, sizeof p3, "%s/sweep.svg", sw->out);
-    int rc = sh_write_atomic(p1, md.data, md.len);
-    if (!rc) rc = sh_json_write_atomic(p2, res);
+    snprintf(p1, sizeof p1, "%s/sweep.md", o->out);
+    snprintf(p2, sizeof p2, "%s/sweep.json", o->out);
+    snprintf(p3, sizeof p3, "%s/sweep.svg", o->out);
+    int rc = sh_mkdir_p(o->out, 0755);
+    if (!rc) rc = sh_write_atomic(p1, md.data, md.len);
+    if (!rc && !rendered) rc = sh_json_write_atomic(p2, res);
     if (!rc) rc = sh_write_atomic(p3, svg.data, svg.len);
-    if (!rc && sw->json) sh_json_print(res);
-    else if (!rc) printf("%s\nwrote %s, %s, %s\n", (char *)md.data, p1, p2, p3);
+    if (!rc && o->json) sh_json_print(res);
+    else if (!rc) printf("%s\nwrote %s, %s%s, %s\n", (char *)md.data, p1, rendered ? "" : p2,
+                         rendered ? "" : ",", p3);
     sh_buf_free(&md), sh_buf_free(&svg);
-    json_decref(res);
     return rc;
+}
+
+typedef struct bar_ctx {
+    sh_progress bar;
+    int total;
+} bar_ctx;
+
+/* The bar on a terminal; otherwise (make bench, a log) a line every 5 %. */
+static void on_progress(int done, int total, void *ctx)
+{
+    bar_ctx *b = ctx;
+    if (total != b->total) b->bar.total = (uint64_t)total, b->total = total;
+    sh_progress_update(&b->bar, (uint64_t)done);
+    if (!isatty(2) && (done * 20 / total != (done - 1) * 20 / total || done == total))
+        fprintf(stderr, "rl sweep: %d/%d runs\n", done, total);
 }
 
 int cli_rl_sweep(int argc, char **argv)
 {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    sweep sw = {.seeds = 0, .steps = 0, .target = 0.7, .out = "rl-sweep",
-                .jobs = 2 * (int)(cores > 0 ? cores : 1)};
-    int rc = parse_args(argc, argv, &sw);
+    opts o = {.out = "rl-sweep"};
+    int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : rc;
-    if (!sw.seeds) sw.seeds = sw.quick ? 2 : 3;
-    if (!sw.steps) sw.steps = sw.quick ? 30 : 60;
-    /* Async runs get twice the steps: a step of theirs takes about half the
-     * time of a sync one, and staleness costs progress per step, so they
-     * need room to reach the sync run's final reward. */
-    if (!sw.async_steps) sw.async_steps = 2 * sw.steps;
-    if ((rc = check_extra(&sw))) return rc;
-    static const int lags[] = {0, 1, 2, 4, 8};
-    static const char *dts[] = {"bf16", "fp8"};
-    if ((rc = check_subset(sw.losses, "--losses")) || (rc = check_subset(sw.dtypes, "--dtypes"))) return rc;
-    cfg cf[64];
-    int ncf = 0;
-    for (int d = 0; d < 2; d++)
-        for (int l = 0; l < 5; l++)
-            for (int k = RL_LOSS_PPO; k <= RL_LOSS_DECOUPLED; k++) {
-                if (!in_list(sw.losses, rl_loss_name(k)) || !in_list(sw.dtypes, dts[d])) continue;
-                cf[ncf] = (cfg){.async = lags[l] > 0, .lag = lags[l] > 0 ? lags[l] : 2, .loss = k,
-                                .dtype = dts[d], .runs = json_array()};
-                for (int s = 0; s < sw.seeds; s++) json_array_append_new(cf[ncf].runs, json_null());
-                ncf++;
-            }
-    char runs_dir[4096];
-    snprintf(runs_dir, sizeof runs_dir, "%s/runs", sw.out);
-    rc = sh_mkdir_p(runs_dir, 0755);
-    double t0 = sh_now_mono();
-    if (!rc) rc = run_all(&sw, cf, ncf);
-    if (!rc) fprintf(stderr, "rl sweep: %d runs in %.0f s, %d at a time\n", ncf * sw.seeds,
-                     sh_now_mono() - t0, sw.jobs);
-    /* Rows once every run is in: each compares with its sync counterpart. */
-    json_t *rows = json_array();
-    for (int i = 0; i < ncf && !rc; i++) {
-        json_array_append_new(rows, row_json(&cf[i], sync_ref(cf, ncf, &cf[i])));
+    if (o.render) {
+        char *text = NULL;
+        size_t len;
+        json_t *res = NULL;
+        rc = sh_read_file(o.render, 1 << 30, &text, &len);
+        if (!rc) rc = sh_json_parse(text, len, o.render, &res);
+        free(text);
+        if (!rc && !json_is_array(json_object_get(res, "rows")))
+            rc = sh_err(SH_EFORMAT, "%s: not a sweep.json (no \"rows\")", o.render);
+        if (!rc) rc = write_outputs(&o, res, 0, 1);
+        json_decref(res);
+        return rc ? cli_fail("rl sweep", rc) : 0;
     }
-    if (!rc) rc = write_outputs(&sw, rows, sh_now_mono() - t0);
-    for (int i = 0; i < ncf; i++) json_decref(cf[i].runs);
-    json_decref(rows);
+    int total = o.s.seeds * (1 + o.s.nlags * o.s.nlosses * o.s.ndtypes);
+    bar_ctx b = {.total = total};
+    sh_progress_start(&b.bar, "rl sweep", (uint64_t)total, "runs");
+    double t0 = sh_now_mono();
+    json_t *res = NULL;
+    rc = rl_sweep_run(&o.s, on_progress, &b, &res);
+    sh_progress_finish(&b.bar);
+    if (!rc) {
+        fprintf(stderr, "rl sweep: %d runs in %.0f s, %d at a time\n", total, sh_now_mono() - t0, o.s.jobs);
+        rc = write_outputs(&o, res, sh_now_mono() - t0, 0);
+    }
+    json_decref(res);
     return rc ? cli_fail("rl sweep", rc) : 0;
 }

@@ -39,6 +39,7 @@ void rl_config_default(rl_config *c)
     c->train_cost = 1.0;
     c->target_reward = 0.8;
     c->model = nn_config_default(rl_vocab());
+    c->fp8_block = 128;
 }
 
 int rl_workers_parse(const char *s, rl_config *c)
@@ -120,7 +121,23 @@ int rl_config_check(const rl_config *c)
     if (c->target_window < 0 || c->target_window > RL_TARGET_WINDOW_MAX)
         return sh_err(SH_EINVAL, "target window %d: must be 0..%d evaluations", c->target_window,
                       RL_TARGET_WINDOW_MAX);
+    if (!(c->target_gain >= 0 && c->target_gain < 1))
+        return sh_err(SH_EINVAL, "--target-gain %g: must be in [0,1)", c->target_gain);
+    if (!(c->train_s >= 0) || c->fp8_block < 0 || c->fp8_block > 65536)
+        return sh_err(SH_EINVAL, "emulated training step %g s must be >= 0 and the FP8 block %d "
+                                 "0..65536", c->train_s, c->fp8_block);
     if (c->step_s < 0 || c->seq_cost < 0)
         return sh_err(SH_EINVAL, "emulated step %g s and sequence cost %g must be >= 0", c->step_s, c->seq_cost);
     return 0;
 }
+
+static const char *const dtype_names[] = {"fp32", "bf16", "fp8"};
+
+int rl_dtype_parse(const char *name, int *dtype)
+{
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(name, dtype_names[i])) return *dtype = i, 0;
+    return sh_err(SH_EINVAL, "rollout dtype \"%s\": expected fp32, bf16 or fp8", name);
+}
+
+const char *rl_dtype_name(int dtype) { return dtype >= 0 && dtype < 3 ? dtype_names[dtype] : "?"; }

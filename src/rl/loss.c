@@ -13,16 +13,20 @@
 #include "shoal/common.h"
 #include "shoal/rl.h"
 
-static const char *const loss_names[] = {"pg", "ppo", "tis", "mis", "decoupled"};
+static const char *const loss_names[RL_LOSS_COUNT] = {"pg", "ppo", "tis", "mis", "decoupled",
+                                                      "naive"};
 
 int rl_loss_parse(const char *name, int *loss)
 {
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < RL_LOSS_COUNT; i++)
         if (!strcmp(name, loss_names[i])) return *loss = i, 0;
-    return sh_err(SH_EINVAL, "--loss \"%s\": expected pg, ppo, tis, mis or decoupled", name);
+    return sh_err(SH_EINVAL, "--loss \"%s\": expected pg, naive, ppo, tis, mis or decoupled", name);
 }
 
-const char *rl_loss_name(int loss) { return loss >= 0 && loss < 5 ? loss_names[loss] : "?"; }
+const char *rl_loss_name(int loss)
+{
+    return loss >= 0 && loss < RL_LOSS_COUNT ? loss_names[loss] : "?";
+}
 
 rl_loss_cfg rl_loss_defaults(int kind)
 {
@@ -72,6 +76,13 @@ static uint8_t *seq_keep(const rl_loss_cfg *c, const rl_tok_in *t, int n, int ns
     return keep;
 }
 
+/* Whether MIS keeps token k: its sequence's geometric mean (keep != NULL)
+ * or its own ratio pi_old/mu lies in the band. */
+static int mis_kept(const rl_loss_cfg *c, const uint8_t *keep, const rl_tok_in *k, double w_old)
+{
+    return keep ? keep[k->seq] : w_old >= c->mis_lo && w_old <= c->mis_hi;
+}
+
 double rl_loss(const rl_loss_cfg *c, const rl_tok_in *t, int n, int nseq, float *coef,
                rl_loss_stats *st)
 {
@@ -82,6 +93,14 @@ double rl_loss(const rl_loss_cfg *c, const rl_tok_in *t, int n, int nseq, float 
     if (c->kind == RL_LOSS_MIS && c->mis_seq) {
         keep = seq_keep(c, t, n, nseq);
         if (!keep) return NAN; /* out of memory: the caller skips the step */
+    }
+    /* The mean runs over the tokens that take part: all of them, except
+     * that MIS drops the masked ones from the denominator too (IcePop), so
+     * that masking many tokens does not shrink the step of the rest. */
+    int denom = n;
+    if (c->kind == RL_LOSS_MIS) {
+        denom = 0;
+        for (int i = 0; i < n; i++) denom += mis_kept(c, keep, &t[i], exp((double)t[i].lold - t[i].lmu));
     }
     double total = 0;
     for (int i = 0; i < n; i++) {
@@ -94,6 +113,9 @@ double rl_loss(const rl_loss_cfg *c, const rl_tok_in *t, int n, int nseq, float 
             l = -(double)k->adv * k->logp;
             coef[i] = -k->adv;
             break;
+        case RL_LOSS_NAIVE: /* PPO on the trainer's weights as if they had sampled */
+            l = ppo_term(k->logp, k->lold, k->adv, c->clip, 1.0, &coef[i], &clipped);
+            break;
         case RL_LOSS_PPO: /* the behaviour policy serves as pi_old */
             l = ppo_term(k->logp, k->lmu, k->adv, c->clip, 1.0, &coef[i], &clipped);
             break;
@@ -101,16 +123,14 @@ double rl_loss(const rl_loss_cfg *c, const rl_tok_in *t, int n, int nseq, float 
             l = ppo_term(k->logp, k->lold, k->adv, c->clip, fmin(w_old, c->tis_cap), &coef[i],
                          &clipped);
             break;
-        case RL_LOSS_MIS: {
-            int in = keep ? keep[k->seq] : (w_old >= c->mis_lo && w_old <= c->mis_hi);
-            if (!in) {
+        case RL_LOSS_MIS: /* IcePop: masked outside the band, importance-weighted inside */
+            if (!mis_kept(c, keep, k, w_old)) {
                 st->masked++;
                 coef[i] = 0;
                 break;
             }
-            l = ppo_term(k->logp, k->lold, k->adv, c->clip, 1.0, &coef[i], &clipped);
+            l = ppo_term(k->logp, k->lold, k->adv, c->clip, w_old, &coef[i], &clipped);
             break;
-        }
         default: { /* decoupled: behaviour weight pi_prox/mu, optionally capped */
             double w = c->dec_cap > 0 ? fmin(w_old, c->dec_cap) : w_old;
             l = ppo_term(k->logp, k->lold, k->adv, c->clip, w, &coef[i], &clipped);
@@ -118,10 +138,10 @@ double rl_loss(const rl_loss_cfg *c, const rl_tok_in *t, int n, int nseq, float 
         }
         st->clipped += clipped;
         total += l;
-        coef[i] /= n;
+        coef[i] = denom ? coef[i] / denom : 0.0f;
     }
     free(keep);
-    return total / n;
+    return denom ? total / denom : 0.0;
 }
 
 void rl_grpo_advantages(const rl_traj *tr, int n, float *adv)

@@ -19,6 +19,12 @@ struct store {
 int store__version_dir(const store *s, uint64_t v, char *out, size_t cap);
 int store__valid_run(const char *run);
 
+/* store.c's publish steps, shared with publish_mem.c. */
+int store__write_manifest(store *s, const char *dir, const store_version *m);
+int store__write_latest(store *s, uint64_t v);
+/* The anchor version v chains back to (v itself for an anchor). */
+int store__anchor_of(store *s, uint64_t v, uint64_t *out);
+
 /* Copies src to an open fd, hashing what it copies; fsyncs fd. */
 int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size);
 /* Streams a file through xxh3-128. */

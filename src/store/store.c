@@ -420,3 +420,12 @@ int store_publish(store *s, const char *path, const store_publish_opts *o, uint6
     close(fd);
     return rc;
 }
+
+/* ---- Shared with publish_mem.c ------------------------------------------ */
+
+int store__write_manifest(store *s, const char *dir, const store_version *m)
+{
+    return write_manifest(s, dir, m);
+}
+int store__write_latest(store *s, uint64_t v) { return write_latest(s, v); }
+int store__anchor_of(store *s, uint64_t v, uint64_t *out) { return anchor_of(s, v, out); }
