@@ -204,9 +204,10 @@ def main():
     os.makedirs(LOG, exist_ok=True)
     t0 = time.time()
     sync_tree()
-    # Stale entries are found before anything is built.
+    # Stale entries are found before anything is built, in the copy that is
+    # tested (the working tree may change while this runs).
     for e in entries:
-        path = os.path.join(ROOT, e["file"])
+        path = os.path.join(TREE, e["file"])
         try:
             text = open(path).read()
         except OSError as err:
@@ -240,6 +241,10 @@ def main():
         path = os.path.join(TREE, e["file"])
         orig = open(path).read()
         t1 = time.time()
+        if orig.count(e["from"]) != 1:
+            e["result"], e["why"] = "STALE", f"its text occurs {orig.count(e['from'])} times in {e['file']}"
+            print(f"{e['result']:10} {e['mutant']:28} {e['why']}", flush=True)
+            continue
         try:
             with open(path, "w") as f:
                 f.write(orig.replace(e["from"], e["to"], 1))

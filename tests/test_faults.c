@@ -595,6 +595,10 @@ static void publish_cases(pub *p, const char *label)
         if (rc < 0 && !moved && !strstr(sh_errmsg(), "LATEST still names version 2"))
             fail_msg("%s: message \"%s\" does not say what LATEST names", ctx, sh_errmsg());
         failed += rc < 0;
+        /* A failed publish leaves no folder of its version behind. */
+        char v3[1200];
+        snprintf(v3, sizeof v3, "%s/main/versions/%010d", p->root, 3);
+        if (rc < 0 && !moved && sh_path_exists(v3)) fail_msg("%s: the failed publish left %s behind", ctx, v3);
         assert_int_equal(pub_check(p, rc == SH_OK || moved, ctx), rc == SH_OK || moved ? 3 : 2);
         /* The process dies at step k. */
         pub_reset(p);
