@@ -290,7 +290,9 @@ static int setup(agent *a, const agent_config *cfg)
         if (!cfg->gpu_type) snprintf(a->gpu_type, sizeof a->gpu_type, "%s", t);
         if (cfg->gpus < 0) a->gpus = n;
     }
-    SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0755));
+    /* A new work root is private: members reach their own directory through
+     * the jail's binds, never by walking the root. */
+    SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0700));
     /* Members chdir and bind-mount it: it must be absolute. */
     if (!realpath(a->cfg.work_dir, a->work_abs)) return sh_err_errno(errno, "agent: work dir %s", a->cfg.work_dir);
     a->cfg.work_dir = a->work_abs;

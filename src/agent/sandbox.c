@@ -410,7 +410,7 @@ int agent__launch(agent *a, agent_member *m, const json_t *d)
                  ? AGENT_UID_BASE + (uid_t)json_integer_value(json_object_get(d, "uid"))
                  : geteuid();
     if (a->mode != SB_NONE) SH_TRY(check_writable(a, d));
-    SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0755));
+    SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0700));
     if (mkdir(m->workdir, 0700) < 0 && errno != EEXIST) return sh_err_errno(errno, "mkdir %s", m->workdir);
     if (chown(m->workdir, m->uid, m->uid) < 0) return sh_err_errno(errno, "chown %s", m->workdir);
     char **argv = build_argv(a, m, d);

@@ -159,9 +159,9 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
 /* An undo record: the jobs and nodes a change may touch, saved before it,
  * so that a change whose transaction fails is taken back in memory too and
  * the model never runs ahead of the database.  Between begin and end the
- * scheduling core is told of ended jobs only after the commit.  Jobs'
- * member arrays must not be reallocated in between (finish, member ends
- * and cancels do not). */
+ * scheduling core is told of ended jobs only after the commit.  (The
+ * scheduling cycle does not use it: the core has taken its own decisions
+ * by the time they are written.) */
 typedef struct srv_undo_job { srv_job *j; srv_job copy; srv_member *mem; } srv_undo_job;
 typedef struct srv_undo {
     srv_undo_job *jobs;

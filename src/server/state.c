@@ -385,10 +385,13 @@ void srv__undo_end(srv *s, srv_undo *u, int committed)
         /* Not durable: the model goes back to what the database holds, so
          * that no agent is told to stop or start anything. */
         for (int i = 0; i < u->njobs; i++) {
+            /* The job's array now (the saved one, or one that replaced and
+             * freed it) gives way to the saved copy of its members. */
             srv_job *j = u->jobs[i].j;
-            if (j->mem != u->jobs[i].copy.mem) free(j->mem);
+            free(j->mem);
             *j = u->jobs[i].copy;
-            if (j->nmem) memcpy(j->mem, u->jobs[i].mem, (size_t)j->nmem * sizeof *j->mem);
+            j->mem = u->jobs[i].mem;
+            u->jobs[i].mem = NULL;
         }
         for (int i = 0; i < u->nnodes; i++) s->nodes[u->node_idx[i]] = u->nodes[i];
     }
