@@ -576,7 +576,7 @@ static int grow_pass(sched *s, sched_decisions *d, double now)
      * wait hold GPUs that gangs of the same or lower priority cannot take
      * back, and on the mixed replays they cost small gangs more wait at
      * p99 than they gave elastic jobs. */
-    if (s->queued) return 0;
+    if (s->queued && !(s->cfg.policy == SCHED_POLICY_SHOAL && s->cfg.grow_queued)) return 0;
     for (size_t i = 0; i < s->nelastic && s->gpus_up > s->gpus_busy; i++) {
         uint32_t ji = s->elastic[i];
         sjob *j = &s->jobs[ji];
