@@ -130,6 +130,7 @@ int srv__start(srv *s, srv_job *j, const int *nodes, int n)
         sh_buf_printf(&where, "%s%s", r ? "," : "", nd->name);
     }
     j->state = J_STARTING;
+    j->rdzv_port = 0; /* each attempt rendezvouses on a fresh port (agentapi.c) */
     j->go = j->kind != K_GANG; /* only gangs wait at the barrier */
     j->nprefer = 0;
     int rc = srv__db_job(s, j);
@@ -168,7 +169,10 @@ static int stop_live(srv *s, srv_job *j)
 int srv__finish(srv *s, srv_job *j, int state, int exit_code, const char *reason)
 {
     SH_TRY(stop_live(s, j));
-    srv__seam_end(s, j, state == J_CANCELLED);
+    if (s->defer_seam && s->nseam_queue < (int)(sizeof s->seam_queue / sizeof s->seam_queue[0])) {
+        s->seam_queue[s->nseam_queue] = j->id;
+        s->seam_queue_cancelled[s->nseam_queue++] = state == J_CANCELLED;
+    } else srv__seam_end(s, j, state == J_CANCELLED);
     j->state = state;
     j->exit_code = exit_code;
     j->t_end = sh_now_wall();
@@ -316,6 +320,86 @@ void srv__heartbeats(srv *s, double now)
     }
 }
 
+/* ---- undo: a change is applied only once it is durable ------------------ */
+
+void srv__undo_begin(srv *s, srv_undo *u)
+{
+    memset(u, 0, sizeof *u);
+    s->defer_seam = 1;
+    s->nseam_queue = 0;
+}
+
+int srv__undo_node(srv *s, srv_undo *u, int idx)
+{
+    if (idx < 0 || idx >= s->nnodes) return SH_OK;
+    for (int i = 0; i < u->nnodes; i++)
+        if (u->node_idx[i] == idx) return SH_OK; /* already saved */
+    if (u->nnodes == u->cap_nodes) {
+        int cap = u->cap_nodes ? 2 * u->cap_nodes : 16;
+        int *ni = realloc(u->node_idx, (size_t)cap * sizeof *ni);
+        if (ni) u->node_idx = ni;
+        srv_node *nn = ni ? realloc(u->nodes, (size_t)cap * sizeof *nn) : NULL;
+        if (!nn) return sh_err(SH_ENOMEM, "undo: nodes");
+        u->nodes = nn;
+        u->cap_nodes = cap;
+    }
+    u->node_idx[u->nnodes] = idx;
+    u->nodes[u->nnodes++] = s->nodes[idx];
+    return SH_OK;
+}
+
+int srv__undo_job(srv *s, srv_undo *u, srv_job *j)
+{
+    for (int i = 0; i < u->njobs; i++)
+        if (u->jobs[i].j == j) return SH_OK;
+    if (u->njobs == u->cap_jobs) {
+        int cap = u->cap_jobs ? 2 * u->cap_jobs : 8;
+        srv_undo_job *nj = realloc(u->jobs, (size_t)cap * sizeof *nj);
+        if (!nj) return sh_err(SH_ENOMEM, "undo: jobs");
+        u->jobs = nj;
+        u->cap_jobs = cap;
+    }
+    srv_member *mem = NULL;
+    if (j->nmem) {
+        mem = malloc((size_t)j->nmem * sizeof *mem);
+        if (!mem) return sh_err(SH_ENOMEM, "undo: job %lld", (long long)j->id);
+        memcpy(mem, j->mem, (size_t)j->nmem * sizeof *mem);
+    }
+    u->jobs[u->njobs].j = j;
+    u->jobs[u->njobs].copy = *j;
+    u->jobs[u->njobs++].mem = mem;
+    for (int i = 0; i < j->nmem; i++) SH_TRY(srv__undo_node(s, u, j->mem[i].node));
+    return SH_OK;
+}
+
+void srv__undo_end(srv *s, srv_undo *u, int committed)
+{
+    s->defer_seam = 0;
+    if (committed) {
+        /* Durable: now the scheduling core may forget the jobs that ended. */
+        for (int i = 0; i < s->nseam_queue; i++) {
+            srv_job *j = srv__job(s, s->seam_queue[i]);
+            if (j) srv__seam_end(s, j, s->seam_queue_cancelled[i]);
+        }
+    } else {
+        /* Not durable: the model goes back to what the database holds, so
+         * that no agent is told to stop or start anything. */
+        for (int i = 0; i < u->njobs; i++) {
+            srv_job *j = u->jobs[i].j;
+            if (j->mem != u->jobs[i].copy.mem) free(j->mem);
+            *j = u->jobs[i].copy;
+            if (j->nmem) memcpy(j->mem, u->jobs[i].mem, (size_t)j->nmem * sizeof *j->mem);
+        }
+        for (int i = 0; i < u->nnodes; i++) s->nodes[u->node_idx[i]] = u->nodes[i];
+    }
+    for (int i = 0; i < u->njobs; i++) free(u->jobs[i].mem);
+    free(u->jobs);
+    free(u->node_idx);
+    free(u->nodes);
+    s->nseam_queue = 0;
+    memset(u, 0, sizeof *u);
+}
+
 /* ---- job files ---------------------------------------------------------- */
 
 static const char *const job_keys[] = {
@@ -420,8 +504,8 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     if (rc == SH_OK) rc = sh_json_get_str(spec, "on_failure", 0, "job", &pol);
     if (rc == SH_OK) rc = pick(pol, policies, 3, "on_failure", &j->policy);
     if (rc == SH_OK) rc = sh_json_get_str(spec, "idempotency_key", 0, "job", &idem);
-    if (rc == SH_OK && strlen(idem) >= sizeof j->idem)
-        rc = sh_err(SH_EFORMAT, "job: field \"idempotency_key\": longer than 127 characters");
+    if (rc == SH_OK && *idem && !srv__idem_valid(idem))
+        rc = sh_err(SH_EFORMAT, "job: field \"idempotency_key\": expected 1 to 127 printable ASCII characters");
     j->gpus_per_node = 1;
     j->nodes = 1;
     j->min_nodes = 1;
