@@ -154,11 +154,11 @@ static int list_jobs(srv *s, srv_req *r, json_t **reply)
     const char *state = query(r, "state");
     int64_t limit;
     SH_TRY(query_i64(r, "limit", 100, 1, 100000, &limit));
-    int known = !state || !strcmp(state, "active");
+    int known = !state || !strcmp(state, "active") || !strcmp(state, "finished");
     for (int i = 0; i < J_NSTATES && !known; i++) known = !strcmp(state, srv__job_state_name(i));
     if (!known)
-        return sh_err(SH_EINVAL, "/v1/jobs: query parameter state=\"%s\": expected active, pending, starting,"
-                                 " running, succeeded, failed or cancelled", state);
+        return sh_err(SH_EINVAL, "/v1/jobs: query parameter state=\"%s\": expected active, finished, pending,"
+                                 " starting, running, succeeded, failed or cancelled", state);
     json_t *a = json_array();
     for (int64_t id = s->njobs; id >= 1 && (int64_t)json_array_size(a) < limit; id--) {
         srv_job *j = visible_job(s, r, id);
