@@ -511,6 +511,84 @@ static void test_mixed_reference_same(void **state)
     sim_fleet_free(&f);
 }
 
+/* Replays t on f under backfill and shoal (no failures, no estimates). */
+static void both(const sim_fleet *f, const sim_trace *t, sim_report r[2])
+{
+    for (int k = 0; k < 2; k++) {
+        sim_opts o;
+        memset(&o, 0, sizeof o);
+        sched_config_default(&o.cfg, k ? SCHED_POLICY_SHOAL : SCHED_POLICY_BACKFILL);
+        TU_OK(sim_run(f, t, &o, &r[k]));
+        assert_int_equal(r[k].jobs_completed + r[k].jobs_rejected, t->n);
+    }
+}
+
+/* The issue's targets: shoal's p99 wait in each gang-size bucket at most
+ * 1.1x backfill's, its mean JCT at most 1.05x, and (strict) its p99 for
+ * gangs of 17+ nodes lower, where such gangs waited at all. */
+static void check_targets(const char *what, const sim_report r[2], int strict_big)
+{
+    for (int b = 0; b < SIM_BUCKETS; b++) {
+        double bf = r[0].wait_p99_s_by_nodes[b], sh = r[1].wait_p99_s_by_nodes[b];
+        if (isnan(bf)) continue;
+        if (!(sh <= 1.1 * bf + 1e-9))
+            fail_msg("%s: p99 wait of %s-node gangs %.0f s under shoal, %.0f s under backfill", what,
+                     sim_bucket_names[b], sh, bf);
+        if (b == 3 && strict_big && !(sh < bf))
+            fail_msg("%s: p99 wait of 17-64-node gangs %.0f s, not below backfill's %.0f s", what, sh, bf);
+    }
+    if (!(r[1].jct_mean_s <= 1.05 * r[0].jct_mean_s))
+        fail_msg("%s: mean JCT %.0f s under shoal, %.0f s under backfill", what, r[1].jct_mean_s, r[0].jct_mean_s);
+}
+
+/* On a generated mixed fleet and workload (functions, elastic jobs, gangs
+ * of up to 64 nodes, priorities, six tenants), and on a shipped Philly
+ * trace made multi-node on a 192-node slice of the example fleet. */
+static void test_quality_targets(void **state)
+{
+    (void)state;
+    sim_fleet f;
+    TU_OK(sim_fleet_mixed(&f, 1000, 128));
+    int gpus = 0;
+    for (size_t i = 0; i < f.n; i++) gpus += f.nodes[i].gpus;
+    for (uint64_t seed = 1; seed <= 2; seed++) {
+        sim_trace t = {0};
+        TU_OK(sim_trace_mixed(&t, 8000, seed, gpus, 0.85));
+        sim_report r[2];
+        both(&f, &t, r);
+        char what[64];
+        snprintf(what, sizeof what, "mixed fleet, seed %llu", (unsigned long long)seed);
+        check_targets(what, r, 1);
+        assert_true(r[1].preemptions > 0);
+        sim_trace_free(&t);
+    }
+    sim_fleet_free(&f);
+    NEED_SHARED();
+    /* z0's first v100, p100 and k80 fabrics of docs/examples/philly-fleet.csv. */
+    sim_fleet g = {calloc(192, sizeof(sim_node)), 0};
+    static const char *const types[] = {"v100", "p100", "k80"};
+    static const double price[] = {0.90, 0.50, 0.20};
+    for (int t = 0; t < 3; t++)
+        for (int k = 0; k < 64; k++) {
+            sim_node *n = &g.nodes[g.n++];
+            snprintf(n->id, SIM_NAME, "z0-%s-f0-n%02d", types[t], k);
+            snprintf(n->zone, SIM_NAME, "z0");
+            snprintf(n->fabric, SIM_NAME, "%s-f0", types[t]);
+            snprintf(n->gpu_type, SIM_NAME, "%s", types[t]);
+            n->gpus = 8, n->price_per_gpu_hour = price[t];
+        }
+    sim_trace t;
+    TU_OK(sim_trace_load(shared_path("traces/philly-gavel/b436b2.trace"), "gavel", NULL, &t));
+    TU_OK(sim_trace_multinode(&t, 8, 8));
+    sim_report r[2];
+    both(&g, &t, r);
+    /* One tenant, gangs only: nothing to preempt and no fair share, so
+     * shoal decides as backfill does; 17+ can tie. */
+    check_targets("philly b436b2 x8", r, 0);
+    sim_trace_free(&t);
+    sim_fleet_free(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -520,6 +598,7 @@ int main(void)
         cmocka_unit_test(test_kalos_calibration),    cmocka_unit_test(test_replay_checked),
         cmocka_unit_test(test_replay_reject_and_autoscale), cmocka_unit_test(test_cli_errors),
         cmocka_unit_test(test_mixed_reference_same), cmocka_unit_test(test_trace_gavel10),
+        cmocka_unit_test(test_quality_targets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

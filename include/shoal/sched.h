@@ -120,6 +120,9 @@ typedef struct sched_config {
      * it) rather than the first pool that fits, keeping emptier pools whole.
      * On the Philly replay it lowers cost but also utilisation: off. */
     int pack_pools;
+    /* shoal: grow elastic jobs into idle GPUs while jobs are queued (off:
+     * only into an empty queue, as the baselines do). */
+    int grow_queued;
     /* Estimated runtime of a job submitted with est_s = 0. */
     double default_est_s;           /* default 3600 */
     /* Autoscaling: off unless autoscale != 0 and quotas are given. */

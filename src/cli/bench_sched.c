@@ -198,7 +198,7 @@ static void run_naive(int nodes, int jobs, result *out)
 /* --mix: replays the mixed workload (sim_trace_mixed) on a mixed fleet
  * (sim_fleet_mixed) under backfill and shoal in the same run, and reports
  * each one's decisions per second of scheduling time with what users saw. */
-static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed)
+static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed, int reference)
 {
     sim_fleet f;
     sim_trace t = {0};
@@ -210,8 +210,9 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed)
         sim_fleet_free(&f);
         return cli_fail("bench sched", rc);
     }
-    static const sched_policy pols[] = {SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL};
-    sim_report r[2];
+    static const sched_policy pols[] = {SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL, SCHED_POLICY_SHOAL};
+    static const char *const names[] = {"backfill", "shoal", "shoal_reference"};
+    sim_report r[3];
     json_t *out = json_pack("{s:i,s:i,s:f,s:I}", "nodes", nodes, "jobs", jobs, "load", load,
                             "seed", (json_int_t)seed);
     if (!json)
@@ -220,13 +221,14 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed)
                "%-9s %10s %9s %12s %8s %9s %9s %9s %9s\n",
                nodes, jobs, load, "policy", "decisions", "cpu_s", "decisions/s", "jct_mean", "p99[1]",
                "p99[2-4]", "p99[5-16]", "p99[17-64]");
-    for (int p = 0; p < 2 && !rc; p++) {
+    for (int p = 0; p < 2 + (reference != 0) && !rc; p++) {
         sim_opts o;
         memset(&o, 0, sizeof o);
         sched_config_default(&o.cfg, pols[p]);
+        o.cfg.reference = p == 2; /* the search without its indexes, memo and bounds */
         o.progress = !json;
         if ((rc = sim_run(&f, &t, &o, &r[p]))) break;
-        const char *name = sched_policy_name(pols[p]);
+        const char *name = names[p];
         json_t *pj = json_pack("{s:I,s:f,s:f,s:f,s:I,s:I}", "decisions", (json_int_t)r[p].decisions,
                                "sched_cpu_s", r[p].sched_cpu_s, "decisions_per_s", r[p].decisions_per_s,
                                "jct_mean_s", r[p].jct_mean_s, "jobs_completed", (json_int_t)r[p].jobs_completed,
@@ -247,6 +249,12 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed)
     if (!rc) {
         double ratio = r[0].decisions_per_s > 0 ? r[1].decisions_per_s / r[0].decisions_per_s : 0;
         json_object_set_new(out, "shoal_vs_backfill", json_real(ratio));
+        if (reference) {
+            double rr = r[2].decisions_per_s > 0 ? r[1].decisions_per_s / r[2].decisions_per_s : 0;
+            json_object_set_new(out, "shoal_vs_reference", json_real(rr));
+            if (!json) printf("shoal/reference search decisions/s: %.2fx (same decisions: %s)\n", rr,
+                              r[1].decisions == r[2].decisions && r[1].jct_mean_s == r[2].jct_mean_s ? "yes" : "NO");
+        }
         if (json) sh_json_print(out);
         else printf("shoal/backfill decisions/s: %.2fx\n", ratio);
     }
@@ -258,13 +266,14 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed)
 
 int cli_bench_sched(int argc, char **argv)
 {
-    int json = 0, nodes = 10000, queued = 10000, batch = 100, cycles = 200, mix = 0, mix_jobs = 100000;
+    int json = 0, nodes = 10000, queued = 10000, batch = 100, cycles = 200, mix = 0, mix_jobs = 100000, ref = 0;
     double load = 0.85;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         int64_t v;
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--mix")) mix = 1;
+        else if (!strcmp(argv[i], "--reference")) ref = 1;
         else if (!strcmp(argv[i], "--nodes") && i + 1 < argc) {
             if (sh_parse_i64(argv[++i], &v, "--nodes") || v < 100 || v > 1000000)
                 return cli_usage("bench sched", "--nodes must be 100..1000000");
@@ -282,7 +291,7 @@ int cli_bench_sched(int argc, char **argv)
                 return cli_usage("bench sched", "--load must be in (0, 10]");
         } else if (!strcmp(argv[i], "--help")) {
             printf("usage: shoal bench sched [--json] [--batch N]\n"
-                   "       shoal bench sched --mix [--nodes N] [--jobs N] [--load L] [--seed S] [--json]\n\n"
+                   "       shoal bench sched --mix [--nodes N] [--jobs N] [--load L] [--seed S] [--reference] [--json]\n\n"
                    "Fills 10,000 8-GPU nodes (3 types, 100-node fabrics) from 10,000 queued jobs,\n"
                    "then runs %d cycles that each finish N (default 100) running jobs, refill\n"
                    "the queue to 10,000 and schedule; reports START decisions per CPU-second of\n"
@@ -292,7 +301,9 @@ int cli_bench_sched(int argc, char **argv)
                    "functions, 15%% elastic, 40%% gangs of 1-64 nodes, priorities 0-2, load 0.85)\n"
                    "on a mixed fleet (default 10,000 8-GPU nodes of H100, A100 and L4 in 3 zones)\n"
                    "under backfill and shoal, and reports each one's decisions per second of\n"
-                   "scheduling time, their ratio, JCT and p99 waits by gang size.\n", cycles);
+                   "scheduling time, their ratio, JCT and p99 waits by gang size.  --reference\n"
+                   "adds shoal with the reference search (sched_config.reference: no preemption\n"
+                   "index, memo or reservation bounds), which must decide the same.\n", cycles);
             return 0;
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
             if (sh_parse_i64(argv[++i], &v, "--batch") || v < 1 || v > 10000)
@@ -300,7 +311,7 @@ int cli_bench_sched(int argc, char **argv)
             batch = (int)v;
         } else return cli_usage("bench sched", "unknown option \"%s\"", argv[i]);
     }
-    if (mix) return bench_mix(json, nodes, mix_jobs, load, seed);
+    if (mix) return bench_mix(json, nodes, mix_jobs, load, seed, ref);
     result naive = {0};
     for (int rep = 0; rep < 3; rep++) {
         result one;

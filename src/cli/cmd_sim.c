@@ -37,6 +37,7 @@ static const char usage_text[] =
     "                                               (no --quota: per GPU type, 64 8-GPU nodes in\n"
     "                                               fabric auto-<type> of its first zone, 300 s)\n"
     "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (1)\n"
+    "          --grow-queued                        shoal: grow elastic work while jobs are queued\n"
     "          --fair-window S (7200) --pack        shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
     "checks:   --check                              sched_check after every event\n"
@@ -49,7 +50,7 @@ typedef struct args {
     const char *traces[512];
     int ntraces;
     sim_fleet_opts fo;
-    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack, no_estimates;
+    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack, no_estimates, grow_queued;
     double fair_window;
     double load, mtbf, repair, hold, restart, up_wait, down_idle, replace_wait;
     int64_t jobs;
@@ -134,6 +135,7 @@ static int parse(int argc, char **argv, args *a)
         if (!strcmp(o, "--autoscale")) { a->autoscale = 1; continue; }
         if (!strcmp(o, "--pack")) { a->pack = 1; continue; }
         if (!strcmp(o, "--no-estimates")) { a->no_estimates = 1; continue; }
+        if (!strcmp(o, "--grow-queued")) { a->grow_queued = 1; continue; }
         if (o[0] == '-') return cli_usage("sim", "unknown option \"%s\"", o);
         if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
         a->traces[a->ntraces++] = o;
@@ -329,6 +331,7 @@ int cli_cmd_sim(int argc, char **argv)
         if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
         if (a.fair_window >= 0) o.cfg.fair_window_s = a.fair_window;
         o.cfg.pack_pools = a.pack;
+        o.cfg.grow_queued = a.grow_queued;
         if (a.down_idle >= 0) o.cfg.scale_down_idle_s = a.down_idle;
         o.cfg.autoscale = a.autoscale, o.cfg.quotas = a.quotas, o.cfg.n_quotas = (size_t)a.nquotas;
         o.mtbf_hours = a.mtbf, o.repair_s = a.repair, o.check = a.check, o.seed = a.seed;

@@ -190,6 +190,15 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
 static int raw_fits(const sched *s, const sjob *j)
 {
     int need = j->kind == SCHED_GANG ? j->nodes : 1;
+    /* Counts over all pools of the job's types: too few such nodes in all
+     * rules out every pool, and for one node they are the answer. */
+    int total = 0;
+    if (!j->ntypes) total = s->ge_all[j->gpn];
+    else
+        for (int t = 0; t < j->ntypes; t++)
+            if (j->types[t] < s->ntpools) total += s->tpools[j->types[t]].ge[j->gpn];
+    if (total < need) return 0;
+    if (need == 1) return 1;
     const uint32_t *jp;
     size_t n = sched__job_pools(s, j, &jp);
     for (size_t k = 0; k < n; k++)
@@ -567,7 +576,7 @@ static int grow_pass(sched *s, sched_decisions *d, double now)
      * wait hold GPUs that gangs of the same or lower priority cannot take
      * back, and on the mixed replays they cost small gangs more wait at
      * p99 than they gave elastic jobs. */
-    if (s->queued) return 0;
+    if (s->queued && !(s->cfg.policy == SCHED_POLICY_SHOAL && s->cfg.grow_queued)) return 0;
     for (size_t i = 0; i < s->nelastic && s->gpus_up > s->gpus_busy; i++) {
         uint32_t ji = s->elastic[i];
         sjob *j = &s->jobs[ji];

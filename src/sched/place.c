@@ -18,7 +18,7 @@ void sched__bucket_insert(sched *s, uint32_t ni)
     if (n->next != NONE) s->nodes[n->next].prev = ni;
     p->head[n->free] = ni;
     p->count[n->free]++;
-    for (int g = 0; g <= n->free; g++) p->ge[g]++;
+    for (int g = 0; g <= n->free; g++) p->ge[g]++, s->ge_all[g]++, s->tpools[p->type].ge[g]++;
     p->free_total += n->free;
     p->gpus_up += n->gpus;
     s->gpus_up += n->gpus;
@@ -36,7 +36,7 @@ void sched__bucket_remove(sched *s, uint32_t ni)
     else p->head[n->free] = n->next;
     if (n->next != NONE) s->nodes[n->next].prev = n->prev;
     p->count[n->free]--;
-    for (int g = 0; g <= n->free; g++) p->ge[g]--;
+    for (int g = 0; g <= n->free; g++) p->ge[g]--, s->ge_all[g]--, s->tpools[p->type].ge[g]--;
     p->free_total -= n->free;
     p->gpus_up -= n->gpus;
     s->gpus_up -= n->gpus;

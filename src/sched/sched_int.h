@@ -267,7 +267,9 @@ struct sched {
     struct stpools {
         uint32_t *v;
         size_t n, cap;
+        int ge[MAXG + 1]; /* UP nodes of the type with at least g free GPUs */
     } *tpools;           /* pools of each GPU type, by name index */
+    int ge_all[MAXG + 1]; /* UP nodes of any type with at least g free GPUs */
     size_t ntpools;
     uint32_t *elastic; /* every elastic job, for the growth pass */
     size_t nelastic, capelastic;
