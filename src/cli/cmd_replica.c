@@ -19,6 +19,8 @@ static const char usage_text[] =
     "  --zone Z            zone for the push tree (default \"default\")\n"
     "  --fanout F          same-zone children before redirecting (default 2)\n"
     "  --leaf              take no children in the push tree\n"
+    "  --listen HOST       the address this host's children reach it at (default\n"
+    "                      127.0.0.1: on several hosts, give this host's address)\n"
     "  --egress-gbps G     limit forwarding to children to G Gb/s\n"
     "  --on-activate CMD   run CMD (sh -c) after each activation, with\n"
     "                      SHOAL_VERSION and SHOAL_ACTIVATED_AT set\n"
@@ -114,6 +116,7 @@ static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint6
         else if (!strcmp(a, "--store")) cfg->store = v;
         else if (!strcmp(a, "--run")) cfg->run = v;
         else if (!strcmp(a, "--zone")) cfg->zone = v;
+        else if (!strcmp(a, "--listen")) cfg->listen_host = v;
         else if (!strcmp(a, "--on-activate")) c->hook = v;
         else if (!strcmp(a, "--stats-file")) c->stats_file = v;
         else if (!strcmp(a, "--parent")) {
