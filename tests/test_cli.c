@@ -70,6 +70,36 @@ static void test_client_is_lean(void **state)
     expect(1, "SHOAL_CORE", "help 2>&1; SHOAL_CORE=/nonexistent/shoal-core $SHOAL_BIN help");
 }
 
+/* The man page and bash completion come from the help text: every command
+ * has a section, and completion offers commands and each one's options. */
+static void test_man_and_completion(void **state)
+{
+    char *man, *help;
+    assert_int_equal(tu_run(&man, "sh scripts/gen-man.sh %s 0.1.0", tu_shoal()), 0);
+    assert_int_equal(tu_run(&help, "%s help", tu_shoal()), 0);
+    assert_non_null(strstr(man, ".TH SHOAL 1"));
+    int n = 0;
+    for (char *l = strstr(help, "commands:\n"); l && (l = strchr(l, '\n')) && l[1] == ' '; n++) {
+        char name[64], want[80];
+        sscanf(l + 1, " %63s", name);
+        snprintf(want, sizeof want, ".SS %s\n", name);
+        if (!strstr(man, want)) fail_msg("the man page lacks a section for %s", name);
+        l++;
+    }
+    assert_true(n >= 15);
+    assert_non_null(strstr(man, "usage: shoal submit JOB.json"));
+    free(man);
+    free(help);
+    char *out;
+    assert_int_equal(tu_run(&out, "PATH=$(dirname $(realpath %s)):$PATH bash -c '. scripts/shoal-completion.bash; "
+                                  "COMP_WORDS=(shoal subm); COMP_CWORD=1; _shoal; echo \"1:${COMPREPLY[*]}\"; "
+                                  "COMP_WORDS=(shoal jobs --st); COMP_CWORD=2; _shoal; echo \"2:${COMPREPLY[*]}\"'",
+                            tu_shoal()),
+                     0);
+    if (!strstr(out, "1:submit\n") || !strstr(out, "2:--state\n")) fail_msg("completion: %s", out);
+    free(out);
+}
+
 /* Client commands against a real server: --opt=value, idempotent submits,
  * logs --json, a mistyped job-file field, sub-second times. */
 static void test_client_commands(void **state)
@@ -123,6 +153,7 @@ int main(void)
         cmocka_unit_test(test_closest),
         cmocka_unit_test(test_conventions),
         cmocka_unit_test(test_client_is_lean),
+        cmocka_unit_test(test_man_and_completion),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
