@@ -66,6 +66,14 @@ static void test_client_is_lean(void **state)
     assert_int_equal(tu_run(&out, "ldd %s-core", tu_shoal()), 0);
     assert_non_null(strstr(out, "libucp"));
     free(out);
+    /* The bench that measures it runs (small counts: figures are for make bench). */
+    assert_int_equal(tu_run(&out, "%s bench client --runs 4 --submits 4 --json 2>/dev/null", tu_shoal()), 0);
+    json_t *j = json_loads(out, 0, NULL);
+    if (!j || !(json_real_value(json_object_get(j, "submits_per_s")) > 0) ||
+        !(json_real_value(json_object_get(j, "version_ms")) > 0))
+        fail_msg("bench client --json: %s", out);
+    json_decref(j);
+    free(out);
     /* A missing shoal-core is named, with the fix. */
     expect(1, "SHOAL_CORE", "help 2>&1; SHOAL_CORE=/nonexistent/shoal-core $SHOAL_BIN help");
 }
