@@ -49,7 +49,7 @@ FUZZERS   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 FUZZ_TIME ?= 30
 
 # The shared library's version comes from the one the binary prints.
-VERSION   := $(shell sed -n 's/^\#define SHOAL_VERSION "\(.*\)"/\1/p' src/cli/cli.h)
+VERSION   := $(shell sed -n 's/^\#define SHOAL_VERSION "\(.*\)"/\1/p' include/shoal/common.h)
 SOMAJOR   := $(firstword $(subst ., ,$(VERSION)))
 SONAME    := libshoal.so.$(SOMAJOR)
 LIBFLAGS  := -fPIC -fvisibility=hidden

@@ -108,6 +108,43 @@ static void test_man_and_completion(void **state)
     free(out);
 }
 
+/* The value of the Prometheus sample whose name and labels are `series`. */
+static double sample(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; (p = strstr(p, series)); p += n)
+        if ((p == text || p[-1] == '\n') && p[n] == ' ') return atof(p + n + 1);
+    fail_msg("/metrics lacks %s:\n%s", series, text);
+    return -1;
+}
+
+/* After one 1-node job ran: build info, histograms that count it, alice's
+ * cost, and GPU gauges that sum to the fleet. */
+static void check_metrics(tf_fleet *F)
+{
+    srv_client *c;
+    TU_OK(srv_client_new(F->url, NULL, &c));
+    int st;
+    char *text;
+    size_t len;
+    TU_OK(srv_client_raw(c, "GET", "/metrics", NULL, 0, NULL, 10, &st, &text, &len));
+    srv_client_free(c);
+    assert_int_equal(st, 200);
+    assert_true(sample(text, "shoal_build_info{version=\"" SHOAL_VERSION "\"}") == 1);
+    assert_true(sample(text, "shoal_gang_start_seconds_count{nodes=\"1\"}") >= 1);
+    assert_true(sample(text, "shoal_gang_start_seconds_bucket{nodes=\"1\",le=\"+Inf\"}") >= 1);
+    assert_true(sample(text, "shoal_gang_start_seconds_count{nodes=\"2-4\"}") == 0);
+    assert_true(sample(text, "shoal_queue_wait_seconds_count{nodes=\"1\"}") >= 1);
+    assert_true(sample(text, "shoal_queue_wait_seconds_bucket{nodes=\"1\",le=\"+Inf\"}") ==
+                sample(text, "shoal_queue_wait_seconds_count{nodes=\"1\"}"));
+    assert_true(sample(text, "shoal_cost_dollars_total{tenant=\"alice\",gpu_type=\"H100\"}") > 0);
+    assert_true(sample(text, "shoal_gpu_seconds_total{tenant=\"alice\",gpu_type=\"H100\"}") > 0);
+    /* One alive node with 2 GPUs: used + free is 2, whatever runs. */
+    assert_true(sample(text, "shoal_gpus{state=\"used\"}") + sample(text, "shoal_gpus{state=\"free\"}") == 2);
+    if (strstr(text, "state=\"total\"")) fail_msg("a \"total\" series sits beside its parts:\n%s", text);
+    free(text);
+}
+
 /* Client commands against a real server: --opt=value, idempotent submits,
  * logs --json, a mistyped job-file field, sub-second times. */
 static void test_client_commands(void **state)
@@ -152,6 +189,7 @@ static void test_client_commands(void **state)
     free(out);
     snprintf(args, sizeof args, "submit %s --server %s --token %s", typo, F.url, TF_ALICE);
     expect(1, "unknown field \"comand\" (did you mean \"command\"?)", args);
+    check_metrics(&F);
     tf_stop(&F);
 }
 

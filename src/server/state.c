@@ -130,6 +130,9 @@ int srv__start(srv *s, srv_job *j, const int *nodes, int n)
     }
     j->state = J_STARTING;
     j->rdzv_port = 0; /* each attempt rendezvouses on a fresh port (agentapi.c) */
+    double now = sh_now_wall();
+    if (j->attempt == 1 && j->t_placed <= 0) srv__observe_wait(s, n, now - j->t_submit);
+    j->t_placed = now;
     j->go = j->kind != K_GANG; /* only gangs wait at the barrier */
     j->nprefer = 0;
     int rc = srv__db_job(s, j);
