@@ -104,11 +104,9 @@ static int usage(FILE *f)
 /* Commands that parse their options by hand read "--opt value"; give them
  * "--opt=value" split in two as well (up to a "--", after which arguments
  * are a command line of their own).  Commands on cli_getopt take both. */
-static char **split_argv; /* lives as long as the process */
-
 static char **split_equals(int *argc, char **argv)
 {
-    char **v = split_argv = calloc((size_t)(2 * *argc + 1), sizeof *v);
+    char **v = calloc((size_t)(2 * *argc + 1), sizeof *v);
     if (!v) return argv;
     int k = 0, rest = 0;
     for (int i = 0; i < *argc; i++) {
@@ -132,8 +130,10 @@ static int dispatch(const struct cli_entry *t, const char *what, int argc, char 
     size_t n = 0;
     for (const struct cli_entry *e = t; e->name; e++) {
         if (!strcmp(e->name, argv[0])) {
-            argv = split_equals(&argc, argv);
-            return e->fn(argc, argv);
+            char **v = split_equals(&argc, argv);
+            int rc = e->fn(argc, v);
+            if (v != argv) free(v);
+            return rc;
         }
         if (n < 256) names[n++] = e->name;
     }
