@@ -9,7 +9,9 @@
 # (`shoal rl fleet-cost`) is summarised in it.  Everything started here is
 # stopped on exit.
 #
-# Knobs: SHOAL_BIN (build/shoal), SHOAL_RUN_STEPS (40), SHOAL_RUN_PORT (8479), SHOAL_RUN_DIR
+# Knobs: SHOAL_BIN (build/shoal), SHOAL_RUN_TRANSPORT (push; direct: the
+# workers take every version from the trainer over the RL socket, the
+# baseline), SHOAL_RUN_STEPS (40), SHOAL_RUN_PORT (8479), SHOAL_RUN_DIR
 # (build/mainrun), SHOAL_RUN_FLEET_COST=0 to skip the cost experiment.
 set -eu
 
@@ -40,7 +42,8 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 echo "run-main: starting the fleet ($FLEET) on port $PORT; logs in $RUN"
-"$SHOAL" up --fleet "$FLEET" --db "$RUN/fleet/shoal.db" --port "$PORT" >"$RUN/up.log" 2>&1 &
+# The jobs write $RUN (their "writable"): as the fleet's admin, allow it.
+"$SHOAL" up --fleet "$FLEET" --db "$RUN/fleet/shoal.db" --port "$PORT" --allow-writable "$RUN" >"$RUN/up.log" 2>&1 &
 PIDS="$PIDS $!"
 i=0
 while [ ! -s "$RUN/fleet/env" ]; do
@@ -52,6 +55,8 @@ set -a
 . "$RUN/fleet/env"
 set +a
 
+PUSHOPT="--push $RUN/push"
+[ "${SHOAL_RUN_TRANSPORT:-push}" = direct ] && PUSHOPT=""
 json_args() { # prints its arguments as a JSON array of strings
     printf '['; sep=''
     for a in "$@"; do printf '%s"%s"' "$sep" "$a"; sep=','; done
@@ -68,7 +73,7 @@ cat >"$RUN/rollouts.json" <<EOF
  "gpu_types": ["H100", "A100", "L40S", "L4"],
  "gpu_speeds": {"H100": 1.0, "A100": 0.70, "L40S": 0.55, "L4": 0.30},
  "writable": ["$RUN"],
- "command": $(json_args "$SHOAL" rl worker --store "$RUN/store" --fleet "$FLEET" --speeds "$SPEEDS" --push "$RUN/push")}
+ "command": $(json_args "$SHOAL" rl worker --store "$RUN/store" --fleet "$FLEET" --speeds "$SPEEDS" $PUSHOPT)}
 EOF
 NODES=$(grep -v -e '^#' -e '^name,' -e '^$' "$FLEET" | wc -l)
 i=0

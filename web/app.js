@@ -63,15 +63,21 @@ function draw(o) {
   fill("gangs", active.filter(j => j.state !== "pending").map(j => el("tr", {"data-job": j.id},
     el("td", {}, j.id), el("td", {}, j.name), el("td", {}, j.tenant),
     el("td", {class: "st-" + j.state}, j.state), el("td", {}, j.attempt),
-    el("td", {}, j.members.map(m => `${m.rank}@${m.node}`).join(" ")),
-    el("td", {}, "$" + j.running_cost.toFixed(4)))));
+    // Only the replicas that hold GPUs now: a shrunk or preempted replica's
+    // node may already run another job.
+    el("td", {}, j.members.filter(m => ["assigned", "ready", "running"].includes(m.state))
+      .map(m => `${m.rank}@${m.node}`).join(" ")),
+    el("td", {}, "$" + j.cost.toFixed(4)))));
   fill("queue", active.filter(j => j.state === "pending").map(j => el("tr", {"data-job": j.id},
     el("td", {}, j.id), el("td", {}, j.name), el("td", {}, j.tenant), el("td", {}, j.kind),
     el("td", {}, `${j.nodes}x${j.gpus_per_node}`), el("td", {}, dur(o.now - j.submitted_at)),
-    el("td", {class: "reason"}, j.reason))));
+    el("td", {class: "start"}, j.start_estimate == null ? "unknown"
+      : j.start_estimate <= o.now ? "next cycle" : "in " + dur(j.start_estimate - o.now)),
+    el("td", {class: "reason", "data-wait": j.wait || ""}, j.pending_reason || j.reason))));
   fill("ended", ended.map(j => el("tr", {"data-job": j.id},
     el("td", {}, j.id), el("td", {}, j.name), el("td", {}, j.tenant),
-    el("td", {class: "st-" + j.state}, j.state), el("td", {class: "reason"}, j.reason))));
+    el("td", {class: "st-" + j.state}, j.state), el("td", {}, dur(j.run_s)),
+    el("td", {}, "$" + j.cost.toFixed(4)), el("td", {class: "reason"}, j.reason))));
   const costRows = [];
   for (const [tenant, by] of Object.entries(o.costs.by_tenant).sort())
     for (const [type, c] of Object.entries(by).sort())

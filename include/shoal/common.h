@@ -117,6 +117,9 @@ int sh_hash128_parse(const char *hex, sh_hash128 *out);
 /* Writes len bytes to path atomically: path.tmp.<pid>, fsync, rename, fsync
  * of the directory.  On failure path is unchanged and no temporary remains. */
 int sh_write_atomic(const char *path, const void *data, size_t len);
+/* The same with the file created `mode` (umask applies) from its first
+ * byte: for secrets, 0600. */
+int sh_write_atomic_mode(const char *path, const void *data, size_t len, unsigned mode);
 
 /* For writers that stream: open a temporary beside `path`, write to fd, then
  * sh_atomic_commit() (fsync, rename, fsync dir) or sh_atomic_abort(). */
@@ -126,6 +129,7 @@ typedef struct sh_atomic_file {
     char tmp[4096];
 } sh_atomic_file;
 int sh_atomic_open(sh_atomic_file *f, const char *path);
+int sh_atomic_open_mode(sh_atomic_file *f, const char *path, unsigned mode);
 int sh_atomic_commit(sh_atomic_file *f);
 void sh_atomic_abort(sh_atomic_file *f);
 

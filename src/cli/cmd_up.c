@@ -18,7 +18,7 @@
 const char cli_help_up[] = "start a local fleet: a server and one agent per node of a fleet file";
 
 static const char usage[] =
-    "usage: shoal up --fleet FLEET.csv [--db PATH] [--port P] [--tokens FILE] [--sandbox MODE]\n"
+    "usage: shoal up --fleet FLEET.csv [--db PATH] [--port P] [--tokens FILE] [--sandbox auto|bwrap|gvisor|none]\n"
     "                [server options: --heartbeat-timeout S, --provider-cmd PROG, --web DIR, ...]\n\n"
     "FLEET.csv has a header and one line per node (docs/server-api.md, \"Fleet files\"):\n"
     "    name,gpu_type,gpus,zone,fabric,price_per_gpu_hour\n"
@@ -26,6 +26,8 @@ static const char usage[] =
     "--db defaults to shoal-up/shoal.db.  Without --tokens, a tokens file is created\n"
     "beside the database (tokens.json) with an admin, an agent and a tenant \"default\"\n"
     "token, and shoal-up/env holds SHOAL_SERVER and SHOAL_TOKEN for the tenant.\n"
+    "Jobs may write only their own work directory, a private /tmp and directories\n"
+    "given with --allow-writable DIR (repeatable; docs/security.md).\n"
     "Stops (with its agents) on SIGINT or SIGTERM.\n";
 
 static volatile sig_atomic_t stop_flag;
@@ -95,9 +97,12 @@ static int make_tokens(const char *path)
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < 16; i++) snprintf(t[k] + 2 * i, 3, "%02x", r[16 * k + i]);
     json_t *j = json_pack("{s:s,s:s,s:{s:s}}", "admin", t[0], "agent", t[1], "tenants", "default", t[2]);
-    int rc = sh_json_write_atomic(path, j);
+    char *text = json_dumps(j, JSON_INDENT(2));
     json_decref(j);
-    if (rc == SH_OK) chmod(path, 0600);
+    if (!text) return sh_err(SH_ENOMEM, "%s", path);
+    /* 0600 from the first byte: never chmod'ed after the fact. */
+    int rc = sh_write_atomic_mode(path, text, strlen(text), 0600);
+    free(text);
     return rc;
 }
 
@@ -146,7 +151,10 @@ int cli_cmd_up(int argc, char **argv)
     snprintf(tokens, sizeof tokens, "%s/tokens.json", dir);
     snprintf(work, sizeof work, "%s/work", dir);
     snprintf(envf, sizeof envf, "%s/env", dir);
-    if ((rc = sh_mkdir_p(dir, 0755)) < 0) return free(nodes), cli_fail("up", rc);
+    /* The state directory is private: the agents hide it from members and
+     * bind each member's own work directory back in. */
+    if ((rc = sh_mkdir_p(dir, 0700)) < 0 || (chmod(dir, 0700) < 0 && (rc = sh_err_errno(errno, "chmod %s", dir))))
+        return free(nodes), cli_fail("up", rc);
     if (!cfg.tokens_path) {
         if ((rc = make_tokens(tokens)) < 0) return free(nodes), cli_fail("up", rc);
         cfg.tokens_path = tokens;
@@ -156,6 +164,7 @@ int cli_cmd_up(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);
     srv *s;
     if ((rc = srv_start(&cfg, &s)) < 0) return json_decref(tok), free(nodes), cli_fail("up", rc);
     char url[128];
@@ -166,7 +175,7 @@ int cli_cmd_up(int argc, char **argv)
     const char *tenant_tok = json_string_value(json_object_get(json_object_get(tok, "tenants"), "default"));
     char env[512];
     int el = snprintf(env, sizeof env, "SHOAL_SERVER=%s\nSHOAL_TOKEN=%s\n", url, tenant_tok ? tenant_tok : "");
-    sh_write_atomic(envf, env, (size_t)el);
+    if ((rc = sh_write_atomic_mode(envf, env, (size_t)el, 0600)) < 0) sh_warn("%s", sh_errmsg());
     printf("listening on %s\n%d agents started; tokens in %s; for the tenant \"default\": . %s\n", url, n,
            cfg.tokens_path, envf);
     fflush(stdout);

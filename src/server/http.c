@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 typedef struct conn_ctx {
@@ -77,9 +78,9 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
     }
     const char *tok = h + 7;
     const char *admin = json_string_value(json_object_get(s->tokens, "admin"));
-    const char *agent = json_string_value(json_object_get(s->tokens, "agent"));
+    const char *join = json_string_value(json_object_get(s->tokens, "agent"));
     if (token_eq(tok, admin)) return r->role = ROLE_ADMIN;
-    if (token_eq(tok, agent)) return r->role = ROLE_AGENT;
+    if (token_eq(tok, join)) return r->role = ROLE_JOIN;
     const char *name;
     json_t *v;
     json_object_foreach(json_object_get(s->tokens, "tenants"), name, v) {
@@ -88,6 +89,14 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
             return r->role = ROLE_TENANT;
         }
     }
+    /* A node's credential (the node table only grows, so the index stays
+     * valid after the lock is released). */
+    pthread_mutex_lock(&s->mu);
+    r->node = -1;
+    for (int i = 0; i < s->nnodes && r->node < 0; i++)
+        if (s->nodes[i].cred[0] && token_eq(tok, s->nodes[i].cred)) r->node = i;
+    pthread_mutex_unlock(&s->mu);
+    if (r->node >= 0) return r->role = ROLE_NODE;
     *err = "unknown bearer token (check --token / SHOAL_TOKEN against the server's tokens file)";
     return -1;
 }
@@ -146,11 +155,15 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
         if (strcmp(method, "GET")) return send_error(s, c, 405, "static files are GET only");
         return serve_static(s, c, url);
     }
-    srv_req r = {method, url, NULL, (const char *)ctx->body.data, ctx->body.len, NULL, ROLE_NONE,
-                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key"), c};
+    srv_req r = {.method = method, .path = url, .body = (const char *)ctx->body.data, .body_len = ctx->body.len,
+                 .role = ROLE_NONE, .node = -1,
+                 .idem_header = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key"), .conn = c};
     if (!r.body) r.body = "";
     const char *err = NULL;
     if (authenticate(s, c, &r, &err) < 0) return send_error(s, c, 401, err);
+    if (r.idem_header && !srv__idem_valid(r.idem_header))
+        return send_error(s, c, 400, "header Idempotency-Key: expected 1 to 127 printable ASCII characters"
+                                     " (letters, digits, punctuation; no spaces)");
     int status = 200;
     json_t *reply = NULL;
     char msg[1100];
@@ -264,19 +277,53 @@ double srv_cycle_for_bench(srv *s)
 
 /* ---- start and stop --------------------------------------------------------- */
 
+/* Tenant names become directory names, uids and filters: a name must be
+ * 1 to 63 of [a-z0-9_.-], start with a letter or digit, and not be one the
+ * server uses itself. */
+static int tenant_name_ok(const char *n, const char **why)
+{
+    static const char *const reserved[] = {"admin", "agent", "root", "system", "shoal", "all", "none",
+                                           "nobody", "default-admin", NULL};
+    size_t len = strlen(n);
+    if (len == 0 || len > 63) return *why = "must be 1 to 63 characters", 0;
+    if (!((n[0] >= 'a' && n[0] <= 'z') || (n[0] >= '0' && n[0] <= '9')))
+        return *why = "must start with a lowercase letter or a digit", 0;
+    for (const char *p = n; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_' || *p == '.' || *p == '-'))
+            return *why = "may only hold a-z, 0-9, '_', '.' and '-'", 0;
+    for (int i = 0; reserved[i]; i++)
+        if (!strcmp(n, reserved[i])) return *why = "is reserved", 0;
+    return 1;
+}
+
 static int load_tokens(srv *s)
 {
-    if (!s->cfg.tokens_path)
-        return sh_err(SH_EINVAL, "the server needs a tokens file (--tokens FILE; see docs/server-api.md)");
-    SH_TRY(sh_json_load_file(s->cfg.tokens_path, 1 << 20, &s->tokens));
+    const char *path = s->cfg.tokens_path;
+    if (!path) return sh_err(SH_EINVAL, "the server needs a tokens file (--tokens FILE; see docs/server-api.md)");
+    struct stat st;
+    if (stat(path, &st) == 0 && (st.st_mode & 077))
+        sh_warn("%s: the tokens file is readable by others (mode %03o): run chmod 600 %s", path,
+                (unsigned)(st.st_mode & 0777), path);
+    SH_TRY(sh_json_load_file(path, 1 << 20, &s->tokens));
     static const char *const keys[] = {"admin", "agent", "tenants", NULL};
-    SH_TRY(sh_json_check_keys(s->tokens, keys, s->cfg.tokens_path));
-    const char *a = NULL;
-    SH_TRY(sh_json_get_str(s->tokens, "admin", 1, s->cfg.tokens_path, &a));
-    SH_TRY(sh_json_get_str(s->tokens, "agent", 1, s->cfg.tokens_path, &a));
+    SH_TRY(sh_json_check_keys(s->tokens, keys, path));
+    const char *a = NULL, *g = NULL;
+    SH_TRY(sh_json_get_str(s->tokens, "admin", 1, path, &a));
+    SH_TRY(sh_json_get_str(s->tokens, "agent", 1, path, &g));
     json_t *t = json_object_get(s->tokens, "tenants");
-    if (t && !json_is_object(t))
-        return sh_err(SH_EFORMAT, "%s: \"tenants\" must map tenant names to tokens", s->cfg.tokens_path);
+    if (t && !json_is_object(t)) return sh_err(SH_EFORMAT, "%s: \"tenants\" must map tenant names to tokens", path);
+    if (!*a || !*g || !strcmp(a, g))
+        return sh_err(SH_EFORMAT, "%s: \"admin\" and \"agent\" must be non-empty and differ", path);
+    const char *name, *why = "";
+    json_t *v;
+    json_object_foreach(t, name, v) {
+        if (!tenant_name_ok(name, &why))
+            return sh_err(SH_EFORMAT, "%s: tenant \"%s\": the name %s", path, name, why);
+        const char *tok = json_string_value(v);
+        if (!tok || !*tok || !strcmp(tok, a) || !strcmp(tok, g))
+            return sh_err(SH_EFORMAT, "%s: tenant \"%s\": the token must be a non-empty string, unlike the"
+                                      " admin's and the agents'", path, name);
+    }
     return SH_OK;
 }
 
@@ -319,8 +366,11 @@ int srv_start(const srv_config *cfg, srv **out)
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->sched_cv, NULL);
     int rc = load_tokens(s);
+    if (rc == SH_OK && !realpath(s->dir, s->state_dir))
+        rc = sh_err_errno(errno, "%s: the database's directory", s->dir);
     if (rc == SH_OK) rc = srv__db_open(s);
     if (rc == SH_OK) rc = srv__db_load(s);
+    if (rc == SH_OK) rc = srv__db_tenants(s);
     if (rc == SH_OK) rc = srv__db_begin(s);
     if (rc == SH_OK) {
         rc = srv__seam_init(s);
@@ -361,6 +411,7 @@ void srv_stop(srv *s)
     free(s->active);
     free(s->nodes);
     json_decref(s->tokens);
+    json_decref(s->tenant_num);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->sched_cv);

@@ -97,6 +97,31 @@ static int parse_line(const char *fmt, const char *path, size_t ln, char **fl, i
     return sim__name(n->gpu_type, SIM_NAME, fl[0], path, ln, "gpu_model");
 }
 
+static const sim_node *dup_base;
+static int cmp_node_ix(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    int c = strcmp(dup_base[x].id, dup_base[y].id);
+    return c ? c : (x > y) - (x < y);
+}
+
+/* Fails naming both lines when two nodes share an id. */
+static int dup_ids(const sim_fleet *f, const size_t *lines, const char *path)
+{
+    size_t *ix = malloc(f->n * sizeof *ix);
+    if (!ix) return sh_err(SH_ENOMEM, "fleet: out of memory");
+    for (size_t i = 0; i < f->n; i++) ix[i] = i;
+    dup_base = f->nodes;
+    qsort(ix, f->n, sizeof *ix, cmp_node_ix);
+    int rc = 0;
+    for (size_t i = 1; i < f->n && !rc; i++)
+        if (!strcmp(f->nodes[ix[i]].id, f->nodes[ix[i - 1]].id))
+            rc = sh_err(SH_EFORMAT, "%s:%zu: node id \"%s\" appears again (first at line %zu)", path,
+                        lines[ix[i]], f->nodes[ix[i]].id, lines[ix[i - 1]]);
+    free(ix);
+    return rc;
+}
+
 int sim_fleet_load(const char *path, const char *format, const sim_fleet_opts *opts, sim_fleet *out)
 {
     static const char *const headers[] = {FLEET_HEADER, "sn,cpu_milli,memory_mib,gpu,model",
@@ -117,7 +142,8 @@ int sim_fleet_load(const char *path, const char *format, const sim_fleet_opts *o
     size_t len, cap = 0, ln = 0;
     SH_TRY(sh_read_file(path, (size_t)1 << 30, &text, &len));
     char *pos = text, *line;
-    int rc = 0, seen_header = 0, ntc = 0;
+    int rc = sim__check_text(path, text, len), seen_header = 0, ntc = 0;
+    size_t *lines = NULL, caplines = 0;
     tcount tc[64];
     while (!rc && (line = sim__next_line(&pos))) {
         ln++;
@@ -141,10 +167,19 @@ int sim_fleet_load(const char *path, const char *format, const sim_fleet_opts *o
         sim_node *slot = NULL;
         if (!rc) rc = push(out, &cap, &slot);
         if (!rc) *slot = n;
+        if (!rc && out->n > caplines) {
+            size_t c = caplines ? caplines * 2 : 256;
+            size_t *v = realloc(lines, c * sizeof *v);
+            if (!v) rc = sh_err(SH_ENOMEM, "fleet: out of memory");
+            else lines = v, caplines = c;
+        }
+        if (!rc) lines[out->n - 1] = ln;
     }
     free(text);
     if (!rc && !seen_header) rc = sh_err(SH_EFORMAT, "%s: empty fleet file (no header)", path);
     if (!rc && !out->n) rc = sh_err(SH_EFORMAT, "%s: no GPU nodes", path);
+    if (!rc) rc = dup_ids(out, lines, path);
+    free(lines);
     if (rc) sim_fleet_free(out);
     return rc;
 }

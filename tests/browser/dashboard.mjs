@@ -49,6 +49,12 @@ try {
 
   // The queue and the costs.
   await page.waitForSelector(`#queue tr[data-job='${want.queued}']`, { timeout: 10000 });
+  // Every pending job says why it waits and when it should start.
+  const why = await page.textContent(`#queue tr[data-job='${want.queued}'] td.reason`);
+  const wait = await page.getAttribute(`#queue tr[data-job='${want.queued}'] td.reason`, "data-wait");
+  const starts = await page.textContent(`#queue tr[data-job='${want.queued}'] td.start`);
+  if (!wait || !why || why.length < 10) fail(`queued job's reason reads "${why}" (wait "${wait}")`);
+  if (!starts) fail("queued job has no start estimate cell");
   await page.waitForSelector(`#costs tr[data-tenant='${want.tenant}'][data-type='${want.gpu_type}']`, { timeout: 10000 });
 
   // Live refresh: a job submitted now appears without reloading the page.
