@@ -647,11 +647,13 @@ static const char *const node_states[] = {"alive", "dead", "gone"};
 
 static json_t *node_json(const srv_node *n, json_t *jobs)
 {
-    return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:o}", "name", n->name,
+    /* Seconds since the node's last poll (its heartbeat); -1 before the first. */
+    double age = n->last_seen > 0 ? sh_now_mono() - n->last_seen : -1;
+    return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:f,s:o}", "name", n->name,
                      "gpu_type", n->gpu_type, "gpus", n->gpus, "gpus_used", n->gpus_used, "zone",
                      n->zone, "fabric", n->fabric, "addr", n->addr, "price_per_gpu_hour", n->price,
                      "state", node_states[n->state], "sandbox", n->sandbox, "from_provider",
-                     n->from_provider, "jobs", jobs);
+                     n->from_provider, "heartbeat_age_s", age, "jobs", jobs);
 }
 
 /* One entry of a node's "jobs" list. */
