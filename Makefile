@@ -49,7 +49,7 @@ FUZZERS   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 FUZZ_TIME ?= 30
 
 # The shared library's version comes from the one the binary prints.
-VERSION   := $(shell sed -n 's/^\#define SHOAL_VERSION "\(.*\)"/\1/p' src/cli/cli.h)
+VERSION   := $(shell sed -n 's/^\#define SHOAL_VERSION "\(.*\)"/\1/p' include/shoal/common.h)
 SOMAJOR   := $(firstword $(subst ., ,$(VERSION)))
 SONAME    := libshoal.so.$(SOMAJOR)
 LIBFLAGS  := -fPIC -fvisibility=hidden
@@ -57,7 +57,7 @@ PREFIX    ?= /usr/local
 DESTDIR   ?=
 
 .PHONY: all deps test test-opt test-asan run bench fuzz clean install mutants
-all: $(BUILD)/shoal $(BUILD)/shoal-core $(BUILD)/libshoal.a $(BUILD)/$(SONAME)
+all: $(BUILD)/shoal $(BUILD)/shoal-core $(BUILD)/libshoal.a $(BUILD)/$(SONAME) $(BUILD)/shoal.1
 
 deps:
 	@sh scripts/deps.sh
@@ -99,6 +99,10 @@ $(BUILD)/shoal-core: $(CLI_OBJ) $(BUILD)/libshoal.a
 
 $(ASAN)/shoal-core: $(ACLI_OBJ) $(ASAN)/libshoal.a
 	$(CC) $(SANFLAGS) -o $@ $(ACLI_OBJ) $(ASAN)/libshoal.a $(LIBS)
+
+# The man page is generated from the binary's own help text.
+$(BUILD)/shoal.1: $(BUILD)/shoal $(BUILD)/shoal-core scripts/gen-man.sh
+	@sh scripts/gen-man.sh $(BUILD)/shoal $(VERSION) > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/obj/client/main.o: src/cli/main.c $(GEN)/client-commands.h
 	@mkdir -p $(dir $@)
@@ -187,6 +191,10 @@ install: all
 	install -d $$d/bin $$d/libexec/shoal $$d/lib/pkgconfig $$d/include/shoal $$d/$(PYDIR)/shoal; \
 	install -m 755 $(BUILD)/shoal $$d/bin/shoal; \
 	install -m 755 $(BUILD)/shoal-core $$d/libexec/shoal/shoal-core; \
+	install -d $$d/share/man/man1 $$d/share/bash-completion/completions $$d/share/shoal/web; \
+	install -m 644 $(BUILD)/shoal.1 $$d/share/man/man1/shoal.1; \
+	install -m 644 scripts/shoal-completion.bash $$d/share/bash-completion/completions/shoal; \
+	install -m 644 web/* $$d/share/shoal/web/; \
 	install -m 644 $(BUILD)/libshoal.a $$d/lib/libshoal.a; \
 	install -m 755 $(BUILD)/libshoal.so.$(VERSION) $$d/lib/libshoal.so.$(VERSION); \
 	ln -sf libshoal.so.$(VERSION) $$d/lib/$(SONAME); ln -sf libshoal.so.$(VERSION) $$d/lib/libshoal.so; \

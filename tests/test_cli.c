@@ -66,8 +66,83 @@ static void test_client_is_lean(void **state)
     assert_int_equal(tu_run(&out, "ldd %s-core", tu_shoal()), 0);
     assert_non_null(strstr(out, "libucp"));
     free(out);
+    /* The bench that measures it runs (small counts: figures are for make bench). */
+    assert_int_equal(tu_run(&out, "%s bench client --runs 4 --submits 4 --json 2>/dev/null", tu_shoal()), 0);
+    json_t *j = json_loads(out, 0, NULL);
+    if (!j || !(json_real_value(json_object_get(j, "submits_per_s")) > 0) ||
+        !(json_real_value(json_object_get(j, "version_ms")) > 0))
+        fail_msg("bench client --json: %s", out);
+    json_decref(j);
+    free(out);
     /* A missing shoal-core is named, with the fix. */
     expect(1, "SHOAL_CORE", "help 2>&1; SHOAL_CORE=/nonexistent/shoal-core $SHOAL_BIN help");
+}
+
+/* The man page and bash completion come from the help text: every command
+ * has a section, and completion offers commands and each one's options. */
+static void test_man_and_completion(void **state)
+{
+    char *man, *help;
+    assert_int_equal(tu_run(&man, "sh scripts/gen-man.sh %s 0.1.0", tu_shoal()), 0);
+    assert_int_equal(tu_run(&help, "%s help", tu_shoal()), 0);
+    assert_non_null(strstr(man, ".TH SHOAL 1"));
+    int n = 0;
+    for (char *l = strstr(help, "commands:\n"); l && (l = strchr(l, '\n')) && l[1] == ' '; n++) {
+        char name[64], want[80];
+        sscanf(l + 1, " %63s", name);
+        snprintf(want, sizeof want, ".SS %s\n", name);
+        if (!strstr(man, want)) fail_msg("the man page lacks a section for %s", name);
+        l++;
+    }
+    assert_true(n >= 15);
+    assert_non_null(strstr(man, "usage: shoal submit JOB.json"));
+    free(man);
+    free(help);
+    char *out;
+    assert_int_equal(tu_run(&out, "PATH=$(dirname $(realpath %s)):$PATH bash -c '. scripts/shoal-completion.bash; "
+                                  "COMP_WORDS=(shoal subm); COMP_CWORD=1; _shoal; echo \"1:${COMPREPLY[*]}\"; "
+                                  "COMP_WORDS=(shoal jobs --st); COMP_CWORD=2; _shoal; echo \"2:${COMPREPLY[*]}\"'",
+                            tu_shoal()),
+                     0);
+    if (!strstr(out, "1:submit\n") || !strstr(out, "2:--state\n")) fail_msg("completion: %s", out);
+    free(out);
+}
+
+/* The value of the Prometheus sample whose name and labels are `series`. */
+static double sample(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; (p = strstr(p, series)); p += n)
+        if ((p == text || p[-1] == '\n') && p[n] == ' ') return atof(p + n + 1);
+    fail_msg("/metrics lacks %s:\n%s", series, text);
+    return -1;
+}
+
+/* After one 1-node job ran: build info, histograms that count it, alice's
+ * cost, and GPU gauges that sum to the fleet. */
+static void check_metrics(tf_fleet *F)
+{
+    srv_client *c;
+    TU_OK(srv_client_new(F->url, NULL, &c));
+    int st;
+    char *text;
+    size_t len;
+    TU_OK(srv_client_raw(c, "GET", "/metrics", NULL, 0, NULL, 10, &st, &text, &len));
+    srv_client_free(c);
+    assert_int_equal(st, 200);
+    assert_true(sample(text, "shoal_build_info{version=\"" SHOAL_VERSION "\"}") == 1);
+    assert_true(sample(text, "shoal_gang_start_seconds_count{nodes=\"1\"}") >= 1);
+    assert_true(sample(text, "shoal_gang_start_seconds_bucket{nodes=\"1\",le=\"+Inf\"}") >= 1);
+    assert_true(sample(text, "shoal_gang_start_seconds_count{nodes=\"2-4\"}") == 0);
+    assert_true(sample(text, "shoal_queue_wait_seconds_count{nodes=\"1\"}") >= 1);
+    assert_true(sample(text, "shoal_queue_wait_seconds_bucket{nodes=\"1\",le=\"+Inf\"}") ==
+                sample(text, "shoal_queue_wait_seconds_count{nodes=\"1\"}"));
+    assert_true(sample(text, "shoal_cost_dollars_total{tenant=\"alice\",gpu_type=\"H100\"}") > 0);
+    assert_true(sample(text, "shoal_gpu_seconds_total{tenant=\"alice\",gpu_type=\"H100\"}") > 0);
+    /* One alive node with 2 GPUs: used + free is 2, whatever runs. */
+    assert_true(sample(text, "shoal_gpus{state=\"used\"}") + sample(text, "shoal_gpus{state=\"free\"}") == 2);
+    if (strstr(text, "state=\"total\"")) fail_msg("a \"total\" series sits beside its parts:\n%s", text);
+    free(text);
 }
 
 /* Client commands against a real server: --opt=value, idempotent submits,
@@ -114,6 +189,7 @@ static void test_client_commands(void **state)
     free(out);
     snprintf(args, sizeof args, "submit %s --server %s --token %s", typo, F.url, TF_ALICE);
     expect(1, "unknown field \"comand\" (did you mean \"command\"?)", args);
+    check_metrics(&F);
     tf_stop(&F);
 }
 
@@ -123,6 +199,7 @@ int main(void)
         cmocka_unit_test(test_closest),
         cmocka_unit_test(test_conventions),
         cmocka_unit_test(test_client_is_lean),
+        cmocka_unit_test(test_man_and_completion),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -23,6 +23,10 @@
 
 #include <jansson.h>
 
+/* shoal's version: the binary prints it, the shared library's soname and
+ * the server's shoal_build_info carry it. */
+#define SHOAL_VERSION "0.1.0"
+
 #pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {

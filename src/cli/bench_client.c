@@ -8,7 +8,7 @@
  *     server in this process, each a new process, against shoal-core
  *     submitting the same way;
  *  3. when Slurm answers on this machine (`sbatch` on PATH and a controller
- *     up), `sbatch --version` and `sbatch --wrap=true` the same way. */
+ *     up), `sbatch --version` and `sbatch --hold --wrap=true` the same way. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -98,33 +98,39 @@ static int measure(const char *dir, int runs, int submits, figures *f)
     int slurm = slurm_up();
     sh_progress pg;
     uint64_t done = 0;
-    sh_progress_start(&pg, "client starts", (uint64_t)(3 * runs + 2 * submits) + (slurm ? runs + submits : 0), "runs");
+    sh_progress_start(&pg, "client starts", (uint64_t)((runs / 2) * 2 * (slurm ? 4 : 3) + (submits / 2) * 2 * (slurm ? 3 : 2)),
+                      "runs");
     char *v_client[] = {client, "version", NULL}, *v_core[] = {core, "version", NULL}, *v_true[] = {"/bin/true", NULL};
     char *s_client[] = {client, "submit", job, "--server", url, "--token", "t", NULL};
     char *s_core[] = {core, "submit", job, "--server", url, "--token", "t", NULL};
-    char *b_ver[] = {"sbatch", "--version", NULL}, *b_sub[] = {"sbatch", "--wrap=true", "-o", "/dev/null", NULL};
-    *f = (figures){-1, -1, -1, -1, -1, -1, -1};
+    char *b_ver[] = {"sbatch", "--version", NULL};
+    /* Held, so that Slurm queues them as shoal's server queues its own
+     * (its one GPU is taken by the first): both measure the submit path. */
+    char *b_sub[] = {"sbatch", "--hold", "-J", "shoal-bench-client", "-o", "/dev/null", "--wrap=true", NULL};
+    char *b_cancel[] = {"scancel", "-n", "shoal-bench-client", NULL};
     /* Interleaved halves, so that a change in the machine's load during the
-     * run affects both binaries alike. */
+     * run affects every contender alike. */
+    char **ver[4] = {v_client, v_core, v_true, b_ver}, **sub[3] = {s_client, s_core, b_sub};
+    double *ver_out[4] = {&f->ver_client, &f->ver_core, &f->ver_true, &f->sbatch_ver};
+    double *sub_out[3] = {&f->sub_client, &f->sub_core, &f->sbatch_sub};
+    for (int k = 0; k < 4; k++) *ver_out[k] = 0;
+    for (int k = 0; k < 3; k++) *sub_out[k] = 0;
     for (int half = 0; rc == SH_OK && half < 2; half++) {
-        double a = per_run_ms(v_client, runs / 2, &pg, &done), b = per_run_ms(v_core, runs / 2, &pg, &done);
-        double tr = per_run_ms(v_true, runs / 2, &pg, &done);
-        double sa = per_run_ms(s_client, submits / 2, &pg, &done), sb = per_run_ms(s_core, submits / 2, &pg, &done);
-        if (a < 0 || b < 0 || tr < 0 || sa < 0 || sb < 0) {
-            rc = sh_err(SH_EIO, "a run of shoal version or shoal submit failed (try it by hand: %s submit %s "
-                        "--server %s --token t)", client, job, url);
-            break;
+        for (int k = 0; rc == SH_OK && k < (slurm ? 4 : 3); k++) {
+            double ms = per_run_ms(ver[k], runs / 2, &pg, &done);
+            if (ms < 0) rc = sh_err(SH_EIO, "a run of `%s %s` failed", ver[k][0], ver[k][1] ? ver[k][1] : "");
+            *ver_out[k] += ms / 2;
         }
-        f->ver_client = (half ? f->ver_client + a : a) / (half ? 2 : 1);
-        f->ver_core = (half ? f->ver_core + b : b) / (half ? 2 : 1);
-        f->ver_true = (half ? f->ver_true + tr : tr) / (half ? 2 : 1);
-        f->sub_client = (half ? f->sub_client + sa : sa) / (half ? 2 : 1);
-        f->sub_core = (half ? f->sub_core + sb : sb) / (half ? 2 : 1);
+        for (int k = 0; rc == SH_OK && k < (slurm ? 3 : 2); k++) {
+            double ms = per_run_ms(sub[k], submits / 2, &pg, &done);
+            if (ms < 0)
+                rc = sh_err(SH_EIO, "a submit by %s failed (try it by hand: %s submit %s --server %s --token t)",
+                            sub[k][0], client, job, url);
+            *sub_out[k] += ms / 2;
+        }
     }
-    if (rc == SH_OK && slurm) {
-        f->sbatch_ver = per_run_ms(b_ver, runs, &pg, &done);
-        f->sbatch_sub = per_run_ms(b_sub, submits, &pg, &done);
-    }
+    if (slurm) run_quiet(b_cancel);
+    if (!slurm) f->sbatch_ver = f->sbatch_sub = -1;
     cli_progress_end(&pg, rc);
     srv_stop(s);
     return rc;

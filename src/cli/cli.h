@@ -15,7 +15,6 @@
 #include "shoal/common.h"
 
 #define CLI_USAGE 2
-#define SHOAL_VERSION "0.1.0"
 
 /* ---- Options (opts.c) ----------------------------------------------------
  * Every command parses its options with cli_getopt, a getopt_long loop that

@@ -101,12 +101,40 @@ static int usage(FILE *f)
     return f == stdout ? 0 : CLI_USAGE;
 }
 
+/* Commands that parse their options by hand read "--opt value"; give them
+ * "--opt=value" split in two as well (up to a "--", after which arguments
+ * are a command line of their own).  Commands on cli_getopt take both. */
+static char **split_equals(int *argc, char **argv)
+{
+    char **v = calloc((size_t)(2 * *argc + 1), sizeof *v);
+    if (!v) return argv;
+    int k = 0, rest = 0;
+    for (int i = 0; i < *argc; i++) {
+        char *eq = argv[i][0] == '-' && argv[i][1] == '-' ? strchr(argv[i], '=') : NULL;
+        if (!strcmp(argv[i], "--")) rest = 1;
+        if (i == 0 || rest || !eq || eq == argv[i] + 2) {
+            v[k++] = argv[i];
+            continue;
+        }
+        *eq = 0;
+        v[k++] = argv[i];
+        v[k++] = eq + 1;
+    }
+    *argc = k;
+    return v;
+}
+
 static int dispatch(const struct cli_entry *t, const char *what, int argc, char **argv)
 {
     const char *names[256];
     size_t n = 0;
     for (const struct cli_entry *e = t; e->name; e++) {
-        if (!strcmp(e->name, argv[0])) return e->fn(argc, argv);
+        if (!strcmp(e->name, argv[0])) {
+            char **v = split_equals(&argc, argv);
+            int rc = e->fn(argc, v);
+            if (v != argv) free(v);
+            return rc;
+        }
         if (n < 256) names[n++] = e->name;
     }
     const char *near = sh_closest(argv[0], names, n);

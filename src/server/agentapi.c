@@ -129,6 +129,7 @@ static int job_eval(srv *s, srv_job *j)
     if (j->state == J_STARTING && live && running == live) {
         j->state = J_RUNNING;
         if (j->t_start <= 0) j->t_start = sh_now_wall();
+        if (j->t_placed > 0) srv__observe_start(s, j->nmem, sh_now_wall() - j->t_placed);
         changed = 1;
         SH_TRY(srv__db_event(s, j->id, NULL, "running", "attempt %d: all %d rank(s) running", j->attempt, live));
     }

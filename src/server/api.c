@@ -196,8 +196,7 @@ static int job_logs(srv *s, srv_req *r, srv_job *j, json_t **reply)
     return SH_OK;
 }
 
-/* Costs: closed ledger rows plus what running members have cost so far. */
-static json_t *costs(srv *s, const char *tenant)
+json_t *srv__costs(srv *s, const char *tenant)
 {
     json_t *by = srv__db_costs(s, tenant);
     double now = sh_now_wall();
@@ -242,7 +241,7 @@ static int overview(srv *s, srv_req *r, json_t **reply)
         if (json_array_size(jobs) >= 500) break;
     }
     *reply = json_pack("{s:o,s:o,s:o,s:s,s:f}", "nodes", nodes_json(s, r), "jobs", jobs, "costs",
-                       costs(s, r->tenant), "viewer", r->tenant ? r->tenant : "admin", "now", sh_now_wall());
+                       srv__costs(s, r->tenant), "viewer", r->tenant ? r->tenant : "admin", "now", sh_now_wall());
     return SH_OK;
 }
 
@@ -407,7 +406,7 @@ int srv__handle(srv *s, srv_req *r, int *status, json_t **reply)
         *reply = json_pack("{s:o}", "events", srv__db_events(s, after, r->tenant, 0, (int)limit));
         return SH_OK;
     } else if (!strcmp(p, "/v1/costs") && get) {
-        *reply = costs(s, r->tenant);
+        *reply = srv__costs(s, r->tenant);
         return SH_OK;
     } else if (!strcmp(p, "/v1/overview") && get) {
         return overview(s, r, reply);

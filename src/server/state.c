@@ -131,6 +131,9 @@ int srv__start(srv *s, srv_job *j, const int *nodes, int n)
     }
     j->state = J_STARTING;
     j->rdzv_port = 0; /* each attempt rendezvouses on a fresh port (agentapi.c) */
+    double now = sh_now_wall();
+    if (j->attempt == 1 && j->t_placed <= 0) srv__observe_wait(s, n, now - j->t_submit);
+    j->t_placed = now;
     j->go = j->kind != K_GANG; /* only gangs wait at the barrier */
     j->nprefer = 0;
     int rc = srv__db_job(s, j);
@@ -647,11 +650,13 @@ static const char *const node_states[] = {"alive", "dead", "gone"};
 
 static json_t *node_json(const srv_node *n, json_t *jobs)
 {
-    return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:o}", "name", n->name,
+    /* Seconds since the node's last poll (its heartbeat); -1 before the first. */
+    double age = n->last_seen > 0 ? sh_now_mono() - n->last_seen : -1;
+    return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:f,s:o}", "name", n->name,
                      "gpu_type", n->gpu_type, "gpus", n->gpus, "gpus_used", n->gpus_used, "zone",
                      n->zone, "fabric", n->fabric, "addr", n->addr, "price_per_gpu_hour", n->price,
                      "state", node_states[n->state], "sandbox", n->sandbox, "from_provider",
-                     n->from_provider, "jobs", jobs);
+                     n->from_provider, "heartbeat_age_s", age, "jobs", jobs);
 }
 
 /* One entry of a node's "jobs" list. */
