@@ -3,7 +3,9 @@
  * One cmocka test per tests/python/test_*.py (run with unittest against
  * build/libshoal.so, the optimised build), plus `make install` into a
  * temporary prefix, checked with a C program built by pkg-config and with
- * `import shoal` from that prefix.
+ * `import shoal` from that prefix.  tests/test_python_e2e.c builds this file
+ * again for tests/python/e2e_*.py (the multi-process example), so that each
+ * binary stays well inside the runner's time limit.
  *
  * The ASan build skips them all: CPython and torch are not built with
  * AddressSanitizer, so preloading it into the interpreter reports their own
@@ -16,6 +18,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifndef PY_GLOB
+#define PY_GLOB "tests/python/test_*.py"
+#define PY_INSTALL 1
+#endif
 
 static int is_asan(void) { return strstr(tu_shoal(), "/asan/") != NULL; }
 
@@ -40,7 +47,6 @@ static const char *python(void)
 static void run_py_file(void **state)
 {
     const char *file = *state;
-    if (is_asan()) skip();
     const char *py = python();
     if (!py) fail_msg("no python3 with torch and numpy: run scripts/deps.sh (python3-torch, python3-numpy)");
     char *out = NULL;
@@ -50,9 +56,9 @@ static void run_py_file(void **state)
     if (rc != 0) fail_msg("%s: unittest exited with %d", file, rc);
 }
 
+#ifdef PY_INSTALL
 static void install_prefix(void **state)
 {
-    if (is_asan()) skip();
     const char *py = python();
     if (!py) fail_msg("no python3 with torch and numpy: run scripts/deps.sh");
     const char *pre = tu_path("prefix"), *demo = tu_path("demo"), *work = tu_path("demo-work");
@@ -72,6 +78,11 @@ static void install_prefix(void **state)
     printf("%s", out);
     if (rc != 0 || !strstr(out, "identical")) fail_msg("demo against the installed library: %d\n%s", rc, out);
     free(out);
+    /* Every public header marks its declarations for export (a header
+     * without the two pragma lines would leave its functions hidden). */
+    rc = tu_run(&out, "grep -L 'pragma GCC visibility push(default)' include/shoal/*.h");
+    if (out[0]) fail_msg("public headers without the export pragmas:\n%s", out);
+    free(out);
     /* Only the public API is exported: no internal `__` names. */
     rc = tu_run(&out, "nm -D --defined-only %s/lib/libshoal.so | awk '{print $3}' | grep '__'", pre);
     if (rc == 0) fail_msg("libshoal.so exports internal names:\n%s", out);
@@ -88,16 +99,26 @@ static void install_prefix(void **state)
     free(out);
 }
 
+#endif
+
+static void asan_skips(void **state) { skip(); }
+
 int main(void)
 {
+    if (is_asan()) {
+        const struct CMUnitTest one[] = {cmocka_unit_test(asan_skips)};
+        return cmocka_run_group_tests_name("python (optimised build only)", one, NULL, NULL);
+    }
     glob_t g;
-    if (glob("tests/python/test_*.py", 0, NULL, &g) != 0) {
-        fprintf(stderr, "test_python: no tests/python/test_*.py (run from the repository root)\n");
+    if (glob(PY_GLOB, 0, NULL, &g) != 0) {
+        fprintf(stderr, "no %s (run from the repository root)\n", PY_GLOB);
         return 1;
     }
     struct CMUnitTest *t = calloc(g.gl_pathc + 1, sizeof *t);
     size_t n = 0;
+#ifdef PY_INSTALL
     t[n++] = (struct CMUnitTest){.name = "install_prefix", .test_func = install_prefix};
+#endif
     for (size_t i = 0; i < g.gl_pathc; i++)
         t[n++] = (struct CMUnitTest){.name = g.gl_pathv[i], .test_func = run_py_file,
                                      .initial_state = g.gl_pathv[i]};

@@ -1,6 +1,6 @@
 """Runs the example end to end on this machine: a store, a push-tree root
-(`shoal push serve --fanout 1`, so the second follower is redirected to
-attach below the first: root -> f1 -> f2), N follower processes and the
+(`shoal push serve --fanout 1`, so the follower that attaches second is
+redirected below the first: root -> f1 -> f2, or f2 first), N follower processes and the
 trainer.  Prints every process's lines and a summary; exits 0 only if every
 follower verified every version bit-identical.
 
@@ -72,18 +72,30 @@ def main():
             followers.append(start(n, [sys.executable, os.path.join(HERE, "follower.py"), "--name", n,
                                        "--dir", os.path.join(work, n), "--parent", addr, "--run-dir", run_dir,
                                        "--until", str(a.versions), "--timeout", str(a.timeout)]))
-            time.sleep(0.3)  # attach in order, so that f2 is redirected below f1
+            time.sleep(0.3)  # usually f1 attaches first and f2 is redirected below it
         trainer = start("trainer", [sys.executable, os.path.join(HERE, "trainer.py"), "--store", store,
                                     "--run-dir", run_dir, "--steps", str(a.versions), "--followers",
                                     ",".join(names), "--max-lag", str(a.max_lag)])
-        deadline = time.time() + a.timeout
-        for p in [trainer] + followers:
-            p.wait(timeout=max(1, deadline - time.time()))
-        rc = 0 if all(p.returncode == 0 for p in [trainer] + followers) else 1
+        # Wait for the trainer and the followers; one that fails ends the run.
+        deadline, watched = time.time() + a.timeout, [trainer] + followers
+        while True:
+            codes = [p.poll() for p in watched]
+            if None not in codes or any(c not in (None, 0) for c in codes):
+                break
+            if time.time() > deadline:
+                raise subprocess.TimeoutExpired("run.py", a.timeout)
+            time.sleep(0.05)
+        rc = 0 if all(p.poll() == 0 for p in [trainer] + followers) else 1
+        if rc:
+            print("run.py: %s failed (see its lines above)" % ", ".join(
+                n for n, p in procs if p in [trainer] + followers and p.poll() not in (None, 0)), flush=True)
         summary = {"versions": a.versions, "workdir": work, "followers": {}}
         for n in names:
-            with open(os.path.join(run_dir, n + ".json")) as f:
-                st = json.load(f)
+            try:
+                with open(os.path.join(run_dir, n + ".json")) as f:
+                    st = json.load(f)
+            except (OSError, ValueError):
+                st = {"verified": [], "mismatched": [], "version": 0, "bytes_received": 0}
             summary["followers"][n] = {"verified": len(st["verified"]), "mismatched": len(st["mismatched"]),
                                        "last_version": st["version"], "bytes_received": st["bytes_received"],
                                        "children": st.get("children", 0)}

@@ -23,6 +23,10 @@
 
 #include <jansson.h>
 
+/* shoal's version: the binary prints it, the shared library's soname and
+ * the server's shoal_build_info carry it. */
+#define SHOAL_VERSION "0.1.0"
+
 #pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
@@ -193,6 +197,9 @@ int sh_parse_u64(const char *s, uint64_t *out, const char *what);
 int sh_parse_double(const char *s, double *out, const char *what);
 /* Parses counts with optional K/M/G suffix (powers of 1000) or KiB/MiB/GiB. */
 int sh_parse_size(const char *s, uint64_t *out, const char *what);
+/* The name in names[0..n) (a NULL entry also ends the list) closest to a
+ * mistyped word, for "did you mean" hints; NULL when none is close. */
+const char *sh_closest(const char *word, const char *const *names, size_t n);
 /* "1.50 GiB" into buf. */
 const char *sh_fmt_bytes(double bytes, char *buf, size_t cap);
 

@@ -23,6 +23,7 @@
 
 #include <stdint.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -67,4 +68,5 @@ int sim_push_run(const sim_push_config *c, sim_push_result *out);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

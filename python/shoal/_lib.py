@@ -76,6 +76,8 @@ _PROTOS = {
     "sh_json_take_text": (i32, [vp, _c.POINTER(vp)]),
     # ckpt
     "ckpt_dtype_name": (cp, [i32]),
+    "ckpt_open": (i32, [cp, _c.POINTER(vp)]),
+    "ckpt_close": (None, [vp]),
     "ckpt_count": (sz, [vp]),
     "ckpt_tensor_at": (_c.POINTER(CkptTensor), [vp, sz]),
     "ckpt_tensor_sizeof": (sz, []),
@@ -83,6 +85,7 @@ _PROTOS = {
     "delta_make": (i32, [cp, cp, cp, vp, vp]),
     "delta_apply": (i32, [cp, cp, cp, vp]),
     "delta_inspect": (i32, [cp, _c.POINTER(vp)]),
+    "delta_baseline_xor_zstd": (i32, [vp, vp, i32, _c.POINTER(u64)]),
     # store
     "store_open": (i32, [cp, cp, i32, _c.POINTER(vp)]),
     "store_close": (None, [vp]),
@@ -101,7 +104,11 @@ _PROTOS = {
     "store_lease_free": (u64, [vp, _c.POINTER(StoreLease)]),
 }
 for _name, (_res, _args) in _PROTOS.items():
-    _f = getattr(lib, _name)
+    try:
+        _f = getattr(lib, _name)
+    except AttributeError:
+        raise ImportError("shoal: %s has no %s: the library is older than the package; rebuild it "
+                          "(make) or point SHOAL_LIB at a matching one" % (lib._name, _name)) from None
     _f.restype, _f.argtypes = _res, _args
 
 if lib.ckpt_tensor_sizeof() != _c.sizeof(CkptTensor):

@@ -39,3 +39,20 @@ def inspect(delta):
     j = ctypes.c_void_p()
     check(lib.delta_inspect(fspath(delta), ctypes.byref(j)))
     return _lib.take_json_value(j)
+
+
+def xor_zstd1(base, new, threads=0):
+    """The baseline deltas are measured against (what `shoal bench delta`
+    calls xor+zstd-1): the bytes of new's tensors XORed with base's
+    same-named tensors, compressed by zstd level 1 in 8 MiB blocks, plus a
+    16-byte hash.  Returns that size in bytes."""
+    a, b = ctypes.c_void_p(), ctypes.c_void_p()
+    try:
+        check(lib.ckpt_open(fspath(base), ctypes.byref(a)))
+        check(lib.ckpt_open(fspath(new), ctypes.byref(b)))
+        n = ctypes.c_uint64()
+        check(lib.delta_baseline_xor_zstd(a, b, int(threads), ctypes.byref(n)))
+        return n.value
+    finally:
+        lib.ckpt_close(a)
+        lib.ckpt_close(b)

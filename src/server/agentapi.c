@@ -129,6 +129,7 @@ static int job_eval(srv *s, srv_job *j)
     if (j->state == J_STARTING && live && running == live) {
         j->state = J_RUNNING;
         if (j->t_start <= 0) j->t_start = sh_now_wall();
+        if (j->t_placed > 0) srv__observe_start(s, j->nmem, sh_now_wall() - j->t_placed);
         changed = 1;
         SH_TRY(srv__db_event(s, j->id, NULL, "running", "attempt %d: all %d rank(s) running", j->attempt, live));
     }
@@ -236,13 +237,32 @@ static int apply_logs(srv *s, int idx, const json_t *logs)
     return SH_OK;
 }
 
-static json_t *member_env(srv *s, const srv_job *j, const srv_member *m)
+/* The rendezvous port (MASTER_PORT) of j's current attempt: the first port
+ * from a (job, attempt) hash in 20000..59999 that no other active job holds,
+ * so that no two running attempts share one.  Chosen once per attempt; a
+ * restarted server chooses again for the attempts it restores. */
+static int rdzv_port(srv *s, srv_job *j)
+{
+    if (j->rdzv_port) return j->rdzv_port;
+    int p = (int)(((uint64_t)j->id * 7919u + (uint64_t)j->attempt * 104729u) % 40000u);
+    for (int tries = 0; tries < 40000; tries++, p = (p + 1) % 40000) {
+        int taken = 0;
+        for (int64_t a = 0; a < s->nactive && !taken; a++) {
+            const srv_job *k = srv__job(s, s->active[a]);
+            taken = k && k != j && k->rdzv_port == 20000 + p;
+        }
+        if (!taken) break;
+    }
+    return j->rdzv_port = 20000 + p;
+}
+
+static json_t *member_env(srv *s, srv_job *j, const srv_member *m)
 {
     json_t *env = json_object();
     json_t *user = json_object_get(j->spec, "env");
     if (user) json_object_update(env, user);
     char b[64];
-    int port = 20000 + (int)((j->id * 13 + j->attempt) % 20000);
+    int port = rdzv_port(s, j);
 #define SETI(k, v) (snprintf(b, sizeof b, "%lld", (long long)(v)), json_object_set_new(env, k, json_string(b)))
     SETI("SHOAL_JOB_ID", j->id);
     SETI("SHOAL_RANK", m->rank);
@@ -254,11 +274,21 @@ static json_t *member_env(srv *s, const srv_job *j, const srv_member *m)
     SETI("LOCAL_RANK", 0);
     SETI("LOCAL_WORLD_SIZE", 1);
     SETI("MASTER_PORT", port);
+    /* torchrun's node-level arguments, so that a plain `torchrun train.py`
+     * starts one process per GPU on every node (docs/job-format.md). */
+    int nproc = j->gpus_per_node > 0 ? j->gpus_per_node : 1;
+    SETI("NNODES", j->nmem);
+    SETI("NPROC_PER_NODE", nproc);
+    SETI("PET_NNODES", j->nmem);
+    SETI("PET_NODE_RANK", m->rank);
+    SETI("PET_NPROC_PER_NODE", nproc);
+    SETI("PET_MASTER_PORT", port);
 #undef SETI
     json_object_set_new(env, "SHOAL_JOB_NAME", json_string(j->name));
     json_object_set_new(env, "SHOAL_TENANT", json_string(j->tenant));
     json_object_set_new(env, "SHOAL_NODE", json_string(s->nodes[m->node].name));
     json_object_set_new(env, "MASTER_ADDR", json_string(s->nodes[j->mem[0].node].addr));
+    json_object_set_new(env, "PET_MASTER_ADDR", json_string(s->nodes[j->mem[0].node].addr));
     sh_buf g = {0};
     for (int i = 0; i < 64; i++)
         if (m->gpu_mask & (1ull << i)) sh_buf_printf(&g, "%s%d", g.len ? "," : "", i);

@@ -154,17 +154,18 @@ static int list_jobs(srv *s, srv_req *r, json_t **reply)
     const char *state = query(r, "state");
     int64_t limit;
     SH_TRY(query_i64(r, "limit", 100, 1, 100000, &limit));
-    int known = !state || !strcmp(state, "active");
+    int known = !state || !strcmp(state, "active") || !strcmp(state, "finished");
     for (int i = 0; i < J_NSTATES && !known; i++) known = !strcmp(state, srv__job_state_name(i));
     if (!known)
-        return sh_err(SH_EINVAL, "/v1/jobs: query parameter state=\"%s\": expected active, pending, starting,"
-                                 " running, succeeded, failed or cancelled", state);
+        return sh_err(SH_EINVAL, "/v1/jobs: query parameter state=\"%s\": expected active, finished, pending,"
+                                 " starting, running, succeeded, failed or cancelled", state);
     json_t *a = json_array();
     for (int64_t id = s->njobs; id >= 1 && (int64_t)json_array_size(a) < limit; id--) {
         srv_job *j = visible_job(s, r, id);
         if (!j) continue;
         if (state && strcmp(state, srv__job_state_name(j->state)) &&
-            !(!strcmp(state, "active") && j->state <= J_RUNNING))
+            !(!strcmp(state, "active") && j->state <= J_RUNNING) &&
+            !(!strcmp(state, "finished") && j->state > J_RUNNING))
             continue;
         json_array_append_new(a, srv__job_json(s, j, 0));
     }
@@ -195,8 +196,7 @@ static int job_logs(srv *s, srv_req *r, srv_job *j, json_t **reply)
     return SH_OK;
 }
 
-/* Costs: closed ledger rows plus what running members have cost so far. */
-static json_t *costs(srv *s, const char *tenant)
+json_t *srv__costs(srv *s, const char *tenant)
 {
     json_t *by = srv__db_costs(s, tenant);
     double now = sh_now_wall();
@@ -241,7 +241,7 @@ static int overview(srv *s, srv_req *r, json_t **reply)
         if (json_array_size(jobs) >= 500) break;
     }
     *reply = json_pack("{s:o,s:o,s:o,s:s,s:f}", "nodes", nodes_json(s, r), "jobs", jobs, "costs",
-                       costs(s, r->tenant), "viewer", r->tenant ? r->tenant : "admin", "now", sh_now_wall());
+                       srv__costs(s, r->tenant), "viewer", r->tenant ? r->tenant : "admin", "now", sh_now_wall());
     return SH_OK;
 }
 
@@ -406,7 +406,7 @@ int srv__handle(srv *s, srv_req *r, int *status, json_t **reply)
         *reply = json_pack("{s:o}", "events", srv__db_events(s, after, r->tenant, 0, (int)limit));
         return SH_OK;
     } else if (!strcmp(p, "/v1/costs") && get) {
-        *reply = costs(s, r->tenant);
+        *reply = srv__costs(s, r->tenant);
         return SH_OK;
     } else if (!strcmp(p, "/v1/overview") && get) {
         return overview(s, r, reply);

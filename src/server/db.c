@@ -382,6 +382,19 @@ json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, i
     return out;
 }
 
+/* The closed ledger of one job: dollars and GPU-seconds over its members. */
+void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s)
+{
+    sqlite3_stmt *st;
+    *dollars = *gpu_s = 0;
+    if (sqlite3_prepare_v2(s->db, "SELECT SUM(cost), SUM((t_end - t_start) * gpus) FROM ledger WHERE job = ?",
+                           -1, &st, NULL))
+        return;
+    sqlite3_bind_int64(st, 1, job);
+    if (sqlite3_step(st) == SQLITE_ROW) *dollars = sqlite3_column_double(st, 0), *gpu_s = sqlite3_column_double(st, 1);
+    sqlite3_finalize(st);
+}
+
 /* Sums the closed ledger by tenant and GPU type into obj[tenant][gpu_type]. */
 json_t *srv__db_costs(srv *s, const char *tenant)
 {

@@ -34,7 +34,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
 
 static enum MHD_Result send_json(srv *s, struct MHD_Connection *c, int status, json_t *j)
 {
-    char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(12));
+    char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(j);
     if (!text) return MHD_NO;
     __atomic_fetch_add(&s->http_req[status / 100 <= 5 ? status / 100 : 0], 1, __ATOMIC_RELAXED);
@@ -420,6 +420,73 @@ void srv_stop(srv *s)
 
 /* ---- metrics ------------------------------------------------------------------ */
 
+/* Histogram bounds in seconds: starts take milliseconds to a minute, waits
+ * seconds to days. */
+static const double start_le[SRV_HBUCKETS] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
+static const double wait_le[SRV_HBUCKETS] = {1, 5, 15, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400};
+static const char *const size_label[SRV_SIZE_CLASSES] = {"1", "2-4", "5-16", "17-64", "65+"};
+
+int srv__size_class(int nodes)
+{
+    return nodes <= 1 ? 0 : nodes <= 4 ? 1 : nodes <= 16 ? 2 : nodes <= 64 ? 3 : 4;
+}
+
+static void observe(srv_hist *h, const double *le, double v)
+{
+    int i = 0;
+    while (i < SRV_HBUCKETS && v > le[i]) i++;
+    h->bucket[i]++, h->n++, h->sum += v < 0 ? 0 : v;
+}
+
+void srv__observe_start(srv *s, int nodes, double seconds)
+{
+    observe(&s->h_start[srv__size_class(nodes)], start_le, seconds);
+}
+
+void srv__observe_wait(srv *s, int nodes, double seconds)
+{
+    observe(&s->h_wait[srv__size_class(nodes)], wait_le, seconds);
+}
+
+static void print_hist(sh_buf *b, const char *name, const char *help, const srv_hist *h, const double *le)
+{
+    sh_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int c = 0; c < SRV_SIZE_CLASSES; c++) {
+        uint64_t cum = 0;
+        for (int i = 0; i <= SRV_HBUCKETS; i++) {
+            cum += h[c].bucket[i];
+            if (i < SRV_HBUCKETS)
+                sh_buf_printf(b, "%s_bucket{nodes=\"%s\",le=\"%g\"} %llu\n", name, size_label[c], le[i],
+                              (unsigned long long)cum);
+            else
+                sh_buf_printf(b, "%s_bucket{nodes=\"%s\",le=\"+Inf\"} %llu\n", name, size_label[c],
+                              (unsigned long long)cum);
+        }
+        sh_buf_printf(b, "%s_sum{nodes=\"%s\"} %.6f\n%s_count{nodes=\"%s\"} %llu\n", name, size_label[c], h[c].sum,
+                      name, size_label[c], (unsigned long long)h[c].n);
+    }
+}
+
+/* Per-tenant cost counters: the ledger's closed rows plus running members,
+ * which only grow (a member's running cost becomes its ledger row). */
+static void print_costs(srv *s, sh_buf *b)
+{
+    json_t *c = srv__costs(s, NULL);
+    const char *t, *g;
+    json_t *by, *v;
+    sh_buf_printf(b, "# HELP shoal_cost_dollars_total Dollars billed, by tenant and GPU type.\n"
+                     "# TYPE shoal_cost_dollars_total counter\n");
+    json_object_foreach(json_object_get(c, "by_tenant"), t, by) json_object_foreach(by, g, v)
+        sh_buf_printf(b, "shoal_cost_dollars_total{tenant=\"%s\",gpu_type=\"%s\"} %.6f\n", t, g,
+                      json_real_value(json_object_get(v, "dollars")));
+    sh_buf_printf(b, "# HELP shoal_gpu_seconds_total GPU-seconds billed, by tenant and GPU type.\n"
+                     "# TYPE shoal_gpu_seconds_total counter\n");
+    json_object_foreach(json_object_get(c, "by_tenant"), t, by) json_object_foreach(by, g, v)
+        sh_buf_printf(b, "shoal_gpu_seconds_total{tenant=\"%s\",gpu_type=\"%s\"} %.3f\n", t, g,
+                      json_real_value(json_object_get(v, "gpu_seconds")));
+    json_decref(c);
+}
+
 void srv__metrics(srv *s, sh_buf *b)
 {
     int nodes[3] = {0}, gpus = 0, used = 0;
@@ -434,10 +501,13 @@ void srv__metrics(srv *s, sh_buf *b)
     for (int64_t i = 1; i <= s->njobs; i++)
         if (s->jobs[i]) jobs[s->jobs[i]->state]++;
     static const char *const ns[] = {"alive", "dead", "gone"};
+    sh_buf_printf(b, "# HELP shoal_build_info The running server's version.\n# TYPE shoal_build_info gauge\n"
+                     "shoal_build_info{version=\"%s\"} 1\n", SHOAL_VERSION);
     sh_buf_printf(b, "# HELP shoal_nodes Registered nodes by state.\n# TYPE shoal_nodes gauge\n");
     for (int i = 0; i < 3; i++) sh_buf_printf(b, "shoal_nodes{state=\"%s\"} %d\n", ns[i], nodes[i]);
-    sh_buf_printf(b, "# HELP shoal_gpus GPUs on alive nodes.\n# TYPE shoal_gpus gauge\n"
-                     "shoal_gpus{state=\"total\"} %d\nshoal_gpus{state=\"used\"} %d\n", gpus, used);
+    /* used + free = the GPUs of alive nodes, so sum(shoal_gpus) is the total. */
+    sh_buf_printf(b, "# HELP shoal_gpus GPUs on alive nodes, used and free.\n# TYPE shoal_gpus gauge\n"
+                     "shoal_gpus{state=\"used\"} %d\nshoal_gpus{state=\"free\"} %d\n", used, gpus - used);
     sh_buf_printf(b, "# HELP shoal_jobs Jobs by state.\n# TYPE shoal_jobs gauge\n");
     for (int i = 0; i < J_NSTATES; i++)
         sh_buf_printf(b, "shoal_jobs{state=\"%s\"} %lld\n", srv__job_state_name(i), (long long)jobs[i]);
@@ -458,6 +528,11 @@ void srv__metrics(srv *s, sh_buf *b)
                      "# HELP shoal_sched_jobs_forgotten_total Ended jobs the core has dropped.\n"
                      "# TYPE shoal_sched_jobs_forgotten_total counter\nshoal_sched_jobs_forgotten_total %llu\n",
                   ss.queued + ss.running, (unsigned long long)ss.forgotten);
+    print_hist(b, "shoal_gang_start_seconds", "Seconds from placement to every rank running, by gang size in nodes.",
+               s->h_start, start_le);
+    print_hist(b, "shoal_queue_wait_seconds", "Seconds from submission to first placement, by gang size in nodes.",
+               s->h_wait, wait_le);
+    print_costs(s, b);
     sh_buf_printf(b, "# HELP shoal_http_responses_total HTTP responses by status class.\n"
                      "# TYPE shoal_http_responses_total counter\n");
     for (int i = 2; i <= 5; i++)

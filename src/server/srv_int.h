@@ -43,6 +43,15 @@ typedef struct srv_member {
     double t_start, t_end; /* wall seconds; billing runs between them */
 } srv_member;
 
+/* A Prometheus histogram: counts per bucket (not cumulative; the last is
+ * +Inf), the sum and count of the observations. */
+#define SRV_HBUCKETS 12
+#define SRV_SIZE_CLASSES 5 /* gangs of 1, 2-4, 5-16, 17-64, 65+ nodes */
+typedef struct srv_hist {
+    uint64_t bucket[SRV_HBUCKETS + 1], n;
+    double sum;
+} srv_hist;
+
 typedef struct srv_job {
     int64_t id;
     char tenant[64], name[128], idem[128], reason[256];
@@ -55,6 +64,8 @@ typedef struct srv_job {
     int nmem;
     srv_member *mem;
     uint64_t log_checked;                /* ranks whose log file this process has repaired */
+    int rdzv_port;                       /* MASTER_PORT of this attempt (0: not chosen yet) */
+    double t_placed;                     /* wall time this attempt was placed (metrics) */
     int nprefer;                         /* replace policy: nodes to keep, by rank */
     int prefer[64];
 } srv_job;
@@ -90,6 +101,9 @@ struct srv {
     /* counters for /metrics */
     uint64_t submits, rejects, http_req[6], polls;
     double last_cycle_s;
+    /* /metrics histograms by gang size class (srv__size_class): seconds
+     * from placement to every rank running, and from submit to first start. */
+    srv_hist h_start[SRV_SIZE_CLASSES], h_wait[SRV_SIZE_CLASSES];
     sched *sc;            /* the scheduling core: every placement comes from it */
     sched_decisions dec;
     int provider_next;    /* provider-created nodes are named auto-<n> */
@@ -131,6 +145,15 @@ int srv__db_commit(srv *s);
 void srv__db_rollback(srv *s);
 json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit);
 json_t *srv__db_costs(srv *s, const char *tenant);
+/* Closed ledger rows plus what running members have cost so far:
+ * {"by_tenant": {tenant: {gpu_type: {dollars, gpu_seconds}}}, "total_dollars"}
+ * (all tenants when tenant is NULL).  Caller holds s->mu and owns the result. */
+json_t *srv__costs(srv *s, const char *tenant);
+/* Metrics: the size class of a gang of n nodes, and recording one value. */
+int srv__size_class(int nodes);
+void srv__observe_start(srv *s, int nodes, double seconds);
+void srv__observe_wait(srv *s, int nodes, double seconds);
+void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s);
 
 /* state.c */
 srv_job *srv__job(srv *s, int64_t id);

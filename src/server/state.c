@@ -3,6 +3,7 @@
  * database transaction opened by its caller. */
 #include "srv_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,6 +130,10 @@ int srv__start(srv *s, srv_job *j, const int *nodes, int n)
         sh_buf_printf(&where, "%s%s", r ? "," : "", nd->name);
     }
     j->state = J_STARTING;
+    j->rdzv_port = 0; /* each attempt rendezvouses on a fresh port (agentapi.c) */
+    double now = sh_now_wall();
+    if (j->attempt == 1 && j->t_placed <= 0) srv__observe_wait(s, n, now - j->t_submit);
+    j->t_placed = now;
     j->go = j->kind != K_GANG; /* only gangs wait at the barrier */
     j->nprefer = 0;
     int rc = srv__db_job(s, j);
@@ -580,6 +585,39 @@ static double running_cost(srv *s, const srv_job *j, double now)
     return c;
 }
 
+/* What a job cost and how long it ran: the closed ledger plus its live
+ * members, so a finished job keeps its final bill; "replicas" counts the
+ * members running now (an elastic job may run fewer than its maximum). */
+static void add_billing(srv *s, const srv_job *j, json_t *o)
+{
+    double dollars, gpu_s;
+    srv__db_job_cost(s, j->id, &dollars, &gpu_s);
+    double now = sh_now_wall();
+    int live = 0;
+    for (int i = 0; i < j->nmem; i++) live += member_live(&j->mem[i]) && j->mem[i].t_start > 0;
+    double run = j->t_start > 0 ? (j->t_end > 0 ? j->t_end : now) - j->t_start : 0;
+    json_object_set_new(o, "cost", json_real(dollars + running_cost(s, j, now)));
+    json_object_set_new(o, "cost_final", json_boolean(j->state > J_RUNNING));
+    json_object_set_new(o, "run_s", json_real(run > 0 ? run : 0));
+    json_object_set_new(o, "replicas", json_integer(j->state <= J_RUNNING ? live : 0));
+}
+
+/* Why a pending job waits and when it should start, from the core (its
+ * clock is monotonic: the estimate is moved onto the wall clock). */
+static void add_pending(srv *s, const srv_job *j, json_t *o)
+{
+    if (j->state != J_PENDING || !s->sc) return;
+    char id[24];
+    snprintf(id, sizeof id, "%lld", (long long)j->id);
+    sched_job_info in;
+    double mono = sh_now_mono(), wall = sh_now_wall();
+    if (sched_job_info_get(s->sc, id, mono, &in) < 0 || in.wait == SCHED_WAIT_NONE) return;
+    json_object_set_new(o, "wait", json_string(sched_wait_name(in.wait)));
+    json_object_set_new(o, "pending_reason", json_string(in.wait_text));
+    json_object_set_new(o, "start_estimate",
+                        isfinite(in.est_start_s) ? json_real(wall + (in.est_start_s - mono)) : json_null());
+}
+
 json_t *srv__job_json(srv *s, const srv_job *j, int full)
 {
     json_t *o = json_pack("{s:I,s:s,s:s,s:s,s:s,s:i,s:i,s:s,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:i,s:s,s:f}",
@@ -593,6 +631,8 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full)
                           "running_cost", running_cost(s, j, sh_now_wall()));
     json_t *gt = json_object_get(j->spec, "gpu_types");
     json_object_set_new(o, "gpu_types", gt ? json_incref(gt) : json_array());
+    add_billing(s, j, o);
+    add_pending(s, j, o);
     json_t *mem = json_array();
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
@@ -610,11 +650,13 @@ static const char *const node_states[] = {"alive", "dead", "gone"};
 
 static json_t *node_json(const srv_node *n, json_t *jobs)
 {
-    return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:o}", "name", n->name,
+    /* Seconds since the node's last poll (its heartbeat); -1 before the first. */
+    double age = n->last_seen > 0 ? sh_now_mono() - n->last_seen : -1;
+    return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:f,s:o}", "name", n->name,
                      "gpu_type", n->gpu_type, "gpus", n->gpus, "gpus_used", n->gpus_used, "zone",
                      n->zone, "fabric", n->fabric, "addr", n->addr, "price_per_gpu_hour", n->price,
                      "state", node_states[n->state], "sandbox", n->sandbox, "from_provider",
-                     n->from_provider, "jobs", jobs);
+                     n->from_provider, "heartbeat_age_s", age, "jobs", jobs);
 }
 
 /* One entry of a node's "jobs" list. */

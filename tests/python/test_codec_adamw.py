@@ -56,7 +56,7 @@ class CodecOnAdamWTest(unittest.TestCase):
         state = {"step": 0}
 
         def step():
-            x, y = batch(state["step"])
+            x, y = batch(state["step"], B=4, T=32)
             loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
             opt.zero_grad()
             loss.backward()
@@ -83,6 +83,9 @@ class CodecOnAdamWTest(unittest.TestCase):
             with open(out, "rb") as f1, open(b, "rb") as f2:
                 self.assertEqual(f1.read(), f2.read(), "lr %g x %d: the rebuilt checkpoint differs" % (lr, k))
             base = xor_zstd1(a, b)
+            # The library's baseline (shoal bench delta's) is the same
+            # compression plus its 16-byte hash.
+            self.assertEqual(shoal.delta.xor_zstd1(a, b), base + 16)
             ratio = st["delta_bytes"] / base
             rows.append((lr, k, st["changed"] / st["units"], st["delta_bytes"], base, ratio))
         print("\nlr       steps  changed  delta B   xor+zstd1 B  ratio")
