@@ -7,3 +7,8 @@ for b in $(build/shoal bench --help | awk 'NR > 2 && NF {print $1}'); do
     echo "== shoal bench $b"
     build/shoal bench "$b" $J
 done
+# The RL sweep (docs/rl.md, "The sweep"): paced runs, so the figures do not
+# depend on the machine's load, only the time the sweep takes does.
+echo "== shoal rl sweep"
+nice build/shoal rl sweep --out build/rl-sweep $J
+for e in md json svg; do cp build/rl-sweep/sweep.$e docs/rl-sweep.$e; done

@@ -24,6 +24,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -93,9 +94,10 @@ def parse(path):
 
 
 def sync_tree():
-    """Copies the tracked and untracked-but-not-ignored files into TREE,
-    keeping modification times, so that make there rebuilds only what
-    changed since the last run."""
+    """Copies the tracked and untracked-but-not-ignored files into TREE.  A
+    file is copied only when its bytes differ, and gets the current time,
+    so that make rebuilds exactly what changed since the last run (also a
+    file a killed run left mutated)."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
                            check=True, capture_output=True).stdout.split(b"\0")
     os.makedirs(TREE, exist_ok=True)
@@ -106,15 +108,18 @@ def sync_tree():
         src, dst = os.path.join(ROOT, rel), os.path.join(TREE, rel)
         if not os.path.isfile(src) or os.path.islink(src):
             continue
-        st = os.stat(src)
+        with open(src, "rb") as f:
+            data = f.read()
         try:
-            dt = os.stat(dst)
-            if dt.st_mtime_ns == st.st_mtime_ns and dt.st_size == st.st_size:
-                continue
+            with open(dst, "rb") as f:
+                if f.read() == data:
+                    continue
         except FileNotFoundError:
             pass
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copy2(src, dst)
+        with open(dst, "wb") as f:
+            f.write(data)
+        shutil.copymode(src, dst)
 
 
 def binaries(tests):
@@ -146,16 +151,19 @@ def run_test(spec, timeout, log):
     with open(out, "w") as f:
         p = subprocess.Popen([os.path.join(TREE, "build", "tests", name)], cwd=TREE, env=env, stdout=f,
                              stderr=subprocess.STDOUT, start_new_session=True)
+        rc = None
         try:
             rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            rc = None
-        # The test's own process group: servers and agents it started, too.
-        try:
-            os.killpg(p.pid, 9)
-        except ProcessLookupError:
             pass
-        p.wait()
+        finally:
+            # The test's own process group: servers and agents it started,
+            # too (also when this script is interrupted).
+            try:
+                os.killpg(p.pid, 9)
+            except ProcessLookupError:
+                pass
+            p.wait()
     text = open(out, errors="replace").read()
     with open(log, "a") as f:
         f.write(f"$ {name} (filter {flt or '*'}) exit {rc}\n{text}\n")
@@ -167,7 +175,14 @@ def run_test(spec, timeout, log):
     return "pass" if rc == 0 else "fail"
 
 
+def on_term(signum, frame):
+    # Turned into an exception so that the mutated file is put back and the
+    # running test's processes are killed on the way out.
+    raise SystemExit(130)
+
+
 def main():
+    signal.signal(signal.SIGTERM, on_term)
     ap = argparse.ArgumentParser()
     ap.add_argument("--file", default=os.path.join(ROOT, "tests", "mutants.txt"))
     ap.add_argument("--only", help="comma-separated mutant ids")
@@ -189,9 +204,10 @@ def main():
     os.makedirs(LOG, exist_ok=True)
     t0 = time.time()
     sync_tree()
-    # Stale entries are found before anything is built.
+    # Stale entries are found before anything is built, in the copy that is
+    # tested (the working tree may change while this runs).
     for e in entries:
-        path = os.path.join(ROOT, e["file"])
+        path = os.path.join(TREE, e["file"])
         try:
             text = open(path).read()
         except OSError as err:
@@ -225,6 +241,10 @@ def main():
         path = os.path.join(TREE, e["file"])
         orig = open(path).read()
         t1 = time.time()
+        if orig.count(e["from"]) != 1:
+            e["result"], e["why"] = "STALE", f"its text occurs {orig.count(e['from'])} times in {e['file']}"
+            print(f"{e['result']:10} {e['mutant']:28} {e['why']}", flush=True)
+            continue
         try:
             with open(path, "w") as f:
                 f.write(orig.replace(e["from"], e["to"], 1))

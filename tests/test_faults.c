@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +167,23 @@ static void check_pointer(const char *src, const char *dst)
         violation("%s is renamed to %s while %s has %s not fsynced", src, dst, x->path,
                   x->content ? "bytes" : "entries");
     }
+    /* What the pointer names must exist: a store's version folder, or a
+     * replica's model file. */
+    char *text = NULL, named[2048];
+    size_t len;
+    long long v = 0;
+    const char *at;
+    if (sh_read_file(src, 4096, &text, &len) < 0 || !(at = strstr(text, "\"version\":")) ||
+        sscanf(at + 10, "%lld", &v) != 1) {
+        violation("%s is renamed to %s without a \"version\" in it", src, dst);
+        free(text);
+        return;
+    }
+    free(text);
+    if (!strcmp(strrchr(dst, '/'), "/LATEST")) snprintf(named, sizeof named, "%s/versions/%010lld/manifest.json", dir, v);
+    else snprintf(named, sizeof named, "%s/models/%010lld.safetensors", dir, v);
+    struct stat st;
+    if (stat(named, &st) < 0) violation("%s is renamed to %s naming version %lld, but %s does not exist", src, dst, v, named);
 }
 
 static void note_write(int fd)
@@ -248,22 +266,26 @@ ssize_t write(int fd, const void *b, size_t n) { return do_write(fd, b, n, 0, 0)
 ssize_t pwrite(int fd, const void *b, size_t n, off_t off) { return do_write(fd, b, n, off, 1); }
 ssize_t pwrite64(int fd, const void *b, size_t n, off_t off) { return do_write(fd, b, n, off, 2); }
 
+/* Files under this folder are not really synced: no test here can observe
+ * a real fsync (the process exits, the machine does not lose power), and
+ * the model above stands in for the disk.  It keeps the test fast. */
+static char nosync_root[1024];
+
 static int do_sync(int fd, int data)
 {
     char p[1024] = "";
+    fd_path(fd, p, sizeof p);
     pthread_mutex_lock(&F.mu);
-    int e = 0;
-    if (F.on) {
-        fd_path(fd, p, sizeof p);
-        e = step("fsync", p, EIO);
-    }
+    int e = F.on ? step("fsync", p, EIO) : 0;
     pthread_mutex_unlock(&F.mu);
     if (e) {
         errno = e;
         return -1;
     }
-    int r;
-    if (data) load_fdatasync(), r = real_fdatasync(fd);
+    int r = 0;
+    size_t nr = strlen(nosync_root);
+    if (nr && !strncmp(p, nosync_root, nr) && p[nr] == '/') r = 0;
+    else if (data) load_fdatasync(), r = real_fdatasync(fd);
     else load_fsync(), r = real_fsync(fd);
     if (r == 0 && F.on) {
         pthread_mutex_lock(&F.mu);
@@ -419,7 +441,7 @@ static void faults_assert_ordered(const char *what)
  * calls child_arm() (where the counting run armed); returns the child's
  * exit status (77: it exited at step k). */
 static const char *child_root;
-static long child_k;
+static long child_k, child_fail;
 
 static void child_arm(void) { faults_arm(child_root, 0, child_k); }
 
@@ -438,6 +460,22 @@ static int in_child_exit_at(const char *root, long k, void (*fn)(void *), void *
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* Copies of a prepared state, restored before each case (in place, so
+ * that what the state records about its own paths stays true). */
+static void snapshot(const char *dir)
+{
+    char *out;
+    if (tu_run(&out, "rm -rf '%s.snap' && cp -a '%s' '%s.snap'", dir, dir, dir)) fail_msg("snapshot %s: %s", dir, out);
+    free(out);
+}
+
+static void restore(const char *dir)
+{
+    char *out;
+    if (tu_run(&out, "rm -rf '%s' && cp -a '%s.snap' '%s'", dir, dir, dir)) fail_msg("restore %s: %s", dir, out);
+    free(out);
+}
+
 /* ---- The store's publish --------------------------------------------------- */
 
 /* Three checkpoints; versions 1 and 2 published before the faults, version
@@ -447,6 +485,8 @@ typedef struct {
     char ck[4][1024]; /* ck[v]: the checkpoint of version v */
     uint64_t every;
 } pub;
+
+static void pub_make(pub *p);
 
 static void pub_setup(pub *p, const char *name, uint64_t every)
 {
@@ -459,10 +499,12 @@ static void pub_setup(pub *p, const char *name, uint64_t every)
         if (v == 1) TU_OK(ckpt_synth(p->ck[v], 120000, 21));
         else TU_OK(ckpt_step(p->ck[v - 1], p->ck[v], 1e-4, 1, (uint64_t)(21 + v)));
     }
+    pub_make(p);
+    snapshot(p->root);
 }
 
-/* A fresh store with versions 1 and 2. */
-static void pub_reset(pub *p)
+/* A fresh store with versions 1 and 2 (made once, then restored). */
+static void pub_make(pub *p)
 {
     sh_rm_rf(p->root);
     store *s;
@@ -471,6 +513,8 @@ static void pub_reset(pub *p)
     for (int k = 1; k <= 2; k++) TU_OK(store_publish(s, p->ck[k], &(store_publish_opts){.anchor_every = p->every}, &v));
     store_close(s);
 }
+
+static void pub_reset(pub *p) { restore(p->root); }
 
 static int pub_third(pub *p)
 {
@@ -551,6 +595,10 @@ static void publish_cases(pub *p, const char *label)
         if (rc < 0 && !moved && !strstr(sh_errmsg(), "LATEST still names version 2"))
             fail_msg("%s: message \"%s\" does not say what LATEST names", ctx, sh_errmsg());
         failed += rc < 0;
+        /* A failed publish leaves no folder of its version behind. */
+        char v3[1200];
+        snprintf(v3, sizeof v3, "%s/main/versions/%010d", p->root, 3);
+        if (rc < 0 && !moved && sh_path_exists(v3)) fail_msg("%s: the failed publish left %s behind", ctx, v3);
         assert_int_equal(pub_check(p, rc == SH_OK || moved, ctx), rc == SH_OK || moved ? 3 : 2);
         /* The process dies at step k. */
         pub_reset(p);
@@ -580,7 +628,7 @@ typedef struct {
     char dir[1024];
 } rep;
 
-static void rep_reset(rep *r)
+static void rep_make(rep *r)
 {
     pub_reset(&r->p); /* versions 1 and 2 */
     sh_rm_rf(r->dir);
@@ -595,6 +643,14 @@ static void rep_reset(rep *r)
     uint64_t v;
     TU_OK(store_publish(s, r->p.ck[3], &(store_publish_opts){.anchor_every = r->p.every}, &v));
     store_close(s);
+    snapshot(r->p.root);
+    snapshot(r->dir);
+}
+
+static void rep_reset(rep *r)
+{
+    restore(r->p.root);
+    restore(r->dir);
 }
 
 /* Opens the replica and waits until it has taken version 3 or failed. */
@@ -662,6 +718,7 @@ static void test_replica_faults(void **state)
     pub_setup(&r.p, "rep-store", 8);
     snprintf(r.dir, sizeof r.dir, "%s", tu_path("rep-dir"));
     char ctx[256];
+    rep_make(&r);
     rep_reset(&r);
     faults_arm(r.dir, 0, 0);
     TU_OK(rep_activate(&r));
@@ -685,6 +742,132 @@ static void test_replica_faults(void **state)
         if (st != 77) fail_msg("%s: the child exited %d", ctx, st);
         rep_check(&r, 1, ctx);
     }
+}
+
+/* ---- A push replica's activation ------------------------------------------ */
+
+/* A replica attached to a real `shoal push serve` root receives version 3
+ * (a delta) over UCX, applies it to its in-memory image and writes the new
+ * model itself (no store in between), then makes it durable and moves
+ * ACTIVE.  UCX runs only in forked children, so each case starts clean. */
+typedef struct {
+    rep r;
+    char parent[256];
+    char result[1100]; /* where a child writes what it saw */
+} push;
+
+/* Runs in a child: activates version 3 from the push root with step
+ * `fail_at` failing (0: none) and writes "steps fired failed violation" to
+ * p->result; exits 77 when exit_at hits. */
+static void push_child(void *arg)
+{
+    push *p = arg;
+    store_replica_config cfg = {.dir = p->r.dir, .parents = {p->parent}, .nparents = 1, .leaf = 1};
+    if (child_k) child_arm();
+    else faults_arm(p->r.dir, child_fail, 0);
+    store_replica *x;
+    int failed = 0;
+    if (store_replica_open(&cfg, &x) < 0) _exit(3);
+    double end = sh_now_mono() + 60;
+    store_replica_info info;
+    for (;;) {
+        store_replica_get_info(x, &info);
+        if (info.failures) break;
+        if (store_replica_wait(x, 3, 0.05) == SH_OK) break;
+        if (sh_now_mono() > end) _exit(4);
+    }
+    for (double until = sh_now_mono() + 5;;) {
+        store_replica_get_info(x, &info);
+        if (info.failures || !F.fired || sh_now_mono() > until) break;
+        sh_sleep(0.01);
+    }
+    failed = info.failures > 0;
+    store_replica_close(x);
+    long n = faults_disarm();
+    if (!failed) faults_assert_synced(p->r.dir);
+    FILE *f = fopen(p->result, "w");
+    if (!f) _exit(5);
+    fprintf(f, "%ld %d %d %s\n", n, F.fired, failed, F.violation[0] ? F.violation : "-");
+    fclose(f);
+    _exit(0);
+}
+
+static void push_run(push *p, long fail_at, long exit_at, long *steps, int *fired, int *failed, char *viol,
+                     size_t cap, int *status)
+{
+    unlink(p->result);
+    child_fail = fail_at;
+    *status = in_child_exit_at(p->r.dir, exit_at, push_child, p);
+    child_fail = 0;
+    *steps = 0, *fired = 0, *failed = 0;
+    viol[0] = 0;
+    if (*status != 0) return;
+    char *text;
+    size_t len;
+    TU_OK(sh_read_file(p->result, 4096, &text, &len));
+    int off = 0;
+    if (sscanf(text, "%ld %d %d %n", steps, fired, failed, &off) < 3) fail_msg("bad child report: %s", text);
+    snprintf(viol, cap, "%s", text + off);
+    viol[strcspn(viol, "\n")] = 0;
+    if (!strcmp(viol, "-")) viol[0] = 0;
+    free(text);
+}
+
+static void test_push_replica_faults(void **state)
+{
+    push p;
+    pub_setup(&p.r.p, "push-store", 8);
+    snprintf(p.r.dir, sizeof p.r.dir, "%s", tu_path("push-dir"));
+    snprintf(p.result, sizeof p.result, "%s", tu_path("push-result"));
+    rep_make(&p.r); /* the replica on version 2, version 3 in the store */
+    /* The root: a real `shoal push serve` over the store. */
+    char addr[1100], cmd[4096], *out;
+    snprintf(addr, sizeof addr, "%s.addr", p.r.p.root);
+    unlink(addr);
+    snprintf(cmd, sizeof cmd, "%s push serve --store %s --addr-file %s --chunk 64KiB >%s.log 2>&1 & echo $!", tu_shoal(),
+             p.r.p.root, addr, p.r.p.root);
+    assert_int_equal(tu_run(&out, "%s", cmd), 0);
+    long root_pid = atol(out);
+    free(out);
+    double end = sh_now_mono() + 20;
+    char *line = NULL;
+    size_t len = 0;
+    while (sh_now_mono() < end) {
+        if (sh_read_file(addr, 4096, &line, &len) == SH_OK && len && line[len - 1] == '\n') break;
+        free(line);
+        line = NULL;
+        sh_sleep(0.02);
+    }
+    if (!line) fail_msg("the push root did not start");
+    line[strcspn(line, "\n")] = 0;
+    snprintf(p.parent, sizeof p.parent, "%s", line);
+    free(line);
+    long n;
+    int fired, failed, st;
+    char viol[2048], ctx[256];
+    rep_reset(&p.r);
+    push_run(&p, 0, 0, &n, &fired, &failed, viol, sizeof viol, &st);
+    if (st != 0) fail_msg("push activation: the child exited %d", st);
+    if (failed) fail_msg("push activation failed without a fault");
+    if (viol[0]) fail_msg("push activation: %s", viol);
+    assert_true(n >= 4);
+    print_message("push replica activation: %ld steps, each failed and each exited at\n", n);
+    for (long k = 1; k <= n; k++) {
+        rep_reset(&p.r);
+        long n2;
+        push_run(&p, k, 0, &n2, &fired, &failed, viol, sizeof viol, &st);
+        snprintf(ctx, sizeof ctx, "push replica: step %ld of %ld fails", k, n);
+        if (st != 0) fail_msg("%s: the child exited %d", ctx, st);
+        if (viol[0]) fail_msg("%s: %s", ctx, viol);
+        if (fired && !failed) fail_msg("%s: activated although a step failed", ctx);
+        rep_check(&p.r, 1, ctx);
+        rep_reset(&p.r);
+        push_run(&p, 0, k, &n2, &fired, &failed, viol, sizeof viol, &st);
+        snprintf(ctx, sizeof ctx, "push replica: exit at step %ld of %ld", k, n);
+        if (st != 77) fail_msg("%s: the child exited %d", ctx, st);
+        rep_check(&p.r, 1, ctx);
+    }
+    kill((pid_t)root_pid, SIGKILL);
 }
 
 /* ---- The server's state ---------------------------------------------------- */
@@ -755,8 +938,8 @@ static void job_names(srv *s, char *out, size_t cap)
     srv_client_free(c);
 }
 
-/* A fresh database holding alice's job "one". */
-static void srv_reset(srvc *c)
+/* A fresh database holding alice's job "one" (made once, then restored). */
+static void srv_make(srvc *c)
 {
     sh_rm_rf(c->dir);
     TU_OK(sh_mkdir_p(c->dir, 0755));
@@ -766,7 +949,10 @@ static void srv_reset(srvc *c)
     TU_OK(srv_add_bench_nodes(s, 2, "H100", 8));
     assert_int_equal(submit(s, "one"), 201);
     srv_stop(s);
+    snapshot(c->dir);
 }
+
+static void srv_reset(srvc *c) { restore(c->dir); }
 
 static void srv_child(void *arg)
 {
@@ -797,7 +983,7 @@ static void test_server_state_faults(void **state)
     snprintf(c.db, sizeof c.db, "%s/state.db", c.dir);
     snprintf(c.tokens, sizeof c.tokens, "%s/tokens.json", c.dir);
     char ctx[256];
-    srv_reset(&c);
+    srv_make(&c);
     srv *s = srv_up(&c);
     TU_OK(srv_add_bench_nodes(s, 2, "H100", 8));
     faults_arm(c.dir, 0, 0);
@@ -833,9 +1019,11 @@ static void test_server_state_faults(void **state)
 
 int main(void)
 {
+    snprintf(nosync_root, sizeof nosync_root, "%s", tu_tmpdir());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_publish_faults),
         cmocka_unit_test(test_replica_faults),
+        cmocka_unit_test(test_push_replica_faults),
         cmocka_unit_test(test_server_state_faults),
     };
     return cmocka_run_group_tests_name("faults", tests, NULL, NULL);

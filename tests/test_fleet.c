@@ -680,6 +680,30 @@ static void test_elastic_yields_to_gang(void **state)
     tf_stop(&f);
 }
 
+/* max_attempts counts node failures: with max_attempts 1 the first lost
+ * node ends the job as failed, with the reason, instead of requeueing it. */
+static void test_max_attempts(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "maxatt", 3.0);
+    tf_start_agents(&f, 3, "A100", 8, "z1", "ib");
+    int64_t id = tf_submit(&f, TF_ALICE, "{\"name\":\"m\",\"nodes\":2,\"gpus_per_node\":8,\"max_attempts\":1,"
+                                         "\"on_failure\":\"requeue\",\"command\":[\"sleep\",\"60\"]}");
+    json_t *j = tf_wait_job(&f, id, "running", 20);
+    int a = tf_agent_of(&f, tf_member_node(j, 1));
+    json_decref(j);
+    assert_true(a >= 0);
+    kill(f.agents[a], SIGKILL);
+    waitpid(f.agents[a], NULL, 0);
+    f.agents[a] = 0;
+    j = tf_wait_job(&f, id, "failed", 30);
+    const char *reason = json_string_value(json_object_get(j, "reason"));
+    if (!reason || !strstr(reason, "gave up after 1 failure(s)")) fail_msg("reason: %s", reason ? reason : "(none)");
+    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 1);
+    json_decref(j);
+    tf_stop(&f);
+}
+
 /* The state of node `name` in /v1/nodes ("" if missing). */
 static const char *node_state(tf_fleet *f, const char *name)
 {
@@ -748,6 +772,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_heartbeat_timing, tf_teardown),
+        cmocka_unit_test_teardown(test_max_attempts, tf_teardown),
         cmocka_unit_test_teardown(test_gang_all_or_nothing, tf_teardown),
         cmocka_unit_test_teardown(test_killed_agent_policies, tf_teardown),
         cmocka_unit_test_teardown(test_server_kill9_under_load, tf_teardown),

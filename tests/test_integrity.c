@@ -447,8 +447,11 @@ static void test_sparse_value_out_of_range(void **state)
         uint16_t *old = calloc(n + 32, 2), *nw = calloc(n + 32, 2);
         uint8_t *out = calloc(nb + 64, 1);
         for (size_t i = 0; i < n; i++) old[i] = nw[i] = (uint16_t)(rnd() & 0x3fff);
+        /* Dense: the out-of-range values only in the first half, which the
+         * four-at-a-time loop decodes (the careful tail checks on its own). */
         if (dense)
-            for (size_t i = 0; i < n; i++) nw[i] = (uint16_t)(old[i] + (i % 3 == 0 ? 128 : 1 + rnd() % 3));
+            for (size_t i = 0; i < n; i++)
+                nw[i] = (uint16_t)(old[i] + (i < n / 2 && i % 3 == 0 ? 128 : 1 + rnd() % 3));
         else
             for (size_t i = 5; i < n; i += 29) nw[i] = (uint16_t)(old[i] + 128);
         size_t len;
@@ -499,7 +502,7 @@ static void make_five(five *f, const char *tag)
 {
     enum { NT = 5 };
     static const char *names[NT] = {"a.sparse", "b.dense", "c.raw", "d.zstd", "e.same"};
-    size_t n = 3 * CKPT_CHUNK / 4 + 1000; /* units of 4 bytes: 3 chunks and a tail */
+    size_t n = CKPT_CHUNK / 4 + 3000; /* units of 4 bytes: a whole chunk and a 12 kB tail */
     uint8_t *bd[NT], *td[NT];
     ckpt_tensor bt[NT], tt[NT];
     for (int i = 0; i < NT; i++) {
@@ -683,6 +686,37 @@ static void test_inplace_wrong_layout(void **state)
     free_five(&f);
 }
 
+/* With verify_base, a base whose tensors are the delta's base but whose
+ * header is not (other metadata) is named as the wrong checkpoint; without
+ * it the target is rebuilt, whole and right, from the same tensors. */
+static void test_verify_base_header(void **state)
+{
+    five f;
+    make_five(&f, "vb");
+    uint8_t *other = malloc(f.len);
+    memcpy(other, f.base, f.len);
+    uint8_t *ia = memmem(other, 4096, "abcdefgh", 8);
+    assert_non_null(ia);
+    ia[7] = 'X';
+    tu_write_file(tu_path("vb-other.st"), other, f.len);
+    free(other);
+    ckpt *B;
+    TU_OK(ckpt_open(tu_path("vb-other.st"), &B));
+    delta *d;
+    TU_OK(delta_parse(f.delta.data, f.delta.len, 0, &d));
+    uint8_t *out = malloc(f.len);
+    size_t got = 0;
+    TU_ERR(delta_apply_mem(B, d, &(delta_opts){.threads = 1, .verify_base = 1}, out, f.len, &got), SH_EMISMATCH,
+           "the delta was made against checkpoint");
+    TU_OK(delta_apply_mem(B, d, &(delta_opts){.threads = 1}, out, f.len, &got));
+    assert_int_equal(got, f.len);
+    assert_memory_equal(out, f.target, f.len);
+    free(out);
+    delta_free(d);
+    ckpt_close(B);
+    free_five(&f);
+}
+
 /* ---- Scheduler: reservations go to the oldest blocked gang ---------------- */
 
 /* Four 8-GPU nodes.  Tenant "big" runs A on three of them.  Then, oldest
@@ -740,6 +774,115 @@ static void test_reservation_order_tenants(void **state)
     sched_free(s);
 }
 
+/* ---- Scheduler: failure policies and billing ------------------------------ */
+
+static sched *fleet3(sched_policy pol)
+{
+    sched_config c;
+    sched_config_default(&c, pol);
+    sched *s = sched_new(&c);
+    assert_non_null(s);
+    for (int i = 1; i <= 3; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "n%d", i);
+        sched_node_spec n = {id, "z", "f", "h100", 8, 3.6};
+        TU_OK(sched_node_add(s, &n, 0));
+    }
+    return s;
+}
+
+/* The first node of a job's allocation. */
+static const char *first_node(sched *s, const char *job)
+{
+    static char buf[16];
+    sched_place p[4];
+    assert_true(sched_job_alloc(s, job, p, 4) >= 1);
+    snprintf(buf, sizeof buf, "%s", p[0].node);
+    return buf;
+}
+
+/* on_failure "replace" with replace_wait_s 0 waits for no spare: the gang
+ * is requeued at once, as "requeue" would. */
+static void test_replace_wait_zero(void **state)
+{
+    sched *s = fleet3(SCHED_POLICY_SHOAL);
+    sched_job_spec g = {.id = "G", .kind = SCHED_GANG, .nodes = 2, .gpus_per_node = 8, .est_s = 100,
+                        .on_fail = SCHED_REPLACE, .replace_wait_s = 0};
+    TU_OK(sched_job_submit(s, &g, 0));
+    sched_decisions d = {0};
+    assert_true(sched_step(s, 0, &d) >= 0);
+    sched_job_info ji;
+    TU_OK(sched_job_info_get(s, "G", 0, &ji));
+    assert_int_equal(ji.state, SCHED_RUNNING);
+    TU_OK(sched_node_fail(s, first_node(s, "G"), 5));
+    TU_OK(sched_job_info_get(s, "G", 5, &ji));
+    if (ji.state == SCHED_REPLACING) fail_msg("a gang with replace_wait_s 0 waits for a spare");
+    assert_int_equal(ji.state, SCHED_QUEUED);
+    TU_OK(sched_check(s, 5));
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
+/* An elastic job at its minimum that loses a node is requeued: it never
+ * runs below min replicas. */
+static void test_elastic_min_on_failure(void **state)
+{
+    sched *s = fleet3(SCHED_POLICY_SHOAL);
+    sched_job_spec e = {.id = "E", .kind = SCHED_ELASTIC, .nodes = 2, .max_replicas = 2, .gpus_per_node = 8,
+                        .est_s = 100};
+    TU_OK(sched_job_submit(s, &e, 0));
+    sched_decisions d = {0};
+    assert_true(sched_step(s, 0, &d) >= 0);
+    sched_job_info ji;
+    TU_OK(sched_job_info_get(s, "E", 0, &ji));
+    assert_int_equal(ji.replicas, 2);
+    TU_OK(sched_node_fail(s, first_node(s, "E"), 5));
+    TU_OK(sched_job_info_get(s, "E", 5, &ji));
+    if (ji.state == SCHED_RUNNING && ji.replicas < 2)
+        fail_msg("elastic E runs %d replica(s), below its minimum of 2", ji.replicas);
+    assert_int_equal(ji.state, SCHED_QUEUED);
+    assert_true(sched_step(s, 6, &d) >= 0);
+    TU_OK(sched_check(s, 6));
+    TU_OK(sched_job_info_get(s, "E", 6, &ji));
+    assert_int_equal(ji.state, SCHED_RUNNING);
+    assert_int_equal(ji.replicas, 2);
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
+/* firstfit's held GPUs are billed to nobody: a gang that holds two of the
+ * three nodes for the whole hold timeout costs its tenant nothing, while
+ * the job that ran is billed per second. */
+static void test_holding_not_billed(void **state)
+{
+    sched *s = fleet3(SCHED_POLICY_FIRSTFIT);
+    sched_job_spec r = {.id = "R", .tenant = "runner", .kind = SCHED_GANG, .nodes = 1, .gpus_per_node = 8,
+                        .est_s = 1000};
+    TU_OK(sched_job_submit(s, &r, 0));
+    sched_decisions d = {0};
+    assert_true(sched_step(s, 0, &d) >= 0);
+    sched_job_spec a = {.id = "A", .tenant = "holder", .kind = SCHED_GANG, .nodes = 3, .gpus_per_node = 8,
+                        .est_s = 100};
+    TU_OK(sched_job_submit(s, &a, 1));
+    assert_true(sched_step(s, 1, &d) >= 0);
+    sched_job_info ji;
+    TU_OK(sched_job_info_get(s, "A", 1, &ji));
+    assert_int_equal(ji.state, SCHED_HOLDING);
+    double t = sched_next_wakeup(s);
+    assert_true(t > 1);
+    assert_true(sched_step(s, t, &d) >= 0); /* the hold times out and is released */
+    TU_OK(sched_job_finish(s, "R", t + 1));
+    double held = sched_cost_tenant(s, "holder", NULL, t + 1), ran = sched_cost_tenant(s, "runner", NULL, t + 1);
+    if (held != 0) fail_msg("the holding gang's tenant was billed $%.4f for GPUs it held but never used", held);
+    assert_true(ran > 0);
+    /* 8 GPUs at $3.60 an hour each for ceil(t + 1) seconds. */
+    double secs = (double)(long)(t + 1);
+    if (secs < t + 1) secs += 1;
+    assert_true(ran > 8 * 0.001 * secs - 1e-6 && ran < 8 * 0.001 * secs + 1e-6);
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -758,7 +901,11 @@ int main(void)
         cmocka_unit_test(test_tampered_header_no_checksum),
         cmocka_unit_test(test_inplace_header_tamper),
         cmocka_unit_test(test_inplace_wrong_layout),
+        cmocka_unit_test(test_verify_base_header),
         cmocka_unit_test(test_reservation_order_tenants),
+        cmocka_unit_test(test_replace_wait_zero),
+        cmocka_unit_test(test_elastic_min_on_failure),
+        cmocka_unit_test(test_holding_not_billed),
     };
     return cmocka_run_group_tests_name("integrity", tests, NULL, NULL);
 }

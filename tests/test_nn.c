@@ -321,6 +321,47 @@ static void test_tanh(void **state)
     }
 }
 
+/* FP8 activations (W8A8): the logits move, but by the little an e4m3
+ * rounding of each product's input moves them; the cached decoder rounds
+ * the same rows the same way, so it still matches the full forward; and
+ * turning it off gives back the exact logits. */
+static void test_fp8_activations(void **state)
+{
+    nn_config cfg = nn_config_default(16);
+    nn_model *m;
+    TU_OK(nn_new(&cfg, 4, &m));
+    float *p = nn_params(m);
+    for (size_t i = 0; i < nn_num_params(m); i++) p[i] *= 2.0f; /* sharper than a fresh init */
+    enum { T = 12 };
+    int tok[T];
+    for (int t = 0; t < T; t++) tok[t] = (t * 7 + 3) % 16;
+    const float *lg;
+    float off[T * 16], on[T * 16];
+    TU_OK(nn_forward(m, tok, 1, T, &lg));
+    memcpy(off, lg, sizeof off);
+    nn_set_fp8_act(m, 1);
+    TU_OK(nn_forward(m, tok, 1, T, &lg));
+    memcpy(on, lg, sizeof on);
+    double diff = 0, scale = 0;
+    for (int i = 0; i < T * 16; i++) diff = fmax(diff, fabs(on[i] - off[i])), scale = fmax(scale, fabs(off[i]));
+    print_message("fp8 activations: max logit change %.4f of max |logit| %.3f\n", diff, scale);
+    assert_true(diff > 0 && diff < 0.1 * scale);
+    nn_kv *kv;
+    TU_OK(nn_kv_new(m, 1, &kv));
+    int row = 0;
+    for (int t = 0; t < T; t++) {
+        TU_OK(nn_decode(m, kv, &row, &tok[t], 1, &lg));
+        for (int v = 0; v < 16; v++)
+            if (fabsf(lg[v] - on[t * 16 + v]) > 1e-2f * (float)scale)
+                fail_msg("decode t %d v %d: %g, forward %g", t, v, lg[v], on[t * 16 + v]);
+    }
+    nn_kv_free(kv);
+    nn_set_fp8_act(m, 0);
+    TU_OK(nn_forward(m, tok, 1, T, &lg));
+    assert_memory_equal(lg, off, sizeof off);
+    nn_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -328,6 +369,7 @@ int main(void)
         cmocka_unit_test(test_attention_grad),     cmocka_unit_test(test_small_layers_grad),
         cmocka_unit_test(test_model_grad),         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_config_and_nan_guard), cmocka_unit_test(test_tanh),
+        cmocka_unit_test(test_fp8_activations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -475,24 +475,24 @@ static void test_paced_staleness(void **state)
     json_decref(a), json_decref(b), json_decref(s);
 }
 
-/* rl_e4m3_round gives the value ckpt's e4m3 codec round-trips, for every
+/* nn_e4m3_round gives the value ckpt's e4m3 codec round-trips, for every
  * code, every midpoint between neighbours (ties to even) and beyond 448. */
 static void test_e4m3_round(void **state)
 {
     for (int b = 0; b < 256; b++) {
         float v = ckpt_e4m3_to_f32((uint8_t)b);
         if (v != v) continue;
-        assert_true(rl_e4m3_round(v) == v);
+        assert_true(nn_e4m3_round(v) == v);
         float next = ckpt_e4m3_to_f32((uint8_t)(b + 1));
         if ((b & 0x7f) < 0x7e && next == next) {
             float mid = (v + next) / 2, want = ckpt_e4m3_to_f32(ckpt_f32_to_e4m3(mid));
-            if (rl_e4m3_round(mid) != want) fail_msg("midpoint %g: %g, codec %g", mid, rl_e4m3_round(mid), want);
+            if (nn_e4m3_round(mid) != want) fail_msg("midpoint %g: %g, codec %g", mid, nn_e4m3_round(mid), want);
             float q = v + (next - v) * 0.3f;
-            assert_true(rl_e4m3_round(q) == ckpt_e4m3_to_f32(ckpt_f32_to_e4m3(q)));
+            assert_true(nn_e4m3_round(q) == ckpt_e4m3_to_f32(ckpt_f32_to_e4m3(q)));
         }
     }
-    assert_true(rl_e4m3_round(1e6f) == 448.0f);
-    assert_true(rl_e4m3_round(-500.0f) == -448.0f);
+    assert_true(nn_e4m3_round(1e6f) == 448.0f);
+    assert_true(nn_e4m3_round(-500.0f) == -448.0f);
     /* A model's matrices: every value a multiple of its block's scale
      * times an e4m3 value; biases untouched; embeddings only if asked. */
     nn_config cfg = nn_config_default(rl_vocab());
@@ -531,6 +531,13 @@ static void test_sweep_seeds(void **state)
     assert_true(sh_path_exists(tu_path("sweep/sweep.md")) && sh_path_exists(tu_path("sweep/sweep.svg")));
     json_decref(j);
     free(out);
+    /* --render writes the same tables again from the JSON alone. */
+    rc = tu_run(&out, "%s rl sweep --render %s --out %s", tu_shoal(), tu_path("sweep/sweep.json"),
+                tu_path("again"));
+    if (rc) fail_msg("rl sweep --render: exit %d: %s", rc, out);
+    free(out);
+    tu_assert_same_file(tu_path("sweep/sweep.md"), tu_path("again/sweep.md"));
+    tu_assert_same_file(tu_path("sweep/sweep.svg"), tu_path("again/sweep.svg"));
 }
 
 static void test_bf16_rounding(void **state)

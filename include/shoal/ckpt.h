@@ -177,6 +177,15 @@ int ckpt_header_build(const ckpt_tensor *t, size_t n, const json_t *metadata, sh
 /* Sorts specs in the reference writer's order (dtype descending, name). */
 void ckpt_sort_reference(ckpt_tensor *t, size_t n);
 
+/* A sharded folder (or any checkpoint) seen as the single .safetensors
+ * file holding its tensors in order, end to end, with the first shard's
+ * __metadata__: files[0].map holds only that file's header (files[0].size
+ * is the header's length); the tensors' data point into src's mappings, so
+ * the view must be closed (ckpt_close) before src.  Nothing is written. */
+int ckpt_single_view(const ckpt *src, ckpt **out);
+/* The bytes of the file a single view stands for (header and tensors). */
+uint64_t ckpt_single_size(const ckpt *view);
+
 /* Writes a whole checkpoint from tensors whose .data point at their bytes. */
 int ckpt_save(const char *path, const ckpt_tensor *t, size_t n, const json_t *metadata);
 

@@ -85,6 +85,10 @@ int delta_baseline_xor_zstd(const ckpt *base, const ckpt *target, int threads, u
 /* BASE and TARGET are .safetensors files or sharded folders. */
 int delta_make(const char *base, const char *target, const char *out, const delta_opts *o,
                delta_stats *st);
+/* The same from opened checkpoints (a ckpt_single_view() included); out
+ * is written atomically, streamed. */
+int delta_make_ckpt(const ckpt *base, const ckpt *target, const char *out, const delta_opts *o,
+                    delta_stats *st);
 /* Writes the target to out (a file or folder, like the target; replaced
  * atomically), or with out == NULL replaces base in place: staged beside it,
  * verified, then renamed over it, so an interruption leaves the old or the

@@ -16,6 +16,7 @@
 #define SHOAL_FLEETFILE_H
 
 #include <stddef.h>
+
 #pragma GCC visibility push(default)
 
 #define SH_FLEET_NAME 64     /* bytes of a name, zone, fabric or GPU type, NUL included */
@@ -60,4 +61,5 @@ const sh_fleet_node *sh_fleet_find(const sh_fleet_file *f, const char *name);
 void sh_fleet_free(sh_fleet_file *f);
 
 #pragma GCC visibility pop
+
 #endif

@@ -70,6 +70,15 @@ const nn_tensor *nn_tensor_find(const nn_model *m, const char *name);
  * default).  Used by tests and the benchmark. */
 void nn_set_reference(nn_model *m, int reference);
 
+/* FP8 activations (1, off by default): every matrix product's input is
+ * rounded to e4m3 with one scale per 128 values of a row, as W8A8 FP8
+ * serving does; for rollout models (the backward pass would differentiate
+ * the rounded inputs).  Applies to nn_forward and nn_decode alike. */
+void nn_set_fp8_act(nn_model *m, int on);
+/* x rounded to the nearest OCP e4m3fn value (ties to even), saturating at
+ * +-448. */
+float nn_e4m3_round(float x);
+
 /* Forward pass over tokens (B,T); returns the logits (B,T,V), owned by the
  * model and valid until the next forward.  Token ids must be < V and T <=
  * ctx (SH_EINVAL otherwise). */

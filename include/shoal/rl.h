@@ -230,6 +230,9 @@ int rl_load_view(nn_model *m, const struct ckpt *c, const char *what);
 
 enum { RL_MODE_SYNC = 0, RL_MODE_ASYNC = 1 };
 enum { RL_DTYPE_FP32 = 0, RL_DTYPE_BF16 = 1, RL_DTYPE_FP8 = 2 };
+/* "fp32", "bf16", "fp8" and back; the parse error names the value. */
+int rl_dtype_parse(const char *name, int *dtype);
+const char *rl_dtype_name(int dtype);
 
 #define RL_MAX_WORKERS 16
 
@@ -325,6 +328,7 @@ typedef struct rl_config {
      * in bf16). */
     double train_s;
     int fp8_block, fp8_embed;
+    int fp8_act; /* FP8 rollouts also round activations (W8A8, nn_set_fp8_act) */
     /* > 0: the target is reward_start + target_gain instead of
      * target_reward (warm starts differ between seeds by more than RL
      * gains; a sync and an async run of one seed share their start). */
@@ -363,9 +367,6 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
  * dropped_stale, and the mean |log pi_old - log mu| of the first step and
  * of all steps.  See src/rl/paced.c. */
 int rl_paced_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result);
-/* Rounds x to the nearest e4m3fn value (ties to even, saturating at
- * +-448).  Pure. */
-float rl_e4m3_round(float x);
 /* Quantises the model's matrices in place as FP8 rollout weights: e4m3
  * with one scale (amax / 448) per block x block tile (block 0: per
  * tensor), then back to F32.  Vectors are left alone; embeddings and the
@@ -380,6 +381,7 @@ typedef struct rl_sweep_cfg {
     int lags[16], nlags;  /* staleness bounds; 0 is the sync run */
     int losses[RL_LOSS_COUNT], nlosses;
     int dtypes[3], ndtypes;
+    int fp8_lags[16], nfp8_lags; /* dtypes other than bf16 only at these bounds (0 of them: all) */
     int seeds;            /* seeds seed0, seed0 + 1, ... */
     uint64_t seed0;
     int last_k;           /* final reward: the mean of the last last_k evaluations */

@@ -164,6 +164,8 @@ typedef struct store_replica_config {
     const char *zone;
     int fanout;
     int leaf;          /* 1: accept no children in the push tree */
+    const char *listen_host; /* address children reach this replica at (default 127.0.0.1) */
+    int listen_port;         /* its port (0: any free one) */
     double egress_bps; /* rate limit for forwarding to children */
     double poll_s;     /* store polling period (default 0.02 s) */
     int fp8;           /* also keep an FP8 serving copy (delta_quant_fp8), updated

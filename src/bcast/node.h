@@ -67,6 +67,7 @@ struct bcast_node {
     void **closing;
     int nclosing, capclosing;
     int inflight;      /* sends not yet completed, all peers */
+    double inflight_wait; /* the loop's wake-up period while transfers are in flight */
     int recv_inflight; /* rendezvous receives not yet completed */
     uint64_t corrupt_version; /* fault injection: SHOAL_BCAST_CORRUPT=V:I */
     uint32_t corrupt_index;

@@ -78,11 +78,7 @@ static int parse_float(const char *s, float *out, const char *what)
 
 static int parse_dtype(const char *s, int *out)
 {
-    if (!strcmp(s, "fp32")) *out = RL_DTYPE_FP32;
-    else if (!strcmp(s, "bf16")) *out = RL_DTYPE_BF16;
-    else if (!strcmp(s, "fp8")) *out = RL_DTYPE_FP8;
-    else return sh_err(SH_EINVAL, "--rollout-dtype \"%s\": expected fp32, bf16 or fp8", s);
-    return 0;
+    return rl_dtype_parse(s, out) ? sh_err(SH_EINVAL, "--rollout-dtype \"%s\": expected fp32, bf16 or fp8", s) : 0;
 }
 
 /* One option with its value; returns 1 if consumed, 0 if unknown, <0 error. */

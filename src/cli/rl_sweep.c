@@ -18,13 +18,14 @@ static const char sweep_usage[] =
     "Paced RL runs (emulated time: staleness depends on the bound, not on the machine)\n"
     "over staleness bound x loss x rollout dtype x seed; writes DIR/sweep.md, .json and\n"
     ".svg (DIR: rl-sweep).  Every run of a seed starts from one warm start (DIR/warm).\n"
-    "  --quick         lags 0,2,8 x losses pg,naive,tis,decoupled x bf16,fp8, 3 seeds,\n"
+    "  --quick         lags 0,2,8 x losses pg,naive,tis,decoupled x bf16 (fp8 at 0,8), 3 seeds,\n"
     "                  40 steps, 32 held-out problems (full: lags 0,1,2,4,8,16, all six\n"
     "                  losses, 5 seeds, 60 steps, 64 problems)\n"
     "  --seeds N       seeds per cell; --seed S: the first (1), the others S+1, S+2, ...\n"
     "  --lags L,..     staleness bounds, 0 for sync\n"
     "  --losses L,..   of pg, naive, ppo, tis, mis, decoupled\n"
     "  --dtypes D,..   of fp32, bf16, fp8\n"
+    "  --fp8-lags L,.. dtypes other than bf16 only at these bounds (0,8)\n"
     "  --steps N --eval-every N --eval-n N   RL steps (equal for every cell), evaluations\n"
     "  --last-k K      final reward: the mean of the last K evaluations (3)\n"
     "  --target-gain G the target reward of a run is its start + G (0.05): seeds' warm\n"
@@ -35,15 +36,17 @@ static const char sweep_usage[] =
     "                  more sequence in a step (0.1), training step (0.6 s)\n"
     "  --fp8-block N   FP8 scaling block (128; 0: per tensor)\n"
     "  --fp8-embed 0|1 quantise embeddings and output head too (1)\n"
+    "  --fp8-act 0|1   FP8 activations too (W8A8, one scale per 128 values of a row) (1)\n"
     "  --jobs N        runs at once (one per core)\n"
     "  --json          print the result as one JSON object instead of markdown\n"
+    "  --render FILE   write DIR/sweep.md and .svg again from a sweep.json, run nothing\n"
     "Other rl train options (--lr, --workers, --prompts, --clip, ...) apply to every run;\n"
     "the sweep's learning rate is 3e-4.\n";
 
 typedef struct opts {
     rl_sweep_cfg s;
     int quick, json;
-    const char *out;
+    const char *out, *render;
     char cmdline[2048];
 } opts;
 
@@ -71,15 +74,6 @@ static int parse_lag(const char *s, int *out)
     return 0;
 }
 
-static int parse_dtype(const char *s, int *out)
-{
-    if (!strcmp(s, "fp32")) *out = RL_DTYPE_FP32;
-    else if (!strcmp(s, "bf16")) *out = RL_DTYPE_BF16;
-    else if (!strcmp(s, "fp8")) *out = RL_DTYPE_FP8;
-    else return sh_err(SH_EINVAL, "\"%s\": expected fp32, bf16 or fp8", s);
-    return 0;
-}
-
 /* Options the grid sets per cell, with what to use instead. */
 static const char *const owned[][2] = {
     {"--mode", "--lags (0 is sync)"},          {"--max-lag", "--lags"},
@@ -98,13 +92,14 @@ static int sweep_option(opts *o, const char *k, const char *v, int *used)
     rl_sweep_cfg *s = &o->s;
     *used = 1;
     if (!strcmp(k, "--seeds") || !strcmp(k, "--jobs") || !strcmp(k, "--last-k") ||
-        !strcmp(k, "--fp8-block") || !strcmp(k, "--fp8-embed")) {
+        !strcmp(k, "--fp8-block") || !strcmp(k, "--fp8-embed") || !strcmp(k, "--fp8-act")) {
         if (sh_parse_i64(v, &n, k) < 0 || n < 0 || n > 65536)
             return sh_err(SH_EINVAL, "%s \"%s\": expected a count", k, v);
         *(!strcmp(k, "--seeds") ? &s->seeds : !strcmp(k, "--jobs") ? &s->jobs
           : !strcmp(k, "--last-k") ? &s->last_k : !strcmp(k, "--fp8-block") ? &s->base.fp8_block
-          : &s->base.fp8_embed) = (int)n;
-        if (!strcmp(k, "--fp8-embed") && n > 1) return sh_err(SH_EINVAL, "--fp8-embed %s: expected 0 or 1", v);
+          : !strcmp(k, "--fp8-act") ? &s->base.fp8_act : &s->base.fp8_embed) = (int)n;
+        if ((!strcmp(k, "--fp8-embed") || !strcmp(k, "--fp8-act")) && n > 1)
+            return sh_err(SH_EINVAL, "%s %s: expected 0 or 1", k, v);
         return 0;
     }
     if (!strcmp(k, "--seed")) {
@@ -131,8 +126,10 @@ static int sweep_option(opts *o, const char *k, const char *v, int *used)
     }
     if (!strcmp(k, "--lags")) return parse_list(k, v, s->lags, &s->nlags, 16, parse_lag);
     if (!strcmp(k, "--losses")) return parse_list(k, v, s->losses, &s->nlosses, RL_LOSS_COUNT, rl_loss_parse);
-    if (!strcmp(k, "--dtypes")) return parse_list(k, v, s->dtypes, &s->ndtypes, 3, parse_dtype);
+    if (!strcmp(k, "--fp8-lags")) return parse_list(k, v, s->fp8_lags, &s->nfp8_lags, 16, parse_lag);
+    if (!strcmp(k, "--dtypes")) return parse_list(k, v, s->dtypes, &s->ndtypes, 3, rl_dtype_parse);
     if (!strcmp(k, "--out")) return o->out = v, 0;
+    if (!strcmp(k, "--render")) return o->render = v, 0;
     *used = 0;
     return 0;
 }
@@ -228,9 +225,12 @@ static void reward_table(sh_buf *md, json_t *res, const char *dt, int seeds)
             json_t *r = find(json_object_get(res, "rows"), (int)json_integer_value(g), json_string_value(l), dt);
             if (!r) { sh_buf_printf(md, " – |"); continue; }
             sh_buf_printf(md, " %.3f ± %.3f", mean(r, "reward_final"), se(r, "reward_final"));
-            if (bf && json_integer_value(g)) sh_buf_printf(md, " (%d/%d below)", ival(r, "seeds_below_sync"), seeds);
+            if (bf && json_integer_value(g))
+                sh_buf_printf(md, "; Δ %+.3f ± %.3f (%d/%d below)", mean(r, "vs_sync"), se(r, "vs_sync"),
+                              ival(r, "seeds_below_sync"), seeds);
             if (!bf && json_object_get(r, "seeds_below_bf16"))
-                sh_buf_printf(md, " (%d/%d below)", ival(r, "seeds_below_bf16"), seeds);
+                sh_buf_printf(md, "; Δ %+.3f ± %.3f (%d/%d below)", mean(r, "vs_bf16"), se(r, "vs_bf16"),
+                              ival(r, "seeds_below_bf16"), seeds);
             sh_buf_printf(md, " |");
         }
         sh_buf_printf(md, "\n");
@@ -264,25 +264,26 @@ static void write_md(sh_buf *md, json_t *res, const char *cmdline, double wall)
     int seeds = ival(res, "seeds");
     json_t *rows = json_object_get(res, "rows"), *r;
     size_t i, j;
-    double load[3] = {0, 0, 0};
-    getloadavg(load, 3);
+    double load = json_number_value(json_array_get(json_object_get(res, "load_average_end"), 0));
     sh_buf_printf(md, "Produced by `%s` (%d paced runs in %.0f s, %d at a time; load average at the "
                       "end %.1f).  Seeds %lld..%lld; %d RL steps for every cell; final reward = "
                       "mean held-out reward of the last %d evaluations (every %d steps, %d problems "
                       "x 8 samples); learning rate %g; emulated decoding step %g s, +%g per extra "
-                      "sequence, training step %g s; FP8: e4m3, %s scaling, embeddings and head %s.\n\n",
-                  cmdline, seeds * (int)json_array_size(rows), wall, ival(res, "jobs"), load[0],
+                      "sequence, training step %g s; FP8: e4m3 weights, %s scaling, embeddings and head %s%s.\n\n",
+                  cmdline, seeds * (int)json_array_size(rows), wall, ival(res, "jobs"), load,
                   (long long)json_integer_value(json_object_get(res, "seed0")),
                   (long long)json_integer_value(json_object_get(res, "seed0")) + seeds - 1,
                   ival(res, "steps"), ival(res, "last_k"), ival(res, "eval_every"), ival(res, "eval_n"),
                   num(res, "lr"), num(res, "step_s"), num(res, "seq_cost"), num(res, "train_s"),
                   ival(res, "fp8_block") ? "128 x 128 block" : "per-tensor",
-                  ival(res, "fp8_embed") ? "quantised too" : "kept in bf16");
+                  ival(res, "fp8_embed") ? "quantised too" : "kept in bf16",
+                  ival(res, "fp8_act") ? ", activations e4m3 per 1 x 128 tile (W8A8)" : "");
     json_t *dts = json_object_get(res, "dtypes"), *d;
     json_array_foreach(dts, i, d) {
         const char *dt = json_string_value(d);
         sh_buf_printf(md, "**Final held-out reward, %s rollouts** (mean ± standard error over %d seeds; "
-                          "in brackets, the seeds where the cell is below %s)\n\n", dt, seeds,
+                          "Δ: the paired difference to %s, seed by seed, ± its standard error, and the "
+                          "seeds where the cell is below)\n\n", dt, seeds,
                       strcmp(dt, "bf16") ? "the bf16 cell of the same loss and bound" : "sync with the same loss");
         reward_table(md, res, dt, seeds);
         sh_buf_printf(md, "\n");
@@ -388,38 +389,49 @@ static void write_svg(sh_buf *s, json_t *res)
 #undef Y
 }
 
-static int write_outputs(const opts *o, json_t *res, double wall)
+/* rendered: res comes from an earlier sweep's JSON (--render), which keeps
+ * its own command, time and load. */
+static int write_outputs(const opts *o, json_t *res, double wall, int rendered)
 {
-    json_object_set_new(res, "command", json_string(o->cmdline));
-    json_object_set_new(res, "jobs", json_integer(o->s.jobs));
-    json_object_set_new(res, "sweep_wall_s", json_real(wall));
-    double load[3] = {0, 0, 0};
-    getloadavg(load, 3);
-    json_object_set_new(res, "load_average_end", json_pack("[f,f,f]", load[0], load[1], load[2]));
+    if (!rendered) {
+        json_object_set_new(res, "command", json_string(o->cmdline));
+        json_object_set_new(res, "jobs", json_integer(o->s.jobs));
+        json_object_set_new(res, "sweep_wall_s", json_real(wall));
+        double load[3] = {0, 0, 0};
+        getloadavg(load, 3);
+        json_object_set_new(res, "load_average_end", json_pack("[f,f,f]", load[0], load[1], load[2]));
+    }
     sh_buf md = {0}, svg = {0};
-    write_md(&md, res, o->cmdline, wall);
+    write_md(&md, res, str(res, "command"), num(res, "sweep_wall_s"));
     write_svg(&svg, res);
     char p1[4096], p2[4096], p3[4096];
     snprintf(p1, sizeof p1, "%s/sweep.md", o->out);
     snprintf(p2, sizeof p2, "%s/sweep.json", o->out);
     snprintf(p3, sizeof p3, "%s/sweep.svg", o->out);
-    int rc = sh_write_atomic(p1, md.data, md.len);
-    if (!rc) rc = sh_json_write_atomic(p2, res);
+    int rc = sh_mkdir_p(o->out, 0755);
+    if (!rc) rc = sh_write_atomic(p1, md.data, md.len);
+    if (!rc && !rendered) rc = sh_json_write_atomic(p2, res);
     if (!rc) rc = sh_write_atomic(p3, svg.data, svg.len);
     if (!rc && o->json) sh_json_print(res);
-    else if (!rc) printf("%s\nwrote %s, %s, %s\n", (char *)md.data, p1, p2, p3);
+    else if (!rc) printf("%s\nwrote %s, %s%s, %s\n", (char *)md.data, p1, rendered ? "" : p2,
+                         rendered ? "" : ",", p3);
     sh_buf_free(&md), sh_buf_free(&svg);
     return rc;
 }
 
 typedef struct bar_ctx {
     sh_progress bar;
+    int total;
 } bar_ctx;
 
+/* The bar on a terminal; otherwise (make bench, a log) a line every 5 %. */
 static void on_progress(int done, int total, void *ctx)
 {
-    (void)total;
-    sh_progress_update(&((bar_ctx *)ctx)->bar, (uint64_t)done);
+    bar_ctx *b = ctx;
+    if (total != b->total) b->bar.total = (uint64_t)total, b->total = total;
+    sh_progress_update(&b->bar, (uint64_t)done);
+    if (!isatty(2) && (done * 20 / total != (done - 1) * 20 / total || done == total))
+        fprintf(stderr, "rl sweep: %d/%d runs\n", done, total);
 }
 
 int cli_rl_sweep(int argc, char **argv)
@@ -427,8 +439,21 @@ int cli_rl_sweep(int argc, char **argv)
     opts o = {.out = "rl-sweep"};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : rc;
+    if (o.render) {
+        char *text = NULL;
+        size_t len;
+        json_t *res = NULL;
+        rc = sh_read_file(o.render, 1 << 30, &text, &len);
+        if (!rc) rc = sh_json_parse(text, len, o.render, &res);
+        free(text);
+        if (!rc && !json_is_array(json_object_get(res, "rows")))
+            rc = sh_err(SH_EFORMAT, "%s: not a sweep.json (no \"rows\")", o.render);
+        if (!rc) rc = write_outputs(&o, res, 0, 1);
+        json_decref(res);
+        return rc ? cli_fail("rl sweep", rc) : 0;
+    }
     int total = o.s.seeds * (1 + o.s.nlags * o.s.nlosses * o.s.ndtypes);
-    bar_ctx b;
+    bar_ctx b = {.total = total};
     sh_progress_start(&b.bar, "rl sweep", (uint64_t)total, "runs");
     double t0 = sh_now_mono();
     json_t *res = NULL;
@@ -436,7 +461,7 @@ int cli_rl_sweep(int argc, char **argv)
     sh_progress_finish(&b.bar);
     if (!rc) {
         fprintf(stderr, "rl sweep: %d runs in %.0f s, %d at a time\n", total, sh_now_mono() - t0, o.s.jobs);
-        rc = write_outputs(&o, res, sh_now_mono() - t0);
+        rc = write_outputs(&o, res, sh_now_mono() - t0, 0);
     }
     json_decref(res);
     return rc ? cli_fail("rl sweep", rc) : 0;

@@ -162,6 +162,11 @@ int mj_weights_open(const mj_weights_config *cfg, mj_weights **out)
             free(w);
             return e;
         }
+    } else {
+        /* The root is up already (the usual case): follow the tree from now
+         * on, whether or not requests come; otherwise the first request or
+         * wait opens it. */
+        ensure_open(w);
     }
     *out = w;
     return 0;

@@ -34,6 +34,7 @@ struct nn_model {
     nn_tensor *tensors;
     int ntensors;
     int reference;
+    int fp8_act; /* round each matrix product's input to e4m3 (nn_set_fp8_act) */
     /* Activations for up to cap_b rows of ctx tokens; acts and dacts share
      * one layout. */
     int cap_b, B, T;
@@ -213,6 +214,7 @@ int nn_clone(const nn_model *src, nn_model **out)
     SH_TRY(alloc_model(&src->cfg, &m));
     memcpy(m->params, src->params, src->nparams * sizeof(float));
     m->reference = src->reference;
+    m->fp8_act = src->fp8_act;
     *out = m;
     return 0;
 }
@@ -237,6 +239,44 @@ float *nn_grads(nn_model *m) { return m->grads; }
 int nn_num_tensors(const nn_model *m) { return m->ntensors; }
 const nn_tensor *nn_tensor_at(const nn_model *m, int i) { return &m->tensors[i]; }
 void nn_set_reference(nn_model *m, int reference) { m->reference = reference; }
+
+void nn_set_fp8_act(nn_model *m, int on) { m->fp8_act = on; }
+
+float nn_e4m3_round(float x)
+{
+    float a = fabsf(x);
+    if (!(a == a)) return x;
+    if (a >= 448.0f) return copysignf(448.0f, x);
+    if (a < 0.015625f) /* subnormal: a multiple of 2^-9 */
+        return copysignf(rintf(a * 512.0f) / 512.0f, x);
+    int e;
+    float f = frexpf(a, &e); /* a = f 2^e, f in [0.5, 1): 4 significant bits */
+    float r = ldexpf(rintf(f * 16.0f), e - 4);
+    return copysignf(r > 448.0f ? 448.0f : r, x);
+}
+
+/* Rounds n values to e4m3 with one scale (amax / 448) per group of 128, as
+ * FP8 matrix products quantise their activations (1 x 128 tiles). */
+static void fp8_rows(float *x, int N, int C)
+{
+    for (int i = 0; i < N; i++)
+        for (int c0 = 0; c0 < C; c0 += 128) {
+            float *v = x + (size_t)i * C + c0, amax = 0;
+            int n = C - c0 < 128 ? C - c0 : 128;
+            for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(v[j]));
+            float s = amax > 0 && isfinite(amax) ? amax / 448.0f : 1.0f;
+            for (int j = 0; j < n; j++) v[j] = nn_e4m3_round(v[j] / s) * s;
+        }
+}
+
+/* out (N,OC) = inp (N,C) @ w^T + bias.  With fp8_act the input is first
+ * rounded in place: each product's input is used by nothing else. */
+static void linear(nn_model *m, float *out, float *inp, const float *w, const float *bias, int N,
+                   int C, int OC)
+{
+    if (m->fp8_act) fp8_rows(inp, N, C);
+    nn__matmul_forward(out, inp, w, bias, N, C, OC, m->reference);
+}
 
 const nn_tensor *nn_tensor_find(const nn_model *m, const char *name)
 {
@@ -282,7 +322,7 @@ int nn_forward(nn_model *m, const int *tokens, int B, int T, const float **logit
     SH_TRY(ensure_acts(m, B));
     m->B = B, m->T = T;
     memcpy(m->tokens, tokens, sizeof(int) * B * T);
-    int C = c->width, NH = c->heads, V = c->vocab, N = B * T, ref = m->reference;
+    int C = c->width, NH = c->heads, V = c->vocab, N = B * T;
     size_t NC = (size_t)N * C, NTT = (size_t)B * NH * T * T;
     float **a = m->a, **p = m->ptr;
     nn__encoder_forward(a[A_ENC], tokens, p[P_WTE], p[P_WPE], B, T, C);
@@ -295,21 +335,20 @@ int nn_forward(nn_model *m, const int *tokens, int B, int T, const float **logit
         float *attproj = a[A_ATTPROJ] + l * NC, *res3 = a[A_RES3] + l * NC;
         nn__layernorm_forward(ln1, a[A_LN1M] + (size_t)l * N, a[A_LN1R] + (size_t)l * N, res,
                               p[P_LN1W] + lc, p[P_LN1B] + lc, N, C);
-        nn__matmul_forward(qkv, ln1, p[P_QKVW] + 3 * lcc, p[P_QKVB] + 3 * lc, N, C, 3 * C, ref);
+        linear(m, qkv, ln1, p[P_QKVW] + 3 * lcc, p[P_QKVB] + 3 * lc, N, C, 3 * C);
         nn__attention_forward(atty, a[A_PRE] + l * NTT, a[A_ATT] + l * NTT, qkv, B, T, C, NH);
-        nn__matmul_forward(attproj, atty, p[P_ATTPROJW] + lcc, p[P_ATTPROJB] + lc, N, C, C, ref);
+        linear(m, attproj, atty, p[P_ATTPROJW] + lcc, p[P_ATTPROJB] + lc, N, C, C);
         nn__residual_forward(res2, res, attproj, (int)NC);
         nn__layernorm_forward(ln2, a[A_LN2M] + (size_t)l * N, a[A_LN2R] + (size_t)l * N, res2,
                               p[P_LN2W] + lc, p[P_LN2B] + lc, N, C);
-        nn__matmul_forward(fch, ln2, p[P_FCW] + 4 * lcc, p[P_FCB] + 4 * lc, N, C, 4 * C, ref);
+        linear(m, fch, ln2, p[P_FCW] + 4 * lcc, p[P_FCB] + 4 * lc, N, C, 4 * C);
         nn__gelu_forward(fchg, fch, (int)NC * 4);
-        nn__matmul_forward(fcproj, fchg, p[P_FCPROJW] + 4 * lcc, p[P_FCPROJB] + lc, N, 4 * C, C,
-                           ref);
+        linear(m, fcproj, fchg, p[P_FCPROJW] + 4 * lcc, p[P_FCPROJB] + lc, N, 4 * C, C);
         nn__residual_forward(res3, res2, fcproj, (int)NC);
         res = res3;
     }
     nn__layernorm_forward(a[A_LNF], a[A_LNFM], a[A_LNFR], res, p[P_LNFW], p[P_LNFB], N, C);
-    nn__matmul_forward(a[A_LOGITS], a[A_LNF], p[P_HEAD], NULL, N, C, V, ref);
+    linear(m, a[A_LOGITS], a[A_LNF], p[P_HEAD], NULL, N, C, V);
     *logits = a[A_LOGITS];
     return 0;
 }
@@ -410,7 +449,7 @@ int nn_decode(nn_model *m, nn_kv *kv, const int *rows, const int *tokens, int n,
             return sh_err(SH_EINVAL, "decode: row %d already holds the whole context of %d",
                           rows[i], c->ctx);
     }
-    int C = c->width, ref = m->reference;
+    int C = c->width;
     float **p = m->ptr;
     for (int i = 0; i < n; i++) {
         const float *we = p[P_WTE] + (size_t)tokens[i] * C;
@@ -421,29 +460,26 @@ int nn_decode(nn_model *m, nn_kv *kv, const int *rows, const int *tokens, int n,
         size_t lc = (size_t)l * C, lcc = lc * C;
         nn__layernorm_forward(kv->ln, kv->mean, kv->rstd, kv->x, p[P_LN1W] + lc, p[P_LN1B] + lc,
                               n, C);
-        nn__matmul_forward(kv->qkv, kv->ln, p[P_QKVW] + 3 * lcc, p[P_QKVB] + 3 * lc, n, C, 3 * C,
-                           ref);
+        linear(m, kv->qkv, kv->ln, p[P_QKVW] + 3 * lcc, p[P_QKVB] + 3 * lc, n, C, 3 * C);
         for (int i = 0; i < n; i++) { /* append this token's key and value */
             size_t at = (((size_t)l * kv->rows + rows[i]) * kv->ctx + kv->len[rows[i]]) * C;
             memcpy(kv->k + at, kv->qkv + (size_t)i * 3 * C + C, sizeof(float) * C);
             memcpy(kv->v + at, kv->qkv + (size_t)i * 3 * C + 2 * C, sizeof(float) * C);
         }
         kv_attend(kv, l, rows, n, c->heads);
-        nn__matmul_forward(kv->proj, kv->atty, p[P_ATTPROJW] + lcc, p[P_ATTPROJB] + lc, n, C, C,
-                           ref);
+        linear(m, kv->proj, kv->atty, p[P_ATTPROJW] + lcc, p[P_ATTPROJB] + lc, n, C, C);
         nn__residual_forward(kv->res, kv->x, kv->proj, n * C);
         nn__layernorm_forward(kv->ln, kv->mean, kv->rstd, kv->res, p[P_LN2W] + lc,
                               p[P_LN2B] + lc, n, C);
-        nn__matmul_forward(kv->fch, kv->ln, p[P_FCW] + 4 * lcc, p[P_FCB] + 4 * lc, n, C, 4 * C,
-                           ref);
+        linear(m, kv->fch, kv->ln, p[P_FCW] + 4 * lcc, p[P_FCB] + 4 * lc, n, C, 4 * C);
         nn__gelu_forward(kv->fchg, kv->fch, n * 4 * C);
-        nn__matmul_forward(kv->proj, kv->fchg, p[P_FCPROJW] + 4 * lcc, p[P_FCPROJB] + lc, n,
-                           4 * C, C, ref);
+        linear(m, kv->proj, kv->fchg, p[P_FCPROJW] + 4 * lcc, p[P_FCPROJB] + lc, n,
+                           4 * C, C);
         nn__residual_forward(kv->x, kv->res, kv->proj, n * C);
     }
     for (int i = 0; i < n; i++) kv->len[rows[i]]++;
     nn__layernorm_forward(kv->ln, kv->mean, kv->rstd, kv->x, p[P_LNFW], p[P_LNFB], n, C);
-    nn__matmul_forward(kv->logits, kv->ln, p[P_HEAD], NULL, n, C, c->vocab, ref);
+    linear(m, kv->logits, kv->ln, p[P_HEAD], NULL, n, C, c->vocab);
     *logits = kv->logits;
     return 0;
 }

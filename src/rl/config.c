@@ -130,3 +130,14 @@ int rl_config_check(const rl_config *c)
         return sh_err(SH_EINVAL, "emulated step %g s and sequence cost %g must be >= 0", c->step_s, c->seq_cost);
     return 0;
 }
+
+static const char *const dtype_names[] = {"fp32", "bf16", "fp8"};
+
+int rl_dtype_parse(const char *name, int *dtype)
+{
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(name, dtype_names[i])) return *dtype = i, 0;
+    return sh_err(SH_EINVAL, "rollout dtype \"%s\": expected fp32, bf16 or fp8", name);
+}
+
+const char *rl_dtype_name(int dtype) { return dtype >= 0 && dtype < 3 ? dtype_names[dtype] : "?"; }

@@ -70,22 +70,6 @@ typedef struct paced {
     void *pctx;
 } paced;
 
-/* Rounds an F32 value to the nearest OCP e4m3fn value (ties to even),
- * saturating at +-448; the same values as ckpt_f32_to_e4m3 (the tests
- * compare every code), without its generic bit decoding. */
-float rl_e4m3_round(float x)
-{
-    float a = fabsf(x);
-    if (!(a == a)) return x;
-    if (a >= 448.0f) return copysignf(448.0f, x);
-    if (a < 0.015625f) /* subnormal: a multiple of 2^-9 */
-        return copysignf(rintf(a * 512.0f) / 512.0f, x);
-    int e;
-    float m = frexpf(a, &e); /* a = m 2^e, m in [0.5, 1): 4 significant bits */
-    float r = ldexpf(rintf(m * 16.0f), e - 4);
-    return copysignf(r > 448.0f ? 448.0f : r, x);
-}
-
 void rl_round_fp8(nn_model *m, int block, int embed)
 {
     float *p = nn_params(m);
@@ -105,7 +89,7 @@ void rl_round_fp8(nn_model *m, int block, int embed)
                 for (int r = r0; r < r1; r++)
                     for (int c = c0; c < c1; c++) {
                         float *v = &x[(size_t)r * t->cols + c];
-                        *v = rl_e4m3_round(*v / s) * s;
+                        *v = nn_e4m3_round(*v / s) * s;
                     }
             }
     }
@@ -318,7 +302,7 @@ static json_t *result(paced *p, double reward_start)
                      "s:f,s:f,s:o,s:i}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->mode ? c->max_lag : 0, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
-                     c->dtype == RL_DTYPE_FP32 ? "fp32" : c->dtype == RL_DTYPE_BF16 ? "bf16" : "fp8",
+                     rl_dtype_name(c->dtype),
                      "seed", (json_int_t)c->seed, "reward_start", reward_start, "reward_end",
                      p->nevals ? p->recent[(p->nevals - 1) % RL_TARGET_WINDOW_MAX] : reward_start,
                      "steps", p->step, "emulated_s", p->now, "target", p->target, "time_to_target_s", p->time_to_target,
@@ -367,6 +351,7 @@ int rl_paced_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t 
     if (!rc) rc = nn_new(&c->model, c->seed, &p.tr.model);
     if (!rc) rc = rl__warm_start(c, p.tr.model);
     if (!rc) rc = nn_clone(p.tr.model, &p.roll);
+    if (!rc) nn_set_fp8_act(p.roll, c->dtype == RL_DTYPE_FP8 && c->fp8_act);
     p.tr.loss = c->loss, p.tr.temperature = c->sampling.temperature, p.tr.minibatches = c->minibatches;
     if (!rc) rc = nn_adamw_init(&p.tr.opt, p.tr.model, c->lr);
     double reward_start = 0;

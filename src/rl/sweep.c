@@ -27,8 +27,6 @@
 
 #include "rl/runtime.h"
 
-static const char *dtype_name(int d) { return d == RL_DTYPE_FP32 ? "fp32" : d == RL_DTYPE_BF16 ? "bf16" : "fp8"; }
-
 void rl_sweep_default(rl_sweep_cfg *s, int quick)
 {
     memset(s, 0, sizeof *s);
@@ -38,7 +36,9 @@ void rl_sweep_default(rl_sweep_cfg *s, int quick)
      * that eight versions apart nothing holds, corrected or not. */
     c->lr = 3e-4f;
     c->step_s = 0.01, c->seq_cost = 0.1, c->train_s = 0.6;
-    c->fp8_embed = 1;
+    /* FP8 as serving stacks run it: every matrix, embeddings and head
+     * included, and the activations (W8A8). */
+    c->fp8_embed = 1, c->fp8_act = 1;
     c->target_window = 2;
     c->target_gain = 0.05;
     c->eval_every = 5;
@@ -56,6 +56,9 @@ void rl_sweep_default(rl_sweep_cfg *s, int quick)
         s->seeds = 5, c->steps = 60, c->eval_n = 64;
     }
     s->dtypes[0] = RL_DTYPE_BF16, s->dtypes[1] = RL_DTYPE_FP8, s->ndtypes = 2;
+    /* FP8 where its questions are: sync (the precision gap alone) and
+     * eta = 8 (with staleness). */
+    s->fp8_lags[0] = 0, s->fp8_lags[1] = 8, s->nfp8_lags = 2;
     s->seed0 = 1;
     s->last_k = 3;
     s->jobs = 2;
@@ -75,6 +78,14 @@ int rl_sweep_check(const rl_sweep_cfg *s)
         return sh_err(SH_EINVAL, "--last-k %d: a run has only %d evaluations (--steps %d, "
                                  "--eval-every %d)", s->last_k, s->base.steps / s->base.eval_every,
                       s->base.steps, s->base.eval_every);
+    int other = 0, sync = 0;
+    for (int d = 0; d < s->ndtypes; d++) other |= s->dtypes[d] != RL_DTYPE_BF16;
+    for (int i = 0; i < s->nfp8_lags; i++) sync |= !s->fp8_lags[i];
+    for (int j = 0; j < s->nlags && s->nfp8_lags && other; j++) {
+        if (!s->lags[j] && !sync)
+            return sh_err(SH_EINVAL, "--fp8-lags must include 0: other dtypes' async cells compare "
+                                     "with their sync cell");
+    }
     if (s->jobs < 1 || s->jobs > 256) return sh_err(SH_EINVAL, "--jobs %d: must be 1..256", s->jobs);
     if (!s->dir) return sh_err(SH_EINVAL, "the sweep needs a folder for its runs");
     if (!(s->base.step_s > 0 && s->base.train_s > 0))
@@ -153,6 +164,17 @@ static int collect(const rl_sweep_cfg *s, int k, int i, int status, json_t **out
     return rc;
 }
 
+/* Whether cell k is left out: a dtype other than bf16 at a bound not in
+ * fp8_lags (when given). */
+static int skipped(const rl_sweep_cfg *s, int k)
+{
+    int d = k % s->ndtypes, g = k / s->ndtypes / s->nlosses;
+    if (!s->nfp8_lags || s->dtypes[d] == RL_DTYPE_BF16) return 0;
+    for (int i = 0; i < s->nfp8_lags; i++)
+        if (s->fp8_lags[i] == s->lags[g]) return 0;
+    return 1;
+}
+
 /* Runs jobs [0, n) (job j: cell j / seeds, seed j % seeds; cell -1: the
  * warm starts) at most s->jobs at a time.  A failure stops new starts;
  * the running ones finish. */
@@ -166,6 +188,8 @@ static int run_jobs(const rl_sweep_cfg *s, int warm, int n, json_t *runs, int *d
     while (running || (next < n && !rc)) {
         for (int slot = 0; slot < s->jobs && next < n && !rc; slot++) {
             if (pid[slot]) continue;
+            while (!warm && next < n && skipped(s, next / s->seeds)) next++;
+            if (next >= n) break;
             int k = warm ? -1 : next / s->seeds, i = warm ? next : next % s->seeds;
             fflush(stdout), fflush(stderr);
             pid_t p = fork();
@@ -282,7 +306,7 @@ static json_t *cell_row(const rl_sweep_cfg *s, json_t *runs, int k)
     int below_sync = 0, below_bf16 = 0;
     json_t *row = json_pack("{s:s,s:i,s:s,s:s,s:o,s:o,s:o,s:o,s:i,s:o,s:i,s:i,s:o,s:f,s:o,s:o}",
                             "mode", s->lags[g] ? "async" : "sync", "max_lag", s->lags[g], "loss",
-                            rl_loss_name(s->losses[l]), "rollout_dtype", dtype_name(s->dtypes[d]),
+                            rl_loss_name(s->losses[l]), "rollout_dtype", rl_dtype_name(s->dtypes[d]),
                             "reward_start", stat_json(&start), "reward_final", stat_json(&fin),
                             "vs_sync", paired(mine, sync, s->last_k, &below_sync),
                             "time_to_target_s", stat_json(&ttt), "target_reached", ttt.n,
@@ -311,21 +335,23 @@ int rl_sweep_run(const rl_sweep_cfg *s, rl_sweep_progress progress, void *ctx, j
     SH_TRY(sh_mkdir_p(dir, 0755));
     rl_sweep_cfg sw = *s;
     if (!sw.base.warm_cache) sw.base.warm_cache = warm;
-    int ncells = s->nlags * s->nlosses * s->ndtypes, n = ncells * s->seeds, done = 0;
+    int ncells = s->nlags * s->nlosses * s->ndtypes, n = ncells * s->seeds, done = 0, total = s->seeds;
+    for (int k = 0; k < ncells; k++) total += skipped(s, k) ? 0 : s->seeds;
     json_t *runs = json_array();
     for (int j = 0; j < n; j++) json_array_append_new(runs, json_null());
     /* Each seed's warm start once, before the runs that load it. */
-    int rc = run_jobs(&sw, 1, s->seeds, runs, &done, n + s->seeds, progress, ctx);
-    if (!rc) rc = run_jobs(&sw, 0, n, runs, &done, n + s->seeds, progress, ctx);
+    int rc = run_jobs(&sw, 1, s->seeds, runs, &done, total, progress, ctx);
+    if (!rc) rc = run_jobs(&sw, 0, n, runs, &done, total, progress, ctx);
     if (rc) return json_decref(runs), rc;
     json_t *rows = json_array();
-    for (int k = 0; k < ncells; k++) json_array_append_new(rows, cell_row(s, runs, k));
+    for (int k = 0; k < ncells; k++)
+        if (!skipped(s, k)) json_array_append_new(rows, cell_row(s, runs, k));
     json_decref(runs);
     const rl_config *c = &s->base;
     json_t *lags = json_array(), *losses = json_array(), *dts = json_array();
     for (int i = 0; i < s->nlags; i++) json_array_append_new(lags, json_integer(s->lags[i]));
     for (int i = 0; i < s->nlosses; i++) json_array_append_new(losses, json_string(rl_loss_name(s->losses[i])));
-    for (int i = 0; i < s->ndtypes; i++) json_array_append_new(dts, json_string(dtype_name(s->dtypes[i])));
+    for (int i = 0; i < s->ndtypes; i++) json_array_append_new(dts, json_string(rl_dtype_name(s->dtypes[i])));
     *out = json_pack("{s:o,s:o,s:o,s:i,s:I,s:i,s:i,s:i,s:i,s:f,s:i,s:f,s:f,s:f,s:f,s:i,s:i,s:o}",
                      "lags", lags, "losses", losses, "dtypes", dts, "seeds", s->seeds, "seed0",
                      (json_int_t)s->seed0, "steps", c->steps, "eval_every", c->eval_every, "eval_n",
@@ -334,5 +360,6 @@ int rl_sweep_run(const rl_sweep_cfg *s, rl_sweep_progress progress, void *ctx, j
                      "seq_cost", c->seq_cost, "train_s", c->train_s, "fp8_block", c->fp8_block,
                      "fp8_embed", c->fp8_embed, "rows", rows);
     json_object_set_new(*out, "target_gain", json_real(c->target_gain));
+    json_object_set_new(*out, "fp8_act", json_integer(c->fp8_act));
     return 0;
 }

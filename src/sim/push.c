@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shoal/bcast.h"
 #include "shoal/common.h"
 #include "shoal/sim_push.h"
 
@@ -27,14 +28,7 @@ typedef struct model {
 
 uint64_t sim_push_chunk_auto(uint64_t payload, int depth, double gbps, double overhead_s)
 {
-    if (depth < 1) depth = 1;
-    if (overhead_s <= 0) overhead_s = 20e-6;
-    double B = gbps * 1e9 / 8, c = sqrt((double)payload * overhead_s * B / depth);
-    uint64_t k = (uint64_t)c & ~(uint64_t)4095;
-    if (k < (64u << 10)) k = 64u << 10;
-    if (k > (64ull << 20)) k = 64ull << 20;
-    if (payload >= (2u << 20) && k > payload / 32) k = (payload / 32 + 4095) & ~(uint64_t)4095;
-    return k ? k : 4096;
+    return bcast_chunk_auto(payload, depth, gbps, overhead_s > 0 ? overhead_s : 20e-6);
 }
 
 static void add_child(model *m, int p, int child, int cls)

@@ -34,11 +34,13 @@ int store__hash_file(const char *path, sh_hash128 *h, uint64_t *size);
  * does not depend on the codec's internals.  Each writes `out` durably. */
 int store__delta_make(const char *prev, const char *next, const char *out);
 int store__delta_apply(const char *prev, const char *delta, const char *out);
+/* The same with the next version already opened (a folder's single view). */
+struct ckpt;
+int store__delta_make_ckpt(const char *prev, const struct ckpt *next, const char *out);
 int store__delta_squash(const char *const *deltas, size_t n, const char *out);
 /* Rebuilds the single-file target of delta_path (`size` bytes) from a base
  * already parsed in memory into a new file `out`, verified against the
  * delta's digests.  Not fsynced: the caller makes it durable. */
-struct ckpt;
 int store__delta_build(const struct ckpt *base, const char *delta_path, uint64_t size,
                        const char *out);
 /* Applies delta_path in place to img (`size` bytes), a copy of its base in
