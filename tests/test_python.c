@@ -3,9 +3,10 @@
  * One cmocka test per tests/python/test_*.py (run with unittest against
  * build/libshoal.so, the optimised build), plus `make install` into a
  * temporary prefix, checked with a C program built by pkg-config and with
- * `import shoal` from that prefix.  tests/test_python_e2e.c builds this file
- * again for tests/python/e2e_*.py (the multi-process example), so that each
- * binary stays well inside the runner's time limit.
+ * `import shoal` from that prefix.  tests/test_python_codec.c and
+ * tests/test_python_e2e.c build this file again for tests/python/codec_*.py
+ * (AdamW pairs) and e2e_*.py (the multi-process example), so that each binary
+ * stays well inside the runner's time limit.
  *
  * The ASan build skips them all: CPython and torch are not built with
  * AddressSanitizer, so preloading it into the interpreter reports their own
