@@ -17,7 +17,9 @@ static const char usage_text[] =
     "A store holds one folder per run and one per version: a full anchor or a\n"
     "delta on the previous version.  LATEST advances only after a version is\n"
     "durable.  publish computes the delta itself and writes an anchor every N\n"
-    "versions (default 8).  gc keeps the newest K versions and all they chain\n"
+    "versions (default 8); CKPT is a .safetensors file or a sharded folder with\n"
+    "its index (stored as the one file holding its tensors), and a delta publish\n"
+    "stages only its delta.  gc keeps the newest K versions and all they chain\n"
     "back to.  plan prints the cheapest way from version A (0: nothing) to B.\n"
     "squash composes the deltas after A up to B into one, which plans then use.\n"
     "See docs/store-format.md.\n";
