@@ -2,7 +2,7 @@
 # Every source file under src/<component>/ is part of the library except src/cli/,
 # which holds the command line.  Adding a file needs no change here.
 
-PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3
+PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3 libseccomp
 CC        ?= gcc
 BUILD     := build
 ASAN      := $(BUILD)/asan
@@ -28,7 +28,14 @@ TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_AUX  := $(sort $(filter-out tests/test_%,$(wildcard tests/*.c)))
 FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
 
-LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+# build/shoal is the client: the commands that only talk to a server, linked
+# without UCX, OpenBLAS or SQLite so that it starts fast; it hands every
+# other command to build/shoal-core, which holds them all (src/cli/main.c).
+CLIENT_CMDS := submit jobs job logs cancel nodes cost version
+CLIENT_SRC  := $(CLIENT_CMDS:%=src/cli/cmd_%.c) src/cli/ctl.c src/cli/opts.c
+CLIENT_LIBS := $(shell pkg-config --libs jansson libxxhash 2>/dev/null) -lm
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/pic/%.o)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 AUX_OBJ   := $(TEST_AUX:%.c=$(BUILD)/obj/%.o)
 TESTS     := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -41,8 +48,16 @@ ATESTS    := $(TEST_SRC:tests/%.c=$(ASAN)/tests/%)
 FUZZERS   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 FUZZ_TIME ?= 30
 
-.PHONY: all deps test test-opt test-asan run bench fuzz clean
-all: $(BUILD)/shoal $(BUILD)/libshoal.a
+# The shared library's version comes from the one the binary prints.
+VERSION   := $(shell sed -n 's/^\#define SHOAL_VERSION "\(.*\)"/\1/p' include/shoal/common.h)
+SOMAJOR   := $(firstword $(subst ., ,$(VERSION)))
+SONAME    := libshoal.so.$(SOMAJOR)
+LIBFLAGS  := -fPIC -fvisibility=hidden
+PREFIX    ?= /usr/local
+DESTDIR   ?=
+
+.PHONY: all deps test test-opt test-asan run bench fuzz clean install mutants
+all: $(BUILD)/shoal $(BUILD)/shoal-core $(BUILD)/libshoal.a $(BUILD)/$(SONAME) $(BUILD)/shoal.1
 
 deps:
 	@sh scripts/deps.sh
@@ -52,6 +67,9 @@ deps:
 # shared list.
 $(GEN)/commands.h: $(CLI_SRC) scripts/gen-commands.sh | $(GEN)
 	@sh scripts/gen-commands.sh $(CLI_SRC) > $@.tmp && mv $@.tmp $@
+
+$(GEN)/client-commands.h: Makefile scripts/gen-commands.sh | $(GEN)
+	@sh scripts/gen-commands.sh $(CLIENT_SRC) > $@.tmp && mv $@.tmp $@
 
 $(GEN):
 	@mkdir -p $@
@@ -64,6 +82,10 @@ $(ASAN)/obj/%.o: %.c | $(GEN)/commands.h
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(BASEFLAGS) $(SANFLAGS) $(CFLAGS) -c $< -o $@
 
+$(BUILD)/pic/%.o: %.c | $(GEN)/commands.h
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(BASEFLAGS) $(OPTFLAGS) $(LIBFLAGS) $(CFLAGS) -c $< -o $@
+
 $(BUILD)/libshoal.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -72,11 +94,29 @@ $(ASAN)/libshoal.a: $(ALIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/shoal: $(CLI_OBJ) $(BUILD)/libshoal.a
+$(BUILD)/shoal-core: $(CLI_OBJ) $(BUILD)/libshoal.a
 	$(CC) $(OPTFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libshoal.a $(LIBS)
 
-$(ASAN)/shoal: $(ACLI_OBJ) $(ASAN)/libshoal.a
+$(ASAN)/shoal-core: $(ACLI_OBJ) $(ASAN)/libshoal.a
 	$(CC) $(SANFLAGS) -o $@ $(ACLI_OBJ) $(ASAN)/libshoal.a $(LIBS)
+
+# The man page is generated from the binary's own help text.
+$(BUILD)/shoal.1: $(BUILD)/shoal $(BUILD)/shoal-core scripts/gen-man.sh
+	@sh scripts/gen-man.sh $(BUILD)/shoal $(VERSION) > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/obj/client/main.o: src/cli/main.c $(GEN)/client-commands.h
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(BASEFLAGS) $(OPTFLAGS) $(CFLAGS) -DSHOAL_CLIENT -c $< -o $@
+
+$(ASAN)/obj/client/main.o: src/cli/main.c $(GEN)/client-commands.h
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(BASEFLAGS) $(SANFLAGS) $(CFLAGS) -DSHOAL_CLIENT -c $< -o $@
+
+$(BUILD)/shoal: $(BUILD)/obj/client/main.o $(CLIENT_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libshoal.a | $(BUILD)/shoal-core
+	$(CC) $(OPTFLAGS) -Wl,--as-needed -o $@ $(filter %.o,$^) $(BUILD)/libshoal.a $(CLIENT_LIBS)
+
+$(ASAN)/shoal: $(ASAN)/obj/client/main.o $(CLIENT_SRC:%.c=$(ASAN)/obj/%.o) $(ASAN)/libshoal.a | $(ASAN)/shoal-core
+	$(CC) $(SANFLAGS) -Wl,--as-needed -o $@ $(filter %.o,$^) $(ASAN)/libshoal.a $(CLIENT_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(AUX_OBJ) $(BUILD)/libshoal.a
 	@mkdir -p $(dir $@)
@@ -106,6 +146,13 @@ bench: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@sh scripts/bench.sh
 
+# Mutation testing (docs/testing.md): each mutant in tests/mutants.txt is
+# applied to a private copy of the tree (build/mut/tree), built there and run
+# against the tests it names; any survivor not marked equivalent, or any
+# stale entry, fails.  MUTANTS="--only ID,ID" runs a few.
+mutants: deps
+	@python3 scripts/mutants.py $(MUTANTS)
+
 # libFuzzer targets, built with clang against the library sources.
 $(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC) | $(GEN)/commands.h
 	@mkdir -p $(dir $@)
@@ -123,7 +170,43 @@ fuzz: deps
 clean:
 	rm -rf $(BUILD)
 
+# ---- The shared library, pkg-config and install -------------------------
+# Library objects are position-independent and hidden by default: only what
+# the public headers declare (between their `#pragma GCC visibility` lines)
+# is exported from libshoal.so; internal `__` names stay inside.  The static
+# archive is built from the same objects.
+PYDIR     := lib/python3/dist-packages
+
+$(BUILD)/libshoal.so.$(VERSION): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,defs -o $@ $^ $(LIBS)
+
+$(BUILD)/$(SONAME): $(BUILD)/libshoal.so.$(VERSION)
+	@ln -sf libshoal.so.$(VERSION) $@ && ln -sf libshoal.so.$(VERSION) $(BUILD)/libshoal.so
+
+# `make install PREFIX=DIR` (and DESTDIR=... for packaging): the binary, both
+# libraries, the headers, shoal.pc and the Python package, which is told
+# where its library lies (python/shoal/_libdir.py).
+install: all
+	@d=$(DESTDIR)$(PREFIX); set -e; \
+	install -d $$d/bin $$d/libexec/shoal $$d/lib/pkgconfig $$d/include/shoal $$d/$(PYDIR)/shoal; \
+	install -m 755 $(BUILD)/shoal $$d/bin/shoal; \
+	install -m 755 $(BUILD)/shoal-core $$d/libexec/shoal/shoal-core; \
+	install -d $$d/share/man/man1 $$d/share/bash-completion/completions $$d/share/shoal/web; \
+	install -m 644 $(BUILD)/shoal.1 $$d/share/man/man1/shoal.1; \
+	install -m 644 scripts/shoal-completion.bash $$d/share/bash-completion/completions/shoal; \
+	install -m 644 web/* $$d/share/shoal/web/; \
+	install -m 644 $(BUILD)/libshoal.a $$d/lib/libshoal.a; \
+	install -m 755 $(BUILD)/libshoal.so.$(VERSION) $$d/lib/libshoal.so.$(VERSION); \
+	ln -sf libshoal.so.$(VERSION) $$d/lib/$(SONAME); ln -sf libshoal.so.$(VERSION) $$d/lib/libshoal.so; \
+	install -m 644 include/shoal/*.h $$d/include/shoal/; \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' scripts/shoal.pc.in > $$d/lib/pkgconfig/shoal.pc; \
+	install -m 644 python/shoal/*.py $$d/$(PYDIR)/shoal/; \
+	echo "LIBDIR = '$(PREFIX)/lib'" > $$d/$(PYDIR)/shoal/_libdir.py; \
+	echo "installed shoal $(VERSION) under $$d (pkg-config: PKG_CONFIG_PATH=$$d/lib/pkgconfig;" \
+	     "python: PYTHONPATH=$$d/$(PYDIR))"
+
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(ALIB_OBJ:.o=.d) $(ACLI_OBJ:.o=.d)
+-include $(BUILD)/obj/client/main.d $(ASAN)/obj/client/main.d
 -include $(TEST_SRC:%.c=$(BUILD)/obj/%.d) $(TEST_SRC:%.c=$(ASAN)/obj/%.d)
 
 # Test objects are not intermediates: keep them so that relinks are cheap.

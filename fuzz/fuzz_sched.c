@@ -1,8 +1,9 @@
 /* libFuzzer target: drives the scheduling core with an arbitrary sequence
  * of events decoded from the input (nodes added, failed, recovered and
  * removed; jobs of every kind submitted, cancelled and finished; cycles
- * under every policy, with autoscaling) and aborts when sched_check finds
- * a broken invariant or a decision names something impossible. */
+ * under every policy, with autoscaling, the reference search or not) and
+ * aborts when sched_check finds a broken invariant, a decision names
+ * something impossible, or a queued job lacks a wait reason or estimate. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sched_config_default(&c, (sched_policy)(byte(&r) % 4));
     c.hold_timeout_s = 20, c.scale_up_wait_s = 15, c.scale_down_idle_s = 40;
     c.max_victims = 1 + (int)(byte(&r) % 8);
-    c.autoscale = byte(&r) & 1, c.quotas = &q, c.n_quotas = 1;
+    unsigned flags = byte(&r);
+    c.autoscale = flags & 1, c.quotas = &q, c.n_quotas = 1;
+    c.reference = (flags >> 1) & 1, c.grow_queued = (flags >> 2) & 1;
     sched *s = sched_new(&c);
     sched_decisions d = {0};
     double now = 0;
@@ -89,6 +92,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             snprintf(id, sizeof id, "j%u", b % (unsigned)jobs);
             sched_job_restore(s, id, pl, (size_t)n, now);
+        } else if (op == 8 && jobs && (a & 1)) {
+            /* A queued job always says why it waits and when it may start. */
+            snprintf(id, sizeof id, "j%u", b % (unsigned)jobs);
+            sched_job_info in;
+            if (sched_job_info_get(s, id, now, &in) == 0 && (in.state == SCHED_QUEUED || in.state == SCHED_HOLDING) &&
+                (in.wait == SCHED_WAIT_NONE || !in.wait_text[0] || !(in.est_start_s >= now))) {
+                fprintf(stderr, "job %s: wait %d \"%s\" estimate %g at %g\n", id, in.wait, in.wait_text, in.est_start_s, now);
+                abort();
+            }
         } else if (op == 6 && nodes) {
             snprintf(id, sizeof id, "n%u", a % (unsigned)nodes);
             sched_node_remove(s, id, now);

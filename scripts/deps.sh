@@ -5,7 +5,7 @@ set -eu
 PKGS="build-essential pkg-config clang libclang-rt-14-dev
       libzstd-dev libxxhash-dev libucx-dev ucx-utils libmicrohttpd-dev libjansson-dev
       libopenblas-dev libsqlite3-dev libcmocka-dev
-      bubblewrap chromium"
+      bubblewrap libseccomp-dev runsc chromium"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

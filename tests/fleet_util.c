@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -58,9 +59,11 @@ static void start(tf_fleet *f)
     snprintf(port, sizeof port, "%d", f->port);
     snprintf(hb, sizeof hb, "%g", f->hb);
     unlink(out);
+    /* Jobs may write under the test's folder (it also holds the state
+     * directory, which the server keeps out of any "writable"). */
     char *argv[24] = {(char *)tu_shoal(), "server", "--tokens", tokens, "--db", db, "--port", port,
-                      "--heartbeat-timeout", hb};
-    int k = 10;
+                      "--heartbeat-timeout", hb, "--allow-writable", (char *)tu_tmpdir()};
+    int k = 12;
     char extra[512];
     snprintf(extra, sizeof extra, "%s", f->extra);
     for (char *s = NULL, *t = strtok_r(extra, " ", &s); t && k < 22; t = strtok_r(NULL, " ", &s)) argv[k++] = t;
@@ -96,6 +99,7 @@ void tf_start_server(tf_fleet *f, const char *name, double hb)
     const char *t = "{\"admin\":\"" TF_ADMIN "\",\"agent\":\"" TF_AGENT "\",\"tenants\":{\"alice\":\"" TF_ALICE
                     "\",\"bob\":\"" TF_BOB "\"}}";
     tu_write_file(tokens, t, strlen(t));
+    chmod(tokens, 0600); /* the server warns about a tokens file others can read */
     f->hb = hb;
     f->port = 0;
     start(f);
@@ -110,9 +114,14 @@ static void spawn_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, cons
     snprintf(out, sizeof out, "%s/agent-%d.out", f->dir, i);
     snprintf(work, sizeof work, "%s/work", f->dir);
     snprintf(g, sizeof g, "%d", gpus);
-    char *argv[] = {(char *)tu_shoal(), "agent", "--server", f->url, "--token", TF_AGENT, "--name", f->names[i],
-                    "--gpu-type", (char *)gpu_type, "--gpus", g, "--zone", (char *)zone, "--fabric",
-                    (char *)fabric, "--price", "2.5", "--work-dir", work, NULL};
+    char *argv[32] = {(char *)tu_shoal(), "agent", "--server", f->url, "--token", TF_AGENT, "--name", f->names[i],
+                      "--gpu-type", (char *)gpu_type, "--gpus", g, "--zone", (char *)zone, "--fabric",
+                      (char *)fabric, "--price", "2.5", "--work-dir", work};
+    int k = 20;
+    char extra[256];
+    snprintf(extra, sizeof extra, "%s", f->agent_extra);
+    for (char *s = NULL, *t = strtok_r(extra, " ", &s); t && k < 30; t = strtok_r(NULL, " ", &s)) argv[k++] = t;
+    argv[k] = NULL;
     f->agents[i] = tf_spawn(out, argv);
     if (i >= f->nagents) f->nagents = i + 1;
 }

@@ -23,6 +23,7 @@ typedef struct tf_fleet {
     pid_t agents[16];
     char names[16][32];
     char extra[512]; /* extra server options */
+    char agent_extra[256]; /* extra agent options (e.g. "--sandbox gvisor") */
 } tf_fleet;
 
 /* Starts a server in tu_path(name) with a heartbeat timeout of hb seconds. */

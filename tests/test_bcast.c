@@ -9,7 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <math.h>
+
 #include "shoal/ckpt.h"
+#include "shoal/sim_push.h"
 #include "shoal/store.h"
 
 #define MAXP 16
@@ -466,6 +469,47 @@ static void test_bad_usage(void **state)
     free(out);
 }
 
+
+/* The push-tree model (src/sim/push.c) on hand-checked cases: 4 chunks of
+ * 1 MB at 8 Gb/s (1 ms each), no latency or overhead.  A chain of 3 is a
+ * pipeline: (4 + 3 - 1) chunk times.  A star of 2 shares the root's NIC: 8
+ * chunk times for the last child, 7 for the first.  With a 1 ms latency and a
+ * window of 1, a chunk starts when the previous one's ack is back (3 ms
+ * apart) and lands 2 ms after its start: 3 x 3 + 2 = 11 ms. */
+static void test_sim_push_model(void **state)
+{
+    sim_push_config c = {.replicas = 3, .zones = 1, .fanout = 1, .payload = 4000000, .chunk = 1000000,
+                         .window = 64, .fabric = {8, 0}, .zone = {8, 0}, .cross = {8, 0}};
+    sim_push_result r;
+    TU_OK(sim_push_run(&c, &r));
+    assert_int_equal(r.nchunks, 4);
+    assert_int_equal(r.depth, 3);
+    assert_true(fabs(r.converge_s - 6e-3) < 1e-9);
+    assert_true(fabs(r.first_s - 4e-3) < 1e-9);
+    c.replicas = 2, c.fanout = 2;
+    TU_OK(sim_push_run(&c, &r));
+    assert_true(fabs(r.converge_s - 8e-3) < 1e-9);
+    assert_true(fabs(r.first_s - 7e-3) < 1e-9);
+    c.replicas = 1, c.window = 1, c.zone.latency_s = 1e-3;
+    TU_OK(sim_push_run(&c, &r));
+    assert_true(fabs(r.converge_s - 11e-3) < 1e-9);
+    /* Zones: one copy crosses into each other zone. */
+    c = (sim_push_config){.replicas = 64, .zones = 4, .payload = 1 << 30, .fabric = {400, 5e-6},
+                          .zone = {100, 50e-6}, .cross = {25, 1e-3}};
+    TU_OK(sim_push_run(&c, &r));
+    assert_int_equal(r.cross_zone_copies, 3);
+    assert_true(r.converge_s > (1 << 30) / (25e9 / 8) && r.converge_s < 3.0 * (1 << 30) / (25e9 / 8));
+    /* Bad input names the field. */
+    c.zones = 65;
+    TU_ERR(sim_push_run(&c, &r), SH_EINVAL, "zones");
+    c.zones = 4, c.cross.gbps = 0;
+    TU_ERR(sim_push_run(&c, &r), SH_EINVAL, "cross-zone link");
+    /* sqrt(50e6 x 20e-6 x 125e6 / 16) = 88388, rounded down to 4 KiB */
+    assert_int_equal(sim_push_chunk_auto(50000000, 16, 1, 20e-6), 86016);
+    uint64_t k = sim_push_chunk_auto(717000000000ull, 4, 400, 20e-6);
+    assert_true(k <= (64ull << 20) && k >= (1 << 20));
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -478,6 +522,7 @@ int main(void)
         cmocka_unit_test_teardown(test_store_fallback, teardown),
         cmocka_unit_test_teardown(test_late_joiner_squash, teardown),
         cmocka_unit_test_teardown(test_bad_usage, teardown),
+        cmocka_unit_test(test_sim_push_model),
     };
     return cmocka_run_group_tests_name("bcast", tests, NULL, NULL);
 }

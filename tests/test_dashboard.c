@@ -1,7 +1,9 @@
 /* The dashboard in real headless Chromium (tests/browser/dashboard.mjs)
- * against a real fleet: nodes by zone and pool, a dead node, a running gang,
- * the queue, costs, and a job appearing without a reload.  The screenshot is
- * kept at build/dashboard.png. */
+ * against a real fleet: nodes by zone and pool with their heartbeat ages, a
+ * dead node, a running gang, the queue, costs, a job appearing without a
+ * reload, a job's detail view with its events and log tail, and the page at
+ * 800 px.  The screenshots are kept in docs/ (dashboard.png,
+ * dashboard-job.png, dashboard-800.png). */
 #include "fleet_util.h"
 
 #include <signal.h>
@@ -31,7 +33,7 @@ static void test_dashboard_in_chromium(void **state)
     tf_start_agent(&f, 3, "L4", 4, "us-west-2a", "eth");
     int64_t gang = tf_submit(&f, TF_ALICE,
                              "{\"name\":\"train-7b\",\"nodes\":2,\"gpus_per_node\":8,\"gpu_types\":[\"H100\"],"
-                             "\"command\":[\"sleep\",\"60\"]}");
+                             "\"command\":[\"sh\",\"-c\",\"echo hello from rank $SHOAL_RANK; sleep 60\"]}");
     json_decref(tf_wait_job(&f, gang, "running", 20));
     int64_t queued = tf_submit(&f, TF_ALICE,
                                "{\"name\":\"eval\",\"nodes\":2,\"gpus_per_node\":8,\"gpu_types\":[\"H100\"],"
@@ -45,13 +47,13 @@ static void test_dashboard_in_chromium(void **state)
     char e[1024];
     int n = snprintf(e, sizeof e,
                      "{\"nodes\":[\"n0\",\"n1\",\"n2\",\"n3\"],\"dead\":[\"n3\"],\"zones\":[\"us-east-1a\",\"us-east-1b\","
-                     "\"us-west-2a\"],\"running\":{\"id\":%lld,\"name\":\"train-7b\",\"gpus\":16},\"queued\":%lld,"
+                     "\"us-west-2a\"],\"running\":{\"id\":%lld,\"name\":\"train-7b\",\"gpus\":16,\"log\":\"hello from rank 0\"},\"queued\":%lld,"
                      "\"tenant\":\"alice\",\"gpu_type\":\"H100\",\"submit\":{\"name\":\"live\",\"kind\":\"function\","
                      "\"gpu_types\":[\"A100\"],\"command\":[\"sleep\",\"30\"]}}",
                      (long long)gang, (long long)queued);
     tu_write_file(expect, e, (size_t)n);
     char *out = NULL;
-    int rc = tu_run(&out, "node tests/browser/dashboard.mjs %s %s build/dashboard.png %s", f.url, TF_ALICE, expect);
+    int rc = tu_run(&out, "node tests/browser/dashboard.mjs %s %s docs %s", f.url, TF_ALICE, expect);
     if (rc != 0) fail_msg("dashboard check (exit %d):\n%s", rc, out);
     assert_non_null(strstr(out, "dashboard ok"));
     free(out);

@@ -680,9 +680,99 @@ static void test_elastic_yields_to_gang(void **state)
     tf_stop(&f);
 }
 
+/* max_attempts counts node failures: with max_attempts 1 the first lost
+ * node ends the job as failed, with the reason, instead of requeueing it. */
+static void test_max_attempts(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "maxatt", 3.0);
+    tf_start_agents(&f, 3, "A100", 8, "z1", "ib");
+    int64_t id = tf_submit(&f, TF_ALICE, "{\"name\":\"m\",\"nodes\":2,\"gpus_per_node\":8,\"max_attempts\":1,"
+                                         "\"on_failure\":\"requeue\",\"command\":[\"sleep\",\"60\"]}");
+    json_t *j = tf_wait_job(&f, id, "running", 20);
+    int a = tf_agent_of(&f, tf_member_node(j, 1));
+    json_decref(j);
+    assert_true(a >= 0);
+    kill(f.agents[a], SIGKILL);
+    waitpid(f.agents[a], NULL, 0);
+    f.agents[a] = 0;
+    j = tf_wait_job(&f, id, "failed", 30);
+    const char *reason = json_string_value(json_object_get(j, "reason"));
+    if (!reason || !strstr(reason, "gave up after 1 failure(s)")) fail_msg("reason: %s", reason ? reason : "(none)");
+    assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 1);
+    json_decref(j);
+    tf_stop(&f);
+}
+
+/* The state of node `name` in /v1/nodes ("" if missing). */
+static const char *node_state(tf_fleet *f, const char *name)
+{
+    static char buf[32];
+    int st;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    buf[0] = 0;
+    size_t i;
+    json_t *n;
+    json_array_foreach(json_object_get(j, "nodes"), i, n)
+        if (!strcmp(json_string_value(json_object_get(n, "name")), name))
+            snprintf(buf, sizeof buf, "%s", json_string_value(json_object_get(n, "state")));
+    json_decref(j);
+    return buf;
+}
+
+/* A node whose agent stops polling dies after the heartbeat timeout: not
+ * before (it was seen less than hb ago) and not much after (the server's
+ * check runs every cycle).  The reason the server records, "no heartbeat
+ * for X s", is checked against hb and against the time measured here. */
+static void test_heartbeat_timing(void **state)
+{
+    const double hb = 3.0;
+    tf_fleet f = {0};
+    tf_start_server(&f, "heartbeat", hb);
+    tf_start_agent(&f, 0, "A100", 8, "z", "ib");
+    sh_sleep(0.3); /* a few polls */
+    double t0 = sh_now_mono();
+    kill(f.agents[0], SIGSTOP);
+    double dead_at = 0;
+    while (sh_now_mono() - t0 < 4 * hb) {
+        if (!strcmp(node_state(&f, "n0"), "dead")) {
+            dead_at = sh_now_mono() - t0;
+            break;
+        }
+        sh_sleep(0.05);
+    }
+    kill(f.agents[0], SIGCONT);
+    if (!dead_at) fail_msg("n0 still alive %.1f s after its agent stopped (heartbeat timeout %.1f s)", 4 * hb, hb);
+    int st;
+    json_t *ev = tf_call(&f, TF_ADMIN, "GET", "/v1/events", NULL, &st);
+    assert_int_equal(st, 200);
+    double recorded = -1;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(ev, "events"), i, e) {
+        const char *kind = json_string_value(json_object_get(e, "kind"));
+        const char *msg = json_string_value(json_object_get(e, "msg"));
+        if (kind && msg && !strcmp(kind, "node_dead") && sscanf(msg, "no heartbeat for %lf s", &recorded) == 1) break;
+    }
+    json_decref(ev);
+    if (recorded < 0) fail_msg("no node_dead event with \"no heartbeat for X s\"");
+    print_message("heartbeat timeout %.1f s: the server recorded %.1f s; seen dead %.2f s after the stop\n", hb,
+                  recorded, dead_at);
+    /* Not before the timeout, and within a cycle or two of it (a doubled
+     * timeout records 6 s or more). */
+    if (recorded < hb) fail_msg("the node died after %.1f s without heartbeat, before the %.1f s timeout", recorded, hb);
+    if (recorded > hb + 2.5) fail_msg("the node died after %.1f s without heartbeat, %.1f s past the timeout", recorded, recorded - hb);
+    /* The last heartbeat came before the stop, so the recorded silence is at
+     * least as long as the time from it to the death the server reports. */
+    if (dead_at > recorded + 2.0) fail_msg("seen dead %.2f s after the stop, yet the server recorded %.1f s", dead_at, recorded);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_heartbeat_timing, tf_teardown),
+        cmocka_unit_test_teardown(test_max_attempts, tf_teardown),
         cmocka_unit_test_teardown(test_gang_all_or_nothing, tf_teardown),
         cmocka_unit_test_teardown(test_killed_agent_policies, tf_teardown),
         cmocka_unit_test_teardown(test_server_kill9_under_load, tf_teardown),

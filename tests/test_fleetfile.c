@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "shoal/fleetfile.h"
+#include "shoal/mainjob.h"
+#include "shoal/sim.h"
 
 /* The simulator's column order and `shoal up`'s give the same nodes. */
 static void test_both_orders(void **state)
@@ -153,6 +155,47 @@ static void test_real_files(void **state)
     sh_buf_free(&b);
 }
 
+/* The simulator, the main job and `shoal up` read the same file, in either
+ * column order, to the same nodes. */
+static void test_every_reader(void **state)
+{
+    const char *up = tu_path("up.csv"), *simf = tu_path("sim.csv"), *sp = tu_path("speeds.csv");
+    const char *a = "# rollout and training nodes\nname,gpu_type,gpus,zone,fabric,price_per_gpu_hour\n"
+                    "t0,H100,8,z1,ib,3.95\nr0,L4,2,z2,eth,0.80\n";
+    const char *b = "node_id,zone,fabric,gpu_type,gpus,price_per_gpu_hour\nt0,z1,ib,H100,8,3.95\nr0,z2,eth,L4,2,0.80\n";
+    tu_write_file(up, a, strlen(a));
+    tu_write_file(simf, b, strlen(b));
+    tu_write_file(sp, "gpu_type,speed\nH100,1\nL4,0.3\n", 29);
+    const char *files[2] = {up, simf};
+    for (int k = 0; k < 2; k++) {
+        sim_fleet sf;
+        TU_OK(sim_fleet_load(files[k], "shoal", NULL, &sf));
+        assert_int_equal(sf.n, 2);
+        assert_string_equal(sf.nodes[1].id, "r0");
+        assert_string_equal(sf.nodes[1].fabric, "eth");
+        assert_int_equal(sf.nodes[0].gpus, 8);
+        assert_true(sf.nodes[0].price_per_gpu_hour == 3.95);
+        sim_fleet_free(&sf);
+        mj_fleet mf;
+        TU_OK(mj_fleet_load(files[k], sp, &mf));
+        assert_int_equal(mf.n, 2);
+        assert_string_equal(mf.nodes[1].zone, "z2");
+        assert_true(mf.nodes[1].speed == 0.3 && mf.nodes[1].price == 0.80);
+        mj_fleet_free(&mf);
+    }
+    /* The same mistake gets the same message from each. */
+    const char *bad = "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour\nt0,H100,99,z1,ib,3.95\n";
+    tu_write_file(up, bad, strlen(bad));
+    sim_fleet sf;
+    mj_fleet mf;
+    TU_ERR(sim_fleet_load(up, "shoal", NULL, &sf), SH_EFORMAT, "up.csv:2: gpus \"99\" is not a whole number 1..16");
+    TU_ERR(mj_fleet_load(up, sp, &mf), SH_EFORMAT, "up.csv:2: gpus \"99\" is not a whole number 1..16");
+    char *out;
+    assert_int_equal(tu_run(&out, "%s up --fleet %s --db %s --port 0 2>&1", tu_shoal(), up, tu_path("up/shoal.db")), 1);
+    if (!strstr(out, "up.csv:2: gpus \"99\" is not a whole number 1..16")) fail_msg("shoal up: %s", out);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -160,6 +203,7 @@ int main(void)
         cmocka_unit_test(test_extra_columns),
         cmocka_unit_test(test_errors_name_file_and_line),
         cmocka_unit_test(test_real_files),
+        cmocka_unit_test(test_every_reader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

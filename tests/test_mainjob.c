@@ -16,6 +16,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "rl/runtime.h"
+#include "shoal/ckpt.h"
+#include "shoal/delta.h"
 #include "shoal/mainjob.h"
 #include "shoal/store.h"
 #include "testutil.h"
@@ -38,7 +41,9 @@ static pid_t start_up(const char *fleet, const char *db, int port)
         snprintf(p, sizeof p, "%d", port);
         freopen(tu_path("up.log"), "w", stdout);
         freopen(tu_path("up.err"), "w", stderr);
-        execl(tu_shoal(), tu_shoal(), "up", "--fleet", fleet, "--db", db, "--port", p, (char *)NULL);
+        /* The jobs write the run folder: the admin allows it. */
+        execl(tu_shoal(), tu_shoal(), "up", "--fleet", fleet, "--db", db, "--port", p, "--allow-writable",
+              tu_path("run"), (char *)NULL);
         _exit(127);
     }
     return pid;
@@ -110,22 +115,22 @@ static void test_pipeline(void **state)
 #endif
     /* Ranks see a private /tmp: what they read lives in the run folder,
      * which the jobs mount read-write. */
-    char run[4096], storedir[4200], db[4200], fleet[4200], speeds[4200];
+    char rundir[4096], storedir[4200], db[4200], fleet[4200], speeds[4200];
     /* Ranks run in their own working directory: the binary by absolute path. */
     char *shoal = realpath(tu_shoal(), NULL);
     assert_non_null(shoal);
-    snprintf(run, sizeof run, "%s", tu_path("run"));
-    snprintf(storedir, sizeof storedir, "%s/store", run);
-    snprintf(db, sizeof db, "%s/fleet/shoal.db", run);
-    snprintf(fleet, sizeof fleet, "%s/fleet.csv", run);
-    snprintf(speeds, sizeof speeds, "%s/speeds.csv", run);
+    snprintf(rundir, sizeof rundir, "%s", tu_path("run"));
+    snprintf(storedir, sizeof storedir, "%s/store", rundir);
+    snprintf(db, sizeof db, "%s/fleet/shoal.db", rundir);
+    snprintf(fleet, sizeof fleet, "%s/fleet.csv", rundir);
+    snprintf(speeds, sizeof speeds, "%s/speeds.csv", rundir);
     TU_OK(sh_mkdir_p(storedir, 0755));
     tu_write_file(fleet, fleet_csv, strlen(fleet_csv));
     tu_write_file(speeds, speeds_csv, strlen(speeds_csv));
     int port = 21000 + (int)(getpid() % 2000);
     pid_t up = start_up(fleet, db, port);
     char envf[4300];
-    snprintf(envf, sizeof envf, "%s/fleet/env", run);
+    snprintf(envf, sizeof envf, "%s/fleet/env", rundir);
     for (int i = 0; i < 200 && !sh_path_exists(envf); i++) sh_sleep(0.05);
     assert_true(sh_path_exists(envf));
     const char *rlopts = "\"--steps\",\"30\",\"--warm\",\"70\",\"--eval-every\",\"30\",\"--eval-n\",\"64\","
@@ -135,13 +140,13 @@ static void test_pipeline(void **state)
              "{\"name\":\"rl-trainer\",\"kind\":\"gang\",\"nodes\":2,\"gpu_types\":[\"H100\"],\"priority\":10,"
              "\"on_failure\":\"fail\",\"writable\":[\"%s\"],\"command\":[\"%s\",\"rl\",\"trainer\",\"--store\",\"%s\","
              "\"--events\",\"%s/events.jsonl\",\"--result\",\"%s/result.json\",%s]}",
-             run, shoal, storedir, run, run, rlopts);
+             rundir, shoal, storedir, rundir, rundir, rlopts);
     tu_write_file(tu_path("trainer.json"), job, strlen(job));
     snprintf(job, sizeof job,
              "{\"name\":\"rl-rollouts\",\"kind\":\"elastic\",\"max_nodes\":3,\"gpu_types\":[\"H100\",\"A100\",\"L4\"],"
              "\"gpu_speeds\":{\"H100\":1,\"A100\":0.7,\"L4\":0.3},\"writable\":[\"%s\"],"
              "\"command\":[\"%s\",\"rl\",\"worker\",\"--store\",\"%s\",\"--fleet\",\"%s\",\"--speeds\",\"%s\"]}",
-             run, shoal, storedir, fleet, speeds);
+             rundir, shoal, storedir, fleet, speeds);
     tu_write_file(tu_path("rollouts.json"), job, strlen(job));
     /* Submit once every agent has registered (before that the types are unknown). */
     int rc = tu_run(&out, "set -a; . %s; for i in $(seq 200); do [ $(%s nodes | grep -c alive) -ge 5 ] && break; "
@@ -150,7 +155,7 @@ static void test_pipeline(void **state)
     if (rc) fail_msg("submit: %s", out);
     free(out);
     char path[4300];
-    snprintf(path, sizeof path, "%s/result.json", run);
+    snprintf(path, sizeof path, "%s/result.json", rundir);
     /* Wait for the result; a job that failed ends the wait at once. */
     json_t *res = NULL;
     for (double t0 = sh_now_mono(); !res && sh_now_mono() - t0 < 120;) {
@@ -172,7 +177,7 @@ static void test_pipeline(void **state)
     const char *hex = json_string_value(json_object_get(res, "final_image_xxh3"));
     assert_true(final_version >= 26); /* a step may be skipped, never many */
     int steps;
-    snprintf(path, sizeof path, "%s/events.jsonl", run);
+    snprintf(path, sizeof path, "%s/events.jsonl", rundir);
     check_staleness(path, 2, &steps);
     assert_int_equal(steps, 30);
     /* Deltas: every version after the first went out as a delta. */
@@ -264,10 +269,57 @@ static void test_fleet_files(void **state)
     free(out);
 }
 
+
+/* FP8 rollout weights in memory (src/rl/checkpoint.c): the same dequantised
+ * weights as `shoal quant fp8`'s file, and after a change to one block of one
+ * tensor, redoing only the changed blocks gives the same as redoing all. */
+static void test_fp8_in_memory(void **state)
+{
+    nn_config cfg = {.vocab = rl_vocab(), .ctx = 32, .width = 256, .layers = 1, .heads = 4};
+    nn_model *src, *a, *b;
+    TU_OK(nn_new(&cfg, 7, &src));
+    TU_OK(nn_new(&cfg, 8, &a));
+    TU_OK(nn_new(&cfg, 9, &b));
+    size_t np = nn_num_params(src);
+    for (int round = 0; round < 2; round++) {
+        sh_buf img = {0};
+        TU_OK(rl_policy_image(src, 1, &img));
+        const char *bf = tu_path("fp8in.st"), *q = tu_path("fp8out.st");
+        tu_write_file(bf, img.data, img.len);
+        static const char *const keep[] = {"embed", "lm_head", NULL};
+        delta_opts o = {.threads = 1};
+        TU_OK(delta_quant_fp8(bf, q, keep, &o));
+        TU_OK(rl_load_checkpoint(a, q)); /* the file's FP8, dequantised */
+        static sh_buf prev;
+        static ckpt *pck;
+        ckpt *ck;
+        TU_OK(ckpt_open_mem(img.data, img.len, "img", &ck));
+        uint64_t blocks = 0;
+        TU_OK(rl__load_fp8(b, ck, pck, &blocks));
+        assert_memory_equal(nn_params(a), nn_params(b), np * sizeof(float));
+        if (round == 0) assert_true(blocks > 8);
+        else assert_int_equal(blocks, 1); /* one block of one tensor changed */
+        ckpt_close(pck);
+        sh_buf_free(&prev);
+        pck = ck, prev = img;
+        /* Change one element of a 2-D quantised tensor for the next round. */
+        for (int i = 0; i < nn_num_tensors(src); i++) {
+            const nn_tensor *t = nn_tensor_at(src, i);
+            if (t->rows > 128 && t->cols > 128 && !strstr(t->name, "embed") && !strstr(t->name, "lm_head")) {
+                nn_params(src)[t->offset + 130 * (size_t)t->cols + 3] += 0.25f;
+                break;
+            }
+        }
+        if (round == 1) ckpt_close(pck), sh_buf_free(&prev), pck = NULL;
+    }
+    nn_free(src), nn_free(a), nn_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fleet_files),
+        cmocka_unit_test(test_fp8_in_memory),
         cmocka_unit_test(test_ring),
         cmocka_unit_test(test_pipeline),
     };

@@ -245,6 +245,70 @@ static void test_cli_hook(void **state)
     free(out);
 }
 
+
+/* Publishing from memory: the trainer's own deltas become the payloads (an
+ * anchor every 3), every version rebuilds to its image, and a wrong base or
+ * a broken delta leaves LATEST where it was with nothing staged. */
+static void test_publish_mem(void **state)
+{
+    store *m;
+    sh_rm_rf(tu_path("memstore"));
+    TU_OK(store_open(tu_path("memstore"), NULL, 1, &m));
+    store_publish_opts o = {3};
+    uint8_t *prev = NULL;
+    size_t prev_len = 0;
+    for (int v = 1; v <= 5; v++) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/v%d.st", tu_tmpdir(), v);
+        size_t len;
+        uint8_t *img = tu_read_file(p, &len);
+        sh_buf d = {0};
+        if (prev) {
+            ckpt *a, *b;
+            TU_OK(ckpt_open_mem(prev, prev_len, "prev", &a));
+            TU_OK(ckpt_open_mem(img, len, "next", &b));
+            delta_opts dop = {.threads = 1};
+            TU_OK(delta_make_mem(a, b, &dop, &d, NULL));
+            ckpt_close(a), ckpt_close(b);
+        }
+        store_mem_version in = {img, len, d.data, d.len, (uint64_t)v - 1};
+        if (v == 3) { /* a wrong base and a broken delta change nothing */
+            in.base = 1;
+            uint64_t got = 0;
+            TU_ERR(store_publish_mem(m, &in, &o, &got), SH_EMISMATCH, "LATEST names 2");
+            in.base = 2;
+            uint8_t junk[64] = {1, 2, 3};
+            store_mem_version bad = in;
+            bad.delta = junk, bad.delta_len = sizeof junk;
+            assert_true(store_publish_mem(m, &bad, &o, &got) < 0);
+            uint64_t latest;
+            TU_OK(store_latest(m, &latest));
+            assert_int_equal(latest, 2);
+        }
+        uint64_t got;
+        TU_OK(store_publish_mem(m, &in, &o, &got));
+        assert_int_equal(got, (uint64_t)v);
+        store_version sv;
+        TU_OK(store_get(m, got, &sv, NULL));
+        assert_int_equal(sv.anchor, v == 1 || v == 4);
+        assert_int_equal(sv.size, sv.anchor ? len : d.len);
+        assert_int_equal(sv.model_size, len);
+        TU_OK(store_verify(m, got));
+        const char *out = tu_path("memout.st");
+        TU_OK(store_materialize(m, got, 0, NULL, out));
+        tu_assert_same_file(out, p);
+        sh_buf_free(&d);
+        free(prev);
+        prev = img, prev_len = len;
+    }
+    free(prev);
+    char *ls = NULL;
+    assert_int_equal(tu_run(&ls, "ls -A %s/main/staging", tu_path("memstore")), 0);
+    assert_string_equal(ls, ""); /* nothing staged is left */
+    free(ls);
+    store_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -253,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_bad_version_keeps_serving),
         cmocka_unit_test(test_fp8_copy),
         cmocka_unit_test(test_cli_hook),
+        cmocka_unit_test(test_publish_mem),
     };
     return cmocka_run_group_tests_name("replica", tests, setup, teardown);
 }

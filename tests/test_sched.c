@@ -947,9 +947,73 @@ static void test_shortcuts_same_decisions(void **state)
     }
 }
 
+/* Checks job id's wait reason, a phrase of its text and its estimate. */
+static void want_wait(sched *s, const char *id, double now, sched_wait w, const char *phrase, double est)
+{
+    sched_job_info in;
+    TU_OK(sched_job_info_get(s, id, now, &in));
+    if (in.wait != w || !strstr(in.wait_text, phrase) ||
+        !(in.est_start_s == est || fabs(in.est_start_s - est) < 1e-6))
+        fail_msg("job %s: wait %s \"%s\" est %.3f; want %s \"%s\" est %.3f", id, sched_wait_name(in.wait),
+                 in.wait_text, in.est_start_s, sched_wait_name(w), phrase, est);
+}
+
+/* Every pending job has a reason from the core and a start estimate from
+ * the reservation plan; each case worked out by hand on one 4-node pool. */
+static void test_pending_reasons(void **state)
+{
+    static const tnode_row fleet[] = {{"a0", "z0", "f0", "h100", 8, 1}, {"a1", "z0", "f0", "h100", 8, 1},
+                                      {"a2", "z0", "f0", "h100", 8, 1}, {"a3", "z0", "f0", "h100", 8, 1},
+                                      {NULL}};
+    sched_decisions d = {0};
+    sched *s = mk(SCHED_POLICY_BACKFILL, fleet);
+    submit(s, gang("big", 3, 8, 1000), 0); /* a0..a2 until t=1000 */
+    step(s, 0, &d);
+    submit(s, gang("g4", 4, 8, 500), 10); /* needs the whole pool: reserved for t=1000 */
+    submit(s, gang("x", 1, 8, 5000), 10); /* fits on a3 now, but would outlast g4's start */
+    want_wait(s, "x", 10, SCHED_WAIT_NEXT_CYCLE, "fits now", 10); /* before any cycle saw it */
+    step(s, 10, &d);
+    assert_null(find(&d, SCHED_D_START, NULL));
+    want_wait(s, "g4", 20, SCHED_WAIT_RESERVED, "reservation of 4 nodes in z0/f0/h100", 1000);
+    /* x's plan: every node is g4's until 1000 + 500. */
+    want_wait(s, "x", 20, SCHED_WAIT_RESERVATION, "reservation for job g4", 1500);
+    submit(s, gang("two", 2, 8, 100), 20);
+    want_wait(s, "two", 20, SCHED_WAIT_RESOURCES, "needs 2 nodes with 8 GPUs free in one pool; the best, z0/f0/h100, has 1", 1500);
+    /* Nodes down: a gang of 4 cannot fit while a3 is out. */
+    TU_OK(sched_node_fail(s, "a3", 30));
+    want_wait(s, "g4", 30, SCHED_WAIT_NODES_DOWN, "never fits while nodes are down", INFINITY);
+    TU_OK(sched_node_recover(s, "a3", 40));
+    sched_free(s);
+
+    /* Fair share (shoal): tenant a holds all busy GPUs, b has work queued. */
+    sched_config c;
+    sched_config_default(&c, SCHED_POLICY_SHOAL);
+    c.max_reservations = 1; /* b-wait, the older, takes it */
+    s = sched_new(&c);
+    for (const tnode_row *r = fleet; r->id; r++) {
+        sched_node_spec n = {r->id, r->zone, r->fabric, r->type, r->gpus, r->price};
+        TU_OK(sched_node_add(s, &n, 0));
+    }
+    sched_job_spec a = gang("a-run", 4, 8, 1000), b = gang("b-wait", 1, 8, 100), a2 = gang("a-wait", 1, 8, 100);
+    a.tenant = a2.tenant = "a", b.tenant = "b";
+    submit(s, a, 0);
+    step(s, 0, &d);
+    submit(s, b, 5), submit(s, a2, 5);
+    step(s, 5, &d);
+    want_wait(s, "a-wait", 6, SCHED_WAIT_FAIR_SHARE, "tenant a holds 100% of busy GPUs, over its fair share of 50%", 1000);
+    want_wait(s, "b-wait", 6, SCHED_WAIT_RESERVED, "reservation of 1 nodes", 1000);
+    sched_job_info in;
+    TU_OK(sched_job_info_get(s, "a-run", 6, &in));
+    assert_int_equal(in.wait, SCHED_WAIT_NONE);
+    assert_true(in.est_start_s == -1 && !in.wait_text[0]);
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pending_reasons),
         cmocka_unit_test(test_placement_table),
         cmocka_unit_test(test_least_fragmentation),
         cmocka_unit_test(test_reject_never_fits),

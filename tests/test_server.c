@@ -1,5 +1,7 @@
 /* The server's API against a real `shoal server` on loopback: tenant
- * isolation, bad requests, idempotent submits and never-fitting jobs. */
+ * isolation, roles, bad requests, idempotent submits (body, header and CLI)
+ * and never-fitting jobs.  Each test starts its own server and agents, so
+ * that any one runs alone (SHOAL_TEST_FILTER) and in any order. */
 #include "fleet_util.h"
 
 #include <arpa/inet.h>
@@ -11,10 +13,14 @@
 
 static tf_fleet F;
 
+/* A fresh server (its own folder and database) with two 8-GPU agents. */
 static int setup(void **state)
 {
+    static int n;
+    char name[32];
+    snprintf(name, sizeof name, "api-%d", n++);
     memset(&F, 0, sizeof F);
-    tf_start_server(&F, "api", 30);
+    tf_start_server(&F, name, 30);
     tf_start_agents(&F, 2, "H100", 8, "z1", "ib");
     return 0;
 }
@@ -22,6 +28,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     tf_stop(&F);
+    tf_kill_all();
     return 0;
 }
 
@@ -117,6 +124,16 @@ static void test_tenant_isolation(void **state)
 
 static void test_bad_requests(void **state)
 {
+    /* One job that ended (cancelled), for the counters below. */
+    char sb[256];
+    snprintf(sb, sizeof sb, sleeper, "ended");
+    int64_t ended_id = tf_submit(&F, TF_ALICE, sb);
+    json_decref(tf_wait_job(&F, ended_id, "running", 20));
+    char cp[64];
+    snprintf(cp, sizeof cp, "/v1/jobs/%lld/cancel", (long long)ended_id);
+    int cst;
+    json_decref(tf_call(&F, TF_ALICE, "POST", cp, NULL, &cst));
+    assert_int_equal(cst, 200);
     expect_error(NULL, "GET", "/v1/jobs", NULL, 401, "missing bearer token");
     expect_error("nope", "GET", "/v1/jobs", NULL, 401, "unknown bearer token");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\": \"x\", \"kind\": ", 400, "invalid JSON");
@@ -216,12 +233,90 @@ static void test_idempotent_submit(void **state)
     json_decref(c);
 }
 
+/* The Idempotency-Key header, as a retrying client sends it. */
+static void test_idempotent_header(void **state)
+{
+    srv_client *c;
+    TU_OK(srv_client_new(F.url, TF_ALICE, &c));
+    json_t *body = json_loads("{\"name\":\"hdr\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}", 0, NULL);
+    int st;
+    json_t *a, *b, *d;
+    TU_OK(srv_client_call(c, "POST", "/v1/jobs", body, "Idempotency-Key: h-1", 10, &st, &a));
+    assert_int_equal(st, 201);
+    TU_OK(srv_client_call(c, "POST", "/v1/jobs", body, "Idempotency-Key: h-1", 10, &st, &b));
+    assert_int_equal(st, 200);
+    assert_true(json_is_true(json_object_get(b, "duplicate")));
+    assert_int_equal(json_integer_value(json_object_get(a, "id")), json_integer_value(json_object_get(b, "id")));
+    /* Another key is another job. */
+    TU_OK(srv_client_call(c, "POST", "/v1/jobs", body, "Idempotency-Key: h-2", 10, &st, &d));
+    assert_int_equal(st, 201);
+    assert_int_not_equal(json_integer_value(json_object_get(a, "id")), json_integer_value(json_object_get(d, "id")));
+    json_decref(tf_wait_job(&F, json_integer_value(json_object_get(a, "id")), "succeeded", 20));
+    json_decref(a), json_decref(b), json_decref(d), json_decref(body);
+    srv_client_free(c);
+}
+
+/* `shoal submit --idempotency-key`: a retry of the command prints the job
+ * the first one created. */
+static void test_idempotent_cli(void **state)
+{
+    const char *job = tu_path("cli-job.json");
+    const char *text = "{\"name\":\"cli\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}";
+    tu_write_file(job, text, strlen(text));
+    char *out[3];
+    int64_t id[3];
+    const char *tok[3] = {TF_ALICE, TF_ALICE, TF_BOB};
+    for (int i = 0; i < 3; i++) {
+        int rc = tu_run(&out[i], "%s submit %s --idempotency-key c-1 --server %s --token %s --json", tu_shoal(), job,
+                        F.url, tok[i]);
+        if (rc) fail_msg("shoal submit exited %d: %s", rc, out[i]);
+        json_t *j = json_loads(out[i], 0, NULL);
+        if (!j) fail_msg("shoal submit --json printed no JSON: %s", out[i]);
+        id[i] = json_integer_value(json_object_get(j, "id"));
+        assert_true(id[i] > 0);
+        assert_int_equal(json_is_true(json_object_get(j, "duplicate")), i == 1);
+        json_decref(j);
+        free(out[i]);
+    }
+    assert_int_equal(id[0], id[1]);
+    assert_int_not_equal(id[0], id[2]); /* the same key from bob is bob's job */
+    /* The plain output says so too. */
+    char *o;
+    assert_int_equal(tu_run(&o, "%s submit %s --idempotency-key c-1 --server %s --token %s", tu_shoal(), job, F.url,
+                            TF_ALICE), 0);
+    if (!strstr(o, "already submitted")) fail_msg("the retried submit printed: %s", o);
+    free(o);
+}
+
+/* Each token reaches only its own endpoints. */
+static void test_roles(void **state)
+{
+    expect_error(TF_AGENT, "GET", "/v1/jobs", NULL, 403, "agent token");
+    expect_error(TF_AGENT, "GET", "/v1/nodes", NULL, 403, "agent token");
+    expect_error(TF_AGENT, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"command\":[\"true\"]}", 403, "agent token");
+    expect_error(TF_ALICE, "POST", "/v1/agent/poll", "{\"node\":\"n0\"}", 403, "agent token");
+    expect_error(TF_BOB, "POST", "/v1/agent/register", "{\"name\":\"evil\"}", 403, "agent token");
+    expect_error(TF_ALICE, "DELETE", "/v1/nodes/n0", NULL, 403, "only the admin removes nodes");
+    /* A token matches whole: not a prefix, not a repetition. */
+    expect_error("tok-", "GET", "/v1/jobs", NULL, 401, "unknown bearer token");
+    expect_error("tok-admintok-admin", "GET", "/v1/jobs", NULL, 401, "unknown bearer token");
+    expect_error("tok-admi", "GET", "/v1/jobs", NULL, 401, "unknown bearer token");
+    int st;
+    json_t *j = tf_call(&F, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    assert_int_equal(st, 200);
+    assert_int_equal(json_array_size(json_object_get(j, "nodes")), 2);
+    json_decref(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tenant_isolation),
-        cmocka_unit_test(test_bad_requests),
-        cmocka_unit_test(test_idempotent_submit),
+        cmocka_unit_test_setup_teardown(test_tenant_isolation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_requests, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idempotent_submit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idempotent_header, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idempotent_cli, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_roles, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -388,6 +388,103 @@ static void test_cli(void **state)
     free(out);
 }
 
+/* A delta publish stages only its delta: it diffs against the anchor's
+ * payload, or against the head cache (the previous checkpoint, hard-linked
+ * at its publish); a cache that no longer holds that version is rebuilt. */
+static void test_delta_publish_head_cache(void **state)
+{
+    store *s = fresh("head");
+    const char *p[4] = {"h1.st", "h2.st", "h3.st", "h4.st"};
+    for (int i = 0; i < 4; i++) {
+        char src[4200];
+        snprintf(src, sizeof src, "%s", tu_path(p[i]));
+        if (i == 0) TU_OK(ckpt_family_write("qwen2.5-1.5b", &(ckpt_family_opts){.layers = 1, .shrink = 8,
+                                                .vocab = 4096, .seed = 7}, src, NULL));
+        else {
+            char prev[4200];
+            snprintf(prev, sizeof prev, "%s", tu_path(p[i - 1]));
+            TU_OK(ckpt_family_next(prev, src, &(ckpt_train_opts){.lr = 1e-5, .seed = (uint64_t)i}, NULL));
+        }
+    }
+    store_publish_opts o = {8};
+    uint64_t v;
+    char head[4200], meta[4200], *text;
+    size_t len;
+    snprintf(head, sizeof head, "%s/r1/cache/head.safetensors", tu_path("head"));
+    snprintf(meta, sizeof meta, "%s/r1/cache/head.json", tu_path("head"));
+    TU_OK(store_publish(s, tu_path(p[0]), &o, &v));
+    TU_OK(store_publish(s, tu_path(p[1]), &o, &v)); /* against the anchor's payload */
+    assert_int_equal(v, 2);
+    TU_OK(sh_read_file(meta, 4096, &text, &len));
+    assert_non_null(strstr(text, "\"version\":2"));
+    free(text);
+    struct stat a, b;
+    assert_int_equal(stat(head, &a), 0);
+    assert_int_equal(stat(tu_path(p[1]), &b), 0);
+    assert_int_equal(a.st_ino, b.st_ino); /* a link, not a copy */
+    TU_OK(store_publish(s, tu_path(p[2]), &o, &v)); /* against the cache */
+    /* Replace the cache with other bytes: the next publish must notice. */
+    unlink(head);
+    assert_int_equal(tu_run(NULL, "cp %s %s", tu_path(p[0]), head), 0);
+    TU_OK(sh_read_file(meta, 4096, &text, &len));
+    free(text);
+    TU_OK(store_publish(s, tu_path(p[3]), &o, &v));
+    assert_int_equal(v, 4);
+    for (uint64_t k = 2; k <= 4; k++) {
+        store_version m;
+        TU_OK(store_get(s, k, &m, NULL));
+        assert_false(m.anchor);
+        TU_OK(store_materialize(s, k, 0, NULL, tu_path("head.out")));
+        tu_assert_same_file(tu_path("head.out"), tu_path(p[k - 1]));
+    }
+    store_close(s);
+}
+
+/* A sharded folder with its index publishes as the single file holding its
+ * tensors (anchor, then deltas: the head cache is patched in place), through
+ * the library and the command line. */
+static void test_publish_folder(void **state)
+{
+    store *s = fresh("fold");
+    const char *p[3] = {"f1", "f2", "f3"};
+    ckpt_family_opts fo = {.layers = 1, .experts = 4, .shrink = 8, .vocab = 4096, .shards = 3, .seed = 9};
+    TU_OK(ckpt_family_write("qwen3-30b-a3b", &fo, tu_path(p[0]), NULL));
+    for (int i = 1; i < 3; i++) {
+        char prev[4200], cur[4200];
+        snprintf(prev, sizeof prev, "%s", tu_path(p[i - 1]));
+        snprintf(cur, sizeof cur, "%s", tu_path(p[i]));
+        TU_OK(ckpt_family_next(prev, cur, &(ckpt_train_opts){.lr = 1e-5, .seed = (uint64_t)i}, NULL));
+    }
+    store_publish_opts o = {8};
+    uint64_t v;
+    TU_OK(store_publish(s, tu_path(p[0]), &o, &v));
+    TU_OK(store_publish(s, tu_path(p[1]), &o, &v));
+    char *out;
+    assert_int_equal(tu_run(&out, "%s store publish %s %s --run r1", tu_shoal(), tu_path("fold"),
+                            tu_path(p[2])), 0);
+    free(out);
+    for (uint64_t k = 1; k <= 3; k++) {
+        store_version m;
+        TU_OK(store_get(s, k, &m, NULL));
+        assert_int_equal(m.anchor, k == 1);
+        TU_OK(store_materialize(s, k, 0, NULL, tu_path("fold.out")));
+        ckpt *f, *one;
+        TU_OK(ckpt_open(tu_path(p[k - 1]), &f));
+        TU_OK(ckpt_open(tu_path("fold.out"), &one));
+        assert_true(f->is_folder && !one->is_folder);
+        assert_int_equal(f->ntensors, one->ntensors);
+        for (size_t i = 0; i < f->ntensors; i++) {
+            const ckpt_tensor *a = &f->tensors[i], *b = ckpt_find(one, a->name);
+            assert_non_null(b);
+            assert_int_equal(a->nbytes, b->nbytes);
+            assert_int_equal(memcmp(a->data, b->data, a->nbytes), 0);
+        }
+        ckpt_close(one);
+        ckpt_close(f);
+    }
+    store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -395,7 +492,8 @@ int main(void)
         cmocka_unit_test(test_truncated_and_missing), cmocka_unit_test(test_plan),
         cmocka_unit_test(test_gc_keeps_chains), cmocka_unit_test(test_crash_leftovers),
         cmocka_unit_test(test_enospc), cmocka_unit_test(test_deltas_and_squash),
-        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_cli),                   cmocka_unit_test(test_delta_publish_head_cache),
+        cmocka_unit_test(test_publish_folder),
     };
     return cmocka_run_group_tests_name("store", tests, NULL, NULL);
 }

@@ -85,3 +85,12 @@ void tu_assert_same_file(const char *a, const char *b)
     assert_memory_equal(x, y, la);
     free(x), free(y);
 }
+
+/* SHOAL_TEST_FILTER (a cmocka glob such as "test_plan*") runs only the
+ * matching tests of a binary: the mutation harness (scripts/mutants.py) uses
+ * it to run the one test that must catch a mutant. */
+__attribute__((constructor)) static void tu_filter(void)
+{
+    const char *f = getenv("SHOAL_TEST_FILTER");
+    if (f && *f) cmocka_set_test_filter(f);
+}

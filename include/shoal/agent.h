@@ -13,20 +13,21 @@
 
 #include <signal.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct agent_config {
     const char *server;    /* http://HOST:PORT */
-    const char *token;     /* the agent token */
+    const char *token;     /* the join token; registering gets the node its own credential */
     const char *name;      /* node name, unique in the fleet */
     const char *gpu_type;  /* NULL: detect with nvidia-smi */
     int gpus;              /* -1: detect with nvidia-smi */
     const char *zone, *fabric, *addr;
     double price;          /* dollars per GPU-hour */
     const char *work_dir;  /* per-member working directories go here */
-    const char *sandbox;   /* "auto" (bwrap when it works), "bwrap" or "none" */
+    const char *sandbox;   /* "auto" (= bwrap), "bwrap", "gvisor" or "none" (docs/security.md) */
     int from_provider;     /* started by an autoscaling provider */
     double grace_s;        /* SIGTERM to SIGKILL (default 2 s) */
 } agent_config;
@@ -49,4 +50,5 @@ int agent_detect_gpus(char *gpu_type, size_t cap, int *gpus);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

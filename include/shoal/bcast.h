@@ -16,6 +16,7 @@
 
 #include "shoal/common.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -46,7 +47,9 @@ typedef struct bcast_config {
     int listen_port;         /* 0: ephemeral */
     int accept_children;     /* 1 for relays and (by default) replicas */
     int fanout;              /* same-zone children before redirecting; default 2 */
-    uint32_t chunk_size;     /* root only; default BCAST_DEFAULT_CHUNK */
+    uint32_t chunk_size;     /* root only; default BCAST_DEFAULT_CHUNK, or with
+                              * depth_hint > 0 chosen per object (bcast_chunk_auto) */
+    int depth_hint;          /* root: the tree's expected depth (hops to the deepest replica) */
     double egress_bps;       /* sender-side rate limit in bytes/s over all children; 0 = none */
     /* Parents to try, in order ("host:port").  A root has none. */
     const char *parents[BCAST_MAX_ADDRS];
@@ -65,6 +68,14 @@ typedef struct bcast_config {
     void (*on_chunk)(void *arg, uint64_t version, uint32_t index, uint32_t nchunks);
     void *arg;
 } bcast_config;
+
+/* The chunk that minimises the pipelined time (S / c + d) (c / B + h) of a
+ * payload of S bytes through d hops at `gbps` with `overhead_s` per chunk
+ * and hop: sqrt(S h B / d), rounded down to 4 KiB, between 64 KiB and 64 MiB,
+ * and small enough to cut a payload of 2 MiB or more into at least 32
+ * chunks.  Defaults: h 50 us (a chunk's post, hash and callbacks here over
+ * UCX's tcp transport), gbps 10.  Pure. */
+uint64_t bcast_chunk_auto(uint64_t payload, int depth, double gbps, double overhead_s);
 
 /* Creates a node, its UCX worker and its listener.  The caller owns the node
  * and frees it with bcast_node_free(). */
@@ -97,10 +108,13 @@ typedef struct bcast_stats {
     uint64_t have_version;    /* newest complete object */
     int children;             /* live children */
     int attached;             /* 1 when connected to a parent (or root) */
+    char addr[64];            /* this node's listening address "host:port" */
+    char parent[64];          /* the parent the newest complete object came from ("": root) */
 } bcast_stats;
 void bcast_node_stats(const bcast_node *n, bcast_stats *out);
 
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -19,6 +19,7 @@
 
 #include "shoal/common.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -176,6 +177,15 @@ int ckpt_header_build(const ckpt_tensor *t, size_t n, const json_t *metadata, sh
 /* Sorts specs in the reference writer's order (dtype descending, name). */
 void ckpt_sort_reference(ckpt_tensor *t, size_t n);
 
+/* A sharded folder (or any checkpoint) seen as the single .safetensors
+ * file holding its tensors in order, end to end, with the first shard's
+ * __metadata__: files[0].map holds only that file's header (files[0].size
+ * is the header's length); the tensors' data point into src's mappings, so
+ * the view must be closed (ckpt_close) before src.  Nothing is written. */
+int ckpt_single_view(const ckpt *src, ckpt **out);
+/* The bytes of the file a single view stands for (header and tensors). */
+uint64_t ckpt_single_size(const ckpt *view);
+
 /* Writes a whole checkpoint from tensors whose .data point at their bytes. */
 int ckpt_save(const char *path, const ckpt_tensor *t, size_t n, const json_t *metadata);
 
@@ -197,7 +207,55 @@ int ckpt_synth_progress(const char *path, uint64_t params, uint64_t seed, sh_pro
 int ckpt_step_progress(const char *in, const char *out, double lr, uint64_t steps, uint64_t seed,
                        sh_progress *pg);
 
+/* ---- Real-shaped checkpoints (tests, benchmarks) ----------------------
+ * The tensor names, dtypes and shapes of public model families, from their
+ * published configs (src/ckpt/family.c lists the sources), with synthetic
+ * values.  Families: "llama3-8b" (untied embedding and head),
+ * "qwen2.5-1.5b" (q/k/v biases, tied embedding), "qwen3-30b-a3b" (128
+ * experts per layer), "deepseek-v3" (MLA, experts, F8_E4M3 weights with F32
+ * NAME_scale_inv per 128 x 128 block), "single" (one 1 GB tensor). */
+extern const char *const ckpt_families[]; /* NULL-terminated */
+
+typedef struct ckpt_family_opts {
+    uint64_t layers;  /* decoder layers; 0: the published count */
+    uint64_t experts; /* routed experts per MoE layer; 0: published */
+    uint64_t vocab;   /* 0: published (the embedding keeps its real size) */
+    uint32_t shrink;  /* hidden, MLP and head counts divided by this; 0, 1: real */
+    uint32_t shards;  /* 0, 1: one file; n: a folder of n shards and its index */
+    uint64_t seed;
+} ckpt_family_opts;
+
+/* Writes the family's checkpoint to path (a file, or a folder with shards);
+ * pg (optional) advances in bytes of tensor data. */
+int ckpt_family_write(const char *family, const ckpt_family_opts *o, const char *path,
+                      sh_progress *pg);
+/* Tensor bytes and count the family would have with these options. */
+int ckpt_family_size(const char *family, const ckpt_family_opts *o, uint64_t *bytes,
+                     size_t *ntensors);
+
+typedef struct ckpt_train_opts {
+    double lr, wd;  /* AdamW learning rate and decoupled weight decay */
+    uint64_t steps; /* 0: 1 */
+    uint64_t seed;
+} ckpt_train_opts;
+/* The next version of any checkpoint (file or folder; same layout and
+ * headers) as a trainer writes it: every bf16/f16/f32 tensor is an fp32
+ * master (drawn inside the stored value's rounding interval) stepped by
+ * AdamW and rounded back; every F8_E4M3 tensor with a NAME_scale_inv is
+ * dequantised, stepped, and re-quantised with per-block scales from the new
+ * block maxima; other dtypes are copied.  Streams; out is replaced. */
+int ckpt_family_next(const char *in, const char *out, const ckpt_train_opts *o, sh_progress *pg);
+
+/* ---- For bindings (python/shoal) ---------------------------------------- */
+/* The number of tensors of c, and tensor i in file order (NULL past the
+ * end); owned by c. */
+size_t ckpt_count(const ckpt *c);
+const ckpt_tensor *ckpt_tensor_at(const ckpt *c, size_t i);
+/* sizeof(ckpt_tensor), so that a binding that mirrors it can check. */
+size_t ckpt_tensor_sizeof(void);
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -23,6 +23,11 @@
 
 #include <jansson.h>
 
+/* shoal's version: the binary prints it, the shared library's soname and
+ * the server's shoal_build_info carry it. */
+#define SHOAL_VERSION "0.1.0"
+
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -112,6 +117,9 @@ int sh_hash128_parse(const char *hex, sh_hash128 *out);
 /* Writes len bytes to path atomically: path.tmp.<pid>, fsync, rename, fsync
  * of the directory.  On failure path is unchanged and no temporary remains. */
 int sh_write_atomic(const char *path, const void *data, size_t len);
+/* The same with the file created `mode` (umask applies) from its first
+ * byte: for secrets, 0600. */
+int sh_write_atomic_mode(const char *path, const void *data, size_t len, unsigned mode);
 
 /* For writers that stream: open a temporary beside `path`, write to fd, then
  * sh_atomic_commit() (fsync, rename, fsync dir) or sh_atomic_abort(). */
@@ -121,6 +129,7 @@ typedef struct sh_atomic_file {
     char tmp[4096];
 } sh_atomic_file;
 int sh_atomic_open(sh_atomic_file *f, const char *path);
+int sh_atomic_open_mode(sh_atomic_file *f, const char *path, unsigned mode);
 int sh_atomic_commit(sh_atomic_file *f);
 void sh_atomic_abort(sh_atomic_file *f);
 
@@ -188,6 +197,9 @@ int sh_parse_u64(const char *s, uint64_t *out, const char *what);
 int sh_parse_double(const char *s, double *out, const char *what);
 /* Parses counts with optional K/M/G suffix (powers of 1000) or KiB/MiB/GiB. */
 int sh_parse_size(const char *s, uint64_t *out, const char *what);
+/* The name in names[0..n) (a NULL entry also ends the list) closest to a
+ * mistyped word, for "did you mean" hints; NULL when none is close. */
+const char *sh_closest(const char *word, const char *const *names, size_t n);
 /* "1.50 GiB" into buf. */
 const char *sh_fmt_bytes(double bytes, char *buf, size_t cap);
 
@@ -222,7 +234,16 @@ int sh_json_check_keys(const json_t *obj, const char *const *allowed, const char
 /* Prints j to stdout as one compact line (for --json outputs). */
 void sh_json_print(const json_t *j);
 
+/* ---- For bindings (python/shoal) ----------------------------------------
+ * Frees memory that shoal returned to a foreign caller (text from the
+ * *_json functions). */
+void sh_free(void *p);
+/* Serialises j as compact JSON into *out (caller frees with sh_free) and
+ * drops the caller's reference to j, whatever happens. */
+int sh_json_take_text(json_t *j, char **out);
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

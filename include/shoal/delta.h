@@ -17,6 +17,7 @@
 #include "shoal/ckpt.h"
 #include "shoal/common.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -72,11 +73,22 @@ int delta_apply_mem_inplace(uint8_t *img, size_t len, const delta *d, const delt
 /* The size of the target image (single-file targets), for delta_apply_mem. */
 uint64_t delta_target_size(const delta *d);
 
+/* The baseline sizes are measured against, in the same run: the XOR of the
+ * target's tensor bytes with the same-named base tensor's, in target order,
+ * compressed by zstd level 1 in 8 MiB blocks, plus a 16-byte hash (what
+ * `shoal bench delta` calls xor+zstd-1).  Up to `threads` threads (0: all
+ * cores), each with one 8 MiB block and its output in memory. */
+int delta_baseline_xor_zstd(const ckpt *base, const ckpt *target, int threads, uint64_t *bytes);
+
 /* ---- File layer -------------------------------------------------------- */
 
 /* BASE and TARGET are .safetensors files or sharded folders. */
 int delta_make(const char *base, const char *target, const char *out, const delta_opts *o,
                delta_stats *st);
+/* The same from opened checkpoints (a ckpt_single_view() included); out
+ * is written atomically, streamed. */
+int delta_make_ckpt(const ckpt *base, const ckpt *target, const char *out, const delta_opts *o,
+                    delta_stats *st);
 /* Writes the target to out (a file or folder, like the target; replaced
  * atomically), or with out == NULL replaces base in place: staged beside it,
  * verified, then renamed over it, so an interruption leaves the old or the
@@ -114,4 +126,5 @@ int delta_quant_fp8_update(const char *fp8, const char *new_bf16, const char *de
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

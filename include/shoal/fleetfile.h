@@ -17,6 +17,8 @@
 
 #include <stddef.h>
 
+#pragma GCC visibility push(default)
+
 #define SH_FLEET_NAME 64     /* bytes of a name, zone, fabric or GPU type, NUL included */
 #define SH_FLEET_MAX_GPUS 16 /* GPUs on one node: the scheduler's SCHED_MAX_NODE_GPUS */
 #define SH_FLEET_MAX_COLS 32 /* columns of one file, extras included */
@@ -57,5 +59,7 @@ const char *sh_fleet_extra(const sh_fleet_file *f, size_t i, const char *col);
 /* The node called name, or NULL. */
 const sh_fleet_node *sh_fleet_find(const sh_fleet_file *f, const char *name);
 void sh_fleet_free(sh_fleet_file *f);
+
+#pragma GCC visibility pop
 
 #endif

@@ -24,6 +24,7 @@
 #include "shoal/common.h"
 #include "shoal/rl.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -118,7 +119,117 @@ double mj_stalest(const rl_config *c);
  * fixed point. */
 int mj_tune(rl_config *c);
 
+/* ---- A rollout worker's weights from the push tree (weights.c) ---------
+ * A store_replica attached to the push tree, seen by the RL worker as an
+ * rl_weights_source.  Store version store_base + v + 1 holds policy version
+ * v.  After each activation one JSON line is appended to tree_log:
+ * {"version", "store_version", "name", "zone", "addr" (this replica's push
+ * address), "parent" (the address it got the version from), "bytes" (push
+ * bytes received since the last line), "t", "reattaches"}. */
+typedef struct mj_weights mj_weights;
+
+typedef struct mj_weights_config {
+    const char *dir;      /* the replica's folder (required) */
+    const char *parent;   /* push parent "host:port": the root */
+    const char *parent_file; /* or a file that will name it: the replica starts when it does */
+    const char *zone;     /* the node's zone: one relay per zone */
+    const char *name;     /* in the tree log */
+    const char *tree_log; /* NULL: none */
+    uint64_t store_base;
+    int fanout;           /* same-zone children before redirecting (0: 2) */
+    double min_wait_s;    /* rl_weights_source.min_wait_s */
+} mj_weights_config;
+
+/* Opens the replica and starts following the tree.  The caller owns *out. */
+int mj_weights_open(const mj_weights_config *cfg, mj_weights **out);
+/* The source for rl_worker_serve_from (valid until mj_weights_close). */
+const rl_weights_source *mj_weights_source(mj_weights *w);
+void mj_weights_close(mj_weights *w);
+
+/* ---- What moved (summary.c) ----------------------------------------------
+ * mj_summary: RUN/summary.json's object (docs/mainjob.md) from
+ * RUN/result.json and the push tree's log; the caller owns *out.
+ * mj_tree_load: RUN/push/root.json (NULL when missing) and the lines of
+ * RUN/push/tree.jsonl.  mj_tree_svg: the tree (who fed whom, and per
+ * version) as an SVG appended to b.  mj_run_lines: a JSON-lines file as an
+ * array (a missing file: empty). */
+int mj_summary(const char *run, json_t **out);
+int mj_tree_load(const char *run, json_t **root, json_t **lines);
+int mj_tree_svg(const json_t *root, const json_t *lines, sh_buf *b);
+int mj_run_lines(const char *path, json_t **out);
+
+/* ---- Plots and the report (plot.c, report.c) -----------------------------
+ * mj_plot_lines / mj_plot_bars append one <svg> (a line plot of ns series,
+ * y up to ymax_fixed or a round maximum; a bar chart) to b.
+ * mj_report_write writes RUN/summary.json and RUN/report.html from what the
+ * run folder holds and hands back the summary (caller owns it). */
+typedef struct mj_series {
+    const char *name, *color;
+    double *x, *y;
+    int n;
+} mj_series;
+
+void mj_plot_lines(sh_buf *b, const char *title, const char *xl, const char *yl, const mj_series *s, int ns,
+                   double ymax_fixed);
+void mj_plot_bars(sh_buf *b, const char *title, const char *unit, const char *const *names, const double *v,
+                  int n);
+int mj_report_write(const char *run, json_t **summary);
+
+/* ---- One process fan-out (fanout.c) ---------------------------------------
+ * Runs tasks 0..total-1, each in a child process of its own, up to `jobs` (1..64)
+ * at a time.  In its child a task's fn returns its result (NULL with *rc and
+ * sh_errmsg() set on failure) and may report progress with mj_fanout_step(fd,
+ * units done).  results[t] gets task t's result (caller owns them; NULL for
+ * a task that failed).  progress (optional) gets the units done over all
+ * tasks, units_each per finished task.  The first failure stops new tasks
+ * and is returned once the running ones end. */
+typedef json_t *(*mj_task_fn)(void *arg, int task, int fd, int *rc);
+typedef void (*mj_progress_fn)(void *arg, uint64_t units);
+int mj_fanout(int total, int jobs, int units_each, mj_task_fn fn, void *arg, mj_progress_fn progress,
+              void *parg, json_t **results);
+void mj_fanout_step(int fd, int units);
+
+/* ---- The fleet-cost experiment (fleetcost.c, docs/mainjob.md) ------------ */
+typedef struct mj_fleetcost_opts {
+    const char *fleet, *speeds; /* fleet and speed tables */
+    const char *ttype;          /* the training GPU type */
+    int tg;                     /* the trainer's GPUs, kept out of the pools */
+    int seeds, jobs;            /* seeds 1..32; runs at once */
+    const char *warm_cache;     /* NULL: a temporary folder */
+    double thr;                 /* each pool's rollout throughput, in training GPUs */
+} mj_fleetcost_opts;
+
+/* Runs the three pools from every seed with base's options and returns the
+ * experiment's object (docs/mainjob.md, `--json`); the caller owns it. */
+int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base, mj_progress_fn progress, void *parg,
+                  json_t **result);
+
+/* ---- The trainer and worker processes (trainer.c, worker.c) --------------
+ * mj_trainer_rank0: rank 0 of `shoal rl trainer` (docs/mainjob.md): listens
+ * for workers on host (an ephemeral port), announces itself in
+ * STORE/trainer.json with args (the rl options workers must share), runs the
+ * RL engine with remote workers, publishes every version to the store from
+ * memory, appends events, writes the result; *res is the caller's. */
+typedef struct mj_trainer_opts {
+    const char *store, *events, *result; /* events, result: NULL for none */
+    char **args;
+    int nargs;
+    void (*on_listen)(void *arg, const char *addr); /* where workers connect */
+    void *arg;
+} mj_trainer_opts;
+int mj_trainer_rank0(const rl_config *c, const mj_trainer_opts *o, mj_ring *ring, int world,
+                     const char *host, json_t **res);
+/* A worker's side: waits up to wait_s for STORE/trainer.json to say
+ * "running" (1 when it says the run is over, 0 with *out set), connects to
+ * its "addr", and opens the worker's replica on the push tree whose root
+ * PDIR/push.addr names (now or later; PDIR/replicas/, PDIR/tree.jsonl). */
+int mj_trainer_wait(const char *store, double wait_s, json_t **out);
+int mj_trainer_connect(const char *addr, int *fd);
+int mj_worker_weights(const char *pdir, const char *node, const char *zone, uint64_t store_base,
+                      double min_wait_s, mj_weights **out);
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -138,4 +139,5 @@ void nn_log_softmax(const float *logits, int V, float temperature, float *out);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -20,6 +20,7 @@
 #include "shoal/common.h"
 #include "shoal/nn.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -413,7 +414,43 @@ double rl_emu_request_s(const rl_config *c, const rl_worker_spec *w, const rl_tr
 void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
     __attribute__((noreturn));
 
+/* Where a remote worker's weights come from when they do not travel on the
+ * trainer's socket: a replica of the store on a push tree (src/mainjob),
+ * numbered in policy versions.  A view pins one version's image until it is
+ * released; the worker holds one at a time and takes a newer one between two
+ * decoding steps.  The callbacks run on the worker's one thread. */
+typedef struct rl_weights_view {
+    int version;          /* policy version */
+    const uint8_t *image; /* its safetensors image (read-only, len bytes) */
+    size_t len;
+    void *priv;
+} rl_weights_view;
+
+typedef struct rl_weights_source {
+    /* The newest policy version that can be acquired now; -1: none yet. */
+    int (*version)(void *arg);
+    /* Waits up to timeout_s until version >= v can be acquired: 0, or
+     * SH_ETIMEDOUT. */
+    int (*wait)(void *arg, int v, double timeout_s);
+    /* Pins the newest version; SH_EAGAIN when there is none. */
+    int (*acquire)(void *arg, rl_weights_view *out);
+    void (*release)(void *arg, rl_weights_view *v);
+    void *arg;
+    /* How long a request whose min_version this worker does not hold waits
+     * for it before it is refused (REFUSE, docs/rl-protocol.md); 0: 5 s. */
+    double min_wait_s;
+} rl_weights_source;
+
+/* rl_worker_serve with the weights from src: the HELLO says so (flag
+ * RL_HELLO_PUSH), the trainer sends it no WEIGHTS, and a request for a
+ * version src cannot bring within src->min_wait_s is answered with REFUSE.
+ * At STOP the worker first takes the trainer's final version (waiting up to
+ * 15 s), so its BYE names it. */
+void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
+                          const rl_weights_source *src) __attribute__((noreturn));
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -59,6 +60,17 @@ typedef enum sched_policy {
 } sched_policy;
 
 typedef enum sched_kind { SCHED_GANG = 0, SCHED_ELASTIC = 1, SCHED_FUNCTION = 2 } sched_kind;
+
+/* Why a queued job waits, as the core sees it between cycles. */
+typedef enum sched_wait {
+    SCHED_WAIT_NONE = 0,        /* not queued */
+    SCHED_WAIT_RESOURCES = 1,   /* no allowed pool has the GPUs free now */
+    SCHED_WAIT_RESERVATION = 2, /* it would fit only on nodes reserved for another job */
+    SCHED_WAIT_RESERVED = 3,    /* it holds a reservation: it starts when those nodes drain */
+    SCHED_WAIT_FAIR_SHARE = 4,  /* short of GPUs, and its tenant is over its fair share */
+    SCHED_WAIT_NEXT_CYCLE = 5,  /* it fits now: the next cycle starts it unless jobs ahead take the room */
+    SCHED_WAIT_NODES_DOWN = 6,  /* never fits while failed or draining nodes are out */
+} sched_wait;
 
 typedef enum sched_on_fail {
     SCHED_REQUEUE = 0, /* the whole gang goes back to the head of its queue */
@@ -100,14 +112,17 @@ typedef struct sched_config {
     /* shoal: most victims one preemption may take (0 disables preemption). */
     int max_victims;                /* default 8 */
     /* Reservations held for head-of-line gangs (backfill: always 1). */
-    int max_reservations;           /* default 1 for backfill, 4 for shoal */
+    int max_reservations;           /* default 1 (backfill: always 1) */
     /* shoal's fair share: a tenant holding a fraction f of the busy GPUs
      * has its jobs ordered as if submitted f x fair_window_s later. */
-    double fair_window_s;           /* default 21600 (6 h) */
+    double fair_window_s;           /* default 7200 (2 h) */
     /* shoal: place a gang in the pool left fullest (fewest free GPUs after
      * it) rather than the first pool that fits, keeping emptier pools whole.
      * On the Philly replay it lowers cost but also utilisation: off. */
     int pack_pools;
+    /* shoal: grow elastic jobs into idle GPUs while jobs are queued (off:
+     * only into an empty queue, as the baselines do). */
+    int grow_queued;
     /* Estimated runtime of a job submitted with est_s = 0. */
     double default_est_s;           /* default 3600 */
     /* Autoscaling: off unless autoscale != 0 and quotas are given. */
@@ -116,6 +131,11 @@ typedef struct sched_config {
     double scale_down_idle_s;       /* an idle provisioned node is released; default 1800 */
     const sched_quota *quotas;      /* copied by sched_new */
     size_t n_quotas;
+    /* 1: the reference search, without the cycle's shortcuts (shape
+     * sweeps, cached reservation times, the preemption index and memo).
+     * Slower; it must decide exactly what the default search decides,
+     * which tests check. */
+    int reference;
 } sched_config;
 
 /* Fills c with the defaults above for `policy`. */
@@ -123,6 +143,8 @@ void sched_config_default(sched_config *c, sched_policy policy);
 /* "fifo" | "firstfit" | "backfill" | "shoal" -> policy; SH_EINVAL otherwise. */
 int sched_policy_parse(const char *name, sched_policy *out);
 const char *sched_policy_name(sched_policy p);
+/* "resources", "reservation", ... for a sched_wait; "" for NONE. */
+const char *sched_wait_name(sched_wait w);
 
 /* Creates a scheduler; NULL on bad config (sh_errmsg says why) or no memory.
  * The caller owns it and frees it with sched_free (NULL is a no-op). */
@@ -268,6 +290,15 @@ typedef struct sched_job_info {
     int backfilled;          /* started ahead of a reservation */
     double cost;             /* billed so far, in price units */
     const char *reason;      /* SCHED_REJECTED: why */
+    /* Queued jobs (else SCHED_WAIT_NONE, "" and -1): why it waits, in
+     * words naming the pool, the job or the tenant, and when it should
+     * start if running work ends at its estimates and the reservations of
+     * the last cycle hold (like Slurm's `squeue --start`; INFINITY when no
+     * time can be given, e.g. nodes down).  Computed by the query: it costs
+     * a pass over the nodes of the job's pools. */
+    sched_wait wait;
+    char wait_text[256];
+    double est_start_s;
 } sched_job_info;
 
 int sched_job_info_get(const sched *s, const char *id, double now, sched_job_info *out);
@@ -325,4 +356,5 @@ int sched_check(const sched *s, double now);
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -21,6 +21,7 @@
 
 #include <jansson.h>
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -41,6 +42,7 @@ typedef struct srv_config {
     double scale_down_idle_s;  /* an idle provider node is released after (default 10) */
     int sync_full;             /* 1: SQLite synchronous=FULL (survives power loss) */
     int manual_cycles;         /* 1: no scheduler thread; call srv_cycle_for_bench (bench) */
+    const char *writable_allow; /* ':'-separated directories jobs may list in "writable" (NULL: none) */
 } srv_config;
 
 /* Opens the database (creating or migrating it), loads the state, starts the
@@ -82,4 +84,5 @@ int srv_client_raw(srv_client *c, const char *method, const char *path, const ch
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -12,6 +12,7 @@
 
 #include "shoal/sched.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -62,6 +63,7 @@ typedef struct sim_job {
     double speed[SCHED_MAX_TYPES];
     double duration_s; /* run time at speed 1 (elastic: at min replicas) */
     int priority;
+    size_t line;       /* its line in the file it was read from; 0 if generated */
 } sim_job;
 
 typedef struct sim_trace {
@@ -83,6 +85,9 @@ typedef struct sim_trace_opts {
  * time.  The caller frees out with sim_trace_free. */
 int sim_trace_load(const char *path, const char *format, const sim_trace_opts *opts, sim_trace *out);
 int sim_trace_write(const sim_trace *t, const char *path);
+/* SH_EFORMAT naming the job and both lines ("what:LINE: ...") when two jobs
+ * of t share an id. */
+int sim_trace_check_ids(const sim_trace *t, const char *what);
 void sim_trace_free(sim_trace *t);
 
 /* Makes a single-node trace multi-node: every gang's GPU count is scaled by
@@ -95,6 +100,18 @@ int sim_trace_multinode(sim_trace *t, int k, int node_gpus);
  * offered load is `load` x fleet_gpus.  Appends n jobs to t. */
 int sim_trace_kalos(sim_trace *t, size_t n, uint64_t seed, int fleet_gpus, double load);
 
+/* A mixed fleet: `nodes` 8-GPU nodes of three types (30% H100, 40% A100,
+ * 30% L4), fabrics of fabric_nodes nodes per type spread over three zones.
+ * The caller frees f with sim_fleet_free. */
+int sim_fleet_mixed(sim_fleet *f, int nodes, int fabric_nodes);
+/* A mixed workload for that fleet: 45% one-GPU functions (minutes, any
+ * type), 15% elastic jobs (1-4 to 2-16 replicas of 1-8 GPUs, H100, A100 or
+ * L4 at their speeds), 40% gangs (half single-node, up to 64 nodes of 8
+ * GPUs; large gangs want the fastest type), priorities 0-2, six tenants;
+ * log-normal durations and Poisson arrivals offering `load` x fleet_gpus.
+ * Appends n jobs to t. */
+int sim_trace_mixed(sim_trace *t, size_t n, uint64_t seed, int fleet_gpus, double load);
+
 /* ---- Replay ------------------------------------------------------------------ */
 
 typedef struct sim_opts {
@@ -105,6 +122,7 @@ typedef struct sim_opts {
     double replace_wait_s; /* > 0: gangs use the replace failure policy with this wait */
     int check;           /* call sched_check after every event */
     int progress;        /* draw a progress bar on a terminal */
+    int estimates;       /* record each job's start estimate after its first cycle */
     uint64_t seed;
 } sim_opts;
 
@@ -124,7 +142,8 @@ typedef struct sim_report {
     double cost;
     double makespan_s;
     uint64_t decisions;
-    double sched_wall_s, decisions_per_s;
+    double sched_cpu_s;               /* this thread's CPU time in sched_step */
+    double decisions_per_s;           /* decisions / sched_cpu_s */
     uint64_t preemptions, failures, failures_survived, requeues, replaces, restarts;
     uint64_t partial_gangs, hold_timeouts;
     double held_gpu_hours;
@@ -139,6 +158,11 @@ typedef struct sim_report {
     char type[SIM_KEYS][SIM_NAME], tenant[SIM_KEYS][SIM_NAME];
     double cost_by_type[SIM_KEYS], cost_by_tenant[SIM_KEYS];
     char first_rejection[256]; /* why the first rejected job was rejected */
+    /* Start estimates (sim_opts.estimates) against actual first starts,
+     * over the jobs still queued after the cycle that saw them arrive and
+     * given a finite estimate; error = actual - estimated (> 0: late). */
+    size_t est_jobs, est_infinite;
+    double est_mean_error_s, est_mean_abs_error_s, est_p50_abs_error_s, est_p90_abs_error_s;
 } sim_report;
 
 /* Replays trace t on fleet f.  Returns 0, or a negative code (sched_check
@@ -148,4 +172,5 @@ int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_repor
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

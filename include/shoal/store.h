@@ -16,6 +16,7 @@
 #include "shoal/ckpt.h"
 #include "shoal/common.h"
 
+#pragma GCC visibility push(default)
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -77,6 +78,29 @@ typedef struct store_publish_opts {
  * place before LATEST advances; on any failure (SH_ENOSPC included) LATEST is
  * unchanged and no partial folder remains.  *out gets the new version. */
 int store_publish(store *s, const char *ckpt, const store_publish_opts *o, uint64_t *out);
+
+/* A version held in memory by its writer: the full checkpoint image (one
+ * safetensors file's bytes) and, optionally, the shoal delta from the image of
+ * store version `base` to it, as delta_make_mem() made it.  Both stay the
+ * caller's. */
+typedef struct store_mem_version {
+    const uint8_t *image;
+    size_t image_len;
+    const uint8_t *delta; /* NULL / 0: none (the version becomes an anchor) */
+    size_t delta_len;
+    uint64_t base;        /* the version LATEST must name now (0: the run is empty) */
+} store_mem_version;
+
+/* Publishes the next version from memory, diffing nothing: the given delta
+ * becomes its payload, or the image when the version is due for an anchor
+ * (every N versions, the first, or no delta given).  Only the payload is
+ * staged, never a full image for a delta version.  LATEST must name
+ * in->base (else SH_EMISMATCH and nothing is written: another publisher
+ * moved it).  The delta is parsed and its target size checked; readers check
+ * its digests when they apply it.  Durability and failure as store_publish():
+ * on any failure LATEST is unchanged and no partial folder remains. */
+int store_publish_mem(store *s, const store_mem_version *in, const store_publish_opts *o,
+                      uint64_t *out);
 
 /* Keeps the newest `keep` versions and every version they chain back to;
  * removes the rest (and leftovers of crashed publishes).  *removed counts
@@ -140,6 +164,8 @@ typedef struct store_replica_config {
     const char *zone;
     int fanout;
     int leaf;          /* 1: accept no children in the push tree */
+    const char *listen_host; /* address children reach this replica at (default 127.0.0.1) */
+    int listen_port;         /* its port (0: any free one) */
     double egress_bps; /* rate limit for forwarding to children */
     double poll_s;     /* store polling period (default 0.02 s) */
     int fp8;           /* also keep an FP8 serving copy (delta_quant_fp8), updated
@@ -209,7 +235,36 @@ int store_replica_acquire(store_replica *r, uint64_t min_version, uint64_t exact
 uint64_t store_replica_release(store_replica *r, store_lease *l);
 void store_replica_get_info(store_replica *r, store_replica_info *out);
 
+/* ---- For bindings (python/shoal; src/store/bind.c) ----------------------
+ * The same operations with only pointers, numbers and JSON text crossing, so
+ * that a foreign caller mirrors no struct that may grow.  Text returned in
+ * *out is the caller's (sh_free). */
+/* store_publish() with opts.anchor_every = anchor_every (0: default). */
+int store_publish_path(store *s, const char *ckpt, uint64_t anchor_every, uint64_t *out);
+/* Publishes n tensors from the caller's memory (name, dtype, ndim, shape and
+ * data of each used; nbytes is derived): written once, straight from .data,
+ * into a checkpoint in the run's staging folder, published, then removed. */
+int store_publish_tensors(store *s, const ckpt_tensor *t, size_t n, uint64_t anchor_every,
+                          uint64_t *out);
+/* store_list() as a JSON array of manifests ({"version", "kind", "base",
+ * "size", "xxh3", "model_size", "model_xxh3", "created_at"}, or {"version",
+ * "broken": true}). */
+int store_list_json(store *s, char **out);
+/* store_replica_open() from a JSON object with the keys of
+ * store_replica_config: "dir", "store", "run", "parents" (a list of
+ * "host:port"), "zone", "fanout", "leaf", "egress_bps", "poll_s", "fp8".
+ * Close with store_replica_close_json(). */
+int store_replica_open_json(const char *config_json, store_replica **out);
+void store_replica_close_json(store_replica *r);
+/* store_replica_get_info() as a JSON object. */
+int store_replica_info_json(store_replica *r, char **out);
+/* store_replica_acquire() into a lease allocated here; store_lease_free()
+ * releases and frees it (NULL: no-op) and returns what release returns. */
+int store_lease_new(store_replica *r, uint64_t min_version, uint64_t exact_version, store_lease **out);
+uint64_t store_lease_free(store_replica *r, store_lease *l);
+
 #ifdef __cplusplus
 }
 #endif
+#pragma GCC visibility pop
 #endif

@@ -73,11 +73,30 @@ static int do_register(agent *a)
                           a->sandbox, "from_provider", a->cfg.from_provider);
     int status = 0;
     json_t *reply = NULL;
-    int rc = srv_client_call(a->cl, "POST", "/v1/agent/register", b, NULL, 10, &status, &reply);
+    srv_client *join = NULL;
+    int rc = srv_client_new(a->cfg.server, a->cfg.token, &join);
+    if (rc == SH_OK) rc = srv_client_call(join, "POST", "/v1/agent/register", b, NULL, 10, &status, &reply);
+    srv_client_free(join);
     json_decref(b);
     if (rc == SH_OK && status != 200)
         rc = sh_err(status == 401 || status == 403 ? SH_EPERM : SH_EINVAL, "register node %s: HTTP %d: %s",
                     a->cfg.name, status, json_string_value(json_object_get(reply, "error")));
+    const char *cred = json_string_value(json_object_get(reply, "credential"));
+    if (rc == SH_OK && !cred)
+        rc = sh_err(SH_EINVAL, "register node %s: the server issued no credential (an older server?)", a->cfg.name);
+    /* Polls carry the node's own credential from now on (the join token
+     * only registers). */
+    if (rc == SH_OK) {
+        srv_client_free(a->cl);
+        a->cl = NULL;
+        rc = srv_client_new(a->cfg.server, cred, &a->cl);
+    }
+    a->nprotect = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(reply, "protect"), i, v)
+        if (json_is_string(v) && a->nprotect < AGENT_MAX_PROTECT && json_string_length(v) < sizeof a->protect[0])
+            snprintf(a->protect[a->nprotect++], sizeof a->protect[0], "%s", json_string_value(v));
     json_decref(reply);
     a->version = -1;
     return rc;
@@ -119,6 +138,7 @@ static int collect(agent *a, double now)
             m->state = AM_EXITED;
             m->exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
             drain(m); /* what it wrote before exiting is in the pipe now */
+            agent__limit_report(m);
             agent__cgroup_cleanup(m);
             news = 1;
         }
@@ -157,6 +177,7 @@ static void forget(agent *a, int i)
     sh_buf_free(&m->log);
     agent__cgroup_cleanup(m);
     sh_rm_rf(m->workdir);
+    if (a->mode == SB_GVISOR) agent__gvisor_cleanup(a, m);
     a->m[i] = a->m[--a->nm];
 }
 
@@ -229,9 +250,11 @@ static int poll_once(agent *a, int wait_ms)
     int rc = srv_client_call(a->cl, "POST", "/v1/agent/poll", b, NULL, 10 + wait_ms / 1000.0, &status, &reply);
     json_decref(b);
     if (rc < 0) return rc;
-    if (status == 404 || status == 410) {
+    if (status == 404 || status == 410 || status == 401) {
         json_decref(reply);
-        return status == 404 ? SH_ENOENT : sh_err(SH_EEXIST, "node %s was removed from the fleet", a->cfg.name);
+        /* Unknown node or credential (a server that lost its state, or an
+         * admin who revoked it): register again. */
+        return status != 410 ? SH_ENOENT : sh_err(SH_EEXIST, "node %s was removed from the fleet", a->cfg.name);
     }
     if (status != 200 || !reply) {
         rc = sh_err(SH_EIO, "poll: HTTP %d: %s", status, json_string_value(json_object_get(reply, "error")));
@@ -267,18 +290,24 @@ static int setup(agent *a, const agent_config *cfg)
         if (!cfg->gpu_type) snprintf(a->gpu_type, sizeof a->gpu_type, "%s", t);
         if (cfg->gpus < 0) a->gpus = n;
     }
-    SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0755));
+    /* A new work root is private: members reach their own directory through
+     * the jail's binds, never by walking the root. */
+    SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0700));
     /* Members chdir and bind-mount it: it must be absolute. */
     if (!realpath(a->cfg.work_dir, a->work_abs)) return sh_err_errno(errno, "agent: work dir %s", a->cfg.work_dir);
     a->cfg.work_dir = a->work_abs;
     int b = agent_probe_sandbox(a->cfg.sandbox, a->sandbox, sizeof a->sandbox);
     if (b < 0) return b;
-    a->use_bwrap = b;
-    agent__cgroup_root("memory", a->cg_mem, sizeof a->cg_mem);
-    agent__cgroup_root("pids", a->cg_pids, sizeof a->cg_pids);
-    agent__cgroup_sweep(a->cg_mem);
-    agent__cgroup_sweep(a->cg_pids);
-    return srv_client_new(a->cfg.server, a->cfg.token, &a->cl);
+    a->mode = b;
+    static const char *const ctl[3] = {"memory", "pids", "cpu"};
+    for (int k = 0; k < 3; k++) {
+        agent__cgroup_root(ctl[k], a->cg_root[k], sizeof a->cg_root[k]);
+        agent__cgroup_sweep(a->cg_root[k]);
+    }
+    a->ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    a->mem_mb = (long long)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) >> 20;
+    if (a->ncpu < 1) a->ncpu = 1;
+    return SH_OK;
 }
 
 int agent_run(const agent_config *cfg, volatile sig_atomic_t *stop)

@@ -9,6 +9,15 @@
 #include "shoal/server.h"
 
 enum { AM_READY, AM_RUNNING, AM_EXITED };
+enum { SB_NONE, SB_BWRAP, SB_GVISOR };
+
+#define AGENT_MAX_PROTECT 8
+#define AGENT_MAX_MASKS (2 + AGENT_MAX_PROTECT)
+/* Placeholder in a member's argv for the seccomp filter's fd. */
+#define AGENT_SECCOMP_FD "@shoal-seccomp-fd@"
+/* Members run as uid/gid AGENT_UID_BASE + the tenant's number (the server
+ * numbers tenants): far above any account a system creates. */
+#define AGENT_UID_BASE 2000000000u
 
 typedef struct agent_member {
     int64_t job;
@@ -16,20 +25,25 @@ typedef struct agent_member {
     int reported;  /* the exit was sent in a poll */
     int stopping;  /* the server no longer wants it */
     pid_t pid;
+    uid_t uid;     /* the member's uid and gid */
     int out_fd, barrier_fd, exec_fd;
     double kill_at;
     sh_buf log;    /* output not yet shipped */
     char workdir[1024];
-    char cg[2][640];
+    char cg[3][640]; /* memory, pids, cpu */
 } agent_member;
 
 typedef struct agent {
     agent_config cfg;
     srv_client *cl;
     pid_t pid;
-    int use_bwrap;
+    int mode;       /* SB_* */
     char sandbox[160];
-    char cg_mem[256], cg_pids[256];
+    char cg_root[3][256]; /* memory, pids, cpu; "" where unusable */
+    char protect[AGENT_MAX_PROTECT][1024]; /* paths the server asked to hide */
+    int nprotect;
+    long long mem_mb; /* the node's memory */
+    int ncpu;
     char gpu_type[64];
     char work_abs[4096];
     int gpus;
@@ -42,7 +56,30 @@ int agent__launch(agent *a, agent_member *m, const json_t *desired);
 int agent__release(agent *a, agent_member *m);
 void agent__stop(agent *a, agent_member *m, double now);
 void agent__cgroup_cleanup(agent_member *m);
+/* Appends to the member's log why its cgroups refused it anything. */
+void agent__limit_report(agent_member *m);
 void agent__cgroup_sweep(const char *root);
 void agent__cgroup_root(const char *ctl, char *out, size_t cap);
+/* The member's pids, memory and CPU limits: the job's own, else the node's
+ * share (sandbox.c). */
+void agent__limits(const agent *a, const json_t *d, long long *mem_mb, long long *npids, double *cpus);
+/* In the workload process, before the exec of argv: enters the member's
+ * jail (src/agent/jail.c); returns 0 or -errno. */
+int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv);
+/* The paths a member must not see, into masks; returns how many: the work
+ * root and the protected paths the server named that exist here (the
+ * outermost of them).  closed (4096 bytes, may be NULL) gets the work
+ * root's topmost ancestor others may not enter, or "". */
+int agent__masks(const agent *a, char (*masks)[4096], char *closed);
+/* 1 if path is dir or lies under it. */
+int agent__under(const char *path, const char *dir);
+/* gvisor.c: whether runsc runs a container here (why not, into why), and
+ * the member's OCI bundle and argv under runsc. */
+int agent__gvisor_works(char *why, size_t cap);
+char **agent__gvisor_argv(const agent *a, const agent_member *m, const json_t *d);
+void agent__gvisor_cleanup(const agent *a, const agent_member *m);
+/* Where the idmapped view of the member's k-th "writable" directory is
+ * mounted for runsc: an empty directory in its bundle. */
+void agent__gvisor_stage(const agent *a, const agent_member *m, int k, char *out, size_t cap);
 
 #endif

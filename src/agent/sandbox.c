@@ -17,15 +17,24 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <linux/close_range.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char *const bwrap_base[] = {"bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc",
-                                         "--unshare-uts", "--ro-bind", "/", "/", "--dev", "/dev",
-                                         "--proc", "/proc", "--tmpfs", "/tmp", NULL};
+/* bwrap's options for every member: new user (no capabilities, no nested
+ * user namespaces), pid, ipc, uts and cgroup namespaces; everything
+ * read-only; a fresh /proc, a minimal /dev, a private /tmp and no view of
+ * the cgroup file system.  Run unprivileged (see jail.c). */
+static const char *const bwrap_base[] = {"bwrap", "--die-with-parent", "--unshare-user", "--disable-userns",
+                                         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                                         "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                                         "--tmpfs", "/tmp", "--tmpfs", "/sys/fs/cgroup", NULL};
 
+/* Runs bwrap as a member would (dropped to the first member uid when the
+ * agent is root) and reports whether it worked. */
 static int bwrap_works(void)
 {
     pid_t p = fork();
@@ -34,7 +43,10 @@ static int bwrap_works(void)
         int null = open("/dev/null", O_RDWR);
         dup2(null, 1);
         dup2(null, 2);
-        char *argv[32];
+        if (geteuid() == 0 && (setgroups(0, NULL) < 0 || setresgid(AGENT_UID_BASE, AGENT_UID_BASE, AGENT_UID_BASE) < 0 ||
+                               setresuid(AGENT_UID_BASE, AGENT_UID_BASE, AGENT_UID_BASE) < 0))
+            _exit(126);
+        char *argv[40];
         int n = 0;
         for (; bwrap_base[n]; n++) argv[n] = (char *)bwrap_base[n];
         argv[n++] = "true";
@@ -64,26 +76,42 @@ void agent__cgroup_root(const char *ctl, char *out, size_t cap)
         if (!sh_is_dir(parent)) p[0] = 0;
     }
     free(ctls);
-    if (!p[0] || (mkdir(p, 0755) < 0 && errno != EEXIST)) return;
+    if (!p[0] || (mkdir(p, 0700) < 0 && errno != EEXIST)) return;
     snprintf(out, cap, "%s", p);
 }
 
+static const char *const cg_ctl[3] = {"memory", "pids", "cpu"};
+
 int agent_probe_sandbox(const char *mode, char *out, size_t cap)
 {
-    int use_bwrap = 0;
-    if (strcmp(mode, "none")) {
-        use_bwrap = bwrap_works();
-        if (!use_bwrap && !strcmp(mode, "bwrap"))
-            return sh_err(SH_EINVAL, "sandbox bwrap: `bwrap` is missing or the kernel refused its namespaces"
-                                     " (apt-get install bubblewrap, or run with --sandbox none)");
+    int m = SB_NONE;
+    char why[256] = "";
+    /* "auto" is bwrap: this host's runsc has only the ptrace platform,
+     * which makes every syscall several context switches (docs/security.md). */
+    if (!strcmp(mode, "gvisor")) {
+        if (agent__gvisor_works(why, sizeof why)) m = SB_GVISOR;
+        else return sh_err(SH_EINVAL, "sandbox gvisor: %s (run with --sandbox bwrap, the default hardening)", why);
     }
-    char mem[256], pids[256];
-    agent__cgroup_root("memory", mem, sizeof mem);
-    agent__cgroup_root("pids", pids, sizeof pids);
-    snprintf(out, cap, "%s+cgroup(%s%s%s)", use_bwrap ? "bwrap(pid,ipc,uts,mount,ro-root)" : "none",
-             mem[0] ? (strstr(mem, "/memory/") ? "v1:memory" : "v2:memory") : "",
-             mem[0] && pids[0] ? "," : "", pids[0] ? (strstr(pids, "/pids/") ? "v1:pids" : "v2:pids") : "");
-    return use_bwrap;
+    if (m == SB_NONE && strcmp(mode, "none") && strcmp(mode, "gvisor")) {
+        if (bwrap_works()) m = SB_BWRAP;
+        else if (!strcmp(mode, "bwrap") || !strcmp(mode, "auto"))
+            return sh_err(SH_EINVAL, "sandbox bwrap: `bwrap` is missing or the kernel refused its namespaces"
+                                     " (apt-get install bubblewrap; --sandbox none runs jobs without isolation)");
+    }
+    char roots[3][256];
+    sh_buf b = {0};
+    for (int k = 0; k < 3; k++) {
+        agent__cgroup_root(cg_ctl[k], roots[k], sizeof roots[k]);
+        if (roots[k][0])
+            sh_buf_printf(&b, "%s%s:%s", b.len ? "," : "", strstr(roots[k], "/shoal") == roots[k] + 14 ? "v2" : "v1",
+                          cg_ctl[k]);
+    }
+    const char *desc = m == SB_GVISOR ? "gvisor(runsc,uid,ro-root,seccomp)"
+                     : m == SB_BWRAP  ? "bwrap(user,pid,ipc,uts,mount,uid,ro-root,seccomp)"
+                                      : "none";
+    snprintf(out, cap, "%s+cgroup(%s)", desc, b.data ? (char *)b.data : "");
+    sh_buf_free(&b);
+    return m;
 }
 
 static void cg_write(const char *dir, const char *file, const char *val)
@@ -96,24 +124,61 @@ static void cg_write(const char *dir, const char *file, const char *val)
     close(fd);
 }
 
-/* Puts pid into its own memory and pids groups with the job's limits. */
+/* The member's part of the node: its GPUs over the node's (a member that
+ * takes no GPU counts as one), which sets its default limits. */
+static double node_share(const agent *a, const json_t *d)
+{
+    json_t *g = json_object_get(d, "gpus");
+    long long per = g ? json_integer_value(g) : 1;
+    if (a->gpus <= 0) return 1.0;
+    if (per <= 0) per = 1;
+    return per >= a->gpus ? 1.0 : (double)per / a->gpus;
+}
+
+/* Puts pid into its own memory, pids and cpu groups.  Limits the job file
+ * leaves out come from the node's share: that share of the node's memory
+ * (at least 256 MiB), of 4096 tasks (at least 128) and of its CPUs (at
+ * least one).  The job never sees the groups: it has no /sys/fs/cgroup and
+ * a cgroup namespace rooted at its own group. */
+void agent__limits(const agent *a, const json_t *d, long long *mem_mb, long long *npids, double *cpus)
+{
+    double share = node_share(a, d);
+    json_t *mem = json_object_get(d, "memory_mb"), *pids = json_object_get(d, "pids_max");
+    *mem_mb = mem ? json_integer_value(mem) : (long long)(a->mem_mb * share);
+    *npids = pids ? json_integer_value(pids) : (long long)(4096 * share);
+    if (!mem && *mem_mb < 256) *mem_mb = 256;
+    if (!pids && *npids < 128) *npids = 128;
+    *cpus = a->ncpu * share < 1 ? 1 : a->ncpu * share;
+}
+
 static void cgroup_enter(agent *a, agent_member *m, pid_t pid, const json_t *d)
 {
-    const char *ctl[2] = {"memory", "pids"};
-    char *roots[2] = {a->cg_mem, a->cg_pids};
-    for (int k = 0; k < 2; k++) {
-        if (!roots[k][0]) continue;
+    long long mem_mb, npids;
+    double cpus;
+    agent__limits(a, d, &mem_mb, &npids, &cpus);
+    for (int k = 0; k < 3; k++) {
+        const char *root = a->cg_root[k];
+        if (!root[0]) continue;
+        int v2 = strstr(root, "/sys/fs/cgroup/shoal") == root;
         char dir[600], v[64];
-        snprintf(dir, sizeof dir, "%s/%s.%d-%lld-%d-%d", roots[k], a->cfg.name, (int)a->pid, (long long)m->job,
+        snprintf(dir, sizeof dir, "%s/%s.%d-%lld-%d-%d", root, a->cfg.name, (int)a->pid, (long long)m->job,
                  m->attempt, m->rank);
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST) continue;
-        json_t *lim = json_object_get(d, k == 0 ? "memory_mb" : "pids_max");
-        if (lim) {
-            long long x = json_integer_value(lim);
-            if (k == 0) x *= 1024 * 1024;
-            snprintf(v, sizeof v, "%lld", x);
-            int v2 = !strstr(roots[k], ctl[k]) || strstr(roots[k], "/sys/fs/cgroup/shoal") == roots[k];
-            cg_write(dir, k == 0 ? (v2 ? "memory.max" : "memory.limit_in_bytes") : "pids.max", v);
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST) continue;
+        if (k == 0) {
+            snprintf(v, sizeof v, "%lld", mem_mb * 1024 * 1024);
+            cg_write(dir, v2 ? "memory.max" : "memory.limit_in_bytes", v);
+        } else if (k == 1) {
+            /* Under gVisor the limit is the sentry's (in the spec): the host
+             * group also holds the sentry's and gofer's own threads. */
+            snprintf(v, sizeof v, "%lld", a->mode == SB_GVISOR ? npids + 256 : npids);
+            cg_write(dir, "pids.max", v);
+        } else if (v2) {
+            snprintf(v, sizeof v, "%lld 100000", (long long)(cpus * 100000));
+            cg_write(dir, "cpu.max", v);
+        } else {
+            cg_write(dir, "cpu.cfs_period_us", "100000");
+            snprintf(v, sizeof v, "%lld", (long long)(cpus * 100000));
+            cg_write(dir, "cpu.cfs_quota_us", v);
         }
         snprintf(v, sizeof v, "%d", (int)pid);
         cg_write(dir, "cgroup.procs", v);
@@ -140,25 +205,80 @@ void agent__cgroup_sweep(const char *root)
     if (d) closedir(d);
 }
 
+/* The number after `key` in a cgroup file, or 0. */
+static long long cg_count(const char *dir, const char *file, const char *key)
+{
+    char p[700], line[128];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    FILE *f = fopen(p, "r");
+    long long n = 0;
+    size_t kl = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ' ') n = atoll(line + kl + 1);
+    if (f) fclose(f);
+    return n;
+}
+
+void agent__limit_report(agent_member *m)
+{
+    /* Said in the member's own log, so that its owner learns why a fork
+     * or an allocation failed, or why the sandbox died. */
+    long long pids = m->cg[1][0] ? cg_count(m->cg[1], "pids.events", "max") : 0;
+    long long oom = m->cg[0][0] ? cg_count(m->cg[0], "memory.oom_control", "oom_kill") +
+                                      cg_count(m->cg[0], "memory.events", "oom_kill") : 0;
+    if (pids) sh_buf_printf(&m->log, "shoal agent: the member hit its pids limit (%lld refused forks)\n", pids);
+    if (oom) sh_buf_printf(&m->log, "shoal agent: the member hit its memory limit (%lld processes killed)\n", oom);
+}
+
 void agent__cgroup_cleanup(agent_member *m)
 {
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         if (m->cg[k][0]) {
             rmdir(m->cg[k]);
             m->cg[k][0] = 0;
         }
 }
 
+/* GPU device nodes a member of a node with GPUs may use: the control
+ * nodes and the ones of its GPUs (by index), where they exist. */
+static void gpu_devices(const json_t *d, char **argv, size_t *k)
+{
+    static const char *const ctl[] = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", NULL};
+    const char *vis = json_string_value(json_object_get(json_object_get(d, "env"), "CUDA_VISIBLE_DEVICES"));
+    if (!vis || !*vis) return;
+    char dev[64];
+    for (int i = 0; ctl[i]; i++)
+        if (sh_path_exists(ctl[i])) {
+            argv[(*k)++] = strdup("--dev-bind");
+            argv[(*k)++] = strdup(ctl[i]);
+            argv[(*k)++] = strdup(ctl[i]);
+        }
+    for (const char *p = vis; *p;) {
+        int g = atoi(p);
+        snprintf(dev, sizeof dev, "/dev/nvidia%d", g);
+        if (sh_path_exists(dev)) {
+            argv[(*k)++] = strdup("--dev-bind");
+            argv[(*k)++] = strdup(dev);
+            argv[(*k)++] = strdup(dev);
+        }
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+}
+
 /* Builds the argv of the member: bwrap's options, then the command. */
 static char **build_argv(agent *a, const agent_member *m, const json_t *d)
 {
+    if (a->mode == SB_GVISOR) return agent__gvisor_argv(a, m, d);
     json_t *cmd = json_object_get(d, "command"), *wr = json_object_get(d, "writable");
-    size_t n = json_array_size(cmd) + 3 * json_array_size(wr) + 40;
+    size_t n = json_array_size(cmd) + 3 * json_array_size(wr) + 3 * 70 + 60;
     char **argv = calloc(n, sizeof *argv);
     if (!argv) return NULL;
     size_t k = 0;
-    if (a->use_bwrap) {
+    if (a->mode == SB_BWRAP) {
         for (int i = 0; bwrap_base[i]; i++) argv[k++] = strdup(bwrap_base[i]);
+        gpu_devices(d, argv, &k);
         argv[k++] = strdup("--bind");
         argv[k++] = strdup(m->workdir);
         argv[k++] = strdup(m->workdir);
@@ -172,11 +292,13 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
         }
         size_t i;
         json_t *v;
-        json_array_foreach(wr, i, v) if (sh_is_dir(json_string_value(v))) {
+        json_array_foreach(wr, i, v) {
             argv[k++] = strdup("--bind");
             argv[k++] = strdup(json_string_value(v));
             argv[k++] = strdup(json_string_value(v));
         }
+        argv[k++] = strdup("--seccomp");
+        argv[k++] = strdup(AGENT_SECCOMP_FD);
         argv[k++] = strdup("--chdir");
         argv[k++] = strdup(m->workdir);
         argv[k++] = strdup("--");
@@ -186,6 +308,30 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
     json_array_foreach(cmd, i, v) argv[k++] = strdup(json_string_value(v));
     argv[k] = NULL;
     return argv;
+}
+
+/* The "writable" paths must be directories exactly as named: a symbolic
+ * link anywhere in one could point the bind outside what the server
+ * checked. */
+static int check_writable(const agent *a, const json_t *d)
+{
+    char mask[AGENT_MAX_MASKS][4096];
+    int nm = agent__masks(a, mask, NULL);
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(d, "writable"), i, v) {
+        const char *p = json_string_value(v);
+        char real[4096];
+        if (!p || !realpath(p, real) || strcmp(real, p) || !sh_is_dir(p))
+            return sh_err(SH_EINVAL, "writable \"%s\": not an existing directory named without symbolic links"
+                                     " or \"..\" on this node", p ? p : "?");
+        /* Inside a hidden path (another member's directory, the server's
+         * state) it would undo the hiding. */
+        for (int k = 0; k < nm; k++)
+            if (agent__under(p, mask[k]))
+                return sh_err(SH_EPERM, "writable \"%s\": lies in %s, which members may not see", p, mask[k]);
+    }
+    return SH_OK;
 }
 
 /* The guard: the member's process-group leader that stays outside the
@@ -220,6 +366,8 @@ static void child(agent *a, agent_member *m, const json_t *d, int out, int barri
     dup2(null, 0);
     dup2(out, 1);
     dup2(out, 2);
+    /* Nothing the agent holds open may reach the workload. */
+    close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
     char c;
     ssize_t r;
     while ((r = read(barrier, &c, 1)) < 0 && errno == EINTR) {}
@@ -243,8 +391,13 @@ static void child(agent *a, agent_member *m, const json_t *d, int out, int barri
     json_object_foreach(json_object_get(d, "env"), k, v) setenv(k, json_string_value(v), 1);
     if (chdir(m->workdir) < 0) _exit(126);
     signal(SIGPIPE, SIG_DFL);
-    execvp(argv[0], argv);
-    int e = errno;
+    umask(022);
+    int e = -agent__jail_enter(a, m, d, argv);
+    if (e) dprintf(2, "shoal agent: cannot enter the sandbox: %s\n", strerror(e));
+    else {
+        execvp(argv[0], argv);
+        e = errno;
+    }
     if (write(exst, &e, sizeof e) < 0) _exit(127);
     _exit(127);
 }
@@ -253,7 +406,13 @@ int agent__launch(agent *a, agent_member *m, const json_t *d)
 {
     snprintf(m->workdir, sizeof m->workdir, "%s/%s-%lld-%d-%d", a->cfg.work_dir, a->cfg.name, (long long)m->job,
              m->attempt, m->rank);
-    SH_TRY(sh_mkdir_p(m->workdir, 0755));
+    m->uid = geteuid() == 0 && a->mode != SB_NONE
+                 ? AGENT_UID_BASE + (uid_t)json_integer_value(json_object_get(d, "uid"))
+                 : geteuid();
+    if (a->mode != SB_NONE) SH_TRY(check_writable(a, d));
+    SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0700));
+    if (mkdir(m->workdir, 0700) < 0 && errno != EEXIST) return sh_err_errno(errno, "mkdir %s", m->workdir);
+    if (chown(m->workdir, m->uid, m->uid) < 0) return sh_err_errno(errno, "chown %s", m->workdir);
     char **argv = build_argv(a, m, d);
     if (!argv) return sh_err(SH_ENOMEM, "member argv");
     int out[2], bar[2], ex[2];
@@ -299,11 +458,10 @@ int agent__release(agent *a, agent_member *m)
     return r == (ssize_t)sizeof e ? e : 0;
 }
 
-/* Signals every process of the member's cgroup but bwrap itself; returns
- * how many it signalled.  bwrap runs with --die-with-parent semantics for
- * its child, so signalling bwrap first would SIGKILL the workload before
- * its own SIGTERM handler ran. */
-static int is_bwrap(pid_t pid)
+/* Whether pid is part of the sandbox rather than the workload: bwrap, or
+ * runsc's gofer and sentry (which run as "exe"; `runsc run` itself forwards
+ * a SIGTERM to the container). */
+static int is_sandbox(pid_t pid)
 {
     char p[64], comm[32] = "";
     snprintf(p, sizeof p, "/proc/%d/comm", (int)pid);
@@ -311,7 +469,7 @@ static int is_bwrap(pid_t pid)
     if (!f) return 0;
     if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
     fclose(f);
-    return !strncmp(comm, "bwrap", 5);
+    return !strncmp(comm, "bwrap", 5) || !strcmp(comm, "exe\n");
 }
 
 /* Sends sig to the member's processes, found through its cgroup (which
@@ -347,7 +505,7 @@ static void signal_member(agent_member *m, int sig)
     }
     for (char *s = NULL, *t = strtok_r(text, "\n", &s); t; t = strtok_r(NULL, "\n", &s)) {
         pid_t pid = (pid_t)atoi(t);
-        if (pid <= 0 || (sig == SIGTERM && (pid == m->pid || is_bwrap(pid)))) continue;
+        if (pid <= 0 || (sig == SIGTERM && (pid == m->pid || is_sandbox(pid)))) continue;
         sh_debug("member %lld/%d: signal %d to %d", (long long)m->job, m->rank, sig, (int)pid);
         kill(pid, sig);
     }

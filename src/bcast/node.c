@@ -5,6 +5,7 @@
  * acts on it between progress calls, because closing or creating endpoints
  * from inside a UCX callback is not allowed. */
 #include <arpa/inet.h>
+#include <math.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,8 +16,14 @@
 
 #include "bcast/node.h"
 
+/* While transfers are in flight the loop wakes at least this often (see
+ * wait_events), backing off to BCAST__INFLIGHT_MAX while wake-ups find
+ * nothing to do. */
 #ifndef BCAST__INFLIGHT_WAIT
 #define BCAST__INFLIGHT_WAIT 0.001
+#endif
+#ifndef BCAST__INFLIGHT_MAX
+#define BCAST__INFLIGHT_MAX 0.016
 #endif
 
 typedef struct send_ctx {
@@ -194,6 +201,7 @@ static int parent_connect(bcast_node *n)
     snprintf(h.addr, sizeof h.addr, "%s", n->cfg.accept_children ? n->addr : "");
     uint8_t buf[BCAST__HELLO_LEN];
     bcast__pack_hello(&h, buf);
+    snprintf(n->fed_by, sizeof n->fed_by, "%s", addr);
     sh_info("push %s: attaching to %s (have v%llu)", n->name, addr, (unsigned long long)n->have);
     return bcast__send(n, n->parent_ep, NULL, BCAST__AM_HELLO, buf, sizeof buf, NULL, 0, NULL);
 }
@@ -293,6 +301,16 @@ static void reap_children(bcast_node *n)
     }
 }
 
+void bcast__redirect(bcast_node *n, bcast__peer *p, bcast__peer *to)
+{
+    uint8_t buf[BCAST__REDIRECT_LEN] = {0};
+    snprintf((char *)buf, sizeof buf, "%s", to->addr);
+    to->redirects++;
+    p->hello = 0; /* nothing more is sent to it here */
+    sh_info("push %s: redirecting %s (zone %s) to %s", n->name, p->name, p->zone, to->name);
+    bcast__send(n, p->ep, p, BCAST__AM_REDIRECT, buf, sizeof buf, NULL, 0, NULL);
+}
+
 static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data, size_t len,
                              const ucp_am_recv_param_t *prm)
 {
@@ -309,16 +327,12 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
     snprintf(p->zone, sizeof p->zone, "%s", h.zone);
     snprintf(p->addr, sizeof p->addr, "%s", h.addr);
     p->accepts = h.flags & 1;
+    p->have = h.have;
     bcast__peer *to = bcast__choose_redirect(n, p);
     if (to) {
-        uint8_t buf[BCAST__REDIRECT_LEN] = {0};
-        snprintf((char *)buf, sizeof buf, "%s", to->addr);
-        to->redirects++;
-        sh_info("push %s: redirecting %s (zone %s) to %s", n->name, h.name, h.zone, to->name);
-        bcast__send(n, p->ep, p, BCAST__AM_REDIRECT, buf, sizeof buf, NULL, 0, NULL);
+        bcast__redirect(n, p, to);
         return UCS_OK;
     }
-    p->have = h.have;
     p->resume_version = h.resume_version;
     p->resume_next = h.resume_next;
     p->resume_hash = h.resume_hash;
@@ -608,7 +622,7 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
     if (cfg->name) snprintf(n->name, sizeof n->name, "%s", cfg->name);
     else snprintf(n->name, sizeof n->name, "node-%ld", (long)getpid());
     if (cfg->spool) snprintf(n->spool, sizeof n->spool, "%s", cfg->spool);
-    if (!n->cfg.chunk_size) n->cfg.chunk_size = BCAST_DEFAULT_CHUNK;
+    if (!n->cfg.chunk_size && n->cfg.depth_hint <= 0) n->cfg.chunk_size = BCAST_DEFAULT_CHUNK;
     n->have = cfg->have_version;
     n->stats.have_version = n->have;
     parse_corrupt(n);
@@ -631,8 +645,23 @@ const char *bcast_node_address(const bcast_node *n) { return n->addr; }
  * steps).  Every hop of a tree adds one chunk time, so a small object (a
  * delta) cut into big chunks would spend most of its time waiting at each
  * hop for a whole chunk. */
+uint64_t bcast_chunk_auto(uint64_t payload, int depth, double gbps, double overhead_s)
+{
+    if (depth < 1) depth = 1;
+    if (!(overhead_s > 0)) overhead_s = 50e-6;
+    if (!(gbps > 0)) gbps = 10;
+    double c = sqrt((double)payload * overhead_s * (gbps * 1e9 / 8) / depth);
+    uint64_t k = c < 0 ? 0 : (uint64_t)c & ~(uint64_t)4095;
+    if (k < (64u << 10)) k = 64u << 10;
+    if (k > (64ull << 20)) k = 64ull << 20;
+    if (payload >= (2u << 20) && k > payload / 32) k = (payload / 32 + 4095) & ~(uint64_t)4095;
+    return k;
+}
+
 uint32_t bcast__chunk_for(const bcast_node *n, uint64_t size)
 {
+    if (!n->cfg.chunk_size) /* chosen for this payload and the tree's depth */
+        return (uint32_t)bcast_chunk_auto(size, n->cfg.depth_hint, n->cfg.egress_bps * 8 / 1e9, 0);
     uint64_t c = (size + BCAST__MIN_CHUNKS - 1) / BCAST__MIN_CHUNKS;
     c = (c + 4095) & ~(uint64_t)4095;
     return c < n->cfg.chunk_size ? (uint32_t)c : n->cfg.chunk_size;
@@ -675,9 +704,13 @@ static void wait_events(bcast_node *n, double until)
 {
     /* While transfers are in flight UCX may need progress calls that the
      * event fd does not announce (a TCP socket turning writable), so the
-     * wait is cut to a millisecond then. */
-    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + BCAST__INFLIGHT_WAIT)
-        until = sh_now_mono() + BCAST__INFLIGHT_WAIT;
+     * wait is cut to a millisecond then; each wake-up that found nothing
+     * to do doubles it (up to 16 ms), each that did resets it: a node
+     * whose sends wait on a slow link does not spin its core at a thousand
+     * wake-ups a second, and one that moves data keeps its reaction time. */
+    double cap = n->inflight_wait > 0 ? n->inflight_wait : BCAST__INFLIGHT_WAIT;
+    if ((n->inflight > 0 || n->recv_inflight > 0) && until > sh_now_mono() + cap)
+        until = sh_now_mono() + cap;
     if (ucp_worker_arm(n->worker) == UCS_ERR_BUSY) return;
     double now = sh_now_mono();
     int ms = until > now ? (int)((until - now) * 1000) + 1 : 0;
@@ -696,14 +729,19 @@ int bcast_node_run(bcast_node *n, double seconds)
     double end = sh_now_mono() + seconds;
     n->stop = 0;
     while (!n->stop) {
-        while (ucp_worker_progress(n->worker)) {}
+        unsigned did = 0, k;
+        uint64_t moved = n->stats.bytes_sent + n->stats.bytes_received;
+        while ((k = ucp_worker_progress(n->worker))) did += k;
         double now = sh_now_mono();
         parent_events(n, now);
         reap_children(n);
         reap_closing(n);
         bcast__deliver(n);
         bcast__pump(n, now);
-        while (ucp_worker_progress(n->worker)) {}
+        while ((k = ucp_worker_progress(n->worker))) did += k;
+        int active = did || n->stats.bytes_sent + n->stats.bytes_received != moved;
+        n->inflight_wait = active || n->inflight_wait <= 0 ? BCAST__INFLIGHT_WAIT
+                                                          : fmin(2 * n->inflight_wait, BCAST__INFLIGHT_MAX);
         if (now >= end || n->stop) break;
         double until = end;
         if (n->wake_at > 0 && n->wake_at < until) until = n->wake_at;
@@ -722,6 +760,7 @@ void bcast_node_stats(const bcast_node *n, bcast_stats *out)
     out->children = 0;
     for (const bcast__peer *p = n->children; p; p = p->next_peer) out->children += p->hello && !p->dead;
     out->attached = n->cfg.nparents == 0 || n->parent_ep != NULL;
+    snprintf(out->addr, sizeof out->addr, "%s", n->addr);
 }
 
 void bcast_node_free(bcast_node *n)

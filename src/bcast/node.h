@@ -35,6 +35,8 @@ typedef struct bcast__peer {
     int outstanding;
     double offer_at, nack_at; /* monotonic: when this child's object and last NACK came */
     unsigned redirects; /* children this node sent to this one */
+    int catchup; /* root: a foreign child far behind, served its plan (a squashed
+                  * delta) here, then redirected to its zone's relay */
     struct bcast__peer *next_peer;
 } bcast__peer;
 
@@ -52,6 +54,7 @@ struct bcast_node {
     ucp_ep_h parent_ep;
     int parent_failed;
     char redirect_to[BCAST__ADDR];
+    char fed_by[BCAST__ADDR]; /* the parent connected to last: objects come from it */
     double reconnect_at;
     char stack[BCAST__STACK][BCAST__ADDR];
     int nstack, base_idx;
@@ -64,6 +67,7 @@ struct bcast_node {
     void **closing;
     int nclosing, capclosing;
     int inflight;      /* sends not yet completed, all peers */
+    double inflight_wait; /* the loop's wake-up period while transfers are in flight */
     int recv_inflight; /* rendezvous receives not yet completed */
     uint64_t corrupt_version; /* fault injection: SHOAL_BCAST_CORRUPT=V:I */
     uint32_t corrupt_index;
@@ -81,7 +85,9 @@ int bcast__obj_busy(const bcast__obj *o);
 int bcast__replace(struct bcast_node *n, bcast__obj *o);
 void bcast__deliver(struct bcast_node *n);
 void bcast__pump(struct bcast_node *n, double now);
-bcast__peer *bcast__choose_redirect(struct bcast_node *n, const bcast__peer *p);
+bcast__peer *bcast__choose_redirect(struct bcast_node *n, bcast__peer *p);
+/* Sends p a REDIRECT to `to` (node.c). */
+void bcast__redirect(struct bcast_node *n, bcast__peer *p, bcast__peer *to);
 uint32_t bcast__chunk_for(const struct bcast_node *n, uint64_t size);
 /* node.c */
 int bcast__send(struct bcast_node *n, ucp_ep_h ep, bcast__peer *p, unsigned id, const void *hdr,

@@ -88,6 +88,7 @@ void bcast__deliver(bcast_node *n)
         o->delivered = 1;
         n->have = o->version;
         n->stats.have_version = n->have;
+        snprintf(n->stats.parent, sizeof n->stats.parent, "%s", n->fed_by);
         sh_info("push %s: v%llu complete (%s, %llu bytes)", n->name, (unsigned long long)o->version,
                 o->anchor ? "anchor" : "delta", (unsigned long long)o->size);
         if (n->cfg.on_object) {
@@ -235,6 +236,12 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
     }
     if (!p->cur) {
         bcast__obj *o = next_obj(n, p);
+        if (!o && p->catchup && !p->outstanding) { /* caught up: on to its zone's relay */
+            p->catchup = 0;
+            bcast__peer *to = bcast__choose_redirect(n, p);
+            if (to) bcast__redirect(n, p, to);
+            return to != NULL;
+        }
         if (!o) return 0;
         p->cur = o;
         o->refs++;
@@ -278,8 +285,14 @@ static int same(const char *a, const char *b) { return !strcmp(a, b); }
  * that zone when there is one, so that exactly one copy crosses each zone
  * boundary.  A child of this zone is accepted while fewer than `fanout`
  * children of this zone are attached, and otherwise sent to the child of
- * this zone that was sent the fewest so far. */
-bcast__peer *bcast__choose_redirect(bcast_node *n, const bcast__peer *p)
+ * this zone that was sent the fewest so far.
+ *
+ * Catch-up: a root with a squash plan keeps a foreign child that is two or
+ * more versions behind (a late joiner, or one whose relay died) until it has
+ * sent it its cheapest plan (the anchor if needed, then one squashed delta
+ * where that is fewer bytes than the chain), and then redirects it to its
+ * zone's relay; a relay holds no squashed deltas to offer. */
+bcast__peer *bcast__choose_redirect(bcast_node *n, bcast__peer *p)
 {
     bcast__peer *best = NULL;
     int same_zone = 0;
@@ -287,8 +300,13 @@ bcast__peer *bcast__choose_redirect(bcast_node *n, const bcast__peer *p)
     for (bcast__peer *c = n->children; c; c = c->next_peer) {
         if (c == p || c->dead || !c->hello) continue;
         if (same(c->zone, n->zone)) same_zone++;
-        if (!c->accepts || !c->addr[0] || !same(c->zone, p->zone)) continue;
+        if (c->catchup || !c->accepts || !c->addr[0] || !same(c->zone, p->zone)) continue;
         if (!best || c->redirects < best->redirects) best = c;
+    }
+    if (foreign && best && n->cfg.squash && n->cfg.nparents == 0 && p->hello == 0 &&
+        p->have + 2 <= n->have) {
+        p->catchup = 1;
+        return NULL;
     }
     if (foreign) return best;
     int fanout = n->cfg.fanout > 0 ? n->cfg.fanout : 2;

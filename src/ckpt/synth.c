@@ -28,15 +28,6 @@ static void ckpt__config(uint64_t params, ckpt__cfg *c)
     c->V = params > body + 32 * c->d ? (params - body) / (2 * c->d) : 16;
 }
 
-/* An approximately normal deviate (Irwin-Hall of four 16-bit uniforms). */
-static inline float ckpt__normal(uint64_t *s)
-{
-    uint64_t r = ckpt__mix(s);
-    uint32_t sum = (uint32_t)(r & 0xffff) + (uint32_t)(r >> 16 & 0xffff) +
-                   (uint32_t)(r >> 32 & 0xffff) + (uint32_t)(r >> 48);
-    return ((float)sum * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
-}
-
 typedef struct {
     char name[128];
     int ndim;
@@ -82,14 +73,6 @@ static size_t ckpt__specs(const ckpt__cfg *c, ckpt__spec **out)
 #undef ADD
     *out = s;
     return n;
-}
-
-static uint64_t ckpt__seed(uint64_t seed, uint64_t tensor, uint64_t chunk)
-{
-    uint64_t s = seed ^ 0x5ea1c0ffee;
-    s = ckpt__mix(&s) ^ tensor * 0x9e3779b97f4a7c15ull;
-    s = ckpt__mix(&s) ^ chunk * 0xc2b2ae3d27d4eb4full;
-    return ckpt__mix(&s);
 }
 
 /* Fills every tensor of w chunk by chunk, calling fill(ctx, tensor, chunk,
@@ -179,16 +162,7 @@ int ckpt_synth(const char *path, uint64_t params, uint64_t seed)
     return ckpt_synth_progress(path, params, seed, NULL);
 }
 
-typedef struct {
-    const ckpt *in;
-    ckpt_writer *w;
-    double lr;
-    uint64_t steps, seed;
-} ckpt__step_ctx;
-
-/* Distance from a bf16 value to its neighbours: the master weight is drawn
- * strictly inside the interval that rounds to the stored value. */
-static float ckpt__half_gap(uint16_t h)
+float ckpt__half_gap_bf16(uint16_t h)
 {
     uint16_t m = h & 0x7fff;
     if (m >= 0x7f7f) return 0; /* largest finite, inf, NaN: keep as is */
@@ -197,28 +171,51 @@ static float ckpt__half_gap(uint16_t h)
     return 0.5f * (up < down ? up : down);
 }
 
+float ckpt__half_gap_e4m3(uint8_t q)
+{
+    uint8_t m = q & 0x7f;
+    if (m >= 0x7e) return 0; /* 448 (the largest) and NaN */
+    float v = ckpt_e4m3_to_f32(m), up = ckpt_e4m3_to_f32((uint8_t)(m + 1)) - v;
+    float down = m ? v - ckpt_e4m3_to_f32((uint8_t)(m - 1)) : up;
+    return 0.5f * (up < down ? up : down);
+}
+
+float ckpt__adamw(float w, uint64_t *s, float lr, float wd, uint64_t steps)
+{
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float m_sd = sqrtf((1 - b1) / (1 + b1));
+    /* Moments in their steady state under unit-variance noisy gradients, as
+     * deep into training (no bias correction left). */
+    float m = m_sd * ckpt__normal(s), v = 1.0f;
+    for (uint64_t k = 0; k < steps; k++) {
+        float g = ckpt__normal(s);
+        m = b1 * m + (1 - b1) * g;
+        v = b2 * v + (1 - b2) * g * g;
+        w -= lr * m / (sqrtf(v) + eps);
+        if (wd != 0) w -= lr * wd * w; /* decoupled weight decay */
+    }
+    return w;
+}
+
+typedef struct {
+    const ckpt *in;
+    ckpt_writer *w;
+    double lr;
+    uint64_t steps, seed;
+} ckpt__step_ctx;
+
 static int ckpt__step_fill(void *arg, size_t t, uint64_t chunk, uint64_t first, size_t n,
                            uint16_t *out)
 {
     ckpt__step_ctx *c = arg;
     const ckpt_tensor *src = ckpt_find(c->in, ckpt_writer_tensor(c->w, t)->name);
     uint64_t s = ckpt__seed(c->seed, t, chunk);
-    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, lr = (float)c->lr;
-    const float m_sd = sqrtf((1 - b1) / (1 + b1));
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
         memcpy(&h, src->data + 2 * (first + i), 2);
         float u = (float)(ckpt__mix(&s) >> 40) * (1.0f / 16777216.0f) - 0.5f; /* (-0.5, 0.5) */
-        float w = ckpt_bf16_to_f32(h) + 1.98f * u * ckpt__half_gap(h);
-        /* Moments in their steady state under unit-variance noisy gradients,
-         * as deep into training (no bias correction left). */
-        float m = m_sd * ckpt__normal(&s), v = 1.0f;
-        for (uint64_t k = 0; k < c->steps; k++) {
-            float g = ckpt__normal(&s);
-            m = b1 * m + (1 - b1) * g;
-            v = b2 * v + (1 - b2) * g * g;
-            w -= lr * m / (sqrtf(v) + eps);
-        }
+        float w = ckpt_bf16_to_f32(h) + 1.98f * u * ckpt__half_gap_bf16(h);
+        w = ckpt__adamw(w, &s, (float)c->lr, 0, c->steps);
         out[i] = ckpt_f32_to_bf16(w);
     }
     return SH_OK;

@@ -199,13 +199,28 @@ long ckpt_writer_find(const ckpt_writer *w, const char *name)
     return -1;
 }
 
+static int ckpt__is_zero(const uint8_t *p, size_t n) { return !p[0] && !memcmp(p, p + 1, n - 1); }
+
 int ckpt_writer_put(ckpt_writer *w, size_t i, uint64_t off, const void *data, size_t len)
 {
     if (i >= w->n || off > w->t[i].nbytes || len > w->t[i].nbytes - off)
         return sh_err(SH_EINTERNAL, "%s: write of %zu bytes at %llu outside tensor %zu", w->f.path,
                       len, (unsigned long long)off, i);
     if (len == 0) return SH_OK;
-    SH_TRY(sh_pwrite_all(w->f.fd, data, len, w->t[i].offset + off, w->f.tmp));
+    /* The file was sized with ftruncate and every byte is written once, so
+     * a run of zeros is already there: skipping it leaves a hole (as
+     * cp --sparse does), which spares the disk on zero-filled tensors. */
+    const uint8_t *p = data;
+    const size_t piece = 64u << 10;
+    for (size_t a = 0; a < len;) {
+        size_t e = a;
+        while (e < len && !ckpt__is_zero(p + e, len - e < piece ? len - e : piece))
+            e += len - e < piece ? len - e : piece;
+        if (e > a) SH_TRY(sh_pwrite_all(w->f.fd, p + a, e - a, w->t[i].offset + off + a, w->f.tmp));
+        a = e;
+        while (a < len && ckpt__is_zero(p + a, len - a < piece ? len - a : piece))
+            a += len - a < piece ? len - a : piece;
+    }
     __atomic_fetch_add(&w->written[i], len, __ATOMIC_RELAXED);
     return SH_OK;
 }

@@ -43,7 +43,7 @@ static int bench_server(bench_srv *b, const char *tag, double hb, int manual)
     snprintf(tok, sizeof tok, "%s/tokens.json", b->dir);
     snprintf(db, sizeof db, "%s/state.db", b->dir);
     const char *t = "{\"admin\":\"a\",\"agent\":\"g\",\"tenants\":{\"bench\":\"t\"}}";
-    SH_TRY(sh_write_atomic(tok, t, strlen(t)));
+    SH_TRY(sh_write_atomic_mode(tok, t, strlen(t), 0600));
     srv_config c = {0};
     c.db_path = db;
     c.tokens_path = tok;

@@ -38,7 +38,10 @@ static const char bench_usage[] =
     "codec reads or writes is allocated once (transparent huge pages asked for),\n"
     "faulted in before timing and reused by every run; the machine's one-core\n"
     "memcpy, xxh3 and copy+xxh3 speeds over the same image are measured too:\n"
-    "copy+xxh3 is the ceiling of apply into a new buffer.\n";
+    "copy+xxh3 is the ceiling of apply into a new buffer.\n"
+    "Then the file layer runs as the commands do, each in a child process whose\n"
+    "RssAnon is sampled every millisecond: `delta make`, `delta apply -o` and\n"
+    "`delta apply --in-place` (peak_anon_bytes; bound: 64 MiB plus the delta).\n";
 
 #define XOR_CHUNK (8u << 20)
 
@@ -440,6 +443,9 @@ typedef struct {
     uint64_t bytes, xbytes, changed, units, params, ckpt_bytes;
     double bound;
     uint64_t peak_make, peak_apply;
+    /* The file layer in a child process: peak RssAnon of `delta make`,
+     * `delta apply -o` and `delta apply --in-place`, and its delta size. */
+    uint64_t anon_make, anon_apply, anon_inplace, file_delta;
     bench_stat f[F_N];
 } bench_res;
 
@@ -492,6 +498,53 @@ static int bench_shoal(const ckpt *B, const ckpt *T, uint8_t *out, uint64_t size
     return rc;
 }
 
+/* ---- The file layer's memory ------------------------------------------------ */
+
+/* The bound the codec keeps: 64 MiB plus the delta, whatever the size. */
+#define BENCH_ANON_BOUND (64ull << 20)
+
+/* Runs `shoal delta make`, `apply -o` and `apply --in-place` on the pair in
+ * child processes (files in a fresh folder under TMPDIR) and records each
+ * one's peak anonymous memory. */
+static int bench_file_layer(const char *base, const char *target, bench_res *r)
+{
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096], d[4200], o[4200], c[4200];
+    snprintf(dir, sizeof dir, "%s/shoal-bench-files.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) return sh_err_errno(errno, "mkdtemp %s", dir);
+    snprintf(d, sizeof d, "%s/d.shd", dir);
+    snprintf(o, sizeof o, "%s/o.safetensors", dir);
+    snprintf(c, sizeof c, "%s/c.safetensors", dir);
+    double s;
+    char *mk[] = {"shoal", "delta", "make", (char *)base, (char *)target, "-o", d, NULL};
+    char *ap[] = {"shoal", "delta", "apply", (char *)base, d, "-o", o, NULL};
+    char *ip[] = {"shoal", "delta", "apply", "--in-place", c, d, NULL};
+    int rc = cli_peak_anon(mk, &r->anon_make, &s);
+    struct stat st;
+    if (rc == SH_OK) r->file_delta = stat(d, &st) == 0 ? (uint64_t)st.st_size : 0;
+    if (rc == SH_OK) rc = cli_peak_anon(ap, &r->anon_apply, &s);
+    if (rc == SH_OK) unlink(o);
+    if (rc == SH_OK) {
+        int in = open(base, O_RDONLY | O_CLOEXEC);
+        sh_atomic_file f;
+        rc = in < 0 ? sh_err_errno(errno, "open %s", base) : sh_atomic_open(&f, c);
+        if (rc == SH_OK) {
+            off_t left = 0;
+            rc = fstat(in, &st) < 0 ? sh_err_errno(errno, "stat %s", base) : SH_OK;
+            for (left = st.st_size; rc == SH_OK && left > 0;) {
+                ssize_t n = copy_file_range(in, NULL, f.fd, NULL, (size_t)left, 0);
+                if (n <= 0) rc = sh_err_errno(n < 0 ? errno : EIO, "copy %s", base);
+                else left -= n;
+            }
+            rc = rc == SH_OK ? sh_atomic_commit(&f) : (sh_atomic_abort(&f), rc);
+        }
+        if (in >= 0) close(in);
+    }
+    if (rc == SH_OK) rc = cli_peak_anon(ip, &r->anon_inplace, &s);
+    sh_rm_rf(dir);
+    return rc;
+}
+
 static json_t *bench_range_json(const bench_stat *s)
 {
     double lo, hi;
@@ -532,6 +585,15 @@ static void bench_print_json(const bench_res *r, const double *med)
         med[F_XAPPLY] / med[F_APPLY], "targets_met",
         size_x <= 0.5 && bound_x <= 1.3 && med[F_MAKEX] >= 3 && gb / med[F_APPLY] >= 4);
     json_object_set_new(j, "warmup_runs", json_integer(1)); /* run before the reps, not counted */
+    uint64_t bound = BENCH_ANON_BOUND + r->file_delta;
+    json_object_set_new(j, "peak_anon_bytes",
+                        json_pack("{s:I,s:I,s:I}", "make", (json_int_t)r->anon_make, "apply",
+                                  (json_int_t)r->anon_apply, "apply_in_place",
+                                  (json_int_t)r->anon_inplace));
+    json_object_set_new(j, "anon_bound_bytes", json_integer((json_int_t)bound));
+    json_object_set_new(j, "anon_bound_met",
+                        json_boolean(r->anon_make <= bound && r->anon_apply <= bound &&
+                                     r->anon_inplace <= bound));
     sh_json_print(j);
     json_decref(j);
 }
@@ -579,6 +641,13 @@ static void bench_print(const bench_opts *o, const bench_res *r)
            100 * med[F_COPYHASH] / med[F_APPLY], inplace_gbs, inplace_gbs >= 4 ? "met" : "MISSED",
            med[F_XINPLACE] / med[F_INPLACE]);
     printf("(peak extra: make / apply, resident anonymous memory above the start)\n");
+    uint64_t bound = BENCH_ANON_BOUND + r->file_delta;
+    int met = r->anon_make <= bound && r->anon_apply <= bound && r->anon_inplace <= bound;
+    printf("file layer, peak anonymous memory of the whole process (RssAnon, page cache not "
+           "counted):\n       delta make %.1f MiB, delta apply %.1f MiB, apply --in-place %.1f MiB "
+           "(bound 64 MiB + delta = %.1f MiB) %s\n", (double)r->anon_make / 1048576.0,
+           (double)r->anon_apply / 1048576.0, (double)r->anon_inplace / 1048576.0,
+           (double)bound / 1048576.0, met ? "met" : "MISSED");
 }
 
 /* The baseline's buffers: room for every chunk's worst case, faulted in. */
@@ -672,6 +741,9 @@ int cli_bench_delta(int argc, char **argv)
     }
     if (err == SH_OK) err = bench_runs(&o, B, T, out, r);
     if (err == SH_OK) r->bound = bench_bound(B, T, &r->changed, &r->units);
+    if (err == SH_OK && !o.json) fprintf(stderr, "file layer: delta make, apply, apply --in-place "
+                                         "in child processes (peak anonymous memory) ...\n");
+    if (err == SH_OK) err = bench_file_layer(o.base, o.target, r);
     bench_release(out, r ? r->ckpt_bytes : 0);
     ckpt_close(B);
     ckpt_close(T);

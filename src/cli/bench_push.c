@@ -10,7 +10,11 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include <sys/resource.h>
+
+#include "shoal/bcast.h"
 #include "shoal/ckpt.h"
+#include "shoal/mainjob.h"
 #include "shoal/store.h"
 
 const char cli_bench_help_push[] = "converge time of N replicas over a UCX push tree vs one replica [--json]";
@@ -37,7 +41,11 @@ static const char usage_text[] =
     "active (swapped in) and durable (ACTIVE written), with min/median/max; and\n"
     "`cpu_s`, the CPU the nodes used meanwhile.\n"
     "The same measurement with one replica is the baseline; with --payload delta\n"
-    "the full payload is measured too.  Defaults: N 16, chunk 1MiB.\n";
+    "the full payload is measured too.  Defaults: N 16, chunk auto (the root cuts each\n"
+    "payload for the tree's depth: `shoal push serve --depth`, docs/push-protocol.md).\n"
+    "`cpu_s_per_gb` is the CPU-seconds the nodes used per GB received; the same\n"
+    "bytes in the same chunks, sent once from one process to another over plain\n"
+    "UCX (tag messages), give `ucx_cpu_s_per_gb`, measured in the same run.\n";
 
 typedef struct bopt {
     int replicas, fanout, json;
@@ -216,16 +224,29 @@ static int seed(char dirs[][4096], int n, const char *store_dir)
     return SH_OK;
 }
 
+/* Hops from the root to the deepest of n replicas: a chain (fan-out 1) is n
+ * deep, a star 1, a tree of fan-out F as deep as its levels. */
+static int tree_depth(const bopt *o, int n)
+{
+    if (!strcmp(o->topology, "star")) return 1;
+    int F = o->fanout > 0 ? o->fanout : 1, depth = 0;
+    if (F == 1) return n;
+    for (long cap = 0, width = 1; cap < n; depth++) width *= F, cap += width;
+    return depth;
+}
+
 static int start_root(const bopt *o, const char *dir, const char *store_dir, int n, char *addr, size_t cap, pid_t *pid)
 {
-    char addr_file[4200], log[4200], gbps[32], chunk[32], fanout[16];
+    char addr_file[4200], log[4200], gbps[32], chunk[32], fanout[16], depth[16];
     snprintf(addr_file, sizeof addr_file, "%s/root.addr", dir);
     snprintf(log, sizeof log, "%s/root.log", dir);
     snprintf(gbps, sizeof gbps, "%g", o->gbps);
-    snprintf(chunk, sizeof chunk, "%llu", (unsigned long long)o->chunk);
+    if (o->chunk) snprintf(chunk, sizeof chunk, "%llu", (unsigned long long)o->chunk);
+    else snprintf(chunk, sizeof chunk, "auto");
     snprintf(fanout, sizeof fanout, "%d", strcmp(o->topology, "star") ? o->fanout : n);
+    snprintf(depth, sizeof depth, "%d", tree_depth(o, n));
     char *argv[] = {"shoal", "push", "serve", "--store", (char *)store_dir, "--addr-file", addr_file,
-                    "--chunk", chunk, "--egress-gbps", gbps, "--fanout", fanout, NULL};
+                    "--chunk", chunk, "--depth", depth, "--egress-gbps", gbps, "--fanout", fanout, NULL};
     *pid = spawn(argv, "/dev/null", log);
     double end = sh_now_mono() + 30;
     while (sh_now_mono() < end) {
@@ -345,6 +366,76 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     return rc;
 }
 
+static double cpu_self(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* One rank of the baseline: after a one-byte handshake, `bytes` in chunks
+ * from rank 0 to rank 1 over plain UCX; writes its CPU seconds to fd. */
+static void __attribute__((noreturn)) ucx_rank(int r, const char *rdv, uint64_t bytes, uint64_t chunk, int fd)
+{
+    mj_ring *ring;
+    if (mj_ring_new(r, 2, "127.0.0.1", 0, rdv, 30, &ring) < 0) _exit(3);
+    char one = 1;
+    void *p = r == 0 ? &one : NULL;
+    size_t len = 1;
+    if (mj_ring_bcast(ring, 0, &p, &len) < 0) _exit(3);
+    if (r) free(p);
+    uint8_t *buf = r == 0 ? malloc(chunk) : NULL;
+    if (r == 0 && !buf) _exit(3);
+    if (buf) memset(buf, 0x5a, chunk);
+    double c0 = cpu_self();
+    for (uint64_t sent = 0; sent < bytes; sent += len) {
+        len = (size_t)(bytes - sent < chunk ? bytes - sent : chunk);
+        p = buf;
+        if (mj_ring_bcast(ring, 0, &p, &len) < 0) _exit(3);
+        if (r) free(p);
+    }
+    double c = cpu_self() - c0;
+    if (write(fd, &c, sizeof c) != sizeof c) _exit(3);
+    mj_ring_free(ring);
+    _exit(0);
+}
+
+/* The baseline for CPU per byte: the same bytes in the same chunks from one
+ * process to another over plain UCX (tag messages, mj_ring_bcast on two
+ * ranks over loopback), both processes' CPU over the transfer alone. */
+static int ucx_baseline(const char *base, uint64_t bytes, uint64_t chunk, double *cpu_s)
+{
+    static int seq;
+    char rdv[4200];
+    snprintf(rdv, sizeof rdv, "%s/ucx-rdv-%d", base, seq++);
+    SH_TRY(sh_mkdir_p(rdv, 0755));
+    int fds[2];
+    if (pipe(fds) < 0) return sh_err_errno(errno, "bench push: pipe");
+    pid_t pid[2];
+    for (int r = 0; r < 2; r++) {
+        fflush(stdout), fflush(stderr);
+        pid[r] = fork();
+        if (pid[r] == 0) ucx_rank(r, rdv, bytes, chunk, fds[1]);
+    }
+    close(fds[1]);
+    *cpu_s = 0;
+    int ok = 1;
+    for (int r = 0; r < 2; r++) {
+        double c;
+        ok &= read(fds[0], &c, sizeof c) == sizeof c;
+        if (ok) *cpu_s += c;
+    }
+    close(fds[0]);
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        if (pid[r] > 0) waitpid(pid[r], &st, 0);
+        ok &= pid[r] > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    }
+    sh_rm_rf(rdv);
+    return ok ? 0 : sh_err(SH_EIO, "bench push: the plain UCX transfer failed (check UCX_TLS)");
+}
+
 static int parse(int argc, char **argv, bopt *o)
 {
     for (int i = 1; i < argc; i++) {
@@ -372,7 +463,7 @@ static int parse(int argc, char **argv, bopt *o)
             if (strcmp(v, "full") && strcmp(v, "delta")) return cli_usage("bench push", "--payload is full or delta");
             o->payload = v;
         } else if (!strcmp(a, "--params")) rc = sh_parse_size(v, &o->params, "--params");
-        else if (!strcmp(a, "--chunk")) rc = sh_parse_size(v, &o->chunk, "--chunk");
+        else if (!strcmp(a, "--chunk")) rc = strcmp(v, "auto") ? sh_parse_size(v, &o->chunk, "--chunk") : 0;
         else if (!strcmp(a, "--lr")) rc = sh_parse_double(v, &o->lr, "--lr");
         else return cli_usage("bench push", "unknown option \"%s\"", a);
         if (rc < 0) return cli_usage("bench push", "%s", sh_errmsg());
@@ -394,7 +485,7 @@ int cli_bench_push(int argc, char **argv)
         fputs(usage_text, stdout);
         return 0;
     }
-    bopt o = {16, 1, 0, 1.0, "tree", "full", 25000000, 1 << 20, 3e-6};
+    bopt o = {16, 1, 0, 1.0, "tree", "full", 25000000, 0, 3e-6};
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
     /* tmpfs, like a serving node's page cache: the disk of this shared VM is not
@@ -416,7 +507,15 @@ int cli_bench_push(int argc, char **argv)
     if (rc == 0) rc = measure(&o, base, o.replicas, delta, ck, &many);
     sh_progress_update(&pg, 2);
     if (rc == 0 && delta) rc = measure(&o, base, o.replicas, 0, ck, &full);
+    /* CPU per GB received, beside plain UCX moving the same bytes in the same
+     * chunks (the root cut the payload with the same rule). */
+    double ucx_cpu = 0;
+    uint64_t chunk = o.chunk ? o.chunk : bcast_chunk_auto(many.payload_bytes, tree_depth(&o, o.replicas), o.gbps, 0);
+    if (rc == 0 && strcmp(o.topology, "store")) rc = ucx_baseline(base, many.bytes_sent, chunk, &ucx_cpu);
     sh_progress_finish(&pg);
+    double gb = (double)many.bytes_sent / 1e9;
+    double push_per_gb = gb > 0 ? (many.cpu_user_s + many.cpu_sys_s) / gb : 0;
+    double ucx_per_gb = gb > 0 ? ucx_cpu / gb : 0;
     if (rc < 0) {
         free(one.steps), free(many.steps), free(full.steps);
         fprintf(stderr, "shoal bench push: files kept in %s\n", base);
@@ -428,7 +527,7 @@ int cli_bench_push(int argc, char **argv)
         json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",
                               o.replicas, "topology", o.topology, "payload", o.payload, "link_gbps", o.gbps,
                               "fanout", strcmp(o.topology, "star") ? o.fanout : o.replicas, "chunk",
-                              (json_int_t)o.chunk, "limiter", strcmp(o.topology, "store") ? "sender-side link model per node (no netns/tc)"
+                              (json_int_t)o.chunk /* 0: auto */, "limiter", strcmp(o.topology, "store") ? "sender-side link model per node (no netns/tc)"
                                                        : "none: replicas read the store's files directly",
                               "model_bytes", (json_int_t)many.model_bytes, "payload_bytes",
                               (json_int_t)many.payload_bytes, "bytes_sent", (json_int_t)many.bytes_sent,
@@ -438,6 +537,11 @@ int cli_bench_push(int argc, char **argv)
                               "ratio_vs_one", ratio);
         json_object_set_new(j, "breakdown", breakdown_json(&many));
         json_object_set_new(j, "cpu_s", json_pack("{s:f,s:f}", "user", many.cpu_user_s, "sys", many.cpu_sys_s));
+        json_object_set_new(j, "chunk_used", json_integer((json_int_t)chunk));
+        json_object_set_new(j, "depth", json_integer(tree_depth(&o, o.replicas)));
+        json_object_set_new(j, "cpu_s_per_gb", json_real(push_per_gb));
+        json_object_set_new(j, "ucx_cpu_s_per_gb", json_real(ucx_per_gb));
+        json_object_set_new(j, "cpu_vs_ucx", json_real(ucx_per_gb > 0 ? push_per_gb / ucx_per_gb : 0));
         if (delta) {
             json_object_set_new(j, "full", result_json(&full));
             json_object_set_new(j, "full_over_delta",
@@ -455,6 +559,8 @@ int cli_bench_push(int argc, char **argv)
     printf("  %3d replica(s): converge %.3fs\n", 1, one.converge_s);
     printf("  %3d replica(s): converge %.3fs (%.2fx one replica), %llu bytes sent, pause max %.3f ms\n",
            o.replicas, many.converge_s, ratio, (unsigned long long)many.bytes_sent, many.pause_ms_max);
+    printf("  CPU %.2f s per GB received (plain UCX, same bytes and %llu-byte chunks: %.2f s per GB; %.1fx)\n",
+           push_per_gb, (unsigned long long)chunk, ucx_per_gb, ucx_per_gb > 0 ? push_per_gb / ucx_per_gb : 0);
     if (delta)
         printf("  %3d replica(s), full payload: converge %.3fs (delta is %.1fx faster)\n", o.replicas,
                full.converge_s, many.converge_s > 0 ? full.converge_s / many.converge_s : 0);

@@ -8,9 +8,11 @@
 
 #include "cli.h"
 #include "shoal/sched.h"
+#include "shoal/sim.h"
 
 const char cli_bench_help_sched[] =
-    "scheduler decisions/s with 10k nodes and 10k queued jobs vs a naive scan [--json]";
+    "scheduler decisions/s with 10k nodes and 10k queued jobs vs a naive scan; --mix: "
+    "a mixed replay, shoal vs backfill [--json]";
 
 #define TYPES 3
 static const char *const types[TYPES] = {"h100", "a100", "l4"};
@@ -193,26 +195,123 @@ static void run_naive(int nodes, int jobs, result *out)
     free(run), free(free_g);
 }
 
+/* --mix: replays the mixed workload (sim_trace_mixed) on a mixed fleet
+ * (sim_fleet_mixed) under backfill and shoal in the same run, and reports
+ * each one's decisions per second of scheduling time with what users saw. */
+static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed, int reference)
+{
+    sim_fleet f;
+    sim_trace t = {0};
+    int rc = sim_fleet_mixed(&f, nodes, 128);
+    if (rc) return cli_fail("bench sched", rc);
+    int gpus = 0;
+    for (size_t i = 0; i < f.n; i++) gpus += f.nodes[i].gpus;
+    if ((rc = sim_trace_mixed(&t, (size_t)jobs, seed, gpus, load))) {
+        sim_fleet_free(&f);
+        return cli_fail("bench sched", rc);
+    }
+    static const sched_policy pols[] = {SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL, SCHED_POLICY_SHOAL};
+    static const char *const names[] = {"backfill", "shoal", "shoal_reference"};
+    sim_report r[3];
+    json_t *out = json_pack("{s:i,s:i,s:f,s:I}", "nodes", nodes, "jobs", jobs, "load", load,
+                            "seed", (json_int_t)seed);
+    if (!json)
+        printf("mixed replay: %d nodes (H100, A100, L4; 3 zones), %d jobs (45%% functions, 15%% elastic,\n"
+               "40%% gangs of 1-64 nodes, priorities 0-2), load %.2f\n"
+               "%-9s %10s %9s %12s %8s %9s %9s %9s %9s\n",
+               nodes, jobs, load, "policy", "decisions", "cpu_s", "decisions/s", "jct_mean", "p99[1]",
+               "p99[2-4]", "p99[5-16]", "p99[17-64]");
+    for (int p = 0; p < 2 + (reference != 0) && !rc; p++) {
+        sim_opts o;
+        memset(&o, 0, sizeof o);
+        sched_config_default(&o.cfg, pols[p]);
+        o.cfg.reference = p == 2; /* the search without its indexes, memo and bounds */
+        o.progress = !json;
+        if ((rc = sim_run(&f, &t, &o, &r[p]))) break;
+        const char *name = names[p];
+        json_t *pj = json_pack("{s:I,s:f,s:f,s:f,s:I,s:I}", "decisions", (json_int_t)r[p].decisions,
+                               "sched_cpu_s", r[p].sched_cpu_s, "decisions_per_s", r[p].decisions_per_s,
+                               "jct_mean_s", r[p].jct_mean_s, "jobs_completed", (json_int_t)r[p].jobs_completed,
+                               "preemptions", (json_int_t)r[p].preemptions);
+        json_t *p99 = json_object();
+        for (int b = 0; b < SIM_BUCKETS; b++)
+            json_object_set_new(p99, sim_bucket_names[b], isfinite(r[p].wait_p99_s_by_nodes[b])
+                                                              ? json_real(r[p].wait_p99_s_by_nodes[b])
+                                                              : json_null());
+        json_object_set_new(pj, "wait_p99_s_by_nodes", p99);
+        json_object_set_new(out, name, pj);
+        if (!json)
+            printf("%-9s %10llu %9.2f %12.0f %7.0fs %8.0fs %8.0fs %8.0fs %9.0fs\n", name,
+                   (unsigned long long)r[p].decisions, r[p].sched_cpu_s, r[p].decisions_per_s,
+                   r[p].jct_mean_s, r[p].wait_p99_s_by_nodes[0], r[p].wait_p99_s_by_nodes[1],
+                   r[p].wait_p99_s_by_nodes[2], r[p].wait_p99_s_by_nodes[3]);
+    }
+    if (!rc) {
+        double ratio = r[0].decisions_per_s > 0 ? r[1].decisions_per_s / r[0].decisions_per_s : 0;
+        json_object_set_new(out, "shoal_vs_backfill", json_real(ratio));
+        if (reference) {
+            double rr = r[2].decisions_per_s > 0 ? r[1].decisions_per_s / r[2].decisions_per_s : 0;
+            json_object_set_new(out, "shoal_vs_reference", json_real(rr));
+            if (!json) printf("shoal/reference search decisions/s: %.2fx (same decisions: %s)\n", rr,
+                              r[1].decisions == r[2].decisions && r[1].jct_mean_s == r[2].jct_mean_s ? "yes" : "NO");
+        }
+        if (json) sh_json_print(out);
+        else printf("shoal/backfill decisions/s: %.2fx\n", ratio);
+    }
+    json_decref(out);
+    sim_trace_free(&t);
+    sim_fleet_free(&f);
+    return rc ? cli_fail("bench sched", rc) : 0;
+}
+
 int cli_bench_sched(int argc, char **argv)
 {
-    int json = 0, nodes = 10000, queued = 10000, batch = 100, cycles = 200;
+    int json = 0, nodes = 10000, queued = 10000, batch = 100, cycles = 200, mix = 0, mix_jobs = 100000, ref = 0;
+    double load = 0.85;
+    uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
+        int64_t v;
         if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--help")) {
-            printf("usage: shoal bench sched [--json] [--batch N]\n\n"
+        else if (!strcmp(argv[i], "--mix")) mix = 1;
+        else if (!strcmp(argv[i], "--reference")) ref = 1;
+        else if (!strcmp(argv[i], "--nodes") && i + 1 < argc) {
+            if (sh_parse_i64(argv[++i], &v, "--nodes") || v < 100 || v > 1000000)
+                return cli_usage("bench sched", "--nodes must be 100..1000000");
+            nodes = (int)v;
+        } else if (!strcmp(argv[i], "--jobs") && i + 1 < argc) {
+            if (sh_parse_i64(argv[++i], &v, "--jobs") || v < 1 || v > 10000000)
+                return cli_usage("bench sched", "--jobs must be 1..10000000");
+            mix_jobs = (int)v;
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            if (sh_parse_i64(argv[++i], &v, "--seed") || v < 0)
+                return cli_usage("bench sched", "--seed must be >= 0");
+            seed = (uint64_t)v;
+        } else if (!strcmp(argv[i], "--load") && i + 1 < argc) {
+            if (sh_parse_double(argv[++i], &load, "--load") || !(load > 0 && load <= 10))
+                return cli_usage("bench sched", "--load must be in (0, 10]");
+        } else if (!strcmp(argv[i], "--help")) {
+            printf("usage: shoal bench sched [--json] [--batch N]\n"
+                   "       shoal bench sched --mix [--nodes N] [--jobs N] [--load L] [--seed S] [--reference] [--json]\n\n"
                    "Fills 10,000 8-GPU nodes (3 types, 100-node fabrics) from 10,000 queued jobs,\n"
                    "then runs %d cycles that each finish N (default 100) running jobs, refill\n"
                    "the queue to 10,000 and schedule; reports START decisions per CPU-second of\n"
                    "cycle time for each policy (best of 3 runs), and the same placement done by\n"
-                   "scanning every node of each allowed pool for each job (the baseline).\n", cycles);
+                   "scanning every node of each allowed pool for each job (the baseline).\n\n"
+                   "--mix replays a generated mixed workload (default 100,000 jobs: 45%% one-GPU\n"
+                   "functions, 15%% elastic, 40%% gangs of 1-64 nodes, priorities 0-2, load 0.85)\n"
+                   "on a mixed fleet (default 10,000 8-GPU nodes of H100, A100 and L4 in 3 zones)\n"
+                   "under backfill and shoal, and reports each one's decisions per second of\n"
+                   "scheduling time, their ratio, JCT and p99 waits by gang size.  --reference\n"
+                   "adds shoal with the reference search (sched_config.reference: no preemption\n"
+                   "index, memo or reservation bounds), which must decide the same.\n", cycles);
             return 0;
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
-            int64_t v;
             if (sh_parse_i64(argv[++i], &v, "--batch") || v < 1 || v > 10000)
                 return cli_usage("bench sched", "--batch must be 1..10000");
             batch = (int)v;
         } else return cli_usage("bench sched", "unknown option \"%s\"", argv[i]);
     }
+    if (mix) return bench_mix(json, nodes, mix_jobs, load, seed, ref);
     result naive = {0};
     for (int rep = 0; rep < 3; rep++) {
         result one;

@@ -11,15 +11,19 @@ const char cli_help_agent[] = "run a node agent: register, heartbeat, launch san
 static const char usage[] =
     "usage: shoal agent --name NODE [--server URL] [--token T] [--gpu-type T --gpus N]\n"
     "                   [--zone Z] [--fabric F] [--price P] [--addr A] [--work-dir DIR]\n"
-    "                   [--sandbox auto|bwrap|none] [--from-provider] [--probe]\n\n"
+    "                   [--sandbox auto|bwrap|gvisor|none] [--from-provider] [--probe]\n\n"
     "  --server URL     the server (default $SHOAL_SERVER or http://127.0.0.1:8470)\n"
-    "  --token T        the agent token (default $SHOAL_TOKEN)\n"
+    "  --token T        the agents' join token (default $SHOAL_TOKEN); registering\n"
+    "                   gets the node its own credential, which its polls carry\n"
     "  --gpu-type/--gpus  declare the GPUs (default: detect with nvidia-smi)\n"
     "  --zone, --fabric where the node sits (gangs stay in one zone and fabric)\n"
     "  --price P        dollars per GPU-hour, for the billing ledger\n"
     "  --addr A         address other ranks reach this node at (MASTER_ADDR)\n"
     "  --work-dir DIR   members' working directories (default /tmp/shoal-agent)\n"
-    "  --sandbox MODE   bwrap when it works (auto), demand it (bwrap), or none\n"
+    "  --sandbox MODE   gvisor: each rank under runsc; bwrap: bubblewrap, an unprivileged\n"
+    "                   uid, seccomp and cgroup limits; auto (default): bwrap;\n"
+    "                   none: no isolation (trusted code only).\n"
+    "                   docs/security.md says what each guarantees\n"
     "  --probe          print the isolation this kernel allows and the GPUs nvidia-smi\n"
     "                   finds, and exit\n";
 
@@ -49,8 +53,8 @@ int cli_cmd_agent(int argc, char **argv)
         else if (!strcmp(a, "--addr")) cfg.addr = v;
         else if (!strcmp(a, "--work-dir")) cfg.work_dir = v;
         else if (!strcmp(a, "--sandbox")) {
-            if (strcmp(v, "auto") && strcmp(v, "bwrap") && strcmp(v, "none"))
-                return cli_usage("agent", "--sandbox: expected auto, bwrap or none, got \"%s\"", v);
+            if (strcmp(v, "auto") && strcmp(v, "bwrap") && strcmp(v, "gvisor") && strcmp(v, "none"))
+                return cli_usage("agent", "--sandbox: expected auto, bwrap, gvisor or none, got \"%s\"", v);
             cfg.sandbox = v;
         } else if (!strcmp(a, "--gpus")) {
             int64_t n;

@@ -10,11 +10,21 @@ const char cli_help_ckpt[] = "synth, step and inspect safetensors checkpoints";
 static const char ckpt_usage[] =
     "usage: shoal ckpt synth --params N [--seed S] -o OUT.safetensors\n"
     "       shoal ckpt step IN --lr LR [--steps K] [--seed S] -o OUT.safetensors\n"
+    "       shoal ckpt family NAME [--layers N] [--experts E] [--shrink K] [--vocab V]\n"
+    "                         [--shards N] [--seed S] -o OUT\n"
+    "       shoal ckpt next IN [--lr LR] [--wd WD] [--steps K] [--seed S] -o OUT\n"
     "       shoal ckpt inspect CKPT [--tensors] [--json]\n\n"
     "synth    a Llama-shaped bf16 checkpoint of about N parameters (K/M/G suffixes)\n"
     "         with Hugging Face tensor names and realistic magnitudes\n"
     "step     K Adam steps of learning rate LR with random gradients on fp32 master\n"
     "         weights, cast back to bf16 with round-to-nearest-even (default K=1)\n"
+    "family   the tensor names and shapes of a public model (llama3-8b, qwen2.5-1.5b,\n"
+    "         qwen3-30b-a3b, deepseek-v3, single) with synthetic values; fewer layers\n"
+    "         or experts, or widths divided by K, keep it small; --shards N writes a\n"
+    "         folder of N shards with its index\n"
+    "next     the next version of any checkpoint (file or folder): AdamW on fp32\n"
+    "         masters, rounded back to bf16/f32, FP8 re-quantised per 128x128 block\n"
+    "         (defaults: LR 1e-6, WD 0.1, K 1)\n"
     "inspect  files, tensors, parameters, bytes and the checkpoint's xxh3-128 digest;\n"
     "         CKPT is a .safetensors file or a folder with " CKPT_INDEX_NAME "\n";
 
@@ -22,8 +32,8 @@ static const char ckpt_usage[] =
 typedef struct {
     const char *out, *pos[4];
     int npos, json, tensors;
-    uint64_t params, seed, steps;
-    double lr;
+    uint64_t params, seed, steps, layers, experts, vocab, shrink, shards;
+    double lr, wd;
     int has_params, has_lr;
 } ckpt_opts;
 
@@ -38,6 +48,12 @@ static int ckpt_parse(const char *cmd, int argc, char **argv, ckpt_opts *o)
         else if (!strcmp(a, "--params") && v) rc = sh_parse_size(argv[++i], &o->params, a), o->has_params = 1;
         else if (!strcmp(a, "--seed") && v) rc = sh_parse_u64(argv[++i], &o->seed, a);
         else if (!strcmp(a, "--steps") && v) rc = sh_parse_u64(argv[++i], &o->steps, a);
+        else if (!strcmp(a, "--layers") && v) rc = sh_parse_u64(argv[++i], &o->layers, a);
+        else if (!strcmp(a, "--experts") && v) rc = sh_parse_u64(argv[++i], &o->experts, a);
+        else if (!strcmp(a, "--vocab") && v) rc = sh_parse_u64(argv[++i], &o->vocab, a);
+        else if (!strcmp(a, "--shrink") && v) rc = sh_parse_u64(argv[++i], &o->shrink, a);
+        else if (!strcmp(a, "--shards") && v) rc = sh_parse_u64(argv[++i], &o->shards, a);
+        else if (!strcmp(a, "--wd") && v) rc = sh_parse_double(argv[++i], &o->wd, a);
         else if (!strcmp(a, "--lr") && v) rc = sh_parse_double(argv[++i], &o->lr, a), o->has_lr = 1;
         else if (a[0] == '-' && a[1]) return cli_usage(cmd, "unknown option or missing value: %s", a);
         else if (o->npos < 4) o->pos[o->npos++] = a;
@@ -126,7 +142,7 @@ int cli_cmd_ckpt(int argc, char **argv)
         fputs(ckpt_usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? CLI_USAGE : 0;
     }
-    ckpt_opts o = {.steps = 1, .seed = 1};
+    ckpt_opts o = {.steps = 1, .seed = 1, .wd = 0.1};
     int rc = ckpt_parse("ckpt", argc, argv, &o);
     if (rc) return rc;
     const char *sub = argv[1];
@@ -151,5 +167,29 @@ int cli_cmd_ckpt(int argc, char **argv)
         cli_progress_end(&pg, rc);
         return rc < 0 ? cli_fail("ckpt step", rc) : 0;
     }
-    return cli_usage("ckpt", "unknown subcommand \"%s\" (synth, step, inspect)", sub);
+    if (!strcmp(sub, "family")) {
+        if (o.npos != 1 || !o.out) return cli_usage("ckpt", "family needs NAME and -o OUT");
+        if (o.shrink > 4096 || o.shards > 100000)
+            return cli_usage("ckpt", "--shrink must be at most 4096 and --shards at most 100000");
+        ckpt_family_opts f = {.layers = o.layers, .experts = o.experts, .vocab = o.vocab,
+                              .shrink = (uint32_t)o.shrink, .shards = (uint32_t)o.shards,
+                              .seed = o.seed};
+        sh_progress pg;
+        sh_progress_start(&pg, "ckpt family", 0, "B");
+        rc = ckpt_family_write(o.pos[0], &f, o.out, &pg);
+        cli_progress_end(&pg, rc);
+        return rc < 0 ? cli_fail("ckpt family", rc) : 0;
+    }
+    if (!strcmp(sub, "next")) {
+        if (o.npos != 1 || !o.out) return cli_usage("ckpt", "next needs IN and -o OUT");
+        if (o.has_lr && !(o.lr > 0 && o.lr < 1)) return cli_usage("ckpt", "--lr must be in (0, 1)");
+        ckpt_train_opts t = {.lr = o.has_lr ? o.lr : 1e-6, .wd = o.wd, .steps = o.steps,
+                             .seed = o.seed};
+        sh_progress pg;
+        sh_progress_start(&pg, "ckpt next", 0, "B");
+        rc = ckpt_family_next(o.pos[0], o.out, &t, &pg);
+        cli_progress_end(&pg, rc);
+        return rc < 0 ? cli_fail("ckpt next", rc) : 0;
+    }
+    return cli_usage("ckpt", "unknown subcommand \"%s\" (synth, step, family, next, inspect)", sub);
 }

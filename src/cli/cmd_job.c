@@ -41,9 +41,20 @@ int cli_cmd_job(int argc, char **argv)
                cli_fmt_time(json_real_value(json_object_get(j, "started_at")), t2, sizeof t2),
                cli_fmt_time(json_real_value(json_object_get(j, "finished_at")), t3, sizeof t3));
         const char *reason = json_string_value(json_object_get(j, "reason"));
-        if (reason && *reason) printf("reason    %s\n", reason);
-        printf("cost      $%.4f running\n\n%-5s %-16s %-9s %5s\n", json_real_value(json_object_get(j, "running_cost")),
-               "RANK", "NODE", "STATE", "EXIT");
+        const char *why = json_string_value(json_object_get(j, "pending_reason"));
+        if (why) {
+            json_t *est = json_object_get(j, "start_estimate");
+            printf("waiting   %s (%s)\n", why, json_string_value(json_object_get(j, "wait")));
+            if (json_is_number(est))
+                printf("starts    %s (estimate: running work ends on time, reservations hold)\n",
+                       cli_fmt_time(json_number_value(est), t1, sizeof t1));
+            else printf("starts    unknown (no estimate while it cannot fit)\n");
+        } else if (reason && *reason) printf("reason    %s\n", reason);
+        int final = json_is_true(json_object_get(j, "cost_final"));
+        double rs = json_real_value(json_object_get(j, "run_s"));
+        printf("cost      $%.4f %s, ran %s\n\n%-5s %-16s %-9s %5s\n", json_real_value(json_object_get(j, "cost")),
+               final ? "final" : "so far", rs > 0 ? cli_fmt_dur(rs, t2, sizeof t2) : "0s", "RANK", "NODE", "STATE",
+               "EXIT");
         size_t i;
         json_t *m;
         json_array_foreach(json_object_get(j, "members"), i, m)

@@ -8,8 +8,13 @@
 const char cli_help_jobs[] = "list jobs (yours, or all with the admin token) [--json]";
 
 static const char usage[] =
-    "usage: shoal jobs [--state pending|starting|running|succeeded|failed|cancelled|active]\n"
-    "                  [--limit N] [--server URL] [--token T] [--json]\n";
+    "usage: shoal jobs [--state pending|starting|running|succeeded|failed|cancelled|active|finished]\n"
+    "                  [--all] [--limit N] [--server URL] [--token T] [--json]\n"
+    "\n"
+    "Lists the newest jobs of every state (--all, the default); --state active only\n"
+    "pending, starting and running ones, --state finished only ended ones (like\n"
+    "sacct), each with its final cost and run time.  A pending job shows when it\n"
+    "should start (from the scheduler's reservation plan) and why it waits.\n";
 
 int cli_cmd_jobs(int argc, char **argv)
 {
@@ -21,6 +26,7 @@ int cli_cmd_jobs(int argc, char **argv)
     const char *state = NULL, *limit = "100";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--state") && i + 1 < argc) state = argv[++i];
+        else if (!strcmp(argv[i], "--all")) state = NULL;
         else if (!strcmp(argv[i], "--limit") && i + 1 < argc) limit = argv[++i];
         else return cli_ctl_free(&x), cli_usage("jobs", "unexpected argument \"%s\"", argv[i]);
     }
@@ -36,20 +42,39 @@ int cli_cmd_jobs(int argc, char **argv)
         json_decref(reply);
         return 0;
     }
-    printf("%-6s %-20s %-10s %-8s %-10s %5s %4s %7s %8s\n", "ID", "NAME", "TENANT", "KIND", "STATE", "NODES", "GPUS", "ATTEMPT", "AGE");
+    printf("%-6s %-20s %-10s %-8s %-10s %5s %4s %7s %8s %10s %8s  %s\n", "ID", "NAME", "TENANT", "KIND", "STATE",
+           "NODES", "GPUS", "ATTEMPT", "AGE", "COST", "RUN", "START / WHY");
     size_t i;
     json_t *j;
     double now = sh_now_wall();
     json_array_foreach(json_object_get(reply, "jobs"), i, j) {
-        char age[32];
-        printf("%-6lld %-20.20s %-10.10s %-8s %-10s %5lld %4lld %3lld/%-3lld %8s\n",
+        char age[32], run[32], nodes[32], start[48] = "";
+        const char *st = json_string_value(json_object_get(j, "state"));
+        long long max = (long long)json_integer_value(json_object_get(j, "nodes"));
+        long long min = (long long)json_integer_value(json_object_get(j, "min_nodes"));
+        /* What runs now, not what was asked: an elastic job may hold fewer. */
+        if (!strcmp(st, "running") || !strcmp(st, "starting"))
+            snprintf(nodes, sizeof nodes, "%lld", (long long)json_integer_value(json_object_get(j, "replicas")));
+        else if (min && min != max) snprintf(nodes, sizeof nodes, "%lld-%lld", min, max);
+        else snprintf(nodes, sizeof nodes, "%lld", max);
+        if (!strcmp(st, "pending")) {
+            json_t *est = json_object_get(j, "start_estimate");
+            if (!json_is_number(est)) snprintf(start, sizeof start, "unknown: ");
+            else if (json_number_value(est) <= now + 1) snprintf(start, sizeof start, "next cycle: ");
+            else snprintf(start, sizeof start, "in %s: ", cli_fmt_dur(json_number_value(est) - now, run, sizeof run));
+        }
+        const char *why = json_string_value(json_object_get(j, "pending_reason"));
+        if (!why) why = json_string_value(json_object_get(j, "reason"));
+        double rs = json_real_value(json_object_get(j, "run_s"));
+        printf("%-6lld %-20.20s %-10.10s %-8s %-10s %5s %4lld %3lld/%-3lld %8s %10.4f %8s  %s%s\n",
                (long long)json_integer_value(json_object_get(j, "id")), json_string_value(json_object_get(j, "name")),
-               json_string_value(json_object_get(j, "tenant")), json_string_value(json_object_get(j, "kind")),
-               json_string_value(json_object_get(j, "state")), (long long)json_integer_value(json_object_get(j, "nodes")),
-               (long long)json_integer_value(json_object_get(j, "gpus_per_node")),
+               json_string_value(json_object_get(j, "tenant")), json_string_value(json_object_get(j, "kind")), st,
+               nodes, (long long)json_integer_value(json_object_get(j, "gpus_per_node")),
                (long long)json_integer_value(json_object_get(j, "attempt")),
                (long long)json_integer_value(json_object_get(j, "max_attempts")),
-               cli_fmt_dur(now - json_real_value(json_object_get(j, "submitted_at")), age, sizeof age));
+               cli_fmt_dur(now - json_real_value(json_object_get(j, "submitted_at")), age, sizeof age),
+               json_real_value(json_object_get(j, "cost")), rs > 0 ? cli_fmt_dur(rs, run, sizeof run) : "-",
+               start, why ? why : "");
     }
     json_decref(reply);
     return 0;

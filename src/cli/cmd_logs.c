@@ -6,25 +6,34 @@
 
 const char cli_help_logs[] = "print a job's output (one rank), -f to follow until it ends";
 
-static const char usage[] = "usage: shoal logs ID [--rank R] [-f] [--server URL] [--token T]\n";
+static const char usage[] =
+    "usage: shoal logs ID [--rank R] [-f|--follow] [--server URL] [--token T] [--json]\n\n"
+    "Prints rank R's output (default 0).  --follow waits for more until the job\n"
+    "ends.  --json prints one object {job, rank, data, offset, done} at the end.\n";
 
 int cli_cmd_logs(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    static const struct option opts[] = {{"rank", required_argument, 0, 'r'}, {"follow", no_argument, 0, 'f'}, {0}};
     cli_ctl x;
-    int rc = cli_ctl_init(&x, "logs", &argc, argv);
-    if (rc) return rc;
+    cli_ctl_defaults(&x, "logs");
+    cli_args a = {"logs", usage, opts, &x};
     int64_t id = -1, rank = 0;
     int follow = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--follow")) follow = 1;
-        else if (!strcmp(argv[i], "--rank") && i + 1 < argc) {
-            if (sh_parse_i64(argv[++i], &rank, "--rank") < 0) return cli_ctl_free(&x), cli_usage("logs", "--rank: expected a number");
-        } else if (id < 0 && sh_parse_i64(argv[i], &id, "job id") == 0) {
-        } else return cli_ctl_free(&x), cli_usage("logs", "unexpected argument \"%s\"", argv[i]);
+    for (int i = 1; i < argc; i++) /* -f, as tail spells it */
+        if (!strcmp(argv[i], "-f")) argv[i] = "--follow";
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
+        if (c == 'f') follow = 1;
+        else if (c != 'r') return a.rc;
+        else if (sh_parse_i64(optarg, &rank, "--rank") < 0 || rank < 0)
+            return cli_usage("logs", "--rank: expected a rank number, got \"%s\"", optarg);
     }
-    if (id < 0) return cli_ctl_free(&x), cli_usage("logs", "expected a job id");
+    if (optind + 1 != argc || sh_parse_i64(argv[optind], &id, "job id") < 0 || id < 0)
+        return cli_usage("logs", "expected one job id");
+    int rc = cli_ctl_connect(&x);
+    if (rc) return rc;
     long long off = 0;
+    sh_buf all = {0};
+    int done = 0;
     for (;;) {
         char path[128];
         snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=%lld&offset=%lld", (long long)id, (long long)rank, off);
@@ -32,14 +41,21 @@ int cli_cmd_logs(int argc, char **argv)
         if ((rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &r))) break;
         const char *d = json_string_value(json_object_get(r, "data"));
         size_t n = json_string_length(json_object_get(r, "data"));
-        fwrite(d, 1, n, stdout);
-        fflush(stdout);
+        if (x.json) rc = sh_buf_append(&all, d, n) < 0 ? cli_fail("logs", SH_ENOMEM) : 0;
+        else fwrite(d, 1, n, stdout), fflush(stdout);
         off = json_integer_value(json_object_get(r, "offset"));
-        int done = json_is_true(json_object_get(r, "done"));
+        done = json_is_true(json_object_get(r, "done"));
         json_decref(r);
-        if (!follow || (done && n == 0)) break;
+        if (rc || !follow || (done && n == 0)) break;
         if (n == 0) sh_sleep(0.3);
     }
     cli_ctl_free(&x);
+    if (!rc && x.json) {
+        json_t *j = json_pack("{s:I,s:I,s:s#,s:I,s:b}", "job", (json_int_t)id, "rank", (json_int_t)rank, "data",
+                              all.data ? (const char *)all.data : "", all.len, "offset", (json_int_t)off, "done", done);
+        sh_json_print(j);
+        json_decref(j);
+    }
+    sh_buf_free(&all);
     return rc;
 }

@@ -13,7 +13,8 @@ int cli_cmd_nodes(int argc, char **argv)
     json_t *reply;
     int rc = cli_ctl_get_table("nodes", argc, argv, usage, "/v1/nodes", &reply);
     if (rc >= 0) return rc;
-    printf("%-16s %-8s %5s %-10s %-10s %-6s %8s  %s\n", "NAME", "GPU", "USED", "ZONE", "FABRIC", "STATE", "$/GPU-H", "JOBS");
+    printf("%-16s %-8s %5s %-10s %-10s %-6s %8s %-7s %s\n", "NAME", "GPU", "USED", "ZONE", "FABRIC", "STATE", "$/GPU-H",
+           "SANDBOX", "JOBS");
     size_t i, k;
     json_t *n, *j;
     json_array_foreach(json_object_get(reply, "nodes"), i, n) {
@@ -26,10 +27,14 @@ int cli_cmd_nodes(int argc, char **argv)
             if (id) snprintf(jobs + l, sizeof jobs - l, "%s%lld/%lld", l ? "," : "", id, (long long)json_integer_value(json_object_get(j, "rank")));
             else snprintf(jobs + l, sizeof jobs - l, "%s(other)", l ? "," : "");
         }
-        printf("%-16.16s %-8.8s %5s %-10.10s %-10.10s %-6s %8.2f  %s\n", json_string_value(json_object_get(n, "name")),
+        /* The sandbox mode: the agent's description up to its details
+         * (`shoal nodes --json` has all of it). */
+        const char *sb = json_string_value(json_object_get(n, "sandbox"));
+        int sbl = sb ? (int)strcspn(sb, "(+") : 0;
+        printf("%-16.16s %-8.8s %5s %-10.10s %-10.10s %-6s %8.2f %-7.*s %s\n", json_string_value(json_object_get(n, "name")),
                json_string_value(json_object_get(n, "gpu_type")), used, json_string_value(json_object_get(n, "zone")),
                json_string_value(json_object_get(n, "fabric")), json_string_value(json_object_get(n, "state")),
-               json_real_value(json_object_get(n, "price_per_gpu_hour")), jobs[0] ? jobs : "-");
+               json_real_value(json_object_get(n, "price_per_gpu_hour")), sbl, sb ? sb : "", jobs[0] ? jobs : "-");
     }
     json_decref(reply);
     return 0;

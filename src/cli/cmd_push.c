@@ -20,7 +20,10 @@ static const char usage_text[] =
     "  --addr-file F        write the address children should use to F\n"
     "  --zone Z             this node's zone (default \"default\")\n"
     "  --fanout F           same-zone children before redirecting (default 2)\n"
-    "  --chunk SIZE         serve: chunk size (default 4MiB)\n"
+    "  --chunk SIZE|auto    serve: chunk size (default 4MiB; auto: chosen per payload\n"
+    "                       from its size, --depth and --egress-gbps)\n"
+    "  --depth D            serve: the tree's expected depth (implies --chunk auto\n"
+    "                       unless --chunk SIZE is given; default 4 with auto)\n"
     "  --egress-gbps G      limit this node's sending to G Gb/s (sender-side)\n"
     "  --spool DIR          relay: where received payloads go (default a temp dir)\n"
     "  --seconds S          exit after S seconds (default: until SIGTERM)\n"
@@ -34,6 +37,7 @@ typedef struct opts {
     const char *store, *run, *addr_file, *listen;
     double seconds;
     uint64_t chunk;
+    int chunk_auto;
 } opts;
 
 static int parse(int argc, char **argv, opts *o)
@@ -58,6 +62,12 @@ static int parse(int argc, char **argv, opts *o)
             rc = sh_parse_i64(v, &k, "--fanout");
             if (rc == 0 && (k < 1 || k > 1024)) return cli_usage("push", "--fanout must be 1..1024");
             o->cfg.fanout = (int)k;
+        } else if (!strcmp(a, "--chunk") && !strcmp(v, "auto")) {
+            o->chunk_auto = 1;
+        } else if (!strcmp(a, "--depth")) {
+            rc = sh_parse_i64(v, &k, "--depth");
+            if (rc == 0 && (k < 1 || k > 100000)) return cli_usage("push", "--depth must be 1..100000");
+            o->cfg.depth_hint = (int)k;
         } else if (!strcmp(a, "--chunk")) {
             rc = sh_parse_size(v, &o->chunk, "--chunk");
             if (rc == 0 && (o->chunk < 4096 || o->chunk > (1u << 30)))
@@ -195,6 +205,8 @@ int cli_cmd_push(int argc, char **argv)
     opts o = {0};
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
+    if (o.chunk_auto && !o.cfg.depth_hint) o.cfg.depth_hint = 4;
+    if (o.cfg.depth_hint && !o.chunk) o.cfg.chunk_size = 0; /* per payload */
     if (o.listen) {
         static char host[64];
         const char *c = strrchr(o.listen, ':');

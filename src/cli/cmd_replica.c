@@ -19,6 +19,9 @@ static const char usage_text[] =
     "  --zone Z            zone for the push tree (default \"default\")\n"
     "  --fanout F          same-zone children before redirecting (default 2)\n"
     "  --leaf              take no children in the push tree\n"
+    "  --listen HOST[:PORT]  where this replica's children reach it (default\n"
+    "                      127.0.0.1 and any port: on several hosts, give this\n"
+    "                      host's address, and a port to open in a firewall)\n"
     "  --egress-gbps G     limit forwarding to children to G Gb/s\n"
     "  --on-activate CMD   run CMD (sh -c) after each activation, with\n"
     "                      SHOAL_VERSION and SHOAL_ACTIVATED_AT set\n"
@@ -114,6 +117,19 @@ static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint6
         else if (!strcmp(a, "--store")) cfg->store = v;
         else if (!strcmp(a, "--run")) cfg->run = v;
         else if (!strcmp(a, "--zone")) cfg->zone = v;
+        else if (!strcmp(a, "--listen")) {
+            static char host[256];
+            const char *colon = strrchr(v, ':');
+            int64_t port = 0;
+            size_t n = colon ? (size_t)(colon - v) : strlen(v);
+            if (!n || n >= sizeof host || (colon && (sh_parse_i64(colon + 1, &port, "--listen port") < 0 ||
+                                                     port < 0 || port > 65535)))
+                return cli_usage("replica", "--listen wants HOST or HOST:PORT, got \"%s\"", v);
+            memcpy(host, v, n);
+            host[n] = 0;
+            cfg->listen_host = host;
+            cfg->listen_port = (int)port;
+        }
         else if (!strcmp(a, "--on-activate")) c->hook = v;
         else if (!strcmp(a, "--stats-file")) c->stats_file = v;
         else if (!strcmp(a, "--parent")) {

@@ -13,7 +13,8 @@ const char cli_help_server[] = "run the control plane: HTTP/JSON API, SQLite sta
 static const char usage[] =
     "usage: shoal server --tokens FILE [--db PATH] [--port P] [--bind ADDR] [--web DIR]\n"
     "                    [--heartbeat-timeout S] [--max-body BYTES] [--provider-cmd PROG]\n"
-    "                    [--provider-quota Q] [--scale-up-wait S] [--scale-down-idle S] [--sync-full]\n\n"
+    "                    [--provider-quota Q] [--scale-up-wait S] [--scale-down-idle S] [--sync-full]\n"
+    "                    [--allow-writable DIR]...\n\n"
     "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
     "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
     "  --port P               TCP port (default 8470; 0 picks a free one)\n"
@@ -25,11 +26,29 @@ static const char usage[] =
     "  --provider-quota ZONE,FABRIC,GPU_TYPE,GPUS,MAX_NODES,PRICE  what it may add\n"
     "  --scale-up-wait S      a job queued this long asks the provider (default 2)\n"
     "  --scale-down-idle S    an idle provider node is released after (default 10)\n"
-    "  --sync-full            fsync every commit (survives power loss, slower)\n\n"
+    "  --sync-full            fsync every commit (survives power loss, slower)\n"
+    "  --allow-writable DIR   jobs may list DIR or directories under it in \"writable\"\n"
+    "                         (repeatable; default: none; docs/security.md)\n\n"
     "Prints \"listening on http://ADDR:PORT\" once ready.  See docs/server-api.md.\n";
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = sig; }
+
+/* --allow-writable directories, resolved and joined with ':'. */
+static char allow_buf[8192];
+
+static int add_allowed(const char *dir, srv_config *cfg, const char *cmd)
+{
+    char real[4096];
+    if (!realpath(dir, real) || !sh_is_dir(real))
+        return cli_usage(cmd, "--allow-writable %s: not an existing directory", dir);
+    if (strchr(real, ':')) return cli_usage(cmd, "--allow-writable %s: a path with ':' cannot be listed", dir);
+    size_t n = strlen(allow_buf);
+    if (n + strlen(real) + 2 > sizeof allow_buf) return cli_usage(cmd, "--allow-writable: too many directories");
+    snprintf(allow_buf + n, sizeof allow_buf - n, "%s%s", n ? ":" : "", real);
+    cfg->writable_allow = allow_buf;
+    return 0;
+}
 
 int cli_server_config(int argc, char **argv, int first, srv_config *cfg, const char *cmd)
 {
@@ -41,6 +60,10 @@ int cli_server_config(int argc, char **argv, int first, srv_config *cfg, const c
         if (!strcmp(a, "--sync-full")) { cfg->sync_full = 1; continue; }
         if (!v) return cli_usage(cmd, "unknown option or missing value: \"%s\"", a);
         if (!strcmp(a, "--tokens")) cfg->tokens_path = v;
+        else if (!strcmp(a, "--allow-writable")) {
+            int rc = add_allowed(v, cfg, cmd);
+            if (rc) return rc;
+        }
         else if (!strcmp(a, "--db")) cfg->db_path = v;
         else if (!strcmp(a, "--bind")) cfg->bind_addr = v;
         else if (!strcmp(a, "--web")) cfg->web_dir = v;
@@ -78,6 +101,7 @@ int cli_cmd_server(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit fails the write (EFBIG), as a full disk does */
     srv *s;
     if ((rc = srv_start(&cfg, &s)) < 0) return cli_fail("server", rc);
     printf("listening on http://%s:%d\n", cfg.bind_addr ? cfg.bind_addr : "127.0.0.1", srv_port(s));

@@ -12,8 +12,8 @@ const char cli_help_sim[] =
     "replay job traces on a fleet under fifo|firstfit|backfill|shoal (or all) [--json]";
 
 static const char usage_text[] =
-    "usage: shoal sim --fleet F [--fleet-format shoal|alibaba-v2023|alibaba-v2026]\n"
-    "                 [--trace T]... [T...] [--format shoal|gavel|alibaba-v2023|kalos]\n"
+    "usage: shoal sim --fleet F|mixed:NODES [--fleet-format shoal|alibaba-v2023|alibaba-v2026]\n"
+    "                 [--trace T]... [T...] [--format shoal|gavel|alibaba-v2023|kalos|mixed]\n"
     "                 [--policy fifo|firstfit|backfill|shoal|all] [--json]\n"
     "\n"
     "Replays the traces (several are merged into one workload, one tenant each\n"
@@ -22,20 +22,27 @@ static const char usage_text[] =
     "utilisation, cost, preemptions, failures and decisions per second.\n"
     "\n"
     "fleet:    --zones N (2) --fabric-nodes N (32)   zone/fabric rule for imported node lists\n"
+    "          --fleet mixed:N                      N generated 8-GPU nodes: H100, A100, L4 in 3 zones,\n"
+    "                                               fabrics of --fabric-nodes (default here 128)\n"
     "trace:    --type-map v100=A|B,k80=C            rename trace GPU types to fleet types\n"
     "          --throughputs FILE                   gavel throughputs (default: beside the trace)\n"
     "          --multi-node K [--node-gpus 8]       scale GPU counts by K, pack into nodes\n"
-    "          --jobs N --load L --seed S           kalos: N synthetic jobs offering L x fleet GPUs\n"
+    "          --jobs N --load L --seed S           kalos, mixed: N synthetic jobs offering L x fleet GPUs\n"
+    "                                               (mixed: 45% functions, 15% elastic, 40% gangs of\n"
+    "                                               1-64 nodes, priorities 0-2)\n"
     "          --write-trace FILE --write-fleet FILE  save the imported inputs as shoal CSV\n"
     "events:   --failures MTBF_HOURS [--repair-s S]  node failures (per-node MTBF), repairs\n"
     "          --replace-wait S                     gangs wait S for a spare node, else requeue\n"
     "          --autoscale [--quota zone,fabric,type,gpus,max_nodes,price,delay_s]...\n"
     "                                               (no --quota: per GPU type, 64 8-GPU nodes in\n"
     "                                               fabric auto-<type> of its first zone, 300 s)\n"
-    "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (4)\n"
-    "          --fair-window S (21600) --pack       shoal's fair-share window, pool packing\n"
+    "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (1)\n"
+    "          --grow-queued                        shoal: grow elastic work while jobs are queued\n"
+    "          --fair-window S (7200) --pack        shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
-    "checks:   --check                              sched_check after every event\n";
+    "checks:   --check                              sched_check after every event\n"
+    "          --no-estimates                       skip checking start estimates against starts\n"
+    "                                               (reported as start_estimates in --json)\n";
 
 typedef struct args {
     const char *fleet, *fleet_format, *format, *policy, *type_map, *throughputs;
@@ -43,7 +50,7 @@ typedef struct args {
     const char *traces[512];
     int ntraces;
     sim_fleet_opts fo;
-    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack;
+    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack, no_estimates, grow_queued;
     double fair_window;
     double load, mtbf, repair, hold, restart, up_wait, down_idle, replace_wait;
     int64_t jobs;
@@ -82,10 +89,10 @@ static int parse(int argc, char **argv, args *a)
 {
     memset(a, 0, sizeof *a);
     a->fleet_format = "shoal", a->format = "shoal", a->policy = "shoal";
-    a->fo = (sim_fleet_opts){2, 32};
+    a->fo = (sim_fleet_opts){2, 0};
     a->node_gpus = 8, a->jobs = 1000, a->load = 0.9, a->seed = 1;
     a->max_victims = -1, a->reservations = -1;
-    a->hold = a->restart = a->up_wait = a->down_idle = -1;
+    a->hold = a->restart = a->up_wait = a->down_idle = a->fair_window = -1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         int has = i + 1 < argc;
@@ -127,12 +134,15 @@ static int parse(int argc, char **argv, args *a)
         if (!strcmp(o, "--check")) { a->check = 1; continue; }
         if (!strcmp(o, "--autoscale")) { a->autoscale = 1; continue; }
         if (!strcmp(o, "--pack")) { a->pack = 1; continue; }
+        if (!strcmp(o, "--no-estimates")) { a->no_estimates = 1; continue; }
+        if (!strcmp(o, "--grow-queued")) { a->grow_queued = 1; continue; }
         if (o[0] == '-') return cli_usage("sim", "unknown option \"%s\"", o);
         if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
         a->traces[a->ntraces++] = o;
     }
     if (!a->fleet) return cli_usage("sim", "--fleet is required");
-    if (!a->ntraces && strcmp(a->format, "kalos")) return cli_usage("sim", "give a trace (--trace FILE) or --format kalos");
+    if (!a->ntraces && strcmp(a->format, "kalos") && strcmp(a->format, "mixed"))
+        return cli_usage("sim", "give a trace (--trace FILE) or --format kalos|mixed");
     return 0;
 }
 
@@ -145,13 +155,21 @@ static int cmp_submit(const void *x, const void *y)
 
 static int load_inputs(const args *a, sim_fleet *f, sim_trace *t)
 {
-    SH_TRY(sim_fleet_load(a->fleet, a->fleet_format, &a->fo, f));
-    memset(t, 0, sizeof *t);
-    if (!strcmp(a->format, "kalos")) {
-        int gpus = 0;
-        for (size_t i = 0; i < f->n; i++) gpus += f->nodes[i].gpus;
-        SH_TRY(sim_trace_kalos(t, (size_t)a->jobs, a->seed, gpus, a->load));
+    if (!strncmp(a->fleet, "mixed:", 6)) {
+        int64_t n;
+        if (sh_parse_i64(a->fleet + 6, &n, "--fleet mixed:N") || n < 3 || n > 1000000)
+            return sh_err(SH_EINVAL, "--fleet %s: give mixed:N with N in 3..1000000 nodes", a->fleet);
+        SH_TRY(sim_fleet_mixed(f, (int)n, a->fo.fabric_nodes ? a->fo.fabric_nodes : 128));
+    } else {
+        sim_fleet_opts fo = a->fo;
+        if (!fo.fabric_nodes) fo.fabric_nodes = 32;
+        SH_TRY(sim_fleet_load(a->fleet, a->fleet_format, &fo, f));
     }
+    memset(t, 0, sizeof *t);
+    int gpus = 0;
+    for (size_t i = 0; i < f->n; i++) gpus += f->nodes[i].gpus;
+    if (!strcmp(a->format, "kalos")) SH_TRY(sim_trace_kalos(t, (size_t)a->jobs, a->seed, gpus, a->load));
+    if (!strcmp(a->format, "mixed")) SH_TRY(sim_trace_mixed(t, (size_t)a->jobs, a->seed, gpus, a->load));
     sim_trace_opts to = {a->throughputs, a->type_map};
     for (int i = 0; i < a->ntraces; i++) {
         sim_trace one;
@@ -210,6 +228,11 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
     json_object_set_new(j, "cost_by_tenant", bn);
     if (r->jobs_rejected) json_object_set_new(j, "first_rejection", json_string(r->first_rejection));
     json_object_set_new(j, "makespan_s", num(r->makespan_s));
+    json_object_set_new(j, "start_estimates",
+                        json_pack("{s:I,s:I,s:o,s:o,s:o,s:o}", "jobs", (json_int_t)r->est_jobs, "no_estimate",
+                                  (json_int_t)r->est_infinite, "mean_error_s", num(r->est_mean_error_s),
+                                  "mean_abs_error_s", num(r->est_mean_abs_error_s), "p50_abs_error_s",
+                                  num(r->est_p50_abs_error_s), "p90_abs_error_s", num(r->est_p90_abs_error_s)));
     json_object_set_new(j, "preemptions", json_integer((json_int_t)r->preemptions));
     json_object_set_new(j, "failures", json_integer((json_int_t)r->failures));
     json_object_set_new(j, "failures_survived", json_integer((json_int_t)r->failures_survived));
@@ -273,8 +296,11 @@ static void default_quotas(args *a, const sim_fleet *f)
     }
 }
 
+int cli_sim_push(int argc, char **argv); /* src/cli/sim_push.c */
+
 int cli_cmd_sim(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "push")) return cli_sim_push(argc - 1, argv + 1);
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return fputs(usage_text, stdout), 0;
     static args a;
     int rc = parse(argc, argv, &a);
@@ -303,20 +329,35 @@ int cli_cmd_sim(int argc, char **argv)
         if (a.max_victims >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_victims = a.max_victims;
         if (a.reservations >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_reservations = a.reservations;
         if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
-        if (a.fair_window > 0) o.cfg.fair_window_s = a.fair_window;
+        if (a.fair_window >= 0) o.cfg.fair_window_s = a.fair_window;
         o.cfg.pack_pools = a.pack;
+        o.cfg.grow_queued = a.grow_queued;
         if (a.down_idle >= 0) o.cfg.scale_down_idle_s = a.down_idle;
         o.cfg.autoscale = a.autoscale, o.cfg.quotas = a.quotas, o.cfg.n_quotas = (size_t)a.nquotas;
         o.mtbf_hours = a.mtbf, o.repair_s = a.repair, o.check = a.check, o.seed = a.seed;
         o.replace_wait_s = a.replace_wait;
         o.progress = 1; /* drawn only when stderr is a terminal */
+        o.estimates = !a.no_estimates;
         sim_report r;
         double w0 = sh_now_mono();
         rc = sim_run(&f, &t, &o, &r);
         double wall = sh_now_mono() - w0;
         if (rc) break;
+        if (r.jobs_total && r.jobs_rejected == r.jobs_total) {
+            rc = sh_err(SH_ERANGE, "all %zu jobs were rejected, none fits the fleet; the first: %s "
+                        "(check the trace's GPU types and sizes against the fleet, or --type-map)",
+                        r.jobs_total, r.first_rejection);
+            break;
+        }
         if (!a.json) {
             print_row(&r, sched_policy_name(pols[p]));
+            if (r.est_jobs) {
+                char e50[16], e90[16], em[16];
+                fmt_s(e50, sizeof e50, r.est_p50_abs_error_s), fmt_s(e90, sizeof e90, r.est_p90_abs_error_s);
+                fmt_s(em, sizeof em, fabs(r.est_mean_error_s));
+                printf("%9s start estimates of %zu waiting jobs: |error| p50 %s, p90 %s; mean %s %s\n", "",
+                       r.est_jobs, e50, e90, em, r.est_mean_error_s >= 0 ? "late" : "early");
+            }
             if (r.jobs_rejected && !p) fprintf(stderr, "rejected (first of %zu): %s\n", r.jobs_rejected, r.first_rejection);
         }
         else if (all) json_object_set_new(all, sched_policy_name(pols[p]), report_json(&r, sched_policy_name(pols[p]), wall));

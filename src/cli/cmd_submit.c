@@ -14,17 +14,18 @@ static const char usage[] =
 
 int cli_cmd_submit(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    static const struct option opts[] = {{"idempotency-key", required_argument, 0, 'k'}, {0}};
     cli_ctl x;
-    int rc = cli_ctl_init(&x, "submit", &argc, argv);
-    if (rc) return rc;
+    cli_ctl_defaults(&x, "submit");
+    cli_args a = {"submit", usage, opts, &x};
     const char *file = NULL, *key = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--idempotency-key") && i + 1 < argc) key = argv[++i];
-        else if (argv[i][0] == '-' || file) return cli_ctl_free(&x), cli_usage("submit", "unexpected argument \"%s\"", argv[i]);
-        else file = argv[i];
-    }
-    if (!file) return cli_ctl_free(&x), cli_usage("submit", "expected a job file");
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;)
+        if (c == 'k') key = optarg;
+        else return a.rc;
+    if (optind + 1 != argc) return cli_usage("submit", optind < argc ? "expected one job file" : "expected a job file");
+    file = argv[optind];
+    int rc = cli_ctl_connect(&x);
+    if (rc) return rc;
     json_t *job, *reply;
     if ((rc = sh_json_load_file(file, 1 << 20, &job)) < 0) return cli_ctl_free(&x), cli_fail("submit", rc);
     char hdr[300];

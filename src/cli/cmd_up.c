@@ -13,76 +13,28 @@
 
 #include "cli.h"
 #include "ctl.h"
+#include "shoal/fleetfile.h"
 #include "shoal/server.h"
 
 const char cli_help_up[] = "start a local fleet: a server and one agent per node of a fleet file";
 
 static const char usage[] =
-    "usage: shoal up --fleet FLEET.csv [--db PATH] [--port P] [--tokens FILE] [--sandbox MODE]\n"
+    "usage: shoal up --fleet FLEET.csv [--db PATH] [--port P] [--tokens FILE] [--sandbox auto|bwrap|gvisor|none]\n"
     "                [server options: --heartbeat-timeout S, --provider-cmd PROG, --web DIR, ...]\n\n"
-    "FLEET.csv has a header and one line per node (docs/server-api.md, \"Fleet files\"):\n"
+    "FLEET.csv has a header naming its columns, in any order, and one line per node\n"
+    "(docs/fleet-format.md; `shoal sim --fleet` reads the same files):\n"
     "    name,gpu_type,gpus,zone,fabric,price_per_gpu_hour\n"
     "    a100-0,A100,8,us-east-1a,ib-0,1.80\n\n"
     "--db defaults to shoal-up/shoal.db.  Without --tokens, a tokens file is created\n"
     "beside the database (tokens.json) with an admin, an agent and a tenant \"default\"\n"
-    "token, and shoal-up/env holds SHOAL_SERVER and SHOAL_TOKEN for the tenant.\n"
+    "token, and shoal-up/env exports SHOAL_SERVER and SHOAL_TOKEN for the tenant\n"
+    "(`. shoal-up/env`).  The dashboard is at the server's address; it asks for a token.\n"
+    "Jobs may write only their own work directory, a private /tmp and directories\n"
+    "given with --allow-writable DIR (repeatable; docs/security.md).\n"
     "Stops (with its agents) on SIGINT or SIGTERM.\n";
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = sig; }
-
-typedef struct fleet_node {
-    char name[64], gpu_type[32], gpus[8], zone[32], fabric[32], price[16];
-} fleet_node;
-
-static int parse_fleet(const char *path, fleet_node **out, int *n)
-{
-    char *text;
-    size_t len;
-    SH_TRY(sh_read_file(path, 64 << 20, &text, &len));
-    int cap = 16, k = 0, line = 0, rc = SH_OK;
-    fleet_node *v = calloc((size_t)cap, sizeof *v);
-    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && rc == SH_OK; l = strtok_r(NULL, "\n", &save)) {
-        line++;
-        l[strcspn(l, "\r")] = 0;
-        if (line == 1) {
-            if (strncmp(l, "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour", 49))
-                rc = sh_err(SH_EFORMAT, "%s: line 1: expected the header name,gpu_type,gpus,zone,fabric,price_per_gpu_hour", path);
-            continue;
-        }
-        if (!*l || *l == '#') continue;
-        if (k == cap) v = realloc(v, (size_t)(cap *= 2) * sizeof *v);
-        fleet_node *f = &v[k];
-        char *fld[6] = {0}, *s2 = NULL;
-        int nf = 0;
-        for (char *t = strtok_r(l, ",", &s2); t && nf < 6; t = strtok_r(NULL, ",", &s2)) fld[nf++] = t;
-        int64_t g;
-        double p;
-        if (nf != 6) rc = sh_err(SH_EFORMAT, "%s: line %d: expected 6 comma-separated fields", path, line);
-        else if (sh_parse_i64(fld[2], &g, "gpus") < 0 || g < 0 || g > 64)
-            rc = sh_err(SH_EFORMAT, "%s: line %d: gpus \"%s\" is not 0..64", path, line, fld[2]);
-        else if (sh_parse_double(fld[5], &p, "price") < 0 || p < 0)
-            rc = sh_err(SH_EFORMAT, "%s: line %d: price \"%s\" is not a number >= 0", path, line, fld[5]);
-        else {
-            snprintf(f->name, sizeof f->name, "%s", fld[0]);
-            snprintf(f->gpu_type, sizeof f->gpu_type, "%s", fld[1]);
-            snprintf(f->gpus, sizeof f->gpus, "%s", fld[2]);
-            snprintf(f->zone, sizeof f->zone, "%s", fld[3]);
-            snprintf(f->fabric, sizeof f->fabric, "%s", fld[4]);
-            snprintf(f->price, sizeof f->price, "%s", fld[5]);
-            k++;
-        }
-    }
-    free(text);
-    if (rc == SH_OK && k == 0) rc = sh_err(SH_EFORMAT, "%s: no nodes", path);
-    if (rc < 0) {
-        free(v);
-        return rc;
-    }
-    *out = v;
-    *n = k;
-    return SH_OK;
-}
 
 static int make_tokens(const char *path)
 {
@@ -95,14 +47,20 @@ static int make_tokens(const char *path)
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < 16; i++) snprintf(t[k] + 2 * i, 3, "%02x", r[16 * k + i]);
     json_t *j = json_pack("{s:s,s:s,s:{s:s}}", "admin", t[0], "agent", t[1], "tenants", "default", t[2]);
-    int rc = sh_json_write_atomic(path, j);
+    char *text = json_dumps(j, JSON_INDENT(2));
     json_decref(j);
-    if (rc == SH_OK) chmod(path, 0600);
+    if (!text) return sh_err(SH_ENOMEM, "%s", path);
+    /* 0600 from the first byte: never chmod'ed after the fact. */
+    int rc = sh_write_atomic_mode(path, text, strlen(text), 0600);
+    free(text);
     return rc;
 }
 
-static pid_t spawn_agent(const fleet_node *f, const char *url, const char *token, const char *work, const char *sandbox)
+static pid_t spawn_agent(const sh_fleet_node *f, const char *url, const char *token, const char *work, const char *sandbox)
 {
+    char gpus[16], price[32];
+    snprintf(gpus, sizeof gpus, "%d", f->gpus);
+    snprintf(price, sizeof price, "%.6g", f->price_per_gpu_hour);
     pid_t parent = getpid();
     pid_t p = fork();
     if (p != 0) return p;
@@ -111,8 +69,8 @@ static pid_t spawn_agent(const fleet_node *f, const char *url, const char *token
     if (getppid() != parent) _exit(1);
     setenv("SHOAL_TOKEN", token, 1);
     char *argv[] = {"shoal", "agent", "--server", (char *)url, "--name", (char *)f->name, "--gpu-type",
-                    (char *)f->gpu_type, "--gpus", (char *)f->gpus, "--zone", (char *)f->zone, "--fabric",
-                    (char *)f->fabric, "--price", (char *)f->price, "--work-dir", (char *)work, "--sandbox",
+                    (char *)f->gpu_type, "--gpus", gpus, "--zone", (char *)f->zone, "--fabric",
+                    (char *)f->fabric, "--price", price, "--work-dir", (char *)work, "--sandbox",
                     (char *)sandbox, NULL};
     execv("/proc/self/exe", argv);
     _exit(127);
@@ -135,9 +93,10 @@ int cli_cmd_up(int argc, char **argv)
     int rc = cli_server_config(k, argv, 1, &cfg, "up");
     if (rc) return rc;
     if (!fleet) return cli_usage("up", "--fleet FLEET.csv is required");
-    fleet_node *nodes;
-    int n;
-    if ((rc = parse_fleet(fleet, &nodes, &n)) < 0) return cli_fail("up", rc);
+    sh_fleet_file ff;
+    if ((rc = sh_fleet_load(fleet, NULL, &ff)) < 0) return cli_fail("up", rc);
+    const sh_fleet_node *nodes = ff.nodes;
+    int n = (int)ff.n;
     char dir[4096], tokens[4200], work[4200], envf[4200];
     snprintf(dir, sizeof dir, "%s", cfg.db_path);
     char *slash = strrchr(dir, '/');
@@ -146,18 +105,22 @@ int cli_cmd_up(int argc, char **argv)
     snprintf(tokens, sizeof tokens, "%s/tokens.json", dir);
     snprintf(work, sizeof work, "%s/work", dir);
     snprintf(envf, sizeof envf, "%s/env", dir);
-    if ((rc = sh_mkdir_p(dir, 0755)) < 0) return free(nodes), cli_fail("up", rc);
+    /* The state directory is private: the agents hide it from members and
+     * bind each member's own work directory back in. */
+    if ((rc = sh_mkdir_p(dir, 0700)) < 0 || (chmod(dir, 0700) < 0 && (rc = sh_err_errno(errno, "chmod %s", dir))))
+        return sh_fleet_free(&ff), cli_fail("up", rc);
     if (!cfg.tokens_path) {
-        if ((rc = make_tokens(tokens)) < 0) return free(nodes), cli_fail("up", rc);
+        if ((rc = make_tokens(tokens)) < 0) return sh_fleet_free(&ff), cli_fail("up", rc);
         cfg.tokens_path = tokens;
     }
     json_t *tok;
-    if ((rc = sh_json_load_file(cfg.tokens_path, 1 << 20, &tok)) < 0) return free(nodes), cli_fail("up", rc);
+    if ((rc = sh_json_load_file(cfg.tokens_path, 1 << 20, &tok)) < 0) return sh_fleet_free(&ff), cli_fail("up", rc);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);
     srv *s;
-    if ((rc = srv_start(&cfg, &s)) < 0) return json_decref(tok), free(nodes), cli_fail("up", rc);
+    if ((rc = srv_start(&cfg, &s)) < 0) return json_decref(tok), sh_fleet_free(&ff), cli_fail("up", rc);
     char url[128];
     snprintf(url, sizeof url, "http://%s:%d", cfg.bind_addr ? cfg.bind_addr : "127.0.0.1", srv_port(s));
     const char *agent_tok = json_string_value(json_object_get(tok, "agent"));
@@ -165,10 +128,14 @@ int cli_cmd_up(int argc, char **argv)
     for (int i = 0; i < n; i++) pids[i] = spawn_agent(&nodes[i], url, agent_tok, work, sandbox);
     const char *tenant_tok = json_string_value(json_object_get(json_object_get(tok, "tenants"), "default"));
     char env[512];
-    int el = snprintf(env, sizeof env, "SHOAL_SERVER=%s\nSHOAL_TOKEN=%s\n", url, tenant_tok ? tenant_tok : "");
-    sh_write_atomic(envf, env, (size_t)el);
-    printf("listening on %s\n%d agents started; tokens in %s; for the tenant \"default\": . %s\n", url, n,
-           cfg.tokens_path, envf);
+    int el = snprintf(env, sizeof env, "export SHOAL_SERVER=%s\nexport SHOAL_TOKEN=%s\n", url,
+                      tenant_tok ? tenant_tok : "");
+    if ((rc = sh_write_atomic_mode(envf, env, (size_t)el, 0600)) < 0) sh_warn("%s", sh_errmsg());
+    printf("listening on %s\n%d agents started from %s; tokens in %s\n"
+           "client:    . %s    (exports SHOAL_SERVER and SHOAL_TOKEN for the tenant \"default\")\n"
+           "dashboard: %s/    (paste the token; or, after the line above, open %s/?token=$SHOAL_TOKEN;\n"
+           "           the \"admin\" token in %s shows every tenant)\n",
+           url, n, fleet, cfg.tokens_path, envf, url, url, cfg.tokens_path);
     fflush(stdout);
     while (!stop_flag) {
         /* Reap agents that ended (a killed node stays dead, as on a real fleet). */
@@ -182,6 +149,6 @@ int cli_cmd_up(int argc, char **argv)
     srv_stop(s);
     json_decref(tok);
     free(pids);
-    free(nodes);
+    sh_fleet_free(&ff);
     return 0;
 }

@@ -6,17 +6,32 @@
 #include "cli.h"
 #include "ctl.h"
 
-int cli_ctl_init(cli_ctl *x, const char *cmd, int *argc, char **argv)
+void cli_ctl_defaults(cli_ctl *x, const char *cmd)
 {
     memset(x, 0, sizeof *x);
     x->cmd = cmd;
     x->server = getenv("SHOAL_SERVER");
     x->token = getenv("SHOAL_TOKEN");
     if (!x->server || !*x->server) x->server = "http://127.0.0.1:8470";
+}
+
+int cli_ctl_connect(cli_ctl *x)
+{
+    if (srv_client_new(x->server, x->token, &x->c) < 0) return cli_usage(x->cmd, "%s", sh_errmsg());
+    return 0;
+}
+
+int cli_ctl_init(cli_ctl *x, const char *cmd, int *argc, char **argv)
+{
+    cli_ctl_defaults(x, cmd);
     int k = 1;
     for (int i = 1; i < *argc; i++) {
+        const char *eq = strchr(argv[i], '=');
         if (!strcmp(argv[i], "--json")) x->json = 1;
-        else if (!strcmp(argv[i], "--server") || !strcmp(argv[i], "--token")) {
+        else if (!strncmp(argv[i], "--server=", 9) || !strncmp(argv[i], "--token=", 8)) {
+            if (argv[i][2] == 's') x->server = eq + 1;
+            else x->token = eq + 1;
+        } else if (!strcmp(argv[i], "--server") || !strcmp(argv[i], "--token")) {
             if (i + 1 >= *argc) return cli_usage(cmd, "%s needs a value", argv[i]);
             if (argv[i][2] == 's') x->server = argv[++i];
             else x->token = argv[++i];
@@ -24,8 +39,7 @@ int cli_ctl_init(cli_ctl *x, const char *cmd, int *argc, char **argv)
     }
     *argc = k;
     argv[k] = NULL;
-    if (srv_client_new(x->server, x->token, &x->c) < 0) return cli_usage(cmd, "%s", sh_errmsg());
-    return 0;
+    return cli_ctl_connect(x);
 }
 
 void cli_ctl_free(cli_ctl *x)
@@ -75,11 +89,13 @@ const char *cli_fmt_time(double wall, char *buf, size_t cap)
 int cli_ctl_get_table(const char *cmd, int argc, char **argv, const char *usage, const char *path,
                       json_t **reply)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
     cli_ctl x;
-    int rc = cli_ctl_init(&x, cmd, &argc, argv);
+    cli_ctl_defaults(&x, cmd);
+    cli_args a = {cmd, usage, NULL, &x};
+    if (cli_getopt(&a, argc, argv) != -1) return a.rc;
+    if (optind < argc) return cli_usage(cmd, "unexpected argument \"%s\"", argv[optind]);
+    int rc = cli_ctl_connect(&x);
     if (rc) return rc;
-    if (argc > 1) return cli_ctl_free(&x), cli_usage(cmd, "unexpected argument \"%s\"", argv[1]);
     rc = cli_ctl_call(&x, "GET", path, NULL, NULL, reply);
     cli_ctl_free(&x);
     if (rc) return rc;

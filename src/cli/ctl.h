@@ -11,6 +11,11 @@ typedef struct cli_ctl {
     srv_client *c;
 } cli_ctl;
 
+/* Fills x with the defaults: SHOAL_SERVER (else http://127.0.0.1:8470)
+ * and SHOAL_TOKEN.  cli_getopt then overrides them from the options. */
+void cli_ctl_defaults(cli_ctl *x, const char *cmd);
+/* Opens the client for x->server; returns 0 or a usage status. */
+int cli_ctl_connect(cli_ctl *x);
 /* Takes --server URL, --token T and --json out of argv (the rest is moved
  * to the front; *argc shrinks).  Defaults come from SHOAL_SERVER (else
  * http://127.0.0.1:8470) and SHOAL_TOKEN.  Returns 0 or a usage status. */

@@ -1,7 +1,17 @@
-/* shoal: one binary, subcommands like git. */
+/* shoal: subcommands like git, in two binaries.
+ *
+ * build/shoal-core holds every command.  build/shoal, the one users run, is
+ * the same main() built with -DSHOAL_CLIENT: it holds only the commands that
+ * talk to a server (client-commands.h) and links only libc and jansson, so
+ * that `shoal submit` does not pay for loading UCX, OpenBLAS and the rest.
+ * Any other command it hands to shoal-core with execv(). */
+#include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -11,7 +21,11 @@
 #define SH_BENCH(name, str)                                                   \
     extern const char cli_bench_help_##name[];                                \
     int cli_bench_##name(int argc, char **argv);
+#ifdef SHOAL_CLIENT
+#include "client-commands.h"
+#else
 #include "commands.h"
+#endif
 #undef SH_CMD
 #undef SH_BENCH
 
@@ -24,11 +38,16 @@ struct cli_entry {
 #define SH_CMD(name, str) {str, cli_help_##name, cli_cmd_##name},
 #define SH_BENCH(name, str)
 static const struct cli_entry commands[] = {
+#ifdef SHOAL_CLIENT
+#include "client-commands.h"
+#else
 #include "commands.h"
+#endif
     {NULL, NULL, NULL}};
 #undef SH_CMD
 #undef SH_BENCH
 
+#ifndef SHOAL_CLIENT
 #define SH_CMD(name, str)
 #define SH_BENCH(name, str) {str, cli_bench_help_##name, cli_bench_##name},
 static const struct cli_entry benches[] = {
@@ -36,6 +55,7 @@ static const struct cli_entry benches[] = {
     {NULL, NULL, NULL}};
 #undef SH_CMD
 #undef SH_BENCH
+#endif
 
 int cli_fail(const char *cmd, int rc)
 {
@@ -60,6 +80,7 @@ void cli_progress_end(sh_progress *pg, int rc)
     else if (pg->enabled && pg->done) fputc('\n', stderr);
 }
 
+#ifndef SHOAL_CLIENT
 static void list(FILE *f, const struct cli_entry *t, const char *prefix)
 {
     for (const struct cli_entry *e = t; e->name; e++)
@@ -80,18 +101,87 @@ static int usage(FILE *f)
     return f == stdout ? 0 : CLI_USAGE;
 }
 
+/* Commands that parse their options by hand read "--opt value"; give them
+ * "--opt=value" split in two as well (up to a "--", after which arguments
+ * are a command line of their own).  Commands on cli_getopt take both. */
+static char **split_equals(int *argc, char **argv)
+{
+    char **v = calloc((size_t)(2 * *argc + 1), sizeof *v);
+    if (!v) return argv;
+    int k = 0, rest = 0;
+    for (int i = 0; i < *argc; i++) {
+        char *eq = argv[i][0] == '-' && argv[i][1] == '-' ? strchr(argv[i], '=') : NULL;
+        if (!strcmp(argv[i], "--")) rest = 1;
+        if (i == 0 || rest || !eq || eq == argv[i] + 2) {
+            v[k++] = argv[i];
+            continue;
+        }
+        *eq = 0;
+        v[k++] = argv[i];
+        v[k++] = eq + 1;
+    }
+    *argc = k;
+    return v;
+}
+
 static int dispatch(const struct cli_entry *t, const char *what, int argc, char **argv)
 {
-    for (const struct cli_entry *e = t; e->name; e++)
-        if (!strcmp(e->name, argv[0])) return e->fn(argc, argv);
-    fprintf(stderr, "shoal: unknown %s \"%s\" (run `shoal help` for the list)\n", what, argv[0]);
+    const char *names[256];
+    size_t n = 0;
+    for (const struct cli_entry *e = t; e->name; e++) {
+        if (!strcmp(e->name, argv[0])) {
+            char **v = split_equals(&argc, argv);
+            int rc = e->fn(argc, v);
+            if (v != argv) free(v);
+            return rc;
+        }
+        if (n < 256) names[n++] = e->name;
+    }
+    const char *near = sh_closest(argv[0], names, n);
+    if (near)
+        fprintf(stderr, "shoal: unknown %s \"%s\" (did you mean \"%s\"? run `shoal help` for the list)\n", what,
+                argv[0], near);
+    else fprintf(stderr, "shoal: unknown %s \"%s\" (run `shoal help` for the list)\n", what, argv[0]);
     return CLI_USAGE;
 }
 
+#else
+/* Runs shoal-core with the same arguments: $SHOAL_CORE, else shoal-core
+ * beside this binary, else ../libexec/shoal/shoal-core (an installed tree). */
+static int exec_core(char **argv)
+{
+    char self[PATH_MAX], path[PATH_MAX + 32];
+    const char *env = getenv("SHOAL_CORE");
+    if (env && *env) {
+        execv(env, argv);
+        fprintf(stderr, "shoal: cannot run SHOAL_CORE=%s: %s\n", env, strerror(errno));
+        return 1;
+    }
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return fprintf(stderr, "shoal: cannot find my own path: %s\n", strerror(errno)), 1;
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    *slash = 0;
+    snprintf(path, sizeof path, "%s/shoal-core", self);
+    execv(path, argv);
+    snprintf(path, sizeof path, "%s/../libexec/shoal/shoal-core", self);
+    execv(path, argv);
+    fprintf(stderr, "shoal: cannot run %s/shoal-core (%s): the client binary needs shoal-core beside it\n"
+                    "hint: build both with `make all`, or set SHOAL_CORE to its path\n", self, strerror(errno));
+    return 1;
+}
+#endif
+
 int main(int argc, char **argv)
 {
+    const char *c = argc > 1 ? argv[1] : "";
+    if (!strcmp(c, "--version")) return printf("shoal %s\n", SHOAL_VERSION), 0;
+#ifdef SHOAL_CLIENT
+    for (const struct cli_entry *e = commands; e->name; e++)
+        if (!strcmp(e->name, c)) return e->fn(argc - 1, argv + 1);
+    return exec_core(argv);
+#else
     if (argc < 2) return usage(stderr);
-    const char *c = argv[1];
     if (!strcmp(c, "help") || !strcmp(c, "--help") || !strcmp(c, "-h")) return usage(stdout);
     if (!strcmp(c, "bench")) {
         if (argc < 3 || !strcmp(argv[2], "--help")) {
@@ -102,4 +192,5 @@ int main(int argc, char **argv)
         return dispatch(benches, "benchmark", argc - 2, argv + 2);
     }
     return dispatch(commands, "command", argc - 1, argv + 1);
+#endif
 }

@@ -88,14 +88,19 @@ int sh_fsync_parent(const char *path)
     return sh_fsync_dir(dirname(tmp));
 }
 
-int sh_atomic_open(sh_atomic_file *f, const char *path)
+int sh_atomic_open(sh_atomic_file *f, const char *path) { return sh_atomic_open_mode(f, path, 0644); }
+
+int sh_atomic_open_mode(sh_atomic_file *f, const char *path, unsigned mode)
 {
     f->fd = -1;
     int n1 = snprintf(f->path, sizeof f->path, "%s", path);
     int n2 = snprintf(f->tmp, sizeof f->tmp, "%s.tmp.%ld", path, (long)getpid());
     if (n1 < 0 || (size_t)n1 >= sizeof f->path || n2 < 0 || (size_t)n2 >= sizeof f->tmp)
         return sh_err(SH_ERANGE, "path too long: %s", path);
-    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* A fresh file (O_EXCL): one left by someone else could carry a laxer
+     * mode or an open descriptor. */
+    unlink(f->tmp);
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
     if (f->fd < 0) return sh_err_errno(errno, "create %s", f->tmp);
     return SH_OK;
 }
@@ -124,8 +129,13 @@ void sh_atomic_abort(sh_atomic_file *f)
 
 int sh_write_atomic(const char *path, const void *data, size_t len)
 {
+    return sh_write_atomic_mode(path, data, len, 0644);
+}
+
+int sh_write_atomic_mode(const char *path, const void *data, size_t len, unsigned mode)
+{
     sh_atomic_file f;
-    int rc = sh_atomic_open(&f, path);
+    int rc = sh_atomic_open_mode(&f, path, mode);
     if (rc < 0) return rc;
     rc = sh_write_all(f.fd, data, len, f.tmp);
     if (rc < 0) {

@@ -125,14 +125,17 @@ int sh_json_check_keys(const json_t *obj, const char *const *allowed, const char
         int ok = 0;
         for (const char *const *a = allowed; *a; a++)
             if (!strcmp(*a, key)) ok = 1;
-        if (!ok) return sh_err(SH_EFORMAT, "%s: unknown field \"%s\"", ctx, key);
+        if (ok) continue;
+        const char *near = sh_closest(key, allowed, (size_t)-1);
+        if (near) return sh_err(SH_EFORMAT, "%s: unknown field \"%s\" (did you mean \"%s\"?)", ctx, key, near);
+        return sh_err(SH_EFORMAT, "%s: unknown field \"%s\"", ctx, key);
     }
     return SH_OK;
 }
 
 void sh_json_print(const json_t *j)
 {
-    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(10));
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15));
     if (s) {
         fputs(s, stdout);
         fputc('\n', stdout);

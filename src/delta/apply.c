@@ -341,13 +341,15 @@ static int delta__apply_files(const ckpt *base, const delta *d, const char *out,
 
 int delta_apply(const char *base, const char *delta_path, const char *out, const delta_opts *o)
 {
-    char *buf = NULL;
+    /* Mapped, not read: the delta stays in the page cache, so apply's
+     * anonymous memory is its buffers whatever the delta's size. */
+    const uint8_t *buf = NULL;
     size_t len = 0;
-    int rc = sh_read_file(delta_path, (size_t)1 << 40, &buf, &len);
+    int rc = delta__map_file(delta_path, &buf, &len);
     delta *d = NULL;
     if (rc == SH_OK) rc = delta_parse(buf, len, 0, &d);
     if (rc < 0) {
-        free(buf);
+        delta__unmap_file(buf, len);
         return sh_err_wrap(rc, "%s", delta_path);
     }
     ckpt *b = NULL;
@@ -355,6 +357,6 @@ int delta_apply(const char *base, const char *delta_path, const char *out, const
     if (rc == SH_OK) rc = delta__apply_files(b, d, out ? out : base, o);
     ckpt_close(b);
     delta_free(d);
-    free(buf);
+    delta__unmap_file(buf, len);
     return rc;
 }

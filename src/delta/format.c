@@ -1,7 +1,12 @@
 /* The delta container and manifest (docs/delta-format.md): writing, and
  * parsing with every check that does not need the base. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "delta/internal.h"
 
@@ -54,6 +59,40 @@ int delta__write_container(const json_t *manifest, const delta__seg *seg, size_t
         *out = b;
     }
     free(m);
+    return rc;
+}
+
+int delta__write_container_fd(const json_t *manifest, const delta__seg *seg, size_t nseg, int fd,
+                              const char *name, uint64_t *len)
+{
+    char *m = json_dumps(manifest, JSON_COMPACT);
+    if (!m) return sh_err(SH_ENOMEM, "cannot serialise the delta manifest");
+    size_t ml = strlen(m);
+    uint8_t head[24];
+    memcpy(head, DELTA__MAGIC, 8);
+    head[8] = DELTA_VERSION, head[9] = head[10] = head[11] = 0;
+    memset(head + 12, 0, 4);
+    delta__put_u64(head + 16, ml);
+    sh_hasher *h = sh_hasher_new();
+    int rc = h ? SH_OK : sh_err(SH_ENOMEM, "out of memory");
+    uint64_t total = 0;
+    const delta__seg parts[2] = {{head, 24}, {m, ml}};
+    for (size_t i = 0; rc == SH_OK && i < 2 + nseg; i++) {
+        const delta__seg *g = i < 2 ? &parts[i] : &seg[i - 2];
+        sh_hasher_update(h, g->p, g->len);
+        rc = sh_write_all(fd, g->p, g->len, name);
+        total += g->len;
+    }
+    if (rc == SH_OK) {
+        sh_buf t = {0};
+        ckpt_digest_write(&t, sh_hasher_digest(h));
+        rc = t.data ? sh_write_all(fd, t.data, t.len, name) : sh_err(SH_ENOMEM, "out of memory");
+        sh_buf_free(&t);
+        total += 16;
+    }
+    sh_hasher_free(h);
+    free(m);
+    if (rc == SH_OK) *len = total;
     return rc;
 }
 
@@ -300,4 +339,29 @@ uint64_t delta_target_size(const delta *d)
         for (size_t i = 0; i < d->files[f].nt; i++) s += d->files[f].t[i].nbytes;
     }
     return s;
+}
+
+int delta__map_file(const char *path, const uint8_t **buf, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sh_err_errno(errno, "open %s", path);
+    struct stat st;
+    int rc = fstat(fd, &st) < 0 ? sh_err_errno(errno, "stat %s", path) : SH_OK;
+    if (rc == SH_OK && st.st_size < 40)
+        rc = sh_err(SH_EFORMAT, "not a shoal delta: %lld bytes, shorter than the smallest "
+                    "(40; truncated?)", (long long)st.st_size);
+    void *p = MAP_FAILED;
+    if (rc == SH_OK) {
+        p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) rc = sh_err_errno(errno, "map %s", path);
+    }
+    close(fd);
+    if (rc < 0) return rc;
+    *buf = p, *len = (size_t)st.st_size;
+    return SH_OK;
+}
+
+void delta__unmap_file(const uint8_t *buf, size_t len)
+{
+    if (buf) munmap((void *)buf, len);
 }

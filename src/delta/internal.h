@@ -374,6 +374,14 @@ typedef struct {
  * manifest JSON, then the payload, then the trailer. */
 int delta__write_container(const json_t *manifest, const delta__seg *seg, size_t nseg,
                            sh_buf *out);
+/* The same, streamed to fd (`name` in messages) with no copy of the
+ * payload; *len gets the bytes written. */
+int delta__write_container_fd(const json_t *manifest, const delta__seg *seg, size_t nseg, int fd,
+                              const char *name, uint64_t *len);
+/* Maps a delta file read-only (page cache, not anonymous memory); a file
+ * shorter than the smallest delta is SH_EFORMAT. */
+int delta__map_file(const char *path, const uint8_t **buf, size_t *len);
+void delta__unmap_file(const uint8_t *buf, size_t len);
 /* zstd-compresses bytes into the payload and returns the [off, len] array. */
 json_t *delta__blob(sh_buf *payload, const void *data, size_t len);
 json_t *delta__hex(sh_hash128 h);

@@ -186,7 +186,14 @@ static json_t *delta__tensor_json(const delta__mk *m, size_t i, size_t *k, uint6
     return j;
 }
 
-static int delta__assemble_delta(delta__mk *m, sh_buf *out, delta_stats *st)
+/* Where the delta goes: a buffer, or a file descriptor (streamed). */
+typedef struct {
+    sh_buf *buf;
+    int fd;
+    const char *name;
+} delta__dst;
+
+static int delta__assemble_delta(delta__mk *m, const delta__dst *dst, delta_stats *st)
 {
     const ckpt *B = m->base, *T = m->target;
     sh_hash128 *td = calloc(T->ntensors + 1, sizeof *td), *bd = calloc(B->ntensors + 1, sizeof *bd);
@@ -221,18 +228,20 @@ static int delta__assemble_delta(delta__mk *m, sh_buf *out, delta_stats *st)
                             "base", "digest", delta__hex(bdig), "sharded", B->is_folder, "target",
                             "digest", delta__hex(tdig), "sharded", T->is_folder, "index", index,
                             "files", files, "tensors", tensors);
-    int rc = man && seg ? delta__write_container(man, seg, k + 1, out)
-                        : sh_err(SH_ENOMEM, "cannot build the delta manifest");
+    uint64_t len = 0;
+    int rc = !man || !seg ? sh_err(SH_ENOMEM, "cannot build the delta manifest")
+             : dst->buf   ? delta__write_container(man, seg, k + 1, dst->buf)
+                          : delta__write_container_fd(man, seg, k + 1, dst->fd, dst->name, &len);
     json_decref(man);
     sh_buf_free(&payload);
     free(seg);
     free(td), free(bd);
-    if (rc == SH_OK) st->delta_bytes = out->len;
+    if (rc == SH_OK) st->delta_bytes = dst->buf ? dst->buf->len : len;
     return rc;
 }
 
-int delta_make_mem(const ckpt *base, const ckpt *target, const delta_opts *o, sh_buf *out,
-                   delta_stats *st)
+static int delta__make(const ckpt *base, const ckpt *target, const delta_opts *o,
+                       const delta__dst *dst, delta_stats *st)
 {
     delta_stats local;
     if (!st) st = &local;
@@ -242,11 +251,30 @@ int delta_make_mem(const ckpt *base, const ckpt *target, const delta_opts *o, sh
     int rc = delta__plan(&m);
     if (o && o->progress && !o->progress->total) o->progress->total = ckpt_data_bytes(target);
     if (rc == SH_OK) rc = delta__parallel(o ? o->threads : 0, m.nitems, delta__make_item, &m);
-    if (rc == SH_OK) rc = delta__assemble_delta(&m, out, st);
+    if (rc == SH_OK) rc = delta__assemble_delta(&m, dst, st);
     for (size_t i = 0; i < m.nitems; i++) free(m.items[i].payload);
     free(m.items);
     free(m.bt);
     pthread_mutex_destroy(&m.mu);
+    return rc;
+}
+
+int delta_make_mem(const ckpt *base, const ckpt *target, const delta_opts *o, sh_buf *out,
+                   delta_stats *st)
+{
+    return delta__make(base, target, o, &(delta__dst){.buf = out, .fd = -1}, st);
+}
+
+/* The file layer streams the container into the output file: the chunk
+ * payloads (the delta's size) are the only copy held in memory. */
+int delta_make_ckpt(const ckpt *base, const ckpt *target, const char *out, const delta_opts *o,
+                    delta_stats *st)
+{
+    sh_atomic_file f;
+    SH_TRY(sh_atomic_open(&f, out));
+    int rc = delta__make(base, target, o, &(delta__dst){.fd = f.fd, .name = f.tmp}, st);
+    if (rc == SH_OK) return sh_atomic_commit(&f);
+    sh_atomic_abort(&f);
     return rc;
 }
 
@@ -256,10 +284,7 @@ int delta_make(const char *base, const char *target, const char *out, const delt
     ckpt *b = NULL, *t = NULL;
     int rc = ckpt_open(base, &b);
     if (rc == SH_OK) rc = ckpt_open(target, &t);
-    sh_buf d = {0};
-    if (rc == SH_OK) rc = delta_make_mem(b, t, o, &d, st);
-    if (rc == SH_OK) rc = sh_write_atomic(out, d.data, d.len);
-    sh_buf_free(&d);
+    if (rc == SH_OK) rc = delta_make_ckpt(b, t, out, o, st);
     ckpt_close(b);
     ckpt_close(t);
     return rc;

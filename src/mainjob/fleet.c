@@ -1,9 +1,11 @@
-/* Fleet files with declared rollout speed factors: the `shoal up` fleet CSV
- * (name,gpu_type,gpus,zone,fabric,price_per_gpu_hour) plus a table of
- * gpu_type,speed (docs/mainjob.md).  Lines starting with '#' are comments. */
+/* Fleet files with declared rollout speed factors: shoal's fleet file
+ * (docs/fleet-format.md, read by src/common/fleetfile.c) plus a table of
+ * gpu_type,speed[,max_seqs] (docs/mainjob.md).  Lines starting with '#' are
+ * comments. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "shoal/fleetfile.h"
 #include "shoal/mainjob.h"
 
 typedef struct speed_row {
@@ -94,41 +96,24 @@ static int speed_row_fn(void *ctx, char **f, int nf, int line)
     return 0;
 }
 
-typedef struct nodes {
-    mj_fleet *f;
-    int cap;
-    const speeds *sp;
-} nodes;
-
-static int node_row_fn(void *ctx, char **f, int nf, int line)
+/* One node of the fleet file, with its type's declared speed. */
+static int node_of(const sh_fleet_node *f, const speeds *sp, const char *path, mj_node *n)
 {
-    (void)nf, (void)line;
-    nodes *ns = ctx;
-    mj_fleet *fl = ns->f;
-    if (fl->n == ns->cap) {
-        mj_node *nv = realloc(fl->nodes, sizeof *nv * (size_t)(ns->cap = ns->cap ? 2 * ns->cap : 16));
-        if (!nv) return sh_err(SH_ENOMEM, "fleet: out of memory");
-        fl->nodes = nv;
-    }
-    mj_node *n = &fl->nodes[fl->n];
     memset(n, 0, sizeof *n);
-    int64_t g;
-    SH_TRY(sh_parse_i64(f[2], &g, "gpus"));
-    SH_TRY(sh_parse_double(f[5], &n->price, "price_per_gpu_hour"));
-    if (g < 0 || g > 64 || n->price < 0)
-        return sh_err(SH_ERANGE, "node %s: gpus %lld must be 0..64 and the price >= 0", f[0], (long long)g);
-    snprintf(n->name, sizeof n->name, "%s", f[0]);
-    snprintf(n->gpu_type, sizeof n->gpu_type, "%s", f[1]);
-    snprintf(n->zone, sizeof n->zone, "%s", f[3]);
-    snprintf(n->fabric, sizeof n->fabric, "%s", f[4]);
-    n->gpus = (int)g;
-    for (int i = 0; i < ns->sp->n; i++)
-        if (!strcmp(ns->sp->v[i].type, n->gpu_type))
-            n->speed = ns->sp->v[i].speed, n->max_seqs = ns->sp->v[i].max_seqs;
+    if (strlen(f->gpu_type) >= sizeof n->gpu_type)
+        return sh_err(SH_EFORMAT, "%s:%d: gpu_type \"%s\" is longer than %zu characters", path, f->line,
+                      f->gpu_type, sizeof n->gpu_type - 1);
+    memcpy(n->name, f->name, sizeof n->name);
+    memcpy(n->gpu_type, f->gpu_type, strlen(f->gpu_type) + 1);
+    memcpy(n->zone, f->zone, sizeof n->zone);
+    memcpy(n->fabric, f->fabric, sizeof n->fabric);
+    n->gpus = f->gpus;
+    n->price = f->price_per_gpu_hour;
+    for (int i = 0; i < sp->n; i++)
+        if (!strcmp(sp->v[i].type, n->gpu_type)) n->speed = sp->v[i].speed, n->max_seqs = sp->v[i].max_seqs;
     if (n->speed <= 0)
-        return sh_err(SH_ENOENT, "node %s: GPU type %s has no speed in the speed table; add a line "
-                      "\"%s,<speed>\"", n->name, n->gpu_type, n->gpu_type);
-    fl->n++;
+        return sh_err(SH_ENOENT, "%s:%d: node %s: GPU type %s has no speed in the speed table; add a line "
+                      "\"%s,<speed>\"", path, f->line, n->name, n->gpu_type, n->gpu_type);
     return 0;
 }
 
@@ -136,11 +121,15 @@ int mj_fleet_load(const char *fleet_csv, const char *speeds_csv, mj_fleet *out)
 {
     memset(out, 0, sizeof *out);
     speeds sp = {0};
+    sh_fleet_file ff = {0};
     int rc = each_line(speeds_csv, "gpu_type,speed,max_seqs|gpu_type,speed", speed_row_fn, &sp);
-    nodes ns = {.f = out, .sp = &sp};
-    if (!rc)
-        rc = each_line(fleet_csv, "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour", node_row_fn, &ns);
-    if (!rc && !out->n) rc = sh_err(SH_EFORMAT, "%s: no nodes", fleet_csv);
+    if (!rc) rc = sh_fleet_load(fleet_csv, NULL, &ff);
+    if (!rc && !(out->nodes = calloc(ff.n, sizeof *out->nodes))) rc = sh_err(SH_ENOMEM, "fleet: out of memory");
+    for (size_t i = 0; !rc && i < ff.n; i++) {
+        rc = node_of(&ff.nodes[i], &sp, fleet_csv, &out->nodes[i]);
+        if (!rc) out->n++;
+    }
+    sh_fleet_free(&ff);
     free(sp.v);
     if (rc) mj_fleet_free(out);
     return rc;

@@ -11,6 +11,7 @@
  * start in any order), so the first send is retried on a fresh endpoint
  * until the deadline. */
 #include <arpa/inet.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,7 @@ struct mj_ring {
     uint64_t op, bytes_sent;
     float *scratch;
     size_t scratch_n;
+    int efd; /* the worker's event fd: a rank waiting for its neighbour sleeps on it */
 };
 
 typedef struct req_state {
@@ -70,7 +72,16 @@ static int wait_req(mj_ring *r, ucs_status_ptr_t p, req_state *s, const char *wh
         return sh_err(SH_EIO, "ring rank %d: %s: %s", r->rank, what, ucs_status_string(UCS_PTR_STATUS(p)));
     double deadline = sh_now_mono() + r->timeout_s;
     while (!s->done) {
-        if (!ucp_worker_progress(r->worker) && sh_now_mono() > deadline) {
+        if (ucp_worker_progress(r->worker)) continue;
+        /* Nothing to do: sleep until the worker has news rather than spin
+         * (a trainer rank waiting for its neighbour, a receiver between
+         * messages).  Capped at a millisecond: over TCP, UCX may need a
+         * progress call that its event fd does not announce. */
+        if (r->efd >= 0 && ucp_worker_arm(r->worker) == UCS_OK) {
+            struct pollfd pf = {.fd = r->efd, .events = POLLIN};
+            poll(&pf, 1, 1);
+        }
+        if (sh_now_mono() > deadline) {
             ucp_request_cancel(r->worker, p);
             while (!s->done) ucp_worker_progress(r->worker);
             ucp_request_free(p);
@@ -169,7 +180,7 @@ static int start(mj_ring *r, const char *host, int port, int *port_out)
 {
     ucp_config_t *conf;
     if (ucp_config_read(NULL, NULL, &conf) != UCS_OK) return sh_err(SH_EIO, "ring: UCX configuration");
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG};
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP};
     ucs_status_t st = ucp_init(&p, conf, &r->ctx);
     ucp_config_release(conf);
     if (st != UCS_OK) {
@@ -182,6 +193,7 @@ static int start(mj_ring *r, const char *host, int port, int *port_out)
         r->worker = NULL;
         return sh_err(SH_EIO, "ring: ucp_worker_create: %s", ucs_status_string(st));
     }
+    if (ucp_worker_get_efd(r->worker, &r->efd) != UCS_OK) r->efd = -1; /* then it spins */
     struct sockaddr_in sa;
     SH_TRY(addr_of(host, port, &sa));
     ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
@@ -270,6 +282,7 @@ int mj_ring_new(int rank, int world, const char *host, int base_port, const char
     mj_ring *r = calloc(1, sizeof *r);
     if (!r) return sh_err(SH_ENOMEM, "ring: out of memory");
     r->rank = rank, r->world = world, r->timeout_s = timeout_s > 0 ? timeout_s : 60;
+    r->efd = -1;
     r->op = 1;
     int rc = 0;
     if (world > 1) {

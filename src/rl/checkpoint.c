@@ -1,10 +1,12 @@
 /* Publishing the policy as a bf16 safetensors checkpoint with Hugging Face
  * names (through src/ckpt), and loading one back.  I/O edge. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "shoal/ckpt.h"
+#include "rl/runtime.h"
 #include "shoal/rl.h"
 
 void rl_round_bf16(float *w, size_t n)
@@ -168,4 +170,75 @@ int rl_load_checkpoint(nn_model *m, const char *path)
     int rc = rl_load_view(m, c, path);
     ckpt_close(c);
     return rc;
+}
+
+/* ---- FP8 rollout weights, in memory ---------------------------------------
+ * The worker samples from the dequantised FP8 weights: every 2-D BF16 tensor
+ * but the embeddings and the output head (kept BF16, as DeepSeek-V3 keeps
+ * them) is quantised to e4m3 with one scale per 128 x 128 block, scale =
+ * amax / 448, the block rule of `shoal quant fp8` (src/delta/quant.c), and
+ * read back.  A block depends only on its own BF16 values, so after a delta
+ * only the blocks whose bytes changed are redone. */
+
+static int fp8_kept(const char *name) { return strstr(name, "embed") || strstr(name, "lm_head"); }
+
+/* Block (br, bc) of a BF16 [rows, cols] tensor, dequantised into dst. */
+static void fp8_block(const uint8_t *x, int64_t rows, int64_t cols, int64_t br, int64_t bc, float *dst)
+{
+    int64_t r0 = br * 128, c0 = bc * 128;
+    int64_t r1 = r0 + 128 < rows ? r0 + 128 : rows, c1 = c0 + 128 < cols ? c0 + 128 : cols;
+    float amax = 0;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++) {
+            uint16_t h;
+            memcpy(&h, x + 2 * (r * cols + c), 2);
+            float v = fabsf(ckpt_bf16_to_f32(h));
+            if (v > amax) amax = v;
+        }
+    float si = amax > 0 && isfinite(amax) ? amax / 448.0f : 1.0f;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++) {
+            uint16_t h;
+            memcpy(&h, x + 2 * (r * cols + c), 2);
+            dst[r * cols + c] = ckpt_e4m3_to_f32(ckpt_f32_to_e4m3(ckpt_bf16_to_f32(h) / si)) * si;
+        }
+}
+
+/* Whether block (br, bc) has the same bytes in a and b. */
+static int block_same(const uint8_t *a, const uint8_t *b, int64_t rows, int64_t cols, int64_t br,
+                      int64_t bc)
+{
+    int64_t r1 = br * 128 + 128 < rows ? br * 128 + 128 : rows, c0 = bc * 128;
+    size_t n = (size_t)((c0 + 128 < cols ? c0 + 128 : cols) - c0) * 2;
+    for (int64_t r = br * 128; r < r1; r++)
+        if (memcmp(a + 2 * (r * cols + c0), b + 2 * (r * cols + c0), n)) return 0;
+    return 1;
+}
+
+int rl__load_fp8(nn_model *m, const ckpt *img, const ckpt *prev, uint64_t *blocks)
+{
+    float *p = nn_params(m);
+    uint64_t redone = 0;
+    for (int i = 0; i < nn_num_tensors(m); i++) {
+        const nn_tensor *s = nn_tensor_at(m, i);
+        const ckpt_tensor *t = ckpt_find(img, s->name);
+        if (!t) return sh_err(SH_ENOENT, "fp8 weights: tensor %s is missing", s->name);
+        uint64_t n = (uint64_t)s->rows * s->cols;
+        if (t->dtype != CKPT_BF16 || t->ndim != 2 || fp8_kept(s->name)) {
+            SH_TRY(get_values(t, n, p + s->offset, "fp8 weights"));
+            continue;
+        }
+        if (t->numel != n || t->shape[0] != s->rows || t->shape[1] != s->cols)
+            return sh_err(SH_EMISMATCH, "fp8 weights: tensor %s: shape does not match the model", s->name);
+        const ckpt_tensor *o = prev ? ckpt_find(prev, s->name) : NULL;
+        if (o && (o->dtype != CKPT_BF16 || o->numel != n)) o = NULL;
+        for (int64_t br = 0; br * 128 < s->rows; br++)
+            for (int64_t bc = 0; bc * 128 < s->cols; bc++) {
+                if (o && block_same(t->data, o->data, s->rows, s->cols, br, bc)) continue;
+                fp8_block(t->data, s->rows, s->cols, br, bc, p + s->offset);
+                redone++;
+            }
+    }
+    if (blocks) *blocks = redone;
+    return 0;
 }

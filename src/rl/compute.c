@@ -316,7 +316,8 @@ static int took_step(run *r, rl__compute *cp, const rl_step_stats *st)
         r->image_bytes = (double)r->img.len;
         if (r->delta.len) r->delta_bytes_sum += (double)r->delta.len, r->deltas++;
         for (int i = 0; i < r->nslots; i++)
-            if (r->w[i].alive && r->w[i].hello) SH_TRY(rl__enqueue_weights(r, &r->w[i], 0));
+            if (r->w[i].alive && r->w[i].hello && !r->w[i].push)
+                SH_TRY(rl__enqueue_weights(r, &r->w[i], 0));
         r->t_publish += cp->publish_s + sh_now_mono() - t0;
     }
     json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:o,s:f,s:i,s:[i,i]}", "event",

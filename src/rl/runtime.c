@@ -49,6 +49,7 @@ int rl__enqueue_weights(run *r, wk *w, int full)
                           .encoding = use_delta ? RL_ENC_DELTA : RL_ENC_IMAGE,
                           .nbytes = use_delta ? r->delta.len : r->img.len,
                           .base_version = use_delta ? r->version - 1 : -1};
+    r->weights_bytes += (double)hd.nbytes;
     return rl__msg_append(&w->out, RL_MSG_WEIGHTS, &hd, sizeof hd,
                           use_delta ? r->delta.data : r->img.data, hd.nbytes);
 }
@@ -142,7 +143,8 @@ static void accept_remote(run *r)
     }
     if (i >= r->nslots) r->nslots = i + 1;
     wk *w = &r->w[i];
-    w->pid = 0, w->fd = fd, w->alive = 1, w->busy = 0, w->hello = 0, w->bye = 0;
+    w->pid = 0, w->fd = fd, w->alive = 1, w->busy = 0, w->hello = 0, w->bye = 0, w->push = 0;
+    w->refused = 0;
     w->trajs = w->trajs_at_join = 0, w->busy_s = 0;
     w->in.len = w->out.len = w->out_off = 0;
     w->joined = sh_now_mono() - r->t0, w->left = -1;
@@ -164,10 +166,50 @@ static int got_hello(run *r, int i, const uint8_t *p, size_t len)
     sp->speed = h.speed, sp->price = h.price;
     r->w[i].pid = h.pid;
     r->w[i].hello = 1;
+    r->w[i].push = (h.flags & RL_HELLO_PUSH) != 0;
     r->joins++;
-    SH_TRY(rl__enqueue_weights(r, &r->w[i], 1));
-    if (rl__over(r)) /* joined while the run was ending */
-        return rl__msg_append(&r->w[i].out, RL_MSG_STOP, NULL, 0, NULL, 0);
+    r->push_joins += r->w[i].push;
+    if (!r->w[i].push) SH_TRY(rl__enqueue_weights(r, &r->w[i], 1));
+    if (rl__over(r)) return rl__queue_stop(r, &r->w[i]); /* joined while the run was ending */
+    return 0;
+}
+
+int rl__queue_stop(run *r, wk *w)
+{
+    int32_t v = r->version; /* a push worker takes it before its BYE */
+    return rl__msg_append(&w->out, RL_MSG_STOP, &v, sizeof v, NULL, 0);
+}
+
+/* Drops worker i's oldest request, answered or refused. */
+static void pop_request(run *r, wk *w)
+{
+    memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
+    memmove(w->req_group0, w->req_group0 + 1, sizeof(int) * (RL_QUEUE - 1));
+    if (--w->busy == 0) w->busy_s += sh_now_mono() - w->busy_since;
+}
+
+/* A push worker could not get weights new enough for its oldest request in
+ * time: its groups are asked for again (of this worker or another), and
+ * nothing of them is trained on. */
+static int got_refuse(run *r, int i, const uint8_t *p, size_t len)
+{
+    wk *w = &r->w[i];
+    rl_wire_refuse f;
+    if (len != sizeof f || !w->busy) return sh_err(SH_EFORMAT, "worker %d: unexpected or malformed REFUSE", i);
+    memcpy(&f, p, sizeof f);
+    if (f.group0 != w->req_group0[0] || f.nprompts * r->c->group != w->req_trajs[0])
+        return sh_err(SH_EFORMAT, "worker %d: REFUSE of groups %d+%d, but its oldest request is %d+%d",
+                      i, f.group0, f.nprompts, w->req_group0[0], w->req_trajs[0] / r->c->group);
+    r->issued -= w->req_trajs[0];
+    r->refused++, w->refused++;
+    sh_log(SH_LOG_INFO, "rl: worker %d (%s) holds version %d, refused groups %d+%d that need %d; "
+           "asking again", i, r->spec[i].name, f.version, f.group0, f.nprompts, f.min_version);
+    if (!rl__over(r) && r->nlost < RL_MAX_WORKERS * RL_QUEUE) {
+        r->lost[2 * r->nlost] = f.group0;
+        r->lost[2 * r->nlost + 1] = f.nprompts;
+        r->nlost++;
+    }
+    pop_request(r, w);
     return 0;
 }
 
@@ -290,9 +332,7 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
     }
     if (rl__over(r)) { /* the run is over: answers to old requests */
         r->dropped_end += th.count;
-        memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
-        memmove(w->req_group0, w->req_group0 + 1, sizeof(int) * (RL_QUEUE - 1));
-        w->busy--;
+        pop_request(r, w);
         return 0;
     }
     if (r->nbuf + th.count > r->cap)
@@ -312,9 +352,7 @@ static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
         t->worker = i; /* remote workers do not know their slot */
     }
     r->nbuf += th.count;
-    memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
-    memmove(w->req_group0, w->req_group0 + 1, sizeof(int) * (RL_QUEUE - 1));
-    if (--w->busy == 0) w->busy_s += sh_now_mono() - w->busy_since;
+    pop_request(r, w);
     w->trajs += th.count;
     return 0;
 }
@@ -344,6 +382,7 @@ static int read_worker(run *r, int i)
         if (type == RL_MSG_HELLO && r->c->remote) SH_TRY(got_hello(r, i, pl, len));
         else if (type == RL_MSG_BYE) SH_TRY(got_bye(r, i, pl, len));
         else if (type == RL_MSG_TRAJS && w->hello) SH_TRY(accept_trajs(r, i, pl, len));
+        else if (type == RL_MSG_REFUSE && w->hello) SH_TRY(got_refuse(r, i, pl, len));
         else return sh_err(SH_EFORMAT, "worker %d: unexpected message %u", i, type);
         memmove(w->in.data, w->in.data + used, w->in.len - used);
         w->in.len -= used;
@@ -475,7 +514,7 @@ static int poll_once(run *r)
 static void shutdown_remote(run *r)
 {
     for (int i = 0; i < r->nslots; i++)
-        if (r->w[i].alive && r->w[i].hello) rl__msg_append(&r->w[i].out, RL_MSG_STOP, NULL, 0, NULL, 0);
+        if (r->w[i].alive && r->w[i].hello) rl__queue_stop(r, &r->w[i]);
         else if (r->w[i].alive) worker_dead(r, i);
     /* Workers apply the last weights, finish what they generate (answers
      * are discarded), then answer STOP with BYE and close. */
@@ -543,6 +582,10 @@ static json_t *worker_json(const run *r, int i, double until)
         json_object_set_new(o, "max_seqs", json_integer(sp->max_seqs));
         json_object_set_new(o, "req_prompts", json_integer(sp->req_prompts));
     }
+    if (r->c->remote) {
+        json_object_set_new(o, "push", json_boolean(w->push));
+        json_object_set_new(o, "refused", json_integer(w->refused));
+    }
     if (r->c->remote)
         json_object_set_new(o, "final", w->bye ? json_pack("{s:i,s:s}", "version", w->final_version,
                                                            "image_xxh3", hex)
@@ -564,7 +607,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
     char hex[33];
     sh_hash128_hex(sh_hash128_of(r->img.data, r->img.len), hex);
     int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1;
-    return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
+    json_t *res = json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:I,s:I,s:I,s:I,s:I,"
                      "s:I,s:o,s:o,s:o,s:o,s:f,s:I,s:f,s:o,s:f,s:f,s:o,s:i,s:s,s:I,s:I}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->max_lag, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
@@ -586,6 +629,12 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
                                                    r->t_publish, "wait", r->t_wait),
                      "final_version", r->version, "final_image_xxh3", hex, "worker_joins",
                      (json_int_t)r->joins, "dropped_end", (json_int_t)r->dropped_end);
+    if (res) {
+        json_object_set_new(res, "refused_requests", json_integer(r->refused));
+        json_object_set_new(res, "worker_joins_push", json_integer(r->push_joins));
+        json_object_set_new(res, "weights_bytes_sent", json_real(r->weights_bytes));
+    }
+    return res;
 }
 
 int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result)

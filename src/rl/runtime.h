@@ -30,6 +30,8 @@ typedef struct wk {
     double gpu_s; /* emulated busy GPU seconds (rl_config.step_s > 0), from the work done */
     long trajs, trajs_at_join; /* trajs_at_join: trajs when the current process joined */
     int hello;            /* remote: HELLO received (forked workers start with 1) */
+    int push;             /* its weights come by the push tree: no WEIGHTS to it */
+    long refused;         /* requests it refused (REFUSE) */
     int bye, final_version; /* BYE received, and the version it reported */
     sh_hash128 final_hash;
     double joined, left;  /* seconds since the RL phase began (left < 0: still here) */
@@ -59,6 +61,8 @@ typedef struct run {
     long gen_tokens, train_tokens, dropped_stale, dropped_dead, deaths, respawns, skipped;
     long stale_hist[RL_MAX_T + 2];
     long inflight_updates;
+    long refused, push_joins; /* REFUSEd requests; workers that joined fed by the push tree */
+    double weights_bytes;     /* WEIGHTS bytes queued to workers (the direct transport) */
     rl_problem *evalset;
     /* The published image of the current version, and the delta that led
      * to it from the previous one (what workers holding that get).  Owned
@@ -121,6 +125,14 @@ json_t *rl__hist_json(const long *h, int n);
  * loads the result from c->warm_cache when an earlier run made it. */
 int rl__warm_start(const rl_config *c, nn_model *m);
 int rl__enqueue_weights(run *r, wk *w, int full);
+/* Queues STOP, naming the final version (r->version). */
+int rl__queue_stop(run *r, wk *w);
+
+/* FP8 rollouts (checkpoint.c): loads the dequantised FP8 view of the BF16
+ * image img into m, in memory.  With prev (the image m's weights were last
+ * loaded from this way) only the 128 x 128 blocks whose bytes differ are
+ * re-quantised; *blocks (optional) counts the blocks redone. */
+int rl__load_fp8(nn_model *m, const struct ckpt *img, const struct ckpt *prev, uint64_t *blocks);
 
 /* Runs a rollout worker on fd until STOP or EOF; never returns (_exit). */
 void rl__worker_main(const rl_config *c, int idx, int fd) __attribute__((noreturn));

@@ -12,7 +12,9 @@
 #define RL_WIRE_MAX (64u << 20)   /* largest payload accepted */
 
 enum { RL_MSG_WEIGHTS = 1, RL_MSG_REQUEST = 2, RL_MSG_TRAJS = 3, RL_MSG_STOP = 4,
-       RL_MSG_HELLO = 5, RL_MSG_BYE = 6 };
+       RL_MSG_HELLO = 5, RL_MSG_BYE = 6, RL_MSG_REFUSE = 7 };
+/* HELLO flags: the worker's weights come by the push tree, not WEIGHTS. */
+enum { RL_HELLO_PUSH = 1 };
 /* WEIGHTS encodings: a whole safetensors image, or a shoal delta
  * (docs/delta-format.md) from the image of base_version. */
 enum { RL_ENC_IMAGE = 1, RL_ENC_DELTA = 2 };
@@ -43,8 +45,21 @@ typedef struct rl_wire_trajs {
 typedef struct rl_wire_hello {
     char name[16]; /* NUL-terminated GPU type or worker name */
     double speed, price;
-    int32_t pid, reserved;
+    int32_t pid;
+    uint32_t flags; /* RL_HELLO_PUSH */
 } rl_wire_hello;
+
+/* REFUSE (worker -> trainer, the answer to a REQUEST in its turn): the
+ * worker could not get weights as new as min_version in time.  The trainer
+ * asks for those groups again; nothing of them is trained on. */
+typedef struct rl_wire_refuse {
+    int32_t version;     /* the policy version the worker holds (-1: none) */
+    int32_t min_version; /* what the request asked for */
+    int32_t group0, nprompts;
+} rl_wire_refuse;
+
+/* STOP may carry an int32: the trainer's final version, which a push worker
+ * takes before it answers BYE. */
 
 /* BYE (worker -> trainer, answer to STOP): the version it holds and the
  * xxh3-128 of its weights image, so the trainer can check convergence. */

@@ -28,7 +28,12 @@ typedef struct worker {
     size_t queued_off;
     sh_buf img; /* the safetensors image of the current weights */
     ckpt *ck;   /* a view over img: the base the next delta applies to */
-    char dir[64]; /* fp8 rollouts: scratch folder for the quantiser's files */
+    uint64_t fp8_blocks; /* FP8 rollouts: blocks re-quantised by the last update */
+    /* Push workers: the weights come from src; view pins the version held
+     * (img is then unused) and ck is a view over its image. */
+    const rl_weights_source *src;
+    rl_weights_view view;
+    int final_version; /* from STOP: the trainer's last version (-1: not said) */
     double mark, mark_cpu; /* wall and CPU clocks at the end of the last stretch */
     long updates_in_flight;
     /* Emulated GPU time (rl_config.step_s > 0): the current request's
@@ -44,14 +49,20 @@ typedef struct worker {
     } prof;
 } worker;
 
-static int load_fp8(worker *w);
+/* Replaces the worker's image with img (taking ownership) and loads it.
+ * FP8 rollouts sample from the dequantised FP8 weights, updated in memory
+ * block by block from the image held before (rl__load_fp8). */
+static int load_model(worker *w, const ckpt *ck)
+{
+    if (w->c->dtype == RL_DTYPE_FP8) return rl__load_fp8(w->model, ck, w->ck, &w->fp8_blocks);
+    return rl_load_view(w->model, ck, "weights");
+}
 
-/* Replaces the worker's image with img (taking ownership) and loads it. */
 static int install(worker *w, sh_buf img, int version)
 {
     ckpt *ck = NULL;
     int rc = ckpt_open_mem(img.data, img.len, "weights", &ck);
-    if (!rc) rc = rl_load_view(w->model, ck, "weights");
+    if (!rc) rc = load_model(w, ck);
     if (rc) {
         ckpt_close(ck);
         sh_buf_free(&img);
@@ -62,27 +73,7 @@ static int install(worker *w, sh_buf img, int version)
     w->img = img;
     w->ck = ck;
     w->version = version;
-    return w->c->dtype == RL_DTYPE_FP8 ? load_fp8(w) : 0;
-}
-
-/* FP8 rollouts: the bf16 image goes through src/delta's block quantiser
- * (`shoal quant fp8`: e4m3 with a scale per 128 x 128 block; embeddings and
- * the output head stay bf16, as DeepSeek-V3 keeps them), and the worker
- * samples from the dequantised weights. */
-static int load_fp8(worker *w)
-{
-    char in[128], out[128];
-    snprintf(in, sizeof in, "%s/bf16.safetensors", w->dir);
-    snprintf(out, sizeof out, "%s/fp8.safetensors", w->dir);
-    static const char *const keep[] = {"embed", "lm_head", NULL};
-    delta_opts o = {.threads = 1};
-    SH_TRY(sh_write_atomic(in, w->img.data, w->img.len));
-    SH_TRY(delta_quant_fp8(in, out, keep, &o));
-    ckpt *q;
-    SH_TRY(ckpt_open(out, &q));
-    int rc = rl_load_view(w->model, q, out);
-    ckpt_close(q);
-    return rc;
+    return 0;
 }
 
 /* Installs weights from a WEIGHTS payload: a whole image, or a shoal delta
@@ -121,12 +112,48 @@ static int apply_weights(worker *w, const uint8_t *p, size_t len)
     return install(w, img, hd.version);
 }
 
+/* Push workers: takes the newest version the source holds when it is newer
+ * than the one held.  Returns 1 when it did, 0 when there was none. */
+static int take_from_source(worker *w)
+{
+    const rl_weights_source *src = w->src;
+    if (src->version(src->arg) <= w->version) return 0;
+    rl_weights_view v;
+    int rc = src->acquire(src->arg, &v);
+    if (rc == SH_EAGAIN) return 0;
+    if (rc < 0) return rc;
+    ckpt *ck = NULL;
+    if (v.version <= w->version) rc = 1;
+    if (!rc) rc = ckpt_open_mem(v.image, v.len, "weights", &ck);
+    if (!rc) rc = load_model(w, ck);
+    if (rc) {
+        ckpt_close(ck);
+        src->release(src->arg, &v);
+        return rc == 1 ? 0 : rc;
+    }
+    ckpt_close(w->ck);
+    if (w->view.priv) src->release(src->arg, &w->view);
+    w->view = v;
+    w->ck = ck;
+    w->version = v.version;
+    return 1;
+}
+
 static void leave(worker *w, int code) __attribute__((noreturn));
 
 /* Answers STOP with BYE (version and image hash) and exits. */
 static void __attribute__((noreturn)) bye(worker *w)
 {
-    sh_hash128 h = sh_hash128_of(w->img.data, w->img.len);
+    const uint8_t *img = w->img.data;
+    size_t len = w->img.len;
+    if (w->src) { /* the trainer's last version first */
+        if (w->final_version > w->version)
+            w->src->wait(w->src->arg, w->final_version, 15.0);
+        if (take_from_source(w) < 0)
+            sh_log(SH_LOG_WARN, "rl worker %d: the final version: %s", w->idx, sh_errmsg());
+        img = w->view.image, len = w->view.len;
+    }
+    sh_hash128 h = sh_hash128_of(img, len);
     rl_wire_bye b = {.version = w->version, .hash_lo = h.lo, .hash_hi = h.hi};
     rl__msg_write(w->fd, RL_MSG_BYE, &b, sizeof b, NULL, 0); /* the trainer may be gone */
     leave(w, 0);
@@ -135,7 +162,13 @@ static void __attribute__((noreturn)) bye(worker *w)
 /* Handles one message that is not a REQUEST.  Returns 1 on STOP. */
 static int handle(worker *w, uint32_t type)
 {
-    if (type == RL_MSG_STOP) return 1;
+    if (type == RL_MSG_STOP) {
+        int32_t v;
+        if (w->msg.len == sizeof v) memcpy(&v, w->msg.data, sizeof v), w->final_version = v;
+        return 1;
+    }
+    if (type == RL_MSG_WEIGHTS && w->src)
+        return sh_err(SH_EFORMAT, "worker %d: WEIGHTS sent to a worker fed by the push tree", w->idx);
     if (type == RL_MSG_REQUEST) { /* the trainer queued the next one: served in order */
         uint32_t n = (uint32_t)w->msg.len;
         SH_TRY(sh_buf_append(&w->queued, &n, sizeof n));
@@ -168,7 +201,6 @@ static void leave(worker *w, int code)
            "emulation sleep %.2f s, beyond the emulated cost %.2f s, weights %.2f s, idle %.2f s",
            w->idx, w->prof.requests, w->prof.trajs, w->prof.steps, w->prof.compute, w->prof.sleep,
            w->prof.over, w->prof.weights, w->prof.idle);
-    if (w->dir[0]) sh_rm_rf(w->dir);
     _exit(code);
 }
 
@@ -221,6 +253,16 @@ static int step_hook(void *ctx)
         }
         w->updates_in_flight += type == RL_MSG_WEIGHTS;
     }
+    if (w->src) { /* a version the replica activated meanwhile */
+        double t0 = sh_now_mono();
+        int rc = take_from_source(w);
+        if (rc < 0) {
+            sh_log(SH_LOG_ERROR, "rl worker %d: %s", w->idx, sh_errmsg());
+            leave(w, 3);
+        }
+        w->updates_in_flight += rc;
+        w->prof.weights += sh_now_mono() - t0;
+    }
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
     return w->version;
@@ -244,7 +286,29 @@ static int serve_request(worker *w)
     /* The problems are read before waiting below: that reuses w->msg. */
     const uint64_t *ids = (const uint64_t *)(w->msg.data + sizeof rq);
     for (int i = 0; i < n; i++) rl_problem_make(w->c->task, ids[i], &probs[i], NULL);
-    /* Version-constrained: wait for weights at least as new as asked. */
+    /* Version-constrained: wait for weights at least as new as asked; from
+     * the push tree only so long, then refuse. */
+    if (w->src && w->version < rq.min_version) {
+        int rc = take_from_source(w);
+        double wait = w->src->min_wait_s > 0 ? w->src->min_wait_s : 5.0;
+        if (rc >= 0 && w->version < rq.min_version) {
+            w->src->wait(w->src->arg, rq.min_version, wait);
+            rc = take_from_source(w);
+        }
+        if (rc >= 0 && w->version < rq.min_version) {
+            rl_wire_refuse f = {w->version, rq.min_version, rq.group0, rq.nprompts};
+            sh_log(SH_LOG_DEBUG, "rl worker %d: refusing groups %d+%d: holds version %d, asked for %d",
+                   w->idx, rq.group0, rq.nprompts, w->version, rq.min_version);
+            rc = rl__msg_write(w->fd, RL_MSG_REFUSE, &f, sizeof f, NULL, 0);
+            free(probs), free(out);
+            if (rc < 0 && (errno == EPIPE || errno == ECONNRESET)) leave(w, 0);
+            return rc;
+        }
+        if (rc < 0) {
+            free(probs), free(out);
+            return rc;
+        }
+    }
     while (w->version < rq.min_version) {
         uint32_t type;
         int rc = rl__msg_read(w->fd, &type, &w->msg);
@@ -274,21 +338,13 @@ static int serve_request(worker *w)
     return rc;
 }
 
-void rl__worker_main(const rl_config *c, int idx, int fd)
+static void __attribute__((noreturn)) worker_run(const rl_config *c, int idx, int fd,
+                                                 const rl_weights_source *src)
 {
     signal(SIGINT, SIG_IGN); /* the trainer decides when workers stop */
-    worker w = {.c = c, .idx = idx, .fd = fd, .version = -1};
+    worker w = {.c = c, .idx = idx, .fd = fd, .version = -1, .src = src, .final_version = -1};
     if (nn_new(&c->model, c->seed, &w.model) < 0) _exit(3);
     signal(SIGPIPE, SIG_IGN);
-    if (c->dtype == RL_DTYPE_FP8) {
-        /* The quantiser works on files, written atomically (with fsync)
-         * for every version: in memory (/dev/shm) where there is one, so
-         * that FP8 rollouts do not wait on a disk shared with other runs. */
-        const char *tmp = getenv("TMPDIR");
-        if (sh_is_dir("/dev/shm") && access("/dev/shm", W_OK) == 0) tmp = "/dev/shm";
-        snprintf(w.dir, sizeof w.dir, "%s/shoal-rl-XXXXXX", tmp && strlen(tmp) < 40 ? tmp : "/tmp");
-        if (!mkdtemp(w.dir)) _exit(3);
-    }
     for (;;) {
         uint32_t type;
         if (w.queued_off < w.queued.len) { /* queued requests first, oldest first */
@@ -315,9 +371,13 @@ void rl__worker_main(const rl_config *c, int idx, int fd)
     leave(&w, 0);
 }
 
-void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
+void rl__worker_main(const rl_config *c, int idx, int fd) { worker_run(c, idx, fd, NULL); }
+
+void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
+                          const rl_weights_source *src)
 {
-    rl_wire_hello h = {.speed = me->speed, .price = me->price, .pid = (int32_t)getpid()};
+    rl_wire_hello h = {.speed = me->speed, .price = me->price, .pid = (int32_t)getpid(),
+                       .flags = src ? RL_HELLO_PUSH : 0};
     snprintf(h.name, sizeof h.name, "%s", me->name);
     signal(SIGPIPE, SIG_IGN);
     if (rl__msg_write(fd, RL_MSG_HELLO, &h, sizeof h, NULL, 0) < 0) {
@@ -330,5 +390,10 @@ void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
     *cc = *c;
     cc->workers[0] = *me;
     cc->nworkers = 1;
-    rl__worker_main(cc, 0, fd);
+    worker_run(cc, 0, fd, src);
+}
+
+void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
+{
+    rl_worker_serve_from(c, me, fd, NULL);
 }

@@ -190,6 +190,15 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
 static int raw_fits(const sched *s, const sjob *j)
 {
     int need = j->kind == SCHED_GANG ? j->nodes : 1;
+    /* Counts over all pools of the job's types: too few such nodes in all
+     * rules out every pool, and for one node they are the answer. */
+    int total = 0;
+    if (!j->ntypes) total = s->ge_all[j->gpn];
+    else
+        for (int t = 0; t < j->ntypes; t++)
+            if (j->types[t] < s->ntpools) total += s->tpools[j->types[t]].ge[j->gpn];
+    if (total < need) return 0;
+    if (need == 1) return 1;
     const uint32_t *jp;
     size_t n = sched__job_pools(s, j, &jp);
     for (size_t k = 0; k < n; k++)
@@ -202,20 +211,49 @@ static int raw_fits(const sched *s, const sjob *j)
  * every type) finds room.  Elastic shapes are assumed to.  The estimate
  * is a lower bound, so "no" is certain: a job only gets more room with a
  * shorter run. */
+static void shape_probe(sched *s, const sshape *sh, sjob *probe)
+{
+    memset(probe, 0, sizeof *probe);
+    probe->kind = sh->kind, probe->nodes = sh->nodes, probe->maxr = sh->nodes, probe->gpn = sh->gpn;
+    probe->ntypes = sh->ntypes;
+    probe->shape = sh->shape, probe->priority = sh->max_prio;
+    memcpy(probe->types, sh->types, sizeof probe->types);
+    for (int k = 0; k < probe->ntypes; k++) probe->speed[k] = 1.0;
+    probe->est_s = sched__shape_min_len(s, (sshape *)sh);
+}
+
+/* Replicas of gpn GPUs the free GPUs of the job's pools could hold,
+ * reservations aside: an upper bound of what place_elastic finds. */
+static int free_replicas(const sched *s, const sjob *j)
+{
+    const uint32_t *jp;
+    size_t n = sched__job_pools(s, j, &jp);
+    int r = 0;
+    for (size_t k = 0; k < n; k++)
+        for (int f = j->gpn; f <= MAXG; f++) r += s->pools[jp[k]].count[f] * (f / j->gpn);
+    return r;
+}
+
 static int shape_may_fit(sched *s, const sshape *sh, double now)
 {
-    if (sh->kind == SCHED_ELASTIC) return 1;
     static __thread sjob probe;
     static __thread scand c;
-    memset(&probe, 0, sizeof probe);
-    probe.kind = sh->kind, probe.nodes = sh->nodes, probe.maxr = sh->nodes, probe.gpn = sh->gpn;
-    probe.ntypes = sh->ntypes;
-    memcpy(probe.types, sh->types, sizeof probe.types);
-    for (int k = 0; k < probe.ntypes; k++) probe.speed[k] = 1.0;
-    probe.est_s = sched__shape_min_len(s, (sshape *)sh);
+    shape_probe(s, sh, &probe);
     if (!isfinite(probe.est_s)) return 0; /* none queued after all */
+    if (sh->kind == SCHED_ELASTIC) return free_replicas(s, &probe) >= sh->nodes;
     uint32_t pool;
     return raw_fits(s, &probe) && sched__pick_pool(s, &probe, now, 0, &c, &pool);
+}
+
+/* Whether some queued gang of shape sh might free room by preemption: a
+ * search for the shape at its highest queued priority (a lower priority
+ * has a subset of the victims, so it needs at least as many). */
+static int shape_may_preempt(sched *s, const sshape *sh)
+{
+    static __thread sjob probe;
+    if (sh->kind != SCHED_GANG) return 0;
+    shape_probe(s, sh, &probe);
+    return sched__preempt_possible(s, &probe);
 }
 
 /* Marks dead, for this walk, every live shape no queued job of which can
@@ -223,14 +261,24 @@ static int shape_may_fit(sched *s, const sshape *sh, double now)
  * reaches one of its jobs, and a rare shape (a 64-node gang) sits deep in
  * the queue: with one job finishing per cycle, every cycle walked hundreds
  * of jobs that could not start to reach it.  Placement only gets harder as
- * the walk goes on (the caller makes sure no preemption can free room), so
- * a dead shape stays dead, and the walk's stop changes no decision. */
-static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, double now)
+ * the walk goes on until a preemption frees room (the walk then starts
+ * its marks afresh), so a dead shape stays dead, and the walk's stop
+ * changes no decision.  With preemptible work running, each shape is also
+ * marked when none of its gangs could preempt. */
+static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre, double now)
 {
     for (size_t i = 0; i < s->capshapes && *dead < s->nshapes_live; i++) {
         sshape *sh = &s->shapes[i];
-        if (!sh->shape || !sh->queued || sh->dead_walk == walk_id) continue;
-        if (!shape_may_fit(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
+        if (!sh->shape || !sh->queued) continue;
+        if (sh->dead_walk != walk_id && !shape_may_fit(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
+    }
+    /* Only when every shape is dead may the walk stop, if none can preempt either. */
+    if (*dead < s->nshapes_live || !s->preemptible_gpus) return;
+    for (size_t i = 0; i < s->capshapes && *nopre < s->nshapes_live; i++) {
+        sshape *sh = &s->shapes[i];
+        if (!sh->shape || !sh->queued || sh->nopre_walk == walk_id) continue;
+        if (shape_may_preempt(s, sh)) return;
+        sh->nopre_walk = walk_id, (*nopre)++;
     }
 }
 
@@ -311,7 +359,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     memset(memo, 0, sizeof memo);
     uint32_t last_preempted = NONE;
     int scanned = 0, limit = reserve_only ? RESERVE_SCAN : MAX_SCAN;
-    size_t max_resv = (size_t)s->cfg.max_reservations, dead = 0;
+    size_t max_resv = (size_t)s->cfg.max_reservations, dead = 0, nopre = 0;
     uint64_t walk_id = ++s->walk_id;
     /* Sweeps leave the stop to chance when autoscaling: blocked_since is
      * set only on the jobs a walk reaches, and scale-ups read it. */
@@ -320,14 +368,15 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     for (;;) {
         uint32_t ti, ji = next_job(s, &ti, fair);
         if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
-        if (sweep && scanned >= next_sweep && s->nresv >= max_resv && !s->preemptible_gpus &&
-            dead < s->nshapes_live) {
-            sweep_shapes(s, walk_id, &dead, now);
+        int quiet = !s->preemptible_gpus || nopre >= s->nshapes_live;
+        if (sweep && scanned >= next_sweep && s->nresv >= max_resv && (dead < s->nshapes_live || !quiet)) {
+            sweep_shapes(s, walk_id, &dead, &nopre, now);
             next_sweep = scanned * 2;
+            quiet = !s->preemptible_gpus || nopre >= s->nshapes_live;
         }
-        /* No shape still queued can start: the rest of the walk could only
-         * make reservations, and those are all made. */
-        if (dead >= s->nshapes_live && s->nresv >= max_resv && !s->preemptible_gpus) break;
+        /* No shape still queued can start or preempt: the rest of the walk
+         * could only make reservations, and those are all made. */
+        if (dead >= s->nshapes_live && s->nresv >= max_resv && quiet) break;
         sjob *j = &s->jobs[ji];
         if (s->gpus_up - s->gpus_busy <= 0 && s->nresv >= max_resv)
             break; /* nothing can start and no reservation is left to make */
@@ -358,6 +407,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
             if (rc) {
                 last_preempted = ji;
                 memset(memo, 0, sizeof memo);
+                walk_id = ++s->walk_id, dead = nopre = 0; /* room was freed: marks lapse */
                 s->tenants[ti].cursor--; /* try it again now that room was made */
                 continue;
             }
@@ -522,7 +572,11 @@ static int expire(sched *s, sched_decisions *d, double now)
 
 static int grow_pass(sched *s, sched_decisions *d, double now)
 {
-    if (s->cfg.policy != SCHED_POLICY_SHOAL && s->queued) return 0; /* only preemptible growth may idle-fill */
+    /* Growth fills only GPUs no queued job wants: replicas grown while gangs
+     * wait hold GPUs that gangs of the same or lower priority cannot take
+     * back, and on the mixed replays they cost small gangs more wait at
+     * p99 than they gave elastic jobs. */
+    if (s->queued && !(s->cfg.policy == SCHED_POLICY_SHOAL && s->cfg.grow_queued)) return 0;
     for (size_t i = 0; i < s->nelastic && s->gpus_up > s->gpus_busy; i++) {
         uint32_t ji = s->elastic[i];
         sjob *j = &s->jobs[ji];

@@ -141,12 +141,13 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     for (int k = 0; k < j->ntypes; k++) fastest = k ? fmax(fastest, j->speed[k]) : j->speed[k];
     double len = j->est_s / (fastest > 0 ? fastest : 1.0);
     if (!sh->queued++) {
-        s->nshapes_live++, sh->min_est = j->est_s, sh->min_len = len;
+        s->nshapes_live++, sh->min_est = j->est_s, sh->min_len = len, sh->max_prio = j->priority;
         sh->kind = j->kind, sh->nodes = j->nodes, sh->gpn = j->gpn, sh->ntypes = j->ntypes;
         memcpy(sh->types, j->types, sizeof sh->types);
     } else {
         if (j->est_s < sh->min_est) sh->min_est = j->est_s;
         if (len < sh->min_len) sh->min_len = len;
+        if (j->priority > sh->max_prio) sh->max_prio = j->priority;
     }
     j->qgen++;
     SH_TRY(heap_push(s, sh, len, ji));
@@ -520,6 +521,8 @@ int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o
     o->restarts = j->restarts, o->preemptions = j->preemptions, o->backfilled = j->backfilled;
     o->cost = job_cost(s, j, NONE, now);
     o->reason = j->reason;
+    o->est_start_s = -1;
+    if (j->state == SCHED_QUEUED || j->state == SCHED_HOLDING) sched__pending((sched *)s, ix, now, o);
     return 0;
 }
 

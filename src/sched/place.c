@@ -18,7 +18,7 @@ void sched__bucket_insert(sched *s, uint32_t ni)
     if (n->next != NONE) s->nodes[n->next].prev = ni;
     p->head[n->free] = ni;
     p->count[n->free]++;
-    for (int g = 0; g <= n->free; g++) p->ge[g]++;
+    for (int g = 0; g <= n->free; g++) p->ge[g]++, s->ge_all[g]++, s->tpools[p->type].ge[g]++;
     p->free_total += n->free;
     p->gpus_up += n->gpus;
     s->gpus_up += n->gpus;
@@ -36,7 +36,7 @@ void sched__bucket_remove(sched *s, uint32_t ni)
     else p->head[n->free] = n->next;
     if (n->next != NONE) s->nodes[n->next].prev = n->prev;
     p->count[n->free]--;
-    for (int g = 0; g <= n->free; g++) p->ge[g]--;
+    for (int g = 0; g <= n->free; g++) p->ge[g]--, s->ge_all[g]--, s->tpools[p->type].ge[g]--;
     p->free_total -= n->free;
     p->gpus_up -= n->gpus;
     s->gpus_up -= n->gpus;
@@ -62,6 +62,23 @@ static void set_free(sched *s, uint32_t ni, int free)
 
 static int is_preemptible(const sjob *j) { return j->kind != SCHED_GANG; }
 
+int sched__prios_add(sprios *a, int prio, int delta)
+{
+    for (size_t i = 0; i < a->n; i++)
+        if (a->v[i].prio == prio) return a->v[i].gpus += delta, 0;
+    SH_TRY(sched__grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v));
+    a->v[a->n++] = (sprio){prio, delta};
+    return 0;
+}
+
+int sched__prios_below(const sprios *a, int prio)
+{
+    int g = 0;
+    for (size_t i = 0; i < a->n; i++)
+        if (a->v[i].prio < prio) g += a->v[i].gpus;
+    return g;
+}
+
 int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now)
 {
     sjob *j = &s->jobs[ji];
@@ -85,7 +102,19 @@ int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now)
     set_free(s, ni, n->free - gpus);
     s->tenants[j->tenant].gpus_in_use += gpus;
     s->busy_ver++; /* fair-share keys moved */
-    if (is_preemptible(j)) s->preemptible_gpus += gpus;
+    if (is_preemptible(j)) {
+        spool *pp = &s->pools[n->pool];
+        if (!n->pre_gpus) {
+            SH_TRY(sched__grow((void **)&pp->pre_nodes, &pp->cappre_nodes, pp->npre_nodes + 1,
+                               sizeof *pp->pre_nodes));
+            n->pre_pos = (uint32_t)pp->npre_nodes;
+            pp->pre_nodes[pp->npre_nodes++] = ni;
+        }
+        n->pre_gpus += gpus;
+        s->preemptible_gpus += gpus;
+        SH_TRY(sched__prios_add(&s->pre, j->priority, gpus));
+        SH_TRY(sched__prios_add(&s->pools[n->pool].pre, j->priority, gpus));
+    }
     return 0;
 }
 
@@ -101,11 +130,24 @@ void sched__release_place(sched *s, uint32_t ji, int k, double now)
             break;
         }
     set_free(s, p.node, n->free + p.gpus);
+    s->pools[n->pool].rel_ver++;
     if (!n->nrefs) n->idle_since = now;
     j->places[k] = j->places[--j->nplaces];
     s->tenants[j->tenant].gpus_in_use -= p.gpus;
     s->busy_ver++; /* fair-share keys moved */
-    if (is_preemptible(j)) s->preemptible_gpus -= p.gpus;
+    if (is_preemptible(j)) {
+        spool *pp = &s->pools[n->pool];
+        if (!(n->pre_gpus -= p.gpus)) {
+            uint32_t last = pp->pre_nodes[--pp->npre_nodes];
+            pp->pre_nodes[n->pre_pos] = last;
+            s->nodes[last].pre_pos = n->pre_pos;
+        }
+        s->preemptible_gpus -= p.gpus;
+        /* Entries exist: the hold added them. */
+        sched__prios_add(&s->pre, j->priority, -p.gpus);
+        sched__prios_add(&s->pools[n->pool].pre, j->priority, -p.gpus);
+    }
+    s->release_epoch++;
 }
 
 void sched__release_all(sched *s, uint32_t ji, double now)

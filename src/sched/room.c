@@ -58,7 +58,7 @@ static void select_k(tnode *v, size_t m, size_t k)
 /* When node ni will have g GPUs free, assuming running work ends at its
  * estimate (work past its estimate is assumed to end now).  The times for
  * every g are computed together and kept until the node's pods change. */
-static double node_ready(sched *s, uint32_t ni, int g, double now)
+double sched__node_ready(sched *s, uint32_t ni, int g, double now)
 {
     snode *n = &s->nodes[ni];
     if (n->free >= g) return now;
@@ -99,22 +99,129 @@ static int busy_at(const sched *s, uint32_t ni, double T, double now)
 }
 
 /* The slot of pool p's reservation-time cache for gangs of n nodes x g
- * GPUs: the entry holding that shape if it is current, else a stale entry,
- * else the next in turn.  Fully associative: the head-of-line gangs that
- * get reservations are few but often share a hash slot (8 x 16, 8 x 32 and
- * 8 x 64 did), and a cache that thrashes rescans whole pools every cycle. */
+ * GPUs: the entry of that shape (current or not: a stale one may still
+ * give a lower bound), else a stale entry, else the next in turn.  Fully
+ * associative: the head-of-line gangs that get reservations are few but
+ * often share a hash slot (8 x 16, 8 x 32 and 8 x 64 did), and a cache
+ * that thrashes rescans whole pools every cycle. */
 static int rc_slot(spool *p, int g, int n)
 {
     int stale = -1;
     for (int k = 0; k < RC_SLOTS; k++) {
-        if (p->rc[k].ver != p->ver + 1) {
-            if (stale < 0) stale = k;
-            continue;
-        }
         if (p->rc[k].g == g && p->rc[k].n == n) return k;
+        if (stale < 0 && p->rc[k].ver != p->ver + 1) stale = k;
     }
     if (stale >= 0) return stale;
     return (int)(p->rc_next++ % RC_SLOTS);
+}
+
+/* Pool pi's raw reservation time for gang j (the j->nodes-th smallest
+ * time at which an unreserved up node has j->gpn GPUs free), with those
+ * nodes first in tn; INFINITY when too few nodes exist. */
+static double pool_time(sched *s, const sjob *j, uint32_t pi, tnode **tn, size_t *captn, size_t *m)
+{
+    spool *p = &s->pools[pi];
+    *m = 0;
+    if (sched__grow((void **)tn, captn, p->nnodes + 1, sizeof **tn) < 0) return NAN;
+    for (size_t k = 0; k < p->nnodes; k++) {
+        uint32_t ni = p->nodes[k];
+        snode *n = &s->nodes[ni];
+        if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
+        (*tn)[(*m)++] = (tnode){sched__node_ready(s, ni, j->gpn, -INFINITY), ni};
+    }
+    if (*m < (size_t)j->nodes) return INFINITY;
+    select_k(*tn, *m, (size_t)j->nodes);
+    double T = -INFINITY;
+    for (int k = 0; k < j->nodes; k++)
+        if ((*tn)[k].t > T) T = (*tn)[k].t;
+    return T;
+}
+
+/* Records T (and the nodes giving it, first in tn) in pool p's cache. */
+static void rc_store(spool *p, const sjob *j, double T, const tnode *tn)
+{
+    int slot = rc_slot(p, j->gpn, j->nodes);
+    p->rc[slot].ver = p->ver + 1, p->rc[slot].rel_ver = p->rel_ver + 1;
+    p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = T;
+    if (!isfinite(T)) return;
+    if (p->rc[slot].capnodes < j->nodes) {
+        uint32_t *v = realloc(p->rc[slot].nodes, (size_t)j->nodes * sizeof *v);
+        if (!v) { /* no memory: the entry keeps no nodes, so it is never used for them */
+            p->rc[slot].ver = 0;
+            return;
+        }
+        p->rc[slot].nodes = v, p->rc[slot].capnodes = j->nodes;
+    }
+    for (int k = 0; k < j->nodes; k++) p->rc[slot].nodes[k] = tn[k].ni;
+}
+
+typedef struct pbound {
+    double lb;    /* a lower bound of the pool's (clamped) time */
+    int exact;    /* lb is the time itself */
+    uint32_t q;   /* position in the job's pool list: ties go to the earlier */
+} pbound;
+
+static int cmp_pbound(const void *a, const void *b)
+{
+    const pbound *x = a, *y = b;
+    if (x->lb != y->lb) return x->lb < y->lb ? -1 : 1;
+    return (x->q > y->q) - (x->q < y->q);
+}
+
+/* The earliest reservation time over the job's pools (ties to the earlier
+ * pool in its list), or INFINITY; the pool in *best.  The reference
+ * computes every pool's time.  The fast path takes each pool's time from
+ * its cache while the pool is unchanged, and a lower bound while it only
+ * took work since; it then computes exact times in order of bound and
+ * stops once no bound can beat the best time found. */
+static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
+{
+    static __thread tnode *tn;
+    static __thread size_t captn;
+    static __thread pbound *pb;
+    static __thread size_t cappb;
+    const uint32_t *jp;
+    size_t njp = sched__job_pools(s, j, &jp), m, npb = 0;
+    double bestT = INFINITY;
+    uint32_t bestq = UINT32_MAX;
+    *best = NONE;
+    if (sched__grow((void **)&pb, &cappb, njp + 1, sizeof *pb) < 0) return NAN;
+    for (size_t q = 0; q < njp; q++) {
+        spool *p = &s->pools[jp[q]];
+        if (p->maxg_ever[j->gpn] < j->nodes) continue;
+        double T;
+        if (s->plain_cycle) T = pool_time(s, j, jp[q], &tn, &captn, &m);
+        else {
+            int slot = rc_slot(p, j->gpn, j->nodes), same = p->rc[slot].g == j->gpn && p->rc[slot].n == j->nodes;
+            int fresh = p->resv_stamp != s->stamp; /* no reservation took nodes here this cycle */
+            if (same && fresh && p->rc[slot].ver == p->ver + 1) T = p->rc[slot].T;
+            else if (same && p->rc[slot].rel_ver == p->rel_ver + 1) {
+                double lb = p->rc[slot].T < now ? now : p->rc[slot].T;
+                pb[npb++] = (pbound){lb, 0, (uint32_t)q};
+                continue;
+            } else {
+                T = pool_time(s, j, jp[q], &tn, &captn, &m);
+                if (isnan(T)) return T;
+                if (fresh) rc_store(p, j, T, tn);
+            }
+        }
+        if (isnan(T)) return T;
+        if (T < now) T = now;
+        if (T < bestT) bestT = T, bestq = (uint32_t)q;
+    }
+    if (npb) qsort(pb, npb, sizeof *pb, cmp_pbound);
+    for (size_t i = 0; i < npb; i++) {
+        if (pb[i].lb > bestT || (pb[i].lb == bestT && pb[i].q > bestq)) break; /* nothing left can win */
+        uint32_t pi = jp[pb[i].q];
+        spool *p = &s->pools[pi];
+        double T = pool_time(s, j, pi, &tn, &captn, &m);
+        if (isnan(T)) return T;
+        if (p->resv_stamp != s->stamp) rc_store(p, j, T, tn);
+        if (T < now) T = now;
+        if (T < bestT || (T == bestT && pb[i].q < bestq)) bestT = T, bestq = pb[i].q;
+    }
+    if (bestq != UINT32_MAX) *best = jp[bestq];
+    return bestT;
 }
 
 /* Reserves, for the blocked gang ji, the nodes of the pool where it can
@@ -125,69 +232,38 @@ int sched__make_reservation(sched *s, uint32_t ji, double now)
     sjob *j = &s->jobs[ji];
     static __thread tnode *tn;
     static __thread size_t captn;
-    double bestT = INFINITY;
-    uint32_t bestp = NONE;
-    for (int pass = 0; pass < 2; pass++) {
-        const uint32_t *jp;
-        size_t njp = sched__job_pools(s, j, &jp);
-        for (size_t q = 0; q < njp; q++) {
-            uint32_t pi = jp[q];
-            if (pass == 1 && pi != bestp) continue;
-            spool *p = &s->pools[pi];
-            if (p->maxg_ever[j->gpn] < j->nodes) continue;
-            /* Pass 0 only needs the time: reuse it while the pool is
-             * unchanged and no reservation took nodes from it this cycle.
-             * The n-th smallest of max(ready, now) is max(n-th smallest,
-             * now), so the raw time serves any later `now`. */
-            int cacheable = p->resv_stamp != s->stamp && !s->plain_cycle;
-            int slot = cacheable ? rc_slot(p, j->gpn, j->nodes) : 0;
-            if (pass == 0 && cacheable && p->rc[slot].ver == p->ver + 1 && p->rc[slot].g == j->gpn &&
-                p->rc[slot].n == j->nodes) {
-                double T = p->rc[slot].T < now ? now : p->rc[slot].T;
-                if (T < bestT) bestT = T, bestp = pi;
-                continue;
-            }
-            SH_TRY(GROW(tn, captn, p->nnodes));
-            size_t m = 0;
-            for (size_t k = 0; k < p->nnodes; k++) {
-                uint32_t ni = p->nodes[k];
-                snode *n = &s->nodes[ni];
-                if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-                tn[m++] = (tnode){node_ready(s, ni, j->gpn, -INFINITY), ni};
-            }
-            if (m < (size_t)j->nodes) {
-                if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = INFINITY;
-                continue;
-            }
-            select_k(tn, m, (size_t)j->nodes);
-            double T = -INFINITY;
-            for (int k = 0; k < j->nodes; k++)
-                if (tn[k].t > T) T = tn[k].t;
-            if (cacheable) p->rc[slot].ver = p->ver + 1, p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = T;
-            if (T < now) T = now;
-            if (pass == 0) {
-                if (T < bestT) bestT = T, bestp = pi;
-                continue;
-            }
-            p->resv_stamp = s->stamp;
-            SH_TRY(GROW(s->resv, s->capresv, s->nresv + 1));
-            sresv *r = &s->resv[s->nresv++];
-            r->nodes = realloc(r->nodes, (size_t)j->nodes * sizeof *r->nodes);
-            if (!r->nodes) return s->nresv--, sh_err(SH_ENOMEM, "sched: out of memory");
-            r->job = ji, r->T = T, r->n = j->nodes, r->need = j->gpn;
-            for (int k = 0; k < j->nodes; k++) {
-                snode *n = &s->nodes[tn[k].ni];
-                r->nodes[k] = tn[k].ni;
-                n->resv_stamp = s->stamp, n->resv_T = T;
-                n->resv_spare = n->gpus - j->gpn - busy_at(s, tn[k].ni, T, now);
-                if (n->resv_spare < 0) n->resv_spare = 0;
-            }
-            if (s->nresv == 1) {
-                if (j->resv_promise >= 0 && T > j->resv_promise + 1e-6) s->resv_late++;
-                j->resv_promise = T;
-            }
-        }
-        if (bestp == NONE) break;
+    uint32_t bestp;
+    double T = best_pool(s, j, now, &bestp);
+    if (isnan(T)) return sh_err(SH_ENOMEM, "sched: out of memory");
+    if (bestp == NONE || !isfinite(T)) return 0;
+    spool *p = &s->pools[bestp];
+    SH_TRY(GROW(tn, captn, (size_t)j->nodes + 1));
+    int slot = s->plain_cycle ? -1 : rc_slot(p, j->gpn, j->nodes);
+    if (slot >= 0 && p->resv_stamp != s->stamp && p->rc[slot].ver == p->ver + 1 && p->rc[slot].g == j->gpn &&
+        p->rc[slot].n == j->nodes && isfinite(p->rc[slot].T)) {
+        /* The pool is as it was when its time was computed: the same nodes. */
+        for (int k = 0; k < j->nodes; k++) tn[k].ni = p->rc[slot].nodes[k];
+    } else {
+        size_t m;
+        if (isnan(pool_time(s, j, bestp, &tn, &captn, &m))) return sh_err(SH_ENOMEM, "sched: out of memory");
+    }
+    p->resv_stamp = s->stamp;
+    SH_TRY(GROW(s->resv, s->capresv, s->nresv + 1));
+    sresv *r = &s->resv[s->nresv++];
+    r->nodes = realloc(r->nodes, (size_t)j->nodes * sizeof *r->nodes);
+    if (!r->nodes) return s->nresv--, sh_err(SH_ENOMEM, "sched: out of memory");
+    r->job = ji, r->T = T, r->n = j->nodes, r->need = j->gpn;
+    for (int k = 0; k < j->nodes; k++) {
+        snode *n = &s->nodes[tn[k].ni];
+        r->nodes[k] = tn[k].ni;
+        n->resv_stamp = s->stamp, n->resv_T = T;
+        n->resv_end = T + sched__est_len(s, j, bestp);
+        n->resv_spare = n->gpus - j->gpn - busy_at(s, tn[k].ni, T, now);
+        if (n->resv_spare < 0) n->resv_spare = 0;
+    }
+    if (s->nresv == 1) {
+        if (j->resv_promise >= 0 && T > j->resv_promise + 1e-6) s->resv_late++;
+        j->resv_promise = T;
     }
     return 0;
 }
@@ -197,11 +273,14 @@ int sched__make_reservation(sched *s, uint32_t ji, double now)
 typedef struct vnode {
     int cost;
     uint32_t ni;
+    uint32_t pos; /* in the pool's node list: ties go to the earlier node */
 } vnode;
 
 static int cmp_vnode(const void *a, const void *b)
 {
-    return ((const vnode *)a)->cost - ((const vnode *)b)->cost;
+    const vnode *x = a, *y = b;
+    if (x->cost != y->cost) return x->cost - y->cost;
+    return (x->pos > y->pos) - (x->pos < y->pos);
 }
 
 static int victim_ok(const sched *s, const sjob *j, const sjob *v)
@@ -254,6 +333,97 @@ static int evict(sched *s, sched_decisions *d, const sref *v, uint32_t ni, doubl
     return sched__emit(s, d, SCHED_D_PREEMPT, v->job, NONE);
 }
 
+/* Nodes of pool p that could take a pod of gang j without victims: up,
+ * with gpn GPUs free, not reserved this cycle. */
+static int free_nodes(const sched *s, const sjob *j, uint32_t pi)
+{
+    int n = s->pools[pi].ge[j->gpn];
+    for (size_t r = 0; r < s->nresv; r++)
+        for (int k = 0; k < s->resv[r].n; k++) {
+            const snode *x = &s->nodes[s->resv[r].nodes[k]];
+            if (x->pool == pi && x->state == SCHED_NODE_UP && x->free >= j->gpn &&
+                x->resv_stamp == s->stamp)
+                n--;
+        }
+    return n;
+}
+
+/* The fewest victims that free room for gang j in pool pi (the cheapest
+ * j->nodes nodes by victims needed, then pool order), or -1 when that is
+ * more than max_victims or impossible; the chosen nodes with victims go to
+ * vn[0 .. *m).  The reference scans every node; the fast path first rules
+ * the pool out by counts (each node beyond the free ones needs a victim, of
+ * a lower priority) and then examines only the nodes short of room. */
+static int pool_victims(sched *s, const sjob *j, uint32_t pi, vnode **vn, size_t *capvn, size_t *m)
+{
+    const spool *p = &s->pools[pi];
+    int max = s->cfg.max_victims;
+    *m = 0;
+    if (p->maxg_ever[j->gpn] < j->nodes) return -1;
+    int zero = 0;
+    if (!s->plain_cycle) {
+        /* Cheapest tests first: no victim in the pool, or too few nodes
+         * free even before reservations are taken out. */
+        if (j->nodes - p->ge[j->gpn] > max || !p->npre_nodes || !sched__prios_below(&p->pre, j->priority))
+            return -1;
+        zero = p->resv_stamp == s->stamp ? free_nodes(s, j, pi) : p->ge[j->gpn];
+        if (zero >= j->nodes || j->nodes - zero > max) return -1;
+    }
+    if (sched__grow((void **)vn, capvn, p->nnodes + 1, sizeof **vn) < 0) return -1;
+    /* The fast path visits only nodes holding preemptible work: a node
+     * short of room without any has no victim. */
+    size_t nscan = s->plain_cycle ? p->nnodes : p->npre_nodes;
+    for (size_t k = 0; k < nscan; k++) {
+        uint32_t ni = s->plain_cycle ? p->nodes[k] : p->pre_nodes[k];
+        snode *n = &s->nodes[ni];
+        if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
+        if (!s->plain_cycle && n->free >= j->gpn) continue; /* counted in zero */
+        int c = node_victims(s, j, ni, j->gpn, NULL);
+        if (c >= 0) (*vn)[(*m)++] = (vnode){c, ni, n->pool_pos};
+    }
+    int need = j->nodes - zero;
+    if (*m < (size_t)need) return -1;
+    qsort(*vn, *m, sizeof **vn, cmp_vnode);
+    int total = 0;
+    for (int k = 0; k < need; k++) total += (*vn)[k].cost;
+    *m = (size_t)need;
+    return total > 0 && total <= max ? total : -1;
+}
+
+static struct spmemo *pmemo_slot(sched *s, const sjob *j)
+{
+    return &s->pmemo[(j->shape ^ (uint64_t)(uint32_t)j->priority * 0x9e3779b97f4a7c15ull) % 256];
+}
+
+/* The pool where gang j needs the fewest victims (the first such in its
+ * list), or NONE when no pool can be freed with at most max_victims. */
+static uint32_t best_victim_pool(sched *s, const sjob *j)
+{
+    static __thread vnode *vn;
+    static __thread size_t capvn;
+    int best = INT32_MAX;
+    uint32_t bestp = NONE;
+    const uint32_t *jp;
+    size_t njp = sched__job_pools(s, j, &jp), m;
+    for (size_t q = 0; q < njp; q++) {
+        int total = pool_victims(s, j, jp[q], &vn, &capvn, &m);
+        if (total >= 0 && total < best) best = total, bestp = jp[q];
+    }
+    return bestp;
+}
+
+int sched__preempt_possible(sched *s, const sjob *j)
+{
+    if (j->kind != SCHED_GANG || !s->cfg.max_victims || !sched__prios_below(&s->pre, j->priority)) return 0;
+    struct spmemo *mo = pmemo_slot(s, j);
+    if (mo->shape == j->shape && mo->prio == j->priority && mo->stamp == s->stamp &&
+        mo->epoch == s->release_epoch)
+        return 0;
+    if (best_victim_pool(s, j) != NONE) return 1;
+    *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority};
+    return 0;
+}
+
 /* Frees room for gang ji by shrinking or preempting lower-priority elastic
  * and function work: the pool needing the fewest victims, at most
  * max_victims, and only victims on the chosen nodes (each one helps).
@@ -263,41 +433,22 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
     sjob *j = &s->jobs[ji];
     static __thread vnode *vn;
     static __thread size_t capvn;
-    int best = INT32_MAX;
-    uint32_t bestp = NONE;
-    for (int pass = 0; pass < 2; pass++) {
-        const uint32_t *jp;
-        size_t njp = sched__job_pools(s, j, &jp);
-        for (size_t q = 0; q < njp; q++) {
-            uint32_t pi = jp[q];
-            if (pass && pi != bestp) continue;
-            spool *p = &s->pools[pi];
-            if (p->maxg_ever[j->gpn] < j->nodes) continue;
-            SH_TRY(GROW(vn, capvn, p->nnodes));
-            size_t m = 0;
-            for (size_t k = 0; k < p->nnodes; k++) {
-                uint32_t ni = p->nodes[k];
-                snode *n = &s->nodes[ni];
-                if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-                int c = node_victims(s, j, ni, j->gpn, NULL);
-                if (c >= 0) vn[m++] = (vnode){c, ni};
-            }
-            if (m < (size_t)j->nodes) continue;
-            qsort(vn, m, sizeof *vn, cmp_vnode);
-            int total = 0;
-            for (int k = 0; k < j->nodes; k++) total += vn[k].cost;
-            if (pass == 0) {
-                if (total > 0 && total <= s->cfg.max_victims && total < best) best = total, bestp = pi;
-                continue;
-            }
-            for (int k = 0; k < j->nodes; k++) {
-                sref v[MAXG * 4];
-                int c = node_victims(s, j, vn[k].ni, j->gpn, v);
-                for (int i = 0; i < c; i++) SH_TRY(evict(s, d, &v[i], vn[k].ni, now));
-            }
-            return 1;
-        }
-        if (bestp == NONE) return 0;
+    if (!s->plain_cycle && !sched__prios_below(&s->pre, j->priority)) return 0; /* no victim anywhere */
+    struct spmemo *mo = pmemo_slot(s, j);
+    if (!s->plain_cycle && mo->shape == j->shape && mo->prio == j->priority && mo->stamp == s->stamp &&
+        mo->epoch == s->release_epoch)
+        return 0; /* the same search failed this cycle, and no room was freed since */
+    uint32_t bestp = best_victim_pool(s, j);
+    if (bestp == NONE) {
+        *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority};
+        return 0;
     }
-    return 0;
+    size_t m;
+    pool_victims(s, j, bestp, &vn, &capvn, &m);
+    for (size_t k = 0; k < m; k++) {
+        sref v[MAXG * 4];
+        int c = node_victims(s, j, vn[k].ni, j->gpn, v);
+        for (int i = 0; i < c; i++) SH_TRY(evict(s, d, &v[i], vn[k].ni, now));
+    }
+    return 1;
 }

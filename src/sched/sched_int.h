@@ -53,9 +53,12 @@ typedef struct snode {
     int removed;
     double idle_since;
     /* Reservation bookkeeping for this step: spare GPUs at resv_T. */
-    double resv_T;
+    double resv_T, resv_end; /* the reserved gang's start and estimated end */
     int resv_spare;
     uint64_t resv_stamp;
+    int pre_gpus;      /* GPUs held here by preemptible work */
+    uint32_t pool_pos; /* index in its pool's nodes */
+    uint32_t pre_pos;  /* index in its pool's pre_nodes while pre_gpus > 0 */
     uint64_t mark; /* scratch stamp for placement */
     int scratch;   /* scratch count, valid where mark is current */
     /* ready[g]: when g GPUs will be free if work ends at its estimates;
@@ -64,6 +67,21 @@ typedef struct snode {
     uint32_t ver, ready_ver;
     double ready[MAXG + 1];
 } snode;
+
+/* GPUs held by preemptible (elastic and function) work of one priority. */
+typedef struct sprio {
+    int prio, gpus;
+} sprio;
+
+/* Preemptible GPUs by priority (a handful of distinct priorities). */
+typedef struct sprios {
+    sprio *v;
+    size_t n, cap;
+} sprios;
+/* Adds delta GPUs at priority prio (entries are never removed). */
+int sched__prios_add(sprios *a, int prio, int delta);
+/* Preemptible GPUs held at priorities below prio. */
+int sched__prios_below(const sprios *a, int prio);
 
 typedef struct spool {
     uint32_t zone, fabric, type; /* interned name indices */
@@ -78,13 +96,22 @@ typedef struct spool {
     /* Reservation times by gang shape, valid while the pool's version is
      * unchanged (any hold, release or state change bumps it). */
     uint64_t ver;
+    /* Bumped when GPUs are freed or nodes come up: between bumps, holds
+     * only make reservation times later, so a cached time stays a lower
+     * bound of the pool's time for that shape. */
+    uint64_t rel_ver;
     uint64_t resv_stamp; /* a reservation took nodes here this cycle */
     struct {
-        uint64_t ver;
+        uint64_t ver, rel_ver; /* pool versions + 1 when T was computed */
         int g, n;
         double T; /* raw: before clamping to the cycle's `now` */
+        uint32_t *nodes; /* the n nodes that give T, while ver is current */
+        int capnodes;
     } rc[RC_SLOTS];
     uint32_t rc_next; /* round-robin victim when every slot is current */
+    sprios pre;       /* preemptible work running here, by priority */
+    uint32_t *pre_nodes; /* nodes holding preemptible work (any order) */
+    size_t npre_nodes, cappre_nodes;
 } spool;
 
 typedef struct stenant {
@@ -140,6 +167,8 @@ typedef struct sshape {
     uint64_t shape;   /* 0: empty slot */
     size_t queued;    /* queued jobs of this shape */
     uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
+    uint64_t nopre_walk; /* the walk that found its gangs cannot preempt */
+    int max_prio;       /* an upper bound of its queued jobs' priorities */
     double min_est;     /* a lower bound of the queued jobs' estimates */
     /* What placement needs of the shape, for probes without a job at hand
      * (copied from the job that made it live). */
@@ -208,6 +237,17 @@ struct sched {
     size_t queued, running;
     int gpus_up, gpus_busy, nodes_up;
     int preemptible_gpus; /* GPUs held by elastic and function work */
+    sprios pre;           /* the same by priority */
+    /* Failed preemption searches of this cycle by (gang shape, priority):
+     * valid while no GPU has been released since (release_epoch).  Only a
+     * release can make a failed search succeed within a cycle: starts and
+     * reservations only take room, and a started preemptible job adds no
+     * more victim GPUs than the free GPUs it took. */
+    struct spmemo {
+        uint64_t shape, stamp, epoch;
+        int prio;
+    } pmemo[256];
+    uint64_t release_epoch;
     uint64_t resv_late;   /* head reservations that moved later or were missed */
     uint32_t *waiting;    /* HOLDING and REPLACING jobs: they have deadlines */
     size_t nwaiting, capwaiting;
@@ -218,15 +258,18 @@ struct sched {
     size_t capshapes, nshapes_live, nshapes_used;
     uint64_t walk_id;
     uint64_t busy_ver; /* bumped whenever GPUs in use change (keys of next_job) */
-    /* Tests only: 1 turns off the cycle's shortcuts (shape sweeps and probes,
-     * the reservation-time cache) to compare decisions with and without. */
+    /* 1 turns off the cycle's shortcuts (shape sweeps and probes, the
+     * reservation-time cache, the preemption index and memo) to compare
+     * decisions with and without (sched_config.reference). */
     int plain_cycle;
     int walking;       /* a queue walk is running: starts leave holes */
     uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
     struct stpools {
         uint32_t *v;
         size_t n, cap;
+        int ge[MAXG + 1]; /* UP nodes of the type with at least g free GPUs */
     } *tpools;           /* pools of each GPU type, by name index */
+    int ge_all[MAXG + 1]; /* UP nodes of any type with at least g free GPUs */
     size_t ntpools;
     uint32_t *elastic; /* every elastic job, for the growth pass */
     size_t nelastic, capelastic;
@@ -274,7 +317,16 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
 /* room.c: reserves nodes for blocked gang ji (shoal and backfill); frees
  * room for it by preemption (shoal), returning 1 when room was made. */
 int sched__make_reservation(sched *s, uint32_t ji, double now);
+/* When node ni will have g GPUs free if running work ends at its estimates
+ * (never before now); cached per node. */
+double sched__node_ready(sched *s, uint32_t ni, int g, double now);
 int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now);
+/* Whether a preemption search for gang j (a job or a probe with its shape
+ * and priority) could succeed now. */
+int sched__preempt_possible(sched *s, const sjob *j);
+
+/* why.c: the wait reason and start estimate of queued job ji. */
+void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o);
 
 /* cycle.c */
 int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,6 +34,16 @@ static int node_slot(srv *s)
     }
     memset(&s->nodes[s->nnodes], 0, sizeof s->nodes[0]);
     return s->nnodes++;
+}
+
+/* A fresh credential: 32 random bytes as hex. */
+static int new_credential(char *out, size_t cap)
+{
+    unsigned char r[20];
+    if (cap < 2 * sizeof r + 1) return sh_err(SH_EINTERNAL, "credential buffer");
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) return sh_err_errno(errno, "getrandom");
+    for (size_t i = 0; i < sizeof r; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
+    return SH_OK;
 }
 
 int srv__agent_register(srv *s, json_t *b, json_t **reply)
@@ -63,6 +74,7 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     }
     if (idx < 0) idx = node_slot(s);
     if (idx < 0) return idx;
+    SH_TRY(new_credential(n.cred, sizeof n.cred));
     srv_node *d = &s->nodes[idx];
     n.gpus_used = d->gpus_used;
     n.gpu_mask = d->gpu_mask;
@@ -75,8 +87,10 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     SH_TRY(srv__db_event(s, 0, d->name, "node_registered", "%d x %s in %s/%s, $%.2f/GPU-hour, sandbox %s",
                          d->gpus, d->gpu_type, d->zone, d->fabric, d->price, d->sandbox));
     srv__changed(s);
-    *reply = json_pack("{s:s,s:f,s:i}", "node", d->name, "heartbeat_timeout",
-                       s->cfg.heartbeat_timeout, "poll_wait_ms", 250);
+    /* "protect": paths the agent hides from members (the server's state
+     * directory, for agents on this host). */
+    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s]}", "node", d->name, "credential", d->cred, "heartbeat_timeout",
+                       s->cfg.heartbeat_timeout, "poll_wait_ms", 250, "protect", s->state_dir);
     return SH_OK;
 }
 
@@ -115,6 +129,7 @@ static int job_eval(srv *s, srv_job *j)
     if (j->state == J_STARTING && live && running == live) {
         j->state = J_RUNNING;
         if (j->t_start <= 0) j->t_start = sh_now_wall();
+        if (j->t_placed > 0) srv__observe_start(s, j->nmem, sh_now_wall() - j->t_placed);
         changed = 1;
         SH_TRY(srv__db_event(s, j->id, NULL, "running", "attempt %d: all %d rank(s) running", j->attempt, live));
     }
@@ -146,6 +161,20 @@ static void log_note(srv *s, srv_job *j, int rank, const char *fmt, ...)
     if (n > 0) log_append(s, j, rank, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
+/* A node spoke for a member placed elsewhere: refuse the whole poll and
+ * keep the attempt on record (outside the poll's transaction, which is
+ * rolled back). */
+static int forged(srv *s, int idx, const srv_job *j, int rank, const char *what)
+{
+    sh_warn("node %s sent %s for job %lld rank %d, which runs on node %s: refused", s->nodes[idx].name, what,
+            (long long)j->id, rank, s->nodes[j->mem[rank].node].name);
+    s->forged_job = j->id;
+    snprintf(s->forged_msg, sizeof s->forged_msg, "node %s sent %s for rank %d, placed on node %s: refused",
+             s->nodes[idx].name, what, rank, s->nodes[j->mem[rank].node].name);
+    return sh_err(SH_EPERM, "poll: node %s may only report its own members; job %lld rank %d is not on it",
+                  s->nodes[idx].name, (long long)j->id, rank);
+}
+
 /* Applies one member report from node idx. */
 static int apply_report(srv *s, int idx, const json_t *r)
 {
@@ -161,7 +190,8 @@ static int apply_report(srv *s, int idx, const json_t *r)
      * desired list in the reply tells the agent to stop them. */
     if (!j || j->attempt != attempt || rank < 0 || rank >= j->nmem || j->state > J_RUNNING) return SH_OK;
     srv_member *m = &j->mem[rank];
-    if (m->node != idx || m->state > M_RUNNING) return SH_OK;
+    if (m->node != idx) return forged(s, idx, j, (int)rank, "a report");
+    if (m->state > M_RUNNING) return SH_OK;
     if (!strcmp(st, "ready") && m->state == M_ASSIGNED) m->state = M_READY;
     else if (!strcmp(st, "running") && m->state < M_RUNNING) {
         m->state = M_RUNNING;
@@ -181,33 +211,58 @@ int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap)
 {
     char d[4200];
     snprintf(d, sizeof d, "%s/logs/%lld", s->dir, (long long)job);
-    SH_TRY(sh_mkdir_p(d, 0755));
+    SH_TRY(sh_mkdir_p(d, 0700));
     if ((size_t)snprintf(out, cap, "%s/%d.log", d, rank) >= cap) return sh_err(SH_ERANGE, "log path too long");
     return SH_OK;
 }
 
-static void apply_logs(srv *s, const json_t *logs)
+/* Appends the output of the node's own members of current attempts;
+ * output for a member placed elsewhere is a forgery. */
+static int apply_logs(srv *s, int idx, const json_t *logs)
 {
     size_t i;
     json_t *c;
     json_array_foreach(logs, i, c) {
-        int64_t id = 0, rank = 0;
+        int64_t id = 0, rank = 0, attempt = -1;
         const char *data = NULL;
         if (sh_json_get_i64(c, "job", 1, "log", &id) || sh_json_get_i64(c, "rank", 1, "log", &rank) ||
-            sh_json_get_str(c, "data", 1, "log", &data) || !srv__job(s, id) || rank < 0 || rank >= 64)
-            continue;
+            sh_json_get_i64(c, "attempt", 0, "log", &attempt) || sh_json_get_str(c, "data", 1, "log", &data))
+            return sh_err(SH_EFORMAT, "poll: logs[%zu]: %s", i, sh_errmsg());
+        srv_job *j = srv__job(s, id);
+        if (!j || rank < 0 || rank >= j->nmem || (attempt >= 0 && attempt != j->attempt)) continue; /* stale */
+        if (j->mem[rank].node != idx) return forged(s, idx, j, (int)rank, "output");
         size_t len = json_string_length(json_object_get(c, "data"));
-        if (len) log_append(s, srv__job(s, id), (int)rank, data, len);
+        if (len) log_append(s, j, (int)rank, data, len);
     }
+    return SH_OK;
 }
 
-static json_t *member_env(srv *s, const srv_job *j, const srv_member *m)
+/* The rendezvous port (MASTER_PORT) of j's current attempt: the first port
+ * from a (job, attempt) hash in 20000..59999 that no other active job holds,
+ * so that no two running attempts share one.  Chosen once per attempt; a
+ * restarted server chooses again for the attempts it restores. */
+static int rdzv_port(srv *s, srv_job *j)
+{
+    if (j->rdzv_port) return j->rdzv_port;
+    int p = (int)(((uint64_t)j->id * 7919u + (uint64_t)j->attempt * 104729u) % 40000u);
+    for (int tries = 0; tries < 40000; tries++, p = (p + 1) % 40000) {
+        int taken = 0;
+        for (int64_t a = 0; a < s->nactive && !taken; a++) {
+            const srv_job *k = srv__job(s, s->active[a]);
+            taken = k && k != j && k->rdzv_port == 20000 + p;
+        }
+        if (!taken) break;
+    }
+    return j->rdzv_port = 20000 + p;
+}
+
+static json_t *member_env(srv *s, srv_job *j, const srv_member *m)
 {
     json_t *env = json_object();
     json_t *user = json_object_get(j->spec, "env");
     if (user) json_object_update(env, user);
     char b[64];
-    int port = 20000 + (int)((j->id * 13 + j->attempt) % 20000);
+    int port = rdzv_port(s, j);
 #define SETI(k, v) (snprintf(b, sizeof b, "%lld", (long long)(v)), json_object_set_new(env, k, json_string(b)))
     SETI("SHOAL_JOB_ID", j->id);
     SETI("SHOAL_RANK", m->rank);
@@ -219,11 +274,21 @@ static json_t *member_env(srv *s, const srv_job *j, const srv_member *m)
     SETI("LOCAL_RANK", 0);
     SETI("LOCAL_WORLD_SIZE", 1);
     SETI("MASTER_PORT", port);
+    /* torchrun's node-level arguments, so that a plain `torchrun train.py`
+     * starts one process per GPU on every node (docs/job-format.md). */
+    int nproc = j->gpus_per_node > 0 ? j->gpus_per_node : 1;
+    SETI("NNODES", j->nmem);
+    SETI("NPROC_PER_NODE", nproc);
+    SETI("PET_NNODES", j->nmem);
+    SETI("PET_NODE_RANK", m->rank);
+    SETI("PET_NPROC_PER_NODE", nproc);
+    SETI("PET_MASTER_PORT", port);
 #undef SETI
     json_object_set_new(env, "SHOAL_JOB_NAME", json_string(j->name));
     json_object_set_new(env, "SHOAL_TENANT", json_string(j->tenant));
     json_object_set_new(env, "SHOAL_NODE", json_string(s->nodes[m->node].name));
     json_object_set_new(env, "MASTER_ADDR", json_string(s->nodes[j->mem[0].node].addr));
+    json_object_set_new(env, "PET_MASTER_ADDR", json_string(s->nodes[j->mem[0].node].addr));
     sh_buf g = {0};
     for (int i = 0; i < 64; i++)
         if (m->gpu_mask & (1ull << i)) sh_buf_printf(&g, "%s%d", g.len ? "," : "", i);
@@ -246,6 +311,10 @@ static json_t *desired(srv *s, int idx)
                                   "attempt", j->attempt, "rank", m->rank, "world", j->nmem, "go",
                                   j->go, "command", json_object_get(j->spec, "command"), "env",
                                   member_env(s, j, m), "name", j->name);
+            /* The tenant's number: the agent runs the member as a uid of
+             * its own, the same for all of one tenant's members. */
+            json_object_set_new(d, "uid", json_integer(json_integer_value(json_object_get(s->tenant_num, j->tenant))));
+            json_object_set_new(d, "gpus", json_integer(j->gpus_per_node));
             const char *extra[] = {"writable", "memory_mb", "pids_max"};
             for (int k = 0; k < 3; k++) {
                 json_t *v = json_object_get(j->spec, extra[k]);
@@ -259,7 +328,7 @@ static json_t *desired(srv *s, int idx)
 
 static const char *const poll_keys[] = {"node", "members", "logs", "version", "wait_ms", NULL};
 
-int srv__agent_poll(srv *s, json_t *b, json_t **reply)
+int srv__agent_poll(srv *s, int idx, json_t *b, json_t **reply)
 {
     SH_TRY(sh_json_check_keys(b, poll_keys, "poll"));
     const char *name = "";
@@ -267,16 +336,29 @@ int srv__agent_poll(srv *s, json_t *b, json_t **reply)
     SH_TRY(sh_json_get_str(b, "node", 1, "poll", &name));
     SH_TRY(sh_json_get_i64(b, "version", 0, "poll", &version));
     SH_TRY(sh_json_get_i64(b, "wait_ms", 0, "poll", &wait_ms));
-    int idx = srv__node_find(s, name);
-    if (idx < 0) return sh_err(SH_ENOENT, "node \"%s\" is not registered; register it first", name);
+    if (idx < 0 || idx >= s->nnodes) return sh_err(SH_ENOENT, "node \"%s\" is not registered; register it first", name);
+    if (strcmp(name, s->nodes[idx].name)) {
+        sh_warn("the credential of node %s polled as node \"%s\": refused", s->nodes[idx].name, name);
+        SH_TRY(srv__db_event(s, 0, s->nodes[idx].name, "refused", "its credential was used to poll as node \"%s\"", name));
+        return sh_err(SH_EPERM, "poll: this credential belongs to node %s, not \"%s\"", s->nodes[idx].name, name);
+    }
     if (s->nodes[idx].state == NODE_GONE)
         return sh_err(SH_EEXIST, "node \"%s\" was removed from the fleet; its agent should stop", name);
     srv_node *n = &s->nodes[idx];
     n->last_seen = sh_now_mono();
     s->polls++;
     SH_TRY(srv__db_begin(s));
-    int rc = SH_OK;
-    if (n->state == NODE_DEAD) {
+    srv_undo u;
+    srv__undo_begin(s, &u);
+    int rc = srv__undo_node(s, &u, idx);
+    json_t *mem = json_object_get(b, "members");
+    size_t i;
+    json_t *r;
+    json_array_foreach(mem, i, r) {
+        srv_job *j = srv__job(s, json_integer_value(json_object_get(r, "job")));
+        if (rc == SH_OK && j) rc = srv__undo_job(s, &u, j);
+    }
+    if (rc == SH_OK && n->state == NODE_DEAD) {
         n->state = NODE_ALIVE;
         n->version++;
         rc = srv__seam_node(s, idx, SEAM_UP);
@@ -284,15 +366,19 @@ int srv__agent_poll(srv *s, json_t *b, json_t **reply)
         if (rc == SH_OK) rc = srv__db_event(s, 0, n->name, "node_recovered", "polled again");
         srv__changed(s);
     }
-    json_t *mem = json_object_get(b, "members");
-    size_t i;
-    json_t *r;
+    s->forged_job = 0;
     json_array_foreach(mem, i, r) if (rc == SH_OK) rc = apply_report(s, idx, r);
-    if (rc == SH_OK) rc = srv__db_commit(s);
-    else srv__db_rollback(s);
-    SH_TRY(rc);
     json_t *logs = json_object_get(b, "logs");
-    if (json_is_array(logs)) apply_logs(s, logs);
+    if (rc == SH_OK && json_is_array(logs)) rc = apply_logs(s, idx, logs);
+    if (rc == SH_OK) rc = srv__db_commit(s);
+    if (rc < 0) srv__db_rollback(s);
+    srv__undo_end(s, &u, rc == SH_OK);
+    if (s->forged_job) {
+        int e = srv__db_event(s, s->forged_job, n->name, "refused", "%s", s->forged_msg);
+        if (e < 0) sh_warn("event: %s", sh_errmsg());
+        s->forged_job = 0;
+    }
+    SH_TRY(rc);
     /* Long poll: hold the reply until this node's desired list changes, so
      * that an assignment or an opened barrier reaches the agent at once. */
     if (wait_ms > 0 && (uint64_t)version == n->version) {

@@ -15,12 +15,53 @@ static const char *query(srv_req *r, const char *key)
     return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, key);
 }
 
-static int64_t query_i64(srv_req *r, const char *key, int64_t def)
+typedef struct qcheck {
+    const char *const *allowed;
+    const char *bad;
+} qcheck;
+
+static enum MHD_Result qcheck_one(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    qcheck *q = cls;
+    for (int i = 0; q->allowed && q->allowed[i]; i++)
+        if (!strcmp(key, q->allowed[i])) return MHD_YES;
+    q->bad = key;
+    return MHD_NO;
+}
+
+/* Refuses a query parameter the endpoint does not take: a typo such as
+ * "?limt=5" must not silently mean "no limit". */
+static int query_only(srv_req *r, const char *const *allowed)
+{
+    qcheck q = {allowed, NULL};
+    MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, qcheck_one, &q);
+    if (!q.bad) return SH_OK;
+    sh_buf b = {0};
+    for (int i = 0; allowed && allowed[i]; i++) sh_buf_printf(&b, "%s%s", i ? ", " : "", allowed[i]);
+    int rc = sh_err(SH_EINVAL, "%s: unknown query parameter \"%s\" (this endpoint takes: %s)", r->path, q.bad,
+                    b.data ? (char *)b.data : "none");
+    sh_buf_free(&b);
+    return rc;
+}
+
+/* An integer query parameter within lo..hi; absent: def. */
+static int query_i64(srv_req *r, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out)
 {
     const char *v = query(r, key);
-    int64_t out = def;
-    if (v && sh_parse_i64(v, &out, key) < 0) return def;
-    return out;
+    *out = def;
+    if (!v) return SH_OK;
+    if (sh_parse_i64(v, out, key) < 0 || *out < lo || *out > hi)
+        return sh_err(SH_EINVAL, "%s: query parameter %s=\"%s\": expected an integer in %lld..%lld", r->path, key,
+                      v, (long long)lo, (long long)hi);
+    return SH_OK;
+}
+
+int srv__idem_valid(const char *key)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++, n++)
+        if (*p < 0x21 || *p > 0x7e) return 0;
+    return n >= 1 && n <= 127;
 }
 
 /* A tenant sees only its own jobs; others' look like missing ones, so that a
@@ -47,6 +88,8 @@ static int64_t idem_lookup(srv *s, const char *tenant, const char *key)
     return id;
 }
 
+static int check_writable(srv *s, const srv_job *j);
+
 static int submit(srv *s, srv_req *r, int *status, json_t **reply)
 {
     if (r->role != ROLE_TENANT && r->role != ROLE_ADMIN)
@@ -54,7 +97,11 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     srv_job *j = r->job;
     r->job = NULL; /* parsed and validated before the lock was taken */
     if (!j) return sh_err(SH_EINTERNAL, "submit without a parsed job");
-    int rc;
+    int rc = check_writable(s, j);
+    if (rc < 0) {
+        srv__job_free(j);
+        return rc;
+    }
     int64_t dup = j->idem[0] ? idem_lookup(s, j->tenant, j->idem) : 0;
     if (dup && srv__job(s, dup)) {
         /* A retried submit (same idempotency key) gets the job it created. */
@@ -102,15 +149,23 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
 
 static int list_jobs(srv *s, srv_req *r, json_t **reply)
 {
+    static const char *const keys[] = {"state", "limit", NULL};
+    SH_TRY(query_only(r, keys));
     const char *state = query(r, "state");
-    int64_t limit = query_i64(r, "limit", 100);
-    if (limit < 1 || limit > 100000) limit = 100;
+    int64_t limit;
+    SH_TRY(query_i64(r, "limit", 100, 1, 100000, &limit));
+    int known = !state || !strcmp(state, "active") || !strcmp(state, "finished");
+    for (int i = 0; i < J_NSTATES && !known; i++) known = !strcmp(state, srv__job_state_name(i));
+    if (!known)
+        return sh_err(SH_EINVAL, "/v1/jobs: query parameter state=\"%s\": expected active, finished, pending,"
+                                 " starting, running, succeeded, failed or cancelled", state);
     json_t *a = json_array();
     for (int64_t id = s->njobs; id >= 1 && (int64_t)json_array_size(a) < limit; id--) {
         srv_job *j = visible_job(s, r, id);
         if (!j) continue;
         if (state && strcmp(state, srv__job_state_name(j->state)) &&
-            !(!strcmp(state, "active") && j->state <= J_RUNNING))
+            !(!strcmp(state, "active") && j->state <= J_RUNNING) &&
+            !(!strcmp(state, "finished") && j->state > J_RUNNING))
             continue;
         json_array_append_new(a, srv__job_json(s, j, 0));
     }
@@ -120,9 +175,11 @@ static int list_jobs(srv *s, srv_req *r, json_t **reply)
 
 static int job_logs(srv *s, srv_req *r, srv_job *j, json_t **reply)
 {
-    int64_t rank = query_i64(r, "rank", 0), off = query_i64(r, "offset", 0);
-    if (off < 0) off = 0;
-    if (rank < 0 || rank >= 64) return sh_err(SH_EINVAL, "logs: rank %lld is outside 0..63", (long long)rank);
+    static const char *const keys[] = {"rank", "offset", NULL};
+    SH_TRY(query_only(r, keys));
+    int64_t rank, off;
+    SH_TRY(query_i64(r, "rank", 0, 0, 63, &rank));
+    SH_TRY(query_i64(r, "offset", 0, 0, INT64_MAX, &off));
     char path[4200];
     SH_TRY(srv__log_path(s, j->id, (int)rank, path, sizeof path));
     sh_buf b = {0};
@@ -139,8 +196,7 @@ static int job_logs(srv *s, srv_req *r, srv_job *j, json_t **reply)
     return SH_OK;
 }
 
-/* Costs: closed ledger rows plus what running members have cost so far. */
-static json_t *costs(srv *s, const char *tenant)
+json_t *srv__costs(srv *s, const char *tenant)
 {
     json_t *by = srv__db_costs(s, tenant);
     double now = sh_now_wall();
@@ -185,7 +241,7 @@ static int overview(srv *s, srv_req *r, json_t **reply)
         if (json_array_size(jobs) >= 500) break;
     }
     *reply = json_pack("{s:o,s:o,s:o,s:s,s:f}", "nodes", nodes_json(s, r), "jobs", jobs, "costs",
-                       costs(s, r->tenant), "viewer", r->tenant ? r->tenant : "admin", "now", sh_now_wall());
+                       srv__costs(s, r->tenant), "viewer", r->tenant ? r->tenant : "admin", "now", sh_now_wall());
     return SH_OK;
 }
 
@@ -195,18 +251,23 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
     long long id = strtoll(rest, &end, 10);
     if (end == rest || id <= 0) return sh_err(SH_ENOENT, "no such job \"%s\"", rest);
     srv_job *j = visible_job(s, r, id);
-    if (!j || r->role == ROLE_AGENT) return sh_err(SH_ENOENT, "no such job %lld", id);
+    if (!j) return sh_err(SH_ENOENT, "no such job %lld", id);
     int get = !strcmp(r->method, "GET");
+    if (!(!strcmp(end, "/logs") && get)) SH_TRY(query_only(r, NULL));
     if (!*end && get) {
         *reply = srv__job_json(s, j, 1);
         return SH_OK;
     }
     if ((!strcmp(end, "/cancel") && !strcmp(r->method, "POST")) || (!*end && !strcmp(r->method, "DELETE"))) {
         SH_TRY(srv__db_begin(s));
-        int rc = srv__cancel(s, j, r->tenant ? r->tenant : "admin");
+        srv_undo u;
+        srv__undo_begin(s, &u);
+        int rc = srv__undo_job(s, &u, j);
+        if (rc == SH_OK) rc = srv__cancel(s, j, r->tenant ? r->tenant : "admin");
         if (rc == SH_OK) rc = srv__db_commit(s);
-        else srv__db_rollback(s);
-        SH_TRY(rc);
+        if (rc < 0) srv__db_rollback(s);
+        srv__undo_end(s, &u, rc == SH_OK);
+        if (rc < 0) return sh_err_wrap(rc, "job %lld was not cancelled and its ranks keep running", id);
         *reply = srv__job_json(s, j, 0);
         return SH_OK;
     }
@@ -221,21 +282,65 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
 
 static int agent_routes(srv *s, srv_req *r, json_t **reply)
 {
-    if (r->role != ROLE_AGENT && r->role != ROLE_ADMIN)
-        return sh_err(SH_EPERM, "%s: needs the agent token", r->path);
-    if (strcmp(r->method, "POST")) return sh_err(SH_ENOENT, "%s %s: no such endpoint", r->method, r->path);
+    int reg = !strcmp(r->path, "/v1/agent/register"), poll = !strcmp(r->path, "/v1/agent/poll");
+    if (reg && r->role != ROLE_JOIN)
+        return sh_err(SH_EPERM, "%s: needs the agent token (\"agent\" in the tokens file)%s", r->path,
+                      r->role == ROLE_ADMIN ? "; the admin token does not reach the agent API" : "");
+    if (poll && r->role != ROLE_NODE)
+        return sh_err(SH_EPERM, "%s: needs a node's credential, which its agent gets by registering with the agent token%s", r->path,
+                      r->role == ROLE_ADMIN ? "; the admin token does not reach the agent API" : "");
+    if (strcmp(r->method, "POST") || (!reg && !poll)) return sh_err(SH_ENOENT, "%s %s: no such endpoint", r->method, r->path);
+    SH_TRY(query_only(r, NULL));
     json_t *b;
     SH_TRY(sh_json_parse(r->body, r->body_len, r->path, &b));
     int rc;
-    if (!strcmp(r->path, "/v1/agent/register")) {
+    if (reg) {
         rc = srv__db_begin(s);
         if (rc == SH_OK) rc = srv__agent_register(s, b, reply);
         if (rc == SH_OK) rc = srv__db_commit(s);
         else srv__db_rollback(s);
-    } else if (!strcmp(r->path, "/v1/agent/poll")) rc = srv__agent_poll(s, b, reply);
-    else rc = sh_err(SH_ENOENT, "%s: no such endpoint", r->path);
+    } else rc = srv__agent_poll(s, r->node, b, reply);
     json_decref(b);
     return rc;
+}
+
+/* Each "writable" path must be absolute and plain (no "." or ".."
+ * components, no doubled or trailing '/'), lie under a directory the admin
+ * allows (--allow-writable), and not lie in the server's state directory. */
+static int check_writable(srv *s, const srv_job *j)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(j->spec, "writable"), i, v) {
+        const char *p = json_string_value(v);
+        size_t n = strlen(p);
+        if (p[0] != '/' || strstr(p, "//") || strstr(p, "/./") || strstr(p, "/../") || (n > 1 && p[n - 1] == '/') ||
+            (n >= 2 && !strcmp(p + n - 2, "/.")) || (n >= 3 && !strcmp(p + n - 3, "/..")))
+            return sh_err(SH_EINVAL, "job: field \"writable\"[%zu]: \"%s\" is not a plain absolute path", i, p);
+        /* A directory that holds the state directory is allowed: agents
+         * hide the state directory inside it (the "protect" list). */
+        if (srv__path_under(p, s->state_dir))
+            return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" lies in the server's state directory %s",
+                          i, p, s->state_dir);
+        int ok = 0;
+        char allow[4096];
+        snprintf(allow, sizeof allow, "%s", s->cfg.writable_allow ? s->cfg.writable_allow : "");
+        for (char *sv = NULL, *a = strtok_r(allow, ":", &sv); a && !ok; a = strtok_r(NULL, ":", &sv))
+            ok = srv__path_under(p, a);
+        if (!ok)
+            return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is not under a directory the admin allows"
+                                    " (server option --allow-writable; now: %s)", i, p,
+                          s->cfg.writable_allow && *s->cfg.writable_allow ? s->cfg.writable_allow : "none");
+    }
+    return SH_OK;
+}
+
+int srv__path_under(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    if (n == 1 && dir[0] == '/') return path[0] == '/';
+    return n > 0 && !strncmp(path, dir, n) && (path[n] == '/' || path[n] == 0);
 }
 
 static int delete_node(srv *s, srv_req *r, const char *name, json_t **reply)
@@ -278,7 +383,10 @@ int srv__handle(srv *s, srv_req *r, int *status, json_t **reply)
     int get = !strcmp(r->method, "GET");
     *status = 200;
     if (!strncmp(p, "/v1/agent/", 10)) return agent_routes(s, r, reply);
-    if (r->role == ROLE_AGENT) return sh_err(SH_EPERM, "%s: the agent token only reaches /v1/agent/", p);
+    if (r->role != ROLE_ADMIN && r->role != ROLE_TENANT)
+        return sh_err(SH_EPERM, "%s: the agent token and node credentials only reach /v1/agent/", p);
+    if (!(!strcmp(p, "/v1/jobs") && get) && strncmp(p, "/v1/jobs/", 9) && strcmp(p, "/v1/events"))
+        SH_TRY(query_only(r, NULL));
     if (!strcmp(p, "/v1/jobs")) {
         if (!strcmp(r->method, "POST")) return submit(s, r, status, reply);
         if (get) return list_jobs(s, r, reply);
@@ -290,12 +398,15 @@ int srv__handle(srv *s, srv_req *r, int *status, json_t **reply)
     } else if (!strncmp(p, "/v1/nodes/", 10) && !strcmp(r->method, "DELETE")) {
         return delete_node(s, r, p + 10, reply);
     } else if (!strcmp(p, "/v1/events") && get) {
-        int64_t limit = query_i64(r, "limit", 200);
-        *reply = json_pack("{s:o}", "events", srv__db_events(s, query_i64(r, "after", 0), r->tenant, 0,
-                                                             limit < 1 || limit > 10000 ? 200 : (int)limit));
+        static const char *const keys[] = {"after", "limit", NULL};
+        SH_TRY(query_only(r, keys));
+        int64_t limit, after;
+        SH_TRY(query_i64(r, "limit", 200, 1, 10000, &limit));
+        SH_TRY(query_i64(r, "after", 0, 0, INT64_MAX, &after));
+        *reply = json_pack("{s:o}", "events", srv__db_events(s, after, r->tenant, 0, (int)limit));
         return SH_OK;
     } else if (!strcmp(p, "/v1/costs") && get) {
-        *reply = costs(s, r->tenant);
+        *reply = srv__costs(s, r->tenant);
         return SH_OK;
     } else if (!strcmp(p, "/v1/overview") && get) {
         return overview(s, r, reply);

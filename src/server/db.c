@@ -6,13 +6,17 @@
  * docs/server-api.md ("State"). */
 #include "srv_int.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <string.h>
 
 static const char *const schema =
     "CREATE TABLE IF NOT EXISTS nodes(name TEXT PRIMARY KEY, gpu_type TEXT, gpus INTEGER,"
     " zone TEXT, fabric TEXT, addr TEXT, price REAL, state INTEGER, from_provider INTEGER,"
-    " sandbox TEXT);"
+    " sandbox TEXT, cred TEXT);"
     "CREATE TABLE IF NOT EXISTS jobs(id INTEGER PRIMARY KEY, tenant TEXT, name TEXT, idem TEXT,"
     " kind INTEGER, state INTEGER, policy INTEGER, attempt INTEGER, max_attempts INTEGER,"
     " priority INTEGER, exit_code INTEGER, reason TEXT, spec TEXT, t_submit REAL, t_start REAL,"
@@ -25,15 +29,39 @@ static const char *const schema =
     " tenant TEXT, node TEXT, kind TEXT, msg TEXT);"
     "CREATE TABLE IF NOT EXISTS ledger(id INTEGER PRIMARY KEY, tenant TEXT, job INTEGER,"
     " attempt INTEGER, rank INTEGER, node TEXT, gpu_type TEXT, gpus INTEGER, t_start REAL,"
-    " t_end REAL, cost REAL);";
+    " t_end REAL, cost REAL);"
+    "CREATE TABLE IF NOT EXISTS tenants(name TEXT PRIMARY KEY, num INTEGER UNIQUE);";
 
 static int db__fail(srv *s, const char *what)
 {
     return sh_err(SH_EIO, "%s: %s: %s", s->cfg.db_path, what, sqlite3_errmsg(s->db));
 }
 
+/* Creates the database file 0600 before SQLite opens it (SQLite gives its
+ * WAL and shared-memory files the database's mode), and tightens the
+ * files of an older, laxer install. */
+static int db__private(srv *s)
+{
+    static const char *const sfx[] = {"", "-wal", "-shm", NULL};
+    for (int i = 0; sfx[i]; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s%s", s->cfg.db_path, sfx[i]);
+        int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0 && (i == 0 || errno != ENOENT))
+            return sh_err_errno(errno, "%s: cannot create the database (check the --db path)", p);
+        if (fd >= 0 && fchmod(fd, 0600) < 0) {
+            close(fd);
+            return sh_err_errno(errno, "chmod 600 %s", p);
+        }
+        if (fd >= 0) close(fd);
+        if (i == 0) break; /* the others appear with the mode of the first */
+    }
+    return SH_OK;
+}
+
 int srv__db_open(srv *s)
 {
+    SH_TRY(db__private(s));
     if (sqlite3_open_v2(s->cfg.db_path, &s->db,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL)) {
         int rc = sh_err(SH_EIO, "%s: cannot open the database: %s (check the --db path)",
@@ -51,6 +79,8 @@ int srv__db_open(srv *s)
         sqlite3_free(err);
         return rc;
     }
+    /* Databases from before node credentials lack the column. */
+    sqlite3_exec(s->db, "ALTER TABLE nodes ADD COLUMN cred TEXT", NULL, NULL, NULL);
     return SH_OK;
 }
 
@@ -118,9 +148,10 @@ static int db__run(srv *s, const char *sql, const char *types, ...)
 int srv__db_node(srv *s, const srv_node *n)
 {
     return db__run(s,
-                   "INSERT OR REPLACE INTO nodes VALUES(?,?,?,?,?,?,?,?,?,?)", "ttitttdiit", n->name,
+                   "INSERT OR REPLACE INTO nodes(name, gpu_type, gpus, zone, fabric, addr, price, state,"
+                   " from_provider, sandbox, cred) VALUES(?,?,?,?,?,?,?,?,?,?,?)", "ttitttdiitt", n->name,
                    n->gpu_type, (int64_t)n->gpus, n->zone, n->fabric, n->addr, n->price,
-                   (int64_t)n->state, (int64_t)n->from_provider, n->sandbox);
+                   (int64_t)n->state, (int64_t)n->from_provider, n->sandbox, n->cred);
 }
 
 int srv__db_job(srv *s, const srv_job *j)
@@ -190,7 +221,8 @@ static const char *col_text(sqlite3_stmt *st, int i)
 static int db__load_nodes(srv *s)
 {
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db, "SELECT * FROM nodes ORDER BY rowid", -1, &st, NULL))
+    if (sqlite3_prepare_v2(s->db, "SELECT name, gpu_type, gpus, zone, fabric, addr, price, state, from_provider, sandbox, cred"
+                           " FROM nodes ORDER BY rowid", -1, &st, NULL))
         return db__fail(s, "load nodes");
     int rc = SH_OK;
     while (sqlite3_step(st) == SQLITE_ROW) {
@@ -213,6 +245,7 @@ static int db__load_nodes(srv *s)
         n->state = sqlite3_column_int(st, 7);
         n->from_provider = sqlite3_column_int(st, 8);
         snprintf(n->sandbox, sizeof n->sandbox, "%s", col_text(st, 9));
+        snprintf(n->cred, sizeof n->cred, "%s", col_text(st, 10));
         /* A node alive at the crash gets a fresh heartbeat window to poll the
          * restarted server before it is declared dead. */
         n->last_seen = sh_now_mono();
@@ -296,6 +329,35 @@ int srv__db_load(srv *s)
     return db__load_members(s);
 }
 
+/* Numbers every tenant of the tokens file, "admin" and every tenant that
+ * owns a job, keeping the numbers already given: a tenant's number (and so
+ * the uid its members run as) never changes or passes to another. */
+int srv__db_tenants(srv *s)
+{
+    json_t *names = json_array();
+    const char *k;
+    json_t *v;
+    json_array_append_new(names, json_string("admin"));
+    json_object_foreach(json_object_get(s->tokens, "tenants"), k, v) json_array_append_new(names, json_string(k));
+    for (int64_t id = 1; id <= s->njobs; id++)
+        if (s->jobs[id]) json_array_append_new(names, json_string(s->jobs[id]->tenant));
+    int rc = SH_OK;
+    size_t i;
+    json_array_foreach(names, i, v) if (rc == SH_OK)
+        rc = db__run(s, "INSERT OR IGNORE INTO tenants(name, num) VALUES(?, (SELECT COALESCE(MAX(num), 0) + 1 FROM tenants))",
+                     "t", json_string_value(v));
+    json_decref(names);
+    SH_TRY(rc);
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT name, num FROM tenants", -1, &st, NULL)) return db__fail(s, "load tenants");
+    json_decref(s->tenant_num);
+    s->tenant_num = json_object();
+    while (sqlite3_step(st) == SQLITE_ROW)
+        json_object_set_new(s->tenant_num, col_text(st, 0), json_integer(sqlite3_column_int64(st, 1)));
+    sqlite3_finalize(st);
+    return SH_OK;
+}
+
 json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit)
 {
     sqlite3_stmt *st;
@@ -318,6 +380,19 @@ json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, i
                                              col_text(st, 5)));
     sqlite3_finalize(st);
     return out;
+}
+
+/* The closed ledger of one job: dollars and GPU-seconds over its members. */
+void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s)
+{
+    sqlite3_stmt *st;
+    *dollars = *gpu_s = 0;
+    if (sqlite3_prepare_v2(s->db, "SELECT SUM(cost), SUM((t_end - t_start) * gpus) FROM ledger WHERE job = ?",
+                           -1, &st, NULL))
+        return;
+    sqlite3_bind_int64(st, 1, job);
+    if (sqlite3_step(st) == SQLITE_ROW) *dollars = sqlite3_column_double(st, 0), *gpu_s = sqlite3_column_double(st, 1);
+    sqlite3_finalize(st);
 }
 
 /* Sums the closed ledger by tenant and GPU type into obj[tenant][gpu_type]. */

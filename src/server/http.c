@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 typedef struct conn_ctx {
@@ -33,7 +34,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
 
 static enum MHD_Result send_json(srv *s, struct MHD_Connection *c, int status, json_t *j)
 {
-    char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(12));
+    char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(j);
     if (!text) return MHD_NO;
     __atomic_fetch_add(&s->http_req[status / 100 <= 5 ? status / 100 : 0], 1, __ATOMIC_RELAXED);
@@ -77,9 +78,9 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
     }
     const char *tok = h + 7;
     const char *admin = json_string_value(json_object_get(s->tokens, "admin"));
-    const char *agent = json_string_value(json_object_get(s->tokens, "agent"));
+    const char *join = json_string_value(json_object_get(s->tokens, "agent"));
     if (token_eq(tok, admin)) return r->role = ROLE_ADMIN;
-    if (token_eq(tok, agent)) return r->role = ROLE_AGENT;
+    if (token_eq(tok, join)) return r->role = ROLE_JOIN;
     const char *name;
     json_t *v;
     json_object_foreach(json_object_get(s->tokens, "tenants"), name, v) {
@@ -88,6 +89,14 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
             return r->role = ROLE_TENANT;
         }
     }
+    /* A node's credential (the node table only grows, so the index stays
+     * valid after the lock is released). */
+    pthread_mutex_lock(&s->mu);
+    r->node = -1;
+    for (int i = 0; i < s->nnodes && r->node < 0; i++)
+        if (s->nodes[i].cred[0] && token_eq(tok, s->nodes[i].cred)) r->node = i;
+    pthread_mutex_unlock(&s->mu);
+    if (r->node >= 0) return r->role = ROLE_NODE;
     *err = "unknown bearer token (check --token / SHOAL_TOKEN against the server's tokens file)";
     return -1;
 }
@@ -146,11 +155,15 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
         if (strcmp(method, "GET")) return send_error(s, c, 405, "static files are GET only");
         return serve_static(s, c, url);
     }
-    srv_req r = {method, url, NULL, (const char *)ctx->body.data, ctx->body.len, NULL, ROLE_NONE,
-                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key"), c};
+    srv_req r = {.method = method, .path = url, .body = (const char *)ctx->body.data, .body_len = ctx->body.len,
+                 .role = ROLE_NONE, .node = -1,
+                 .idem_header = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key"), .conn = c};
     if (!r.body) r.body = "";
     const char *err = NULL;
     if (authenticate(s, c, &r, &err) < 0) return send_error(s, c, 401, err);
+    if (r.idem_header && !srv__idem_valid(r.idem_header))
+        return send_error(s, c, 400, "header Idempotency-Key: expected 1 to 127 printable ASCII characters"
+                                     " (letters, digits, punctuation; no spaces)");
     int status = 200;
     json_t *reply = NULL;
     char msg[1100];
@@ -264,19 +277,53 @@ double srv_cycle_for_bench(srv *s)
 
 /* ---- start and stop --------------------------------------------------------- */
 
+/* Tenant names become directory names, uids and filters: a name must be
+ * 1 to 63 of [a-z0-9_.-], start with a letter or digit, and not be one the
+ * server uses itself. */
+static int tenant_name_ok(const char *n, const char **why)
+{
+    static const char *const reserved[] = {"admin", "agent", "root", "system", "shoal", "all", "none",
+                                           "nobody", "default-admin", NULL};
+    size_t len = strlen(n);
+    if (len == 0 || len > 63) return *why = "must be 1 to 63 characters", 0;
+    if (!((n[0] >= 'a' && n[0] <= 'z') || (n[0] >= '0' && n[0] <= '9')))
+        return *why = "must start with a lowercase letter or a digit", 0;
+    for (const char *p = n; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_' || *p == '.' || *p == '-'))
+            return *why = "may only hold a-z, 0-9, '_', '.' and '-'", 0;
+    for (int i = 0; reserved[i]; i++)
+        if (!strcmp(n, reserved[i])) return *why = "is reserved", 0;
+    return 1;
+}
+
 static int load_tokens(srv *s)
 {
-    if (!s->cfg.tokens_path)
-        return sh_err(SH_EINVAL, "the server needs a tokens file (--tokens FILE; see docs/server-api.md)");
-    SH_TRY(sh_json_load_file(s->cfg.tokens_path, 1 << 20, &s->tokens));
+    const char *path = s->cfg.tokens_path;
+    if (!path) return sh_err(SH_EINVAL, "the server needs a tokens file (--tokens FILE; see docs/server-api.md)");
+    struct stat st;
+    if (stat(path, &st) == 0 && (st.st_mode & 077))
+        sh_warn("%s: the tokens file is readable by others (mode %03o): run chmod 600 %s", path,
+                (unsigned)(st.st_mode & 0777), path);
+    SH_TRY(sh_json_load_file(path, 1 << 20, &s->tokens));
     static const char *const keys[] = {"admin", "agent", "tenants", NULL};
-    SH_TRY(sh_json_check_keys(s->tokens, keys, s->cfg.tokens_path));
-    const char *a = NULL;
-    SH_TRY(sh_json_get_str(s->tokens, "admin", 1, s->cfg.tokens_path, &a));
-    SH_TRY(sh_json_get_str(s->tokens, "agent", 1, s->cfg.tokens_path, &a));
+    SH_TRY(sh_json_check_keys(s->tokens, keys, path));
+    const char *a = NULL, *g = NULL;
+    SH_TRY(sh_json_get_str(s->tokens, "admin", 1, path, &a));
+    SH_TRY(sh_json_get_str(s->tokens, "agent", 1, path, &g));
     json_t *t = json_object_get(s->tokens, "tenants");
-    if (t && !json_is_object(t))
-        return sh_err(SH_EFORMAT, "%s: \"tenants\" must map tenant names to tokens", s->cfg.tokens_path);
+    if (t && !json_is_object(t)) return sh_err(SH_EFORMAT, "%s: \"tenants\" must map tenant names to tokens", path);
+    if (!*a || !*g || !strcmp(a, g))
+        return sh_err(SH_EFORMAT, "%s: \"admin\" and \"agent\" must be non-empty and differ", path);
+    const char *name, *why = "";
+    json_t *v;
+    json_object_foreach(t, name, v) {
+        if (!tenant_name_ok(name, &why))
+            return sh_err(SH_EFORMAT, "%s: tenant \"%s\": the name %s", path, name, why);
+        const char *tok = json_string_value(v);
+        if (!tok || !*tok || !strcmp(tok, a) || !strcmp(tok, g))
+            return sh_err(SH_EFORMAT, "%s: tenant \"%s\": the token must be a non-empty string, unlike the"
+                                      " admin's and the agents'", path, name);
+    }
     return SH_OK;
 }
 
@@ -319,8 +366,11 @@ int srv_start(const srv_config *cfg, srv **out)
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->sched_cv, NULL);
     int rc = load_tokens(s);
+    if (rc == SH_OK && !realpath(s->dir, s->state_dir))
+        rc = sh_err_errno(errno, "%s: the database's directory", s->dir);
     if (rc == SH_OK) rc = srv__db_open(s);
     if (rc == SH_OK) rc = srv__db_load(s);
+    if (rc == SH_OK) rc = srv__db_tenants(s);
     if (rc == SH_OK) rc = srv__db_begin(s);
     if (rc == SH_OK) {
         rc = srv__seam_init(s);
@@ -361,6 +411,7 @@ void srv_stop(srv *s)
     free(s->active);
     free(s->nodes);
     json_decref(s->tokens);
+    json_decref(s->tenant_num);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->sched_cv);
@@ -368,6 +419,73 @@ void srv_stop(srv *s)
 }
 
 /* ---- metrics ------------------------------------------------------------------ */
+
+/* Histogram bounds in seconds: starts take milliseconds to a minute, waits
+ * seconds to days. */
+static const double start_le[SRV_HBUCKETS] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
+static const double wait_le[SRV_HBUCKETS] = {1, 5, 15, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400};
+static const char *const size_label[SRV_SIZE_CLASSES] = {"1", "2-4", "5-16", "17-64", "65+"};
+
+int srv__size_class(int nodes)
+{
+    return nodes <= 1 ? 0 : nodes <= 4 ? 1 : nodes <= 16 ? 2 : nodes <= 64 ? 3 : 4;
+}
+
+static void observe(srv_hist *h, const double *le, double v)
+{
+    int i = 0;
+    while (i < SRV_HBUCKETS && v > le[i]) i++;
+    h->bucket[i]++, h->n++, h->sum += v < 0 ? 0 : v;
+}
+
+void srv__observe_start(srv *s, int nodes, double seconds)
+{
+    observe(&s->h_start[srv__size_class(nodes)], start_le, seconds);
+}
+
+void srv__observe_wait(srv *s, int nodes, double seconds)
+{
+    observe(&s->h_wait[srv__size_class(nodes)], wait_le, seconds);
+}
+
+static void print_hist(sh_buf *b, const char *name, const char *help, const srv_hist *h, const double *le)
+{
+    sh_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int c = 0; c < SRV_SIZE_CLASSES; c++) {
+        uint64_t cum = 0;
+        for (int i = 0; i <= SRV_HBUCKETS; i++) {
+            cum += h[c].bucket[i];
+            if (i < SRV_HBUCKETS)
+                sh_buf_printf(b, "%s_bucket{nodes=\"%s\",le=\"%g\"} %llu\n", name, size_label[c], le[i],
+                              (unsigned long long)cum);
+            else
+                sh_buf_printf(b, "%s_bucket{nodes=\"%s\",le=\"+Inf\"} %llu\n", name, size_label[c],
+                              (unsigned long long)cum);
+        }
+        sh_buf_printf(b, "%s_sum{nodes=\"%s\"} %.6f\n%s_count{nodes=\"%s\"} %llu\n", name, size_label[c], h[c].sum,
+                      name, size_label[c], (unsigned long long)h[c].n);
+    }
+}
+
+/* Per-tenant cost counters: the ledger's closed rows plus running members,
+ * which only grow (a member's running cost becomes its ledger row). */
+static void print_costs(srv *s, sh_buf *b)
+{
+    json_t *c = srv__costs(s, NULL);
+    const char *t, *g;
+    json_t *by, *v;
+    sh_buf_printf(b, "# HELP shoal_cost_dollars_total Dollars billed, by tenant and GPU type.\n"
+                     "# TYPE shoal_cost_dollars_total counter\n");
+    json_object_foreach(json_object_get(c, "by_tenant"), t, by) json_object_foreach(by, g, v)
+        sh_buf_printf(b, "shoal_cost_dollars_total{tenant=\"%s\",gpu_type=\"%s\"} %.6f\n", t, g,
+                      json_real_value(json_object_get(v, "dollars")));
+    sh_buf_printf(b, "# HELP shoal_gpu_seconds_total GPU-seconds billed, by tenant and GPU type.\n"
+                     "# TYPE shoal_gpu_seconds_total counter\n");
+    json_object_foreach(json_object_get(c, "by_tenant"), t, by) json_object_foreach(by, g, v)
+        sh_buf_printf(b, "shoal_gpu_seconds_total{tenant=\"%s\",gpu_type=\"%s\"} %.3f\n", t, g,
+                      json_real_value(json_object_get(v, "gpu_seconds")));
+    json_decref(c);
+}
 
 void srv__metrics(srv *s, sh_buf *b)
 {
@@ -383,10 +501,13 @@ void srv__metrics(srv *s, sh_buf *b)
     for (int64_t i = 1; i <= s->njobs; i++)
         if (s->jobs[i]) jobs[s->jobs[i]->state]++;
     static const char *const ns[] = {"alive", "dead", "gone"};
+    sh_buf_printf(b, "# HELP shoal_build_info The running server's version.\n# TYPE shoal_build_info gauge\n"
+                     "shoal_build_info{version=\"%s\"} 1\n", SHOAL_VERSION);
     sh_buf_printf(b, "# HELP shoal_nodes Registered nodes by state.\n# TYPE shoal_nodes gauge\n");
     for (int i = 0; i < 3; i++) sh_buf_printf(b, "shoal_nodes{state=\"%s\"} %d\n", ns[i], nodes[i]);
-    sh_buf_printf(b, "# HELP shoal_gpus GPUs on alive nodes.\n# TYPE shoal_gpus gauge\n"
-                     "shoal_gpus{state=\"total\"} %d\nshoal_gpus{state=\"used\"} %d\n", gpus, used);
+    /* used + free = the GPUs of alive nodes, so sum(shoal_gpus) is the total. */
+    sh_buf_printf(b, "# HELP shoal_gpus GPUs on alive nodes, used and free.\n# TYPE shoal_gpus gauge\n"
+                     "shoal_gpus{state=\"used\"} %d\nshoal_gpus{state=\"free\"} %d\n", used, gpus - used);
     sh_buf_printf(b, "# HELP shoal_jobs Jobs by state.\n# TYPE shoal_jobs gauge\n");
     for (int i = 0; i < J_NSTATES; i++)
         sh_buf_printf(b, "shoal_jobs{state=\"%s\"} %lld\n", srv__job_state_name(i), (long long)jobs[i]);
@@ -407,6 +528,11 @@ void srv__metrics(srv *s, sh_buf *b)
                      "# HELP shoal_sched_jobs_forgotten_total Ended jobs the core has dropped.\n"
                      "# TYPE shoal_sched_jobs_forgotten_total counter\nshoal_sched_jobs_forgotten_total %llu\n",
                   ss.queued + ss.running, (unsigned long long)ss.forgotten);
+    print_hist(b, "shoal_gang_start_seconds", "Seconds from placement to every rank running, by gang size in nodes.",
+               s->h_start, start_le);
+    print_hist(b, "shoal_queue_wait_seconds", "Seconds from submission to first placement, by gang size in nodes.",
+               s->h_wait, wait_le);
+    print_costs(s, b);
     sh_buf_printf(b, "# HELP shoal_http_responses_total HTTP responses by status class.\n"
                      "# TYPE shoal_http_responses_total counter\n");
     for (int i = 2; i <= 5; i++)

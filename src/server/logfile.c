@@ -83,7 +83,7 @@ static int last_whole(int fd, const char *path, uint64_t *end)
 
 int srv__log_append(const char *path, const void *data, size_t len, int repair)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd < 0) return sh_err_errno(errno, "%s: open", path);
     int rc = SH_OK;
     uint64_t end = 0;

@@ -95,6 +95,44 @@ int srv__seam_node(srv *s, int idx, int event)
     return sched_node_remove(s->sc, n->name, now);
 }
 
+/* Tells the core where a starting or running job already is, so that it
+ * keeps running: its live members' places, or for a gang whose ranks have
+ * partly exited, every rank's (a gang holds its nodes until it ends).  A
+ * job that cannot be restored (a node gone, a changed fleet) goes the way
+ * its failure policy says, and every outcome is an event. */
+static int restore(srv *s, srv_job *j, double now)
+{
+    char sidv[24];
+    sid(j, sidv);
+    sched_place pl[64];
+    sh_buf where = {0};
+    int rc = SH_EINVAL;
+    for (int all = 0; all < 2 && rc < 0; all++) {
+        int n = 0;
+        where.len = 0;
+        for (int i = 0; i < j->nmem && n < 64; i++)
+            if (all || j->mem[i].state <= M_RUNNING) {
+                pl[n++] = (sched_place){s->nodes[j->mem[i].node].name, 0, j->gpus_per_node};
+                sh_buf_printf(&where, "%s%s", n > 1 ? "," : "", s->nodes[j->mem[i].node].name);
+            }
+        rc = n ? sched_job_restore(s->sc, sidv, pl, (size_t)n, now) : sh_err(SH_EINVAL, "no member left");
+    }
+    if (rc == SH_OK) {
+        sh_buf_append(&where, "", 1);
+        rc = srv__db_event(s, j->id, NULL, "restored", "server restarted: attempt %d kept %s on %s", j->attempt,
+                           srv__job_state_name(j->state), (char *)where.data);
+        sh_buf_free(&where);
+        return rc;
+    }
+    sh_buf_free(&where);
+    char why[400];
+    snprintf(why, sizeof why, "server restarted and could not restore the placement (%s)", sh_errmsg());
+    sh_warn("job %lld: %s", (long long)j->id, why);
+    if (j->policy == P_FAIL || ++j->failures >= j->max_attempts) return srv__finish(s, j, J_FAILED, -1, why);
+    /* The core holds the job as queued: requeue it under a new attempt. */
+    return srv__requeue(s, j, why, 1);
+}
+
 /* Rebuilds the core from the loaded model (after srv__db_load). */
 int srv__seam_init(srv *s)
 {
@@ -112,26 +150,13 @@ int srv__seam_init(srv *s)
     for (int64_t id = 1; id <= s->njobs; id++) {
         srv_job *j = srv__job(s, id);
         if (!j || j->state > J_RUNNING) continue;
-        char why[300], sidv[24];
+        char why[300];
         if (srv__seam_submit(s, j, why, sizeof why) != 0) {
             SH_TRY(srv__finish(s, j, J_FAILED, -1, why));
             continue;
         }
         if (j->state == J_PENDING) continue;
-        sched_place pl[64];
-        int n = 0;
-        for (int i = 0; i < j->nmem && n < 64; i++)
-            if (j->mem[i].state <= M_RUNNING)
-                pl[n++] = (sched_place){s->nodes[j->mem[i].node].name, 0, j->gpus_per_node};
-        sid(j, sidv);
-        if (n == 0 || sched_job_restore(s->sc, sidv, pl, (size_t)n, now) < 0) {
-            sh_warn("job %lld: cannot restore its placement (%s); queueing it again", (long long)id, sh_errmsg());
-            for (int i = 0; i < j->nmem; i++) SH_TRY(srv__member_end(s, j, &j->mem[i], M_STOPPED, -1));
-            j->state = J_PENDING;
-            j->attempt++;
-            SH_TRY(srv__db_members(s, j));
-            SH_TRY(srv__db_job(s, j));
-        }
+        SH_TRY(restore(s, j, now));
     }
     return SH_OK;
 }

@@ -29,6 +29,7 @@ enum { P_REQUEUE, P_REPLACE, P_FAIL };
 
 typedef struct srv_node {
     char name[64], gpu_type[32], zone[32], fabric[32], addr[64], sandbox[128];
+    char cred[48];       /* the node's own credential (issued at registration) */
     int gpus, gpus_used, state, from_provider;
     uint64_t gpu_mask;   /* which GPU indices are taken */
     double price;        /* dollars per GPU-hour */
@@ -42,6 +43,15 @@ typedef struct srv_member {
     double t_start, t_end; /* wall seconds; billing runs between them */
 } srv_member;
 
+/* A Prometheus histogram: counts per bucket (not cumulative; the last is
+ * +Inf), the sum and count of the observations. */
+#define SRV_HBUCKETS 12
+#define SRV_SIZE_CLASSES 5 /* gangs of 1, 2-4, 5-16, 17-64, 65+ nodes */
+typedef struct srv_hist {
+    uint64_t bucket[SRV_HBUCKETS + 1], n;
+    double sum;
+} srv_hist;
+
 typedef struct srv_job {
     int64_t id;
     char tenant[64], name[128], idem[128], reason[256];
@@ -54,6 +64,8 @@ typedef struct srv_job {
     int nmem;
     srv_member *mem;
     uint64_t log_checked;                /* ranks whose log file this process has repaired */
+    int rdzv_port;                       /* MASTER_PORT of this attempt (0: not chosen yet) */
+    double t_placed;                     /* wall time this attempt was placed (metrics) */
     int nprefer;                         /* replace policy: nodes to keep, by rank */
     int prefer[64];
 } srv_job;
@@ -73,6 +85,13 @@ struct srv {
     int port;
     char dir[4096]; /* directory of the database: logs/ lives there */
     json_t *tokens;
+    json_t *tenant_num; /* tenant name -> its number (members run as uid base + number) */
+    char state_dir[4096]; /* absolute s->dir: hidden from members, never writable */
+    int64_t forged_job;   /* a poll's forged report, recorded after its rollback */
+    char forged_msg[256];
+    int defer_seam;       /* srv__seam_end only queues (see srv__seam_flush) */
+    int64_t seam_queue[64];
+    int seam_queue_cancelled[64], nseam_queue;
     srv_node *nodes;
     int nnodes, cap_nodes;
     srv_job **jobs; /* by id; jobs[0] unused */
@@ -82,6 +101,9 @@ struct srv {
     /* counters for /metrics */
     uint64_t submits, rejects, http_req[6], polls;
     double last_cycle_s;
+    /* /metrics histograms by gang size class (srv__size_class): seconds
+     * from placement to every rank running, and from submit to first start. */
+    srv_hist h_start[SRV_SIZE_CLASSES], h_wait[SRV_SIZE_CLASSES];
     sched *sc;            /* the scheduling core: every placement comes from it */
     sched_decisions dec;
     int provider_next;    /* provider-created nodes are named auto-<n> */
@@ -95,12 +117,17 @@ typedef struct srv_req {
     const char *body;
     size_t body_len;
     const char *tenant; /* NULL: admin or agent */
-    int role;           /* ROLE_ADMIN, ROLE_TENANT, ROLE_AGENT, ROLE_NONE */
+    int role;           /* ROLE_* */
+    int node;           /* ROLE_NODE: the index of the node the credential names */
     const char *idem_header;
     struct MHD_Connection *conn;
     srv_job *job; /* POST /v1/jobs: the job parsed before locking (owned) */
 } srv_req;
-enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_AGENT };
+/* ROLE_JOIN holds the join token ("agent" in the tokens file): it may only
+ * register nodes.  ROLE_NODE holds one node's credential: it may only poll
+ * as that node.  Neither reaches the tenant API, and the admin token does
+ * not reach /v1/agent/. */
+enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE };
 
 /* db.c */
 int srv__db_open(srv *s);
@@ -112,11 +139,21 @@ int srv__db_members(srv *s, const srv_job *j);
 int srv__db_event(srv *s, int64_t job, const char *node, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 int srv__db_ledger(srv *s, const srv_job *j, const srv_member *m);
+int srv__db_tenants(srv *s);
 int srv__db_begin(srv *s);
 int srv__db_commit(srv *s);
 void srv__db_rollback(srv *s);
 json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit);
 json_t *srv__db_costs(srv *s, const char *tenant);
+/* Closed ledger rows plus what running members have cost so far:
+ * {"by_tenant": {tenant: {gpu_type: {dollars, gpu_seconds}}}, "total_dollars"}
+ * (all tenants when tenant is NULL).  Caller holds s->mu and owns the result. */
+json_t *srv__costs(srv *s, const char *tenant);
+/* Metrics: the size class of a gang of n nodes, and recording one value. */
+int srv__size_class(int nodes);
+void srv__observe_start(srv *s, int nodes, double seconds);
+void srv__observe_wait(srv *s, int nodes, double seconds);
+void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s);
 
 /* state.c */
 srv_job *srv__job(srv *s, int64_t id);
@@ -140,6 +177,26 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full);
 json_t *srv__nodes_json(srv *s, const char *tenant);
 int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
 
+/* An undo record: the jobs and nodes a change may touch, saved before it,
+ * so that a change whose transaction fails is taken back in memory too and
+ * the model never runs ahead of the database.  Between begin and end the
+ * scheduling core is told of ended jobs only after the commit.  (The
+ * scheduling cycle does not use it: the core has taken its own decisions
+ * by the time they are written.) */
+typedef struct srv_undo_job { srv_job *j; srv_job copy; srv_member *mem; } srv_undo_job;
+typedef struct srv_undo {
+    srv_undo_job *jobs;
+    int njobs, cap_jobs;
+    int *node_idx;
+    srv_node *nodes;
+    int nnodes, cap_nodes;
+} srv_undo;
+void srv__undo_begin(srv *s, srv_undo *u);
+int srv__undo_job(srv *s, srv_undo *u, srv_job *j);
+int srv__undo_node(srv *s, srv_undo *u, int idx);
+/* committed: flush the deferred core updates; else restore what was saved. */
+void srv__undo_end(srv *s, srv_undo *u, int committed);
+
 /* seam.c: the scheduling core's seam */
 enum { SEAM_UP, SEAM_DEAD, SEAM_GONE };
 int srv__seam_init(srv *s);
@@ -162,7 +219,8 @@ void srv__provider_tick(srv *s, double now);
 
 /* agentapi.c */
 int srv__agent_register(srv *s, json_t *body, json_t **reply);
-int srv__agent_poll(srv *s, json_t *body, json_t **reply);
+/* Runs for the node whose credential the request carried (index node). */
+int srv__agent_poll(srv *s, int node, json_t *body, json_t **reply);
 int srv__agent_logs(srv *s, json_t *body);
 int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap);
 
@@ -178,6 +236,10 @@ int srv__log_append(const char *path, const void *data, size_t len, int repair);
 int srv__log_read(const char *path, uint64_t off, size_t max, sh_buf *out, uint64_t *next);
 
 /* api.c */
+/* 1 if key is 1 to 127 printable ASCII characters (an Idempotency-Key). */
+int srv__idem_valid(const char *key);
+/* 1 if path is dir or lies under it (both plain absolute paths). */
+int srv__path_under(const char *path, const char *dir);
 int srv__presubmit(srv_req *r);
 int srv__handle(srv *s, srv_req *r, int *status, json_t **reply);
 void srv__metrics(srv *s, sh_buf *out);

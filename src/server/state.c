@@ -3,6 +3,7 @@
  * database transaction opened by its caller. */
 #include "srv_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,6 +130,10 @@ int srv__start(srv *s, srv_job *j, const int *nodes, int n)
         sh_buf_printf(&where, "%s%s", r ? "," : "", nd->name);
     }
     j->state = J_STARTING;
+    j->rdzv_port = 0; /* each attempt rendezvouses on a fresh port (agentapi.c) */
+    double now = sh_now_wall();
+    if (j->attempt == 1 && j->t_placed <= 0) srv__observe_wait(s, n, now - j->t_submit);
+    j->t_placed = now;
     j->go = j->kind != K_GANG; /* only gangs wait at the barrier */
     j->nprefer = 0;
     int rc = srv__db_job(s, j);
@@ -167,7 +172,10 @@ static int stop_live(srv *s, srv_job *j)
 int srv__finish(srv *s, srv_job *j, int state, int exit_code, const char *reason)
 {
     SH_TRY(stop_live(s, j));
-    srv__seam_end(s, j, state == J_CANCELLED);
+    if (s->defer_seam && s->nseam_queue < (int)(sizeof s->seam_queue / sizeof s->seam_queue[0])) {
+        s->seam_queue[s->nseam_queue] = j->id;
+        s->seam_queue_cancelled[s->nseam_queue++] = state == J_CANCELLED;
+    } else srv__seam_end(s, j, state == J_CANCELLED);
     j->state = state;
     j->exit_code = exit_code;
     j->t_end = sh_now_wall();
@@ -315,6 +323,89 @@ void srv__heartbeats(srv *s, double now)
     }
 }
 
+/* ---- undo: a change is applied only once it is durable ------------------ */
+
+void srv__undo_begin(srv *s, srv_undo *u)
+{
+    memset(u, 0, sizeof *u);
+    s->defer_seam = 1;
+    s->nseam_queue = 0;
+}
+
+int srv__undo_node(srv *s, srv_undo *u, int idx)
+{
+    if (idx < 0 || idx >= s->nnodes) return SH_OK;
+    for (int i = 0; i < u->nnodes; i++)
+        if (u->node_idx[i] == idx) return SH_OK; /* already saved */
+    if (u->nnodes == u->cap_nodes) {
+        int cap = u->cap_nodes ? 2 * u->cap_nodes : 16;
+        int *ni = realloc(u->node_idx, (size_t)cap * sizeof *ni);
+        if (ni) u->node_idx = ni;
+        srv_node *nn = ni ? realloc(u->nodes, (size_t)cap * sizeof *nn) : NULL;
+        if (!nn) return sh_err(SH_ENOMEM, "undo: nodes");
+        u->nodes = nn;
+        u->cap_nodes = cap;
+    }
+    u->node_idx[u->nnodes] = idx;
+    u->nodes[u->nnodes++] = s->nodes[idx];
+    return SH_OK;
+}
+
+int srv__undo_job(srv *s, srv_undo *u, srv_job *j)
+{
+    for (int i = 0; i < u->njobs; i++)
+        if (u->jobs[i].j == j) return SH_OK;
+    if (u->njobs == u->cap_jobs) {
+        int cap = u->cap_jobs ? 2 * u->cap_jobs : 8;
+        srv_undo_job *nj = realloc(u->jobs, (size_t)cap * sizeof *nj);
+        if (!nj) return sh_err(SH_ENOMEM, "undo: jobs");
+        u->jobs = nj;
+        u->cap_jobs = cap;
+    }
+    srv_member *mem = NULL;
+    if (j->nmem) {
+        mem = malloc((size_t)j->nmem * sizeof *mem);
+        if (!mem) return sh_err(SH_ENOMEM, "undo: job %lld", (long long)j->id);
+        memcpy(mem, j->mem, (size_t)j->nmem * sizeof *mem);
+    }
+    u->jobs[u->njobs].j = j;
+    u->jobs[u->njobs].copy = *j;
+    u->jobs[u->njobs++].mem = mem;
+    for (int i = 0; i < j->nmem; i++) SH_TRY(srv__undo_node(s, u, j->mem[i].node));
+    return SH_OK;
+}
+
+void srv__undo_end(srv *s, srv_undo *u, int committed)
+{
+    s->defer_seam = 0;
+    if (committed) {
+        /* Durable: now the scheduling core may forget the jobs that ended. */
+        for (int i = 0; i < s->nseam_queue; i++) {
+            srv_job *j = srv__job(s, s->seam_queue[i]);
+            if (j) srv__seam_end(s, j, s->seam_queue_cancelled[i]);
+        }
+    } else {
+        /* Not durable: the model goes back to what the database holds, so
+         * that no agent is told to stop or start anything. */
+        for (int i = 0; i < u->njobs; i++) {
+            /* The job's array now (the saved one, or one that replaced and
+             * freed it) gives way to the saved copy of its members. */
+            srv_job *j = u->jobs[i].j;
+            free(j->mem);
+            *j = u->jobs[i].copy;
+            j->mem = u->jobs[i].mem;
+            u->jobs[i].mem = NULL;
+        }
+        for (int i = 0; i < u->nnodes; i++) s->nodes[u->node_idx[i]] = u->nodes[i];
+    }
+    for (int i = 0; i < u->njobs; i++) free(u->jobs[i].mem);
+    free(u->jobs);
+    free(u->node_idx);
+    free(u->nodes);
+    s->nseam_queue = 0;
+    memset(u, 0, sizeof *u);
+}
+
 /* ---- job files ---------------------------------------------------------- */
 
 static const char *const job_keys[] = {
@@ -419,8 +510,8 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     if (rc == SH_OK) rc = sh_json_get_str(spec, "on_failure", 0, "job", &pol);
     if (rc == SH_OK) rc = pick(pol, policies, 3, "on_failure", &j->policy);
     if (rc == SH_OK) rc = sh_json_get_str(spec, "idempotency_key", 0, "job", &idem);
-    if (rc == SH_OK && strlen(idem) >= sizeof j->idem)
-        rc = sh_err(SH_EFORMAT, "job: field \"idempotency_key\": longer than 127 characters");
+    if (rc == SH_OK && *idem && !srv__idem_valid(idem))
+        rc = sh_err(SH_EFORMAT, "job: field \"idempotency_key\": expected 1 to 127 printable ASCII characters");
     j->gpus_per_node = 1;
     j->nodes = 1;
     j->min_nodes = 1;
@@ -494,6 +585,39 @@ static double running_cost(srv *s, const srv_job *j, double now)
     return c;
 }
 
+/* What a job cost and how long it ran: the closed ledger plus its live
+ * members, so a finished job keeps its final bill; "replicas" counts the
+ * members running now (an elastic job may run fewer than its maximum). */
+static void add_billing(srv *s, const srv_job *j, json_t *o)
+{
+    double dollars, gpu_s;
+    srv__db_job_cost(s, j->id, &dollars, &gpu_s);
+    double now = sh_now_wall();
+    int live = 0;
+    for (int i = 0; i < j->nmem; i++) live += member_live(&j->mem[i]) && j->mem[i].t_start > 0;
+    double run = j->t_start > 0 ? (j->t_end > 0 ? j->t_end : now) - j->t_start : 0;
+    json_object_set_new(o, "cost", json_real(dollars + running_cost(s, j, now)));
+    json_object_set_new(o, "cost_final", json_boolean(j->state > J_RUNNING));
+    json_object_set_new(o, "run_s", json_real(run > 0 ? run : 0));
+    json_object_set_new(o, "replicas", json_integer(j->state <= J_RUNNING ? live : 0));
+}
+
+/* Why a pending job waits and when it should start, from the core (its
+ * clock is monotonic: the estimate is moved onto the wall clock). */
+static void add_pending(srv *s, const srv_job *j, json_t *o)
+{
+    if (j->state != J_PENDING || !s->sc) return;
+    char id[24];
+    snprintf(id, sizeof id, "%lld", (long long)j->id);
+    sched_job_info in;
+    double mono = sh_now_mono(), wall = sh_now_wall();
+    if (sched_job_info_get(s->sc, id, mono, &in) < 0 || in.wait == SCHED_WAIT_NONE) return;
+    json_object_set_new(o, "wait", json_string(sched_wait_name(in.wait)));
+    json_object_set_new(o, "pending_reason", json_string(in.wait_text));
+    json_object_set_new(o, "start_estimate",
+                        isfinite(in.est_start_s) ? json_real(wall + (in.est_start_s - mono)) : json_null());
+}
+
 json_t *srv__job_json(srv *s, const srv_job *j, int full)
 {
     json_t *o = json_pack("{s:I,s:s,s:s,s:s,s:s,s:i,s:i,s:s,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:i,s:s,s:f}",
@@ -507,6 +631,8 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full)
                           "running_cost", running_cost(s, j, sh_now_wall()));
     json_t *gt = json_object_get(j->spec, "gpu_types");
     json_object_set_new(o, "gpu_types", gt ? json_incref(gt) : json_array());
+    add_billing(s, j, o);
+    add_pending(s, j, o);
     json_t *mem = json_array();
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
@@ -524,11 +650,13 @@ static const char *const node_states[] = {"alive", "dead", "gone"};
 
 static json_t *node_json(const srv_node *n, json_t *jobs)
 {
-    return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:o}", "name", n->name,
+    /* Seconds since the node's last poll (its heartbeat); -1 before the first. */
+    double age = n->last_seen > 0 ? sh_now_mono() - n->last_seen : -1;
+    return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:f,s:o}", "name", n->name,
                      "gpu_type", n->gpu_type, "gpus", n->gpus, "gpus_used", n->gpus_used, "zone",
                      n->zone, "fabric", n->fabric, "addr", n->addr, "price_per_gpu_hour", n->price,
                      "state", node_states[n->state], "sandbox", n->sandbox, "from_provider",
-                     n->from_provider, "jobs", jobs);
+                     n->from_provider, "heartbeat_age_s", age, "jobs", jobs);
 }
 
 /* One entry of a node's "jobs" list. */

@@ -8,6 +8,25 @@
 
 #include "shoal/common.h"
 
+int sim__check_text(const char *path, const char *text, size_t len)
+{
+    if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3))
+        return sh_err(SH_EFORMAT, "%s:1: the file starts with a UTF-8 byte order mark; save it without one", path);
+    size_t line = 1, start = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!text[i])
+            return sh_err(SH_EFORMAT, "%s:%zu: NUL byte at column %zu (a binary or damaged file?)", path, line,
+                          i - start + 1);
+        if (text[i] == '\n') {
+            line++, start = i + 1;
+            continue;
+        }
+        if (i - start >= SIM__MAX_LINE)
+            return sh_err(SH_EFORMAT, "%s:%zu: line longer than %d bytes", path, line, SIM__MAX_LINE);
+    }
+    return 0;
+}
+
 char *sim__next_line(char **pos)
 {
     char *s = *pos;

@@ -5,6 +5,12 @@
 #include <stddef.h>
 
 #define SIM__MAX_FIELDS 16
+#define SIM__MAX_LINE 65536 /* bytes in one line, "\n" excluded */
+
+/* Rejects text no importer should read on: a UTF-8 byte order mark, a NUL
+ * byte (which would end the text early) or a line longer than
+ * SIM__MAX_LINE, naming the file and the line. */
+int sim__check_text(const char *path, const char *text, size_t len);
 
 /* Iterates the lines of a NUL-terminated buffer in place: returns the next
  * line (without "\n" or "\r\n") and advances *pos, or NULL at the end. */

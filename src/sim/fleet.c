@@ -1,4 +1,4 @@
-/* Fleet importers: the shoal fleet CSV and the Alibaba node lists, with a
+/* Fleet importers: shoal's fleet files (through src/common/fleetfile.c) and the Alibaba node lists, with a
  * deterministic zone and fabric assignment for lists that have none. */
 #include <stdlib.h>
 #include <string.h>
@@ -6,6 +6,7 @@
 
 #include "csv.h"
 #include "shoal/common.h"
+#include "shoal/fleetfile.h"
 #include "shoal/sim.h"
 
 #define FLEET_HEADER "node_id,zone,fabric,gpu_type,gpus,price_per_gpu_hour"
@@ -72,15 +73,6 @@ static int parse_line(const char *fmt, const char *path, size_t ln, char **fl, i
                       sim_node *n, int *skip)
 {
     *skip = 0;
-    if (!strcmp(fmt, "shoal")) {
-        if (nf != 6) return sh_err(SH_EFORMAT, "%s:%zu: expected 6 fields (" FLEET_HEADER "), got %d", path, ln, nf);
-        SH_TRY(sim__name(n->id, SIM_NAME, fl[0], path, ln, "node_id"));
-        SH_TRY(sim__name(n->zone, SIM_NAME, fl[1], path, ln, "zone"));
-        SH_TRY(sim__name(n->fabric, SIM_NAME, fl[2], path, ln, "fabric"));
-        SH_TRY(sim__name(n->gpu_type, SIM_NAME, fl[3], path, ln, "gpu_type"));
-        SH_TRY(sim__int(fl[4], path, ln, "gpus", 1, SCHED_MAX_NODE_GPUS, &n->gpus));
-        return sim__num(fl[5], path, ln, "price_per_gpu_hour", 0, &n->price_per_gpu_hour);
-    }
     if (!strcmp(fmt, "alibaba-v2023")) {
         if (nf != 5) return sh_err(SH_EFORMAT, "%s:%zu: expected 5 fields (sn,cpu_milli,memory_mib,gpu,model), got %d", path, ln, nf);
         SH_TRY(sim__name(n->id, SIM_NAME, fl[0], path, ln, "sn"));
@@ -95,6 +87,61 @@ static int parse_line(const char *fmt, const char *path, size_t ln, char **fl, i
     SH_TRY(sim__int(fl[1], path, ln, "gpu_capacity_num", 0, SCHED_MAX_NODE_GPUS, &n->gpus));
     if (!n->gpus) return *skip = 1, 0;
     return sim__name(n->gpu_type, SIM_NAME, fl[0], path, ln, "gpu_model");
+}
+
+static const sim_node *dup_base;
+static int cmp_node_ix(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    int c = strcmp(dup_base[x].id, dup_base[y].id);
+    return c ? c : (x > y) - (x < y);
+}
+
+/* Fails naming both lines when two nodes share an id. */
+static int dup_ids(const sim_fleet *f, const size_t *lines, const char *path)
+{
+    size_t *ix = malloc(f->n * sizeof *ix);
+    if (!ix) return sh_err(SH_ENOMEM, "fleet: out of memory");
+    for (size_t i = 0; i < f->n; i++) ix[i] = i;
+    dup_base = f->nodes;
+    qsort(ix, f->n, sizeof *ix, cmp_node_ix);
+    int rc = 0;
+    for (size_t i = 1; i < f->n && !rc; i++)
+        if (!strcmp(f->nodes[ix[i]].id, f->nodes[ix[i - 1]].id))
+            rc = sh_err(SH_EFORMAT, "%s:%zu: node id \"%s\" appears again (first at line %zu)", path,
+                        lines[ix[i]], f->nodes[ix[i]].id, lines[ix[i - 1]]);
+    free(ix);
+    return rc;
+}
+
+/* shoal's own fleet files go through the one reader (docs/fleet-format.md),
+ * after the same checks for bytes no importer may read past. */
+static int load_native(const char *path, sim_fleet *out)
+{
+    char *text;
+    size_t len;
+    SH_TRY(sh_read_file(path, (size_t)1 << 30, &text, &len));
+    sh_fleet_file ff;
+    int rc = sim__check_text(path, text, len);
+    if (!rc) rc = sh_fleet_parse(text, path, NULL, &ff);
+    free(text);
+    if (rc) return rc;
+    _Static_assert(SH_FLEET_NAME <= SIM_NAME && SH_FLEET_MAX_GPUS <= SCHED_MAX_NODE_GPUS,
+                   "fleet files fit the simulator's nodes");
+    if (!(out->nodes = calloc(ff.n, sizeof *out->nodes))) rc = sh_err(SH_ENOMEM, "fleet: out of memory");
+    for (size_t i = 0; !rc && i < ff.n; i++) {
+        const sh_fleet_node *f = &ff.nodes[i];
+        sim_node *n = &out->nodes[out->n++];
+        memcpy(n->id, f->name, sizeof f->name);
+        memcpy(n->zone, f->zone, sizeof f->zone);
+        memcpy(n->fabric, f->fabric, sizeof f->fabric);
+        memcpy(n->gpu_type, f->gpu_type, sizeof f->gpu_type);
+        n->gpus = f->gpus;
+        n->price_per_gpu_hour = f->price_per_gpu_hour;
+    }
+    sh_fleet_free(&ff);
+    if (rc) sim_fleet_free(out);
+    return rc;
 }
 
 int sim_fleet_load(const char *path, const char *format, const sim_fleet_opts *opts, sim_fleet *out)
@@ -113,11 +160,13 @@ int sim_fleet_load(const char *path, const char *format, const sim_fleet_opts *o
     if (o.zones < 1 || o.fabric_nodes < 1)
         return sh_err(SH_EINVAL, "fleet: zones and nodes per fabric must be >= 1");
     memset(out, 0, sizeof *out);
+    if (fi == 0) return load_native(path, out);
     char *text;
     size_t len, cap = 0, ln = 0;
     SH_TRY(sh_read_file(path, (size_t)1 << 30, &text, &len));
     char *pos = text, *line;
-    int rc = 0, seen_header = 0, ntc = 0;
+    int rc = sim__check_text(path, text, len), seen_header = 0, ntc = 0;
+    size_t *lines = NULL, caplines = 0;
     tcount tc[64];
     while (!rc && (line = sim__next_line(&pos))) {
         ln++;
@@ -141,10 +190,19 @@ int sim_fleet_load(const char *path, const char *format, const sim_fleet_opts *o
         sim_node *slot = NULL;
         if (!rc) rc = push(out, &cap, &slot);
         if (!rc) *slot = n;
+        if (!rc && out->n > caplines) {
+            size_t c = caplines ? caplines * 2 : 256;
+            size_t *v = realloc(lines, c * sizeof *v);
+            if (!v) rc = sh_err(SH_ENOMEM, "fleet: out of memory");
+            else lines = v, caplines = c;
+        }
+        if (!rc) lines[out->n - 1] = ln;
     }
     free(text);
     if (!rc && !seen_header) rc = sh_err(SH_EFORMAT, "%s: empty fleet file (no header)", path);
     if (!rc && !out->n) rc = sh_err(SH_EFORMAT, "%s: no GPU nodes", path);
+    if (!rc) rc = dup_ids(out, lines, path);
+    free(lines);
     if (rc) sim_fleet_free(out);
     return rc;
 }

@@ -104,3 +104,112 @@ int sim_trace_kalos(sim_trace *t, size_t n, uint64_t seed, int fleet_gpus, doubl
     t->n += n;
     return 0;
 }
+
+/* ---- Mixed fleets and workloads --------------------------------------------- */
+
+/* The GPU types of a mixed fleet, their share of its nodes and their
+ * throughput relative to the fastest (what a job lists as its speeds). */
+static const struct {
+    const char *type;
+    double share, speed, price;
+} mix_types[] = {{"H100", 0.3, 1.0, 2.50}, {"A100", 0.4, 0.6, 1.50}, {"L4", 0.3, 0.25, 0.80}};
+#define MIX_TYPES 3
+#define MIX_ZONES 3
+
+int sim_fleet_mixed(sim_fleet *f, int nodes, int fabric_nodes)
+{
+    if (nodes < MIX_TYPES || fabric_nodes < 1)
+        return sh_err(SH_EINVAL, "mixed fleet: need >= %d nodes and >= 1 node per fabric", MIX_TYPES);
+    memset(f, 0, sizeof *f);
+    f->nodes = calloc((size_t)nodes, sizeof *f->nodes);
+    if (!f->nodes) return sh_err(SH_ENOMEM, "mixed fleet: out of memory");
+    int done = 0;
+    for (int t = 0; t < MIX_TYPES; t++) {
+        int n = t == MIX_TYPES - 1 ? nodes - done : (int)(nodes * mix_types[t].share);
+        for (int k = 0; k < n; k++) {
+            sim_node *x = &f->nodes[f->n++];
+            int fab = k / fabric_nodes;
+            snprintf(x->id, SIM_NAME, "%s-f%d-n%d", mix_types[t].type, fab, k % fabric_nodes);
+            snprintf(x->zone, SIM_NAME, "z%d", (fab + t) % MIX_ZONES);
+            snprintf(x->fabric, SIM_NAME, "%s-f%d", mix_types[t].type, fab);
+            snprintf(x->gpu_type, SIM_NAME, "%s", mix_types[t].type);
+            x->gpus = 8, x->price_per_gpu_hour = mix_types[t].price;
+        }
+        done += n;
+    }
+    return 0;
+}
+
+static double lognormal(uint64_t *s, double median, double sigma, double cap)
+{
+    return fmin(median * exp(sigma * rng_normal(s)), cap);
+}
+
+/* Lists the types from `first` on (in speed order), each at its speed. */
+static void mix_types_from(sim_job *j, int first)
+{
+    for (int t = first; t < MIX_TYPES; t++) {
+        snprintf(j->gpu_types[j->n_types], SIM_NAME, "%s", mix_types[t].type);
+        j->speed[j->n_types++] = mix_types[t].speed / mix_types[first].speed;
+    }
+}
+
+/* Gang sizes in nodes: half single-node, then 2-4, 5-16 and 17-64 with
+ * falling weights (uniform within each range). */
+static int mix_gang_nodes(uint64_t *s)
+{
+    double u = rng_unit(s);
+    if (u < 0.50) return 1;
+    if (u < 0.80) return 2 + (int)(rng_next(s) % 3);
+    if (u < 0.94) return 5 + (int)(rng_next(s) % 12);
+    return 17 + (int)(rng_next(s) % 48);
+}
+
+int sim_trace_mixed(sim_trace *t, size_t n, uint64_t seed, int fleet_gpus, double load)
+{
+    if (!n || fleet_gpus < 1 || !(load > 0))
+        return sh_err(SH_EINVAL, "mixed trace: need jobs > 0, fleet GPUs > 0 and load > 0");
+    if (t->n + n > t->cap) {
+        sim_job *v = realloc(t->jobs, (t->n + n) * sizeof *v);
+        if (!v) return sh_err(SH_ENOMEM, "mixed trace: out of memory");
+        t->jobs = v, t->cap = t->n + n;
+    }
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 3;
+    double gpu_s = 0;
+    sim_job *jobs = t->jobs + t->n;
+    for (size_t i = 0; i < n; i++) {
+        sim_job *j = &jobs[i];
+        memset(j, 0, sizeof *j);
+        double u = rng_unit(&s);
+        snprintf(j->id, SIM_NAME, "mix-%zu", i);
+        snprintf(j->tenant, SIM_NAME, "t%d", (int)(rng_next(&s) % 6));
+        j->priority = (int)(rng_next(&s) % 3);
+        if (u < 0.45) { /* a serverless call: one GPU, seconds to minutes, any type */
+            j->kind = SCHED_FUNCTION, j->nodes = j->max_replicas = j->gpus_per_node = 1;
+            j->duration_s = lognormal(&s, 120, 1.0, 3600);
+        } else if (u < 0.60) { /* rollouts or serving: min..max replicas */
+            j->kind = SCHED_ELASTIC;
+            j->nodes = 1 + (int)(rng_next(&s) % 4);
+            j->max_replicas = j->nodes * (2 + (int)(rng_next(&s) % 3));
+            j->gpus_per_node = 1 << (rng_next(&s) % 4);
+            j->duration_s = lognormal(&s, 3600, 1.0, 2 * 86400.0);
+            mix_types_from(j, 0);
+        } else {
+            j->kind = SCHED_GANG;
+            j->nodes = j->max_replicas = mix_gang_nodes(&s);
+            j->gpus_per_node = j->nodes > 1 ? 8 : 1 << (rng_next(&s) % 4);
+            /* Larger gangs run longer (pretraining vs fine-tuning). */
+            j->duration_s = lognormal(&s, 1800.0 * (1 + log2((double)j->nodes)), 1.2, 7 * 86400.0);
+            /* The fastest types only for large gangs; smaller ones accept slower. */
+            mix_types_from(j, j->nodes > 16 ? 0 : (int)(rng_next(&s) % 2));
+        }
+        gpu_s += j->duration_s * j->nodes * j->gpus_per_node;
+    }
+    double rate = load * fleet_gpus / (gpu_s / (double)n), now = 0;
+    for (size_t i = 0; i < n; i++) {
+        now += -log(rng_unit(&s)) / rate;
+        jobs[i].submit_s = now;
+    }
+    t->n += n;
+    return 0;
+}

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "shoal/common.h"
 #include "shoal/sim.h"
@@ -26,6 +27,7 @@ typedef struct rjob {
     int hit;       /* a failure touched it */
     int started;
     double first_start; /* virtual time of its first START, or -1 */
+    double est;         /* its start estimate after its first cycle; NAN: none taken */
 } rjob;
 
 typedef struct run {
@@ -380,7 +382,7 @@ static void summarise(run *R, double t0, double t_end)
     sched_stats st;
     sched_stats_get(R->s, &st);
     r->decisions = st.decisions;
-    r->decisions_per_s = r->sched_wall_s > 0 ? (double)st.decisions / r->sched_wall_s : 0;
+    r->decisions_per_s = r->sched_cpu_s > 0 ? (double)st.decisions / r->sched_cpu_s : 0;
     r->preemptions = st.preemptions, r->requeues = st.requeues, r->replaces = st.replaces;
     r->partial_gangs = st.partial_gangs, r->hold_timeouts = st.hold_timeouts;
     r->held_gpu_hours = st.held_gpu_s / 3600.0;
@@ -389,12 +391,21 @@ static void summarise(run *R, double t0, double t_end)
     r->jobs_unfinished = r->jobs_total - r->jobs_completed - r->jobs_rejected;
 }
 
+/* CPU seconds of this thread: decisions per second is a figure of one
+ * core, and on a shared machine wall time also counts other programs. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* One batch: every event at time `now`, then one scheduling cycle. */
 static int cycle(run *R, double now)
 {
-    double w0 = sh_now_mono();
+    double c0 = cpu_now();
     int n = sched_step(R->s, now, &R->d);
-    R->r->sched_wall_s += sh_now_mono() - w0;
+    R->r->sched_cpu_s += cpu_now() - c0;
     if (n < 0) return n;
     for (size_t i = 0; i < R->d.n; i++) SH_TRY(apply(R, &R->d.v[i], now));
     if (R->o->check) {
@@ -407,6 +418,44 @@ static int cycle(run *R, double now)
         SH_TRY(push_ev(R, w, EV_WAKE, 0, 0));
     }
     return n;
+}
+
+/* Jobs submitted at `now` that the cycle left queued get the core's start
+ * estimate, to be checked against their actual start. */
+static int take_estimates(run *R, size_t from, size_t to, double now)
+{
+    for (size_t ti = from; ti < to; ti++) {
+        int64_t six = sched_job_ix(R->s, R->t->jobs[ti].id);
+        if (six < 0) continue; /* rejected and forgotten */
+        sched_job_info in;
+        SH_TRY(sched_job_info_ix(R->s, (uint32_t)six, now, &in));
+        if (in.state == SCHED_QUEUED) R->jobs[ti].est = in.est_start_s;
+    }
+    return 0;
+}
+
+static void summarise_estimates(run *R)
+{
+    sim_report *r = R->r;
+    double *abs_e = malloc((R->t->n + 1) * sizeof *abs_e), sum = 0, sum_abs = 0;
+    size_t n = 0;
+    for (size_t ti = 0; ti < R->t->n && abs_e; ti++) {
+        const rjob *rj = &R->jobs[ti];
+        if (isnan(rj->est) || !rj->started) continue;
+        if (!isfinite(rj->est)) {
+            r->est_infinite++;
+            continue;
+        }
+        double e = rj->first_start - rj->est;
+        sum += e, sum_abs += fabs(e), abs_e[n++] = fabs(e);
+    }
+    r->est_jobs = n;
+    r->est_mean_error_s = n ? sum / (double)n : NAN;
+    r->est_mean_abs_error_s = n ? sum_abs / (double)n : NAN;
+    if (abs_e) qsort(abs_e, n, sizeof *abs_e, cmp_d);
+    r->est_p50_abs_error_s = abs_e ? pct(abs_e, n, 0.5) : NAN;
+    r->est_p90_abs_error_s = abs_e ? pct(abs_e, n, 0.9) : NAN;
+    free(abs_e);
 }
 
 static int loop(run *R, double *t0, double *t_end)
@@ -431,6 +480,7 @@ static int loop(run *R, double *t0, double *t_end)
             util_up += (double)st.gpus_up * (now - last);
         }
         last = now;
+        size_t first_new = next;
         while (next < t->n && t->jobs[next].submit_s <= now) SH_TRY(submit(R, next++, now));
         while (R->nheap && R->heap[0].t <= now) {
             ev e = pop_ev(R);
@@ -442,6 +492,7 @@ static int loop(run *R, double *t0, double *t_end)
         }
         int n = cycle(R, now);
         if (n < 0) return n;
+        if (R->o->estimates) SH_TRY(take_estimates(R, first_new, next, now));
         /* A livelock (firstfit gangs holding and releasing each other's
          * nodes with nothing running and nothing left to arrive) ends the
          * replay as deadlocked rather than spinning forever. */
@@ -475,6 +526,7 @@ int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_repor
     R.wake_at = -1;
     R.s = sched_new(&opt.cfg);
     R.jobs = calloc(t->n + 1, sizeof *R.jobs);
+    for (size_t i = 0; R.jobs && i < t->n; i++) R.jobs[i].est = NAN;
     R.six2t = calloc(t->n + 1, sizeof *R.six2t);
     R.wait = calloc(t->n + 1, sizeof *R.wait);
     R.jct = calloc(t->n + 1, sizeof *R.jct);
@@ -485,6 +537,7 @@ int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_repor
     if (!rc) rc = next_failure(&R, t->n ? t->jobs[0].submit_s : 0);
     if (!rc) rc = loop(&R, &t0, &t_end);
     if (!rc) summarise(&R, t0, t_end);
+    if (!rc) summarise_estimates(&R);
     sched_decisions_free(&R.d);
     sched_free(R.s);
     free(R.heap), free(R.jobs), free(R.six2t), free(R.nodes), free(R.prov), free(R.wait), free(R.jct);

@@ -124,18 +124,30 @@ static double gavel_thr(json_t *thr, const char *type, const char *job_type, int
     return 0;
 }
 
+/* Two layouts, told apart by their field count: the 7 fields of the
+ * traces gavel ships (job_type, command, num_steps_arg, needs_data_dir,
+ * total_steps, arrival_time, scale_factor) and the 10 of gavel's current
+ * parse_trace (job_type, command, working_directory, num_steps_arg,
+ * needs_data_dir, total_steps, scale_factor, priority_weight, SLO,
+ * arrival_time).  priority_weight and SLO are checked, not used. */
 static int parse_gavel(char **fl, int nf, const char *path, size_t ln, json_t *thr, const char *vc,
                        sim_job *j)
 {
-    if (nf != 7)
+    if (nf != 7 && nf != 10)
         return sh_err(SH_EFORMAT, "%s:%zu: expected 7 tab-separated fields (job_type, command, "
-                      "working-dir flag, needs-data-dir, total_steps, arrival_time_s, scale_factor), got %d",
+                      "num_steps_arg, needs_data_dir, total_steps, arrival_time, scale_factor) or 10 "
+                      "(job_type, command, working_directory, num_steps_arg, needs_data_dir, total_steps, "
+                      "scale_factor, priority_weight, SLO, arrival_time), got %d",
                       path, ln, nf);
-    double steps;
+    double steps, weight, slo;
     int sf;
-    SH_TRY(sim__num(fl[4], path, ln, "total_steps", 1, &steps));
-    SH_TRY(sim__num(fl[5], path, ln, "arrival_time_s", 0, &j->submit_s));
-    SH_TRY(sim__int(fl[6], path, ln, "scale_factor", 1, 1024, &sf));
+    SH_TRY(sim__num(fl[nf == 7 ? 4 : 5], path, ln, "total_steps", 1, &steps));
+    SH_TRY(sim__num(fl[nf == 7 ? 5 : 9], path, ln, "arrival_time", 0, &j->submit_s));
+    SH_TRY(sim__int(fl[nf == 7 ? 6 : 6], path, ln, "scale_factor", 1, 1024, &sf));
+    if (nf == 10) {
+        SH_TRY(sim__num(fl[7], path, ln, "priority_weight", 0, &weight));
+        if (strcmp(fl[8], "None")) SH_TRY(sim__num(fl[8], path, ln, "SLO", 0, &slo));
+    }
     double t[3], ref = 0;
     for (int i = 0; i < 3; i++) {
         t[i] = gavel_thr(thr, gavel_types[i], fl[0], sf);
@@ -230,6 +242,7 @@ int sim_trace_load(const char *path, const char *format, const sim_trace_opts *o
     size_t len, ln = 0;
     int rc = sh_read_file(path, (size_t)1 << 30, &text, &len);
     if (rc) return json_decref(thr), rc;
+    rc = sim__check_text(path, text, len);
     char *pos = text, *line;
     int header = !gavel;
     while (!rc && (line = sim__next_line(&pos))) {
@@ -255,6 +268,7 @@ int sim_trace_load(const char *path, const char *format, const sim_trace_opts *o
             continue;
         }
         if (!rc && opts && opts->type_map) rc = apply_type_map(&j, opts->type_map);
+        j.line = ln;
         sim_job *slot = NULL;
         if (!rc) rc = push(out, &slot);
         if (!rc) *slot = j;
@@ -263,14 +277,39 @@ int sim_trace_load(const char *path, const char *format, const sim_trace_opts *o
     json_decref(thr);
     if (!rc && header) rc = sh_err(SH_EFORMAT, "%s: empty trace (no header)", path);
     if (rc) return sim_trace_free(out), rc;
+    rc = sim_trace_check_ids(out, path);
+    if (rc) return sim_trace_free(out), rc;
     if (out->n) qsort(out->jobs, out->n, sizeof *out->jobs, cmp_submit);
-    for (size_t i = 1; i < out->n; i++)
-        if (!strcmp(out->jobs[i].id, out->jobs[i - 1].id)) {
-            rc = sh_err(SH_EFORMAT, "%s: job id \"%s\" appears twice", path, out->jobs[i].id);
-            sim_trace_free(out);
-            return rc;
-        }
     return 0;
+}
+
+static const sim_job *dup_base;
+static int cmp_job_ix(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    int c = strcmp(dup_base[x].id, dup_base[y].id);
+    return c ? c : (x > y) - (x < y);
+}
+
+int sim_trace_check_ids(const sim_trace *t, const char *what)
+{
+    if (t->n < 2) return 0;
+    size_t *ix = malloc(t->n * sizeof *ix);
+    if (!ix) return sh_err(SH_ENOMEM, "trace: out of memory");
+    for (size_t i = 0; i < t->n; i++) ix[i] = i;
+    dup_base = t->jobs;
+    qsort(ix, t->n, sizeof *ix, cmp_job_ix);
+    int rc = 0;
+    for (size_t i = 1; i < t->n && !rc; i++) {
+        const sim_job *a = &t->jobs[ix[i - 1]], *b = &t->jobs[ix[i]];
+        if (strcmp(a->id, b->id)) continue;
+        if (a->line && b->line)
+            rc = sh_err(SH_EFORMAT, "%s:%zu: job id \"%s\" appears again (first at line %zu)", what, b->line,
+                        b->id, a->line);
+        else rc = sh_err(SH_EFORMAT, "%s: job id \"%s\" appears twice", what, b->id);
+    }
+    free(ix);
+    return rc;
 }
 
 int sim_trace_write(const sim_trace *t, const char *path)

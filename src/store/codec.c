@@ -29,6 +29,15 @@ int store__delta_make(const char *prev, const char *next, const char *out)
     return fsync_path(out);
 }
 
+int store__delta_make_ckpt(const char *prev, const ckpt *next, const char *out)
+{
+    ckpt *b;
+    SH_TRY(ckpt_open(prev, &b));
+    int rc = delta_make_ckpt(b, next, out, &(delta_opts){0}, NULL);
+    ckpt_close(b);
+    return rc == SH_OK ? fsync_path(out) : rc;
+}
+
 int store__delta_apply(const char *prev, const char *delta_path, const char *out)
 {
     delta_opts o = {0};

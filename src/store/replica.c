@@ -180,6 +180,8 @@ static int start_push(store_replica *r)
     bc.egress_bps = r->cfg.egress_bps;
     bc.spool = r->spool;
     bc.accept_children = !r->cfg.leaf;
+    bc.listen_host = r->cfg.listen_host;
+    bc.listen_port = r->cfg.listen_port;
     bc.have_version = r->active ? r->active->version : 0;
     char name[64];
     snprintf(name, sizeof name, "replica-%ld", (long)getpid());

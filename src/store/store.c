@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -325,8 +326,131 @@ static int anchor_of(store *s, uint64_t v, uint64_t *out)
     return sh_err(SH_EFORMAT, "run \"%s\": a delta chain longer than %d versions", s->run, STORE_MAX_CHAIN);
 }
 
-static int stage_payload(store *s, const char *stage, const char *src, uint64_t prev, int anchor,
-                         store_version *m)
+/* ---- The head cache ----------------------------------------------------
+ * A delta is made against the previous version's full checkpoint.  When
+ * that version is an anchor, its payload is that checkpoint.  Otherwise the
+ * run keeps cache/head.safetensors, the newest published checkpoint (a hard
+ * link to the file published, or rebuilt from the chain once), named by
+ * cache/head.json.  A cache whose bytes do not hash to the version's
+ * model_xxh3 (the publisher rewrote its file in place, a crash) is rebuilt,
+ * so a delta is never made against anything but the real previous version.
+ * A publish therefore stages only its delta. */
+
+static int head_paths(store *s, char *file, char *meta, size_t cap)
+{
+    char dir[4096];
+    SH_TRY(sh_path_join(dir, sizeof dir, s->dir, "cache"));
+    SH_TRY(sh_mkdir_p(dir, 0755));
+    SH_TRY(sh_path_join(file, cap, dir, "head.safetensors"));
+    return sh_path_join(meta, cap, dir, "head.json");
+}
+
+static void head_drop(const char *file, const char *meta)
+{
+    unlink(meta);
+    unlink(file);
+}
+
+/* The version cache/head.json names, or 0. */
+static uint64_t head_version(const char *meta)
+{
+    json_t *j;
+    int64_t v = 0;
+    if (sh_json_load_file(meta, 4096, &j) < 0) return 0;
+    sh_json_get_i64(j, "version", 0, meta, &v);
+    json_decref(j);
+    return v > 0 ? (uint64_t)v : 0;
+}
+
+static int head_name(const char *meta, uint64_t v)
+{
+    char text[64];
+    int n = snprintf(text, sizeof text, "{\"version\":%llu}\n", (unsigned long long)v);
+    return sh_write_atomic(meta, text, (size_t)n);
+}
+
+/* The full checkpoint of version prev (manifest pm) into out. */
+static int head_base(store *s, uint64_t prev, const store_version *pm, char *out, size_t cap)
+{
+    if (pm->anchor) return store_payload_path(s, prev, out, cap);
+    char meta[4096];
+    SH_TRY(head_paths(s, out, meta, cap));
+    if (head_version(meta) == prev) {
+        sh_hash128 h;
+        uint64_t n;
+        if (store__hash_file(out, &h, &n) == SH_OK && n == pm->model_size &&
+            sh_hash128_eq(h, pm->model_xxh3))
+            return SH_OK;
+    }
+    head_drop(out, meta);
+    SH_TRY(store_materialize(s, prev, 0, NULL, out));
+    return head_name(meta, prev);
+}
+
+/* A folder's version has no file to link: the cache, when it holds
+ * version v - 1, is patched in place with the version's delta (only the
+ * changed elements are written; the codec undoes its writes on failure).
+ * Its name is dropped first, so a crash midway leaves a cache that the next
+ * publish rebuilds. */
+static void head_patch(store *s, uint64_t v, const store_version *m, const char *delta_path)
+{
+    char file[4096], meta[4096];
+    if (head_paths(s, file, meta, sizeof file) < 0) return;
+    int ok = head_version(meta) == v - 1;
+    unlink(meta);
+    int fd = ok ? open(file, O_RDWR | O_CLOEXEC) : -1;
+    struct stat st;
+    ok = fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size == m->model_size && st.st_size > 0;
+    void *img = ok ? mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                   : MAP_FAILED;
+    ok = img != MAP_FAILED && store__delta_patch_mem(img, (uint64_t)st.st_size, delta_path) == SH_OK;
+    if (img != MAP_FAILED) ok = munmap(img, (size_t)st.st_size) == 0 && ok;
+    ok = ok && fsync(fd) == 0;
+    if (fd >= 0) close(fd);
+    if (!ok || head_name(meta, v) < 0) head_drop(file, meta);
+}
+
+/* After version v (from src) is published: the cache names it.  A hard
+ * link costs no space; where src is on another file system the cache is
+ * dropped and the next delta publish rebuilds it. */
+static void head_advance(store *s, uint64_t v, const char *src)
+{
+    char file[4096], meta[4096], tmp[4200];
+    if (head_paths(s, file, meta, sizeof file) < 0) return;
+    head_drop(file, meta);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", file, (long)getpid());
+    unlink(tmp);
+    if (link(src, tmp) < 0) return;
+    if (rename(tmp, file) < 0 || head_name(meta, v) < 0) {
+        unlink(tmp);
+        head_drop(file, meta);
+    }
+}
+
+/* Writes the single file a view stands for to fd, hashing it. */
+static int write_view(const ckpt *v, int fd, const char *name, sh_hash128 *h, uint64_t *size)
+{
+    sh_hasher *hs = sh_hasher_new();
+    if (!hs) return sh_err(SH_ENOMEM, "out of memory");
+    int rc = SH_OK;
+    uint64_t n = 0;
+    for (size_t i = 0; rc == SH_OK && i <= v->ntensors; i++) {
+        const uint8_t *p = i ? v->tensors[i - 1].data : v->files[0].map;
+        uint64_t len = i ? v->tensors[i - 1].nbytes : v->files[0].header_len;
+        sh_hasher_update(hs, p, (size_t)len);
+        if (fd >= 0) rc = sh_write_all(fd, p, (size_t)len, name);
+        n += len;
+    }
+    if (rc == SH_OK && fd >= 0 && fsync(fd) < 0) rc = sh_err_errno(errno, "fsync %s", name);
+    *h = sh_hasher_digest(hs), *size = n;
+    sh_hasher_free(hs);
+    return rc;
+}
+
+/* src is a .safetensors file, or (view non-NULL) a folder published as the
+ * single file view stands for. */
+static int stage_payload(store *s, const char *stage, const char *src, const ckpt *view,
+                         uint64_t prev, int anchor, store_version *m)
 {
     char out[4096];
     snprintf(m->file, sizeof m->file, "%s", anchor ? STORE__ANCHOR_FILE : STORE__DELTA_FILE);
@@ -334,25 +458,29 @@ static int stage_payload(store *s, const char *stage, const char *src, uint64_t 
     if (anchor) {
         int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) return sh_err_errno(errno, "create %s", out);
-        int rc = store__copy_hash(src, fd, out, &m->xxh3, &m->size);
+        int rc = view ? write_view(view, fd, out, &m->xxh3, &m->size)
+                      : store__copy_hash(src, fd, out, &m->xxh3, &m->size);
         if (close(fd) < 0 && rc == 0) rc = sh_err_errno(errno, "close %s", out);
         m->model_xxh3 = m->xxh3;
         m->model_size = m->size;
         return rc;
     }
     /* The delta is made against the previous version's full checkpoint,
-     * rebuilt from the store so that a publisher needs no local state. */
-    char prev_full[4096];
-    SH_TRY(sh_path_join(prev_full, sizeof prev_full, stage, "prev.safetensors"));
-    SH_TRY(store_materialize(s, prev, 0, NULL, prev_full));
-    int rc = store__delta_make(prev_full, src, out);
-    unlink(prev_full);
+     * from the store (its anchor, or the head cache), so that a publisher
+     * needs no local state and stages nothing but the delta. */
+    store_version pm;
+    char base[4096];
+    SH_TRY(store_get(s, prev, &pm, NULL));
+    SH_TRY(head_base(s, prev, &pm, base, sizeof base));
+    int rc = view ? store__delta_make_ckpt(base, view, out) : store__delta_make(base, src, out);
     if (rc == 0) rc = store__hash_file(out, &m->xxh3, &m->size);
-    if (rc == 0) rc = store__hash_file(src, &m->model_xxh3, &m->model_size);
+    if (rc == 0) rc = view ? write_view(view, -1, NULL, &m->model_xxh3, &m->model_size)
+                           : store__hash_file(src, &m->model_xxh3, &m->model_size);
     return rc;
 }
 
-static int publish_locked(store *s, const char *src, uint64_t every, uint64_t *out)
+static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t every,
+                          uint64_t *out)
 {
     uint64_t latest, v, last_anchor = 0;
     SH_TRY(store_latest(s, &latest));
@@ -372,7 +500,7 @@ static int publish_locked(store *s, const char *src, uint64_t every, uint64_t *o
     m.anchor = anchor;
     m.base = anchor ? 0 : latest;
     m.created_at = sh_now_wall();
-    int rc = stage_payload(s, stage, src, latest, anchor, &m);
+    int rc = stage_payload(s, stage, src, view, latest, anchor, &m);
     if (rc == 0) rc = write_manifest(s, stage, &m);
     if (rc == 0) rc = sh_fsync_dir(stage);
     if (rc == 0 && rename(stage, final) < 0) rc = sh_err_errno(errno, "rename %s to %s", stage, final);
@@ -383,9 +511,23 @@ static int publish_locked(store *s, const char *src, uint64_t every, uint64_t *o
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", sh_errmsg());
         sh_rm_rf(stage);
+        /* LATEST may have moved with only the fsync of its folder failing:
+         * then the version it names is durable and must stay. */
+        uint64_t now = 0;
+        if (store_latest(s, &now) == SH_OK && now == v)
+            return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST names version %llu, "
+                          "but a crash may bring back version %llu", (unsigned long long)v, s->run, msg,
+                          (unsigned long long)v, (unsigned long long)latest);
         sh_rm_rf(final);
         return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST still names version %llu",
                       (unsigned long long)v, s->run, msg, (unsigned long long)latest);
+    }
+    if (!anchor && view) {
+        char d[4200];
+        snprintf(d, sizeof d, "%s/%s", final, m.file);
+        head_patch(s, v, &m, d);
+    } else if (!anchor) {
+        head_advance(s, v, src);
     }
     *out = v;
     return SH_OK;
@@ -395,21 +537,38 @@ int store_publish(store *s, const char *path, const store_publish_opts *o, uint6
 {
     uint64_t every = o && o->anchor_every ? o->anchor_every : 8;
     if (!sh_path_exists(path)) return sh_err(SH_ENOENT, "checkpoint %s does not exist", path);
-    /* Only checkpoints go in: a replica must be able to serve every version. */
-    ckpt *c;
+    /* Only checkpoints go in: a replica must be able to serve every version.
+     * A sharded folder goes in as the single file holding its tensors. */
+    ckpt *c, *view = NULL;
     SH_TRY(ckpt_open(path, &c));
-    ckpt_close(c);
+    if (c->is_folder) {
+        int rc = ckpt_single_view(c, &view);
+        if (rc < 0) {
+            ckpt_close(c);
+            return rc;
+        }
+    } else {
+        ckpt_close(c);
+        c = NULL;
+    }
     char lock[4096];
     SH_TRY(sh_path_join(lock, sizeof lock, s->dir, "lock"));
     int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return sh_err_errno(errno, "open %s", lock);
+    int rc = fd < 0 ? sh_err_errno(errno, "open %s", lock) : SH_OK;
     /* One publisher per run at a time: version numbers must not collide. */
-    if (flock(fd, LOCK_EX) < 0) {
-        int e = errno;
-        close(fd);
-        return sh_err_errno(e, "lock %s", lock);
-    }
-    int rc = publish_locked(s, path, every, out);
-    close(fd);
+    if (rc == SH_OK && flock(fd, LOCK_EX) < 0) rc = sh_err_errno(errno, "lock %s", lock);
+    if (rc == SH_OK) rc = publish_locked(s, path, view, every, out);
+    if (fd >= 0) close(fd);
+    ckpt_close(view);
+    ckpt_close(c);
     return rc;
 }
+
+/* ---- Shared with publish_mem.c ------------------------------------------ */
+
+int store__write_manifest(store *s, const char *dir, const store_version *m)
+{
+    return write_manifest(s, dir, m);
+}
+int store__write_latest(store *s, uint64_t v) { return write_latest(s, v); }
+int store__anchor_of(store *s, uint64_t v, uint64_t *out) { return anchor_of(s, v, out); }

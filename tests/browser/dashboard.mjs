@@ -9,7 +9,7 @@ import { readFileSync, mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-const [url, token, shot, expectPath] = process.argv.slice(2);
+const [url, token, shotdir, expectPath] = process.argv.slice(2);
 const want = JSON.parse(readFileSync(expectPath, "utf8"));
 const fail = msg => { console.error("dashboard check failed: " + msg); process.exitCode = 1; };
 
@@ -49,6 +49,12 @@ try {
 
   // The queue and the costs.
   await page.waitForSelector(`#queue tr[data-job='${want.queued}']`, { timeout: 10000 });
+  // Every pending job says why it waits and when it should start.
+  const why = await page.textContent(`#queue tr[data-job='${want.queued}'] td.reason`);
+  const wait = await page.getAttribute(`#queue tr[data-job='${want.queued}'] td.reason`, "data-wait");
+  const starts = await page.textContent(`#queue tr[data-job='${want.queued}'] td.start`);
+  if (!wait || !why || why.length < 10) fail(`queued job's reason reads "${why}" (wait "${wait}")`);
+  if (!starts) fail("queued job has no start estimate cell");
   await page.waitForSelector(`#costs tr[data-tenant='${want.tenant}'][data-type='${want.gpu_type}']`, { timeout: 10000 });
 
   // Live refresh: a job submitted now appears without reloading the page.
@@ -58,8 +64,37 @@ try {
   }, [token, want.submit]);
   await page.waitForSelector(`#gangs tr[data-job='${id}'], #queue tr[data-job='${id}']`, { timeout: 10000 });
 
+  // Heartbeat age on every node: recent on alive nodes, stale on the dead one.
+  for (const n of want.nodes) {
+    const age = Number(await page.getAttribute(`#fleet .node[data-name='${n}'] .hb`, "data-age"));
+    const dead = (want.dead || []).includes(n);
+    if (!dead && !(age >= 0 && age < 3)) fail(`node ${n}: heartbeat age ${age} on an alive node`);
+    if (dead && !(age > 3)) fail(`node ${n}: heartbeat age ${age} on a dead node`);
+  }
   if (errors.length) fail("page errors: " + errors.join("; "));
-  await page.screenshot({ path: shot, fullPage: true });
+  await page.screenshot({ path: join(shotdir, "dashboard.png"), fullPage: true });
+
+  // A job's detail view, opened by clicking its row: events and log tail.
+  await page.click(gang);
+  await page.waitForSelector(`#detail[data-job='${want.running.id}']`, { timeout: 10000 });
+  for (const kind of ["submitted", "placed", "running"])
+    if (!(await page.$(`#d-events tr[data-kind='${kind}']`))) {
+      const kinds = await page.$$eval("#d-events tr", els => els.map(e => e.dataset.kind));
+      fail(`detail view lacks the "${kind}" event (events: ${kinds})`);
+    }
+  await page.waitForFunction(w => document.getElementById("d-log").textContent.includes(w), want.running.log,
+                             { timeout: 10000 }).catch(() => {});
+  const log = await page.textContent("#d-log");
+  if (!log.includes(want.running.log)) fail(`detail view's log tail lacks "${want.running.log}": ${log}`);
+  await page.screenshot({ path: join(shotdir, "dashboard-job.png"), fullPage: true });
+
+  // 800 px: nothing runs off the page (tables scroll inside their boxes).
+  await page.setViewportSize({ width: 800, height: 900 });
+  await page.goto(`${url}/?token=${encodeURIComponent(token)}`);
+  await page.waitForSelector("body[data-loaded='1']", { timeout: 10000 });
+  const wide = await page.evaluate(() => document.documentElement.scrollWidth);
+  if (wide > 800) fail(`at 800 px the page is ${wide} px wide`);
+  await page.screenshot({ path: join(shotdir, "dashboard-800.png"), fullPage: true });
   console.log(`dashboard ok: ${names.length} nodes, gang ${want.running.id}, queued ${want.queued}, live job ${id}`);
 } catch (e) {
   fail(e.message);

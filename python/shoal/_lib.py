@@ -1,0 +1,166 @@
+"""Loading libshoal.so and declaring the C functions the package calls.
+
+The package is pure Python over the shared library (ctypes).  It crosses the
+C boundary with pointers, integers and JSON text only, except for one struct,
+``ckpt_tensor``, whose size the library reports so that a mismatch between
+this file and the library is caught at import instead of corrupting memory.
+"""
+import ctypes
+import ctypes.util
+import json
+import os
+
+from .errors import ShoalError, error_for
+
+_c = ctypes
+u64, i64, i32, sz = _c.c_uint64, _c.c_int64, _c.c_int, _c.c_size_t
+vp, cp = _c.c_void_p, _c.c_char_p
+
+CKPT_MAX_DIMS = 16
+
+
+class CkptTensor(_c.Structure):
+    """Mirror of ``ckpt_tensor`` in include/shoal/ckpt.h."""
+    _fields_ = [("name", cp), ("dtype", i32), ("ndim", i32), ("shape", i64 * CKPT_MAX_DIMS),
+                ("numel", u64), ("nbytes", u64), ("file", _c.c_uint32), ("offset", u64),
+                ("data", vp)]
+
+
+class StoreLease(_c.Structure):
+    """The leading fields of ``store_lease`` (include/shoal/store.h); the
+    lease is allocated by the library, so fields it may add later are never
+    touched here."""
+    _fields_ = [("version", u64), ("data", vp), ("size", u64), ("ckpt", vp)]
+
+
+def _candidates():
+    env = os.environ.get("SHOAL_LIB")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        from . import _libdir  # written by `make install`
+        yield os.path.join(_libdir.LIBDIR, "libshoal.so.0")
+    except ImportError:
+        pass
+    # From the source tree: python/shoal -> build/libshoal.so.0
+    yield os.path.join(here, "..", "..", "build", "libshoal.so.0")
+    found = ctypes.util.find_library("shoal")
+    if found:
+        yield found
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(path + " (missing)")
+            continue
+        try:
+            return _c.CDLL(path)
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+    raise ImportError("shoal: cannot load libshoal.so: tried %s; run `make` in the shoal tree, "
+                      "`make install PREFIX=...`, or set SHOAL_LIB to the library's path"
+                      % (", ".join(tried) or "nothing"))
+
+
+lib = _load()
+
+_PROTOS = {
+    # common
+    "sh_errmsg": (cp, []),
+    "sh_strerror": (cp, [i32]),
+    "sh_free": (None, [vp]),
+    "sh_json_take_text": (i32, [vp, _c.POINTER(vp)]),
+    # ckpt
+    "ckpt_dtype_name": (cp, [i32]),
+    "ckpt_open": (i32, [cp, _c.POINTER(vp)]),
+    "ckpt_close": (None, [vp]),
+    "ckpt_count": (sz, [vp]),
+    "ckpt_tensor_at": (_c.POINTER(CkptTensor), [vp, sz]),
+    "ckpt_tensor_sizeof": (sz, []),
+    # delta
+    "delta_make": (i32, [cp, cp, cp, vp, vp]),
+    "delta_apply": (i32, [cp, cp, cp, vp]),
+    "delta_inspect": (i32, [cp, _c.POINTER(vp)]),
+    "delta_baseline_xor_zstd": (i32, [vp, vp, i32, _c.POINTER(u64)]),
+    # store
+    "store_open": (i32, [cp, cp, i32, _c.POINTER(vp)]),
+    "store_close": (None, [vp]),
+    "store_latest": (i32, [vp, _c.POINTER(u64)]),
+    "store_publish_path": (i32, [vp, cp, u64, _c.POINTER(u64)]),
+    "store_publish_tensors": (i32, [vp, _c.POINTER(CkptTensor), sz, u64, _c.POINTER(u64)]),
+    "store_list_json": (i32, [vp, _c.POINTER(vp)]),
+    "store_materialize": (i32, [vp, u64, u64, cp, cp]),
+    # replicas
+    "store_replica_open_json": (i32, [cp, _c.POINTER(vp)]),
+    "store_replica_close_json": (None, [vp]),
+    "store_replica_version": (u64, [vp]),
+    "store_replica_wait": (i32, [vp, u64, _c.c_double]),
+    "store_replica_info_json": (i32, [vp, _c.POINTER(vp)]),
+    "store_lease_new": (i32, [vp, u64, u64, _c.POINTER(_c.POINTER(StoreLease))]),
+    "store_lease_free": (u64, [vp, _c.POINTER(StoreLease)]),
+}
+for _name, (_res, _args) in _PROTOS.items():
+    try:
+        _f = getattr(lib, _name)
+    except AttributeError:
+        raise ImportError("shoal: %s has no %s: the library is older than the package; rebuild it "
+                          "(make) or point SHOAL_LIB at a matching one" % (lib._name, _name)) from None
+    _f.restype, _f.argtypes = _res, _args
+
+if lib.ckpt_tensor_sizeof() != _c.sizeof(CkptTensor):
+    raise ImportError("shoal: libshoal's ckpt_tensor is %d bytes but python/shoal/_lib.py mirrors "
+                      "%d: the package and the library come from different versions"
+                      % (lib.ckpt_tensor_sizeof(), _c.sizeof(CkptTensor)))
+
+# safetensors dtype names by ckpt_dtype value, and back.
+DTYPE_NAMES = []
+while True:
+    _n = lib.ckpt_dtype_name(len(DTYPE_NAMES))
+    if _n is None:
+        break
+    DTYPE_NAMES.append(_n.decode())
+DTYPE_CODES = {n: i for i, n in enumerate(DTYPE_NAMES)}
+
+
+def check(rc, what=None):
+    """Raises the ShoalError for a negative return code, with shoal's message
+    (read on this thread, right after the failing call)."""
+    if rc < 0:
+        msg = (lib.sh_errmsg() or b"").decode("utf-8", "replace")
+        if not msg:
+            msg = lib.sh_strerror(rc).decode()
+        raise error_for(rc, msg if what is None else "%s: %s" % (what, msg))
+    return rc
+
+
+def fspath(p):
+    if p is None:
+        return None
+    return os.fsencode(os.fspath(p))
+
+
+def take_text(ptr):
+    """Decodes and frees text the library returned."""
+    try:
+        return _c.string_at(ptr.value).decode("utf-8")
+    finally:
+        lib.sh_free(ptr)
+
+
+def take_json_value(json_ptr):
+    """A json_t* the library returned, as Python data (the reference is
+    dropped)."""
+    out = vp()
+    check(lib.sh_json_take_text(json_ptr, _c.byref(out)))
+    return json.loads(take_text(out))
+
+
+def call_json(fn, *args):
+    """Calls fn(*args, &text) and returns the parsed JSON."""
+    out = vp()
+    check(fn(*args, _c.byref(out)))
+    return json.loads(take_text(out))

@@ -1,0 +1,88 @@
+"""A store's run: versioned weights on a file system (docs/store-format.md)."""
+import ctypes
+import os
+
+from . import _lib
+from ._lib import check, fspath, lib
+
+
+class Store:
+    """Run `run` of the store at `root` (created when `create`).
+
+        store = shoal.Store("/data/store")
+        v = store.publish({"w": torch.zeros(4, 4, dtype=torch.bfloat16)})
+
+    A Store is a handle; close() (or a `with` block) frees it.
+    """
+
+    def __init__(self, root, run=None, create=True, anchor_every=0):
+        self.root = os.fspath(root)
+        self.anchor_every = int(anchor_every)
+        h = ctypes.c_void_p()
+        check(lib.store_open(fspath(root), run.encode() if run else None, 1 if create else 0,
+                             ctypes.byref(h)))
+        self._h = h
+        self.run = run or "main"
+
+    def close(self):
+        if getattr(self, "_h", None):
+            lib.store_close(self._h)
+            self._h = None
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("shoal.Store: used after close()")
+        return self._h
+
+    def publish(self, x):
+        """Publishes x as the next version and returns its number.  x is a
+        .safetensors file, a sharded folder (with
+        model.safetensors.index.json), or a dict of name -> torch.Tensor
+        (contiguous CPU tensors, written straight from their memory).  The
+        store keeps a delta against the previous version, or a full anchor
+        every `anchor_every` versions (default 8)."""
+        out = ctypes.c_uint64()
+        if isinstance(x, dict) or hasattr(x, "items") and not isinstance(x, (str, bytes, os.PathLike)):
+            from . import _torch
+            items = list(x.items())
+            arr = (_lib.CkptTensor * max(len(items), 1))()
+            keep = []
+            for i, (name, t) in enumerate(items):
+                if not isinstance(name, str):
+                    raise TypeError("shoal.Store.publish: tensor names must be str, got %r" % (name,))
+                arr[i] = _torch.spec_of(name, t, _lib.DTYPE_CODES, _lib.CkptTensor)
+                keep.append(t)  # the tensors stay alive through the call
+            check(lib.store_publish_tensors(self._handle(), arr, len(items), self.anchor_every,
+                                            ctypes.byref(out)))
+            del keep
+        else:
+            check(lib.store_publish_path(self._handle(), fspath(x), self.anchor_every,
+                                         ctypes.byref(out)))
+        return out.value
+
+    def latest(self):
+        """The version LATEST names, or 0 when the run has none."""
+        v = ctypes.c_uint64()
+        check(lib.store_latest(self._handle(), ctypes.byref(v)))
+        return v.value
+
+    def versions(self):
+        """Every version's manifest, oldest first: a list of dicts with
+        "version", "kind" ("anchor" or "delta"), "base", "size" (payload
+        bytes), "xxh3", "model_size", "model_xxh3", "created_at"; a version
+        whose manifest cannot be read is {"version": v, "broken": True}."""
+        return _lib.call_json(lib.store_list_json, self._handle())
+
+    def materialize(self, version, out):
+        """Writes version `version`'s full checkpoint to the file `out`
+        (atomically, checked against its manifest).  Returns `out`."""
+        check(lib.store_materialize(self._handle(), int(version), 0, None, fspath(out)))
+        return out

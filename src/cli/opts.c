@@ -1,0 +1,89 @@
+/* Command-line options for every command: getopt_long with --opt=value,
+ * --help and --version everywhere, the server options of client commands,
+ * and "did you mean" for mistyped options. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "ctl.h"
+
+/* The common options appended to each command's own. */
+static const struct option common_opts[] = {{"help", no_argument, 0, CLI_OPT_HELP},
+                                            {"version", no_argument, 0, CLI_OPT_VERSION}};
+static const struct option ctl_opts[] = {{"server", required_argument, 0, CLI_OPT_SERVER},
+                                         {"token", required_argument, 0, CLI_OPT_TOKEN},
+                                         {"json", no_argument, 0, CLI_OPT_JSON}};
+
+static void add(cli_args *a, int *n, const struct option *o, int k)
+{
+    for (int i = 0; i < k && *n < CLI_MAX_OPTS - 1; i++) a->all[(*n)++] = o[i];
+}
+
+static void prepare(cli_args *a)
+{
+    int n = 0, k = 0;
+    while (a->opts && a->opts[k].name) k++;
+    add(a, &n, a->opts, k);
+    add(a, &n, common_opts, 2);
+    if (a->ctl) add(a, &n, ctl_opts, 3);
+    memset(&a->all[n], 0, sizeof a->all[n]);
+    a->ready = 1;
+    optind = 0; /* glibc: start a fresh scan (getopt_long keeps state between calls) */
+    opterr = 0; /* the messages below name the command and suggest a fix */
+}
+
+/* "unknown option --stat (did you mean --state?)" */
+static int unknown(cli_args *a, const char *arg, int opt)
+{
+    if (strncmp(arg, "--", 2)) {
+        if (opt) return cli_usage(a->cmd, "unknown option \"-%c\"", opt);
+        return cli_usage(a->cmd, "unknown option \"%s\"", arg);
+    }
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(arg + 2, "="), arg + 2);
+    const char *names[CLI_MAX_OPTS];
+    int n = 0, exact = 0, prefixes = 0;
+    for (const struct option *o = a->all; o->name; o++) {
+        names[n++] = o->name;
+        if (!strcmp(o->name, name)) exact = 1;
+        if (!strncmp(o->name, name, strlen(name))) prefixes++;
+    }
+    if (exact && strchr(arg, '=')) return cli_usage(a->cmd, "option --%s takes no value (\"%s\")", name, arg);
+    if (prefixes > 1) return cli_usage(a->cmd, "option \"--%s\" is ambiguous: write it in full", name);
+    const char *near = sh_closest(name, names, (size_t)n);
+    if (near) return cli_usage(a->cmd, "unknown option \"--%s\" (did you mean --%s?)", name, near);
+    return cli_usage(a->cmd, "unknown option \"--%s\"", name);
+}
+
+int cli_getopt(cli_args *a, int argc, char **argv)
+{
+    if (!a->ready) prepare(a);
+    for (;;) {
+        int c = getopt_long(argc, argv, ":h", a->all, NULL);
+        switch (c) {
+        case 'h':
+        case CLI_OPT_HELP: a->rc = 0, fputs(a->usage, stdout); return CLI_OPT_EXIT;
+        case CLI_OPT_VERSION: a->rc = 0, printf("shoal %s\n", SHOAL_VERSION); return CLI_OPT_EXIT;
+        case CLI_OPT_SERVER: a->ctl->server = optarg; continue;
+        case CLI_OPT_TOKEN: a->ctl->token = optarg; continue;
+        case CLI_OPT_JSON: a->ctl->json = 1; continue;
+        case ':': a->rc = cli_usage(a->cmd, "option %s needs a value", argv[optind - 1]); return CLI_OPT_EXIT;
+        case '?': a->rc = unknown(a, argv[optind - 1], optopt); return CLI_OPT_EXIT;
+        default: return c;
+        }
+    }
+}
+
+int cli_pick(const char *cmd, const char *opt, const char *v, const char *const *allowed)
+{
+    int n = 0;
+    for (; allowed[n]; n++)
+        if (!strcmp(allowed[n], v)) return n;
+    char list[512] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", allowed[i]);
+    const char *near = sh_closest(v, allowed, (size_t)n);
+    if (near) cli_usage(cmd, "%s \"%s\" is not one of %s (did you mean %s?)", opt, v, list, near);
+    else cli_usage(cmd, "%s \"%s\" is not one of %s", opt, v, list);
+    return -1;
+}

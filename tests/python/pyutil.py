@@ -1,0 +1,76 @@
+"""Helpers for the Python tests: a scratch directory and an independent
+safetensors writer (plain Python, so that files the tests feed to shoal do
+not come from shoal)."""
+import json
+import os
+import shutil
+import struct
+import tempfile
+
+import torch
+
+NAMES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16", torch.int64: "I64",
+         torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL", torch.int8: "I8"}
+
+
+def scratch(name):
+    base = os.environ.get("SHOAL_TEST_TMP") or tempfile.mkdtemp(prefix="shoal-py.")
+    d = os.path.join(base, "py", name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def tensor_bytes(t):
+    t = t.contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def save_safetensors(path, tensors):
+    """Writes tensors (name -> tensor) in name order, as safetensors."""
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        b = tensor_bytes(t)
+        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def save_sharded(folder, tensors, shards=2):
+    """A sharded folder: `shards` files and model.safetensors.index.json."""
+    os.makedirs(folder, exist_ok=True)
+    names = sorted(tensors)
+    weight_map = {}
+    for k in range(shards):
+        part = {n: tensors[n] for n in names[k::shards]}
+        fname = "model-%05d-of-%05d.safetensors" % (k + 1, shards)
+        save_safetensors(os.path.join(folder, fname), part)
+        weight_map.update({n: fname for n in part})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and tensor_bytes(a) == tensor_bytes(b)
+
+
+def read_safetensors(path):
+    """Reads a safetensors file with plain Python and torch (not shoal)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n])
+    hdr.pop("__metadata__", None)
+    dt = {v: k for k, v in NAMES.items()}
+    out = {}
+    for name, e in hdr.items():
+        a, b = e["data_offsets"]
+        buf = bytearray(raw[8 + n + a:8 + n + b])
+        t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+        out[name] = t.view(dt[e["dtype"]]).reshape(e["shape"]).clone()
+    return out

@@ -1,0 +1,93 @@
+/* The calls made for bindings (the bind.c files of src/common, src/ckpt and
+ * src/store), from C, so that they also run under ASan and UBSan (the Python
+ * tests use the optimised library only). */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "shoal/ckpt.h"
+#include "shoal/store.h"
+
+static void test_publish_tensors_list_and_lease(void **state)
+{
+    const char *root = tu_path("store");
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    /* Two tensors straight from memory, as the Python package passes them. */
+    enum { R = 300, C = 200 };
+    uint16_t *w = malloc(R * C * sizeof *w);
+    float bias[C];
+    for (int i = 0; i < R * C; i++) w[i] = ckpt_f32_to_bf16((float)((i * 7919) % 1000) / 1000.0f - 0.5f);
+    for (int i = 0; i < C; i++) bias[i] = (float)i;
+    ckpt_tensor t[2] = {{.name = "w", .dtype = CKPT_BF16, .ndim = 2, .shape = {R, C}, .data = (const uint8_t *)w},
+                        {.name = "bias", .dtype = CKPT_F32, .ndim = 1, .shape = {C}, .data = (const uint8_t *)bias}};
+    uint64_t v;
+    TU_OK(store_publish_tensors(s, t, 2, 0, &v));
+    assert_int_equal(v, 1);
+    w[5] ^= 1;
+    TU_OK(store_publish_tensors(s, t, 2, 0, &v));
+    assert_int_equal(v, 2);
+    TU_ERR(store_publish_tensors(s, t, 0, 0, &v), SH_EINVAL, "no tensors");
+    ckpt_tensor bad = {.name = NULL, .dtype = CKPT_F32, .ndim = 1, .shape = {4}};
+    TU_ERR(store_publish_tensors(s, &bad, 1, 0, &v), SH_EINVAL, "no name or no data");
+    char *text;
+    TU_OK(store_list_json(s, &text));
+    assert_non_null(strstr(text, "\"kind\":\"anchor\""));
+    assert_non_null(strstr(text, "\"kind\":\"delta\""));
+    sh_free(text);
+
+    /* A replica from JSON; its lease's tensors are the published bytes. */
+    char cfg[8192];
+    snprintf(cfg, sizeof cfg, "{\"dir\": \"%s\", \"store\": \"%s\", \"poll_s\": 0.01}", tu_path("rep"), root);
+    store_replica *r;
+    TU_OK(store_replica_open_json(cfg, &r));
+    TU_OK(store_replica_wait(r, 2, 30));
+    store_lease *l;
+    TU_OK(store_lease_new(r, 2, 0, &l));
+    assert_int_equal(ckpt_count(l->ckpt), 2);
+    assert_null(ckpt_tensor_at(l->ckpt, 2));
+    for (size_t i = 0; i < ckpt_count(l->ckpt); i++) {
+        const ckpt_tensor *x = ckpt_tensor_at(l->ckpt, i);
+        const void *want = !strcmp(x->name, "w") ? (const void *)w : (const void *)bias;
+        assert_memory_equal(x->data, want, x->nbytes);
+    }
+    assert_int_equal(ckpt_tensor_sizeof(), sizeof(ckpt_tensor));
+    store_lease *none;
+    TU_ERR(store_lease_new(r, 9, 0, &none), SH_EAGAIN, "at least version 9");
+    assert_int_equal(store_lease_free(r, l), 2);
+    store_lease_free(r, NULL);
+    TU_OK(store_replica_info_json(r, &text));
+    assert_non_null(strstr(text, "\"version\":2"));
+    sh_free(text);
+    store_replica_close_json(r);
+    store_close(s);
+    free(w);
+}
+
+static void test_replica_config_errors(void **state)
+{
+    store_replica *r;
+    TU_ERR(store_replica_open_json("{\"dir\": \"/tmp/x\"}", &r), SH_EINVAL, "give \"store\"");
+    TU_ERR(store_replica_open_json("{\"dir\": \"/tmp/x\", \"parents\": [\"nocolon\"]}", &r), SH_EINVAL, "host:port");
+    TU_ERR(store_replica_open_json("{\"dir\": \"/tmp/x\", \"store\": \"/s\", \"colour\": 1}", &r), SH_EFORMAT, "unknown field \"colour\"");
+    TU_ERR(store_replica_open_json("{\"dir\": \"/tmp/x\", \"store\": \"/s\", \"fanout\": 5000}", &r), SH_EINVAL, "fanout");
+    assert_int_not_equal(store_replica_open_json("{not json", &r), 0);
+    assert_null(r);
+    store_replica_close_json(NULL);
+    char *text;
+    TU_ERR(sh_json_take_text(NULL, &text), SH_EINVAL, "no JSON");
+    TU_OK(sh_json_take_text(json_pack("{s:i}", "a", 1), &text));
+    assert_string_equal(text, "{\"a\":1}");
+    sh_free(text);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_publish_tensors_list_and_lease),
+        cmocka_unit_test(test_replica_config_errors),
+    };
+    return cmocka_run_group_tests_name("bind", tests, NULL, NULL);
+}

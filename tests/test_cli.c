@@ -1,0 +1,206 @@
+/* The command line's conventions: getopt_long options (--opt=value, --help
+ * and --version everywhere), "did you mean", the client binary that loads
+ * no heavy library, and client commands against a real server. */
+#include "fleet_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void test_closest(void **state)
+{
+    static const char *const names[] = {"submit", "jobs", "job", "logs", "nodes", "cancel", "server", "store", NULL};
+    static const struct {
+        const char *word, *want;
+    } cases[] = {
+        {"sbumit", "submit"}, {"jbos", "jobs"},  {"nods", "nodes"}, {"cancle", "cancel"}, {"servre", "server"},
+        {"lgos", "logs"},     {"sub", "submit"}, {"xyz", NULL},     {"st", "store"}, {"s", NULL},         {"", NULL},
+        {"submarine", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = sh_closest(cases[i].word, names, (size_t)-1);
+        if (cases[i].want ? !got || strcmp(got, cases[i].want) : got != NULL)
+            fail_msg("\"%s\": got %s, want %s", cases[i].word, got ? got : "NULL", cases[i].want ? cases[i].want : "NULL");
+    }
+}
+
+/* Runs `shoal ARGS`, asserts the exit status and that the output holds needle. */
+static void expect(int status, const char *needle, const char *args)
+{
+    char *out;
+    int rc = tu_run(&out, "%s %s", tu_shoal(), args);
+    if (rc != status || !strstr(out, needle))
+        fail_msg("shoal %s: exit %d (want %d), output lacks \"%s\":\n%s", args, rc, status, needle, out);
+    free(out);
+}
+
+static void test_conventions(void **state)
+{
+    expect(0, "shoal 0.1.0\n", "--version");
+    expect(0, "shoal 0.1.0\n", "version --version");
+    expect(0, "usage: shoal version", "version --help");
+    expect(0, "usage: shoal jobs", "jobs --help");
+    expect(0, "usage: shoal submit", "submit -h");
+    expect(0, "\"zstd\"", "version --json");
+    expect(2, "unknown command \"sbumit\" (did you mean \"submit\"?", "sbumit");
+    expect(2, "unknown command \"no-such-command\" (run", "no-such-command");
+    expect(2, "unknown option \"--rnak\" (did you mean --rank?)", "logs 1 --rnak=2");
+    expect(2, "option --json takes no value", "cancel 1 --json=yes");
+    expect(2, "option --idempotency-key needs a value", "submit job.json --idempotency-key");
+    expect(2, "unexpected argument \"extra\"", "version extra");
+    /* Commands that live in shoal-core answer through the client too. */
+    expect(0, "usage: shoal <command>", "help");
+    expect(0, "usage: shoal store", "store --help");
+}
+
+/* The client binary links neither UCX, OpenBLAS, SQLite nor libmicrohttpd. */
+static void test_client_is_lean(void **state)
+{
+    char *out;
+    assert_int_equal(tu_run(&out, "ldd %s", tu_shoal()), 0);
+    static const char *const heavy[] = {"libucp", "libuct", "libucs", "libopenblas", "libgfortran", "libsqlite3",
+                                        "libmicrohttpd", "libgnutls"};
+    for (size_t i = 0; i < sizeof heavy / sizeof heavy[0]; i++)
+        if (strstr(out, heavy[i])) fail_msg("%s loads %s:\n%s", tu_shoal(), heavy[i], out);
+    free(out);
+    /* shoal-core, beside it, does (it is the binary that needs them). */
+    assert_int_equal(tu_run(&out, "ldd %s-core", tu_shoal()), 0);
+    assert_non_null(strstr(out, "libucp"));
+    free(out);
+    /* The bench that measures it runs (small counts: figures are for make bench). */
+    assert_int_equal(tu_run(&out, "%s bench client --runs 4 --submits 4 --json 2>/dev/null", tu_shoal()), 0);
+    json_t *j = json_loads(out, 0, NULL);
+    if (!j || !(json_real_value(json_object_get(j, "submits_per_s")) > 0) ||
+        !(json_real_value(json_object_get(j, "version_ms")) > 0))
+        fail_msg("bench client --json: %s", out);
+    json_decref(j);
+    free(out);
+    /* A missing shoal-core is named, with the fix. */
+    expect(1, "SHOAL_CORE", "help 2>&1; SHOAL_CORE=/nonexistent/shoal-core $SHOAL_BIN help");
+}
+
+/* The man page and bash completion come from the help text: every command
+ * has a section, and completion offers commands and each one's options. */
+static void test_man_and_completion(void **state)
+{
+    char *man, *help;
+    assert_int_equal(tu_run(&man, "sh scripts/gen-man.sh %s 0.1.0", tu_shoal()), 0);
+    assert_int_equal(tu_run(&help, "%s help", tu_shoal()), 0);
+    assert_non_null(strstr(man, ".TH SHOAL 1"));
+    int n = 0;
+    for (char *l = strstr(help, "commands:\n"); l && (l = strchr(l, '\n')) && l[1] == ' '; n++) {
+        char name[64], want[80];
+        sscanf(l + 1, " %63s", name);
+        snprintf(want, sizeof want, ".SS %s\n", name);
+        if (!strstr(man, want)) fail_msg("the man page lacks a section for %s", name);
+        l++;
+    }
+    assert_true(n >= 15);
+    assert_non_null(strstr(man, "usage: shoal submit JOB.json"));
+    free(man);
+    free(help);
+    char *out;
+    assert_int_equal(tu_run(&out, "PATH=$(dirname $(realpath %s)):$PATH bash -c '. scripts/shoal-completion.bash; "
+                                  "COMP_WORDS=(shoal subm); COMP_CWORD=1; _shoal; echo \"1:${COMPREPLY[*]}\"; "
+                                  "COMP_WORDS=(shoal jobs --st); COMP_CWORD=2; _shoal; echo \"2:${COMPREPLY[*]}\"'",
+                            tu_shoal()),
+                     0);
+    if (!strstr(out, "1:submit\n") || !strstr(out, "2:--state\n")) fail_msg("completion: %s", out);
+    free(out);
+}
+
+/* The value of the Prometheus sample whose name and labels are `series`. */
+static double sample(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; (p = strstr(p, series)); p += n)
+        if ((p == text || p[-1] == '\n') && p[n] == ' ') return atof(p + n + 1);
+    fail_msg("/metrics lacks %s:\n%s", series, text);
+    return -1;
+}
+
+/* After one 1-node job ran: build info, histograms that count it, alice's
+ * cost, and GPU gauges that sum to the fleet. */
+static void check_metrics(tf_fleet *F)
+{
+    srv_client *c;
+    TU_OK(srv_client_new(F->url, NULL, &c));
+    int st;
+    char *text;
+    size_t len;
+    TU_OK(srv_client_raw(c, "GET", "/metrics", NULL, 0, NULL, 10, &st, &text, &len));
+    srv_client_free(c);
+    assert_int_equal(st, 200);
+    assert_true(sample(text, "shoal_build_info{version=\"" SHOAL_VERSION "\"}") == 1);
+    assert_true(sample(text, "shoal_gang_start_seconds_count{nodes=\"1\"}") >= 1);
+    assert_true(sample(text, "shoal_gang_start_seconds_bucket{nodes=\"1\",le=\"+Inf\"}") >= 1);
+    assert_true(sample(text, "shoal_gang_start_seconds_count{nodes=\"2-4\"}") == 0);
+    assert_true(sample(text, "shoal_queue_wait_seconds_count{nodes=\"1\"}") >= 1);
+    assert_true(sample(text, "shoal_queue_wait_seconds_bucket{nodes=\"1\",le=\"+Inf\"}") ==
+                sample(text, "shoal_queue_wait_seconds_count{nodes=\"1\"}"));
+    assert_true(sample(text, "shoal_cost_dollars_total{tenant=\"alice\",gpu_type=\"H100\"}") > 0);
+    assert_true(sample(text, "shoal_gpu_seconds_total{tenant=\"alice\",gpu_type=\"H100\"}") > 0);
+    /* One alive node with 2 GPUs: used + free is 2, whatever runs. */
+    assert_true(sample(text, "shoal_gpus{state=\"used\"}") + sample(text, "shoal_gpus{state=\"free\"}") == 2);
+    if (strstr(text, "state=\"total\"")) fail_msg("a \"total\" series sits beside its parts:\n%s", text);
+    free(text);
+}
+
+/* Client commands against a real server: --opt=value, idempotent submits,
+ * logs --json, a mistyped job-file field, sub-second times. */
+static void test_client_commands(void **state)
+{
+    tf_fleet F;
+    memset(&F, 0, sizeof F);
+    tf_start_server(&F, "cli", 30);
+    tf_start_agents(&F, 1, "H100", 2, "z1", "ib");
+    const char *job = tu_path("job.json"), *typo = tu_path("typo.json");
+    const char *body = "{\"name\":\"hello\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"sh\",\"-c\",\"echo hello-from-rank\"]}";
+    tu_write_file(job, body, strlen(body));
+    const char *bad = "{\"name\":\"t\",\"kind\":\"function\",\"gpus\":1,\"comand\":[\"true\"]}";
+    tu_write_file(typo, bad, strlen(bad));
+    char args[1024], *out;
+    snprintf(args, sizeof args, "submit --idempotency-key=k1 %s --server=%s --token=%s --json", job, F.url, TF_ALICE);
+    char *first;
+    assert_int_equal(tu_run(&first, "%s %s", tu_shoal(), args), 0);
+    json_t *j = json_loads(first, 0, NULL);
+    assert_non_null(j);
+    int64_t id = json_integer_value(json_object_get(j, "id"));
+    assert_true(id > 0);
+    json_decref(j);
+    expect(0, "\"duplicate\":true", args);
+    free(first);
+    json_decref(tf_wait_job(&F, id, "succeeded", 30));
+    snprintf(args, sizeof args, "logs %lld --server %s --token %s --json", (long long)id, F.url, TF_ALICE);
+    assert_int_equal(tu_run(&out, "%s %s", tu_shoal(), args), 0);
+    j = json_loads(out, 0, NULL);
+    if (!j || !strstr(json_string_value(json_object_get(j, "data")), "hello-from-rank"))
+        fail_msg("logs --json: %s", out);
+    assert_true(json_is_true(json_object_get(j, "done")));
+    json_decref(j);
+    free(out);
+    /* Times carry fractions of a second. */
+    snprintf(args, sizeof args, "job %lld --server=%s --token=%s --json", (long long)id, F.url, TF_ALICE);
+    assert_int_equal(tu_run(&out, "%s %s", tu_shoal(), args), 0);
+    j = json_loads(out, 0, NULL);
+    double t = json_real_value(json_object_get(j, "submitted_at")), ts = json_real_value(json_object_get(j, "started_at"));
+    if (!(t > 1.7e9) || (t == (double)(int64_t)t && ts == (double)(int64_t)ts))
+        fail_msg("submitted_at %.6f and started_at %.6f are whole seconds: %s", t, ts, out);
+    json_decref(j);
+    free(out);
+    snprintf(args, sizeof args, "submit %s --server %s --token %s", typo, F.url, TF_ALICE);
+    expect(1, "unknown field \"comand\" (did you mean \"command\"?)", args);
+    check_metrics(&F);
+    tf_stop(&F);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_closest),
+        cmocka_unit_test(test_conventions),
+        cmocka_unit_test(test_client_is_lean),
+        cmocka_unit_test(test_man_and_completion),
+        cmocka_unit_test_teardown(test_client_commands, tf_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

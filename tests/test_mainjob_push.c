@@ -1,0 +1,245 @@
+/* The main job's weight path: rollout workers as replicas on the push tree.
+ *
+ * One run, real processes: the trainer (`shoal rl trainer`, one rank), the
+ * push root over its store, and `shoal rl worker --push` replicas in two
+ * zones.  In it:
+ * - the root starts late, so the first requests ask for a version no worker
+ *   can get in time: they are refused and asked again, never trained on
+ *   (every step still trains, within the staleness bound);
+ * - the relay of zone a is killed once version 3 is out: its child
+ *   re-attaches and keeps producing;
+ * - a worker joins zone a after that, with nothing: it catches up with the
+ *   anchor and one squashed delta from the root, then moves under its
+ *   zone's relay;
+ * - every worker still running at the end holds the trainer's last image,
+ *   byte for byte, and the summary says so. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shoal/mainjob.h"
+#include "shoal/store.h"
+#include "testutil.h"
+
+static const char fleet_csv[] =
+    "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour\n"
+    "za-0,A100,1,zone-a,eth-a,2.50\n"
+    "za-1,A100,1,zone-a,eth-a,2.50\n"
+    "za-2,A100,1,zone-a,eth-a,2.50\n"
+    "zb-0,L4,1,zone-b,eth-b,0.80\n";
+static const char speeds_csv[] = "gpu_type,speed\nA100,0.7\nL4,0.5\n";
+
+/* Starts `shoal ARGS...` with stdout and stderr to log; returns its pid. */
+static pid_t spawn(const char *log, char *const args[])
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        freopen(log, "w", stdout);
+        freopen(log, "a", stderr);
+        char *argv[40] = {(char *)tu_shoal()};
+        for (int i = 0; args[i] && i < 38; i++) argv[i + 1] = args[i];
+        execv(tu_shoal(), argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void stop(pid_t pid, int sig)
+{
+    if (pid <= 0) return;
+    kill(pid, sig);
+    int st;
+    for (int i = 0; i < 100 && waitpid(pid, &st, WNOHANG) == 0; i++) sh_sleep(0.05);
+    if (waitpid(pid, &st, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+}
+
+static char dir[4096], store_dir[4200], pdir[4200], fleet[4200], speeds[4200];
+
+static pid_t worker(const char *node)
+{
+    char log[4300];
+    snprintf(log, sizeof log, "%s/worker-%s.log", dir, node);
+    char *args[] = {"rl", "worker", "--store", store_dir, "--fleet", fleet, "--speeds", speeds,
+                    "--node", (char *)node, "--push", pdir, "--min-wait", "0.5", NULL};
+    return spawn(log, args);
+}
+
+static json_t *tree_lines(void)
+{
+    json_t *root, *lines;
+    TU_OK(mj_tree_load(dir, &root, &lines));
+    json_decref(root);
+    return lines;
+}
+
+static const char *s_of(const json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
+static long i_of(const json_t *o, const char *k) { return (long)json_integer_value(json_object_get(o, k)); }
+
+/* The tree log's line of `name` for the newest store version, or NULL. */
+static json_t *newest_of(json_t *lines, const char *prefix, long *nlines)
+{
+    json_t *best = NULL, *l;
+    size_t i;
+    *nlines = 0;
+    json_array_foreach(lines, i, l) {
+        if (strncmp(s_of(l, "name"), prefix, strlen(prefix))) continue;
+        (*nlines)++;
+        if (!best || i_of(l, "store_version") > i_of(best, "store_version")) best = l;
+    }
+    return best;
+}
+
+static void test_workers_on_the_tree(void **state)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    skip(); /* about a minute of real training; it runs in the optimised build */
+#endif
+    snprintf(dir, sizeof dir, "%s", tu_path("push-run"));
+    snprintf(store_dir, sizeof store_dir, "%s/store", dir);
+    snprintf(pdir, sizeof pdir, "%s/push", dir);
+    snprintf(fleet, sizeof fleet, "%s/fleet.csv", dir);
+    snprintf(speeds, sizeof speeds, "%s/speeds.csv", dir);
+    sh_rm_rf(dir);
+    TU_OK(sh_mkdir_p(store_dir, 0755));
+    TU_OK(sh_mkdir_p(pdir, 0755));
+    tu_write_file(fleet, fleet_csv, strlen(fleet_csv));
+    tu_write_file(speeds, speeds_csv, strlen(speeds_csv));
+    char events[4300], result[4300], log[4300];
+    snprintf(events, sizeof events, "%s/events.jsonl", dir);
+    snprintf(result, sizeof result, "%s/result.json", dir);
+    snprintf(log, sizeof log, "%s/trainer.log", dir);
+    char *targs[] = {"rl", "trainer", "--store", store_dir, "--events", events, "--result", result,
+                     "--steps", "14", "--warm", "70", "--eval-every", "7", "--eval-n", "32",
+                     "--max-lag", "2", "--loss", "decoupled", "--ordered", NULL};
+    pid_t trainer = spawn(log, targs);
+    pid_t w[4] = {worker("za-0"), worker("za-1"), worker("zb-0"), 0};
+    /* The root comes two seconds after the first version: meanwhile every
+     * request asks for a version no worker can get. */
+    char latest[4300];
+    snprintf(latest, sizeof latest, "%s/main/LATEST", store_dir);
+    for (int i = 0; i < 1200 && !sh_path_exists(latest); i++) sh_sleep(0.1);
+    assert_true(sh_path_exists(latest));
+    sh_sleep(2.0);
+    char tmp[4300], addr[4300], plog[4300];
+    snprintf(tmp, sizeof tmp, "%s/push.tmp", pdir);
+    snprintf(addr, sizeof addr, "%s/push.addr", pdir);
+    snprintf(plog, sizeof plog, "%s/push.log", dir);
+    char *pargs[] = {"push", "serve", "--store", store_dir, "--zone", "zone-root", "--addr-file", tmp, NULL};
+    setenv("SHOAL_LOG", "info", 1); /* the root logs each child's plan */
+    pid_t root = spawn(plog, pargs);
+    unsetenv("SHOAL_LOG");
+    for (int i = 0; i < 100 && !sh_path_exists(tmp); i++) sh_sleep(0.05);
+    sh_sleep(0.1);
+    char *text = (char *)tu_read_file(tmp, NULL);
+    char rj[512];
+    snprintf(rj, sizeof rj, "{\"name\": \"root\", \"zone\": \"zone-root\", \"addr\": \"%.*s\"}\n",
+             (int)strcspn(text, "\r\n"), text);
+    snprintf(tmp + strlen(tmp) - 8, 16, "root.json");
+    tu_write_file(tmp, rj, strlen(rj));
+    free(text);
+    snprintf(tmp, sizeof tmp, "%s/push.tmp", pdir);
+    assert_int_equal(rename(tmp, addr), 0);
+    /* Once store version 4 (policy 3) is out: kill zone a's relay. */
+    char relay[64] = "";
+    long killed_at = 0;
+    for (double t0 = sh_now_mono(); !relay[0] && sh_now_mono() - t0 < 120; sh_sleep(0.2)) {
+        json_t *lines = tree_lines(), *l;
+        size_t i;
+        json_array_foreach(lines, i, l)
+            if (!strcmp(s_of(l, "zone"), "zone-a") && i_of(l, "store_version") >= 4 &&
+                strstr(rj, s_of(l, "parent")) && !relay[0]) {
+                snprintf(relay, sizeof relay, "%s", s_of(l, "name"));
+                killed_at = i_of(l, "store_version");
+            }
+        json_decref(lines);
+    }
+    if (!relay[0]) fail_msg("zone a never had a relay holding store version 4; see %s", dir);
+    int victim = !strncmp(relay, "za-0", 4) ? 0 : 1;
+    print_message("killing zone a's relay %s at store version %ld\n", relay, killed_at);
+    stop(w[victim], SIGKILL);
+    w[victim] = 0;
+    /* A late joiner, with nothing, two versions later. */
+    for (double t0 = sh_now_mono(); sh_now_mono() - t0 < 60; sh_sleep(0.2)) {
+        uint64_t v = 0;
+        store *st;
+        TU_OK(store_open(store_dir, NULL, 0, &st));
+        TU_OK(store_latest(st, &v));
+        store_close(st);
+        if (v >= (uint64_t)killed_at + 2) break;
+    }
+    w[3] = worker("za-2");
+    json_t *res = NULL;
+    for (double t0 = sh_now_mono(); !res && sh_now_mono() - t0 < 240; sh_sleep(0.5))
+        if (sh_path_exists(result)) sh_json_load_file(result, 64 << 20, &res);
+    int st;
+    waitpid(trainer, &st, 0);
+    for (int i = 0; i < 4; i++) stop(w[i], SIGTERM);
+    stop(root, SIGTERM);
+    if (!res) fail_msg("no result from the trainer; see %s", log);
+
+    /* Refused and asked again, never trained on: every step trained on its
+     * own groups within the bound, and some requests were refused. */
+    assert_int_equal(i_of(res, "steps"), 14);
+    print_message("refused requests: %ld\n", i_of(res, "refused_requests"));
+    assert_true(i_of(res, "refused_requests") > 0);
+    char *ev = (char *)tu_read_file(events, NULL);
+    for (char *save = NULL, *l = strtok_r(ev, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        json_t *e = json_loads(l, 0, NULL);
+        if (!strcmp(s_of(e, "event"), "step")) assert_true(i_of(e, "staleness_max") <= 2);
+        json_decref(e);
+    }
+    free(ev);
+
+    /* The relay's child re-attached and kept receiving; the late joiner got
+     * the anchor and one squashed delta, then versions one by one. */
+    json_t *lines = tree_lines(), *l;
+    const char *child = victim == 0 ? "za-1" : "za-0";
+    long n_child, n_late;
+    json_t *cl = newest_of(lines, child, &n_child);
+    assert_non_null(cl);
+    assert_true(i_of(cl, "reattaches") >= 1);
+    assert_true(i_of(cl, "store_version") > killed_at);
+    size_t i;
+    long first = 0, second = 0, k = 0;
+    json_array_foreach(lines, i, l) {
+        if (strncmp(s_of(l, "name"), "za-2", 4)) continue;
+        if (k == 0) first = i_of(l, "store_version");
+        if (k == 1) second = i_of(l, "store_version");
+        k++;
+    }
+    json_t *ll = newest_of(lines, "za-2", &n_late);
+    assert_non_null(ll);
+    assert_null(strstr(rj, s_of(ll, "parent"))); /* then under zone a's relay, not the root */
+    print_message("late joiner: store v%ld (anchor), then v%ld, %ld versions in all\n", first, second, n_late);
+    assert_int_equal(first, 1);
+    assert_true(second >= killed_at + 2); /* one squashed delta over at least two versions */
+    json_decref(lines);
+    char *plogt = (char *)tu_read_file(plog, NULL);
+    assert_non_null(strstr(plogt, "a squashed delta"));
+    free(plogt);
+
+    /* Everyone still running holds the trainer's last image. */
+    json_t *sum;
+    TU_OK(mj_summary(dir, &sum));
+    print_message("summary: %s\n", json_dumps(sum, JSON_COMPACT));
+    assert_int_equal(json_integer_value(json_object_get(sum, "workers_at_end")), 3);
+    assert_true(json_is_true(json_object_get(sum, "workers_identical_at_end")));
+    assert_int_equal(json_integer_value(json_object_get(sum, "workers_on_push_tree")),
+                     json_integer_value(json_object_get(sum, "workers")));
+    json_decref(sum);
+    json_decref(res);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_workers_on_the_tree),
+    };
+    return cmocka_run_group_tests_name("mainjob_push", tests, NULL, NULL);
+}
