@@ -465,6 +465,15 @@ static void test_sparse_value_out_of_range(void **state)
         memcpy(out, old, nb);
         TU_ERR(delta__decode_chunk(&sc, dense ? DELTA__DENSE : DELTA__SPARSE, pay, len, 1, 0, out, nb, NULL, "t"),
                SH_EFORMAT, "out of range");
+        if (dense) {
+            /* The first batch alone (the four-at-a-time loop) refuses it. */
+            delta__dec dd;
+            TU_OK(delta__dec_open(&dd, DELTA__DENSE, pay, len, nb, 1, &sc, "t"));
+            uint32_t pos[512];
+            uint64_t z[512];
+            size_t got = 0;
+            TU_ERR(delta__dec_next(&dd, pos, z, 512, &got), SH_EFORMAT, "out of range");
+        }
         free(pay), free(old), free(nw), free(out);
     }
     delta__scratch_free(&sc);
