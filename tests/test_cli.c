@@ -55,6 +55,11 @@ static void test_conventions(void **state)
     /* Commands that live in shoal-core answer through the client too. */
     expect(0, "usage: shoal <command>", "help");
     expect(0, "usage: shoal store", "store --help");
+    /* --help and --version after a subcommand, in commands that parse by hand. */
+    expect(0, "usage: shoal store publish", "store publish --help");
+    expect(0, "usage: shoal delta make", "delta make x y --help");
+    expect(0, "shoal 0.1.0\n", "server --version");
+    expect(0, "shoal 0.1.0\n", "push serve --version");
 }
 
 /* The client binary links neither UCX, OpenBLAS, SQLite nor libmicrohttpd. */
