@@ -47,9 +47,19 @@ static void test_conventions(void **state)
     expect(2, "option --json takes no value", "cancel 1 --json=yes");
     expect(2, "option --idempotency-key needs a value", "submit job.json --idempotency-key");
     expect(2, "unexpected argument \"extra\"", "version extra");
+    expect(2, "--state \"bogus\" is not one of pending, starting, running", "jobs --state bogus");
+    expect(2, "--state \"runing\" is not one of pending, starting, running, succeeded, failed, cancelled, "
+              "active, finished (did you mean running?)", "jobs --state=runing");
+    expect(2, "--limit: expected a count >= 1, got \"0\"", "jobs --limit=0");
+    expect(2, "expected one job id", "job 1 2");
     /* Commands that live in shoal-core answer through the client too. */
     expect(0, "usage: shoal <command>", "help");
     expect(0, "usage: shoal store", "store --help");
+    /* --help and --version after a subcommand, in commands that parse by hand. */
+    expect(0, "usage: shoal store publish", "store publish --help");
+    expect(0, "usage: shoal delta make", "delta make x y --help");
+    expect(0, "shoal 0.1.0\n", "server --version");
+    expect(0, "shoal 0.1.0\n", "push serve --version");
 }
 
 /* The client binary links neither UCX, OpenBLAS, SQLite nor libmicrohttpd. */
@@ -168,6 +178,8 @@ static void test_client_commands(void **state)
     assert_true(id > 0);
     json_decref(j);
     expect(0, "\"duplicate\":true", args);
+    snprintf(args, sizeof args, "jobs --limit=5 --state=active --server=%s --token=%s --json", F.url, TF_ALICE);
+    expect(0, "\"jobs\":[", args);
     free(first);
     json_decref(tf_wait_job(&F, id, "succeeded", 30));
     snprintf(args, sizeof args, "logs %lld --server %s --token %s --json", (long long)id, F.url, TF_ALICE);

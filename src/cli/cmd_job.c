@@ -10,13 +10,15 @@ static const char usage[] = "usage: shoal job ID [--server URL] [--token T] [--j
 
 int cli_cmd_job(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
     cli_ctl x;
-    int rc = cli_ctl_init(&x, "job", &argc, argv);
-    if (rc) return rc;
+    cli_ctl_defaults(&x, "job");
+    cli_args a = {"job", usage, NULL, &x};
+    if (cli_getopt(&a, argc, argv) != -1) return a.rc;
     int64_t id;
-    if (argc != 2 || sh_parse_i64(argv[1], &id, "job id") < 0)
-        return cli_ctl_free(&x), cli_usage("job", "expected one job id");
+    if (optind + 1 != argc || sh_parse_i64(argv[optind], &id, "job id") < 0)
+        return cli_usage("job", "expected one job id");
+    int rc = cli_ctl_connect(&x);
+    if (rc) return rc;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
     json_t *j, *ev = NULL;

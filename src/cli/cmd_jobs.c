@@ -18,20 +18,30 @@ static const char usage[] =
 
 int cli_cmd_jobs(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    static const struct option opts[] = {{"state", required_argument, 0, 's'},
+                                         {"all", no_argument, 0, 'a'},
+                                         {"limit", required_argument, 0, 'l'},
+                                         {0}};
+    static const char *const states[] = {"pending", "starting", "running", "succeeded", "failed",
+                                         "cancelled", "active", "finished", NULL};
     cli_ctl x;
-    int rc = cli_ctl_init(&x, "jobs", &argc, argv);
-    if (rc) return rc;
+    cli_ctl_defaults(&x, "jobs");
+    cli_args a = {"jobs", usage, opts, &x};
     char path[256] = "/v1/jobs?limit=100";
     const char *state = NULL, *limit = "100";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--state") && i + 1 < argc) state = argv[++i];
-        else if (!strcmp(argv[i], "--all")) state = NULL;
-        else if (!strcmp(argv[i], "--limit") && i + 1 < argc) limit = argv[++i];
-        else return cli_ctl_free(&x), cli_usage("jobs", "unexpected argument \"%s\"", argv[i]);
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
+        if (c == 's') state = optarg;
+        else if (c == 'a') state = NULL;
+        else if (c == 'l') limit = optarg;
+        else return a.rc;
     }
+    if (optind < argc) return cli_usage("jobs", "unexpected argument \"%s\"", argv[optind]);
+    if (state && cli_pick("jobs", "--state", state, states) < 0) return CLI_USAGE;
     int64_t lim;
-    if (sh_parse_i64(limit, &lim, "--limit") < 0 || lim < 1) return cli_ctl_free(&x), cli_usage("jobs", "--limit: expected a count");
+    if (sh_parse_i64(limit, &lim, "--limit") < 0 || lim < 1)
+        return cli_usage("jobs", "--limit: expected a count >= 1, got \"%s\"", limit);
+    int rc = cli_ctl_connect(&x);
+    if (rc) return rc;
     snprintf(path, sizeof path, "/v1/jobs?limit=%lld%s%s", (long long)lim, state ? "&state=" : "", state ? state : "");
     json_t *reply;
     rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &reply);

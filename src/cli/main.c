@@ -130,6 +130,16 @@ static int dispatch(const struct cli_entry *t, const char *what, int argc, char 
     size_t n = 0;
     for (const struct cli_entry *e = t; e->name; e++) {
         if (!strcmp(e->name, argv[0])) {
+            /* --version and --help anywhere before "--": the version, or the
+             * command's usage (which covers its subcommands; rl's
+             * subcommands print their own). */
+            for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
+                if (!strcmp(argv[i], "--version")) return printf("shoal %s\n", SHOAL_VERSION), 0;
+                if ((!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) && i > 1 && strcmp(e->name, "rl")) {
+                    char *help[] = {argv[0], "--help", NULL};
+                    return e->fn(2, help);
+                }
+            }
             char **v = split_equals(&argc, argv);
             int rc = e->fn(argc, v);
             if (v != argv) free(v);
