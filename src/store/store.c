@@ -413,18 +413,20 @@ static void head_patch(store *s, uint64_t v, const store_version *m, const char 
 /* After version v (from src) is published: the cache names it.  A hard
  * link costs no space; where src is on another file system the cache is
  * dropped and the next delta publish rebuilds it. */
-static void head_advance(store *s, uint64_t v, const char *src)
+static int head_advance(store *s, uint64_t v, const char *src)
 {
     char file[4096], meta[4096], tmp[4200];
-    if (head_paths(s, file, meta, sizeof file) < 0) return;
+    SH_TRY(head_paths(s, file, meta, sizeof file));
     head_drop(file, meta);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", file, (long)getpid());
     unlink(tmp);
-    if (link(src, tmp) < 0) return;
-    if (rename(tmp, file) < 0 || head_name(meta, v) < 0) {
+    if (link(src, tmp) < 0) return errno == EXDEV ? SH_OK : sh_err_errno(errno, "link %s", tmp);
+    int rc = rename(tmp, file) < 0 ? sh_err_errno(errno, "rename %s", tmp) : head_name(meta, v);
+    if (rc < 0) {
         unlink(tmp);
         head_drop(file, meta);
     }
+    return rc;
 }
 
 /* Writes the single file a view stands for to fd, hashing it. */
@@ -501,6 +503,18 @@ static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t 
     m.base = anchor ? 0 : latest;
     m.created_at = sh_now_wall();
     int rc = stage_payload(s, stage, src, view, latest, anchor, &m);
+    /* The head cache moves to v before v is committed: a cache naming a
+     * version that never commits is refused by the next publish (its name
+     * is not that publish's previous version, or its bytes do not hash to
+     * it), and a cache that cannot move fails the publish here, while
+     * LATEST still names the previous version. */
+    if (rc == 0 && !anchor && view) {
+        char d[4200];
+        snprintf(d, sizeof d, "%s/%s", stage, m.file);
+        head_patch(s, v, &m, d);
+    } else if (rc == 0 && !anchor) {
+        rc = head_advance(s, v, src);
+    }
     if (rc == 0) rc = write_manifest(s, stage, &m);
     if (rc == 0) rc = sh_fsync_dir(stage);
     if (rc == 0 && rename(stage, final) < 0) rc = sh_err_errno(errno, "rename %s to %s", stage, final);
@@ -521,13 +535,6 @@ static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t 
         sh_rm_rf(final);
         return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST still names version %llu",
                       (unsigned long long)v, s->run, msg, (unsigned long long)latest);
-    }
-    if (!anchor && view) {
-        char d[4200];
-        snprintf(d, sizeof d, "%s/%s", final, m.file);
-        head_patch(s, v, &m, d);
-    } else if (!anchor) {
-        head_advance(s, v, src);
     }
     *out = v;
     return SH_OK;
