@@ -82,7 +82,7 @@ static double estimate(sched *s, const sjob *j, uint32_t ji, double now)
     size_t njp = sched__job_pools(s, j, &jp);
     uint32_t *pools = malloc((njp + 1) * sizeof *pools);
     if (!pools) return INFINITY;
-    memcpy(pools, jp, njp * sizeof *pools);
+    if (njp) memcpy(pools, jp, njp * sizeof *pools); /* jp may be NULL when no pool fits */
     double best = INFINITY;
     if (j->kind == SCHED_GANG)
         for (size_t q = 0; q < njp; q++) {
