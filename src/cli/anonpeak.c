@@ -13,7 +13,7 @@
 
 #include "cli.h"
 
-static uint64_t cli__rss_anon(pid_t pid)
+uint64_t cli_rss_anon(pid_t pid)
 {
     char path[64], line[256];
     snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
@@ -42,7 +42,7 @@ int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs)
     if (e) return sh_err_errno(e, "start shoal %s %s", argv[1], argv[2] ? argv[2] : "");
     int st = 0;
     for (;;) {
-        uint64_t r = cli__rss_anon(pid);
+        uint64_t r = cli_rss_anon(pid);
         if (r > *peak) *peak = r;
         pid_t w = waitpid(pid, &st, WNOHANG);
         if (w == pid) break;

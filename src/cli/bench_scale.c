@@ -128,18 +128,6 @@ static int scale_copy(const char *src, const char *dst)
 
 /* ---- The push: a root and N replicas, as `bench push` runs them ---------- */
 
-static uint64_t scale_rss_anon(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
-    FILE *f = fopen(path, "r");
-    unsigned long kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "RssAnon: %lu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return (uint64_t)kb << 10;
-}
-
 static pid_t scale_spawn(char *const argv[], const char *log)
 {
     posix_spawn_file_actions_t fa;
@@ -234,7 +222,7 @@ static int scale_tree_wait(scale_tree *t, uint64_t v, uint64_t *peak)
     for (int done = 0; done < t->n;) {
         done = 0;
         for (int i = 0; i < t->n; i++) {
-            uint64_t r = scale_rss_anon(t->reps[i]);
+            uint64_t r = cli_rss_anon(t->reps[i]);
             if (r > *peak) *peak = r;
             done += scale_active(t->dirs[i]) >= v;
         }
