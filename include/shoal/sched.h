@@ -123,6 +123,11 @@ typedef struct sched_config {
     /* shoal: grow elastic jobs into idle GPUs while jobs are queued (off:
      * only into an empty queue, as the baselines do). */
     int grow_queued;
+    /* shoal: among the pools of the fastest type where work fits now, put
+     * it where running work ends no earlier than it will (the one whose
+     * last end is soonest), else where it extends the last end least, so
+     * pools drain whole for large gangs; 0: the first pool that fits. */
+    int drain_pools;                /* default 1 */
     /* Estimated runtime of a job submitted with est_s = 0. */
     double default_est_s;           /* default 3600 */
     /* Autoscaling: off unless autoscale != 0 and quotas are given. */

@@ -37,6 +37,8 @@ static const char usage_text[] =
     "                                               (no --quota: per GPU type, 64 8-GPU nodes in\n"
     "                                               fabric auto-<type> of its first zone, 300 s)\n"
     "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (1)\n"
+
+    "          --drain-pools 0|1                    shoal: place work where pools drain together (1)\n"
     "          --grow-queued                        shoal: grow elastic work while jobs are queued\n"
     "          --fair-window S (7200) --pack        shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
@@ -50,7 +52,7 @@ typedef struct args {
     const char *traces[512];
     int ntraces;
     sim_fleet_opts fo;
-    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, pack, no_estimates, grow_queued;
+    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, drain, pack, no_estimates, grow_queued;
     double fair_window;
     double load, mtbf, repair, hold, restart, up_wait, down_idle, replace_wait;
     int64_t jobs;
@@ -91,7 +93,7 @@ static int parse(int argc, char **argv, args *a)
     a->fleet_format = "shoal", a->format = "shoal", a->policy = "shoal";
     a->fo = (sim_fleet_opts){2, 0};
     a->node_gpus = 8, a->jobs = 1000, a->load = 0.9, a->seed = 1;
-    a->max_victims = -1, a->reservations = -1;
+    a->max_victims = -1, a->reservations = -1, a->drain = -1;
     a->hold = a->restart = a->up_wait = a->down_idle = a->fair_window = -1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
@@ -106,6 +108,7 @@ static int parse(int argc, char **argv, args *a)
         STR("--write-trace", write_trace) STR("--write-fleet", write_fleet)
         INT("--zones", fo.zones) INT("--fabric-nodes", fo.fabric_nodes) INT("--multi-node", multi_k)
         INT("--node-gpus", node_gpus) INT("--max-victims", max_victims) INT("--reservations", reservations)
+        INT("--drain-pools", drain)
         NUM("--load", load) NUM("--failures", mtbf) NUM("--repair-s", repair) NUM("--replace-wait", replace_wait) NUM("--hold-timeout", hold)
         NUM("--fair-window", fair_window) NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
         if (!strcmp(o, "--jobs") || !strcmp(o, "--seed")) {
@@ -328,6 +331,8 @@ int cli_cmd_sim(int argc, char **argv)
         if (a.restart >= 0) o.cfg.restart_cost_s = a.restart;
         if (a.max_victims >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_victims = a.max_victims;
         if (a.reservations >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_reservations = a.reservations;
+        if (a.drain >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.drain_pools = a.drain != 0;
+
         if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
         if (a.fair_window >= 0) o.cfg.fair_window_s = a.fair_window;
         o.cfg.pack_pools = a.pack;

@@ -100,6 +100,9 @@ int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now)
     j->places[j->nplaces++] = (splace){ni, gpus, now};
     n->refs[n->nrefs++] = (sref){ji, gpus};
     set_free(s, ni, n->free - gpus);
+    /* A job being started gets its start (now) after its holds. */
+    double end = (j->state == SCHED_QUEUED ? now : j->start) + sched__est_len(s, j, j->pool);
+    if (end > s->pools[n->pool].drain) s->pools[n->pool].drain = end;
     s->tenants[j->tenant].gpus_in_use += gpus;
     s->busy_ver++; /* fair-share keys moved */
     if (is_preemptible(j)) {
@@ -131,6 +134,7 @@ void sched__release_place(sched *s, uint32_t ji, int k, double now)
         }
     set_free(s, p.node, n->free + p.gpus);
     s->pools[n->pool].rel_ver++;
+    if (sched__est_end(s, j) >= s->pools[n->pool].drain - 1e-9) s->pools[n->pool].drain_ok = 0;
     if (!n->nrefs) n->idle_since = now;
     j->places[k] = j->places[--j->nplaces];
     s->tenants[j->tenant].gpus_in_use -= p.gpus;
@@ -253,18 +257,52 @@ int sched__pick_gang(sched *s, const sjob *j, uint32_t pi, double est_end, scand
     return out->n == need;
 }
 
+/* When every node of pool pi would be idle if running work ends at its
+ * estimates (work past its estimate taken to end now); cached while the
+ * pool is unchanged. */
+static double pool_drain(sched *s, uint32_t pi, double now)
+{
+    spool *p = &s->pools[pi];
+    if (!p->drain_ok) {
+        double t = -INFINITY;
+        for (size_t k = 0; k < p->nnodes; k++) {
+            const snode *n = &s->nodes[p->nodes[k]];
+            for (int r = 0; r < n->nrefs; r++) {
+                double e = sched__est_end(s, &s->jobs[n->refs[r].job]);
+                if (e > t) t = e;
+            }
+        }
+        p->drain = t, p->drain_ok = 1;
+    }
+    return p->drain < now ? now : p->drain;
+}
+
+/* shoal's pool key for work ending at `end` (smaller is better): a pool
+ * whose running work ends no earlier than it does comes first, the one
+ * that drains soonest; then the others, the one it delays least. */
+static double drain_key(sched *s, uint32_t pi, double now, double end)
+{
+    double d = pool_drain(s, pi, now);
+    return d >= end ? d - 1e12 : end - d; /* 1e12 s: past any time a replay reaches */
+}
+
 /* Chooses a pool for a gang (or one pod of any kind).  pack = 1 (shoal):
  * fastest allowed type first, then the pool left fullest after placement, so
- * that emptier pools stay whole for large gangs.  pack = 0 (baselines): the
- * first pool that fits, in the job's type order, then pool creation order. */
+ * that emptier pools stay whole for large gangs.  pack = 0: the first pool
+ * that fits, in the job's type order, then pool creation order (baselines);
+ * shoal (drain_pools) takes, among the pools of that first type where it
+ * fits, the one drain_key prefers, so that long work gathers in pools that
+ * already run long work and other pools drain whole for a large gang:
+ * the job starts now either way, at the same speed. */
 int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, uint32_t *pool)
 {
     static __thread scand tmp[2];
     int cur = 0, got = -1;
     uint32_t best = NONE;
-    double best_speed = 0;
+    double best_speed = 0, best_key = 0;
     int best_left = 0;
     int nt = j->ntypes ? j->ntypes : 1;
+    int drain = !pack && s->cfg.policy == SCHED_POLICY_SHOAL && s->cfg.drain_pools;
     for (int ti = 0; ti < nt && (best == NONE || pack); ti++) {
         const uint32_t *tp;
         size_t ntp = j->ntypes ? sched__type_pools(s, j->types[ti], &tp) : (tp = s->allpools, s->npools);
@@ -275,11 +313,13 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
             if (best != NONE && sp < best_speed) continue;
             double est_end = now + sched__est_len(s, j, pi);
             int left = p->free_total - j->nodes * j->gpn;
-            if (best != NONE && sp == best_speed && left >= best_left) continue;
+            if (best != NONE && pack && sp == best_speed && left >= best_left) continue;
             if (!sched__pick_gang(s, j, pi, est_end, &tmp[cur])) continue;
-            best = pi, best_speed = sp, best_left = left;
+            double key = drain ? drain_key(s, pi, now, est_end) : 0;
+            if (!pack && best != NONE && key >= best_key) continue;
+            best = pi, best_speed = sp, best_left = left, best_key = key;
             got = cur, cur ^= 1;
-            if (!pack) break;
+            if (!pack && !drain) break;
         }
     }
     if (best == NONE) return 0;

@@ -23,6 +23,7 @@ void sched_config_default(sched_config *c, sched_policy policy)
     c->max_reservations = 1;
     c->default_est_s = 3600;
     c->fair_window_s = 7200;
+    c->drain_pools = policy == SCHED_POLICY_SHOAL;
     c->scale_up_wait_s = 600;
     c->scale_down_idle_s = 1800;
 }

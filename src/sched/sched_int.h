@@ -109,6 +109,10 @@ typedef struct spool {
         int capnodes;
     } rc[RC_SLOTS];
     uint32_t rc_next; /* round-robin victim when every slot is current */
+    /* The latest estimated end of its running work (raw), kept up on each
+     * hold, recomputed after the work that set it is released. */
+    double drain;
+    int drain_ok;
     sprios pre;       /* preemptible work running here, by priority */
     uint32_t *pre_nodes; /* nodes holding preemptible work (any order) */
     size_t npre_nodes, cappre_nodes;

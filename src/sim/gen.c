@@ -174,7 +174,11 @@ int sim_trace_mixed(sim_trace *t, size_t n, uint64_t seed, int fleet_gpus, doubl
         if (!v) return sh_err(SH_ENOMEM, "mixed trace: out of memory");
         t->jobs = v, t->cap = t->n + n;
     }
+    /* The seed is hashed into the state: started at seed x golden, seed
+     * k + 1's stream was seed k's one draw later, and "another seed" gave
+     * the same workload shifted by a job. */
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + 3;
+    s = rng_next(&s);
     double gpu_s = 0;
     sim_job *jobs = t->jobs + t->n;
     for (size_t i = 0; i < n; i++) {
