@@ -1097,10 +1097,57 @@ static void test_pending_reasons(void **state)
     sched_free(s);
 }
 
+/* The start estimate plans every queued job ahead in order, not only the
+ * reservation: on one node busy until 100, b (reserved), c and d of 50 s
+ * each start at 100, 150 and 200; a 20 s job fits the hole a 2-node gang
+ * leaves before its start.  plain_estimates gives the old, queue-blind
+ * estimate (d at 150: after b). */
+static void test_estimate_plan(void **state)
+{
+    (void)state;
+    static const tnode_row one[] = {{"n0", "z0", "f0", "h100", 8, 1}, {NULL}};
+    for (int plain = 0; plain < 2; plain++) {
+        sched_config c;
+        sched_config_default(&c, SCHED_POLICY_BACKFILL);
+        c.plain_estimates = plain;
+        sched *s = sched_new(&c);
+        sched_node_spec n = {one[0].id, one[0].zone, one[0].fabric, one[0].type, one[0].gpus, one[0].price};
+        TU_OK(sched_node_add(s, &n, 0));
+        sched_decisions d = {0};
+        submit(s, gang("a", 1, 8, 100), 0);
+        step(s, 0, &d);
+        submit(s, gang("b", 1, 8, 50), 1), submit(s, gang("c", 1, 8, 50), 2), submit(s, gang("d", 1, 8, 50), 3);
+        step(s, 3, &d);
+        want_wait(s, "b", 4, SCHED_WAIT_RESERVED, "reservation of 1 nodes", 100);
+        want_wait(s, "c", 4, SCHED_WAIT_RESOURCES, "needs 1 nodes", 150);
+        want_wait(s, "d", 4, SCHED_WAIT_RESOURCES, "needs 1 nodes", plain ? 150 : 200);
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+    /* Holes: n0 busy until 10, n1 until 100; g (2 nodes) is reserved for
+     * 100, so in the plan n0 stands idle from 10 to 100: a 20 s job fits
+     * there at 10, while a 500 s one, though ahead of it, waits for g's
+     * end (400). */
+    static const tnode_row two[] = {{"n0", "z0", "f0", "h100", 8, 1}, {"n1", "z0", "f0", "h100", 8, 1}, {NULL}};
+    sched *s = mk(SCHED_POLICY_BACKFILL, two);
+    sched_decisions d = {0};
+    submit(s, gang("a0", 1, 8, 10), 0), submit(s, gang("a1", 1, 8, 100), 0);
+    step(s, 0, &d);
+    submit(s, gang("g", 2, 8, 300), 1);
+    step(s, 1, &d);
+    submit(s, gang("long", 1, 8, 500), 2), submit(s, gang("short", 1, 8, 20), 2);
+    step(s, 2, &d);
+    want_wait(s, "g", 3, SCHED_WAIT_RESERVED, "reservation of 2 nodes", 100);
+    want_wait(s, "long", 3, SCHED_WAIT_RESOURCES, "needs 1 nodes", 400);
+    want_wait(s, "short", 3, SCHED_WAIT_RESOURCES, "needs 1 nodes", 10);
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pending_reasons),
+        cmocka_unit_test(test_pending_reasons), cmocka_unit_test(test_estimate_plan),
         cmocka_unit_test(test_placement_table),
         cmocka_unit_test(test_least_fragmentation),
         cmocka_unit_test(test_reject_never_fits),

@@ -128,6 +128,9 @@ typedef struct sched_config {
      * last end is soonest), else where it extends the last end least, so
      * pools drain whole for large gangs; 0: the first pool that fits. */
     int drain_pools;                /* default 1 */
+    /* 1: start estimates from running work and reservations alone, not
+     * from the plan of every queued job (to compare them). */
+    int plain_estimates;
     /* Estimated runtime of a job submitted with est_s = 0. */
     double default_est_s;           /* default 3600 */
     /* Autoscaling: off unless autoscale != 0 and quotas are given. */

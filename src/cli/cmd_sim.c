@@ -44,7 +44,9 @@ static const char usage_text[] =
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
     "checks:   --check                              sched_check after every event\n"
     "          --no-estimates                       skip checking start estimates against starts\n"
-    "                                               (reported as start_estimates in --json)\n";
+    "                                               (reported as start_estimates in --json)\n"
+    "          --plain-estimates                    estimates from running work and reservations alone,\n"
+    "                                               not from the plan of every queued job\n";
 
 typedef struct args {
     const char *fleet, *fleet_format, *format, *policy, *type_map, *throughputs;
@@ -52,7 +54,7 @@ typedef struct args {
     const char *traces[512];
     int ntraces;
     sim_fleet_opts fo;
-    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, drain, pack, no_estimates, grow_queued;
+    int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, drain, pack, no_estimates, plain_est, grow_queued;
     double fair_window;
     double load, mtbf, repair, hold, restart, up_wait, down_idle, replace_wait;
     int64_t jobs;
@@ -138,6 +140,7 @@ static int parse(int argc, char **argv, args *a)
         if (!strcmp(o, "--autoscale")) { a->autoscale = 1; continue; }
         if (!strcmp(o, "--pack")) { a->pack = 1; continue; }
         if (!strcmp(o, "--no-estimates")) { a->no_estimates = 1; continue; }
+        if (!strcmp(o, "--plain-estimates")) { a->plain_est = 1; continue; }
         if (!strcmp(o, "--grow-queued")) { a->grow_queued = 1; continue; }
         if (o[0] == '-') return cli_usage("sim", "unknown option \"%s\"", o);
         if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
@@ -337,6 +340,7 @@ int cli_cmd_sim(int argc, char **argv)
         if (a.fair_window >= 0) o.cfg.fair_window_s = a.fair_window;
         o.cfg.pack_pools = a.pack;
         o.cfg.grow_queued = a.grow_queued;
+        o.cfg.plain_estimates = a.plain_est;
         if (a.down_idle >= 0) o.cfg.scale_down_idle_s = a.down_idle;
         o.cfg.autoscale = a.autoscale, o.cfg.quotas = a.quotas, o.cfg.n_quotas = (size_t)a.nquotas;
         o.mtbf_hours = a.mtbf, o.repair_s = a.repair, o.check = a.check, o.seed = a.seed;

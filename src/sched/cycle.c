@@ -700,6 +700,19 @@ int sched_step(sched *s, double now, sched_decisions *d)
 
 double sched_next_wakeup(const sched *s) { return s->next_wake; }
 
+size_t sched__queue_order(sched *s, uint32_t *out, size_t cap)
+{
+    for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
+    size_t n = 0;
+    while (n < cap) {
+        uint32_t ti, ji = next_job(s, &ti, s->cfg.policy == SCHED_POLICY_SHOAL);
+        if (ji == NONE) break;
+        out[n++] = ji;
+        s->tenants[ti].cursor++;
+    }
+    return n;
+}
+
 size_t sched_queue(const sched *s, const char **out, size_t cap)
 {
     /* Walk the tenant queues in the policy's order without disturbing the

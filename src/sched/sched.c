@@ -136,6 +136,7 @@ void sched_free(sched *s)
     free(s->elastic), free(s->allpools), free(s->shapes), free(s->freejobs), free(s->forgot_cost_t);
     for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v);
     free(s->tpools);
+    free(s->plan.slot), free(s->plan.hole), free(s->plan.est), free(s->plan.mark), free(s->plan.order), free(s->plan.tn);
     free(s);
 }
 

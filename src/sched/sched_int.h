@@ -284,6 +284,26 @@ struct sched {
     sched_stats st;
     sched_bill *bills; /* closed bills kept for the caller (cfg.bill_journal) */
     size_t nbills, capbills;
+    /* The start plan of the queued jobs (why.c), valid while its key
+     * matches the state it was made from. */
+    struct splan {
+        uint64_t stamp, busy_ver, id;
+        double now;
+        int nodes_up, gpus_up;
+        double *slot;      /* per node, MAXG GPU free times, ascending */
+        size_t capslot;
+        struct sphole { double from, to; int gpus; } *hole; /* per node: GPUs idle before a planned start */
+        size_t caphole;
+        double *est;       /* by job index, where mark == id */
+        uint64_t *mark;
+        size_t capest, capmark;
+        uint32_t *order;   /* queued jobs in the policy's order */
+        size_t caporder, norder;
+        uint64_t order_id; /* mark of jobs in order, not planned yet */
+        int built;
+        struct splt { double t; uint32_t ni; } *tn;
+        size_t captn;
+    } plan;
 };
 
 /* sched.c */
@@ -350,5 +370,8 @@ int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni);
  * gang to the head of its queue and counts a restart. */
 int sched__requeue(sched *s, uint32_t ji, double now, int failed);
 int sched__wait_add(sched *s, uint32_t ji);
+/* Queued jobs in the policy's order (as sched_queue), up to cap indices;
+ * returns how many were written. */
+size_t sched__queue_order(sched *s, uint32_t *out, size_t cap);
 
 #endif

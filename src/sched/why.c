@@ -94,6 +94,236 @@ static double estimate(sched *s, const sjob *j, uint32_t ji, double now)
     return best < now ? now : best;
 }
 
+/* ---- The plan: every queued job in order on a profile of free GPUs ------------
+
+ * Like Slurm's `squeue --start` after a backfill pass: the reservations
+ * first, at their times on their nodes, then each queued job in the
+ * policy's order at the earliest time its placement rules allow, on the
+ * GPUs the jobs before it left, each running until its estimate.  Each
+ * node keeps the times its GPUs come free, ascending; a job of g GPUs per
+ * node can start on a node at the g-th of them, and takes the g earliest.
+ * Holes are not kept: a GPU taken from T was idle before T in the plan
+ * even where a shorter job could have run, so the plan does not backfill.
+ * It is made once per state (on the first query after a change) and its
+ * cost is bounded: at most PLAN_JOBS jobs and PLAN_VISITS node visits; a
+ * job past those gets the estimate that ignores the queue. */
+#define PLAN_JOBS 256
+#define PLAN_VISITS 100000
+
+typedef struct splt splt;
+
+/* Moves the k smallest of v[0..m) to v[0..k) (any order); returns the
+ * k-th smallest.  Three-way partitions: many times are equal (every free
+ * node reads `now`). */
+static double kth_select(splt *v, size_t m, size_t k)
+{
+    long lo = 0, hi = (long)m - 1, want = (long)k - 1;
+    while (lo < hi) {
+        double pivot = v[lo + (hi - lo) / 2].t;
+        long lt = lo, i = lo, gt = hi;
+        while (i <= gt) {
+            splt x = v[i];
+            if (x.t < pivot) v[i++] = v[lt], v[lt++] = x;
+            else if (x.t > pivot) v[i] = v[gt], v[gt--] = x;
+            else i++;
+        }
+        if (want < lt) hi = lt - 1;
+        else if (want > gt) lo = gt + 1;
+        else break;
+    }
+    return v[want].t;
+}
+
+static void slots_sort(double *v, int n)
+{
+    for (int i = 1; i < n; i++) {
+        double x = v[i];
+        int k = i - 1;
+        while (k >= 0 && v[k] > x) v[k + 1] = v[k], k--;
+        v[k + 1] = x;
+    }
+}
+
+/* When node ni can start g GPUs for len seconds in the plan (>= now):
+ * in its hole when the work ends before the hole does, else when g of its
+ * GPUs are free for good.  *in_hole says which. */
+static double plan_node(const sched *s, uint32_t ni, int g, double len, double now, int *in_hole)
+{
+    const struct splan *P = &s->plan;
+    const struct sphole *h = &P->hole[ni];
+    double at = h->from < now ? now : h->from;
+    *in_hole = h->gpus >= g && at + len <= h->to;
+    return *in_hole ? at : P->slot[(size_t)ni * MAXG + g - 1];
+}
+
+/* Job takes g GPUs on node ni from T to end in the plan.  Taken from the
+ * node's free-for-good GPUs, the time they stood idle before T becomes the
+ * node's hole (one per node: a later one replaces it), where shorter work
+ * may run as backfill would run it. */
+static void plan_take(sched *s, uint32_t ni, int g, double T, double end, int in_hole)
+{
+    struct splan *P = &s->plan;
+    struct sphole *h = &P->hole[ni];
+    if (in_hole) {
+        h->gpus -= g; /* the rest of the hole on those GPUs is given up */
+        return;
+    }
+    double *sl = &P->slot[(size_t)ni * MAXG];
+    int gpus = s->nodes[ni].gpus < MAXG ? s->nodes[ni].gpus : MAXG, idle = 0;
+    double from = sl[g - 1];
+    for (int k = 0; k < gpus; k++) idle += sl[k] <= from;
+    if (T > from) *h = (struct sphole){from, T, idle};
+    for (int k = 0; k < g && k < gpus; k++) sl[k] = end;
+    slots_sort(sl, gpus);
+}
+
+/* Plan times of the nodes of job j's group q (a gang: its q-th pool; other
+ * work: every allowed pool) in P->tn; returns how many. */
+static size_t plan_times(sched *s, const sjob *j, const uint32_t *jp, size_t njp, size_t q, double now, int holes)
+{
+    struct splan *P = &s->plan;
+    size_t m = 0, from = j->kind == SCHED_GANG ? q : 0, to = j->kind == SCHED_GANG ? q + 1 : njp;
+    int g = j->gpn;
+    for (size_t k = from; k < to; k++) {
+        const spool *p = &s->pools[jp[k]];
+        double len = sched__est_len(s, j, j->kind == SCHED_GANG ? jp[k] : NONE);
+        for (size_t i = 0; i < p->nnodes; i++) {
+            uint32_t ni = p->nodes[i];
+            if (s->nodes[ni].gpus < g) continue;
+            int in_hole;
+            double t = holes ? plan_node(s, ni, g, len, now, &in_hole) : P->slot[(size_t)ni * MAXG + g - 1];
+            if (isfinite(t)) P->tn[m++] = (splt){t, ni};
+        }
+    }
+    return m;
+}
+
+/* Whether every node of P->tn[0..need) can run j from T: its GPUs are free
+ * for good by then, or its hole lasts until j ends. */
+static int plan_fits_at(const sched *s, const sjob *j, uint32_t pool, int need, double T)
+{
+    const struct splan *P = &s->plan;
+    double len = sched__est_len(s, j, pool);
+    for (int k = 0; k < need; k++) {
+        uint32_t ni = P->tn[k].ni;
+        const struct sphole *h = &P->hole[ni];
+        if (P->slot[(size_t)ni * MAXG + j->gpn - 1] <= T) continue;
+        if (!(h->gpus >= j->gpn && h->from <= T && T + len <= h->to)) return 0;
+    }
+    return 1;
+}
+
+/* The earliest plan time (>= now) for job j, taking its nodes when
+ * commit; INFINITY when it cannot fit the up nodes.  *visits counts the
+ * nodes looked at. */
+static double plan_job(sched *s, const sjob *j, double now, int commit, size_t *visits)
+{
+    struct splan *P = &s->plan;
+    const uint32_t *jp;
+    size_t njp = sched__job_pools(s, j, &jp);
+    int g = j->gpn, need = j->nodes;
+    if (g < 1 || g > MAXG || need < 1) return INFINITY;
+    size_t total = 0;
+    for (size_t q = 0; q < njp; q++) total += s->pools[jp[q]].nnodes;
+    if (sched__grow((void **)&P->tn, &P->captn, total + 1, sizeof *P->tn) < 0) return NAN;
+    double best = INFINITY;
+    uint32_t bestq = NONE;
+    int best_holes = 0;
+    /* A gang takes one pool; other work its replicas across every allowed pool. */
+    size_t groups = j->kind == SCHED_GANG ? njp : (njp ? 1 : 0);
+    for (size_t q = 0; q < groups; q++) {
+        uint32_t pool = j->kind == SCHED_GANG ? jp[q] : NONE;
+        for (int holes = 1; holes >= 0; holes--) {
+            size_t m = plan_times(s, j, jp, njp, q, now, holes);
+            *visits += m;
+            if (m < (size_t)need) break;
+            double T = kth_select(P->tn, m, (size_t)need);
+            if (T < now) T = now;
+            /* Replicas need not start together: each node at its own time. */
+            if (holes && j->kind == SCHED_GANG && !plan_fits_at(s, j, pool, need, T)) continue;
+            if (T < best) best = T, bestq = (uint32_t)q, best_holes = holes;
+            break;
+        }
+    }
+    if (!commit || bestq == NONE) return best;
+    uint32_t pool = j->kind == SCHED_GANG ? jp[bestq] : NONE;
+    double len = sched__est_len(s, j, pool);
+    size_t m = plan_times(s, j, jp, njp, bestq, now, best_holes);
+    kth_select(P->tn, m, (size_t)need);
+    for (int k = 0; k < need; k++) {
+        uint32_t ni = P->tn[k].ni;
+        double T = j->kind == SCHED_GANG ? best : (P->tn[k].t < now ? now : P->tn[k].t);
+        int in_hole = 0;
+        if (best_holes) plan_node(s, ni, g, len, now, &in_hole);
+        if (in_hole && P->slot[(size_t)ni * MAXG + g - 1] <= T) in_hole = 0;
+        plan_take(s, ni, g, T, T + len, in_hole);
+    }
+    return best;
+}
+
+/* Makes the plan for the state now, unless the one kept is for it. */
+static int plan_build(sched *s, double now, uint32_t want)
+{
+    struct splan *P = &s->plan;
+    if (!P->id || P->stamp != s->stamp || P->busy_ver != s->busy_ver || P->now != now ||
+        P->nodes_up != s->nodes_up || P->gpus_up != s->gpus_up) {
+        P->id += 2, P->built = 0; /* id + 1 marks the order */
+        P->stamp = s->stamp, P->busy_ver = s->busy_ver, P->now = now;
+        P->nodes_up = s->nodes_up, P->gpus_up = s->gpus_up;
+        if (sched__grow((void **)&P->mark, &P->capmark, s->njobs + 1, sizeof *P->mark) < 0 ||
+            sched__grow((void **)&P->order, &P->caporder, PLAN_JOBS, sizeof *P->order) < 0)
+            return P->id += 2, sh_err(SH_ENOMEM, "sched: out of memory");
+        /* The order first, which is cheap: a job past PLAN_JOBS is not planned at all. */
+        P->norder = sched__queue_order(s, P->order, PLAN_JOBS);
+        P->order_id = P->id + 1; /* marks "in the order, not planned yet" */
+        for (size_t i = 0; i < P->norder; i++) P->mark[P->order[i]] = P->order_id;
+        for (size_t r = 0; r < s->nresv; r++)
+            if (s->resv[r].job != NONE) P->mark[s->resv[r].job] = P->order_id;
+    }
+    if (P->built || (P->mark[want] != P->order_id && P->mark[want] != P->id)) return 0;
+    P->built = 1;
+    if (sched__grow((void **)&P->slot, &P->capslot, s->nnodes * MAXG + 1, sizeof *P->slot) < 0 ||
+        sched__grow((void **)&P->hole, &P->caphole, s->nnodes + 1, sizeof *P->hole) < 0 ||
+        sched__grow((void **)&P->est, &P->capest, s->njobs + 1, sizeof *P->est) < 0) {
+        P->id += 2; /* nothing marked with it: every job falls back */
+        return sh_err(SH_ENOMEM, "sched: out of memory");
+    }
+    for (size_t ni = 0; ni < s->nnodes; ni++) {
+        const snode *n = &s->nodes[ni];
+        double *sl = &P->slot[ni * MAXG];
+        int k = 0, gpus = n->gpus < MAXG ? n->gpus : MAXG;
+        if (n->state == SCHED_NODE_UP && !n->removed) {
+            for (int f = 0; f < n->free && k < gpus; f++) sl[k++] = now;
+            for (int r = 0; r < n->nrefs; r++) {
+                double e = sched__est_end(s, &s->jobs[n->refs[r].job]);
+                for (int g = 0; g < n->refs[r].gpus && k < gpus; g++) sl[k++] = e < now ? now : e;
+            }
+        }
+        while (k < MAXG) sl[k++] = INFINITY;
+        slots_sort(sl, gpus);
+        P->hole[ni] = (struct sphole){0, 0, 0};
+    }
+    /* Reservations hold: their gangs start at their times on their nodes. */
+    for (size_t r = 0; r < s->nresv; r++) {
+        const sresv *v = &s->resv[r];
+        if (v->job == NONE || !v->n) continue;
+        const sjob *j = &s->jobs[v->job];
+        double T = v->T < now ? now : v->T;
+        double end = T + sched__est_len(s, j, s->nodes[v->nodes[0]].pool);
+        for (int k = 0; k < v->n; k++) plan_take(s, v->nodes[k], v->need, T, end, 0);
+        P->est[v->job] = T, P->mark[v->job] = P->id;
+    }
+    size_t n = P->norder, visits = 0;
+    for (size_t i = 0; i < n && visits < PLAN_VISITS; i++) {
+        uint32_t ji = P->order[i];
+        if (P->mark[ji] == P->id) continue; /* reserved */
+        double T = plan_job(s, &s->jobs[ji], now, 1, &visits);
+        if (isnan(T)) return sh_err(SH_ENOMEM, "sched: out of memory");
+        P->est[ji] = T, P->mark[ji] = P->id;
+    }
+    return 0;
+}
+
 /* Up nodes with >= g GPUs in a pool (busy or not). */
 static int up_nodes(const sched *s, const spool *p, int g)
 {
@@ -125,7 +355,10 @@ void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o)
     size_t njp = sched__job_pools(s, j, &jp);
     int need = j->kind == SCHED_GANG ? j->nodes : 1;
     char pn[3 * SCHED_ID_MAX];
-    o->est_start_s = estimate(s, j, ji, now);
+    if (!s->cfg.plain_estimates && !plan_build(s, now, ji) && s->plan.mark[ji] == s->plan.id)
+        o->est_start_s = s->plan.est[ji];
+    else
+        o->est_start_s = estimate(s, j, ji, now);
     njp = sched__job_pools(s, j, &jp); /* estimate() may have reused the buffer */
     /* Capacity that is up at all, busy or not. */
     int best_up = -1, best_free = -1;
