@@ -333,11 +333,15 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
             int left = p->free_total - j->nodes * j->gpn;
             if (best != NONE && pack && sp == best_speed && left >= best_left) continue;
             if (!sched__pick_gang(s, j, pi, est_end, &tmp[cur])) continue;
-            double key = drain ? drain_key(s, pi, now, est_end) : 0;
+            /* Work that shares a node packs in pool order, where the
+             * fragments it leaves are: spread by drain time, it left
+             * part-used nodes in every pool, fewer whole ones. */
+            int whole = j->gpn >= MAXG || p->maxg_ever[j->gpn + 1] == 0;
+            double key = drain && whole ? drain_key(s, pi, now, est_end) : -INFINITY;
             if (!pack && best != NONE && key >= best_key) continue;
             best = pi, best_speed = sp, best_left = left, best_key = key;
             got = cur, cur ^= 1;
-            if (!pack && !drain) break;
+            if (!pack && (!drain || !whole)) break;
         }
     }
     if (best == NONE) return 0;
