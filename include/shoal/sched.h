@@ -123,10 +123,11 @@ typedef struct sched_config {
     /* shoal: grow elastic jobs into idle GPUs while jobs are queued (off:
      * only into an empty queue, as the baselines do). */
     int grow_queued;
-    /* shoal: among the pools of the fastest type where work fits now, put
-     * it where running work ends no earlier than it will (the one whose
-     * last end is soonest), else where it extends the last end least, so
-     * pools drain whole for large gangs; 0: the first pool that fits. */
+    /* shoal: among the pools of the fastest type where work that takes
+     * whole nodes fits now, put it where running work ends no earlier
+     * than it will (the one whose last end is soonest), else where it
+     * extends the last end least, so pools drain whole for large gangs;
+     * 0: the first pool that fits (work sharing a node always). */
     int drain_pools;                /* default 1 */
     /* 1: start estimates from running work and reservations alone, not
      * from the plan of every queued job (to compare them). */
