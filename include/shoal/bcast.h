@@ -66,6 +66,12 @@ typedef struct bcast_config {
     void (*on_object)(void *arg, const bcast_object_info *obj);
     /* Called for every verified chunk (progress, tests). */
     void (*on_chunk)(void *arg, uint64_t version, uint32_t index, uint32_t nchunks);
+    /* Optional, receivers: a file of the application's that the node may
+     * receive an object of `size` bytes into instead of creating one (its
+     * pages are overwritten: nothing is allocated or zeroed).  The callback
+     * renames the file to `path` and returns 1, or returns 0 (a new file).
+     * Called on the node's thread when an OFFER comes. */
+    int (*reuse_file)(void *arg, uint64_t size, const char *path);
     void *arg;
 } bcast_config;
 

@@ -396,7 +396,13 @@ static ucs_status_t on_offer(void *arg, const void *hdr, size_t hlen, void *data
      * chain's delta now comes, after a new parent): start over with this. */
     if (o && bcast__replace(n, o)) o = NULL;
     if (o || of.version <= n->have) return UCS_OK;           /* stale: keep ours */
-    if (bcast__obj_for_offer(&of, data, len, n->spool, &o) < 0) {
+    char path[4096];
+    if (bcast__obj_spool_path(&of, n->spool, path, sizeof path) < 0) {
+        sh_warn("push %s: %s", n->name, sh_errmsg());
+        return UCS_OK;
+    }
+    int reused = n->cfg.reuse_file && n->cfg.reuse_file(n->cfg.arg, of.size, path) == 1;
+    if (bcast__obj_for_offer(&of, data, len, path, reused, &o) < 0) {
         sh_warn("push %s: %s", n->name, sh_errmsg());
         return UCS_OK;
     }
@@ -463,6 +469,10 @@ static ucs_status_t on_chunk(void *arg, const void *hdr, size_t hlen, void *data
              (o = bcast__find(n, c.version)) && c.index < o->nchunks &&
              c.len == bcast__obj_chunk_len(o, c.index) && c.len == len;
     int wanted = ok && !o->verified[c.index] && !o->receiving[c.index];
+    if (wanted && bcast__obj_prepare(o, c.index) < 0) {
+        sh_warn("push %s: %s", n->name, sh_errmsg());
+        wanted = 0;
+    }
     if (!rndv) {
         if (wanted) {
             memcpy(o->map + bcast__obj_chunk_off(o, c.index), data, len);

@@ -26,11 +26,11 @@ static const char usage_text[] =
     "Publishes version 1 of a synthetic checkpoint of P parameters (default 25M,\n"
     "bf16), seeds N replica directories with it from the store, starts `shoal push\n"
     "serve` and N `shoal replica` processes on them and waits until all serve it.\n"
-    "Then it publishes the next version (one Adam step of LR later, default 3e-6:\n"
-    "about 3% of the weights change), a full anchor or a delta, and times until\n"
-    "every replica has activated it.  With --payload delta the replicas first\n"
-    "take one delta untimed (their steady state between a trainer's steps); the\n"
-    "timed delta is the second.  Every node's sending is limited to G Gb/s\n"
+    "Then it publishes three more versions (each one Adam step of LR later, default\n"
+    "3e-6: about 3% of the weights change), full anchors or deltas: the replicas\n"
+    "take two untimed (their steady state between a trainer's steps), and the\n"
+    "bench times until every replica has activated the third.  Every node's\n"
+    "sending is limited to G Gb/s\n"
     "(default 1) by a sender-side link model (docs/push-protocol.md), not by\n"
     "network namespaces.  tree: replicas forward to each other, fan-out F\n"
     "(default 1, a pipelined chain); star: every replica attaches to the root;\n"
@@ -56,6 +56,8 @@ typedef struct bopt {
 } bopt;
 
 #define NSTEPS 7
+#define NWARM 2 /* untimed versions before the timed one */
+#define NCK (NWARM + 2)
 static const char *const step_names[NSTEPS] = {"first_chunk", "last_chunk", "received", "apply_start",
                                                "built", "active", "durable"};
 
@@ -263,11 +265,13 @@ static int start_root(const bopt *o, const char *dir, const char *store_dir, int
     return sh_err(SH_ETIMEDOUT, "bench push: the root did not start (see %s)", log);
 }
 
-/* ck: three checkpoints.  Replicas start on version 1 (ck[0]); with a delta
- * payload they first take version 2 (ck[1], a delta, not timed), so that
- * the timed delta finds them in their steady state (a model image in
- * memory, a previous model file to recycle), as between a trainer's steps.
- * The timed version is the next one. */
+/* ck: NCK checkpoints.  Replicas start on version 1 (ck[0]) and first take
+ * NWARM versions (not timed) of the same kind as the timed one, so that the
+ * timed version finds them in their steady state, as between a trainer's
+ * steps: a model image in memory, and a retired model file, already mapped
+ * and written by this process, to receive the payload or write the new
+ * model into (two versions back: the previous one's file is then still
+ * in use).  The timed version is the last. */
 static int measure(const bopt *o, const char *base, int n, int delta, char ck[][4200], result *r)
 {
     static int seq;
@@ -280,7 +284,7 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     store_publish_opts po = {delta ? 8 : 1};
     SH_TRY(store_open(store_dir, NULL, 1, &s));
     int rc = store_publish(s, ck[0], &po, &v);
-    uint64_t warm = delta ? 2 : 1, mv = warm + 1;
+    uint64_t warm = 1 + NWARM, mv = warm + 1;
     char addr[256];
     pid_t root = 0, *reps = calloc((size_t)n, sizeof *reps);
     char(*dirs)[4096] = calloc((size_t)n, sizeof *dirs);
@@ -307,8 +311,10 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     }
     double at;
     if (rc == 0) rc = wait_all(dirs, n, 1, 300, &at);
-    if (rc == 0 && warm == 2) rc = store_publish(s, ck[1], &po, &v);
-    if (rc == 0 && warm == 2) rc = wait_all(dirs, n, 2, 300, &at);
+    for (uint64_t w = 2; rc == 0 && w <= warm; w++) {
+        rc = store_publish(s, ck[w - 1], &po, &v);
+        if (rc == 0) rc = wait_all(dirs, n, w, 300, &at);
+    }
     /* Bytes received while warming up, from the stats written then. */
     uint64_t before = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -362,7 +368,7 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     store_close(s);
     free(reps);
     free(dirs);
-    if (rc == 0) sh_rm_rf(dir);
+    if (rc == 0 && !getenv("SHOAL_BENCH_KEEP")) sh_rm_rf(dir);
     return rc;
 }
 
@@ -492,12 +498,11 @@ int cli_bench_push(int argc, char **argv)
      * what the bench measures. */
     char base[] = "/dev/shm/shoal-bench-push.XXXXXX";
     if (!mkdtemp(base)) return cli_fail("bench push", sh_err_errno(errno, "mkdtemp"));
-    char ck[3][4200];
-    for (int i = 0; i < 3; i++) snprintf(ck[i], sizeof ck[i], "%s/v%d.safetensors", base, i + 1);
+    char ck[NCK][4200];
+    for (int i = 0; i < NCK; i++) snprintf(ck[i], sizeof ck[i], "%s/v%d.safetensors", base, i + 1);
     rc = ckpt_synth(ck[0], o.params, 1);
     int delta = !strcmp(o.payload, "delta");
-    /* A third version only for the timed delta after an untimed one. */
-    for (int i = 1; rc == 0 && i < 2 + delta; i++) rc = ckpt_step(ck[i - 1], ck[i], o.lr, 1, 1 + (uint64_t)i);
+    for (int i = 1; rc == 0 && i < NCK; i++) rc = ckpt_step(ck[i - 1], ck[i], o.lr, 1, 1 + (uint64_t)i);
     int runs = 2 + delta;
     sh_progress pg;
     sh_progress_start(&pg, "bench push", (uint64_t)runs, "runs");
@@ -521,7 +526,7 @@ int cli_bench_push(int argc, char **argv)
         fprintf(stderr, "shoal bench push: files kept in %s\n", base);
         return cli_fail("bench push", rc);
     }
-    sh_rm_rf(base);
+    if (!getenv("SHOAL_BENCH_KEEP")) sh_rm_rf(base);
     double ratio = one.converge_s > 0 ? many.converge_s / one.converge_s : 0;
     if (o.json) {
         json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",

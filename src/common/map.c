@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -49,4 +51,91 @@ int sh_map_rw(const char *path, uint64_t size, int create, uint8_t **out, int *f
     if (rc == 0 && fd_out) *fd_out = fd;
     else close(fd);
     return rc;
+}
+
+/* ---- Kept mappings ------------------------------------------------------ */
+
+#define SH__KEEP 4
+
+typedef struct keep {
+    dev_t dev;
+    ino_t ino;
+    uint64_t size;
+    uint8_t *map;
+    int fd; /* a descriptor of the file, to see when it is deleted */
+    int busy;
+    unsigned long used; /* release order, for eviction */
+} keep;
+
+static keep keeps[SH__KEEP];
+static unsigned long keep_clock;
+static pthread_mutex_t keep_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void keep_drop(keep *k)
+{
+    munmap(k->map, k->size);
+    close(k->fd);
+    memset(k, 0, sizeof *k);
+}
+
+int sh_map_keep(int fd, uint64_t size, uint8_t **out)
+{
+    *out = NULL;
+    struct stat st;
+    if (fstat(fd, &st) < 0) return sh_err_errno(errno, "stat a file to map");
+    if ((uint64_t)st.st_size < size)
+        return sh_err(SH_EINVAL, "map %llu bytes of a file of %lld", (unsigned long long)size,
+                      (long long)st.st_size);
+    if (size == 0) return SH_OK;
+    pthread_mutex_lock(&keep_mu);
+    keep *hit = NULL, *slot = NULL;
+    for (int i = 0; i < SH__KEEP; i++) {
+        keep *k = &keeps[i];
+        struct stat ks;
+        /* A deleted file's mapping only holds its memory: let it go. */
+        if (k->map && !k->busy && (fstat(k->fd, &ks) < 0 || ks.st_nlink == 0)) keep_drop(k);
+        if (k->map && !k->busy && !hit && k->dev == st.st_dev && k->ino == st.st_ino && k->size == size)
+            hit = k;
+    }
+    if (hit) {
+        hit->busy = 1;
+        *out = hit->map;
+        pthread_mutex_unlock(&keep_mu);
+        return SH_OK;
+    }
+    for (int i = 0; i < SH__KEEP; i++) {
+        keep *k = &keeps[i];
+        if (k->busy) continue;
+        if (!k->map) { slot = k; break; }
+        if (!slot || k->used < slot->used) slot = k;
+    }
+    if (slot && slot->map) keep_drop(slot);
+    int kfd = slot ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int rc = SH_OK;
+    if (m == MAP_FAILED) {
+        rc = sh_err_errno(errno, "mmap %llu bytes", (unsigned long long)size);
+        if (kfd >= 0) close(kfd);
+    } else {
+        *out = m;
+        if (kfd >= 0)
+            *slot = (keep){st.st_dev, st.st_ino, size, m, kfd, 1, 0};
+    }
+    pthread_mutex_unlock(&keep_mu);
+    return rc;
+}
+
+void sh_map_keep_release(uint8_t *map, uint64_t size)
+{
+    if (!map) return;
+    pthread_mutex_lock(&keep_mu);
+    for (int i = 0; i < SH__KEEP; i++) {
+        if (keeps[i].map != map) continue;
+        keeps[i].busy = 0;
+        keeps[i].used = ++keep_clock;
+        pthread_mutex_unlock(&keep_mu);
+        return;
+    }
+    pthread_mutex_unlock(&keep_mu);
+    munmap(map, size);
 }

@@ -44,22 +44,23 @@ static int fsync_file_and_dir(const char *path, const char *dir)
  * double buffer); an older one is let go. */
 static void retire(store_replica *r, model *old)
 {
-    store__model_unref(r, r->prev);
+    pthread_mutex_lock(&r->mu);
+    model *was = r->prev;
     r->prev = old;
+    pthread_mutex_unlock(&r->mu);
+    store__model_unref(r, was);
 }
 
-/* Takes r->prev's file for `out` when nothing else uses it: no lease, and
- * no other name (a pushed anchor is a hard link to the push node's spool
- * file, which the node may still forward from).  Returns 1 when `out` is
- * now that file. */
-static int recycle_prev(store_replica *r, const char *out)
+int store__take_prev(store_replica *r, const char *out, uint64_t *version)
 {
-    model *m = r->prev;
-    if (!m) return 0;
+    /* r->prev is taken under the lock: the push thread takes it too (a
+     * spool file for an anchor, store__reuse_file). */
     pthread_mutex_lock(&r->mu);
-    int leased = m->refs > 1;
-    pthread_mutex_unlock(&r->mu);
+    model *m = r->prev;
+    int leased = m && m->refs > 1;
     r->prev = NULL;
+    pthread_mutex_unlock(&r->mu);
+    if (!m) return 0;
     if (leased) {
         store__model_unref(r, m); /* deleted when its last lease ends */
         return 0;
@@ -69,7 +70,8 @@ static int recycle_prev(store_replica *r, const char *out)
     store__model_free(m->fp8, !m->keep);
     m->fp8 = NULL;
     int ok = mine && rename(m->path, out) == 0;
-    if (ok) sh_debug("replica %s: recycling the file of v%llu for %s", r->dir, (unsigned long long)m->version, out);
+    if (ok) sh_info("replica %s: recycling the file of v%llu for %s", r->dir, (unsigned long long)m->version, out);
+    if (ok && version) *version = m->version;
     store__model_free(m, !ok && !m->keep);
     return ok;
 }
@@ -207,15 +209,21 @@ int store__prepare_image(store_replica *r, int quiet)
  * freed), else a new file.  activate() makes it durable. */
 static int img_write(store_replica *r, const char *out)
 {
-    int reuse = recycle_prev(r, out);
-    int fd = open(out, O_WRONLY | O_CLOEXEC | (reuse ? 0 : O_CREAT | O_TRUNC), 0644);
+    int reuse = store__take_prev(r, out, NULL);
+    int fd = open(out, O_RDWR | O_CLOEXEC | (reuse ? 0 : O_CREAT | O_TRUNC), 0644);
     if (fd < 0) return sh_err_errno(errno, "create %s", out);
     int e = posix_fallocate(fd, 0, (off_t)r->img_size);
     int rc = e && e != EOPNOTSUPP && e != EINVAL
                  ? sh_err_errno(e, "reserve %llu bytes for %s", (unsigned long long)r->img_size, out)
                  : SH_OK;
-    if (rc == 0) rc = sh_pwrite_all(fd, r->img, (size_t)r->img_size, 0, out);
     if (rc == 0 && reuse && ftruncate(fd, (off_t)r->img_size) < 0) rc = sh_err_errno(errno, "truncate %s", out);
+    /* Through the mapping this file had when it was last written here (a
+     * recycled file): a write() would copy through the kernel at the cost
+     * of a first write to every page. */
+    uint8_t *map = NULL;
+    if (rc == 0) rc = sh_map_keep(fd, r->img_size, &map);
+    if (rc == 0 && map) memcpy(map, r->img, (size_t)r->img_size);
+    sh_map_keep_release(map, r->img_size);
     close(fd);
     if (rc < 0) unlink(out);
     return rc;

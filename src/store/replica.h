@@ -55,7 +55,7 @@ struct store_replica {
     size_t img_cap;
     uint64_t img_size, img_version;
     int img_wanted; /* load the image when the push tree is quiet */
-    model *prev;    /* the model the last activation replaced (recycled) */
+    model *prev;    /* the model the last activation replaced (recycled; under mu) */
 };
 
 /* models.c */
@@ -72,6 +72,12 @@ int store__restore_active(store_replica *r);
 void store__clean_leftovers(store_replica *r);
 /* activate.c */
 void store__replica_error(store_replica *r);
+/* Takes r->prev's file for `out` (renames it there) when nothing else uses
+ * it: no lease, and no other name (a pushed anchor is a hard link to the
+ * push node's spool file, which the node may still forward from).  Returns
+ * 1 when `out` is now that file (*version, if given, the version it held),
+ * else 0; r->prev is let go either way.  Any thread. */
+int store__take_prev(store_replica *r, const char *out, uint64_t *version);
 int store__apply_pending(store_replica *r, pending *p);
 int store__sync_from_store(store_replica *r);
 /* Idle work on the apply thread: loads the image of the active version
