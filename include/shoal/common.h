@@ -158,11 +158,13 @@ int sh_map_rw(const char *path, uint64_t size, int create, uint8_t **out, int *f
  * new mapping exits to the host (about 10 us a page, 40 times the copy);
  * writes through a mapping already written are as fast as to any memory.
  * Files rotated between uses (a replica's model files, a push node's spool
- * files) are thus written at memory speed.  A cached mapping whose file is
+ * files) are thus written at memory speed.  A kept mapping whose file is
  * deleted everywhere is unmapped at the next request.  Thread-safe. */
 int sh_map_keep(int fd, uint64_t size, uint8_t **out);
-/* Gives a mapping from sh_map_keep back (unmapped if it was not cached). */
-void sh_map_keep_release(uint8_t *map, uint64_t size);
+/* Gives a mapping from sh_map_keep of the file fd back: kept (the least
+ * recently released one let go) unless it is small (under 4 MiB) or the
+ * file is deleted; then unmapped.  fd may be closed afterwards. */
+void sh_map_keep_release(uint8_t *map, uint64_t size, int fd);
 
 /* Reads a whole file into a NUL-terminated malloc'd buffer (caller frees).
  * Fails with SH_ERANGE if it is larger than max_len. */

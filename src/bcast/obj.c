@@ -195,10 +195,12 @@ int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t ma
 void bcast__obj_free(bcast__obj *o)
 {
     if (!o) return;
-    if (o->map && o->owned) sh_map_keep_release(o->map, o->size);
+    /* Unlinked first: a spool file nothing else names is not worth keeping
+     * mapped (one the replica took as its model is). */
+    if (o->owned && o->path[0]) unlink(o->path);
+    if (o->map && o->owned) sh_map_keep_release(o->map, o->size, o->fd);
     else if (o->map) munmap(o->map, o->size);
     if (o->fd >= 0) close(o->fd);
-    if (o->owned && o->path[0]) unlink(o->path);
     free(o->manifest);
     free(o->verified);
     free(o->receiving);

@@ -56,6 +56,7 @@ int sh_map_rw(const char *path, uint64_t size, int create, uint8_t **out, int *f
 /* ---- Kept mappings ------------------------------------------------------ */
 
 #define SH__KEEP 4
+#define SH__KEEP_MIN (4u << 20) /* smaller mappings are not worth a slot */
 
 typedef struct keep {
     dev_t dev;
@@ -63,7 +64,6 @@ typedef struct keep {
     uint64_t size;
     uint8_t *map;
     int fd; /* a descriptor of the file, to see when it is deleted */
-    int busy;
     unsigned long used; /* release order, for eviction */
 } keep;
 
@@ -88,54 +88,43 @@ int sh_map_keep(int fd, uint64_t size, uint8_t **out)
                       (long long)st.st_size);
     if (size == 0) return SH_OK;
     pthread_mutex_lock(&keep_mu);
-    keep *hit = NULL, *slot = NULL;
-    for (int i = 0; i < SH__KEEP; i++) {
+    for (int i = 0; i < SH__KEEP && !*out; i++) {
         keep *k = &keeps[i];
         struct stat ks;
         /* A deleted file's mapping only holds its memory: let it go. */
-        if (k->map && !k->busy && (fstat(k->fd, &ks) < 0 || ks.st_nlink == 0)) keep_drop(k);
-        if (k->map && !k->busy && !hit && k->dev == st.st_dev && k->ino == st.st_ino && k->size == size)
-            hit = k;
+        if (k->map && (fstat(k->fd, &ks) < 0 || ks.st_nlink == 0)) keep_drop(k);
+        if (k->map && k->dev == st.st_dev && k->ino == st.st_ino && k->size == size) {
+            *out = k->map;
+            close(k->fd);
+            memset(k, 0, sizeof *k); /* the caller's until released */
+        }
     }
-    if (hit) {
-        hit->busy = 1;
-        *out = hit->map;
-        pthread_mutex_unlock(&keep_mu);
-        return SH_OK;
+    pthread_mutex_unlock(&keep_mu);
+    if (*out) return SH_OK;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) return sh_err_errno(errno, "mmap %llu bytes", (unsigned long long)size);
+    *out = m;
+    return SH_OK;
+}
+
+void sh_map_keep_release(uint8_t *map, uint64_t size, int fd)
+{
+    if (!map) return;
+    struct stat st;
+    int kfd = size >= SH__KEEP_MIN && fstat(fd, &st) == 0 && st.st_nlink > 0
+                  ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (kfd < 0) {
+        munmap(map, size);
+        return;
     }
+    pthread_mutex_lock(&keep_mu);
+    keep *slot = NULL;
     for (int i = 0; i < SH__KEEP; i++) {
         keep *k = &keeps[i];
-        if (k->busy) continue;
         if (!k->map) { slot = k; break; }
         if (!slot || k->used < slot->used) slot = k;
     }
-    if (slot && slot->map) keep_drop(slot);
-    int kfd = slot ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int rc = SH_OK;
-    if (m == MAP_FAILED) {
-        rc = sh_err_errno(errno, "mmap %llu bytes", (unsigned long long)size);
-        if (kfd >= 0) close(kfd);
-    } else {
-        *out = m;
-        if (kfd >= 0)
-            *slot = (keep){st.st_dev, st.st_ino, size, m, kfd, 1, 0};
-    }
+    if (slot->map) keep_drop(slot);
+    *slot = (keep){st.st_dev, st.st_ino, size, map, kfd, ++keep_clock};
     pthread_mutex_unlock(&keep_mu);
-    return rc;
-}
-
-void sh_map_keep_release(uint8_t *map, uint64_t size)
-{
-    if (!map) return;
-    pthread_mutex_lock(&keep_mu);
-    for (int i = 0; i < SH__KEEP; i++) {
-        if (keeps[i].map != map) continue;
-        keeps[i].busy = 0;
-        keeps[i].used = ++keep_clock;
-        pthread_mutex_unlock(&keep_mu);
-        return;
-    }
-    pthread_mutex_unlock(&keep_mu);
-    munmap(map, size);
 }

@@ -7,6 +7,7 @@
 #include <pthread.h>
 
 #include "shoal/ckpt.h"
+#include "shoal/delta.h"
 #include "store/internal.h"
 
 typedef struct model {
@@ -55,6 +56,8 @@ struct store_replica {
     size_t img_cap;
     uint64_t img_size, img_version;
     int img_wanted; /* load the image when the push tree is quiet */
+    delta_ip_cache ipc;  /* chunk digests of the image, chunks the last applies wrote */
+    uint64_t ip_base[2]; /* the bases of those applies ([0]: the last) */
     model *prev;    /* the model the last activation replaced (recycled; under mu) */
 };
 
