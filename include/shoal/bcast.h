@@ -77,10 +77,12 @@ typedef struct bcast_config {
 
 /* The chunk that minimises the pipelined time (S / c + d) (c / B + h) of a
  * payload of S bytes through d hops at `gbps` with `overhead_s` per chunk
- * and hop: sqrt(S h B / d), rounded down to 4 KiB, between 64 KiB and 64 MiB,
+ * and hop: sqrt(S h B / d), rounded down to 4 KiB, between 16 KiB and 64 MiB,
  * and small enough to cut a payload of 2 MiB or more into at least 32
- * chunks.  Defaults: h 50 us (a chunk's post, hash and callbacks here over
- * UCX's tcp transport), gbps 10.  Pure. */
+ * chunks.  Defaults: h 100 us (a chunk's receive, hash, forward and
+ * callbacks at a relay over UCX's tcp transport: plain UCX spends about
+ * 80 us of CPU per chunk at each end on this project's machines, `bench
+ * push`), gbps 10.  Pure. */
 uint64_t bcast_chunk_auto(uint64_t payload, int depth, double gbps, double overhead_s);
 
 /* Creates a node, its UCX worker and its listener.  The caller owns the node

@@ -658,11 +658,11 @@ const char *bcast_node_address(const bcast_node *n) { return n->addr; }
 uint64_t bcast_chunk_auto(uint64_t payload, int depth, double gbps, double overhead_s)
 {
     if (depth < 1) depth = 1;
-    if (!(overhead_s > 0)) overhead_s = 50e-6;
+    if (!(overhead_s > 0)) overhead_s = 100e-6;
     if (!(gbps > 0)) gbps = 10;
     double c = sqrt((double)payload * overhead_s * (gbps * 1e9 / 8) / depth);
     uint64_t k = c < 0 ? 0 : (uint64_t)c & ~(uint64_t)4095;
-    if (k < (64u << 10)) k = 64u << 10;
+    if (k < (16u << 10)) k = 16u << 10;
     if (k > (64ull << 20)) k = 64ull << 20;
     if (payload >= (2u << 20) && k > payload / 32) k = (payload / 32 + 4095) & ~(uint64_t)4095;
     return k;

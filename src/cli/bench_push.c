@@ -30,9 +30,10 @@ static const char usage_text[] =
     "3e-6: about 3% of the weights change), full anchors or deltas: the replicas\n"
     "take two untimed (their steady state between a trainer's steps), and the\n"
     "bench times until every replica has activated the third.  Every node's\n"
-    "sending is limited to G Gb/s\n"
-    "(default 1) by a sender-side link model (docs/push-protocol.md), not by\n"
-    "network namespaces.  tree: replicas forward to each other, fan-out F\n"
+    "sending is limited to G Gb/s by a sender-side link model\n"
+    "(docs/push-protocol.md), not by network namespaces; the default is what\n"
+    "this machine can emulate for N replicas: 0.8 Gb/s x cores / N, at most 1\n"
+    "(0.1 for 16 replicas on 2 cores).  tree: replicas forward to each other, fan-out F\n"
     "(default 1, a pipelined chain); star: every replica attaches to the root;\n"
     "store: every replica polls the store and reads it directly (a shared file\n"
     "system here: no link limit applies, only the 20 ms polling).\n"
@@ -45,7 +46,11 @@ static const char usage_text[] =
     "payload for the tree's depth: `shoal push serve --depth`, docs/push-protocol.md).\n"
     "`cpu_s_per_gb` is the CPU-seconds the nodes used per GB received; the same\n"
     "bytes in the same chunks, sent once from one process to another over plain\n"
-    "UCX (tag messages), give `ucx_cpu_s_per_gb`, measured in the same run.\n";
+    "UCX (tag messages), give `ucx_cpu_s_per_gb`, measured in the same run.\n"
+    "`machine_busy` is the whole machine's CPU busy fraction over the timed\n"
+    "windows (every process's, from /proc/stat); above 0.9 the run is\n"
+    "`cpu_bound`: the machine, not the links, set its times.\n"
+    "SHOAL_BENCH_KEEP=1 keeps the run's directories and logs.\n";
 
 typedef struct bopt {
     int replicas, fanout, json;
@@ -63,6 +68,7 @@ static const char *const step_names[NSTEPS] = {"first_chunk", "last_chunk", "rec
 
 typedef struct result {
     double converge_s, publish_s, pause_ms_max;
+    double machine_busy; /* the whole machine's CPU busy fraction over the timed window */
     double cpu_user_s, cpu_sys_s; /* the nodes' CPU from the publish to convergence */
     uint64_t bytes_sent, payload_bytes, model_bytes;
     /* Per replica, seconds from the publish to each step of its timeline
@@ -191,6 +197,22 @@ static void cpu_of(pid_t pid, double *user, double *sys)
         double hz = (double)sysconf(_SC_CLK_TCK);
         *user = (double)ut / hz, *sys = (double)st / hz;
     }
+}
+
+/* The whole machine's CPU ticks so far: busy and total (from /proc/stat). */
+static void machine_ticks(double *busy, double *total)
+{
+    unsigned long long v[10] = {0};
+    *busy = *total = 0;
+    FILE *f = fopen("/proc/stat", "r");
+    int k = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                       &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9])
+              : 0;
+    if (f) fclose(f);
+    if (k < 8) return;
+    /* user nice system idle iowait irq softirq steal (guest time is in user) */
+    *total = (double)(v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]);
+    *busy = *total - (double)(v[3] + v[4]);
 }
 
 /* CPU the replicas (and the root) used, summed. */
@@ -332,13 +354,16 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     /* Idle between versions, as replicas are between a trainer's publishes:
      * each loads its model image once its tree is quiet. */
     sh_sleep(1.0);
-    double u0, s0, u1, s1;
+    double u0, s0, u1, s1, b0, k0, b1, k1;
     cpu_all(root, reps, n, &u0, &s0);
+    machine_ticks(&b0, &k0);
     double t0 = sh_now_wall();
     if (rc == 0) rc = store_publish(s, ck[warm], &po, &v);
     double t1 = sh_now_wall();
     if (rc == 0) rc = wait_all(dirs, n, mv, 300, &at);
     cpu_all(root, reps, n, &u1, &s1);
+    machine_ticks(&b1, &k1);
+    r->machine_busy = k1 > k0 ? (b1 - b0) / (k1 - k0) : 0;
     r->cpu_user_s = u1 - u0, r->cpu_sys_s = s1 - s0;
     r->publish_s = t1 - t0;
     r->converge_s = at - t1;
@@ -442,6 +467,25 @@ static int ucx_baseline(const char *base, uint64_t bytes, uint64_t chunk, double
     return ok ? 0 : sh_err(SH_EIO, "bench push: the plain UCX transfer failed (check UCX_TLS)");
 }
 
+/* The default link: one this machine can emulate faithfully for n replicas.
+ * The link model is a sender-side limiter, so the nodes' CPU must keep up
+ * with n links at once: at the push path's cost here (about 6 CPU-s per GB
+ * received, for a relay that receives and forwards; docs/results.md),
+ * 0.1 GB/s received per core keeps the nodes at about 60 % of the cores,
+ * with room left for the applies and the machine's other work.  At most
+ * 1 Gb/s; two decimals.  2 cores: 1 Gb/s up to 1 replica, 0.4 at 4, 0.1 at 16. */
+#define BENCH_GB_PER_CORE_S 0.1
+static double default_gbps(int n)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double g = 8 * BENCH_GB_PER_CORE_S * (double)(cores > 0 ? cores : 1) / (n > 0 ? n : 1);
+    g = (double)(long)(g * 100) / 100;
+    return g > 1 ? 1 : g > 0.01 ? g : 0.01;
+}
+
+/* Above this the machine, not the link model, set the pace. */
+#define BENCH_BUSY_MAX 0.9
+
 static int parse(int argc, char **argv, bopt *o)
 {
     for (int i = 1; i < argc; i++) {
@@ -480,9 +524,10 @@ static int parse(int argc, char **argv, bopt *o)
 
 static json_t *result_json(const result *r)
 {
-    return json_pack("{s:f,s:f,s:I,s:f,s:f,s:f,s:o}", "converge_s", r->converge_s, "publish_s",
+    return json_pack("{s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:o}", "converge_s", r->converge_s, "publish_s",
                      r->publish_s, "bytes_sent", (json_int_t)r->bytes_sent, "pause_ms_max", r->pause_ms_max,
-                     "cpu_user_s", r->cpu_user_s, "cpu_sys_s", r->cpu_sys_s, "breakdown", breakdown_json(r));
+                     "cpu_user_s", r->cpu_user_s, "cpu_sys_s", r->cpu_sys_s, "machine_busy",
+                     r->machine_busy, "breakdown", breakdown_json(r));
 }
 
 int cli_bench_push(int argc, char **argv)
@@ -491,9 +536,11 @@ int cli_bench_push(int argc, char **argv)
         fputs(usage_text, stdout);
         return 0;
     }
-    bopt o = {16, 1, 0, 1.0, "tree", "full", 25000000, 0, 3e-6};
+    bopt o = {16, 1, 0, 0, "tree", "full", 25000000, 0, 3e-6};
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
+    int link_default = !(o.gbps > 0);
+    if (link_default) o.gbps = default_gbps(o.replicas);
     /* tmpfs, like a serving node's page cache: the disk of this shared VM is not
      * what the bench measures. */
     char base[] = "/dev/shm/shoal-bench-push.XXXXXX";
@@ -528,6 +575,12 @@ int cli_bench_push(int argc, char **argv)
     }
     if (!getenv("SHOAL_BENCH_KEEP")) sh_rm_rf(base);
     double ratio = one.converge_s > 0 ? many.converge_s / one.converge_s : 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double busy = one.machine_busy > many.machine_busy ? one.machine_busy : many.machine_busy;
+    if (delta && full.machine_busy > busy) busy = full.machine_busy;
+    int cpu_bound = busy > BENCH_BUSY_MAX;
+    double nodes_frac = many.converge_s > 0 && cores > 0
+                            ? (many.cpu_user_s + many.cpu_sys_s) / (many.converge_s * (double)cores) : 0;
     if (o.json) {
         json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",
                               o.replicas, "topology", o.topology, "payload", o.payload, "link_gbps", o.gbps,
@@ -547,6 +600,11 @@ int cli_bench_push(int argc, char **argv)
         json_object_set_new(j, "cpu_s_per_gb", json_real(push_per_gb));
         json_object_set_new(j, "ucx_cpu_s_per_gb", json_real(ucx_per_gb));
         json_object_set_new(j, "cpu_vs_ucx", json_real(ucx_per_gb > 0 ? push_per_gb / ucx_per_gb : 0));
+        json_object_set_new(j, "link_gbps_default", json_boolean(link_default));
+        json_object_set_new(j, "cores", json_integer(cores));
+        json_object_set_new(j, "machine_busy", json_real(busy));
+        json_object_set_new(j, "nodes_cpu_frac", json_real(nodes_frac));
+        json_object_set_new(j, "cpu_bound", json_boolean(cpu_bound));
         if (delta) {
             json_object_set_new(j, "full", result_json(&full));
             json_object_set_new(j, "full_over_delta",
@@ -569,5 +627,10 @@ int cli_bench_push(int argc, char **argv)
     if (delta)
         printf("  %3d replica(s), full payload: converge %.3fs (delta is %.1fx faster)\n", o.replicas,
                full.converge_s, many.converge_s > 0 ? full.converge_s / many.converge_s : 0);
+    printf("  machine %.0f%% busy at most over the timed windows (these nodes %.0f%% of %ld cores)\n",
+           busy * 100, nodes_frac * 100, cores);
+    if (cpu_bound)
+        printf("  CPU-bound: the machine, not the %g Gb/s links, set these times; the ratios say little.\n"
+               "  Run it on an idler machine, or with a slower --link-gbps or fewer --replicas.\n", o.gbps);
     return 0;
 }
