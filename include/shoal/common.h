@@ -150,21 +150,24 @@ int sh_pread_all(int fd, void *buf, size_t len, uint64_t off, const char *what);
  * descriptor, else it is closed.  The caller munmaps. */
 int sh_map_rw(const char *path, uint64_t size, int create, uint8_t **out, int *fd_out);
 
-/* A writable shared mapping of `size` bytes of the open file fd (which must
- * have at least `size` bytes), kept for reuse: released mappings stay in a
- * small process-wide cache keyed by the file (device, inode) and size, and
- * the next request for that file gets the same mapping back.  In a virtual
- * machine with shadow page tables the first write to each page through a
- * new mapping exits to the host (about 10 us a page, 40 times the copy);
- * writes through a mapping already written are as fast as to any memory.
- * Files rotated between uses (a replica's model files, a push node's spool
- * files) are thus written at memory speed.  A kept mapping whose file is
- * deleted everywhere is unmapped at the next request.  Thread-safe. */
-int sh_map_keep(int fd, uint64_t size, uint8_t **out);
+/* A shared mapping of `size` bytes of the open file fd (which must have at
+ * least `size` bytes; `writable`: read-write, else read-only and populated
+ * in one batch), kept for reuse: released mappings stay in a small
+ * process-wide cache keyed by the file (device, inode), size and access,
+ * and the next request for that file gets the same mapping back.  In a
+ * virtual machine with shadow page tables the first write to each page
+ * through a new mapping exits to the host (about 10 us a page, 40 times
+ * the copy), and setting up and tearing down a mapping's page table costs
+ * a few ms per 50 MB; through a mapping already used, reads and writes run
+ * at memory speed.  Files rotated between uses (a replica's model files, a
+ * push node's spool files) thus cost no mapping work.  A kept mapping whose
+ * file is deleted everywhere is unmapped at the next request.
+ * Thread-safe. */
+int sh_map_keep(int fd, uint64_t size, int writable, uint8_t **out);
 /* Gives a mapping from sh_map_keep of the file fd back: kept (the least
  * recently released one let go) unless it is small (under 4 MiB) or the
- * file is deleted; then unmapped.  fd may be closed afterwards. */
-void sh_map_keep_release(uint8_t *map, uint64_t size, int fd);
+ * file is deleted or fd is -1; then unmapped.  fd may be closed afterwards. */
+void sh_map_keep_release(uint8_t *map, uint64_t size, int fd, int writable);
 
 /* Reads a whole file into a NUL-terminated malloc'd buffer (caller frees).
  * Fails with SH_ERANGE if it is larger than max_len. */

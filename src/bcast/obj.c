@@ -147,7 +147,7 @@ static int open_spool(bcast__obj *o, int reused)
     o->fd = open(o->path, O_RDWR | O_CLOEXEC | O_CREAT | (reused ? 0 : O_TRUNC), 0644);
     if (o->fd < 0) return sh_err_errno(errno, "create %s", o->path);
     if (ftruncate(o->fd, (off_t)o->size) < 0) return sh_err_errno(errno, "size %s", o->path);
-    int rc = sh_map_keep(o->fd, o->size, &o->map);
+    int rc = sh_map_keep(o->fd, o->size, 1, &o->map);
     return rc < 0 ? sh_err_wrap(rc, "%s", o->path) : SH_OK;
 }
 
@@ -198,7 +198,7 @@ void bcast__obj_free(bcast__obj *o)
     /* Unlinked first: a spool file nothing else names is not worth keeping
      * mapped (one the replica took as its model is). */
     if (o->owned && o->path[0]) unlink(o->path);
-    if (o->map && o->owned) sh_map_keep_release(o->map, o->size, o->fd);
+    if (o->map && o->owned) sh_map_keep_release(o->map, o->size, o->fd, 1);
     else if (o->map) munmap(o->map, o->size);
     if (o->fd >= 0) close(o->fd);
     free(o->manifest);

@@ -55,13 +55,14 @@ int sh_map_rw(const char *path, uint64_t size, int create, uint8_t **out, int *f
 
 /* ---- Kept mappings ------------------------------------------------------ */
 
-#define SH__KEEP 4
+#define SH__KEEP 8
 #define SH__KEEP_MIN (4u << 20) /* smaller mappings are not worth a slot */
 
 typedef struct keep {
     dev_t dev;
     ino_t ino;
     uint64_t size;
+    int writable;
     uint8_t *map;
     int fd; /* a descriptor of the file, to see when it is deleted */
     unsigned long used; /* release order, for eviction */
@@ -78,7 +79,7 @@ static void keep_drop(keep *k)
     memset(k, 0, sizeof *k);
 }
 
-int sh_map_keep(int fd, uint64_t size, uint8_t **out)
+int sh_map_keep(int fd, uint64_t size, int writable, uint8_t **out)
 {
     *out = NULL;
     struct stat st;
@@ -93,7 +94,8 @@ int sh_map_keep(int fd, uint64_t size, uint8_t **out)
         struct stat ks;
         /* A deleted file's mapping only holds its memory: let it go. */
         if (k->map && (fstat(k->fd, &ks) < 0 || ks.st_nlink == 0)) keep_drop(k);
-        if (k->map && k->dev == st.st_dev && k->ino == st.st_ino && k->size == size) {
+        if (k->map && k->dev == st.st_dev && k->ino == st.st_ino && k->size == size &&
+            k->writable == writable) {
             *out = k->map;
             close(k->fd);
             memset(k, 0, sizeof *k); /* the caller's until released */
@@ -101,17 +103,23 @@ int sh_map_keep(int fd, uint64_t size, uint8_t **out)
     }
     pthread_mutex_unlock(&keep_mu);
     if (*out) return SH_OK;
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *m = mmap(NULL, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) return sh_err_errno(errno, "mmap %llu bytes", (unsigned long long)size);
+#ifdef MADV_POPULATE_READ
+    /* A reader's page table in one batch, not a fault per 4 KiB (a writer
+     * populates what it writes, when it writes it). */
+    if (!writable && madvise(m, size, MADV_POPULATE_READ) < 0)
+#endif
+        if (!writable) madvise(m, size, MADV_WILLNEED);
     *out = m;
     return SH_OK;
 }
 
-void sh_map_keep_release(uint8_t *map, uint64_t size, int fd)
+void sh_map_keep_release(uint8_t *map, uint64_t size, int fd, int writable)
 {
     if (!map) return;
     struct stat st;
-    int kfd = size >= SH__KEEP_MIN && fstat(fd, &st) == 0 && st.st_nlink > 0
+    int kfd = size >= SH__KEEP_MIN && fd >= 0 && fstat(fd, &st) == 0 && st.st_nlink > 0
                   ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     if (kfd < 0) {
         munmap(map, size);
@@ -125,6 +133,6 @@ void sh_map_keep_release(uint8_t *map, uint64_t size, int fd)
         if (!slot || k->used < slot->used) slot = k;
     }
     if (slot->map) keep_drop(slot);
-    *slot = (keep){st.st_dev, st.st_ino, size, map, kfd, ++keep_clock};
+    *slot = (keep){st.st_dev, st.st_ino, size, writable != 0, map, kfd, ++keep_clock};
     pthread_mutex_unlock(&keep_mu);
 }

@@ -249,14 +249,14 @@ static int img_write(store_replica *r, const char *out)
      * recycled file): a write() would copy through the kernel at the cost
      * of a first write to every page. */
     uint8_t *map = NULL;
-    if (rc == 0) rc = sh_map_keep(fd, r->img_size, &map);
+    if (rc == 0) rc = sh_map_keep(fd, r->img_size, 1, &map);
     if (rc == 0 && map && changed) {
         for (size_t i = 0; i < r->ipc.n; i++)
             if (changed[i]) memcpy(map + r->ipc.off[i], r->img + r->ipc.off[i], r->ipc.len[i]);
     } else if (rc == 0 && map) {
         memcpy(map, r->img, (size_t)r->img_size);
     }
-    sh_map_keep_release(map, r->img_size, fd);
+    sh_map_keep_release(map, r->img_size, fd, 1);
     free(both);
     close(fd);
     if (rc < 0) unlink(out);

@@ -14,7 +14,8 @@ typedef struct model {
     int refs;
     uint64_t version;
     uint64_t size;
-    uint8_t *map;
+    uint8_t *map; /* a kept mapping (sh_map_keep) of fd */
+    int fd;
     ckpt *ck; /* parsed once, before activation: leases get tensor views */
     char path[4096];
     struct model *fp8; /* --fp8: the FP8 serving copy of the same version */
