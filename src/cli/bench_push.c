@@ -1,6 +1,7 @@
 /* shoal bench push: time until N replica processes have activated a new
  * version, through a push tree, a star, against the same run with one
  * replica (the baseline, measured in the same run). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -48,8 +49,10 @@ static const char usage_text[] =
     "bytes in the same chunks, sent once from one process to another over plain\n"
     "UCX (tag messages), give `ucx_cpu_s_per_gb`, measured in the same run.\n"
     "`machine_busy` is the whole machine's CPU busy fraction over the timed\n"
-    "windows (every process's, from /proc/stat); above 0.9 the run is\n"
-    "`cpu_bound`: the machine, not the links, set its times.\n"
+    "windows (every process's, from /proc/stat); `cpu_wait` the nodes' mean\n"
+    "time runnable but waiting for a core (schedstat), as a share of the\n"
+    "window, the most of the runs; above 0.1 the run is `cpu_bound`: the\n"
+    "machine, not the links, set its times.\n"
     "SHOAL_BENCH_KEEP=1 keeps the run's directories and logs.\n";
 
 typedef struct bopt {
@@ -69,6 +72,7 @@ static const char *const step_names[NSTEPS] = {"first_chunk", "last_chunk", "rec
 typedef struct result {
     double converge_s, publish_s, pause_ms_max;
     double machine_busy; /* the whole machine's CPU busy fraction over the timed window */
+    double cpu_wait;     /* the nodes' mean time waiting for a core, share of the window */
     double cpu_user_s, cpu_sys_s; /* the nodes' CPU from the publish to convergence */
     uint64_t bytes_sent, payload_bytes, model_bytes;
     /* Per replica, seconds from the publish to each step of its timeline
@@ -215,6 +219,35 @@ static void machine_ticks(double *busy, double *total)
     *busy = *total - (double)(v[3] + v[4]);
 }
 
+/* Seconds the threads of pid spent runnable but waiting for a core
+ * (run_delay in /proc/PID/task/TID/schedstat). */
+static double wait_of(pid_t pid)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%ld/task", (long)pid);
+    DIR *d = opendir(dir);
+    double w = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char p[320];
+        snprintf(p, sizeof p, "%s/%s/schedstat", dir, e->d_name);
+        FILE *f = fopen(p, "r");
+        unsigned long long run = 0, delay = 0;
+        if (f && fscanf(f, "%llu %llu", &run, &delay) == 2) w += (double)delay * 1e-9;
+        if (f) fclose(f);
+    }
+    if (d) closedir(d);
+    return w;
+}
+
+static double wait_all_nodes(pid_t root, const pid_t *reps, int n)
+{
+    double w = root > 0 ? wait_of(root) : 0;
+    for (int i = 0; i < n; i++) w += wait_of(reps[i]);
+    return w;
+}
+
 /* CPU the replicas (and the root) used, summed. */
 static void cpu_all(pid_t root, const pid_t *reps, int n, double *user, double *sys)
 {
@@ -357,6 +390,7 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     double u0, s0, u1, s1, b0, k0, b1, k1;
     cpu_all(root, reps, n, &u0, &s0);
     machine_ticks(&b0, &k0);
+    double w0 = wait_all_nodes(root, reps, n);
     double t0 = sh_now_wall();
     if (rc == 0) rc = store_publish(s, ck[warm], &po, &v);
     double t1 = sh_now_wall();
@@ -364,6 +398,8 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     cpu_all(root, reps, n, &u1, &s1);
     machine_ticks(&b1, &k1);
     r->machine_busy = k1 > k0 ? (b1 - b0) / (k1 - k0) : 0;
+    /* The nodes' average wait for a core, as a share of the timed window. */
+    r->cpu_wait = (wait_all_nodes(root, reps, n) - w0) / (n + (root > 0)) / (at - t1 > 0 ? at - t1 : 1);
     r->cpu_user_s = u1 - u0, r->cpu_sys_s = s1 - s0;
     r->publish_s = t1 - t0;
     r->converge_s = at - t1;
@@ -483,8 +519,9 @@ static double default_gbps(int n)
     return g > 1 ? 1 : g > 0.01 ? g : 0.01;
 }
 
-/* Above this the machine, not the link model, set the pace. */
-#define BENCH_BUSY_MAX 0.9
+/* Above this mean share of the timed window spent waiting for a core, the
+ * machine, not the link model, set the nodes' pace. */
+#define BENCH_WAIT_MAX 0.1
 
 static int parse(int argc, char **argv, bopt *o)
 {
@@ -524,10 +561,10 @@ static int parse(int argc, char **argv, bopt *o)
 
 static json_t *result_json(const result *r)
 {
-    return json_pack("{s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:o}", "converge_s", r->converge_s, "publish_s",
+    return json_pack("{s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:o}", "converge_s", r->converge_s, "publish_s",
                      r->publish_s, "bytes_sent", (json_int_t)r->bytes_sent, "pause_ms_max", r->pause_ms_max,
                      "cpu_user_s", r->cpu_user_s, "cpu_sys_s", r->cpu_sys_s, "machine_busy",
-                     r->machine_busy, "breakdown", breakdown_json(r));
+                     r->machine_busy, "cpu_wait", r->cpu_wait, "breakdown", breakdown_json(r));
 }
 
 int cli_bench_push(int argc, char **argv)
@@ -578,7 +615,9 @@ int cli_bench_push(int argc, char **argv)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double busy = one.machine_busy > many.machine_busy ? one.machine_busy : many.machine_busy;
     if (delta && full.machine_busy > busy) busy = full.machine_busy;
-    int cpu_bound = busy > BENCH_BUSY_MAX;
+    double wait = one.cpu_wait > many.cpu_wait ? one.cpu_wait : many.cpu_wait;
+    if (delta && full.cpu_wait > wait) wait = full.cpu_wait;
+    int cpu_bound = wait > BENCH_WAIT_MAX;
     double nodes_frac = many.converge_s > 0 && cores > 0
                             ? (many.cpu_user_s + many.cpu_sys_s) / (many.converge_s * (double)cores) : 0;
     if (o.json) {
@@ -604,6 +643,7 @@ int cli_bench_push(int argc, char **argv)
         json_object_set_new(j, "cores", json_integer(cores));
         json_object_set_new(j, "machine_busy", json_real(busy));
         json_object_set_new(j, "nodes_cpu_frac", json_real(nodes_frac));
+        json_object_set_new(j, "cpu_wait", json_real(wait));
         json_object_set_new(j, "cpu_bound", json_boolean(cpu_bound));
         if (delta) {
             json_object_set_new(j, "full", result_json(&full));
@@ -627,8 +667,9 @@ int cli_bench_push(int argc, char **argv)
     if (delta)
         printf("  %3d replica(s), full payload: converge %.3fs (delta is %.1fx faster)\n", o.replicas,
                full.converge_s, many.converge_s > 0 ? full.converge_s / many.converge_s : 0);
-    printf("  machine %.0f%% busy at most over the timed windows (these nodes %.0f%% of %ld cores)\n",
-           busy * 100, nodes_frac * 100, cores);
+    printf("  machine %.0f%% busy at most over the timed windows (these nodes %.0f%% of %ld cores);\n"
+           "  the nodes waited for a core %.1f%% of the time at most\n",
+           busy * 100, nodes_frac * 100, cores, wait * 100);
     if (cpu_bound)
         printf("  CPU-bound: the machine, not the %g Gb/s links, set these times; the ratios say little.\n"
                "  Run it on an idler machine, or with a slower --link-gbps or fewer --replicas.\n", o.gbps);
