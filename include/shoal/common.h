@@ -161,7 +161,7 @@ int sh_map_rw(const char *path, uint64_t size, int create, uint8_t **out, int *f
  * a few ms per 50 MB; through a mapping already used, reads and writes run
  * at memory speed.  Files rotated between uses (a replica's model files, a
  * push node's spool files) thus cost no mapping work.  A kept mapping whose
- * file is deleted everywhere is unmapped at the next request.
+ * file is deleted everywhere is unmapped at the next request or release.
  * Thread-safe. */
 int sh_map_keep(int fd, uint64_t size, int writable, uint8_t **out);
 /* Gives a mapping from sh_map_keep of the file fd back: kept (the least

@@ -79,6 +79,16 @@ static void keep_drop(keep *k)
     memset(k, 0, sizeof *k);
 }
 
+/* Lets go of kept mappings whose file is deleted everywhere: they only
+ * hold its memory.  Under keep_mu. */
+static void keep_prune(void)
+{
+    for (int i = 0; i < SH__KEEP; i++) {
+        struct stat ks;
+        if (keeps[i].map && (fstat(keeps[i].fd, &ks) < 0 || ks.st_nlink == 0)) keep_drop(&keeps[i]);
+    }
+}
+
 int sh_map_keep(int fd, uint64_t size, int writable, uint8_t **out)
 {
     *out = NULL;
@@ -89,11 +99,9 @@ int sh_map_keep(int fd, uint64_t size, int writable, uint8_t **out)
                       (long long)st.st_size);
     if (size == 0) return SH_OK;
     pthread_mutex_lock(&keep_mu);
+    keep_prune();
     for (int i = 0; i < SH__KEEP && !*out; i++) {
         keep *k = &keeps[i];
-        struct stat ks;
-        /* A deleted file's mapping only holds its memory: let it go. */
-        if (k->map && (fstat(k->fd, &ks) < 0 || ks.st_nlink == 0)) keep_drop(k);
         if (k->map && k->dev == st.st_dev && k->ino == st.st_ino && k->size == size &&
             k->writable == writable) {
             *out = k->map;
@@ -126,6 +134,7 @@ void sh_map_keep_release(uint8_t *map, uint64_t size, int fd, int writable)
         return;
     }
     pthread_mutex_lock(&keep_mu);
+    keep_prune();
     keep *slot = NULL;
     for (int i = 0; i < SH__KEEP; i++) {
         keep *k = &keeps[i];
