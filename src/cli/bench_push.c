@@ -509,7 +509,7 @@ static int ucx_baseline(const char *base, uint64_t bytes, uint64_t chunk, double
  * received, for a relay that receives and forwards; docs/results.md),
  * 0.1 GB/s received per core keeps the nodes at about 60 % of the cores,
  * with room left for the applies and the machine's other work.  At most
- * 1 Gb/s; two decimals.  2 cores: 1 Gb/s up to 1 replica, 0.4 at 4, 0.1 at 16. */
+ * 1 Gb/s; two decimals.  2 cores: 1 Gb/s for 1 replica, 0.4 at 4, 0.1 at 16. */
 #define BENCH_GB_PER_CORE_S 0.1
 static double default_gbps(int n)
 {
