@@ -55,7 +55,7 @@ static void retire(store_replica *r, model *old)
 int store__take_prev(store_replica *r, const char *out, uint64_t *version)
 {
     /* r->prev is taken under the lock: the push thread takes it too (a
-     * spool file for an anchor, store__reuse_file). */
+     * spool file for an anchor: reuse_file in replica.c). */
     pthread_mutex_lock(&r->mu);
     model *m = r->prev;
     int leased = m && m->refs > 1;
