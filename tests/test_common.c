@@ -1,6 +1,7 @@
 /* Tests for src/common: errors, hashing, atomic files, parsing, JSON. */
 #include "testutil.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -64,6 +65,46 @@ static void test_atomic_write(void **state)
     assert_false(sh_path_exists(f.tmp));
     /* Writing into a missing directory fails with a message naming it. */
     TU_ERR(sh_write_atomic(tu_path("no/such/dir/x"), "a", 1), SH_ENOENT, "no/such/dir");
+}
+
+/* Kept mappings: a released mapping comes back for the same file (even
+ * renamed), with what was written through it; another size, access or
+ * file gets a new one; a deleted file's mapping is not kept. */
+static void test_map_keep(void **state)
+{
+    const uint64_t size = 8u << 20;
+    const char *a = tu_path("keep-a"), *b = tu_path("keep-b");
+    int fd = open(a, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)size), 0);
+    uint8_t *m, *again, *ro, *other;
+    TU_OK(sh_map_keep(fd, size, 1, &m));
+    memset(m, 0x5a, size);
+    sh_map_keep_release(m, size, fd, 1);
+    close(fd);
+    assert_int_equal(rename(a, b), 0);
+    fd = open(b, O_RDWR);
+    TU_OK(sh_map_keep(fd, size, 1, &again));
+    assert_ptr_equal(again, m);
+    assert_int_equal(again[size - 1], 0x5a);
+    TU_OK(sh_map_keep(fd, size, 0, &ro)); /* read-only: not the writer's */
+    assert_ptr_not_equal(ro, m);
+    assert_int_equal(ro[12345], 0x5a);
+    sh_map_keep_release(ro, size, fd, 0);
+    TU_OK(sh_map_keep(fd, size - 4096, 1, &other)); /* another size */
+    assert_ptr_not_equal(other, m);
+    sh_map_keep_release(other, size - 4096, fd, 1);
+    TU_ERR(sh_map_keep(fd, size + 1, 1, &other), SH_EINVAL, "map");
+    assert_int_equal(unlink(b), 0);
+    sh_map_keep_release(again, size, fd, 1); /* deleted: unmapped, not kept */
+    close(fd);
+    fd = open(a, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    assert_int_equal(ftruncate(fd, (off_t)size), 0);
+    TU_OK(sh_map_keep(fd, size, 1, &other));
+    assert_int_equal(other[0], 0); /* a new file's mapping, not the old one */
+    sh_map_keep_release(other, size, fd, 1);
+    close(fd);
+    unlink(a);
 }
 
 static void test_dirs(void **state)
@@ -148,7 +189,7 @@ int main(void)
         cmocka_unit_test(test_err_messages),  cmocka_unit_test(test_hash_known_values),
         cmocka_unit_test(test_atomic_write),  cmocka_unit_test(test_dirs),
         cmocka_unit_test(test_parse_numbers), cmocka_unit_test(test_json_helpers),
-        cmocka_unit_test(test_cli_dispatch),
+        cmocka_unit_test(test_cli_dispatch),  cmocka_unit_test(test_map_keep),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

@@ -593,6 +593,29 @@ static void test_memory_api(void **state)
     assert_memory_equal(img, ti, tl);
     TU_ERR(delta_apply_mem_inplace(img, bl, dp, NULL), SH_EMISMATCH, "wrong base");
     assert_memory_equal(img, ti, tl);
+    /* With a cache: the first apply hashes every chunk and keeps the
+     * digests; every chunk whose bytes changed is marked written; a second
+     * apply on the target (the wrong base) still fails and changes
+     * nothing, the cache included. */
+    delta_ip_cache c = {0};
+    memcpy(img, bi, bl);
+    TU_OK(delta_apply_mem_inplace_cached(img, bl, dp, NULL, &c));
+    assert_memory_equal(img, ti, tl);
+    assert_true(c.valid && c.applies == 1 && c.n > 0);
+    int wrote = 0;
+    for (size_t i = 0; i < c.n; i++) {
+        assert_true(c.off[i] + c.len[i] <= bl);
+        sh_hash128 h = ckpt_chunk_digest(img + c.off[i], c.len[i]);
+        assert_true(sh_hash128_eq(h, c.dig[i]));
+        if (memcmp(bi + c.off[i], ti + c.off[i], c.len[i])) assert_true(c.wrote[0][i]);
+        wrote += c.wrote[0][i];
+    }
+    assert_true(wrote > 0);
+    sh_hash128 d0 = c.dig[0];
+    TU_ERR(delta_apply_mem_inplace_cached(img, bl, dp, NULL, &c), SH_EMISMATCH, "wrong base");
+    assert_memory_equal(img, ti, tl);
+    assert_true(c.valid && c.applies == 1 && sh_hash128_eq(d0, c.dig[0]));
+    delta_ip_cache_free(&c);
     uint8_t *m = malloc(d.len);
     int failed = 0;
     for (int k = 0; k < 40; k++) {

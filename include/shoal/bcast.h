@@ -66,15 +66,23 @@ typedef struct bcast_config {
     void (*on_object)(void *arg, const bcast_object_info *obj);
     /* Called for every verified chunk (progress, tests). */
     void (*on_chunk)(void *arg, uint64_t version, uint32_t index, uint32_t nchunks);
+    /* Optional, receivers: a file of the application's that the node may
+     * receive an object of `size` bytes into instead of creating one (its
+     * pages are overwritten: nothing is allocated or zeroed).  The callback
+     * renames the file to `path` and returns 1, or returns 0 (a new file).
+     * Called on the node's thread when an OFFER comes. */
+    int (*reuse_file)(void *arg, uint64_t size, const char *path);
     void *arg;
 } bcast_config;
 
 /* The chunk that minimises the pipelined time (S / c + d) (c / B + h) of a
  * payload of S bytes through d hops at `gbps` with `overhead_s` per chunk
- * and hop: sqrt(S h B / d), rounded down to 4 KiB, between 64 KiB and 64 MiB,
+ * and hop: sqrt(S h B / d), rounded down to 4 KiB, between 16 KiB and 64 MiB,
  * and small enough to cut a payload of 2 MiB or more into at least 32
- * chunks.  Defaults: h 50 us (a chunk's post, hash and callbacks here over
- * UCX's tcp transport), gbps 10.  Pure. */
+ * chunks.  Defaults: h 100 us (a chunk's receive, hash, forward and
+ * callbacks at a relay over UCX's tcp transport: plain UCX spends about
+ * 80 us of CPU per chunk at each end on this project's machines, `bench
+ * push`), gbps 10.  Pure. */
 uint64_t bcast_chunk_auto(uint64_t payload, int depth, double gbps, double overhead_s);
 
 /* Creates a node, its UCX worker and its listener.  The caller owns the node

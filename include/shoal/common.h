@@ -150,6 +150,25 @@ int sh_pread_all(int fd, void *buf, size_t len, uint64_t off, const char *what);
  * descriptor, else it is closed.  The caller munmaps. */
 int sh_map_rw(const char *path, uint64_t size, int create, uint8_t **out, int *fd_out);
 
+/* A shared mapping of `size` bytes of the open file fd (which must have at
+ * least `size` bytes; `writable`: read-write, else read-only and populated
+ * in one batch), kept for reuse: released mappings stay in a small
+ * process-wide cache keyed by the file (device, inode), size and access,
+ * and the next request for that file gets the same mapping back.  In a
+ * virtual machine with shadow page tables the first write to each page
+ * through a new mapping exits to the host (about 10 us a page, 40 times
+ * the copy), and setting up and tearing down a mapping's page table costs
+ * a few ms per 50 MB; through a mapping already used, reads and writes run
+ * at memory speed.  Files rotated between uses (a replica's model files, a
+ * push node's spool files) thus cost no mapping work.  A kept mapping whose
+ * file is deleted everywhere is unmapped at the next request or release.
+ * Thread-safe. */
+int sh_map_keep(int fd, uint64_t size, int writable, uint8_t **out);
+/* Gives a mapping from sh_map_keep of the file fd back: kept (the least
+ * recently released one let go) unless it is small (under 4 MiB) or the
+ * file is deleted or fd is -1; then unmapped.  fd may be closed afterwards. */
+void sh_map_keep_release(uint8_t *map, uint64_t size, int fd, int writable);
+
 /* Reads a whole file into a NUL-terminated malloc'd buffer (caller frees).
  * Fails with SH_ERANGE if it is larger than max_len. */
 int sh_read_file(const char *path, size_t max_len, char **out, size_t *out_len);

@@ -70,6 +70,29 @@ int delta_apply_mem(const ckpt *base, const delta *d, const delta_opts *o, uint8
  * delta_apply_mem; on any failure every write is undone, so img is either
  * the target or unchanged.  SH_EINVAL when the layout changes. */
 int delta_apply_mem_inplace(uint8_t *img, size_t len, const delta *d, const delta_opts *o);
+
+/* What an in-place applier keeps between deltas on one image, so that a
+ * delta's apply costs what it changes, not the model's size: the digest of
+ * every CKPT_CHUNK chunk of every tensor as the image holds it (a chunk the
+ * delta leaves alone, SAME, is not hashed again: its digest is the kept
+ * one, and the tensor and checkpoint digests are checked as always), and
+ * which chunks each of the last two applies wrote.  Chunk i covers image
+ * bytes [off[i], off[i] + len[i]).  The caller must reset it (valid = 0)
+ * whenever the image changes other than by these applies. */
+typedef struct delta_ip_cache {
+    size_t n;
+    uint64_t *off;
+    uint32_t *len;
+    sh_hash128 *dig;
+    uint8_t *wrote[2]; /* [0]: by the last apply, [1]: by the one before */
+    int valid;         /* dig describes the image */
+    int applies;       /* applies since dig was last computed whole (wrote[] valid for min(2, applies)) */
+} delta_ip_cache;
+/* delta_apply_mem_inplace with a cache (NULL: none).  On success the cache
+ * describes the target; on failure the image and the cache are unchanged. */
+int delta_apply_mem_inplace_cached(uint8_t *img, size_t len, const delta *d, const delta_opts *o,
+                                   delta_ip_cache *c);
+void delta_ip_cache_free(delta_ip_cache *c);
 /* The size of the target image (single-file targets), for delta_apply_mem. */
 uint64_t delta_target_size(const delta *d);
 

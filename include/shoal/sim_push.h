@@ -57,7 +57,7 @@ typedef struct sim_push_result {
 
 /* The chunk that minimises the pipelined time (S / c + d) (c / B + h) of a
  * payload S through d hops at B bytes/s with h seconds per chunk: sqrt(S h B
- * / d), rounded to 4 KiB, between 64 KiB and 64 MiB, and small enough that
+ * / d), rounded to 4 KiB, between 16 KiB and 64 MiB, and small enough that
  * the payload is cut into at least 32 chunks when it is 2 MiB or more.  Pure. */
 uint64_t sim_push_chunk_auto(uint64_t payload, int depth, double gbps, double overhead_s);
 

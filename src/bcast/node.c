@@ -396,7 +396,13 @@ static ucs_status_t on_offer(void *arg, const void *hdr, size_t hlen, void *data
      * chain's delta now comes, after a new parent): start over with this. */
     if (o && bcast__replace(n, o)) o = NULL;
     if (o || of.version <= n->have) return UCS_OK;           /* stale: keep ours */
-    if (bcast__obj_for_offer(&of, data, len, n->spool, &o) < 0) {
+    char path[4096];
+    if (bcast__obj_spool_path(&of, n->spool, path, sizeof path) < 0) {
+        sh_warn("push %s: %s", n->name, sh_errmsg());
+        return UCS_OK;
+    }
+    int reused = n->cfg.reuse_file && n->cfg.reuse_file(n->cfg.arg, of.size, path) == 1;
+    if (bcast__obj_for_offer(&of, data, len, path, reused, &o) < 0) {
         sh_warn("push %s: %s", n->name, sh_errmsg());
         return UCS_OK;
     }
@@ -463,6 +469,10 @@ static ucs_status_t on_chunk(void *arg, const void *hdr, size_t hlen, void *data
              (o = bcast__find(n, c.version)) && c.index < o->nchunks &&
              c.len == bcast__obj_chunk_len(o, c.index) && c.len == len;
     int wanted = ok && !o->verified[c.index] && !o->receiving[c.index];
+    if (wanted && bcast__obj_prepare(o, c.index) < 0) {
+        sh_warn("push %s: %s", n->name, sh_errmsg());
+        wanted = 0;
+    }
     if (!rndv) {
         if (wanted) {
             memcpy(o->map + bcast__obj_chunk_off(o, c.index), data, len);
@@ -648,11 +658,11 @@ const char *bcast_node_address(const bcast_node *n) { return n->addr; }
 uint64_t bcast_chunk_auto(uint64_t payload, int depth, double gbps, double overhead_s)
 {
     if (depth < 1) depth = 1;
-    if (!(overhead_s > 0)) overhead_s = 50e-6;
+    if (!(overhead_s > 0)) overhead_s = 100e-6;
     if (!(gbps > 0)) gbps = 10;
     double c = sqrt((double)payload * overhead_s * (gbps * 1e9 / 8) / depth);
     uint64_t k = c < 0 ? 0 : (uint64_t)c & ~(uint64_t)4095;
-    if (k < (64u << 10)) k = 64u << 10;
+    if (k < (16u << 10)) k = 16u << 10;
     if (k > (64ull << 20)) k = 64ull << 20;
     if (payload >= (2u << 20) && k > payload / 32) k = (payload / 32 + 4095) & ~(uint64_t)4095;
     return k;

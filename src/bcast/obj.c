@@ -130,8 +130,44 @@ int bcast__obj_squash(const char *manifest, const char *path, uint64_t base, uin
     return root_obj(manifest, path, chunk_size, base, out);
 }
 
+int bcast__obj_spool_path(const bcast__offer *of, const char *spool, char *out, size_t cap)
+{
+    int k = snprintf(out, cap, "%s/v%llu.part", spool, (unsigned long long)of->version);
+    return k < 0 || (size_t)k >= cap ? sh_err(SH_ERANGE, "spool path too long: %s", spool) : SH_OK;
+}
+
+/* The spool file, mapped writable and not populated: a new file's pages
+ * are allocated (and zeroed) chunk by chunk as chunks land, not all at the
+ * OFFER, which in a chain would delay every hop's first chunk by the
+ * allocation of a whole payload.  A reused file comes with the mapping it
+ * had last time it was written here (sh_map_keep), whose pages take writes
+ * at memory speed. */
+static int open_spool(bcast__obj *o, int reused)
+{
+    o->fd = open(o->path, O_RDWR | O_CLOEXEC | O_CREAT | (reused ? 0 : O_TRUNC), 0644);
+    if (o->fd < 0) return sh_err_errno(errno, "create %s", o->path);
+    if (ftruncate(o->fd, (off_t)o->size) < 0) return sh_err_errno(errno, "size %s", o->path);
+    int rc = sh_map_keep(o->fd, o->size, 1, &o->map);
+    return rc < 0 ? sh_err_wrap(rc, "%s", o->path) : SH_OK;
+}
+
+int bcast__obj_prepare(bcast__obj *o, uint32_t i)
+{
+#ifdef MADV_POPULATE_WRITE
+    uint64_t off = bcast__obj_chunk_off(o, i), start = off & ~(uint64_t)4095;
+    uint64_t end = off + bcast__obj_chunk_len(o, i);
+    /* An error here (a full file system) is one now, not a SIGBUS later. */
+    if (end > start && madvise(o->map + start, end - start, MADV_POPULATE_WRITE) < 0 && errno != EINVAL)
+        return sh_err_errno(errno, "push object v%llu: space for chunk %u in %s",
+                            (unsigned long long)o->version, i, o->path);
+#else
+    (void)o, (void)i;
+#endif
+    return SH_OK;
+}
+
 int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t manifest_len,
-                         const char *spool, bcast__obj **out)
+                         const char *path, int reused, bcast__obj **out)
 {
     bcast__obj *o = calloc(1, sizeof *o);
     if (!o) return sh_err(SH_ENOMEM, "push object");
@@ -145,12 +181,9 @@ int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t ma
     o->chunk_size = of->chunk_size;
     o->nchunks = of->nchunks;
     o->owned = 1;
+    snprintf(o->path, sizeof o->path, "%s", path);
     int rc = alloc_state(o, manifest, manifest_len);
-    if (rc == 0 && snprintf(o->path, sizeof o->path, "%s/v%llu.part", spool,
-                            (unsigned long long)o->version) >= (int)sizeof o->path)
-        rc = sh_err(SH_ERANGE, "spool path too long: %s", spool);
-    /* Every chunk lands in this mapping: populated writable up front. */
-    if (rc == 0) rc = sh_map_rw(o->path, o->size, 1, &o->map, &o->fd);
+    if (rc == 0) rc = open_spool(o, reused);
     if (rc < 0) {
         bcast__obj_free(o);
         return rc;
@@ -162,9 +195,12 @@ int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t ma
 void bcast__obj_free(bcast__obj *o)
 {
     if (!o) return;
-    if (o->map) munmap(o->map, o->size);
-    if (o->fd >= 0) close(o->fd);
+    /* Unlinked first: a spool file nothing else names is not worth keeping
+     * mapped (one the replica took as its model is). */
     if (o->owned && o->path[0]) unlink(o->path);
+    if (o->map && o->owned) sh_map_keep_release(o->map, o->size, o->fd, 1);
+    else if (o->map) munmap(o->map, o->size);
+    if (o->fd >= 0) close(o->fd);
     free(o->manifest);
     free(o->verified);
     free(o->receiving);

@@ -49,9 +49,16 @@ int bcast__obj_from_file(const char *manifest, const char *path, uint32_t chunk_
  * target version's manifest. */
 int bcast__obj_squash(const char *manifest, const char *path, uint64_t base, uint32_t chunk_size,
                       bcast__obj **out);
-/* A receiver's object: creates <spool>/v<version>.part of the offered size. */
+/* The receiver's spool file for an offer: <spool>/v<version>.part. */
+int bcast__obj_spool_path(const bcast__offer *o, const char *spool, char *out, size_t cap);
+/* A receiver's object: the spool file `path` of the offered size, created,
+ * or (reused = 1) a file already there whose bytes are overwritten.  Its
+ * pages are not touched here: bcast__obj_prepare() readies each chunk's. */
 int bcast__obj_for_offer(const bcast__offer *o, const char *manifest, size_t manifest_len,
-                         const char *spool, bcast__obj **out);
+                         const char *path, int reused, bcast__obj **out);
+/* Makes chunk i's pages of a receiver's object writable in one call, so
+ * that receiving into it takes no page fault per 4 KiB. */
+int bcast__obj_prepare(bcast__obj *o, uint32_t i);
 /* Unmaps, closes, and deletes the spool file if the node owns it. */
 void bcast__obj_free(bcast__obj *o);
 

@@ -1,6 +1,7 @@
 /* shoal bench push: time until N replica processes have activated a new
  * version, through a push tree, a star, against the same run with one
  * replica (the baseline, measured in the same run). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -26,13 +27,14 @@ static const char usage_text[] =
     "Publishes version 1 of a synthetic checkpoint of P parameters (default 25M,\n"
     "bf16), seeds N replica directories with it from the store, starts `shoal push\n"
     "serve` and N `shoal replica` processes on them and waits until all serve it.\n"
-    "Then it publishes the next version (one Adam step of LR later, default 3e-6:\n"
-    "about 3% of the weights change), a full anchor or a delta, and times until\n"
-    "every replica has activated it.  With --payload delta the replicas first\n"
-    "take one delta untimed (their steady state between a trainer's steps); the\n"
-    "timed delta is the second.  Every node's sending is limited to G Gb/s\n"
-    "(default 1) by a sender-side link model (docs/push-protocol.md), not by\n"
-    "network namespaces.  tree: replicas forward to each other, fan-out F\n"
+    "Then it publishes three more versions (each one Adam step of LR later, default\n"
+    "3e-6: about 3% of the weights change), full anchors or deltas: the replicas\n"
+    "take two untimed (their steady state between a trainer's steps), and the\n"
+    "bench times until every replica has activated the third.  Every node's\n"
+    "sending is limited to G Gb/s by a sender-side link model\n"
+    "(docs/push-protocol.md), not by network namespaces; the default is what\n"
+    "this machine can emulate for N replicas: 0.8 Gb/s x cores / N, at most 1\n"
+    "(0.1 for 16 replicas on 2 cores).  tree: replicas forward to each other, fan-out F\n"
     "(default 1, a pipelined chain); star: every replica attaches to the root;\n"
     "store: every replica polls the store and reads it directly (a shared file\n"
     "system here: no link limit applies, only the 20 ms polling).\n"
@@ -45,7 +47,13 @@ static const char usage_text[] =
     "payload for the tree's depth: `shoal push serve --depth`, docs/push-protocol.md).\n"
     "`cpu_s_per_gb` is the CPU-seconds the nodes used per GB received; the same\n"
     "bytes in the same chunks, sent once from one process to another over plain\n"
-    "UCX (tag messages), give `ucx_cpu_s_per_gb`, measured in the same run.\n";
+    "UCX (tag messages), give `ucx_cpu_s_per_gb`, measured in the same run.\n"
+    "`machine_busy` is the whole machine's CPU busy fraction over the timed\n"
+    "windows (every process's, from /proc/stat); `cpu_wait` the nodes' mean\n"
+    "time runnable but waiting for a core (schedstat), as a share of the\n"
+    "window, the most of the runs; above 0.1 the run is `cpu_bound`: the\n"
+    "machine, not the links, set its times.\n"
+    "SHOAL_BENCH_KEEP=1 keeps the run's directories and logs.\n";
 
 typedef struct bopt {
     int replicas, fanout, json;
@@ -56,11 +64,15 @@ typedef struct bopt {
 } bopt;
 
 #define NSTEPS 7
+#define NWARM 2 /* untimed versions before the timed one */
+#define NCK (NWARM + 2)
 static const char *const step_names[NSTEPS] = {"first_chunk", "last_chunk", "received", "apply_start",
                                                "built", "active", "durable"};
 
 typedef struct result {
     double converge_s, publish_s, pause_ms_max;
+    double machine_busy; /* the whole machine's CPU busy fraction over the timed window */
+    double cpu_wait;     /* the nodes' mean time waiting for a core, share of the window */
     double cpu_user_s, cpu_sys_s; /* the nodes' CPU from the publish to convergence */
     uint64_t bytes_sent, payload_bytes, model_bytes;
     /* Per replica, seconds from the publish to each step of its timeline
@@ -191,6 +203,51 @@ static void cpu_of(pid_t pid, double *user, double *sys)
     }
 }
 
+/* The whole machine's CPU ticks so far: busy and total (from /proc/stat). */
+static void machine_ticks(double *busy, double *total)
+{
+    unsigned long long v[10] = {0};
+    *busy = *total = 0;
+    FILE *f = fopen("/proc/stat", "r");
+    int k = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                       &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9])
+              : 0;
+    if (f) fclose(f);
+    if (k < 8) return;
+    /* user nice system idle iowait irq softirq steal (guest time is in user) */
+    *total = (double)(v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]);
+    *busy = *total - (double)(v[3] + v[4]);
+}
+
+/* Seconds the threads of pid spent runnable but waiting for a core
+ * (run_delay in /proc/PID/task/TID/schedstat). */
+static double wait_of(pid_t pid)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%ld/task", (long)pid);
+    DIR *d = opendir(dir);
+    double w = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char p[320];
+        snprintf(p, sizeof p, "%s/%s/schedstat", dir, e->d_name);
+        FILE *f = fopen(p, "r");
+        unsigned long long run = 0, delay = 0;
+        if (f && fscanf(f, "%llu %llu", &run, &delay) == 2) w += (double)delay * 1e-9;
+        if (f) fclose(f);
+    }
+    if (d) closedir(d);
+    return w;
+}
+
+static double wait_all_nodes(pid_t root, const pid_t *reps, int n)
+{
+    double w = root > 0 ? wait_of(root) : 0;
+    for (int i = 0; i < n; i++) w += wait_of(reps[i]);
+    return w;
+}
+
 /* CPU the replicas (and the root) used, summed. */
 static void cpu_all(pid_t root, const pid_t *reps, int n, double *user, double *sys)
 {
@@ -263,11 +320,13 @@ static int start_root(const bopt *o, const char *dir, const char *store_dir, int
     return sh_err(SH_ETIMEDOUT, "bench push: the root did not start (see %s)", log);
 }
 
-/* ck: three checkpoints.  Replicas start on version 1 (ck[0]); with a delta
- * payload they first take version 2 (ck[1], a delta, not timed), so that
- * the timed delta finds them in their steady state (a model image in
- * memory, a previous model file to recycle), as between a trainer's steps.
- * The timed version is the next one. */
+/* ck: NCK checkpoints.  Replicas start on version 1 (ck[0]) and first take
+ * NWARM versions (not timed) of the same kind as the timed one, so that the
+ * timed version finds them in their steady state, as between a trainer's
+ * steps: a model image in memory, and a retired model file, already mapped
+ * and written by this process, to receive the payload or write the new
+ * model into (two versions back: the previous one's file is then still
+ * in use).  The timed version is the last. */
 static int measure(const bopt *o, const char *base, int n, int delta, char ck[][4200], result *r)
 {
     static int seq;
@@ -280,7 +339,7 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     store_publish_opts po = {delta ? 8 : 1};
     SH_TRY(store_open(store_dir, NULL, 1, &s));
     int rc = store_publish(s, ck[0], &po, &v);
-    uint64_t warm = delta ? 2 : 1, mv = warm + 1;
+    uint64_t warm = 1 + NWARM, mv = warm + 1;
     char addr[256];
     pid_t root = 0, *reps = calloc((size_t)n, sizeof *reps);
     char(*dirs)[4096] = calloc((size_t)n, sizeof *dirs);
@@ -307,8 +366,10 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     }
     double at;
     if (rc == 0) rc = wait_all(dirs, n, 1, 300, &at);
-    if (rc == 0 && warm == 2) rc = store_publish(s, ck[1], &po, &v);
-    if (rc == 0 && warm == 2) rc = wait_all(dirs, n, 2, 300, &at);
+    for (uint64_t w = 2; rc == 0 && w <= warm; w++) {
+        rc = store_publish(s, ck[w - 1], &po, &v);
+        if (rc == 0) rc = wait_all(dirs, n, w, 300, &at);
+    }
     /* Bytes received while warming up, from the stats written then. */
     uint64_t before = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -326,13 +387,19 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     /* Idle between versions, as replicas are between a trainer's publishes:
      * each loads its model image once its tree is quiet. */
     sh_sleep(1.0);
-    double u0, s0, u1, s1;
+    double u0, s0, u1, s1, b0, k0, b1, k1;
     cpu_all(root, reps, n, &u0, &s0);
+    machine_ticks(&b0, &k0);
+    double w0 = wait_all_nodes(root, reps, n);
     double t0 = sh_now_wall();
     if (rc == 0) rc = store_publish(s, ck[warm], &po, &v);
     double t1 = sh_now_wall();
     if (rc == 0) rc = wait_all(dirs, n, mv, 300, &at);
     cpu_all(root, reps, n, &u1, &s1);
+    machine_ticks(&b1, &k1);
+    r->machine_busy = k1 > k0 ? (b1 - b0) / (k1 - k0) : 0;
+    /* The nodes' average wait for a core, as a share of the timed window. */
+    r->cpu_wait = (wait_all_nodes(root, reps, n) - w0) / (n + (root > 0)) / (at - t1 > 0 ? at - t1 : 1);
     r->cpu_user_s = u1 - u0, r->cpu_sys_s = s1 - s0;
     r->publish_s = t1 - t0;
     r->converge_s = at - t1;
@@ -362,7 +429,7 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     store_close(s);
     free(reps);
     free(dirs);
-    if (rc == 0) sh_rm_rf(dir);
+    if (rc == 0 && !getenv("SHOAL_BENCH_KEEP")) sh_rm_rf(dir);
     return rc;
 }
 
@@ -436,6 +503,26 @@ static int ucx_baseline(const char *base, uint64_t bytes, uint64_t chunk, double
     return ok ? 0 : sh_err(SH_EIO, "bench push: the plain UCX transfer failed (check UCX_TLS)");
 }
 
+/* The default link: one this machine can emulate faithfully for n replicas.
+ * The link model is a sender-side limiter, so the nodes' CPU must keep up
+ * with n links at once: at the push path's cost here (about 6 CPU-s per GB
+ * received, for a relay that receives and forwards; docs/results.md),
+ * 0.1 GB/s received per core keeps the nodes at about 60 % of the cores,
+ * with room left for the applies and the machine's other work.  At most
+ * 1 Gb/s; two decimals.  2 cores: 1 Gb/s for 1 replica, 0.4 at 4, 0.1 at 16. */
+#define BENCH_GB_PER_CORE_S 0.1
+static double default_gbps(int n)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double g = 8 * BENCH_GB_PER_CORE_S * (double)(cores > 0 ? cores : 1) / (n > 0 ? n : 1);
+    g = (double)(long)(g * 100) / 100;
+    return g > 1 ? 1 : g > 0.01 ? g : 0.01;
+}
+
+/* Above this mean share of the timed window spent waiting for a core, the
+ * machine, not the link model, set the nodes' pace. */
+#define BENCH_WAIT_MAX 0.1
+
 static int parse(int argc, char **argv, bopt *o)
 {
     for (int i = 1; i < argc; i++) {
@@ -474,9 +561,10 @@ static int parse(int argc, char **argv, bopt *o)
 
 static json_t *result_json(const result *r)
 {
-    return json_pack("{s:f,s:f,s:I,s:f,s:f,s:f,s:o}", "converge_s", r->converge_s, "publish_s",
+    return json_pack("{s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:o}", "converge_s", r->converge_s, "publish_s",
                      r->publish_s, "bytes_sent", (json_int_t)r->bytes_sent, "pause_ms_max", r->pause_ms_max,
-                     "cpu_user_s", r->cpu_user_s, "cpu_sys_s", r->cpu_sys_s, "breakdown", breakdown_json(r));
+                     "cpu_user_s", r->cpu_user_s, "cpu_sys_s", r->cpu_sys_s, "machine_busy",
+                     r->machine_busy, "cpu_wait", r->cpu_wait, "breakdown", breakdown_json(r));
 }
 
 int cli_bench_push(int argc, char **argv)
@@ -485,19 +573,20 @@ int cli_bench_push(int argc, char **argv)
         fputs(usage_text, stdout);
         return 0;
     }
-    bopt o = {16, 1, 0, 1.0, "tree", "full", 25000000, 0, 3e-6};
+    bopt o = {16, 1, 0, 0, "tree", "full", 25000000, 0, 3e-6};
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
+    int link_default = !(o.gbps > 0);
+    if (link_default) o.gbps = default_gbps(o.replicas);
     /* tmpfs, like a serving node's page cache: the disk of this shared VM is not
      * what the bench measures. */
     char base[] = "/dev/shm/shoal-bench-push.XXXXXX";
     if (!mkdtemp(base)) return cli_fail("bench push", sh_err_errno(errno, "mkdtemp"));
-    char ck[3][4200];
-    for (int i = 0; i < 3; i++) snprintf(ck[i], sizeof ck[i], "%s/v%d.safetensors", base, i + 1);
+    char ck[NCK][4200];
+    for (int i = 0; i < NCK; i++) snprintf(ck[i], sizeof ck[i], "%s/v%d.safetensors", base, i + 1);
     rc = ckpt_synth(ck[0], o.params, 1);
     int delta = !strcmp(o.payload, "delta");
-    /* A third version only for the timed delta after an untimed one. */
-    for (int i = 1; rc == 0 && i < 2 + delta; i++) rc = ckpt_step(ck[i - 1], ck[i], o.lr, 1, 1 + (uint64_t)i);
+    for (int i = 1; rc == 0 && i < NCK; i++) rc = ckpt_step(ck[i - 1], ck[i], o.lr, 1, 1 + (uint64_t)i);
     int runs = 2 + delta;
     sh_progress pg;
     sh_progress_start(&pg, "bench push", (uint64_t)runs, "runs");
@@ -521,8 +610,16 @@ int cli_bench_push(int argc, char **argv)
         fprintf(stderr, "shoal bench push: files kept in %s\n", base);
         return cli_fail("bench push", rc);
     }
-    sh_rm_rf(base);
+    if (!getenv("SHOAL_BENCH_KEEP")) sh_rm_rf(base);
     double ratio = one.converge_s > 0 ? many.converge_s / one.converge_s : 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double busy = one.machine_busy > many.machine_busy ? one.machine_busy : many.machine_busy;
+    if (delta && full.machine_busy > busy) busy = full.machine_busy;
+    double wait = one.cpu_wait > many.cpu_wait ? one.cpu_wait : many.cpu_wait;
+    if (delta && full.cpu_wait > wait) wait = full.cpu_wait;
+    int cpu_bound = wait > BENCH_WAIT_MAX;
+    double nodes_frac = many.converge_s > 0 && cores > 0
+                            ? (many.cpu_user_s + many.cpu_sys_s) / (many.converge_s * (double)cores) : 0;
     if (o.json) {
         json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",
                               o.replicas, "topology", o.topology, "payload", o.payload, "link_gbps", o.gbps,
@@ -542,6 +639,12 @@ int cli_bench_push(int argc, char **argv)
         json_object_set_new(j, "cpu_s_per_gb", json_real(push_per_gb));
         json_object_set_new(j, "ucx_cpu_s_per_gb", json_real(ucx_per_gb));
         json_object_set_new(j, "cpu_vs_ucx", json_real(ucx_per_gb > 0 ? push_per_gb / ucx_per_gb : 0));
+        json_object_set_new(j, "link_gbps_default", json_boolean(link_default));
+        json_object_set_new(j, "cores", json_integer(cores));
+        json_object_set_new(j, "machine_busy", json_real(busy));
+        json_object_set_new(j, "nodes_cpu_frac", json_real(nodes_frac));
+        json_object_set_new(j, "cpu_wait", json_real(wait));
+        json_object_set_new(j, "cpu_bound", json_boolean(cpu_bound));
         if (delta) {
             json_object_set_new(j, "full", result_json(&full));
             json_object_set_new(j, "full_over_delta",
@@ -564,5 +667,11 @@ int cli_bench_push(int argc, char **argv)
     if (delta)
         printf("  %3d replica(s), full payload: converge %.3fs (delta is %.1fx faster)\n", o.replicas,
                full.converge_s, many.converge_s > 0 ? full.converge_s / many.converge_s : 0);
+    printf("  machine %.0f%% busy at most over the timed windows (these nodes %.0f%% of %ld cores);\n"
+           "  the nodes waited for a core %.1f%% of the time at most\n",
+           busy * 100, nodes_frac * 100, cores, wait * 100);
+    if (cpu_bound)
+        printf("  CPU-bound: the machine, not the %g Gb/s links, set these times; the ratios say little.\n"
+               "  Run it on an idler machine, or with a slower --link-gbps or fewer --replicas.\n", o.gbps);
     return 0;
 }

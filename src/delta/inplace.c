@@ -17,6 +17,7 @@ typedef struct {
     uint64_t *applied;  /* changes applied per item (for the undo) */
     uint8_t **saved;    /* RAW/ZSTD: the chunk's old bytes */
     sh_hash128 *dig;
+    const delta_ip_cache *cache; /* valid and of this layout, else NULL */
     int undo;
 } delta__ip;
 
@@ -87,6 +88,10 @@ static int delta__ip_item(void *arg, size_t i, delta__scratch *s)
         SH_TRY(delta__ip_changes(s, c, a->d, w, fl, data, n, 1, UINT64_MAX, &a->applied[i], what));
     } else if (c->len) {
         return sh_err(SH_EFORMAT, "%s: SAME chunk with a payload", what);
+    } else if (a->cache) {
+        /* Untouched: the kept digest of these very bytes. */
+        a->dig[i] = a->cache->dig[i];
+        return SH_OK;
     }
     a->dig[i] = ckpt_chunk_digest(data, n);
     return SH_OK;
@@ -129,7 +134,71 @@ static int delta__ip_verify(const delta__ip *a)
     return rc;
 }
 
+void delta_ip_cache_free(delta_ip_cache *c)
+{
+    if (!c) return;
+    free(c->off), free(c->len), free(c->dig), free(c->wrote[0]), free(c->wrote[1]);
+    memset(c, 0, sizeof *c);
+}
+
+static uint64_t delta__ip_off(const delta__ip *a, size_t i)
+{
+    return a->d->files[0].t[a->tensor[i]].offset + (uint64_t)a->chunk[i] * CKPT_CHUNK;
+}
+
+static uint32_t delta__ip_len(const delta__ip *a, size_t i)
+{
+    uint64_t nb = a->d->tensors[a->tensor[i]].nbytes, off = (uint64_t)a->chunk[i] * CKPT_CHUNK;
+    return nb - off < CKPT_CHUNK ? (uint32_t)(nb - off) : CKPT_CHUNK;
+}
+
+/* Whether c holds digests for exactly this delta's chunks of the image. */
+static int delta__ip_cache_fits(const delta__ip *a, const delta_ip_cache *c)
+{
+    if (!c || !c->valid || c->n != a->nitems) return 0;
+    for (size_t i = 0; i < a->nitems; i++)
+        if (c->off[i] != delta__ip_off(a, i) || c->len[i] != delta__ip_len(a, i)) return 0;
+    return 1;
+}
+
+/* After a verified apply: c describes the target. */
+static int delta__ip_cache_keep(const delta__ip *a, delta_ip_cache *c, int fits)
+{
+    if (!fits) {
+        delta_ip_cache_free(c);
+        c->n = a->nitems;
+        c->off = calloc(c->n + 1, sizeof *c->off);
+        c->len = calloc(c->n + 1, sizeof *c->len);
+        c->dig = calloc(c->n + 1, sizeof *c->dig);
+        c->wrote[0] = calloc(c->n + 1, 1);
+        c->wrote[1] = calloc(c->n + 1, 1);
+        if (!c->off || !c->len || !c->dig || !c->wrote[0] || !c->wrote[1]) {
+            delta_ip_cache_free(c);
+            return SH_OK; /* no cache: the next apply hashes everything */
+        }
+        for (size_t i = 0; i < c->n; i++) c->off[i] = delta__ip_off(a, i), c->len[i] = delta__ip_len(a, i);
+        c->applies = 0;
+    }
+    uint8_t *w = c->wrote[1];
+    c->wrote[1] = c->wrote[0];
+    c->wrote[0] = w;
+    for (size_t i = 0; i < c->n; i++) {
+        const delta__chunk *ch = &a->d->tensors[a->tensor[i]].chunks[a->chunk[i]];
+        w[i] = ch->enc != DELTA__SAME;
+    }
+    memcpy(c->dig, a->dig, c->n * sizeof *c->dig);
+    c->valid = 1;
+    c->applies++;
+    return SH_OK;
+}
+
 int delta_apply_mem_inplace(uint8_t *img, size_t len, const delta *d, const delta_opts *o)
+{
+    return delta_apply_mem_inplace_cached(img, len, d, o, NULL);
+}
+
+int delta_apply_mem_inplace_cached(uint8_t *img, size_t len, const delta *d, const delta_opts *o,
+                                   delta_ip_cache *cache)
 {
     SH_TRY(delta__ip_check(img, len, d));
     delta__ip a = {.d = d, .img = img};
@@ -147,9 +216,12 @@ int delta_apply_mem_inplace(uint8_t *img, size_t len, const delta *d, const delt
         for (size_t c = 0; t < d->ntensors && c < d->tensors[t].nchunks; c++, k++)
             a.tensor[k] = (uint32_t)t, a.chunk[k] = (uint32_t)c;
     }
+    int fits = rc == SH_OK && delta__ip_cache_fits(&a, cache);
+    if (fits) a.cache = cache;
     int threads = o ? o->threads : 0;
     if (rc == SH_OK) rc = delta__parallel(threads, a.nitems, delta__ip_item, &a);
     if (rc == SH_OK) rc = delta__ip_verify(&a);
+    if (rc == SH_OK && cache) rc = delta__ip_cache_keep(&a, cache, fits);
     if (rc < 0 && a.applied) {
         /* Undo everything written, keeping the first error's message. */
         char msg[1024];

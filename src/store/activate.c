@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "shoal/delta.h"
 #include "store/replica.h"
 
 void store__replica_error(store_replica *r)
@@ -44,22 +45,23 @@ static int fsync_file_and_dir(const char *path, const char *dir)
  * double buffer); an older one is let go. */
 static void retire(store_replica *r, model *old)
 {
-    store__model_unref(r, r->prev);
+    pthread_mutex_lock(&r->mu);
+    model *was = r->prev;
     r->prev = old;
+    pthread_mutex_unlock(&r->mu);
+    store__model_unref(r, was);
 }
 
-/* Takes r->prev's file for `out` when nothing else uses it: no lease, and
- * no other name (a pushed anchor is a hard link to the push node's spool
- * file, which the node may still forward from).  Returns 1 when `out` is
- * now that file. */
-static int recycle_prev(store_replica *r, const char *out)
+int store__take_prev(store_replica *r, const char *out, uint64_t *version)
 {
-    model *m = r->prev;
-    if (!m) return 0;
+    /* r->prev is taken under the lock: the push thread takes it too (a
+     * spool file for an anchor: reuse_file in replica.c). */
     pthread_mutex_lock(&r->mu);
-    int leased = m->refs > 1;
-    pthread_mutex_unlock(&r->mu);
+    model *m = r->prev;
+    int leased = m && m->refs > 1;
     r->prev = NULL;
+    pthread_mutex_unlock(&r->mu);
+    if (!m) return 0;
     if (leased) {
         store__model_unref(r, m); /* deleted when its last lease ends */
         return 0;
@@ -70,6 +72,7 @@ static int recycle_prev(store_replica *r, const char *out)
     m->fp8 = NULL;
     int ok = mine && rename(m->path, out) == 0;
     if (ok) sh_debug("replica %s: recycling the file of v%llu for %s", r->dir, (unsigned long long)m->version, out);
+    if (ok && version) *version = m->version;
     store__model_free(m, !ok && !m->keep);
     return ok;
 }
@@ -173,6 +176,7 @@ static int img_alloc(store_replica *r, uint64_t size)
 void store__img_free(store_replica *r)
 {
     if (r->img) munmap(r->img, r->img_cap);
+    delta_ip_cache_free(&r->ipc);
     r->img = NULL;
     r->img_cap = 0;
     r->img_version = 0;
@@ -182,6 +186,7 @@ void store__img_free(store_replica *r)
 static int img_load(store_replica *r, const model *m)
 {
     r->img_version = 0;
+    r->ipc.valid = 0; /* the next apply hashes every chunk once */
     SH_TRY(img_alloc(r, m->size));
     memcpy(r->img, m->map, m->size);
     r->img_version = m->version;
@@ -202,20 +207,57 @@ int store__prepare_image(store_replica *r, int quiet)
     return 0;
 }
 
+/* Which chunks of the image differ from a recycled file that holds version
+ * `held`: those the last in-place apply wrote when the file holds its base,
+ * those of the last two when it holds the base of the one before (the
+ * double buffer's usual case); NULL: all of them. */
+static const uint8_t *img_changed_since(store_replica *r, uint64_t held, uint8_t *both)
+{
+    const delta_ip_cache *c = &r->ipc;
+    if (!held || !c->valid || c->applies < 1) return NULL;
+    if (held == r->ip_base[0]) return c->wrote[0];
+    if (c->applies < 2 || held != r->ip_base[1] || !both) return NULL;
+    for (size_t i = 0; i < c->n; i++) both[i] = c->wrote[0][i] | c->wrote[1][i];
+    return both;
+}
+
 /* Writes the image to `out`: into the previous model's file when it can be
  * recycled (its pages are overwritten: no page is allocated, zeroed or
- * freed), else a new file.  activate() makes it durable. */
+ * freed), else a new file.  A recycled file that held a version the last
+ * one or two in-place applies started from gets only the chunks they
+ * wrote: the rest of it already holds the same bytes (same layout, chunks
+ * the deltas left alone), so the write costs what changed.  activate()
+ * makes it durable. */
 static int img_write(store_replica *r, const char *out)
 {
-    int reuse = recycle_prev(r, out);
-    int fd = open(out, O_WRONLY | O_CLOEXEC | (reuse ? 0 : O_CREAT | O_TRUNC), 0644);
+    uint64_t held = 0;
+    int reuse = store__take_prev(r, out, &held);
+    int fd = open(out, O_RDWR | O_CLOEXEC | (reuse ? 0 : O_CREAT | O_TRUNC), 0644);
     if (fd < 0) return sh_err_errno(errno, "create %s", out);
-    int e = posix_fallocate(fd, 0, (off_t)r->img_size);
-    int rc = e && e != EOPNOTSUPP && e != EINVAL
-                 ? sh_err_errno(e, "reserve %llu bytes for %s", (unsigned long long)r->img_size, out)
-                 : SH_OK;
-    if (rc == 0) rc = sh_pwrite_all(fd, r->img, (size_t)r->img_size, 0, out);
-    if (rc == 0 && reuse && ftruncate(fd, (off_t)r->img_size) < 0) rc = sh_err_errno(errno, "truncate %s", out);
+    struct stat st;
+    int rc = fstat(fd, &st) < 0 ? sh_err_errno(errno, "stat %s", out) : SH_OK;
+    int same_size = rc == 0 && (uint64_t)st.st_size == r->img_size;
+    if (rc == 0 && !same_size) {
+        int e = posix_fallocate(fd, 0, (off_t)r->img_size);
+        if (e && e != EOPNOTSUPP && e != EINVAL)
+            rc = sh_err_errno(e, "reserve %llu bytes for %s", (unsigned long long)r->img_size, out);
+        if (rc == 0 && ftruncate(fd, (off_t)r->img_size) < 0) rc = sh_err_errno(errno, "truncate %s", out);
+    }
+    uint8_t *both = reuse && same_size ? malloc(r->ipc.n + 1) : NULL;
+    const uint8_t *changed = reuse && same_size ? img_changed_since(r, held, both) : NULL;
+    /* Through the mapping this file had when it was last written here (a
+     * recycled file): a write() would copy through the kernel at the cost
+     * of a first write to every page. */
+    uint8_t *map = NULL;
+    if (rc == 0) rc = sh_map_keep(fd, r->img_size, 1, &map);
+    if (rc == 0 && map && changed) {
+        for (size_t i = 0; i < r->ipc.n; i++)
+            if (changed[i]) memcpy(map + r->ipc.off[i], r->img + r->ipc.off[i], r->ipc.len[i]);
+    } else if (rc == 0 && map) {
+        memcpy(map, r->img, (size_t)r->img_size);
+    }
+    sh_map_keep_release(map, r->img_size, fd, 1);
+    free(both);
     close(fd);
     if (rc < 0) unlink(out);
     return rc;
@@ -237,7 +279,9 @@ static int apply_delta(store_replica *r, const pending *p, const model *cur, con
         sh_warn("replica %s: no model image (%s)", r->dir, sh_errmsg());
     if (r->img_version == cur->version && cur->size == size) {
         r->img_version = 0; /* until the patch is verified */
-        SH_TRY(store__delta_patch_mem(r->img, size, p->payload));
+        SH_TRY(store__delta_patch_mem(r->img, size, p->payload, &r->ipc));
+        r->ip_base[1] = r->ip_base[0];
+        r->ip_base[0] = cur->version;
         r->img_version = p->ver.version;
         return img_write(r, out);
     }

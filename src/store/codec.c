@@ -97,14 +97,14 @@ int store__delta_build(const ckpt *base, const char *delta_path, uint64_t size, 
  * memory.  The delta is applied to it in place, so only the changed
  * elements are written; the codec hashes each chunk once and checks the
  * target digests, undoing every write on failure (img then still holds the
- * base). */
-int store__delta_patch_mem(uint8_t *img, uint64_t size, const char *delta_path)
+ * base).  With a cache, chunks the delta leaves alone are not hashed again. */
+int store__delta_patch_mem(uint8_t *img, uint64_t size, const char *delta_path, delta_ip_cache *cache)
 {
     char *buf = NULL;
     delta *d = NULL;
     int rc = load_delta(delta_path, size, &buf, &d);
     delta_opts o = {0};
-    if (rc == 0) rc = delta_apply_mem_inplace(img, (size_t)size, d, &o);
+    if (rc == 0) rc = delta_apply_mem_inplace_cached(img, (size_t)size, d, &o, cache);
     delta_free(d);
     free(buf);
     return rc;

@@ -46,6 +46,7 @@ int store__delta_build(const struct ckpt *base, const char *delta_path, uint64_t
 /* Applies delta_path in place to img (`size` bytes), a copy of its base in
  * memory: only changed elements are written; verified; on failure img
  * still holds the base. */
-int store__delta_patch_mem(uint8_t *img, uint64_t size, const char *delta_path);
+struct delta_ip_cache;
+int store__delta_patch_mem(uint8_t *img, uint64_t size, const char *delta_path, struct delta_ip_cache *cache);
 
 #endif

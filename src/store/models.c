@@ -22,25 +22,24 @@ int store__model_open(const char *path, uint64_t version, model **out)
     m->version = version;
     m->refs = 1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    m->fd = fd;
     struct stat st;
     int rc = fd < 0 ? sh_err_errno(errno, "open %s", path) : 0;
     if (rc == 0 && fstat(fd, &st) < 0) rc = sh_err_errno(errno, "stat %s", path);
     if (rc == 0 && st.st_size > 0) {
         m->size = (uint64_t)st.st_size;
         /* Populated now, outside the swap, so that the first requests on the
-         * new version do not pay its page faults. */
-        m->map = mmap(NULL, m->size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-        if (m->map == MAP_FAILED) {
-            m->map = NULL;
-            rc = sh_err_errno(errno, "mmap %s", path);
-        }
+         * new version do not pay its page faults; a recycled file (the
+         * double buffer) gets the mapping it had as the model before. */
+        rc = sh_map_keep(fd, m->size, 0, &m->map);
+        if (rc < 0) rc = sh_err_wrap(rc, "%s", path);
     }
-    if (fd >= 0) close(fd);
     /* Verification includes the format: a version that is not a valid
      * checkpoint never becomes active. */
     if (rc == 0) rc = ckpt_open_mem(m->map, m->size, path, &m->ck);
     if (rc < 0) {
-        if (m->map) munmap(m->map, m->size);
+        sh_map_keep_release(m->map, m->size, -1, 0);
+        if (fd >= 0) close(fd);
         free(m);
         return rc;
     }
@@ -53,8 +52,9 @@ void store__model_free(model *m, int unlink_files)
     if (!m) return;
     store__model_free(m->fp8, unlink_files);
     ckpt_close(m->ck);
-    if (m->map) munmap(m->map, m->size);
     if (unlink_files) unlink(m->path);
+    sh_map_keep_release(m->map, m->size, m->fd, 0);
+    if (m->fd >= 0) close(m->fd);
     free(m);
 }
 

@@ -135,6 +135,19 @@ static void on_chunk(void *arg, uint64_t version, uint32_t index, uint32_t nchun
     pthread_mutex_unlock(&r->mu);
 }
 
+/* A spool file for a whole model's payload (an anchor): the model file the
+ * last activation replaced, whose pages the payload overwrites, instead of
+ * a new file whose every page the kernel must allocate and zero.  A small
+ * payload (a delta) leaves it for the next delta's build. */
+static int reuse_file(void *arg, uint64_t size, const char *path)
+{
+    store_replica *r = arg;
+    pthread_mutex_lock(&r->mu);
+    int fits = r->prev && size > r->prev->size / 2;
+    pthread_mutex_unlock(&r->mu);
+    return fits && store__take_prev(r, path, NULL);
+}
+
 static void *net_main(void *arg)
 {
     store_replica *r = arg;
@@ -188,6 +201,7 @@ static int start_push(store_replica *r)
     bc.name = name;
     bc.on_object = on_object;
     bc.on_chunk = on_chunk;
+    bc.reuse_file = reuse_file;
     bc.arg = r;
     return bcast_node_new(&bc, &r->node);
 }

@@ -7,13 +7,15 @@
 #include <pthread.h>
 
 #include "shoal/ckpt.h"
+#include "shoal/delta.h"
 #include "store/internal.h"
 
 typedef struct model {
     int refs;
     uint64_t version;
     uint64_t size;
-    uint8_t *map;
+    uint8_t *map; /* a kept mapping (sh_map_keep) of fd */
+    int fd;
     ckpt *ck; /* parsed once, before activation: leases get tensor views */
     char path[4096];
     struct model *fp8; /* --fp8: the FP8 serving copy of the same version */
@@ -55,7 +57,9 @@ struct store_replica {
     size_t img_cap;
     uint64_t img_size, img_version;
     int img_wanted; /* load the image when the push tree is quiet */
-    model *prev;    /* the model the last activation replaced (recycled) */
+    delta_ip_cache ipc;  /* chunk digests of the image, chunks the last applies wrote */
+    uint64_t ip_base[2]; /* the bases of those applies ([0]: the last) */
+    model *prev;    /* the model the last activation replaced (recycled; under mu) */
 };
 
 /* models.c */
@@ -72,6 +76,12 @@ int store__restore_active(store_replica *r);
 void store__clean_leftovers(store_replica *r);
 /* activate.c */
 void store__replica_error(store_replica *r);
+/* Takes r->prev's file for `out` (renames it there) when nothing else uses
+ * it: no lease, and no other name (a pushed anchor is a hard link to the
+ * push node's spool file, which the node may still forward from).  Returns
+ * 1 when `out` is now that file (*version, if given, the version it held),
+ * else 0; r->prev is let go either way.  Any thread. */
+int store__take_prev(store_replica *r, const char *out, uint64_t *version);
 int store__apply_pending(store_replica *r, pending *p);
 int store__sync_from_store(store_replica *r);
 /* Idle work on the apply thread: loads the image of the active version
