@@ -144,6 +144,9 @@ typedef struct sim_report {
     uint64_t decisions;
     double sched_cpu_s;               /* this thread's CPU time in sched_step */
     double decisions_per_s;           /* decisions / sched_cpu_s */
+    /* A hash of every decision in order (kind, time, job, nodes, places,
+     * scale-ups): equal hashes mean the same decision stream. */
+    uint64_t decisions_hash;
     uint64_t preemptions, failures, failures_survived, requeues, replaces, restarts;
     uint64_t partial_gangs, hold_timeouts;
     double held_gpu_hours;

@@ -199,10 +199,21 @@ static int raw_fits(const sched *s, const sjob *j)
             if (j->types[t] < s->ntpools) total += s->tpools[j->types[t]].ge[j->gpn];
     if (total < need) return 0;
     if (need == 1) return 1;
-    const uint32_t *jp;
-    size_t n = sched__job_pools(s, j, &jp);
-    for (size_t k = 0; k < n; k++)
-        if (sched__pool_fits(&s->pools[jp[k]], need, j->gpn)) return 1;
+    if (s->plain_cycle) {
+        const uint32_t *jp;
+        size_t n = sched__job_pools(s, j, &jp);
+        for (size_t k = 0; k < n; k++)
+            if (sched__pool_fits(&s->pools[jp[k]], need, j->gpn)) return 1;
+        return 0;
+    }
+    /* The largest pool count of each allowed type answers for all its pools. */
+    if (!j->ntypes) {
+        for (uint32_t t = 0; t < s->ntpools; t++)
+            if (sched__type_fits(s, t, need, j->gpn)) return 1;
+        return 0;
+    }
+    for (int t = 0; t < j->ntypes; t++)
+        if (sched__type_fits(s, j->types[t], need, j->gpn)) return 1;
     return 0;
 }
 
@@ -363,7 +374,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     uint64_t walk_id = ++s->walk_id;
     /* Sweeps leave the stop to chance when autoscaling: blocked_since is
      * set only on the jobs a walk reaches, and scale-ups read it. */
-    int sweep = !s->plain_cycle && !(s->cfg.autoscale && s->nquotas), next_sweep = 128;
+    int sweep = !s->plain_cycle && !(s->cfg.autoscale && s->nquotas), next_sweep = 0;
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
         uint32_t ti, ji = next_job(s, &ti, fair);
@@ -371,7 +382,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
         int quiet = !s->preemptible_gpus || nopre >= s->nshapes_live;
         if (sweep && scanned >= next_sweep && s->nresv >= max_resv && (dead < s->nshapes_live || !quiet)) {
             sweep_shapes(s, walk_id, &dead, &nopre, now);
-            next_sweep = scanned * 2;
+            next_sweep = scanned * 2 + 16;
             quiet = !s->preemptible_gpus || nopre >= s->nshapes_live;
         }
         /* No shape still queued can start or preempt: the rest of the walk

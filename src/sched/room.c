@@ -405,7 +405,20 @@ static uint32_t best_victim_pool(sched *s, const sjob *j)
     uint32_t bestp = NONE;
     const uint32_t *jp;
     size_t njp = sched__job_pools(s, j, &jp), m;
+    /* Fast path: a pool more than max_victims nodes short of free ones
+     * fails pool_victims' first test, so a type whose largest count is
+     * that short is skipped whole. */
+    int low = j->nodes - s->cfg.max_victims;
+    if (!s->plain_cycle && low > 0) {
+        int any = 0;
+        if (!j->ntypes) {
+            for (uint32_t t = 0; t < s->ntpools && !any; t++) any = sched__type_fits(s, t, low, j->gpn);
+        } else
+            for (int t = 0; t < j->ntypes && !any; t++) any = sched__type_fits(s, j->types[t], low, j->gpn);
+        if (!any) return NONE;
+    }
     for (size_t q = 0; q < njp; q++) {
+        if (!s->plain_cycle && low > 0 && !sched__type_fits(s, s->pools[jp[q]].type, low, j->gpn)) continue;
         int total = pool_victims(s, j, jp[q], &vn, &capvn, &m);
         if (total >= 0 && total < best) best = total, bestp = jp[q];
     }

@@ -131,7 +131,7 @@ void sched_free(sched *s)
     free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
     for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap);
     free(s->elastic), free(s->allpools), free(s->shapes), free(s->freejobs), free(s->forgot_cost_t);
-    for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v);
+    for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v), free(s->tpools[i].ge_hist);
     free(s->tpools);
     free(s);
 }
@@ -160,6 +160,8 @@ static uint32_t pool_of(sched *s, uint32_t z, uint32_t f, uint32_t t)
     struct stpools *tp = &s->tpools[t];
     if (GROW(tp->v, tp->cap, tp->n + 1) < 0) return NONE;
     tp->v[tp->n++] = pi;
+    if (tp->hcap)
+        for (int g = 0; g <= MAXG; g++) tp->ge_hist[g * tp->hcap]++; /* the new pool: ge 0 */
     s->npools++;
     return pi;
 }
@@ -185,6 +187,7 @@ int sched_node_add(sched *s, const sched_node_spec *n, double now)
     SH_TRY(GROW(s->nodes, s->capnodes, s->nnodes + 1));
     spool *p = &s->pools[pi];
     SH_TRY(GROW(p->nodes, p->capnodes, p->nnodes + 1));
+    SH_TRY(sched__type_hist_grow(s, t, p->nnodes + 1));
     uint32_t ni = (uint32_t)s->nnodes;
     snode *nd = &s->nodes[ni];
     memset(nd, 0, sizeof *nd);

@@ -268,6 +268,16 @@ struct sched {
         uint32_t *v;
         size_t n, cap;
         int ge[MAXG + 1]; /* UP nodes of the type with at least g free GPUs */
+        /* The most UP nodes with at least g free GPUs in any one pool of
+         * the type (max_ge[g]), kept exact in O(1) per change by a count
+         * of the type's pools at each value of their ge[g]
+         * (ge_hist[g * hcap + v]): ge moves by one at a time, so when the
+         * last pool at the maximum steps down, the new maximum is one
+         * less.  Lets a gang that fits no pool of a type (or cannot get
+         * within max_victims nodes of fitting) rule the type out at once. */
+        int max_ge[MAXG + 1];
+        int *ge_hist;
+        size_t hcap; /* > any of the type's pools' node count */
     } *tpools;           /* pools of each GPU type, by name index */
     int ge_all[MAXG + 1]; /* UP nodes of any type with at least g free GPUs */
     size_t ntpools;
@@ -305,6 +315,13 @@ int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi);
 size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out);
 /* The pools of one GPU type. */
 size_t sched__type_pools(const sched *s, uint32_t type, const uint32_t **out);
+/* Makes room in type t's ge histogram for pools of up to n nodes. */
+int sched__type_hist_grow(sched *s, uint32_t t, size_t n);
+/* Whether some pool of type t has at least n UP nodes with g free GPUs. */
+static inline int sched__type_fits(const sched *s, uint32_t t, int n, int g)
+{
+    return t < s->ntpools && g <= MAXG && s->tpools[t].max_ge[g] >= n;
+}
 int sched__pool_fits(const spool *p, int n, int g);
 int sched__never_fits(sched *s, const sjob *j, char *why, size_t cap);
 typedef struct scand {

@@ -400,6 +400,28 @@ static double cpu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static uint64_t str_hash(const char *v) { return v ? sh_hash64_of(v, strlen(v)) : 0; }
+
+/* Folds the decisions of the cycle at `now` into the report's hash. */
+static void hash_decisions(run *R, double now)
+{
+    uint64_t h = R->r->decisions_hash;
+    for (size_t i = 0; i < R->d.n; i++) {
+        const sched_decision *x = &R->d.v[i];
+        struct { uint64_t h; double now, ready; int64_t kind, n, count; uint64_t job, node, zone, fabric, type; } k;
+        memset(&k, 0, sizeof k);
+        k.h = h, k.now = now, k.ready = x->ready_s, k.kind = x->kind, k.n = x->n, k.count = (int64_t)x->count;
+        k.job = str_hash(x->job), k.node = str_hash(x->node);
+        k.zone = str_hash(x->zone), k.fabric = str_hash(x->fabric), k.type = str_hash(x->gpu_type);
+        h = sh_hash64_of(&k, sizeof k);
+        for (size_t p = x->first; p < x->first + x->count; p++) {
+            struct { uint64_t h, node; int64_t gpus; } q = {h, str_hash(R->d.places[p].node), R->d.places[p].gpus};
+            h = sh_hash64_of(&q, sizeof q);
+        }
+    }
+    R->r->decisions_hash = h;
+}
+
 /* One batch: every event at time `now`, then one scheduling cycle. */
 static int cycle(run *R, double now)
 {
@@ -407,6 +429,7 @@ static int cycle(run *R, double now)
     int n = sched_step(R->s, now, &R->d);
     R->r->sched_cpu_s += cpu_now() - c0;
     if (n < 0) return n;
+    hash_decisions(R, now);
     for (size_t i = 0; i < R->d.n; i++) SH_TRY(apply(R, &R->d.v[i], now));
     if (R->o->check) {
         int rc = sched_check(R->s, now);
