@@ -224,7 +224,9 @@ static int raw_fits(const sched *s, const sjob *j)
  * shorter run. */
 static void shape_probe(sched *s, const sshape *sh, sjob *probe)
 {
-    memset(probe, 0, sizeof *probe);
+    /* No memset: the probes are per-thread statics that only this sets, and
+     * the searches read no other field (clearing a whole sjob twice per
+     * shape per sweep showed in perf). */
     probe->kind = sh->kind, probe->nodes = sh->nodes, probe->maxr = sh->nodes, probe->gpn = sh->gpn;
     probe->ntypes = sh->ntypes;
     probe->shape = sh->shape, probe->priority = sh->max_prio;
@@ -276,19 +278,41 @@ static int shape_may_preempt(sched *s, const sshape *sh)
  * its marks afresh), so a dead shape stays dead, and the walk's stop
  * changes no decision.  With preemptible work running, each shape is also
  * marked when none of its gangs could preempt. */
-static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre, double now)
+static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre, uint64_t *calm, double now)
 {
     for (size_t i = 0; i < s->capshapes && *dead < s->nshapes_live; i++) {
         sshape *sh = &s->shapes[i];
         if (!sh->shape || !sh->queued) continue;
         if (sh->dead_walk != walk_id && !shape_may_fit(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
     }
+    /* For skipping ahead: whether no queued gang can preempt for the rest
+     * of the walk (*calm = walk_id; calm_walk marks the shapes found so).
+     * That holds when every gang shape is dead and its search fails: a
+     * gang that cannot be placed has too few free unreserved nodes in every
+     * pool, and a start never makes its search succeed (a start that takes
+     * a free node adds at most one candidate while the gang needs one more,
+     * and adding a victim with the GPUs it took never lowers a node's
+     * count of victims).  A gang shape that is not dead may fit now and
+     * need victims after later starts. */
+    if (*calm != walk_id) {
+        int all = 1;
+        for (size_t i = 0; i < s->capshapes && all; i++) {
+            sshape *sh = &s->shapes[i];
+            if (!sh->shape || !sh->queued || sh->kind != SCHED_GANG) continue;
+            if (sh->dead_walk != walk_id) all = 0;
+            else if (sh->calm_walk != walk_id && sh->nopre_walk != walk_id) {
+                if (shape_may_preempt(s, sh)) all = 0;
+                else sh->calm_walk = walk_id;
+            }
+        }
+        if (all) *calm = walk_id;
+    }
     /* Only when every shape is dead may the walk stop, if none can preempt either. */
     if (*dead < s->nshapes_live || !s->preemptible_gpus) return;
     for (size_t i = 0; i < s->capshapes && *nopre < s->nshapes_live; i++) {
         sshape *sh = &s->shapes[i];
         if (!sh->shape || !sh->queued || sh->nopre_walk == walk_id) continue;
-        if (shape_may_preempt(s, sh)) return;
+        if (sh->calm_walk != walk_id && shape_may_preempt(s, sh)) return;
         sh->nopre_walk = walk_id, (*nopre)++;
     }
 }
@@ -312,13 +336,44 @@ static double job_key(const sched *s, const sjob *j, int fair)
     return j->submit + f * s->cfg.fair_window_s;
 }
 
-static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
+/* The entry of a shape with jobs queued, or NULL (a lookup that adds nothing). */
+static const sshape *shape_find(const sched *s, uint64_t shape)
+{
+    if (!s->capshapes) return NULL;
+    size_t k = shape & (s->capshapes - 1);
+    while (s->shapes[k].shape && s->shapes[k].shape != shape) k = (k + 1) & (s->capshapes - 1);
+    return s->shapes[k].shape ? &s->shapes[k] : NULL;
+}
+
+/* Moves tenant t's cursor past the holes that starts left and, when
+ * skip_walk is set, past jobs whose shape walk skip_walk marked dead,
+ * counting those in *skipped. */
+static void advance(const sched *s, stenant *t, uint64_t skip_walk, int *skipped)
+{
+    while (t->cursor < t->nq) {
+        uint32_t q = t->queue[t->cursor];
+        if (q != NONE) { /* NONE: started */
+            if (!skip_walk || (t->live_pos == t->cursor && t->live_walk == skip_walk)) return;
+            const sshape *sh = shape_find(s, s->jobs[q].shape);
+            if (!sh || sh->dead_walk != skip_walk) {
+                t->live_pos = t->cursor, t->live_walk = skip_walk;
+                return;
+            }
+            (*skipped)++;
+        }
+        t->cursor++;
+    }
+}
+
+/* skip_walk (0: none) skips, in every tenant queue, the jobs of shapes that
+ * walk marked dead; *skipped counts them. */
+static uint32_t next_job(sched *s, uint32_t *tenant, int fair, uint64_t skip_walk, int *skipped)
 {
     uint32_t bt = NONE, bj = NONE;
     double bk = 0;
     for (size_t ti = 0; ti < s->ntenants; ti++) {
         stenant *t = &s->tenants[ti];
-        while (t->cursor < t->nq && t->queue[t->cursor] == NONE) t->cursor++; /* started */
+        advance(s, t, skip_walk, skipped);
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
         if (t->kc_job != ji || t->kc_ver != s->busy_ver || t->kc_fair != fair || s->plain_cycle) {
@@ -375,13 +430,28 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     /* Sweeps leave the stop to chance when autoscaling: blocked_since is
      * set only on the jobs a walk reaches, and scale-ups read it. */
     int sweep = !s->plain_cycle && !(s->cfg.autoscale && s->nquotas), next_sweep = 0;
+    /* Skipping ahead: once the reservations are made and no queued gang
+     * can preempt, a job of a dead shape has nothing left to do in this
+     * walk (no start, no victim, no reservation), so the tenant queues skip
+     * past such jobs without visiting them.  The order of the jobs still
+     * visited is the walk's own: each tenant queue is sorted by queue key
+     * (while submit times never go back), and taking out jobs the walk
+     * would pass over leaves the merge of the rest as it was.  Skipped jobs
+     * count as scanned, and the walk only skips while it cannot reach its
+     * scan limit. */
+    int can_skip = sweep && !reserve_only && s->cfg.policy != SCHED_POLICY_FIFO && !s->submit_unsorted;
+    uint64_t calm = 0; /* walk_id when no queued gang can preempt */
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
-        uint32_t ti, ji = next_job(s, &ti, fair);
+        int quiet = !s->preemptible_gpus || nopre >= s->nshapes_live, skipped = 0;
+        uint64_t skip_walk = can_skip && calm == walk_id && s->nresv >= max_resv &&
+                                     (size_t)scanned + s->queued < (size_t)limit
+                                 ? walk_id : 0;
+        uint32_t ti, ji = next_job(s, &ti, fair, skip_walk, &skipped);
+        scanned += skipped;
         if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
-        int quiet = !s->preemptible_gpus || nopre >= s->nshapes_live;
         if (sweep && scanned >= next_sweep && s->nresv >= max_resv && (dead < s->nshapes_live || !quiet)) {
-            sweep_shapes(s, walk_id, &dead, &nopre, now);
+            sweep_shapes(s, walk_id, &dead, &nopre, &calm, now);
             next_sweep = scanned * 2 + 16;
             quiet = !s->preemptible_gpus || nopre >= s->nshapes_live;
         }
@@ -505,7 +575,7 @@ static int firstfit_pass(sched *s, sched_decisions *d, double now)
     int scanned = 0;
     uint64_t memo[MEMO] = {0}; /* shapes with no room for even one pod */
     for (;;) {
-        uint32_t ti, ji = next_job(s, &ti, 0);
+        uint32_t ti, ji = next_job(s, &ti, 0, 0, NULL);
         if (ji == NONE || scanned >= MAX_SCAN || s->gpus_up - s->gpus_busy <= 0) break;
         sjob *j = &s->jobs[ji];
         int rc = 0;
@@ -719,7 +789,7 @@ size_t sched_queue(const sched *s, const char **out, size_t cap)
     for (size_t t = 0; t < m->ntenants; t++) m->tenants[t].cursor = 0;
     size_t n = 0;
     for (;;) {
-        uint32_t ti, ji = next_job(m, &ti, m->cfg.policy == SCHED_POLICY_SHOAL);
+        uint32_t ti, ji = next_job(m, &ti, m->cfg.policy == SCHED_POLICY_SHOAL, 0, NULL);
         if (ji == NONE) break;
         if (n < cap) out[n] = m->jobs[ji].id;
         n++;

@@ -95,11 +95,14 @@ static void heap_down(struct slen *h, size_t n, size_t i)
 
 double sched__shape_min_len(const sched *s, sshape *sh)
 {
+    if (sh->len_gen == sh->gen + 1) return sh->len;
     while (sh->nheap && !heap_valid(s, sh, &sh->heap[0])) {
         sh->heap[0] = sh->heap[--sh->nheap];
         heap_down(sh->heap, sh->nheap, 0);
     }
-    return sh->nheap ? sh->heap[0].len : INFINITY;
+    sh->len = sh->nheap ? sh->heap[0].len : INFINITY;
+    sh->len_gen = sh->gen + 1;
+    return sh->len;
 }
 
 static int heap_push(sched *s, sshape *sh, double len, uint32_t ji)
@@ -150,6 +153,7 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
         if (j->priority > sh->max_prio) sh->max_prio = j->priority;
     }
     j->qgen++;
+    sh->gen++;
     SH_TRY(heap_push(s, sh, len, ji));
     j->state = SCHED_QUEUED;
     j->queued_since = now;
@@ -160,6 +164,7 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
 static void shape_dec(sched *s, const sjob *j)
 {
     sshape *sh = sched__shape(s, j->shape);
+    if (sh) sh->gen++;
     if (sh && sh->queued && !--sh->queued) s->nshapes_live--;
 }
 
@@ -291,6 +296,8 @@ int sched_job_submit(sched *s, const sched_job_spec *js, double now)
     j->est_s = js->est_s > 0 ? js->est_s : s->cfg.default_est_s;
     j->priority = js->priority, j->on_fail = js->on_fail, j->replace_wait_s = js->replace_wait_s;
     j->submit = now, j->first_start = j->start = j->end = -1;
+    if (now < s->last_submit) s->submit_unsorted = 1;
+    s->last_submit = now;
     j->blocked_since = -1, j->resv_promise = -1, j->pool = NONE;
     j->order = ++s->seq;
     char why[256];

@@ -126,6 +126,10 @@ typedef struct stenant {
     uint32_t kc_job;
     int kc_fair, kc_prio;
     uint64_t kc_ver;
+    /* queue[live_pos] was found not skippable in the walk live_walk (a
+     * cache: a stale entry only makes the walk visit a job it could skip). */
+    size_t live_pos;
+    uint64_t live_walk;
     double kc_key, kc_order;
     double *cost_t; /* by type index */
     size_t ncost;
@@ -168,6 +172,7 @@ typedef struct sshape {
     size_t queued;    /* queued jobs of this shape */
     uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
     uint64_t nopre_walk; /* the walk that found its gangs cannot preempt */
+    uint64_t calm_walk;  /* the same, found before every shape was dead (not counted in nopre) */
     int max_prio;       /* an upper bound of its queued jobs' priorities */
     double min_est;     /* a lower bound of the queued jobs' estimates */
     /* What placement needs of the shape, for probes without a job at hand
@@ -182,6 +187,10 @@ typedef struct sshape {
      * exact shortest queued job (sched__shape_min_len). */
     struct slen { double len; uint32_t job, gen; } *heap;
     size_t nheap, capheap;
+    /* The heap's answer, kept while no job of the shape joined or left the
+     * queue (gen counts those changes; len_gen = gen + 1 when len is current). */
+    uint64_t gen, len_gen;
+    double len;
 } sshape;
 
 /* A reservation made in the last step for a blocked head-of-line gang. */
@@ -257,6 +266,11 @@ struct sched {
     sshape *shapes;    /* open addressing by shape hash */
     size_t capshapes, nshapes_live, nshapes_used;
     uint64_t walk_id;
+    /* A job was submitted with an earlier time than the one before it: the
+     * tenant queues may then not be sorted by queue key, and the walk does
+     * not skip ahead in them. */
+    int submit_unsorted;
+    double last_submit;
     uint64_t busy_ver; /* bumped whenever GPUs in use change (keys of next_job) */
     /* 1 turns off the cycle's shortcuts (shape sweeps and probes, the
      * reservation-time cache, the preemption index and memo) to compare
