@@ -2,8 +2,9 @@
  * against a real fleet: nodes by zone and pool with their heartbeat ages, a
  * dead node, a running gang, the queue, costs, a job appearing without a
  * reload, a job's detail view with its events and log tail, and the page at
- * 800 px.  The screenshots are kept in docs/ (dashboard.png,
- * dashboard-job.png, dashboard-800.png). */
+ * 800 px.  The screenshots (dashboard.png, dashboard-job.png,
+ * dashboard-800.png) go to build/shots; SHOAL_SHOTS=docs refreshes the
+ * ones the README shows. */
 #include "fleet_util.h"
 
 #include <signal.h>
@@ -53,7 +54,9 @@ static void test_dashboard_in_chromium(void **state)
                      (long long)gang, (long long)queued);
     tu_write_file(expect, e, (size_t)n);
     char *out = NULL;
-    int rc = tu_run(&out, "node tests/browser/dashboard.mjs %s %s docs %s", f.url, TF_ALICE, expect);
+    const char *shots = getenv("SHOAL_SHOTS") && *getenv("SHOAL_SHOTS") ? getenv("SHOAL_SHOTS") : "build/shots";
+    assert_int_equal(sh_mkdir_p(shots, 0755), 0);
+    int rc = tu_run(&out, "node tests/browser/dashboard.mjs %s %s %s %s", f.url, TF_ALICE, shots, expect);
     if (rc != 0) fail_msg("dashboard check (exit %d):\n%s", rc, out);
     assert_non_null(strstr(out, "dashboard ok"));
     free(out);

@@ -11,6 +11,52 @@
 #include "shoal/mainjob.h"
 #include "testutil.h"
 
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p++) n++;
+    return n;
+}
+
+/* The one plotting module: plain tick labels (never 1e+04), categorical
+ * axes, error bars, dashed series, legends and a standalone file. */
+static void test_plot(void **state)
+{
+    (void)state;
+    double x[3] = {0, 1, 2}, y[3] = {0.5, 0.4, 0.3}, e[3] = {0.05, 0.05, 0.05};
+    double bx[3] = {0, 20000, 45000}, by[3] = {1, 2500, 1.5e6};
+    mj_series big = {"bytes", "#111", bx, by, 3};
+    sh_buf b = {0};
+    mj_plot_lines(&b, "big", "steps", "bytes", &big, 1, 0);
+    sh_buf_append(&b, "", 1);
+    const char *svg = (const char *)b.data;
+    assert_null(strstr(svg, "e+"));
+    assert_non_null(strstr(svg, ">50k<"));  /* x axis up to a round 50,000 */
+    assert_non_null(strstr(svg, ">2M<"));   /* y axis up to a round 2,000,000 */
+    assert_int_equal(count(svg, "<polyline"), 1);
+    assert_int_equal(count(svg, "<svg"), 1);
+    assert_null(strstr(svg, "xmlns"));      /* inline in a report */
+    sh_buf_free(&b);
+
+    static const char *const cats[] = {"sync", "a", "b"};
+    static const char *const notes[] = {"dashed: other"};
+    mj_series two[2] = {{"solid", "#d00", x, y, 3, e, 0, 0}, {NULL, "#d00", x, y, 2, NULL, 1, 4}};
+    mj_axes a = {.title = "t", .xlabel = "x", .ylabel = "y", .ymin = 0.2, .ymax = 0.6, .xcats = cats, .ncats = 3,
+                 .notes = notes, .nnotes = 1, .standalone = 1};
+    mj_plot(&b, &a, two, 2);
+    sh_buf_append(&b, "", 1);
+    svg = (const char *)b.data;
+    assert_non_null(strstr(svg, "xmlns='http://www.w3.org/2000/svg'"));
+    assert_int_equal(count(svg, "<polyline"), 2);
+    assert_int_equal(count(svg, "stroke-dasharray"), 1);
+    assert_int_equal(count(svg, "<circle"), 3);       /* error bars of the first series only */
+    assert_int_equal(count(svg, "<rect x="), 1);      /* one legend entry: the second has no name */
+    assert_non_null(strstr(svg, ">sync<"));
+    assert_non_null(strstr(svg, ">dashed: other<"));
+    assert_non_null(strstr(svg, ">0.6<"));
+    sh_buf_free(&b);
+}
+
 static rl_config emu_config(void)
 {
     rl_config c;
@@ -238,6 +284,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_step_time),
+        cmocka_unit_test(test_plot),
         cmocka_unit_test(test_tune),
         cmocka_unit_test(test_speed_tables),
         cmocka_unit_test(test_counted_from_work),

@@ -68,18 +68,6 @@ static void write_sparse(const char *path, uint64_t seed, int changes)
     sh_buf_free(&h);
 }
 
-static uint64_t rss_anon(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
-    FILE *f = fopen(path, "r");
-    unsigned long kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "RssAnon: %lu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return (uint64_t)kb << 10;
-}
-
 /* Runs `shoal ARGS...` and returns its peak RssAnon; asserts exit 0. */
 static uint64_t peak_of(const char *a1, const char *a2, const char *a3, const char *a4,
                         const char *a5, const char *a6)
@@ -94,7 +82,7 @@ static uint64_t peak_of(const char *a1, const char *a2, const char *a3, const ch
     uint64_t peak = 0;
     int st = 0;
     for (;;) {
-        uint64_t r = rss_anon(pid);
+        uint64_t r = sh_rss_anon(pid);
         if (r > peak) peak = r;
         if (waitpid(pid, &st, WNOHANG) == pid) break;
         usleep(1000);

@@ -600,6 +600,93 @@ static void test_billing_per_second(void **state)
     sched_free(s);
 }
 
+/* The core chooses device indices (the lowest free, released with the
+ * place, kept by a restore, never handed out twice) and, with a journal,
+ * keeps each closed bill until the caller drops it. */
+static void test_devices_and_bills(void **state)
+{
+    static const tnode_row f[] = {{"h", "z", "f", "h100", 8, 3.6}, {NULL}};
+    sched_config c;
+    sched_config_default(&c, SCHED_POLICY_SHOAL);
+    c.bill_journal = 1;
+    sched *s = sched_new(&c);
+    assert_non_null(s);
+    sched_node_spec ns = {f[0].id, f[0].zone, f[0].fabric, f[0].type, f[0].gpus, f[0].price};
+    TU_OK(sched_node_add(s, &ns, 0));
+    sched_decisions d = {0};
+    sched_job_spec g = gang("g", 1, 3, 10);
+    submit(s, g, 0);
+    step(s, 0, &d);
+    const char *ids[] = {"f0", "f1", "f2"};
+    for (int i = 0; i < 3; i++) {
+        sched_job_spec fn = {.id = ids[i], .kind = SCHED_FUNCTION, .est_s = 10};
+        submit(s, fn, 1);
+    }
+    step(s, 1, &d);
+    sched_place p[4];
+    assert_int_equal(sched_job_alloc(s, "g", p, 4), 1);
+    assert_int_equal(p[0].gpu_mask, 0x7);
+    assert_true(p[0].since == 0);
+    uint64_t all = p[0].gpu_mask;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(sched_job_alloc(s, ids[i], p, 4), 1);
+        assert_int_equal(__builtin_popcountll(p[0].gpu_mask), 1);
+        assert_int_equal(all & p[0].gpu_mask, 0);
+        all |= p[0].gpu_mask;
+    }
+    assert_int_equal(all, 0x3f);
+    /* The decisions carry the same masks. */
+    for (size_t i = 0; i < d.n; i++)
+        assert_int_equal(__builtin_popcountll(d.places[d.v[i].first].gpu_mask), 1);
+    /* The gang ends after 10.2 s: one bill of 11 s x 3 GPUs at 0.001/GPU-s. */
+    TU_OK(sched_job_finish(s, "g", 10.2));
+    const sched_bill *b;
+    assert_int_equal(sched_bills(s, &b), 1);
+    assert_string_equal(b[0].job, "g");
+    assert_string_equal(b[0].node, "h");
+    assert_string_equal(b[0].gpu_type, "h100");
+    assert_int_equal(b[0].gpus, 3);
+    assert_int_equal(b[0].gpu_mask, 0x7);
+    assert_true(b[0].seconds == 11 && fabs(b[0].cost - 0.033) < 1e-9);
+    assert_true(fabs(b[0].cost - sched_cost_job(s, "g", NULL, 99)) < 1e-12);
+    /* The bill outlives the job's record. */
+    TU_OK(sched_job_forget(s, "g"));
+    assert_string_equal(b[0].job, "g");
+    sched_bills_done(s, 1);
+    assert_int_equal(sched_bills(s, &b), 0);
+    /* A 2-GPU elastic replica takes the lowest free indices: 0 and 1, which
+     * the gang let go. */
+    sched_job_spec e = {.id = "e", .kind = SCHED_ELASTIC, .nodes = 1, .max_replicas = 1, .gpus_per_node = 2,
+                        .est_s = 10};
+    submit(s, e, 11);
+    step(s, 11, &d);
+    assert_int_equal(sched_job_alloc(s, "e", p, 4), 1);
+    assert_int_equal(p[0].gpu_mask, 0x3);
+    assert_true(p[0].since == 11);
+    TU_OK(sched_check(s, 11));
+    /* A restore that names a device held already is refused whole; one with
+     * free devices and an earlier start keeps both. */
+    sched_job_spec r = gang("r", 1, 2, 10);
+    submit(s, r, 12);
+    sched_place bad = {"h", 0, 2, 0x6, 5};
+    assert_int_equal(sched_job_restore(s, "r", &bad, 1, 12), SH_EINVAL);
+    assert_non_null(strstr(sh_errmsg(), "held already"));
+    sched_place odd = {"h", 0, 2, 0x40, 5};
+    assert_int_equal(sched_job_restore(s, "r", &odd, 1, 12), SH_EINVAL);
+    sched_place good = {"h", 0, 2, 0xc0, 5};
+    TU_OK(sched_job_restore(s, "r", &good, 1, 12));
+    assert_int_equal(sched_job_alloc(s, "r", p, 4), 1);
+    assert_int_equal(p[0].gpu_mask, 0xc0);
+    /* Billed from 5, not from the restore at 12: 8 s x 2 GPUs so far. */
+    assert_true(fabs(sched_cost_job_open(s, "r", NULL, 13, NULL) - 0.016) < 1e-9);
+    double gs;
+    sched_cost_job_open(s, "r", "h100", 13, &gs);
+    assert_true(gs == 16);
+    TU_OK(sched_check(s, 13));
+    sched_decisions_free(&d);
+    sched_free(s); /* frees the bills still kept */
+}
+
 /* Forgetting ended jobs: totals unchanged, handles and ids reused, pending
  * news about a forgotten job dropped, memory bounded over many jobs. */
 static void test_forget(void **state)
@@ -1026,6 +1113,7 @@ int main(void)
         cmocka_unit_test(test_preemption_table),
         cmocka_unit_test(test_elastic_cost_per_work),
         cmocka_unit_test(test_billing_per_second),
+        cmocka_unit_test(test_devices_and_bills),
         cmocka_unit_test(test_forget),
         cmocka_unit_test(test_shortcuts_same_decisions),
         cmocka_unit_test(test_autoscale),

@@ -1,7 +1,8 @@
 /* The scheduler as the server shows it, against a real `shoal server` and
  * agents on loopback: every pending job carries the core's wait reason and
- * a start estimate (API, `shoal jobs`, `shoal job`), and a finished job
- * keeps its final cost and run time (`shoal jobs --state finished`). */
+ * a start estimate (API, `shoal jobs`, `shoal job`), a finished job keeps
+ * its final cost and run time (`shoal jobs --state finished`), and devices
+ * and bills come from the core alone. */
 #include "fleet_util.h"
 
 #include <math.h>
@@ -123,11 +124,83 @@ static void test_never_fits_while_down(void **state)
     json_decref(j);
 }
 
+static json_t *member_gpus(int64_t id)
+{
+    json_t *j = get_job(id);
+    json_t *g = json_incref(json_object_get(json_array_get(json_object_get(j, "members"), 0), "gpus"));
+    json_decref(j);
+    assert_true(json_is_array(g) && json_array_size(g) == 1);
+    return g;
+}
+
+/* The core chooses each member's devices and bills each place; the server
+ * shows both, and after a killed server restarts, the running places keep
+ * their devices and their bills run from the first placement. */
+static void test_core_devices_and_bill(void **state)
+{
+    memset(&F, 0, sizeof F);
+    tf_start_server(&F, "sched-3", 30);
+    tf_start_agents(&F, 1, "H100", 2, "z1", "ib");
+    int64_t id[2];
+    double seen[2];
+    for (int i = 0; i < 2; i++) {
+        char body[160];
+        snprintf(body, sizeof body, "{\"name\":\"f%d\",\"kind\":\"function\",\"gpus\":1,"
+                 "\"command\":[\"sleep\",\"4\"]}", i);
+        id[i] = tf_submit(&F, TF_ALICE, body);
+    }
+    for (int i = 0; i < 2; i++) {
+        json_decref(tf_wait_job(&F, id[i], "running", 20));
+        seen[i] = sh_now_wall(); /* placed no later than this */
+    }
+    json_t *g0 = member_gpus(id[0]), *g1 = member_gpus(id[1]);
+    json_int_t d0 = json_integer_value(json_array_get(g0, 0)), d1 = json_integer_value(json_array_get(g1, 0));
+    assert_true(d0 != d1 && d0 + d1 == 1); /* devices 0 and 1, one each */
+    int st;
+    json_t *nodes = tf_call(&F, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(nodes, "nodes"), 0), "gpus_used")), 2);
+    json_decref(nodes);
+
+    kill(F.server, SIGKILL);
+    waitpid(F.server, NULL, 0);
+    sh_sleep(1.5); /* a gap the bill must cover: the places were held */
+    tf_restart_server(&F);
+    json_t *a = member_gpus(id[0]);
+    assert_true(json_equal(a, g0));
+    json_decref(a);
+    double sum_s = 0;
+    for (int i = 0; i < 2; i++) {
+        json_t *j = tf_wait_job(&F, id[i], "succeeded", 30);
+        json_decref(j);
+        j = get_job(id[i]);
+        assert_true(json_is_true(json_object_get(j, "cost_final")));
+        double secs = json_real_value(json_object_get(j, "cost")) * 3600 / 2.5; /* 1 GPU at $2.5/h */
+        double end = json_real_value(json_object_get(j, "finished_at"));
+        /* Billed by the second, each allocation rounded up ... */
+        if (fabs(secs - round(secs)) > 1e-6) fail_msg("job %d billed %.6f s, not whole seconds", i, secs);
+        /* ... from the first placement, across the restart. */
+        if (secs < end - seen[i] - 1e-6)
+            fail_msg("job %d billed %.0f s, but it held its GPU at least %.2f s", i, secs, end - seen[i]);
+        if (secs > end - seen[i] + 30) fail_msg("job %d billed %.0f s, far past its run", i, secs);
+        sum_s += secs;
+        json_decref(j);
+    }
+    /* The tenant's costs are the same ledger rows. */
+    json_t *c = tf_call(&F, TF_ALICE, "GET", "/v1/costs", NULL, &st);
+    assert_int_equal(st, 200);
+    json_t *h = json_object_get(json_object_get(json_object_get(c, "by_tenant"), "alice"), "H100");
+    assert_true(fabs(json_real_value(json_object_get(h, "gpu_seconds")) - sum_s) < 1e-6);
+    json_decref(c);
+    json_decref(g0);
+    json_decref(g1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_pending_reason_and_final_cost, teardown),
         cmocka_unit_test_teardown(test_never_fits_while_down, teardown),
+        cmocka_unit_test_teardown(test_core_devices_and_bill, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

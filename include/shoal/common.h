@@ -171,6 +171,9 @@ double sh_now_wall(void);   /* seconds since the epoch */
 void sh_sleep(double seconds);
 /* Peak resident set size of this process in bytes (from getrusage). */
 uint64_t sh_peak_rss(void);
+/* Anonymous resident memory of process pid now, in bytes (RssAnon of
+ * /proc/PID/status: no page cache, no mapped files); 0 if unknown. */
+uint64_t sh_rss_anon(long pid);
 
 /* ---- Terminal progress bar ----------------------------------------------- */
 

@@ -136,6 +136,9 @@ typedef struct sched_config {
      * Slower; it must decide exactly what the default search decides,
      * which tests check. */
     int reference;
+    /* 1: keep every closed bill for sched_bills() until the caller drops
+     * it (a server's durable ledger).  0 (default): totals only. */
+    int bill_journal;
 } sched_config;
 
 /* Fills c with the defaults above for `policy`. */
@@ -227,11 +230,18 @@ typedef enum sched_decision_kind {
     SCHED_D_SCALE_DOWN = 9, /* ask the provider to release node `node` (now draining) */
 } sched_decision_kind;
 
-/* `gpus` GPUs of node `node` (one gang pod or one elastic replica). */
+/* `gpus` GPUs of node `node` (one gang pod or one elastic replica).  The
+ * core also chooses which GPUs: `gpu_mask` has bit g set for device index g
+ * (the lowest free indices; nodes of more than 64 GPUs get indices only
+ * below 64), and `since` is when the place was taken, on the core's clock.
+ * Given to sched_job_restore, a nonzero mask and a since > 0 are kept (the
+ * mask must be free on the node and name `gpus` devices). */
 typedef struct sched_place {
     const char *node;
     uint32_t node_ix;
     int gpus;
+    uint64_t gpu_mask;
+    double since;
 } sched_place;
 
 typedef struct sched_decision {
@@ -272,6 +282,27 @@ int sched_step(sched *s, double now, sched_decisions *out);
  * event (a hold or replace timeout, an autoscale threshold), or INFINITY. */
 double sched_next_wakeup(const sched *s);
 
+/* ---- Bills ------------------------------------------------------------------ */
+
+/* One closed allocation: billed when a place is released (the job ends, is
+ * preempted or requeued, shrinks, or loses a node), per second with each
+ * allocation's seconds rounded up.  Kept only with sched_config.bill_journal
+ * set, for a caller that makes bills durable (the server's ledger). */
+typedef struct sched_bill {
+    const char *job, *tenant, *node, *gpu_type;
+    int gpus;
+    uint64_t gpu_mask;
+    double since, until;     /* on the core's clock */
+    double seconds;          /* billed seconds: ceil(until - since) */
+    double cost;             /* seconds * gpus * the node's price per GPU-second */
+} sched_bill;
+
+/* The bills closed since the last sched_bills_done, oldest first; the
+ * strings stay valid until then, even for a job forgotten in between. */
+size_t sched_bills(const sched *s, const sched_bill **out);
+/* Drops the first n bills (the caller has made them durable). */
+void sched_bills_done(sched *s, size_t n);
+
 /* ---- Queries -------------------------------------------------------------- */
 
 typedef struct sched_job_info {
@@ -289,6 +320,7 @@ typedef struct sched_job_info {
     int preemptions;
     int backfilled;          /* started ahead of a reservation */
     double cost;             /* billed so far, in price units */
+    double cost_open;        /* of that, the places it holds now (not yet closed) */
     const char *reason;      /* SCHED_REJECTED: why */
     /* Queued jobs (else SCHED_WAIT_NONE, "" and -1): why it waits, in
      * words naming the pool, the job or the tenant, and when it should
@@ -319,6 +351,10 @@ size_t sched_job_alloc(const sched *s, const char *id, sched_place *out, size_t 
  * tenant or job NULL = everyone; gpu_type NULL = all types. */
 double sched_cost_tenant(const sched *s, const char *tenant, const char *gpu_type, double now);
 double sched_cost_job(const sched *s, const char *job, const char *gpu_type, double now);
+/* What the places job `id` holds now have cost so far (gpu_type NULL: all
+ * types): the part of sched_cost_job not yet closed into a bill; the billed
+ * GPU-seconds in *gpu_s when not NULL. */
+double sched_cost_job_open(const sched *s, const char *job, const char *gpu_type, double now, double *gpu_s);
 
 /* Queue order as the policy sees it now: up to cap job ids into out;
  * returns the queue length.  Call it between cycles (not from a thread

@@ -280,12 +280,22 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
         for (int i = 0; bwrap_base[i]; i++) argv[k++] = strdup(bwrap_base[i]);
         gpu_devices(d, argv, &k);
         /* The private /tmp hides a program that lives under /tmp (a build
-         * in a checkout there): show that one file, read-only. */
+         * in a checkout there): show that one file, read-only, and for
+         * shoal's client the shoal-core it runs from beside it (src/cli/main.c). */
         const char *prog = json_string_value(json_array_get(cmd, 0));
         if (prog && !strncmp(prog, "/tmp/", 5) && access(prog, X_OK) == 0) {
             argv[k++] = strdup("--ro-bind");
             argv[k++] = strdup(prog);
             argv[k++] = strdup(prog);
+            const char *base = strrchr(prog, '/') + 1;
+            char core[4200];
+            if (!strcmp(base, "shoal") &&
+                snprintf(core, sizeof core, "%.*sshoal-core", (int)(base - prog), prog) < (int)sizeof core &&
+                access(core, X_OK) == 0) {
+                argv[k++] = strdup("--ro-bind");
+                argv[k++] = strdup(core);
+                argv[k++] = strdup(core);
+            }
         }
         size_t i;
         json_t *v;

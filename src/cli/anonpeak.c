@@ -13,18 +13,6 @@
 
 #include "cli.h"
 
-uint64_t cli_rss_anon(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
-    FILE *f = fopen(path, "r");
-    unsigned long kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "RssAnon: %lu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return (uint64_t)kb << 10;
-}
-
 int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs)
 {
     *peak = 0;
@@ -42,7 +30,7 @@ int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs)
     if (e) return sh_err_errno(e, "start shoal %s %s", argv[1], argv[2] ? argv[2] : "");
     int st = 0;
     for (;;) {
-        uint64_t r = cli_rss_anon(pid);
+        uint64_t r = sh_rss_anon(pid);
         if (r > *peak) *peak = r;
         pid_t w = waitpid(pid, &st, WNOHANG);
         if (w == pid) break;

@@ -62,22 +62,11 @@ typedef struct {
     pthread_t tid;
 } bench_mem;
 
-static uint64_t bench_rss_anon(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    uint64_t kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "RssAnon: %lu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb << 10;
-}
-
 static void *bench_mem_run(void *p)
 {
     bench_mem *m = p;
     while (!m->stop) {
-        uint64_t r = bench_rss_anon();
+        uint64_t r = sh_rss_anon(getpid());
         if (r > m->peak) m->peak = r;
         usleep(2000);
     }
@@ -87,7 +76,7 @@ static void *bench_mem_run(void *p)
 static void bench_mem_start(bench_mem *m)
 {
     m->stop = 0;
-    m->peak = bench_rss_anon();
+    m->peak = sh_rss_anon(getpid());
     pthread_create(&m->tid, NULL, bench_mem_run, m);
 }
 
@@ -95,7 +84,7 @@ static uint64_t bench_mem_stop(bench_mem *m, uint64_t before)
 {
     m->stop = 1;
     pthread_join(m->tid, NULL);
-    uint64_t r = bench_rss_anon();
+    uint64_t r = sh_rss_anon(getpid());
     if (r > m->peak) m->peak = r;
     return m->peak > before ? m->peak - before : 0;
 }
@@ -456,7 +445,7 @@ static int bench_shoal(const ckpt *B, const ckpt *T, uint8_t *out, uint64_t size
     delta_opts one = {.threads = 1};
     sh_buf d = {0};
     bench_mem m;
-    uint64_t before = bench_rss_anon();
+    uint64_t before = sh_rss_anon(getpid());
     bench_mem_start(&m);
     double t0 = bench_cpu();
     int rc = delta_make_mem(B, T, &one, &d, NULL);
@@ -467,7 +456,7 @@ static int bench_shoal(const ckpt *B, const ckpt *T, uint8_t *out, uint64_t size
     r->bytes = d.len;
     delta *dp = NULL;
     size_t len = 0;
-    before = bench_rss_anon();
+    before = sh_rss_anon(getpid());
     bench_mem_start(&m);
     t0 = bench_cpu();
     rc = delta_parse(d.data, d.len, 0, &dp);

@@ -222,7 +222,7 @@ static int scale_tree_wait(scale_tree *t, uint64_t v, uint64_t *peak)
     for (int done = 0; done < t->n;) {
         done = 0;
         for (int i = 0; i < t->n; i++) {
-            uint64_t r = cli_rss_anon(t->reps[i]);
+            uint64_t r = sh_rss_anon(t->reps[i]);
             if (r > *peak) *peak = r;
             done += scale_active(t->dirs[i]) >= v;
         }

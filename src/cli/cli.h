@@ -70,7 +70,5 @@ void cli_progress_end(sh_progress *pg, int rc);
  * discarded) and samples the child's RssAnon: *peak gets its maximum and
  * *secs the wall time.  A non-zero exit is an error. */
 int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs);
-/* RssAnon of a live process, in bytes (0 when it cannot be read). */
-uint64_t cli_rss_anon(pid_t pid);
 
 #endif

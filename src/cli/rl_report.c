@@ -90,6 +90,7 @@ static int watch(cli_ctl *x, const char *dir, double timeout_s)
                         (long long)json_integer_value(json_object_get(e, "step")), num(e, "reward"));
         }
         json_decref(evs);
+        fflush(stdout); /* a pipe or a file sees each line as it comes */
         if (done) return 0;
         json_t *t = NULL;
         if (sh_path_exists(tj) && sh_json_load_file(tj, 1 << 20, &t) == 0) {

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "cli_rl.h"
+#include "shoal/mainjob.h"
 
 static const char sweep_usage[] =
     "usage: shoal rl sweep [--quick] [--seeds N] [--seed S] [--steps N] [--lags L,..]\n"
@@ -324,13 +325,13 @@ static void write_md(sh_buf *md, json_t *res, const char *cmdline, double wall)
 }
 
 /* Final reward against the staleness bound, one line per loss (bf16
- * solid, others dashed), with standard-error bars. */
+ * solid, others dashed), with standard-error bars (src/mainjob/plot.c). */
 static void write_svg(sh_buf *s, json_t *res)
 {
     static const char *pal[] = {"#000000", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"};
     json_t *lags = json_object_get(res, "lags"), *losses = json_object_get(res, "losses");
     json_t *dts = json_object_get(res, "dtypes"), *rows = json_object_get(res, "rows"), *l, *d, *r;
-    size_t nl = json_array_size(lags), i, j, k;
+    size_t nl = json_array_size(lags), nlo = json_array_size(losses), nd = json_array_size(dts), i, j, k;
     double lo = 1, hi = 0;
     json_array_foreach(rows, i, r) {
         lo = fmin(lo, mean(r, "reward_final") - se(r, "reward_final"));
@@ -338,55 +339,38 @@ static void write_svg(sh_buf *s, json_t *res)
     }
     lo = floor(lo * 10) / 10, hi = ceil(hi * 10) / 10;
     if (hi <= lo) hi = lo + 0.1;
-    const double W = 720, H = 420, L = 60, R = 150, T = 20, B = 50, pw = W - L - R, ph = H - T - B;
-#define X(g) (L + pw * ((g) + 0.5) / (double)nl)
-#define Y(v) (T + ph - ph * ((v) - lo) / (hi - lo))
-    sh_buf_printf(s, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-                     "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
-    for (int g = 0; g <= 5; g++) {
-        double v = lo + (hi - lo) * g / 5;
-        sh_buf_printf(s, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                         "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.2f</text>\n", L, Y(v), L + pw, Y(v), L - 5, Y(v) + 4, v);
-    }
+    char (*labs)[32] = calloc(nl ? nl : 1, sizeof *labs);
+    const char **cats = calloc(nl ? nl : 1, sizeof *cats);
+    size_t nser = nlo * nd, npts = nser * nl;
+    mj_series *ser = calloc(nser ? nser : 1, sizeof *ser);
+    double *buf = calloc(3 * (npts ? npts : 1), sizeof *buf);
+    if (!labs || !cats || !ser || !buf) goto out;
     json_array_foreach(lags, i, l) {
-        char lab[32];
-        if (json_integer_value(l)) snprintf(lab, sizeof lab, "η = %lld", (long long)json_integer_value(l));
-        else snprintf(lab, sizeof lab, "sync");
-        sh_buf_printf(s, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n", X((double)i), T + ph + 15, lab);
+        if (json_integer_value(l)) snprintf(labs[i], sizeof labs[i], "η = %lld", (long long)json_integer_value(l));
+        else snprintf(labs[i], sizeof labs[i], "sync");
+        cats[i] = labs[i];
     }
-    sh_buf_printf(s, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">staleness bound (paced: realised staleness follows it)</text>\n"
-                     "<text x=\"15\" y=\"%.0f\" transform=\"rotate(-90 15 %.0f)\" text-anchor=\"middle\">final held-out reward (± SE)</text>\n",
-                  L + pw / 2, H - 12, T + ph / 2, T + ph / 2);
+    int ns = 0;
     json_array_foreach(dts, k, d) json_array_foreach(losses, j, l) {
         const char *dt = json_string_value(d), *ls = json_string_value(l);
-        const char *col = pal[j % 6], *dash = strcmp(dt, "bf16") ? " stroke-dasharray=\"5,3\"" : "";
-        sh_buf_printf(s, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\"%s points=\"", col, dash);
-        for (i = 0; i < nl; i++) {
-            json_t *c = find(rows, (int)json_integer_value(json_array_get(lags, i)), ls, dt);
-            if (c) sh_buf_printf(s, "%.1f,%.1f ", X((double)i) + 4.0 * k, Y(mean(c, "reward_final")));
-        }
-        sh_buf_printf(s, "\"/>\n");
+        mj_series *q = &ser[ns];
+        double *x = buf + 3 * nl * (size_t)ns, *y = x + nl, *e = y + nl;
+        *q = (mj_series){k == 0 ? ls : NULL, pal[j % 6], x, y, 0, e, strcmp(dt, "bf16") != 0, 4.0 * (double)k};
         for (i = 0; i < nl; i++) {
             json_t *c = find(rows, (int)json_integer_value(json_array_get(lags, i)), ls, dt);
             if (!c) continue;
-            double m = mean(c, "reward_final"), e = se(c, "reward_final"), x = X((double)i) + 4.0 * k;
-            sh_buf_printf(s, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>"
-                             "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
-                          x, Y(m - e), x, Y(m + e), col, x, Y(m), col);
+            x[q->n] = (double)i, y[q->n] = mean(c, "reward_final"), e[q->n++] = se(c, "reward_final");
         }
+        ns++;
     }
-    json_array_foreach(losses, j, l) {
-        double ly = T + 10 + 18 * (double)j;
-        sh_buf_printf(s, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"2\"/>"
-                         "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
-                      W - R + 10, ly, W - R + 35, ly, pal[j % 6], W - R + 40, ly + 4, json_string_value(l));
-    }
-    double ly = T + 10 + 18 * (double)json_array_size(losses) + 10;
-    sh_buf_printf(s, "<text x=\"%.0f\" y=\"%.0f\">solid: bf16 rollouts</text><text x=\"%.0f\" y=\"%.0f\">dashed: fp8</text>\n",
-                  W - R + 10, ly, W - R + 10, ly + 16);
-    sh_buf_printf(s, "</svg>\n");
-#undef X
-#undef Y
+    static const char *const notes[] = {"solid: bf16 rollouts", "dashed: fp8"};
+    mj_axes a = {.title = "Final held-out reward against the staleness bound",
+                 .xlabel = "staleness bound (paced: realised staleness follows it)",
+                 .ylabel = "final held-out reward (± SE)", .ymin = lo, .ymax = hi, .xcats = cats,
+                 .ncats = (int)nl, .width = 720, .height = 420, .notes = notes, .nnotes = 2, .standalone = 1};
+    mj_plot(s, &a, ser, ns);
+out:
+    free(labs), free(cats), free(ser), free(buf);
 }
 
 /* rendered: res comes from an earlier sweep's JSON (--render), which keeps

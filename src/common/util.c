@@ -39,6 +39,18 @@ uint64_t sh_peak_rss(void)
     return (uint64_t)ru.ru_maxrss * 1024u;
 }
 
+uint64_t sh_rss_anon(long pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%ld/status", pid);
+    FILE *f = fopen(path, "r");
+    unsigned long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %lu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb << 10;
+}
+
 /* ---- Progress ------------------------------------------------------------ */
 
 const char *sh_fmt_bytes(double bytes, char *buf, size_t cap)

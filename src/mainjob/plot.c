@@ -3,6 +3,7 @@
  * appended to an HTML buffer.  The push tree's picture reads the tree log
  * (summary.c, docs/mainjob.md). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,42 +18,92 @@ static double nice_max(double v)
     return 10 * p;
 }
 
-void mj_plot_lines(sh_buf *b, const char *title, const char *xl, const char *yl, const mj_series *s, int ns,
-                   double ymax_fixed)
+/* A tick label without exponents: 0.25, 12, 1.5k, 20k, 3M. */
+static void tick(double v, char *out, size_t cap)
 {
-    const double W = 520, H = 300, L = 60, R = 20, T = 30, B = 45;
-    double xmax = 0, ymax = ymax_fixed;
+    double a = fabs(v);
+    if (a >= 1e9) snprintf(out, cap, "%.3gG", v / 1e9);
+    else if (a >= 1e6) snprintf(out, cap, "%.3gM", v / 1e6);
+    else if (a >= 1e4) snprintf(out, cap, "%.3gk", v / 1e3);
+    else if (a >= 100 || a == 0) snprintf(out, cap, "%.0f", v);
+    else snprintf(out, cap, "%.3g", v);
+}
+
+void mj_plot(sh_buf *b, const mj_axes *a, const mj_series *s, int ns)
+{
+    const double W = a->width > 0 ? a->width : 520, H = a->height > 0 ? a->height : 300;
+    const double L = 60, R = a->standalone ? 150 : 20, T = 30, B = 45;
+    const double pw = W - L - R, ph = H - T - B;
+    double xmax = 0, ymin = a->ymin, ymax = a->ymax;
     for (int k = 0; k < ns; k++)
         for (int i = 0; i < s[k].n; i++) {
             if (s[k].x[i] > xmax) xmax = s[k].x[i];
-            if (!ymax_fixed && s[k].y[i] > ymax) ymax = s[k].y[i];
+            if (a->ymin == a->ymax && s[k].y[i] > ymax) ymax = s[k].y[i];
         }
-    xmax = nice_max(xmax), ymax = ymax_fixed ? ymax : nice_max(ymax);
-    sh_buf_printf(b, "<svg width='%g' height='%g' viewBox='0 0 %g %g' font-family='sans-serif' font-size='11'>"
-                     "<text x='%g' y='18' font-size='13' font-weight='bold'>%s</text>",
-                  W, H, W, H, L, title);
+    if (a->ymin == a->ymax) ymin = 0, ymax = nice_max(ymax);
+    if (!(ymax > ymin)) ymax = ymin + 1;
+    xmax = a->ncats ? a->ncats : nice_max(xmax);
+#define PX(v) (a->ncats ? L + pw * ((v) + 0.5) / xmax : L + pw * (v) / xmax)
+#define PY(v) (T + ph - ph * (fmin(fmax((v), ymin), ymax) - ymin) / (ymax - ymin))
+    if (a->standalone)
+        sh_buf_printf(b, "<svg xmlns='http://www.w3.org/2000/svg' width='%g' height='%g' viewBox='0 0 %g %g' "
+                         "font-family='sans-serif' font-size='11'><rect width='100%%' height='100%%' fill='white'/>",
+                      W, H, W, H);
+    else
+        sh_buf_printf(b, "<svg width='%g' height='%g' viewBox='0 0 %g %g' font-family='sans-serif' font-size='11'>",
+                      W, H, W, H);
+    sh_buf_printf(b, "<text x='%g' y='18' font-size='13' font-weight='bold'>%s</text>", L, a->title);
+    char lab[32];
     for (int t = 0; t <= 5; t++) {
-        double gx = L + (W - L - R) * t / 5, gy = H - B - (H - T - B) * t / 5;
-        sh_buf_printf(b, "<line x1='%g' y1='%g' x2='%g' y2='%g' stroke='#ddd'/>"
-                         "<text x='%g' y='%g' text-anchor='end'>%.3g</text>"
-                         "<text x='%g' y='%g' text-anchor='middle'>%.3g</text>",
-                      L, gy, W - R, gy, L - 5, gy + 4, ymax * t / 5, gx, H - B + 15, xmax * t / 5);
+        double v = ymin + (ymax - ymin) * t / 5;
+        tick(v, lab, sizeof lab);
+        sh_buf_printf(b, "<line x1='%g' y1='%.1f' x2='%g' y2='%.1f' stroke='#ddd'/>"
+                         "<text x='%g' y='%.1f' text-anchor='end'>%s</text>",
+                      L, PY(v), L + pw, PY(v), L - 5, PY(v) + 4, lab);
+        if (!a->ncats) {
+            tick(xmax * t / 5, lab, sizeof lab);
+            sh_buf_printf(b, "<text x='%.1f' y='%g' text-anchor='middle'>%s</text>", PX(xmax * t / 5), T + ph + 15, lab);
+        }
     }
+    for (int c = 0; c < a->ncats; c++)
+        sh_buf_printf(b, "<text x='%.1f' y='%g' text-anchor='middle'>%s</text>", PX((double)c), T + ph + 15,
+                      a->xcats[c]);
     sh_buf_printf(b, "<line x1='%g' y1='%g' x2='%g' y2='%g' stroke='#333'/>"
                      "<line x1='%g' y1='%g' x2='%g' y2='%g' stroke='#333'/>"
                      "<text x='%g' y='%g' text-anchor='middle'>%s</text>"
                      "<text transform='translate(14,%g) rotate(-90)' text-anchor='middle'>%s</text>",
-                  L, H - B, W - R, H - B, L, T, L, H - B, (L + W - R) / 2, H - 8, xl, (T + H - B) / 2, yl);
+                  L, T + ph, L + pw, T + ph, L, T, L, T + ph, L + pw / 2, H - 8, a->xlabel, T + ph / 2, a->ylabel);
+    int legend = 0;
     for (int k = 0; k < ns; k++) {
-        sh_buf_printf(b, "<polyline fill='none' stroke='%s' stroke-width='2' points='", s[k].color);
-        for (int i = 0; i < s[k].n; i++)
-            sh_buf_printf(b, "%.1f,%.1f ", L + (W - L - R) * s[k].x[i] / xmax,
-                          H - B - (H - T - B) * fmin(s[k].y[i], ymax) / ymax);
-        sh_buf_printf(b, "'/><rect x='%g' y='%g' width='10' height='10' fill='%s'/>"
-                         "<text x='%g' y='%g'>%s</text>",
-                      W - R - 150, T + 4 + 15.0 * k, s[k].color, W - R - 135, T + 13 + 15.0 * k, s[k].name);
+        const mj_series *q = &s[k];
+        sh_buf_printf(b, "<polyline fill='none' stroke='%s' stroke-width='2'%s points='", q->color,
+                      q->dashed ? " stroke-dasharray='5,3'" : "");
+        for (int i = 0; i < q->n; i++) sh_buf_printf(b, "%.1f,%.1f ", PX(q->x[i]) + q->dx, PY(q->y[i]));
+        sh_buf_printf(b, "'/>");
+        for (int i = 0; q->err && i < q->n; i++) {
+            double x = PX(q->x[i]) + q->dx;
+            sh_buf_printf(b, "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='%s'/>"
+                             "<circle cx='%.1f' cy='%.1f' r='2.5' fill='%s'/>",
+                          x, PY(q->y[i] - q->err[i]), x, PY(q->y[i] + q->err[i]), q->color, x, PY(q->y[i]), q->color);
+        }
+        if (!q->name) continue;
+        double lx = a->standalone ? L + pw + 10 : L + pw - 150, ly = T + 4 + 15.0 * legend++;
+        sh_buf_printf(b, "<rect x='%g' y='%g' width='10' height='10' fill='%s'/><text x='%g' y='%g'>%s</text>", lx, ly,
+                      q->color, lx + 15, ly + 9, q->name);
     }
+    for (int i = 0; i < a->nnotes; i++)
+        sh_buf_printf(b, "<text x='%g' y='%g'>%s</text>", a->standalone ? L + pw + 10 : L + pw - 150,
+                      T + 13 + 15.0 * (legend + 1 + i), a->notes[i]);
     sh_buf_printf(b, "</svg>\n");
+#undef PX
+#undef PY
+}
+
+void mj_plot_lines(sh_buf *b, const char *title, const char *xl, const char *yl, const mj_series *s, int ns,
+                   double ymax_fixed)
+{
+    mj_axes a = {.title = title, .xlabel = xl, .ylabel = yl, .ymax = ymax_fixed};
+    mj_plot(b, &a, s, ns);
 }
 
 void mj_plot_bars(sh_buf *b, const char *title, const char *unit, const char *const *names, const double *v, int n)
@@ -64,13 +115,15 @@ void mj_plot_bars(sh_buf *b, const char *title, const char *unit, const char *co
     sh_buf_printf(b, "<svg width='%g' height='%g' font-family='sans-serif' font-size='11'>"
                      "<text x='%g' y='18' font-size='13' font-weight='bold'>%s</text>", W, H, L, title);
     double bw = n ? (W - L - 20) / n : 0;
+    char lab[32];
     for (int i = 0; i < n; i++) {
         double h = (H - T - B) * v[i] / vmax, x = L + bw * i + bw * 0.15;
+        tick(v[i], lab, sizeof lab);
         sh_buf_printf(b, "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='#4a7ebb'/>"
                          "<text x='%.1f' y='%.1f' text-anchor='middle'>%s</text>"
-                         "<text x='%.1f' y='%.1f' text-anchor='middle'>%s%.4g</text>",
+                         "<text x='%.1f' y='%.1f' text-anchor='middle'>%s%s</text>",
                       x, H - B - h, bw * 0.7, h, x + bw * 0.35, H - B + 15, names[i], x + bw * 0.35,
-                      H - B - h - 4, unit, v[i]);
+                      H - B - h - 4, unit, lab);
     }
     sh_buf_printf(b, "<line x1='%g' y1='%g' x2='%g' y2='%g' stroke='#333'/></svg>\n", L, H - B, W - 20, H - B);
 }

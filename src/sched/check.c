@@ -93,6 +93,36 @@ static int check_resv(const sched *s, double now)
     return 0;
 }
 
+/* Devices: each place names as many device indices as it holds GPUs
+ * (nodes of up to 64), no index is held twice, and each node's busy mask is
+ * the union of its places' masks. */
+static int check_devices(const sched *s)
+{
+    uint64_t *acc = calloc(s->nnodes ? s->nnodes : 1, sizeof *acc);
+    if (!acc) return sh_err(SH_ENOMEM, "sched_check: device masks");
+    int rc = 0;
+    for (size_t ji = 0; ji < s->njobs && !rc; ji++) {
+        const sjob *j = &s->jobs[ji];
+        for (int k = 0; k < j->nplaces && !rc; k++) {
+            const splace *p = &j->places[k];
+            const snode *n = &s->nodes[p->node];
+            if (n->gpus <= 64 && __builtin_popcountll(p->gmask) != p->gpus)
+                rc = sh_err(SH_EINTERNAL, "job %s: place on node %s names %d devices for %d GPUs", j->id, n->id,
+                            __builtin_popcountll(p->gmask), p->gpus);
+            else if (acc[p->node] & p->gmask)
+                rc = sh_err(SH_EINTERNAL, "node %s: device mask %#llx booked twice (job %s)", n->id,
+                            (unsigned long long)(acc[p->node] & p->gmask), j->id);
+            acc[p->node] |= p->gmask;
+        }
+    }
+    for (size_t ni = 0; ni < s->nnodes && !rc; ni++)
+        if (acc[ni] != s->nodes[ni].gbusy)
+            rc = sh_err(SH_EINTERNAL, "node %s: busy devices %#llx disagree with its places (%#llx)",
+                        s->nodes[ni].id, (unsigned long long)s->nodes[ni].gbusy, (unsigned long long)acc[ni]);
+    free(acc);
+    return rc;
+}
+
 int sched_check(const sched *s, double now)
 {
     int busy = 0, up = 0;
@@ -140,5 +170,6 @@ int sched_check(const sched *s, double now)
     if (queued != s->queued || running != s->running)
         return sh_err(SH_EINTERNAL, "job counts drifted: %zu queued, %zu running; booked %zu, %zu",
                       queued, running, s->queued, s->running);
+    SH_TRY(check_devices(s));
     return check_resv(s, now);
 }

@@ -31,10 +31,10 @@ int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji
 }
 
 /* Adds a place to the last decision. */
-int sched__emit_place(sched_decisions *d, const sched *s, uint32_t ni, int gpus)
+int sched__emit_place(sched_decisions *d, const sched *s, const splace *p)
 {
     SH_TRY(GROW(d->places, d->cap_places, d->n_places + 1));
-    d->places[d->n_places++] = (sched_place){s->nodes[ni].id, ni, gpus};
+    d->places[d->n_places++] = (sched_place){s->nodes[p->node].id, p->node, p->gpus, p->gmask, p->since};
     d->v[d->n - 1].count++;
     return 0;
 }
@@ -78,7 +78,7 @@ static int start_places(sched *s, sched_decisions *d, uint32_t ji, const scand *
     SH_TRY(sched__emit(s, d, SCHED_D_START, ji, NONE));
     for (int i = 0; i < c->n; i++) {
         SH_TRY(sched__hold(s, ji, c->nodes[i], j->gpn * per, now));
-        SH_TRY(sched__emit_place(d, s, c->nodes[i], j->gpn * per));
+        SH_TRY(sched__emit_place(d, s, &j->places[j->nplaces - 1]));
     }
     return 0;
 }
@@ -162,7 +162,7 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
     for (int i = 0; i < c.n; i++)
         for (int k = 0; k < per[i]; k++) {
             SH_TRY(sched__hold(s, ji, c.nodes[i], j->gpn, now));
-            SH_TRY(sched__emit_place(d, s, c.nodes[i], j->gpn));
+            SH_TRY(sched__emit_place(d, s, &j->places[j->nplaces - 1]));
         }
     return 1;
 }
@@ -551,7 +551,7 @@ static int firstfit_gang(sched *s, sched_decisions *d, uint32_t ji, double now)
             }
         SH_TRY(sched__emit(s, d, SCHED_D_START, ji, NONE));
         for (int k = 0; k < j->nplaces; k++)
-            SH_TRY(sched__emit_place(d, s, j->places[k].node, j->places[k].gpus));
+            SH_TRY(sched__emit_place(d, s, &j->places[k]));
         mark_started(s, ji, now);
         return 1;
     }
@@ -564,7 +564,7 @@ static int firstfit_gang(sched *s, sched_decisions *d, uint32_t ji, double now)
         }
         SH_TRY(sched__emit(s, d, SCHED_D_HOLD, ji, NONE));
         for (int k = first; k < j->nplaces; k++)
-            SH_TRY(sched__emit_place(d, s, j->places[k].node, j->places[k].gpus));
+            SH_TRY(sched__emit_place(d, s, &j->places[k]));
     }
     return 0;
 }
@@ -633,7 +633,7 @@ static int expire(sched *s, sched_decisions *d, double now)
                 j->state = SCHED_RUNNING;
                 s->st.replaces++;
                 SH_TRY(sched__emit(s, d, SCHED_D_REPLACE, ji, NONE));
-                SH_TRY(sched__emit_place(d, s, (uint32_t)ni, j->gpn));
+                SH_TRY(sched__emit_place(d, s, &j->places[j->nplaces - 1]));
                 continue;
             }
             if (now >= j->replace_deadline - 1e-9) {

@@ -430,11 +430,32 @@ static void add_cost(double **v, size_t *n, uint32_t type, double c)
     (*v)[type] += c;
 }
 
-double sched__place_cost(const sched *s, const splace *p, double now)
+/* A place's billed seconds: each allocation's seconds rounded up. */
+static double place_secs(const splace *p, double now)
 {
     double secs = ceil(now - p->since - 1e-9);
-    if (secs < 0) secs = 0;
-    return secs * p->gpus * s->nodes[p->node].price_s;
+    return secs > 0 ? secs : 0;
+}
+
+double sched__place_cost(const sched *s, const splace *p, double now)
+{
+    return place_secs(p, now) * p->gpus * s->nodes[p->node].price_s;
+}
+
+/* Keeps a closed bill for sched_bills(); best effort under memory
+ * exhaustion, as the totals are. */
+static void journal(sched *s, const sjob *j, const splace *p, double c, double now)
+{
+    if (!s->cfg.bill_journal || sched__grow((void **)&s->bills, &s->capbills, s->nbills + 1, sizeof *s->bills))
+        return;
+    const snode *n = &s->nodes[p->node];
+    char *job = strdup(j->id), *node = strdup(n->id);
+    if (!job || !node) {
+        free(job), free(node);
+        return;
+    }
+    s->bills[s->nbills++] = (sched_bill){job, s->tenants[j->tenant].id, node, s->name[s->pools[n->pool].type],
+                                         p->gpus, p->gmask, p->since, now, place_secs(p, now), c};
 }
 
 void sched__bill(sched *s, sjob *j, const splace *p, double now)
@@ -445,6 +466,31 @@ void sched__bill(sched *s, sjob *j, const splace *p, double now)
     add_cost(&j->cost_t, &j->ncost, type, c);
     stenant *t = &s->tenants[j->tenant];
     add_cost(&t->cost_t, &t->ncost, type, c);
+    journal(s, j, p, c, now);
+}
+
+size_t sched_bills(const sched *s, const sched_bill **out)
+{
+    *out = s->bills;
+    return s->nbills;
+}
+
+void sched_bills_done(sched *s, size_t n)
+{
+    if (n > s->nbills) n = s->nbills;
+    for (size_t i = 0; i < n; i++) free((char *)s->bills[i].job), free((char *)s->bills[i].node);
+    if (n && n < s->nbills) memmove(s->bills, s->bills + n, (s->nbills - n) * sizeof *s->bills);
+    s->nbills -= n;
+}
+
+/* c plus what the places job j holds now have cost so far. */
+static double open_cost(const sched *s, const sjob *j, uint32_t type, double now, double c)
+{
+    if (j->state == SCHED_RUNNING || j->state == SCHED_REPLACING)
+        for (int k = 0; k < j->nplaces; k++)
+            if (type == NONE || s->pools[s->nodes[j->places[k].node].pool].type == type)
+                c += sched__place_cost(s, &j->places[k], now);
+    return c;
 }
 
 static double job_cost(const sched *s, const sjob *j, uint32_t type, double now)
@@ -452,11 +498,7 @@ static double job_cost(const sched *s, const sjob *j, uint32_t type, double now)
     double c = 0;
     for (size_t i = 0; i < j->ncost; i++)
         if (type == NONE || type == i) c += j->cost_t[i];
-    if (j->state == SCHED_RUNNING || j->state == SCHED_REPLACING)
-        for (int k = 0; k < j->nplaces; k++)
-            if (type == NONE || s->pools[s->nodes[j->places[k].node].pool].type == type)
-                c += sched__place_cost(s, &j->places[k], now);
-    return c;
+    return open_cost(s, j, type, now, c);
 }
 
 double sched_cost_job(const sched *s, const char *job, const char *gpu_type, double now)
@@ -473,6 +515,20 @@ double sched_cost_job(const sched *s, const char *job, const char *gpu_type, dou
             if (job) break;
         }
     return c;
+}
+
+double sched_cost_job_open(const sched *s, const char *job, const char *gpu_type, double now, double *gpu_s)
+{
+    uint32_t type = gpu_type ? sched__map_get(&s->names, gpu_type) : NONE;
+    uint32_t ji = job ? sched__map_get(&s->job_map, job) : NONE;
+    if (gpu_s) *gpu_s = 0;
+    if ((gpu_type && type == NONE) || ji == NONE) return 0;
+    const sjob *j = &s->jobs[ji];
+    if (gpu_s && (j->state == SCHED_RUNNING || j->state == SCHED_REPLACING))
+        for (int k = 0; k < j->nplaces; k++)
+            if (type == NONE || s->pools[s->nodes[j->places[k].node].pool].type == type)
+                *gpu_s += place_secs(&j->places[k], now) * j->places[k].gpus;
+    return open_cost(s, j, type, now, 0);
 }
 
 double sched_cost_tenant(const sched *s, const char *tenant, const char *gpu_type, double now)
@@ -527,6 +583,7 @@ int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o
     o->end_s = j->end, o->wait_s = j->wait_acc;
     o->restarts = j->restarts, o->preemptions = j->preemptions, o->backfilled = j->backfilled;
     o->cost = job_cost(s, j, NONE, now);
+    o->cost_open = open_cost(s, j, NONE, now, 0);
     o->reason = j->reason;
     o->est_start_s = -1;
     if (j->state == SCHED_QUEUED || j->state == SCHED_HOLDING) sched__pending((sched *)s, ix, now, o);
@@ -546,7 +603,8 @@ size_t sched_job_alloc(const sched *s, const char *id, sched_place *out, size_t 
     if (ji == NONE) return 0;
     const sjob *j = &s->jobs[ji];
     for (int k = 0; k < j->nplaces && (size_t)k < cap; k++)
-        out[k] = (sched_place){s->nodes[j->places[k].node].id, j->places[k].node, j->places[k].gpus};
+        out[k] = (sched_place){s->nodes[j->places[k].node].id, j->places[k].node, j->places[k].gpus,
+                               j->places[k].gmask, j->places[k].since};
     return (size_t)j->nplaces;
 }
 

@@ -106,7 +106,22 @@ int sched__prios_below(const sprios *a, int prio)
     return g;
 }
 
+/* The lowest `gpus` device indices free on n (below 64). */
+static uint64_t low_free(const snode *n, int gpus)
+{
+    uint64_t m = 0, busy = n->gbusy;
+    int top = n->gpus < 64 ? n->gpus : 64;
+    for (int g = 0; g < top && gpus > 0; g++)
+        if (!(busy >> g & 1)) m |= 1ull << g, gpus--;
+    return m;
+}
+
 int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now)
+{
+    return sched__hold_at(s, ji, ni, gpus, 0, now, now);
+}
+
+int sched__hold_at(sched *s, uint32_t ji, uint32_t ni, int gpus, uint64_t mask, double since, double now)
 {
     sjob *j = &s->jobs[ji];
     snode *n = &s->nodes[ni];
@@ -124,7 +139,9 @@ int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now)
      * up the reservation's spare GPUs there. */
     if (n->resv_stamp == s->stamp && now + sched__est_len(s, j, n->pool) > n->resv_T + 1e-9)
         n->resv_spare -= gpus;
-    j->places[j->nplaces++] = (splace){ni, gpus, now};
+    if (!mask) mask = low_free(n, gpus);
+    n->gbusy |= mask;
+    j->places[j->nplaces++] = (splace){ni, gpus, since, mask};
     n->refs[n->nrefs++] = (sref){ji, gpus};
     set_free(s, ni, n->free - gpus);
     s->tenants[j->tenant].gpus_in_use += gpus;
@@ -151,6 +168,7 @@ void sched__release_place(sched *s, uint32_t ji, int k, double now)
     splace p = j->places[k];
     snode *n = &s->nodes[p.node];
     sched__bill(s, j, &p, now);
+    n->gbusy &= ~p.gmask;
     for (int r = 0; r < n->nrefs; r++)
         if (n->refs[r].job == ji && n->refs[r].gpus == p.gpus) {
             n->refs[r] = n->refs[--n->nrefs];

@@ -13,7 +13,7 @@
  * distinct nodes of one pool with gpus_per_node each; elastic replicas of
  * gpus_per_node number min..max; a function one GPU; every node up, known,
  * and with the GPUs free (counting earlier places on the same node). */
-static int check_places(sched *s, const sjob *j, const sched_place *pl, size_t n, uint32_t *pool)
+static int check_places(sched *s, const sjob *j, const sched_place *pl, size_t n, uint32_t *pool, double now)
 {
     if (j->kind == SCHED_GANG && n != (size_t)j->nodes)
         return sh_err(SH_EINVAL, "job %s: a gang of %d nodes cannot be restored on %zu places "
@@ -34,12 +34,22 @@ static int check_places(sched *s, const sjob *j, const sched_place *pl, size_t n
                           nd->id, pl[i].gpus, j->gpn);
         if (sched__job_speed(s, j, s->pools[nd->pool].type) <= 0)
             return sh_err(SH_EINVAL, "job %s: node %s has a GPU type the job does not allow", j->id, nd->id);
-        if (nd->mark != mark) nd->mark = mark, nd->scratch = nd->free; /* GPUs left */
+        if (nd->mark != mark) nd->mark = mark, nd->scratch = nd->free, nd->gscratch = nd->gbusy; /* GPUs left */
         else if (j->kind == SCHED_GANG)
             return sh_err(SH_EINVAL, "job %s: a gang puts two pods on node %s", j->id, nd->id);
         if (nd->scratch < pl[i].gpus)
             return sh_err(SH_EINVAL, "job %s: node %s lacks %d free GPUs", j->id, nd->id, pl[i].gpus);
         nd->scratch -= pl[i].gpus;
+        uint64_t m = pl[i].gpu_mask, top = nd->gpus >= 64 ? ~0ull : (1ull << nd->gpus) - 1;
+        if (m && (__builtin_popcountll(m) != pl[i].gpus || (m & ~top)))
+            return sh_err(SH_EINVAL, "job %s: place on node %s names GPUs %#llx, not %d of its %d", j->id,
+                          nd->id, (unsigned long long)m, pl[i].gpus, nd->gpus);
+        if (m & nd->gscratch)
+            return sh_err(SH_EINVAL, "job %s: GPUs %#llx of node %s are held already", j->id,
+                          (unsigned long long)(m & nd->gscratch), nd->id);
+        nd->gscratch |= m;
+        if (pl[i].since > now)
+            return sh_err(SH_EINVAL, "job %s: place on node %s starts in the future", j->id, nd->id);
         if (i == 0) *pool = nd->pool;
         if (j->kind == SCHED_GANG && nd->pool != *pool)
             return sh_err(SH_EINVAL, "job %s: a gang's places span zones, fabrics or GPU types", j->id);
@@ -54,9 +64,10 @@ int sched_job_restore(sched *s, const char *id, const sched_place *places, size_
     sjob *j = &s->jobs[ji];
     if (j->state != SCHED_QUEUED) return sh_err(SH_EINVAL, "job %s: only a queued job can be restored", id);
     uint32_t pool = NONE;
-    SH_TRY(check_places(s, j, places, n, &pool));
+    SH_TRY(check_places(s, j, places, n, &pool, now));
     for (size_t i = 0; i < n; i++)
-        SH_TRY(sched__hold(s, ji, sched__map_get(&s->node_map, places[i].node), places[i].gpus, now));
+        SH_TRY(sched__hold_at(s, ji, sched__map_get(&s->node_map, places[i].node), places[i].gpus,
+                              places[i].gpu_mask, places[i].since > 0 ? places[i].since : now, now));
     sched__queue_remove(s, ji);
     j->state = SCHED_RUNNING;
     j->first_start = j->start = now;

@@ -317,9 +317,10 @@ static int evict(sched *s, sched_decisions *d, const sref *v, uint32_t ni, doubl
     while (k < x->nplaces && !(x->places[k].node == ni && x->places[k].gpus == v->gpus)) k++;
     if (k == x->nplaces) return 0;
     if (x->kind == SCHED_ELASTIC && x->nplaces - 1 >= x->nodes) {
+        splace gone = x->places[k];
         sched__release_place(s, v->job, k, now);
         SH_TRY(sched__emit(s, d, SCHED_D_SHRINK, v->job, NONE));
-        SH_TRY(sched__emit_place(d, s, ni, v->gpus));
+        SH_TRY(sched__emit_place(d, s, &gone));
         s->st.shrinks++;
         return 0;
     }

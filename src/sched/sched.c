@@ -127,6 +127,8 @@ void sched_free(sched *s)
     for (size_t i = 0; i < s->npend; i++) free(s->pend[i].places);
     sched__map_free(&s->names), sched__map_free(&s->node_map);
     sched__map_free(&s->job_map), sched__map_free(&s->tenant_map);
+    sched_bills_done(s, s->nbills);
+    free(s->bills);
     free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
     free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
     for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap);

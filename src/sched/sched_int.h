@@ -27,11 +27,13 @@ uint32_t sched__map_get(const smap *m, const char *key);
 void sched__map_del(smap *m, const char *key);
 void sched__map_free(smap *m);
 
-/* One pod or replica: `gpus` GPUs of node `node` held since `since`. */
+/* One pod or replica: `gpus` GPUs of node `node` held since `since`;
+ * `gmask` names the device indices (snode.gbusy has them set). */
 typedef struct splace {
     uint32_t node;
     int gpus;
     double since;
+    uint64_t gmask;
 } splace;
 
 /* A reference from a node back to a job holding GPUs on it. */
@@ -44,6 +46,7 @@ typedef struct snode {
     const char *id;
     uint32_t pool;
     int gpus, free;
+    uint64_t gbusy; /* device indices held by places */
     double price_s; /* per GPU-second */
     sched_node_state state;
     uint32_t prev, next; /* bucket list of the pool (UP nodes only) */
@@ -61,6 +64,7 @@ typedef struct snode {
     uint32_t pre_pos;  /* index in its pool's pre_nodes while pre_gpus > 0 */
     uint64_t mark; /* scratch stamp for placement */
     int scratch;   /* scratch count, valid where mark is current */
+    uint64_t gscratch; /* scratch device mask, valid where mark is current */
     /* ready[g]: when g GPUs will be free if work ends at its estimates;
      * valid while ready_ver == ver (ver changes with every hold and
      * release on the node). */
@@ -298,12 +302,17 @@ struct sched {
     uint32_t *elastic; /* every elastic job, for the growth pass */
     size_t nelastic, capelastic;
     sched_stats st;
+    sched_bill *bills; /* closed bills kept for the caller (cfg.bill_journal) */
+    size_t nbills, capbills;
 };
 
 /* sched.c */
 int sched__grow(void **v, size_t *cap, size_t need, size_t elem);
 uint32_t sched__intern(sched *s, const char *name, int create);
 void sched__bill(sched *s, sjob *j, const splace *p, double now);
+/* Takes `gpus` GPUs on node ni (mask 0: the lowest free indices; else the
+ * mask given, which must be free) for job ji since `since`. */
+int sched__hold_at(sched *s, uint32_t ji, uint32_t ni, int gpus, uint64_t mask, double since, double now);
 double sched__place_cost(const sched *s, const splace *p, double now);
 int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
@@ -361,7 +370,8 @@ void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o);
 
 /* cycle.c */
 int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
-int sched__emit_place(sched_decisions *d, const sched *s, uint32_t ni, int gpus);
+/* Adds place p (held or just released) to the last decision. */
+int sched__emit_place(sched_decisions *d, const sched *s, const splace *p);
 int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni);
 /* Stops a placed job and queues it again; a failure (failed = 1) sends a
  * gang to the head of its queue and counts a restart. */

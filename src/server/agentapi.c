@@ -76,8 +76,6 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     if (idx < 0) return idx;
     SH_TRY(new_credential(n.cred, sizeof n.cred));
     srv_node *d = &s->nodes[idx];
-    n.gpus_used = d->gpus_used;
-    n.gpu_mask = d->gpu_mask;
     n.version = d->version + 1;
     n.state = NODE_ALIVE;
     n.last_seen = sh_now_mono();

@@ -199,21 +199,31 @@ static int job_logs(srv *s, srv_req *r, srv_job *j, json_t **reply)
 json_t *srv__costs(srv *s, const char *tenant)
 {
     json_t *by = srv__db_costs(s, tenant);
-    double now = sh_now_wall();
+    double now = sh_now_mono();
     for (int64_t a = 0; a < s->nactive; a++) {
         srv_job *j = srv__job(s, s->active[a]);
-        if (!j || (tenant && strcmp(tenant, j->tenant))) continue;
-        for (int i = 0; i < j->nmem; i++) {
-            srv_member *m = &j->mem[i];
-            if (m->t_start <= 0 || m->state > M_RUNNING) continue;
-            srv_node *n = &s->nodes[m->node];
+        if (!j || j->state > J_RUNNING || (tenant && strcmp(tenant, j->tenant))) continue;
+        char id[24];
+        snprintf(id, sizeof id, "%lld", (long long)j->id);
+        sched_place pl[64];
+        size_t n = sched_job_alloc(s->sc, id, pl, 64);
+        const char *seen[64];
+        size_t nseen = 0;
+        for (size_t i = 0; i < n && i < 64; i++) {
+            int ni = srv__node_find(s, pl[i].node);
+            if (ni < 0) continue;
+            const char *type = s->nodes[ni].gpu_type;
+            size_t k = 0;
+            while (k < nseen && strcmp(seen[k], type)) k++;
+            if (k < nseen) continue; /* this type of the job is counted */
+            seen[nseen++] = type;
+            double gs, c = sched_cost_job_open(s->sc, id, type, now, &gs);
             json_t *t = json_object_get(by, j->tenant);
             if (!t) json_object_set_new(by, j->tenant, t = json_object());
-            json_t *g = json_object_get(t, n->gpu_type);
-            if (!g) json_object_set_new(t, n->gpu_type, g = json_pack("{s:f,s:f}", "dollars", 0.0, "gpu_seconds", 0.0));
-            double sec = (now - m->t_start) * j->gpus_per_node;
-            json_object_set_new(g, "dollars", json_real(json_real_value(json_object_get(g, "dollars")) + sec / 3600.0 * n->price));
-            json_object_set_new(g, "gpu_seconds", json_real(json_real_value(json_object_get(g, "gpu_seconds")) + sec));
+            json_t *g = json_object_get(t, type);
+            if (!g) json_object_set_new(t, type, g = json_pack("{s:f,s:f}", "dollars", 0.0, "gpu_seconds", 0.0));
+            json_object_set_new(g, "dollars", json_real(json_real_value(json_object_get(g, "dollars")) + c));
+            json_object_set_new(g, "gpu_seconds", json_real(json_real_value(json_object_get(g, "gpu_seconds")) + gs));
         }
     }
     double total = 0;

@@ -24,13 +24,21 @@ static const char *const schema =
     " failures INTEGER);"
     "CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem) WHERE idem != '';"
     "CREATE TABLE IF NOT EXISTS members(job INTEGER, rank INTEGER, node TEXT, state INTEGER,"
-    " exit_code INTEGER, gpu_mask INTEGER, t_start REAL, t_end REAL, PRIMARY KEY(job, rank));"
+    " exit_code INTEGER, gpu_mask INTEGER, t_start REAL, t_end REAL, t_placed REAL,"
+    " PRIMARY KEY(job, rank));"
     "CREATE TABLE IF NOT EXISTS events(id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, job INTEGER,"
     " tenant TEXT, node TEXT, kind TEXT, msg TEXT);"
     "CREATE TABLE IF NOT EXISTS ledger(id INTEGER PRIMARY KEY, tenant TEXT, job INTEGER,"
     " attempt INTEGER, rank INTEGER, node TEXT, gpu_type TEXT, gpus INTEGER, t_start REAL,"
-    " t_end REAL, cost REAL);"
+    " t_end REAL, cost REAL, seconds REAL);"
     "CREATE TABLE IF NOT EXISTS tenants(name TEXT PRIMARY KEY, num INTEGER UNIQUE);";
+
+/* Columns added since the first schema: a database written before them
+ * gets them (NULL in old rows, which readers treat as unknown). */
+static const char *const added[][3] = {
+    {"members", "t_placed", "REAL"},
+    {"ledger", "seconds", "REAL"},
+};
 
 static int db__fail(srv *s, const char *what)
 {
@@ -78,6 +86,17 @@ int srv__db_open(srv *s)
         int rc = sh_err(SH_EIO, "%s: %s", s->cfg.db_path, err ? err : "cannot set up the schema");
         sqlite3_free(err);
         return rc;
+    }
+    for (size_t i = 0; i < sizeof added / sizeof added[0]; i++) {
+        char sql[160];
+        snprintf(sql, sizeof sql, "SELECT %s FROM %s LIMIT 0", added[i][1], added[i][0]);
+        if (sqlite3_exec(s->db, sql, NULL, NULL, NULL) == SQLITE_OK) continue;
+        snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN %s %s", added[i][0], added[i][1], added[i][2]);
+        if (sqlite3_exec(s->db, sql, NULL, NULL, &err)) {
+            int rc = sh_err(SH_EIO, "%s: %s: %s", s->cfg.db_path, sql, err ? err : "failed");
+            sqlite3_free(err);
+            return rc;
+        }
     }
     /* Databases from before node credentials lack the column. */
     sqlite3_exec(s->db, "ALTER TABLE nodes ADD COLUMN cred TEXT", NULL, NULL, NULL);
@@ -179,9 +198,10 @@ int srv__db_members(srv *s, const srv_job *j)
     SH_TRY(db__run(s, "DELETE FROM members WHERE job=?", "i", j->id));
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
-        SH_TRY(db__run(s, "INSERT INTO members VALUES(?,?,?,?,?,?,?,?)", "iitiiidd", j->id,
+        SH_TRY(db__run(s, "INSERT INTO members(job, rank, node, state, exit_code, gpu_mask, t_start, t_end,"
+                       " t_placed) VALUES(?,?,?,?,?,?,?,?,?)", "iitiiiddd", j->id,
                        (int64_t)m->rank, s->nodes[m->node].name, (int64_t)m->state,
-                       (int64_t)m->exit_code, (int64_t)m->gpu_mask, m->t_start, m->t_end));
+                       (int64_t)m->exit_code, (int64_t)m->gpu_mask, m->t_start, m->t_end, m->t_placed));
     }
     return SH_OK;
 }
@@ -199,17 +219,13 @@ int srv__db_event(srv *s, int64_t job, const char *node, const char *kind, const
                    "ditttt", sh_now_wall(), job, j ? j->tenant : "", node ? node : "", kind, msg);
 }
 
-int srv__db_ledger(srv *s, const srv_job *j, const srv_member *m)
+int srv__db_ledger(srv *s, const srv_bill *b)
 {
-    const srv_node *n = &s->nodes[m->node];
-    double hours = (m->t_end - m->t_start) / 3600.0;
-    if (hours < 0) hours = 0;
-    double cost = hours * n->price * j->gpus_per_node;
     return db__run(s,
                    "INSERT INTO ledger(tenant, job, attempt, rank, node, gpu_type, gpus, t_start,"
-                   " t_end, cost) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                   "tiiittiddd", j->tenant, j->id, (int64_t)j->attempt, (int64_t)m->rank, n->name,
-                   n->gpu_type, (int64_t)j->gpus_per_node, m->t_start, m->t_end, cost);
+                   " t_end, seconds, cost) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                   "tiiittidddd", b->tenant, b->job, (int64_t)b->attempt, (int64_t)b->rank, b->node,
+                   b->gpu_type, (int64_t)b->gpus, b->t_start, b->t_end, b->seconds, b->cost);
 }
 
 static const char *col_text(sqlite3_stmt *st, int i)
@@ -257,7 +273,8 @@ static int db__load_nodes(srv *s)
 static int db__load_members(srv *s)
 {
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db, "SELECT * FROM members ORDER BY job, rank", -1, &st, NULL))
+    if (sqlite3_prepare_v2(s->db, "SELECT job, rank, node, state, exit_code, gpu_mask, t_start, t_end, t_placed"
+                           " FROM members ORDER BY job, rank", -1, &st, NULL))
         return db__fail(s, "load members");
     while (sqlite3_step(st) == SQLITE_ROW) {
         srv_job *j = srv__job(s, sqlite3_column_int64(st, 0));
@@ -277,10 +294,7 @@ static int db__load_members(srv *s)
         m->gpu_mask = (uint64_t)sqlite3_column_int64(st, 5);
         m->t_start = sqlite3_column_double(st, 6);
         m->t_end = sqlite3_column_double(st, 7);
-        if (m->state <= M_RUNNING) {
-            s->nodes[node].gpus_used += j->gpus_per_node;
-            s->nodes[node].gpu_mask |= m->gpu_mask;
-        }
+        m->t_placed = sqlite3_column_double(st, 8); /* 0 (NULL) in older databases */
     }
     sqlite3_finalize(st);
     return SH_OK;
@@ -387,7 +401,7 @@ void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s)
 {
     sqlite3_stmt *st;
     *dollars = *gpu_s = 0;
-    if (sqlite3_prepare_v2(s->db, "SELECT SUM(cost), SUM((t_end - t_start) * gpus) FROM ledger WHERE job = ?",
+    if (sqlite3_prepare_v2(s->db, "SELECT SUM(cost), SUM(COALESCE(seconds, t_end - t_start) * gpus) FROM ledger WHERE job = ?",
                            -1, &st, NULL))
         return;
     sqlite3_bind_int64(st, 1, job);
@@ -401,7 +415,7 @@ json_t *srv__db_costs(srv *s, const char *tenant)
     sqlite3_stmt *st;
     json_t *out = json_object();
     if (sqlite3_prepare_v2(s->db,
-                           "SELECT tenant, gpu_type, SUM(cost), SUM((t_end - t_start) * gpus)"
+                           "SELECT tenant, gpu_type, SUM(cost), SUM(COALESCE(seconds, t_end - t_start) * gpus)"
                            " FROM ledger WHERE ?1 = '' OR tenant = ?1 GROUP BY tenant, gpu_type",
                            -1, &st, NULL))
         return out;

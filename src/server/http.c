@@ -467,8 +467,8 @@ static void print_hist(sh_buf *b, const char *name, const char *help, const srv_
     }
 }
 
-/* Per-tenant cost counters: the ledger's closed rows plus running members,
- * which only grow (a member's running cost becomes its ledger row). */
+/* Per-tenant cost counters: the ledger's closed rows plus the core's open
+ * places, which only grow (a place's open cost becomes its ledger row). */
 static void print_costs(srv *s, sh_buf *b)
 {
     json_t *c = srv__costs(s, NULL);
@@ -494,7 +494,7 @@ void srv__metrics(srv *s, sh_buf *b)
         nodes[s->nodes[i].state]++;
         if (s->nodes[i].state == NODE_ALIVE) {
             gpus += s->nodes[i].gpus;
-            used += s->nodes[i].gpus_used;
+            used += srv__node_used(s, i);
         }
     }
     int64_t jobs[J_NSTATES] = {0};

@@ -60,9 +60,34 @@ int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap)
     return rc;
 }
 
-/* Called by srv__finish after every member was billed to the ledger in
- * SQLite: the server's bill is final, so the core forgets the job and its
- * memory stays bounded by the jobs alive at once. */
+/* Writes the bills the core closed to the ledger, oldest first, and drops
+ * those written; a failed write keeps the rest for the next call.  The
+ * core's clock is monotonic: a bill's times are moved onto the wall clock. */
+int srv__seam_bills(srv *s)
+{
+    const sched_bill *b;
+    size_t n = sched_bills(s->sc, &b), done = 0;
+    double shift = sh_now_wall() - sh_now_mono();
+    int rc = SH_OK;
+    for (; done < n && rc == SH_OK; done++) {
+        int64_t job = strtoll(b[done].job, NULL, 10);
+        const srv_job *j = srv__job(s, job);
+        int rank = -1, node = srv__node_find(s, b[done].node);
+        for (int i = 0; j && i < j->nmem && rank < 0; i++)
+            if (j->mem[i].node == node && j->mem[i].gpu_mask == b[done].gpu_mask) rank = j->mem[i].rank;
+        srv_bill row = {b[done].tenant, job, j ? j->attempt : 0, rank, b[done].node, b[done].gpu_type,
+                        b[done].gpus, b[done].since + shift, b[done].until + shift, b[done].seconds, b[done].cost};
+        rc = srv__db_ledger(s, &row);
+        if (rc < 0) break;
+    }
+    sched_bills_done(s->sc, done);
+    return rc;
+}
+
+/* Called by srv__finish once the job's members are stopped: the core
+ * closes the job's places into bills, which go to the ledger in SQLite;
+ * then the core forgets the job, so that its memory stays bounded by the
+ * jobs alive at once. */
 void srv__seam_end(srv *s, const srv_job *j, int cancelled)
 {
     char id[24];
@@ -73,6 +98,7 @@ void srv__seam_end(srv *s, const srv_job *j, int cancelled)
         if (cancelled) sched_job_cancel(s->sc, id, sh_now_mono());
         else sched_job_finish(s->sc, id, sh_now_mono());
     }
+    if (srv__seam_bills(s) < 0) sh_warn("job %s: ledger: %s (kept for the next write)", id, sh_errmsg());
     if (sched_job_forget(s->sc, id) < 0) sh_warn("job %s: scheduler: %s", id, sh_errmsg());
 }
 
@@ -90,9 +116,13 @@ int srv__seam_node(srv *s, int idx, int event)
         return info.state == SCHED_NODE_FAILED ? sched_node_recover(s->sc, n->name, now) : SH_OK;
     }
     if (!known) return SH_OK;
-    if (event == SEAM_DEAD) return info.state == SCHED_NODE_FAILED ? SH_OK : sched_node_fail(s->sc, n->name, now);
+    if (event == SEAM_DEAD) {
+        if (info.state != SCHED_NODE_FAILED) SH_TRY(sched_node_fail(s->sc, n->name, now));
+        return srv__seam_bills(s);
+    }
     if (info.state != SCHED_NODE_FAILED) SH_TRY(sched_node_fail(s->sc, n->name, now));
-    return sched_node_remove(s->sc, n->name, now);
+    SH_TRY(sched_node_remove(s->sc, n->name, now));
+    return srv__seam_bills(s);
 }
 
 /* Tells the core where a starting or running job already is, so that it
@@ -112,7 +142,12 @@ static int restore(srv *s, srv_job *j, double now)
         where.len = 0;
         for (int i = 0; i < j->nmem && n < 64; i++)
             if (all || j->mem[i].state <= M_RUNNING) {
-                pl[n++] = (sched_place){s->nodes[j->mem[i].node].name, 0, j->gpus_per_node};
+                /* Its place keeps its devices and its bill's start (the
+                 * wall time placed, moved onto the core's clock). */
+                const srv_member *m = &j->mem[i];
+                double since = m->t_placed > 0 ? now - (sh_now_wall() - m->t_placed) : 0;
+                pl[n++] = (sched_place){s->nodes[m->node].name, 0, j->gpus_per_node, m->gpu_mask,
+                                        since > 0 && since <= now ? since : 0};
                 sh_buf_printf(&where, "%s%s", n > 1 ? "," : "", s->nodes[j->mem[i].node].name);
             }
         rc = n ? sched_job_restore(s->sc, sidv, pl, (size_t)n, now) : sh_err(SH_EINVAL, "no member left");
@@ -138,6 +173,7 @@ int srv__seam_init(srv *s)
 {
     sched_config c;
     sched_config_default(&c, SCHED_POLICY_SHOAL);
+    c.bill_journal = 1; /* the ledger is the durable copy of the core's bills */
     SH_TRY(srv__provider_config(s, &c));
     s->sc = sched_new(&c);
     if (!s->sc) return sh_err(SH_EINVAL, "scheduler: %s", sh_errmsg());
@@ -189,16 +225,17 @@ static int replace(srv *s, srv_job *j)
     int nodes[64], used[64] = {0};
     SH_TRY(places_to_nodes(s, pl, n, nodes));
     int out[64];
+    uint64_t masks[64];
     for (int r = 0; r < j->nprefer; r++) {
         out[r] = -1;
         for (size_t k = 0; k < n && out[r] < 0; k++)
-            if (!used[k] && nodes[k] == j->prefer[r]) out[r] = nodes[k], used[k] = 1;
+            if (!used[k] && nodes[k] == j->prefer[r]) out[r] = nodes[k], masks[r] = pl[k].gpu_mask, used[k] = 1;
     }
     for (int r = 0; r < j->nprefer; r++)
         for (size_t k = 0; k < n && out[r] < 0; k++)
-            if (!used[k]) out[r] = nodes[k], used[k] = 1;
+            if (!used[k]) out[r] = nodes[k], masks[r] = pl[k].gpu_mask, used[k] = 1;
     j->attempt++;
-    return srv__start(s, j, out, j->nprefer);
+    return srv__start(s, j, out, masks, j->nprefer);
 }
 
 static int apply(srv *s, const sched_decision *d)
@@ -206,20 +243,22 @@ static int apply(srv *s, const sched_decision *d)
     srv_job *j = job_of(s, d);
     const sched_place *pl = s->dec.places + d->first;
     int nodes[4096];
+    uint64_t masks[4096];
     if (d->count > 4096) return sh_err(SH_EINTERNAL, "decision with %zu places", d->count);
+    for (size_t i = 0; i < d->count; i++) masks[i] = pl[i].gpu_mask;
     switch (d->kind) {
     case SCHED_D_START:
         if (!j || j->state != J_PENDING) return SH_OK;
         SH_TRY(places_to_nodes(s, pl, d->count, nodes));
-        return srv__start(s, j, nodes, (int)d->count);
+        return srv__start(s, j, nodes, masks, (int)d->count);
     case SCHED_D_GROW:
         if (!j) return SH_OK;
         SH_TRY(places_to_nodes(s, pl, d->count, nodes));
-        return srv__grow(s, j, nodes, (int)d->count);
+        return srv__grow(s, j, nodes, masks, (int)d->count);
     case SCHED_D_SHRINK:
         if (!j) return SH_OK;
         SH_TRY(places_to_nodes(s, pl, d->count, nodes));
-        return srv__shrink(s, j, nodes, (int)d->count);
+        return srv__shrink(s, j, nodes, masks, (int)d->count);
     case SCHED_D_PREEMPT:
         return j ? srv__requeue(s, j, "preempted by higher-priority work", 0) : SH_OK;
     case SCHED_D_REQUEUE:
@@ -246,6 +285,7 @@ int srv__seam_step(srv *s, double now)
     s->nactive = k;
     int n = sched_step(s->sc, now, &s->dec);
     if (n < 0) return n;
+    SH_TRY(srv__seam_bills(s)); /* before the decisions move attempts on */
     for (size_t i = 0; i < s->dec.n; i++) SH_TRY(apply(s, &s->dec.v[i]));
     return SH_OK;
 }

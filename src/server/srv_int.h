@@ -30,8 +30,7 @@ enum { P_REQUEUE, P_REPLACE, P_FAIL };
 typedef struct srv_node {
     char name[64], gpu_type[32], zone[32], fabric[32], addr[64], sandbox[128];
     char cred[48];       /* the node's own credential (issued at registration) */
-    int gpus, gpus_used, state, from_provider;
-    uint64_t gpu_mask;   /* which GPU indices are taken */
+    int gpus, state, from_provider; /* GPUs in use: the core's (srv__node_used) */
     double price;        /* dollars per GPU-hour */
     double last_seen;    /* monotonic seconds of the last poll */
     uint64_t version;    /* bumped whenever this node's desired list changes */
@@ -39,8 +38,9 @@ typedef struct srv_node {
 
 typedef struct srv_member {
     int rank, node, state, exit_code;
-    uint64_t gpu_mask;
-    double t_start, t_end; /* wall seconds; billing runs between them */
+    uint64_t gpu_mask;     /* device indices, chosen by the core */
+    double t_placed;       /* wall seconds: the core placed it (billing starts) */
+    double t_start, t_end; /* wall seconds: its process ran between them */
 } srv_member;
 
 /* A Prometheus histogram: counts per bucket (not cumulative; the last is
@@ -138,7 +138,16 @@ int srv__db_job(srv *s, const srv_job *j);
 int srv__db_members(srv *s, const srv_job *j);
 int srv__db_event(srv *s, int64_t job, const char *node, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-int srv__db_ledger(srv *s, const srv_job *j, const srv_member *m);
+/* One closed bill of the core, as a ledger row (times on the wall clock). */
+typedef struct srv_bill {
+    const char *tenant;
+    int64_t job;
+    int attempt, rank; /* rank -1: no member matched the place */
+    const char *node, *gpu_type;
+    int gpus;
+    double t_start, t_end, seconds, cost;
+} srv_bill;
+int srv__db_ledger(srv *s, const srv_bill *b);
 int srv__db_tenants(srv *s);
 int srv__db_begin(srv *s);
 int srv__db_commit(srv *s);
@@ -162,7 +171,10 @@ int srv__job_add(srv *s, srv_job *j);
 void srv__job_free(srv_job *j);
 int srv__active_add(srv *s, int64_t id);
 void srv__changed(srv *s);
-int srv__start(srv *s, srv_job *j, const int *nodes, int n);
+/* Starts job j's members on nodes[0..n) with the device masks the core chose. */
+int srv__start(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
+/* GPUs the core has placed work on, node idx (0 for a node it does not know). */
+int srv__node_used(srv *s, int idx);
 int srv__finish(srv *s, srv_job *j, int state, int exit_code, const char *reason);
 int srv__member_end(srv *s, srv_job *j, srv_member *m, int state, int code);
 int srv__node_dead(srv *s, int idx, const char *why);
@@ -206,8 +218,10 @@ int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap);
 void srv__seam_end(srv *s, const srv_job *j, int cancelled);
 int srv__seam_node(srv *s, int idx, int event);
 int srv__seam_step(srv *s, double now);
-int srv__grow(srv *s, srv_job *j, const int *nodes, int n);
-int srv__shrink(srv *s, srv_job *j, const int *nodes, int n);
+int srv__grow(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
+/* Writes the core's closed bills to the ledger (it keeps those not written). */
+int srv__seam_bills(srv *s);
+int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
 void srv__id_consume(srv *s);
 

@@ -98,20 +98,7 @@ static void job_touch(srv *s, srv_job *j)
     srv__changed(s);
 }
 
-/* Takes GPUs on node n for one member: the lowest free indices. */
-static uint64_t take_gpus(srv_node *n, int count)
-{
-    uint64_t mask = 0;
-    for (int g = 0; g < n->gpus && g < 64 && count > 0; g++)
-        if (!(n->gpu_mask & (1ull << g))) {
-            mask |= 1ull << g;
-            count--;
-        }
-    n->gpu_mask |= mask;
-    return mask;
-}
-
-int srv__start(srv *s, srv_job *j, const int *nodes, int n)
+int srv__start(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n)
 {
     srv_member *mem = calloc((size_t)n, sizeof *mem);
     if (!mem) return sh_err(SH_ENOMEM, "job %lld: members", (long long)j->id);
@@ -125,13 +112,13 @@ int srv__start(srv *s, srv_job *j, const int *nodes, int n)
         mem[r].node = nodes[r];
         mem[r].state = M_ASSIGNED;
         mem[r].exit_code = -1;
-        mem[r].gpu_mask = take_gpus(nd, j->gpus_per_node);
-        nd->gpus_used += j->gpus_per_node;
+        mem[r].gpu_mask = masks[r];
         sh_buf_printf(&where, "%s%s", r ? "," : "", nd->name);
     }
     j->state = J_STARTING;
     j->rdzv_port = 0; /* each attempt rendezvouses on a fresh port (agentapi.c) */
     double now = sh_now_wall();
+    for (int r = 0; r < n; r++) mem[r].t_placed = now;
     if (j->attempt == 1 && j->t_placed <= 0) srv__observe_wait(s, n, now - j->t_submit);
     j->t_placed = now;
     j->go = j->kind != K_GANG; /* only gangs wait at the barrier */
@@ -148,18 +135,17 @@ int srv__start(srv *s, srv_job *j, const int *nodes, int n)
 
 static int member_live(const srv_member *m) { return m->state <= M_RUNNING; }
 
-/* Ends one member: releases its GPUs and bills the time it ran. */
+/* Ends one member's process.  Its GPUs and its bill are the core's: they
+ * are released and billed when the core lets the place go (the job ends,
+ * shrinks or is stopped; a gang holds every node until it ends). */
 int srv__member_end(srv *s, srv_job *j, srv_member *m, int state, int code)
 {
+    (void)j;
     if (!member_live(m)) return SH_OK;
-    srv_node *n = &s->nodes[m->node];
-    n->gpus_used -= j->gpus_per_node;
-    n->gpu_mask &= ~m->gpu_mask;
     m->state = state;
     m->exit_code = code;
     m->t_end = sh_now_wall();
     node_touch(s, m->node);
-    if (m->t_start > 0) SH_TRY(srv__db_ledger(s, j, m));
     return SH_OK;
 }
 
@@ -218,7 +204,7 @@ int srv__requeue(srv *s, srv_job *j, const char *why, int failed)
 }
 
 /* Appends elastic replicas the core added. */
-int srv__grow(srv *s, srv_job *j, const int *nodes, int n)
+int srv__grow(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n)
 {
     if (j->state < J_STARTING || j->state > J_RUNNING || j->nmem + n > 64) return SH_OK;
     srv_member *nm = realloc(j->mem, (size_t)(j->nmem + n) * sizeof *nm);
@@ -231,8 +217,8 @@ int srv__grow(srv *s, srv_job *j, const int *nodes, int n)
         m->node = nodes[i];
         m->state = M_ASSIGNED;
         m->exit_code = -1;
-        m->gpu_mask = take_gpus(&s->nodes[nodes[i]], j->gpus_per_node);
-        s->nodes[nodes[i]].gpus_used += j->gpus_per_node;
+        m->gpu_mask = masks[i];
+        m->t_placed = sh_now_wall();
     }
     SH_TRY(srv__db_members(s, j));
     SH_TRY(srv__db_event(s, j->id, NULL, "grow", "%d replica(s) added", n));
@@ -241,12 +227,12 @@ int srv__grow(srv *s, srv_job *j, const int *nodes, int n)
 }
 
 /* Stops one live elastic replica on each node listed. */
-int srv__shrink(srv *s, srv_job *j, const int *nodes, int n)
+int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n)
 {
     if (n <= 0) return SH_OK; /* the core reports a failed node's places this way too */
     for (int i = 0; i < n; i++)
         for (int r = j->nmem - 1; r >= 0; r--)
-            if (j->mem[r].node == nodes[i] && member_live(&j->mem[r])) {
+            if (j->mem[r].node == nodes[i] && j->mem[r].gpu_mask == masks[i] && member_live(&j->mem[r])) {
                 SH_TRY(srv__member_end(s, j, &j->mem[r], M_STOPPED, -1));
                 break;
             }
@@ -572,17 +558,14 @@ static json_t *gpu_list(uint64_t mask)
     return a;
 }
 
-/* Dollars a job has cost so far: closed ledger rows are in SQLite, but the
- * running members' time is only in memory, so both are added here. */
-static double running_cost(srv *s, const srv_job *j, double now)
+/* Dollars the places a job holds now have cost so far, on the core's bill
+ * (closed bills are ledger rows in SQLite). */
+static double running_cost(srv *s, const srv_job *j)
 {
-    double c = 0;
-    for (int i = 0; i < j->nmem; i++) {
-        const srv_member *m = &j->mem[i];
-        if (m->t_start > 0 && member_live(m))
-            c += (now - m->t_start) / 3600.0 * s->nodes[m->node].price * j->gpus_per_node;
-    }
-    return c;
+    if (!s->sc || j->state > J_RUNNING) return 0;
+    char id[24];
+    snprintf(id, sizeof id, "%lld", (long long)j->id);
+    return sched_cost_job_open(s->sc, id, NULL, sh_now_mono(), NULL);
 }
 
 /* What a job cost and how long it ran: the closed ledger plus its live
@@ -596,7 +579,7 @@ static void add_billing(srv *s, const srv_job *j, json_t *o)
     int live = 0;
     for (int i = 0; i < j->nmem; i++) live += member_live(&j->mem[i]) && j->mem[i].t_start > 0;
     double run = j->t_start > 0 ? (j->t_end > 0 ? j->t_end : now) - j->t_start : 0;
-    json_object_set_new(o, "cost", json_real(dollars + running_cost(s, j, now)));
+    json_object_set_new(o, "cost", json_real(dollars + running_cost(s, j)));
     json_object_set_new(o, "cost_final", json_boolean(j->state > J_RUNNING));
     json_object_set_new(o, "run_s", json_real(run > 0 ? run : 0));
     json_object_set_new(o, "replicas", json_integer(j->state <= J_RUNNING ? live : 0));
@@ -628,7 +611,7 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full)
                           "gpus_per_node", j->gpus_per_node, "priority", j->priority,
                           "submitted_at", j->t_submit, "started_at", j->t_start, "finished_at",
                           j->t_end, "exit_code", j->exit_code, "reason", j->reason,
-                          "running_cost", running_cost(s, j, sh_now_wall()));
+                          "running_cost", running_cost(s, j));
     json_t *gt = json_object_get(j->spec, "gpu_types");
     json_object_set_new(o, "gpu_types", gt ? json_incref(gt) : json_array());
     add_billing(s, j, o);
@@ -648,12 +631,19 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full)
 
 static const char *const node_states[] = {"alive", "dead", "gone"};
 
-static json_t *node_json(const srv_node *n, json_t *jobs)
+int srv__node_used(srv *s, int idx)
+{
+    sched_node_info in;
+    if (!s->sc || idx < 0 || idx >= s->nnodes || sched_node_info_get(s->sc, s->nodes[idx].name, &in) < 0) return 0;
+    return in.gpus - in.free_gpus;
+}
+
+static json_t *node_json(const srv_node *n, int used, json_t *jobs)
 {
     /* Seconds since the node's last poll (its heartbeat); -1 before the first. */
     double age = n->last_seen > 0 ? sh_now_mono() - n->last_seen : -1;
     return json_pack("{s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f,s:s,s:s,s:b,s:f,s:o}", "name", n->name,
-                     "gpu_type", n->gpu_type, "gpus", n->gpus, "gpus_used", n->gpus_used, "zone",
+                     "gpu_type", n->gpu_type, "gpus", n->gpus, "gpus_used", used, "zone",
                      n->zone, "fabric", n->fabric, "addr", n->addr, "price_per_gpu_hour", n->price,
                      "state", node_states[n->state], "sandbox", n->sandbox, "from_provider",
                      n->from_provider, "heartbeat_age_s", age, "jobs", jobs);
@@ -696,7 +686,7 @@ json_t *srv__nodes_json(srv *s, const char *tenant)
             json_decref(per[i]);
             continue;
         }
-        json_array_append_new(out, node_json(&s->nodes[i], per[i] ? per[i] : json_array()));
+        json_array_append_new(out, node_json(&s->nodes[i], srv__node_used(s, i), per[i] ? per[i] : json_array()));
     }
     free(per);
     return out;
