@@ -153,8 +153,9 @@ typedef struct sim_report {
     double clock_window_s;            /* the empty window taken off each step */
     uint64_t sched_steps;             /* sched_step calls */
     double decisions_per_s;           /* decisions / sched_cpu_s */
-    /* A hash of every decision in order (kind, time, job, nodes, places,
-     * scale-ups): equal hashes mean the same decision stream. */
+    /* A hash of every decision in order (kind, time, job, nodes, places
+     * with their GPU masks, scale-ups): equal hashes mean the same
+     * decision stream. */
     uint64_t decisions_hash;
     uint64_t preemptions, failures, failures_survived, requeues, replaces, restarts;
     uint64_t partial_gangs, hold_timeouts;

@@ -415,7 +415,8 @@ static void hash_decisions(run *R, double now)
         k.zone = str_hash(x->zone), k.fabric = str_hash(x->fabric), k.type = str_hash(x->gpu_type);
         h = sh_hash64_of(&k, sizeof k);
         for (size_t p = x->first; p < x->first + x->count; p++) {
-            struct { uint64_t h, node; int64_t gpus; } q = {h, str_hash(R->d.places[p].node), R->d.places[p].gpus};
+            const sched_place *pl = &R->d.places[p];
+            struct { uint64_t h, node, mask; int64_t gpus; } q = {h, str_hash(pl->node), pl->gpu_mask, pl->gpus};
             h = sh_hash64_of(&q, sizeof q);
         }
     }
