@@ -134,6 +134,7 @@ void sched_free(sched *s)
     for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap);
     free(s->elastic), free(s->allpools), free(s->shapes), free(s->freejobs), free(s->forgot_cost_t);
     for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v), free(s->tpools[i].ge_hist);
+    for (int i = 0; i < 16; i++) free(s->porder[i].pools);
     free(s->tpools);
     free(s);
 }
@@ -186,6 +187,7 @@ int sched_node_add(sched *s, const sched_node_spec *n, double now)
     if (z == NONE || f == NONE || t == NONE) return SH_ENOMEM;
     uint32_t pi = pool_of(s, z, f, t);
     if (pi == NONE) return SH_ENOMEM;
+    s->pools_ver++; /* a new pool or price: elastic pool orders lapse */
     SH_TRY(GROW(s->nodes, s->capnodes, s->nnodes + 1));
     spool *p = &s->pools[pi];
     SH_TRY(GROW(p->nodes, p->capnodes, p->nnodes + 1));

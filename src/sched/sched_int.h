@@ -282,6 +282,19 @@ struct sched {
     int plain_cycle;
     int walking;       /* a queue walk is running: starts leave holes */
     uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
+    /* place_elastic's pool order by (types, speeds), kept until a node is
+     * added (pools and prices change only then): elastic jobs share a few
+     * type lists, and sorting every pool per placement showed in perf. */
+    struct sporder {
+        int ntypes;
+        uint32_t types[SCHED_MAX_TYPES];
+        double speed[SCHED_MAX_TYPES];
+        uint64_t ver; /* pools_ver + 1 when current */
+        uint32_t *pools;
+        size_t n, cap;
+    } porder[16];
+    uint32_t porder_next; /* the entry to reuse next */
+    uint64_t pools_ver;   /* bumped when a node is added */
     struct stpools {
         uint32_t *v;
         size_t n, cap;
