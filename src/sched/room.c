@@ -55,6 +55,9 @@ static void select_k(tnode *v, size_t m, size_t k)
         }
 }
 
+/* Computes node n's ready[] for every g (see sched__node_ready). */
+static void node_ready_fill(sched *s, snode *n);
+
 /* When node ni will have g GPUs free, assuming running work ends at its
  * estimate (work past its estimate is assumed to end now).  The times for
  * every g are computed together and kept until the node's pods change. */
@@ -62,27 +65,38 @@ double sched__node_ready(sched *s, uint32_t ni, int g, double now)
 {
     snode *n = &s->nodes[ni];
     if (n->free >= g) return now;
-    if (n->ready_ver != n->ver || !n->ver) {
-        double ends[MAXG * 4];
-        int gp[MAXG * 4], m = 0;
-        for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
-            ends[m] = sched__est_end(s, &s->jobs[n->refs[r].job]);
-            gp[m++] = n->refs[r].gpus;
-        }
-        int free = n->free, have = n->free;
-        for (int k = 0; k <= MAXG; k++) n->ready[k] = k <= have ? -INFINITY : INFINITY;
-        while (m) {
-            int b = 0;
-            for (int i = 1; i < m; i++)
-                if (ends[i] < ends[b]) b = i;
-            free += gp[b];
-            for (int k = have + 1; k <= free && k <= MAXG; k++) n->ready[k] = ends[b];
-            if (free > have) have = free;
-            ends[b] = ends[--m], gp[b] = gp[m];
-        }
-        n->ready_ver = n->ver;
-    }
+    if (n->ready_ver != n->ver || !n->ver) node_ready_fill(s, n);
     return n->ready[g] < now ? now : n->ready[g];
+}
+
+/* sched__node_ready at -INFINITY, inline for pool_time's scan of a pool. */
+static inline double node_ready_raw(sched *s, snode *n, int g)
+{
+    if (n->free >= g) return -INFINITY;
+    if (n->ready_ver != n->ver || !n->ver) node_ready_fill(s, n);
+    return n->ready[g];
+}
+
+static void node_ready_fill(sched *s, snode *n)
+{
+    double ends[MAXG * 4];
+    int gp[MAXG * 4], m = 0;
+    for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
+        ends[m] = sched__est_end(s, &s->jobs[n->refs[r].job]);
+        gp[m++] = n->refs[r].gpus;
+    }
+    int free = n->free, have = n->free;
+    for (int k = 0; k <= MAXG; k++) n->ready[k] = k <= have ? -INFINITY : INFINITY;
+    while (m) {
+        int b = 0;
+        for (int i = 1; i < m; i++)
+            if (ends[i] < ends[b]) b = i;
+        free += gp[b];
+        for (int k = have + 1; k <= free && k <= MAXG; k++) n->ready[k] = ends[b];
+        if (free > have) have = free;
+        ends[b] = ends[--m], gp[b] = gp[m];
+    }
+    n->ready_ver = n->ver;
 }
 
 /* GPUs of node ni still busy at time T (held by work estimated to end after
@@ -106,12 +120,10 @@ static int busy_at(const sched *s, uint32_t ni, double T, double now)
  * that thrashes rescans whole pools every cycle. */
 static int rc_slot(spool *p, int g, int n)
 {
-    int stale = -1;
-    for (int k = 0; k < RC_SLOTS; k++) {
+    for (int k = 0; k < RC_SLOTS; k++)
         if (p->rc[k].g == g && p->rc[k].n == n) return k;
-        if (stale < 0 && p->rc[k].ver != p->ver + 1) stale = k;
-    }
-    if (stale >= 0) return stale;
+    for (int k = 0; k < RC_SLOTS; k++)
+        if (p->rc[k].ver != p->ver + 1) return k;
     return (int)(p->rc_next++ % RC_SLOTS);
 }
 
@@ -127,7 +139,7 @@ static double pool_time(sched *s, const sjob *j, uint32_t pi, tnode **tn, size_t
         uint32_t ni = p->nodes[k];
         snode *n = &s->nodes[ni];
         if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-        (*tn)[(*m)++] = (tnode){sched__node_ready(s, ni, j->gpn, -INFINITY), ni};
+        (*tn)[(*m)++] = (tnode){node_ready_raw(s, n, j->gpn), ni};
     }
     if (*m < (size_t)j->nodes) return INFINITY;
     select_k(*tn, *m, (size_t)j->nodes);
@@ -209,8 +221,15 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
         if (T < now) T = now;
         if (T < bestT) bestT = T, bestq = (uint32_t)q;
     }
-    if (npb) qsort(pb, npb, sizeof *pb, cmp_pbound);
+    /* The bounds in (lb, q) order, each taken by selection: the loop
+     * mostly stops after one or two, where a full sort cost more than the
+     * rest of the search. */
     for (size_t i = 0; i < npb; i++) {
+        size_t b = i;
+        for (size_t k = i + 1; k < npb; k++)
+            if (cmp_pbound(&pb[k], &pb[b]) < 0) b = k;
+        pbound x = pb[i];
+        pb[i] = pb[b], pb[b] = x;
         if (pb[i].lb > bestT || (pb[i].lb == bestT && pb[i].q > bestq)) break; /* nothing left can win */
         uint32_t pi = jp[pb[i].q];
         spool *p = &s->pools[pi];
@@ -253,11 +272,12 @@ int sched__make_reservation(sched *s, uint32_t ji, double now)
     r->nodes = realloc(r->nodes, (size_t)j->nodes * sizeof *r->nodes);
     if (!r->nodes) return s->nresv--, sh_err(SH_ENOMEM, "sched: out of memory");
     r->job = ji, r->T = T, r->n = j->nodes, r->need = j->gpn;
+    double len = sched__est_len(s, j, bestp);
     for (int k = 0; k < j->nodes; k++) {
         snode *n = &s->nodes[tn[k].ni];
         r->nodes[k] = tn[k].ni;
         n->resv_stamp = s->stamp, n->resv_T = T;
-        n->resv_end = T + sched__est_len(s, j, bestp);
+        n->resv_end = T + len;
         n->resv_spare = n->gpus - j->gpn - busy_at(s, tn[k].ni, T, now);
         if (n->resv_spare < 0) n->resv_spare = 0;
     }
