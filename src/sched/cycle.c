@@ -245,8 +245,9 @@ static void shape_probe(sched *s, const sshape *sh, sjob *probe)
      * shape per sweep showed in perf). */
     probe->kind = sh->kind, probe->nodes = sh->nodes, probe->maxr = sh->nodes, probe->gpn = sh->gpn;
     probe->ntypes = sh->ntypes;
-    probe->shape = sh->shape, probe->priority = sh->max_prio;
+    probe->shape = sh->shape, probe->priority = sched__shape_max_prio(s, (sshape *)sh);
     memcpy(probe->types, sh->types, sizeof probe->types);
+    probe->jp_ver = 0; /* its pool list is another shape's */
     for (int k = 0; k < probe->ntypes; k++) probe->speed[k] = 1.0;
     probe->est_s = sched__shape_min_len(s, (sshape *)sh);
 }
@@ -322,11 +323,13 @@ static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre
      * need victims after later starts. */
     if (*calm != walk_id) {
         int all = 1;
+        for (size_t i = 0; i < s->capshapes && all; i++) /* the cheap test first */
+            all = !s->shapes[i].shape || !s->shapes[i].queued || s->shapes[i].kind != SCHED_GANG ||
+                  s->shapes[i].dead_walk == walk_id;
         for (size_t i = 0; i < s->capshapes && all; i++) {
             sshape *sh = &s->shapes[i];
             if (!sh->shape || !sh->queued || sh->kind != SCHED_GANG) continue;
-            if (sh->dead_walk != walk_id) all = 0;
-            else if (sh->calm_walk != walk_id && sh->nopre_walk != walk_id) {
+            if (sh->calm_walk != walk_id && sh->nopre_walk != walk_id) {
                 if (shape_may_preempt(s, sh)) all = 0;
                 else sh->calm_walk = walk_id;
             }

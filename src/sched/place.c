@@ -216,18 +216,20 @@ size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out)
 {
     if (!j->ntypes) return *out = s->allpools, s->npools;
     if (j->ntypes == 1) return sched__type_pools(s, j->types[0], out);
-    static __thread uint32_t *buf;
-    static __thread size_t cap;
-    size_t n = 0;
-    for (int t = 0; t < j->ntypes; t++) {
-        const uint32_t *v;
-        size_t m = sched__type_pools(s, j->types[t], &v);
-        if (sched__grow((void **)&buf, &cap, n + m + 1, sizeof *buf) < 0) return *out = NULL, 0;
-        memcpy(buf + n, v, m * sizeof *v);
-        n += m;
+    sjob *c = (sjob *)j; /* the list is a cache of the job's */
+    if (c->jp_ver != s->pools_ver + 1) {
+        size_t n = 0;
+        for (int t = 0; t < j->ntypes; t++) {
+            const uint32_t *v;
+            size_t m = sched__type_pools(s, j->types[t], &v);
+            if (sched__grow((void **)&c->jp, &c->capjp, n + m + 1, sizeof *c->jp) < 0) return *out = NULL, 0;
+            memcpy(c->jp + n, v, m * sizeof *v);
+            n += m;
+        }
+        c->njp = n, c->jp_ver = s->pools_ver + 1;
     }
-    *out = buf;
-    return n;
+    *out = c->jp;
+    return c->njp;
 }
 
 int sched__pool_fits(const spool *p, int n, int g) { return g <= MAXG && p->ge[g] >= n; }

@@ -450,12 +450,14 @@ int sched__preempt_possible(sched *s, const sjob *j)
 {
     if (j->kind != SCHED_GANG || !s->cfg.max_victims || !sched__prios_below(&s->pre, j->priority)) return 0;
     struct spmemo *mo = pmemo_slot(s, j);
+    /* A success is kept too: it only keeps the sweeps from ruling the shape
+     * out, which is always safe (try_preempt searches again). */
     if (mo->shape == j->shape && mo->prio == j->priority && mo->stamp == s->stamp &&
         mo->epoch == s->release_epoch)
-        return 0;
-    if (best_victim_pool(s, j) != NONE) return 1;
-    *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority};
-    return 0;
+        return mo->ok;
+    int ok = best_victim_pool(s, j) != NONE;
+    *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority, ok};
+    return ok;
 }
 
 /* Frees room for gang ji by shrinking or preempting lower-priority elastic
@@ -470,11 +472,11 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
     if (!s->plain_cycle && !sched__prios_below(&s->pre, j->priority)) return 0; /* no victim anywhere */
     struct spmemo *mo = pmemo_slot(s, j);
     if (!s->plain_cycle && mo->shape == j->shape && mo->prio == j->priority && mo->stamp == s->stamp &&
-        mo->epoch == s->release_epoch)
+        mo->epoch == s->release_epoch && !mo->ok)
         return 0; /* the same search failed this cycle, and no room was freed since */
     uint32_t bestp = best_victim_pool(s, j);
     if (bestp == NONE) {
-        *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority};
+        *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority, 0};
         return 0;
     }
     size_t m;

@@ -120,7 +120,7 @@ void sched_free(sched *s)
     }
     free(s->pre.v);
     for (size_t i = 0; i < s->njobs; i++) {
-        free(s->jobs[i].places), free(s->jobs[i].cost_t), free(s->jobs[i].reason);
+        free(s->jobs[i].places), free(s->jobs[i].cost_t), free(s->jobs[i].reason), free(s->jobs[i].jp);
     }
     for (size_t i = 0; i < s->ntenants; i++) free(s->tenants[i].queue), free(s->tenants[i].cost_t);
     for (size_t i = 0; i < s->capresv; i++) free(s->resv[i].nodes);
@@ -131,7 +131,7 @@ void sched_free(sched *s)
     free(s->bills);
     free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
     free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
-    for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap);
+    for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap), free(s->shapes[i].pheap);
     free(s->elastic), free(s->allpools), free(s->shapes), free(s->freejobs), free(s->forgot_cost_t);
     for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v), free(s->tpools[i].ge_hist);
     for (int i = 0; i < 16; i++) free(s->porder[i].pools);

@@ -167,6 +167,11 @@ typedef struct sjob {
     char *reason;
     uint64_t shape; /* hash of (kind, nodes, gpus, types): equal shapes fit alike */
     uint32_t qgen;  /* bumped each time it is queued: names its shape-heap entry */
+    /* sched__job_pools' list for two or more types, while jp_ver ==
+     * sched.pools_ver + 1 (pools are only made when a node is added). */
+    uint32_t *jp;
+    size_t njp, capjp;
+    uint64_t jp_ver;
 } sjob;
 
 /* Queued jobs by shape: lets a cycle stop walking the queue once every
@@ -191,10 +196,13 @@ typedef struct sshape {
      * exact shortest queued job (sched__shape_min_len). */
     struct slen { double len; uint32_t job, gen; } *heap;
     size_t nheap, capheap;
-    /* The heap's answer, kept while no job of the shape joined or left the
-     * queue (gen counts those changes; len_gen = gen + 1 when len is current). */
+    struct slen *pheap; /* the same by -priority: the exact highest queued */
+    size_t npheap, cappheap;
+    /* The heaps' answers, kept while no job of the shape joined or left the
+     * queue (gen counts those changes; len_gen = gen + 1 when they are current). */
     uint64_t gen, len_gen;
     double len;
+    int prio;
 } sshape;
 
 /* A reservation made in the last step for a blocked head-of-line gang. */
@@ -259,6 +267,7 @@ struct sched {
     struct spmemo {
         uint64_t shape, stamp, epoch;
         int prio;
+        int ok; /* the search found room (kept for the sweeps' probes only) */
     } pmemo[256];
     uint64_t release_epoch;
     uint64_t resv_late;   /* head reservations that moved later or were missed */
@@ -338,6 +347,9 @@ double sched__est_end(const sched *s, const sjob *j);
 sshape *sched__shape(sched *s, uint64_t shape);
 /* The shortest est_s / fastest speed among the shape's queued jobs. */
 double sched__shape_min_len(const sched *s, sshape *sh);
+/* The highest priority among the shape's queued jobs (max_prio is only an
+ * upper bound: it never comes down as jobs leave). */
+int sched__shape_max_prio(const sched *s, sshape *sh);
 
 /* place.c */
 void sched__bucket_insert(sched *s, uint32_t ni);
@@ -346,8 +358,8 @@ int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now);
 void sched__release_place(sched *s, uint32_t ji, int k, double now);
 void sched__release_all(sched *s, uint32_t ji, double now);
 int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi);
-/* The pools a job may use, in its type order (owned by s or a per-thread
- * buffer valid until the next call). */
+/* The pools a job may use, in its type order (owned by s or by the job,
+ * valid until a node is added). */
 size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out);
 /* The pools of one GPU type. */
 size_t sched__type_pools(const sched *s, uint32_t type, const uint32_t **out);
