@@ -305,12 +305,34 @@ static int shape_may_preempt(sched *s, const sshape *sh)
  * its marks afresh), so a dead shape stays dead, and the walk's stop
  * changes no decision.  With preemptible work running, each shape is also
  * marked when none of its gangs could preempt. */
+/* shape_may_fit with its answer kept across cycles (sshape.nf_*). */
+static int shape_may_fit_kept(sched *s, sshape *sh, double now)
+{
+    double len = sched__shape_min_len(s, sh);
+    if (sh->nf_ok && sh->nf_epoch == s->release_epoch && sh->nf_sig == s->resv_sig && len >= sh->nf_len &&
+        now >= sh->nf_now)
+        return 0;
+    int r = shape_may_fit(s, sh, now);
+    if (!r) sh->nf_ok = 1, sh->nf_epoch = s->release_epoch, sh->nf_sig = s->resv_sig, sh->nf_len = len, sh->nf_now = now;
+    return r;
+}
+
+/* shape_may_preempt for a dead shape, its "no" kept across cycles (sshape.np_*). */
+static int shape_may_preempt_kept(sched *s, sshape *sh)
+{
+    int prio = sched__shape_max_prio(s, sh);
+    if (sh->np_ok && sh->np_epoch == s->release_epoch && sh->np_sig == s->resv_sig && prio <= sh->np_prio) return 0;
+    int r = shape_may_preempt(s, sh);
+    if (!r) sh->np_ok = 1, sh->np_epoch = s->release_epoch, sh->np_sig = s->resv_sig, sh->np_prio = prio;
+    return r;
+}
+
 static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre, uint64_t *calm, double now)
 {
     for (size_t i = 0; i < s->capshapes && *dead < s->nshapes_live; i++) {
         sshape *sh = &s->shapes[i];
         if (!sh->shape || !sh->queued) continue;
-        if (sh->dead_walk != walk_id && !shape_may_fit(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
+        if (sh->dead_walk != walk_id && !shape_may_fit_kept(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
     }
     /* For skipping ahead: whether no queued gang can preempt for the rest
      * of the walk (*calm = walk_id; calm_walk marks the shapes found so).
@@ -330,7 +352,7 @@ static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre
             sshape *sh = &s->shapes[i];
             if (!sh->shape || !sh->queued || sh->kind != SCHED_GANG) continue;
             if (sh->calm_walk != walk_id && sh->nopre_walk != walk_id) {
-                if (shape_may_preempt(s, sh)) all = 0;
+                if (shape_may_preempt_kept(s, sh)) all = 0;
                 else sh->calm_walk = walk_id;
             }
         }
@@ -341,7 +363,7 @@ static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre
     for (size_t i = 0; i < s->capshapes && *nopre < s->nshapes_live; i++) {
         sshape *sh = &s->shapes[i];
         if (!sh->shape || !sh->queued || sh->nopre_walk == walk_id) continue;
-        if (sh->calm_walk != walk_id && shape_may_preempt(s, sh)) return;
+        if (sh->calm_walk != walk_id && shape_may_preempt_kept(s, sh)) return;
         sh->nopre_walk = walk_id, (*nopre)++;
     }
 }
@@ -788,7 +810,7 @@ int sched_step(sched *s, double now, sched_decisions *d)
 {
     d->n = d->n_places = 0;
     s->stamp++; /* reservations of the previous cycle lapse */
-    s->nresv = 0;
+    s->nresv = 0, s->resv_sig = 0;
     s->next_wake = INFINITY;
     int rc = flush_pending(s, d);
     if (!rc) rc = expire(s, d, now);

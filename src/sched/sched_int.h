@@ -182,6 +182,16 @@ typedef struct sshape {
     uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
     uint64_t nopre_walk; /* the walk that found its gangs cannot preempt */
     uint64_t calm_walk;  /* the same, found before every shape was dead (not counted in nopre) */
+    /* Across cycles: the probe found no room (nofit) or no victims (nopre,
+     * while dead) at release epoch *_epoch under the reservations *_sig,
+     * with the probe's run time, priority and clock then.  Until a release,
+     * a node joining or a different reservation, placement and preemption
+     * only get harder, so the answer stands for a probe no shorter, no
+     * higher and no earlier (*_ok: the entry is set). */
+    int nf_ok, np_ok;
+    uint64_t nf_epoch, nf_sig, np_epoch, np_sig;
+    double nf_len, nf_now;
+    int np_prio;
     int max_prio;       /* an upper bound of its queued jobs' priorities */
     double min_est;     /* a lower bound of the queued jobs' estimates */
     /* What placement needs of the shape, for probes without a job at hand
@@ -269,7 +279,8 @@ struct sched {
         int prio;
         int ok; /* the search found room (kept for the sweeps' probes only) */
     } pmemo[256];
-    uint64_t release_epoch;
+    uint64_t release_epoch; /* bumped by every release and by a node joining or coming back */
+    uint64_t resv_sig;      /* a hash of this cycle's reservations (job, time, nodes) */
     uint64_t resv_late;   /* head reservations that moved later or were missed */
     uint32_t *waiting;    /* HOLDING and REPLACING jobs: they have deadlines */
     size_t nwaiting, capwaiting;
