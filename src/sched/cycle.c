@@ -309,11 +309,16 @@ static int shape_may_preempt(sched *s, const sshape *sh)
 static int shape_may_fit_kept(sched *s, sshape *sh, double now)
 {
     double len = sched__shape_min_len(s, sh);
-    if (sh->nf_ok && sh->nf_epoch == s->release_epoch && sh->nf_sig == s->resv_sig && len >= sh->nf_len &&
-        now >= sh->nf_now)
-        return 0;
+    uint64_t epoch = s->release_epoch;
+    int keep = s->nresv <= 4, same = keep && sh->nf_ok && sh->nf_epoch == epoch &&
+                                     sh->nf_sig == s->resv_sig && len >= sh->nf_len && now >= sh->nf_now;
+    for (size_t k = 0; k < s->nresv && same; k++) same = s->resv_slack[k] <= sh->nf_slack[k];
+    if (same) return 0;
     int r = shape_may_fit(s, sh, now);
-    if (!r) sh->nf_ok = 1, sh->nf_epoch = s->release_epoch, sh->nf_sig = s->resv_sig, sh->nf_len = len, sh->nf_now = now;
+    if (!r && keep) {
+        sh->nf_ok = 1, sh->nf_epoch = epoch, sh->nf_sig = s->resv_sig, sh->nf_len = len, sh->nf_now = now;
+        memcpy(sh->nf_slack, s->resv_slack, sizeof sh->nf_slack);
+    }
     return r;
 }
 
@@ -321,9 +326,10 @@ static int shape_may_fit_kept(sched *s, sshape *sh, double now)
 static int shape_may_preempt_kept(sched *s, sshape *sh)
 {
     int prio = sched__shape_max_prio(s, sh);
-    if (sh->np_ok && sh->np_epoch == s->release_epoch && sh->np_sig == s->resv_sig && prio <= sh->np_prio) return 0;
+    uint64_t epoch = s->release_epoch;
+    if (sh->np_ok && sh->np_epoch == epoch && sh->np_sig == s->resv_sig && prio <= sh->np_prio) return 0;
     int r = shape_may_preempt(s, sh);
-    if (!r) sh->np_ok = 1, sh->np_epoch = s->release_epoch, sh->np_sig = s->resv_sig, sh->np_prio = prio;
+    if (!r) sh->np_ok = 1, sh->np_epoch = epoch, sh->np_sig = s->resv_sig, sh->np_prio = prio;
     return r;
 }
 

@@ -185,12 +185,14 @@ typedef struct sshape {
     /* Across cycles: the probe found no room (nofit) or no victims (nopre,
      * while dead) at release epoch *_epoch under the reservations *_sig,
      * with the probe's run time, priority and clock then.  Until a release,
-     * a node joining or a different reservation, placement and preemption
-     * only get harder, so the answer stands for a probe no shorter, no
-     * higher and no earlier (*_ok: the entry is set). */
+     * a node joining or a reservation of other nodes, placement and
+     * preemption only get harder, so the answer stands for a probe no
+     * shorter, no higher and no earlier, and reservations starting no
+     * later after now (a later start leaves backfill more room; *_ok: the
+     * entry is set). */
     int nf_ok, np_ok;
     uint64_t nf_epoch, nf_sig, np_epoch, np_sig;
-    double nf_len, nf_now;
+    double nf_len, nf_now, nf_slack[4];
     int np_prio;
     int max_prio;       /* an upper bound of its queued jobs' priorities */
     double min_est;     /* a lower bound of the queued jobs' estimates */
@@ -280,7 +282,8 @@ struct sched {
         int ok; /* the search found room (kept for the sweeps' probes only) */
     } pmemo[256];
     uint64_t release_epoch; /* bumped by every release and by a node joining or coming back */
-    uint64_t resv_sig;      /* a hash of this cycle's reservations (job, time, nodes) */
+    uint64_t resv_sig;      /* a hash of this cycle's reservations (job and nodes) */
+    double resv_slack[4];   /* T - now of the first four */
     uint64_t resv_late;   /* head reservations that moved later or were missed */
     uint32_t *waiting;    /* HOLDING and REPLACING jobs: they have deadlines */
     size_t nwaiting, capwaiting;
