@@ -222,35 +222,6 @@ void sched__queue_remove(sched *s, uint32_t ji)
     shape_dec(s, j);
 }
 
-double sched__job_speed(const sched *s, const sjob *j, uint32_t type)
-{
-    if (!j->ntypes) return 1.0;
-    for (int i = 0; i < j->ntypes; i++)
-        if (j->types[i] == type) return j->speed[i];
-    return 0;
-}
-
-/* Expected run time of a job placed in pool `pool`.  A gang runs at its
- * pool's speed; elastic and function work may spread over several types, so
- * it is expected at its slowest allowed speed.  Placement, reservations and
- * sched_check must all use this one definition. */
-double sched__est_len(const sched *s, const sjob *j, uint32_t pool)
-{
-    double sp = 1.0;
-    if (j->kind == SCHED_GANG && pool != NONE) sp = sched__job_speed(s, j, s->pools[pool].type);
-    else if (j->ntypes) {
-        sp = j->speed[0];
-        for (int i = 1; i < j->ntypes; i++)
-            if (j->speed[i] < sp) sp = j->speed[i];
-    }
-    return j->est_s / (sp > 0 ? sp : 1.0);
-}
-
-double sched__est_end(const sched *s, const sjob *j)
-{
-    return j->start + sched__est_len(s, j, j->pool);
-}
-
 static int check_spec(sched *s, const sched_job_spec *js)
 {
     if (!js->id || !*js->id || strlen(js->id) >= SCHED_ID_MAX)

@@ -354,9 +354,36 @@ int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
 /* Removes the holes that starts left in the tenant queues during a walk. */
 void sched__queue_compact(sched *s);
-double sched__job_speed(const sched *s, const sjob *j, uint32_t type);
-double sched__est_len(const sched *s, const sjob *j, uint32_t pool);
-double sched__est_end(const sched *s, const sjob *j);
+/* Inline: placement and reservations call these once per pool and node. */
+static inline double sched__job_speed(const sched *s, const sjob *j, uint32_t type)
+{
+    if (!j->ntypes) return 1.0;
+    for (int i = 0; i < j->ntypes; i++)
+        if (j->types[i] == type) return j->speed[i];
+    return 0;
+}
+
+/* Expected run time of a job placed in pool `pool`.  A gang runs at its
+ * pool's speed; elastic and function work may spread over several types, so
+ * it is expected at its slowest allowed speed.  Placement, reservations and
+ * sched_check must all use this one definition. */
+static inline double sched__est_len(const sched *s, const sjob *j, uint32_t pool)
+{
+    double sp = 1.0;
+    if (j->kind == SCHED_GANG && pool != NONE) sp = sched__job_speed(s, j, s->pools[pool].type);
+    else if (j->ntypes) {
+        sp = j->speed[0];
+        for (int i = 1; i < j->ntypes; i++)
+            if (j->speed[i] < sp) sp = j->speed[i];
+    }
+    return j->est_s / (sp > 0 ? sp : 1.0);
+}
+
+static inline double sched__est_end(const sched *s, const sjob *j)
+{
+    return j->start + sched__est_len(s, j, j->pool);
+}
+
 
 sshape *sched__shape(sched *s, uint64_t shape);
 /* The shortest est_s / fastest speed among the shape's queued jobs. */
