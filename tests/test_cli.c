@@ -128,18 +128,38 @@ static double sample(const char *text, const char *series)
     return -1;
 }
 
-/* After one 1-node job ran: build info, histograms that count it, alice's
- * cost, and GPU gauges that sum to the fleet. */
-static void check_metrics(tf_fleet *F)
+static char *get_metrics(tf_fleet *F, const char *token, int want)
 {
     srv_client *c;
-    TU_OK(srv_client_new(F->url, NULL, &c));
+    TU_OK(srv_client_new(F->url, token, &c));
     int st;
     char *text;
     size_t len;
     TU_OK(srv_client_raw(c, "GET", "/metrics", NULL, 0, NULL, 10, &st, &text, &len));
     srv_client_free(c);
-    assert_int_equal(st, 200);
+    assert_int_equal(st, want);
+    return text;
+}
+
+/* After one 1-node job ran: build info, histograms that count it, alice's
+ * cost, and GPU gauges that sum to the fleet. */
+static void check_metrics(tf_fleet *F)
+{
+    /* Bills need a token: anyone on the network (a rank on the host
+     * network too) sees the fleet's figures but no tenant's bill; a tenant
+     * sees its own; a wrong token is refused. */
+    char *text = get_metrics(F, NULL, 200);
+    assert_null(strstr(text, "tenant="));
+    assert_non_null(strstr(text, "shoal_gpus{state=\"used\"}"));
+    free(text);
+    text = get_metrics(F, TF_BOB, 200);
+    assert_null(strstr(text, "tenant=\"alice\""));
+    free(text);
+    free(get_metrics(F, "not-a-token", 401));
+    text = get_metrics(F, TF_ALICE, 200);
+    assert_true(sample(text, "shoal_cost_dollars_total{tenant=\"alice\",gpu_type=\"H100\"}") > 0);
+    free(text);
+    text = get_metrics(F, TF_ADMIN, 200);
     assert_true(sample(text, "shoal_build_info{version=\"" SHOAL_VERSION "\"}") == 1);
     assert_true(sample(text, "shoal_gang_start_seconds_count{nodes=\"1\"}") >= 1);
     assert_true(sample(text, "shoal_gang_start_seconds_bucket{nodes=\"1\",le=\"+Inf\"}") >= 1);

@@ -327,6 +327,16 @@ static void test_credentials(void **state)
     expect_error(&f, evil, "POST", "/v1/agent/register", "{\"name\":\"n0\",\"gpu_type\":\"H100\",\"gpus\":8}", 403,
                  "needs the agent token");
     free(evil);
+    /* A rank shares the host network, so it reaches the server's port: its
+     * /metrics without a token shows the fleet, not alice's running bill. */
+    char script[512];
+    snprintf(script, sizeof script,
+             "python3 -c \"import urllib.request as u; print(u.urlopen('%s/metrics').read().decode())\"", f.url);
+    int64_t spy = submit_sh(&f, TF_BOB, "spy", script);
+    char *m = wait_log(&f, spy, 30);
+    if (!strstr(m, "shoal_gpus{state=\"used\"}")) fail_msg("the spy did not reach /metrics:\n%s", m);
+    log_lacks("alice's bill on /metrics", m, "alice");
+    free(m);
     cancel(&f, id);
     tf_stop(&f);
 }

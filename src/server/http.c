@@ -129,16 +129,26 @@ static enum MHD_Result serve_static(srv *s, struct MHD_Connection *c, const char
     return send_text(c, 200, mime_of(path), data, len, 0);
 }
 
+/* /metrics needs no token for the fleet's figures; the bills need one:
+ * the admin's shows every tenant's, a tenant's its own (a rank on the host
+ * network reaches this port, so tenants must not read each other's). */
 static enum MHD_Result serve_metrics(srv *s, struct MHD_Connection *c)
 {
     sh_buf b = {0};
+    srv_req r = {.role = ROLE_NONE, .node = -1};
+    const char *err = NULL;
+    const char *who = "";
+    if (MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")) {
+        if (authenticate(s, c, &r, &err) < 0) return send_error(s, c, 401, err);
+        who = r.role == ROLE_ADMIN ? NULL : r.role == ROLE_TENANT ? r.tenant : "";
+    }
     pthread_mutex_lock(&s->mu);
-    srv__metrics(s, &b);
+    srv__metrics(s, &b, who);
     pthread_mutex_unlock(&s->mu);
     __atomic_fetch_add(&s->http_req[2], 1, __ATOMIC_RELAXED);
-    enum MHD_Result r = send_text(c, 200, "text/plain; version=0.0.4", b.data ? (char *)b.data : "", b.len, 1);
+    enum MHD_Result res = send_text(c, 200, "text/plain; version=0.0.4", b.data ? (char *)b.data : "", b.len, 1);
     sh_buf_free(&b);
-    return r;
+    return res;
 }
 
 static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *url, const char *method,
@@ -468,10 +478,16 @@ static void print_hist(sh_buf *b, const char *name, const char *help, const srv_
 }
 
 /* Per-tenant cost counters: the ledger's closed rows plus the core's open
- * places, which only grow (a place's open cost becomes its ledger row). */
-static void print_costs(srv *s, sh_buf *b)
+ * places, which only grow (a place's open cost becomes its ledger row).
+ * tenant NULL: every tenant; "": none (no token); else that tenant's. */
+static void print_costs(srv *s, sh_buf *b, const char *tenant)
 {
-    json_t *c = srv__costs(s, NULL);
+    if (tenant && !*tenant) {
+        sh_buf_printf(b, "# shoal_cost_dollars_total and shoal_gpu_seconds_total need a token: the admin's for"
+                         " every tenant, a tenant's for its own\n");
+        return;
+    }
+    json_t *c = srv__costs(s, tenant);
     const char *t, *g;
     json_t *by, *v;
     sh_buf_printf(b, "# HELP shoal_cost_dollars_total Dollars billed, by tenant and GPU type.\n"
@@ -487,7 +503,7 @@ static void print_costs(srv *s, sh_buf *b)
     json_decref(c);
 }
 
-void srv__metrics(srv *s, sh_buf *b)
+void srv__metrics(srv *s, sh_buf *b, const char *tenant)
 {
     int nodes[3] = {0}, gpus = 0, used = 0;
     for (int i = 0; i < s->nnodes; i++) {
@@ -532,7 +548,7 @@ void srv__metrics(srv *s, sh_buf *b)
                s->h_start, start_le);
     print_hist(b, "shoal_queue_wait_seconds", "Seconds from submission to first placement, by gang size in nodes.",
                s->h_wait, wait_le);
-    print_costs(s, b);
+    print_costs(s, b, tenant);
     sh_buf_printf(b, "# HELP shoal_http_responses_total HTTP responses by status class.\n"
                      "# TYPE shoal_http_responses_total counter\n");
     for (int i = 2; i <= 5; i++)

@@ -256,6 +256,7 @@ int srv__idem_valid(const char *key);
 int srv__path_under(const char *path, const char *dir);
 int srv__presubmit(srv_req *r);
 int srv__handle(srv *s, srv_req *r, int *status, json_t **reply);
-void srv__metrics(srv *s, sh_buf *out);
+/* Prometheus text; tenant: whose bills to show (NULL every tenant's, "" none). */
+void srv__metrics(srv *s, sh_buf *out, const char *tenant);
 
 #endif
