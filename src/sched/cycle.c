@@ -312,12 +312,13 @@ static int shape_may_fit_kept(sched *s, sshape *sh, double now)
     uint64_t epoch = s->release_epoch;
     int keep = s->nresv <= 4, same = keep && sh->nf_ok && sh->nf_epoch == epoch &&
                                      sh->nf_sig == s->resv_sig && len >= sh->nf_len && now >= sh->nf_now;
-    for (size_t k = 0; k < s->nresv && same; k++) same = s->resv_slack[k] <= sh->nf_slack[k];
+    for (size_t k = 0; k < s->nresv && same; k++)
+        same = s->resv_T[k] <= sh->nf_T[k] && s->resv_slack[k] <= sh->nf_slack[k];
     if (same) return 0;
     int r = shape_may_fit(s, sh, now);
     if (!r && keep) {
         sh->nf_ok = 1, sh->nf_epoch = epoch, sh->nf_sig = s->resv_sig, sh->nf_len = len, sh->nf_now = now;
-        memcpy(sh->nf_slack, s->resv_slack, sizeof sh->nf_slack);
+        memcpy(sh->nf_T, s->resv_T, sizeof sh->nf_T), memcpy(sh->nf_slack, s->resv_slack, sizeof sh->nf_slack);
     }
     return r;
 }

@@ -284,7 +284,7 @@ int sched__make_reservation(sched *s, uint32_t ji, double now)
     struct { uint64_t prev, nodes; uint32_t job; int n, need; } sig = {
         s->resv_sig, sh_hash64_of(r->nodes, (size_t)r->n * sizeof *r->nodes), ji, r->n, r->need};
     s->resv_sig = sh_hash64_of(&sig, sizeof sig);
-    if (s->nresv <= 4) s->resv_slack[s->nresv - 1] = T - now;
+    if (s->nresv <= 4) s->resv_T[s->nresv - 1] = T, s->resv_slack[s->nresv - 1] = T - now;
     if (s->nresv == 1) {
         if (j->resv_promise >= 0 && T > j->resv_promise + 1e-6) s->resv_late++;
         j->resv_promise = T;

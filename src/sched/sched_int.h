@@ -187,12 +187,13 @@ typedef struct sshape {
      * with the probe's run time, priority and clock then.  Until a release,
      * a node joining or a reservation of other nodes, placement and
      * preemption only get harder, so the answer stands for a probe no
-     * shorter, no higher and no earlier, and reservations starting no
-     * later after now (a later start leaves backfill more room; *_ok: the
-     * entry is set). */
+     * shorter, no higher and no earlier, and reservations starting no later
+     * and no later after now (a later start leaves backfill more room: work
+     * ending before it no longer counts against the reserved nodes' spare
+     * GPUs; *_ok: the entry is set). */
     int nf_ok, np_ok;
     uint64_t nf_epoch, nf_sig, np_epoch, np_sig;
-    double nf_len, nf_now, nf_slack[4];
+    double nf_len, nf_now, nf_T[4], nf_slack[4];
     int np_prio;
     int max_prio;       /* an upper bound of its queued jobs' priorities */
     double min_est;     /* a lower bound of the queued jobs' estimates */
@@ -283,7 +284,7 @@ struct sched {
     } pmemo[256];
     uint64_t release_epoch; /* bumped by every release and by a node joining or coming back */
     uint64_t resv_sig;      /* a hash of this cycle's reservations (job and nodes) */
-    double resv_slack[4];   /* T - now of the first four */
+    double resv_T[4], resv_slack[4]; /* T and T - now of the first four */
     uint64_t resv_late;   /* head reservations that moved later or were missed */
     uint32_t *waiting;    /* HOLDING and REPLACING jobs: they have deadlines */
     size_t nwaiting, capwaiting;
