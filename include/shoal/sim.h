@@ -142,8 +142,21 @@ typedef struct sim_report {
     double cost;
     double makespan_s;
     uint64_t decisions;
-    double sched_cpu_s;               /* this thread's CPU time in sched_step */
+    /* This thread's CPU time in sched_step, less the CPU clock's own cost:
+     * each step is timed by two reads of CLOCK_THREAD_CPUTIME_ID, a system
+     * call that costs about 1.5 us on a VM, as much as a whole cycle of
+     * the scheduler.  The cost of an empty window between two reads is
+     * measured in the same run (the median of 2,001, before and after the
+     * replay, the smaller of the two) and taken off each step's window. */
+    double sched_cpu_s;
+    double sched_cpu_raw_s;           /* the same with the clock's cost */
+    double clock_window_s;            /* the empty window taken off each step */
+    uint64_t sched_steps;             /* sched_step calls */
     double decisions_per_s;           /* decisions / sched_cpu_s */
+    /* A hash of every decision in order (kind, time, job, nodes, places
+     * with their GPU masks, scale-ups): equal hashes mean the same
+     * decision stream. */
+    uint64_t decisions_hash;
     uint64_t preemptions, failures, failures_survived, requeues, replaces, restarts;
     uint64_t partial_gangs, hold_timeouts;
     double held_gpu_hours;

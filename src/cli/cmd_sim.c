@@ -251,6 +251,12 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
     json_object_set_new(j, "sched_job_slots", json_integer((json_int_t)r->sched_job_slots));
     json_object_set_new(j, "decisions", json_integer((json_int_t)r->decisions));
     json_object_set_new(j, "decisions_per_s", num(r->decisions_per_s));
+    char hx[17];
+    snprintf(hx, sizeof hx, "%016llx", (unsigned long long)r->decisions_hash);
+    json_object_set_new(j, "decisions_hash", json_string(hx));
+    json_object_set_new(j, "sched_steps", json_integer((json_int_t)r->sched_steps));
+    json_object_set_new(j, "sched_cpu_raw_s", num(r->sched_cpu_raw_s));
+    json_object_set_new(j, "clock_window_s", num(r->clock_window_s));
     json_object_set_new(j, "wall_s", num(wall));
     return j;
 }

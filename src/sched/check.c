@@ -149,6 +149,17 @@ int sched_check(const sched *s, double now)
                 return sh_err(SH_EINTERNAL, "pool count of nodes with >= %d free GPUs is %d, holds %d",
                               g, p->ge[g], ge);
     }
+    for (size_t t = 0; t < s->ntpools; t++) { /* the largest pool count by type */
+        const struct stpools *tp = &s->tpools[t];
+        for (int g = 0; g <= MAXG && tp->n; g++) {
+            int mx = 0;
+            for (size_t k = 0; k < tp->n; k++)
+                if (s->pools[tp->v[k]].ge[g] > mx) mx = s->pools[tp->v[k]].ge[g];
+            if (mx != tp->max_ge[g])
+                return sh_err(SH_EINTERNAL, "type %s: the largest pool count of nodes with >= %d free "
+                              "GPUs is %d, booked %d", s->name[t], g, mx, tp->max_ge[g]);
+        }
+    }
     size_t queued = 0, running = 0;
     for (size_t ji = 0; ji < s->njobs; ji++) {
         SH_TRY(check_job(s, (uint32_t)ji));

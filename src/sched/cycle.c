@@ -134,17 +134,33 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
     static __thread size_t cappp;
     const uint32_t *jp;
     size_t njp = sched__job_pools(s, j, &jp);
-    SH_TRY(sched__grow((void **)&pp, &cappp, njp + 1, sizeof *pp));
-    for (size_t q = 0; q < njp; q++) {
-        double sp = sched__job_speed(s, j, s->pools[jp[q]].type);
-        pp[q] = (ppool){s->cfg.policy == SCHED_POLICY_SHOAL ? s->pools[jp[q]].price_s / sp : (double)q, jp[q], sp};
+    struct sporder *po = NULL;
+    for (int k = 0; k < 16 && !s->plain_cycle && !po; k++) {
+        struct sporder *e = &s->porder[k];
+        if (e->ver == s->pools_ver + 1 && e->ntypes == j->ntypes &&
+            !memcmp(e->types, j->types, (size_t)j->ntypes * sizeof *j->types) &&
+            !memcmp(e->speed, j->speed, (size_t)j->ntypes * sizeof *j->speed))
+            po = e;
     }
-    qsort(pp, njp, sizeof *pp, cmp_ppool);
+    if (!po) {
+        SH_TRY(sched__grow((void **)&pp, &cappp, njp + 1, sizeof *pp));
+        for (size_t q = 0; q < njp; q++) {
+            double sp = sched__job_speed(s, j, s->pools[jp[q]].type);
+            pp[q] = (ppool){s->cfg.policy == SCHED_POLICY_SHOAL ? s->pools[jp[q]].price_s / sp : (double)q, jp[q], sp};
+        }
+        qsort(pp, njp, sizeof *pp, cmp_ppool);
+        po = &s->porder[s->porder_next++ % 16];
+        SH_TRY(sched__grow((void **)&po->pools, &po->cap, njp + 1, sizeof *po->pools));
+        for (size_t q = 0; q < njp; q++) po->pools[q] = pp[q].pool;
+        po->n = njp, po->ntypes = j->ntypes;
+        memcpy(po->types, j->types, sizeof po->types), memcpy(po->speed, j->speed, sizeof po->speed);
+        po->ver = s->plain_cycle ? 0 : s->pools_ver + 1;
+    }
     int got = 0;
     c.n = 0;
-    for (size_t q = 0; q < njp && got < max; q++) {
-        spool *p = &s->pools[pp[q].pool];
-        double end = now + sched__est_len(s, j, pp[q].pool);
+    for (size_t q = 0; q < po->n && got < max; q++) {
+        spool *p = &s->pools[po->pools[q]];
+        double end = now + sched__est_len(s, j, po->pools[q]);
         for (int f = j->gpn; f <= MAXG && got < max; f++)
             for (uint32_t ni = p->head[f]; ni != NONE && got < max; ni = s->nodes[ni].next) {
                 snode *n = &s->nodes[ni];
@@ -199,10 +215,21 @@ static int raw_fits(const sched *s, const sjob *j)
             if (j->types[t] < s->ntpools) total += s->tpools[j->types[t]].ge[j->gpn];
     if (total < need) return 0;
     if (need == 1) return 1;
-    const uint32_t *jp;
-    size_t n = sched__job_pools(s, j, &jp);
-    for (size_t k = 0; k < n; k++)
-        if (sched__pool_fits(&s->pools[jp[k]], need, j->gpn)) return 1;
+    if (s->plain_cycle) {
+        const uint32_t *jp;
+        size_t n = sched__job_pools(s, j, &jp);
+        for (size_t k = 0; k < n; k++)
+            if (sched__pool_fits(&s->pools[jp[k]], need, j->gpn)) return 1;
+        return 0;
+    }
+    /* The largest pool count of each allowed type answers for all its pools. */
+    if (!j->ntypes) {
+        for (uint32_t t = 0; t < s->ntpools; t++)
+            if (sched__type_fits(s, t, need, j->gpn)) return 1;
+        return 0;
+    }
+    for (int t = 0; t < j->ntypes; t++)
+        if (sched__type_fits(s, j->types[t], need, j->gpn)) return 1;
     return 0;
 }
 
@@ -213,11 +240,14 @@ static int raw_fits(const sched *s, const sjob *j)
  * shorter run. */
 static void shape_probe(sched *s, const sshape *sh, sjob *probe)
 {
-    memset(probe, 0, sizeof *probe);
+    /* No memset: the probes are per-thread statics that only this sets, and
+     * the searches read no other field (clearing a whole sjob twice per
+     * shape per sweep showed in perf). */
     probe->kind = sh->kind, probe->nodes = sh->nodes, probe->maxr = sh->nodes, probe->gpn = sh->gpn;
     probe->ntypes = sh->ntypes;
-    probe->shape = sh->shape, probe->priority = sh->max_prio;
+    probe->shape = sh->shape, probe->priority = sched__shape_max_prio(s, (sshape *)sh);
     memcpy(probe->types, sh->types, sizeof probe->types);
+    probe->jp_ver = 0; /* its pool list is another shape's */
     for (int k = 0; k < probe->ntypes; k++) probe->speed[k] = 1.0;
     probe->est_s = sched__shape_min_len(s, (sshape *)sh);
 }
@@ -226,11 +256,21 @@ static void shape_probe(sched *s, const sshape *sh, sjob *probe)
  * reservations aside: an upper bound of what place_elastic finds. */
 static int free_replicas(const sched *s, const sjob *j)
 {
-    const uint32_t *jp;
-    size_t n = sched__job_pools(s, j, &jp);
     int r = 0;
-    for (size_t k = 0; k < n; k++)
-        for (int f = j->gpn; f <= MAXG; f++) r += s->pools[jp[k]].count[f] * (f / j->gpn);
+    if (s->plain_cycle) {
+        const uint32_t *jp;
+        size_t n = sched__job_pools(s, j, &jp);
+        for (size_t k = 0; k < n; k++)
+            for (int f = j->gpn; f <= MAXG; f++) r += s->pools[jp[k]].count[f] * (f / j->gpn);
+        return r;
+    }
+    /* The same from the counts by type (nodes with exactly f free GPUs are
+     * ge[f] - ge[f + 1]): a sum over MAXG counters per type, not per pool. */
+    for (int t = 0; t < (j->ntypes ? j->ntypes : 1); t++) {
+        const int *ge = !j->ntypes ? s->ge_all : j->types[t] < s->ntpools ? s->tpools[j->types[t]].ge : NULL;
+        if (!ge) continue;
+        for (int f = j->gpn; f <= MAXG; f++) r += (ge[f] - (f < MAXG ? ge[f + 1] : 0)) * (f / j->gpn);
+    }
     return r;
 }
 
@@ -265,19 +305,72 @@ static int shape_may_preempt(sched *s, const sshape *sh)
  * its marks afresh), so a dead shape stays dead, and the walk's stop
  * changes no decision.  With preemptible work running, each shape is also
  * marked when none of its gangs could preempt. */
-static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre, double now)
+/* shape_may_fit with its answer kept across cycles (sshape.nf_*). */
+static int shape_may_fit_kept(sched *s, sshape *sh, double now)
+{
+    double len = sched__shape_min_len(s, sh);
+    uint64_t epoch = s->release_epoch;
+    int keep = s->nresv <= 4, same = keep && sh->nf_ok && sh->nf_epoch == epoch &&
+                                     sh->nf_sig == s->resv_sig && len >= sh->nf_len && now >= sh->nf_now;
+    for (size_t k = 0; k < s->nresv && same; k++)
+        same = s->resv_T[k] <= sh->nf_T[k] && s->resv_slack[k] <= sh->nf_slack[k];
+    if (same) return 0;
+    int r = shape_may_fit(s, sh, now);
+    if (!r && keep) {
+        sh->nf_ok = 1, sh->nf_epoch = epoch, sh->nf_sig = s->resv_sig, sh->nf_len = len, sh->nf_now = now;
+        memcpy(sh->nf_T, s->resv_T, sizeof sh->nf_T), memcpy(sh->nf_slack, s->resv_slack, sizeof sh->nf_slack);
+    }
+    return r;
+}
+
+/* shape_may_preempt for a dead shape, its "no" kept across cycles (sshape.np_*). */
+static int shape_may_preempt_kept(sched *s, sshape *sh)
+{
+    int prio = sched__shape_max_prio(s, sh);
+    uint64_t epoch = s->release_epoch;
+    if (sh->np_ok && sh->np_epoch == epoch && sh->np_sig == s->resv_sig && prio <= sh->np_prio) return 0;
+    int r = shape_may_preempt(s, sh);
+    if (!r) sh->np_ok = 1, sh->np_epoch = epoch, sh->np_sig = s->resv_sig, sh->np_prio = prio;
+    return r;
+}
+
+static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre, uint64_t *calm, double now)
 {
     for (size_t i = 0; i < s->capshapes && *dead < s->nshapes_live; i++) {
         sshape *sh = &s->shapes[i];
         if (!sh->shape || !sh->queued) continue;
-        if (sh->dead_walk != walk_id && !shape_may_fit(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
+        if (sh->dead_walk != walk_id && !shape_may_fit_kept(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
+    }
+    /* For skipping ahead: whether no queued gang can preempt for the rest
+     * of the walk (*calm = walk_id; calm_walk marks the shapes found so).
+     * That holds when every gang shape is dead and its search fails: a
+     * gang that cannot be placed has too few free unreserved nodes in every
+     * pool, and a start never makes its search succeed (a start that takes
+     * a free node adds at most one candidate while the gang needs one more,
+     * and adding a victim with the GPUs it took never lowers a node's
+     * count of victims).  A gang shape that is not dead may fit now and
+     * need victims after later starts. */
+    if (*calm != walk_id) {
+        int all = 1;
+        for (size_t i = 0; i < s->capshapes && all; i++) /* the cheap test first */
+            all = !s->shapes[i].shape || !s->shapes[i].queued || s->shapes[i].kind != SCHED_GANG ||
+                  s->shapes[i].dead_walk == walk_id;
+        for (size_t i = 0; i < s->capshapes && all; i++) {
+            sshape *sh = &s->shapes[i];
+            if (!sh->shape || !sh->queued || sh->kind != SCHED_GANG) continue;
+            if (sh->calm_walk != walk_id && sh->nopre_walk != walk_id) {
+                if (shape_may_preempt_kept(s, sh)) all = 0;
+                else sh->calm_walk = walk_id;
+            }
+        }
+        if (all) *calm = walk_id;
     }
     /* Only when every shape is dead may the walk stop, if none can preempt either. */
     if (*dead < s->nshapes_live || !s->preemptible_gpus) return;
     for (size_t i = 0; i < s->capshapes && *nopre < s->nshapes_live; i++) {
         sshape *sh = &s->shapes[i];
         if (!sh->shape || !sh->queued || sh->nopre_walk == walk_id) continue;
-        if (shape_may_preempt(s, sh)) return;
+        if (sh->calm_walk != walk_id && shape_may_preempt_kept(s, sh)) return;
         sh->nopre_walk = walk_id, (*nopre)++;
     }
 }
@@ -301,13 +394,44 @@ static double job_key(const sched *s, const sjob *j, int fair)
     return j->submit + f * s->cfg.fair_window_s;
 }
 
-static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
+/* The entry of a shape with jobs queued, or NULL (a lookup that adds nothing). */
+static const sshape *shape_find(const sched *s, uint64_t shape)
+{
+    if (!s->capshapes) return NULL;
+    size_t k = shape & (s->capshapes - 1);
+    while (s->shapes[k].shape && s->shapes[k].shape != shape) k = (k + 1) & (s->capshapes - 1);
+    return s->shapes[k].shape ? &s->shapes[k] : NULL;
+}
+
+/* Moves tenant t's cursor past the holes that starts left and, when
+ * skip_walk is set, past jobs whose shape walk skip_walk marked dead,
+ * counting those in *skipped. */
+static void advance(const sched *s, stenant *t, uint64_t skip_walk, int *skipped)
+{
+    while (t->cursor < t->nq) {
+        uint32_t q = t->queue[t->cursor];
+        if (q != NONE) { /* NONE: started */
+            if (!skip_walk || (t->live_pos == t->cursor && t->live_walk == skip_walk)) return;
+            const sshape *sh = shape_find(s, s->jobs[q].shape);
+            if (!sh || sh->dead_walk != skip_walk) {
+                t->live_pos = t->cursor, t->live_walk = skip_walk;
+                return;
+            }
+            (*skipped)++;
+        }
+        t->cursor++;
+    }
+}
+
+/* skip_walk (0: none) skips, in every tenant queue, the jobs of shapes that
+ * walk marked dead; *skipped counts them. */
+static uint32_t next_job(sched *s, uint32_t *tenant, int fair, uint64_t skip_walk, int *skipped)
 {
     uint32_t bt = NONE, bj = NONE;
     double bk = 0;
     for (size_t ti = 0; ti < s->ntenants; ti++) {
         stenant *t = &s->tenants[ti];
-        while (t->cursor < t->nq && t->queue[t->cursor] == NONE) t->cursor++; /* started */
+        advance(s, t, skip_walk, skipped);
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
         if (t->kc_job != ji || t->kc_ver != s->busy_ver || t->kc_fair != fair || s->plain_cycle) {
@@ -340,6 +464,7 @@ static uint32_t next_job(sched *s, uint32_t *tenant, int fair)
 typedef struct smemo {
     uint64_t shape;
     double est;
+    uint64_t epoch; /* the entry is empty unless this is the walk's epoch */
 } smemo;
 
 static int has_reservation(const sched *s, uint32_t ji)
@@ -355,23 +480,41 @@ static int has_reservation(const sched *s, uint32_t ji)
  * the tenants fair share favours).  Returns < 0 on error. */
 static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_only)
 {
-    smemo memo[MEMO];
-    memset(memo, 0, sizeof memo);
+    /* Per-thread, emptied by a new epoch rather than cleared: clearing 8 KiB
+     * twice per cycle showed in perf. */
+    static __thread smemo memo[MEMO];
+    static __thread uint64_t memo_epoch;
+    uint64_t ep = ++memo_epoch;
     uint32_t last_preempted = NONE;
     int scanned = 0, limit = reserve_only ? RESERVE_SCAN : MAX_SCAN;
     size_t max_resv = (size_t)s->cfg.max_reservations, dead = 0, nopre = 0;
     uint64_t walk_id = ++s->walk_id;
     /* Sweeps leave the stop to chance when autoscaling: blocked_since is
      * set only on the jobs a walk reaches, and scale-ups read it. */
-    int sweep = !s->plain_cycle && !(s->cfg.autoscale && s->nquotas), next_sweep = 128;
+    int sweep = !s->plain_cycle && !(s->cfg.autoscale && s->nquotas), next_sweep = 0;
+    /* Skipping ahead: once the reservations are made and no queued gang
+     * can preempt, a job of a dead shape has nothing left to do in this
+     * walk (no start, no victim, no reservation), so the tenant queues skip
+     * past such jobs without visiting them.  The order of the jobs still
+     * visited is the walk's own: each tenant queue is sorted by queue key
+     * (while submit times never go back), and taking out jobs the walk
+     * would pass over leaves the merge of the rest as it was.  Skipped jobs
+     * count as scanned, and the walk only skips while it cannot reach its
+     * scan limit. */
+    int can_skip = sweep && !reserve_only && s->cfg.policy != SCHED_POLICY_FIFO && !s->submit_unsorted;
+    uint64_t calm = 0; /* walk_id when no queued gang can preempt */
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
-        uint32_t ti, ji = next_job(s, &ti, fair);
+        int quiet = !s->preemptible_gpus || nopre >= s->nshapes_live, skipped = 0;
+        uint64_t skip_walk = can_skip && calm == walk_id && s->nresv >= max_resv &&
+                                     (size_t)scanned + s->queued < (size_t)limit
+                                 ? walk_id : 0;
+        uint32_t ti, ji = next_job(s, &ti, fair, skip_walk, &skipped);
+        scanned += skipped;
         if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
-        int quiet = !s->preemptible_gpus || nopre >= s->nshapes_live;
         if (sweep && scanned >= next_sweep && s->nresv >= max_resv && (dead < s->nshapes_live || !quiet)) {
-            sweep_shapes(s, walk_id, &dead, &nopre, now);
-            next_sweep = scanned * 2;
+            sweep_shapes(s, walk_id, &dead, &nopre, &calm, now);
+            next_sweep = scanned * 2 + 16;
             quiet = !s->preemptible_gpus || nopre >= s->nshapes_live;
         }
         /* No shape still queued can start or preempt: the rest of the walk
@@ -382,15 +525,15 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
             break; /* nothing can start and no reservation is left to make */
         int rc = 0;
         size_t m = j->shape % MEMO;
-        if (memo[m].shape != j->shape || j->est_s < memo[m].est) {
+        if (memo[m].epoch != ep || memo[m].shape != j->shape || j->est_s < memo[m].est) {
             double est = 0;
             if (raw_fits(s, j)) {
                 if ((rc = try_start(s, d, ji, now)) < 0) return rc;
                 est = j->est_s;
             }
             if (!rc) {
-                if (memo[m].shape == j->shape && memo[m].est < est) est = memo[m].est;
-                memo[m].shape = j->shape, memo[m].est = est;
+                if (memo[m].epoch == ep && memo[m].shape == j->shape && memo[m].est < est) est = memo[m].est;
+                memo[m].shape = j->shape, memo[m].est = est, memo[m].epoch = ep;
                 /* No queued job of the shape has a shorter estimate: the
                  * whole shape is blocked for the rest of the walk. */
                 sshape *sh = sched__shape(s, j->shape);
@@ -406,7 +549,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
             if ((rc = sched__try_preempt(s, d, ji, now)) < 0) return rc;
             if (rc) {
                 last_preempted = ji;
-                memset(memo, 0, sizeof memo);
+                ep = ++memo_epoch; /* empties the memo */
                 walk_id = ++s->walk_id, dead = nopre = 0; /* room was freed: marks lapse */
                 s->tenants[ti].cursor--; /* try it again now that room was made */
                 continue;
@@ -494,7 +637,7 @@ static int firstfit_pass(sched *s, sched_decisions *d, double now)
     int scanned = 0;
     uint64_t memo[MEMO] = {0}; /* shapes with no room for even one pod */
     for (;;) {
-        uint32_t ti, ji = next_job(s, &ti, 0);
+        uint32_t ti, ji = next_job(s, &ti, 0, 0, NULL);
         if (ji == NONE || scanned >= MAX_SCAN || s->gpus_up - s->gpus_busy <= 0) break;
         sjob *j = &s->jobs[ji];
         int rc = 0;
@@ -674,7 +817,7 @@ int sched_step(sched *s, double now, sched_decisions *d)
 {
     d->n = d->n_places = 0;
     s->stamp++; /* reservations of the previous cycle lapse */
-    s->nresv = 0;
+    s->nresv = 0, s->resv_sig = 0;
     s->next_wake = INFINITY;
     int rc = flush_pending(s, d);
     if (!rc) rc = expire(s, d, now);
@@ -705,7 +848,7 @@ size_t sched__queue_order(sched *s, uint32_t *out, size_t cap)
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     size_t n = 0;
     while (n < cap) {
-        uint32_t ti, ji = next_job(s, &ti, s->cfg.policy == SCHED_POLICY_SHOAL);
+        uint32_t ti, ji = next_job(s, &ti, s->cfg.policy == SCHED_POLICY_SHOAL, 0, NULL);
         if (ji == NONE) break;
         out[n++] = ji;
         s->tenants[ti].cursor++;
@@ -721,7 +864,7 @@ size_t sched_queue(const sched *s, const char **out, size_t cap)
     for (size_t t = 0; t < m->ntenants; t++) m->tenants[t].cursor = 0;
     size_t n = 0;
     for (;;) {
-        uint32_t ti, ji = next_job(m, &ti, m->cfg.policy == SCHED_POLICY_SHOAL);
+        uint32_t ti, ji = next_job(m, &ti, m->cfg.policy == SCHED_POLICY_SHOAL, 0, NULL);
         if (ji == NONE) break;
         if (n < cap) out[n] = m->jobs[ji].id;
         n++;

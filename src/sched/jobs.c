@@ -55,7 +55,7 @@ sshape *sched__shape(sched *s, uint64_t shape)
         s->nshapes_used = 0;
         for (size_t i = 0; i < s->capshapes; i++) {
             if (!s->shapes[i].queued) {
-                free(s->shapes[i].heap);
+                free(s->shapes[i].heap), free(s->shapes[i].pheap);
                 continue;
             }
             size_t k = s->shapes[i].shape & (cap - 1);
@@ -93,32 +93,52 @@ static void heap_down(struct slen *h, size_t n, size_t i)
     }
 }
 
-double sched__shape_min_len(const sched *s, sshape *sh)
+/* The smallest valid key of a heap, dropping stale entries from its top. */
+static double heap_min(const sched *s, const sshape *sh, struct slen *h, size_t *n)
 {
-    while (sh->nheap && !heap_valid(s, sh, &sh->heap[0])) {
-        sh->heap[0] = sh->heap[--sh->nheap];
-        heap_down(sh->heap, sh->nheap, 0);
+    while (*n && !heap_valid(s, sh, &h[0])) {
+        h[0] = h[--*n];
+        heap_down(h, *n, 0);
     }
-    return sh->nheap ? sh->heap[0].len : INFINITY;
+    return *n ? h[0].len : INFINITY;
 }
 
-static int heap_push(sched *s, sshape *sh, double len, uint32_t ji)
+double sched__shape_min_len(const sched *s, sshape *sh)
 {
+    if (sh->len_gen != sh->gen + 1) {
+        sh->len = heap_min(s, sh, sh->heap, &sh->nheap);
+        double p = heap_min(s, sh, sh->pheap, &sh->npheap);
+        sh->prio = isfinite(p) ? (int)-p : sh->max_prio;
+        sh->len_gen = sh->gen + 1;
+    }
+    return sh->len;
+}
+
+int sched__shape_max_prio(const sched *s, sshape *sh)
+{
+    sched__shape_min_len(s, sh);
+    return sh->prio;
+}
+
+static int heap_push(sched *s, const sshape *sh, struct slen **hp, size_t *np, size_t *cap, double key, uint32_t ji)
+{
+    struct slen *h = *hp;
     /* Stale entries deep in the heap are dropped when they outnumber the
      * queued jobs, so the heap stays O(queued jobs of the shape). */
-    if (sh->nheap > 2 * sh->queued + 16) {
+    if (*np > 2 * sh->queued + 16) {
         size_t w = 0;
-        for (size_t i = 0; i < sh->nheap; i++)
-            if (heap_valid(s, sh, &sh->heap[i])) sh->heap[w++] = sh->heap[i];
-        sh->nheap = w;
-        for (size_t i = w / 2; i-- > 0;) heap_down(sh->heap, w, i);
+        for (size_t i = 0; i < *np; i++)
+            if (heap_valid(s, sh, &h[i])) h[w++] = h[i];
+        *np = w;
+        for (size_t i = w / 2; i-- > 0;) heap_down(h, w, i);
     }
-    SH_TRY(GROW(sh->heap, sh->capheap, sh->nheap + 1));
-    size_t i = sh->nheap++;
-    sh->heap[i] = (struct slen){len, ji, s->jobs[ji].qgen};
-    while (i && sh->heap[(i - 1) / 2].len > sh->heap[i].len) {
-        struct slen x = sh->heap[i];
-        sh->heap[i] = sh->heap[(i - 1) / 2], sh->heap[(i - 1) / 2] = x;
+    SH_TRY(GROW(*hp, *cap, *np + 1));
+    h = *hp;
+    size_t i = (*np)++;
+    h[i] = (struct slen){key, ji, s->jobs[ji].qgen};
+    while (i && h[(i - 1) / 2].len > h[i].len) {
+        struct slen x = h[i];
+        h[i] = h[(i - 1) / 2], h[(i - 1) / 2] = x;
         i = (i - 1) / 2;
     }
     return 0;
@@ -150,7 +170,9 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
         if (j->priority > sh->max_prio) sh->max_prio = j->priority;
     }
     j->qgen++;
-    SH_TRY(heap_push(s, sh, len, ji));
+    sh->gen++;
+    SH_TRY(heap_push(s, sh, &sh->heap, &sh->nheap, &sh->capheap, len, ji));
+    SH_TRY(heap_push(s, sh, &sh->pheap, &sh->npheap, &sh->cappheap, -(double)j->priority, ji));
     j->state = SCHED_QUEUED;
     j->queued_since = now;
     s->queued++;
@@ -160,6 +182,7 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
 static void shape_dec(sched *s, const sjob *j)
 {
     sshape *sh = sched__shape(s, j->shape);
+    if (sh) sh->gen++;
     if (sh && sh->queued && !--sh->queued) s->nshapes_live--;
 }
 
@@ -197,35 +220,6 @@ void sched__queue_remove(sched *s, uint32_t ji)
     t->nq--;
     s->queued--;
     shape_dec(s, j);
-}
-
-double sched__job_speed(const sched *s, const sjob *j, uint32_t type)
-{
-    if (!j->ntypes) return 1.0;
-    for (int i = 0; i < j->ntypes; i++)
-        if (j->types[i] == type) return j->speed[i];
-    return 0;
-}
-
-/* Expected run time of a job placed in pool `pool`.  A gang runs at its
- * pool's speed; elastic and function work may spread over several types, so
- * it is expected at its slowest allowed speed.  Placement, reservations and
- * sched_check must all use this one definition. */
-double sched__est_len(const sched *s, const sjob *j, uint32_t pool)
-{
-    double sp = 1.0;
-    if (j->kind == SCHED_GANG && pool != NONE) sp = sched__job_speed(s, j, s->pools[pool].type);
-    else if (j->ntypes) {
-        sp = j->speed[0];
-        for (int i = 1; i < j->ntypes; i++)
-            if (j->speed[i] < sp) sp = j->speed[i];
-    }
-    return j->est_s / (sp > 0 ? sp : 1.0);
-}
-
-double sched__est_end(const sched *s, const sjob *j)
-{
-    return j->start + sched__est_len(s, j, j->pool);
 }
 
 static int check_spec(sched *s, const sched_job_spec *js)
@@ -291,6 +285,8 @@ int sched_job_submit(sched *s, const sched_job_spec *js, double now)
     j->est_s = js->est_s > 0 ? js->est_s : s->cfg.default_est_s;
     j->priority = js->priority, j->on_fail = js->on_fail, j->replace_wait_s = js->replace_wait_s;
     j->submit = now, j->first_start = j->start = j->end = -1;
+    if (now < s->last_submit) s->submit_unsorted = 1;
+    s->last_submit = now;
     j->blocked_since = -1, j->resv_promise = -1, j->pool = NONE;
     j->order = ++s->seq;
     char why[256];
@@ -401,7 +397,7 @@ int sched_job_forget(sched *s, const char *id)
     for (size_t k = 0; k < j->ncost; k++)
         add_cost(&s->forgot_cost_t, &s->nforgot_cost, (uint32_t)k, j->cost_t[k]);
     drop_refs(s, ji);
-    free(j->places), free(j->cost_t), free(j->reason);
+    free(j->places), free(j->cost_t), free(j->reason), free(j->jp);
     sched__map_del(&s->job_map, j->id); /* frees the id j->id points to */
     memset(j, 0, sizeof *j);
     j->id = NULL, j->state = SCHED_DONE, j->pool = NONE;

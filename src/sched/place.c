@@ -8,6 +8,31 @@
 
 #include "sched_int.h"
 
+int sched__type_hist_grow(sched *s, uint32_t t, size_t n)
+{
+    struct stpools *tp = &s->tpools[t];
+    if (n < tp->hcap) return 0;
+    size_t cap = tp->hcap ? tp->hcap : 64;
+    while (cap <= n) cap *= 2;
+    int *h = calloc((MAXG + 1) * cap, sizeof *h);
+    if (!h) return sh_err(SH_ENOMEM, "sched: out of memory");
+    for (int g = 0; g <= MAXG; g++)
+        if (tp->hcap) memcpy(h + g * cap, tp->ge_hist + g * tp->hcap, tp->hcap * sizeof *h);
+        else h[g * cap] = (int)tp->n; /* every pool of the type starts at 0 */
+    free(tp->ge_hist);
+    tp->ge_hist = h, tp->hcap = cap;
+    return 0;
+}
+
+/* Pool p's ge[g] moves from `from` to `from + d` (d = +-1). */
+static void type_ge_move(struct stpools *tp, int g, int from, int d)
+{
+    int *h = tp->ge_hist + (size_t)g * tp->hcap;
+    h[from]--, h[from + d]++;
+    if (d > 0 && from + d > tp->max_ge[g]) tp->max_ge[g] = from + d;
+    else if (d < 0 && from == tp->max_ge[g] && !h[from]) tp->max_ge[g] = from - 1;
+}
+
 void sched__bucket_insert(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
@@ -18,7 +43,8 @@ void sched__bucket_insert(sched *s, uint32_t ni)
     if (n->next != NONE) s->nodes[n->next].prev = ni;
     p->head[n->free] = ni;
     p->count[n->free]++;
-    for (int g = 0; g <= n->free; g++) p->ge[g]++, s->ge_all[g]++, s->tpools[p->type].ge[g]++;
+    struct stpools *tp = &s->tpools[p->type];
+    for (int g = 0; g <= n->free; g++) type_ge_move(tp, g, p->ge[g]++, 1), s->ge_all[g]++, tp->ge[g]++;
     p->free_total += n->free;
     p->gpus_up += n->gpus;
     s->gpus_up += n->gpus;
@@ -36,7 +62,8 @@ void sched__bucket_remove(sched *s, uint32_t ni)
     else p->head[n->free] = n->next;
     if (n->next != NONE) s->nodes[n->next].prev = n->prev;
     p->count[n->free]--;
-    for (int g = 0; g <= n->free; g++) p->ge[g]--, s->ge_all[g]--, s->tpools[p->type].ge[g]--;
+    struct stpools *tp = &s->tpools[p->type];
+    for (int g = 0; g <= n->free; g++) type_ge_move(tp, g, p->ge[g]--, -1), s->ge_all[g]--, tp->ge[g]--;
     p->free_total -= n->free;
     p->gpus_up -= n->gpus;
     s->gpus_up -= n->gpus;
@@ -193,18 +220,20 @@ size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out)
 {
     if (!j->ntypes) return *out = s->allpools, s->npools;
     if (j->ntypes == 1) return sched__type_pools(s, j->types[0], out);
-    static __thread uint32_t *buf;
-    static __thread size_t cap;
-    size_t n = 0;
-    for (int t = 0; t < j->ntypes; t++) {
-        const uint32_t *v;
-        size_t m = sched__type_pools(s, j->types[t], &v);
-        if (sched__grow((void **)&buf, &cap, n + m + 1, sizeof *buf) < 0) return *out = NULL, 0;
-        memcpy(buf + n, v, m * sizeof *v);
-        n += m;
+    sjob *c = (sjob *)j; /* the list is a cache of the job's */
+    if (c->jp_ver != s->pools_ver + 1) {
+        size_t n = 0;
+        for (int t = 0; t < j->ntypes; t++) {
+            const uint32_t *v;
+            size_t m = sched__type_pools(s, j->types[t], &v);
+            if (sched__grow((void **)&c->jp, &c->capjp, n + m + 1, sizeof *c->jp) < 0) return *out = NULL, 0;
+            memcpy(c->jp + n, v, m * sizeof *v);
+            n += m;
+        }
+        c->njp = n, c->jp_ver = s->pools_ver + 1;
     }
-    *out = buf;
-    return n;
+    *out = c->jp;
+    return c->njp;
 }
 
 int sched__pool_fits(const spool *p, int n, int g) { return g <= MAXG && p->ge[g] >= n; }

@@ -55,6 +55,9 @@ static void select_k(tnode *v, size_t m, size_t k)
         }
 }
 
+/* Computes node n's ready[] for every g (see sched__node_ready). */
+static void node_ready_fill(sched *s, snode *n);
+
 /* When node ni will have g GPUs free, assuming running work ends at its
  * estimate (work past its estimate is assumed to end now).  The times for
  * every g are computed together and kept until the node's pods change. */
@@ -62,27 +65,38 @@ double sched__node_ready(sched *s, uint32_t ni, int g, double now)
 {
     snode *n = &s->nodes[ni];
     if (n->free >= g) return now;
-    if (n->ready_ver != n->ver || !n->ver) {
-        double ends[MAXG * 4];
-        int gp[MAXG * 4], m = 0;
-        for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
-            ends[m] = sched__est_end(s, &s->jobs[n->refs[r].job]);
-            gp[m++] = n->refs[r].gpus;
-        }
-        int free = n->free, have = n->free;
-        for (int k = 0; k <= MAXG; k++) n->ready[k] = k <= have ? -INFINITY : INFINITY;
-        while (m) {
-            int b = 0;
-            for (int i = 1; i < m; i++)
-                if (ends[i] < ends[b]) b = i;
-            free += gp[b];
-            for (int k = have + 1; k <= free && k <= MAXG; k++) n->ready[k] = ends[b];
-            if (free > have) have = free;
-            ends[b] = ends[--m], gp[b] = gp[m];
-        }
-        n->ready_ver = n->ver;
-    }
+    if (n->ready_ver != n->ver || !n->ver) node_ready_fill(s, n);
     return n->ready[g] < now ? now : n->ready[g];
+}
+
+/* sched__node_ready at -INFINITY, inline for pool_time's scan of a pool. */
+static inline double node_ready_raw(sched *s, snode *n, int g)
+{
+    if (n->free >= g) return -INFINITY;
+    if (n->ready_ver != n->ver || !n->ver) node_ready_fill(s, n);
+    return n->ready[g];
+}
+
+static void node_ready_fill(sched *s, snode *n)
+{
+    double ends[MAXG * 4];
+    int gp[MAXG * 4], m = 0;
+    for (int r = 0; r < n->nrefs && m < MAXG * 4; r++) {
+        ends[m] = sched__est_end(s, &s->jobs[n->refs[r].job]);
+        gp[m++] = n->refs[r].gpus;
+    }
+    int free = n->free, have = n->free;
+    for (int k = 0; k <= MAXG; k++) n->ready[k] = k <= have ? -INFINITY : INFINITY;
+    while (m) {
+        int b = 0;
+        for (int i = 1; i < m; i++)
+            if (ends[i] < ends[b]) b = i;
+        free += gp[b];
+        for (int k = have + 1; k <= free && k <= MAXG; k++) n->ready[k] = ends[b];
+        if (free > have) have = free;
+        ends[b] = ends[--m], gp[b] = gp[m];
+    }
+    n->ready_ver = n->ver;
 }
 
 /* GPUs of node ni still busy at time T (held by work estimated to end after
@@ -106,12 +120,10 @@ static int busy_at(const sched *s, uint32_t ni, double T, double now)
  * that thrashes rescans whole pools every cycle. */
 static int rc_slot(spool *p, int g, int n)
 {
-    int stale = -1;
-    for (int k = 0; k < RC_SLOTS; k++) {
+    for (int k = 0; k < RC_SLOTS; k++)
         if (p->rc[k].g == g && p->rc[k].n == n) return k;
-        if (stale < 0 && p->rc[k].ver != p->ver + 1) stale = k;
-    }
-    if (stale >= 0) return stale;
+    for (int k = 0; k < RC_SLOTS; k++)
+        if (p->rc[k].ver != p->ver + 1) return k;
     return (int)(p->rc_next++ % RC_SLOTS);
 }
 
@@ -127,7 +139,7 @@ static double pool_time(sched *s, const sjob *j, uint32_t pi, tnode **tn, size_t
         uint32_t ni = p->nodes[k];
         snode *n = &s->nodes[ni];
         if (n->state != SCHED_NODE_UP || n->gpus < j->gpn || n->resv_stamp == s->stamp) continue;
-        (*tn)[(*m)++] = (tnode){sched__node_ready(s, ni, j->gpn, -INFINITY), ni};
+        (*tn)[(*m)++] = (tnode){node_ready_raw(s, n, j->gpn), ni};
     }
     if (*m < (size_t)j->nodes) return INFINITY;
     select_k(*tn, *m, (size_t)j->nodes);
@@ -209,8 +221,15 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
         if (T < now) T = now;
         if (T < bestT) bestT = T, bestq = (uint32_t)q;
     }
-    if (npb) qsort(pb, npb, sizeof *pb, cmp_pbound);
+    /* The bounds in (lb, q) order, each taken by selection: the loop
+     * mostly stops after one or two, where a full sort cost more than the
+     * rest of the search. */
     for (size_t i = 0; i < npb; i++) {
+        size_t b = i;
+        for (size_t k = i + 1; k < npb; k++)
+            if (cmp_pbound(&pb[k], &pb[b]) < 0) b = k;
+        pbound x = pb[i];
+        pb[i] = pb[b], pb[b] = x;
         if (pb[i].lb > bestT || (pb[i].lb == bestT && pb[i].q > bestq)) break; /* nothing left can win */
         uint32_t pi = jp[pb[i].q];
         spool *p = &s->pools[pi];
@@ -253,14 +272,19 @@ int sched__make_reservation(sched *s, uint32_t ji, double now)
     r->nodes = realloc(r->nodes, (size_t)j->nodes * sizeof *r->nodes);
     if (!r->nodes) return s->nresv--, sh_err(SH_ENOMEM, "sched: out of memory");
     r->job = ji, r->T = T, r->n = j->nodes, r->need = j->gpn;
+    double len = sched__est_len(s, j, bestp);
     for (int k = 0; k < j->nodes; k++) {
         snode *n = &s->nodes[tn[k].ni];
         r->nodes[k] = tn[k].ni;
         n->resv_stamp = s->stamp, n->resv_T = T;
-        n->resv_end = T + sched__est_len(s, j, bestp);
+        n->resv_end = T + len;
         n->resv_spare = n->gpus - j->gpn - busy_at(s, tn[k].ni, T, now);
         if (n->resv_spare < 0) n->resv_spare = 0;
     }
+    struct { uint64_t prev, nodes; uint32_t job; int n, need; } sig = {
+        s->resv_sig, sh_hash64_of(r->nodes, (size_t)r->n * sizeof *r->nodes), ji, r->n, r->need};
+    s->resv_sig = sh_hash64_of(&sig, sizeof sig);
+    if (s->nresv <= 4) s->resv_T[s->nresv - 1] = T, s->resv_slack[s->nresv - 1] = T - now;
     if (s->nresv == 1) {
         if (j->resv_promise >= 0 && T > j->resv_promise + 1e-6) s->resv_late++;
         j->resv_promise = T;
@@ -406,7 +430,20 @@ static uint32_t best_victim_pool(sched *s, const sjob *j)
     uint32_t bestp = NONE;
     const uint32_t *jp;
     size_t njp = sched__job_pools(s, j, &jp), m;
+    /* Fast path: a pool more than max_victims nodes short of free ones
+     * fails pool_victims' first test, so a type whose largest count is
+     * that short is skipped whole. */
+    int low = j->nodes - s->cfg.max_victims;
+    if (!s->plain_cycle && low > 0) {
+        int any = 0;
+        if (!j->ntypes) {
+            for (uint32_t t = 0; t < s->ntpools && !any; t++) any = sched__type_fits(s, t, low, j->gpn);
+        } else
+            for (int t = 0; t < j->ntypes && !any; t++) any = sched__type_fits(s, j->types[t], low, j->gpn);
+        if (!any) return NONE;
+    }
     for (size_t q = 0; q < njp; q++) {
+        if (!s->plain_cycle && low > 0 && !sched__type_fits(s, s->pools[jp[q]].type, low, j->gpn)) continue;
         int total = pool_victims(s, j, jp[q], &vn, &capvn, &m);
         if (total >= 0 && total < best) best = total, bestp = jp[q];
     }
@@ -417,12 +454,14 @@ int sched__preempt_possible(sched *s, const sjob *j)
 {
     if (j->kind != SCHED_GANG || !s->cfg.max_victims || !sched__prios_below(&s->pre, j->priority)) return 0;
     struct spmemo *mo = pmemo_slot(s, j);
+    /* A success is kept too: it only keeps the sweeps from ruling the shape
+     * out, which is always safe (try_preempt searches again). */
     if (mo->shape == j->shape && mo->prio == j->priority && mo->stamp == s->stamp &&
         mo->epoch == s->release_epoch)
-        return 0;
-    if (best_victim_pool(s, j) != NONE) return 1;
-    *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority};
-    return 0;
+        return mo->ok;
+    int ok = best_victim_pool(s, j) != NONE;
+    *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority, ok};
+    return ok;
 }
 
 /* Frees room for gang ji by shrinking or preempting lower-priority elastic
@@ -437,11 +476,11 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
     if (!s->plain_cycle && !sched__prios_below(&s->pre, j->priority)) return 0; /* no victim anywhere */
     struct spmemo *mo = pmemo_slot(s, j);
     if (!s->plain_cycle && mo->shape == j->shape && mo->prio == j->priority && mo->stamp == s->stamp &&
-        mo->epoch == s->release_epoch)
+        mo->epoch == s->release_epoch && !mo->ok)
         return 0; /* the same search failed this cycle, and no room was freed since */
     uint32_t bestp = best_victim_pool(s, j);
     if (bestp == NONE) {
-        *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority};
+        *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority, 0};
         return 0;
     }
     size_t m;

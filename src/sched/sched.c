@@ -121,7 +121,7 @@ void sched_free(sched *s)
     }
     free(s->pre.v);
     for (size_t i = 0; i < s->njobs; i++) {
-        free(s->jobs[i].places), free(s->jobs[i].cost_t), free(s->jobs[i].reason);
+        free(s->jobs[i].places), free(s->jobs[i].cost_t), free(s->jobs[i].reason), free(s->jobs[i].jp);
     }
     for (size_t i = 0; i < s->ntenants; i++) free(s->tenants[i].queue), free(s->tenants[i].cost_t);
     for (size_t i = 0; i < s->capresv; i++) free(s->resv[i].nodes);
@@ -132,9 +132,10 @@ void sched_free(sched *s)
     free(s->bills);
     free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
     free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
-    for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap);
+    for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap), free(s->shapes[i].pheap);
     free(s->elastic), free(s->allpools), free(s->shapes), free(s->freejobs), free(s->forgot_cost_t);
-    for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v);
+    for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v), free(s->tpools[i].ge_hist);
+    for (int i = 0; i < 16; i++) free(s->porder[i].pools);
     free(s->tpools);
     free(s->plan.slot), free(s->plan.hole), free(s->plan.est), free(s->plan.mark), free(s->plan.order), free(s->plan.tn);
     free(s);
@@ -164,6 +165,8 @@ static uint32_t pool_of(sched *s, uint32_t z, uint32_t f, uint32_t t)
     struct stpools *tp = &s->tpools[t];
     if (GROW(tp->v, tp->cap, tp->n + 1) < 0) return NONE;
     tp->v[tp->n++] = pi;
+    if (tp->hcap)
+        for (int g = 0; g <= MAXG; g++) tp->ge_hist[g * tp->hcap]++; /* the new pool: ge 0 */
     s->npools++;
     return pi;
 }
@@ -186,9 +189,11 @@ int sched_node_add(sched *s, const sched_node_spec *n, double now)
     if (z == NONE || f == NONE || t == NONE) return SH_ENOMEM;
     uint32_t pi = pool_of(s, z, f, t);
     if (pi == NONE) return SH_ENOMEM;
+    s->pools_ver++; /* a new pool or price: elastic pool orders lapse */
     SH_TRY(GROW(s->nodes, s->capnodes, s->nnodes + 1));
     spool *p = &s->pools[pi];
     SH_TRY(GROW(p->nodes, p->capnodes, p->nnodes + 1));
+    SH_TRY(sched__type_hist_grow(s, t, p->nnodes + 1));
     uint32_t ni = (uint32_t)s->nnodes;
     snode *nd = &s->nodes[ni];
     memset(nd, 0, sizeof *nd);
@@ -209,6 +214,7 @@ int sched_node_add(sched *s, const sched_node_spec *n, double now)
         }
     }
     p->rel_ver++;
+    s->release_epoch++; /* room appeared */
     sched__bucket_insert(s, ni);
     return 0;
 }
@@ -255,6 +261,7 @@ int sched_node_recover(sched *s, const char *id, double now)
     for (int k = 0; k < n->nrefs; k++) n->free -= n->refs[k].gpus;
     n->idle_since = now;
     s->pools[n->pool].rel_ver++;
+    s->release_epoch++; /* room appeared */
     sched__bucket_insert(s, ni);
     return 0;
 }

@@ -134,6 +134,10 @@ typedef struct stenant {
     uint32_t kc_job;
     int kc_fair, kc_prio;
     uint64_t kc_ver;
+    /* queue[live_pos] was found not skippable in the walk live_walk (a
+     * cache: a stale entry only makes the walk visit a job it could skip). */
+    size_t live_pos;
+    uint64_t live_walk;
     double kc_key, kc_order;
     double *cost_t; /* by type index */
     size_t ncost;
@@ -167,6 +171,11 @@ typedef struct sjob {
     char *reason;
     uint64_t shape; /* hash of (kind, nodes, gpus, types): equal shapes fit alike */
     uint32_t qgen;  /* bumped each time it is queued: names its shape-heap entry */
+    /* sched__job_pools' list for two or more types, while jp_ver ==
+     * sched.pools_ver + 1 (pools are only made when a node is added). */
+    uint32_t *jp;
+    size_t njp, capjp;
+    uint64_t jp_ver;
 } sjob;
 
 /* Queued jobs by shape: lets a cycle stop walking the queue once every
@@ -176,6 +185,20 @@ typedef struct sshape {
     size_t queued;    /* queued jobs of this shape */
     uint64_t dead_walk; /* the walk that found it cannot fit anywhere */
     uint64_t nopre_walk; /* the walk that found its gangs cannot preempt */
+    uint64_t calm_walk;  /* the same, found before every shape was dead (not counted in nopre) */
+    /* Across cycles: the probe found no room (nofit) or no victims (nopre,
+     * while dead) at release epoch *_epoch under the reservations *_sig,
+     * with the probe's run time, priority and clock then.  Until a release,
+     * a node joining or a reservation of other nodes, placement and
+     * preemption only get harder, so the answer stands for a probe no
+     * shorter, no higher and no earlier, and reservations starting no later
+     * and no later after now (a later start leaves backfill more room: work
+     * ending before it no longer counts against the reserved nodes' spare
+     * GPUs; *_ok: the entry is set). */
+    int nf_ok, np_ok;
+    uint64_t nf_epoch, nf_sig, np_epoch, np_sig;
+    double nf_len, nf_now, nf_T[4], nf_slack[4];
+    int np_prio;
     int max_prio;       /* an upper bound of its queued jobs' priorities */
     double min_est;     /* a lower bound of the queued jobs' estimates */
     /* What placement needs of the shape, for probes without a job at hand
@@ -190,6 +213,13 @@ typedef struct sshape {
      * exact shortest queued job (sched__shape_min_len). */
     struct slen { double len; uint32_t job, gen; } *heap;
     size_t nheap, capheap;
+    struct slen *pheap; /* the same by -priority: the exact highest queued */
+    size_t npheap, cappheap;
+    /* The heaps' answers, kept while no job of the shape joined or left the
+     * queue (gen counts those changes; len_gen = gen + 1 when they are current). */
+    uint64_t gen, len_gen;
+    double len;
+    int prio;
 } sshape;
 
 /* A reservation made in the last step for a blocked head-of-line gang. */
@@ -254,8 +284,11 @@ struct sched {
     struct spmemo {
         uint64_t shape, stamp, epoch;
         int prio;
+        int ok; /* the search found room (kept for the sweeps' probes only) */
     } pmemo[256];
-    uint64_t release_epoch;
+    uint64_t release_epoch; /* bumped by every release and by a node joining or coming back */
+    uint64_t resv_sig;      /* a hash of this cycle's reservations (job and nodes) */
+    double resv_T[4], resv_slack[4]; /* T and T - now of the first four */
     uint64_t resv_late;   /* head reservations that moved later or were missed */
     uint32_t *waiting;    /* HOLDING and REPLACING jobs: they have deadlines */
     size_t nwaiting, capwaiting;
@@ -265,6 +298,11 @@ struct sched {
     sshape *shapes;    /* open addressing by shape hash */
     size_t capshapes, nshapes_live, nshapes_used;
     uint64_t walk_id;
+    /* A job was submitted with an earlier time than the one before it: the
+     * tenant queues may then not be sorted by queue key, and the walk does
+     * not skip ahead in them. */
+    int submit_unsorted;
+    double last_submit;
     uint64_t busy_ver; /* bumped whenever GPUs in use change (keys of next_job) */
     /* 1 turns off the cycle's shortcuts (shape sweeps and probes, the
      * reservation-time cache, the preemption index and memo) to compare
@@ -272,10 +310,33 @@ struct sched {
     int plain_cycle;
     int walking;       /* a queue walk is running: starts leave holes */
     uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
+    /* place_elastic's pool order by (types, speeds), kept until a node is
+     * added (pools and prices change only then): elastic jobs share a few
+     * type lists, and sorting every pool per placement showed in perf. */
+    struct sporder {
+        int ntypes;
+        uint32_t types[SCHED_MAX_TYPES];
+        double speed[SCHED_MAX_TYPES];
+        uint64_t ver; /* pools_ver + 1 when current */
+        uint32_t *pools;
+        size_t n, cap;
+    } porder[16];
+    uint32_t porder_next; /* the entry to reuse next */
+    uint64_t pools_ver;   /* bumped when a node is added */
     struct stpools {
         uint32_t *v;
         size_t n, cap;
         int ge[MAXG + 1]; /* UP nodes of the type with at least g free GPUs */
+        /* The most UP nodes with at least g free GPUs in any one pool of
+         * the type (max_ge[g]), kept exact in O(1) per change by a count
+         * of the type's pools at each value of their ge[g]
+         * (ge_hist[g * hcap + v]): ge moves by one at a time, so when the
+         * last pool at the maximum steps down, the new maximum is one
+         * less.  Lets a gang that fits no pool of a type (or cannot get
+         * within max_victims nodes of fitting) rule the type out at once. */
+        int max_ge[MAXG + 1];
+        int *ge_hist;
+        size_t hcap; /* > any of the type's pools' node count */
     } *tpools;           /* pools of each GPU type, by name index */
     int ge_all[MAXG + 1]; /* UP nodes of any type with at least g free GPUs */
     size_t ntpools;
@@ -318,13 +379,43 @@ int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
 /* Removes the holes that starts left in the tenant queues during a walk. */
 void sched__queue_compact(sched *s);
-double sched__job_speed(const sched *s, const sjob *j, uint32_t type);
-double sched__est_len(const sched *s, const sjob *j, uint32_t pool);
-double sched__est_end(const sched *s, const sjob *j);
+/* Inline: placement and reservations call these once per pool and node. */
+static inline double sched__job_speed(const sched *s, const sjob *j, uint32_t type)
+{
+    if (!j->ntypes) return 1.0;
+    for (int i = 0; i < j->ntypes; i++)
+        if (j->types[i] == type) return j->speed[i];
+    return 0;
+}
+
+/* Expected run time of a job placed in pool `pool`.  A gang runs at its
+ * pool's speed; elastic and function work may spread over several types, so
+ * it is expected at its slowest allowed speed.  Placement, reservations and
+ * sched_check must all use this one definition. */
+static inline double sched__est_len(const sched *s, const sjob *j, uint32_t pool)
+{
+    double sp = 1.0;
+    if (j->kind == SCHED_GANG && pool != NONE) sp = sched__job_speed(s, j, s->pools[pool].type);
+    else if (j->ntypes) {
+        sp = j->speed[0];
+        for (int i = 1; i < j->ntypes; i++)
+            if (j->speed[i] < sp) sp = j->speed[i];
+    }
+    return j->est_s / (sp > 0 ? sp : 1.0);
+}
+
+static inline double sched__est_end(const sched *s, const sjob *j)
+{
+    return j->start + sched__est_len(s, j, j->pool);
+}
+
 
 sshape *sched__shape(sched *s, uint64_t shape);
 /* The shortest est_s / fastest speed among the shape's queued jobs. */
 double sched__shape_min_len(const sched *s, sshape *sh);
+/* The highest priority among the shape's queued jobs (max_prio is only an
+ * upper bound: it never comes down as jobs leave). */
+int sched__shape_max_prio(const sched *s, sshape *sh);
 
 /* place.c */
 void sched__bucket_insert(sched *s, uint32_t ni);
@@ -333,11 +424,18 @@ int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now);
 void sched__release_place(sched *s, uint32_t ji, int k, double now);
 void sched__release_all(sched *s, uint32_t ji, double now);
 int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi);
-/* The pools a job may use, in its type order (owned by s or a per-thread
- * buffer valid until the next call). */
+/* The pools a job may use, in its type order (owned by s or by the job,
+ * valid until a node is added). */
 size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out);
 /* The pools of one GPU type. */
 size_t sched__type_pools(const sched *s, uint32_t type, const uint32_t **out);
+/* Makes room in type t's ge histogram for pools of up to n nodes. */
+int sched__type_hist_grow(sched *s, uint32_t t, size_t n);
+/* Whether some pool of type t has at least n UP nodes with g free GPUs. */
+static inline int sched__type_fits(const sched *s, uint32_t t, int n, int g)
+{
+    return t < s->ntpools && g <= MAXG && s->tpools[t].max_ge[g] >= n;
+}
 int sched__pool_fits(const spool *p, int n, int g);
 int sched__never_fits(sched *s, const sjob *j, char *why, size_t cap);
 typedef struct scand {
