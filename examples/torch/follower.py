@@ -43,7 +43,10 @@ def main():
         with torch.no_grad():
             loss = torch.nn.functional.cross_entropy(model(x).float().reshape(-1, 256), y.reshape(-1)).item()
         (status["verified"] if ok else status["mismatched"]).append(v)
-        status.update(version=v, bytes_received=seen_bytes, children=info["children"])
+        # The most children it fed at once (a child that took the last
+        # version may have left before this follower checked its own).
+        status.update(version=v, bytes_received=seen_bytes,
+                      children=max(status.get("children", 0), info["children"]))
         print("%s: version %d active: %d of %d tensors changed, %d bytes arrived, "
               "bit-identical to the trainer's bf16 copy: %s (eval loss %.4f)"
               % (a.name, v, len(report.changed), len(report.changed) + len(report.unchanged),
