@@ -285,7 +285,10 @@ int srv__seam_step(srv *s, double now)
     s->nactive = k;
     int n = sched_step(s->sc, now, &s->dec);
     if (n < 0) return n;
-    SH_TRY(srv__seam_bills(s)); /* before the decisions move attempts on */
+    /* Before the decisions move attempts on.  A failed ledger write keeps
+     * its bills in the core for the next step; the decisions the core has
+     * taken are carried out regardless, so that the two never disagree. */
+    if (srv__seam_bills(s) < 0) sh_warn("ledger: %s (the bills are kept for the next write)", sh_errmsg());
     for (size_t i = 0; i < s->dec.n; i++) SH_TRY(apply(s, &s->dec.v[i]));
     return SH_OK;
 }
