@@ -305,17 +305,78 @@ static int shape_may_preempt(sched *s, const sshape *sh)
  * its marks afresh), so a dead shape stays dead, and the walk's stop
  * changes no decision.  With preemptible work running, each shape is also
  * marked when none of its gangs could preempt. */
-/* shape_may_fit with its answer kept across cycles (sshape.nf_*). */
+/* Whether the shape's jobs may use pool pi. */
+static int shape_pool(const sched *s, const sshape *sh, uint32_t pi)
+{
+    if (!sh->ntypes) return 1;
+    for (int k = 0; k < sh->ntypes; k++)
+        if (sh->types[k] == s->pools[pi].type) return 1;
+    return 0;
+}
+
+/* The pools the shape may use where room appeared after epoch `since`
+ * and `test` says may now give a yes, into out (at most RELEASED); -1 when
+ * the pools are not known. */
+static int shape_released(sched *s, const sshape *sh, uint64_t since, int prio, int (*test)(const sched *, const sshape *, uint32_t, int), uint32_t *out)
+{
+    const uint32_t *v;
+    int n = sched__released_since(s, since, &v), m = 0;
+    for (int k = 0; k < n; k++)
+        if (shape_pool(s, sh, v[k]) && test(s, sh, v[k], prio)) out[m++] = v[k];
+    return n < 0 ? -1 : m;
+}
+
+/* Pool pi has enough nodes with room for the gang, reservations aside. */
+static int pool_may_fit(const sched *s, const sshape *sh, uint32_t pi, int prio)
+{
+    (void)prio;
+    return sched__pool_fits(&s->pools[pi], sh->nodes, sh->gpn);
+}
+
+/* Pool pi passes the preemption search's first tests for the gang. */
+static int pool_may_preempt(const sched *s, const sshape *sh, uint32_t pi, int prio)
+{
+    return sched__pool_may_preempt(s, &s->pools[pi], sh->nodes, sh->gpn, prio);
+}
+
+/* The probe of gang shape arg (for sched__preempt_possible_in). */
+static const sjob *gang_probe(sched *s, void *arg)
+{
+    static __thread sjob probe;
+    shape_probe(s, arg, &probe);
+    return &probe;
+}
+
+/* shape_may_fit for a gang shape that fitted in none of its pools before,
+ * since when room appeared only in pools[0 .. n): the others still have
+ * none (see shape_may_fit_kept), so only these need a look. */
+static int shape_may_fit_in(sched *s, const sshape *sh, double now, const uint32_t *pools, int n)
+{
+    static __thread sjob probe;
+    static __thread scand c;
+    if (!n) return 0;
+    shape_probe(s, sh, &probe);
+    if (!isfinite(probe.est_s)) return 0;
+    for (int k = 0; k < n; k++)
+        if (sched__pick_gang(s, &probe, pools[k], now + sched__est_len(s, &probe, pools[k]), &c)) return 1;
+    return 0;
+}
+
+/* shape_may_fit with its answer kept across cycles (sshape.nf_*).  A
+ * release or a node coming back only adds room in its own pool, so after
+ * releases in a few known pools the "no" is checked in those alone. */
 static int shape_may_fit_kept(sched *s, sshape *sh, double now)
 {
     double len = sched__shape_min_len(s, sh);
     uint64_t epoch = s->release_epoch;
-    int keep = s->nresv <= 4, same = keep && sh->nf_ok && sh->nf_epoch == epoch &&
-                                     sh->nf_sig == s->resv_sig && len >= sh->nf_len && now >= sh->nf_now;
+    int keep = s->nresv <= 4, same = keep && sh->nf_ok && sh->nf_sig == s->resv_sig && len >= sh->nf_len &&
+                                     now >= sh->nf_now;
     for (size_t k = 0; k < s->nresv && same; k++)
         same = s->resv_T[k] <= sh->nf_T[k] && s->resv_slack[k] <= sh->nf_slack[k];
-    if (same) return 0;
-    int r = shape_may_fit(s, sh, now);
+    if (same && sh->nf_epoch == epoch) return 0;
+    uint32_t rel[RELEASED];
+    int nrel = same && sh->kind == SCHED_GANG ? shape_released(s, sh, sh->nf_epoch, 0, pool_may_fit, rel) : -1;
+    int r = nrel >= 0 ? shape_may_fit_in(s, sh, now, rel, nrel) : shape_may_fit(s, sh, now);
     if (!r && keep) {
         sh->nf_ok = 1, sh->nf_epoch = epoch, sh->nf_sig = s->resv_sig, sh->nf_len = len, sh->nf_now = now;
         memcpy(sh->nf_T, s->resv_T, sizeof sh->nf_T), memcpy(sh->nf_slack, s->resv_slack, sizeof sh->nf_slack);
@@ -323,13 +384,18 @@ static int shape_may_fit_kept(sched *s, sshape *sh, double now)
     return r;
 }
 
-/* shape_may_preempt for a dead shape, its "no" kept across cycles (sshape.np_*). */
+/* shape_may_preempt for a dead shape, its "no" kept across cycles
+ * (sshape.np_*), and after releases in known pools checked there alone. */
 static int shape_may_preempt_kept(sched *s, sshape *sh)
 {
     int prio = sched__shape_max_prio(s, sh);
     uint64_t epoch = s->release_epoch;
-    if (sh->np_ok && sh->np_epoch == epoch && sh->np_sig == s->resv_sig && prio <= sh->np_prio) return 0;
-    int r = shape_may_preempt(s, sh);
+    int same = sh->np_ok && sh->np_sig == s->resv_sig && prio <= sh->np_prio;
+    if (same && sh->np_epoch == epoch) return 0;
+    uint32_t rel[RELEASED];
+    int nrel = same && sh->kind == SCHED_GANG ? shape_released(s, sh, sh->np_epoch, prio, pool_may_preempt, rel) : -1, r;
+    if (nrel >= 0) r = sched__preempt_possible_in(s, sh->shape, prio, gang_probe, sh, rel, nrel);
+    else r = shape_may_preempt(s, sh);
     if (!r) sh->np_ok = 1, sh->np_epoch = epoch, sh->np_sig = s->resv_sig, sh->np_prio = prio;
     return r;
 }

@@ -196,7 +196,25 @@ void sched__release_place(sched *s, uint32_t ji, int k, double now)
         sched__prios_add(&s->pre, j->priority, -p.gpus);
         sched__prios_add(&s->pools[n->pool].pre, j->priority, -p.gpus);
     }
-    s->release_epoch++;
+    sched__released(s, n->pool);
+}
+
+int sched__released_since(sched *s, uint64_t since, const uint32_t **out)
+{
+    *out = s->rel.v;
+    if (s->rel.since == since && s->rel.epoch == s->release_epoch) return s->rel.n;
+    int n = 0;
+    if (since > s->release_epoch || s->release_epoch - since >= RLOG) n = -1;
+    for (uint64_t e = since + 1; e <= s->release_epoch && n >= 0; e++) {
+        uint32_t pi = s->rlog[e % RLOG];
+        int seen = 0;
+        for (int k = 0; k < n && !seen; k++) seen = s->rel.v[k] == pi;
+        if (seen) continue;
+        if (pi == NONE || n == RELEASED) n = -1;
+        else s->rel.v[n++] = pi;
+    }
+    s->rel.since = since, s->rel.epoch = s->release_epoch, s->rel.n = n;
+    return n;
 }
 
 void sched__release_all(sched *s, uint32_t ji, double now)

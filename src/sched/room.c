@@ -389,8 +389,7 @@ static int pool_victims(sched *s, const sjob *j, uint32_t pi, vnode **vn, size_t
     if (!s->plain_cycle) {
         /* Cheapest tests first: no victim in the pool, or too few nodes
          * free even before reservations are taken out. */
-        if (j->nodes - p->ge[j->gpn] > max || !p->npre_nodes || !sched__prios_below(&p->pre, j->priority))
-            return -1;
+        if (!sched__pool_may_preempt(s, p, j->nodes, j->gpn, j->priority)) return -1;
         zero = p->resv_stamp == s->stamp ? free_nodes(s, j, pi) : p->ge[j->gpn];
         if (zero >= j->nodes || j->nodes - zero > max) return -1;
     }
@@ -415,10 +414,12 @@ static int pool_victims(sched *s, const sjob *j, uint32_t pi, vnode **vn, size_t
     return total > 0 && total <= max ? total : -1;
 }
 
-static struct spmemo *pmemo_slot(sched *s, const sjob *j)
+static struct spmemo *pmemo_at(sched *s, uint64_t shape, int prio)
 {
-    return &s->pmemo[(j->shape ^ (uint64_t)(uint32_t)j->priority * 0x9e3779b97f4a7c15ull) % 256];
+    return &s->pmemo[(shape ^ (uint64_t)(uint32_t)prio * 0x9e3779b97f4a7c15ull) % 256];
 }
+
+static struct spmemo *pmemo_slot(sched *s, const sjob *j) { return pmemo_at(s, j->shape, j->priority); }
 
 /* The pool where gang j needs the fewest victims (the first such in its
  * list), or NONE when no pool can be freed with at most max_victims. */
@@ -461,6 +462,23 @@ int sched__preempt_possible(sched *s, const sjob *j)
         return mo->ok;
     int ok = best_victim_pool(s, j) != NONE;
     *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority, ok};
+    return ok;
+}
+
+int sched__preempt_possible_in(sched *s, uint64_t shape, int prio, const sjob *(*probe)(sched *, void *),
+                               void *arg, const uint32_t *pools, int n)
+{
+    static __thread vnode *vn;
+    static __thread size_t capvn;
+    if (!s->cfg.max_victims || !sched__prios_below(&s->pre, prio)) return 0;
+    struct spmemo *mo = pmemo_at(s, shape, prio);
+    if (mo->shape == shape && mo->prio == prio && mo->stamp == s->stamp && mo->epoch == s->release_epoch)
+        return mo->ok;
+    int ok = 0;
+    size_t m;
+    const sjob *j = n ? probe(s, arg) : NULL;
+    for (int k = 0; k < n && !ok; k++) ok = pool_victims(s, j, pools[k], &vn, &capvn, &m) >= 0;
+    *mo = (struct spmemo){shape, s->stamp, s->release_epoch, prio, ok};
     return ok;
 }
 

@@ -214,7 +214,7 @@ int sched_node_add(sched *s, const sched_node_spec *n, double now)
         }
     }
     p->rel_ver++;
-    s->release_epoch++; /* room appeared */
+    sched__released(s, NONE); /* room appeared, perhaps in a new pool */
     sched__bucket_insert(s, ni);
     return 0;
 }
@@ -261,7 +261,7 @@ int sched_node_recover(sched *s, const char *id, double now)
     for (int k = 0; k < n->nrefs; k++) n->free -= n->refs[k].gpus;
     n->idle_since = now;
     s->pools[n->pool].rel_ver++;
-    s->release_epoch++; /* room appeared */
+    sched__released(s, n->pool); /* room appeared */
     sched__bucket_insert(s, ni);
     return 0;
 }

@@ -13,6 +13,8 @@
 #define MAXG SCHED_MAX_NODE_GPUS
 #define SCHED__MAX_GANG 4096 /* nodes in one gang */
 #define RC_SLOTS 8 /* reservation times cached per pool, by gang shape */
+#define RLOG 64     /* releases remembered with their pool (sched.rlog) */
+#define RELEASED 16 /* distinct pools sched__released_since reports */
 
 /* ---- String -> index map (open addressing, keys owned by the map) ------- */
 typedef struct smap {
@@ -287,6 +289,16 @@ struct sched {
         int ok; /* the search found room (kept for the sweeps' probes only) */
     } pmemo[256];
     uint64_t release_epoch; /* bumped by every release and by a node joining or coming back */
+    /* rlog[e % RLOG]: the pool where release e happened, or NONE when any
+     * pool may have gained room (a node joined: pools and their lists may
+     * be new).  A probe's "no" kept since epoch E then needs a new look
+     * only in the pools of the releases after E (sched__released_since). */
+    uint32_t rlog[RLOG];
+    struct { /* sched__released_since's last answer: probes ask it alike */
+        uint64_t since, epoch;
+        int n;
+        uint32_t v[RELEASED];
+    } rel;
     uint64_t resv_sig;      /* a hash of this cycle's reservations (job and nodes) */
     double resv_T[4], resv_slack[4]; /* T and T - now of the first four */
     uint64_t resv_late;   /* head reservations that moved later or were missed */
@@ -455,9 +467,36 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now);
 /* Whether a preemption search for gang j (a job or a probe with its shape
  * and priority) could succeed now. */
 int sched__preempt_possible(sched *s, const sjob *j);
+/* The same for a gang of shape `shape` at priority prio whose search found
+ * no victims in any pool before, since when room appeared only in
+ * pools[0 .. n) (pools it may use): a search elsewhere still fails, so
+ * only these are searched, for the gang probe(s, arg) returns (called
+ * only when n > 0). */
+int sched__preempt_possible_in(sched *s, uint64_t shape, int prio, const sjob *(*probe)(sched *, void *),
+                               void *arg, const uint32_t *pools, int n);
+/* The fast search's first tests of pool p for a gang of n nodes x g GPUs
+ * at priority prio: 0 when it cannot free room there (no victim below
+ * prio, or more than max_victims nodes short of free ones). */
+static inline int sched__pool_may_preempt(const sched *s, const spool *p, int n, int g, int prio)
+{
+    return p->maxg_ever[g] >= n && n - p->ge[g] <= s->cfg.max_victims && p->npre_nodes &&
+           sched__prios_below(&p->pre, prio);
+}
 
 /* why.c: the wait reason and start estimate of queued job ji. */
 void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o);
+
+/* Counts a release (room appeared) in pool pi, or in any pool (NONE). */
+static inline void sched__released(sched *s, uint32_t pi)
+{
+    s->rlog[++s->release_epoch % RLOG] = pi;
+}
+
+/* The distinct pools of the releases after epoch `since` (*out, owned by
+ * s, valid until the next call) and their count (at most RELEASED); -1
+ * when they are not all known (too many, too long ago, or one that may
+ * have touched any pool). */
+int sched__released_since(sched *s, uint64_t since, const uint32_t **out);
 
 /* cycle.c */
 int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
