@@ -170,6 +170,13 @@ int sched_check(const sched *s, double now)
     if (queued != s->queued || running != s->running)
         return sh_err(SH_EINTERNAL, "job counts drifted: %zu queued, %zu running; booked %zu, %zu",
                       queued, running, s->queued, s->running);
+    for (size_t i = 0, n = 0; i <= s->capshapes; i++) { /* the live shape list, in slot order */
+        if (i < s->capshapes && !s->shapes[i].queued) continue;
+        if (i == s->capshapes ? n != s->nshapes_live : n >= s->nshapes_live || s->live[n] != i)
+            return sh_err(SH_EINTERNAL, "the list of shapes with queued jobs (%zu) disagrees with the "
+                          "table at slot %zu", s->nshapes_live, i);
+        n++;
+    }
     SH_TRY(check_devices(s));
     return check_resv(s, now);
 }

@@ -402,9 +402,8 @@ static int shape_may_preempt_kept(sched *s, sshape *sh)
 
 static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre, uint64_t *calm, double now)
 {
-    for (size_t i = 0; i < s->capshapes && *dead < s->nshapes_live; i++) {
-        sshape *sh = &s->shapes[i];
-        if (!sh->shape || !sh->queued) continue;
+    for (size_t i = 0; i < s->nshapes_live && *dead < s->nshapes_live; i++) {
+        sshape *sh = &s->shapes[s->live[i]];
         if (sh->dead_walk != walk_id && !shape_may_fit_kept(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
     }
     /* For skipping ahead: whether no queued gang can preempt for the rest
@@ -418,12 +417,13 @@ static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre
      * need victims after later starts. */
     if (*calm != walk_id) {
         int all = 1;
-        for (size_t i = 0; i < s->capshapes && all; i++) /* the cheap test first */
-            all = !s->shapes[i].shape || !s->shapes[i].queued || s->shapes[i].kind != SCHED_GANG ||
-                  s->shapes[i].dead_walk == walk_id;
-        for (size_t i = 0; i < s->capshapes && all; i++) {
-            sshape *sh = &s->shapes[i];
-            if (!sh->shape || !sh->queued || sh->kind != SCHED_GANG) continue;
+        for (size_t i = 0; i < s->nshapes_live && all; i++) { /* the cheap test first */
+            const sshape *sh = &s->shapes[s->live[i]];
+            all = sh->kind != SCHED_GANG || sh->dead_walk == walk_id;
+        }
+        for (size_t i = 0; i < s->nshapes_live && all; i++) {
+            sshape *sh = &s->shapes[s->live[i]];
+            if (sh->kind != SCHED_GANG) continue;
             if (sh->calm_walk != walk_id && sh->nopre_walk != walk_id) {
                 if (shape_may_preempt_kept(s, sh)) all = 0;
                 else sh->calm_walk = walk_id;
@@ -433,9 +433,9 @@ static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre
     }
     /* Only when every shape is dead may the walk stop, if none can preempt either. */
     if (*dead < s->nshapes_live || !s->preemptible_gpus) return;
-    for (size_t i = 0; i < s->capshapes && *nopre < s->nshapes_live; i++) {
-        sshape *sh = &s->shapes[i];
-        if (!sh->shape || !sh->queued || sh->nopre_walk == walk_id) continue;
+    for (size_t i = 0; i < s->nshapes_live && *nopre < s->nshapes_live; i++) {
+        sshape *sh = &s->shapes[s->live[i]];
+        if (sh->nopre_walk == walk_id) continue;
         if (sh->calm_walk != walk_id && shape_may_preempt_kept(s, sh)) return;
         sh->nopre_walk = walk_id, (*nopre)++;
     }

@@ -40,6 +40,38 @@ static size_t queue_pos(const sched *s, const stenant *t, const sjob *j)
     return lo;
 }
 
+/* Position of slot k in s->live (where it is or would go). */
+static size_t live_pos(const sched *s, uint32_t k)
+{
+    size_t lo = 0, hi = s->nshapes_live;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (s->live[mid] < k) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Shape sh got its first queued job: it joins s->live. */
+static int live_add(sched *s, const sshape *sh)
+{
+    SH_TRY(GROW(s->live, s->caplive, s->nshapes_live + 1));
+    uint32_t k = (uint32_t)(sh - s->shapes);
+    size_t at = live_pos(s, k);
+    memmove(s->live + at + 1, s->live + at, (s->nshapes_live - at) * sizeof *s->live);
+    s->live[at] = k;
+    s->nshapes_live++;
+    return 0;
+}
+
+/* Shape sh has no queued job left: it leaves s->live. */
+static void live_drop(sched *s, const sshape *sh)
+{
+    size_t at = live_pos(s, (uint32_t)(sh - s->shapes));
+    s->nshapes_live--;
+    memmove(s->live + at, s->live + at + 1, (s->nshapes_live - at) * sizeof *s->live);
+}
+
 /* The entry of a shape (created empty when new; NULL without memory). */
 sshape *sched__shape(sched *s, uint64_t shape)
 {
@@ -65,6 +97,11 @@ sshape *sched__shape(sched *s, uint64_t shape)
         }
         free(s->shapes);
         s->shapes = v, s->capshapes = cap;
+        /* Every live shape moved: list the slots afresh, in order (the
+         * list holds nshapes_live slots, so it has room). */
+        size_t n = 0;
+        for (size_t i = 0; i < cap; i++)
+            if (v[i].queued) s->live[n++] = (uint32_t)i;
     }
     size_t k = shape & (s->capshapes - 1);
     while (s->shapes[k].shape && s->shapes[k].shape != shape) k = (k + 1) & (s->capshapes - 1);
@@ -160,8 +197,9 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     double fastest = 1.0;
     for (int k = 0; k < j->ntypes; k++) fastest = k ? fmax(fastest, j->speed[k]) : j->speed[k];
     double len = j->est_s / (fastest > 0 ? fastest : 1.0);
+    if (!sh->queued) SH_TRY(live_add(s, sh));
     if (!sh->queued++) {
-        s->nshapes_live++, sh->min_est = j->est_s, sh->min_len = len, sh->max_prio = j->priority;
+        sh->min_est = j->est_s, sh->min_len = len, sh->max_prio = j->priority;
         sh->kind = j->kind, sh->nodes = j->nodes, sh->gpn = j->gpn, sh->ntypes = j->ntypes;
         memcpy(sh->types, j->types, sizeof sh->types);
     } else {
@@ -183,7 +221,7 @@ static void shape_dec(sched *s, const sjob *j)
 {
     sshape *sh = sched__shape(s, j->shape);
     if (sh) sh->gen++;
-    if (sh && sh->queued && !--sh->queued) s->nshapes_live--;
+    if (sh && sh->queued && !--sh->queued) live_drop(s, sh);
 }
 
 void sched__queue_compact(sched *s)

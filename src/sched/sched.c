@@ -133,7 +133,7 @@ void sched_free(sched *s)
     free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
     free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
     for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap), free(s->shapes[i].pheap);
-    free(s->elastic), free(s->allpools), free(s->shapes), free(s->freejobs), free(s->forgot_cost_t);
+    free(s->elastic), free(s->allpools), free(s->shapes), free(s->live), free(s->freejobs), free(s->forgot_cost_t);
     for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v), free(s->tpools[i].ge_hist);
     for (int i = 0; i < 16; i++) free(s->porder[i].pools);
     free(s->tpools);

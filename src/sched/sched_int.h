@@ -309,6 +309,10 @@ struct sched {
     double next_wake;
     sshape *shapes;    /* open addressing by shape hash */
     size_t capshapes, nshapes_live, nshapes_used;
+    /* The slots of the shapes with jobs queued (nshapes_live of them), in
+     * slot order: the sweeps visit these, not every slot of the table. */
+    uint32_t *live;
+    size_t caplive;
     uint64_t walk_id;
     /* A job was submitted with an earlier time than the one before it: the
      * tenant queues may then not be sorted by queue key, and the walk does
