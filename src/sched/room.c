@@ -155,16 +155,26 @@ static void rc_store(spool *p, const sjob *j, double T, const tnode *tn)
     int slot = rc_slot(p, j->gpn, j->nodes);
     p->rc[slot].ver = p->ver + 1, p->rc[slot].rel_ver = p->rel_ver + 1;
     p->rc[slot].g = j->gpn, p->rc[slot].n = j->nodes, p->rc[slot].T = T;
+    p->rc[slot].tk_ok = 0;
     if (!isfinite(T)) return;
     if (p->rc[slot].capnodes < j->nodes) {
         uint32_t *v = realloc(p->rc[slot].nodes, (size_t)j->nodes * sizeof *v);
-        if (!v) { /* no memory: the entry keeps no nodes, so it is never used for them */
+        if (v) p->rc[slot].nodes = v;
+        double *t = v ? realloc(p->rc[slot].tk, (size_t)j->nodes * sizeof *t) : NULL;
+        if (!t) { /* no memory: the entry keeps no nodes, so it is never used for them */
             p->rc[slot].ver = 0;
             return;
         }
-        p->rc[slot].nodes = v, p->rc[slot].capnodes = j->nodes;
+        p->rc[slot].tk = t, p->rc[slot].capnodes = j->nodes;
     }
-    for (int k = 0; k < j->nodes; k++) p->rc[slot].nodes[k] = tn[k].ni;
+    double *tk = p->rc[slot].tk;
+    for (int k = 0; k < j->nodes; k++) { /* insertion sort: n <= 64 mostly, computed rarely */
+        p->rc[slot].nodes[k] = tn[k].ni;
+        int i = k;
+        for (; i > 0 && tk[i - 1] > tn[k].t; i--) tk[i] = tk[i - 1];
+        tk[i] = tn[k].t;
+    }
+    p->rc[slot].tk_ok = 1;
 }
 
 typedef struct pbound {
@@ -210,6 +220,11 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
             else if (same && p->rc[slot].rel_ver == p->rel_ver + 1) {
                 double lb = p->rc[slot].T < now ? now : p->rc[slot].T;
                 pb[npb++] = (pbound){lb, 0, (uint32_t)q};
+                continue;
+            } else if (same && p->rc[slot].tk_ok && p->rel_ver + 1 - p->rc[slot].rel_ver < (uint64_t)j->nodes) {
+                /* Releases since: a lower bound from the times kept (rc.tk). */
+                double lb = p->rc[slot].tk[j->nodes - 1 - (int)(p->rel_ver + 1 - p->rc[slot].rel_ver)];
+                pb[npb++] = (pbound){lb < now ? now : lb, 0, (uint32_t)q};
                 continue;
             } else {
                 T = pool_time(s, j, jp[q], &tn, &captn, &m);

@@ -117,7 +117,7 @@ void sched_free(sched *s)
     for (size_t i = 0; i < s->npools; i++) {
         spool *p = &s->pools[i];
         free(p->nodes), free(p->pre.v), free(p->pre_nodes);
-        for (int k = 0; k < RC_SLOTS; k++) free(p->rc[k].nodes);
+        for (int k = 0; k < RC_SLOTS; k++) free(p->rc[k].nodes), free(p->rc[k].tk);
     }
     free(s->pre.v);
     for (size_t i = 0; i < s->njobs; i++) {

@@ -112,7 +112,12 @@ typedef struct spool {
         int g, n;
         double T; /* raw: before clamping to the cycle's `now` */
         uint32_t *nodes; /* the n nodes that give T, while ver is current */
-        int capnodes;
+        /* Their times, ascending (tk_ok: kept).  Each release since (of
+         * rel_ver's count r) lowers one node's time or adds a node, which
+         * moves the n-th smallest time down by at most one place, and holds
+         * only raise times: tk[n - 1 - r] stays a lower bound of T. */
+        double *tk;
+        int capnodes, tk_ok;
     } rc[RC_SLOTS];
     uint32_t rc_next; /* round-robin victim when every slot is current */
     /* The latest estimated end of its running work (raw), kept up on each
