@@ -406,31 +406,24 @@ static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre
         sshape *sh = &s->shapes[s->live[i]];
         if (sh->dead_walk != walk_id && !shape_may_fit_kept(s, sh, now)) sh->dead_walk = walk_id, (*dead)++;
     }
-    /* For skipping ahead: whether no queued gang can preempt for the rest
-     * of the walk (*calm = walk_id; calm_walk marks the shapes found so).
-     * That holds when every gang shape is dead and its search fails: a
-     * gang that cannot be placed has too few free unreserved nodes in every
-     * pool, and a start never makes its search succeed (a start that takes
-     * a free node adds at most one candidate while the gang needs one more,
-     * and adding a victim with the GPUs it took never lowers a node's
-     * count of victims).  A gang shape that is not dead may fit now and
-     * need victims after later starts. */
-    if (*calm != walk_id) {
-        int all = 1;
-        for (size_t i = 0; i < s->nshapes_live && all; i++) { /* the cheap test first */
-            const sshape *sh = &s->shapes[s->live[i]];
-            all = sh->kind != SCHED_GANG || sh->dead_walk == walk_id;
-        }
-        for (size_t i = 0; i < s->nshapes_live && all; i++) {
-            sshape *sh = &s->shapes[s->live[i]];
-            if (sh->kind != SCHED_GANG) continue;
-            if (sh->calm_walk != walk_id && sh->nopre_walk != walk_id) {
-                if (shape_may_preempt_kept(s, sh)) all = 0;
-                else sh->calm_walk = walk_id;
-            }
-        }
-        if (all) *calm = walk_id;
+    /* Whether a gang shape's jobs have nothing left to do in this walk:
+     * a dead gang shape whose search fails stays so for the rest of the
+     * walk (calm_walk marks it): a gang that cannot be placed has too few
+     * free unreserved nodes in every pool, and a start never makes its
+     * search succeed (a start that takes a free node adds at most one
+     * candidate while the gang needs one more, and adding a victim with
+     * the GPUs it took never lowers a node's count of victims).  A gang
+     * shape that is not dead may fit now and need victims after later
+     * starts.  When every gang shape is marked, no queued gang can preempt
+     * for the rest of the walk (*calm = walk_id). */
+    int all = 1;
+    for (size_t i = 0; i < s->nshapes_live; i++) {
+        sshape *sh = &s->shapes[s->live[i]];
+        if (sh->kind != SCHED_GANG || sh->calm_walk == walk_id || sh->nopre_walk == walk_id) continue;
+        if (sh->dead_walk == walk_id && !shape_may_preempt_kept(s, sh)) sh->calm_walk = walk_id;
+        else all = 0;
     }
+    if (all) *calm = walk_id;
     /* Only when every shape is dead may the walk stop, if none can preempt either. */
     if (*dead < s->nshapes_live || !s->preemptible_gpus) return;
     for (size_t i = 0; i < s->nshapes_live && *nopre < s->nshapes_live; i++) {
@@ -487,6 +480,15 @@ static void advance(const sched *s, stenant *t, uint64_t skip_walk, int *skipped
         }
         t->cursor++;
     }
+}
+
+/* Whether job j has nothing to do in walk walk_id once the reservations
+ * are made: its shape is dead and, for a gang, cannot preempt. */
+static int job_idle(const sched *s, const sjob *j, uint64_t walk_id)
+{
+    const sshape *sh = shape_find(s, j->shape);
+    return sh && sh->dead_walk == walk_id &&
+           (sh->kind != SCHED_GANG || sh->calm_walk == walk_id || sh->nopre_walk == walk_id);
 }
 
 /* skip_walk (0: none) skips, in every tenant queue, the jobs of shapes that
@@ -569,6 +571,11 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
      * scan limit. */
     int can_skip = sweep && !reserve_only && s->cfg.policy != SCHED_POLICY_FIFO && !s->submit_unsorted;
     uint64_t calm = 0; /* walk_id when no queued gang can preempt */
+    /* Visiting a job whose shape is dead and, for a gang, unable to preempt
+     * (sweep_shapes) does nothing once the reservations are made: such a
+     * job is passed over where the walk reaches it, before it is tried
+     * (with calm, skipping ahead does the same for the rest at once). */
+    int idle_walk = can_skip;
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
     for (;;) {
         int quiet = !s->preemptible_gpus || nopre >= s->nshapes_live, skipped = 0;
@@ -589,6 +596,11 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
         sjob *j = &s->jobs[ji];
         if (s->gpus_up - s->gpus_busy <= 0 && s->nresv >= max_resv)
             break; /* nothing can start and no reservation is left to make */
+        if (idle_walk && s->nresv >= max_resv && job_idle(s, j, walk_id)) {
+            s->tenants[ti].cursor++, scanned++;
+            if (j->blocked_since < 0) j->blocked_since = now;
+            continue;
+        }
         int rc = 0;
         size_t m = j->shape % MEMO;
         if (memo[m].epoch != ep || memo[m].shape != j->shape || j->est_s < memo[m].est) {
