@@ -495,10 +495,11 @@ static int job_idle(const sched *s, const sjob *j, uint64_t walk_id)
  * walk marked dead; *skipped counts them. */
 static uint32_t next_job(sched *s, uint32_t *tenant, int fair, uint64_t skip_walk, int *skipped)
 {
-    uint32_t bt = NONE, bj = NONE;
-    double bk = 0;
-    for (size_t ti = 0; ti < s->ntenants; ti++) {
-        stenant *t = &s->tenants[ti];
+    const stenant *b = NULL; /* the best head so far, its key in bk, bp, bo */
+    double bk = 0, bo = 0;
+    int bp = 0;
+    stenant *t = s->tenants, *end = s->tenants + s->ntenants;
+    for (; t < end; t++) {
         advance(s, t, skip_walk, skipped);
         if (t->cursor >= t->nq) continue;
         uint32_t ji = t->queue[t->cursor];
@@ -507,17 +508,16 @@ static uint32_t next_job(sched *s, uint32_t *tenant, int fair, uint64_t skip_wal
             t->kc_job = ji, t->kc_ver = s->busy_ver, t->kc_fair = fair;
             t->kc_key = job_key(s, a, fair), t->kc_prio = a->priority, t->kc_order = a->order;
         }
-        double k = t->kc_key;
-        if (bj != NONE) {
-            const stenant *b = &s->tenants[bt];
-            if (t->kc_prio != b->kc_prio) {
-                if (t->kc_prio < b->kc_prio) continue;
-            } else if (k > bk || (k == bk && t->kc_order > b->kc_order)) continue;
+        if (b) {
+            if (t->kc_prio != bp) {
+                if (t->kc_prio < bp) continue;
+            } else if (t->kc_key > bk || (t->kc_key == bk && t->kc_order > bo)) continue;
         }
-        bt = (uint32_t)ti, bj = ji, bk = k;
+        b = t, bk = t->kc_key, bp = t->kc_prio, bo = t->kc_order;
     }
-    *tenant = bt;
-    return bj;
+    if (!b) return *tenant = NONE, NONE;
+    *tenant = (uint32_t)(b - s->tenants);
+    return b->queue[b->cursor];
 }
 
 /* ---- Policy passes ---------------------------------------------------------- */

@@ -120,8 +120,10 @@ static int busy_at(const sched *s, uint32_t ni, double T, double now)
  * that thrashes rescans whole pools every cycle. */
 static int rc_slot(spool *p, int g, int n)
 {
+    int h = (int)p->rc_hint;
+    if (p->rc[h].g == g && p->rc[h].n == n) return h;
     for (int k = 0; k < RC_SLOTS; k++)
-        if (p->rc[k].g == g && p->rc[k].n == n) return k;
+        if (p->rc[k].g == g && p->rc[k].n == n) return (int)(p->rc_hint = (uint32_t)k);
     for (int k = 0; k < RC_SLOTS; k++)
         if (p->rc[k].ver != p->ver + 1) return k;
     return (int)(p->rc_next++ % RC_SLOTS);

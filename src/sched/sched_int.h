@@ -120,6 +120,7 @@ typedef struct spool {
         int capnodes, tk_ok;
     } rc[RC_SLOTS];
     uint32_t rc_next; /* round-robin victim when every slot is current */
+    uint32_t rc_hint; /* the slot rc_slot found last: most searches ask for the same shape again */
     /* The latest estimated end of its running work (raw), kept up on each
      * hold, recomputed after the work that set it is released. */
     double drain;
