@@ -93,7 +93,7 @@ static void mark_started(sched *s, uint32_t ji, double now)
     j->start = now;
     for (int k = 0; k < j->nplaces; k++) { /* its estimate moved */
         s->nodes[j->places[k].node].ver++;
-        s->pools[s->nodes[j->places[k].node].pool].ver++;
+        sched__pool_touch(s, s->nodes[j->places[k].node].pool);
     }
     j->wait_acc += now - j->queued_since;
     j->blocked_since = -1;

@@ -37,7 +37,7 @@ void sched__bucket_insert(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
-    p->ver++;
+    sched__pool_touch(s, n->pool);
     n->prev = NONE;
     n->next = p->head[n->free];
     if (n->next != NONE) s->nodes[n->next].prev = ni;
@@ -57,7 +57,7 @@ void sched__bucket_remove(sched *s, uint32_t ni)
 {
     snode *n = &s->nodes[ni];
     spool *p = &s->pools[n->pool];
-    p->ver++;
+    sched__pool_touch(s, n->pool);
     if (n->prev != NONE) s->nodes[n->prev].next = n->next;
     else p->head[n->free] = n->next;
     if (n->next != NONE) s->nodes[n->next].prev = n->prev;
@@ -77,7 +77,7 @@ static void set_free(sched *s, uint32_t ni, int free)
 {
     snode *n = &s->nodes[ni];
     n->ver++;
-    s->pools[n->pool].ver++;
+    sched__pool_touch(s, n->pool);
     if (n->state != SCHED_NODE_UP) {
         n->free = free;
         return;

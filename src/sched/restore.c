@@ -77,7 +77,8 @@ int sched_job_restore(sched *s, const char *id, const sched_place *places, size_
     s->st.starts++;
     for (size_t i = 0; i < n; i++) { /* its estimate starts now */
         uint32_t ni = sched__map_get(&s->node_map, places[i].node);
-        s->nodes[ni].ver++, s->pools[s->nodes[ni].pool].ver++;
+        s->nodes[ni].ver++;
+        sched__pool_touch(s, s->nodes[ni].pool);
     }
     return 0;
 }

@@ -192,12 +192,83 @@ static int cmp_pbound(const void *a, const void *b)
     return (x->q > y->q) - (x->q < y->q);
 }
 
+/* Pool pi's exact raw time for gang j, kept in its cache when no
+ * reservation took nodes there this cycle; NAN without memory. */
+static double pool_exact(sched *s, const sjob *j, uint32_t pi)
+{
+    static __thread tnode *tn;
+    static __thread size_t captn;
+    size_t m;
+    double T = pool_time(s, j, pi, &tn, &captn, &m);
+    if (!isnan(T) && s->pools[pi].resv_stamp != s->stamp) rc_store(&s->pools[pi], j, T, tn);
+    return T;
+}
+
+/* What the fast path knows of pool pi's raw time for gang j without a
+ * scan where it can: 1 and *v the time (kept while the pool is unchanged),
+ * 2 and *v a lower bound (the pool only took work since its time was kept,
+ * or a few releases moved it: see rc.tk), 0 when the pool can never fit
+ * the gang, -1 without memory. */
+static int pool_answer(sched *s, const sjob *j, uint32_t pi, double *v)
+{
+    spool *p = &s->pools[pi];
+    if (p->maxg_ever[j->gpn] < j->nodes) return 0;
+    int slot = rc_slot(p, j->gpn, j->nodes), same = p->rc[slot].g == j->gpn && p->rc[slot].n == j->nodes;
+    int fresh = p->resv_stamp != s->stamp; /* no reservation took nodes here this cycle */
+    if (same && fresh && p->rc[slot].ver == p->ver + 1) return *v = p->rc[slot].T, 1;
+    if (same && p->rc[slot].rel_ver == p->rel_ver + 1) return *v = p->rc[slot].T, 2;
+    uint64_t r = p->rel_ver + 1 - p->rc[slot].rel_ver;
+    if (same && p->rc[slot].tk_ok && r < (uint64_t)j->nodes) return *v = p->rc[slot].tk[j->nodes - 1 - (int)r], 2;
+    *v = pool_exact(s, j, pi);
+    return isnan(*v) ? -1 : 1;
+}
+
+/* The pool answers (val, kind) for the job's pool list jp, from the
+ * search before for the same job where only the pools touched since need
+ * a new answer (sched.bpc); NULL without memory. */
+static struct sbpc *pool_answers(sched *s, const sjob *j, const uint32_t *jp, size_t njp)
+{
+    struct sbpc *c = &s->bpc;
+    uint32_t ji = (uint32_t)(j - s->jobs);
+    /* With a reservation made this cycle, answers lean on it: kept apart. */
+    static __thread struct sbpc tmp;
+    int keep = s->nresv == 0;
+    int hit = keep && !s->touched_lost && c->job == ji && c->order == j->order && c->g == j->gpn &&
+              c->n == j->nodes && c->pools_ver == s->pools_ver + 1 && c->gen == s->touch_gen + 1 && c->jp == jp &&
+              c->njp == njp;
+    if (!keep) c = &tmp;
+    c->pools_ver = 0; /* until it is whole again */
+    if (!hit) {
+        if (sched__grow((void **)&c->val, &c->cap, njp + 1, sizeof *c->val) < 0 ||
+            sched__grow((void **)&c->kind, &c->capk, njp + 1, sizeof *c->kind) < 0)
+            return NULL;
+        if (keep) {
+            if (sched__grow((void **)&c->qpos, &c->capq, s->npools + 1, sizeof *c->qpos) < 0) return NULL;
+            for (size_t k = 0; k < s->npools; k++) c->qpos[k] = NONE;
+            for (size_t q = 0; q < njp; q++) c->qpos[jp[q]] = (uint32_t)q;
+        }
+        for (size_t q = 0; q < njp; q++)
+            if ((c->kind[q] = (signed char)pool_answer(s, j, jp[q], &c->val[q])) < 0) return NULL;
+    } else
+        for (size_t k = 0; k < s->ntouched; k++) {
+            uint32_t q = s->touched[k] < s->npools ? c->qpos[s->touched[k]] : NONE;
+            if (q != NONE && (c->kind[q] = (signed char)pool_answer(s, j, jp[q], &c->val[q])) < 0) return NULL;
+        }
+    if (keep) { /* later touches are listed afresh */
+        c->job = ji, c->order = j->order, c->g = j->gpn, c->n = j->nodes, c->jp = jp, c->njp = njp;
+        c->pools_ver = s->pools_ver + 1;
+        s->touch_gen++, s->ntouched = 0, s->touched_lost = 0;
+        c->gen = s->touch_gen + 1;
+    }
+    return c;
+}
+
 /* The earliest reservation time over the job's pools (ties to the earlier
  * pool in its list), or INFINITY; the pool in *best.  The reference
  * computes every pool's time.  The fast path takes each pool's time from
  * its cache while the pool is unchanged, and a lower bound while it only
- * took work since; it then computes exact times in order of bound and
- * stops once no bound can beat the best time found. */
+ * took work since (pool_answer); it then computes exact times in order of
+ * bound and stops once no bound can beat the best time found. */
 static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
 {
     static __thread tnode *tn;
@@ -209,34 +280,25 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
     double bestT = INFINITY;
     uint32_t bestq = UINT32_MAX;
     *best = NONE;
-    if (sched__grow((void **)&pb, &cappb, njp + 1, sizeof *pb) < 0) return NAN;
-    for (size_t q = 0; q < njp; q++) {
-        spool *p = &s->pools[jp[q]];
-        if (p->maxg_ever[j->gpn] < j->nodes) continue;
-        double T;
-        if (s->plain_cycle) T = pool_time(s, j, jp[q], &tn, &captn, &m);
-        else {
-            int slot = rc_slot(p, j->gpn, j->nodes), same = p->rc[slot].g == j->gpn && p->rc[slot].n == j->nodes;
-            int fresh = p->resv_stamp != s->stamp; /* no reservation took nodes here this cycle */
-            if (same && fresh && p->rc[slot].ver == p->ver + 1) T = p->rc[slot].T;
-            else if (same && p->rc[slot].rel_ver == p->rel_ver + 1) {
-                double lb = p->rc[slot].T < now ? now : p->rc[slot].T;
-                pb[npb++] = (pbound){lb, 0, (uint32_t)q};
-                continue;
-            } else if (same && p->rc[slot].tk_ok && p->rel_ver + 1 - p->rc[slot].rel_ver < (uint64_t)j->nodes) {
-                /* Releases since: a lower bound from the times kept (rc.tk). */
-                double lb = p->rc[slot].tk[j->nodes - 1 - (int)(p->rel_ver + 1 - p->rc[slot].rel_ver)];
-                pb[npb++] = (pbound){lb < now ? now : lb, 0, (uint32_t)q};
-                continue;
-            } else {
-                T = pool_time(s, j, jp[q], &tn, &captn, &m);
-                if (isnan(T)) return T;
-                if (fresh) rc_store(p, j, T, tn);
-            }
+    if (s->plain_cycle) {
+        for (size_t q = 0; q < njp; q++) {
+            if (s->pools[jp[q]].maxg_ever[j->gpn] < j->nodes) continue;
+            double T = pool_time(s, j, jp[q], &tn, &captn, &m);
+            if (isnan(T)) return T;
+            if (T < now) T = now;
+            if (T < bestT) bestT = T, bestq = (uint32_t)q;
         }
-        if (isnan(T)) return T;
-        if (T < now) T = now;
-        if (T < bestT) bestT = T, bestq = (uint32_t)q;
+        if (bestq != UINT32_MAX) *best = jp[bestq];
+        return bestT;
+    }
+    if (sched__grow((void **)&pb, &cappb, njp + 1, sizeof *pb) < 0) return NAN;
+    struct sbpc *c = pool_answers(s, j, jp, njp);
+    if (!c) return NAN;
+    for (size_t q = 0; q < njp; q++) {
+        if (!c->kind[q]) continue;
+        double T = c->val[q] < now ? now : c->val[q];
+        if (c->kind[q] == 2) pb[npb++] = (pbound){T, 0, (uint32_t)q};
+        else if (T < bestT) bestT = T, bestq = (uint32_t)q;
     }
     /* The bounds in (lb, q) order, each taken by selection: the loop
      * mostly stops after one or two, where a full sort cost more than the
@@ -248,11 +310,9 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
         pbound x = pb[i];
         pb[i] = pb[b], pb[b] = x;
         if (pb[i].lb > bestT || (pb[i].lb == bestT && pb[i].q > bestq)) break; /* nothing left can win */
-        uint32_t pi = jp[pb[i].q];
-        spool *p = &s->pools[pi];
-        double T = pool_time(s, j, pi, &tn, &captn, &m);
+        double T = pool_exact(s, j, jp[pb[i].q]);
         if (isnan(T)) return T;
-        if (p->resv_stamp != s->stamp) rc_store(p, j, T, tn);
+        c->val[pb[i].q] = T, c->kind[pb[i].q] = 1;
         if (T < now) T = now;
         if (T < bestT || (T == bestT && pb[i].q < bestq)) bestT = T, bestq = pb[i].q;
     }

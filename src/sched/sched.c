@@ -133,7 +133,8 @@ void sched_free(sched *s)
     free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
     free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
     for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap), free(s->shapes[i].pheap);
-    free(s->elastic), free(s->allpools), free(s->shapes), free(s->live), free(s->freejobs), free(s->forgot_cost_t);
+    free(s->elastic), free(s->allpools), free(s->shapes), free(s->live), free(s->touched),
+         free(s->bpc.val), free(s->bpc.kind), free(s->bpc.qpos), free(s->freejobs), free(s->forgot_cost_t);
     for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v), free(s->tpools[i].ge_hist);
     for (int i = 0; i < 16; i++) free(s->porder[i].pools);
     free(s->tpools);
@@ -237,6 +238,7 @@ int sched_node_remove(sched *s, const char *id, double now)
     if (n->state == SCHED_NODE_UP) sched__bucket_remove(s, ni);
     spool *p = &s->pools[n->pool];
     for (int g = 0; g <= n->gpus; g++) p->maxg_ever[g]--;
+    sched__pool_touch(s, n->pool); /* it may never fit a gang it could */
     if (n->provisioned)
         for (size_t q = 0; q < s->nquotas; q++) {
             squota *qq = &s->quotas[q];

@@ -121,6 +121,7 @@ typedef struct spool {
     } rc[RC_SLOTS];
     uint32_t rc_next; /* round-robin victim when every slot is current */
     uint32_t rc_hint; /* the slot rc_slot found last: most searches ask for the same shape again */
+    uint64_t touch_gen; /* sched.touch_gen when it was last listed in sched.touched */
     /* The latest estimated end of its running work (raw), kept up on each
      * hold, recomputed after the work that set it is released. */
     double drain;
@@ -300,6 +301,29 @@ struct sched {
      * be new).  A probe's "no" kept since epoch E then needs a new look
      * only in the pools of the releases after E (sched__released_since). */
     uint32_t rlog[RLOG];
+    /* Pools whose ver moved (or that lost a node) since touch_gen began,
+     * each listed once (spool.touch_gen); touched_lost: the list could not
+     * grow, so any pool may have moved. */
+    uint32_t *touched;
+    size_t ntouched, captouched;
+    uint64_t touch_gen;
+    int touched_lost;
+    /* The last reservation search's answer for each pool of its job
+     * (room.c best_pool), kept while the job, the pools and its pool list
+     * stand: the next search for the job looks again only at the pools
+     * touched since. */
+    struct sbpc {
+        uint32_t job;
+        double order;  /* the job's queue order (a slot may be reused) */
+        int g, n;
+        uint64_t pools_ver, gen; /* pools_ver + 1 and touch_gen + 1 when current */
+        const uint32_t *jp;
+        size_t njp;
+        double *val;      /* per pool of the list: the raw time, or a lower bound of it */
+        signed char *kind; /* 0: the pool cannot ever fit, 1: val is the time, 2: a lower bound */
+        uint32_t *qpos;   /* by pool index: its place in the list, or NONE */
+        size_t cap, capk, capq;
+    } bpc;
     struct { /* sched__released_since's last answer: probes ask it alike */
         uint64_t since, epoch;
         int n;
@@ -495,6 +519,19 @@ static inline int sched__pool_may_preempt(const sched *s, const spool *p, int n,
 
 /* why.c: the wait reason and start estimate of queued job ji. */
 void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o);
+
+/* Moves pool pi's version (any hold, release or node state change) and
+ * lists it in sched.touched. */
+static inline void sched__pool_touch(sched *s, uint32_t pi)
+{
+    spool *p = &s->pools[pi];
+    p->ver++;
+    if (p->touch_gen == s->touch_gen + 1) return;
+    p->touch_gen = s->touch_gen + 1;
+    if (sched__grow((void **)&s->touched, &s->captouched, s->ntouched + 1, sizeof *s->touched) < 0)
+        s->touched_lost = 1;
+    else s->touched[s->ntouched++] = pi;
+}
 
 /* Counts a release (room appeared) in pool pi, or in any pool (NONE). */
 static inline void sched__released(sched *s, uint32_t pi)
