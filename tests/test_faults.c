@@ -39,6 +39,8 @@
 #include "shoal/server.h"
 #include "shoal/store.h"
 
+#include <sqlite3.h>
+
 /* ---- The interposed calls -------------------------------------------------- */
 
 enum { MAXDIRTY = 4096 };
@@ -1017,6 +1019,127 @@ static void test_server_state_faults(void **state)
     }
 }
 
+/* ---- The server's ledger ----------------------------------------------------- */
+
+/* Ledger rows of job `job` (read straight from the database). */
+static int ledger_rows(const char *db, int64_t job)
+{
+    sqlite3 *h;
+    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) fail_msg("open %s", db);
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(h, "SELECT COUNT(*) FROM ledger WHERE job = ?", -1, &st, NULL) != SQLITE_OK)
+        fail_msg("ledger query: %s", sqlite3_errmsg(h));
+    sqlite3_bind_int64(st, 1, job);
+    int n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    return n;
+}
+
+/* alice's job 1: cancels it (returns the HTTP status), or its state. */
+static int cancel_one(srv *s)
+{
+    srv_client *c = client(s, "tok-alice");
+    json_t *b = json_object(), *reply = NULL;
+    int st = 0;
+    if (srv_client_call(c, "POST", "/v1/jobs/1/cancel", b, NULL, 10, &st, &reply) < 0) st = 0;
+    json_decref(b);
+    json_decref(reply);
+    srv_client_free(c);
+    return st;
+}
+
+static int one_ended(srv *s)
+{
+    srv_client *c = client(s, "tok-alice");
+    int st;
+    json_t *reply;
+    TU_OK(srv_client_call(c, "GET", "/v1/jobs/1", NULL, NULL, 10, &st, &reply));
+    assert_int_equal(st, 200);
+    const char *state = json_string_value(json_object_get(reply, "state"));
+    int ended = state && !strcmp(state, "cancelled");
+    json_decref(reply);
+    srv_client_free(c);
+    return ended;
+}
+
+/* Job 1 is billed once it has ended, exactly once, and not before. */
+static void ledger_check(srvc *c, srv *s, const char *ctx)
+{
+    int ended = one_ended(s), rows = ledger_rows(c->db, 1);
+    if (rows != ended)
+        fail_msg("%s: job 1 is %s and has %d ledger rows (want %d)", ctx, ended ? "cancelled" : "still live",
+                 rows, ended);
+}
+
+/* The job's bill under failures: job 1 holds a GPU (its bill open) and is
+ * cancelled while each write the cancel makes fails in turn.  The cancel
+ * fails whole (the job runs on, nothing is billed) or its bill reaches the
+ * ledger, at the latest in a later scheduling cycle (one whose commit
+ * fails keeps it too): one row, never lost, never written twice, and the
+ * same after a restart.  (A crash between the cancel's commit and its
+ * bill's write loses the bill: docs/security.md, "State that cannot go
+ * backwards".) */
+static void test_ledger_faults(void **state)
+{
+    srvc c;
+    snprintf(c.dir, sizeof c.dir, "%s", tu_path("ledger-faults"));
+    snprintf(c.db, sizeof c.db, "%s/state.db", c.dir);
+    snprintf(c.tokens, sizeof c.tokens, "%s/tokens.json", c.dir);
+    srv_make(&c);
+    srv *s = srv_up(&c);
+    TU_OK(srv_add_bench_nodes(s, 2, "H100", 8));
+    srv_cycle_for_bench(s); /* job 1 is placed: its bill opens */
+    srv_stop(s);
+    snapshot(c.dir);
+    assert_int_equal(ledger_rows(c.db, 1), 0);
+
+    /* The nodes are in the database: registering them again would restart
+     * them, which ends the job's placement. */
+    srv_reset(&c);
+    s = srv_up(&c);
+    faults_arm(c.dir, 0, 0);
+    assert_int_equal(cancel_one(s), 200);
+    long n = faults_disarm();
+    assert_int_equal(ledger_rows(c.db, 1), 1);
+    srv_stop(s);
+    assert_true(n >= 2);
+    print_message("cancel with its bill: %ld steps, each failed\n", n);
+    char ctx[256];
+    long billed_late = 0;
+    for (long k = 1; k <= n; k++) {
+        srv_reset(&c);
+        s = srv_up(&c);
+        faults_arm(c.dir, k, 0);
+        int st = cancel_one(s);
+        faults_disarm();
+        snprintf(ctx, sizeof ctx, "ledger: step %ld of %ld of a cancel fails (reply %d)", k, n, st);
+        if (st == 200 && ledger_rows(c.db, 1) == 0) {
+            /* The bill is left in the core: the next cycle's commit fails
+             * too, and the one after writes it. */
+            billed_late++;
+            faults_arm(c.dir, 1, 0);
+            srv_cycle_for_bench(s);
+            faults_disarm();
+            assert_true(F.fired);
+            if (ledger_rows(c.db, 1) != 0) fail_msg("%s: billed by a cycle whose commit failed", ctx);
+        }
+        srv_cycle_for_bench(s); /* writes what the cancel could not */
+        ledger_check(&c, s, ctx);
+        srv_stop(s);
+        s = srv_up(&c);
+        strncat(ctx, ", after a restart", sizeof ctx - strlen(ctx) - 1);
+        ledger_check(&c, s, ctx);
+        if (!one_ended(s)) {
+            assert_int_equal(cancel_one(s), 200);
+            ledger_check(&c, s, ctx);
+        }
+        srv_stop(s);
+    }
+    /* Some failure hit the bill's own write, after the cancel committed. */
+    assert_true(billed_late >= 1);
+}
+
 int main(void)
 {
     snprintf(nosync_root, sizeof nosync_root, "%s", tu_tmpdir());
@@ -1025,6 +1148,7 @@ int main(void)
         cmocka_unit_test(test_replica_faults),
         cmocka_unit_test(test_push_replica_faults),
         cmocka_unit_test(test_server_state_faults),
+        cmocka_unit_test(test_ledger_faults),
     };
     return cmocka_run_group_tests_name("faults", tests, NULL, NULL);
 }

@@ -60,28 +60,38 @@ int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap)
     return rc;
 }
 
-/* Writes the bills the core closed to the ledger, oldest first, and drops
- * those written; a failed write keeps the rest for the next call.  The
- * core's clock is monotonic: a bill's times are moved onto the wall clock. */
+/* Writes the bills the core closed to the ledger, oldest first.  Outside a
+ * transaction each row is durable once written and its bill is dropped from
+ * the core at once; inside one, the written bills are dropped when it
+ * commits (srv__seam_bills_end), and a failed write keeps the rest for the
+ * next call.  The core's clock is monotonic: a bill's times are moved onto
+ * the wall clock. */
 int srv__seam_bills(srv *s)
 {
     const sched_bill *b;
-    size_t n = sched_bills(s->sc, &b), done = 0;
+    size_t n = sched_bills(s->sc, &b);
     double shift = sh_now_wall() - sh_now_mono();
     int rc = SH_OK;
-    for (; done < n && rc == SH_OK; done++) {
-        int64_t job = strtoll(b[done].job, NULL, 10);
+    while (s->bills_staged < n && rc == SH_OK) {
+        const sched_bill *x = &b[s->bills_staged];
+        int64_t job = strtoll(x->job, NULL, 10);
         const srv_job *j = srv__job(s, job);
-        int rank = -1, node = srv__node_find(s, b[done].node);
+        int rank = -1, node = srv__node_find(s, x->node);
         for (int i = 0; j && i < j->nmem && rank < 0; i++)
-            if (j->mem[i].node == node && j->mem[i].gpu_mask == b[done].gpu_mask) rank = j->mem[i].rank;
-        srv_bill row = {b[done].tenant, job, j ? j->attempt : 0, rank, b[done].node, b[done].gpu_type,
-                        b[done].gpus, b[done].since + shift, b[done].until + shift, b[done].seconds, b[done].cost};
+            if (j->mem[i].node == node && j->mem[i].gpu_mask == x->gpu_mask) rank = j->mem[i].rank;
+        srv_bill row = {x->tenant, job, j ? j->attempt : 0, rank, x->node, x->gpu_type,
+                        x->gpus, x->since + shift, x->until + shift, x->seconds, x->cost};
         rc = srv__db_ledger(s, &row);
-        if (rc < 0) break;
+        if (rc == SH_OK) s->bills_staged++;
     }
-    sched_bills_done(s->sc, done);
+    if (srv__db_autocommit(s)) srv__seam_bills_end(s, 1);
     return rc;
+}
+
+void srv__seam_bills_end(srv *s, int committed)
+{
+    if (committed && s->bills_staged) sched_bills_done(s->sc, s->bills_staged);
+    s->bills_staged = 0;
 }
 
 /* Called by srv__finish once the job's members are stopped: the core

@@ -105,6 +105,7 @@ struct srv {
      * from placement to every rank running, and from submit to first start. */
     srv_hist h_start[SRV_SIZE_CLASSES], h_wait[SRV_SIZE_CLASSES];
     sched *sc;            /* the scheduling core: every placement comes from it */
+    size_t bills_staged;  /* the core's oldest bills, inserted in the open transaction */
     sched_decisions dec;
     int provider_next;    /* provider-created nodes are named auto-<n> */
     int provider_busy;    /* provider commands still running */
@@ -131,6 +132,7 @@ enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE };
 
 /* db.c */
 int srv__db_open(srv *s);
+int srv__db_autocommit(srv *s); /* 1: no transaction is open */
 void srv__db_close(srv *s);
 int srv__db_load(srv *s);
 int srv__db_node(srv *s, const srv_node *n);
@@ -219,8 +221,11 @@ void srv__seam_end(srv *s, const srv_job *j, int cancelled);
 int srv__seam_node(srv *s, int idx, int event);
 int srv__seam_step(srv *s, double now);
 int srv__grow(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
-/* Writes the core's closed bills to the ledger (it keeps those not written). */
+/* Writes the core's closed bills to the ledger.  Inside a transaction they
+ * stay in the core until it commits (srv__seam_bills_end), so that a
+ * failed commit or a rollback loses none: they are written again. */
 int srv__seam_bills(srv *s);
+void srv__seam_bills_end(srv *s, int committed);
 int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
 void srv__id_consume(srv *s);
