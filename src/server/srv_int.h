@@ -92,6 +92,8 @@ struct srv {
     int defer_seam;       /* srv__seam_end only queues (see srv__seam_flush) */
     int64_t seam_queue[64];
     int seam_queue_cancelled[64], nseam_queue;
+    double seam_queue_t[64];  /* when it ended, on the core's clock */
+    int seam_queue_billed[64]; /* its closing bills, written by srv__seam_prebill */
     srv_node *nodes;
     int nnodes, cap_nodes;
     srv_job **jobs; /* by id; jobs[0] unused */
@@ -218,6 +220,13 @@ void srv__seam_free(srv *s);
 /* 0 queued, 1 rejected as never fitting (why says so), < 0 error. */
 int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap);
 void srv__seam_end(srv *s, const srv_job *j, int cancelled);
+/* srv__seam_end at core time t, for a job whose `billed` closing bills are
+ * in the ledger already (srv__seam_prebill). */
+void srv__seam_end_at(srv *s, const srv_job *j, int cancelled, double t, int billed);
+/* Before the commit of a change that ended jobs (the queue of
+ * srv__undo_begin): writes the bills their end closes, in the same
+ * transaction, so that an end is never durable without its bills. */
+int srv__seam_prebill(srv *s);
 int srv__seam_node(srv *s, int idx, int event);
 int srv__seam_step(srv *s, double now);
 int srv__grow(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
