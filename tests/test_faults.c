@@ -39,6 +39,8 @@
 #include "shoal/server.h"
 #include "shoal/store.h"
 
+#include <sqlite3.h>
+
 /* ---- The interposed calls -------------------------------------------------- */
 
 enum { MAXDIRTY = 4096 };
@@ -1017,6 +1019,229 @@ static void test_server_state_faults(void **state)
     }
 }
 
+/* ---- The server's ledger ----------------------------------------------------- */
+
+/* Ledger rows of job `job` (read straight from the database). */
+static int ledger_rows(const char *db, int64_t job)
+{
+    sqlite3 *h;
+    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) fail_msg("open %s", db);
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(h, "SELECT COUNT(*) FROM ledger WHERE job = ?", -1, &st, NULL) != SQLITE_OK)
+        fail_msg("ledger query: %s", sqlite3_errmsg(h));
+    sqlite3_bind_int64(st, 1, job);
+    int n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    return n;
+}
+
+/* Cancels alice's job `id`; returns the HTTP status. */
+static int cancel_job(srv *s, int id)
+{
+    srv_client *c = client(s, "tok-alice");
+    json_t *b = json_object(), *reply = NULL;
+    int st = 0;
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%d/cancel", id);
+    if (srv_client_call(c, "POST", path, b, NULL, 10, &st, &reply) < 0) st = 0;
+    json_decref(b);
+    json_decref(reply);
+    srv_client_free(c);
+    return st;
+}
+
+static int cancel_one(srv *s) { return cancel_job(s, 1); }
+
+static int one_ended(srv *s)
+{
+    srv_client *c = client(s, "tok-alice");
+    int st;
+    json_t *reply;
+    TU_OK(srv_client_call(c, "GET", "/v1/jobs/1", NULL, NULL, 10, &st, &reply));
+    assert_int_equal(st, 200);
+    const char *state = json_string_value(json_object_get(reply, "state"));
+    int ended = state && !strcmp(state, "cancelled");
+    json_decref(reply);
+    srv_client_free(c);
+    return ended;
+}
+
+/* Job 1 is billed once it has ended, exactly once, and not before. */
+static void ledger_check(srvc *c, srv *s, const char *ctx)
+{
+    int ended = one_ended(s), rows = ledger_rows(c->db, 1);
+    if (rows != ended)
+        fail_msg("%s: job 1 is %s and has %d ledger rows (want %d)", ctx, ended ? "cancelled" : "still live",
+                 rows, ended);
+}
+
+static void ledger_child(void *arg)
+{
+    srvc *c = arg;
+    srv *s = srv_up(c);
+    child_arm();
+    cancel_one(s);
+    srv_stop(s);
+}
+
+/* The job's bill under failures: job 1 holds a GPU (its bill open) and is
+ * cancelled while each write the cancel makes fails in turn, or the server
+ * dies at it.  The bill is written in the cancel's transaction: the cancel
+ * fails whole (the job runs on, nothing is billed) or the job has ended
+ * with exactly one ledger row, also after a restart. */
+static void test_ledger_faults(void **state)
+{
+    srvc c;
+    snprintf(c.dir, sizeof c.dir, "%s", tu_path("ledger-faults"));
+    snprintf(c.db, sizeof c.db, "%s/state.db", c.dir);
+    snprintf(c.tokens, sizeof c.tokens, "%s/tokens.json", c.dir);
+    srv_make(&c);
+    srv *s = srv_up(&c);
+    TU_OK(srv_add_bench_nodes(s, 2, "H100", 8));
+    srv_cycle_for_bench(s); /* job 1 is placed: its bill opens */
+    srv_stop(s);
+    snapshot(c.dir);
+    assert_int_equal(ledger_rows(c.db, 1), 0);
+
+    /* The nodes are in the database: registering them again would restart
+     * them, which ends the job's placement. */
+    srv_reset(&c);
+    s = srv_up(&c);
+    faults_arm(c.dir, 0, 0);
+    assert_int_equal(cancel_one(s), 200);
+    long n = faults_disarm();
+    assert_int_equal(ledger_rows(c.db, 1), 1);
+    srv_stop(s);
+    assert_true(n >= 2);
+    print_message("cancel with its bill: %ld steps, each failed and each exited at\n", n);
+    char ctx[256];
+    for (long k = 1; k <= n; k++) {
+        srv_reset(&c);
+        s = srv_up(&c);
+        faults_arm(c.dir, k, 0);
+        int st = cancel_one(s);
+        faults_disarm();
+        snprintf(ctx, sizeof ctx, "ledger: step %ld of %ld of a cancel fails (reply %d)", k, n, st);
+        if (F.fired && st == 200) fail_msg("%s: cancelled although a write failed", ctx);
+        ledger_check(&c, s, ctx);
+        srv_cycle_for_bench(s);
+        ledger_check(&c, s, ctx);
+        srv_stop(s);
+        s = srv_up(&c);
+        strncat(ctx, ", after a restart", sizeof ctx - strlen(ctx) - 1);
+        ledger_check(&c, s, ctx);
+        if (!one_ended(s)) assert_int_equal(cancel_one(s), 200);
+        ledger_check(&c, s, ctx);
+        srv_stop(s);
+
+        srv_reset(&c);
+        int ex = in_child_exit_at(c.dir, k, ledger_child, &c);
+        snprintf(ctx, sizeof ctx, "ledger: exit at step %ld of %ld of a cancel", k, n);
+        if (ex != 77) fail_msg("%s: the child exited %d", ctx, ex);
+        s = srv_up(&c);
+        ledger_check(&c, s, ctx);
+        if (!one_ended(s)) assert_int_equal(cancel_one(s), 200);
+        ledger_check(&c, s, ctx);
+        srv_stop(s);
+    }
+}
+
+/* Submits a job spec as alice; returns the HTTP status. */
+static int submit_spec(srv *s, const char *body)
+{
+    srv_client *c = client(s, "tok-alice");
+    json_t *j = json_loads(body, 0, NULL), *reply = NULL;
+    int st = 0;
+    if (srv_client_call(c, "POST", "/v1/jobs", j, NULL, 10, &st, &reply) < 0) st = 0;
+    json_decref(j);
+    json_decref(reply);
+    srv_client_free(c);
+    return st;
+}
+
+/* Bills closed inside a scheduling cycle whose commit fails: jobs 1 and 2,
+ * low-priority elastic jobs, fill the two nodes; job 3, a gang, preempts one
+ * of them while each
+ * write of that cycle fails in turn.  The core closed the preempted job's
+ * place; its bill stays in the core and the next cycle writes it: one row,
+ * not none, not two. */
+static int preempted_rows(const char *db) { return ledger_rows(db, 1) + ledger_rows(db, 2); }
+
+static void test_ledger_cycle_faults(void **state)
+{
+    srvc c;
+    snprintf(c.dir, sizeof c.dir, "%s", tu_path("ledger-cycle"));
+    snprintf(c.db, sizeof c.db, "%s/state.db", c.dir);
+    snprintf(c.tokens, sizeof c.tokens, "%s/tokens.json", c.dir);
+    sh_rm_rf(c.dir);
+    TU_OK(sh_mkdir_p(c.dir, 0755));
+    const char *t = "{\"admin\":\"tok-admin\",\"agent\":\"tok-agent\",\"tenants\":{\"alice\":\"tok-alice\"}}";
+    tu_write_file(c.tokens, t, strlen(t));
+    srv *s = srv_up(&c);
+    TU_OK(srv_add_bench_nodes(s, 2, "H100", 8));
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(submit_spec(s, "{\"name\":\"low\",\"kind\":\"elastic\",\"max_nodes\":1,\"gpus_per_node\":8,"
+                                        "\"priority\":0,\"command\":[\"true\"]}"), 201);
+    srv_cycle_for_bench(s);
+    assert_int_equal(submit_spec(s, "{\"name\":\"high\",\"nodes\":1,\"gpus_per_node\":8,\"priority\":2,"
+                                    "\"command\":[\"true\"]}"), 201);
+    srv_stop(s);
+    snapshot(c.dir);
+
+    restore(c.dir);
+    s = srv_up(&c);
+    faults_arm(c.dir, 0, 0);
+    srv_cycle_for_bench(s);
+    long n = faults_disarm();
+    srv_stop(s);
+    int rows = preempted_rows(c.db);
+    if (rows != 1) fail_msg("the preempting cycle left %d ledger rows for jobs 1 and 2 (want 1)", rows);
+    assert_true(n >= 1);
+    print_message("preempting cycle: %ld steps, each failed\n", n);
+    for (long k = 1; k <= n; k++) {
+        restore(c.dir);
+        s = srv_up(&c);
+        faults_arm(c.dir, k, 0);
+        srv_cycle_for_bench(s);
+        faults_disarm();
+        assert_true(F.fired);
+        srv_cycle_for_bench(s);
+        rows = preempted_rows(c.db);
+        if (rows != 1) fail_msg("step %ld of %ld of the preempting cycle failed: %d ledger rows for jobs 1 and 2 "
+                                "after the next cycle (want 1)", k, n, rows);
+        srv_stop(s);
+    }
+    /* Bills left in the core are written after the next change commits,
+     * outside its transaction: with the preempting cycle's commit failed,
+     * job 3 is cancelled while each of its writes fails in turn. */
+    restore(c.dir);
+    s = srv_up(&c);
+    faults_arm(c.dir, 1, 0);
+    srv_cycle_for_bench(s);
+    faults_disarm();
+    faults_arm(c.dir, 0, 0);
+    assert_int_equal(cancel_job(s, 3), 200);
+    long m = faults_disarm();
+    srv_stop(s);
+    assert_int_equal(preempted_rows(c.db), 1);
+    for (long q = 1; q <= m; q++) {
+        restore(c.dir);
+        s = srv_up(&c);
+        faults_arm(c.dir, 1, 0);
+        srv_cycle_for_bench(s);
+        faults_disarm();
+        faults_arm(c.dir, q, 0);
+        cancel_job(s, 3);
+        faults_disarm();
+        srv_cycle_for_bench(s);
+        rows = preempted_rows(c.db);
+        if (rows != 1) fail_msg("step %ld of %ld of a cancel after a failed cycle failed: %d ledger rows for jobs "
+                                "1 and 2 after the next cycle (want 1)", q, m, rows);
+        srv_stop(s);
+    }
+}
+
 int main(void)
 {
     snprintf(nosync_root, sizeof nosync_root, "%s", tu_tmpdir());
@@ -1025,6 +1250,8 @@ int main(void)
         cmocka_unit_test(test_replica_faults),
         cmocka_unit_test(test_push_replica_faults),
         cmocka_unit_test(test_server_state_faults),
+        cmocka_unit_test(test_ledger_faults),
+        cmocka_unit_test(test_ledger_cycle_faults),
     };
     return cmocka_run_group_tests_name("faults", tests, NULL, NULL);
 }

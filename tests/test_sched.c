@@ -638,10 +638,19 @@ static void test_devices_and_bills(void **state)
     /* The decisions carry the same masks. */
     for (size_t i = 0; i < d.n; i++)
         assert_int_equal(__builtin_popcountll(d.places[d.v[i].first].gpu_mask), 1);
+    /* The bills an end would close, asked before it: the same ones, and
+     * nothing changes (a caller writes them in the transaction of the end). */
+    sched_bill pre[2];
+    assert_int_equal(sched_job_closing_bills(s, "g", 10.2, pre, 2), 1);
+    assert_int_equal(sched_job_closing_bills(s, "nosuch", 10.2, pre + 1, 1), 0);
+    const sched_bill *b;
+    assert_int_equal(sched_bills(s, &b), 0);
+    assert_true(pre[0].seconds == 11 && fabs(pre[0].cost - 0.033) < 1e-9 && pre[0].gpu_mask == 0x7);
     /* The gang ends after 10.2 s: one bill of 11 s x 3 GPUs at 0.001/GPU-s. */
     TU_OK(sched_job_finish(s, "g", 10.2));
-    const sched_bill *b;
     assert_int_equal(sched_bills(s, &b), 1);
+    assert_true(b[0].seconds == pre[0].seconds && b[0].cost == pre[0].cost && b[0].since == pre[0].since &&
+                b[0].until == pre[0].until);
     assert_string_equal(b[0].job, "g");
     assert_string_equal(b[0].node, "h");
     assert_string_equal(b[0].gpu_type, "h100");
@@ -652,7 +661,7 @@ static void test_devices_and_bills(void **state)
     /* The bill outlives the job's record. */
     TU_OK(sched_job_forget(s, "g"));
     assert_string_equal(b[0].job, "g");
-    sched_bills_done(s, 1);
+    sched_bills_drop_last(s, 1);
     assert_int_equal(sched_bills(s, &b), 0);
     /* A 2-GPU elastic replica takes the lowest free indices: 0 and 1, which
      * the gang let go. */

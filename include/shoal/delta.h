@@ -32,6 +32,13 @@ typedef struct delta_opts {
      * recorded digest and the delta against its checksum, so a wrong base
      * is refused anyway; this names the base digest in the message. */
     int verify_base;
+    /* In-place apply: called, from the thread that patched it, once chunk
+     * `item` of the image ([off, off + len)) holds its new bytes and is
+     * hashed, before the whole is verified (nothing is known good until
+     * the apply returns SH_OK).  A caller copies each chunk out while it
+     * is in cache.  Not called for chunks the delta leaves alone. */
+    void (*chunk_done)(void *arg, size_t item, uint64_t off, uint32_t len);
+    void *chunk_arg;
 } delta_opts;
 
 /* What a make or squash produced (all counts over the whole checkpoint). */

@@ -311,6 +311,15 @@ typedef struct sched_bill {
 size_t sched_bills(const sched *s, const sched_bill **out);
 /* Drops the first n bills (the caller has made them durable). */
 void sched_bills_done(sched *s, size_t n);
+/* The bills ending job `id` at `now` (sched_job_cancel or sched_job_finish)
+ * would close, without ending it: up to cap into out (strings valid until
+ * the core changes); returns how many there are.  A caller that makes an
+ * end durable in one transaction with its bills writes these first, ends
+ * the job once the transaction commits, and then drops the bills the end
+ * closed (sched_bills_drop_last): they are the same, already written. */
+size_t sched_job_closing_bills(const sched *s, const char *id, double now, sched_bill *out, size_t cap);
+/* Drops the newest n bills (see sched_job_closing_bills). */
+void sched_bills_drop_last(sched *s, size_t n);
 
 /* ---- Queries -------------------------------------------------------------- */
 

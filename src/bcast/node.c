@@ -86,6 +86,9 @@ int bcast__send(bcast_node *n, ucp_ep_h ep, bcast__peer *p, unsigned id, const v
     prm.cb.send = send_cb;
     prm.user_data = s;
     prm.flags = UCP_AM_SEND_FLAG_REPLY;
+    /* A small chunk goes in one message: by rendezvous it would take three
+     * (announce, ready, data), each a wake-up on one side, per hop. */
+    if (len <= BCAST__EAGER_MAX) prm.flags |= UCP_AM_SEND_FLAG_EAGER;
     ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, s->hdr, hlen, data, len, &prm);
     if (r == NULL) {
         send_done(s, UCS_OK);

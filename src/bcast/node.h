@@ -12,6 +12,7 @@
 #define BCAST__MAX_RESEND 64
 #define BCAST__MIN_CHUNKS 32 /* the root cuts an object into at least this many */
 #define BCAST__STACK 32
+#define BCAST__EAGER_MAX (64u << 10) /* larger messages go by rendezvous (zero-copy) */
 
 typedef struct bcast__peer {
     struct bcast_node *node;

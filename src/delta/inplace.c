@@ -18,6 +18,7 @@ typedef struct {
     uint8_t **saved;    /* RAW/ZSTD: the chunk's old bytes */
     sh_hash128 *dig;
     const delta_ip_cache *cache; /* valid and of this layout, else NULL */
+    const delta_opts *o;
     int undo;
 } delta__ip;
 
@@ -55,9 +56,23 @@ static int delta__ip_changes(delta__scratch *s, const delta__chunk *c, const del
     return rc;
 }
 
+static int delta__ip_patch(delta__ip *a, size_t i, delta__scratch *s);
+static uint64_t delta__ip_off(const delta__ip *a, size_t i);
+static uint32_t delta__ip_len(const delta__ip *a, size_t i);
+
+/* Chunk i, then the caller's chunk_done while its bytes are in cache. */
 static int delta__ip_item(void *arg, size_t i, delta__scratch *s)
 {
     delta__ip *a = arg;
+    int rc = delta__ip_patch(a, i, s);
+    const delta__chunk *c = &a->d->tensors[a->tensor[i]].chunks[a->chunk[i]];
+    if (rc == SH_OK && !a->undo && c->enc != DELTA__SAME && a->o && a->o->chunk_done)
+        a->o->chunk_done(a->o->chunk_arg, i, delta__ip_off(a, i), delta__ip_len(a, i));
+    return rc;
+}
+
+static int delta__ip_patch(delta__ip *a, size_t i, delta__scratch *s)
+{
     const delta__tensor *t = &a->d->tensors[a->tensor[i]];
     const delta__chunk *c = &t->chunks[a->chunk[i]];
     const ckpt_tensor *ft = &a->d->files[0].t[a->tensor[i]];
@@ -201,7 +216,7 @@ int delta_apply_mem_inplace_cached(uint8_t *img, size_t len, const delta *d, con
                                    delta_ip_cache *cache)
 {
     SH_TRY(delta__ip_check(img, len, d));
-    delta__ip a = {.d = d, .img = img};
+    delta__ip a = {.d = d, .img = img, .o = o};
     for (size_t t = 0; t < d->ntensors; t++) a.nitems += d->tensors[t].nchunks;
     a.first = calloc(d->ntensors + 1, sizeof *a.first);
     a.tensor = calloc(a.nitems + 1, sizeof *a.tensor);

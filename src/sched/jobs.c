@@ -469,20 +469,28 @@ double sched__place_cost(const sched *s, const splace *p, double now)
     return place_secs(p, now) * p->gpus * s->nodes[p->node].price_s;
 }
 
+/* The bill of place p of job j closed at now (strings the core's). */
+static sched_bill bill_of(const sched *s, const sjob *j, const splace *p, double c, double now)
+{
+    const snode *n = &s->nodes[p->node];
+    return (sched_bill){j->id, s->tenants[j->tenant].id, n->id, s->name[s->pools[n->pool].type],
+                        p->gpus, p->gmask, p->since, now, place_secs(p, now), c};
+}
+
 /* Keeps a closed bill for sched_bills(); best effort under memory
  * exhaustion, as the totals are. */
 static void journal(sched *s, const sjob *j, const splace *p, double c, double now)
 {
     if (!s->cfg.bill_journal || sched__grow((void **)&s->bills, &s->capbills, s->nbills + 1, sizeof *s->bills))
         return;
-    const snode *n = &s->nodes[p->node];
-    char *job = strdup(j->id), *node = strdup(n->id);
+    sched_bill b = bill_of(s, j, p, c, now);
+    char *job = strdup(b.job), *node = strdup(b.node);
     if (!job || !node) {
         free(job), free(node);
         return;
     }
-    s->bills[s->nbills++] = (sched_bill){job, s->tenants[j->tenant].id, node, s->name[s->pools[n->pool].type],
-                                         p->gpus, p->gmask, p->since, now, place_secs(p, now), c};
+    b.job = job, b.node = node;
+    s->bills[s->nbills++] = b;
 }
 
 void sched__bill(sched *s, sjob *j, const splace *p, double now)
@@ -500,6 +508,25 @@ size_t sched_bills(const sched *s, const sched_bill **out)
 {
     *out = s->bills;
     return s->nbills;
+}
+
+size_t sched_job_closing_bills(const sched *s, const char *id, double now, sched_bill *out, size_t cap)
+{
+    uint32_t ji = id ? sched__map_get(&s->job_map, id) : NONE;
+    if (ji == NONE) return 0;
+    const sjob *j = &s->jobs[ji];
+    /* As stop_job: a holding job's places are billed to nobody. */
+    if (j->state != SCHED_RUNNING && j->state != SCHED_REPLACING) return 0;
+    for (int k = 0; k < j->nplaces && (size_t)k < cap; k++)
+        out[k] = bill_of(s, j, &j->places[k], sched__place_cost(s, &j->places[k], now), now);
+    return (size_t)j->nplaces;
+}
+
+void sched_bills_drop_last(sched *s, size_t n)
+{
+    if (n > s->nbills) n = s->nbills;
+    for (size_t i = s->nbills - n; i < s->nbills; i++) free((char *)s->bills[i].job), free((char *)s->bills[i].node);
+    s->nbills -= n;
 }
 
 void sched_bills_done(sched *s, size_t n)

@@ -368,6 +368,7 @@ int srv__agent_poll(srv *s, int idx, json_t *b, json_t **reply)
     json_array_foreach(mem, i, r) if (rc == SH_OK) rc = apply_report(s, idx, r);
     json_t *logs = json_object_get(b, "logs");
     if (rc == SH_OK && json_is_array(logs)) rc = apply_logs(s, idx, logs);
+    if (rc == SH_OK) rc = srv__seam_prebill(s);
     if (rc == SH_OK) rc = srv__db_commit(s);
     if (rc < 0) srv__db_rollback(s);
     srv__undo_end(s, &u, rc == SH_OK);

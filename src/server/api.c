@@ -274,6 +274,7 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
         srv__undo_begin(s, &u);
         int rc = srv__undo_job(s, &u, j);
         if (rc == SH_OK) rc = srv__cancel(s, j, r->tenant ? r->tenant : "admin");
+        if (rc == SH_OK) rc = srv__seam_prebill(s);
         if (rc == SH_OK) rc = srv__db_commit(s);
         if (rc < 0) srv__db_rollback(s);
         srv__undo_end(s, &u, rc == SH_OK);

@@ -108,15 +108,26 @@ int srv__db_begin(srv *s)
     return sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) ? db__fail(s, "begin") : SH_OK;
 }
 
+/* The ledger rows a transaction wrote are the core's bills until it
+ * commits: dropped from the core then, written again after a failure. */
 int srv__db_commit(srv *s)
 {
-    return sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) ? db__fail(s, "commit") : SH_OK;
+    int rc = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) ? db__fail(s, "commit") : SH_OK;
+    /* A commit that failed without ending the transaction (SQLITE_BUSY)
+     * is rolled back here, so that its rows cannot commit later beside
+     * the ones written again. */
+    if (rc < 0 && !sqlite3_get_autocommit(s->db)) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    srv__seam_bills_end(s, rc == SH_OK);
+    return rc;
 }
 
 void srv__db_rollback(srv *s)
 {
     sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    srv__seam_bills_end(s, 0);
 }
+
+int srv__db_autocommit(srv *s) { return sqlite3_get_autocommit(s->db) != 0; }
 
 /* Prepares sql (cached per statement text by SQLite's own prepare is cheap
  * enough at our rates) and binds the arguments described by `types`:

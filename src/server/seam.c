@@ -60,43 +60,83 @@ int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap)
     return rc;
 }
 
-/* Writes the bills the core closed to the ledger, oldest first, and drops
- * those written; a failed write keeps the rest for the next call.  The
- * core's clock is monotonic: a bill's times are moved onto the wall clock. */
+/* A bill of the core as a ledger row: its times moved onto the wall clock. */
+static int write_bill(srv *s, const sched_bill *x)
+{
+    double shift = sh_now_wall() - sh_now_mono();
+    int64_t job = strtoll(x->job, NULL, 10);
+    const srv_job *j = srv__job(s, job);
+    int rank = -1, node = srv__node_find(s, x->node);
+    for (int i = 0; j && i < j->nmem && rank < 0; i++)
+        if (j->mem[i].node == node && j->mem[i].gpu_mask == x->gpu_mask) rank = j->mem[i].rank;
+    srv_bill row = {x->tenant, job, j ? j->attempt : 0, rank, x->node, x->gpu_type,
+                    x->gpus, x->since + shift, x->until + shift, x->seconds, x->cost};
+    return srv__db_ledger(s, &row);
+}
+
+/* Writes the bills the core closed to the ledger, oldest first.  Outside a
+ * transaction each row is durable once written and its bill is dropped from
+ * the core at once; inside one, the written bills are dropped when it
+ * commits (srv__seam_bills_end), and a failed write keeps the rest for the
+ * next call. */
 int srv__seam_bills(srv *s)
 {
     const sched_bill *b;
-    size_t n = sched_bills(s->sc, &b), done = 0;
-    double shift = sh_now_wall() - sh_now_mono();
+    size_t n = sched_bills(s->sc, &b);
     int rc = SH_OK;
-    for (; done < n && rc == SH_OK; done++) {
-        int64_t job = strtoll(b[done].job, NULL, 10);
-        const srv_job *j = srv__job(s, job);
-        int rank = -1, node = srv__node_find(s, b[done].node);
-        for (int i = 0; j && i < j->nmem && rank < 0; i++)
-            if (j->mem[i].node == node && j->mem[i].gpu_mask == b[done].gpu_mask) rank = j->mem[i].rank;
-        srv_bill row = {b[done].tenant, job, j ? j->attempt : 0, rank, b[done].node, b[done].gpu_type,
-                        b[done].gpus, b[done].since + shift, b[done].until + shift, b[done].seconds, b[done].cost};
-        rc = srv__db_ledger(s, &row);
-        if (rc < 0) break;
+    while (s->bills_staged < n && rc == SH_OK) {
+        rc = write_bill(s, &b[s->bills_staged]);
+        if (rc == SH_OK) s->bills_staged++;
     }
-    sched_bills_done(s->sc, done);
+    if (srv__db_autocommit(s)) srv__seam_bills_end(s, 1);
     return rc;
+}
+
+int srv__seam_prebill(srv *s)
+{
+    for (int i = 0; i < s->nseam_queue; i++) {
+        srv_job *j = srv__job(s, s->seam_queue[i]);
+        if (!j) continue;
+        char id[24];
+        sid(j, id);
+        sched_bill b[64];
+        size_t n = sched_job_closing_bills(s->sc, id, s->seam_queue_t[i], b, 64);
+        if (n > 64) return sh_err(SH_EINTERNAL, "job %s: %zu places to bill", id, n);
+        for (size_t k = 0; k < n; k++) SH_TRY(write_bill(s, &b[k]));
+        s->seam_queue_billed[i] = (int)n;
+    }
+    return SH_OK;
+}
+
+void srv__seam_bills_end(srv *s, int committed)
+{
+    if (committed && s->bills_staged) sched_bills_done(s->sc, s->bills_staged);
+    s->bills_staged = 0;
 }
 
 /* Called by srv__finish once the job's members are stopped: the core
  * closes the job's places into bills, which go to the ledger in SQLite;
  * then the core forgets the job, so that its memory stays bounded by the
  * jobs alive at once. */
-void srv__seam_end(srv *s, const srv_job *j, int cancelled)
+void srv__seam_end(srv *s, const srv_job *j, int cancelled) { srv__seam_end_at(s, j, cancelled, sh_now_mono(), 0); }
+
+void srv__seam_end_at(srv *s, const srv_job *j, int cancelled, double t, int billed)
 {
     char id[24];
     sid(j, id);
     sched_job_info info;
-    if (sched_job_info_get(s->sc, id, sh_now_mono(), &info) < 0) return;
+    if (sched_job_info_get(s->sc, id, t, &info) < 0) return;
     if (info.state < SCHED_DONE) {
-        if (cancelled) sched_job_cancel(s->sc, id, sh_now_mono());
-        else sched_job_finish(s->sc, id, sh_now_mono());
+        const sched_bill *b;
+        size_t n0 = sched_bills(s->sc, &b);
+        if (cancelled) sched_job_cancel(s->sc, id, t);
+        else sched_job_finish(s->sc, id, t);
+        size_t closed = sched_bills(s->sc, &b) - n0;
+        /* The ledger has them from before the commit (srv__seam_prebill). */
+        if (billed && (size_t)billed == closed) sched_bills_drop_last(s->sc, closed);
+        else if (billed)
+            sh_warn("job %s: %d bills written before its end, but it closed %zu: they are written again", id,
+                    billed, closed);
     }
     if (srv__seam_bills(s) < 0) sh_warn("job %s: ledger: %s (kept for the next write)", id, sh_errmsg());
     if (sched_job_forget(s->sc, id) < 0) sh_warn("job %s: scheduler: %s", id, sh_errmsg());

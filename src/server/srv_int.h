@@ -92,6 +92,8 @@ struct srv {
     int defer_seam;       /* srv__seam_end only queues (see srv__seam_flush) */
     int64_t seam_queue[64];
     int seam_queue_cancelled[64], nseam_queue;
+    double seam_queue_t[64];  /* when it ended, on the core's clock */
+    int seam_queue_billed[64]; /* its closing bills, written by srv__seam_prebill */
     srv_node *nodes;
     int nnodes, cap_nodes;
     srv_job **jobs; /* by id; jobs[0] unused */
@@ -105,6 +107,7 @@ struct srv {
      * from placement to every rank running, and from submit to first start. */
     srv_hist h_start[SRV_SIZE_CLASSES], h_wait[SRV_SIZE_CLASSES];
     sched *sc;            /* the scheduling core: every placement comes from it */
+    size_t bills_staged;  /* the core's oldest bills, inserted in the open transaction */
     sched_decisions dec;
     int provider_next;    /* provider-created nodes are named auto-<n> */
     int provider_busy;    /* provider commands still running */
@@ -131,6 +134,7 @@ enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE };
 
 /* db.c */
 int srv__db_open(srv *s);
+int srv__db_autocommit(srv *s); /* 1: no transaction is open */
 void srv__db_close(srv *s);
 int srv__db_load(srv *s);
 int srv__db_node(srv *s, const srv_node *n);
@@ -216,11 +220,21 @@ void srv__seam_free(srv *s);
 /* 0 queued, 1 rejected as never fitting (why says so), < 0 error. */
 int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap);
 void srv__seam_end(srv *s, const srv_job *j, int cancelled);
+/* srv__seam_end at core time t, for a job whose `billed` closing bills are
+ * in the ledger already (srv__seam_prebill). */
+void srv__seam_end_at(srv *s, const srv_job *j, int cancelled, double t, int billed);
+/* Before the commit of a change that ended jobs (the queue of
+ * srv__undo_begin): writes the bills their end closes, in the same
+ * transaction, so that an end is never durable without its bills. */
+int srv__seam_prebill(srv *s);
 int srv__seam_node(srv *s, int idx, int event);
 int srv__seam_step(srv *s, double now);
 int srv__grow(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
-/* Writes the core's closed bills to the ledger (it keeps those not written). */
+/* Writes the core's closed bills to the ledger.  Inside a transaction they
+ * stay in the core until it commits (srv__seam_bills_end), so that a
+ * failed commit or a rollback loses none: they are written again. */
 int srv__seam_bills(srv *s);
+void srv__seam_bills_end(srv *s, int committed);
 int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
 void srv__id_consume(srv *s);

@@ -160,6 +160,8 @@ int srv__finish(srv *s, srv_job *j, int state, int exit_code, const char *reason
     SH_TRY(stop_live(s, j));
     if (s->defer_seam && s->nseam_queue < (int)(sizeof s->seam_queue / sizeof s->seam_queue[0])) {
         s->seam_queue[s->nseam_queue] = j->id;
+        s->seam_queue_t[s->nseam_queue] = sh_now_mono();
+        s->seam_queue_billed[s->nseam_queue] = 0;
         s->seam_queue_cancelled[s->nseam_queue++] = state == J_CANCELLED;
     } else srv__seam_end(s, j, state == J_CANCELLED);
     j->state = state;
@@ -368,7 +370,7 @@ void srv__undo_end(srv *s, srv_undo *u, int committed)
         /* Durable: now the scheduling core may forget the jobs that ended. */
         for (int i = 0; i < s->nseam_queue; i++) {
             srv_job *j = srv__job(s, s->seam_queue[i]);
-            if (j) srv__seam_end(s, j, s->seam_queue_cancelled[i]);
+            if (j) srv__seam_end_at(s, j, s->seam_queue_cancelled[i], s->seam_queue_t[i], s->seam_queue_billed[i]);
         }
     } else {
         /* Not durable: the model goes back to what the database holds, so
