@@ -206,9 +206,10 @@ static double pool_exact(sched *s, const sjob *j, uint32_t pi)
 
 /* What the fast path knows of pool pi's raw time for gang j without a
  * scan where it can: 1 and *v the time (kept while the pool is unchanged),
- * 2 and *v a lower bound (the pool only took work since its time was kept,
- * or a few releases moved it: see rc.tk), 0 when the pool can never fit
- * the gang, -1 without memory. */
+ * 2 and *v a lower bound (from a kept time of this gang's shape or of a
+ * smaller one, when the pool only took work since, or a few releases moved
+ * it: see rc.tk), 0 when the pool can never fit the gang, -1 without
+ * memory. */
 static int pool_answer(sched *s, const sjob *j, uint32_t pi, double *v)
 {
     spool *p = &s->pools[pi];
@@ -216,9 +217,22 @@ static int pool_answer(sched *s, const sjob *j, uint32_t pi, double *v)
     int slot = rc_slot(p, j->gpn, j->nodes), same = p->rc[slot].g == j->gpn && p->rc[slot].n == j->nodes;
     int fresh = p->resv_stamp != s->stamp; /* no reservation took nodes here this cycle */
     if (same && fresh && p->rc[slot].ver == p->ver + 1) return *v = p->rc[slot].T, 1;
-    if (same && p->rc[slot].rel_ver == p->rel_ver + 1) return *v = p->rc[slot].T, 2;
-    uint64_t r = p->rel_ver + 1 - p->rc[slot].rel_ver;
-    if (same && p->rc[slot].tk_ok && r < (uint64_t)j->nodes) return *v = p->rc[slot].tk[j->nodes - 1 - (int)r], 2;
+    /* A lower bound from any entry of a gang no larger (g' <= g GPUs on
+     * n' <= n nodes): each node has g' GPUs free no later than g, on more
+     * nodes, and the n'-th smallest time is no later than the n-th. */
+    double lb = -INFINITY;
+    int have = 0;
+    for (int k = 0; k < RC_SLOTS; k++) {
+        int g = p->rc[k].g, n = p->rc[k].n;
+        if (!p->rc[k].ver || g < 1 || g > j->gpn || n > j->nodes) continue;
+        uint64_t r = p->rel_ver + 1 - p->rc[k].rel_ver;
+        double b;
+        if (!r) b = p->rc[k].T;
+        else if (p->rc[k].tk_ok && r < (uint64_t)n) b = p->rc[k].tk[n - 1 - (int)r];
+        else continue;
+        if (!have || b > lb) lb = b, have = 1;
+    }
+    if (have) return *v = lb, 2;
     *v = pool_exact(s, j, pi);
     return isnan(*v) ? -1 : 1;
 }
