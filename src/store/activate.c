@@ -242,12 +242,15 @@ typedef struct img_out {
     const char *path;
     int fd, reuse, same_size;
     uint64_t held; /* the version a recycled file holds */
-    int early;     /* chunks written by out_chunk (0 after any failure) */
+    int failed;    /* a write of out_chunk failed (SH_E* code) */
+    char err[512];
+    pthread_mutex_t mu;
 } img_out;
 
 static int out_open(store_replica *r, const char *out, img_out *o)
 {
-    *o = (img_out){.r = r, .path = out, .fd = -1, .early = 1};
+    *o = (img_out){.r = r, .path = out, .fd = -1};
+    pthread_mutex_init(&o->mu, NULL);
     o->reuse = store__take_prev(r, out, &o->held);
     o->fd = open(out, O_RDWR | O_CLOEXEC | (o->reuse ? 0 : O_CREAT | O_TRUNC), 0644);
     if (o->fd < 0) return sh_err_errno(errno, "create %s", out);
@@ -263,18 +266,21 @@ static int out_open(store_replica *r, const char *out, img_out *o)
     if (rc < 0) {
         close(o->fd);
         unlink(out);
+        pthread_mutex_destroy(&o->mu);
     }
     return rc;
 }
 
-/* delta_opts.chunk_done: an apply thread finished a chunk of the image. */
+/* delta_opts.chunk_done: an apply thread finished a chunk of the image.
+ * A failed write fails the build (out_finish), as any write does. */
 static void out_chunk(void *arg, size_t item, uint64_t off, uint32_t len)
 {
     (void)item;
     img_out *o = arg;
-    if (__atomic_load_n(&o->early, __ATOMIC_RELAXED) &&
-        sh_pwrite_all(o->fd, o->r->img + off, len, off, o->path) < 0)
-        __atomic_store_n(&o->early, 0, __ATOMIC_RELAXED); /* out_finish writes it again */
+    int rc = sh_pwrite_all(o->fd, o->r->img + off, len, off, o->path);
+    pthread_mutex_lock(&o->mu);
+    if (rc < 0 && !o->failed) o->failed = rc, snprintf(o->err, sizeof o->err, "%s", sh_errmsg());
+    pthread_mutex_unlock(&o->mu);
 }
 
 /* After the apply (ok: it succeeded): the chunks still to write, then the
@@ -282,12 +288,12 @@ static void out_chunk(void *arg, size_t item, uint64_t off, uint32_t len)
 static int out_finish(img_out *o, int ok)
 {
     store_replica *r = o->r;
-    int rc = SH_OK;
-    if (ok) {
+    int rc = o->failed ? sh_err(o->failed, "%s", o->err) : SH_OK;
+    if (ok && rc == SH_OK) {
         uint8_t *both = o->reuse && o->same_size ? malloc(r->ipc.n + 1) : NULL;
         const uint8_t *changed = o->reuse && o->same_size ? img_changed_since(r, o->held, both) : NULL;
         /* wrote[0]: the chunks this apply wrote, which out_chunk copied. */
-        int skip = o->early && changed && r->ipc.valid;
+        int skip = changed && r->ipc.valid;
         if (changed) {
             for (size_t i = 0; rc == 0 && i < r->ipc.n; i++)
                 if (changed[i] && !(skip && r->ipc.wrote[0][i]))
@@ -299,6 +305,7 @@ static int out_finish(img_out *o, int ok)
     }
     close(o->fd);
     if (!ok || rc < 0) unlink(o->path);
+    pthread_mutex_destroy(&o->mu);
     return rc;
 }
 
