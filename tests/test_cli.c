@@ -86,6 +86,19 @@ static void test_client_is_lean(void **state)
     free(out);
     /* A missing shoal-core is named, with the fix. */
     expect(1, "SHOAL_CORE", "help 2>&1; SHOAL_CORE=/nonexistent/shoal-core $SHOAL_BIN help");
+    /* bench write times each way of writing a model file, and names a
+     * folder it cannot use. */
+    assert_int_equal(tu_run(&out, "%s bench write --mb 4 --reps 1 --dir %s --json 2>/dev/null", tu_shoal(),
+                            tu_tmpdir()), 0);
+    j = json_loads(out, 0, NULL);
+    static const char *const ways[] = {"pwrite_recycled", "pwrite_new", "map_kept", "map_kept_after", "map_new"};
+    for (size_t i = 0; i < sizeof ways / sizeof ways[0]; i++)
+        if (!j || !(json_real_value(json_object_get(json_object_get(j, ways[i]), "cpu_ms")) > 0))
+            fail_msg("bench write --json: no %s in %s", ways[i], out);
+    assert_int_equal(json_integer_value(json_object_get(j, "bytes")), 4000000);
+    json_decref(j);
+    free(out);
+    expect(1, "/nonexistent", "bench write --dir /nonexistent --reps 1 2>&1");
 }
 
 /* The man page and bash completion come from the help text: every command
