@@ -1225,6 +1225,7 @@ static void test_ledger_cycle_faults(void **state)
     long m = faults_disarm();
     srv_stop(s);
     assert_int_equal(preempted_rows(c.db), 1);
+    print_message("cancel after the failed cycle: %ld steps, each failed\n", m);
     for (long q = 1; q <= m; q++) {
         restore(c.dir);
         s = srv_up(&c);
