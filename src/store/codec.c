@@ -99,12 +99,12 @@ int store__delta_build(const ckpt *base, const char *delta_path, uint64_t size, 
  * target digests, undoing every write on failure (img then still holds the
  * base).  With a cache, chunks the delta leaves alone are not hashed again. */
 int store__delta_patch_mem(uint8_t *img, uint64_t size, const char *delta_path, delta_ip_cache *cache,
-                           void (*chunk_done)(void *, size_t, uint64_t, uint32_t), void *arg)
+                           int threads, void (*chunk_done)(void *, size_t, uint64_t, uint32_t), void *arg)
 {
     char *buf = NULL;
     delta *d = NULL;
     int rc = load_delta(delta_path, size, &buf, &d);
-    delta_opts o = {.chunk_done = chunk_done, .chunk_arg = arg};
+    delta_opts o = {.threads = threads, .chunk_done = chunk_done, .chunk_arg = arg};
     if (rc == 0) rc = delta_apply_mem_inplace_cached(img, (size_t)size, d, &o, cache);
     delta_free(d);
     free(buf);

@@ -47,8 +47,9 @@ int store__delta_build(const struct ckpt *base, const char *delta_path, uint64_t
  * memory: only changed elements are written; verified; on failure img
  * still holds the base. */
 struct delta_ip_cache;
-/* chunk_done / arg: delta_opts.chunk_done (NULL: none). */
+/* threads: delta_opts.threads (0: all cores); chunk_done / arg:
+ * delta_opts.chunk_done (NULL: none). */
 int store__delta_patch_mem(uint8_t *img, uint64_t size, const char *delta_path, struct delta_ip_cache *cache,
-                           void (*chunk_done)(void *, size_t, uint64_t, uint32_t), void *arg);
+                           int threads, void (*chunk_done)(void *, size_t, uint64_t, uint32_t), void *arg);
 
 #endif

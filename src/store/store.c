@@ -403,7 +403,7 @@ static void head_patch(store *s, uint64_t v, const store_version *m, const char 
     ok = fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size == m->model_size && st.st_size > 0;
     void *img = ok ? mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                    : MAP_FAILED;
-    ok = img != MAP_FAILED && store__delta_patch_mem(img, (uint64_t)st.st_size, delta_path, NULL, NULL, NULL) == SH_OK;
+    ok = img != MAP_FAILED && store__delta_patch_mem(img, (uint64_t)st.st_size, delta_path, NULL, 0, NULL, NULL) == SH_OK;
     if (img != MAP_FAILED) ok = munmap(img, (size_t)st.st_size) == 0 && ok;
     ok = ok && fsync(fd) == 0;
     if (fd >= 0) close(fd);
