@@ -878,6 +878,14 @@ typedef struct {
     char dir[1024], db[1100], tokens[1100];
 } srvc;
 
+/* The server's folder, database and tokens file under the test's tmpdir. */
+static void srvc_init(srvc *c, const char *name)
+{
+    snprintf(c->dir, sizeof c->dir, "%s", tu_path(name));
+    snprintf(c->db, sizeof c->db, "%s/state.db", c->dir);
+    snprintf(c->tokens, sizeof c->tokens, "%s/tokens.json", c->dir);
+}
+
 static srv *srv_up(srvc *c)
 {
     srv_config cfg = {.db_path = c->db, .tokens_path = c->tokens, .heartbeat_timeout = 3600, .manual_cycles = 1};
@@ -981,9 +989,7 @@ static void srv_check(srvc *c, int two, const char *ctx)
 static void test_server_state_faults(void **state)
 {
     srvc c;
-    snprintf(c.dir, sizeof c.dir, "%s", tu_path("srv-faults"));
-    snprintf(c.db, sizeof c.db, "%s/state.db", c.dir);
-    snprintf(c.tokens, sizeof c.tokens, "%s/tokens.json", c.dir);
+    srvc_init(&c, "srv-faults");
     char ctx[256];
     srv_make(&c);
     srv *s = srv_up(&c);
@@ -1093,9 +1099,7 @@ static void ledger_child(void *arg)
 static void test_ledger_faults(void **state)
 {
     srvc c;
-    snprintf(c.dir, sizeof c.dir, "%s", tu_path("ledger-faults"));
-    snprintf(c.db, sizeof c.db, "%s/state.db", c.dir);
-    snprintf(c.tokens, sizeof c.tokens, "%s/tokens.json", c.dir);
+    srvc_init(&c, "ledger-faults");
     srv_make(&c);
     srv *s = srv_up(&c);
     TU_OK(srv_add_bench_nodes(s, 2, "H100", 8));
@@ -1171,9 +1175,7 @@ static int preempted_rows(const char *db) { return ledger_rows(db, 1) + ledger_r
 static void test_ledger_cycle_faults(void **state)
 {
     srvc c;
-    snprintf(c.dir, sizeof c.dir, "%s", tu_path("ledger-cycle"));
-    snprintf(c.db, sizeof c.db, "%s/state.db", c.dir);
-    snprintf(c.tokens, sizeof c.tokens, "%s/tokens.json", c.dir);
+    srvc_init(&c, "ledger-cycle");
     sh_rm_rf(c.dir);
     TU_OK(sh_mkdir_p(c.dir, 0755));
     const char *t = "{\"admin\":\"tok-admin\",\"agent\":\"tok-agent\",\"tenants\":{\"alice\":\"tok-alice\"}}";
