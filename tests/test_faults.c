@@ -903,12 +903,10 @@ static srv_client *client(srv *s, const char *token)
     return c;
 }
 
-/* Submits job `name` as alice; returns the HTTP status (0: no reply). */
-static int submit(srv *s, const char *name)
+/* Submits a job spec as alice; returns the HTTP status (0: no reply). */
+static int submit_spec(srv *s, const char *body)
 {
     srv_client *c = client(s, "tok-alice");
-    char body[256];
-    snprintf(body, sizeof body, "{\"name\":\"%s\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}", name);
     json_t *j = json_loads(body, 0, NULL), *reply = NULL;
     int st = 0;
     if (srv_client_call(c, "POST", "/v1/jobs", j, NULL, 10, &st, &reply) < 0) st = 0;
@@ -916,6 +914,14 @@ static int submit(srv *s, const char *name)
     json_decref(reply);
     srv_client_free(c);
     return st;
+}
+
+/* Submits a one-GPU function named `name` as alice. */
+static int submit(srv *s, const char *name)
+{
+    char body[256];
+    snprintf(body, sizeof body, "{\"name\":\"%s\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}", name);
+    return submit_spec(s, body);
 }
 
 /* The names of alice's jobs, in id order, joined by commas. */
@@ -1151,23 +1157,9 @@ static void test_ledger_faults(void **state)
     }
 }
 
-/* Submits a job spec as alice; returns the HTTP status. */
-static int submit_spec(srv *s, const char *body)
-{
-    srv_client *c = client(s, "tok-alice");
-    json_t *j = json_loads(body, 0, NULL), *reply = NULL;
-    int st = 0;
-    if (srv_client_call(c, "POST", "/v1/jobs", j, NULL, 10, &st, &reply) < 0) st = 0;
-    json_decref(j);
-    json_decref(reply);
-    srv_client_free(c);
-    return st;
-}
-
 /* Bills closed inside a scheduling cycle whose commit fails: jobs 1 and 2,
  * low-priority elastic jobs, fill the two nodes; job 3, a gang, preempts one
- * of them while each
- * write of that cycle fails in turn.  The core closed the preempted job's
+ * of them while each write of that cycle fails in turn.  The core closed the preempted job's
  * place; its bill stays in the core and the next cycle writes it: one row,
  * not none, not two. */
 static int preempted_rows(const char *db) { return ledger_rows(db, 1) + ledger_rows(db, 2); }
