@@ -236,22 +236,27 @@ static int apply_logs(srv *s, int idx, const json_t *logs)
 }
 
 /* The rendezvous port (MASTER_PORT) of j's current attempt: the first port
- * from a (job, attempt) hash in 20000..59999 that no other active job holds,
- * so that no two running attempts share one.  Chosen once per attempt; a
- * restarted server chooses again for the attempts it restores. */
+ * from a (job, attempt) hash in 20000..32767 that no other active job holds,
+ * so that no two running attempts share one.  The range ends below Linux's
+ * default ephemeral ports (32768-60999): a port there can be held by any
+ * outgoing connection on the node, and torchrun's rank 0 then cannot bind
+ * it (seen in test_torchrun).  Chosen once per attempt; a restarted server
+ * chooses again for the attempts it restores. */
+#define RDZV_LO 20000
+#define RDZV_N 12768
 static int rdzv_port(srv *s, srv_job *j)
 {
     if (j->rdzv_port) return j->rdzv_port;
-    int p = (int)(((uint64_t)j->id * 7919u + (uint64_t)j->attempt * 104729u) % 40000u);
-    for (int tries = 0; tries < 40000; tries++, p = (p + 1) % 40000) {
+    int p = (int)(((uint64_t)j->id * 7919u + (uint64_t)j->attempt * 104729u) % RDZV_N);
+    for (int tries = 0; tries < RDZV_N; tries++, p = (p + 1) % RDZV_N) {
         int taken = 0;
         for (int64_t a = 0; a < s->nactive && !taken; a++) {
             const srv_job *k = srv__job(s, s->active[a]);
-            taken = k && k != j && k->rdzv_port == 20000 + p;
+            taken = k && k != j && k->rdzv_port == RDZV_LO + p;
         }
         if (!taken) break;
     }
-    return j->rdzv_port = 20000 + p;
+    return j->rdzv_port = RDZV_LO + p;
 }
 
 static json_t *member_env(srv *s, srv_job *j, const srv_member *m)
