@@ -114,7 +114,8 @@ int bcast__unpack_offer(const void *buf, size_t len, bcast__offer *o)
                       (unsigned long long)o->version, (unsigned long long)o->base);
     if (o->chunk_size == 0) return sh_err(SH_EFORMAT, "push OFFER v%llu: chunk size 0",
                                           (unsigned long long)o->version);
-    uint64_t want = (o->size + o->chunk_size - 1) / o->chunk_size;
+    /* Rounded up without the sum, which a size near 2^64 would wrap. */
+    uint64_t want = o->size / o->chunk_size + (o->size % o->chunk_size != 0);
     if (want != o->nchunks)
         return sh_err(SH_EFORMAT, "push OFFER v%llu: %u chunks for %llu bytes in chunks of %u",
                       (unsigned long long)o->version, o->nchunks, (unsigned long long)o->size,
