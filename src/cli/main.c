@@ -101,6 +101,19 @@ static int usage(FILE *f)
     return f == stdout ? 0 : CLI_USAGE;
 }
 
+/* Commands that still parse their options by hand (all others use
+ * cli_getopt).  main.c answers --help and --version for them and splits
+ * --opt=value. */
+static const char *const by_hand[] = {"sim", "sched", "store", "push", "replica", "delta", "quant", "ckpt", "rl",
+                                      "control", "delta", "push", "rl", "scale", NULL};
+
+static int parses_by_hand(const char *name)
+{
+    for (const char *const *p = by_hand; *p; p++)
+        if (!strcmp(*p, name)) return 1;
+    return 0;
+}
+
 /* Commands that parse their options by hand read "--opt value"; give them
  * "--opt=value" split in two as well (up to a "--", after which arguments
  * are a command line of their own).  Commands on cli_getopt take both. */
@@ -129,6 +142,7 @@ static int dispatch(const struct cli_entry *t, const char *what, int argc, char 
     const char *names[256];
     size_t n = 0;
     for (const struct cli_entry *e = t; e->name; e++) {
+        if (!strcmp(e->name, argv[0]) && !parses_by_hand(e->name)) return e->fn(argc, argv);
         if (!strcmp(e->name, argv[0])) {
             /* --version and --help anywhere before "--": the version, or the
              * command's usage (which covers its subcommands; rl's
