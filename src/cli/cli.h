@@ -32,8 +32,8 @@
  *         }
  *     ... positional arguments are argv[optind .. argc) ...
  *
- * Option values are returned as given by the table (only -h is a short
- * option); CLI_OPT_EXIT means the command must return a.rc (0 after --help
+ * Option values are returned as given by the table; short options are
+ * -h and those in shorts; CLI_OPT_EXIT means the command must return a.rc (0 after --help
  * or --version, 2 after a usage error, whose message is printed). */
 enum {
     CLI_OPT_EXIT = -2,
@@ -51,9 +51,11 @@ typedef struct cli_args {
     const struct option *opts;  /* the command's own options, ended by {0} */
     struct cli_ctl *ctl;        /* non-NULL: also --server, --token, --json */
     const struct option *more;  /* NULL, or options shared with other commands */
+    const char *shorts;         /* NULL, or short options beside -h ("o:j:") */
     int rc;                     /* the status to return after CLI_OPT_EXIT */
     int ready;
     struct option all[CLI_MAX_OPTS];
+    char optstring[32];
 } cli_args;
 int cli_getopt(cli_args *a, int argc, char **argv);
 /* Option values as numbers: each parses v (sh_parse_i64, sh_parse_double,

@@ -35,6 +35,7 @@ static void prepare(cli_args *a)
     add(a, &n, common_opts, 2);
     if (a->ctl) add(a, &n, ctl_opts, 3);
     memset(&a->all[n], 0, sizeof a->all[n]);
+    snprintf(a->optstring, sizeof a->optstring, ":h%s", a->shorts ? a->shorts : "");
     a->ready = 1;
     optind = 0; /* glibc: start a fresh scan (getopt_long keeps state between calls) */
     opterr = 0; /* the messages below name the command and suggest a fix */
@@ -67,7 +68,7 @@ int cli_getopt(cli_args *a, int argc, char **argv)
 {
     if (!a->ready) prepare(a);
     for (;;) {
-        int c = getopt_long(argc, argv, ":h", a->all, NULL);
+        int c = getopt_long(argc, argv, a->optstring, a->all, NULL);
         switch (c) {
         case 'h':
         case CLI_OPT_HELP: a->rc = 0, fputs(a->usage, stdout); return CLI_OPT_EXIT;
