@@ -105,7 +105,7 @@ static int usage(FILE *f)
  * cli_getopt).  main.c answers --help and --version for them and splits
  * --opt=value. */
 static const char *const by_hand_cmds[] = {"sim", "rl", NULL};
-static const char *const by_hand_benches[] = {"sched", "control", "delta", "push", "rl", "scale", NULL};
+static const char *const by_hand_benches[] = {"sched", NULL};
 
 static int parses_by_hand(const struct cli_entry *t, const char *name)
 {
