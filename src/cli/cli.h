@@ -43,7 +43,7 @@ enum {
     CLI_OPT_TOKEN,
     CLI_OPT_JSON,
 };
-#define CLI_MAX_OPTS 64
+#define CLI_MAX_OPTS 128
 struct cli_ctl;
 typedef struct cli_args {
     const char *cmd;            /* "jobs", or "store publish" */
@@ -60,9 +60,9 @@ typedef struct cli_args {
 int cli_getopt(cli_args *a, int argc, char **argv);
 /* Option values as numbers: each parses v (sh_parse_i64, sh_parse_double,
  * sh_parse_size) into *out and returns 0, or prints a usage error naming
- * cmd, the option and the bad value ("shoal rl: --seed: expected an
- * integer in 0..4294967295, got \"x\"") and returns CLI_USAGE.  what
- * describes the value for that message ("seconds", "a count"). */
+ * cmd, the option and the bad value ("shoal agent: --gpus must be 0..64,
+ * got \"x\"") and returns CLI_USAGE.  what describes the value for that
+ * message ("seconds > 0"); lo and hi bound it. */
 int cli_int(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out);
 int cli_real(const char *cmd, const char *opt, const char *v, double lo, double hi, const char *what, double *out);
 int cli_size(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t *out);

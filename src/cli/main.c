@@ -104,11 +104,12 @@ static int usage(FILE *f)
 /* Commands that still parse their options by hand (all others use
  * cli_getopt).  main.c answers --help and --version for them and splits
  * --opt=value. */
-static const char *const by_hand_cmds[] = {"sim", "rl", NULL};
+static const char *const by_hand_cmds[] = {"sim", NULL};
 static const char *const by_hand_benches[] = {"sched", NULL};
 
-static int parses_by_hand(const struct cli_entry *t, const char *name)
+static int parses_by_hand(const struct cli_entry *t, const char *name, int argc, char **argv)
 {
+    if (t == commands && !strcmp(name, "sim") && argc > 1 && !strcmp(argv[1], "push")) return 0; /* sim_push.c */
     for (const char *const *p = t == commands ? by_hand_cmds : by_hand_benches; *p; p++)
         if (!strcmp(*p, name)) return 1;
     return 0;
@@ -142,7 +143,7 @@ static int dispatch(const struct cli_entry *t, const char *what, int argc, char 
     const char *names[256];
     size_t n = 0;
     for (const struct cli_entry *e = t; e->name; e++) {
-        if (!strcmp(e->name, argv[0]) && !parses_by_hand(t, e->name)) return e->fn(argc, argv);
+        if (!strcmp(e->name, argv[0]) && !parses_by_hand(t, e->name, argc, argv)) return e->fn(argc, argv);
         if (!strcmp(e->name, argv[0])) {
             /* --version and --help anywhere before "--": the version, or the
              * command's usage (which covers its subcommands; rl's

@@ -102,8 +102,8 @@ int cli_int(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t
     int64_t x;
     if (sh_parse_i64(v, &x, opt) == SH_OK && x >= lo && x <= hi) return *out = x, 0;
     if (hi == INT64_MAX)
-        return cli_usage(cmd, "%s: expected an integer >= %" PRId64 ", got \"%s\"", opt, lo, v);
-    return cli_usage(cmd, "%s: expected an integer in %" PRId64 "..%" PRId64 ", got \"%s\"", opt, lo, hi, v);
+        return cli_usage(cmd, "%s must be an integer >= %" PRId64 ", got \"%s\"", opt, lo, v);
+    return cli_usage(cmd, "%s must be %" PRId64 "..%" PRId64 ", got \"%s\"", opt, lo, hi, v);
 }
 
 int cli_real(const char *cmd, const char *opt, const char *v, double lo, double hi, const char *what, double *out)
