@@ -16,10 +16,6 @@ typedef struct cli_ctl {
 void cli_ctl_defaults(cli_ctl *x, const char *cmd);
 /* Opens the client for x->server; returns 0 or a usage status. */
 int cli_ctl_connect(cli_ctl *x);
-/* Takes --server URL, --token T and --json out of argv (the rest is moved
- * to the front; *argc shrinks).  Defaults come from SHOAL_SERVER (else
- * http://127.0.0.1:8470) and SHOAL_TOKEN.  Returns 0 or a usage status. */
-int cli_ctl_init(cli_ctl *x, const char *cmd, int *argc, char **argv);
 void cli_ctl_free(cli_ctl *x);
 /* One request; on a transport failure or an HTTP error prints
  * "shoal CMD: ..." with the server's message and returns 1, else 0.

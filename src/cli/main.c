@@ -101,9 +101,10 @@ static int usage(FILE *f)
     return f == stdout ? 0 : CLI_USAGE;
 }
 
-/* Commands that still parse their options by hand (all others use
- * cli_getopt).  main.c answers --help and --version for them and splits
- * --opt=value. */
+/* Commands that still parse their options by hand (cmd_sim.c and
+ * bench_sched.c; every other one, `sim push` included, uses cli_getopt):
+ * main.c answers --help and --version for them and splits --opt=value.
+ * Take a command off the list when it moves to cli_getopt. */
 static const char *const by_hand_cmds[] = {"sim", NULL};
 static const char *const by_hand_benches[] = {"sched", NULL};
 
@@ -146,11 +147,10 @@ static int dispatch(const struct cli_entry *t, const char *what, int argc, char 
         if (!strcmp(e->name, argv[0]) && !parses_by_hand(t, e->name, argc, argv)) return e->fn(argc, argv);
         if (!strcmp(e->name, argv[0])) {
             /* --version and --help anywhere before "--": the version, or the
-             * command's usage (which covers its subcommands; rl's
-             * subcommands print their own). */
+             * command's usage. */
             for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
                 if (!strcmp(argv[i], "--version")) return printf("shoal %s\n", SHOAL_VERSION), 0;
-                if ((!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) && i > 1 && strcmp(e->name, "rl")) {
+                if ((!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) && i > 1) {
                     char *help[] = {argv[0], "--help", NULL};
                     return e->fn(2, help);
                 }
