@@ -259,15 +259,20 @@ static void test_man_and_completion(void **state)
     }
     assert_true(n >= 15);
     assert_non_null(strstr(man, "usage: shoal submit JOB.json"));
+    assert_non_null(strstr(man, "usage: shoal rl train [options] [--json]")); /* a subcommand's own usage */
     free(man);
     free(help);
     char *out;
     assert_int_equal(tu_run(&out, "PATH=$(dirname $(realpath %s)):$PATH bash -c '. scripts/shoal-completion.bash; "
                                   "COMP_WORDS=(shoal subm); COMP_CWORD=1; _shoal; echo \"1:${COMPREPLY[*]}\"; "
-                                  "COMP_WORDS=(shoal jobs --st); COMP_CWORD=2; _shoal; echo \"2:${COMPREPLY[*]}\"'",
+                                  "COMP_WORDS=(shoal jobs --st); COMP_CWORD=2; _shoal; echo \"2:${COMPREPLY[*]}\"; "
+                                  "COMP_WORDS=(shoal store pub); COMP_CWORD=2; _shoal; echo \"3:${COMPREPLY[*]}\"; "
+                                  "COMP_WORDS=(shoal rl train --max-l); COMP_CWORD=3; _shoal; echo \"4:${COMPREPLY[*]}\"'",
                             tu_shoal()),
                      0);
-    if (!strstr(out, "1:submit\n") || !strstr(out, "2:--state\n")) fail_msg("completion: %s", out);
+    if (!strstr(out, "1:submit\n") || !strstr(out, "2:--state\n") || !strstr(out, "3:publish\n") ||
+        !strstr(out, "4:--max-lag\n"))
+        fail_msg("completion: %s", out);
     free(out);
 }
 
