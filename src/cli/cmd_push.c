@@ -19,6 +19,8 @@ static const char usage_text[] =
     "`shoal replica --parent`.  Options:\n"
     "  --listen HOST:PORT   where to accept children (default 127.0.0.1:0)\n"
     "  --addr-file F        write the address children should use to F\n"
+    "  --name N             this node's name in messages and to its children (serve:\n"
+    "                       root; relay: node-PID)\n"
     "  --zone Z             this node's zone (default \"default\")\n"
     "  --fanout F           same-zone children before redirecting (default 2)\n"
     "  --chunk SIZE|auto    serve: chunk size (default 4MiB; auto: chosen per payload\n"

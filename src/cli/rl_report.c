@@ -13,12 +13,13 @@
 #include "shoal/mainjob.h"
 
 static const char usage[] =
-    "usage: shoal rl report --dir RUN [--watch [--timeout S]] [--quiet] [--server URL] [--token T]\n"
+    "usage: shoal rl report --dir RUN [--watch [--timeout S]] [--quiet] [--json] [--server URL] [--token T]\n"
     "With --watch, prints one line per training step (reward, staleness, delta vs\n"
     "full bytes, cost so far from the server's billing) until RUN/result.json\n"
     "appears; then writes RUN/report.html (reward against wall-clock time and\n"
     "against cost, cost by GPU type, what moved and the push tree, the fleet-cost\n"
-    "table) and RUN/summary.json (docs/mainjob.md).\n";
+    "table) and RUN/summary.json (docs/mainjob.md).  --json prints summary.json's\n"
+    "object on stdout instead of the lines about what moved; --quiet prints nothing.\n";
 
 static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
 
@@ -133,7 +134,8 @@ int cli_rl_report(int argc, char **argv)
     json_t *sum = NULL;
     rc = mj_report_write(dir, &sum);
     if (rc < 0) return cli_fail("rl report", rc);
-    if (!quiet) {
+    if (x.json && !quiet) sh_json_print(sum);
+    else if (!quiet) {
         const json_t *m = sum, *t = json_object_get(m, "targets");
         printf("what moved: %lld workers in %lld zones (%lld on the push tree); per version the trainer sent "
                "%.1f KiB for a %.1f KiB delta (target <= %.1f KiB: %s); %.2f copies crossed a zone "
