@@ -298,8 +298,9 @@ static int reload(srv *s, const char *why)
         free_state(s);
         return sh_err(SH_EIO, "%s", s->failed);
     }
+    /* The next cycle comes with the timer, not at once: a disk that keeps
+     * failing is not retried every 2 ms. */
     pthread_cond_broadcast(&s->cv);
-    s->dirty = 1;
     return SH_OK;
 }
 
