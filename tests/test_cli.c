@@ -54,6 +54,9 @@ static void test_conventions(void **state)
     expect(2, "expected one job id", "job 1 2");
     /* Commands that live in shoal-core answer through the client too. */
     expect(0, "usage: shoal <command>", "help");
+    expect(0, "usage: shoal rl train", "help rl train");
+    expect(0, "usage: shoal bench push", "help bench push");
+    expect(2, "unknown option \"--hlep\" (did you mean --help?)", "--hlep");
     expect(0, "usage: shoal store", "store --help");
     /* --help and --version after a subcommand, in commands that parse by hand. */
     expect(0, "usage: shoal store publish", "store publish --help");

@@ -97,7 +97,7 @@ static int usage(FILE *f)
         fprintf(f, "\nbenchmarks (shoal bench <name>):\n");
         list(f, benches, "");
     }
-    fprintf(f, "\nRun `shoal <command> --help` for a command's options.\n");
+    fprintf(f, "\nRun `shoal <command> --help` (or `shoal help <command>`) for a command's options.\n");
     return f == stdout ? 0 : CLI_USAGE;
 }
 
@@ -207,9 +207,21 @@ int main(int argc, char **argv)
     return exec_core(argv);
 #else
     if (argc < 2) return usage(stderr);
-    if (!strcmp(c, "help") || !strcmp(c, "--help") || !strcmp(c, "-h")) return usage(stdout);
+    if (!strcmp(c, "--help") || !strcmp(c, "-h") || (!strcmp(c, "help") && argc == 2)) return usage(stdout);
+    if (!strcmp(c, "help")) { /* shoal help CMD [SUB]: CMD [SUB] --help */
+        char *v[5] = {argv[0], argv[2], argc > 3 ? argv[3] : "--help", argc > 3 ? "--help" : NULL, NULL};
+        if (argc > 4) return fprintf(stderr, "usage: shoal help [COMMAND [SUBCOMMAND]]\n"), CLI_USAGE;
+        return main(argc > 3 ? 4 : 3, v);
+    }
+    if (c[0] == '-') { /* the only options before a command */
+        static const char *const top[] = {"help", "version", NULL};
+        const char *near = c[1] == '-' ? sh_closest(c + 2, top, 2) : NULL;
+        if (near) fprintf(stderr, "shoal: unknown option \"%s\" (did you mean --%s?)\n", c, near);
+        else fprintf(stderr, "shoal: unknown option \"%s\" (run `shoal help` for the commands)\n", c);
+        return CLI_USAGE;
+    }
     if (!strcmp(c, "bench")) {
-        if (argc < 3 || !strcmp(argv[2], "--help")) {
+        if (argc < 3 || !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) {
             fprintf(argc < 3 ? stderr : stdout, "usage: shoal bench <name> [options]\n\n");
             list(argc < 3 ? stderr : stdout, benches, "");
             return argc < 3 ? CLI_USAGE : 0;
