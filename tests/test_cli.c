@@ -61,6 +61,7 @@ static void test_conventions(void **state)
     /* --help and --version after a subcommand, in commands that parse by hand. */
     expect(0, "usage: shoal store publish", "store publish --help");
     expect(0, "usage: shoal delta make", "delta make x y --help");
+    expect(0, "usage: shoal agent", "agent --gpus=many --bogus-opt --help"); /* --help wins */
     expect(0, "shoal 0.1.0\n", "server --version");
     expect(0, "shoal 0.1.0\n", "push serve --version");
 }

@@ -18,7 +18,8 @@
 
 /* ---- Options (opts.c) ----------------------------------------------------
  * Every command parses its options with cli_getopt, a getopt_long loop that
- * also answers --help (the usage, on stdout) and --version, takes
+ * also answers --help (the usage, on stdout, wherever it stands before a
+ * "--", even after a bad option) and --version, takes
  * --server, --token and --json for commands that talk to a server, accepts
  * --opt=value and --opt value, and answers a mistyped option with the
  * closest one.  Usage:

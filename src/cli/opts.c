@@ -64,9 +64,21 @@ static int unknown(cli_args *a, const char *arg, int opt)
     return cli_usage(a->cmd, "unknown option \"--%s\"", name);
 }
 
+/* --help or -h before a "--": the usage wins over whatever else is wrong
+ * on the line (a user adds --help to a command that failed). */
+static int wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
 int cli_getopt(cli_args *a, int argc, char **argv)
 {
-    if (!a->ready) prepare(a);
+    if (!a->ready) {
+        prepare(a);
+        if (wants_help(argc, argv)) return a->rc = 0, fputs(a->usage, stdout), CLI_OPT_EXIT;
+    }
     for (;;) {
         int c = getopt_long(argc, argv, a->optstring, a->all, NULL);
         switch (c) {
