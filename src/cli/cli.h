@@ -33,9 +33,10 @@
  *         }
  *     ... positional arguments are argv[optind .. argc) ...
  *
- * Option values are returned as given by the table; short options are
- * -h and those in shorts; CLI_OPT_EXIT means the command must return a.rc (0 after --help
- * or --version, 2 after a usage error, whose message is printed). */
+ * Option values are returned as given by the table; the short options are
+ * -h and those in shorts.  CLI_OPT_EXIT means the command must return a.rc
+ * (0 after --help or --version, 2 after a usage error, whose message is
+ * printed). */
 enum {
     CLI_OPT_EXIT = -2,
     CLI_OPT_HELP = 0x1000,
@@ -60,10 +61,10 @@ typedef struct cli_args {
 } cli_args;
 int cli_getopt(cli_args *a, int argc, char **argv);
 /* Option values as numbers: each parses v (sh_parse_i64, sh_parse_double,
- * sh_parse_size) into *out and returns 0, or prints a usage error naming
- * cmd, the option and the bad value ("shoal agent: --gpus must be 0..64,
- * got \"x\"") and returns CLI_USAGE.  what describes the value for that
- * message ("seconds > 0"); lo and hi bound it. */
+ * sh_parse_size) into *out when it lies in lo..hi and returns 0, or prints
+ * a usage error naming cmd, the option and the bad value ("shoal agent:
+ * --gpus must be 0..64, got \"x\"") and returns CLI_USAGE.  cli_real's
+ * what says the range in words for that message ("seconds > 0"). */
 int cli_int(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out);
 int cli_real(const char *cmd, const char *opt, const char *v, double lo, double hi, const char *what, double *out);
 int cli_size(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t *out);
