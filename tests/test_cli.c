@@ -62,6 +62,8 @@ static void test_conventions(void **state)
     expect(0, "usage: shoal store publish", "store publish --help");
     expect(0, "usage: shoal delta make", "delta make x y --help");
     expect(0, "usage: shoal agent", "agent --gpus=many --bogus-opt --help"); /* --help wins */
+    expect(2, "shoal store ls: unknown option \"--keep\" (another subcommand takes it: see `shoal store --help`)",
+           "store ls x --keep 3");
     expect(0, "shoal 0.1.0\n", "server --version");
     expect(0, "shoal 0.1.0\n", "push serve --version");
 }

@@ -54,6 +54,7 @@ typedef struct cli_args {
     struct cli_ctl *ctl;        /* non-NULL: also --server, --token, --json */
     const struct option *more;  /* NULL, or options shared with other commands */
     const char *shorts;         /* NULL, or short options beside -h ("o:j:") */
+    const struct option *elsewhere; /* NULL, or the options of sibling subcommands */
     int rc;                     /* the status to return after CLI_OPT_EXIT */
     int ready;
     struct option all[CLI_MAX_OPTS];
@@ -76,7 +77,9 @@ int cli_size(const char *cmd, const char *opt, const char *v, uint64_t lo, uint6
  * named "cmd sub". */
 int cli_subcommand(const char *cmd, const char *usage, int argc, char **argv, const char *const *names, int *rc);
 /* The options of table all whose short codes are in keep, ended by {0}
- * (out has room for CLI_MAX_OPTS): a subcommand's share of its command's. */
+ * (out has room for CLI_MAX_OPTS): a subcommand's share of its command's.
+ * Put all in cli_args.elsewhere to have an option of another subcommand
+ * named as such. */
 const struct option *cli_opts_pick(const struct option *all, const char *keep, struct option *out);
 /* The index of v in the NULL-terminated list allowed, or -1 after printing
  * a usage error that lists the choices and the closest one. */

@@ -53,7 +53,7 @@ static int ckpt_parse(const char *cmd, int sub, int argc, char **argv, ckpt_opts
 {
     struct option mine[CLI_MAX_OPTS];
     cli_args a = {cmd, ckpt_usage, cli_opts_pick(opts_all, sub_opts[sub], mine), NULL, NULL,
-                  strchr(sub_opts[sub], 'o') ? "o:" : NULL};
+                  strchr(sub_opts[sub], 'o') ? "o:" : NULL, opts_all};
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         const char *v = optarg, *name = "";
         for (const struct option *p = opts_all; p->name; p++)

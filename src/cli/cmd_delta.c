@@ -41,7 +41,7 @@ static int delta_parse_args(const char *cmd, int sub, int argc, char **argv, del
 {
     struct option mine[CLI_MAX_OPTS];
     cli_args a = {cmd, delta_usage, cli_opts_pick(opts_all, sub_opts[sub], mine), NULL, NULL,
-                  strchr(sub_opts[sub], 'o') ? "o:j:" : NULL};
+                  strchr(sub_opts[sub], 'o') ? "o:j:" : NULL, opts_all};
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         int64_t j;
         switch (c) {

@@ -59,7 +59,7 @@ static const struct option opts_all[] = {{"store", required_argument, 0, 's'},  
 static int parse(const char *cmd, int sub, int argc, char **argv, opts *o)
 {
     struct option mine[CLI_MAX_OPTS];
-    cli_args a = {cmd, usage_text, cli_opts_pick(opts_all, sub_opts[sub], mine), NULL};
+    cli_args a = {cmd, usage_text, cli_opts_pick(opts_all, sub_opts[sub], mine), NULL, .elsewhere = opts_all};
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         double d;
         int64_t k;

@@ -59,6 +59,10 @@ static int unknown(cli_args *a, const char *arg, int opt)
     }
     if (exact && strchr(arg, '=')) return cli_usage(a->cmd, "option --%s takes no value (\"%s\")", name, arg);
     if (prefixes > 1) return cli_usage(a->cmd, "option \"--%s\" is ambiguous: write it in full", name);
+    for (const struct option *o = a->elsewhere; o && o->name && !exact; o++)
+        if (!strcmp(o->name, name))
+            return cli_usage(a->cmd, "unknown option \"--%s\" (another subcommand takes it: see `shoal %.*s --help`)",
+                             name, (int)strcspn(a->cmd, " "), a->cmd);
     const char *near = sh_closest(name, names, (size_t)n);
     if (near) return cli_usage(a->cmd, "unknown option \"--%s\" (did you mean --%s?)", name, near);
     return cli_usage(a->cmd, "unknown option \"--%s\"", name);
