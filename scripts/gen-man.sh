@@ -47,6 +47,15 @@ MID
     printf '.PP\n.nf\n'
     "$BIN" "$cmd" --help 2>&1 | esc
     printf '.fi\n'
+    # Subcommands whose usage is their own (`shoal rl train --help`).
+    top=$("$BIN" "$cmd" --help 2>&1)
+    for sub in $(printf '%s\n' "$top" | grep -o -- "shoal $cmd [a-z][a-z0-9|-]*" | sed "s/^shoal $cmd //" | tr '|' '\n' | sort -u); do
+        text=$("$BIN" "$cmd" "$sub" --help 2>&1) || continue
+        [ "$text" = "$top" ] && continue
+        printf '.PP\n.nf\n'
+        printf '%s\n' "$text" | esc
+        printf '.fi\n'
+    done
 done
 printf '.SH BENCHMARKS\nEach runs with \\fBshoal bench\\fR \\fIname\\fR and reports ratios against a baseline measured in the same run.\n'
 "$BIN" help | sed -n '/^benchmarks/,/^$/p' | sed '1d;/^$/d' | while read -r cmd rest; do

@@ -21,6 +21,18 @@ _shoal_words() {
     printf '%s' "${!key}"
 }
 
+# The subcommands of command $1, from its usage lines ("shoal store ls ...",
+# "shoal rl trainer|worker ..."); empty for a command without any.
+_shoal_subs() {
+    local key="_shoal_subs_${1//-/_}"
+    if [[ -z ${!key+x} ]]; then
+        local words
+        words=$(shoal $1 --help 2>&1 | grep -o -- "shoal $1 [a-z][a-z0-9|-]*" | sed "s/^shoal $1 //" | tr '|' '\n' | sort -u)
+        printf -v "$key" '%s' "$words"
+    fi
+    printf '%s' "${!key}"
+}
+
 _shoal() {
     local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
     if ((COMP_CWORD == 1)); then
@@ -34,6 +46,17 @@ _shoal() {
             return
         fi
         cmd="bench ${COMP_WORDS[2]}"
+    else
+        # A subcommand first, then its own options (`shoal rl train --help`).
+        local subs
+        subs=$(_shoal_subs "$cmd")
+        if ((COMP_CWORD == 2)) && [[ -n $subs && $cur != -* ]]; then
+            COMPREPLY=($(compgen -W "$subs" -- "$cur"))
+            return
+        fi
+        if ((COMP_CWORD > 2)) && [[ $'\n'$subs$'\n' == *$'\n'${COMP_WORDS[2]}$'\n'* ]]; then
+            cmd="$cmd ${COMP_WORDS[2]}"
+        fi
     fi
     if [[ $cur == -* ]]; then
         COMPREPLY=($(compgen -W "$(_shoal_words "$cmd")" -- "$cur"))

@@ -54,12 +54,168 @@ static void test_conventions(void **state)
     expect(2, "expected one job id", "job 1 2");
     /* Commands that live in shoal-core answer through the client too. */
     expect(0, "usage: shoal <command>", "help");
+    expect(0, "usage: shoal rl train", "help rl train");
+    expect(0, "usage: shoal bench push", "help bench push");
+    expect(2, "unknown option \"--hlep\" (did you mean --help?)", "--hlep");
     expect(0, "usage: shoal store", "store --help");
     /* --help and --version after a subcommand, in commands that parse by hand. */
     expect(0, "usage: shoal store publish", "store publish --help");
     expect(0, "usage: shoal delta make", "delta make x y --help");
+    expect(0, "usage: shoal agent", "agent --gpus=many --bogus-opt --help"); /* --help wins */
+    expect(2, "shoal store ls: unknown option \"--keep\" (another subcommand takes it: see `shoal store --help`)",
+           "store ls x --keep 3");
     expect(0, "shoal 0.1.0\n", "server --version");
     expect(0, "shoal 0.1.0\n", "push serve --version");
+}
+
+/* Every command and subcommand, with one of its long options (NULL for
+ * the commands that still parse by hand: cmd_sim.c, bench_sched.c).  The
+ * test reads the command list from `shoal help` and the subcommands from
+ * cli_subcommand's error, so a command or subcommand added without a row
+ * here fails it. */
+static const struct {
+    const char *cmd, *sub, *opt;
+} opt_rows[] = {
+    {"agent", NULL, "name"},          {"cancel", NULL, "server"},        {"ckpt", "synth", "params"},
+    {"ckpt", "step", "steps"},        {"ckpt", "family", "layers"},      {"ckpt", "next", "steps"},
+    {"ckpt", "inspect", "tensors"},   {"cost", NULL, "token"},           {"delta", "make", "json"},
+    {"delta", "apply", "in-place"},   {"delta", "squash", "json"},       {"delta", "inspect", "json"},
+    {"job", NULL, "server"},          {"jobs", NULL, "state"},           {"logs", NULL, "rank"},
+    {"nodes", NULL, "server"},        {"provider-local", NULL, "dir"},   {"push", "serve", "store"},
+    {"push", "relay", "parent"},      {"quant", "fp8", "update"},        {"replica", NULL, "parent"},
+    {"rl", "train", "steps"},         {"rl", "sweep", "losses"},         {"rl", "trainer", "store"},
+    {"rl", "worker", "speeds"},       {"rl", "report", "timeout"},       {"rl", "fleet-cost", "fleet"},
+    {"server", NULL, "tokens"},       {"sim", NULL, NULL},               {"sim", "push", "replicas"},
+    {"store", "publish", "anchor-every"}, {"store", "ls", "json"},       {"store", "gc", "keep"},
+    {"store", "plan", "from"},        {"store", "verify", "version"},    {"store", "squash", "from"},
+    {"submit", NULL, "idempotency-key"}, {"up", NULL, "fleet"},          {"version", NULL, "json"},
+    {"bench client", NULL, "runs"},   {"bench control", NULL, "starts"}, {"bench delta", NULL, "params"},
+    {"bench push", NULL, "replicas"}, {"bench rl", NULL, "reps"},        {"bench scale", NULL, "layers"},
+    {"bench sched", NULL, NULL},      {"bench write", NULL, "reps"},
+};
+
+/* Value options, each given a bad value as --opt=value and as --opt value:
+ * both must reach the option's own check, which names it and the value. */
+static const struct {
+    const char *args, *opt, *val, *want;
+} value_rows[] = {
+    {"agent", "--gpus", "x", "--gpus must be 0..64, got \"x\""},
+    {"server", "--port", "99999", "--port must be 0..65535, got \"99999\""},
+    {"up", "--sandbox", "bwarp", "--sandbox \"bwarp\" is not one of auto, bwrap, gvisor, none (did you mean bwrap?)"},
+    {"jobs", "--limit", "0", "--limit: expected a count >= 1, got \"0\""},
+    {"store plan x", "--to", "x", "--to: \"x\" is not a non-negative integer"},
+    {"push serve", "--chunk", "1", "--chunk: expected a size >= 4096"},
+    {"replica --dir d", "--seconds", "-1", "--seconds: expected seconds >= 0, got \"-1\""},
+    {"ckpt synth -o x", "--params", "many", "--params: \"many\" is not a size"},
+    {"rl train", "--mode", "later", "--mode \"later\": expected sync or async"},
+    {"rl fleet-cost", "--seeds", "0", "--seeds must be 1..32, got \"0\""},
+    {"sim push", "--replicas", "-1", "--replicas must be 0..10000000, got \"-1\""},
+    {"bench control", "--clients", "65", "--clients must be 1..64, got \"65\""},
+    {"bench push", "--topology", "stra", "--topology \"stra\" is not one of tree, star, store (did you mean star?)"},
+};
+
+/* The names listed under `heading` in `shoal help`, with prefix. */
+static int listed(const char *help, const char *heading, const char *prefix, char names[][64], int cap)
+{
+    int n = 0;
+    const char *l = strstr(help, heading);
+    for (l = l ? strchr(l, '\n') : NULL; l && l[1] == ' ' && n < cap; l = strchr(l + 1, '\n')) {
+        char w[48];
+        sscanf(l + 1, " %47s", w);
+        snprintf(names[n++], 64, "%s%s", prefix, w);
+    }
+    return n;
+}
+
+/* The subcommands cli_subcommand names when asked for one it lacks; "" if
+ * the command has none that way. */
+static void subcommands(const char *cmd, char *list, size_t cap)
+{
+    static const char key[] = "subcommand \"zz-no-such\" is not one of ";
+    char *out;
+    tu_run(&out, "%s %s zz-no-such </dev/null", tu_shoal(), cmd);
+    const char *p = strstr(out, key);
+    *list = 0;
+    if (p) {
+        p += strlen(key);
+        int len = (int)strcspn(p, "(\n");
+        while (len && p[len - 1] == ' ') len--;
+        snprintf(list, cap, "%.*s", len, p);
+    }
+    free(out);
+}
+
+/* Under ASan each run of the binary costs half a second: the sanitised
+ * build checks every sixth row (the parsing is the same code), the
+ * optimised one every row and the coverage of the command table. */
+#if defined(__SANITIZE_ADDRESS__)
+#define STRIDE 6
+#else
+#define STRIDE 1
+#endif
+
+static void test_every_command_options(void **state)
+{
+    char *help;
+    assert_int_equal(tu_run(&help, "%s help 2>/dev/null", tu_shoal()), 0);
+    static char cmds[128][64];
+    int n = listed(help, "commands:\n", "", cmds, 128);
+    n += listed(help, "benchmarks (shoal bench <name>):\n", "bench ", cmds + n, 128 - n);
+    free(help);
+    assert_true(n >= 25);
+    int covered = 0;
+    for (int c = 0; c < n && STRIDE == 1; c++) {
+        char want[1024] = "", have[1024] = "";
+        int rows = 0;
+        for (size_t r = 0; r < sizeof opt_rows / sizeof opt_rows[0]; r++) {
+            if (strcmp(opt_rows[r].cmd, cmds[c])) continue;
+            rows++;
+            if (opt_rows[r].sub && opt_rows[r].opt && strcmp(cmds[c], "sim"))
+                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", *want ? ", " : "", opt_rows[r].sub);
+        }
+        if (!rows) fail_msg("`shoal %s` has no row in opt_rows (tests/test_cli.c): add its options' checks", cmds[c]);
+        covered += rows;
+        subcommands(cmds[c], have, sizeof have);
+        if (*have && strcmp(have, want))
+            fail_msg("`shoal %s` has subcommands %s, opt_rows covers %s", cmds[c], have, want);
+    }
+    /* Every row names a command that exists. */
+    if (STRIDE == 1) assert_int_equal(covered, (int)(sizeof opt_rows / sizeof opt_rows[0]));
+    for (size_t r = 0; r < sizeof opt_rows / sizeof opt_rows[0]; r += STRIDE) {
+        char cmd[128], args[512];
+        snprintf(cmd, sizeof cmd, "%s%s%s", opt_rows[r].cmd, opt_rows[r].sub ? " " : "",
+                 opt_rows[r].sub ? opt_rows[r].sub : "");
+        /* --help: the usage on stdout, naming the command and subcommand. */
+        char usage[160], *out;
+        snprintf(usage, sizeof usage, "usage: shoal %s", opt_rows[r].cmd);
+        int rc = tu_run(&out, "%s %s --help 2>/dev/null", tu_shoal(), cmd);
+        snprintf(args, sizeof args, "shoal %s", cmd);
+        if (rc || !strstr(out, usage) || !strstr(out, args))
+            fail_msg("shoal %s --help: exit %d, stdout lacks \"%s\" or \"%s\":\n%s", cmd, rc, usage, args, out);
+        free(out);
+        /* An unknown option is named, with the command. */
+        snprintf(args, sizeof args, "%s --bogus-opt", cmd);
+        snprintf(usage, sizeof usage, "shoal %s: unknown option \"--bogus-opt\"", opt_rows[r].sub ? cmd : opt_rows[r].cmd);
+        if (!opt_rows[r].opt) snprintf(usage, sizeof usage, "unknown option \"--bogus-opt\"");
+        expect(2, usage, args);
+        if (!opt_rows[r].opt) continue;
+        /* A near miss (two letters swapped) gets the option it missed. */
+        char typo[64], hint[96];
+        snprintf(typo, sizeof typo, "%s", opt_rows[r].opt);
+        int k = typo[1] == typo[2] ? 2 : 1;
+        char t = typo[k];
+        typo[k] = typo[k + 1], typo[k + 1] = t;
+        snprintf(args, sizeof args, "%s --%s=1", cmd, typo);
+        snprintf(hint, sizeof hint, "unknown option \"--%s\" (did you mean --%s?)", typo, opt_rows[r].opt);
+        expect(2, hint, args);
+    }
+    for (size_t r = 0; r < sizeof value_rows / sizeof value_rows[0]; r += STRIDE) {
+        char args[512];
+        snprintf(args, sizeof args, "%s %s=%s", value_rows[r].args, value_rows[r].opt, value_rows[r].val);
+        expect(2, value_rows[r].want, args);
+        snprintf(args, sizeof args, "%s %s %s", value_rows[r].args, value_rows[r].opt, value_rows[r].val);
+        expect(2, value_rows[r].want, args);
+    }
 }
 
 /* The client binary links neither UCX, OpenBLAS, SQLite nor libmicrohttpd. */
@@ -119,15 +275,20 @@ static void test_man_and_completion(void **state)
     }
     assert_true(n >= 15);
     assert_non_null(strstr(man, "usage: shoal submit JOB.json"));
+    assert_non_null(strstr(man, "usage: shoal rl train [options] [--json]")); /* a subcommand's own usage */
     free(man);
     free(help);
     char *out;
     assert_int_equal(tu_run(&out, "PATH=$(dirname $(realpath %s)):$PATH bash -c '. scripts/shoal-completion.bash; "
                                   "COMP_WORDS=(shoal subm); COMP_CWORD=1; _shoal; echo \"1:${COMPREPLY[*]}\"; "
-                                  "COMP_WORDS=(shoal jobs --st); COMP_CWORD=2; _shoal; echo \"2:${COMPREPLY[*]}\"'",
+                                  "COMP_WORDS=(shoal jobs --st); COMP_CWORD=2; _shoal; echo \"2:${COMPREPLY[*]}\"; "
+                                  "COMP_WORDS=(shoal store pub); COMP_CWORD=2; _shoal; echo \"3:${COMPREPLY[*]}\"; "
+                                  "COMP_WORDS=(shoal rl train --max-l); COMP_CWORD=3; _shoal; echo \"4:${COMPREPLY[*]}\"'",
                             tu_shoal()),
                      0);
-    if (!strstr(out, "1:submit\n") || !strstr(out, "2:--state\n")) fail_msg("completion: %s", out);
+    if (!strstr(out, "1:submit\n") || !strstr(out, "2:--state\n") || !strstr(out, "3:publish\n") ||
+        !strstr(out, "4:--max-lag\n"))
+        fail_msg("completion: %s", out);
     free(out);
 }
 
@@ -243,6 +404,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_closest),
         cmocka_unit_test(test_conventions),
+        cmocka_unit_test(test_every_command_options),
         cmocka_unit_test(test_client_is_lean),
         cmocka_unit_test(test_man_and_completion),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),

@@ -9,6 +9,7 @@
  *     connections (the HTTP floor);
  *  3. cycle: one scheduling cycle with 10,000 registered nodes that places
  *     a batch of new jobs, against an idle cycle on the same state. */
+#include <float.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -272,19 +273,36 @@ static int cycle_time(int nodes, double *busy_ms, double *idle_ms)
 
 int cli_bench_control(int argc, char **argv)
 {
+    static const struct option opts[] = {{"starts", required_argument, 0, 's'}, {"seconds", required_argument, 0, 'S'},
+                                         {"clients", required_argument, 0, 'c'}, {"nodes", required_argument, 0, 'n'},
+                                         {"json", no_argument, 0, 'j'},          {0}};
+    cli_args a = {"bench control", usage, opts, NULL};
     int json = 0, starts = 30, clients = 8, nodes = 10000;
     double seconds = 3;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         int64_t x;
-        if (!strcmp(a, "--help")) return fputs(usage, stdout), 0;
-        if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--starts") && sh_parse_i64(v, &x, a) == 0 && x > 0) starts = (int)x, i++;
-        else if (!strcmp(a, "--clients") && sh_parse_i64(v, &x, a) == 0 && x > 0 && x <= 64) clients = (int)x, i++;
-        else if (!strcmp(a, "--nodes") && sh_parse_i64(v, &x, a) == 0 && x > 0) nodes = (int)x, i++;
-        else if (!strcmp(a, "--seconds") && sh_parse_double(v, &seconds, a) == 0 && seconds > 0) i++;
-        else return cli_usage("bench control", "bad option \"%s\"", a);
+        switch (c) {
+        case 'j': json = 1; break;
+        case 's':
+            if (cli_int(a.cmd, "--starts", optarg, 1, 100000, &x)) return CLI_USAGE;
+            starts = (int)x;
+            break;
+        case 'c':
+            if (cli_int(a.cmd, "--clients", optarg, 1, 64, &x)) return CLI_USAGE;
+            clients = (int)x;
+            break;
+        case 'n':
+            if (cli_int(a.cmd, "--nodes", optarg, 1, 10000000, &x)) return CLI_USAGE;
+            nodes = (int)x;
+            break;
+        case 'S':
+            if (cli_real(a.cmd, "--seconds", optarg, DBL_TRUE_MIN, 86400, "seconds in (0, 86400]", &seconds))
+                return CLI_USAGE;
+            break;
+        default: return a.rc;
+        }
     }
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
     signal(SIGPIPE, SIG_IGN);
     double g50 = 0, g99 = 0, f50 = 0, subs = 0, hz = 0, busy = 0, idle = 0;
     uint64_t errors = 0;

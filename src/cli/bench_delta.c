@@ -378,26 +378,30 @@ typedef struct {
     const char *base, *target;
 } bench_opts;
 
+/* 0, -1 after --help or --version, or a usage status. */
 static int bench_args(int argc, char **argv, bench_opts *o)
 {
-    const char *pos[2];
-    int np = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    static const struct option opts[] = {{"params", required_argument, 0, 'p'}, {"lr", required_argument, 0, 'l'},
+                                         {"steps", required_argument, 0, 'k'},  {"seed", required_argument, 0, 's'},
+                                         {"reps", required_argument, 0, 'r'},   {"json", no_argument, 0, 'j'},
+                                         {0}};
+    cli_args a = {"bench delta", bench_usage, opts, NULL};
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         int rc = 0;
-        if (!strcmp(a, "--help")) {
-            fputs(bench_usage, stdout);
-            return -1;
-        } else if (!strcmp(a, "--json")) o->json = 1;
-        else if (!strcmp(a, "--params") && v) rc = sh_parse_size(argv[++i], &o->params, a);
-        else if (!strcmp(a, "--lr") && v) rc = sh_parse_double(argv[++i], &o->lr, a);
-        else if (!strcmp(a, "--steps") && v) rc = sh_parse_u64(argv[++i], &o->steps, a);
-        else if (!strcmp(a, "--seed") && v) rc = sh_parse_u64(argv[++i], &o->seed, a);
-        else if (!strcmp(a, "--reps") && v) rc = sh_parse_u64(argv[++i], &o->reps, a);
-        else if (a[0] != '-' && np < 2) pos[np++] = a;
-        else return cli_usage("bench delta", "unexpected argument \"%s\"", a);
+        switch (c) {
+        case 'j': o->json = 1; break;
+        case 'p': rc = sh_parse_size(optarg, &o->params, "--params"); break;
+        case 'l': rc = sh_parse_double(optarg, &o->lr, "--lr"); break;
+        case 'k': rc = sh_parse_u64(optarg, &o->steps, "--steps"); break;
+        case 's': rc = sh_parse_u64(optarg, &o->seed, "--seed"); break;
+        case 'r': rc = sh_parse_u64(optarg, &o->reps, "--reps"); break;
+        default: return a.rc ? a.rc : -1;
+        }
         if (rc < 0) return cli_usage("bench delta", "%s", sh_errmsg());
     }
+    const char **pos = (const char **)argv + optind;
+    int np = argc - optind;
+    if (np > 2) return cli_usage("bench delta", "unexpected argument \"%s\"", pos[2]);
     if (np == 1) return cli_usage("bench delta", "give both BASE and NEW, or neither");
     if (np == 2) o->base = pos[0], o->target = pos[1];
     if (o->params < 1000) return cli_usage("bench delta", "--params must be at least 1000");

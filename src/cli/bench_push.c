@@ -3,6 +3,7 @@
  * replica (the baseline, measured in the same run). */
 #include <dirent.h>
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -523,40 +524,49 @@ static double default_gbps(int n)
  * machine, not the link model, set the nodes' pace. */
 #define BENCH_WAIT_MAX 0.1
 
+/* Parses the options into o: -1, or the status to exit with. */
 static int parse(int argc, char **argv, bopt *o)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    static const struct option opts[] = {{"replicas", required_argument, 0, 'r'}, {"fanout", required_argument, 0, 'f'},
+                                         {"link-gbps", required_argument, 0, 'g'}, {"topology", required_argument, 0, 't'},
+                                         {"payload", required_argument, 0, 'p'},  {"params", required_argument, 0, 'P'},
+                                         {"chunk", required_argument, 0, 'c'},    {"lr", required_argument, 0, 'l'},
+                                         {"json", no_argument, 0, 'j'},           {0}};
+    static const char *const topologies[] = {"tree", "star", "store", NULL}, *const payloads[] = {"full", "delta", NULL};
+    cli_args a = {"bench push", usage_text, opts, NULL};
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         int rc = 0;
         int64_t k;
-        if (!strcmp(a, "--json")) { o->json = 1; continue; }
-        if (!v) return cli_usage("bench push", "%s needs a value", a);
-        if (!strcmp(a, "--replicas")) {
-            rc = sh_parse_i64(v, &k, "--replicas");
-            if (rc == 0 && (k < 1 || k > 256)) return cli_usage("bench push", "--replicas must be 1..256");
+        switch (c) {
+        case 'j': o->json = 1; break;
+        case 'r':
+            if (cli_int(a.cmd, "--replicas", optarg, 1, 256, &k)) return CLI_USAGE;
             o->replicas = (int)k;
-        } else if (!strcmp(a, "--fanout")) {
-            rc = sh_parse_i64(v, &k, "--fanout");
-            if (rc == 0 && (k < 1 || k > 256)) return cli_usage("bench push", "--fanout must be 1..256");
+            break;
+        case 'f':
+            if (cli_int(a.cmd, "--fanout", optarg, 1, 256, &k)) return CLI_USAGE;
             o->fanout = (int)k;
-        } else if (!strcmp(a, "--link-gbps")) {
-            rc = sh_parse_double(v, &o->gbps, "--link-gbps");
-            if (rc == 0 && o->gbps <= 0) return cli_usage("bench push", "--link-gbps must be positive");
-        } else if (!strcmp(a, "--topology")) {
-            if (strcmp(v, "tree") && strcmp(v, "star") && strcmp(v, "store"))
-                return cli_usage("bench push", "--topology is tree, star or store");
-            o->topology = v;
-        } else if (!strcmp(a, "--payload")) {
-            if (strcmp(v, "full") && strcmp(v, "delta")) return cli_usage("bench push", "--payload is full or delta");
-            o->payload = v;
-        } else if (!strcmp(a, "--params")) rc = sh_parse_size(v, &o->params, "--params");
-        else if (!strcmp(a, "--chunk")) rc = strcmp(v, "auto") ? sh_parse_size(v, &o->chunk, "--chunk") : 0;
-        else if (!strcmp(a, "--lr")) rc = sh_parse_double(v, &o->lr, "--lr");
-        else return cli_usage("bench push", "unknown option \"%s\"", a);
-        if (rc < 0) return cli_usage("bench push", "%s", sh_errmsg());
-        i++;
+            break;
+        case 'g':
+            if (cli_real(a.cmd, "--link-gbps", optarg, DBL_TRUE_MIN, DBL_MAX, "Gb/s > 0", &o->gbps)) return CLI_USAGE;
+            break;
+        case 't':
+            if (cli_pick(a.cmd, "--topology", optarg, topologies) < 0) return CLI_USAGE;
+            o->topology = optarg;
+            break;
+        case 'p':
+            if (cli_pick(a.cmd, "--payload", optarg, payloads) < 0) return CLI_USAGE;
+            o->payload = optarg;
+            break;
+        case 'P': rc = sh_parse_size(optarg, &o->params, "--params"); break;
+        case 'c': rc = strcmp(optarg, "auto") ? sh_parse_size(optarg, &o->chunk, "--chunk") : 0; break;
+        case 'l': rc = sh_parse_double(optarg, &o->lr, "--lr"); break;
+        default: return a.rc;
+        }
+        if (rc < 0) return cli_usage(a.cmd, "%s", sh_errmsg());
     }
-    return 0;
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
+    return -1;
 }
 
 static json_t *result_json(const result *r)
@@ -569,13 +579,9 @@ static json_t *result_json(const result *r)
 
 int cli_bench_push(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) {
-        fputs(usage_text, stdout);
-        return 0;
-    }
     bopt o = {16, 1, 0, 0, "tree", "full", 25000000, 0, 3e-6};
     int rc = parse(argc, argv, &o);
-    if (rc) return rc;
+    if (rc >= 0) return rc;
     int link_default = !(o.gbps > 0);
     if (link_default) o.gbps = default_gbps(o.replicas);
     /* tmpfs, like a serving node's page cache: the disk of this shared VM is not

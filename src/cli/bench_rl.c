@@ -12,6 +12,12 @@
 const char cli_bench_help_rl[] =
     "policy rollout and trainer tokens/s per core vs the measured sgemm peak [--json]";
 
+static const char usage[] =
+    "usage: shoal bench rl [--reps N] [--json]\n\n"
+    "The policy's rollout and trainer tokens/s on one core, each beside the\n"
+    "sgemm peak measured in the same run, the reference path and a rollout\n"
+    "without the KV cache.  --reps N steps per measurement (default 20, 1..10000).\n";
+
 /* GFLOP/s of a single-threaded n x n x n sgemm, best of a few. */
 static double sgemm_peak(int n)
 {
@@ -84,19 +90,17 @@ static int measure(int reference, int no_cache, int reps, tput *t)
 
 int cli_bench_rl(int argc, char **argv)
 {
+    static const struct option opts[] = {{"reps", required_argument, 0, 'r'}, {"json", no_argument, 0, 'j'}, {0}};
+    cli_args a = {"bench rl", usage, opts, NULL};
     int json = 0, reps = 20;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: shoal bench rl [--reps N] [--json]\n%s\n", cli_bench_help_rl);
-            return 0;
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            int64_t v;
-            if (sh_parse_i64(argv[++i], &v, "--reps") < 0 || v < 1 || v > 10000)
-                return cli_usage("bench rl", "--reps \"%s\": expected 1..10000", argv[i]);
-            reps = (int)v;
-        } else return cli_usage("bench rl", "unknown option \"%s\"", argv[i]);
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
+        int64_t v;
+        if (c == 'j') json = 1;
+        else if (c != 'r') return a.rc;
+        else if (cli_int(a.cmd, "--reps", optarg, 1, 10000, &v)) return CLI_USAGE;
+        else reps = (int)v;
     }
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
     openblas_set_num_threads(1);
     double peak = sgemm_peak(512), peak_small = sgemm_peak(64);
     tput fast, nocache, ref;

@@ -61,28 +61,33 @@ typedef struct {
     double gen_s, next_s, xor_s;
 } scale_res;
 
+/* 0, -1 after --help or --version, or a usage status. */
 static int scale_args(int argc, char **argv, scale_opts *o)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    static const struct option opts[] = {{"layers", required_argument, 0, 'L'}, {"shrink", required_argument, 0, 'K'},
+                                         {"vocab", required_argument, 0, 'V'},  {"lr", required_argument, 0, 'l'},
+                                         {"dir", required_argument, 0, 'd'},    {"replicas", required_argument, 0, 'r'},
+                                         {"json", no_argument, 0, 'j'},         {0}};
+    cli_args a = {"bench scale", usage_text, opts, NULL};
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         int rc = 0;
         int64_t k;
-        if (!strcmp(a, "--help")) {
-            fputs(usage_text, stdout);
-            return -1;
-        } else if (!strcmp(a, "--json")) o->json = 1;
-        else if (!strcmp(a, "--layers") && v) rc = sh_parse_u64(argv[++i], &o->layers, a);
-        else if (!strcmp(a, "--shrink") && v) rc = sh_parse_u64(argv[++i], &o->shrink, a);
-        else if (!strcmp(a, "--vocab") && v) rc = sh_parse_u64(argv[++i], &o->vocab, a);
-        else if (!strcmp(a, "--lr") && v) rc = sh_parse_double(argv[++i], &o->lr, a);
-        else if (!strcmp(a, "--dir") && v) o->dir = argv[++i];
-        else if (!strcmp(a, "--replicas") && v) {
-            rc = sh_parse_i64(argv[++i], &k, a);
-            if (rc == 0 && (k < 1 || k > 64)) return cli_usage("bench scale", "--replicas must be 1..64");
+        switch (c) {
+        case 'j': o->json = 1; break;
+        case 'L': rc = sh_parse_u64(optarg, &o->layers, "--layers"); break;
+        case 'K': rc = sh_parse_u64(optarg, &o->shrink, "--shrink"); break;
+        case 'V': rc = sh_parse_u64(optarg, &o->vocab, "--vocab"); break;
+        case 'l': rc = sh_parse_double(optarg, &o->lr, "--lr"); break;
+        case 'd': o->dir = optarg; break;
+        case 'r':
+            if (cli_int(a.cmd, "--replicas", optarg, 1, 64, &k)) return CLI_USAGE;
             o->replicas = (int)k;
-        } else return cli_usage("bench scale", "unexpected argument \"%s\"", a);
-        if (rc < 0) return cli_usage("bench scale", "%s", sh_errmsg());
+            break;
+        default: return a.rc ? a.rc : -1;
+        }
+        if (rc < 0) return cli_usage(a.cmd, "%s", sh_errmsg());
     }
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
     if (o->shrink > 64) return cli_usage("bench scale", "--shrink must be at most 64");
     if (o->layers < 1 || o->layers > 32) return cli_usage("bench scale", "--layers must be 1..32");
     if (!(o->lr > 0 && o->lr < 1)) return cli_usage("bench scale", "--lr must be in (0, 1)");

@@ -1,4 +1,5 @@
 /* shoal agent: registers this node with a server and runs what it assigns. */
+#include <float.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,8 @@ static const char usage[] =
     "  --probe          print the isolation this kernel allows and the GPUs nvidia-smi\n"
     "                   finds, and exit\n";
 
+const char *const cli_sandbox_modes[] = {"auto", "bwrap", "gvisor", "none", NULL};
+
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = sig; }
 
@@ -38,33 +41,42 @@ int cli_cmd_agent(int argc, char **argv)
     cfg.token = getenv("SHOAL_TOKEN");
     cfg.gpus = -1;
     int probe = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) return fputs(usage, stdout), 0;
-        if (!strcmp(a, "--probe")) { probe = 1; continue; }
-        if (!strcmp(a, "--from-provider")) { cfg.from_provider = 1; continue; }
-        if (!v) return cli_usage("agent", "unknown option or missing value: \"%s\"", a);
-        if (!strcmp(a, "--name")) cfg.name = v;
-        else if (!strcmp(a, "--server")) cfg.server = v;
-        else if (!strcmp(a, "--token")) cfg.token = v;
-        else if (!strcmp(a, "--gpu-type")) cfg.gpu_type = v;
-        else if (!strcmp(a, "--zone")) cfg.zone = v;
-        else if (!strcmp(a, "--fabric")) cfg.fabric = v;
-        else if (!strcmp(a, "--addr")) cfg.addr = v;
-        else if (!strcmp(a, "--work-dir")) cfg.work_dir = v;
-        else if (!strcmp(a, "--sandbox")) {
-            if (strcmp(v, "auto") && strcmp(v, "bwrap") && strcmp(v, "gvisor") && strcmp(v, "none"))
-                return cli_usage("agent", "--sandbox: expected auto, bwrap, gvisor or none, got \"%s\"", v);
-            cfg.sandbox = v;
-        } else if (!strcmp(a, "--gpus")) {
-            int64_t n;
-            if (sh_parse_i64(v, &n, "--gpus") < 0 || n < 0 || n > 64) return cli_usage("agent", "--gpus: expected 0..64, got \"%s\"", v);
+    static const struct option opts[] = {{"name", required_argument, 0, 'n'},      {"server", required_argument, 0, 'S'},
+                                         {"token", required_argument, 0, 'T'},     {"gpu-type", required_argument, 0, 't'},
+                                         {"gpus", required_argument, 0, 'g'},      {"zone", required_argument, 0, 'z'},
+                                         {"fabric", required_argument, 0, 'f'},    {"price", required_argument, 0, 'p'},
+                                         {"addr", required_argument, 0, 'a'},      {"work-dir", required_argument, 0, 'w'},
+                                         {"sandbox", required_argument, 0, 's'},   {"from-provider", no_argument, 0, 'F'},
+                                         {"probe", no_argument, 0, 'P'},           {0}};
+    cli_args a = {"agent", usage, opts, NULL};
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
+        int64_t n;
+        switch (c) {
+        case 'n': cfg.name = optarg; break;
+        case 'S': cfg.server = optarg; break;
+        case 'T': cfg.token = optarg; break;
+        case 't': cfg.gpu_type = optarg; break;
+        case 'z': cfg.zone = optarg; break;
+        case 'f': cfg.fabric = optarg; break;
+        case 'a': cfg.addr = optarg; break;
+        case 'w': cfg.work_dir = optarg; break;
+        case 'F': cfg.from_provider = 1; break;
+        case 'P': probe = 1; break;
+        case 's':
+            if (cli_pick("agent", "--sandbox", optarg, cli_sandbox_modes) < 0) return CLI_USAGE;
+            cfg.sandbox = optarg;
+            break;
+        case 'g':
+            if (cli_int("agent", "--gpus", optarg, 0, 64, &n)) return CLI_USAGE;
             cfg.gpus = (int)n;
-        } else if (!strcmp(a, "--price")) {
-            if (sh_parse_double(v, &cfg.price, "--price") < 0 || cfg.price < 0) return cli_usage("agent", "--price: expected dollars >= 0, got \"%s\"", v);
-        } else return cli_usage("agent", "unknown option \"%s\"", a);
-        i++;
+            break;
+        case 'p':
+            if (cli_real("agent", "--price", optarg, 0, DBL_MAX, "dollars >= 0", &cfg.price)) return CLI_USAGE;
+            break;
+        default: return a.rc;
+        }
     }
+    if (optind < argc) return cli_usage("agent", "unexpected argument \"%s\"", argv[optind]);
     if (probe) {
         char s[256];
         int rc = agent_probe_sandbox(cfg.sandbox ? cfg.sandbox : "auto", s, sizeof s);

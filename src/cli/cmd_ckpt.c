@@ -37,30 +37,51 @@ typedef struct {
     int has_params, has_lr;
 } ckpt_opts;
 
-static int ckpt_parse(const char *cmd, int argc, char **argv, ckpt_opts *o)
+static const char *const subs[] = {"synth", "step", "family", "next", "inspect", NULL};
+/* Each subcommand's options, by their codes in opts_all. */
+static const char *const sub_opts[] = {"pso", "lkso", "LEKVNso", "lwkso", "tJ"};
+static const struct option opts_all[] = {{"params", required_argument, 0, 'p'}, {"seed", required_argument, 0, 's'},
+                                         {"steps", required_argument, 0, 'k'},  {"layers", required_argument, 0, 'L'},
+                                         {"experts", required_argument, 0, 'E'}, {"vocab", required_argument, 0, 'V'},
+                                         {"shrink", required_argument, 0, 'K'}, {"shards", required_argument, 0, 'N'},
+                                         {"wd", required_argument, 0, 'w'},     {"lr", required_argument, 0, 'l'},
+                                         {"tensors", no_argument, 0, 't'},      {"json", no_argument, 0, 'J'},
+                                         {0}};
+
+/* Parses argv (argv[0] is the subcommand) into o: -1, or the status to exit with. */
+static int ckpt_parse(const char *cmd, int sub, int argc, char **argv, ckpt_opts *o)
 {
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    struct option mine[CLI_MAX_OPTS];
+    cli_args a = {cmd, ckpt_usage, cli_opts_pick(opts_all, sub_opts[sub], mine), NULL, NULL,
+                  strchr(sub_opts[sub], 'o') ? "o:" : NULL, opts_all};
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
+        const char *v = optarg, *name = "";
+        for (const struct option *p = opts_all; p->name; p++)
+            if (p->val == c) name = p->name;
+        char opt[32];
+        snprintf(opt, sizeof opt, "--%s", name);
         int rc = 0;
-        if (!strcmp(a, "--json")) o->json = 1;
-        else if (!strcmp(a, "--tensors")) o->tensors = 1;
-        else if (!strcmp(a, "-o") && v) o->out = argv[++i];
-        else if (!strcmp(a, "--params") && v) rc = sh_parse_size(argv[++i], &o->params, a), o->has_params = 1;
-        else if (!strcmp(a, "--seed") && v) rc = sh_parse_u64(argv[++i], &o->seed, a);
-        else if (!strcmp(a, "--steps") && v) rc = sh_parse_u64(argv[++i], &o->steps, a);
-        else if (!strcmp(a, "--layers") && v) rc = sh_parse_u64(argv[++i], &o->layers, a);
-        else if (!strcmp(a, "--experts") && v) rc = sh_parse_u64(argv[++i], &o->experts, a);
-        else if (!strcmp(a, "--vocab") && v) rc = sh_parse_u64(argv[++i], &o->vocab, a);
-        else if (!strcmp(a, "--shrink") && v) rc = sh_parse_u64(argv[++i], &o->shrink, a);
-        else if (!strcmp(a, "--shards") && v) rc = sh_parse_u64(argv[++i], &o->shards, a);
-        else if (!strcmp(a, "--wd") && v) rc = sh_parse_double(argv[++i], &o->wd, a);
-        else if (!strcmp(a, "--lr") && v) rc = sh_parse_double(argv[++i], &o->lr, a), o->has_lr = 1;
-        else if (a[0] == '-' && a[1]) return cli_usage(cmd, "unknown option or missing value: %s", a);
-        else if (o->npos < 4) o->pos[o->npos++] = a;
-        else return cli_usage(cmd, "too many arguments");
+        switch (c) {
+        case 'J': o->json = 1; break;
+        case 't': o->tensors = 1; break;
+        case 'o': o->out = v; break;
+        case 'p': rc = sh_parse_size(v, &o->params, opt), o->has_params = 1; break;
+        case 's': rc = sh_parse_u64(v, &o->seed, opt); break;
+        case 'k': rc = sh_parse_u64(v, &o->steps, opt); break;
+        case 'L': rc = sh_parse_u64(v, &o->layers, opt); break;
+        case 'E': rc = sh_parse_u64(v, &o->experts, opt); break;
+        case 'V': rc = sh_parse_u64(v, &o->vocab, opt); break;
+        case 'K': rc = sh_parse_u64(v, &o->shrink, opt); break;
+        case 'N': rc = sh_parse_u64(v, &o->shards, opt); break;
+        case 'w': rc = sh_parse_double(v, &o->wd, opt); break;
+        case 'l': rc = sh_parse_double(v, &o->lr, opt), o->has_lr = 1; break;
+        default: return a.rc;
+        }
         if (rc < 0) return cli_usage(cmd, "%s", sh_errmsg());
     }
-    return 0;
+    if (argc - optind > 4) return cli_usage(cmd, "unexpected argument \"%s\"", argv[optind + 4]);
+    for (int i = optind; i < argc; i++) o->pos[o->npos++] = argv[i];
+    return -1;
 }
 
 static void ckpt_shape_str(const ckpt_tensor *t, char *buf, size_t cap)
@@ -84,7 +105,7 @@ static json_t *ckpt_tensor_json(const ckpt *c, const ckpt_tensor *t, sh_hash128 
 
 static int ckpt_inspect(ckpt_opts *o)
 {
-    if (o->npos != 1) return cli_usage("ckpt", "inspect takes one checkpoint");
+    if (o->npos != 1) return cli_usage("ckpt inspect", "inspect takes one checkpoint");
     ckpt *c;
     int rc = ckpt_open(o->pos[0], &c);
     if (rc < 0) return cli_fail("ckpt inspect", rc);
@@ -138,19 +159,18 @@ static int ckpt_inspect(ckpt_opts *o)
 
 int cli_cmd_ckpt(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(ckpt_usage, argc < 2 ? stderr : stdout);
-        return argc < 2 ? CLI_USAGE : 0;
-    }
+    int rc, k = cli_subcommand("ckpt", ckpt_usage, argc, argv, subs, &rc);
+    if (k < 0) return rc;
+    const char *sub = subs[k];
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "ckpt %s", sub);
     ckpt_opts o = {.steps = 1, .seed = 1, .wd = 0.1};
-    int rc = ckpt_parse("ckpt", argc, argv, &o);
-    if (rc) return rc;
-    const char *sub = argv[1];
+    if ((rc = ckpt_parse(cmd, k, argc - 1, argv + 1, &o)) >= 0) return rc;
     if (!strcmp(sub, "inspect")) return ckpt_inspect(&o);
     if (!strcmp(sub, "synth")) {
         if (!o.has_params || !o.out || o.npos)
-            return cli_usage("ckpt", "synth needs --params N and -o OUT");
-        if (o.params < 1000) return cli_usage("ckpt", "--params must be at least 1000");
+            return cli_usage(cmd, "synth needs --params N and -o OUT");
+        if (o.params < 1000) return cli_usage(cmd, "--params: expected at least 1000, got \"%llu\"", (unsigned long long)o.params);
         sh_progress pg;
         sh_progress_start(&pg, "ckpt synth", 0, "B");
         rc = ckpt_synth_progress(o.out, o.params, o.seed, &pg);
@@ -159,8 +179,8 @@ int cli_cmd_ckpt(int argc, char **argv)
     }
     if (!strcmp(sub, "step")) {
         if (o.npos != 1 || !o.has_lr || !o.out)
-            return cli_usage("ckpt", "step needs IN, --lr LR and -o OUT");
-        if (!(o.lr > 0 && o.lr < 1)) return cli_usage("ckpt", "--lr must be in (0, 1)");
+            return cli_usage(cmd, "step needs IN, --lr LR and -o OUT");
+        if (!(o.lr > 0 && o.lr < 1)) return cli_usage(cmd, "--lr: expected a number in (0, 1), got %g", o.lr);
         sh_progress pg;
         sh_progress_start(&pg, "ckpt step", 0, "B");
         rc = ckpt_step_progress(o.pos[0], o.out, o.lr, o.steps, o.seed, &pg);
@@ -168,9 +188,9 @@ int cli_cmd_ckpt(int argc, char **argv)
         return rc < 0 ? cli_fail("ckpt step", rc) : 0;
     }
     if (!strcmp(sub, "family")) {
-        if (o.npos != 1 || !o.out) return cli_usage("ckpt", "family needs NAME and -o OUT");
+        if (o.npos != 1 || !o.out) return cli_usage(cmd, "family needs NAME and -o OUT");
         if (o.shrink > 4096 || o.shards > 100000)
-            return cli_usage("ckpt", "--shrink must be at most 4096 and --shards at most 100000");
+            return cli_usage(cmd, "--shrink must be at most 4096 and --shards at most 100000");
         ckpt_family_opts f = {.layers = o.layers, .experts = o.experts, .vocab = o.vocab,
                               .shrink = (uint32_t)o.shrink, .shards = (uint32_t)o.shards,
                               .seed = o.seed};
@@ -181,8 +201,8 @@ int cli_cmd_ckpt(int argc, char **argv)
         return rc < 0 ? cli_fail("ckpt family", rc) : 0;
     }
     if (!strcmp(sub, "next")) {
-        if (o.npos != 1 || !o.out) return cli_usage("ckpt", "next needs IN and -o OUT");
-        if (o.has_lr && !(o.lr > 0 && o.lr < 1)) return cli_usage("ckpt", "--lr must be in (0, 1)");
+        if (o.npos != 1 || !o.out) return cli_usage(cmd, "next needs IN and -o OUT");
+        if (o.has_lr && !(o.lr > 0 && o.lr < 1)) return cli_usage(cmd, "--lr: expected a number in (0, 1), got %g", o.lr);
         ckpt_train_opts t = {.lr = o.has_lr ? o.lr : 1e-6, .wd = o.wd, .steps = o.steps,
                              .seed = o.seed};
         sh_progress pg;
@@ -191,5 +211,5 @@ int cli_cmd_ckpt(int argc, char **argv)
         cli_progress_end(&pg, rc);
         return rc < 0 ? cli_fail("ckpt next", rc) : 0;
     }
-    return cli_usage("ckpt", "unknown subcommand \"%s\" (synth, step, family, next, inspect)", sub);
+    return cli_usage(cmd, "no such subcommand");
 }

@@ -28,24 +28,37 @@ typedef struct {
     int npos, json, in_place, threads, verify_base;
 } delta_cli;
 
-static int delta_parse_args(int argc, char **argv, delta_cli *o)
+static const char *const subs[] = {"make", "apply", "squash", "inspect", NULL};
+/* Each subcommand's options, by their codes in opts_all. */
+static const char *const sub_opts[] = {"ojJ", "ojiv", "ojJ", "J"};
+static const struct option opts_all[] = {{"json", no_argument, 0, 'J'},
+                                         {"in-place", no_argument, 0, 'i'},
+                                         {"verify-base", no_argument, 0, 'v'},
+                                         {0}};
+
+/* Parses argv (argv[0] is the subcommand) into o: -1, or the status to exit with. */
+static int delta_parse_args(const char *cmd, int sub, int argc, char **argv, delta_cli *o)
 {
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--json")) o->json = 1;
-        else if (!strcmp(a, "--in-place")) o->in_place = 1;
-        else if (!strcmp(a, "--verify-base")) o->verify_base = 1;
-        else if (!strcmp(a, "-o") && i + 1 < argc) o->out = argv[++i];
-        else if (!strcmp(a, "-j") && i + 1 < argc) {
-            int64_t j;
-            if (sh_parse_i64(argv[++i], &j, "-j") < 0 || j < 1 || j > 256)
-                return cli_usage("delta", "-j takes a thread count from 1 to 256");
+    struct option mine[CLI_MAX_OPTS];
+    cli_args a = {cmd, delta_usage, cli_opts_pick(opts_all, sub_opts[sub], mine), NULL, NULL,
+                  strchr(sub_opts[sub], 'o') ? "o:j:" : NULL, opts_all};
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
+        int64_t j;
+        switch (c) {
+        case 'J': o->json = 1; break;
+        case 'i': o->in_place = 1; break;
+        case 'v': o->verify_base = 1; break;
+        case 'o': o->out = optarg; break;
+        case 'j':
+            if (cli_int(cmd, "-j", optarg, 1, 256, &j)) return CLI_USAGE;
             o->threads = (int)j;
-        } else if (a[0] == '-' && a[1]) return cli_usage("delta", "unknown option or missing value: %s", a);
-        else if (o->npos < 4096) o->pos[o->npos++] = a;
-        else return cli_usage("delta", "too many arguments");
+            break;
+        default: return a.rc;
+        }
     }
-    return 0;
+    if (argc - optind > 4096) return cli_usage(cmd, "too many arguments (at most 4096)");
+    for (int i = optind; i < argc; i++) o->pos[o->npos++] = argv[i];
+    return -1;
 }
 
 static void delta_report(const char *what, const delta_stats *st, double secs, int json)
@@ -77,7 +90,7 @@ static void delta_report(const char *what, const delta_stats *st, double secs, i
 
 static int delta_inspect_cmd(delta_cli *o)
 {
-    if (o->npos != 1) return cli_usage("delta", "inspect takes one delta");
+    if (o->npos != 1) return cli_usage("delta inspect", "inspect takes one delta");
     json_t *j;
     int rc = delta_inspect(o->pos[0], &j);
     if (rc < 0) return cli_fail("delta inspect", rc);
@@ -121,21 +134,20 @@ static int delta_inspect_cmd(delta_cli *o)
 
 int cli_cmd_delta(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(delta_usage, argc < 2 ? stderr : stdout);
-        return argc < 2 ? CLI_USAGE : 0;
-    }
+    int rc, k = cli_subcommand("delta", delta_usage, argc, argv, subs, &rc);
+    if (k < 0) return rc;
+    const char *sub = subs[k];
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "delta %s", sub);
     delta_cli o = {0};
-    int rc = delta_parse_args(argc, argv, &o);
-    if (rc) return rc;
-    const char *sub = argv[1];
+    if ((rc = delta_parse_args(cmd, k, argc - 1, argv + 1, &o)) >= 0) return rc;
     sh_progress pg;
     delta_opts opts = {.threads = o.threads, .progress = &pg, .verify_base = o.verify_base};
     delta_stats st;
     double t0 = sh_now_mono();
     if (!strcmp(sub, "inspect")) return delta_inspect_cmd(&o);
     if (!strcmp(sub, "make")) {
-        if (o.npos != 2 || !o.out) return cli_usage("delta", "make needs BASE NEW -o DELTA");
+        if (o.npos != 2 || !o.out) return cli_usage(cmd, "make needs BASE NEW -o DELTA");
         sh_progress_start(&pg, "delta make", 0, "B");
         rc = delta_make(o.pos[0], o.pos[1], o.out, &opts, &st);
         sh_progress_finish(&pg);
@@ -145,18 +157,18 @@ int cli_cmd_delta(int argc, char **argv)
     }
     if (!strcmp(sub, "apply")) {
         if (o.npos != 2 || (!o.out == !o.in_place))
-            return cli_usage("delta", "apply needs BASE DELTA and either -o OUT or --in-place");
+            return cli_usage(cmd, "apply needs BASE DELTA and either -o OUT or --in-place");
         sh_progress_start(&pg, "delta apply", 0, "B");
         rc = delta_apply(o.pos[0], o.pos[1], o.in_place ? NULL : o.out, &opts);
         sh_progress_finish(&pg);
         return rc < 0 ? cli_fail("delta apply", rc) : 0;
     }
     if (!strcmp(sub, "squash")) {
-        if (o.npos < 1 || !o.out) return cli_usage("delta", "squash needs D1 D2 ... -o DELTA");
+        if (o.npos < 1 || !o.out) return cli_usage(cmd, "squash needs D1 D2 ... -o DELTA");
         rc = delta_squash(o.pos, (size_t)o.npos, o.out, &opts, &st);
         if (rc < 0) return cli_fail("delta squash", rc);
         delta_report("squash", &st, sh_now_mono() - t0, o.json);
         return 0;
     }
-    return cli_usage("delta", "unknown subcommand \"%s\" (make, apply, squash, inspect)", sub);
+    return cli_usage(cmd, "no such subcommand");
 }

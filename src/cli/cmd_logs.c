@@ -16,11 +16,9 @@ int cli_cmd_logs(int argc, char **argv)
     static const struct option opts[] = {{"rank", required_argument, 0, 'r'}, {"follow", no_argument, 0, 'f'}, {0}};
     cli_ctl x;
     cli_ctl_defaults(&x, "logs");
-    cli_args a = {"logs", usage, opts, &x};
+    cli_args a = {"logs", usage, opts, &x, NULL, "f"}; /* -f, as tail spells it */
     int64_t id = -1, rank = 0;
     int follow = 0;
-    for (int i = 1; i < argc; i++) /* -f, as tail spells it */
-        if (!strcmp(argv[i], "-f")) argv[i] = "--follow";
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         if (c == 'f') follow = 1;
         else if (c != 'r') return a.rc;

@@ -27,12 +27,13 @@ static int pid_path(const char *dir, const char *name, char *out, size_t cap)
 
 int cli_cmd_provider_local(int argc, char **argv)
 {
+    static const struct option opts[] = {{"dir", required_argument, 0, 'd'}, {0}};
+    cli_args a = {"provider-local", usage, opts, NULL};
     const char *dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) return fputs(usage, stdout), 0;
-        if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
-        else return cli_usage("provider-local", "unknown option \"%s\"", argv[i]);
-    }
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;)
+        if (c == 'd') dir = optarg;
+        else return a.rc;
+    if (optind < argc) return cli_usage("provider-local", "unexpected argument \"%s\"", argv[optind]);
     if (!dir) return cli_usage("provider-local", "--dir DIR is required");
     sh_buf in = {0};
     char chunk[4096];

@@ -1,4 +1,5 @@
 /* shoal push: the root (serve) and relays of a push tree over UCX. */
+#include <float.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,8 @@ static const char usage_text[] =
     "`shoal replica --parent`.  Options:\n"
     "  --listen HOST:PORT   where to accept children (default 127.0.0.1:0)\n"
     "  --addr-file F        write the address children should use to F\n"
+    "  --name N             this node's name in messages and to its children (serve:\n"
+    "                       root; relay: node-PID)\n"
     "  --zone Z             this node's zone (default \"default\")\n"
     "  --fanout F           same-zone children before redirecting (default 2)\n"
     "  --chunk SIZE|auto    serve: chunk size (default 4MiB; auto: chosen per payload\n"
@@ -40,48 +43,64 @@ typedef struct opts {
     int chunk_auto;
 } opts;
 
-static int parse(int argc, char **argv, opts *o)
+static const char *const subs[] = {"serve", "relay", NULL};
+/* Each subcommand's options, by their codes in opts_all (serve keeps
+ * --parent to say that the root takes none). */
+static const char *const sub_opts[] = {"srlaznfcdegSp", "plaznfeSo"};
+static const struct option opts_all[] = {{"store", required_argument, 0, 's'},  {"run", required_argument, 0, 'r'},
+                                         {"listen", required_argument, 0, 'l'}, {"addr-file", required_argument, 0, 'a'},
+                                         {"zone", required_argument, 0, 'z'},   {"name", required_argument, 0, 'n'},
+                                         {"fanout", required_argument, 0, 'f'}, {"chunk", required_argument, 0, 'c'},
+                                         {"depth", required_argument, 0, 'd'},  {"egress-gbps", required_argument, 0, 'e'},
+                                         {"seconds", required_argument, 0, 'S'}, {"parent", required_argument, 0, 'p'},
+                                         {"spool", required_argument, 0, 'o'},  {0}};
+
+/* Parses argv (argv[0] is the subcommand) into o: -1, or the status to exit with. */
+static int parse(const char *cmd, int sub, int argc, char **argv, opts *o)
 {
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = 0;
-        if (!v) return cli_usage("push", "%s needs a value", a);
+    struct option mine[CLI_MAX_OPTS];
+    cli_args a = {cmd, usage_text, cli_opts_pick(opts_all, sub_opts[sub], mine), NULL, .elsewhere = opts_all};
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         double d;
         int64_t k;
-        if (!strcmp(a, "--store")) o->store = v;
-        else if (!strcmp(a, "--run")) o->run = v;
-        else if (!strcmp(a, "--addr-file")) o->addr_file = v;
-        else if (!strcmp(a, "--listen")) o->listen = v;
-        else if (!strcmp(a, "--zone")) o->cfg.zone = v;
-        else if (!strcmp(a, "--spool")) o->cfg.spool = v;
-        else if (!strcmp(a, "--name")) o->cfg.name = v;
-        else if (!strcmp(a, "--parent")) {
-            if (o->cfg.nparents == BCAST_MAX_ADDRS) return cli_usage("push", "too many --parent");
-            o->cfg.parents[o->cfg.nparents++] = v;
-        } else if (!strcmp(a, "--fanout")) {
-            rc = sh_parse_i64(v, &k, "--fanout");
-            if (rc == 0 && (k < 1 || k > 1024)) return cli_usage("push", "--fanout must be 1..1024");
+        switch (c) {
+        case 's': o->store = optarg; break;
+        case 'r': o->run = optarg; break;
+        case 'a': o->addr_file = optarg; break;
+        case 'l': o->listen = optarg; break;
+        case 'z': o->cfg.zone = optarg; break;
+        case 'o': o->cfg.spool = optarg; break;
+        case 'n': o->cfg.name = optarg; break;
+        case 'p':
+            if (o->cfg.nparents == BCAST_MAX_ADDRS) return cli_usage(cmd, "too many --parent (at most %d)", BCAST_MAX_ADDRS);
+            o->cfg.parents[o->cfg.nparents++] = optarg;
+            break;
+        case 'f':
+            if (cli_int(cmd, "--fanout", optarg, 1, 1024, &k)) return CLI_USAGE;
             o->cfg.fanout = (int)k;
-        } else if (!strcmp(a, "--chunk") && !strcmp(v, "auto")) {
-            o->chunk_auto = 1;
-        } else if (!strcmp(a, "--depth")) {
-            rc = sh_parse_i64(v, &k, "--depth");
-            if (rc == 0 && (k < 1 || k > 100000)) return cli_usage("push", "--depth must be 1..100000");
+            break;
+        case 'd':
+            if (cli_int(cmd, "--depth", optarg, 1, 100000, &k)) return CLI_USAGE;
             o->cfg.depth_hint = (int)k;
-        } else if (!strcmp(a, "--chunk")) {
-            rc = sh_parse_size(v, &o->chunk, "--chunk");
-            if (rc == 0 && (o->chunk < 4096 || o->chunk > (1u << 30)))
-                return cli_usage("push", "--chunk must be between 4KiB and 1GiB");
-            o->cfg.chunk_size = (uint32_t)o->chunk;
-        } else if (!strcmp(a, "--egress-gbps")) {
-            rc = sh_parse_double(v, &d, "--egress-gbps");
+            break;
+        case 'c':
+            if (!strcmp(optarg, "auto")) o->chunk_auto = 1;
+            else if (cli_size(cmd, "--chunk", optarg, 4096, &o->chunk)) return CLI_USAGE;
+            else if (o->chunk > (1u << 30)) return cli_usage(cmd, "--chunk: expected 4KiB..1GiB or auto, got \"%s\"", optarg);
+            else o->cfg.chunk_size = (uint32_t)o->chunk;
+            break;
+        case 'e':
+            if (cli_real(cmd, "--egress-gbps", optarg, 0, DBL_MAX, "Gb/s >= 0", &d)) return CLI_USAGE;
             o->cfg.egress_bps = d * 1e9 / 8;
-        } else if (!strcmp(a, "--seconds")) rc = sh_parse_double(v, &o->seconds, "--seconds");
-        else return cli_usage("push", "unknown option \"%s\"", a);
-        if (rc < 0) return cli_usage("push", "%s", sh_errmsg());
-        i++;
+            break;
+        case 'S':
+            if (cli_real(cmd, "--seconds", optarg, 0, DBL_MAX, "seconds >= 0", &o->seconds)) return CLI_USAGE;
+            break;
+        default: return a.rc;
+        }
     }
-    return 0;
+    if (optind < argc) return cli_usage(cmd, "unexpected argument \"%s\"", argv[optind]);
+    return -1;
 }
 
 static int write_addr(const char *file, const char *addr)
@@ -138,8 +157,8 @@ static int squash_plan(void *arg, uint64_t from, uint64_t to, char *path, size_t
 
 static int serve(opts *o)
 {
-    if (!o->store) return cli_usage("push", "serve needs --store STORE");
-    if (o->cfg.nparents) return cli_usage("push", "serve is the root: it takes no --parent");
+    if (!o->store) return cli_usage("push serve", "serve needs --store STORE");
+    if (o->cfg.nparents) return cli_usage("push serve", "serve is the root: it takes no --parent");
     store *s;
     int rc = store_open(o->store, o->run, 0, &s);
     if (rc < 0) return cli_fail("push serve", rc);
@@ -177,7 +196,7 @@ static int serve(opts *o)
 
 static int relay(opts *o)
 {
-    if (!o->cfg.nparents) return cli_usage("push", "relay needs --parent HOST:PORT");
+    if (!o->cfg.nparents) return cli_usage("push relay", "relay needs --parent HOST:PORT");
     char spool[4096];
     if (!o->cfg.spool) {
         snprintf(spool, sizeof spool, "/tmp/shoal-relay.%ld", (long)getpid());
@@ -198,21 +217,20 @@ static int relay(opts *o)
 
 int cli_cmd_push(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(usage_text, argc < 2 ? stderr : stdout);
-        return argc < 2 ? CLI_USAGE : 0;
-    }
+    int rc, k = cli_subcommand("push", usage_text, argc, argv, subs, &rc);
+    if (k < 0) return rc;
+    const char *cmd = k == 0 ? "push serve" : "push relay";
     opts o = {0};
-    int rc = parse(argc, argv, &o);
-    if (rc) return rc;
+    if ((rc = parse(cmd, k, argc - 1, argv + 1, &o)) >= 0) return rc;
     if (o.chunk_auto && !o.cfg.depth_hint) o.cfg.depth_hint = 4;
     if (o.cfg.depth_hint && !o.chunk) o.cfg.chunk_size = 0; /* per payload */
     if (o.listen) {
         static char host[64];
         const char *c = strrchr(o.listen, ':');
         int64_t port;
-        if (!c || (size_t)(c - o.listen) >= sizeof host || sh_parse_i64(c + 1, &port, "--listen port") < 0)
-            return cli_usage("push", "--listen wants HOST:PORT, got \"%s\"", o.listen);
+        if (!c || (size_t)(c - o.listen) >= sizeof host || sh_parse_i64(c + 1, &port, "--listen port") < 0 ||
+            port < 0 || port > 65535)
+            return cli_usage(cmd, "--listen: expected HOST:PORT, got \"%s\"", o.listen);
         memcpy(host, o.listen, c - o.listen);
         host[c - o.listen] = 0;
         o.cfg.listen_host = host;
@@ -220,7 +238,5 @@ int cli_cmd_push(int argc, char **argv)
     }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
-    if (!strcmp(argv[1], "serve")) return serve(&o);
-    if (!strcmp(argv[1], "relay")) return relay(&o);
-    return cli_usage("push", "unknown subcommand \"%s\" (serve or relay)", argv[1]);
+    return k == 0 ? serve(&o) : relay(&o);
 }

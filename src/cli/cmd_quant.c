@@ -21,40 +21,46 @@ static const char quant_usage[] =
 
 int cli_cmd_quant(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(quant_usage, argc < 2 ? stderr : stdout);
-        return argc < 2 ? CLI_USAGE : 0;
-    }
-    if (strcmp(argv[1], "fp8")) return cli_usage("quant", "unknown format \"%s\" (fp8)", argv[1]);
+    static const char *const subs[] = {"fp8", NULL};
+    static const struct option opts[] = {{"json", no_argument, 0, 'J'},          {"update", required_argument, 0, 'u'},
+                                         {"from", required_argument, 0, 'f'},    {"delta", required_argument, 0, 'd'},
+                                         {"keep", required_argument, 0, 'k'},    {0}};
+    int rc;
+    if (cli_subcommand("quant", quant_usage, argc, argv, subs, &rc) < 0) return rc;
+    cli_args a = {"quant fp8", quant_usage, opts, NULL, NULL, "o:j:"};
     const char *in = NULL, *out = NULL, *upd = NULL, *from = NULL, *dlt = NULL;
     const char *keep[65] = {0};
     int nkeep = 0, json = 0, threads = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        int has = i + 1 < argc;
-        if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "-o") && has) out = argv[++i];
-        else if (!strcmp(a, "--update") && has) upd = argv[++i];
-        else if (!strcmp(a, "--from") && has) from = argv[++i];
-        else if (!strcmp(a, "--delta") && has) dlt = argv[++i];
-        else if (!strcmp(a, "--keep") && has && nkeep < 64) keep[nkeep++] = argv[++i];
-        else if (!strcmp(a, "-j") && has) {
-            int64_t j;
-            if (sh_parse_i64(argv[++i], &j, "-j") < 0 || j < 1 || j > 256)
-                return cli_usage("quant", "-j takes a thread count from 1 to 256");
+    for (int c; (c = cli_getopt(&a, argc - 1, argv + 1)) != -1;) {
+        int64_t j;
+        switch (c) {
+        case 'J': json = 1; break;
+        case 'o': out = optarg; break;
+        case 'u': upd = optarg; break;
+        case 'f': from = optarg; break;
+        case 'd': dlt = optarg; break;
+        case 'k':
+            if (nkeep == 64) return cli_usage("quant fp8", "too many --keep (at most 64)");
+            keep[nkeep++] = optarg;
+            break;
+        case 'j':
+            if (cli_int("quant fp8", "-j", optarg, 1, 256, &j)) return CLI_USAGE;
             threads = (int)j;
-        } else if (a[0] != '-' && !in) in = a;
-        else return cli_usage("quant", "unexpected argument \"%s\"", a);
+            break;
+        default: return a.rc;
+        }
     }
+    if (optind < argc - 1) in = argv[1 + optind];
+    if (optind + 1 < argc - 1) return cli_usage("quant fp8", "unexpected argument \"%s\"", argv[2 + optind]);
     sh_progress pg;
     delta_opts o = {.threads = threads, .progress = &pg};
     double t0 = sh_now_mono();
     if (upd) {
         if (in || !from || !dlt)
-            return cli_usage("quant", "--update FP8CKPT needs --from NEW_BF16 and --delta DELTA");
+            return cli_usage("quant fp8", "--update FP8CKPT needs --from NEW_BF16 and --delta DELTA, and no IN");
         uint64_t blocks = 0;
         sh_progress_start(&pg, "quant fp8 --update", 0, "B");
-        int rc = delta_quant_fp8_update(upd, from, dlt, out, keep, &o, &blocks);
+        rc = delta_quant_fp8_update(upd, from, dlt, out, keep, &o, &blocks);
         cli_progress_end(&pg, rc);
         if (rc < 0) return cli_fail("quant fp8", rc);
         if (json) {
@@ -68,9 +74,9 @@ int cli_cmd_quant(int argc, char **argv)
         }
         return 0;
     }
-    if (!in || !out) return cli_usage("quant", "fp8 needs IN and -o OUT");
+    if (!in || !out) return cli_usage("quant fp8", "fp8 needs IN and -o OUT");
     sh_progress_start(&pg, "quant fp8", 0, "B");
-    int rc = delta_quant_fp8(in, out, keep, &o);
+    rc = delta_quant_fp8(in, out, keep, &o);
     cli_progress_end(&pg, rc);
     return rc < 0 ? cli_fail("quant fp8", rc) : 0;
 }

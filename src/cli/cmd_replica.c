@@ -1,4 +1,5 @@
 /* shoal replica: keep DIR on the newest version of a run. */
+#include <float.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -102,70 +103,82 @@ static void write_stats(ctx *c, store_replica_info *last)
     last->activations = 1;
 }
 
+/* Parses the options: -1, or the status to exit with. */
 static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint64_t *until,
                  double *seconds)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = 0;
-        if (!strcmp(a, "--json")) { c->json = 1; continue; }
-        if (!strcmp(a, "--leaf")) { cfg->leaf = 1; continue; }
-        if (!strcmp(a, "--fp8")) { cfg->fp8 = 1; continue; }
-        if (!v) return cli_usage("replica", "%s needs a value", a);
+    static const struct option opts[] = {{"dir", required_argument, 0, 'd'},        {"store", required_argument, 0, 's'},
+                                         {"run", required_argument, 0, 'r'},        {"zone", required_argument, 0, 'z'},
+                                         {"listen", required_argument, 0, 'l'},     {"on-activate", required_argument, 0, 'o'},
+                                         {"stats-file", required_argument, 0, 'S'}, {"parent", required_argument, 0, 'p'},
+                                         {"fanout", required_argument, 0, 'f'},     {"egress-gbps", required_argument, 0, 'e'},
+                                         {"until", required_argument, 0, 'u'},      {"seconds", required_argument, 0, 't'},
+                                         {"json", no_argument, 0, 'j'},             {"leaf", no_argument, 0, 'L'},
+                                         {"fp8", no_argument, 0, '8'},              {0}};
+    cli_args a = {"replica", usage_text, opts, NULL};
+    for (int ch; (ch = cli_getopt(&a, argc, argv)) != -1;) {
+        const char *v = optarg;
         double d;
         int64_t k;
-        if (!strcmp(a, "--dir")) cfg->dir = v;
-        else if (!strcmp(a, "--store")) cfg->store = v;
-        else if (!strcmp(a, "--run")) cfg->run = v;
-        else if (!strcmp(a, "--zone")) cfg->zone = v;
-        else if (!strcmp(a, "--listen")) {
+        switch (ch) {
+        case 'j': c->json = 1; break;
+        case 'L': cfg->leaf = 1; break;
+        case '8': cfg->fp8 = 1; break;
+        case 'd': cfg->dir = v; break;
+        case 's': cfg->store = v; break;
+        case 'r': cfg->run = v; break;
+        case 'z': cfg->zone = v; break;
+        case 'o': c->hook = v; break;
+        case 'S': c->stats_file = v; break;
+        case 'l': {
             static char host[256];
             const char *colon = strrchr(v, ':');
             int64_t port = 0;
             size_t n = colon ? (size_t)(colon - v) : strlen(v);
             if (!n || n >= sizeof host || (colon && (sh_parse_i64(colon + 1, &port, "--listen port") < 0 ||
                                                      port < 0 || port > 65535)))
-                return cli_usage("replica", "--listen wants HOST or HOST:PORT, got \"%s\"", v);
+                return cli_usage("replica", "--listen: expected HOST or HOST:PORT, got \"%s\"", v);
             memcpy(host, v, n);
             host[n] = 0;
             cfg->listen_host = host;
             cfg->listen_port = (int)port;
+            break;
         }
-        else if (!strcmp(a, "--on-activate")) c->hook = v;
-        else if (!strcmp(a, "--stats-file")) c->stats_file = v;
-        else if (!strcmp(a, "--parent")) {
-            if (cfg->nparents == BCAST_MAX_ADDRS) return cli_usage("replica", "too many --parent");
+        case 'p':
+            if (cfg->nparents == BCAST_MAX_ADDRS) return cli_usage("replica", "too many --parent (at most %d)", BCAST_MAX_ADDRS);
             cfg->parents[cfg->nparents++] = v;
-        } else if (!strcmp(a, "--fanout")) {
-            rc = sh_parse_i64(v, &k, "--fanout");
-            if (rc == 0 && (k < 1 || k > 1024)) return cli_usage("replica", "--fanout must be 1..1024");
+            break;
+        case 'f':
+            if (cli_int("replica", "--fanout", v, 1, 1024, &k)) return CLI_USAGE;
             cfg->fanout = (int)k;
-        } else if (!strcmp(a, "--egress-gbps")) {
-            rc = sh_parse_double(v, &d, "--egress-gbps");
+            break;
+        case 'e':
+            if (cli_real("replica", "--egress-gbps", v, 0, DBL_MAX, "Gb/s >= 0", &d)) return CLI_USAGE;
             cfg->egress_bps = d * 1e9 / 8;
-        } else if (!strcmp(a, "--until")) rc = sh_parse_u64(v, until, "--until");
-        else if (!strcmp(a, "--seconds")) rc = sh_parse_double(v, seconds, "--seconds");
-        else return cli_usage("replica", "unknown option \"%s\"", a);
-        if (rc < 0) return cli_usage("replica", "%s", sh_errmsg());
-        i++;
+            break;
+        case 'u':
+            if (sh_parse_u64(v, until, "--until") < 0) return cli_usage("replica", "%s", sh_errmsg());
+            break;
+        case 't':
+            if (cli_real("replica", "--seconds", v, 0, DBL_MAX, "seconds >= 0", seconds)) return CLI_USAGE;
+            break;
+        default: return a.rc;
+        }
     }
+    if (optind < argc) return cli_usage("replica", "unexpected argument \"%s\"", argv[optind]);
     if (!cfg->dir) return cli_usage("replica", "--dir DIR is required");
     if (!cfg->store && !cfg->nparents) return cli_usage("replica", "give --store STORE or --parent HOST:PORT");
-    return 0;
+    return -1;
 }
 
 int cli_cmd_replica(int argc, char **argv)
 {
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        fputs(usage_text, stdout);
-        return 0;
-    }
     store_replica_config cfg = {0};
     ctx c = {0};
     uint64_t until = 0;
     double seconds = 0;
     int rc = parse(argc, argv, &cfg, &c, &until, &seconds);
-    if (rc) return rc;
+    if (rc >= 0) return rc;
     cfg.after_activate = after;
     cfg.arg = &c;
     signal(SIGTERM, on_signal);

@@ -53,12 +53,6 @@ static const char train_usage[] =
     "  --verbose                  one line per step: reward, loss, |dlogp|, KL, clipped and\n"
     "                             masked fractions, staleness histogram, gradient norm\n";
 
-static int need(int i, int argc, char **argv)
-{
-    if (i + 1 >= argc) return cli_usage("rl train", "%s needs a value", argv[i]);
-    return 0;
-}
-
 static int parse_int(const char *s, int lo, int hi, int *out, const char *what)
 {
     int64_t v;
@@ -167,30 +161,68 @@ static int option(rl_config *c, const char *o, const char *v)
     return 0;
 }
 
+/* The rl train options: codes CLI_RL_OPT + their index; the flags last. */
+#define RL_ARG(name) {name, required_argument, 0, CLI_RL_OPT + __COUNTER__ - RL_BASE}
+enum { RL_BASE = __COUNTER__ + 1 };
+const struct option cli_rl_opts[] = {
+    RL_ARG("task"),       RL_ARG("mode"),          RL_ARG("max-lag"),        RL_ARG("loss"),
+    RL_ARG("rollout-dtype"), RL_ARG("steps"),      RL_ARG("seed"),           RL_ARG("workers"),
+    RL_ARG("prompts"),    RL_ARG("group"),         RL_ARG("request-prompts"), RL_ARG("minibatches"),
+    RL_ARG("lr"),         RL_ARG("warm"),          RL_ARG("temperature"),    RL_ARG("top-p"),
+    RL_ARG("max-new"),    RL_ARG("clip"),          RL_ARG("tis-cap"),        RL_ARG("decoupled-cap"),
+    RL_ARG("mis-band"),   RL_ARG("mis-level"),     RL_ARG("eval-every"),     RL_ARG("eval-n"),
+    RL_ARG("target"),     RL_ARG("stop-after-reward"), RL_ARG("width"),      RL_ARG("layers"),
+    RL_ARG("heads"),      RL_ARG("ctx"),           RL_ARG("gen-cost"),       RL_ARG("train-cost"),
+    RL_ARG("out"),        RL_ARG("warm-cache"),    RL_ARG("save-every"),     RL_ARG("kill-worker-at"),
+    RL_ARG("nan-at"),
+    {"json", no_argument, 0, CLI_RL_JSON},         {"quiet", no_argument, 0, CLI_RL_QUIET},
+    {"no-respawn", no_argument, 0, CLI_RL_NO_RESPAWN}, {"ordered", no_argument, 0, CLI_RL_ORDERED},
+    {"verbose", no_argument, 0, CLI_RL_VERBOSE},   {0}};
+
+int cli_rl_opt(const char *cmd, int code, const char *v, rl_config *c)
+{
+    switch (code) {
+    case CLI_RL_JSON: case CLI_RL_VERBOSE: return 0; /* the caller's */
+    case CLI_RL_QUIET: c->quiet = 1; return 0;
+    case CLI_RL_NO_RESPAWN: c->respawn = 0; return 0;
+    case CLI_RL_ORDERED: c->ordered = 1; return 0;
+    }
+    const char *name = cli_rl_opt_name(code);
+    if (!name) return cli_usage(cmd, "option code %d is not one of rl train's", code);
+    char o[40];
+    snprintf(o, sizeof o, "--%s", name);
+    if (option(c, o, v) < 0) return cli_usage(cmd, "%s", sh_errmsg());
+    return 0;
+}
+
+const char *cli_rl_opt_name(int code)
+{
+    for (const struct option *p = cli_rl_opts; p->name; p++)
+        if (p->val == code) return p->name;
+    return NULL;
+}
+
+int cli_rl_check(const char *cmd, rl_config *c)
+{
+    return rl_config_check(c) < 0 ? cli_usage(cmd, "%s", sh_errmsg()) : 0;
+}
+
 int cli_rl_parse(const char *cmd, int argc, char **argv, rl_config *c, int *json)
 {
-    for (int i = 0; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "--json")) { *json = 1; continue; }
-        if (!strcmp(o, "--quiet")) { c->quiet = 1; continue; }
-        if (!strcmp(o, "--no-respawn")) { c->respawn = 0; continue; }
-        if (!strcmp(o, "--ordered")) { c->ordered = 1; continue; }
-        if (!strcmp(o, "--verbose")) continue; /* read by train() */
-        if (strncmp(o, "--", 2)) return cli_usage(cmd, "unexpected argument \"%s\"", o);
-        if (need(i, argc, argv)) return CLI_USAGE;
-        int rc = option(c, o, argv[i + 1]);
-        if (rc == 0) return cli_usage(cmd, "unknown option \"%s\"", o);
-        if (rc < 0) {
-            fprintf(stderr, "shoal %s: %s\n", cmd, sh_errmsg());
-            return CLI_USAGE;
-        }
-        i++;
-    }
-    if (rl_config_check(c) < 0) {
-        fprintf(stderr, "shoal %s: %s\n", cmd, sh_errmsg());
-        return CLI_USAGE;
-    }
-    return 0;
+    /* getopt reads from argv[1]: a copy with the command in front. */
+    char **v = calloc((size_t)argc + 2, sizeof *v);
+    if (!v) return cli_fail(cmd, sh_err(SH_ENOMEM, "out of memory"));
+    v[0] = (char *)cmd;
+    memcpy(v + 1, argv, (size_t)argc * sizeof *v);
+    cli_args a = {cmd, train_usage, cli_rl_opts, NULL};
+    int rc = 0;
+    for (int k; !rc && (k = cli_getopt(&a, argc + 1, v)) != -1;)
+        if (k == CLI_OPT_EXIT) rc = a.rc ? a.rc : CLI_USAGE; /* --help here is not a request for it */
+        else if (k == CLI_RL_JSON) *json = 1;
+        else rc = cli_rl_opt(cmd, k, optarg, c);
+    if (!rc && optind < argc + 1) rc = cli_usage(cmd, "unexpected argument \"%s\"", v[optind]);
+    free(v);
+    return rc ? rc : cli_rl_check(cmd, c);
 }
 
 typedef struct progress_ctx {
@@ -240,16 +272,16 @@ static int train(int argc, char **argv)
 {
     rl_config c;
     rl_config_default(&c);
-    int json = 0;
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(train_usage, stdout);
-            return 0;
-        }
-    int rc = cli_rl_parse("rl train", argc, argv, &c, &json);
-    if (rc) return rc;
-    progress_ctx p = {.c = &c};
-    for (int i = 0; i < argc; i++) p.verbose |= !strcmp(argv[i], "--verbose");
+    int json = 0, verbose = 0, rc;
+    cli_args a = {"rl train", train_usage, cli_rl_opts, NULL};
+    for (int k; (k = cli_getopt(&a, argc, argv)) != -1;)
+        if (k == CLI_OPT_EXIT) return a.rc;
+        else if (k == CLI_RL_JSON) json = 1;
+        else if (k == CLI_RL_VERBOSE) verbose = 1;
+        else if ((rc = cli_rl_opt("rl train", k, optarg, &c))) return rc;
+    if (optind < argc) return cli_usage("rl train", "unexpected argument \"%s\"", argv[optind]);
+    if ((rc = cli_rl_check("rl train", &c))) return rc;
+    progress_ctx p = {.c = &c, .verbose = verbose};
     sh_progress_start(&p.bar, "rl train", (uint64_t)c.steps, "steps");
     json_t *res = NULL;
     rc = rl_run(&c, on_event, &p, &res);
@@ -277,23 +309,18 @@ static int train(int argc, char **argv)
     return 0;
 }
 
+static const char rl_usage[] =
+    "usage: shoal rl train [options]   train a policy (see `shoal rl train --help`)\n"
+    "       shoal rl sweep [options]   sweep sync/async x loss x dtype (see `shoal rl sweep --help`)\n"
+    "       shoal rl trainer|worker    the main job's gang ranks and rollout workers\n"
+    "       shoal rl report --dir RUN  live progress and the HTML report of a main job\n"
+    "       shoal rl fleet-cost        uniform vs mixed vs tuned rollout pools [--json]\n";
+
 int cli_cmd_rl(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fprintf(argc < 2 ? stderr : stdout,
-                "usage: shoal rl train [options]   train a policy (see `shoal rl train --help`)\n"
-                "       shoal rl sweep [options]   sweep sync/async x loss x dtype "
-                "(see `shoal rl sweep --help`)\n"
-                "       shoal rl trainer|worker    the main job's gang ranks and rollout workers\n"
-                "       shoal rl report --dir RUN  live progress and the HTML report of a main job\n"
-                "       shoal rl fleet-cost        uniform vs mixed vs tuned rollout pools [--json]\n");
-        return argc < 2 ? CLI_USAGE : 0;
-    }
-    if (!strcmp(argv[1], "train")) return train(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "sweep")) return cli_rl_sweep(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "trainer")) return cli_rl_trainer(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "worker")) return cli_rl_worker(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "report")) return cli_rl_report(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "fleet-cost")) return cli_rl_fleet_cost(argc - 2, argv + 2);
-    return cli_usage("rl", "unknown subcommand \"%s\" (expected train, sweep, trainer, worker, report or fleet-cost)", argv[1]);
+    static const char *const subs[] = {"train", "sweep", "trainer", "worker", "report", "fleet-cost", NULL};
+    static int (*const fns[])(int, char **) = {train, cli_rl_sweep, cli_rl_trainer, cli_rl_worker, cli_rl_report,
+                                               cli_rl_fleet_cost};
+    int rc, k = cli_subcommand("rl", rl_usage, argc, argv, subs, &rc);
+    return k < 0 ? rc : fns[k](argc - 1, argv + 1);
 }

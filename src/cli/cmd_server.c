@@ -1,4 +1,5 @@
 /* shoal server: runs the control plane's HTTP API until SIGINT/SIGTERM. */
+#include <float.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,53 +51,63 @@ static int add_allowed(const char *dir, srv_config *cfg, const char *cmd)
     return 0;
 }
 
-int cli_server_config(int argc, char **argv, int first, srv_config *cfg, const char *cmd)
+enum { O_TOKENS = 0x2000, O_DB, O_PORT, O_BIND, O_WEB, O_HEARTBEAT, O_MAX_BODY, O_PROVIDER_CMD, O_PROVIDER_QUOTA,
+       O_SCALE_UP, O_SCALE_DOWN, O_SYNC_FULL, O_ALLOW_WRITABLE };
+const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKENS},
+                                         {"db", required_argument, 0, O_DB},
+                                         {"port", required_argument, 0, O_PORT},
+                                         {"bind", required_argument, 0, O_BIND},
+                                         {"web", required_argument, 0, O_WEB},
+                                         {"heartbeat-timeout", required_argument, 0, O_HEARTBEAT},
+                                         {"max-body", required_argument, 0, O_MAX_BODY},
+                                         {"provider-cmd", required_argument, 0, O_PROVIDER_CMD},
+                                         {"provider-quota", required_argument, 0, O_PROVIDER_QUOTA},
+                                         {"scale-up-wait", required_argument, 0, O_SCALE_UP},
+                                         {"scale-down-idle", required_argument, 0, O_SCALE_DOWN},
+                                         {"sync-full", no_argument, 0, O_SYNC_FULL},
+                                         {"allow-writable", required_argument, 0, O_ALLOW_WRITABLE},
+                                         {0}};
+
+int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
 {
-    for (int i = first; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t u;
-        double d;
-        if (!strcmp(a, "--sync-full")) { cfg->sync_full = 1; continue; }
-        if (!v) return cli_usage(cmd, "unknown option or missing value: \"%s\"", a);
-        if (!strcmp(a, "--tokens")) cfg->tokens_path = v;
-        else if (!strcmp(a, "--allow-writable")) {
-            int rc = add_allowed(v, cfg, cmd);
-            if (rc) return rc;
-        }
-        else if (!strcmp(a, "--db")) cfg->db_path = v;
-        else if (!strcmp(a, "--bind")) cfg->bind_addr = v;
-        else if (!strcmp(a, "--web")) cfg->web_dir = v;
-        else if (!strcmp(a, "--provider-cmd")) cfg->provider_cmd = v;
-        else if (!strcmp(a, "--provider-quota")) cfg->provider_quota = v;
-        else if (!strcmp(a, "--scale-up-wait") || !strcmp(a, "--scale-down-idle")) {
-            if (sh_parse_double(v, &d, a) < 0 || d <= 0) return cli_usage(cmd, "%s: expected seconds > 0, got \"%s\"", a, v);
-            if (a[8] == 'u') cfg->scale_up_wait_s = d;
-            else cfg->scale_down_idle_s = d;
-        }
-        else if (!strcmp(a, "--port")) {
-            if (sh_parse_u64(v, &u, "--port") < 0 || u > 65535) return cli_usage(cmd, "--port: expected 0..65535, got \"%s\"", v);
-            cfg->port = (int)u;
-        } else if (!strcmp(a, "--heartbeat-timeout")) {
-            if (sh_parse_double(v, &d, "--heartbeat-timeout") < 0 || d <= 0) return cli_usage(cmd, "--heartbeat-timeout: expected seconds > 0, got \"%s\"", v);
-            cfg->heartbeat_timeout = d;
-        } else if (!strcmp(a, "--max-body")) {
-            if (sh_parse_size(v, &u, "--max-body") < 0 || u < 1024) return cli_usage(cmd, "--max-body: expected a size >= 1KiB, got \"%s\"", v);
-            cfg->max_body = (size_t)u;
-        } else return cli_usage(cmd, "unknown option \"%s\"", a);
-        i++;
+    int64_t port;
+    uint64_t body;
+    switch (c) {
+    case O_TOKENS: cfg->tokens_path = v; return 0;
+    case O_DB: cfg->db_path = v; return 0;
+    case O_BIND: cfg->bind_addr = v; return 0;
+    case O_WEB: cfg->web_dir = v; return 0;
+    case O_PROVIDER_CMD: cfg->provider_cmd = v; return 0;
+    case O_PROVIDER_QUOTA: cfg->provider_quota = v; return 0;
+    case O_SYNC_FULL: cfg->sync_full = 1; return 0;
+    case O_ALLOW_WRITABLE: return add_allowed(v, cfg, cmd);
+    case O_SCALE_UP: return cli_real(cmd, "--scale-up-wait", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->scale_up_wait_s);
+    case O_SCALE_DOWN:
+        return cli_real(cmd, "--scale-down-idle", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->scale_down_idle_s);
+    case O_HEARTBEAT:
+        return cli_real(cmd, "--heartbeat-timeout", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->heartbeat_timeout);
+    case O_PORT: return cli_int(cmd, "--port", v, 0, 65535, &port) ? CLI_USAGE : (cfg->port = (int)port, 0);
+    case O_MAX_BODY: return cli_size(cmd, "--max-body", v, 1024, &body) ? CLI_USAGE : (cfg->max_body = (size_t)body, 0);
+    default: return cli_usage(cmd, "option code %d is not one of the server's", c);
     }
+}
+
+void cli_server_done(srv_config *cfg)
+{
     if (!cfg->web_dir && access("web/index.html", R_OK) == 0) cfg->web_dir = "web";
-    return 0;
 }
 
 int cli_cmd_server(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
     srv_config cfg = {0};
     cfg.port = 8470;
-    int rc = cli_server_config(argc, argv, 1, &cfg, "server");
-    if (rc) return rc;
+    cli_args a = {"server", usage, cli_server_opts, NULL};
+    int rc;
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;)
+        if (c == CLI_OPT_EXIT) return a.rc;
+        else if ((rc = cli_server_opt(c, optarg, &cfg, "server"))) return rc;
+    if (optind < argc) return cli_usage("server", "unexpected argument \"%s\"", argv[optind]);
+    cli_server_done(&cfg);
     if (!cfg.tokens_path) return cli_usage("server", "--tokens FILE is required");
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);

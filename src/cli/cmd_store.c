@@ -32,30 +32,38 @@ typedef struct opts {
     int json, has_keep, has_to;
 } opts;
 
-static int parse(const char *cmd, int argc, char **argv, opts *o)
+static const char *const subs[] = {"publish", "ls", "gc", "plan", "verify", "squash", NULL};
+/* Each subcommand's options, by their codes in opts_all. */
+static const char *const sub_opts[] = {"raj", "rj", "rkj", "rftj", "rvj", "rftj"};
+static const struct option opts_all[] = {{"run", required_argument, 0, 'r'},  {"anchor-every", required_argument, 0, 'a'},
+                                         {"keep", required_argument, 0, 'k'}, {"from", required_argument, 0, 'f'},
+                                         {"to", required_argument, 0, 't'},   {"version", required_argument, 0, 'v'},
+                                         {"json", no_argument, 0, 'j'},       {0}};
+
+/* Parses argv (argv[0] is the subcommand) into o: -1, or the status to exit with. */
+static int parse(const char *cmd, int sub, int argc, char **argv, opts *o)
 {
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+    struct option mine[CLI_MAX_OPTS];
+    cli_args a = {cmd, usage_text, cli_opts_pick(opts_all, sub_opts[sub], mine), NULL, .elsewhere = opts_all};
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         int rc = 0;
-        if (!strcmp(a, "--json")) { o->json = 1; continue; }
-        if (a[0] == '-' && a[1] == '-' && !val) return cli_usage(cmd, "%s needs a value", a);
-        if (!strcmp(a, "--run")) o->run = val;
-        else if (!strcmp(a, "--anchor-every")) rc = sh_parse_u64(val, &o->anchor_every, "--anchor-every");
-        else if (!strcmp(a, "--keep")) rc = sh_parse_u64(val, &o->keep, "--keep"), o->has_keep = 1;
-        else if (!strcmp(a, "--from")) rc = sh_parse_u64(val, &o->from, "--from");
-        else if (!strcmp(a, "--to")) rc = sh_parse_u64(val, &o->to, "--to"), o->has_to = 1;
-        else if (!strcmp(a, "--version")) rc = sh_parse_u64(val, &o->version, "--version");
-        else if (a[0] == '-') return cli_usage(cmd, "unknown option \"%s\"", a);
-        else {
-            if (o->npos == 2) return cli_usage(cmd, "unexpected argument \"%s\"", a);
-            o->pos[o->npos++] = a;
-            continue;
+        switch (c) {
+        case 'j': o->json = 1; break;
+        case 'r': o->run = optarg; break;
+        case 'a': rc = sh_parse_u64(optarg, &o->anchor_every, "--anchor-every"); break;
+        case 'k': rc = sh_parse_u64(optarg, &o->keep, "--keep"), o->has_keep = 1; break;
+        case 'f': rc = sh_parse_u64(optarg, &o->from, "--from"); break;
+        case 't': rc = sh_parse_u64(optarg, &o->to, "--to"), o->has_to = 1; break;
+        case 'v': rc = sh_parse_u64(optarg, &o->version, "--version"); break;
+        default: return a.rc;
         }
         if (rc < 0) return cli_usage(cmd, "%s", sh_errmsg());
-        i++;
     }
-    return 0;
+    for (int i = optind; i < argc; i++) {
+        if (o->npos == 2) return cli_usage(cmd, "unexpected argument \"%s\"", argv[i]);
+        o->pos[o->npos++] = argv[i];
+    }
+    return -1;
 }
 
 static json_t *version_json(const store_version *v, uint64_t latest)
@@ -231,22 +239,18 @@ static int do_verify(store *s, const opts *o)
 
 int cli_cmd_store(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(usage_text, argc < 2 ? stderr : stdout);
-        return argc < 2 ? CLI_USAGE : 0;
-    }
-    const char *sub = argv[1];
+    int rc, k = cli_subcommand("store", usage_text, argc, argv, subs, &rc);
+    if (k < 0) return rc;
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "store %s", subs[k]);
     opts o = {0};
-    int rc = parse("store", argc, argv, &o);
-    if (rc) return rc;
-    int pub = !strcmp(sub, "publish");
-    if (!pub && strcmp(sub, "ls") && strcmp(sub, "gc") && strcmp(sub, "plan") && strcmp(sub, "verify") &&
-        strcmp(sub, "squash"))
-        return cli_usage("store", "unknown subcommand \"%s\"", sub);
+    if ((rc = parse(cmd, k, argc - 1, argv + 1, &o)) >= 0) return rc;
+    const char *sub = subs[k];
+    int pub = k == 0;
     if (o.npos != (pub ? 2 : 1))
-        return cli_usage("store", pub ? "publish needs STORE and CKPT" : "%s needs STORE", sub);
+        return cli_usage(cmd, pub ? "publish needs STORE and CKPT" : "%s needs STORE", sub);
     store *s;
-    if ((rc = store_open(o.pos[0], o.run, pub, &s)) < 0) return cli_fail("store", rc);
+    if ((rc = store_open(o.pos[0], o.run, pub, &s)) < 0) return cli_fail(cmd, rc);
     if (pub) rc = do_publish(s, &o);
     else if (!strcmp(sub, "ls")) rc = do_ls(s, &o);
     else if (!strcmp(sub, "gc")) rc = do_gc(s, &o);

@@ -78,20 +78,22 @@ static pid_t spawn_agent(const sh_fleet_node *f, const char *url, const char *to
 
 int cli_cmd_up(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
+    static const struct option opts[] = {{"fleet", required_argument, 0, 'f'}, {"sandbox", required_argument, 0, 's'}, {0}};
     const char *fleet = NULL, *sandbox = "auto";
     srv_config cfg = {0};
     cfg.port = 8470;
     cfg.db_path = "shoal-up/shoal.db";
-    /* Take our own options out, hand the rest to the server's parser. */
-    int k = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--fleet") && i + 1 < argc) fleet = argv[++i];
-        else if (!strcmp(argv[i], "--sandbox") && i + 1 < argc) sandbox = argv[++i];
-        else argv[k++] = argv[i];
-    }
-    int rc = cli_server_config(k, argv, 1, &cfg, "up");
-    if (rc) return rc;
+    cli_args a = {"up", usage, opts, NULL, cli_server_opts};
+    int rc;
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;)
+        if (c == 'f') fleet = optarg;
+        else if (c == 's') {
+            if (cli_pick("up", "--sandbox", optarg, cli_sandbox_modes) < 0) return CLI_USAGE;
+            sandbox = optarg;
+        } else if (c == CLI_OPT_EXIT) return a.rc;
+        else if ((rc = cli_server_opt(c, optarg, &cfg, "up"))) return rc;
+    if (optind < argc) return cli_usage("up", "unexpected argument \"%s\"", argv[optind]);
+    cli_server_done(&cfg);
     if (!fleet) return cli_usage("up", "--fleet FLEET.csv is required");
     sh_fleet_file ff;
     if ((rc = sh_fleet_load(fleet, NULL, &ff)) < 0) return cli_fail("up", rc);

@@ -21,27 +21,6 @@ int cli_ctl_connect(cli_ctl *x)
     return 0;
 }
 
-int cli_ctl_init(cli_ctl *x, const char *cmd, int *argc, char **argv)
-{
-    cli_ctl_defaults(x, cmd);
-    int k = 1;
-    for (int i = 1; i < *argc; i++) {
-        const char *eq = strchr(argv[i], '=');
-        if (!strcmp(argv[i], "--json")) x->json = 1;
-        else if (!strncmp(argv[i], "--server=", 9) || !strncmp(argv[i], "--token=", 8)) {
-            if (argv[i][2] == 's') x->server = eq + 1;
-            else x->token = eq + 1;
-        } else if (!strcmp(argv[i], "--server") || !strcmp(argv[i], "--token")) {
-            if (i + 1 >= *argc) return cli_usage(cmd, "%s needs a value", argv[i]);
-            if (argv[i][2] == 's') x->server = argv[++i];
-            else x->token = argv[++i];
-        } else argv[k++] = argv[i];
-    }
-    *argc = k;
-    argv[k] = NULL;
-    return cli_ctl_connect(x);
-}
-
 void cli_ctl_free(cli_ctl *x)
 {
     srv_client_free(x->c);

@@ -16,10 +16,6 @@ typedef struct cli_ctl {
 void cli_ctl_defaults(cli_ctl *x, const char *cmd);
 /* Opens the client for x->server; returns 0 or a usage status. */
 int cli_ctl_connect(cli_ctl *x);
-/* Takes --server URL, --token T and --json out of argv (the rest is moved
- * to the front; *argc shrinks).  Defaults come from SHOAL_SERVER (else
- * http://127.0.0.1:8470) and SHOAL_TOKEN.  Returns 0 or a usage status. */
-int cli_ctl_init(cli_ctl *x, const char *cmd, int *argc, char **argv);
 void cli_ctl_free(cli_ctl *x);
 /* One request; on a transport failure or an HTTP error prints
  * "shoal CMD: ..." with the server's message and returns 1, else 0.
@@ -32,9 +28,14 @@ int cli_ctl_call(cli_ctl *x, const char *method, const char *path, const json_t 
  * print it as a table, else the command's exit status. */
 int cli_ctl_get_table(const char *cmd, int argc, char **argv, const char *usage, const char *path,
                       json_t **reply);
-/* Parses the server's options shared by `shoal server` and `shoal up`. */
+/* The server's options, shared by `shoal server` and `shoal up`: the
+ * table goes in cli_args.more, and each option cli_getopt returns from it
+ * goes to cli_server_opt, which sets it in cfg (0, or prints a usage error
+ * and returns its status).  cli_server_done fills what was left out. */
 struct srv_config;
-int cli_server_config(int argc, char **argv, int first, struct srv_config *cfg, const char *cmd);
+extern const struct option cli_server_opts[];
+int cli_server_opt(int c, const char *v, struct srv_config *cfg, const char *cmd);
+void cli_server_done(struct srv_config *cfg);
 /* "3m12s" style durations and a local time "14:03:07" for tables. */
 const char *cli_fmt_dur(double s, char *buf, size_t cap);
 const char *cli_fmt_time(double wall, char *buf, size_t cap);

@@ -1,6 +1,7 @@
 /* Command-line options for every command: getopt_long with --opt=value,
  * --help and --version everywhere, the server options of client commands,
  * and "did you mean" for mistyped options. */
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,14 +20,22 @@ static void add(cli_args *a, int *n, const struct option *o, int k)
     for (int i = 0; i < k && *n < CLI_MAX_OPTS - 1; i++) a->all[(*n)++] = o[i];
 }
 
+static int count(const struct option *o)
+{
+    int k = 0;
+    while (o && o[k].name) k++;
+    return k;
+}
+
 static void prepare(cli_args *a)
 {
-    int n = 0, k = 0;
-    while (a->opts && a->opts[k].name) k++;
-    add(a, &n, a->opts, k);
+    int n = 0;
+    add(a, &n, a->opts, count(a->opts));
+    add(a, &n, a->more, count(a->more));
     add(a, &n, common_opts, 2);
     if (a->ctl) add(a, &n, ctl_opts, 3);
     memset(&a->all[n], 0, sizeof a->all[n]);
+    snprintf(a->optstring, sizeof a->optstring, ":h%s", a->shorts ? a->shorts : "");
     a->ready = 1;
     optind = 0; /* glibc: start a fresh scan (getopt_long keeps state between calls) */
     opterr = 0; /* the messages below name the command and suggest a fix */
@@ -50,16 +59,32 @@ static int unknown(cli_args *a, const char *arg, int opt)
     }
     if (exact && strchr(arg, '=')) return cli_usage(a->cmd, "option --%s takes no value (\"%s\")", name, arg);
     if (prefixes > 1) return cli_usage(a->cmd, "option \"--%s\" is ambiguous: write it in full", name);
+    for (const struct option *o = a->elsewhere; o && o->name && !exact; o++)
+        if (!strcmp(o->name, name))
+            return cli_usage(a->cmd, "unknown option \"--%s\" (another subcommand takes it: see `shoal %.*s --help`)",
+                             name, (int)strcspn(a->cmd, " "), a->cmd);
     const char *near = sh_closest(name, names, (size_t)n);
     if (near) return cli_usage(a->cmd, "unknown option \"--%s\" (did you mean --%s?)", name, near);
     return cli_usage(a->cmd, "unknown option \"--%s\"", name);
 }
 
+/* --help or -h before a "--": the usage wins over whatever else is wrong
+ * on the line (a user adds --help to a command that failed). */
+static int wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
 int cli_getopt(cli_args *a, int argc, char **argv)
 {
-    if (!a->ready) prepare(a);
+    if (!a->ready) {
+        prepare(a);
+        if (wants_help(argc, argv)) return a->rc = 0, fputs(a->usage, stdout), CLI_OPT_EXIT;
+    }
     for (;;) {
-        int c = getopt_long(argc, argv, ":h", a->all, NULL);
+        int c = getopt_long(argc, argv, a->optstring, a->all, NULL);
         switch (c) {
         case 'h':
         case CLI_OPT_HELP: a->rc = 0, fputs(a->usage, stdout); return CLI_OPT_EXIT;
@@ -86,4 +111,50 @@ int cli_pick(const char *cmd, const char *opt, const char *v, const char *const 
     if (near) cli_usage(cmd, "%s \"%s\" is not one of %s (did you mean %s?)", opt, v, list, near);
     else cli_usage(cmd, "%s \"%s\" is not one of %s", opt, v, list);
     return -1;
+}
+
+int cli_int(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    int64_t x;
+    if (sh_parse_i64(v, &x, opt) == SH_OK && x >= lo && x <= hi) return *out = x, 0;
+    if (hi == INT64_MAX)
+        return cli_usage(cmd, "%s must be an integer >= %" PRId64 ", got \"%s\"", opt, lo, v);
+    return cli_usage(cmd, "%s must be %" PRId64 "..%" PRId64 ", got \"%s\"", opt, lo, hi, v);
+}
+
+int cli_real(const char *cmd, const char *opt, const char *v, double lo, double hi, const char *what, double *out)
+{
+    double x;
+    if (sh_parse_double(v, &x, opt) == SH_OK && x >= lo && x <= hi) return *out = x, 0;
+    return cli_usage(cmd, "%s: expected %s, got \"%s\"", opt, what, v);
+}
+
+int cli_size(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t *out)
+{
+    uint64_t x = 0;
+    int rc = sh_parse_size(v, &x, opt);
+    if (rc == SH_OK && x >= lo) return *out = x, 0;
+    if (rc != SH_OK) return cli_usage(cmd, "%s", sh_errmsg());
+    return cli_usage(cmd, "%s: expected a size >= %" PRIu64 " (examples: 4096, 256M, 1GiB), got \"%s\"", opt, lo, v);
+}
+
+int cli_subcommand(const char *cmd, const char *usage, int argc, char **argv, const char *const *names, int *rc)
+{
+    const char *sub = argc > 1 ? argv[1] : NULL;
+    *rc = 0;
+    if (!sub) return fputs(usage, stderr), *rc = CLI_USAGE, -1;
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) return fputs(usage, stdout), -1;
+    if (!strcmp(sub, "--version")) return printf("shoal %s\n", SHOAL_VERSION), -1;
+    int k = cli_pick(cmd, "subcommand", sub, names);
+    if (k < 0) *rc = CLI_USAGE;
+    return k;
+}
+
+const struct option *cli_opts_pick(const struct option *all, const char *keep, struct option *out)
+{
+    int n = 0;
+    for (; all->name && n < CLI_MAX_OPTS - 1; all++)
+        if (all->val > 0 && all->val < 256 && strchr(keep, all->val)) out[n++] = *all;
+    memset(&out[n], 0, sizeof out[n]);
+    return out;
 }

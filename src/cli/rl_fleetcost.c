@@ -49,47 +49,68 @@ typedef struct opts {
     int json;
 } opts;
 
+/* Parses the options into o and c: -1, or the status to exit with. */
 static int parse(int argc, char **argv, opts *o, rl_config *c)
 {
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t k = 0;
-        if (!strcmp(a, "--json")) { o->json = 1; continue; }
-        if (!strcmp(a, "--unordered")) { c->ordered = 0; continue; }
-        if (!v) return cli_usage("rl fleet-cost", "unknown option or missing value \"%s\"", a);
+    static const struct option table[] = {
+        {"fleet", required_argument, 0, 'f'},      {"speeds", required_argument, 0, 'S'},
+        {"train-type", required_argument, 0, 'T'}, {"trainer-gpus", required_argument, 0, 'g'},
+        {"throughput", required_argument, 0, 'x'}, {"target", required_argument, 0, 'r'},
+        {"max-steps", required_argument, 0, 'm'},  {"seeds", required_argument, 0, 'n'},
+        {"jobs", required_argument, 0, 'j'},       {"train-cost", required_argument, 0, 'c'},
+        {"warm-cache", required_argument, 0, 'w'}, {"max-lag", required_argument, 0, 'l'},
+        {"seed", required_argument, 0, 's'},       {"step-s", required_argument, 0, 'd'},
+        {"seq-cost", required_argument, 0, 'q'},   {"eval-every", required_argument, 0, 'e'},
+        {"eval-n", required_argument, 0, 'E'},     {"window", required_argument, 0, 'W'},
+        {"warm", required_argument, 0, 'M'},       {"unordered", no_argument, 0, 'u'},
+        {"json", no_argument, 0, 'J'},             {0}};
+    /* The integer options: code, name, range and where the value goes. */
+    const struct {
+        int code;
+        const char *name;
+        int64_t lo, hi;
+        int *to;
+    } ints[] = {{'g', "--trainer-gpus", 0, 4096, &o->m.tg}, {'m', "--max-steps", 1, 1000000, &c->steps},
+                {'n', "--seeds", 1, 32, &o->m.seeds},       {'j', "--jobs", 1, 64, &o->m.jobs},
+                {'l', "--max-lag", 1, 64, &c->max_lag},     {'e', "--eval-every", 1, 1000000, &c->eval_every},
+                {'E', "--eval-n", 1, 1024, &c->eval_n},     {'W', "--window", 1, 1000, &c->target_window},
+                {'M', "--warm", 0, 100000, &c->warm_steps}};
+    cli_args a = {"rl fleet-cost", usage, table, NULL, NULL, "j:"};
+    for (int k; (k = cli_getopt(&a, argc, argv)) != -1;) {
+        int64_t n;
         int rc = 0;
-        if (!strcmp(a, "--fleet")) o->m.fleet = v;
-        else if (!strcmp(a, "--speeds")) o->m.speeds = v;
-        else if (!strcmp(a, "--train-type")) o->m.ttype = v;
-        else if (!strcmp(a, "--trainer-gpus")) rc = sh_parse_i64(v, &k, a), o->m.tg = (int)k;
-        else if (!strcmp(a, "--throughput")) rc = sh_parse_double(v, &o->m.thr, a);
-        else if (!strcmp(a, "--target")) rc = sh_parse_double(v, &c->target_reward, a);
-        else if (!strcmp(a, "--max-steps")) rc = sh_parse_i64(v, &k, a), c->steps = (int)k;
-        else if (!strcmp(a, "--seeds")) rc = sh_parse_i64(v, &k, a), o->m.seeds = (int)k;
-        else if (!strcmp(a, "-j") || !strcmp(a, "--jobs")) rc = sh_parse_i64(v, &k, a), o->m.jobs = (int)k;
-        else if (!strcmp(a, "--train-cost")) rc = sh_parse_double(v, &c->train_cost, a);
-        else if (!strcmp(a, "--warm-cache")) o->m.warm_cache = v;
-        else if (!strcmp(a, "--max-lag")) rc = sh_parse_i64(v, &k, a), c->max_lag = (int)k;
-        else if (!strcmp(a, "--seed")) rc = sh_parse_i64(v, &k, a), c->seed = (uint64_t)k;
-        else if (!strcmp(a, "--step-s")) rc = sh_parse_double(v, &c->step_s, a);
-        else if (!strcmp(a, "--seq-cost")) rc = sh_parse_double(v, &c->seq_cost, a);
-        else if (!strcmp(a, "--eval-every")) rc = sh_parse_i64(v, &k, a), c->eval_every = (int)k;
-        else if (!strcmp(a, "--eval-n")) rc = sh_parse_i64(v, &k, a), c->eval_n = (int)k;
-        else if (!strcmp(a, "--window")) rc = sh_parse_i64(v, &k, a), c->target_window = (int)k;
-        else if (!strcmp(a, "--warm")) rc = sh_parse_i64(v, &k, a), c->warm_steps = (int)k;
-        else return cli_usage("rl fleet-cost", "unknown option \"%s\"", a);
-        if (rc < 0) return cli_usage("rl fleet-cost", "%s", sh_errmsg());
-        i++;
+        switch (k) {
+        case 'J': o->json = 1; continue;
+        case 'u': c->ordered = 0; continue;
+        case 'f': o->m.fleet = optarg; continue;
+        case 'S': o->m.speeds = optarg; continue;
+        case 'T': o->m.ttype = optarg; continue;
+        case 'w': o->m.warm_cache = optarg; continue;
+        case 'x': rc = sh_parse_double(optarg, &o->m.thr, "--throughput"); break;
+        case 'r': rc = sh_parse_double(optarg, &c->target_reward, "--target"); break;
+        case 'c': rc = sh_parse_double(optarg, &c->train_cost, "--train-cost"); break;
+        case 'd': rc = sh_parse_double(optarg, &c->step_s, "--step-s"); break;
+        case 'q': rc = sh_parse_double(optarg, &c->seq_cost, "--seq-cost"); break;
+        case 's':
+            if (cli_int(a.cmd, "--seed", optarg, 0, INT64_MAX, &n)) return CLI_USAGE;
+            c->seed = (uint64_t)n;
+            continue;
+        case CLI_OPT_EXIT: return a.rc;
+        }
+        for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+            if (ints[i].code == k) {
+                if (cli_int(a.cmd, ints[i].name, optarg, ints[i].lo, ints[i].hi, &n)) return CLI_USAGE;
+                *ints[i].to = (int)n;
+            }
+        if (rc < 0) return cli_usage(a.cmd, "%s", sh_errmsg());
     }
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
     if (!o->m.fleet || !o->m.speeds) return cli_usage("rl fleet-cost", "--fleet and --speeds are required");
     if (!(o->m.thr > 0) || o->m.tg < 0) return cli_usage("rl fleet-cost", "--throughput must be > 0 and --trainer-gpus >= 0");
-    if (o->m.seeds < 1 || o->m.seeds > 32) return cli_usage("rl fleet-cost", "--seeds must be 1..32");
-    if (o->m.jobs < 1 || o->m.jobs > 64) return cli_usage("rl fleet-cost", "-j must be 1..64");
-    if (c->max_lag < 1 || c->max_lag > 64) return cli_usage("rl fleet-cost", "--max-lag must be 1..64");
     if (!(c->target_reward > 0 && c->target_reward <= 1)) return cli_usage("rl fleet-cost", "--target must be in (0,1]");
     if (!(c->step_s > 0 && c->step_s <= 10) || !(c->seq_cost >= 0 && c->seq_cost <= 1))
         return cli_usage("rl fleet-cost", "--step-s must be in (0,10] and --seq-cost in [0,1]");
-    return 0;
+    return -1;
 }
 
 static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
@@ -131,8 +152,6 @@ static void on_progress(void *arg, uint64_t steps) { sh_progress_update(arg, ste
 
 int cli_rl_fleet_cost(int argc, char **argv)
 {
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     opts o = {.m = {.ttype = "H100", .tg = 2, .seeds = 16, .thr = 3, .jobs = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu}};
     rl_config base;
@@ -142,7 +161,7 @@ int cli_rl_fleet_cost(int argc, char **argv)
     base.ordered = 1; /* the same data in every pool: see usage */
     base.train_cost = 3;
     int rc = parse(argc, argv, &o, &base);
-    if (rc) return rc;
+    if (rc >= 0) return rc;
     sh_progress bar;
     sh_progress_start(&bar, "fleet-cost", 3 * (uint64_t)o.m.seeds * (uint64_t)base.steps, "steps");
     json_t *out = NULL;

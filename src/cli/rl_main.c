@@ -3,6 +3,7 @@
  * trainer's rank 0 is src/mainjob/trainer.c, the other ranks
  * src/mainjob/train.c; the worker's joining is src/mainjob/worker.c and its
  * serving src/rl/worker.c. */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,28 +48,39 @@ typedef struct cli_trainer_opts {
     int nrl;
 } cli_trainer_opts;
 
-static int trainer_args(int argc, char **argv, cli_trainer_opts *o)
+/* Reads the trainer's own options into o and the rl train options into c,
+ * and keeps the latter as given in o->rl for the workers: -1, or the status
+ * to exit with. */
+static int trainer_args(int argc, char **argv, cli_trainer_opts *o, rl_config *c, int *json)
 {
+    static const struct option opts[] = {{"store", required_argument, 0, 's'}, {"events", required_argument, 0, 'e'},
+                                         {"result", required_argument, 0, 'r'},
+                                         {"ring-timeout", required_argument, 0, 't'}, {0}};
     o->rl = calloc((size_t)argc + 1, sizeof *o->rl);
-    if (!o->rl) return sh_err(SH_ENOMEM, "out of memory");
+    if (!o->rl) return cli_fail("rl trainer", sh_err(SH_ENOMEM, "out of memory"));
     o->ring_timeout = 600;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int mine = !strcmp(a, "--store") || !strcmp(a, "--events") || !strcmp(a, "--result") ||
-                   !strcmp(a, "--ring-timeout");
-        if (!mine) {
-            o->rl[o->nrl++] = argv[i];
+    cli_args a = {"rl trainer", trainer_usage, opts, NULL, cli_rl_opts};
+    int rc;
+    for (int k; (k = cli_getopt(&a, argc, argv)) != -1;) {
+        switch (k) {
+        case 's': o->store = optarg; continue;
+        case 'e': o->events = optarg; continue;
+        case 'r': o->result = optarg; continue;
+        case 't':
+            if (cli_real(a.cmd, "--ring-timeout", optarg, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &o->ring_timeout))
+                return CLI_USAGE;
             continue;
+        case CLI_OPT_EXIT: return a.rc;
         }
-        if (!v) return sh_err(SH_EINVAL, "%s needs a value", a);
-        if (!strcmp(a, "--store")) o->store = v;
-        else if (!strcmp(a, "--events")) o->events = v;
-        else if (!strcmp(a, "--result")) o->result = v;
-        else SH_TRY(sh_parse_double(v, &o->ring_timeout, a));
-        i++;
+        if (k == CLI_RL_JSON) *json = 1;
+        else if ((rc = cli_rl_opt(a.cmd, k, optarg, c))) return rc;
+        /* As given: "--opt=value", or "--opt" and its value. */
+        if (optarg && optarg == argv[optind - 1]) o->rl[o->nrl++] = argv[optind - 2];
+        o->rl[o->nrl++] = argv[optind - 1];
     }
-    if (!o->store) return sh_err(SH_EINVAL, "--store DIR is required");
-    return 0;
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
+    if (!o->store) return cli_usage(a.cmd, "--store DIR is required");
+    return (rc = cli_rl_check(a.cmd, c)) ? rc : -1;
 }
 
 static void on_listen(void *arg, const char *addr)
@@ -78,17 +90,16 @@ static void on_listen(void *arg, const char *addr)
 
 int cli_rl_trainer(int argc, char **argv)
 {
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(trainer_usage, stdout), 0;
     cli_trainer_opts o = {0};
-    if (trainer_args(argc, argv, &o) < 0) {
-        free(o.rl);
-        return cli_usage("rl trainer", "%s", sh_errmsg());
-    }
     rl_config c;
     rl_config_default(&c);
     c.quiet = 1;
-    int json = 0, rc = cli_rl_parse("rl trainer", o.nrl, o.rl, &c, &json);
+    int json = 0, rc = trainer_args(argc, argv, &o, &c, &json);
+    if (rc >= 0) {
+        free(o.rl);
+        return rc;
+    }
+    rc = 0;
     int rank = env_int("SHOAL_RANK", 0), world = env_int("SHOAL_WORLD_SIZE", 1);
     const char *host = getenv("MASTER_ADDR") ? getenv("MASTER_ADDR") : "127.0.0.1";
     int port = env_int("MASTER_PORT", 0);
@@ -135,22 +146,29 @@ int cli_rl_worker(int argc, char **argv)
     const char *store_dir = NULL, *fleet = NULL, *speeds = NULL, *node = getenv("SHOAL_NODE");
     const char *push = NULL;
     double wait_s = 300, min_wait = 5;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(worker_usage, stdout), 0;
-        if (!v) return cli_usage("rl worker", "unknown option or missing value \"%s\"", a);
-        if (!strcmp(a, "--store")) store_dir = v;
-        else if (!strcmp(a, "--fleet")) fleet = v;
-        else if (!strcmp(a, "--speeds")) speeds = v;
-        else if (!strcmp(a, "--node")) node = v;
-        else if (!strcmp(a, "--push")) push = v;
-        else if (!strcmp(a, "--wait") || !strcmp(a, "--min-wait")) {
-            if (sh_parse_double(v, !strcmp(a, "--wait") ? &wait_s : &min_wait, a) < 0)
-                return cli_usage("rl worker", "%s", sh_errmsg());
-        } else return cli_usage("rl worker", "unknown option \"%s\"", a);
-        i++;
+    static const struct option opts[] = {{"store", required_argument, 0, 's'}, {"fleet", required_argument, 0, 'f'},
+                                         {"speeds", required_argument, 0, 'S'}, {"node", required_argument, 0, 'n'},
+                                         {"push", required_argument, 0, 'p'},   {"wait", required_argument, 0, 'w'},
+                                         {"min-wait", required_argument, 0, 'm'}, {0}};
+    cli_args a = {"rl worker", worker_usage, opts, NULL};
+    for (int k; (k = cli_getopt(&a, argc, argv)) != -1;) {
+        switch (k) {
+        case 's': store_dir = optarg; break;
+        case 'f': fleet = optarg; break;
+        case 'S': speeds = optarg; break;
+        case 'n': node = optarg; break;
+        case 'p': push = optarg; break;
+        case 'w':
+        case 'm':
+            if (cli_real(a.cmd, k == 'w' ? "--wait" : "--min-wait", optarg, 0, DBL_MAX, "seconds >= 0",
+                         k == 'w' ? &wait_s : &min_wait))
+                return CLI_USAGE;
+            break;
+        default: return a.rc;
+        }
     }
-    if (!store_dir || !fleet || !speeds) return cli_usage("rl worker", "--store_dir, --fleet and --speeds are required");
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
+    if (!store_dir || !fleet || !speeds) return cli_usage("rl worker", "--store, --fleet and --speeds are required");
     if (!node) return cli_usage("rl worker", "no --node and SHOAL_NODE is not set (run it as a job, or name the node)");
     mj_fleet f;
     int rc = mj_fleet_load(fleet, speeds, &f);

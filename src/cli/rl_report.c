@@ -3,6 +3,7 @@
  * --watch prints the trainer's events.jsonl as it grows and appends the
  * server's billing (GET /v1/costs) to costs.jsonl once a second; the report
  * itself (report.html, summary.json) is src/mainjob/report.c's. */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,12 +13,13 @@
 #include "shoal/mainjob.h"
 
 static const char usage[] =
-    "usage: shoal rl report --dir RUN [--watch [--timeout S]] [--quiet] [--server URL] [--token T]\n"
+    "usage: shoal rl report --dir RUN [--watch [--timeout S]] [--quiet] [--json] [--server URL] [--token T]\n"
     "With --watch, prints one line per training step (reward, staleness, delta vs\n"
     "full bytes, cost so far from the server's billing) until RUN/result.json\n"
     "appears; then writes RUN/report.html (reward against wall-clock time and\n"
     "against cost, cost by GPU type, what moved and the push tree, the fleet-cost\n"
-    "table) and RUN/summary.json (docs/mainjob.md).\n";
+    "table) and RUN/summary.json (docs/mainjob.md).  --json prints summary.json's\n"
+    "object on stdout instead of the lines about what moved; --quiet prints nothing.\n";
 
 static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
 
@@ -107,30 +109,33 @@ static int watch(cli_ctl *x, const char *dir, double timeout_s)
 
 int cli_rl_report(int argc, char **argv)
 {
+    static const struct option opts[] = {{"dir", required_argument, 0, 'd'}, {"watch", no_argument, 0, 'w'},
+                                         {"timeout", required_argument, 0, 't'}, {"quiet", no_argument, 0, 'q'},
+                                         {0}};
     cli_ctl x;
-    int rc = cli_ctl_init(&x, "rl report", &argc, argv);
-    if (rc) return rc;
+    cli_ctl_defaults(&x, "rl report");
+    cli_args a = {"rl report", usage, opts, &x};
     const char *dir = NULL;
     int do_watch = 0, quiet = 0;
     double timeout_s = 900;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return cli_ctl_free(&x), fputs(usage, stdout), 0;
-        if (!strcmp(argv[i], "--watch")) do_watch = 1;
-        else if (!strcmp(argv[i], "--quiet")) quiet = 1;
-        else if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
-        else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
-            if (sh_parse_double(argv[++i], &timeout_s, "--timeout") < 0)
-                return cli_ctl_free(&x), cli_usage("rl report", "%s", sh_errmsg());
-        } else return cli_ctl_free(&x), cli_usage("rl report", "unknown option \"%s\"", argv[i]);
-    }
-    if (!dir) return cli_ctl_free(&x), cli_usage("rl report", "--dir RUN is required");
+    for (int k; (k = cli_getopt(&a, argc, argv)) != -1;)
+        if (k == 'd') dir = optarg;
+        else if (k == 'w') do_watch = 1;
+        else if (k == 'q') quiet = 1;
+        else if (k != 't') return a.rc;
+        else if (cli_real(a.cmd, "--timeout", optarg, 0, DBL_MAX, "seconds >= 0", &timeout_s)) return CLI_USAGE;
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
+    if (!dir) return cli_usage(a.cmd, "--dir RUN is required");
+    int rc = cli_ctl_connect(&x);
+    if (rc) return rc;
     if (do_watch) rc = watch(&x, dir, timeout_s);
     cli_ctl_free(&x);
     if (rc < 0) return cli_fail("rl report", rc);
     json_t *sum = NULL;
     rc = mj_report_write(dir, &sum);
     if (rc < 0) return cli_fail("rl report", rc);
-    if (!quiet) {
+    if (x.json && !quiet) sh_json_print(sum);
+    else if (!quiet) {
         const json_t *m = sum, *t = json_object_get(m, "targets");
         printf("what moved: %lld workers in %lld zones (%lld on the push tree); per version the trainer sent "
                "%.1f KiB for a %.1f KiB delta (target <= %.1f KiB: %s); %.2f copies crossed a zone "

@@ -135,49 +135,54 @@ static int sweep_option(opts *o, const char *k, const char *v, int *used)
     return 0;
 }
 
+/* The sweep's own options (codes SWEEP_OPT + their index go to
+ * sweep_option), beside rl train's (cli_rl_opts). */
+enum { SWEEP_OPT = 0x4000 };
+#define SW(name, i) {name, required_argument, 0, SWEEP_OPT + i}
+static const struct option sweep_opts[] = {
+    SW("seeds", 0),      SW("jobs", 1),      SW("last-k", 2),     SW("fp8-block", 3),  SW("fp8-embed", 4),
+    SW("fp8-act", 5),    SW("seed", 6),      SW("step-s", 7),     SW("seq-cost", 8),   SW("train-s", 9),
+    SW("target", 10),    SW("target-gain", 11), SW("lags", 12),   SW("losses", 13),    SW("fp8-lags", 14),
+    SW("dtypes", 15),    SW("out", 16),      SW("render", 17),    {"async-steps", required_argument, 0, 'A'},
+    {"quick", no_argument, 0, 'q'},          {"json", no_argument, 0, 'j'},           {0}};
+#undef SW
+
+/* Parses the options into o: -1, or the status to exit with. */
 static int parse_args(int argc, char **argv, opts *o)
 {
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(sweep_usage, stdout), 1;
-        o->quick |= !strcmp(argv[i], "--quick");
+    snprintf(o->cmdline, sizeof o->cmdline, "shoal rl sweep");
+    for (int i = 1; i < argc; i++) {
+        size_t len = strlen(o->cmdline);
+        snprintf(o->cmdline + len, sizeof o->cmdline - len, " %s", argv[i]);
     }
+    /* --quick sets the defaults the other options change: a first pass finds it. */
+    cli_args a = {"rl sweep", sweep_usage, sweep_opts, NULL, cli_rl_opts};
+    for (int k; (k = cli_getopt(&a, argc, argv)) != -1;)
+        if (k == CLI_OPT_EXIT) return a.rc;
+        else o->quick |= k == 'q';
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     rl_sweep_default(&o->s, o->quick);
     o->s.jobs = cores > 0 ? (int)cores : 1;
-    char *rest[256];
-    int nrest = 0;
-    snprintf(o->cmdline, sizeof o->cmdline, "shoal rl sweep");
-    for (int i = 0; i < argc; i++) {
-        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        size_t len = strlen(o->cmdline);
-        snprintf(o->cmdline + len, sizeof o->cmdline - len, " %s", k);
-        if (!strcmp(k, "--quick")) continue;
-        if (!strcmp(k, "--json")) { o->json = 1; continue; }
+    cli_args b = {"rl sweep", sweep_usage, sweep_opts, NULL, cli_rl_opts};
+    for (int k, rc; (k = cli_getopt(&b, argc, argv)) != -1;) {
+        const char *name = k == 'A' ? "async-steps" : k >= SWEEP_OPT ? sweep_opts[k - SWEEP_OPT].name
+                                                                     : cli_rl_opt_name(k);
+        char opt[40];
+        snprintf(opt, sizeof opt, "--%s", name ? name : "");
         for (size_t j = 0; j < sizeof owned / sizeof owned[0]; j++)
-            if (!strcmp(k, owned[j][0]))
-                return cli_usage("rl sweep", "%s: the sweep sets it for each cell; use %s", k, owned[j][1]);
-        if (strncmp(k, "--", 2)) return cli_usage("rl sweep", "unexpected argument \"%s\"", k);
+            if (!strcmp(opt, owned[j][0]))
+                return cli_usage(b.cmd, "%s: the sweep sets it for each cell; use %s", opt, owned[j][1]);
         int used = 0;
-        if (v && sweep_option(o, k, v, &used) < 0) return cli_usage("rl sweep", "%s", sh_errmsg());
-        if (used) {
-            i++;
-            len = strlen(o->cmdline);
-            snprintf(o->cmdline + len, sizeof o->cmdline - len, " %s", v);
-            continue;
-        }
-        if (nrest >= 254) return cli_usage("rl sweep", "too many options");
-        rest[nrest++] = argv[i]; /* an rl train option, with its value if it takes one */
-        if (v && strncmp(v, "--", 2)) {
-            rest[nrest++] = argv[++i];
-            len = strlen(o->cmdline);
-            snprintf(o->cmdline + len, sizeof o->cmdline - len, " %s", v);
-        }
+        if (k == 'j') o->json = 1;
+        else if (k >= SWEEP_OPT && sweep_option(o, opt, optarg, &used) < 0) return cli_usage(b.cmd, "%s", sh_errmsg());
+        else if (k < SWEEP_OPT && k != 'q' && (rc = cli_rl_opt(b.cmd, k, optarg, &o->s.base))) return rc;
     }
-    int js = 0;
-    if (cli_rl_parse("rl sweep", nrest, rest, &o->s.base, &js)) return CLI_USAGE;
+    int rc = cli_rl_check(b.cmd, &o->s.base);
+    if (rc) return rc;
     o->s.dir = o->out;
-    if (rl_sweep_check(&o->s) < 0) return cli_usage("rl sweep", "%s", sh_errmsg());
-    return 0;
+    if (rl_sweep_check(&o->s) < 0) return cli_usage(b.cmd, "%s", sh_errmsg());
+    return -1;
 }
 
 /* ---- Output ------------------------------------------------------------- */
@@ -422,7 +427,7 @@ int cli_rl_sweep(int argc, char **argv)
 {
     opts o = {.out = "rl-sweep"};
     int rc = parse_args(argc, argv, &o);
-    if (rc) return rc == 1 ? 0 : rc;
+    if (rc >= 0) return rc;
     if (o.render) {
         char *text = NULL;
         size_t len;

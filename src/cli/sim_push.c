@@ -1,5 +1,6 @@
 /* shoal sim push: the push-tree model (include/shoal/sim_push.h) from the
  * command line.  Dispatched from `shoal sim` (cmd_sim.c). */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,53 +27,61 @@ static const char usage_text[] =
     "  --apply-ms MS         per replica after the last chunk (default 0)\n"
     "  --json                one JSON object: converge_s, first_s, depth, chunk, ...\n";
 
-static int num(const char *a, const char *v, double *out)
-{
-    if (sh_parse_double(v, out, a) < 0) return -1;
-    if (*out < 0) return sh_err(SH_EINVAL, "%s must not be negative", a);
-    return 0;
-}
-
 int cli_sim_push(int argc, char **argv)
 {
     sim_push_config c = {.replicas = 16, .zones = 1, .fanout = 2, .payload = 717000000000ull,
                          .window = 4, .fabric = {400, 5e-6}, .zone = {100, 50e-6}, .cross = {25, 1e-3},
                          .chunk_overhead_s = 20e-6};
+    static const struct option opts[] = {
+        {"replicas", required_argument, 0, 'r'},          {"zones", required_argument, 0, 'z'},
+        {"fanout", required_argument, 0, 'f'},            {"fabric-size", required_argument, 0, 'F'},
+        {"window", required_argument, 0, 'w'},            {"payload", required_argument, 0, 'p'},
+        {"chunk", required_argument, 0, 'c'},             {"fabric-gbps", required_argument, 0, 'a'},
+        {"zone-gbps", required_argument, 0, 'b'},         {"cross-gbps", required_argument, 0, 'x'},
+        {"nic-gbps", required_argument, 0, 'n'},          {"fabric-latency-us", required_argument, 0, 'A'},
+        {"zone-latency-us", required_argument, 0, 'B'},   {"cross-latency-us", required_argument, 0, 'X'},
+        {"overhead-us", required_argument, 0, 'o'},       {"apply-ms", required_argument, 0, 'm'},
+        {"json", no_argument, 0, 'j'},                    {0}};
+    /* Counts, and non-negative figures with the factor to seconds or Gb/s. */
+    const struct {
+        int code;
+        const char *name;
+        int *to;
+    } counts[] = {{'r', "--replicas", &c.replicas}, {'z', "--zones", &c.zones}, {'f', "--fanout", &c.fanout},
+                  {'F', "--fabric-size", &c.fabric_size}, {'w', "--window", &c.window}};
+    const struct {
+        int code;
+        const char *name;
+        double scale, *to;
+    } reals[] = {{'a', "--fabric-gbps", 1, &c.fabric.gbps},         {'b', "--zone-gbps", 1, &c.zone.gbps},
+                 {'x', "--cross-gbps", 1, &c.cross.gbps},           {'n', "--nic-gbps", 1, &c.nic_gbps},
+                 {'A', "--fabric-latency-us", 1e-6, &c.fabric.latency_s},
+                 {'B', "--zone-latency-us", 1e-6, &c.zone.latency_s},
+                 {'X', "--cross-latency-us", 1e-6, &c.cross.latency_s},
+                 {'o', "--overhead-us", 1e-6, &c.chunk_overhead_s}, {'m', "--apply-ms", 1e-3, &c.apply_s}};
+    cli_args a = {"sim push", usage_text, opts, NULL};
     int json = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(usage_text, stdout), 0;
-        if (!strcmp(a, "--json")) {
-            json = 1;
-            continue;
-        }
-        if (!v) return cli_usage("sim push", "%s needs a value (see --help)", a);
-        double d = 0;
-        int64_t k = 0;
+    for (int k; (k = cli_getopt(&a, argc, argv)) != -1;) {
         int rc = 0;
-        if (!strcmp(a, "--replicas") || !strcmp(a, "--zones") || !strcmp(a, "--fanout") ||
-            !strcmp(a, "--fabric-size") || !strcmp(a, "--window")) {
-            rc = sh_parse_i64(v, &k, a);
-            if (!rc && (k < 0 || k > 10000000)) rc = sh_err(SH_EINVAL, "%s must be 0..10000000", a);
-            int *dst = !strcmp(a, "--replicas") ? &c.replicas : !strcmp(a, "--zones") ? &c.zones
-                     : !strcmp(a, "--fanout") ? &c.fanout : !strcmp(a, "--fabric-size") ? &c.fabric_size
-                     : &c.window;
-            *dst = (int)k;
-        } else if (!strcmp(a, "--payload")) rc = sh_parse_size(v, &c.payload, a);
-        else if (!strcmp(a, "--chunk")) { c.chunk = 0; rc = strcmp(v, "auto") ? sh_parse_size(v, &c.chunk, a) : 0; }
-        else if (!strcmp(a, "--fabric-gbps")) rc = num(a, v, &c.fabric.gbps);
-        else if (!strcmp(a, "--zone-gbps")) rc = num(a, v, &c.zone.gbps);
-        else if (!strcmp(a, "--cross-gbps")) rc = num(a, v, &c.cross.gbps);
-        else if (!strcmp(a, "--nic-gbps")) rc = num(a, v, &c.nic_gbps);
-        else if (!strcmp(a, "--fabric-latency-us")) rc = num(a, v, &d), c.fabric.latency_s = d * 1e-6;
-        else if (!strcmp(a, "--zone-latency-us")) rc = num(a, v, &d), c.zone.latency_s = d * 1e-6;
-        else if (!strcmp(a, "--cross-latency-us")) rc = num(a, v, &d), c.cross.latency_s = d * 1e-6;
-        else if (!strcmp(a, "--overhead-us")) rc = num(a, v, &d), c.chunk_overhead_s = d * 1e-6;
-        else if (!strcmp(a, "--apply-ms")) rc = num(a, v, &d), c.apply_s = d * 1e-3;
-        else return cli_usage("sim push", "unknown option \"%s\" (see --help)", a);
-        if (rc < 0) return cli_usage("sim push", "%s", sh_errmsg());
-        i++;
+        if (k == CLI_OPT_EXIT) return a.rc;
+        if (k == 'j') json = 1;
+        else if (k == 'p') rc = sh_parse_size(optarg, &c.payload, "--payload");
+        else if (k == 'c') c.chunk = 0, rc = strcmp(optarg, "auto") ? sh_parse_size(optarg, &c.chunk, "--chunk") : 0;
+        if (rc < 0) return cli_usage(a.cmd, "%s", sh_errmsg());
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+            int64_t n;
+            if (counts[i].code != k) continue;
+            if (cli_int(a.cmd, counts[i].name, optarg, 0, 10000000, &n)) return CLI_USAGE;
+            *counts[i].to = (int)n;
+        }
+        for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+            double d;
+            if (reals[i].code != k) continue;
+            if (cli_real(a.cmd, reals[i].name, optarg, 0, DBL_MAX, "a number >= 0", &d)) return CLI_USAGE;
+            *reals[i].to = d * reals[i].scale;
+        }
     }
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
     sim_push_result r;
     int rc = sim_push_run(&c, &r);
     if (rc < 0) return cli_usage("sim push", "%s", sh_errmsg());
