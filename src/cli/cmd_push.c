@@ -30,7 +30,10 @@ static const char usage_text[] =
     "  --egress-gbps G      limit this node's sending to G Gb/s (sender-side)\n"
     "  --spool DIR          relay: where received payloads go (default a temp dir)\n"
     "  --seconds S          exit after S seconds (default: until SIGTERM)\n"
-    "Environment: UCX_TLS selects transports (see docs/push-protocol.md).\n";
+    "Environment: UCX_TLS selects transports (see docs/push-protocol.md);\n"
+    "SHOAL_RUN_SECRET (32 hex digits): children must present it (and a relay\n"
+    "presents it to its parent), so that only the run's replicas are fed\n"
+    "(docs/security.md).\n";
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = 1; }

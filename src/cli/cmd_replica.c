@@ -32,7 +32,10 @@ static const char usage_text[] =
     "  --fp8               also keep an FP8 serving copy (models/<v>.fp8.safetensors),\n"
     "                      re-quantising only the blocks a delta touched\n"
     "  --stats-file F      rewrite F (JSON) after each activation\n"
-    "  --json              print one JSON object at exit\n";
+    "  --json              print one JSON object at exit\n"
+    "Environment: SHOAL_RUN_SECRET (32 hex digits) is presented to the parent and\n"
+    "required of children: the run's push root and replicas share it\n"
+    "(docs/security.md); UCX_TLS selects transports.\n";
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = 1; }
@@ -62,13 +65,14 @@ static json_t *info_json(const store_replica_info *info)
     json_t *tl = json_pack("{s:I}", "version", (json_int_t)t->version);
     for (size_t k = 0; k < sizeof at / sizeof *at; k++)
         json_object_set_new(tl, names[k], json_integer((json_int_t)(at[k] * 1e6)));
-    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:o}", "version", (json_int_t)info->version,
+    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:o}", "version", (json_int_t)info->version,
                      "activated_at", iso, "activated_at_us", (json_int_t)(info->activated_at * 1e6),
                      "pause_ms_max", info->pause_max_ms, "activations", (json_int_t)info->activations,
                      "failures", (json_int_t)info->failures, "bytes_received",
                      (json_int_t)info->push.bytes_received, "chunks_corrupt",
                      (json_int_t)info->push.chunks_corrupt, "reattaches", (json_int_t)info->push.reattaches,
-                     "redirects", (json_int_t)info->push.redirects, "last_error", info->last_error,
+                     "redirects", (json_int_t)info->push.redirects, "children_refused",
+                     (json_int_t)info->push.children_refused, "last_error", info->last_error,
                      "fp8_blocks_requantised", (json_int_t)info->fp8_blocks, "timeline", tl);
 }
 

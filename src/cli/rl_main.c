@@ -18,7 +18,10 @@ static const char trainer_usage[] =
     "workers (`shoal rl worker`) announced through DIR/trainer.json, publishes\n"
     "every version to the store DIR (run \"main\"), appends one JSON line per step\n"
     "and evaluation to --events and writes the run's result to --result.  Ranks\n"
-    "all-reduce gradients over a UCX ring (rendezvous in DIR/ring/).\n";
+    "all-reduce gradients over a UCX ring (rendezvous in DIR/ring/).\n"
+    "With SHOAL_RUN_SECRET (32 hex digits) in the environment, rank 0 takes only\n"
+    "workers that present it and the ring's messages are keyed with it\n"
+    "(docs/security.md).\n";
 
 static const char worker_usage[] =
     "usage: shoal rl worker --store DIR --fleet FLEET.csv --speeds SPEEDS.csv [--push PDIR]\n"
@@ -32,7 +35,8 @@ static const char worker_usage[] =
     "node's zone, logs each version's parent to PDIR/tree.jsonl, and refuses a\n"
     "request whose minimum version it cannot get within --min-wait S (5).\n"
     "Without it the weights come from the trainer over the RL socket (the\n"
-    "direct transport, a baseline).\n";
+    "direct transport, a baseline).  SHOAL_RUN_SECRET, when set, is presented to\n"
+    "the trainer and in the push tree: the run's processes share it.\n";
 
 static int env_int(const char *name, int dflt)
 {
