@@ -1276,6 +1276,10 @@ static void test_ledger_cycle_faults(void **state)
         TU_OK(srv_client_call(cl, "GET", "/v1/jobs/3", NULL, NULL, 10, &st, &reply));
         assert_int_equal(st, 503);
         json_decref(reply);
+        reply = NULL;
+        TU_OK(srv_client_call(cl, "GET", "/healthz", NULL, NULL, 10, &st, &reply));
+        assert_int_equal(st, 503); /* a supervisor's health check sees it too */
+        json_decref(reply);
         srv_client_free(cl);
     }
     srv_stop(s);

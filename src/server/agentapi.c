@@ -391,8 +391,9 @@ int srv__agent_poll(srv *s, int idx, json_t *b, json_t **reply)
         double until = ts.tv_sec + ts.tv_nsec * 1e-9 + (wait_ms > 5000 ? 5000 : wait_ms) / 1000.0;
         ts.tv_sec = (time_t)until;
         ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
-        while (!s->stopping && (uint64_t)version == s->nodes[idx].version)
+        while (!s->stopping && !s->failed[0] && (uint64_t)version == s->nodes[idx].version)
             if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT) break;
+        if (s->failed[0]) return sh_err(SH_EIO, "%s", s->failed); /* the state is gone */
         n = &s->nodes[idx]; /* the table may have moved while we waited */
         n->last_seen = sh_now_mono();
     }

@@ -159,7 +159,8 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
         snprintf(m, sizeof m, "request body larger than %zu bytes", s->cfg.max_body);
         return send_error(s, c, 413, m);
     }
-    if (s->failed[0]) return send_error(s, c, 503, s->failed);
+    const char *lost = srv_failed(s);
+    if (lost) return send_error(s, c, 503, lost);
     if (!strcmp(url, "/healthz")) return send_json(s, c, 200, json_pack("{s:b}", "ok", 1));
     if (!strcmp(url, "/metrics")) return serve_metrics(s, c);
     if (strncmp(url, "/v1/", 4)) {
@@ -181,14 +182,17 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
     int rc = srv__presubmit(&r);
     if (rc == SH_OK) {
         pthread_mutex_lock(&s->mu);
-        rc = srv__handle(s, &r, &status, &reply);
+        /* The state may have been lost while this request waited. */
+        if (s->failed[0]) status = 503, rc = sh_err(SH_EIO, "%s", s->failed);
+        else rc = srv__handle(s, &r, &status, &reply);
+        if (rc < 0 && s->failed[0]) status = 503; /* lost while it waited for a poll's news */
         if (rc < 0) snprintf(msg, sizeof msg, "%s", sh_errmsg());
         pthread_mutex_unlock(&s->mu);
     } else snprintf(msg, sizeof msg, "%s", sh_errmsg());
     srv__job_free(r.job);
     if (rc < 0) {
         json_decref(reply);
-        return send_error(s, c, status == 405 ? 405 : status_of(rc), msg);
+        return send_error(s, c, status == 405 || status == 503 ? status : status_of(rc), msg);
     }
     return send_json(s, c, status, reply ? reply : json_object());
 }
@@ -296,12 +300,12 @@ static int reload(srv *s, const char *why)
                                               " failed commit (%s): restart the server", sh_errmsg());
         sh_warn("%s", s->failed);
         free_state(s);
-        return sh_err(SH_EIO, "%s", s->failed);
     }
-    /* The next cycle comes with the timer, not at once: a disk that keeps
-     * failing is not retried every 2 ms. */
+    /* Waiting polls wake to the reloaded lists (or to the loss).  The next
+     * cycle comes with the timer, not at once: a disk that keeps failing is
+     * not retried every 2 ms. */
     pthread_cond_broadcast(&s->cv);
-    return SH_OK;
+    return rc < 0 ? sh_err(SH_EIO, "%s", s->failed) : SH_OK;
 }
 
 static double cycle(srv *s)
