@@ -1,7 +1,8 @@
 /* libFuzzer target: the push protocol's headers and OFFER manifests, the
  * bytes a push node takes from its network peers (src/bcast/wire.c,
  * bcast__manifest_parse).  The first byte picks the message, the rest is
- * its bytes.  Besides crashes and undefined behaviour, a finding is a header
+ * its bytes (0 HELLO, 1 OFFER, 2 CHUNK, 3 NACK, 4 REDIRECT, 5 an OFFER's
+ * manifest, 6 WELCOME).  Besides crashes and undefined behaviour, a finding is a header
  * that unpacks but breaks what the node then relies on: an OFFER whose
  * chunk count is not its size in chunks, a text field without its NUL, a
  * delta manifest whose base is not the version before, or a header that
@@ -23,6 +24,7 @@ static void check_hello(const uint8_t *p, size_t n)
     if (bcast__unpack_hello(buf, sizeof buf, &again) < 0) abort();
     if (again.have != h.have || again.flags != h.flags || again.resume_version != h.resume_version ||
         again.resume_next != h.resume_next || !sh_hash128_eq(again.resume_hash, h.resume_hash) ||
+        !sh_hash128_eq(again.nonce, h.nonce) || !sh_hash128_eq(again.proof, h.proof) ||
         strcmp(again.name, h.name) || strcmp(again.zone, h.zone) || strcmp(again.addr, h.addr))
         abort();
 }
@@ -59,6 +61,15 @@ static void check_nack(const uint8_t *p, size_t n)
         abort();
 }
 
+static void check_welcome(const uint8_t *p, size_t n)
+{
+    sh_hash128 proof, again;
+    if (bcast__unpack_welcome(p, n, &proof) < 0) return;
+    uint8_t buf[BCAST__WELCOME_LEN];
+    bcast__pack_welcome(proof, buf);
+    if (bcast__unpack_welcome(buf, sizeof buf, &again) < 0 || !sh_hash128_eq(again, proof)) abort();
+}
+
 static void check_redirect(const uint8_t *p, size_t n)
 {
     char addr[BCAST__ADDR];
@@ -87,13 +98,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1) return 0;
     const uint8_t *p = data + 1;
     size_t n = size - 1;
-    switch (data[0] % 6) {
+    switch (data[0] % 7) {
     case 0: check_hello(p, n); break;
     case 1: check_offer(p, n); break;
     case 2: check_chunk(p, n); break;
     case 3: check_nack(p, n); break;
     case 4: check_redirect(p, n); break;
-    default: check_manifest(p, n); break;
+    case 5: check_manifest(p, n); break;
+    default: check_welcome(p, n); break;
     }
     return 0;
 }

@@ -3,7 +3,7 @@
 # Safe to run repeatedly: it does nothing when everything is present.
 set -eu
 PKGS="build-essential pkg-config clang libclang-rt-14-dev
-      libzstd-dev libxxhash-dev libucx-dev ucx-utils libmicrohttpd-dev libjansson-dev
+      libzstd-dev libxxhash-dev libucx-dev ucx-utils libmicrohttpd-dev libjansson-dev nettle-dev
       libopenblas-dev libsqlite3-dev libcmocka-dev
       bubblewrap libseccomp-dev runsc chromium"
 missing=""

@@ -218,10 +218,11 @@ static void test_tree_converges(void **state)
     kill_all();
 }
 
-/* A run's push tree feeds only the processes that present the run's
- * secret: another tenant's process on the same network, with no
- * SHOAL_RUN_SECRET or another one, attaches and gets no version, and the
- * root says whom it refused; a replica of the run converges. */
+/* A run's push tree feeds only the processes that prove the run's secret:
+ * another tenant's process on the same network, with no SHOAL_RUN_SECRET
+ * or another one, attaches and gets no version, and the root says whom it
+ * refused; a replica of the run converges, and takes nothing from a
+ * parent that does not prove the secret back. */
 static void test_secret_required(void **state)
 {
     const char *secret = "00112233445566778899aabbccddeeff";
@@ -255,9 +256,41 @@ static void test_secret_required(void **state)
     TU_OK(sh_mkdir_p(dir, 0755));
     setenv("SHOAL_RUN_SECRET", secret, 1);
     json_t *j = replica_until(dir, root, 1);
-    unsetenv("SHOAL_RUN_SECRET");
     json_decref(j);
     same_model(dir, 1, tu_path("s1.st"));
+
+    /* The other way: a process that took a root's place (another tenant's,
+     * on a port the run's replicas knew) and offers weights of its own.  A
+     * replica of the run takes nothing from a parent that does not prove
+     * the secret: none, or another. */
+    TU_OK(ckpt_synth(tu_path("poison.st"), 200000, 7));
+    sh_rm_rf(tu_path("poison"));
+    publish(tu_path("poison"), tu_path("poison.st"));
+    const char *fake[3] = {"env -u SHOAL_RUN_SECRET", "env SHOAL_RUN_SECRET=ffeeddccbbaa99887766554433221100",
+                           "env -u SHOAL_RUN_SECRET SHOAL_BCAST_FORGE_WELCOME=1"}; /* the last forges a WELCOME */
+    for (int k = 0; k < 3; k++) {
+        char paddr[64], prt[256], victim[4096];
+        snprintf(paddr, sizeof paddr, "poison%d.addr", k);
+        unlink(tu_path(paddr));
+        spawn("%s %s push serve --store %s --addr-file %s 2>%s.log", fake[k], tu_shoal(), tu_path("poison"),
+              tu_path(paddr), tu_path(paddr));
+        snprintf(prt, sizeof prt, "%s", wait_line(tu_path(paddr), 20));
+        snprintf(victim, sizeof victim, "%s/victim%d", tu_path("sec-r"), k);
+        sh_rm_rf(victim);
+        TU_OK(sh_mkdir_p(victim, 0755));
+        pid_t v = spawn("%s replica --dir %s --parent %s --until 1 --seconds 7 --json >%s.json 2>%s.log", tu_shoal(),
+                        victim, prt, victim, victim);
+        assert_int_equal(wait_exit(v, 30), 1);
+        assert_int_equal(active_version(victim), 0);
+        char vlog[4200];
+        snprintf(vlog, sizeof vlog, "%s.log", victim);
+        char *t = (char *)tu_read_file(vlog, &(size_t){0});
+        if (!strstr(t, "proved this run's secret") && !strstr(t, "proof of this run's secret") &&
+            !strstr(t, "did not prove this run's secret"))
+            fail_msg("replica %d took no version but did not say why:\n%s", k, t);
+        free(t);
+    }
+    unsetenv("SHOAL_RUN_SECRET");
     kill_all();
 }
 

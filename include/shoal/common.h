@@ -123,6 +123,12 @@ int sh_hash128_parse(const char *hex, sh_hash128 *out);
 int sh_run_secret(sh_hash128 *out);
 /* Compares two secrets in time independent of where they differ. */
 int sh_secret_eq(sh_hash128 a, sh_hash128 b);
+/* Proof of the secret without revealing it: HMAC-SHA256 keyed by the
+ * secret over the NUL-terminated label and the nonce, truncated to 128
+ * bits.  Each side of a handshake uses its own label. */
+sh_hash128 sh_secret_proof(sh_hash128 secret, const char *label, sh_hash128 nonce);
+/* 128 bits from getrandom(). */
+int sh_nonce(sh_hash128 *out);
 
 /* ---- Files --------------------------------------------------------------- */
 

@@ -196,7 +196,13 @@ static int parent_connect(bcast_node *n)
         return sh_err(SH_EIO, "push %s: connect to %s: %s", n->name, addr, ucs_status_string(st));
     }
     bcast__hello h = {0};
-    h.secret = n->secret;
+    if (n->has_secret) {
+        SH_TRY(sh_nonce(&n->nonce));
+        h.nonce = n->nonce;
+        h.proof = sh_secret_proof(n->secret, "push child", n->nonce);
+    }
+    n->parent_proven = !n->has_secret;
+    n->parent_since = sh_now_mono();
     h.flags = n->cfg.accept_children ? 1 : 0;
     h.have = n->have;
     fill_resume(n, &h);
@@ -225,6 +231,20 @@ static void parent_events(bcast_node *n, double now)
         n->stats.redirects++;
         n->reconnect_at = now;
     }
+    int unproven = 0;
+    if (n->parent_ep && !n->parent_proven && now > n->parent_since + BCAST__PROOF_WAIT) {
+        sh_warn("push %s: parent %s sent no proof of this run's secret within %.0f s (SHOAL_RUN_SECRET);"
+                " leaving it", n->name, current_parent(n), BCAST__PROOF_WAIT);
+        n->stats.parents_refused++;
+        n->parent_failed = unproven = 1;
+    } else if (n->parent_failed && n->parent_ep && !n->parent_proven) {
+        /* Refused us, most likely: another secret.  Said once per parent. */
+        if (strcmp(n->unproven_warned, current_parent(n)))
+            sh_warn("push %s: parent %s went away before it proved this run's secret (is its"
+                    " SHOAL_RUN_SECRET this one?)", n->name, current_parent(n));
+        snprintf(n->unproven_warned, sizeof n->unproven_warned, "%s", current_parent(n));
+        unproven = 1;
+    }
     if (n->parent_failed) {
         if (n->parent_ep) close_ep(n, n->parent_ep);
         n->parent_ep = NULL;
@@ -232,7 +252,7 @@ static void parent_events(bcast_node *n, double now)
         if (n->nstack > 0) n->nstack--;
         else n->base_idx++;
         n->stats.reattaches++;
-        n->reconnect_at = now + 0.05;
+        n->reconnect_at = now + (unproven ? 1.0 : 0.05); /* not a busy loop against a stranger */
         sh_info("push %s: parent lost; next try %s", n->name, current_parent(n));
     }
     if (!n->parent_ep && n->cfg.nparents > 0 && now >= n->reconnect_at) {
@@ -327,12 +347,26 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
         p->dead = 1;
         return UCS_OK;
     }
-    if (n->has_secret && !sh_secret_eq(h.secret, n->secret)) {
-        sh_warn("push %s: refused child %.64s (zone %.32s): its HELLO lacks this run's secret"
-                " (SHOAL_RUN_SECRET)", n->name, h.name, h.zone);
-        n->stats.children_refused++;
-        p->dead = 1;
-        return UCS_OK;
+    if (n->forge_welcome) {
+        /* Fault injection: a stranger posing as a parent of the run (one
+         * that took a dead root's port) answers any child with a WELCOME
+         * it cannot have computed. */
+        uint8_t w[BCAST__WELCOME_LEN];
+        bcast__pack_welcome(sh_secret_proof((sh_hash128){0, 0}, "push parent", h.nonce), w);
+        bcast__send(n, p->ep, p, BCAST__AM_WELCOME, w, sizeof w, NULL, 0, NULL);
+    } else if (n->has_secret) {
+        /* The child proves the secret without sending it; we prove it back
+         * on its nonce, before anything else, so that it trusts what we send. */
+        if (!sh_secret_eq(h.proof, sh_secret_proof(n->secret, "push child", h.nonce))) {
+            sh_warn("push %s: refused child %.64s (zone %.32s): its HELLO lacks this run's secret"
+                    " (SHOAL_RUN_SECRET)", n->name, h.name, h.zone);
+            n->stats.children_refused++;
+            p->dead = 1;
+            return UCS_OK;
+        }
+        uint8_t w[BCAST__WELCOME_LEN];
+        bcast__pack_welcome(sh_secret_proof(n->secret, "push parent", h.nonce), w);
+        bcast__send(n, p->ep, p, BCAST__AM_WELCOME, w, sizeof w, NULL, 0, NULL);
     }
     snprintf(p->name, sizeof p->name, "%s", h.name);
     snprintf(p->zone, sizeof p->zone, "%s", h.zone);
@@ -370,10 +404,35 @@ static ucs_status_t on_nack(void *arg, const void *hdr, size_t hlen, void *data,
 
 /* ---- Receiving from the parent --------------------------------------- */
 
-static int from_parent(bcast_node *n, const ucp_am_recv_param_t *prm)
+static int from_parent_ep(bcast_node *n, const ucp_am_recv_param_t *prm)
 {
     return n->parent_ep && (prm->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) &&
            prm->reply_ep == n->parent_ep;
+}
+
+/* A message from the current parent, once it proved the run's secret: with
+ * a secret, nothing a parent sends counts before its WELCOME. */
+static int from_parent(bcast_node *n, const ucp_am_recv_param_t *prm)
+{
+    return from_parent_ep(n, prm) && n->parent_proven;
+}
+
+static ucs_status_t on_welcome(void *arg, const void *hdr, size_t hlen, void *data, size_t len,
+                               const ucp_am_recv_param_t *prm)
+{
+    bcast_node *n = arg;
+    sh_hash128 proof;
+    if (!from_parent_ep(n, prm) || !n->has_secret || n->parent_proven) return UCS_OK;
+    if (bcast__unpack_welcome(hdr, hlen, &proof) < 0 ||
+        !sh_secret_eq(proof, sh_secret_proof(n->secret, "push parent", n->nonce))) {
+        sh_warn("push %s: parent %s did not prove this run's secret (SHOAL_RUN_SECRET); leaving it", n->name,
+                current_parent(n));
+        n->stats.parents_refused++;
+        n->parent_failed = 1;
+        return UCS_OK;
+    }
+    n->parent_proven = 1;
+    return UCS_OK;
 }
 
 static ucs_status_t on_redirect(void *arg, const void *hdr, size_t hlen, void *data, size_t len,
@@ -565,6 +624,7 @@ static int start_ucx(bcast_node *n)
     SH_TRY(set_handler(n, BCAST__AM_OFFER, on_offer));
     SH_TRY(set_handler(n, BCAST__AM_CHUNK, on_chunk));
     SH_TRY(set_handler(n, BCAST__AM_NACK, on_nack));
+    SH_TRY(set_handler(n, BCAST__AM_WELCOME, on_welcome));
     return SH_OK;
 }
 
@@ -622,6 +682,7 @@ static void parse_corrupt(bcast_node *n)
         n->corrupt_index = i;
         n->corrupt_armed = 1;
     }
+    n->forge_welcome = getenv("SHOAL_BCAST_FORGE_WELCOME") != NULL; /* tests: a hostile parent */
 }
 
 int bcast_node_new(const bcast_config *cfg, bcast_node **out)

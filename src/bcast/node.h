@@ -10,6 +10,7 @@
 
 #define BCAST__MAX_OUTSTANDING 4 /* chunk sends in flight per child */
 #define BCAST__MAX_RESEND 64
+#define BCAST__PROOF_WAIT 5.0 /* s a parent has to prove the run's secret (WELCOME) */
 #define BCAST__MIN_CHUNKS 32 /* the root cuts an object into at least this many */
 #define BCAST__STACK 32
 #define BCAST__EAGER_MAX (64u << 10) /* larger messages go by rendezvous (zero-copy) */
@@ -56,6 +57,10 @@ struct bcast_node {
      * list, so that a dead parent sends us back to whoever sent us to it. */
     ucp_ep_h parent_ep;
     int parent_failed;
+    sh_hash128 nonce;     /* of the HELLO to the current parent */
+    int parent_proven;    /* the parent's WELCOME proved the run's secret (or there is none) */
+    double parent_since;  /* when the current parent was connected (monotonic) */
+    char unproven_warned[BCAST__ADDR]; /* the last parent said to have left unproven */
     char redirect_to[BCAST__ADDR];
     char fed_by[BCAST__ADDR]; /* the parent connected to last: objects come from it */
     double reconnect_at;
@@ -75,6 +80,7 @@ struct bcast_node {
     uint64_t corrupt_version; /* fault injection: SHOAL_BCAST_CORRUPT=V:I */
     uint32_t corrupt_index;
     int corrupt_armed;
+    int forge_welcome; /* fault injection: SHOAL_BCAST_FORGE_WELCOME (a hostile parent) */
 };
 
 /* sched.c */

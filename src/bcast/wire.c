@@ -56,8 +56,10 @@ void bcast__pack_hello(const bcast__hello *h, uint8_t out[BCAST__HELLO_LEN])
     put_text(out + 48, BCAST__NAME, h->name);
     put_text(out + 112, BCAST__ZONE, h->zone);
     put_text(out + 144, BCAST__ADDR, h->addr);
-    put64(out + 208, h->secret.lo);
-    put64(out + 216, h->secret.hi);
+    put64(out + 208, h->nonce.lo);
+    put64(out + 216, h->nonce.hi);
+    put64(out + 224, h->proof.lo);
+    put64(out + 232, h->proof.hi);
 }
 
 int bcast__unpack_hello(const void *buf, size_t len, bcast__hello *h)
@@ -80,8 +82,10 @@ int bcast__unpack_hello(const void *buf, size_t len, bcast__hello *h)
     SH_TRY(get_text(p + 48, BCAST__NAME, h->name, "name"));
     SH_TRY(get_text(p + 112, BCAST__ZONE, h->zone, "zone"));
     SH_TRY(get_text(p + 144, BCAST__ADDR, h->addr, "addr"));
-    h->secret.lo = get64(p + 208);
-    h->secret.hi = get64(p + 216);
+    h->nonce.lo = get64(p + 208);
+    h->nonce.hi = get64(p + 216);
+    h->proof.lo = get64(p + 224);
+    h->proof.hi = get64(p + 232);
     return SH_OK;
 }
 
@@ -168,4 +172,20 @@ int bcast__unpack_redirect(const void *buf, size_t len, char out[BCAST__ADDR])
     if (len != BCAST__REDIRECT_LEN)
         return sh_err(SH_EFORMAT, "push REDIRECT: %zu bytes, expected %d", len, BCAST__REDIRECT_LEN);
     return get_text(buf, BCAST__ADDR, out, "redirect address");
+}
+
+void bcast__pack_welcome(sh_hash128 proof, uint8_t out[BCAST__WELCOME_LEN])
+{
+    put64(out, proof.lo);
+    put64(out + 8, proof.hi);
+}
+
+int bcast__unpack_welcome(const void *buf, size_t len, sh_hash128 *proof)
+{
+    const uint8_t *p = buf;
+    if (len != BCAST__WELCOME_LEN)
+        return sh_err(SH_EFORMAT, "push WELCOME: %zu bytes, expected %d", len, BCAST__WELCOME_LEN);
+    proof->lo = get64(p);
+    proof->hi = get64(p + 8);
+    return SH_OK;
 }

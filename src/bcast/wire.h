@@ -15,10 +15,11 @@ enum {
     BCAST__AM_OFFER = 3,
     BCAST__AM_CHUNK = 4,
     BCAST__AM_NACK = 5,
+    BCAST__AM_WELCOME = 6,
 };
 
 #define BCAST__MAGIC 0x31424853u /* "SHB1" little-endian */
-#define BCAST__PROTO 1
+#define BCAST__PROTO 2
 #define BCAST__NAME 64
 #define BCAST__ZONE 32
 #define BCAST__ADDR 64
@@ -27,11 +28,12 @@ enum {
 #define BCAST__OFFER_ANCHOR 1u
 #define BCAST__OFFER_SQUASH 2u /* a squashed delta from `base` (< version - 1 allowed) */
 
-#define BCAST__HELLO_LEN 224
+#define BCAST__HELLO_LEN 256
 #define BCAST__REDIRECT_LEN 64
 #define BCAST__OFFER_LEN 56
 #define BCAST__CHUNK_LEN 24
 #define BCAST__NACK_LEN 12
+#define BCAST__WELCOME_LEN 16
 
 typedef struct bcast__hello {
     uint32_t magic;
@@ -44,7 +46,8 @@ typedef struct bcast__hello {
     char name[BCAST__NAME];
     char zone[BCAST__ZONE];
     char addr[BCAST__ADDR];
-    sh_hash128 secret; /* the run's secret (sh_run_secret), or zero */
+    sh_hash128 nonce; /* fresh per connection */
+    sh_hash128 proof; /* sh_secret_proof(run secret, "push child", nonce), or zero */
 } bcast__hello;
 
 typedef struct bcast__offer {
@@ -78,6 +81,10 @@ void bcast__pack_chunk(const bcast__chunk *c, uint8_t out[BCAST__CHUNK_LEN]);
 int bcast__unpack_chunk(const void *buf, size_t len, bcast__chunk *c);
 void bcast__pack_nack(const bcast__nack *k, uint8_t out[BCAST__NACK_LEN]);
 int bcast__unpack_nack(const void *buf, size_t len, bcast__nack *k);
+/* WELCOME (parent -> child, first, when the parent has the run's secret):
+ * sh_secret_proof(secret, "push parent", the child's HELLO nonce). */
+void bcast__pack_welcome(sh_hash128 proof, uint8_t out[BCAST__WELCOME_LEN]);
+int bcast__unpack_welcome(const void *buf, size_t len, sh_hash128 *proof);
 /* A redirect is one NUL-padded "host:port" of BCAST__REDIRECT_LEN bytes. */
 int bcast__unpack_redirect(const void *buf, size_t len, char out[BCAST__ADDR]);
 
