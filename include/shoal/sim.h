@@ -124,6 +124,9 @@ typedef struct sim_opts {
     int progress;        /* draw a progress bar on a terminal */
     int estimates;       /* record each job's start estimate after its first cycle */
     uint64_t seed;
+    /* Non-NULL: write each job's start, wait, end and preemptions there as
+     * CSV once the replay ends (docs/sched.md, "Per-job results"). */
+    const char *jobs_out;
 } sim_opts;
 
 #define SIM_KEYS 64

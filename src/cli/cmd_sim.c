@@ -43,6 +43,8 @@ static const char usage_text[] =
     "          --fair-window S (7200) --pack        shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
     "checks:   --check                              sched_check after every event\n"
+    "          --jobs-out FILE                      each job's wait, JCT and preemptions as CSV (with\n"
+    "                                               --policy all: FILE.POLICY.csv for each policy)\n"
     "          --no-estimates                       skip checking start estimates against starts\n"
     "                                               (reported as start_estimates in --json)\n"
     "          --plain-estimates                    estimates from running work and reservations alone,\n"
@@ -50,7 +52,7 @@ static const char usage_text[] =
 
 typedef struct args {
     const char *fleet, *fleet_format, *format, *policy, *type_map, *throughputs;
-    const char *write_trace, *write_fleet;
+    const char *write_trace, *write_fleet, *jobs_out;
     const char *traces[512];
     int ntraces;
     sim_fleet_opts fo;
@@ -107,7 +109,7 @@ static int parse(int argc, char **argv, args *a)
 #define INT(name, field) if (!strcmp(o, name)) { int64_t x; if (!has) return cli_usage("sim", "%s needs a value", o); rc = sh_parse_i64(v, &x, name); if (rc || x < 0 || x > 1000000000) return cli_usage("sim", "%s: \"%s\" is not a count", name, v); a->field = (int)x; i++; continue; }
         STR("--fleet", fleet) STR("--fleet-format", fleet_format) STR("--format", format)
         STR("--policy", policy) STR("--type-map", type_map) STR("--throughputs", throughputs)
-        STR("--write-trace", write_trace) STR("--write-fleet", write_fleet)
+        STR("--write-trace", write_trace) STR("--write-fleet", write_fleet) STR("--jobs-out", jobs_out)
         INT("--zones", fo.zones) INT("--fabric-nodes", fo.fabric_nodes) INT("--multi-node", multi_k)
         INT("--node-gpus", node_gpus) INT("--max-victims", max_victims) INT("--reservations", reservations)
         INT("--drain-pools", drain)
@@ -353,6 +355,16 @@ int cli_cmd_sim(int argc, char **argv)
         o.replace_wait_s = a.replace_wait;
         o.progress = 1; /* drawn only when stderr is a terminal */
         o.estimates = !a.no_estimates;
+        char jobs_out[4096];
+        if (a.jobs_out) {
+            if (npol > 1) {
+                const char *dot = strrchr(a.jobs_out, '.'), *slash = strrchr(a.jobs_out, '/');
+                int stem = dot && (!slash || dot > slash) ? (int)(dot - a.jobs_out) : (int)strlen(a.jobs_out);
+                snprintf(jobs_out, sizeof jobs_out, "%.*s.%s%s", stem, a.jobs_out, sched_policy_name(pols[p]),
+                         stem < (int)strlen(a.jobs_out) ? a.jobs_out + stem : ".csv");
+            } else snprintf(jobs_out, sizeof jobs_out, "%s", a.jobs_out);
+            o.jobs_out = jobs_out;
+        }
         sim_report r;
         double w0 = sh_now_mono();
         rc = sim_run(&f, &t, &o, &r);
