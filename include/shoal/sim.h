@@ -160,7 +160,7 @@ typedef struct sim_report {
      * with their GPU masks, scale-ups): equal hashes mean the same
      * decision stream. */
     uint64_t decisions_hash;
-    uint64_t preemptions, failures, failures_survived, requeues, replaces, restarts;
+    uint64_t preemptions, preempt_declined, failures, failures_survived, requeues, replaces, restarts;
     uint64_t partial_gangs, hold_timeouts;
     double held_gpu_hours;
     uint64_t scale_ups, scale_downs;

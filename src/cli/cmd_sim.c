@@ -37,6 +37,8 @@ static const char usage_text[] =
     "                                               (no --quota: per GPU type, 64 8-GPU nodes in\n"
     "                                               fabric auto-<type> of its first zone, 300 s)\n"
     "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (1)\n"
+    "          --preempt-wait F                     shoal: preempt only for a gang that would wait\n"
+    "                                               over F x its run time without (0.5; 0: always)\n"
 
     "          --drain-pools 0|1                    shoal: place work where pools drain together (1)\n"
     "          --grow-queued                        shoal: grow elastic work while jobs are queued\n"
@@ -57,7 +59,7 @@ typedef struct args {
     int ntraces;
     sim_fleet_opts fo;
     int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, drain, pack, no_estimates, plain_est, grow_queued;
-    double fair_window;
+    double fair_window, preempt_wait;
     double load, mtbf, repair, hold, restart, up_wait, down_idle, replace_wait;
     int64_t jobs;
     uint64_t seed;
@@ -98,7 +100,7 @@ static int parse(int argc, char **argv, args *a)
     a->fo = (sim_fleet_opts){2, 0};
     a->node_gpus = 8, a->jobs = 1000, a->load = 0.9, a->seed = 1;
     a->max_victims = -1, a->reservations = -1, a->drain = -1;
-    a->hold = a->restart = a->up_wait = a->down_idle = a->fair_window = -1;
+    a->hold = a->restart = a->up_wait = a->down_idle = a->fair_window = a->preempt_wait = -1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         int has = i + 1 < argc;
@@ -114,7 +116,7 @@ static int parse(int argc, char **argv, args *a)
         INT("--node-gpus", node_gpus) INT("--max-victims", max_victims) INT("--reservations", reservations)
         INT("--drain-pools", drain)
         NUM("--load", load) NUM("--failures", mtbf) NUM("--repair-s", repair) NUM("--replace-wait", replace_wait) NUM("--hold-timeout", hold)
-        NUM("--fair-window", fair_window) NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
+        NUM("--fair-window", fair_window) NUM("--preempt-wait", preempt_wait) NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
         if (!strcmp(o, "--jobs") || !strcmp(o, "--seed")) {
             if (!has) return cli_usage("sim", "%s needs a value", o);
             uint64_t x;
@@ -242,6 +244,7 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
                                   "mean_abs_error_s", num(r->est_mean_abs_error_s), "p50_abs_error_s",
                                   num(r->est_p50_abs_error_s), "p90_abs_error_s", num(r->est_p90_abs_error_s)));
     json_object_set_new(j, "preemptions", json_integer((json_int_t)r->preemptions));
+    json_object_set_new(j, "preemptions_declined", json_integer((json_int_t)r->preempt_declined));
     json_object_set_new(j, "failures", json_integer((json_int_t)r->failures));
     json_object_set_new(j, "failures_survived", json_integer((json_int_t)r->failures_survived));
     json_object_set_new(j, "requeues", json_integer((json_int_t)r->requeues));
@@ -343,6 +346,7 @@ int cli_cmd_sim(int argc, char **argv)
         if (a.max_victims >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_victims = a.max_victims;
         if (a.reservations >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_reservations = a.reservations;
         if (a.drain >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.drain_pools = a.drain != 0;
+        if (a.preempt_wait >= 0) o.cfg.preempt_wait = a.preempt_wait;
 
         if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
         if (a.fair_window >= 0) o.cfg.fair_window_s = a.fair_window;

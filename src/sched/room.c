@@ -592,6 +592,18 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
         *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority, 0};
         return 0;
     }
+    /* Worth it only when the gang would otherwise wait long for its run:
+     * a check of this job's own (its estimate), after the search, so the
+     * search's memo of the shape stays a fact about victims alone. */
+    if (s->cfg.preempt_wait > 0) {
+        uint32_t rp;
+        double T = best_pool(s, j, now, &rp);
+        if (isnan(T)) return sh_err(SH_ENOMEM, "sched: out of memory");
+        if (rp != NONE && T < now + s->cfg.preempt_wait * sched__est_len(s, j, rp)) {
+            s->st.preempt_declined++;
+            return 0;
+        }
+    }
     size_t m;
     pool_victims(s, j, bestp, &vn, &capvn, &m);
     for (size_t k = 0; k < m; k++) {

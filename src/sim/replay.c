@@ -388,7 +388,7 @@ static void summarise(run *R, double t0, double t_end)
     sched_stats_get(R->s, &st);
     r->decisions = st.decisions;
     r->decisions_per_s = r->sched_cpu_s > 0 ? (double)st.decisions / r->sched_cpu_s : 0;
-    r->preemptions = st.preemptions, r->requeues = st.requeues, r->replaces = st.replaces;
+    r->preemptions = st.preemptions, r->preempt_declined = st.preempt_declined, r->requeues = st.requeues, r->replaces = st.replaces;
     r->partial_gangs = st.partial_gangs, r->hold_timeouts = st.hold_timeouts;
     r->held_gpu_hours = st.held_gpu_s / 3600.0;
     r->resv_late = st.resv_late;
