@@ -593,11 +593,17 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
         return 0;
     }
     /* Worth it only when the gang would otherwise wait long for its run:
-     * a check of this job's own (its estimate), after the search, so the
-     * search's memo of the shape stays a fact about victims alone. */
+     * a check of this job's own (its estimate), after the search (which
+     * costs less), so that the search's memo of the shape stays a fact
+     * about victims alone. */
     if (s->cfg.preempt_wait > 0) {
-        uint32_t rp;
-        double T = best_pool(s, j, now, &rp);
+        uint32_t rp = NONE;
+        double T = NAN;
+        /* A gang holding this cycle's reservation starts at its time (a
+         * search now would skip its own reserved nodes). */
+        for (size_t r = 0; r < s->nresv && rp == NONE; r++)
+            if (s->resv[r].job == ji) T = s->resv[r].T, rp = s->nodes[s->resv[r].nodes[0]].pool;
+        if (rp == NONE) T = best_pool(s, j, now, &rp);
         if (isnan(T)) return sh_err(SH_ENOMEM, "sched: out of memory");
         if (rp != NONE && T < now + s->cfg.preempt_wait * sched__est_len(s, j, rp)) {
             s->st.preempt_declined++;
