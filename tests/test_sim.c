@@ -574,6 +574,98 @@ static void both(const sim_fleet *f, const sim_trace *t, sim_report r[2])
     }
 }
 
+/* --jobs-out: one line per job, whose waits give the report's p99 by
+ * gang size and whose preemptions add up to the report's; with --policy
+ * all the CLI writes one file per policy. */
+static int cmp_dbl_t(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void test_jobs_out(void **state)
+{
+    (void)state;
+    sim_fleet f;
+    TU_OK(sim_fleet_mixed(&f, 64, 32));
+    sim_trace t = {0};
+    TU_OK(sim_trace_mixed(&t, 800, 3, 64 * 8, 0.9));
+    sim_opts o;
+    memset(&o, 0, sizeof o);
+    sched_config_default(&o.cfg, SCHED_POLICY_SHOAL);
+    o.cfg.preempt_wait = 0; /* preempt whenever victims make room: some preemptions to count */
+    o.jobs_out = tu_path("jobs.csv");
+    sim_report r;
+    TU_OK(sim_run(&f, &t, &o, &r));
+    assert_true(r.preemptions > 0);
+    size_t n;
+    char *text = (char *)tu_read_file(o.jobs_out, &n), *pos = text, *line;
+    line = strsep(&pos, "\n");
+    assert_string_equal(line, "id,tenant,kind,nodes,gpus_per_node,priority,submit_s,duration_s,start_s,wait_s,"
+                              "end_s,jct_s,preemptions,shrinks");
+    double *w[SIM_BUCKETS];
+    size_t nb[SIM_BUCKETS] = {0}, lines = 0, done = 0, rejected = 0;
+    uint64_t pre = 0;
+    for (int b = 0; b < SIM_BUCKETS; b++) w[b] = calloc(t.n, sizeof(double));
+    while ((line = strsep(&pos, "\n")) && *line) {
+        char *fld[14], *q = line;
+        int k = 0;
+        while (k < 14 && (fld[k] = strsep(&q, ","))) k++;
+        assert_int_equal(k, 14);
+        assert_null(q);
+        const sim_job *j = &t.jobs[lines++];
+        assert_string_equal(fld[0], j->id);
+        assert_int_equal(atoi(fld[3]), j->nodes);
+        if (!*fld[8]) { /* rejected (larger than any pool): never started */
+            assert_true(!*fld[9] && !*fld[10] && !*fld[11]);
+            rejected++;
+            continue;
+        }
+        assert_true(*fld[10]); /* every job that started ended */
+        double sub = atof(fld[6]), start = atof(fld[8]), wait = atof(fld[9]), end = atof(fld[10]);
+        assert_true(fabs(sub - j->submit_s) < 1e-3 && fabs(start - sub - wait) < 2e-3);
+        assert_true(end >= start && fabs(atof(fld[11]) - (end - sub)) < 2e-3);
+        int b = j->nodes <= 1 ? 0 : j->nodes <= 4 ? 1 : j->nodes <= 16 ? 2 : j->nodes <= 64 ? 3 : 4;
+        w[b][nb[b]++] = wait;
+        pre += (uint64_t)atoi(fld[12]);
+        done++;
+    }
+    assert_int_equal(lines, t.n);
+    assert_int_equal(done, r.jobs_completed);
+    assert_int_equal(rejected, r.jobs_rejected);
+    assert_true(done > 700);
+    assert_int_equal(pre, r.preemptions);
+    for (int b = 0; b < SIM_BUCKETS; b++) {
+        if (!nb[b]) {
+            assert_true(isnan(r.wait_p99_s_by_nodes[b]));
+            free(w[b]);
+            continue;
+        }
+        qsort(w[b], nb[b], sizeof(double), cmp_dbl_t);
+        size_t i = (size_t)ceil(0.99 * (double)nb[b]) - 1;
+        assert_true(fabs(w[b][i] - r.wait_p99_s_by_nodes[b]) < 2e-3);
+        free(w[b]);
+    }
+    free(text);
+    /* The CLI: one file per policy, named after it. */
+    char args[1024];
+    snprintf(args, sizeof args, "--fleet mixed:64 --fabric-nodes 32 --format mixed --jobs 200 --seed 3 --policy all "
+             "--no-estimates --jobs-out %s", tu_path("per-job.csv"));
+    json_decref(run_json(args));
+    static const char *const pols[] = {"fifo", "firstfit", "backfill", "shoal"};
+    for (int p = 0; p < 4; p++) {
+        char name[64];
+        snprintf(name, sizeof name, "per-job.%s.csv", pols[p]);
+        char *x = (char *)tu_read_file(tu_path(name), &n);
+        size_t nl = 0;
+        for (size_t k = 0; k < n; k++) nl += x[k] == '\n';
+        assert_int_equal(nl, 201);
+        free(x);
+    }
+    sim_trace_free(&t);
+    sim_fleet_free(&f);
+}
+
 /* The issue's targets: shoal's p99 wait in each gang-size bucket at most
  * 1.1x backfill's, its mean JCT at most 1.05x, and (strict) its p99 for
  * gangs of 17+ nodes lower, where such gangs waited at all. */
@@ -673,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_replay_reject_and_autoscale), cmocka_unit_test(test_cli_errors),
         cmocka_unit_test(test_mixed_reference_same), cmocka_unit_test(test_mixed_reference_deep),
         cmocka_unit_test(test_trace_gavel10),
+        cmocka_unit_test(test_jobs_out),
         cmocka_unit_test(test_quality_targets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
