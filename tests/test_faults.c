@@ -57,6 +57,7 @@ static struct {
     size_t rootlen;
     long steps;           /* steps seen since armed */
     long fail_at, exit_at; /* the step that fails or exits (0: none) */
+    int fail_on;           /* 1: every step from fail_at on fails (a disk that stays full) */
     int fired;
     dirty d[MAXDIRTY];
     int nd;
@@ -138,7 +139,7 @@ static int step(const char *what, const char *path, int err)
     if (!F.on || !under_root(path)) return 0;
     F.steps++;
     if (F.exit_at && F.steps == F.exit_at) _exit(77);
-    if (F.fail_at && F.steps == F.fail_at) {
+    if (F.fail_at && (F.steps == F.fail_at || (F.fail_on && F.steps > F.fail_at))) {
         F.fired = 1;
         return err;
     }
@@ -406,7 +407,7 @@ static void faults_arm(const char *root, long fail_at, long exit_at)
     faults_reset();
     snprintf(F.root, sizeof F.root, "%s", root);
     F.rootlen = strlen(F.root);
-    F.steps = 0, F.fail_at = fail_at, F.exit_at = exit_at, F.fired = 0;
+    F.steps = 0, F.fail_at = fail_at, F.exit_at = exit_at, F.fired = 0, F.fail_on = 0;
     F.on = 1;
     pthread_mutex_unlock(&F.mu);
 }
@@ -1034,18 +1035,23 @@ static void test_server_state_faults(void **state)
 /* ---- The server's ledger ----------------------------------------------------- */
 
 /* Ledger rows of job `job` (read straight from the database). */
-static int ledger_rows(const char *db, int64_t job)
+/* SELECT COUNT(*) ... with one integer parameter, on database file db. */
+static int db_count(const char *db, const char *sql, int64_t arg)
 {
     sqlite3 *h;
     if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) fail_msg("open %s", db);
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(h, "SELECT COUNT(*) FROM ledger WHERE job = ?", -1, &st, NULL) != SQLITE_OK)
-        fail_msg("ledger query: %s", sqlite3_errmsg(h));
-    sqlite3_bind_int64(st, 1, job);
+    if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(h));
+    sqlite3_bind_int64(st, 1, arg);
     int n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
     sqlite3_finalize(st);
     sqlite3_close(h);
     return n;
+}
+
+static int ledger_rows(const char *db, int64_t job)
+{
+    return db_count(db, "SELECT COUNT(*) FROM ledger WHERE job = ?", job);
 }
 
 /* Cancels alice's job `id`; returns the HTTP status. */
@@ -1065,19 +1071,31 @@ static int cancel_job(srv *s, int id)
 
 static int cancel_one(srv *s) { return cancel_job(s, 1); }
 
-static int one_ended(srv *s)
+/* Alice's job `id` as GET /v1/jobs/ID reports it: "state nodes=N", where
+ * N is how many places its members hold. */
+static void job_state(srv *s, int id, char *out, size_t cap)
 {
     srv_client *c = client(s, "tok-alice");
     int st;
     json_t *reply;
-    TU_OK(srv_client_call(c, "GET", "/v1/jobs/1", NULL, NULL, 10, &st, &reply));
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%d", id);
+    TU_OK(srv_client_call(c, "GET", path, NULL, NULL, 10, &st, &reply));
     assert_int_equal(st, 200);
-    const char *state = json_string_value(json_object_get(reply, "state"));
-    int ended = state && !strcmp(state, "cancelled");
+    const char *got = json_string_value(json_object_get(reply, "state"));
+    snprintf(out, cap, "%s nodes=%zu", got ? got : "?", json_array_size(json_object_get(reply, "members")));
     json_decref(reply);
     srv_client_free(c);
-    return ended;
 }
+
+static int job_is(srv *s, int id, const char *state)
+{
+    char got[128];
+    job_state(s, id, got, sizeof got);
+    return !strncmp(got, state, strlen(state)) && got[strlen(state)] == ' ';
+}
+
+static int one_ended(srv *s) { return job_is(s, 1, "cancelled"); }
 
 /* Job 1 is billed once it has ended, exactly once, and not before. */
 static void ledger_check(srvc *c, srv *s, const char *ctx)
@@ -1206,19 +1224,69 @@ static void test_ledger_cycle_faults(void **state)
                                 "after the next cycle (want 1)", k, n, rows);
         srv_stop(s);
     }
-    /* Bills left in the core are written after the next change commits,
-     * outside its transaction: with the preempting cycle's commit failed,
-     * job 3 is cancelled while each of its writes fails in turn. */
+    /* A cycle whose commit fails is taken back whole: the server reloads
+     * its state from the database, so job 3 still waits, jobs 1 and 2 still
+     * run, unbilled, and the agents' lists say so; the next cycle decides
+     * again.  Then job 3 is cancelled while each of its writes fails in
+     * turn: the preemption happens once or never, and bills once. */
     restore(c.dir);
     s = srv_up(&c);
-    faults_arm(c.dir, 1, 0);
-    srv_cycle_for_bench(s);
+    char before[3][128], after[128];
+    for (int id = 1; id <= 3; id++) job_state(s, id, before[id - 1], sizeof before[0]);
+    assert_true(job_is(s, 3, "pending"));
+    faults_arm(c.dir, n, 0); /* the commit: the cycle's last step */
+    assert_true(srv_cycle_for_bench(s) < 0);
     faults_disarm();
+    assert_true(F.fired);
+    assert_null(srv_failed(s));
+    for (int id = 1; id <= 3; id++) {
+        job_state(s, id, after, sizeof after);
+        if (strcmp(after, before[id - 1]))
+            fail_msg("job %d was '%s' before a cycle whose commit failed, '%s' after", id, before[id - 1], after);
+    }
+    assert_int_equal(preempted_rows(c.db), 0);
+    assert_int_equal(db_count(c.db, "SELECT COUNT(*) FROM events WHERE kind = 'cycle_undone' AND id > ?", 0), 1);
     faults_arm(c.dir, 0, 0);
     assert_int_equal(cancel_job(s, 3), 200);
     long m = faults_disarm();
+    srv_cycle_for_bench(s);
+    for (int id = 1; id <= 2; id++) {
+        job_state(s, id, after, sizeof after);
+        if (strcmp(after, before[id - 1])) fail_msg("job %d: '%s' after job 3's cancel, want '%s'", id, after, before[id - 1]);
+    }
     srv_stop(s);
-    assert_int_equal(preempted_rows(c.db), 1);
+    assert_int_equal(preempted_rows(c.db), 0);
+    /* The disk stays full: the reload cannot commit either.  The server
+     * says it must be restarted, refuses every request, and a restart
+     * finds the state as it was before the cycle. */
+    restore(c.dir);
+    s = srv_up(&c);
+    faults_arm(c.dir, n, 0);
+    F.fail_on = 1;
+    assert_true(srv_cycle_for_bench(s) < 0);
+    faults_disarm();
+    const char *why = srv_failed(s);
+    assert_non_null(why);
+    assert_non_null(strstr(why, "restart the server"));
+    assert_true(srv_cycle_for_bench(s) < 0);
+    {
+        srv_client *cl = client(s, "tok-alice");
+        int st = 0;
+        json_t *reply = NULL;
+        TU_OK(srv_client_call(cl, "GET", "/v1/jobs/3", NULL, NULL, 10, &st, &reply));
+        assert_int_equal(st, 503);
+        json_decref(reply);
+        srv_client_free(cl);
+    }
+    srv_stop(s);
+    s = srv_up(&c);
+    for (int id = 1; id <= 3; id++) {
+        job_state(s, id, after, sizeof after);
+        if (strcmp(after, before[id - 1]))
+            fail_msg("job %d: '%s' after a restart from a lost state, want '%s'", id, after, before[id - 1]);
+    }
+    srv_stop(s);
+    assert_int_equal(preempted_rows(c.db), 0);
     print_message("cancel after the failed cycle: %ld steps, each failed\n", m);
     for (long q = 1; q <= m; q++) {
         restore(c.dir);

@@ -51,6 +51,10 @@ typedef struct srv_config {
 int srv_start(const srv_config *cfg, srv **out);
 /* The TCP port the server listens on. */
 int srv_port(const srv *s);
+/* NULL while the server runs; after a scheduling cycle whose commit failed
+ * and whose reload from the database failed too, why: the server then
+ * answers every request with 503 and should be restarted. */
+const char *srv_failed(srv *s);
 /* Stops the daemon and the scheduler thread and closes the database. */
 void srv_stop(srv *s);
 

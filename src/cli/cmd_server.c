@@ -106,7 +106,9 @@ int cli_cmd_server(int argc, char **argv)
     if ((rc = srv_start(&cfg, &s)) < 0) return cli_fail("server", rc);
     printf("listening on http://%s:%d\n", cfg.bind_addr ? cfg.bind_addr : "127.0.0.1", srv_port(s));
     fflush(stdout);
-    while (!stop_flag) pause();
+    const char *failed = NULL;
+    while (!stop_flag && !(failed = srv_failed(s))) sh_sleep(0.2);
+    if (failed) fprintf(stderr, "shoal server: %s\n", failed);
     srv_stop(s);
-    return 0;
+    return failed ? 1 : 0;
 }

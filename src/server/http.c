@@ -159,6 +159,7 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
         snprintf(m, sizeof m, "request body larger than %zu bytes", s->cfg.max_body);
         return send_error(s, c, 413, m);
     }
+    if (s->failed[0]) return send_error(s, c, 503, s->failed);
     if (!strcmp(url, "/healthz")) return send_json(s, c, 200, json_pack("{s:b}", "ok", 1));
     if (!strcmp(url, "/metrics")) return serve_metrics(s, c);
     if (strncmp(url, "/v1/", 4)) {
@@ -226,15 +227,97 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MH
 
 /* ---- scheduler thread ----------------------------------------------------- */
 
+/* The core, the jobs and the nodes: what srv__db_load and srv__seam_init
+ * build. */
+static void free_state(srv *s)
+{
+    if (s->sc) srv__seam_free(s);
+    s->sc = NULL;
+    s->dec = (sched_decisions){0};
+    s->bills_staged = 0;
+    s->nseam_queue = 0;
+    for (int64_t i = 1; i <= s->njobs; i++) srv__job_free(s->jobs[i]);
+    free(s->jobs);
+    free(s->active);
+    free(s->nodes);
+    s->jobs = NULL, s->active = NULL, s->nodes = NULL;
+    s->njobs = s->cap_jobs = s->nactive = s->cap_active = 0;
+    s->nnodes = s->cap_nodes = 0;
+}
+
+/* After a scheduling cycle whose transaction did not commit.  The cycle
+ * carried out its decisions in the core and in the server's memory (places,
+ * members, the agents' desired lists), and the database holds none of
+ * them: both are rebuilt from the database, as a restart would, before the
+ * lock is released, so that no agent or client sees the undone cycle.  The
+ * next cycle decides again.  The nodes keep their last poll, and each
+ * node's desired list gets a new version, so that a waiting poll answers
+ * with the list as the database has it.  A reload that fails leaves the
+ * server without a state it can trust: it is marked failed (every request
+ * gets 503, `shoal server` exits non-zero for its supervisor to restart it). */
+static int reload(srv *s, const char *why)
+{
+    int n = s->nnodes;
+    char (*names)[sizeof s->nodes[0].name] = n ? malloc((size_t)n * sizeof *names) : NULL;
+    double *seen = n ? malloc((size_t)n * sizeof *seen) : NULL;
+    uint64_t top = 0;
+    if (n && (!names || !seen)) {
+        free(names), free(seen);
+        return sh_err(SH_ENOMEM, "reloading the state");
+    }
+    for (int i = 0; i < n; i++) {
+        memcpy(names[i], s->nodes[i].name, sizeof names[i]);
+        seen[i] = s->nodes[i].last_seen;
+        if (s->nodes[i].version > top) top = s->nodes[i].version;
+    }
+    free_state(s);
+    s->reloading = 1;
+    int rc = srv__db_load(s);
+    if (rc == SH_OK) rc = srv__db_begin(s);
+    if (rc == SH_OK) {
+        rc = srv__seam_init(s);
+        if (rc == SH_OK)
+            rc = srv__db_event(s, 0, NULL, "cycle_undone",
+                               "a scheduling cycle could not commit (%s); its decisions were taken back"
+                               " and the state reloaded from the database", why);
+        if (rc == SH_OK) rc = srv__db_commit(s);
+        else srv__db_rollback(s);
+    }
+    s->reloading = 0;
+    for (int i = 0; rc == SH_OK && i < s->nnodes; i++) {
+        s->nodes[i].version = top + 1;
+        for (int k = 0; k < n; k++)
+            if (!strcmp(names[k], s->nodes[i].name)) s->nodes[i].last_seen = seen[k];
+    }
+    free(names);
+    free(seen);
+    if (rc < 0) {
+        snprintf(s->failed, sizeof s->failed, "the state could not be reloaded from the database after a"
+                                              " failed commit (%s): restart the server", sh_errmsg());
+        sh_warn("%s", s->failed);
+        free_state(s);
+        return sh_err(SH_EIO, "%s", s->failed);
+    }
+    /* The next cycle comes with the timer, not at once: a disk that keeps
+     * failing is not retried every 2 ms. */
+    pthread_cond_broadcast(&s->cv);
+    return SH_OK;
+}
+
 static double cycle(srv *s)
 {
+    if (s->failed[0]) return SH_EIO;
     double t0 = sh_now_mono();
     if (srv__db_begin(s) < 0) return SH_EIO;
     int rc = srv__seam_step(s, t0);
     if (rc == SH_OK) rc = srv__db_commit(s);
-    else {
-        sh_warn("scheduling cycle: %s", sh_errmsg());
-        srv__db_rollback(s);
+    else srv__db_rollback(s);
+    if (rc < 0) {
+        /* The core decided and the server carried part or all of it out. */
+        char why[600];
+        snprintf(why, sizeof why, "%s", sh_errmsg());
+        sh_warn("scheduling cycle: %s; reloading the state from the database", why);
+        if (reload(s, why) == SH_OK) sh_err(SH_EIO, "scheduling cycle: %s (taken back)", why);
     }
     s->last_cycle_s = sh_now_mono() - t0;
     return rc < 0 ? rc : s->last_cycle_s;
@@ -404,6 +487,14 @@ int srv_start(const srv_config *cfg, srv **out)
 
 int srv_port(const srv *s) { return s->port; }
 
+const char *srv_failed(srv *s)
+{
+    pthread_mutex_lock(&s->mu);
+    const char *f = s->failed[0] ? s->failed : NULL;
+    pthread_mutex_unlock(&s->mu);
+    return f;
+}
+
 void srv_stop(srv *s)
 {
     if (!s) return;
@@ -415,11 +506,7 @@ void srv_stop(srv *s)
     if (s->sched_thread) pthread_join(s->sched_thread, NULL);
     if (s->mhd) MHD_stop_daemon(s->mhd);
     if (s->db) srv__db_close(s);
-    if (s->sc) srv__seam_free(s);
-    for (int64_t i = 1; i <= s->njobs; i++) srv__job_free(s->jobs[i]);
-    free(s->jobs);
-    free(s->active);
-    free(s->nodes);
+    free_state(s);
     json_decref(s->tokens);
     json_decref(s->tenant_num);
     pthread_mutex_destroy(&s->mu);

@@ -194,8 +194,10 @@ static int restore(srv *s, srv_job *j, double now)
     }
     if (rc == SH_OK) {
         sh_buf_append(&where, "", 1);
-        rc = srv__db_event(s, j->id, NULL, "restored", "server restarted: attempt %d kept %s on %s", j->attempt,
-                           srv__job_state_name(j->state), (char *)where.data);
+        /* After an undone cycle nothing happened to the job: no event. */
+        if (!s->reloading)
+            rc = srv__db_event(s, j->id, NULL, "restored", "server restarted: attempt %d kept %s on %s",
+                               j->attempt, srv__job_state_name(j->state), (char *)where.data);
         sh_buf_free(&where);
         return rc;
     }

@@ -113,6 +113,8 @@ struct srv {
     int provider_busy;    /* provider commands still running */
     char quota_buf[256];  /* --provider-quota, split into the strings below */
     sched_quota quota;
+    int reloading;        /* srv__seam_init rebuilds after an undone cycle, not a restart */
+    char failed[1024];    /* non-empty: the state is lost; every request gets 503 */
 };
 
 typedef struct srv_req {
