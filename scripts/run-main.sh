@@ -107,6 +107,14 @@ set -a
 . "$RUN/fleet/env"
 set +a
 
+# The run's secret: its trainer, workers, replicas and push root prove to
+# each other that they belong to this run with it, so that another tenant's
+# process on the same network can neither join the push tree (and read the
+# weights) nor hand the trainer trajectories (docs/security.md).  In the
+# job files' env, which only this tenant and the admin can read.
+SHOAL_RUN_SECRET=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+export SHOAL_RUN_SECRET
+
 PUSHOPT="--push $RUN/push"
 [ "${SHOAL_RUN_TRANSPORT:-push}" = direct ] && PUSHOPT=""
 json_args() { # prints its arguments as a JSON array of strings
@@ -118,13 +126,14 @@ json_args() { # prints its arguments as a JSON array of strings
 cat >"$RUN/trainer.json" <<EOF
 {"name": "rl-trainer", "kind": "gang", "nodes": 2, "gpus_per_node": 1, "gpu_types": ["H100"],
  "priority": 10, "on_failure": "fail", "writable": ["$RUN"],
+ "env": {"SHOAL_RUN_SECRET": "$SHOAL_RUN_SECRET"},
  "command": $(json_args "$SHOAL" rl trainer --store "$RUN/store" --events "$RUN/events.jsonl" --result "$RUN/result.json" $RLOPTS)}
 EOF
 cat >"$RUN/rollouts.json" <<EOF
 {"name": "rl-rollouts", "kind": "elastic", "min_nodes": 1, "max_nodes": 7, "gpus_per_node": 1,
  "gpu_types": ["H100", "A100", "L40S", "L4"],
  "gpu_speeds": {"H100": 1.0, "A100": 0.70, "L40S": 0.55, "L4": 0.30},
- "writable": ["$RUN"],
+ "writable": ["$RUN"], "env": {"SHOAL_RUN_SECRET": "$SHOAL_RUN_SECRET"},
  "command": $(json_args "$SHOAL" rl worker --store "$RUN/store" --fleet "$FLEET" --speeds "$SPEEDS" $PUSHOPT)}
 EOF
 NODES=$(grep -v -e '^#' -e '^name,' -e '^$' "$FLEET" | wc -l)

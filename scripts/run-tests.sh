@@ -20,7 +20,8 @@ one() {
     name="$v.$(basename "$bin")"
     log="$LOGS/$name.log"
     t0=$(date +%s)
-    SHOAL_BIN=$shoal SHOAL_TEST_TMP=$(mktemp -d /tmp/shoal-test.XXXXXX) \
+    tmp=$(mktemp -d /tmp/shoal-test.XXXXXX)
+    SHOAL_BIN=$shoal SHOAL_TEST_TMP=$tmp \
         timeout -k 10 "$LIMIT" "$bin" > "$log" 2>&1
     rc=$?
     t1=$(date +%s)
@@ -33,9 +34,13 @@ one() {
     [ "$rc" -eq 124 ] && status=TIMEOUT
     printf '%-5s %-34s %3d passed %3d failed %3d skipped  %4ss\n' "$status" "$name" "$pass" "$fail" "$skip" $((t1 - t0))
     if [ "$fail" -ne 0 ]; then
-        echo "----- last lines of $log (exit $rc) -----"
+        echo "----- last lines of $log (exit $rc; its files are in $tmp) -----"
         tail -40 "$log"
         echo "-----"
+    else
+        # A passing binary's files go (some tests write gigabytes); a
+        # failing one's stay for a look.
+        rm -rf "$tmp"
     fi
     echo "$pass $fail $skip" > "$log.result"
 }

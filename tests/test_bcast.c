@@ -218,6 +218,49 @@ static void test_tree_converges(void **state)
     kill_all();
 }
 
+/* A run's push tree feeds only the processes that present the run's
+ * secret: another tenant's process on the same network, with no
+ * SHOAL_RUN_SECRET or another one, attaches and gets no version, and the
+ * root says whom it refused; a replica of the run converges. */
+static void test_secret_required(void **state)
+{
+    const char *secret = "00112233445566778899aabbccddeeff";
+    TU_OK(ckpt_synth(tu_path("s1.st"), 200000, 1));
+    sh_rm_rf(tu_path("sec"));
+    publish(tu_path("sec"), tu_path("s1.st"));
+    unlink(tu_path("sec.addr"));
+    spawn("env SHOAL_RUN_SECRET=%s %s push serve --store %s --addr-file %s 2>%s.log", secret, tu_shoal(),
+          tu_path("sec"), tu_path("sec.addr"), tu_path("sec"));
+    char root[256];
+    snprintf(root, sizeof root, "%s", wait_line(tu_path("sec.addr"), 20));
+    const char *env[2] = {"env -u SHOAL_RUN_SECRET", "env SHOAL_RUN_SECRET=ffeeddccbbaa99887766554433221100"};
+    for (int k = 0; k < 2; k++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/thief%d", tu_path("sec-r"), k);
+        sh_rm_rf(dir);
+        TU_OK(sh_mkdir_p(dir, 0755));
+        pid_t t = spawn("%s %s replica --dir %s --parent %s --until 1 --seconds 3 --json >%s.json 2>%s.log", env[k],
+                        tu_shoal(), dir, root, dir, dir);
+        assert_int_equal(wait_exit(t, 30), 1);
+        assert_int_equal(active_version(dir), 0);
+    }
+    char *log = (char *)tu_read_file(tu_path("sec.log"), &(size_t){0});
+    int refused = 0;
+    for (const char *p = log; (p = strstr(p, "lacks this run's secret")); p++) refused++;
+    free(log);
+    if (refused < 2) fail_msg("the root logged %d refusals for 2 processes without the secret", refused);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/member", tu_path("sec-r"));
+    sh_rm_rf(dir);
+    TU_OK(sh_mkdir_p(dir, 0755));
+    setenv("SHOAL_RUN_SECRET", secret, 1);
+    json_t *j = replica_until(dir, root, 1);
+    unsetenv("SHOAL_RUN_SECRET");
+    json_decref(j);
+    same_model(dir, 1, tu_path("s1.st"));
+    kill_all();
+}
+
 static void test_corrupt_chunk_refetched(void **state)
 {
     TU_OK(ckpt_synth(tu_path("c1.st"), 600000, 3));
@@ -516,6 +559,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_tree_converges, teardown),
         cmocka_unit_test_teardown(test_corrupt_chunk_refetched, teardown),
+        cmocka_unit_test_teardown(test_secret_required, teardown),
         cmocka_unit_test_teardown(test_delta_pushed, teardown),
         cmocka_unit_test_teardown(test_relay_killed, teardown),
         cmocka_unit_test_teardown(test_zones, teardown),

@@ -5,39 +5,13 @@
  * impossible.  The fuzzer explores; this keeps what it found fixed. */
 #include "testutil.h"
 
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* The target, compiled into this binary as it is into the fuzzer. */
 #include "../fuzz/fuzz_sched.c"
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-static void test_corpus_replays(void **state)
-{
-    const char *dir = "fuzz/corpus/fuzz_sched";
-    DIR *d = opendir(dir);
-    if (!d) fail_msg("cannot open %s (run the tests from the repository root)", dir);
-    char *names[4096];
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 4096)
-        if (e->d_name[0] != '.') names[n++] = strdup(e->d_name);
-    closedir(d);
-    qsort(names, n, sizeof *names, by_name);
-    assert_true(n >= 1);
-    for (size_t i = 0; i < n; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        size_t len;
-        uint8_t *buf = tu_read_file(path, &len);
-        print_message("%s (%zu bytes)\n", names[i], len);
-        LLVMFuzzerTestOneInput(buf, len);
-        free(buf);
-        free(names[i]);
-    }
-}
+static void test_corpus_replays(void **state) { assert_true(tu_replay_corpus("fuzz_sched", LLVMFuzzerTestOneInput) >= 1); }
 
 /* Inputs the corpus may lack: empty, one byte of each policy, and a long
  * run of one repeated byte. */

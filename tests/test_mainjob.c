@@ -220,38 +220,72 @@ static void test_pipeline(void **state)
     free(shoal);
 }
 
-/* The ring alone: three ranks (processes) average distinct vectors. */
-static void test_ring(void **state)
+/* Rank r of a ring of W processes (rendezvous in DIR, SHOAL_RUN_SECRET
+ * `secret` or none) averages distinct vectors and broadcasts a message;
+ * exits 0 when both came out right. */
+static void ring_rank(int r, int W, const char *dir, const char *secret, double timeout_s)
 {
-    const int W = 3, N = 1001;
-    int port = 23000 + (int)(getpid() % 2000) * 3;
-    pid_t kids[3];
+    enum { N = 1001 };
+    if (secret) setenv("SHOAL_RUN_SECRET", secret, 1);
+    else unsetenv("SHOAL_RUN_SECRET");
+    mj_ring *ring;
+    if (mj_ring_new(r, W, "127.0.0.1", 0, dir, timeout_s, &ring) < 0) fprintf(stderr, "rank %d: %s\n", r, sh_errmsg()), _exit(2);
+    float x[N];
+    for (int i = 0; i < N; i++) x[i] = (float)(r * 1000 + i);
+    if (mj_ring_allreduce_mean(ring, x, N) < 0) fprintf(stderr, "rank %d: %s\n", r, sh_errmsg()), _exit(3);
+    for (int i = 0; i < N; i++)
+        if (x[i] != (float)((W - 1) * 500 + i)) _exit(4); /* mean of r*1000 + i over r = 0..W-1 */
+    char msg[] = "hello from rank 0";
+    void *b = r == 0 ? msg : NULL;
+    size_t len = r == 0 ? sizeof msg : 0;
+    if (mj_ring_bcast(ring, 0, &b, &len) < 0) fprintf(stderr, "rank %d: %s\n", r, sh_errmsg()), _exit(5);
+    if (len != sizeof msg || memcmp(b, msg, len)) _exit(6);
+    if (r) free(b);
+    mj_ring_free(ring);
+    _exit(0);
+}
+
+/* Runs a ring of W processes, rank r with secrets[r]; returns how many
+ * exited 0. */
+static int run_ring(int W, const char *name, const char *const *secrets, double timeout_s)
+{
+    pid_t kids[8];
+    sh_rm_rf(tu_path(name));
+    TU_OK(sh_mkdir_p(tu_path(name), 0755));
     for (int r = 0; r < W; r++) {
         kids[r] = fork();
         assert_true(kids[r] >= 0);
-        if (kids[r] == 0) {
-            mj_ring *ring;
-            if (mj_ring_new(r, W, "127.0.0.1", port, tu_path("rdv"), 30, &ring) < 0) fprintf(stderr, "rank %d: %s\n", r, sh_errmsg()), _exit(2);
-            float x[1001];
-            for (int i = 0; i < N; i++) x[i] = (float)(r * 1000 + i);
-            if (mj_ring_allreduce_mean(ring, x, N) < 0) fprintf(stderr, "rank %d: %s\n", r, sh_errmsg()), _exit(3);
-            for (int i = 0; i < N; i++)
-                if (x[i] != (float)(1000 + i)) _exit(4); /* mean of r*1000 + i over r = 0,1,2 */
-            char msg[] = "hello from rank 0";
-            void *b = r == 0 ? msg : NULL;
-            size_t len = r == 0 ? sizeof msg : 0;
-            if (mj_ring_bcast(ring, 0, &b, &len) < 0) fprintf(stderr, "rank %d: %s\n", r, sh_errmsg()), _exit(5);
-            if (len != sizeof msg || memcmp(b, msg, len)) _exit(6);
-            if (r) free(b);
-            mj_ring_free(ring);
-            _exit(0);
-        }
+        if (kids[r] == 0) ring_rank(r, W, tu_path(name), secrets[r], timeout_s);
     }
+    int ok = 0;
     for (int r = 0; r < W; r++) {
         int st;
         waitpid(kids[r], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("ring rank %d exited with %d", r, WEXITSTATUS(st));
+        ok += WIFEXITED(st) && WEXITSTATUS(st) == 0;
     }
+    return ok;
+}
+
+/* The ring alone: three ranks (processes) average distinct vectors. */
+static void test_ring(void **state)
+{
+    const char *none[3] = {NULL, NULL, NULL};
+    assert_int_equal(run_ring(3, "rdv", none, 30), 3);
+    const char *same[3] = {"0f1e2d3c4b5a69788796a5b4c3d2e1f0", "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+                           "0f1e2d3c4b5a69788796a5b4c3d2e1f0"};
+    assert_int_equal(run_ring(3, "rdv-same", same, 30), 3);
+}
+
+/* A process without the run's secret that reaches a rank's port (another
+ * tenant's rank, over the shared host network) cannot have its messages
+ * taken for a step's: with another secret, a rank's hello is never
+ * matched, and neither ring forms. */
+static void test_ring_secret(void **state)
+{
+    const char *other[2] = {"0f1e2d3c4b5a69788796a5b4c3d2e1f0", "ffeeddccbbaa99887766554433221100"};
+    assert_int_equal(run_ring(2, "rdv-other", other, 3), 0);
+    const char *half[2] = {"0f1e2d3c4b5a69788796a5b4c3d2e1f0", NULL};
+    assert_int_equal(run_ring(2, "rdv-half", half, 3), 0);
 }
 
 static void test_fleet_files(void **state)
@@ -330,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_fleet_files),
         cmocka_unit_test(test_fp8_in_memory),
         cmocka_unit_test(test_ring),
+        cmocka_unit_test(test_ring_secret),
         cmocka_unit_test(test_pipeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

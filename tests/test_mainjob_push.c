@@ -11,6 +11,9 @@
  * - a worker joins zone a after that, with nothing: it catches up with the
  *   anchor and one squashed delta from the root, then moves under its
  *   zone's relay;
+ * - the run's processes share a secret (SHOAL_RUN_SECRET): a worker of
+ *   another tenant, with another secret, connects to the trainer and is
+ *   refused;
  * - every worker still running at the end holds the trainer's last image,
  *   byte for byte, and the summary says so. */
 #include <signal.h>
@@ -114,6 +117,7 @@ static void test_workers_on_the_tree(void **state)
     snprintf(events, sizeof events, "%s/events.jsonl", dir);
     snprintf(result, sizeof result, "%s/result.json", dir);
     snprintf(log, sizeof log, "%s/trainer.log", dir);
+    setenv("SHOAL_RUN_SECRET", "6a0e3c1f9b7d5a2e4c8f0b1d3e5a7c9f", 1); /* every process of the run */
     char *targs[] = {"rl", "trainer", "--store", store_dir, "--events", events, "--result", result,
                      "--steps", "14", "--warm", "70", "--eval-every", "7", "--eval-n", "32",
                      "--max-lag", "2", "--loss", "decoupled", "--ordered", NULL};
@@ -125,6 +129,14 @@ static void test_workers_on_the_tree(void **state)
     snprintf(latest, sizeof latest, "%s/main/LATEST", store_dir);
     for (int i = 0; i < 1200 && !sh_path_exists(latest); i++) sh_sleep(0.1);
     assert_true(sh_path_exists(latest));
+    /* Another tenant's process on the same network, with its own secret,
+     * asks the trainer for work (and weights) directly. */
+    char tlog[4300];
+    snprintf(tlog, sizeof tlog, "%s/thief.log", dir);
+    char *thargs[] = {"rl", "worker", "--store", store_dir, "--fleet", fleet, "--speeds", speeds, "--node", "zb-0", NULL};
+    setenv("SHOAL_RUN_SECRET", "0123456789abcdef0123456789abcdef", 1);
+    pid_t thief = spawn(tlog, thargs);
+    setenv("SHOAL_RUN_SECRET", "6a0e3c1f9b7d5a2e4c8f0b1d3e5a7c9f", 1);
     sh_sleep(2.0);
     char tmp[4300], addr[4300], plog[4300];
     snprintf(tmp, sizeof tmp, "%s/push.tmp", pdir);
@@ -181,7 +193,11 @@ static void test_workers_on_the_tree(void **state)
     waitpid(trainer, &st, 0);
     for (int i = 0; i < 4; i++) stop(w[i], SIGTERM);
     stop(root, SIGTERM);
+    stop(thief, SIGTERM);
+    unsetenv("SHOAL_RUN_SECRET");
     if (!res) fail_msg("no result from the trainer; see %s", log);
+    print_message("workers refused for a wrong secret: %ld\n", i_of(res, "workers_refused"));
+    assert_true(i_of(res, "workers_refused") >= 1);
 
     /* Refused and asked again, never trained on: every step trained on its
      * own groups within the bound, and some requests were refused. */

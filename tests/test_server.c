@@ -149,6 +149,9 @@ static void test_bad_requests(void **state)
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"command\":[]}", 400, "field \"command\"");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"command\":[\"true\"],\"env\":{\"SHOAL_RANK\":\"9\"}}",
                  400, "reserved");
+    expect_error(TF_ALICE, "POST", "/v1/jobs",
+                 "{\"name\":\"x\",\"nodes\":1,\"command\":[\"true\"],\"env\":{\"SHOAL_RUN_SECRET\":\"hunter2\"}}", 400,
+                 "expected 32 hex digits");
     /* A gang larger than any zone's worth of matching nodes never fits. */
     /* Zones cannot be pinned, so a job asking for one is refused, not
      * silently placed in any zone. */

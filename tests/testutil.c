@@ -1,5 +1,6 @@
 #include "testutil.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,34 @@ uint8_t *tu_read_file(const char *path, size_t *len)
     char *buf;
     if (sh_read_file(path, (size_t)1 << 34, &buf, len) < 0) fail_msg("read %s: %s", path, sh_errmsg());
     return (uint8_t *)buf;
+}
+
+static int tu_by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+size_t tu_replay_corpus(const char *name, int (*one)(const uint8_t *, size_t))
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "fuzz/corpus/%s", name);
+    DIR *d = opendir(dir);
+    if (!d) fail_msg("cannot open %s (run the tests from the repository root)", dir);
+    char *names[4096];
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 4096)
+        if (e->d_name[0] != '.') names[n++] = strdup(e->d_name);
+    closedir(d);
+    qsort(names, n, sizeof *names, tu_by_name);
+    for (size_t i = 0; i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        size_t len;
+        uint8_t *buf = tu_read_file(path, &len);
+        print_message("%s (%zu bytes)\n", names[i], len);
+        one(buf, len);
+        free(buf);
+        free(names[i]);
+    }
+    return n;
 }
 
 void tu_assert_same_file(const char *a, const char *b)

@@ -34,6 +34,11 @@ int tu_run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 void tu_write_file(const char *path, const void *data, size_t len);
 /* Reads a file whole (asserts on failure); *len gets its size. */
 uint8_t *tu_read_file(const char *path, size_t *len);
+/* Feeds every file of a fuzzer's committed corpus (fuzz/corpus/NAME: the
+ * seeds and each regression it found), in name order, to `one` (the
+ * target's LLVMFuzzerTestOneInput, compiled into the test), so that
+ * `make test` keeps what the fuzzer found fixed.  Returns the file count. */
+size_t tu_replay_corpus(const char *name, int (*one)(const uint8_t *, size_t));
 /* Asserts that two files hold the same bytes. */
 void tu_assert_same_file(const char *a, const char *b);
 

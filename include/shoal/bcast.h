@@ -113,6 +113,7 @@ typedef struct bcast_stats {
     uint64_t chunks_corrupt;  /* received chunks dropped for a bad checksum */
     uint64_t reattaches;      /* parent connections after the first */
     uint64_t redirects;       /* redirects this node followed */
+    uint64_t children_refused; /* HELLOs without the run's secret (SHOAL_RUN_SECRET) */
     uint64_t have_version;    /* newest complete object */
     int children;             /* live children */
     int attached;             /* 1 when connected to a parent (or root) */

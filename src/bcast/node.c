@@ -196,6 +196,7 @@ static int parent_connect(bcast_node *n)
         return sh_err(SH_EIO, "push %s: connect to %s: %s", n->name, addr, ucs_status_string(st));
     }
     bcast__hello h = {0};
+    h.secret = n->secret;
     h.flags = n->cfg.accept_children ? 1 : 0;
     h.have = n->have;
     fill_resume(n, &h);
@@ -323,6 +324,13 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
     if (!p) return UCS_OK;
     if (bcast__unpack_hello(hdr, hlen, &h) < 0) {
         sh_warn("push %s: dropping a child: %s", n->name, sh_errmsg());
+        p->dead = 1;
+        return UCS_OK;
+    }
+    if (n->has_secret && !sh_secret_eq(h.secret, n->secret)) {
+        sh_warn("push %s: refused child %.64s (zone %.32s): its HELLO lacks this run's secret"
+                " (SHOAL_RUN_SECRET)", n->name, h.name, h.zone);
+        n->stats.children_refused++;
         p->dead = 1;
         return UCS_OK;
     }
@@ -639,7 +647,9 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
     n->have = cfg->have_version;
     n->stats.have_version = n->have;
     parse_corrupt(n);
-    int rc = cfg->spool ? sh_mkdir_p(cfg->spool, 0755) : 0;
+    int rc = sh_run_secret(&n->secret);
+    n->has_secret = rc == 1;
+    if (rc >= 0) rc = cfg->spool ? sh_mkdir_p(cfg->spool, 0755) : 0;
     if (rc == 0) rc = start_ucx(n);
     if (rc == 0) rc = start_listener(n);
     if (rc == 0) rc = start_poll(n);

@@ -43,6 +43,8 @@ typedef struct bcast__peer {
 
 struct bcast_node {
     bcast_config cfg;
+    sh_hash128 secret; /* SHOAL_RUN_SECRET: children must present it, and we do to parents */
+    int has_secret;
     char name[BCAST__NAME], zone[BCAST__ZONE], addr[BCAST__ADDR];
     char spool[4096];
     ucp_context_h ctx;

@@ -56,6 +56,8 @@ void bcast__pack_hello(const bcast__hello *h, uint8_t out[BCAST__HELLO_LEN])
     put_text(out + 48, BCAST__NAME, h->name);
     put_text(out + 112, BCAST__ZONE, h->zone);
     put_text(out + 144, BCAST__ADDR, h->addr);
+    put64(out + 208, h->secret.lo);
+    put64(out + 216, h->secret.hi);
 }
 
 int bcast__unpack_hello(const void *buf, size_t len, bcast__hello *h)
@@ -78,6 +80,8 @@ int bcast__unpack_hello(const void *buf, size_t len, bcast__hello *h)
     SH_TRY(get_text(p + 48, BCAST__NAME, h->name, "name"));
     SH_TRY(get_text(p + 112, BCAST__ZONE, h->zone, "zone"));
     SH_TRY(get_text(p + 144, BCAST__ADDR, h->addr, "addr"));
+    h->secret.lo = get64(p + 208);
+    h->secret.hi = get64(p + 216);
     return SH_OK;
 }
 
@@ -114,7 +118,8 @@ int bcast__unpack_offer(const void *buf, size_t len, bcast__offer *o)
                       (unsigned long long)o->version, (unsigned long long)o->base);
     if (o->chunk_size == 0) return sh_err(SH_EFORMAT, "push OFFER v%llu: chunk size 0",
                                           (unsigned long long)o->version);
-    uint64_t want = (o->size + o->chunk_size - 1) / o->chunk_size;
+    /* Rounded up without the sum, which a size near 2^64 would wrap. */
+    uint64_t want = o->size / o->chunk_size + (o->size % o->chunk_size != 0);
     if (want != o->nchunks)
         return sh_err(SH_EFORMAT, "push OFFER v%llu: %u chunks for %llu bytes in chunks of %u",
                       (unsigned long long)o->version, o->nchunks, (unsigned long long)o->size,

@@ -44,6 +44,7 @@ typedef struct bcast__hello {
     char name[BCAST__NAME];
     char zone[BCAST__ZONE];
     char addr[BCAST__ADDR];
+    sh_hash128 secret; /* the run's secret (sh_run_secret), or zero */
 } bcast__hello;
 
 typedef struct bcast__offer {

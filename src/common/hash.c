@@ -79,3 +79,22 @@ int sh_hash128_parse(const char *hex, sh_hash128 *out)
     out->lo = w[1];
     return SH_OK;
 }
+
+int sh_run_secret(sh_hash128 *out)
+{
+    const char *v = getenv("SHOAL_RUN_SECRET");
+    *out = (sh_hash128){0, 0};
+    if (!v || !*v) return 0;
+    if (strlen(v) != 32 || sh_hash128_parse(v, out) < 0) {
+        *out = (sh_hash128){0, 0};
+        return sh_err(SH_EFORMAT, "SHOAL_RUN_SECRET must be 32 hex digits (e.g. from `od -An -tx1 -N16 "
+                                  "/dev/urandom | tr -d ' \\n'`), not %zu characters", strlen(v));
+    }
+    return 1;
+}
+
+int sh_secret_eq(sh_hash128 a, sh_hash128 b)
+{
+    volatile uint64_t d = (a.lo ^ b.lo) | (a.hi ^ b.hi);
+    return d == 0;
+}

@@ -9,7 +9,13 @@
  *
  * The endpoint is connected before the next rank may be listening (ranks
  * start in any order), so the first send is retried on a fresh endpoint
- * until the deadline. */
+ * until the deadline.
+ *
+ * Receives match on the worker, not on an endpoint, so anyone who can
+ * connect could send a message with the tag of a coming step (another
+ * tenant's rank, over the shared host network).  With SHOAL_RUN_SECRET
+ * every tag is xored with a key from it: a message from a process without
+ * the secret never matches and is never summed into the gradients. */
 #include <arpa/inet.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -35,6 +41,7 @@ struct mj_ring {
     float *scratch;
     size_t scratch_n;
     int efd; /* the worker's event fd: a rank waiting for its neighbour sleeps on it */
+    uint64_t tag_key; /* from SHOAL_RUN_SECRET (0 without): xored into every tag */
 };
 
 typedef struct req_state {
@@ -46,9 +53,9 @@ typedef struct req_state {
 
 /* Tags: 16 bits of phase/step, the rest the operation counter. */
 enum { PH_HELLO = 1, PH_RS = 2, PH_AG = 3, PH_BC = 4, PH_BCLEN = 5 };
-static ucp_tag_t tag_of(uint64_t op, int phase, int step)
+static ucp_tag_t tag_of(const mj_ring *r, uint64_t op, int phase, int step)
 {
-    return (op << 16) | ((uint64_t)phase << 12) | (uint64_t)(step & 0xfff);
+    return ((op << 16) | ((uint64_t)phase << 12) | (uint64_t)(step & 0xfff)) ^ r->tag_key;
 }
 
 static void send_cb(void *req, ucs_status_t st, void *user)
@@ -260,7 +267,7 @@ static int connect_next(mj_ring *r, const char *host, int port)
                              .err_handler = {.cb = ep_err_cb, .arg = r}};
         if (ucp_ep_create(r->worker, &p, &r->next) != UCS_OK) r->next = NULL;
         r->timeout_s = 5;
-        int rc = r->next ? ring_send(r, &me, sizeof me, tag_of(0, PH_HELLO, 0), "hello") : SH_EIO;
+        int rc = r->next ? ring_send(r, &me, sizeof me, tag_of(r, 0, PH_HELLO, 0), "hello") : SH_EIO;
         r->timeout_s = keep;
         if (rc == 0) return 0;
         close_ep(r, r->next, 1);
@@ -284,14 +291,17 @@ int mj_ring_new(int rank, int world, const char *host, int base_port, const char
     r->rank = rank, r->world = world, r->timeout_s = timeout_s > 0 ? timeout_s : 60;
     r->efd = -1;
     r->op = 1;
-    int rc = 0;
-    if (world > 1) {
+    sh_hash128 secret;
+    int rc = sh_run_secret(&secret);
+    r->tag_key = rc == 1 ? sh_hash64_of(&secret, sizeof secret) : 0;
+    if (rc > 0) rc = 0;
+    if (!rc && world > 1) {
         int port = 0, next = (base_port + (rank + 1) % world);
         rc = start(r, host, rdv_dir ? 0 : base_port + rank, &port);
         if (!rc && rdv_dir) rc = rendezvous(r, rdv_dir, port, &next);
         if (!rc) rc = connect_next(r, host, next);
         int32_t who = -1;
-        if (!rc) rc = ring_recv(r, &who, sizeof who, tag_of(0, PH_HELLO, 0), "hello from the previous rank");
+        if (!rc) rc = ring_recv(r, &who, sizeof who, tag_of(r, 0, PH_HELLO, 0), "hello from the previous rank");
         if (!rc && who != (rank + world - 1) % world)
             rc = sh_err(SH_EMISMATCH, "ring rank %d: hello from rank %d, expected %d", rank, who,
                         (rank + world - 1) % world);
@@ -345,8 +355,8 @@ int mj_ring_allreduce_mean(mj_ring *r, float *x, size_t n)
         seg(n, W, ((r->rank - s) % W + W) % W, &sa, &sb);
         seg(n, W, ((r->rank - s - 1) % W + W) % W, &ra, &rb);
         req_state rs = {0};
-        ucs_status_ptr_t p = post_recv(r, r->scratch, sizeof(float) * (rb - ra), tag_of(op, PH_RS, s), &rs);
-        SH_TRY(ring_send(r, x + sa, sizeof(float) * (sb - sa), tag_of(op, PH_RS, s), "reduce-scatter"));
+        ucs_status_ptr_t p = post_recv(r, r->scratch, sizeof(float) * (rb - ra), tag_of(r, op, PH_RS, s), &rs);
+        SH_TRY(ring_send(r, x + sa, sizeof(float) * (sb - sa), tag_of(r, op, PH_RS, s), "reduce-scatter"));
         SH_TRY(wait_req(r, p, &rs, "reduce-scatter"));
         for (size_t i = ra; i < rb; i++) x[i] += r->scratch[i - ra];
     }
@@ -356,8 +366,8 @@ int mj_ring_allreduce_mean(mj_ring *r, float *x, size_t n)
         seg(n, W, ((r->rank + 1 - s) % W + W) % W, &sa, &sb);
         seg(n, W, ((r->rank - s) % W + W) % W, &ra, &rb);
         req_state rs = {0};
-        ucs_status_ptr_t p = post_recv(r, x + ra, sizeof(float) * (rb - ra), tag_of(op, PH_AG, s), &rs);
-        SH_TRY(ring_send(r, x + sa, sizeof(float) * (sb - sa), tag_of(op, PH_AG, s), "all-gather"));
+        ucs_status_ptr_t p = post_recv(r, x + ra, sizeof(float) * (rb - ra), tag_of(r, op, PH_AG, s), &rs);
+        SH_TRY(ring_send(r, x + sa, sizeof(float) * (sb - sa), tag_of(r, op, PH_AG, s), "all-gather"));
         SH_TRY(wait_req(r, p, &rs, "all-gather"));
     }
     float inv = 1.0f / (float)W;
@@ -372,10 +382,10 @@ int mj_ring_bcast(mj_ring *r, int root, void **buf, size_t *len)
     int nxt = (r->rank + 1) % r->world;
     if (r->rank != root) {
         uint64_t n;
-        SH_TRY(ring_recv(r, &n, sizeof n, tag_of(op, PH_BCLEN, 0), "broadcast length"));
+        SH_TRY(ring_recv(r, &n, sizeof n, tag_of(r, op, PH_BCLEN, 0), "broadcast length"));
         void *b = malloc(n ? n : 1);
         if (!b) return sh_err(SH_ENOMEM, "ring: broadcast of %llu bytes", (unsigned long long)n);
-        int rc = n ? ring_recv(r, b, n, tag_of(op, PH_BC, 0), "broadcast") : 0;
+        int rc = n ? ring_recv(r, b, n, tag_of(r, op, PH_BC, 0), "broadcast") : 0;
         if (rc) {
             free(b);
             return rc;
@@ -384,6 +394,6 @@ int mj_ring_bcast(mj_ring *r, int root, void **buf, size_t *len)
     }
     if (nxt == root) return 0;
     uint64_t n = *len;
-    SH_TRY(ring_send(r, &n, sizeof n, tag_of(op, PH_BCLEN, 0), "broadcast length"));
-    return n ? ring_send(r, *buf, n, tag_of(op, PH_BC, 0), "broadcast") : 0;
+    SH_TRY(ring_send(r, &n, sizeof n, tag_of(r, op, PH_BCLEN, 0), "broadcast length"));
+    return n ? ring_send(r, *buf, n, tag_of(r, op, PH_BC, 0), "broadcast") : 0;
 }

@@ -157,6 +157,11 @@ static int got_hello(run *r, int i, const uint8_t *p, size_t len)
         return sh_err(SH_EFORMAT, "worker %d: unexpected or malformed HELLO", i);
     memcpy(&h, p, sizeof h);
     h.name[sizeof h.name - 1] = 0;
+    if (r->has_secret && !sh_secret_eq(h.secret, r->secret)) {
+        r->refused_hellos++;
+        return sh_err(SH_EPERM, "worker %d (%s, pid %d): its HELLO lacks this run's secret (SHOAL_RUN_SECRET)",
+                      i, h.name, (int)h.pid);
+    }
     if (!(h.speed > 0 && h.speed <= 1) || !(h.price >= 0))
         return sh_err(SH_EFORMAT, "worker %d (%s): HELLO speed %g must be in (0,1], price %g >= 0",
                       i, h.name, h.speed, h.price);
@@ -632,6 +637,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
     if (res) {
         json_object_set_new(res, "refused_requests", json_integer(r->refused));
         json_object_set_new(res, "worker_joins_push", json_integer(r->push_joins));
+        json_object_set_new(res, "workers_refused", json_integer(r->refused_hellos));
         json_object_set_new(res, "weights_bytes_sent", json_real(r->weights_bytes));
     }
     return res;
@@ -658,6 +664,11 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     r->sortbuf = malloc(sizeof(rl_traj) * (size_t)r->cap);
     r->evalset = malloc(sizeof(rl_problem) * c->eval_n);
     int rc = r->buf && r->sortbuf && r->evalset ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
+    if (!rc && c->remote) {
+        rc = sh_run_secret(&r->secret);
+        r->has_secret = rc == 1;
+        if (rc > 0) rc = 0;
+    }
     if (!rc && c->out_dir) rc = sh_mkdir_p(c->out_dir, 0755);
     if (!rc) rc = nn_new(&c->model, c->seed, &r->tr.model);
     if (!rc) rc = rl__warm_start(c, r->tr.model);

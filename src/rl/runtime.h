@@ -87,6 +87,9 @@ typedef struct run {
     int training;    /* a step has been handed to it and its weights are not back yet */
     double pending_eval_t; /* wall time of the version being evaluated */
     int pending_eval_step;
+    sh_hash128 secret; /* remote mode: a HELLO must carry it (SHOAL_RUN_SECRET) */
+    int has_secret;
+    long refused_hellos;
 } run;
 
 

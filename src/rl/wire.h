@@ -47,6 +47,7 @@ typedef struct rl_wire_hello {
     double speed, price;
     int32_t pid;
     uint32_t flags; /* RL_HELLO_PUSH */
+    sh_hash128 secret; /* the run's secret (sh_run_secret), or zero */
 } rl_wire_hello;
 
 /* REFUSE (worker -> trainer, the answer to a REQUEST in its turn): the

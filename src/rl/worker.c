@@ -379,6 +379,10 @@ void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
     rl_wire_hello h = {.speed = me->speed, .price = me->price, .pid = (int32_t)getpid(),
                        .flags = src ? RL_HELLO_PUSH : 0};
     snprintf(h.name, sizeof h.name, "%s", me->name);
+    if (sh_run_secret(&h.secret) < 0) {
+        sh_log(SH_LOG_ERROR, "rl worker %s: %s", me->name, sh_errmsg());
+        _exit(3);
+    }
     signal(SIGPIPE, SIG_IGN);
     if (rl__msg_write(fd, RL_MSG_HELLO, &h, sizeof h, NULL, 0) < 0) {
         sh_log(SH_LOG_ERROR, "rl worker %s: HELLO: %s", me->name, sh_errmsg());

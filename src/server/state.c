@@ -474,9 +474,14 @@ static int check_env(const json_t *spec)
     json_object_foreach(e, k, v) {
         if (!json_is_string(v))
             return sh_err(SH_EFORMAT, "job: env \"%s\": expected a string value", k);
-        if (!*k || strchr(k, '=') || !strncmp(k, "SHOAL_", 6))
+        /* SHOAL_RUN_SECRET is the one a job sets itself: its run's
+         * processes prove with it that they belong together. */
+        if (!*k || strchr(k, '=') || (!strncmp(k, "SHOAL_", 6) && strcmp(k, "SHOAL_RUN_SECRET")))
             return sh_err(SH_EFORMAT, "job: env \"%s\": names must be non-empty, without '=' and"
-                                      " not start with SHOAL_ (reserved)", k);
+                                      " not start with SHOAL_ (reserved; SHOAL_RUN_SECRET excepted)", k);
+        if (!strcmp(k, "SHOAL_RUN_SECRET") && (strlen(json_string_value(v)) != 32 ||
+                                                strspn(json_string_value(v), "0123456789abcdefABCDEF") != 32))
+            return sh_err(SH_EFORMAT, "job: env \"SHOAL_RUN_SECRET\": expected 32 hex digits (128 random bits)");
     }
     return SH_OK;
 }
