@@ -548,6 +548,71 @@ static void test_preemption_table(void **state)
     }
 }
 
+/* preempt_wait: E (elastic, one replica of 8 GPUs, priority 0, estimate
+ * e_est) fills the only node from t = 0; G (1 x 8, priority 5, estimate
+ * 1000 s) arrives at t = 10.  Without victims G would start when E ends
+ * (t = e_est), a wait of e_est - 10; shoal preempts E only when that wait
+ * is at least preempt_wait x 1000 s.  Otherwise G holds the reservation
+ * and starts at E's end.  The reference search decides the same. */
+static void test_preempt_wait_table(void **state)
+{
+    (void)state;
+    static const tnode_row one[] = {{"n1", "z", "f", "t", 8, 1}, {NULL}};
+    static const struct {
+        double wait, e_est;
+        int preempted;
+    } rows[] = {
+        {0, 100, 1},      /* 0: always, even for a 90 s wait */
+        {0.5, 2000, 1},   /* 1,990 s >= 500 s */
+        {0.5, 510, 1},    /* 500 s >= 500 s */
+        {0.5, 400, 0},    /* 390 s < 500 s */
+        {1, 1000, 0},     /* 990 s < 1,000 s */
+        {1, 1010, 1},     /* 1,000 s >= 1,000 s */
+    };
+    for (int ref = 0; ref < 2; ref++)
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+            sched_config c;
+            sched_config_default(&c, SCHED_POLICY_SHOAL);
+            c.preempt_wait = rows[i].wait, c.reference = ref;
+            sched *s = sched_new(&c);
+            assert_non_null(s);
+            sched_node_spec n = {one[0].id, one[0].zone, one[0].fabric, one[0].type, one[0].gpus, one[0].price};
+            TU_OK(sched_node_add(s, &n, 0));
+            sched_decisions d = {0};
+            sched_job_spec e = elastic("E", 1, 1, 8, 0);
+            e.est_s = rows[i].e_est;
+            submit(s, e, 0);
+            step(s, 0, &d);
+            assert_int_equal(jstate(s, "E"), SCHED_RUNNING);
+            sched_job_spec g = gang("G", 1, 8, 1000);
+            g.priority = 5;
+            submit(s, g, 10);
+            step(s, 10, &d);
+            sched_stats st;
+            sched_stats_get(s, &st);
+            if (rows[i].preempted) {
+                assert_non_null(find(&d, SCHED_D_PREEMPT, "E"));
+                assert_int_equal(jstate(s, "G"), SCHED_RUNNING);
+                assert_int_equal(st.preempt_declined, 0);
+            } else {
+                assert_null(find(&d, SCHED_D_PREEMPT, "E"));
+                assert_int_equal(jstate(s, "G"), SCHED_QUEUED);
+                assert_int_equal(jstate(s, "E"), SCHED_RUNNING);
+                assert_true(st.preempt_declined >= 1);
+                sched_job_info ji;
+                TU_OK(sched_job_info_get(s, "G", 10, &ji));
+                assert_int_equal(ji.wait, SCHED_WAIT_RESERVED);
+                assert_true(fabs(ji.est_start_s - rows[i].e_est) < 1e-6);
+                TU_OK(sched_job_finish(s, "E", rows[i].e_est));
+                step(s, rows[i].e_est, &d);
+                assert_int_equal(jstate(s, "G"), SCHED_RUNNING);
+            }
+            assert_int_equal(st.preemptions, rows[i].preempted);
+            sched_decisions_free(&d);
+            sched_free(s);
+        }
+}
+
 /* Elastic replicas go where their work is cheapest under shoal: h100 at
  * 3.6 per GPU-hour and speed 1 costs 3.6 per unit of work, l4 at 0.36 and
  * speed 0.3 costs 1.2, so shoal fills the l4 node first; the baselines
@@ -1167,6 +1232,7 @@ int main(void)
         cmocka_unit_test(test_failure_replace),
         cmocka_unit_test(test_failure_elastic_and_function),
         cmocka_unit_test(test_preemption_table),
+        cmocka_unit_test(test_preempt_wait_table),
         cmocka_unit_test(test_elastic_cost_per_work),
         cmocka_unit_test(test_billing_per_second),
         cmocka_unit_test(test_devices_and_bills),

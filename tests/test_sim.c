@@ -574,6 +574,98 @@ static void both(const sim_fleet *f, const sim_trace *t, sim_report r[2])
     }
 }
 
+/* --jobs-out: one line per job, whose waits give the report's p99 by
+ * gang size and whose preemptions add up to the report's; with --policy
+ * all the CLI writes one file per policy. */
+static int cmp_dbl_t(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void test_jobs_out(void **state)
+{
+    (void)state;
+    sim_fleet f;
+    TU_OK(sim_fleet_mixed(&f, 64, 32));
+    sim_trace t = {0};
+    TU_OK(sim_trace_mixed(&t, 800, 3, 64 * 8, 0.9));
+    sim_opts o;
+    memset(&o, 0, sizeof o);
+    sched_config_default(&o.cfg, SCHED_POLICY_SHOAL);
+    o.cfg.preempt_wait = 0; /* preempt whenever victims make room: some preemptions to count */
+    o.jobs_out = tu_path("jobs.csv");
+    sim_report r;
+    TU_OK(sim_run(&f, &t, &o, &r));
+    assert_true(r.preemptions > 0);
+    size_t n;
+    char *text = (char *)tu_read_file(o.jobs_out, &n), *pos = text, *line;
+    line = strsep(&pos, "\n");
+    assert_string_equal(line, "id,tenant,kind,nodes,gpus_per_node,priority,submit_s,duration_s,start_s,wait_s,"
+                              "end_s,jct_s,preemptions,shrinks");
+    double *w[SIM_BUCKETS];
+    size_t nb[SIM_BUCKETS] = {0}, lines = 0, done = 0, rejected = 0;
+    uint64_t pre = 0;
+    for (int b = 0; b < SIM_BUCKETS; b++) w[b] = calloc(t.n, sizeof(double));
+    while ((line = strsep(&pos, "\n")) && *line) {
+        char *fld[14], *q = line;
+        int k = 0;
+        while (k < 14 && (fld[k] = strsep(&q, ","))) k++;
+        assert_int_equal(k, 14);
+        assert_null(q);
+        const sim_job *j = &t.jobs[lines++];
+        assert_string_equal(fld[0], j->id);
+        assert_int_equal(atoi(fld[3]), j->nodes);
+        if (!*fld[8]) { /* rejected (larger than any pool): never started */
+            assert_true(!*fld[9] && !*fld[10] && !*fld[11]);
+            rejected++;
+            continue;
+        }
+        assert_true(*fld[10]); /* every job that started ended */
+        double sub = atof(fld[6]), start = atof(fld[8]), wait = atof(fld[9]), end = atof(fld[10]);
+        assert_true(fabs(sub - j->submit_s) < 1e-3 && fabs(start - sub - wait) < 2e-3);
+        assert_true(end >= start && fabs(atof(fld[11]) - (end - sub)) < 2e-3);
+        int b = j->nodes <= 1 ? 0 : j->nodes <= 4 ? 1 : j->nodes <= 16 ? 2 : j->nodes <= 64 ? 3 : 4;
+        w[b][nb[b]++] = wait;
+        pre += (uint64_t)atoi(fld[12]);
+        done++;
+    }
+    assert_int_equal(lines, t.n);
+    assert_int_equal(done, r.jobs_completed);
+    assert_int_equal(rejected, r.jobs_rejected);
+    assert_true(done > 700);
+    assert_int_equal(pre, r.preemptions);
+    for (int b = 0; b < SIM_BUCKETS; b++) {
+        if (!nb[b]) {
+            assert_true(isnan(r.wait_p99_s_by_nodes[b]));
+            free(w[b]);
+            continue;
+        }
+        qsort(w[b], nb[b], sizeof(double), cmp_dbl_t);
+        size_t i = (size_t)ceil(0.99 * (double)nb[b]) - 1;
+        assert_true(fabs(w[b][i] - r.wait_p99_s_by_nodes[b]) < 2e-3);
+        free(w[b]);
+    }
+    free(text);
+    /* The CLI: one file per policy, named after it. */
+    char args[1024];
+    snprintf(args, sizeof args, "--fleet mixed:64 --fabric-nodes 32 --format mixed --jobs 200 --seed 3 --policy all "
+             "--no-estimates --jobs-out %s", tu_path("per-job.csv"));
+    json_decref(run_json(args));
+    static const char *const pols[] = {"fifo", "firstfit", "backfill", "shoal"};
+    for (int p = 0; p < 4; p++) {
+        char name[64];
+        snprintf(name, sizeof name, "per-job.%s.csv", pols[p]);
+        char *x = (char *)tu_read_file(tu_path(name), &n);
+        size_t nl = 0;
+        for (size_t k = 0; k < n; k++) nl += x[k] == '\n';
+        assert_int_equal(nl, 201);
+        free(x);
+    }
+    sim_trace_free(&t);
+    sim_fleet_free(&f);
+}
+
 /* The issue's targets: shoal's p99 wait in each gang-size bucket at most
  * 1.1x backfill's, its mean JCT at most 1.05x, and (strict) its p99 for
  * gangs of 17+ nodes lower, where such gangs waited at all. */
@@ -603,7 +695,12 @@ static int cmp_submit_t(const void *a, const void *b)
  * x8 on a 192-node slice of it.  On the generated mixed workloads they do
  * not hold seed by seed (docs/sched.md, "Against backfill"): one replay's
  * p99 is the wait of a handful of jobs and moves by tens of percent with
- * any change of order.  There the test checks that preemption runs. */
+ * any change of order.  There the bounds (p99 at most 1.1x in every
+ * bucket, JCT at most 1.05x) hold for the geometric mean over seeds 1-20
+ * of mixed:600 (what scripts/sched-quality.sh -s mixed600 reports; waits
+ * under a minute count as a minute), and preemption runs.  Preempting
+ * whenever victims make room (preempt_wait = 0) misses them: the 1-node
+ * bucket at 1.11x. */
 static void test_quality_targets(void **state)
 {
     (void)state;
@@ -611,14 +708,35 @@ static void test_quality_targets(void **state)
     TU_OK(sim_fleet_mixed(&f, 600, 128));
     int gpus = 0;
     for (size_t i = 0; i < f.n; i++) gpus += f.nodes[i].gpus;
-    sim_trace t = {0};
-    TU_OK(sim_trace_mixed(&t, 4000, 1, gpus, 0.85));
-    sim_report r[2];
-    both(&f, &t, r);
-    assert_true(r[1].preemptions > 0);
-    sim_trace_free(&t);
+    double lsum[SIM_BUCKETS + 1] = {0};
+    int nsum[SIM_BUCKETS + 1] = {0};
+    uint64_t preempted = 0;
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        sim_trace t = {0};
+        TU_OK(sim_trace_mixed(&t, 4000, seed, gpus, 0.85));
+        sim_report r[2];
+        both(&f, &t, r);
+        preempted += r[1].preemptions;
+        for (int b = 0; b < SIM_BUCKETS; b++) {
+            double bf = r[0].wait_p99_s_by_nodes[b], sh = r[1].wait_p99_s_by_nodes[b];
+            if (isnan(bf) || isnan(sh)) continue;
+            lsum[b] += log(fmax(sh, 60) / fmax(bf, 60)), nsum[b]++;
+        }
+        lsum[SIM_BUCKETS] += log(r[1].jct_mean_s / r[0].jct_mean_s), nsum[SIM_BUCKETS]++;
+        sim_trace_free(&t);
+    }
+    assert_true(preempted > 0);
+    for (int b = 0; b <= SIM_BUCKETS; b++) {
+        if (!nsum[b]) continue;
+        double g = exp(lsum[b] / nsum[b]), bound = b < SIM_BUCKETS ? 1.1 : 1.05;
+        if (!(g <= bound))
+            fail_msg("mixed:600 seeds 1-20: geometric mean of shoal over backfill %.3fx for %s, over %.2fx", g,
+                     b < SIM_BUCKETS ? sim_bucket_names[b] : "mean JCT", bound);
+    }
     sim_fleet_free(&f);
     NEED_SHARED();
+    sim_trace t = {0};
+    sim_report r[2];
     TU_OK(sim_fleet_load("docs/examples/philly-fleet.csv", "shoal", NULL, &f));
     static const char *const vcs[] = {"0e4a51", "103959", "11cb48", "23dbec", "2869ce", "51b7ef", "6214e9", "6c71a0",
                                       "795a4c", "7f04ca", "925e2b", "b436b2", "e13805", "ed69ec", "ee9e8c"};
@@ -673,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_replay_reject_and_autoscale), cmocka_unit_test(test_cli_errors),
         cmocka_unit_test(test_mixed_reference_same), cmocka_unit_test(test_mixed_reference_deep),
         cmocka_unit_test(test_trace_gavel10),
+        cmocka_unit_test(test_jobs_out),
         cmocka_unit_test(test_quality_targets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

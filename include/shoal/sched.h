@@ -111,6 +111,13 @@ typedef struct sched_config {
     double restart_cost_s;          /* default 60 */
     /* shoal: most victims one preemption may take (0 disables preemption). */
     int max_victims;                /* default 8 */
+    /* shoal: preempt for a blocked gang only when, without victims, it
+     * would start (its reservation time: when enough nodes of one pool
+     * come free if running work ends at its estimates) later than now +
+     * preempt_wait x its own estimated run time.  A gang that would start
+     * soon anyway waits rather than send lower-priority work back to the
+     * queue; 0: whenever victims can make room. */
+    double preempt_wait;            /* default 0.5 */
     /* Reservations held for head-of-line gangs (backfill: always 1). */
     int max_reservations;           /* default 1 (backfill: always 1) */
     /* shoal's fair share: a tenant holding a fraction f of the busy GPUs
@@ -396,6 +403,8 @@ typedef struct sched_stats {
     uint64_t scale_ups, scale_downs;
     uint64_t resv_late;       /* head reservations that moved later, or started late */
     uint64_t forgotten;       /* jobs dropped by sched_job_forget */
+    uint64_t preempt_declined; /* shoal: victims found but not taken, the gang due soon (preempt_wait;
+                                  * gangs a walk stopped before are not counted) */
     int nodes_up, gpus_up, gpus_busy;
     size_t queued, running;
 } sched_stats;

@@ -124,6 +124,9 @@ typedef struct sim_opts {
     int progress;        /* draw a progress bar on a terminal */
     int estimates;       /* record each job's start estimate after its first cycle */
     uint64_t seed;
+    /* Non-NULL: write each job's start, wait, end and preemptions there as
+     * CSV once the replay ends (docs/sched.md, "Per-job results"). */
+    const char *jobs_out;
 } sim_opts;
 
 #define SIM_KEYS 64
@@ -157,7 +160,7 @@ typedef struct sim_report {
      * with their GPU masks, scale-ups): equal hashes mean the same
      * decision stream. */
     uint64_t decisions_hash;
-    uint64_t preemptions, failures, failures_survived, requeues, replaces, restarts;
+    uint64_t preemptions, preempt_declined, failures, failures_survived, requeues, replaces, restarts;
     uint64_t partial_gangs, hold_timeouts;
     double held_gpu_hours;
     uint64_t scale_ups, scale_downs;

@@ -37,12 +37,16 @@ static const char usage_text[] =
     "                                               (no --quota: per GPU type, 64 8-GPU nodes in\n"
     "                                               fabric auto-<type> of its first zone, 300 s)\n"
     "policy:   --hold-timeout S (300) --max-victims N (8) --reservations N (1)\n"
+    "          --preempt-wait F                     shoal: preempt only for a gang that would wait\n"
+    "                                               over F x its run time without (0.5; 0: always)\n"
 
     "          --drain-pools 0|1                    shoal: place work where pools drain together (1)\n"
     "          --grow-queued                        shoal: grow elastic work while jobs are queued\n"
     "          --fair-window S (7200) --pack        shoal's fair-share window, pool packing\n"
     "          --restart-cost S (60) --scale-up-wait S (600) --scale-down-idle S (1800)\n"
     "checks:   --check                              sched_check after every event\n"
+    "          --jobs-out FILE                      each job's wait, JCT and preemptions as CSV (with\n"
+    "                                               --policy all: FILE.POLICY.csv for each policy)\n"
     "          --no-estimates                       skip checking start estimates against starts\n"
     "                                               (reported as start_estimates in --json)\n"
     "          --plain-estimates                    estimates from running work and reservations alone,\n"
@@ -50,12 +54,12 @@ static const char usage_text[] =
 
 typedef struct args {
     const char *fleet, *fleet_format, *format, *policy, *type_map, *throughputs;
-    const char *write_trace, *write_fleet;
+    const char *write_trace, *write_fleet, *jobs_out;
     const char *traces[512];
     int ntraces;
     sim_fleet_opts fo;
     int multi_k, node_gpus, json, check, autoscale, max_victims, reservations, drain, pack, no_estimates, plain_est, grow_queued;
-    double fair_window;
+    double fair_window, preempt_wait;
     double load, mtbf, repair, hold, restart, up_wait, down_idle, replace_wait;
     int64_t jobs;
     uint64_t seed;
@@ -96,7 +100,7 @@ static int parse(int argc, char **argv, args *a)
     a->fo = (sim_fleet_opts){2, 0};
     a->node_gpus = 8, a->jobs = 1000, a->load = 0.9, a->seed = 1;
     a->max_victims = -1, a->reservations = -1, a->drain = -1;
-    a->hold = a->restart = a->up_wait = a->down_idle = a->fair_window = -1;
+    a->hold = a->restart = a->up_wait = a->down_idle = a->fair_window = a->preempt_wait = -1;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         int has = i + 1 < argc;
@@ -107,12 +111,12 @@ static int parse(int argc, char **argv, args *a)
 #define INT(name, field) if (!strcmp(o, name)) { int64_t x; if (!has) return cli_usage("sim", "%s needs a value", o); rc = sh_parse_i64(v, &x, name); if (rc || x < 0 || x > 1000000000) return cli_usage("sim", "%s: \"%s\" is not a count", name, v); a->field = (int)x; i++; continue; }
         STR("--fleet", fleet) STR("--fleet-format", fleet_format) STR("--format", format)
         STR("--policy", policy) STR("--type-map", type_map) STR("--throughputs", throughputs)
-        STR("--write-trace", write_trace) STR("--write-fleet", write_fleet)
+        STR("--write-trace", write_trace) STR("--write-fleet", write_fleet) STR("--jobs-out", jobs_out)
         INT("--zones", fo.zones) INT("--fabric-nodes", fo.fabric_nodes) INT("--multi-node", multi_k)
         INT("--node-gpus", node_gpus) INT("--max-victims", max_victims) INT("--reservations", reservations)
         INT("--drain-pools", drain)
         NUM("--load", load) NUM("--failures", mtbf) NUM("--repair-s", repair) NUM("--replace-wait", replace_wait) NUM("--hold-timeout", hold)
-        NUM("--fair-window", fair_window) NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
+        NUM("--fair-window", fair_window) NUM("--preempt-wait", preempt_wait) NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
         if (!strcmp(o, "--jobs") || !strcmp(o, "--seed")) {
             if (!has) return cli_usage("sim", "%s needs a value", o);
             uint64_t x;
@@ -240,6 +244,7 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
                                   "mean_abs_error_s", num(r->est_mean_abs_error_s), "p50_abs_error_s",
                                   num(r->est_p50_abs_error_s), "p90_abs_error_s", num(r->est_p90_abs_error_s)));
     json_object_set_new(j, "preemptions", json_integer((json_int_t)r->preemptions));
+    json_object_set_new(j, "preemptions_declined", json_integer((json_int_t)r->preempt_declined));
     json_object_set_new(j, "failures", json_integer((json_int_t)r->failures));
     json_object_set_new(j, "failures_survived", json_integer((json_int_t)r->failures_survived));
     json_object_set_new(j, "requeues", json_integer((json_int_t)r->requeues));
@@ -341,6 +346,7 @@ int cli_cmd_sim(int argc, char **argv)
         if (a.max_victims >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_victims = a.max_victims;
         if (a.reservations >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_reservations = a.reservations;
         if (a.drain >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.drain_pools = a.drain != 0;
+        if (a.preempt_wait >= 0) o.cfg.preempt_wait = a.preempt_wait;
 
         if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
         if (a.fair_window >= 0) o.cfg.fair_window_s = a.fair_window;
@@ -353,6 +359,16 @@ int cli_cmd_sim(int argc, char **argv)
         o.replace_wait_s = a.replace_wait;
         o.progress = 1; /* drawn only when stderr is a terminal */
         o.estimates = !a.no_estimates;
+        char jobs_out[4096];
+        if (a.jobs_out) {
+            if (npol > 1) {
+                const char *dot = strrchr(a.jobs_out, '.'), *slash = strrchr(a.jobs_out, '/');
+                int stem = dot && (!slash || dot > slash) ? (int)(dot - a.jobs_out) : (int)strlen(a.jobs_out);
+                snprintf(jobs_out, sizeof jobs_out, "%.*s.%s%s", stem, a.jobs_out, sched_policy_name(pols[p]),
+                         stem < (int)strlen(a.jobs_out) ? a.jobs_out + stem : ".csv");
+            } else snprintf(jobs_out, sizeof jobs_out, "%s", a.jobs_out);
+            o.jobs_out = jobs_out;
+        }
         sim_report r;
         double w0 = sh_now_mono();
         rc = sim_run(&f, &t, &o, &r);

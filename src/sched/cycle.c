@@ -400,6 +400,23 @@ static int shape_may_preempt_kept(sched *s, sshape *sh)
     return r;
 }
 
+/* Whether every queued gang of shape sh would turn its victims down
+ * (preempt_wait): the shape's shortest run (min_len, a lower bound of each
+ * job's on any pool) is turned down, and all its gangs share the start
+ * time without victims (a gang holding the reservation starts no later).
+ * Asked only once every shape is dead and the reservations are made:
+ * nothing can start or be preempted for the rest of the walk, so the
+ * answer holds until the walk ends; it is not kept across walks (a start
+ * elsewhere may move the time later). */
+static int shape_declined(sched *s, const sshape *sh, double now)
+{
+    static __thread sjob probe;
+    if (sh->kind != SCHED_GANG || !(s->cfg.preempt_wait > 0) || !s->nresv) return 0;
+    shape_probe(s, sh, &probe);
+    if (!isfinite(probe.est_s)) return 0;
+    return sched__preempt_declined(s, &probe, NONE, now) > 0;
+}
+
 static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre, uint64_t *calm, double now)
 {
     for (size_t i = 0; i < s->nshapes_live && *dead < s->nshapes_live; i++) {
@@ -429,7 +446,7 @@ static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre
     for (size_t i = 0; i < s->nshapes_live && *nopre < s->nshapes_live; i++) {
         sshape *sh = &s->shapes[s->live[i]];
         if (sh->nopre_walk == walk_id) continue;
-        if (sh->calm_walk != walk_id && shape_may_preempt_kept(s, sh)) return;
+        if (sh->calm_walk != walk_id && shape_may_preempt_kept(s, sh) && !shape_declined(s, sh, now)) return;
         sh->nopre_walk = walk_id, (*nopre)++;
     }
 }

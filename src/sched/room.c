@@ -573,6 +573,20 @@ int sched__preempt_possible_in(sched *s, uint64_t shape, int prio, const sjob *(
     return ok;
 }
 
+int sched__preempt_declined(sched *s, const sjob *j, uint32_t ji, double now)
+{
+    if (!(s->cfg.preempt_wait > 0)) return 0;
+    uint32_t rp = NONE;
+    double T = NAN;
+    /* A gang holding this cycle's reservation starts at its time (a
+     * search now would skip its own reserved nodes). */
+    for (size_t r = 0; r < s->nresv && rp == NONE && ji != NONE; r++)
+        if (s->resv[r].job == ji) T = s->resv[r].T, rp = s->nodes[s->resv[r].nodes[0]].pool;
+    if (rp == NONE) T = best_pool(s, j, now, &rp);
+    if (isnan(T)) return sh_err(SH_ENOMEM, "sched: out of memory");
+    return rp != NONE && T < now + s->cfg.preempt_wait * sched__est_len(s, j, rp);
+}
+
 /* Frees room for gang ji by shrinking or preempting lower-priority elastic
  * and function work: the pool needing the fewest victims, at most
  * max_victims, and only victims on the chosen nodes (each one helps).
@@ -592,6 +606,12 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
         *mo = (struct spmemo){j->shape, s->stamp, s->release_epoch, j->priority, 0};
         return 0;
     }
+    /* Worth it only when the gang would otherwise wait long for its run:
+     * a check of this job's own (its estimate), after the search (which
+     * costs less), so that the search's memo of the shape stays a fact
+     * about victims alone. */
+    int no = sched__preempt_declined(s, j, ji, now);
+    if (no) return no < 0 ? no : (s->st.preempt_declined++, 0);
     size_t m;
     pool_victims(s, j, bestp, &vn, &capvn, &m);
     for (size_t k = 0; k < m; k++) {

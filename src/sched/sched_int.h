@@ -498,6 +498,10 @@ int sched__make_reservation(sched *s, uint32_t ji, double now);
  * (never before now); cached per node. */
 double sched__node_ready(sched *s, uint32_t ni, int g, double now);
 int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now);
+/* 1 when shoal turns down victims for gang j (job ji, or NONE for a
+ * probe): it would start without them (its reservation time) before now +
+ * preempt_wait x its run time; 0 when it may preempt; < 0 on error. */
+int sched__preempt_declined(sched *s, const sjob *j, uint32_t ji, double now);
 /* Whether a preemption search for gang j (a job or a probe with its shape
  * and priority) could succeed now. */
 int sched__preempt_possible(sched *s, const sjob *j);

@@ -28,6 +28,8 @@ typedef struct rjob {
     int started;
     double first_start; /* virtual time of its first START, or -1 */
     double est;         /* its start estimate after its first cycle; NAN: none taken */
+    double end;         /* virtual time it finished, or 0 */
+    int preempted, shrunk; /* PREEMPTs, and SHRINKs by preemption, it took */
 } rjob;
 
 typedef struct run {
@@ -208,6 +210,7 @@ static int apply(run *R, const sched_decision *x, double now)
         rj->rate = 0, rj->last = now;
         return replan(R, x->job_ix, now);
     case SCHED_D_PREEMPT:
+        rj->preempted++;
         SH_TRY(replan(R, x->job_ix, now));
         if (R->t->jobs[ti].kind == SCHED_FUNCTION) rj->remaining = R->t->jobs[ti].duration_s;
         return 0;
@@ -218,6 +221,7 @@ static int apply(run *R, const sched_decision *x, double now)
         return 0;
     case SCHED_D_SHRINK:
         if (x->node) rj->hit = 1;
+        else rj->shrunk++;
         return replan(R, x->job_ix, now);
     case SCHED_D_GROW:
     case SCHED_D_REPLACE: return replan(R, x->job_ix, now);
@@ -261,6 +265,7 @@ static int finish(run *R, uint32_t ti, double now)
     SH_TRY(sched_job_finish(R->s, j->id, now));
     R->running_gpus -= rj->gpus;
     rj->gpus = 0;
+    rj->end = now;
     sched_job_info info;
     SH_TRY(sched_job_info_get(R->s, j->id, now, &info));
     R->wait[R->nwait] = info.first_start_s - j->submit_s;
@@ -383,7 +388,7 @@ static void summarise(run *R, double t0, double t_end)
     sched_stats_get(R->s, &st);
     r->decisions = st.decisions;
     r->decisions_per_s = r->sched_cpu_s > 0 ? (double)st.decisions / r->sched_cpu_s : 0;
-    r->preemptions = st.preemptions, r->requeues = st.requeues, r->replaces = st.replaces;
+    r->preemptions = st.preemptions, r->preempt_declined = st.preempt_declined, r->requeues = st.requeues, r->replaces = st.replaces;
     r->partial_gangs = st.partial_gangs, r->hold_timeouts = st.hold_timeouts;
     r->held_gpu_hours = st.held_gpu_s / 3600.0;
     r->resv_late = st.resv_late;
@@ -552,6 +557,35 @@ static int loop(run *R, double *t0, double *t_end)
     return 0;
 }
 
+/* One line per job of the trace, in trace order (docs/sched.md, "Per-job
+ * results"); a job that never started or ended leaves those fields empty. */
+static int write_jobs(const run *R, const char *path)
+{
+    static const char *const kinds[] = {"gang", "elastic", "function"};
+    sh_buf b = {0};
+    int rc = sh_buf_printf(&b, "id,tenant,kind,nodes,gpus_per_node,priority,submit_s,duration_s,start_s,wait_s,"
+                               "end_s,jct_s,preemptions,shrinks\n");
+    for (size_t i = 0; i < R->t->n && !rc; i++) {
+        const sim_job *j = &R->t->jobs[i];
+        const rjob *rj = &R->jobs[i];
+        char st[32] = "", wt[32] = "", en[32] = "", jc[32] = "";
+        if (rj->started) {
+            snprintf(st, sizeof st, "%.3f", rj->first_start);
+            snprintf(wt, sizeof wt, "%.3f", rj->first_start - j->submit_s);
+        }
+        if (rj->end > 0) {
+            snprintf(en, sizeof en, "%.3f", rj->end);
+            snprintf(jc, sizeof jc, "%.3f", rj->end - j->submit_s);
+        }
+        rc = sh_buf_printf(&b, "%s,%s,%s,%d,%d,%d,%.3f,%.3f,%s,%s,%s,%s,%d,%d\n", j->id, j->tenant, kinds[j->kind],
+                           j->nodes, j->gpus_per_node, j->priority, j->submit_s, j->duration_s, st, wt, en, jc,
+                           rj->preempted, rj->shrunk);
+    }
+    if (!rc) rc = sh_write_atomic(path, b.data, b.len);
+    sh_buf_free(&b);
+    return rc ? sh_err_wrap(rc, "sim: writing per-job results to %s", path) : 0;
+}
+
 int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_report *out)
 {
     memset(out, 0, sizeof *out);
@@ -582,6 +616,7 @@ int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_repor
     if (out->sched_cpu_s < 0) out->sched_cpu_s = 0;
     if (!rc) summarise(&R, t0, t_end);
     if (!rc) summarise_estimates(&R);
+    if (!rc && o->jobs_out) rc = write_jobs(&R, o->jobs_out);
     sched_decisions_free(&R.d);
     sched_free(R.s);
     free(R.heap), free(R.jobs), free(R.six2t), free(R.nodes), free(R.prov), free(R.wait), free(R.jct);
