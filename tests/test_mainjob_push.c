@@ -252,10 +252,61 @@ static void test_workers_on_the_tree(void **state)
     json_decref(res);
 }
 
+/* The other way: a worker of the run takes nothing from a trainer that
+ * does not prove the run's secret (a process that took a dead trainer's
+ * port), and tells why.  Its HELLO carries a proof on a fresh nonce, not
+ * the secret, so such a trainer learns nothing it could use. */
+static void test_worker_checks_trainer(void **state)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    skip(); /* a trainer's start; the optimised build runs it */
+#endif
+    snprintf(dir, sizeof dir, "%s", tu_path("fake-trainer"));
+    snprintf(store_dir, sizeof store_dir, "%s/store", dir);
+    snprintf(fleet, sizeof fleet, "%s/fleet.csv", dir);
+    snprintf(speeds, sizeof speeds, "%s/speeds.csv", dir);
+    sh_rm_rf(dir);
+    TU_OK(sh_mkdir_p(store_dir, 0755));
+    tu_write_file(fleet, fleet_csv, strlen(fleet_csv));
+    tu_write_file(speeds, speeds_csv, strlen(speeds_csv));
+    char log[4300], wlog[4300], result[4300];
+    snprintf(log, sizeof log, "%s/trainer.log", dir);
+    snprintf(wlog, sizeof wlog, "%s/worker.log", dir);
+    snprintf(result, sizeof result, "%s/result.json", dir);
+    const char *fakes[2] = {NULL, "ffeeddccbbaa99887766554433221100"}; /* none, another */
+    for (int k = 0; k < 2; k++) {
+        if (fakes[k]) setenv("SHOAL_RUN_SECRET", fakes[k], 1);
+        else unsetenv("SHOAL_RUN_SECRET");
+        char *targs[] = {"rl", "trainer", "--store", store_dir, "--result", result, "--steps", "50", NULL};
+        pid_t trainer = spawn(log, targs);
+        setenv("SHOAL_RUN_SECRET", "6a0e3c1f9b7d5a2e4c8f0b1d3e5a7c9f", 1);
+        char *wargs[] = {"rl", "worker", "--store", store_dir, "--fleet", fleet, "--speeds", speeds, "--node", "za-0",
+                         "--wait", "60", NULL};
+        pid_t w = spawn(wlog, wargs);
+        unsetenv("SHOAL_RUN_SECRET");
+        int st = -1;
+        for (int i = 0; i < 600 && waitpid(w, &st, WNOHANG) == 0; i++) sh_sleep(0.1);
+        stop(w, SIGKILL);
+        stop(trainer, SIGTERM);
+        char *t = (char *)tu_read_file(wlog, NULL);
+        print_message("worker against a trainer with %s secret: %s", fakes[k] ? "another" : "no", t);
+        /* No secret: it talks first and is refused.  Another: it refuses
+         * the worker's proof and hangs up before proving its own. */
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 3 ||
+            (!strstr(t, "before proving this run's secret") && !strstr(t, "hung up before proving")))
+            fail_msg("the worker (status %d) did not refuse an unproven trainer:\n%s", st, t);
+        free(t);
+        sh_rm_rf(store_dir);
+        TU_OK(sh_mkdir_p(store_dir, 0755));
+        unlink(result);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_workers_on_the_tree),
+        cmocka_unit_test(test_worker_checks_trainer),
     };
     return cmocka_run_group_tests_name("mainjob_push", tests, NULL, NULL);
 }

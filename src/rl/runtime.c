@@ -157,10 +157,14 @@ static int got_hello(run *r, int i, const uint8_t *p, size_t len)
         return sh_err(SH_EFORMAT, "worker %d: unexpected or malformed HELLO", i);
     memcpy(&h, p, sizeof h);
     h.name[sizeof h.name - 1] = 0;
-    if (r->has_secret && !sh_secret_eq(h.secret, r->secret)) {
+    if (r->has_secret && !sh_secret_eq(h.proof, sh_secret_proof(r->secret, "rl worker", h.nonce))) {
         r->refused_hellos++;
         return sh_err(SH_EPERM, "worker %d (%s, pid %d): its HELLO lacks this run's secret (SHOAL_RUN_SECRET)",
                       i, h.name, (int)h.pid);
+    }
+    if (r->has_secret) { /* our proof first: the worker trusts nothing before it */
+        sh_hash128 pr = sh_secret_proof(r->secret, "rl trainer", h.nonce);
+        SH_TRY(rl__msg_append(&r->w[i].out, RL_MSG_WELCOME, &pr, sizeof pr, NULL, 0));
     }
     if (!(h.speed > 0 && h.speed <= 1) || !(h.price >= 0))
         return sh_err(SH_EFORMAT, "worker %d (%s): HELLO speed %g must be in (0,1], price %g >= 0",

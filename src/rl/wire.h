@@ -12,7 +12,7 @@
 #define RL_WIRE_MAX (64u << 20)   /* largest payload accepted */
 
 enum { RL_MSG_WEIGHTS = 1, RL_MSG_REQUEST = 2, RL_MSG_TRAJS = 3, RL_MSG_STOP = 4,
-       RL_MSG_HELLO = 5, RL_MSG_BYE = 6, RL_MSG_REFUSE = 7 };
+       RL_MSG_HELLO = 5, RL_MSG_BYE = 6, RL_MSG_REFUSE = 7, RL_MSG_WELCOME = 8 };
 /* HELLO flags: the worker's weights come by the push tree, not WEIGHTS. */
 enum { RL_HELLO_PUSH = 1 };
 /* WEIGHTS encodings: a whole safetensors image, or a shoal delta
@@ -47,8 +47,11 @@ typedef struct rl_wire_hello {
     double speed, price;
     int32_t pid;
     uint32_t flags; /* RL_HELLO_PUSH */
-    sh_hash128 secret; /* the run's secret (sh_run_secret), or zero */
+    sh_hash128 nonce; /* fresh per connection (zero without the run's secret) */
+    sh_hash128 proof; /* sh_secret_proof(secret, "rl worker", nonce), or zero */
 } rl_wire_hello;
+/* WELCOME (trainer -> worker, first, when the trainer has the run's secret):
+ * sh_secret_proof(secret, "rl trainer", the HELLO's nonce), 16 bytes. */
 
 /* REFUSE (worker -> trainer, the answer to a REQUEST in its turn): the
  * worker could not get weights as new as min_version in time.  The trainer

@@ -34,6 +34,8 @@ typedef struct worker {
     const rl_weights_source *src;
     rl_weights_view view;
     int final_version; /* from STOP: the trainer's last version (-1: not said) */
+    int proven;        /* the trainer proved the run's secret (or none is needed) */
+    sh_hash128 expect; /* the trainer's proof on our HELLO's nonce */
     double mark, mark_cpu; /* wall and CPU clocks at the end of the last stretch */
     long updates_in_flight;
     /* Emulated GPU time (rl_config.step_s > 0): the current request's
@@ -162,6 +164,17 @@ static void __attribute__((noreturn)) bye(worker *w)
 /* Handles one message that is not a REQUEST.  Returns 1 on STOP. */
 static int handle(worker *w, uint32_t type)
 {
+    if (type == RL_MSG_WELCOME && !w->proven) {
+        sh_hash128 pr;
+        if (w->msg.len != sizeof pr || (memcpy(&pr, w->msg.data, sizeof pr), !sh_secret_eq(pr, w->expect)))
+            return sh_err(SH_EPERM, "worker %d: the trainer did not prove this run's secret (SHOAL_RUN_SECRET)",
+                          w->idx);
+        w->proven = 1;
+        return 0;
+    }
+    if (!w->proven)
+        return sh_err(SH_EPERM, "worker %d: the trainer sent message %u before proving this run's secret"
+                                " (SHOAL_RUN_SECRET): is it this run's trainer?", w->idx, type);
     if (type == RL_MSG_STOP) {
         int32_t v;
         if (w->msg.len == sizeof v) memcpy(&v, w->msg.data, sizeof v), w->final_version = v;
@@ -338,11 +351,14 @@ static int serve_request(worker *w)
     return rc;
 }
 
+/* expect: the trainer's proof of the run's secret to wait for (NULL: none,
+ * a forked worker on its socketpair or a run without a secret). */
 static void __attribute__((noreturn)) worker_run(const rl_config *c, int idx, int fd,
-                                                 const rl_weights_source *src)
+                                                 const rl_weights_source *src, const sh_hash128 *expect)
 {
     signal(SIGINT, SIG_IGN); /* the trainer decides when workers stop */
-    worker w = {.c = c, .idx = idx, .fd = fd, .version = -1, .src = src, .final_version = -1};
+    worker w = {.c = c, .idx = idx, .fd = fd, .version = -1, .src = src, .final_version = -1,
+                .proven = !expect, .expect = expect ? *expect : (sh_hash128){0, 0}};
     if (nn_new(&c->model, c->seed, &w.model) < 0) _exit(3);
     signal(SIGPIPE, SIG_IGN);
     for (;;) {
@@ -357,7 +373,12 @@ static void __attribute__((noreturn)) worker_run(const rl_config *c, int idx, in
             type = RL_MSG_REQUEST;
         } else {
             double t0 = sh_now_mono();
-            if (rl__msg_read(fd, &type, &w.msg) < 0) break;
+            if (rl__msg_read(fd, &type, &w.msg) < 0) {
+                if (w.proven) break;
+                sh_log(SH_LOG_ERROR, "rl worker %d: the trainer hung up before proving this run's secret"
+                                     " (is its SHOAL_RUN_SECRET this one?)", idx);
+                leave(&w, 3);
+            }
             w.prof.idle += sh_now_mono() - t0;
         }
         int rc = type == RL_MSG_REQUEST ? serve_request(&w) : handle(&w, type);
@@ -371,7 +392,7 @@ static void __attribute__((noreturn)) worker_run(const rl_config *c, int idx, in
     leave(&w, 0);
 }
 
-void rl__worker_main(const rl_config *c, int idx, int fd) { worker_run(c, idx, fd, NULL); }
+void rl__worker_main(const rl_config *c, int idx, int fd) { worker_run(c, idx, fd, NULL, NULL); }
 
 void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
                           const rl_weights_source *src)
@@ -379,9 +400,16 @@ void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
     rl_wire_hello h = {.speed = me->speed, .price = me->price, .pid = (int32_t)getpid(),
                        .flags = src ? RL_HELLO_PUSH : 0};
     snprintf(h.name, sizeof h.name, "%s", me->name);
-    if (sh_run_secret(&h.secret) < 0) {
+    sh_hash128 secret, expect;
+    int has = sh_run_secret(&secret);
+    if (has > 0 && sh_nonce(&h.nonce) < 0) has = -1;
+    if (has < 0) {
         sh_log(SH_LOG_ERROR, "rl worker %s: %s", me->name, sh_errmsg());
         _exit(3);
+    }
+    if (has) {
+        h.proof = sh_secret_proof(secret, "rl worker", h.nonce);
+        expect = sh_secret_proof(secret, "rl trainer", h.nonce);
     }
     signal(SIGPIPE, SIG_IGN);
     if (rl__msg_write(fd, RL_MSG_HELLO, &h, sizeof h, NULL, 0) < 0) {
@@ -394,7 +422,7 @@ void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
     *cc = *c;
     cc->workers[0] = *me;
     cc->nworkers = 1;
-    worker_run(cc, 0, fd, src);
+    worker_run(cc, 0, fd, src, has ? &expect : NULL);
 }
 
 void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
