@@ -15,6 +15,7 @@ static const char usage_text[] =
     "usage: shoal sim --fleet F|mixed:NODES [--fleet-format shoal|alibaba-v2023|alibaba-v2026]\n"
     "                 [--trace T]... [T...] [--format shoal|gavel|alibaba-v2023|kalos|mixed]\n"
     "                 [--policy fifo|firstfit|backfill|shoal|all] [--json]\n"
+    "       shoal sim push [options]   (the push tree at scale: `shoal sim push --help`)\n"
     "\n"
     "Replays the traces (several are merged into one workload, one tenant each\n"
     "for gavel) on the fleet in virtual time and reports jobs completed, JCT,\n"
