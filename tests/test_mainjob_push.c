@@ -64,6 +64,22 @@ static void stop(pid_t pid, int sig)
 
 static char dir[4096], store_dir[4200], pdir[4200], fleet[4200], speeds[4200];
 
+/* A fresh run folder tu_path(name) with store/, push/ and the fleet and
+ * speed tables; sets dir, store_dir, pdir, fleet and speeds. */
+static void run_dir(const char *name)
+{
+    snprintf(dir, sizeof dir, "%s", tu_path(name));
+    snprintf(store_dir, sizeof store_dir, "%s/store", dir);
+    snprintf(pdir, sizeof pdir, "%s/push", dir);
+    snprintf(fleet, sizeof fleet, "%s/fleet.csv", dir);
+    snprintf(speeds, sizeof speeds, "%s/speeds.csv", dir);
+    sh_rm_rf(dir);
+    TU_OK(sh_mkdir_p(store_dir, 0755));
+    TU_OK(sh_mkdir_p(pdir, 0755));
+    tu_write_file(fleet, fleet_csv, strlen(fleet_csv));
+    tu_write_file(speeds, speeds_csv, strlen(speeds_csv));
+}
+
 static pid_t worker(const char *node)
 {
     char log[4300];
@@ -103,16 +119,7 @@ static void test_workers_on_the_tree(void **state)
 #if defined(__SANITIZE_ADDRESS__)
     skip(); /* about a minute of real training; it runs in the optimised build */
 #endif
-    snprintf(dir, sizeof dir, "%s", tu_path("push-run"));
-    snprintf(store_dir, sizeof store_dir, "%s/store", dir);
-    snprintf(pdir, sizeof pdir, "%s/push", dir);
-    snprintf(fleet, sizeof fleet, "%s/fleet.csv", dir);
-    snprintf(speeds, sizeof speeds, "%s/speeds.csv", dir);
-    sh_rm_rf(dir);
-    TU_OK(sh_mkdir_p(store_dir, 0755));
-    TU_OK(sh_mkdir_p(pdir, 0755));
-    tu_write_file(fleet, fleet_csv, strlen(fleet_csv));
-    tu_write_file(speeds, speeds_csv, strlen(speeds_csv));
+    run_dir("push-run");
     char events[4300], result[4300], log[4300];
     snprintf(events, sizeof events, "%s/events.jsonl", dir);
     snprintf(result, sizeof result, "%s/result.json", dir);
@@ -261,14 +268,7 @@ static void test_worker_checks_trainer(void **state)
 #if defined(__SANITIZE_ADDRESS__)
     skip(); /* a trainer's start; the optimised build runs it */
 #endif
-    snprintf(dir, sizeof dir, "%s", tu_path("fake-trainer"));
-    snprintf(store_dir, sizeof store_dir, "%s/store", dir);
-    snprintf(fleet, sizeof fleet, "%s/fleet.csv", dir);
-    snprintf(speeds, sizeof speeds, "%s/speeds.csv", dir);
-    sh_rm_rf(dir);
-    TU_OK(sh_mkdir_p(store_dir, 0755));
-    tu_write_file(fleet, fleet_csv, strlen(fleet_csv));
-    tu_write_file(speeds, speeds_csv, strlen(speeds_csv));
+    run_dir("fake-trainer");
     char log[4300], wlog[4300], result[4300];
     snprintf(log, sizeof log, "%s/trainer.log", dir);
     snprintf(wlog, sizeof wlog, "%s/worker.log", dir);
