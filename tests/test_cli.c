@@ -52,6 +52,9 @@ static void test_conventions(void **state)
               "active, finished (did you mean running?)", "jobs --state=runing");
     expect(2, "--limit: expected a count >= 1, got \"0\"", "jobs --limit=0");
     expect(2, "expected one job id", "job 1 2");
+    /* An output path that is a directory is refused before any work, not
+     * at the final rename ("Device or resource busy" for "."). */
+    expect(1, "shoal ckpt synth: . is a directory; give the path of a file", "ckpt synth --params 1M -o .");
     /* Commands that live in shoal-core answer through the client too. */
     expect(0, "usage: shoal <command>", "help");
     expect(0, "usage: shoal rl train", "help rl train");

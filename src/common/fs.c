@@ -97,6 +97,12 @@ int sh_atomic_open_mode(sh_atomic_file *f, const char *path, unsigned mode)
     int n2 = snprintf(f->tmp, sizeof f->tmp, "%s.tmp.%ld", path, (long)getpid());
     if (n1 < 0 || (size_t)n1 >= sizeof f->path || n2 < 0 || (size_t)n2 >= sizeof f->tmp)
         return sh_err(SH_ERANGE, "path too long: %s", path);
+    /* Said before any work is done: otherwise the rename at commit fails
+     * ("Is a directory", or "busy" for ".") after the whole output was
+     * written. */
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return sh_err(SH_EINVAL, "%s is a directory; give the path of a file to write", path);
     /* A fresh file (O_EXCL): one left by someone else could carry a laxer
      * mode or an open descriptor. */
     unlink(f->tmp);
