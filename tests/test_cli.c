@@ -52,6 +52,9 @@ static void test_conventions(void **state)
               "active, finished (did you mean running?)", "jobs --state=runing");
     expect(2, "--limit: expected a count >= 1, got \"0\"", "jobs --limit=0");
     expect(2, "expected one job id", "job 1 2");
+    expect(2, "shoal job: \"abc\" is not a job id", "job abc");
+    expect(2, "shoal cancel: expected a job id", "cancel");
+    expect(2, "shoal logs: \"-3\" is not a job id", "logs -- -3");
     /* An output path that is a directory is refused before any work, not
      * at the final rename ("Device or resource busy" for "."). */
     expect(1, "shoal ckpt synth: . is a directory; give the path of a file", "ckpt synth --params 1M -o .");
