@@ -121,6 +121,8 @@ static void test_truncated_and_missing(void **state)
     assert_false(sh_path_exists(tu_path("o2.bin")));
     unlink(tu_path("trunc/r1/versions/0000000001/manifest.json"));
     TU_ERR(store_get(s, 1, &(store_version){0}, NULL), SH_ENOENT, "manifest.json is missing");
+    /* A version never published is named as such, not as a damaged folder. */
+    TU_ERR(store_get(s, 9, &(store_version){0}, NULL), SH_ENOENT, "run \"r1\" has no version 9 (LATEST is 2)");
     store_version *list;
     size_t n, broken;
     TU_OK(store_list(s, &list, &n, &broken));

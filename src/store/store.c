@@ -187,6 +187,12 @@ int store_get(store *s, uint64_t v, store_version *out, char **text)
     SH_TRY(store__version_dir(s, v, dir, sizeof dir));
     SH_TRY(sh_path_join(path, sizeof path, dir, "manifest.json"));
     int rc = sh_read_file(path, 1 << 20, &buf, &len);
+    uint64_t latest = 0;
+    /* A version past LATEST that has no folder was never published: say
+     * so, rather than suggest a damaged store. */
+    if (rc == SH_ENOENT && !sh_path_exists(dir) && store_latest(s, &latest) == SH_OK && v > latest)
+        return sh_err(SH_ENOENT, "run \"%s\" has no version %llu (LATEST is %llu)", s->run,
+                      (unsigned long long)v, (unsigned long long)latest);
     if (rc == SH_ENOENT)
         return sh_err(SH_ENOENT, "version %llu of run \"%s\": %s is missing (truncated or removed "
                       "version folder)", (unsigned long long)v, s->run, path);
