@@ -70,6 +70,10 @@ static void test_conventions(void **state)
     expect(0, "usage: shoal agent", "agent --gpus=many --bogus-opt --help"); /* --help wins */
     expect(2, "shoal store ls: unknown option \"--keep\" (another subcommand takes it: see `shoal store --help`)",
            "store ls x --keep 3");
+    /* A replica whose parent cannot be reached says which and why. */
+    char rep[4300];
+    snprintf(rep, sizeof rep, "replica --dir %s --parent 127.0.0.1:1 --until 1 --seconds 2", tu_path("rep-unreachable"));
+    expect(1, "version 1 not reached (have 0): parent 127.0.0.1:1: ", rep);
     expect(0, "shoal 0.1.0\n", "server --version");
     expect(0, "shoal 0.1.0\n", "push serve --version");
 }
