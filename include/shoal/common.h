@@ -228,6 +228,9 @@ typedef struct sh_progress {
 void sh_progress_start(sh_progress *p, const char *label, uint64_t total, const char *unit);
 void sh_progress_update(sh_progress *p, uint64_t done);
 void sh_progress_finish(sh_progress *p);
+/* Erases the bar's line, so that a line printed next starts at the left
+ * margin on a line of its own; the next update draws the bar again. */
+void sh_progress_clear(sh_progress *p);
 
 /* ---- Numbers and formatting -------------------------------------------- */
 

@@ -108,6 +108,14 @@ void sh_progress_update(sh_progress *p, uint64_t done)
     sh__progress_draw(p, 0);
 }
 
+void sh_progress_clear(sh_progress *p)
+{
+    if (!p->enabled || p->last_draw == 0) return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    p->last_draw = 0; /* drawn again at the next update */
+}
+
 void sh_progress_finish(sh_progress *p)
 {
     if (!p->enabled) return;
