@@ -114,6 +114,7 @@ static const struct {
     {"up", "--sandbox", "bwarp", "--sandbox \"bwarp\" is not one of auto, bwrap, gvisor, none (did you mean bwrap?)"},
     {"jobs", "--limit", "0", "--limit: expected a count >= 1, got \"0\""},
     {"store plan x", "--to", "x", "--to: \"x\" is not a non-negative integer"},
+    {"store gc x", "--keep", "0", "--keep: expected a count >= 1, got \"0\""},
     {"push serve", "--chunk", "1", "--chunk: expected a size >= 4096"},
     {"replica --dir d", "--seconds", "-1", "--seconds: expected seconds >= 0, got \"-1\""},
     {"ckpt synth -o x", "--params", "many", "--params: \"many\" is not a size"},
