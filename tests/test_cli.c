@@ -404,6 +404,9 @@ static void test_client_commands(void **state)
         fail_msg("submitted_at %.6f and started_at %.6f are whole seconds: %s", t, ts, out);
     json_decref(j);
     free(out);
+    /* The events table: a message without a node starts in its column. */
+    snprintf(args, sizeof args, "job %lld --server=%s --token=%s", (long long)id, F.url, TF_ALICE);
+    expect(0, "  submitted      hello by alice\n", args);
     /* A rank the job cannot have is an error, not an empty log. */
     snprintf(args, sizeof args, "logs %lld --rank 5 --server %s --token %s", (long long)id, F.url, TF_ALICE);
     expect(1, "has 1 rank(s), 0..0; there is no rank 5", args);

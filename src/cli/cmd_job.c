@@ -64,10 +64,13 @@ int cli_cmd_job(int argc, char **argv)
                    json_string_value(json_object_get(m, "node")), json_string_value(json_object_get(m, "state")),
                    (long long)json_integer_value(json_object_get(m, "exit_code")));
         printf("\nevents\n");
-        json_array_foreach(json_object_get(ev, "events"), i, m)
-            printf("  %s  %-14s %s %s\n", cli_fmt_time(json_real_value(json_object_get(m, "t")), t1, sizeof t1),
-                   json_string_value(json_object_get(m, "kind")), json_string_value(json_object_get(m, "node")),
+        json_array_foreach(json_object_get(ev, "events"), i, m) {
+            /* Most events name no node: their message starts in the same column. */
+            const char *node = json_string_value(json_object_get(m, "node"));
+            printf("  %s  %-14s %s%s%s\n", cli_fmt_time(json_real_value(json_object_get(m, "t")), t1, sizeof t1),
+                   json_string_value(json_object_get(m, "kind")), node ? node : "", node && *node ? " " : "",
                    json_string_value(json_object_get(m, "msg")));
+        }
     }
     json_decref(j);
     json_decref(ev);
