@@ -385,6 +385,9 @@ static void test_client_commands(void **state)
     expect(0, "\"duplicate\":true", args);
     snprintf(args, sizeof args, "jobs --limit=5 --state=active --server=%s --token=%s --json", F.url, TF_ALICE);
     expect(0, "\"jobs\":[", args);
+    /* The table says its GPU column counts per node. */
+    snprintf(args, sizeof args, "jobs --server=%s --token=%s", F.url, TF_ALICE);
+    expect(0, " NODES GPU/N ATTEMPT ", args);
     free(first);
     json_decref(tf_wait_job(&F, id, "succeeded", 30));
     snprintf(args, sizeof args, "logs %lld --server %s --token %s --json", (long long)id, F.url, TF_ALICE);
