@@ -118,6 +118,7 @@ static const struct {
     {"push serve", "--chunk", "1", "--chunk: expected a size >= 4096"},
     {"replica --dir d", "--seconds", "-1", "--seconds: expected seconds >= 0, got \"-1\""},
     {"ckpt synth -o x", "--params", "many", "--params: \"many\" is not a size"},
+    {"ckpt family llama3-8b -o x", "--layers", "0", "--layers: expected at least 1, got \"0\""},
     {"rl train", "--mode", "later", "--mode \"later\": expected sync or async"},
     {"rl fleet-cost", "--seeds", "0", "--seeds must be 1..32, got \"0\""},
     {"sim push", "--replicas", "-1", "--replicas must be 0..10000000, got \"-1\""},
