@@ -3,8 +3,11 @@
  * no heavy library, and client commands against a real server. */
 #include "fleet_util.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void test_closest(void **state)
 {
@@ -230,6 +233,33 @@ static void test_every_command_options(void **state)
     }
 }
 
+/* A command killed while it writes a large file leaves no OUT.tmp.PID
+ * (a 16 GB one for llama3-8b) behind: shoal-core's SIGTERM handler removes
+ * the temporaries of its open atomic files. */
+static void test_killed_write_leaves_no_temporary(void **state)
+{
+    const char *out = tu_path("killed.safetensors");
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl(tu_shoal(), "shoal", "ckpt", "family", "llama3-8b", "-o", out, (char *)NULL);
+        _exit(127);
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)pid); /* shoal execs shoal-core: the same pid */
+    for (int i = 0; i < 2000 && !sh_path_exists(tmp); i++) usleep(5000);
+    int seen = sh_path_exists(tmp);
+    kill(pid, SIGTERM);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    int left = sh_path_exists(tmp);
+    unlink(tmp);
+    unlink(out);
+    if (!seen) fail_msg("%s never appeared", tmp);
+    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGTERM) fail_msg("ckpt family was not ended by SIGTERM: status %d", st);
+    if (left) fail_msg("%s is left behind after SIGTERM", tmp);
+}
+
 /* The client binary links neither UCX, OpenBLAS, SQLite nor libmicrohttpd. */
 static void test_client_is_lean(void **state)
 {
@@ -427,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_conventions),
         cmocka_unit_test(test_every_command_options),
         cmocka_unit_test(test_client_is_lean),
+        cmocka_unit_test(test_killed_write_leaves_no_temporary),
         cmocka_unit_test(test_man_and_completion),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),
     };

@@ -150,6 +150,11 @@ int sh_atomic_open(sh_atomic_file *f, const char *path);
 int sh_atomic_open_mode(sh_atomic_file *f, const char *path, unsigned mode);
 int sh_atomic_commit(sh_atomic_file *f);
 void sh_atomic_abort(sh_atomic_file *f);
+/* Removes the temporaries of every atomic file this process has open and
+ * has neither committed nor aborted.  Async-signal-safe: for a handler of
+ * SIGINT or SIGTERM, so that an interrupted write of a large file leaves
+ * no PATH.tmp.PID behind. */
+void sh_atomic_unlink_all(void);
 
 /* Writes all of buf at fd (retrying short writes and EINTR). */
 int sh_write_all(int fd, const void *buf, size_t len, const char *what);
