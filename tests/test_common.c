@@ -132,6 +132,10 @@ static void test_parse_numbers(void **state)
     TU_OK(sh_parse_size("1.5K", &u, "--x"));
     assert_int_equal(u, 1500);
     TU_ERR(sh_parse_size("12Q", &u, "--params"), SH_EINVAL, "--params: unknown suffix");
+    /* The message lists every suffix it takes (T and TiB too). */
+    TU_ERR(sh_parse_size("12Q", &u, "--params"), SH_EINVAL, "(use K, M, G, T, KiB, MiB, GiB, TiB)");
+    TU_OK(sh_parse_size("1TiB", &u, "--payload"));
+    assert_int_equal(u, 1099511627776ULL);
     TU_ERR(sh_parse_size("-3", &u, "--params"), SH_EINVAL, "not a size");
     TU_OK(sh_parse_i64("-42", &i, "--seed"));
     assert_int_equal(i, -42);

@@ -181,7 +181,7 @@ int sh_parse_size(const char *s, uint64_t *out, const char *what)
             return SH_OK;
         }
     }
-    return sh_err(SH_EINVAL, "%s: unknown suffix \"%s\" in \"%s\" (use K, M, G, KiB, MiB, GiB)", what,
+    return sh_err(SH_EINVAL, "%s: unknown suffix \"%s\" in \"%s\" (use K, M, G, T, KiB, MiB, GiB, TiB)", what,
                   end, s);
 }
 
