@@ -3,9 +3,11 @@
  * no heavy library, and client commands against a real server. */
 #include "fleet_util.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -260,6 +262,54 @@ static void test_killed_write_leaves_no_temporary(void **state)
     if (left) fail_msg("%s is left behind after SIGTERM", tmp);
 }
 
+/* A server started outside the source tree (its working directory has no
+ * web/) still serves the dashboard: the build's, found beside the binary. */
+static void test_dashboard_from_elsewhere(void **state)
+{
+    char shoal[4096], tokens[4200], db[4200], out[4200];
+    assert_non_null(realpath(tu_shoal(), shoal));
+    snprintf(tokens, sizeof tokens, "%s", tu_path("web-tokens.json"));
+    TU_OK(sh_mkdir_p(tu_path("web-state"), 0700));
+    snprintf(db, sizeof db, "%s", tu_path("web-state/shoal.db"));
+    snprintf(out, sizeof out, "%s", tu_path("web-server.out"));
+    const char *t = "{\"admin\":\"" TF_ADMIN "\",\"agent\":\"" TF_AGENT "\",\"tenants\":{}}";
+    tu_write_file(tokens, t, strlen(t));
+    chmod(tokens, 0600);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || chdir(tu_tmpdir()) < 0) _exit(127);
+        dup2(fd, 1), dup2(fd, 2);
+        execl(shoal, "shoal", "server", "--tokens", tokens, "--db", db, "--port", "0", (char *)NULL);
+        _exit(127);
+    }
+    int port = 0;
+    for (int i = 0; i < 400 && !port; i++) {
+        char *text;
+        if (sh_read_file(out, 1 << 20, &text, NULL) == 0) {
+            char *l = strstr(text, "listening on http://127.0.0.1:");
+            if (l) port = atoi(l + 30);
+            free(text);
+        }
+        if (!port) sh_sleep(0.025);
+    }
+    char url[64], *body = NULL;
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    srv_client *c;
+    int st = 0;
+    size_t len;
+    if (port && srv_client_new(url, NULL, &c) == 0) {
+        (void)srv_client_raw(c, "GET", "/", NULL, 0, NULL, 10, &st, &body, &len);
+        srv_client_free(c);
+    }
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    if (!port) fail_msg("the server did not start (see %s)", out);
+    if (st != 200 || !body || !strstr(body, "<title>shoal")) fail_msg("GET / from a server started in %s: %d %s", tu_tmpdir(), st, body ? body : "");
+    free(body);
+}
+
 /* The client binary links neither UCX, OpenBLAS, SQLite nor libmicrohttpd. */
 static void test_client_is_lean(void **state)
 {
@@ -458,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_every_command_options),
         cmocka_unit_test(test_client_is_lean),
         cmocka_unit_test(test_killed_write_leaves_no_temporary),
+        cmocka_unit_test(test_dashboard_from_elsewhere),
         cmocka_unit_test(test_man_and_completion),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),
     };
