@@ -79,6 +79,7 @@ static void test_conventions(void **state)
     char rep[4300];
     snprintf(rep, sizeof rep, "replica --dir %s --parent 127.0.0.1:1 --until 1 --seconds 2", tu_path("rep-unreachable"));
     expect(1, "version 1 not reached (have 0): parent 127.0.0.1:1: ", rep);
+    expect(1, "shoal rl report: /nonexistent/run is not a folder", "rl report --dir /nonexistent/run");
     expect(0, "shoal 0.1.0\n", "server --version");
     expect(0, "shoal 0.1.0\n", "push serve --version");
 }
