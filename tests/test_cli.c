@@ -467,6 +467,16 @@ static void test_client_commands(void **state)
     expect(0, "\"duplicate\":true", args);
     snprintf(args, sizeof args, "jobs --limit=5 --state=active --server=%s --token=%s --json", F.url, TF_ALICE);
     expect(0, "\"jobs\":[", args);
+    /* A wrong token is named, without the hint to pass one; a missing one
+     * gets the hint. */
+    snprintf(args, sizeof args, "jobs --server=%s --token=not-a-token 2>&1", F.url);
+    assert_int_equal(tu_run(&out, "%s %s", tu_shoal(), args), 1);
+    if (!strstr(out, "unknown bearer token") || strstr(out, "hint:")) fail_msg("jobs with a wrong token:\n%s", out);
+    free(out);
+    snprintf(args, sizeof args, "jobs --server=%s 2>&1", F.url);
+    assert_int_equal(tu_run(&out, "env -u SHOAL_TOKEN %s %s", tu_shoal(), args), 1);
+    if (!strstr(out, "hint: pass --token TOKEN or set SHOAL_TOKEN")) fail_msg("jobs without a token:\n%s", out);
+    free(out);
     /* The table says its GPU column counts per node. */
     snprintf(args, sizeof args, "jobs --server=%s --token=%s", F.url, TF_ALICE);
     expect(0, " NODES GPU/N ATTEMPT ", args);

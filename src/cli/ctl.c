@@ -46,7 +46,8 @@ int cli_ctl_call(cli_ctl *x, const char *method, const char *path, const json_t 
     if (status >= 400) {
         const char *e = json_string_value(json_object_get(*reply, "error"));
         fprintf(stderr, "shoal %s: %s (HTTP %d from %s)\n", x->cmd, e ? e : "request failed", status, x->server);
-        if (status == 401) fprintf(stderr, "hint: pass --token TOKEN or set SHOAL_TOKEN\n");
+        /* Without a token, say how to give one; a wrong one is named by the server. */
+        if (status == 401 && (!x->token || !*x->token)) fprintf(stderr, "hint: pass --token TOKEN or set SHOAL_TOKEN\n");
         json_decref(*reply);
         *reply = NULL;
         return 1;
