@@ -233,6 +233,7 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed, 
                                "sched_cpu_s", r[p].sched_cpu_s, "decisions_per_s", r[p].decisions_per_s,
                                "jct_mean_s", r[p].jct_mean_s, "jobs_completed", (json_int_t)r[p].jobs_completed,
                                "preemptions", (json_int_t)r[p].preemptions);
+        json_object_set_new(pj, "preemptions_declined", json_integer((json_int_t)r[p].preempt_declined));
         json_t *p99 = json_object();
         for (int b = 0; b < SIM_BUCKETS; b++)
             json_object_set_new(p99, sim_bucket_names[b], isfinite(r[p].wait_p99_s_by_nodes[b])
@@ -259,9 +260,11 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed, 
             double rr = r[2].decisions_per_s > 0 ? r[1].decisions_per_s / r[2].decisions_per_s : 0;
             json_object_set_new(out, "shoal_vs_reference", json_real(rr));
             int same = r[1].decisions_hash == r[2].decisions_hash && r[1].decisions == r[2].decisions;
+            int counts = r[1].preemptions == r[2].preemptions && r[1].preempt_declined == r[2].preempt_declined;
             json_object_set_new(out, "same_decisions", json_boolean(same));
-            if (!json) printf("shoal/reference search decisions/s: %.2fx (same decision stream: %s)\n", rr,
-                              same ? "yes" : "NO");
+            json_object_set_new(out, "same_counts", json_boolean(counts));
+            if (!json) printf("shoal/reference search decisions/s: %.2fx (same decision stream: %s; same preemptions "
+                              "and turn-downs: %s)\n", rr, same ? "yes" : "NO", counts ? "yes" : "NO");
         }
         if (json) sh_json_print(out);
         else
@@ -315,7 +318,8 @@ int cli_bench_sched(int argc, char **argv)
                    "under backfill and shoal, and reports each one's decisions per second of\n"
                    "scheduling time, their ratio, JCT and p99 waits by gang size.  --reference\n"
                    "adds shoal with the reference search (sched_config.reference: no preemption\n"
-                   "index, memo or reservation bounds), which must decide the same.\n", cycles);
+                   "index, memo or reservation bounds), which must decide the same and count\n"
+                   "the same preemptions and turn-downs (same_counts in --json).\n", cycles);
             return 0;
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
             if (sh_parse_i64(argv[++i], &v, "--batch") || v < 1 || v > 10000)
