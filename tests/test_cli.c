@@ -84,9 +84,8 @@ static void test_conventions(void **state)
     expect(0, "shoal 0.1.0\n", "push serve --version");
 }
 
-/* Every command and subcommand, with one of its long options (NULL for
- * the commands that still parse by hand: cmd_sim.c, bench_sched.c).  The
- * test reads the command list from `shoal help` and the subcommands from
+/* Every command and subcommand, with one of its long options.  The test
+ * reads the command list from `shoal help` and the subcommands from
  * cli_subcommand's error, so a command or subcommand added without a row
  * here fails it. */
 static const struct {
@@ -101,13 +100,13 @@ static const struct {
     {"push", "relay", "parent"},      {"quant", "fp8", "update"},        {"replica", NULL, "parent"},
     {"rl", "train", "steps"},         {"rl", "sweep", "losses"},         {"rl", "trainer", "store"},
     {"rl", "worker", "speeds"},       {"rl", "report", "timeout"},       {"rl", "fleet-cost", "fleet"},
-    {"server", NULL, "tokens"},       {"sim", NULL, NULL},               {"sim", "push", "replicas"},
+    {"server", NULL, "tokens"},       {"sim", NULL, "fleet"},            {"sim", "push", "replicas"},
     {"store", "publish", "anchor-every"}, {"store", "ls", "json"},       {"store", "gc", "keep"},
     {"store", "plan", "from"},        {"store", "verify", "version"},    {"store", "squash", "from"},
     {"submit", NULL, "idempotency-key"}, {"up", NULL, "fleet"},          {"version", NULL, "json"},
     {"bench client", NULL, "runs"},   {"bench control", NULL, "starts"}, {"bench delta", NULL, "params"},
     {"bench push", NULL, "replicas"}, {"bench rl", NULL, "reps"},        {"bench scale", NULL, "layers"},
-    {"bench sched", NULL, NULL},      {"bench write", NULL, "reps"},
+    {"bench sched", NULL, "nodes"},   {"bench write", NULL, "reps"},
 };
 
 /* Value options, each given a bad value as --opt=value and as --opt value:
@@ -130,6 +129,30 @@ static const struct {
     {"sim push", "--replicas", "-1", "--replicas must be 0..10000000, got \"-1\""},
     {"bench control", "--clients", "65", "--clients must be 1..64, got \"65\""},
     {"bench push", "--topology", "stra", "--topology \"stra\" is not one of tree, star, store (did you mean star?)"},
+    {"sim --fleet mixed:8 --format mixed", "--preempt-wait", "-1", "--preempt-wait: expected a number >= 0, got \"-1\""},
+    {"sim --fleet mixed:8 --format mixed", "--jobs", "0", "--jobs must be an integer >= 1, got \"0\""},
+    {"sim --fleet mixed:8", "--quota", "z,f,t,eight,1,1,1", "--quota gpus must be 1..1024, got \"eight\""},
+    {"bench sched --mix", "--nodes", "50", "--nodes must be 100..1000000, got \"50\""},
+    {"bench sched --mix", "--load", "0", "--load: expected a load in (0, 10], got \"0\""},
+};
+
+/* Whole command lines: a value missing at the end, and runs small enough
+ * for every build, with --opt=value and --opt value. */
+static const struct {
+    const char *args;
+    int status;
+    const char *want;
+} line_rows[] = {
+    {"sim --fleet mixed:8 --format mixed --jobs", 2, "shoal sim: option --jobs needs a value"},
+    {"sim --fleet", 2, "shoal sim: option --fleet needs a value"},
+    {"sim --format mixed --jobs 5", 2, "shoal sim: --fleet is required"},
+    {"bench sched --mix --nodes", 2, "shoal bench sched: option --nodes needs a value"},
+    {"bench sched --mix x", 2, "shoal bench sched: unexpected argument \"x\""},
+    {"bench sched --seed 3", 2, "shoal bench sched: --seed applies to the mixed replay: add --mix"},
+    {"bench sched --mix --batch 5", 2, "shoal bench sched: --batch applies without --mix only"},
+    {"sim --fleet=mixed:16 --format mixed --jobs=40 --seed 3 --preempt-wait=0.25 --json", 0, "\"jobs_total\":40,"},
+    {"sim --fleet mixed:16 --format=mixed --jobs 40 --policy=all", 0, "backfill"},
+    {"bench sched --mix --nodes=100 --jobs 300 --load=0.9 --json", 0, "\"shoal_vs_backfill\":"},
 };
 
 /* The names listed under `heading` in `shoal help`, with prefix. */
@@ -226,6 +249,11 @@ static void test_every_command_options(void **state)
         snprintf(args, sizeof args, "%s --%s=1", cmd, typo);
         snprintf(hint, sizeof hint, "unknown option \"--%s\" (did you mean --%s?)", typo, opt_rows[r].opt);
         expect(2, hint, args);
+    }
+    for (size_t r = 0; r < sizeof line_rows / sizeof line_rows[0]; r += STRIDE) {
+        char args[512];
+        snprintf(args, sizeof args, "%s 2>&1", line_rows[r].args);
+        expect(line_rows[r].status, line_rows[r].want, args);
     }
     for (size_t r = 0; r < sizeof value_rows / sizeof value_rows[0]; r += STRIDE) {
         char args[512];

@@ -331,7 +331,7 @@ static void test_fp8_in_memory(void **state)
         tu_write_file(bf, img.data, img.len);
         static const char *const keep[] = {"embed", "lm_head", NULL};
         delta_opts o = {.threads = 1};
-        TU_OK(delta_quant_fp8(bf, q, keep, &o));
+        TU_OK(delta_quant_fp8(bf, q, keep, &o, NULL));
         TU_OK(rl_load_checkpoint(a, q)); /* the file's FP8, dequantised */
         static sh_buf prev;
         static ckpt *pck;

@@ -16,13 +16,17 @@
  *   refused;
  * - every worker still running at the end holds the trainer's last image,
  *   byte for byte, and the summary says so. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "shoal/mainjob.h"
+#include "shoal/rl.h"
 #include "shoal/store.h"
 #include "testutil.h"
 
@@ -302,11 +306,95 @@ static void test_worker_checks_trainer(void **state)
     }
 }
 
+/* Connect to the trainer's address in DIR/trainer.json; returns the fd. */
+static int connect_trainer(const char *addr)
+{
+    char host[64];
+    int port = 0;
+    assert_int_equal(sscanf(addr, "%63[^:]:%d", host, &port), 2);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    assert_int_equal(inet_pton(AF_INET, host, &sa.sin_addr), 1);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
+/* Another tenant's process on the host network connects to the trainer
+ * and says nothing; then it fills every worker slot with such connections
+ * and opens one more that announces a 64 MiB HELLO.  The run's worker
+ * still joins: a connection without a HELLO is closed after RL_HELLO_S,
+ * or sooner when every slot is taken and a newer connection comes (the
+ * oldest goes first), and the oversized frame is refused from its
+ * header. */
+static void test_trainer_slots_under_flood(void **state)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    skip(); /* a trainer's run; the optimised build runs it */
+#endif
+    run_dir("flood");
+    char log[4300], wlog[4300], result[4300], tj[4300];
+    snprintf(log, sizeof log, "%s/trainer.log", dir);
+    snprintf(wlog, sizeof wlog, "%s/worker.log", dir);
+    snprintf(result, sizeof result, "%s/result.json", dir);
+    snprintf(tj, sizeof tj, "%s/trainer.json", store_dir);
+    setenv("SHOAL_RUN_SECRET", "6a0e3c1f9b7d5a2e4c8f0b1d3e5a7c9f", 1);
+    char *targs[] = {"rl", "trainer", "--store", store_dir, "--result", result, "--steps", "3", NULL};
+    pid_t trainer = spawn(log, targs);
+    const char *addr = NULL;
+    json_t *j = NULL;
+    for (int i = 0; i < 600 && !addr; i++, sh_sleep(0.1)) {
+        if (j) json_decref(j), j = NULL;
+        if (sh_path_exists(tj) && sh_json_load_file(tj, 1 << 16, &j) == 0 && s_of(j, "addr") && s_of(j, "addr")[0])
+            addr = s_of(j, "addr");
+    }
+    if (!addr) fail_msg("the trainer announced no address; see %s", log);
+    /* One that connects and says nothing is closed after RL_HELLO_S. */
+    int sleeper = connect_trainer(addr);
+    char *t = NULL;
+    for (int i = 0; i < 100 && !(t && strstr(t, "no HELLO within")); i++, sh_sleep(0.1)) {
+        free(t);
+        t = (char *)tu_read_file(log, NULL);
+    }
+    if (!strstr(t, "no HELLO within")) fail_msg("a silent connection was not closed in time:\n%s", t);
+    free(t);
+    close(sleeper);
+    /* Then every slot at once, and the run's worker right after. */
+    int idle[RL_MAX_WORKERS];
+    for (int k = 0; k < RL_MAX_WORKERS; k++) idle[k] = connect_trainer(addr);
+    int big = connect_trainer(addr);
+    struct { uint32_t magic, type; uint64_t len; } hdr = {0x4c524853u, 5 /* HELLO */, 64u << 20};
+    assert_int_equal(write(big, &hdr, sizeof hdr), (ssize_t)sizeof hdr);
+    sh_sleep(0.5);
+    char *wargs[] = {"rl", "worker", "--store", store_dir, "--fleet", fleet, "--speeds", speeds, "--node", "za-0",
+                     "--wait", "60", NULL};
+    pid_t w = spawn(wlog, wargs);
+    json_t *res = NULL;
+    for (double t0 = sh_now_mono(); !res && sh_now_mono() - t0 < 60; sh_sleep(0.3))
+        if (sh_path_exists(result)) sh_json_load_file(result, 64 << 20, &res);
+    stop(w, SIGTERM);
+    stop(trainer, SIGTERM);
+    unsetenv("SHOAL_RUN_SECRET");
+    for (int k = 0; k < RL_MAX_WORKERS; k++) close(idle[k]);
+    close(big);
+    json_decref(j);
+    if (!res) fail_msg("the run did not finish under the flood; see %s and %s", log, wlog);
+    print_message("steps %ld, connections dropped %ld\n", i_of(res, "steps"), i_of(res, "connections_dropped"));
+    assert_int_equal(i_of(res, "steps"), 3);
+    assert_true(i_of(res, "connections_dropped") >= 3); /* the sleeper, the big HELLO, a slot given up */
+    t = (char *)tu_read_file(log, NULL);
+    assert_non_null(strstr(t, "first message is not a HELLO"));
+    assert_non_null(strstr(t, "every slot is taken"));
+    free(t);
+    json_decref(res);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_workers_on_the_tree),
         cmocka_unit_test(test_worker_checks_trainer),
+        cmocka_unit_test(test_trainer_slots_under_flood),
     };
     return cmocka_run_group_tests_name("mainjob_push", tests, NULL, NULL);
 }

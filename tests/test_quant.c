@@ -46,6 +46,23 @@ static void test_quant_from_scratch(void **state)
     char *o;
     assert_int_equal(tu_run(&o, "%s quant fp8 %s -o %s --keep emb", tu_shoal(), in, out), 0);
     free(o);
+    /* --json: one object saying what was quantised, the same file written.
+     * w: 2 x 2 blocks, big: 3 x 3; emb (kept), norm and id copied.  Bytes
+     * are tensor data: bf16 in; fp8 values, F32 scales and copies out. */
+    const char *out2 = tu_path("q_out2.safetensors");
+    assert_int_equal(tu_run(&o, "%s quant fp8 %s -o %s --keep emb --json 2>/dev/null", tu_shoal(), in, out2), 0);
+    json_t *j = json_loads(o, 0, NULL);
+    if (!j) fail_msg("quant fp8 --json: not one JSON object: %s", o);
+    assert_int_equal(json_integer_value(json_object_get(j, "tensors_quantised")), 2);
+    assert_int_equal(json_integer_value(json_object_get(j, "tensors_copied")), 3);
+    assert_int_equal(json_integer_value(json_object_get(j, "blocks_quantised")), 13);
+    assert_int_equal(json_integer_value(json_object_get(j, "bytes_in")), (130 * 200 + 300 * 260 + 64 * 128 + 200) * 2 + 16);
+    assert_int_equal(json_integer_value(json_object_get(j, "bytes_out")),
+                     130 * 200 + 4 * 4 + 300 * 260 + 9 * 4 + 64 * 128 * 2 + 200 * 2 + 16);
+    assert_true(json_is_real(json_object_get(j, "seconds")) && json_real_value(json_object_get(j, "seconds")) >= 0);
+    json_decref(j);
+    free(o);
+    assert_int_equal(tu_run(NULL, "cmp %s %s", out, out2), 0);
     ckpt *c;
     TU_OK(ckpt_open(out, &c));
     const ckpt_tensor *q = ckpt_find(c, "w"), *s = ckpt_find(c, "w_scale_inv");
@@ -93,8 +110,8 @@ static void test_quant_update_identical(void **state)
     build(n, w, big, emb, norm, id, 0);
     TU_OK(delta_make(b, n, d, NULL, NULL));
     const char *keep[] = {"emb", NULL};
-    TU_OK(delta_quant_fp8(b, b8, keep, NULL));
-    TU_OK(delta_quant_fp8(n, n8, keep, NULL));
+    TU_OK(delta_quant_fp8(b, b8, keep, NULL, NULL));
+    TU_OK(delta_quant_fp8(n, n8, keep, NULL, NULL));
     uint64_t blocks = 0;
     TU_OK(delta_quant_fp8_update(b8, n, d, n8u, keep, &(delta_opts){.threads = 2}, &blocks));
     assert_int_equal(blocks, 3);
@@ -109,7 +126,7 @@ static void test_quant_update_identical(void **state)
     /* Now b8 is the new version: updating it again with the same delta is
      * refused, as is a --from that is not the delta's target. */
     TU_ERR(delta_quant_fp8_update(b8, n, d, n8u, keep, NULL, NULL), SH_EMISMATCH, "was quantised from");
-    TU_OK(delta_quant_fp8(b, b8, keep, NULL));
+    TU_OK(delta_quant_fp8(b, b8, keep, NULL, NULL));
     TU_ERR(delta_quant_fp8_update(b8, b, d, n8u, keep, NULL, NULL), SH_EMISMATCH, "leads to");
 
     /* A reshaped tensor is carried whole and re-quantised entirely. */
@@ -122,7 +139,7 @@ static void test_quant_update_identical(void **state)
     snprintf(r8u, sizeof r8u, "%s", tu_path("u_resh8_upd.safetensors"));
     build(r, w, big, emb, norm, id, 1);
     TU_OK(delta_make(n, r, dr, NULL, NULL));
-    TU_OK(delta_quant_fp8(r, r8, keep, NULL));
+    TU_OK(delta_quant_fp8(r, r8, keep, NULL, NULL));
     TU_OK(delta_quant_fp8_update(n8, r, dr, r8u, keep, NULL, &blocks));
     assert_int_equal(blocks, 4); /* w: 200 x 130 = 2 x 2 blocks; big unchanged */
     assert_int_equal(tu_run(NULL, "cmp %s %s", r8, r8u), 0);

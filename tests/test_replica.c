@@ -197,7 +197,7 @@ static void test_fp8_copy(void **state)
     TU_OK(store_replica_open(&cfg, &r));
     TU_OK(store_replica_wait(r, 1, 30));
     delta_opts o = {0};
-    TU_OK(delta_quant_fp8(tu_path("v1.st"), tu_path("ref1.fp8"), NULL, &o));
+    TU_OK(delta_quant_fp8(tu_path("v1.st"), tu_path("ref1.fp8"), NULL, &o, NULL));
     tu_assert_same_file(tu_path("rep8/models/0000000001.fp8.safetensors"), tu_path("ref1.fp8"));
     TU_OK(store_publish(s3, tu_path("v2.st"), NULL, &v));
     TU_OK(store_replica_wait(r, 2, 30));
@@ -208,7 +208,7 @@ static void test_fp8_copy(void **state)
     store_replica_info info;
     store_replica_get_info(r, &info);
     assert_true(info.fp8_blocks > 0);
-    TU_OK(delta_quant_fp8(tu_path("v2.st"), tu_path("ref2.fp8"), NULL, &o));
+    TU_OK(delta_quant_fp8(tu_path("v2.st"), tu_path("ref2.fp8"), NULL, &o, NULL));
     tu_assert_same_file(tu_path("rep8/models/0000000002.fp8.safetensors"), tu_path("ref2.fp8"));
     assert_false(sh_path_exists(tu_path("rep8/models/0000000001.fp8.safetensors")));
     store_replica_close(r);

@@ -598,11 +598,16 @@ static void test_preempt_wait_table(void **state)
                 assert_null(find(&d, SCHED_D_PREEMPT, "E"));
                 assert_int_equal(jstate(s, "G"), SCHED_QUEUED);
                 assert_int_equal(jstate(s, "E"), SCHED_RUNNING);
-                assert_true(st.preempt_declined >= 1);
+                assert_int_equal(st.preempt_declined, 1);
                 sched_job_info ji;
                 TU_OK(sched_job_info_get(s, "G", 10, &ji));
                 assert_int_equal(ji.wait, SCHED_WAIT_RESERVED);
                 assert_true(fabs(ji.est_start_s - rows[i].e_est) < 1e-6);
+                /* Turned down again the next cycle: still one gang. */
+                step(s, 11, &d);
+                assert_null(find(&d, SCHED_D_PREEMPT, "E"));
+                sched_stats_get(s, &st);
+                assert_int_equal(st.preempt_declined, 1);
                 TU_OK(sched_job_finish(s, "E", rows[i].e_est));
                 step(s, rows[i].e_est, &d);
                 assert_int_equal(jstate(s, "G"), SCHED_RUNNING);

@@ -139,13 +139,23 @@ int delta_inspect(const char *path, json_t **out);
 
 #define DELTA_FP8_BLOCK 128
 
+/* What delta_quant_fp8 wrote. */
+typedef struct delta_quant_stats {
+    uint64_t tensors_quantised; /* BF16 tensors written as F8_E4M3 NAME + F32 NAME_scale_inv */
+    uint64_t tensors_copied;    /* the others, copied as they were */
+    uint64_t blocks;            /* 128 x 128 blocks quantised (edge blocks partial) */
+    uint64_t bytes_in;          /* tensor data read from the source */
+    uint64_t bytes_out;         /* tensor data written (fp8 values, scales and copies) */
+} delta_quant_stats;
+
 /* Quantises every 2-D BF16 tensor of `in` (except names containing one of the
  * NULL-terminated `keep` substrings) to F8_E4M3 with one F32 scale per
  * 128 x 128 block, stored as NAME and NAME_scale_inv (dequantised weight =
  * fp8 value x scale_inv), as DeepSeek-V3 checkpoints do.  Other tensors are
- * copied.  The output (one file) records the source digest in __metadata__. */
+ * copied.  The output (one file) records the source digest in __metadata__.
+ * st (may be NULL) gets what was written. */
 int delta_quant_fp8(const char *in, const char *out, const char *const *keep,
-                    const delta_opts *o);
+                    const delta_opts *o, delta_quant_stats *st);
 /* Brings fp8 (quantised from the delta's base) up to new_bf16 (the delta's
  * target), re-quantising only the blocks the delta changed; the result is
  * byte-identical to delta_quant_fp8(new_bf16).  out == NULL: in place. */

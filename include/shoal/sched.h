@@ -403,8 +403,8 @@ typedef struct sched_stats {
     uint64_t scale_ups, scale_downs;
     uint64_t resv_late;       /* head reservations that moved later, or started late */
     uint64_t forgotten;       /* jobs dropped by sched_job_forget */
-    uint64_t preempt_declined; /* shoal: victims found but not taken, the gang due soon (preempt_wait;
-                                  * gangs a walk stopped before are not counted) */
+    uint64_t preempt_declined; /* shoal: gangs that had victims but did not take them, being due
+                                  * soon (preempt_wait); each gang once, however often turned down */
     int nodes_up, gpus_up, gpus_busy;
     size_t queued, running;
 } sched_stats;

@@ -179,6 +179,7 @@ typedef struct sim_report {
      * given a finite estimate; error = actual - estimated (> 0: late). */
     size_t est_jobs, est_infinite;
     double est_mean_error_s, est_mean_abs_error_s, est_p50_abs_error_s, est_p90_abs_error_s;
+    sched_stats sched; /* the scheduler's own counters at the end (sched_stats_get) */
 } sim_report;
 
 /* Replays trace t on fleet f.  Returns 0, or a negative code (sched_check

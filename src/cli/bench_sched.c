@@ -1,6 +1,7 @@
 /* shoal bench sched: placement decisions per second of the scheduling core
  * with 10,000 nodes and 10,000 queued jobs, against a naive scan measured
  * in the same run. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,6 +234,7 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed, 
                                "sched_cpu_s", r[p].sched_cpu_s, "decisions_per_s", r[p].decisions_per_s,
                                "jct_mean_s", r[p].jct_mean_s, "jobs_completed", (json_int_t)r[p].jobs_completed,
                                "preemptions", (json_int_t)r[p].preemptions);
+        json_object_set_new(pj, "preemptions_declined", json_integer((json_int_t)r[p].preempt_declined));
         json_t *p99 = json_object();
         for (int b = 0; b < SIM_BUCKETS; b++)
             json_object_set_new(p99, sim_bucket_names[b], isfinite(r[p].wait_p99_s_by_nodes[b])
@@ -259,9 +261,11 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed, 
             double rr = r[2].decisions_per_s > 0 ? r[1].decisions_per_s / r[2].decisions_per_s : 0;
             json_object_set_new(out, "shoal_vs_reference", json_real(rr));
             int same = r[1].decisions_hash == r[2].decisions_hash && r[1].decisions == r[2].decisions;
+            int counts = r[1].preemptions == r[2].preemptions && r[1].preempt_declined == r[2].preempt_declined;
             json_object_set_new(out, "same_decisions", json_boolean(same));
-            if (!json) printf("shoal/reference search decisions/s: %.2fx (same decision stream: %s)\n", rr,
-                              same ? "yes" : "NO");
+            json_object_set_new(out, "same_counts", json_boolean(counts));
+            if (!json) printf("shoal/reference search decisions/s: %.2fx (same decision stream: %s; same preemptions "
+                              "and turn-downs: %s)\n", rr, same ? "yes" : "NO", counts ? "yes" : "NO");
         }
         if (json) sh_json_print(out);
         else
@@ -276,53 +280,61 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed, 
     return rc ? cli_fail("bench sched", rc) : 0;
 }
 
+#define CYCLES 200
+#define STR_(x) #x
+#define STR(x) STR_(x)
+static const char usage_text[] =
+    "usage: shoal bench sched [--nodes N] [--batch N] [--json]\n"
+    "       shoal bench sched --mix [--nodes N] [--jobs N] [--load L] [--seed S] [--reference] [--json]\n\n"
+    "Fills 10,000 8-GPU nodes (3 types, 100-node fabrics) from 10,000 queued jobs,\n"
+    "then runs " STR(CYCLES) " cycles that each finish N (default 100) running jobs, refill\n"
+    "the queue to 10,000 and schedule; reports START decisions per CPU-second of\n"
+    "cycle time for each policy (best of 3 runs), and the same placement done by\n"
+    "scanning every node of each allowed pool for each job (the baseline).\n\n"
+    "--mix replays a generated mixed workload (default 100,000 jobs: 45% one-GPU\n"
+    "functions, 15% elastic, 40% gangs of 1-64 nodes, priorities 0-2, load 0.85)\n"
+    "on a mixed fleet (default 10,000 8-GPU nodes of H100, A100 and L4 in 3 zones)\n"
+    "under backfill and shoal, and reports each one's decisions per second of\n"
+    "scheduling time, their ratio, JCT and p99 waits by gang size.  --reference\n"
+    "adds shoal with the reference search (sched_config.reference: no preemption\n"
+    "index, memo or reservation bounds), which must decide the same and count\n"
+    "the same preemptions and turn-downs (same_counts in --json).\n";
+
 int cli_bench_sched(int argc, char **argv)
 {
-    int json = 0, nodes = 10000, queued = 10000, batch = 100, cycles = 200, mix = 0, mix_jobs = 100000, ref = 0;
+    int json = 0, nodes = 10000, queued = 10000, batch = 100, cycles = CYCLES, mix = 0, mix_jobs = 100000, ref = 0;
     double load = 0.85;
     uint64_t seed = 1;
-    for (int i = 1; i < argc; i++) {
-        int64_t v;
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--mix")) mix = 1;
-        else if (!strcmp(argv[i], "--reference")) ref = 1;
-        else if (!strcmp(argv[i], "--nodes") && i + 1 < argc) {
-            if (sh_parse_i64(argv[++i], &v, "--nodes") || v < 100 || v > 1000000)
-                return cli_usage("bench sched", "--nodes must be 100..1000000");
-            nodes = (int)v;
-        } else if (!strcmp(argv[i], "--jobs") && i + 1 < argc) {
-            if (sh_parse_i64(argv[++i], &v, "--jobs") || v < 1 || v > 10000000)
-                return cli_usage("bench sched", "--jobs must be 1..10000000");
-            mix_jobs = (int)v;
-        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
-            if (sh_parse_i64(argv[++i], &v, "--seed") || v < 0)
-                return cli_usage("bench sched", "--seed must be >= 0");
-            seed = (uint64_t)v;
-        } else if (!strcmp(argv[i], "--load") && i + 1 < argc) {
-            if (sh_parse_double(argv[++i], &load, "--load") || !(load > 0 && load <= 10))
-                return cli_usage("bench sched", "--load must be in (0, 10]");
-        } else if (!strcmp(argv[i], "--help")) {
-            printf("usage: shoal bench sched [--json] [--batch N]\n"
-                   "       shoal bench sched --mix [--nodes N] [--jobs N] [--load L] [--seed S] [--reference] [--json]\n\n"
-                   "Fills 10,000 8-GPU nodes (3 types, 100-node fabrics) from 10,000 queued jobs,\n"
-                   "then runs %d cycles that each finish N (default 100) running jobs, refill\n"
-                   "the queue to 10,000 and schedule; reports START decisions per CPU-second of\n"
-                   "cycle time for each policy (best of 3 runs), and the same placement done by\n"
-                   "scanning every node of each allowed pool for each job (the baseline).\n\n"
-                   "--mix replays a generated mixed workload (default 100,000 jobs: 45%% one-GPU\n"
-                   "functions, 15%% elastic, 40%% gangs of 1-64 nodes, priorities 0-2, load 0.85)\n"
-                   "on a mixed fleet (default 10,000 8-GPU nodes of H100, A100 and L4 in 3 zones)\n"
-                   "under backfill and shoal, and reports each one's decisions per second of\n"
-                   "scheduling time, their ratio, JCT and p99 waits by gang size.  --reference\n"
-                   "adds shoal with the reference search (sched_config.reference: no preemption\n"
-                   "index, memo or reservation bounds), which must decide the same.\n", cycles);
-            return 0;
-        } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
-            if (sh_parse_i64(argv[++i], &v, "--batch") || v < 1 || v > 10000)
-                return cli_usage("bench sched", "--batch must be 1..10000");
-            batch = (int)v;
-        } else return cli_usage("bench sched", "unknown option \"%s\"", argv[i]);
+    const char *mix_only = NULL, *plain_only = NULL; /* an option given for the other mode */
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'},          {"mix", no_argument, 0, 'm'},
+        {"reference", no_argument, 0, 'r'},     {"nodes", required_argument, 0, 'n'},
+        {"jobs", required_argument, 0, 'J'},    {"seed", required_argument, 0, 's'},
+        {"load", required_argument, 0, 'l'},    {"batch", required_argument, 0, 'b'},
+        {0}};
+    cli_args a = {"bench sched", usage_text, opts, NULL};
+    for (int k; (k = cli_getopt(&a, argc, argv)) != -1;) {
+        int64_t v = 0;
+        int rc = 0;
+        switch (k) {
+        case CLI_OPT_EXIT: return a.rc;
+        case 'j': json = 1; break;
+        case 'm': mix = 1; break;
+        case 'r': ref = 1, mix_only = "--reference"; break;
+        case 'n': rc = cli_int(a.cmd, "--nodes", optarg, 100, 1000000, &v), nodes = (int)v; break;
+        case 'J': rc = cli_int(a.cmd, "--jobs", optarg, 1, 10000000, &v), mix_jobs = (int)v, mix_only = "--jobs"; break;
+        case 's': rc = cli_int(a.cmd, "--seed", optarg, 0, INT64_MAX, &v), seed = (uint64_t)v, mix_only = "--seed"; break;
+        case 'b': rc = cli_int(a.cmd, "--batch", optarg, 1, 10000, &v), batch = (int)v, plain_only = "--batch"; break;
+        case 'l':
+            rc = cli_real(a.cmd, "--load", optarg, DBL_MIN, 10, "a load in (0, 10]", &load);
+            mix_only = "--load";
+            break;
+        }
+        if (rc) return rc;
     }
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
+    if (!mix && mix_only) return cli_usage(a.cmd, "%s applies to the mixed replay: add --mix", mix_only);
+    if (mix && plain_only) return cli_usage(a.cmd, "%s applies without --mix only", plain_only);
     if (mix) return bench_mix(json, nodes, mix_jobs, load, seed, ref);
     result naive = {0};
     for (int rep = 0; rep < 3; rep++) {

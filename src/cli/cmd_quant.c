@@ -8,7 +8,7 @@
 const char cli_help_quant[] = "quantise bf16 weights to FP8 (E4M3, 128x128 block scales), or update incrementally";
 
 static const char quant_usage[] =
-    "usage: shoal quant fp8 IN -o OUT [--keep SUBSTR]... [-j N]\n"
+    "usage: shoal quant fp8 IN -o OUT [--keep SUBSTR]... [-j N] [--json]\n"
     "       shoal quant fp8 --update FP8CKPT --from NEW_BF16 --delta DELTA [-o OUT]\n"
     "                       [--keep SUBSTR]... [-j N] [--json]\n\n"
     "Every 2-D BF16 tensor NAME becomes F8_E4M3 NAME with F32 NAME_scale_inv, one\n"
@@ -17,7 +17,10 @@ static const char quant_usage[] =
     "whose names contain a --keep substring stay bf16 (e.g. --keep embed_tokens).\n"
     "--update re-quantises only the blocks that DELTA (FP8CKPT's source -> NEW_BF16)\n"
     "changed, writing OUT or replacing FP8CKPT atomically; the result is byte-identical\n"
-    "to `shoal quant fp8 NEW_BF16` with the same --keep.\n";
+    "to `shoal quant fp8 NEW_BF16` with the same --keep.\n\n"
+    "--json prints one object: tensors_quantised, tensors_copied, blocks_quantised,\n"
+    "bytes_in, bytes_out (tensor data) and seconds; with --update, blocks_requantised\n"
+    "and seconds.\n";
 
 int cli_cmd_quant(int argc, char **argv)
 {
@@ -75,8 +78,25 @@ int cli_cmd_quant(int argc, char **argv)
         return 0;
     }
     if (!in || !out) return cli_usage("quant fp8", "fp8 needs IN and -o OUT");
+    delta_quant_stats st;
     sh_progress_start(&pg, "quant fp8", 0, "B");
-    rc = delta_quant_fp8(in, out, keep, &o);
+    rc = delta_quant_fp8(in, out, keep, &o, &st);
     cli_progress_end(&pg, rc);
-    return rc < 0 ? cli_fail("quant fp8", rc) : 0;
+    if (rc < 0) return cli_fail("quant fp8", rc);
+    double secs = sh_now_mono() - t0;
+    if (json) {
+        json_t *j = json_pack("{s:I,s:I,s:I,s:I,s:I,s:f}", "tensors_quantised", (json_int_t)st.tensors_quantised,
+                              "tensors_copied", (json_int_t)st.tensors_copied, "blocks_quantised",
+                              (json_int_t)st.blocks, "bytes_in", (json_int_t)st.bytes_in, "bytes_out",
+                              (json_int_t)st.bytes_out, "seconds", secs);
+        sh_json_print(j);
+        json_decref(j);
+    } else {
+        char bi[32], bo[32];
+        fprintf(stderr, "quant fp8: quantised %llu tensors (%llu blocks), copied %llu; %s -> %s in %.2f s\n",
+                (unsigned long long)st.tensors_quantised, (unsigned long long)st.blocks,
+                (unsigned long long)st.tensors_copied, sh_fmt_bytes((double)st.bytes_in, bi, sizeof bi),
+                sh_fmt_bytes((double)st.bytes_out, bo, sizeof bo), secs);
+    }
+    return 0;
 }

@@ -1,5 +1,6 @@
 /* shoal sim: replays a job trace on a fleet in virtual time under one or
  * all scheduling policies and reports what users would see. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,23 +75,94 @@ static int parse_quota(args *a, const char *v)
     if (a->nquotas == 64) return cli_usage("sim", "at most 64 --quota");
     char *t = a->quota_text[a->nquotas];
     snprintf(t, 256, "%s", v);
-    char *f[7];
+    char *f[8];
     int n = 0;
-    for (char *p = t; n < 7; n++) {
+    for (char *p = t; p && n < 8; n++) {
         f[n] = p;
-        p = strchr(p, ',');
-        if (!p) {
-            n++;
-            break;
-        }
-        *p++ = 0;
+        if ((p = strchr(p, ','))) *p++ = 0;
     }
     sched_quota *q = &a->quotas[a->nquotas];
     if (n != 7) return cli_usage("sim", "--quota \"%s\": expected zone,fabric,type,gpus,max_nodes,price,delay_s", v);
     q->zone = f[0], q->fabric = f[1], q->gpu_type = f[2];
-    q->gpus = atoi(f[3]), q->max_nodes = atoi(f[4]);
-    q->price_per_gpu_hour = atof(f[5]), q->delay_s = atof(f[6]);
+    int64_t gpus, nodes;
+    if (cli_int("sim", "--quota gpus", f[3], 1, 1024, &gpus) || cli_int("sim", "--quota max_nodes", f[4], 0, 1000000, &nodes) ||
+        cli_real("sim", "--quota price", f[5], 0, DBL_MAX, "a price >= 0", &q->price_per_gpu_hour) ||
+        cli_real("sim", "--quota delay_s", f[6], 0, DBL_MAX, "seconds >= 0", &q->delay_s))
+        return CLI_USAGE;
+    q->gpus = (int)gpus, q->max_nodes = (int)nodes;
     a->nquotas++;
+    return 0;
+}
+
+/* The options: codes below 256 are flags and strings, the rest numbers
+ * (parse_num names each one's field and range). */
+enum {
+    O_ZONES = 256, O_FABRIC_NODES, O_MULTI_NODE, O_NODE_GPUS, O_MAX_VICTIMS, O_RESERVATIONS, O_DRAIN,
+    O_LOAD, O_FAILURES, O_REPAIR, O_REPLACE_WAIT, O_HOLD, O_FAIR_WINDOW, O_PREEMPT_WAIT, O_RESTART,
+    O_UP_WAIT, O_DOWN_IDLE, O_JOBS, O_SEED,
+};
+static const struct option opts[] = {
+    {"fleet", required_argument, 0, 'f'},        {"fleet-format", required_argument, 0, 'F'},
+    {"format", required_argument, 0, 'm'},       {"policy", required_argument, 0, 'p'},
+    {"type-map", required_argument, 0, 'T'},     {"throughputs", required_argument, 0, 'u'},
+    {"write-trace", required_argument, 0, 'w'},  {"write-fleet", required_argument, 0, 'W'},
+    {"jobs-out", required_argument, 0, 'o'},     {"trace", required_argument, 0, 't'},
+    {"quota", required_argument, 0, 'q'},        {"json", no_argument, 0, 'j'},
+    {"check", no_argument, 0, 'c'},              {"autoscale", no_argument, 0, 'a'},
+    {"pack", no_argument, 0, 'P'},               {"no-estimates", no_argument, 0, 'n'},
+    {"plain-estimates", no_argument, 0, 'e'},    {"grow-queued", no_argument, 0, 'g'},
+    {"zones", required_argument, 0, O_ZONES},    {"fabric-nodes", required_argument, 0, O_FABRIC_NODES},
+    {"multi-node", required_argument, 0, O_MULTI_NODE}, {"node-gpus", required_argument, 0, O_NODE_GPUS},
+    {"max-victims", required_argument, 0, O_MAX_VICTIMS}, {"reservations", required_argument, 0, O_RESERVATIONS},
+    {"drain-pools", required_argument, 0, O_DRAIN}, {"load", required_argument, 0, O_LOAD},
+    {"failures", required_argument, 0, O_FAILURES}, {"repair-s", required_argument, 0, O_REPAIR},
+    {"replace-wait", required_argument, 0, O_REPLACE_WAIT}, {"hold-timeout", required_argument, 0, O_HOLD},
+    {"fair-window", required_argument, 0, O_FAIR_WINDOW}, {"preempt-wait", required_argument, 0, O_PREEMPT_WAIT},
+    {"restart-cost", required_argument, 0, O_RESTART}, {"scale-up-wait", required_argument, 0, O_UP_WAIT},
+    {"scale-down-idle", required_argument, 0, O_DOWN_IDLE}, {"jobs", required_argument, 0, O_JOBS},
+    {"seed", required_argument, 0, O_SEED},      {0}};
+
+/* Option k's value v into a: a number option's own range check, or 0 when
+ * k is not a number option. */
+static int parse_num(args *a, int k, const char *v)
+{
+    const struct {
+        int code;
+        const char *name;
+        int *to;
+        int64_t lo, hi;
+    } ints[] = {{O_ZONES, "--zones", &a->fo.zones, 0, 1000000000},
+                {O_FABRIC_NODES, "--fabric-nodes", &a->fo.fabric_nodes, 0, 1000000000},
+                {O_MULTI_NODE, "--multi-node", &a->multi_k, 0, 1000000000},
+                {O_NODE_GPUS, "--node-gpus", &a->node_gpus, 1, 1000000000},
+                {O_MAX_VICTIMS, "--max-victims", &a->max_victims, 0, 1000000000},
+                {O_RESERVATIONS, "--reservations", &a->reservations, 0, 1000000000},
+                {O_DRAIN, "--drain-pools", &a->drain, 0, 1}};
+    const struct {
+        int code;
+        const char *name;
+        double *to, lo;
+    } reals[] = {{O_LOAD, "--load", &a->load, DBL_MIN},         {O_FAILURES, "--failures", &a->mtbf, 0},
+                 {O_REPAIR, "--repair-s", &a->repair, 0},       {O_REPLACE_WAIT, "--replace-wait", &a->replace_wait, 0},
+                 {O_HOLD, "--hold-timeout", &a->hold, 0},       {O_FAIR_WINDOW, "--fair-window", &a->fair_window, 0},
+                 {O_PREEMPT_WAIT, "--preempt-wait", &a->preempt_wait, 0}, {O_RESTART, "--restart-cost", &a->restart, 0},
+                 {O_UP_WAIT, "--scale-up-wait", &a->up_wait, 0}, {O_DOWN_IDLE, "--scale-down-idle", &a->down_idle, 0}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        int64_t x;
+        if (ints[i].code != k) continue;
+        if (cli_int("sim", ints[i].name, v, ints[i].lo, ints[i].hi, &x)) return CLI_USAGE;
+        return *ints[i].to = (int)x, 0;
+    }
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
+        if (reals[i].code == k)
+            return cli_real("sim", reals[i].name, v, reals[i].lo, DBL_MAX,
+                            reals[i].lo > 0 ? "a number > 0" : "a number >= 0", reals[i].to);
+    int64_t x;
+    if (k == O_JOBS && cli_int("sim", "--jobs", v, 1, INT64_MAX, &a->jobs)) return CLI_USAGE;
+    if (k == O_SEED) {
+        if (cli_int("sim", "--seed", v, 1, INT64_MAX, &x)) return CLI_USAGE;
+        a->seed = (uint64_t)x;
+    }
     return 0;
 }
 
@@ -102,54 +174,39 @@ static int parse(int argc, char **argv, args *a)
     a->node_gpus = 8, a->jobs = 1000, a->load = 0.9, a->seed = 1;
     a->max_victims = -1, a->reservations = -1, a->drain = -1;
     a->hold = a->restart = a->up_wait = a->down_idle = a->fair_window = a->preempt_wait = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        int has = i + 1 < argc;
-        const char *v = has ? argv[i + 1] : NULL;
+    cli_args c = {"sim", usage_text, opts, NULL};
+    for (int k; (k = cli_getopt(&c, argc, argv)) != -1;) {
         int rc = 0;
-#define STR(name, field) if (!strcmp(o, name)) { if (!has) return cli_usage("sim", "%s needs a value", o); a->field = v; i++; continue; }
-#define NUM(name, field) if (!strcmp(o, name)) { if (!has) return cli_usage("sim", "%s needs a value", o); rc = sh_parse_double(v, &a->field, name); if (rc) return cli_usage("sim", "%s", sh_errmsg()); i++; continue; }
-#define INT(name, field) if (!strcmp(o, name)) { int64_t x; if (!has) return cli_usage("sim", "%s needs a value", o); rc = sh_parse_i64(v, &x, name); if (rc || x < 0 || x > 1000000000) return cli_usage("sim", "%s: \"%s\" is not a count", name, v); a->field = (int)x; i++; continue; }
-        STR("--fleet", fleet) STR("--fleet-format", fleet_format) STR("--format", format)
-        STR("--policy", policy) STR("--type-map", type_map) STR("--throughputs", throughputs)
-        STR("--write-trace", write_trace) STR("--write-fleet", write_fleet) STR("--jobs-out", jobs_out)
-        INT("--zones", fo.zones) INT("--fabric-nodes", fo.fabric_nodes) INT("--multi-node", multi_k)
-        INT("--node-gpus", node_gpus) INT("--max-victims", max_victims) INT("--reservations", reservations)
-        INT("--drain-pools", drain)
-        NUM("--load", load) NUM("--failures", mtbf) NUM("--repair-s", repair) NUM("--replace-wait", replace_wait) NUM("--hold-timeout", hold)
-        NUM("--fair-window", fair_window) NUM("--preempt-wait", preempt_wait) NUM("--restart-cost", restart) NUM("--scale-up-wait", up_wait) NUM("--scale-down-idle", down_idle)
-        if (!strcmp(o, "--jobs") || !strcmp(o, "--seed")) {
-            if (!has) return cli_usage("sim", "%s needs a value", o);
-            uint64_t x;
-            if (sh_parse_u64(v, &x, o) || !x) return cli_usage("sim", "%s: \"%s\" is not a positive count", o, v);
-            if (o[2] == 'j') a->jobs = (int64_t)x;
-            else a->seed = x;
-            i++;
-            continue;
-        }
-        if (!strcmp(o, "--trace")) {
-            if (!has) return cli_usage("sim", "--trace needs a file");
+        switch (k) {
+        case CLI_OPT_EXIT: return c.rc ? c.rc : -1;
+        case 'f': a->fleet = optarg; break;
+        case 'F': a->fleet_format = optarg; break;
+        case 'm': a->format = optarg; break;
+        case 'p': a->policy = optarg; break;
+        case 'T': a->type_map = optarg; break;
+        case 'u': a->throughputs = optarg; break;
+        case 'w': a->write_trace = optarg; break;
+        case 'W': a->write_fleet = optarg; break;
+        case 'o': a->jobs_out = optarg; break;
+        case 't':
             if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
-            a->traces[a->ntraces++] = v;
-            i++;
-            continue;
+            a->traces[a->ntraces++] = optarg;
+            break;
+        case 'q': rc = parse_quota(a, optarg); break;
+        case 'j': a->json = 1; break;
+        case 'c': a->check = 1; break;
+        case 'a': a->autoscale = 1; break;
+        case 'P': a->pack = 1; break;
+        case 'n': a->no_estimates = 1; break;
+        case 'e': a->plain_est = 1; break;
+        case 'g': a->grow_queued = 1; break;
+        default: rc = parse_num(a, k, optarg);
         }
-        if (!strcmp(o, "--quota")) {
-            if (!has) return cli_usage("sim", "--quota needs a value");
-            if ((rc = parse_quota(a, v))) return rc;
-            i++;
-            continue;
-        }
-        if (!strcmp(o, "--json")) { a->json = 1; continue; }
-        if (!strcmp(o, "--check")) { a->check = 1; continue; }
-        if (!strcmp(o, "--autoscale")) { a->autoscale = 1; continue; }
-        if (!strcmp(o, "--pack")) { a->pack = 1; continue; }
-        if (!strcmp(o, "--no-estimates")) { a->no_estimates = 1; continue; }
-        if (!strcmp(o, "--plain-estimates")) { a->plain_est = 1; continue; }
-        if (!strcmp(o, "--grow-queued")) { a->grow_queued = 1; continue; }
-        if (o[0] == '-') return cli_usage("sim", "unknown option \"%s\"", o);
+        if (rc) return rc;
+    }
+    for (int i = optind; i < argc; i++) {
         if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
-        a->traces[a->ntraces++] = o;
+        a->traces[a->ntraces++] = argv[i];
     }
     if (!a->fleet) return cli_usage("sim", "--fleet is required");
     if (!a->ntraces && strcmp(a->format, "kalos") && strcmp(a->format, "mixed"))
@@ -319,10 +376,9 @@ int cli_sim_push(int argc, char **argv); /* src/cli/sim_push.c */
 int cli_cmd_sim(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "push")) return cli_sim_push(argc - 1, argv + 1);
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return fputs(usage_text, stdout), 0;
     static args a;
     int rc = parse(argc, argv, &a);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? 0 : rc; /* < 0: --help or --version answered */
     sched_policy pols[4];
     int npol = 0;
     if (!strcmp(a.policy, "all")) {

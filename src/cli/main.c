@@ -102,65 +102,12 @@ static int usage(FILE *f)
     return f == stdout ? 0 : CLI_USAGE;
 }
 
-/* Commands that still parse their options by hand (cmd_sim.c and
- * bench_sched.c; every other one, `sim push` included, uses cli_getopt):
- * main.c answers --help and --version for them and splits --opt=value.
- * Take a command off the list when it moves to cli_getopt. */
-static const char *const by_hand_cmds[] = {"sim", NULL};
-static const char *const by_hand_benches[] = {"sched", NULL};
-
-static int parses_by_hand(const struct cli_entry *t, const char *name, int argc, char **argv)
-{
-    if (t == commands && !strcmp(name, "sim") && argc > 1 && !strcmp(argv[1], "push")) return 0; /* sim_push.c */
-    for (const char *const *p = t == commands ? by_hand_cmds : by_hand_benches; *p; p++)
-        if (!strcmp(*p, name)) return 1;
-    return 0;
-}
-
-/* Commands that parse their options by hand read "--opt value"; give them
- * "--opt=value" split in two as well (up to a "--", after which arguments
- * are a command line of their own).  Commands on cli_getopt take both. */
-static char **split_equals(int *argc, char **argv)
-{
-    char **v = calloc((size_t)(2 * *argc + 1), sizeof *v);
-    if (!v) return argv;
-    int k = 0, rest = 0;
-    for (int i = 0; i < *argc; i++) {
-        char *eq = argv[i][0] == '-' && argv[i][1] == '-' ? strchr(argv[i], '=') : NULL;
-        if (!strcmp(argv[i], "--")) rest = 1;
-        if (i == 0 || rest || !eq || eq == argv[i] + 2) {
-            v[k++] = argv[i];
-            continue;
-        }
-        *eq = 0;
-        v[k++] = argv[i];
-        v[k++] = eq + 1;
-    }
-    *argc = k;
-    return v;
-}
-
 static int dispatch(const struct cli_entry *t, const char *what, int argc, char **argv)
 {
     const char *names[256];
     size_t n = 0;
     for (const struct cli_entry *e = t; e->name; e++) {
-        if (!strcmp(e->name, argv[0]) && !parses_by_hand(t, e->name, argc, argv)) return e->fn(argc, argv);
-        if (!strcmp(e->name, argv[0])) {
-            /* --version and --help anywhere before "--": the version, or the
-             * command's usage. */
-            for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
-                if (!strcmp(argv[i], "--version")) return printf("shoal %s\n", SHOAL_VERSION), 0;
-                if ((!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) && i > 1) {
-                    char *help[] = {argv[0], "--help", NULL};
-                    return e->fn(2, help);
-                }
-            }
-            char **v = split_equals(&argc, argv);
-            int rc = e->fn(argc, v);
-            if (v != argv) free(v);
-            return rc;
-        }
+        if (!strcmp(e->name, argv[0])) return e->fn(argc, argv);
         if (n < 256) names[n++] = e->name;
     }
     const char *near = sh_closest(argv[0], names, n);

@@ -216,10 +216,23 @@ static void quant__job_free(quant__job *j)
     free(j->touched);
 }
 
+/* What the writer of job j holds: tensors by kind and data bytes. */
+static void quant__stats(const quant__job *j, delta_quant_stats *st)
+{
+    size_t n = ckpt_writer_count(j->w);
+    *st = (delta_quant_stats){.blocks = j->requantised, .bytes_in = ckpt_data_bytes(j->src)};
+    for (size_t i = 0; i < n; i++) {
+        st->bytes_out += ckpt_writer_tensor(j->w, i)->nbytes;
+        if (j->map[i].kind == QUANT_Q) st->tensors_quantised++;
+        else if (j->map[i].kind == QUANT_COPY) st->tensors_copied++;
+    }
+}
+
 /* Writes the quantisation of j->src to out (j->old and j->touched set for
- * an update).  The metadata records the source checkpoint's digest. */
+ * an update), and what it wrote to *st when not NULL.  The metadata
+ * records the source checkpoint's digest. */
 static int quant__run(quant__job *j, const char *out, const char *const *keep, sh_hash128 src_dig,
-                      const delta_opts *o)
+                      const delta_opts *o, delta_quant_stats *st)
 {
     ckpt_tensor *specs = NULL;
     size_t n = 0;
@@ -241,19 +254,21 @@ static int quant__run(quant__job *j, const char *out, const char *const *keep, s
     pthread_mutex_init(&j->mu, NULL);
     if (rc == SH_OK) rc = delta__parallel(o ? o->threads : 0, j->nitems, quant__item, j);
     pthread_mutex_destroy(&j->mu);
+    if (rc == SH_OK && st) quant__stats(j, st); /* the writer goes with the commit */
     if (rc == SH_OK) rc = ckpt_writer_commit(j->w);
     else ckpt_writer_abort(j->w);
     return rc;
 }
 
-int delta_quant_fp8(const char *in, const char *out, const char *const *keep, const delta_opts *o)
+int delta_quant_fp8(const char *in, const char *out, const char *const *keep, const delta_opts *o,
+                    delta_quant_stats *st)
 {
     ckpt *src;
     SH_TRY(ckpt_open(in, &src));
     sh_hash128 dig;
     int rc = ckpt_digest(src, o ? o->threads : 0, &dig, NULL);
     quant__job j = {.src = src};
-    if (rc == SH_OK) rc = quant__run(&j, out, keep, dig, o);
+    if (rc == SH_OK) rc = quant__run(&j, out, keep, dig, o, st);
     quant__job_free(&j);
     ckpt_close(src);
     return rc;
@@ -372,7 +387,7 @@ int delta_quant_fp8_update(const char *fp8, const char *new_bf16, const char *de
         }
         delta__scratch_free(&s);
     }
-    if (rc == SH_OK) rc = quant__run(&j, out ? out : fp8, keep, ndig, o);
+    if (rc == SH_OK) rc = quant__run(&j, out ? out : fp8, keep, ndig, o, NULL);
     if (rc == SH_OK && blocks) *blocks = j.requantised;
     quant__job_free(&j);
     delta_free(d);

@@ -98,6 +98,11 @@ static void worker_dead(run *r, int i)
     int st;
     if (!r->c->remote) waitpid(w->pid, &st, 0);
     w->alive = 0;
+    if (r->c->remote && !w->hello) { /* never a worker: no death, nothing to ask again */
+        r->dropped_unproven++;
+        w->in.len = w->out.len = w->out_off = 0;
+        return;
+    }
     w->left = sh_now_mono() - r->t0;
     if (w->bye) { /* a clean exit after STOP */
         json_array_append_new(r->gone, worker_json(r, i, w->left));
@@ -130,6 +135,14 @@ static void worker_dead(run *r, int i)
 
 /* Remote mode: takes a new connection into a free slot; it gets weights
  * once its HELLO says what it is.  With every slot taken it is closed. */
+/* Closes remote connection i, which has not sent its HELLO (why: for the
+ * log).  It was never a worker: no death, no lost work. */
+static void drop_unproven(run *r, int i, const char *why)
+{
+    sh_log(SH_LOG_WARN, "rl: closing connection %d before its HELLO: %s", i, why);
+    worker_dead(r, i);
+}
+
 static void accept_remote(run *r)
 {
     int fd = accept4(r->c->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -137,9 +150,20 @@ static void accept_remote(run *r)
     int i = 0;
     while (i < RL_MAX_WORKERS && r->w[i].alive) i++;
     if (i == RL_MAX_WORKERS) {
-        sh_log(SH_LOG_WARN, "rl: a worker connected but all %d slots are taken", RL_MAX_WORKERS);
-        close(fd);
-        return;
+        /* Every slot is taken.  A connection that has not sent its HELLO
+         * yet gives its slot up, the oldest first: connections that never
+         * say HELLO (another tenant's, on the host network) cannot keep the
+         * run's workers out, since a worker sends its HELLO as it connects. */
+        int old = -1;
+        for (int k = 0; k < RL_MAX_WORKERS; k++)
+            if (!r->w[k].hello && (old < 0 || r->w[k].joined < r->w[old].joined)) old = k;
+        if (old < 0) {
+            sh_log(SH_LOG_WARN, "rl: a worker connected but all %d slots are taken", RL_MAX_WORKERS);
+            close(fd);
+            return;
+        }
+        drop_unproven(r, old, "every slot is taken, and it is the oldest without a HELLO");
+        i = old;
     }
     if (i >= r->nslots) r->nslots = i + 1;
     wk *w = &r->w[i];
@@ -381,6 +405,16 @@ static int read_worker(run *r, int i)
         }
         w->in.len += (size_t)n;
     }
+    /* Before its HELLO a remote peer is nobody: its first frame must be a
+     * HELLO of the right size, checked from the header, so that it cannot
+     * make the trainer buffer a large payload. */
+    if (r->c->remote && !w->hello && w->in.len >= sizeof(rl_wire_hdr)) {
+        rl_wire_hdr h;
+        memcpy(&h, w->in.data, sizeof h);
+        if (h.magic != RL_WIRE_MAGIC || h.type != RL_MSG_HELLO || h.len != sizeof(rl_wire_hello))
+            return sh_err(SH_EFORMAT, "connection %d: first message is not a HELLO (type %u, %llu bytes)", i,
+                          h.type, (unsigned long long)h.len);
+    }
     for (;;) {
         uint32_t type;
         const uint8_t *pl;
@@ -501,6 +535,17 @@ static int poll_once(run *r)
         if (poll(pf, n, 200) < 0 && errno != EINTR) return sh_err_errno(errno, "rl: poll");
         r->t_wait += sh_now_mono() - t0;
         if (c->remote && (pf[nw].revents & POLLIN)) accept_remote(r);
+        /* A connection gets RL_HELLO_S to say HELLO (a worker says it as
+         * it connects). */
+        for (int k = 0; c->remote && k < nw; k++) {
+            int i = idx[k];
+            if (r->w[i].alive && !r->w[i].hello && rl__wall(r) - r->w[i].joined > RL_HELLO_S) {
+                char why[64];
+                snprintf(why, sizeof why, "no HELLO within %d s of connecting", RL_HELLO_S);
+                drop_unproven(r, i, why);
+                pf[k].revents = 0;
+            }
+        }
         /* The compute thread's news is taken by the loop's next collect. */
         for (int k = 0; k < nw; k++) {
             int i = idx[k], dead = 0;
@@ -642,6 +687,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
         json_object_set_new(res, "refused_requests", json_integer(r->refused));
         json_object_set_new(res, "worker_joins_push", json_integer(r->push_joins));
         json_object_set_new(res, "workers_refused", json_integer(r->refused_hellos));
+        json_object_set_new(res, "connections_dropped", json_integer(r->dropped_unproven));
         json_object_set_new(res, "weights_bytes_sent", json_real(r->weights_bytes));
     }
     return res;

@@ -15,6 +15,8 @@ typedef struct rl__compute rl__compute;
  * answer per problem. */
 #define RL_EVAL_SAMPLES 8
 #define RL_QUEUE 4
+/* Seconds a remote connection has to send its HELLO. */
+#define RL_HELLO_S 5
 
 typedef struct wk {
     pid_t pid;
@@ -90,6 +92,7 @@ typedef struct run {
     sh_hash128 secret; /* remote mode: a HELLO must carry it (SHOAL_RUN_SECRET) */
     int has_secret;
     long refused_hellos;
+    long dropped_unproven; /* remote connections closed before their HELLO */
 } run;
 
 

@@ -407,14 +407,26 @@ static int shape_may_preempt_kept(sched *s, sshape *sh)
  * Asked only once every shape is dead and the reservations are made:
  * nothing can start or be preempted for the rest of the walk, so the
  * answer holds until the walk ends; it is not kept across walks (a start
- * elsewhere may move the time later). */
-static int shape_declined(sched *s, const sshape *sh, double now)
+ * elsewhere may move the time later).
+ *
+ * The walk still visits the shape while one of its gangs that was never
+ * turned down has victims (a search at the highest priority among such
+ * gangs: fewer for a lower one): that visit turns it down and counts it
+ * in preempt_declined, as the reference's walk, which visits every job,
+ * does.  A gang is counted once, so passing over gangs already counted
+ * leaves the count as the reference's. */
+static int shape_declined(sched *s, sshape *sh, double now)
 {
     static __thread sjob probe;
     if (sh->kind != SCHED_GANG || !(s->cfg.preempt_wait > 0) || !s->nresv) return 0;
     shape_probe(s, sh, &probe);
     if (!isfinite(probe.est_s)) return 0;
-    return sched__preempt_declined(s, &probe, NONE, now) > 0;
+    int no = sched__preempt_declined(s, &probe, NONE, now) > 0, prio;
+    if (no && sched__shape_undeclined_prio(s, sh, &prio)) {
+        probe.priority = prio;
+        no = !sched__preempt_possible(s, &probe);
+    }
+    return no;
 }
 
 static void sweep_shapes(sched *s, uint64_t walk_id, size_t *dead, size_t *nopre, uint64_t *calm, double now)

@@ -87,7 +87,7 @@ sshape *sched__shape(sched *s, uint64_t shape)
         s->nshapes_used = 0;
         for (size_t i = 0; i < s->capshapes; i++) {
             if (!s->shapes[i].queued) {
-                free(s->shapes[i].heap), free(s->shapes[i].pheap);
+                free(s->shapes[i].heap), free(s->shapes[i].pheap), free(s->shapes[i].uheap);
                 continue;
             }
             size_t k = s->shapes[i].shape & (cap - 1);
@@ -157,6 +157,17 @@ int sched__shape_max_prio(const sched *s, sshape *sh)
     return sh->prio;
 }
 
+int sched__shape_undeclined_prio(const sched *s, sshape *sh, int *prio)
+{
+    /* Turned down is for good: such entries are dropped like stale ones. */
+    struct slen *h = sh->uheap;
+    while (sh->nuheap && (!heap_valid(s, sh, &h[0]) || s->jobs[h[0].job].declined)) {
+        h[0] = h[--sh->nuheap];
+        heap_down(h, sh->nuheap, 0);
+    }
+    return sh->nuheap ? (*prio = (int)-h[0].len, 1) : 0;
+}
+
 static int heap_push(sched *s, const sshape *sh, struct slen **hp, size_t *np, size_t *cap, double key, uint32_t ji)
 {
     struct slen *h = *hp;
@@ -211,6 +222,8 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     sh->gen++;
     SH_TRY(heap_push(s, sh, &sh->heap, &sh->nheap, &sh->capheap, len, ji));
     SH_TRY(heap_push(s, sh, &sh->pheap, &sh->npheap, &sh->cappheap, -(double)j->priority, ji));
+    if (j->kind == SCHED_GANG && !j->declined)
+        SH_TRY(heap_push(s, sh, &sh->uheap, &sh->nuheap, &sh->capuheap, -(double)j->priority, ji));
     j->state = SCHED_QUEUED;
     j->queued_since = now;
     s->queued++;

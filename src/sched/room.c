@@ -609,9 +609,12 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
     /* Worth it only when the gang would otherwise wait long for its run:
      * a check of this job's own (its estimate), after the search (which
      * costs less), so that the search's memo of the shape stays a fact
-     * about victims alone. */
+     * about victims alone.  A gang turned down counts once however many
+     * walks turn it down again (how many visit it is the fast path's
+     * business, and the reference visits more). */
     int no = sched__preempt_declined(s, j, ji, now);
-    if (no) return no < 0 ? no : (s->st.preempt_declined++, 0);
+    if (no < 0) return no;
+    if (no) return s->st.preempt_declined += !j->declined, j->declined = 1, 0;
     size_t m;
     pool_victims(s, j, bestp, &vn, &capvn, &m);
     for (size_t k = 0; k < m; k++) {

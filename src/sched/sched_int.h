@@ -170,6 +170,7 @@ typedef struct sjob {
     double blocked_since; /* first step at which it could not be placed, or -1 */
     int scale_requested;
     int restarts, preemptions, backfilled;
+    int declined; /* preempt_wait turned its victims down at least once (sched_stats.preempt_declined) */
     double resv_promise; /* earliest reservation time promised, or -1 */
     uint32_t pool; /* gang: the pool it runs or holds in */
     double hold_since, replace_deadline;
@@ -224,6 +225,10 @@ typedef struct sshape {
     size_t nheap, capheap;
     struct slen *pheap; /* the same by -priority: the exact highest queued */
     size_t npheap, cappheap;
+    /* The same for its queued gangs not yet turned down (sjob.declined):
+     * the highest priority among them (sched__shape_undeclined_prio). */
+    struct slen *uheap;
+    size_t nuheap, capuheap;
     /* The heaps' answers, kept while no job of the shape joined or left the
      * queue (gen counts those changes; len_gen = gen + 1 when they are current). */
     uint64_t gen, len_gen;
@@ -462,6 +467,10 @@ double sched__shape_min_len(const sched *s, sshape *sh);
 /* The highest priority among the shape's queued jobs (max_prio is only an
  * upper bound: it never comes down as jobs leave). */
 int sched__shape_max_prio(const sched *s, sshape *sh);
+/* 1 and the highest priority among the shape's queued gangs that
+ * preempt_wait never turned down (sjob.declined) in *prio, or 0 when there
+ * is none. */
+int sched__shape_undeclined_prio(const sched *s, sshape *sh, int *prio);
 
 /* place.c */
 void sched__bucket_insert(sched *s, uint32_t ni);

@@ -392,6 +392,7 @@ static void summarise(run *R, double t0, double t_end)
     r->partial_gangs = st.partial_gangs, r->hold_timeouts = st.hold_timeouts;
     r->held_gpu_hours = st.held_gpu_s / 3600.0;
     r->resv_late = st.resv_late;
+    r->sched = st;
     r->sched_job_slots = sched_job_count(R->s);
     r->jobs_unfinished = r->jobs_total - r->jobs_completed - r->jobs_rejected;
 }

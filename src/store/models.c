@@ -102,7 +102,7 @@ int store__make_fp8(store_replica *r, uint64_t v, const char *bf16, const model 
         }
         sh_warn("replica %s: FP8 update failed (%s); quantising the whole model", r->dir, sh_errmsg());
     }
-    return delta_quant_fp8(bf16, out, NULL, &o);
+    return delta_quant_fp8(bf16, out, NULL, &o, NULL);
 }
 
 int store__model_open_fp8(model *m, const char *fp8)
