@@ -77,6 +77,8 @@ static void test_publish_and_latest(void **state)
     store_close(s);
     /* A run that does not exist is an error, not an empty run. */
     TU_ERR(store_open(tu_path("pub"), "nope", 0, &s), SH_ENOENT, "has no run \"nope\"");
+    tu_write_file(tu_path("not-a-store"), "x", 1);
+    TU_ERR(store_open(tu_path("not-a-store"), "r1", 0, &s), SH_EINVAL, "not-a-store is a file, not a store's folder");
     TU_ERR(store_open(tu_path("pub"), "../x", 1, &s), SH_EINVAL, "run id \"../x\"");
 }
 

@@ -53,8 +53,9 @@ int store_open(const char *root, const char *run, int create, store **out)
         rc = sh_mkdir_p(s->versions, 0755);
         if (rc == 0) rc = sh_mkdir_p(s->staging, 0755);
     } else if (rc == 0 && !sh_is_dir(s->versions)) {
-        rc = sh_is_dir(root) ? sh_err(SH_ENOENT, "store %s has no run \"%s\" (publish to create it)", root, run)
-                             : sh_err(SH_ENOENT, "store %s does not exist", root);
+        rc = sh_is_dir(root)         ? sh_err(SH_ENOENT, "store %s has no run \"%s\" (publish to create it)", root, run)
+             : sh_path_exists(root) ? sh_err(SH_EINVAL, "store %s is a file, not a store's folder", root)
+                                    : sh_err(SH_ENOENT, "store %s does not exist", root);
     }
     if (rc < 0) {
         free(s);
