@@ -127,6 +127,7 @@ static const struct {
     {"rl train", "--mode", "later", "--mode \"later\": expected sync or async"},
     {"rl fleet-cost", "--seeds", "0", "--seeds must be 1..32, got \"0\""},
     {"sim push", "--replicas", "-1", "--replicas must be 0..10000000, got \"-1\""},
+    {"sim push", "--zones", "0", "shoal sim push: push model: 0 zones: must be 1..16 (the replicas)"},
     {"bench control", "--clients", "65", "--clients must be 1..64, got \"65\""},
     {"bench push", "--topology", "stra", "--topology \"stra\" is not one of tree, star, store (did you mean star?)"},
     {"sim --fleet mixed:8 --format mixed", "--preempt-wait", "-1", "--preempt-wait: expected a number >= 0, got \"-1\""},
