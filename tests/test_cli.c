@@ -80,6 +80,10 @@ static void test_conventions(void **state)
     snprintf(rep, sizeof rep, "replica --dir %s --parent 127.0.0.1:1 --until 1 --seconds 2", tu_path("rep-unreachable"));
     expect(1, "version 1 not reached (have 0): parent 127.0.0.1:1: ", rep);
     expect(1, "shoal rl report: /nonexistent/run is not a folder", "rl report --dir /nonexistent/run");
+    /* An agent whose server cannot be reached says so (once) while it retries. */
+    expect(124, "agent x: cannot register: http://127.0.0.1:1: cannot connect",
+           "agent --server http://127.0.0.1:1 --token t --name x --gpus 1 --gpu-type H100 2>&1 & "
+           "p=$!; sleep 1.5; kill $p; wait $p; exit 124");
     expect(0, "shoal 0.1.0\n", "server --version");
     expect(0, "shoal 0.1.0\n", "push serve --version");
 }
