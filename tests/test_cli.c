@@ -63,6 +63,12 @@ static void test_conventions(void **state)
     /* An output path that is a directory is refused before any work, not
      * at the final rename ("Device or resource busy" for "."). */
     expect(1, "shoal ckpt synth: . is a directory; give the path of a file", "ckpt synth --params 1M -o .");
+    /* delta make's summary is its result: on stdout. */
+    char dm[8192];
+    snprintf(dm, sizeof dm, "ckpt synth --params 1M -o %s && $SHOAL_BIN ckpt step %s --lr 1e-3 -o %s && "
+             "$SHOAL_BIN delta make %s %s -o %s 2>/dev/null", tu_path("dm0.st"), tu_path("dm0.st"), tu_path("dm1.st"),
+             tu_path("dm0.st"), tu_path("dm1.st"), tu_path("dm.delta"));
+    expect(0, "delta make: ", dm);
     /* Commands that live in shoal-core answer through the client too. */
     expect(0, "usage: shoal <command>", "help");
     expect(0, "usage: shoal rl train", "help rl train");
