@@ -130,6 +130,8 @@ static const struct {
     {"sim --format mixed --jobs 5", 2, "shoal sim: --fleet is required"},
     {"bench sched --mix --nodes", 2, "shoal bench sched: option --nodes needs a value"},
     {"bench sched --mix x", 2, "shoal bench sched: unexpected argument \"x\""},
+    {"bench sched --seed 3", 2, "shoal bench sched: --seed applies to the mixed replay: add --mix"},
+    {"bench sched --mix --batch 5", 2, "shoal bench sched: --batch applies without --mix only"},
     {"sim --fleet=mixed:16 --format mixed --jobs=40 --seed 3 --preempt-wait=0.25 --json", 0, "\"jobs_total\":40,"},
     {"sim --fleet mixed:16 --format=mixed --jobs 40 --policy=all", 0, "backfill"},
     {"bench sched --mix --nodes=100 --jobs 300 --load=0.9 --json", 0, "\"shoal_vs_backfill\":"},

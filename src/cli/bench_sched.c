@@ -284,7 +284,7 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed, 
 #define STR_(x) #x
 #define STR(x) STR_(x)
 static const char usage_text[] =
-    "usage: shoal bench sched [--json] [--batch N]\n"
+    "usage: shoal bench sched [--nodes N] [--batch N] [--json]\n"
     "       shoal bench sched --mix [--nodes N] [--jobs N] [--load L] [--seed S] [--reference] [--json]\n\n"
     "Fills 10,000 8-GPU nodes (3 types, 100-node fabrics) from 10,000 queued jobs,\n"
     "then runs " STR(CYCLES) " cycles that each finish N (default 100) running jobs, refill\n"
@@ -305,6 +305,7 @@ int cli_bench_sched(int argc, char **argv)
     int json = 0, nodes = 10000, queued = 10000, batch = 100, cycles = CYCLES, mix = 0, mix_jobs = 100000, ref = 0;
     double load = 0.85;
     uint64_t seed = 1;
+    const char *mix_only = NULL, *plain_only = NULL; /* an option given for the other mode */
     static const struct option opts[] = {
         {"json", no_argument, 0, 'j'},          {"mix", no_argument, 0, 'm'},
         {"reference", no_argument, 0, 'r'},     {"nodes", required_argument, 0, 'n'},
@@ -319,18 +320,21 @@ int cli_bench_sched(int argc, char **argv)
         case CLI_OPT_EXIT: return a.rc;
         case 'j': json = 1; break;
         case 'm': mix = 1; break;
-        case 'r': ref = 1; break;
+        case 'r': ref = 1, mix_only = "--reference"; break;
         case 'n': rc = cli_int(a.cmd, "--nodes", optarg, 100, 1000000, &v), nodes = (int)v; break;
-        case 'J': rc = cli_int(a.cmd, "--jobs", optarg, 1, 10000000, &v), mix_jobs = (int)v; break;
-        case 's': rc = cli_int(a.cmd, "--seed", optarg, 0, INT64_MAX, &v), seed = (uint64_t)v; break;
-        case 'b': rc = cli_int(a.cmd, "--batch", optarg, 1, 10000, &v), batch = (int)v; break;
+        case 'J': rc = cli_int(a.cmd, "--jobs", optarg, 1, 10000000, &v), mix_jobs = (int)v, mix_only = "--jobs"; break;
+        case 's': rc = cli_int(a.cmd, "--seed", optarg, 0, INT64_MAX, &v), seed = (uint64_t)v, mix_only = "--seed"; break;
+        case 'b': rc = cli_int(a.cmd, "--batch", optarg, 1, 10000, &v), batch = (int)v, plain_only = "--batch"; break;
         case 'l':
             rc = cli_real(a.cmd, "--load", optarg, DBL_MIN, 10, "a load in (0, 10]", &load);
+            mix_only = "--load";
             break;
         }
         if (rc) return rc;
     }
     if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
+    if (!mix && mix_only) return cli_usage(a.cmd, "%s applies to the mixed replay: add --mix", mix_only);
+    if (mix && plain_only) return cli_usage(a.cmd, "%s applies without --mix only", plain_only);
     if (mix) return bench_mix(json, nodes, mix_jobs, load, seed, ref);
     result naive = {0};
     for (int rep = 0; rep < 3; rep++) {
