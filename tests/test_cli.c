@@ -132,6 +132,8 @@ static const struct {
     {"store gc x", "--keep", "0", "--keep: expected a count >= 1, got \"0\""},
     {"push serve", "--chunk", "1", "--chunk: expected a size >= 4096"},
     {"replica --dir d", "--seconds", "-1", "--seconds: expected seconds >= 0, got \"-1\""},
+    {"replica --dir d", "--parent", "127.0.0.1:99999", "--parent: expected IPV4:PORT with a port 1..65535"},
+    {"push relay", "--parent", "1.2.3.4", "--parent: expected IPV4:PORT with a port 1..65535"},
     {"ckpt synth -o x", "--params", "many", "--params: \"many\" is not a size"},
     {"ckpt family llama3-8b -o x", "--layers", "0", "--layers: expected at least 1, got \"0\""},
     {"rl train", "--mode", "later", "--mode \"later\": expected sync or async"},

@@ -151,6 +151,7 @@ static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint6
         }
         case 'p':
             if (cfg->nparents == BCAST_MAX_ADDRS) return cli_usage("replica", "too many --parent (at most %d)", BCAST_MAX_ADDRS);
+            if (cli_hostport("replica", "--parent", v)) return CLI_USAGE;
             cfg->parents[cfg->nparents++] = v;
             break;
         case 'f':
