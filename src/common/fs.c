@@ -152,9 +152,14 @@ int sh_atomic_open_mode(sh_atomic_file *f, const char *path, unsigned mode)
     /* A fresh file (O_EXCL): one left by someone else could carry a laxer
      * mode or an open descriptor. */
     unlink(f->tmp);
-    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
-    if (f->fd < 0) return sh_err_errno(errno, "create %s", f->tmp);
+    /* Listed before it exists, so that no signal finds it unlisted. */
     live_add(f->tmp);
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (f->fd < 0) {
+        int e = errno;
+        live_del(f->tmp);
+        return sh_err_errno(e, "create %s", f->tmp);
+    }
     return SH_OK;
 }
 
