@@ -161,6 +161,8 @@ static const struct {
     {"sim --format mixed --jobs 5", 2, "shoal sim: --fleet is required"},
     {"bench sched --mix --nodes", 2, "shoal bench sched: option --nodes needs a value"},
     {"bench sched --mix x", 2, "shoal bench sched: unexpected argument \"x\""},
+    {"sim --fleet mixed:8 --format mixed --jobs 10 --policy bogus", 2,
+     "shoal sim: unknown --policy \"bogus\" (use fifo, firstfit, backfill, shoal or all)"},
     {"bench sched --seed 3", 2, "shoal bench sched: --seed applies to the mixed replay: add --mix"},
     {"bench sched --mix --batch 5", 2, "shoal bench sched: --batch applies without --mix only"},
     {"sim --fleet=mixed:16 --format mixed --jobs=40 --seed 3 --preempt-wait=0.25 --json", 0, "\"jobs_total\":40,"},
