@@ -462,7 +462,7 @@ static void test_cli_errors(void **state)
     free(out);
     rc = tu_run(&out, "%s sim --fleet %s --policy lottery --trace x 2>&1", tu_shoal(), tu_path("fleet.csv"));
     assert_int_equal(rc, 2);
-    assert_non_null(strstr(out, "unknown policy \"lottery\""));
+    assert_non_null(strstr(out, "unknown --policy \"lottery\" (use fifo, firstfit, backfill, shoal or all)"));
     free(out);
     rc = tu_run(&out, "%s sim --bogus 2>&1", tu_shoal());
     assert_int_equal(rc, 2);
