@@ -1,0 +1,131 @@
+/* A hostile tenant against a real server and a real agent on loopback,
+ * from the attacker's side (docs/security.md, the attack table): what a job
+ * file may ask of a node's limits, and what a rank's output may cost the
+ * control plane's disk.  Each test runs the attack and checks that it fails
+ * and that the reason is on record. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "fleet_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Submits `script` under sh -c as a one-GPU function of `token`, with
+ * `extra` (",\"key\":value..." or "") added to the job file. */
+static int64_t submit_sh(tf_fleet *f, const char *token, const char *name, const char *extra, const char *script)
+{
+    json_t *cmd = json_pack("[s,s,s]", "sh", "-c", script);
+    char *c = json_dumps(cmd, JSON_COMPACT);
+    json_decref(cmd);
+    char body[8192];
+    snprintf(body, sizeof body, "{\"name\":\"%s\",\"kind\":\"function\",\"gpus\":1%s,\"command\":%s}", name, extra, c);
+    free(c);
+    return tf_submit(f, token, body);
+}
+
+/* Rank 0's log from `offset` (caller frees); *next gets the next offset. */
+static char *log_from(tf_fleet *f, int64_t id, long long offset, long long *next)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0&offset=%lld", (long long)id, offset);
+    int st;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+    assert_int_equal(st, 200);
+    char *out = strdup(json_string_value(json_object_get(j, "data")));
+    if (next) *next = json_integer_value(json_object_get(j, "offset"));
+    json_decref(j);
+    return out;
+}
+
+/* Waits until the job has ended; returns its whole log (caller frees). */
+static char *wait_log(tf_fleet *f, int64_t id, double timeout)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    for (double until = sh_now_mono() + timeout; sh_now_mono() < until; sh_sleep(0.05)) {
+        int st;
+        json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+        const char *s = json_string_value(json_object_get(j, "state"));
+        int done = s && (!strcmp(s, "succeeded") || !strcmp(s, "failed"));
+        json_decref(j);
+        if (done) break;
+    }
+    sh_buf all = {0};
+    long long off = 0, next = 0;
+    for (;;) {
+        char *part = log_from(f, id, off, &next);
+        sh_buf_append(&all, part, strlen(part));
+        free(part);
+        if (next == off) break;
+        off = next;
+    }
+    sh_buf_append(&all, "", 1);
+    return (char *)all.data;
+}
+
+static void log_has(const char *what, const char *log, const char *needle)
+{
+    if (!strstr(log, needle)) fail_msg("%s: the log lacks \"%s\":\n%.4000s", what, needle, log);
+}
+
+static void log_lacks(const char *what, const char *log, const char *needle)
+{
+    if (strstr(log, needle)) fail_msg("%s: the attack worked (\"%s\" in the log):\n%.4000s", what, needle, log);
+}
+
+/* A job file that asks for limits above its share of the node: a million
+ * tasks (the host's whole pid space) and 16 TiB of memory.  The node has 16
+ * GPUs, so a one-GPU rank's share is 1/16 of its memory and 256 tasks; the
+ * rank forks 400 processes and touches more memory than its share.  Both must be refused, as without the fields. */
+static void test_limits_above_share(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "limits", 10);
+    tf_start_agents(&f, 1, "H100", 16, "z", "ib");
+    const char *greedy = ",\"pids_max\":1000000,\"memory_mb\":16777216";
+    int64_t forks = submit_sh(&f, TF_BOB, "forks", greedy,
+                              "mkfifo /tmp/f; i=0; while [ $i -lt 400 ]; do (read x < /tmp/f) & i=$((i+1)); done;"
+                              " echo forked=$i; exec 3<>/tmp/f; kill 0");
+    /* The share of memory: the node's over 16, at least 256 MiB. */
+    long long mem_mb = (long long)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) >> 20;
+    long long share = mem_mb / 16 < 256 ? 256 : mem_mb / 16;
+    char script[512];
+    snprintf(script, sizeof script,
+             "python3 -c \"b = bytearray(%lld << 20); b[::4096] = b'x' * len(b[::4096]); print('allocated', len(b))\"",
+             share + 256);
+    int64_t mem = submit_sh(&f, TF_BOB, "memory", greedy, script);
+    char *l = wait_log(&f, forks, 60);
+    log_lacks("pids_max above the share", l, "forked=400");
+    log_has("pids_max above the share", l, "hit its pids limit");
+    free(l);
+    l = wait_log(&f, mem, 60);
+    log_lacks("memory_mb above the share", l, "allocated");
+    log_has("memory_mb above the share", l, "hit its memory limit");
+    free(l);
+    /* A job may still lower its limits below the share. */
+    int64_t low = submit_sh(&f, TF_BOB, "low", ",\"pids_max\":20",
+                            "mkfifo /tmp/f; i=0; while [ $i -lt 100 ]; do (read x < /tmp/f) & i=$((i+1)); done;"
+                            " echo forked=$i; exec 3<>/tmp/f; kill 0");
+    l = wait_log(&f, low, 60);
+    log_lacks("pids_max below the share", l, "forked=100");
+    log_has("pids_max below the share", l, "hit its pids limit");
+    free(l);
+    tf_stop(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_limits_above_share, tf_teardown),
+    };
+    /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
+    if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
