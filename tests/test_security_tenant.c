@@ -120,10 +120,52 @@ static void test_limits_above_share(void **state)
     tf_stop(&f);
 }
 
+/* Output whose JSON text is six times its size: 300 kB of control
+ * characters travel as 1.8 MB of "\\u0001", past the server's largest
+ * request body.  A poll carrying it all would be refused, again and again,
+ * and the node would go dead under every tenant's ranks on it.  The node
+ * must stay alive, alice's rank beside it untouched, and bob's output must
+ * arrive whole, over several polls. */
+static void test_output_past_poll_body(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "ctl", 3);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    int64_t victim = submit_sh(&f, TF_ALICE, "victim", "", "echo victim-up; exec sleep 60");
+    json_decref(tf_wait_job(&f, victim, "running", 30));
+    /* The rank widens its stdout pipe (any holder of a pipe may, up to
+     * 1 MiB) and writes it all at once, so that the agent reads it all
+     * before its next poll. */
+    int64_t id = submit_sh(&f, TF_BOB, "ctl", "",
+                           "python3 -c \"import fcntl, os; fcntl.fcntl(1, 1031, 1 << 20);"
+                           " os.write(1, b'\\x01' * 300000 + b'\\nend-of-ctl\\n')\"");
+    /* The last polls may come after the job's end. */
+    char *l = wait_log(&f, id, 30);
+    for (double until = sh_now_mono() + 10; !strstr(l, "end-of-ctl") && sh_now_mono() < until; sh_sleep(0.1)) {
+        free(l);
+        l = wait_log(&f, id, 1);
+    }
+    log_has("control characters", l, "end-of-ctl");
+    size_t ones = 0;
+    for (const char *p = l; *p; p++) ones += *p == 1;
+    if (ones != 300000) fail_msg("%zu of the 300000 control characters arrived", ones);
+    free(l);
+    json_t *v = tf_wait_job(&f, victim, "running", 1);
+    assert_int_equal(json_integer_value(json_object_get(v, "attempt")), 1);
+    json_decref(v);
+    int st;
+    json_t *n = tf_call(&f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(n, "nodes"), 0), "state")),
+                        "alive");
+    json_decref(n);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_limits_above_share, tf_teardown),
+        cmocka_unit_test_teardown(test_output_past_poll_body, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));

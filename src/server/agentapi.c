@@ -87,8 +87,9 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     srv__changed(s);
     /* "protect": paths the agent hides from members (the server's state
      * directory, for agents on this host). */
-    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s]}", "node", d->name, "credential", d->cred, "heartbeat_timeout",
-                       s->cfg.heartbeat_timeout, "poll_wait_ms", 250, "protect", s->state_dir);
+    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s],s:I}", "node", d->name, "credential", d->cred, "heartbeat_timeout",
+                       s->cfg.heartbeat_timeout, "poll_wait_ms", 250, "protect", s->state_dir, "max_body",
+                       (json_int_t)s->cfg.max_body);
     return SH_OK;
 }
 
