@@ -120,6 +120,61 @@ static void test_limits_above_share(void **state)
     tf_stop(&f);
 }
 
+/* A server in this process with a small log limit (the shoal binary keeps
+ * the default, SRV_MAX_LOG, which a test would take minutes to fill), on a
+ * fleet whose agents are real processes. */
+static srv *start_server_here(tf_fleet *f, const char *name, uint64_t max_log)
+{
+    static char db[4200], tokens[4200];
+    snprintf(f->dir, sizeof f->dir, "%s", tu_path(name));
+    sh_rm_rf(f->dir);
+    TU_OK(sh_mkdir_p(f->dir, 0755));
+    snprintf(db, sizeof db, "%s/state.db", f->dir);
+    snprintf(tokens, sizeof tokens, "%s/tokens.json", f->dir);
+    const char *t = "{\"admin\":\"" TF_ADMIN "\",\"agent\":\"" TF_AGENT "\",\"tenants\":{\"alice\":\"" TF_ALICE
+                    "\",\"bob\":\"" TF_BOB "\"}}";
+    tu_write_file(tokens, t, strlen(t));
+    chmod(tokens, 0600);
+    srv_config c = {.db_path = db, .tokens_path = tokens, .heartbeat_timeout = 10, .max_log = max_log};
+    srv *s;
+    TU_OK(srv_start(&c, &s));
+    f->hb = 10;
+    f->port = srv_port(s);
+    snprintf(f->url, sizeof f->url, "http://127.0.0.1:%d", f->port);
+    return s;
+}
+
+/* A rank that prints without end: its output crosses the agent to the
+ * server, whose logs share a disk with the database.  8 MB of output
+ * under a limit of 1 MiB must leave at most that on the disk, a note in the
+ * log saying why the rest is gone, and a server that still takes work. */
+static void test_log_flood(void **state)
+{
+    tf_fleet f = {0};
+    srv *s = start_server_here(&f, "flood", 1 << 20);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    int64_t id = submit_sh(&f, TF_BOB, "flood", "",
+                           "yes 'flood flood flood flood flood flood flood flood flood é' | head -c 8000000;"
+                           " echo end-of-flood");
+    json_decref(tf_wait_job(&f, id, "succeeded", 60));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/logs/%lld/0.log", f.dir, (long long)id);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    if (st.st_size > (1 << 20) + 4096)
+        fail_msg("the rank's log takes %lld bytes on the server's disk, above the 1 MiB allowed", (long long)st.st_size);
+    char *l = wait_log(&f, id, 1);
+    log_has("flood", l, "reached the server's limit of 1048576 bytes");
+    log_lacks("flood", l, "end-of-flood");
+    free(l);
+    /* The control plane still takes and runs work. */
+    l = wait_log(&f, submit_sh(&f, TF_ALICE, "after", "", "echo alive"), 30);
+    log_has("after the flood", l, "alive");
+    free(l);
+    tf_stop(&f);
+    srv_stop(s);
+}
+
 /* Output whose JSON text is six times its size: 300 kB of control
  * characters travel as 1.8 MB of "\\u0001", past the server's largest
  * request body.  A poll carrying it all would be refused, again and again,
@@ -165,6 +220,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_limits_above_share, tf_teardown),
+        cmocka_unit_test_teardown(test_log_flood, tf_teardown),
         cmocka_unit_test_teardown(test_output_past_poll_body, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
