@@ -216,12 +216,39 @@ static void test_output_past_poll_body(void **state)
     tf_stop(&f);
 }
 
+/* A job name is another tenant's text on the admin's terminal (`shoal
+ * jobs` lists every tenant's): escape sequences in it (ESC, BEL, the C1
+ * CSI) must be refused at submit, naming the field; other Unicode passes. */
+static void test_name_escapes(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "names", 10);
+    const char *bad[] = {"\\u001b]0;owned\\u0007", "x\\u001b[2J", "tab\\there", "csi\\u009b31m", "del\\u007f"};
+    for (int i = 0; i < 5; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"name\":\"%s\",\"nodes\":1,\"command\":[\"true\"]}", bad[i]);
+        int st;
+        json_t *j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", body, &st);
+        const char *e = json_string_value(json_object_get(j, "error"));
+        if (st != 400 || !e || !strstr(e, "\"name\": holds a control character"))
+            fail_msg("name %s: got %d %s, expected 400 naming the control character", bad[i], st, e ? e : "");
+        json_decref(j);
+    }
+    int st;
+    json_t *j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", "{\"name\":\"café-✓\",\"nodes\":1,\"command\":[\"true\"]}", &st);
+    /* Valid: it reaches the scheduler, which finds no node in this fleet. */
+    assert_int_equal(st, 422);
+    json_decref(j);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_limits_above_share, tf_teardown),
         cmocka_unit_test_teardown(test_log_flood, tf_teardown),
         cmocka_unit_test_teardown(test_output_past_poll_body, tf_teardown),
+        cmocka_unit_test_teardown(test_name_escapes, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));
