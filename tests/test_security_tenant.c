@@ -242,6 +242,59 @@ static void test_name_escapes(void **state)
     tf_stop(&f);
 }
 
+/* The admin allows one folder for "writable" directories; alice keeps her
+ * checkpoints in her directory there.  Bob names that directory (or one in
+ * or above it) in his job: the agent would show its owner as bob's uid and
+ * bob would read and overwrite alice's weights.  Refused at submit; his own
+ * directory beside hers works. */
+static void test_writable_other_tenant(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "wrt", 10);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    char mine[4200], sub[4200], bobs[4200], script[4400];
+    snprintf(mine, sizeof mine, "%s/ckpt-1", tu_tmpdir());
+    snprintf(sub, sizeof sub, "%s/sub", mine);
+    snprintf(bobs, sizeof bobs, "%s/ckpt-2", tu_tmpdir());
+    sh_rm_rf(mine);
+    sh_rm_rf(bobs);
+    TU_OK(sh_mkdir_p(sub, 0755));
+    TU_OK(sh_mkdir_p(bobs, 0755));
+    char extra[4300];
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", mine);
+    snprintf(script, sizeof script, "echo alice-weights > %s/ckpt", mine);
+    char *l = wait_log(&f, submit_sh(&f, TF_ALICE, "alice", extra, script), 30);
+    free(l);
+    const char *targets[] = {mine, sub, tu_tmpdir()};
+    for (int i = 0; i < 3; i++) {
+        char body[8192];
+        snprintf(body, sizeof body,
+                 "{\"name\":\"steal\",\"kind\":\"function\",\"gpus\":1,\"writable\":[\"%s\"],\"command\":[\"sh\",\"-c\","
+                 "\"cat %s/ckpt; echo bob-was-here > %s/ckpt\"]}", targets[i], mine, mine);
+        int st;
+        json_t *j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", body, &st);
+        const char *e = json_string_value(json_object_get(j, "error"));
+        if (st != 403 || !e || !strstr(e, "is another tenant's") || strstr(e, "alice"))
+            fail_msg("bob names %s: got %d %s, expected 403 saying it is another tenant's (not whose)", targets[i], st,
+                     e ? e : "");
+        json_decref(j);
+    }
+    char *ck = (char *)tu_read_file(strcat(strcpy(script, mine), "/ckpt"), NULL);
+    assert_string_equal(ck, "alice-weights\n");
+    free(ck);
+    /* Bob's own directory beside hers, and alice's again, still work. */
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", bobs);
+    snprintf(script, sizeof script, "echo bob-ok > %s/ckpt && echo written", bobs);
+    l = wait_log(&f, submit_sh(&f, TF_BOB, "bob", extra, script), 30);
+    log_has("bob's own directory", l, "written");
+    free(l);
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", sub);
+    snprintf(script, sizeof script, "cat %s/ckpt", mine);
+    l = wait_log(&f, submit_sh(&f, TF_ALICE, "alice-again", extra, script), 30);
+    free(l);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -249,6 +302,7 @@ int main(void)
         cmocka_unit_test_teardown(test_log_flood, tf_teardown),
         cmocka_unit_test_teardown(test_output_past_poll_body, tf_teardown),
         cmocka_unit_test_teardown(test_name_escapes, tf_teardown),
+        cmocka_unit_test_teardown(test_writable_other_tenant, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));

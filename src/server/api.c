@@ -315,9 +315,33 @@ static int agent_routes(srv *s, srv_req *r, json_t **reply)
     return rc;
 }
 
+/* Whether a job of a tenant other than `tenant` (the admin's aside) named
+ * in its "writable" the directory p, one inside it or one above it.  The
+ * jobs of every state count, the server's whole history: a directory is
+ * its first tenant's for good. */
+static int writable_taken(srv *s, const char *p, const char *tenant)
+{
+    for (int64_t id = 1; id <= s->njobs; id++) {
+        const srv_job *o = s->jobs[id];
+        if (!o || !strcmp(o->tenant, tenant) || !strcmp(o->tenant, "admin")) continue;
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(o->spec, "writable"), i, v) {
+            const char *q = json_string_value(v);
+            if (q && (srv__path_under(p, q) || srv__path_under(q, p))) return 1;
+        }
+    }
+    return 0;
+}
+
 /* Each "writable" path must be absolute and plain (no "." or ".."
  * components, no doubled or trailing '/'), lie under a directory the admin
- * allows (--allow-writable), and not lie in the server's state directory. */
+ * allows (--allow-writable), not lie in the server's state directory, and,
+ * for a tenant's job, not be another tenant's: the agent shows the
+ * directory's owner as the rank's uid, so a tenant that named another's
+ * directory would read and write its files (checkpoints, data) as its
+ * owner.  The first tenant to name a directory keeps it, and what lies
+ * above and below it. */
 static int check_writable(srv *s, const srv_job *j)
 {
     size_t i;
@@ -342,6 +366,11 @@ static int check_writable(srv *s, const srv_job *j)
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is not under a directory the admin allows"
                                     " (server option --allow-writable; now: %s)", i, p,
                           s->cfg.writable_allow && *s->cfg.writable_allow ? s->cfg.writable_allow : "none");
+        /* Which tenant holds it is not said: that is the other tenant's. */
+        if (strcmp(j->tenant, "admin") && writable_taken(s, p, j->tenant))
+            return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is another tenant's (its jobs named it, or a"
+                                    " directory in or above it, first): use a directory of your own under %s", i, p,
+                          s->cfg.writable_allow);
     }
     return SH_OK;
 }
