@@ -120,10 +120,10 @@ static void test_limits_above_share(void **state)
     tf_stop(&f);
 }
 
-/* A server in this process with a small log limit (the shoal binary keeps
- * the default, SRV_MAX_LOG, which a test would take minutes to fill), on a
- * fleet whose agents are real processes. */
-static srv *start_server_here(tf_fleet *f, const char *name, uint64_t max_log)
+/* A server in this process with small limits (the shoal binary keeps the
+ * defaults, SRV_MAX_LOG and SRV_MAX_QUEUED, which a test would take minutes
+ * to fill; 0 keeps one), on a fleet whose agents are real processes. */
+static srv *start_server_here(tf_fleet *f, const char *name, uint64_t max_log, uint64_t max_queued)
 {
     static char db[4200], tokens[4200];
     snprintf(f->dir, sizeof f->dir, "%s", tu_path(name));
@@ -135,7 +135,8 @@ static srv *start_server_here(tf_fleet *f, const char *name, uint64_t max_log)
                     "\",\"bob\":\"" TF_BOB "\"}}";
     tu_write_file(tokens, t, strlen(t));
     chmod(tokens, 0600);
-    srv_config c = {.db_path = db, .tokens_path = tokens, .heartbeat_timeout = 10, .max_log = max_log};
+    srv_config c = {.db_path = db, .tokens_path = tokens, .heartbeat_timeout = 10, .max_log = max_log,
+                    .max_queued = max_queued};
     srv *s;
     TU_OK(srv_start(&c, &s));
     f->hb = 10;
@@ -151,7 +152,7 @@ static srv *start_server_here(tf_fleet *f, const char *name, uint64_t max_log)
 static void test_log_flood(void **state)
 {
     tf_fleet f = {0};
-    srv *s = start_server_here(&f, "flood", 1 << 20);
+    srv *s = start_server_here(&f, "flood", 1 << 20, 0);
     tf_start_agents(&f, 1, "H100", 8, "z", "ib");
     int64_t id = submit_sh(&f, TF_BOB, "flood", "",
                            "yes 'flood flood flood flood flood flood flood flood flood é' | head -c 8000000;"
@@ -295,6 +296,55 @@ static void test_writable_other_tenant(void **state)
     tf_stop(&f);
 }
 
+/* Bob queues job files of 900 kB (an env value fills them) behind a job
+ * that holds the node: each stays in the server's memory and database
+ * while it waits, so without a bound he fills both (measured: 100 such
+ * submits in 12 s, +104 MB of server memory, +148 MB of state on disk).
+ * Under a 4 MiB limit the fifth is 429 and says why; alice still submits,
+ * and bob again once his queue shrinks. */
+static void test_queue_flood(void **state)
+{
+    tf_fleet f = {0};
+    srv *s = start_server_here(&f, "queue", 0, 4 << 20);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    int64_t hold = tf_submit(&f, TF_BOB, "{\"name\":\"hold\",\"nodes\":1,\"gpus_per_node\":8,\"command\":[\"sleep\",\"60\"]}");
+    json_decref(tf_wait_job(&f, hold, "running", 30));
+    char *fat = malloc(1 << 20);
+    int n = snprintf(fat, 1 << 20, "{\"name\":\"fat\",\"nodes\":1,\"gpus_per_node\":8,\"command\":[\"true\"],\"env\":{\"X\":\"");
+    memset(fat + n, 'a', 900000);
+    snprintf(fat + n + 900000, 64, "\"}}");
+    int st = 0, accepted = 0;
+    json_t *j = NULL;
+    for (int i = 0; i < 12; i++) {
+        json_decref(j);
+        j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", fat, &st);
+        if (st != 201) break;
+        accepted++;
+    }
+    const char *e = json_string_value(json_object_get(j, "error"));
+    if (st != 429 || !e || !strstr(e, "limit of 4194304") ||
+        strcmp(json_string_value(json_object_get(j, "reason")), "tenant_queue_full"))
+        fail_msg("after %d fat jobs bob got %d %s, expected 429 tenant_queue_full", accepted, st, e ? e : "");
+    assert_int_equal(accepted, 4);
+    json_decref(j);
+    /* Another tenant is not held back by bob's queue. */
+    j = tf_call(&f, TF_ALICE, "POST", "/v1/jobs", fat, &st);
+    assert_int_equal(st, 201);
+    json_decref(j);
+    /* Bob's queue shrinks when he cancels one of his waiting jobs: he may
+     * submit again. */
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)(hold + 1));
+    json_decref(tf_call(&f, TF_BOB, "POST", path, NULL, &st));
+    assert_int_equal(st, 200);
+    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", fat, &st);
+    assert_int_equal(st, 201);
+    json_decref(j);
+    free(fat);
+    tf_stop(&f);
+    srv_stop(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -303,6 +353,7 @@ int main(void)
         cmocka_unit_test_teardown(test_output_past_poll_body, tf_teardown),
         cmocka_unit_test_teardown(test_name_escapes, tf_teardown),
         cmocka_unit_test_teardown(test_writable_other_tenant, tf_teardown),
+        cmocka_unit_test_teardown(test_queue_flood, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));

@@ -90,6 +90,18 @@ static int64_t idem_lookup(srv *s, const char *tenant, const char *key)
 
 static int check_writable(srv *s, const srv_job *j);
 
+/* Bytes a tenant's pending and running jobs hold (their job files plus the
+ * server's record of each). */
+static uint64_t queued_bytes(srv *s, const char *tenant)
+{
+    uint64_t n = 0;
+    for (int64_t a = 0; a < s->nactive; a++) {
+        const srv_job *o = srv__job(s, s->active[a]);
+        if (o && o->state <= J_RUNNING && !strcmp(o->tenant, tenant)) n += o->spec_bytes + SRV_JOB_COST;
+    }
+    return n;
+}
+
 static int submit(srv *s, srv_req *r, int *status, json_t **reply)
 {
     if (r->role != ROLE_TENANT && r->role != ROLE_ADMIN)
@@ -109,6 +121,20 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
         *status = 200;
         *reply = srv__job_json(s, srv__job(s, dup), 0);
         json_object_set_new(*reply, "duplicate", json_true());
+        return SH_OK;
+    }
+    /* Every job a tenant queues stays in the server's memory and database:
+     * without a bound, one tenant's submits (1 MiB job files at 8 a
+     * second) fill both.  The admin's jobs are not counted. */
+    uint64_t held = r->role == ROLE_TENANT ? queued_bytes(s, j->tenant) : 0;
+    if (r->role == ROLE_TENANT && held + j->spec_bytes + SRV_JOB_COST > s->cfg.max_queued) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "tenant %s: its pending and running jobs hold %llu bytes, and this one would pass"
+                                  " the server's limit of %llu: wait for some to end, or cancel some",
+                 j->tenant, (unsigned long long)held, (unsigned long long)s->cfg.max_queued);
+        srv__job_free(j);
+        *status = 429;
+        *reply = json_pack("{s:s,s:s}", "error", msg, "reason", "tenant_queue_full");
         return SH_OK;
     }
     char why[400];
@@ -414,6 +440,7 @@ int srv__presubmit(srv_req *r)
         json_object_set_new(spec, "idempotency_key", json_string(r->idem_header));
     int rc = srv__job_from_spec(spec, r->tenant ? r->tenant : "admin", &r->job);
     json_decref(spec);
+    if (rc == SH_OK) r->job->spec_bytes = r->body_len;
     return rc;
 }
 
