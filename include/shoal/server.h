@@ -43,7 +43,19 @@ typedef struct srv_config {
     int sync_full;             /* 1: SQLite synchronous=FULL (survives power loss) */
     int manual_cycles;         /* 1: no scheduler thread; call srv_cycle_for_bench (bench) */
     const char *writable_allow; /* ':'-separated directories jobs may list in "writable" (NULL: none) */
+    uint64_t max_log;          /* bytes one rank's log file may take on disk (default SRV_MAX_LOG) */
+    uint64_t max_queued;       /* bytes a tenant's active jobs may hold (default SRV_MAX_QUEUED) */
 } srv_config;
+
+/* The default of srv_config.max_log: a rank's output past it is dropped,
+ * so that a job cannot fill the disk that holds the server's database. */
+#define SRV_MAX_LOG (64ull << 20)
+/* The default of srv_config.max_queued: a tenant's pending and running
+ * jobs may hold this much of the server's memory and database, counted as
+ * each job file's size plus SRV_JOB_COST (the server's own record of it):
+ * 65,536 small jobs, or 255 job files of 1 MiB.  A submit past it is 429. */
+#define SRV_MAX_QUEUED (256ull << 20)
+#define SRV_JOB_COST 4096u
 
 /* Opens the database (creating or migrating it), loads the state, starts the
  * HTTP daemon and the scheduler thread.  On success *out owns everything;

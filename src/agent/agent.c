@@ -35,30 +35,46 @@ int agent_detect_gpus(char *gpu_type, size_t cap, int *gpus)
     return SH_OK;
 }
 
+/* What one character costs in a JSON string as jansson writes it: '"',
+ * '\\' and the short escapes two bytes, other control characters six
+ * (\u00XX), the rest themselves. */
+static size_t json_cost(const uint8_t *c, int len)
+{
+    if (len > 1) return (size_t)len;
+    if (*c == '"' || *c == '\\' || *c == '\b' || *c == '\f' || *c == '\n' || *c == '\r' || *c == '\t') return 2;
+    return *c < 0x20 ? 6 : 1;
+}
+
 /* Copies bytes as UTF-8, replacing invalid sequences with '?', so that any
- * program output can travel in a JSON string. */
-static json_t *utf8_string(const uint8_t *p, size_t n)
+ * program output can travel in a JSON string; stops before the JSON text
+ * would pass `budget` bytes.  *used gets the bytes of p it took, *cost the
+ * JSON text's length. */
+static json_t *utf8_string(const uint8_t *p, size_t n, size_t budget, size_t *used, size_t *cost_out)
 {
     char *o = malloc(n + 1);
+    *used = *cost_out = 0;
     if (!o) return json_string("");
-    size_t k = 0;
-    for (size_t i = 0; i < n;) {
+    size_t k = 0, cost = 0;
+    size_t i = 0;
+    while (i < n) {
         uint8_t c = p[i];
         int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
         int ok = len > 0 && i + len <= n && c != 0;
         for (int j = 1; ok && j < len; j++) ok = (p[i + j] & 0xC0) == 0x80;
-        if (ok) {
-            memcpy(o + k, p + i, (size_t)len);
-            k += (size_t)len;
-            i += (size_t)len;
-        } else {
-            o[k++] = '?';
-            i++;
-        }
+        if (!ok) len = 1;
+        size_t add = ok ? json_cost(p + i, len) : 1;
+        if (cost + add > budget) break;
+        cost += add;
+        if (ok) memcpy(o + k, p + i, (size_t)len);
+        else o[k] = '?';
+        k += (size_t)len;
+        i += (size_t)len;
     }
+    *used = i;
+    *cost_out = cost;
     json_t *s = json_stringn(o, k);
     if (!s) { /* overlong forms or surrogates: fall back to ASCII */
-        for (size_t i = 0; i < k; i++) if ((uint8_t)o[i] >= 0x80) o[i] = '?';
+        for (size_t x = 0; x < k; x++) if ((uint8_t)o[x] >= 0x80) o[x] = '?';
         s = json_stringn(o, k);
     }
     free(o);
@@ -91,6 +107,11 @@ static int do_register(agent *a)
         a->cl = NULL;
         rc = srv_client_new(a->cfg.server, cred, &a->cl);
     }
+    /* Output goes with each poll, within half the server's largest request
+     * body: a poll the server refuses as too large would be sent again and
+     * again, and the node would go dead for its members' output. */
+    json_int_t body = json_integer_value(json_object_get(reply, "max_body"));
+    a->log_budget = body > 0 ? (size_t)body / 2 : AGENT_LOG_BUDGET;
     a->nprotect = 0;
     size_t i;
     json_t *v;
@@ -146,10 +167,14 @@ static int collect(agent *a, double now)
     return news;
 }
 
+/* The members' states, and as much of their output as the poll's budget
+ * holds (each member's m->sent bytes of it, dropped once the poll is
+ * answered; the rest goes with the next polls). */
 static json_t *reports(agent *a, json_t **logs)
 {
     static const char *const names[] = {"ready", "running", "exited"};
     json_t *out = json_array();
+    size_t budget = a->log_budget ? a->log_budget : AGENT_LOG_BUDGET;
     *logs = json_array();
     for (int i = 0; i < a->nm; i++) {
         agent_member *m = &a->m[i];
@@ -160,10 +185,13 @@ static json_t *reports(agent *a, json_t **logs)
             m->reported = 1;
         }
         json_array_append_new(out, r);
-        if (m->log.len)
-            json_array_append_new(*logs, json_pack("{s:I,s:i,s:i,s:o}", "job", (json_int_t)m->job,
-                                                   "attempt", m->attempt, "rank", m->rank, "data",
-                                                   utf8_string(m->log.data, m->log.len)));
+        m->sent = 0;
+        if (!m->log.len || budget < 64) continue;
+        size_t cost;
+        json_t *data = utf8_string(m->log.data, m->log.len, budget - 64, &m->sent, &cost);
+        budget -= 64 + cost;
+        json_array_append_new(*logs, json_pack("{s:I,s:i,s:i,s:o}", "job", (json_int_t)m->job, "attempt",
+                                               m->attempt, "rank", m->rank, "data", data));
     }
     return out;
 }
@@ -234,7 +262,8 @@ static int apply(agent *a, const json_t *want)
     for (int i = a->nm - 1; i >= 0; i--) {
         agent_member *m = &a->m[i];
         if (!m->stopping) continue;
-        if (m->state == AM_EXITED && (m->reported || m->exit_code == 125)) forget(a, i);
+        /* An exited member stays until the last of its output is sent. */
+        if (m->state == AM_EXITED && ((m->reported && !m->log.len) || m->exit_code == 125)) forget(a, i);
         else if (m->state != AM_EXITED) agent__stop(a, m, now);
     }
     return news;
@@ -261,7 +290,12 @@ static int poll_once(agent *a, int wait_ms)
         json_decref(reply);
         return rc;
     }
-    for (int i = 0; i < a->nm; i++) a->m[i].log.len = 0;
+    for (int i = 0; i < a->nm; i++) {
+        agent_member *m = &a->m[i];
+        if (m->sent) memmove(m->log.data, m->log.data + m->sent, m->log.len - m->sent);
+        m->log.len -= m->sent;
+        m->sent = 0;
+    }
     a->version = json_integer_value(json_object_get(reply, "version"));
     int news = apply(a, json_object_get(reply, "members"));
     json_decref(reply);

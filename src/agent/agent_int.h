@@ -29,6 +29,7 @@ typedef struct agent_member {
     int out_fd, barrier_fd, exec_fd;
     double kill_at;
     sh_buf log;    /* output not yet shipped */
+    size_t sent;   /* bytes of log in the poll under way */
     char workdir[1024];
     char cg[3][640]; /* memory, pids, cpu */
 } agent_member;
@@ -50,7 +51,12 @@ typedef struct agent {
     agent_member *m;
     int nm, cap;
     int64_t version;
+    size_t log_budget; /* bytes of JSON output one poll may carry */
 } agent;
+
+/* The output one poll carries when the server does not say its largest
+ * request body (half of its default, 1 MiB). */
+#define AGENT_LOG_BUDGET (512u << 10)
 
 int agent__launch(agent *a, agent_member *m, const json_t *desired);
 int agent__release(agent *a, agent_member *m);

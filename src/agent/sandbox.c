@@ -135,19 +135,24 @@ static double node_share(const agent *a, const json_t *d)
     return per >= a->gpus ? 1.0 : (double)per / a->gpus;
 }
 
-/* Puts pid into its own memory, pids and cpu groups.  Limits the job file
- * leaves out come from the node's share: that share of the node's memory
- * (at least 256 MiB), of 4096 tasks (at least 128) and of its CPUs (at
- * least one).  The job never sees the groups: it has no /sys/fs/cgroup and
- * a cgroup namespace rooted at its own group. */
+/* Puts pid into its own memory, pids and cpu groups.  The limits come
+ * from the node's share: that share of the node's memory (at least 256
+ * MiB), of 4096 tasks (at least 128) and of its CPUs (at least one).  A
+ * job's memory_mb and pids_max may lower the first two, never raise them:
+ * the job file is the tenant's, and a rank above its share would take the
+ * memory or the pid space (kernel.pid_max) of the node's other ranks.  The
+ * job never sees the groups: it has no /sys/fs/cgroup and a cgroup
+ * namespace rooted at its own group. */
 void agent__limits(const agent *a, const json_t *d, long long *mem_mb, long long *npids, double *cpus)
 {
     double share = node_share(a, d);
     json_t *mem = json_object_get(d, "memory_mb"), *pids = json_object_get(d, "pids_max");
-    *mem_mb = mem ? json_integer_value(mem) : (long long)(a->mem_mb * share);
-    *npids = pids ? json_integer_value(pids) : (long long)(4096 * share);
-    if (!mem && *mem_mb < 256) *mem_mb = 256;
-    if (!pids && *npids < 128) *npids = 128;
+    *mem_mb = (long long)(a->mem_mb * share);
+    *npids = (long long)(4096 * share);
+    if (*mem_mb < 256) *mem_mb = 256;
+    if (*npids < 128) *npids = 128;
+    if (json_integer_value(mem) > 0 && json_integer_value(mem) < *mem_mb) *mem_mb = json_integer_value(mem);
+    if (json_integer_value(pids) > 0 && json_integer_value(pids) < *npids) *npids = json_integer_value(pids);
     *cpus = a->ncpu * share < 1 ? 1 : a->ncpu * share;
 }
 

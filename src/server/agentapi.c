@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -87,8 +88,9 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     srv__changed(s);
     /* "protect": paths the agent hides from members (the server's state
      * directory, for agents on this host). */
-    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s]}", "node", d->name, "credential", d->cred, "heartbeat_timeout",
-                       s->cfg.heartbeat_timeout, "poll_wait_ms", 250, "protect", s->state_dir);
+    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s],s:I}", "node", d->name, "credential", d->cred, "heartbeat_timeout",
+                       s->cfg.heartbeat_timeout, "poll_wait_ms", 250, "protect", s->state_dir, "max_body",
+                       (json_int_t)s->cfg.max_body);
     return SH_OK;
 }
 
@@ -136,13 +138,33 @@ static int job_eval(srv *s, srv_job *j)
 }
 
 /* Appends to rank's log; the first append by this process repairs the file.
- * Logs are best effort: the job's state is what must not tear. */
+ * Logs are best effort: the job's state is what must not tear.
+ *
+ * A log file stops growing at max_log bytes on disk: the logs share a disk
+ * with the database, and a rank that prints without end must not fill it
+ * (the server would then refuse every change).  The append that reaches
+ * the limit keeps what fits, cut at a character, and says so in the log;
+ * later output of that rank is dropped, every attempt's included. */
 static void log_append(srv *s, srv_job *j, int rank, const char *data, size_t len)
 {
-    char path[4200];
+    char path[4200], note[200];
     if (rank < 0 || rank >= 64 || srv__log_path(s, j->id, rank, path, sizeof path) < 0) return;
+    struct stat st;
+    uint64_t size = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0, cap = s->cfg.max_log;
+    if (size >= cap) return; /* full: the note was written when it filled */
+    int full = size + len > cap;
+    if (full) {
+        len = (size_t)(cap - size);
+        while (len > 0 && ((unsigned char)data[len] & 0xC0) == 0x80) len--; /* not inside a character */
+    }
     int repair = !(j->log_checked & (1ull << rank));
-    if (srv__log_append(path, data, len, repair) < 0) {
+    int rc = len ? srv__log_append(path, data, len, repair) : SH_OK;
+    if (rc == SH_OK && full) {
+        int n = snprintf(note, sizeof note, "\nshoal: this rank's log reached the server's limit of %llu bytes;"
+                                            " later output is dropped\n", (unsigned long long)cap);
+        rc = srv__log_append(path, note, (size_t)n, repair && !len);
+    }
+    if (rc < 0) {
         sh_warn("job %lld rank %d: log: %s", (long long)j->id, rank, sh_errmsg());
         return;
     }

@@ -90,6 +90,18 @@ static int64_t idem_lookup(srv *s, const char *tenant, const char *key)
 
 static int check_writable(srv *s, const srv_job *j);
 
+/* Bytes a tenant's pending and running jobs hold (their job files plus the
+ * server's record of each). */
+static uint64_t queued_bytes(srv *s, const char *tenant)
+{
+    uint64_t n = 0;
+    for (int64_t a = 0; a < s->nactive; a++) {
+        const srv_job *o = srv__job(s, s->active[a]);
+        if (o && o->state <= J_RUNNING && !strcmp(o->tenant, tenant)) n += o->spec_bytes + SRV_JOB_COST;
+    }
+    return n;
+}
+
 static int submit(srv *s, srv_req *r, int *status, json_t **reply)
 {
     if (r->role != ROLE_TENANT && r->role != ROLE_ADMIN)
@@ -109,6 +121,20 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
         *status = 200;
         *reply = srv__job_json(s, srv__job(s, dup), 0);
         json_object_set_new(*reply, "duplicate", json_true());
+        return SH_OK;
+    }
+    /* Every job a tenant queues stays in the server's memory and database:
+     * without a bound, one tenant's submits (1 MiB job files at 8 a
+     * second) fill both.  The admin's jobs are not counted. */
+    uint64_t held = r->role == ROLE_TENANT ? queued_bytes(s, j->tenant) : 0;
+    if (r->role == ROLE_TENANT && held + j->spec_bytes + SRV_JOB_COST > s->cfg.max_queued) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "tenant %s: its pending and running jobs hold %llu bytes, and this one would pass"
+                                  " the server's limit of %llu: wait for some to end, or cancel some",
+                 j->tenant, (unsigned long long)held, (unsigned long long)s->cfg.max_queued);
+        srv__job_free(j);
+        *status = 429;
+        *reply = json_pack("{s:s,s:s}", "error", msg, "reason", "tenant_queue_full");
         return SH_OK;
     }
     char why[400];
@@ -320,9 +346,33 @@ static int agent_routes(srv *s, srv_req *r, json_t **reply)
     return rc;
 }
 
+/* Whether a job of a tenant other than `tenant` (the admin's aside) named
+ * in its "writable" the directory p, one inside it or one above it.  The
+ * jobs of every state count, the server's whole history: a directory is
+ * its first tenant's for good. */
+static int writable_taken(srv *s, const char *p, const char *tenant)
+{
+    for (int64_t id = 1; id <= s->njobs; id++) {
+        const srv_job *o = s->jobs[id];
+        if (!o || !strcmp(o->tenant, tenant) || !strcmp(o->tenant, "admin")) continue;
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(o->spec, "writable"), i, v) {
+            const char *q = json_string_value(v);
+            if (q && (srv__path_under(p, q) || srv__path_under(q, p))) return 1;
+        }
+    }
+    return 0;
+}
+
 /* Each "writable" path must be absolute and plain (no "." or ".."
  * components, no doubled or trailing '/'), lie under a directory the admin
- * allows (--allow-writable), and not lie in the server's state directory. */
+ * allows (--allow-writable), not lie in the server's state directory, and,
+ * for a tenant's job, not be another tenant's: the agent shows the
+ * directory's owner as the rank's uid, so a tenant that named another's
+ * directory would read and write its files (checkpoints, data) as its
+ * owner.  The first tenant to name a directory keeps it, and what lies
+ * above and below it. */
 static int check_writable(srv *s, const srv_job *j)
 {
     size_t i;
@@ -347,6 +397,11 @@ static int check_writable(srv *s, const srv_job *j)
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is not under a directory the admin allows"
                                     " (server option --allow-writable; now: %s)", i, p,
                           s->cfg.writable_allow && *s->cfg.writable_allow ? s->cfg.writable_allow : "none");
+        /* Which tenant holds it is not said: that is the other tenant's. */
+        if (strcmp(j->tenant, "admin") && writable_taken(s, p, j->tenant))
+            return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is another tenant's (its jobs named it, or a"
+                                    " directory in or above it, first): use a directory of your own under %s", i, p,
+                          s->cfg.writable_allow);
     }
     return SH_OK;
 }
@@ -390,6 +445,7 @@ int srv__presubmit(srv_req *r)
         json_object_set_new(spec, "idempotency_key", json_string(r->idem_header));
     int rc = srv__job_from_spec(spec, r->tenant ? r->tenant : "admin", &r->job);
     json_decref(spec);
+    if (rc == SH_OK) r->job->spec_bytes = r->body_len;
     return rc;
 }
 

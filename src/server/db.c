@@ -320,6 +320,7 @@ static int db__load_job(srv *s, sqlite3_stmt *st)
     srv_job *j = NULL;
     int rc = srv__job_from_spec(spec, col_text(st, 1), &j);
     json_decref(spec);
+    if (rc == SH_OK) j->spec_bytes = strlen(col_text(st, 12));
     if (rc < 0) return sh_err_wrap(rc, "%s: job %lld", s->cfg.db_path, (long long)sqlite3_column_int64(st, 0));
     j->id = sqlite3_column_int64(st, 0);
     snprintf(j->idem, sizeof j->idem, "%s", col_text(st, 3));

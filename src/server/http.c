@@ -452,6 +452,8 @@ int srv_start(const srv_config *cfg, srv **out)
     if (!s->cfg.bind_addr) s->cfg.bind_addr = "127.0.0.1";
     if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
     if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
+    if (!s->cfg.max_log) s->cfg.max_log = SRV_MAX_LOG;
+    if (!s->cfg.max_queued) s->cfg.max_queued = SRV_MAX_QUEUED;
     if (s->cfg.scale_up_wait_s <= 0) s->cfg.scale_up_wait_s = 2;
     if (s->cfg.scale_down_idle_s <= 0) s->cfg.scale_down_idle_s = 10;
     if (!s->cfg.db_path) s->cfg.db_path = "shoal.db";

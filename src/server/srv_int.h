@@ -59,6 +59,7 @@ typedef struct srv_job {
     int failures;                        /* node failures so far (max_attempts bounds them) */
     int nodes, min_nodes, gpus_per_node; /* gang: nodes; elastic: min..nodes */
     json_t *spec;                        /* the job file as accepted (owned) */
+    size_t spec_bytes;                   /* its size as sent, charged to the tenant's queue */
     double t_submit, t_start, t_end;     /* wall seconds */
     int go;                              /* the launch barrier is open */
     int nmem;

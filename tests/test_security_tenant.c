@@ -1,0 +1,394 @@
+/* A hostile tenant against a real server and a real agent on loopback,
+ * from the attacker's side (docs/security.md, the attack table): what a job
+ * file may ask of a node's limits, and what a rank's output may cost the
+ * control plane's disk.  Each test runs the attack and checks that it fails
+ * and that the reason is on record. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "fleet_util.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Submits `script` under sh -c as a one-GPU function of `token`, with
+ * `extra` (",\"key\":value..." or "") added to the job file. */
+static int64_t submit_sh(tf_fleet *f, const char *token, const char *name, const char *extra, const char *script)
+{
+    json_t *cmd = json_pack("[s,s,s]", "sh", "-c", script);
+    char *c = json_dumps(cmd, JSON_COMPACT);
+    json_decref(cmd);
+    char body[8192];
+    snprintf(body, sizeof body, "{\"name\":\"%s\",\"kind\":\"function\",\"gpus\":1%s,\"command\":%s}", name, extra, c);
+    free(c);
+    return tf_submit(f, token, body);
+}
+
+/* Rank 0's log from `offset` (caller frees); *next gets the next offset. */
+static char *log_from(tf_fleet *f, int64_t id, long long offset, long long *next)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0&offset=%lld", (long long)id, offset);
+    int st;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+    assert_int_equal(st, 200);
+    char *out = strdup(json_string_value(json_object_get(j, "data")));
+    if (next) *next = json_integer_value(json_object_get(j, "offset"));
+    json_decref(j);
+    return out;
+}
+
+/* Waits until the job has ended; returns its whole log (caller frees). */
+static char *wait_log(tf_fleet *f, int64_t id, double timeout)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    for (double until = sh_now_mono() + timeout; sh_now_mono() < until; sh_sleep(0.05)) {
+        int st;
+        json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+        const char *s = json_string_value(json_object_get(j, "state"));
+        int done = s && (!strcmp(s, "succeeded") || !strcmp(s, "failed"));
+        json_decref(j);
+        if (done) break;
+    }
+    sh_buf all = {0};
+    long long off = 0, next = 0;
+    for (;;) {
+        char *part = log_from(f, id, off, &next);
+        sh_buf_append(&all, part, strlen(part));
+        free(part);
+        if (next == off) break;
+        off = next;
+    }
+    sh_buf_append(&all, "", 1);
+    return (char *)all.data;
+}
+
+static void log_has(const char *what, const char *log, const char *needle)
+{
+    if (!strstr(log, needle)) fail_msg("%s: the log lacks \"%s\":\n%.4000s", what, needle, log);
+}
+
+static void log_lacks(const char *what, const char *log, const char *needle)
+{
+    if (strstr(log, needle)) fail_msg("%s: the attack worked (\"%s\" in the log):\n%.4000s", what, needle, log);
+}
+
+/* A job file that asks for limits above its share of the node: a million
+ * tasks (the host's whole pid space) and 16 TiB of memory.  The node has 16
+ * GPUs, so a one-GPU rank's share is 1/16 of its memory and 256 tasks; the
+ * rank forks 400 processes and touches more memory than its share.  Both must be refused, as without the fields. */
+static void test_limits_above_share(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "limits", 10);
+    tf_start_agents(&f, 1, "H100", 16, "z", "ib");
+    const char *greedy = ",\"pids_max\":1000000,\"memory_mb\":16777216";
+    int64_t forks = submit_sh(&f, TF_BOB, "forks", greedy,
+                              "mkfifo /tmp/f; i=0; while [ $i -lt 400 ]; do (read x < /tmp/f) & i=$((i+1)); done;"
+                              " echo forked=$i; exec 3<>/tmp/f; kill 0");
+    /* The share of memory: the node's over 16, at least 256 MiB. */
+    long long mem_mb = (long long)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) >> 20;
+    long long share = mem_mb / 16 < 256 ? 256 : mem_mb / 16;
+    char script[512];
+    snprintf(script, sizeof script,
+             "python3 -c \"b = bytearray(%lld << 20); b[::4096] = b'x' * len(b[::4096]); print('allocated', len(b))\"",
+             share + 256);
+    int64_t mem = submit_sh(&f, TF_BOB, "memory", greedy, script);
+    char *l = wait_log(&f, forks, 60);
+    log_lacks("pids_max above the share", l, "forked=400");
+    log_has("pids_max above the share", l, "hit its pids limit");
+    free(l);
+    /* The agent's note ("hit its memory limit") is not asked for: it reads
+     * the group's OOM count when the rank has exited, and the kernel may
+     * count the kill after its victim is gone (seen once on a loaded host). */
+    l = wait_log(&f, mem, 60);
+    log_lacks("memory_mb above the share", l, "allocated");
+    free(l);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)mem);
+    int st;
+    json_t *j = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
+    if (strcmp(json_string_value(json_object_get(j, "state")), "failed"))
+        fail_msg("memory_mb above the share: the job %s", json_string_value(json_object_get(j, "state")));
+    json_decref(j);
+    /* A job may still lower its limits below the share. */
+    int64_t low = submit_sh(&f, TF_BOB, "low", ",\"pids_max\":20",
+                            "mkfifo /tmp/f; i=0; while [ $i -lt 100 ]; do (read x < /tmp/f) & i=$((i+1)); done;"
+                            " echo forked=$i; exec 3<>/tmp/f; kill 0");
+    l = wait_log(&f, low, 60);
+    log_lacks("pids_max below the share", l, "forked=100");
+    log_has("pids_max below the share", l, "hit its pids limit");
+    free(l);
+    tf_stop(&f);
+}
+
+/* A server with small limits (the shoal binary keeps the defaults,
+ * SRV_MAX_LOG and SRV_MAX_QUEUED, which a test would take minutes to fill;
+ * 0 keeps one), started by srv_start in a child of this process, on a
+ * fleet whose agents are real processes.  tf_stop stops it (SIGTERM).  The
+ * child leaves with _exit, so that this process's leak check sees only its
+ * own memory. */
+static void start_server_here(tf_fleet *f, const char *name, uint64_t max_log, uint64_t max_queued)
+{
+    char db[4200], tokens[4200];
+    snprintf(f->dir, sizeof f->dir, "%s", tu_path(name));
+    sh_rm_rf(f->dir);
+    TU_OK(sh_mkdir_p(f->dir, 0755));
+    snprintf(db, sizeof db, "%s/state.db", f->dir);
+    snprintf(tokens, sizeof tokens, "%s/tokens.json", f->dir);
+    const char *t = "{\"admin\":\"" TF_ADMIN "\",\"agent\":\"" TF_AGENT "\",\"tenants\":{\"alice\":\"" TF_ALICE
+                    "\",\"bob\":\"" TF_BOB "\"}}";
+    tu_write_file(tokens, t, strlen(t));
+    chmod(tokens, 0600);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t parent = getpid(), c = fork();
+    assert_true(c >= 0);
+    if (c == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGTERM);
+        sigprocmask(SIG_BLOCK, &set, NULL);
+        srv_config cfg = {.db_path = db, .tokens_path = tokens, .heartbeat_timeout = 10, .max_log = max_log,
+                          .max_queued = max_queued};
+        srv *s;
+        int port = srv_start(&cfg, &s) < 0 ? -1 : srv_port(s);
+        if (write(p[1], &port, sizeof port) != sizeof port || port < 0) _exit(1);
+        int sig;
+        sigwait(&set, &sig);
+        srv_stop(s);
+        _exit(0);
+    }
+    close(p[1]);
+    int port = -1;
+    if (read(p[0], &port, sizeof port) != sizeof port || port < 0) fail_msg("the server did not start in its child");
+    close(p[0]);
+    f->server = c;
+    f->hb = 10;
+    f->port = port;
+    snprintf(f->url, sizeof f->url, "http://127.0.0.1:%d", f->port);
+}
+
+/* A rank that prints without end: its output crosses the agent to the
+ * server, whose logs share a disk with the database.  8 MB of output
+ * under a limit of 1 MiB must leave at most that on the disk, a note in the
+ * log saying why the rest is gone, and a server that still takes work. */
+static void test_log_flood(void **state)
+{
+    tf_fleet f = {0};
+    start_server_here(&f, "flood", 1 << 20, 0);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    int64_t id = submit_sh(&f, TF_BOB, "flood", "",
+                           "yes 'flood flood flood flood flood flood flood flood flood é' | head -c 8000000;"
+                           " echo end-of-flood");
+    json_decref(tf_wait_job(&f, id, "succeeded", 60));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/logs/%lld/0.log", f.dir, (long long)id);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    if (st.st_size > (1 << 20) + 4096)
+        fail_msg("the rank's log takes %lld bytes on the server's disk, above the 1 MiB allowed", (long long)st.st_size);
+    char *l = wait_log(&f, id, 1);
+    log_has("flood", l, "reached the server's limit of 1048576 bytes");
+    log_lacks("flood", l, "end-of-flood");
+    free(l);
+    /* The control plane still takes and runs work. */
+    l = wait_log(&f, submit_sh(&f, TF_ALICE, "after", "", "echo alive"), 30);
+    log_has("after the flood", l, "alive");
+    free(l);
+    tf_stop(&f);
+}
+
+/* Output whose JSON text is six times its size: 300 kB of control
+ * characters travel as 1.8 MB of "\\u0001", past the server's largest
+ * request body.  A poll carrying it all would be refused, again and again,
+ * and the node would go dead under every tenant's ranks on it.  The node
+ * must stay alive, alice's rank beside it untouched, and bob's output must
+ * arrive whole, over several polls. */
+static void test_output_past_poll_body(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "ctl", 3);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    int64_t victim = submit_sh(&f, TF_ALICE, "victim", "", "echo victim-up; exec sleep 60");
+    json_decref(tf_wait_job(&f, victim, "running", 30));
+    /* The rank widens its stdout pipe (any holder of a pipe may, up to
+     * 1 MiB) and writes it all at once, so that the agent reads it all
+     * before its next poll. */
+    int64_t id = submit_sh(&f, TF_BOB, "ctl", "",
+                           "python3 -c \"import fcntl, os; fcntl.fcntl(1, 1031, 1 << 20);"
+                           " os.write(1, b'\\x01' * 300000 + b'\\nend-of-ctl\\n')\"");
+    /* The last polls may come after the job's end. */
+    char *l = wait_log(&f, id, 30);
+    for (double until = sh_now_mono() + 10; !strstr(l, "end-of-ctl") && sh_now_mono() < until; sh_sleep(0.1)) {
+        free(l);
+        l = wait_log(&f, id, 1);
+    }
+    log_has("control characters", l, "end-of-ctl");
+    size_t ones = 0;
+    for (const char *p = l; *p; p++) ones += *p == 1;
+    if (ones != 300000) fail_msg("%zu of the 300000 control characters arrived", ones);
+    free(l);
+    json_t *v = tf_wait_job(&f, victim, "running", 1);
+    assert_int_equal(json_integer_value(json_object_get(v, "attempt")), 1);
+    json_decref(v);
+    int st;
+    json_t *n = tf_call(&f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(n, "nodes"), 0), "state")),
+                        "alive");
+    json_decref(n);
+    tf_stop(&f);
+}
+
+/* A job name is another tenant's text on the admin's terminal (`shoal
+ * jobs` lists every tenant's): escape sequences in it (ESC, BEL, the C1
+ * CSI) must be refused at submit, naming the field; other Unicode passes. */
+static void test_name_escapes(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "names", 10);
+    const char *bad[] = {"\\u001b]0;owned\\u0007", "x\\u001b[2J", "tab\\there", "csi\\u009b31m", "del\\u007f"};
+    for (int i = 0; i < 5; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"name\":\"%s\",\"nodes\":1,\"command\":[\"true\"]}", bad[i]);
+        int st;
+        json_t *j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", body, &st);
+        const char *e = json_string_value(json_object_get(j, "error"));
+        if (st != 400 || !e || !strstr(e, "\"name\": holds a control character"))
+            fail_msg("name %s: got %d %s, expected 400 naming the control character", bad[i], st, e ? e : "");
+        json_decref(j);
+    }
+    int st;
+    json_t *j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", "{\"name\":\"café-✓\",\"nodes\":1,\"command\":[\"true\"]}", &st);
+    /* Valid: it reaches the scheduler, which finds no node in this fleet. */
+    assert_int_equal(st, 422);
+    json_decref(j);
+    tf_stop(&f);
+}
+
+/* The admin allows one folder for "writable" directories; alice keeps her
+ * checkpoints in her directory there.  Bob names that directory (or one in
+ * or above it) in his job: the agent would show its owner as bob's uid and
+ * bob would read and overwrite alice's weights.  Refused at submit; his own
+ * directory beside hers works. */
+static void test_writable_other_tenant(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "wrt", 10);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    char mine[4200], sub[4200], bobs[4200], script[4400];
+    snprintf(mine, sizeof mine, "%s/ckpt-1", tu_tmpdir());
+    snprintf(sub, sizeof sub, "%s/sub", mine);
+    snprintf(bobs, sizeof bobs, "%s/ckpt-2", tu_tmpdir());
+    sh_rm_rf(mine);
+    sh_rm_rf(bobs);
+    TU_OK(sh_mkdir_p(sub, 0755));
+    TU_OK(sh_mkdir_p(bobs, 0755));
+    char extra[4300];
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", mine);
+    snprintf(script, sizeof script, "echo alice-weights > %s/ckpt", mine);
+    char *l = wait_log(&f, submit_sh(&f, TF_ALICE, "alice", extra, script), 30);
+    free(l);
+    const char *targets[] = {mine, sub, tu_tmpdir()};
+    for (int i = 0; i < 3; i++) {
+        char body[8192];
+        snprintf(body, sizeof body,
+                 "{\"name\":\"steal\",\"kind\":\"function\",\"gpus\":1,\"writable\":[\"%s\"],\"command\":[\"sh\",\"-c\","
+                 "\"cat %s/ckpt; echo bob-was-here > %s/ckpt\"]}", targets[i], mine, mine);
+        int st;
+        json_t *j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", body, &st);
+        const char *e = json_string_value(json_object_get(j, "error"));
+        if (st != 403 || !e || !strstr(e, "is another tenant's") || strstr(e, "alice"))
+            fail_msg("bob names %s: got %d %s, expected 403 saying it is another tenant's (not whose)", targets[i], st,
+                     e ? e : "");
+        json_decref(j);
+    }
+    char *ck = (char *)tu_read_file(strcat(strcpy(script, mine), "/ckpt"), NULL);
+    assert_string_equal(ck, "alice-weights\n");
+    free(ck);
+    /* Bob's own directory beside hers, and alice's again, still work. */
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", bobs);
+    snprintf(script, sizeof script, "echo bob-ok > %s/ckpt && echo written", bobs);
+    l = wait_log(&f, submit_sh(&f, TF_BOB, "bob", extra, script), 30);
+    log_has("bob's own directory", l, "written");
+    free(l);
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", sub);
+    snprintf(script, sizeof script, "cat %s/ckpt", mine);
+    l = wait_log(&f, submit_sh(&f, TF_ALICE, "alice-again", extra, script), 30);
+    free(l);
+    tf_stop(&f);
+}
+
+/* Bob queues job files of 900 kB (an env value fills them) behind a job
+ * that holds the node: each stays in the server's memory and database
+ * while it waits, so without a bound he fills both (measured: 100 such
+ * submits in 12 s, +104 MB of server memory, +148 MB of state on disk).
+ * Under a 4 MiB limit the fifth is 429 and says why; alice still submits,
+ * and bob again once his queue shrinks. */
+static void test_queue_flood(void **state)
+{
+    tf_fleet f = {0};
+    start_server_here(&f, "queue", 0, 4 << 20);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    int64_t hold = tf_submit(&f, TF_BOB, "{\"name\":\"hold\",\"nodes\":1,\"gpus_per_node\":8,\"command\":[\"sleep\",\"60\"]}");
+    json_decref(tf_wait_job(&f, hold, "running", 30));
+    char *fat = malloc(1 << 20);
+    int n = snprintf(fat, 1 << 20, "{\"name\":\"fat\",\"nodes\":1,\"gpus_per_node\":8,\"command\":[\"true\"],\"env\":{\"X\":\"");
+    memset(fat + n, 'a', 900000);
+    snprintf(fat + n + 900000, 64, "\"}}");
+    int st = 0, accepted = 0;
+    json_t *j = NULL;
+    for (int i = 0; i < 12; i++) {
+        json_decref(j);
+        j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", fat, &st);
+        if (st != 201) break;
+        accepted++;
+    }
+    const char *e = json_string_value(json_object_get(j, "error"));
+    if (st != 429 || !e || !strstr(e, "limit of 4194304") ||
+        strcmp(json_string_value(json_object_get(j, "reason")), "tenant_queue_full"))
+        fail_msg("after %d fat jobs bob got %d %s, expected 429 tenant_queue_full", accepted, st, e ? e : "");
+    assert_int_equal(accepted, 4);
+    json_decref(j);
+    /* Another tenant is not held back by bob's queue. */
+    j = tf_call(&f, TF_ALICE, "POST", "/v1/jobs", fat, &st);
+    assert_int_equal(st, 201);
+    json_decref(j);
+    /* Bob's queue shrinks when he cancels one of his waiting jobs: he may
+     * submit again. */
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)(hold + 1));
+    json_decref(tf_call(&f, TF_BOB, "POST", path, NULL, &st));
+    assert_int_equal(st, 200);
+    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", fat, &st);
+    assert_int_equal(st, 201);
+    json_decref(j);
+    free(fat);
+    tf_stop(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_limits_above_share, tf_teardown),
+        cmocka_unit_test_teardown(test_log_flood, tf_teardown),
+        cmocka_unit_test_teardown(test_output_past_poll_body, tf_teardown),
+        cmocka_unit_test_teardown(test_name_escapes, tf_teardown),
+        cmocka_unit_test_teardown(test_writable_other_tenant, tf_teardown),
+        cmocka_unit_test_teardown(test_queue_flood, tf_teardown),
+    };
+    /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
+    if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
