@@ -73,6 +73,12 @@ typedef struct snode {
      * release on the node). */
     uint32_t ver, ready_ver;
     double ready[MAXG + 1];
+    /* busy_at's last answer (room.c): ba_val GPUs busy at ba_T, computed
+     * at ba_now and holding until ba_until (the earliest estimated end in
+     * [ba_now, ba_T] that would turn overdue), while ba_ver == ver. */
+    uint32_t ba_ver;
+    int ba_val;
+    double ba_T, ba_now, ba_until;
 } snode;
 
 /* GPUs held by preemptible (elastic and function) work of one priority. */
