@@ -491,6 +491,15 @@ static const sshape *shape_find(const sched *s, uint64_t shape)
     return s->shapes[k].shape ? &s->shapes[k] : NULL;
 }
 
+/* shape_find for a queued job, first at the slot it was queued with: a
+ * slot that holds the job's shape is that shape's entry (the skip-ahead
+ * and the passing over of idle jobs look up every job they reach). */
+static const sshape *job_shape(const sched *s, const sjob *j)
+{
+    if (j->shape_slot < s->capshapes && s->shapes[j->shape_slot].shape == j->shape) return &s->shapes[j->shape_slot];
+    return shape_find(s, j->shape);
+}
+
 /* Moves tenant t's cursor past the holes that starts left and, when
  * skip_walk is set, past jobs whose shape walk skip_walk marked dead,
  * counting those in *skipped. */
@@ -500,7 +509,7 @@ static void advance(const sched *s, stenant *t, uint64_t skip_walk, int *skipped
         uint32_t q = t->queue[t->cursor];
         if (q != NONE) { /* NONE: started */
             if (!skip_walk || (t->live_pos == t->cursor && t->live_walk == skip_walk)) return;
-            const sshape *sh = shape_find(s, s->jobs[q].shape);
+            const sshape *sh = job_shape(s, &s->jobs[q]);
             if (!sh || sh->dead_walk != skip_walk) {
                 t->live_pos = t->cursor, t->live_walk = skip_walk;
                 return;
@@ -515,7 +524,7 @@ static void advance(const sched *s, stenant *t, uint64_t skip_walk, int *skipped
  * are made: its shape is dead and, for a gang, cannot preempt. */
 static int job_idle(const sched *s, const sjob *j, uint64_t walk_id)
 {
-    const sshape *sh = shape_find(s, j->shape);
+    const sshape *sh = job_shape(s, j);
     return sh && sh->dead_walk == walk_id &&
            (sh->kind != SCHED_GANG || sh->calm_walk == walk_id || sh->nopre_walk == walk_id);
 }

@@ -187,6 +187,8 @@ typedef struct sjob {
     size_t ncost;
     char *reason;
     uint64_t shape; /* hash of (kind, nodes, gpus, types): equal shapes fit alike */
+    uint32_t shape_slot; /* its entry's slot in sched.shapes when queued last (a hint:
+                          * the entry is there while that slot holds this shape) */
     uint32_t qgen;  /* bumped each time it is queued: names its shape-heap entry */
     /* sched__job_pools' list for two or more types, while jp_ver ==
      * sched.pools_ver + 1 (pools are only made when a node is added). */
