@@ -5,7 +5,8 @@ set -eu
 PKGS="build-essential pkg-config clang libclang-rt-14-dev
       libzstd-dev libxxhash-dev libucx-dev ucx-utils libmicrohttpd-dev libjansson-dev nettle-dev
       libopenblas-dev libsqlite3-dev libcmocka-dev
-      bubblewrap libseccomp-dev runsc chromium"
+      bubblewrap libseccomp-dev runsc chromium
+      python3 python3-torch python3-numpy"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -18,7 +19,7 @@ browser_deps() {
     (cd tests/browser && npm ci --no-audit --no-fund >/dev/null 2>&1) ||
         echo "deps.sh: npm ci in tests/browser failed; the dashboard test will be skipped" >&2
 }
-[ -z "$missing" ] && { browser_deps; exit 0; }
+[ -z "$missing" ] && { browser_deps; echo "deps.sh: every package shoal needs is installed" >&2; exit 0; }
 echo "deps.sh: installing:$missing" >&2
 if [ "$(id -u)" -ne 0 ]; then
     echo "deps.sh: missing packages and not root; run: sudo apt-get install$missing" >&2

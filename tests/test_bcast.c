@@ -540,8 +540,9 @@ static void test_bad_usage(void **state)
     assert_int_equal(tu_run(&out, "%s push serve --store %s", tu_shoal(), tu_path("nostore")), 1);
     assert_non_null(strstr(out, "does not exist"));
     free(out);
-    assert_int_equal(tu_run(&out, "%s replica --dir %s --parent nonsense", tu_shoal(), tu_path("bad-r")), 1);
-    assert_non_null(strstr(out, "expected host:port"));
+    /* A malformed address is bad usage (exit 2), named with its option. */
+    assert_int_equal(tu_run(&out, "%s replica --dir %s --parent nonsense", tu_shoal(), tu_path("bad-r")), 2);
+    assert_non_null(strstr(out, "--parent: expected IPV4:PORT"));
     free(out);
 }
 

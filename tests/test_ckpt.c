@@ -193,6 +193,10 @@ static void test_bad_headers(void **state)
     TU_ERR(ckpt_open_mem(past, 16, "past", &c), SH_EFORMAT, "runs past the end");
     /* Files: a missing one, a truncated one. */
     TU_ERR(ckpt_open(tu_path("missing.safetensors"), &c), SH_ENOENT, "missing.safetensors");
+    /* A folder that is not a sharded checkpoint says so. */
+    TU_OK(sh_mkdir_p(tu_path("plain-folder"), 0755));
+    TU_ERR(ckpt_open(tu_path("plain-folder"), &c), SH_ENOENT,
+           "plain-folder is a folder without model.safetensors.index.json, so not a sharded checkpoint");
     uint8_t d[64] = {0};
     ckpt_tensor t = {.name = "w", .dtype = CKPT_F32, .ndim = 1, .shape = {16}, .data = d};
     const char *p = tu_path("trunc.safetensors");

@@ -3,8 +3,13 @@
  * no heavy library, and client commands against a real server. */
 #include "fleet_util.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void test_closest(void **state)
 {
@@ -52,6 +57,18 @@ static void test_conventions(void **state)
               "active, finished (did you mean running?)", "jobs --state=runing");
     expect(2, "--limit: expected a count >= 1, got \"0\"", "jobs --limit=0");
     expect(2, "expected one job id", "job 1 2");
+    expect(2, "shoal job: \"abc\" is not a job id", "job abc");
+    expect(2, "shoal cancel: expected a job id", "cancel");
+    expect(2, "shoal logs: \"-3\" is not a job id", "logs -- -3");
+    /* An output path that is a directory is refused before any work, not
+     * at the final rename ("Device or resource busy" for "."). */
+    expect(1, "shoal ckpt synth: . is a directory; give the path of a file", "ckpt synth --params 1M -o .");
+    /* delta make's summary is its result: on stdout. */
+    char dm[8192];
+    snprintf(dm, sizeof dm, "ckpt synth --params 1M -o %s && $SHOAL_BIN ckpt step %s --lr 1e-3 -o %s && "
+             "$SHOAL_BIN delta make %s %s -o %s 2>/dev/null", tu_path("dm0.st"), tu_path("dm0.st"), tu_path("dm1.st"),
+             tu_path("dm0.st"), tu_path("dm1.st"), tu_path("dm.delta"));
+    expect(0, "delta make: ", dm);
     /* Commands that live in shoal-core answer through the client too. */
     expect(0, "usage: shoal <command>", "help");
     expect(0, "usage: shoal rl train", "help rl train");
@@ -64,6 +81,15 @@ static void test_conventions(void **state)
     expect(0, "usage: shoal agent", "agent --gpus=many --bogus-opt --help"); /* --help wins */
     expect(2, "shoal store ls: unknown option \"--keep\" (another subcommand takes it: see `shoal store --help`)",
            "store ls x --keep 3");
+    /* A replica whose parent cannot be reached says which and why. */
+    char rep[4300];
+    snprintf(rep, sizeof rep, "replica --dir %s --parent 127.0.0.1:1 --until 1 --seconds 2", tu_path("rep-unreachable"));
+    expect(1, "version 1 not reached (have 0): parent 127.0.0.1:1: ", rep);
+    expect(1, "shoal rl report: /nonexistent/run is not a folder", "rl report --dir /nonexistent/run");
+    /* An agent whose server cannot be reached says so (once) while it retries. */
+    expect(124, "agent x: cannot register: http://127.0.0.1:1: cannot connect",
+           "agent --server http://127.0.0.1:1 --token t --name x --gpus 1 --gpu-type H100 2>&1 & "
+           "p=$!; sleep 1.5; kill $p; wait $p; exit 124");
     expect(0, "shoal 0.1.0\n", "server --version");
     expect(0, "shoal 0.1.0\n", "push serve --version");
 }
@@ -103,12 +129,17 @@ static const struct {
     {"up", "--sandbox", "bwarp", "--sandbox \"bwarp\" is not one of auto, bwrap, gvisor, none (did you mean bwrap?)"},
     {"jobs", "--limit", "0", "--limit: expected a count >= 1, got \"0\""},
     {"store plan x", "--to", "x", "--to: \"x\" is not a non-negative integer"},
+    {"store gc x", "--keep", "0", "--keep: expected a count >= 1, got \"0\""},
     {"push serve", "--chunk", "1", "--chunk: expected a size >= 4096"},
     {"replica --dir d", "--seconds", "-1", "--seconds: expected seconds >= 0, got \"-1\""},
+    {"replica --dir d", "--parent", "127.0.0.1:99999", "--parent: expected IPV4:PORT with a port 1..65535"},
+    {"push relay", "--parent", "1.2.3.4", "--parent: expected IPV4:PORT with a port 1..65535"},
     {"ckpt synth -o x", "--params", "many", "--params: \"many\" is not a size"},
+    {"ckpt family llama3-8b -o x", "--layers", "0", "--layers: expected at least 1, got \"0\""},
     {"rl train", "--mode", "later", "--mode \"later\": expected sync or async"},
     {"rl fleet-cost", "--seeds", "0", "--seeds must be 1..32, got \"0\""},
     {"sim push", "--replicas", "-1", "--replicas must be 0..10000000, got \"-1\""},
+    {"sim push", "--zones", "0", "shoal sim push: push model: 0 zones: must be 1..16 (the replicas)"},
     {"bench control", "--clients", "65", "--clients must be 1..64, got \"65\""},
     {"bench push", "--topology", "stra", "--topology \"stra\" is not one of tree, star, store (did you mean star?)"},
     {"sim --fleet mixed:8 --format mixed", "--preempt-wait", "-1", "--preempt-wait: expected a number >= 0, got \"-1\""},
@@ -130,6 +161,8 @@ static const struct {
     {"sim --format mixed --jobs 5", 2, "shoal sim: --fleet is required"},
     {"bench sched --mix --nodes", 2, "shoal bench sched: option --nodes needs a value"},
     {"bench sched --mix x", 2, "shoal bench sched: unexpected argument \"x\""},
+    {"sim --fleet mixed:8 --format mixed --jobs 10 --policy bogus", 2,
+     "shoal sim: unknown --policy \"bogus\" (use fifo, firstfit, backfill, shoal or all)"},
     {"bench sched --seed 3", 2, "shoal bench sched: --seed applies to the mixed replay: add --mix"},
     {"bench sched --mix --batch 5", 2, "shoal bench sched: --batch applies without --mix only"},
     {"sim --fleet=mixed:16 --format mixed --jobs=40 --seed 3 --preempt-wait=0.25 --json", 0, "\"jobs_total\":40,"},
@@ -244,6 +277,81 @@ static void test_every_command_options(void **state)
         snprintf(args, sizeof args, "%s %s %s", value_rows[r].args, value_rows[r].opt, value_rows[r].val);
         expect(2, value_rows[r].want, args);
     }
+}
+
+/* A command killed while it writes a large file leaves no OUT.tmp.PID
+ * (a 16 GB one for llama3-8b) behind: shoal-core's SIGTERM handler removes
+ * the temporaries of its open atomic files. */
+static void test_killed_write_leaves_no_temporary(void **state)
+{
+    const char *out = tu_path("killed.safetensors");
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl(tu_shoal(), "shoal", "ckpt", "family", "llama3-8b", "-o", out, (char *)NULL);
+        _exit(127);
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)pid); /* shoal execs shoal-core: the same pid */
+    for (int i = 0; i < 2000 && !sh_path_exists(tmp); i++) usleep(5000);
+    int seen = sh_path_exists(tmp);
+    kill(pid, SIGTERM);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    int left = sh_path_exists(tmp);
+    unlink(tmp);
+    unlink(out);
+    if (!seen) fail_msg("%s never appeared", tmp);
+    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGTERM) fail_msg("ckpt family was not ended by SIGTERM: status %d", st);
+    if (left) fail_msg("%s is left behind after SIGTERM", tmp);
+}
+
+/* A server started outside the source tree (its working directory has no
+ * web/) still serves the dashboard: the build's, found beside the binary. */
+static void test_dashboard_from_elsewhere(void **state)
+{
+    char shoal[4096], tokens[4200], db[4200], out[4200];
+    assert_non_null(realpath(tu_shoal(), shoal));
+    snprintf(tokens, sizeof tokens, "%s", tu_path("web-tokens.json"));
+    TU_OK(sh_mkdir_p(tu_path("web-state"), 0700));
+    snprintf(db, sizeof db, "%s", tu_path("web-state/shoal.db"));
+    snprintf(out, sizeof out, "%s", tu_path("web-server.out"));
+    const char *t = "{\"admin\":\"" TF_ADMIN "\",\"agent\":\"" TF_AGENT "\",\"tenants\":{}}";
+    tu_write_file(tokens, t, strlen(t));
+    chmod(tokens, 0600);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || chdir(tu_tmpdir()) < 0) _exit(127);
+        dup2(fd, 1), dup2(fd, 2);
+        execl(shoal, "shoal", "server", "--tokens", tokens, "--db", db, "--port", "0", (char *)NULL);
+        _exit(127);
+    }
+    int port = 0;
+    for (int i = 0; i < 400 && !port; i++) {
+        char *text;
+        if (sh_read_file(out, 1 << 20, &text, NULL) == 0) {
+            char *l = strstr(text, "listening on http://127.0.0.1:");
+            if (l) port = atoi(l + 30);
+            free(text);
+        }
+        if (!port) sh_sleep(0.025);
+    }
+    char url[64], *body = NULL;
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    srv_client *c;
+    int st = 0;
+    size_t len;
+    if (port && srv_client_new(url, NULL, &c) == 0) {
+        (void)srv_client_raw(c, "GET", "/", NULL, 0, NULL, 10, &st, &body, &len);
+        srv_client_free(c);
+    }
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    if (!port) fail_msg("the server did not start (see %s)", out);
+    if (st != 200 || !body || !strstr(body, "<title>shoal")) fail_msg("GET / from a server started in %s: %d %s", tu_tmpdir(), st, body ? body : "");
+    free(body);
 }
 
 /* The client binary links neither UCX, OpenBLAS, SQLite nor libmicrohttpd. */
@@ -402,6 +510,19 @@ static void test_client_commands(void **state)
     expect(0, "\"duplicate\":true", args);
     snprintf(args, sizeof args, "jobs --limit=5 --state=active --server=%s --token=%s --json", F.url, TF_ALICE);
     expect(0, "\"jobs\":[", args);
+    /* A wrong token is named, without the hint to pass one; a missing one
+     * gets the hint. */
+    snprintf(args, sizeof args, "jobs --server=%s --token=not-a-token 2>&1", F.url);
+    assert_int_equal(tu_run(&out, "%s %s", tu_shoal(), args), 1);
+    if (!strstr(out, "unknown bearer token") || strstr(out, "hint:")) fail_msg("jobs with a wrong token:\n%s", out);
+    free(out);
+    snprintf(args, sizeof args, "jobs --server=%s 2>&1", F.url);
+    assert_int_equal(tu_run(&out, "env -u SHOAL_TOKEN %s %s", tu_shoal(), args), 1);
+    if (!strstr(out, "hint: pass --token TOKEN or set SHOAL_TOKEN")) fail_msg("jobs without a token:\n%s", out);
+    free(out);
+    /* The table says its GPU column counts per node. */
+    snprintf(args, sizeof args, "jobs --server=%s --token=%s", F.url, TF_ALICE);
+    expect(0, " NODES GPU/N ATTEMPT ", args);
     free(first);
     json_decref(tf_wait_job(&F, id, "succeeded", 30));
     snprintf(args, sizeof args, "logs %lld --server %s --token %s --json", (long long)id, F.url, TF_ALICE);
@@ -421,6 +542,12 @@ static void test_client_commands(void **state)
         fail_msg("submitted_at %.6f and started_at %.6f are whole seconds: %s", t, ts, out);
     json_decref(j);
     free(out);
+    /* The events table: a message without a node starts in its column. */
+    snprintf(args, sizeof args, "job %lld --server=%s --token=%s", (long long)id, F.url, TF_ALICE);
+    expect(0, "  submitted      hello by alice\n", args);
+    /* A rank the job cannot have is an error, not an empty log. */
+    snprintf(args, sizeof args, "logs %lld --rank 5 --server %s --token %s", (long long)id, F.url, TF_ALICE);
+    expect(1, "has 1 rank(s), 0..0; there is no rank 5", args);
     snprintf(args, sizeof args, "submit %s --server %s --token %s", typo, F.url, TF_ALICE);
     expect(1, "unknown field \"comand\" (did you mean \"command\"?)", args);
     check_metrics(&F);
@@ -434,6 +561,8 @@ int main(void)
         cmocka_unit_test(test_conventions),
         cmocka_unit_test(test_every_command_options),
         cmocka_unit_test(test_client_is_lean),
+        cmocka_unit_test(test_killed_write_leaves_no_temporary),
+        cmocka_unit_test(test_dashboard_from_elsewhere),
         cmocka_unit_test(test_man_and_completion),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),
     };

@@ -2,6 +2,8 @@
 #include "testutil.h"
 
 #include <fcntl.h>
+#include <pty.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -130,6 +132,10 @@ static void test_parse_numbers(void **state)
     TU_OK(sh_parse_size("1.5K", &u, "--x"));
     assert_int_equal(u, 1500);
     TU_ERR(sh_parse_size("12Q", &u, "--params"), SH_EINVAL, "--params: unknown suffix");
+    /* The message lists every suffix it takes (T and TiB too). */
+    TU_ERR(sh_parse_size("12Q", &u, "--params"), SH_EINVAL, "(use K, M, G, T, KiB, MiB, GiB, TiB)");
+    TU_OK(sh_parse_size("1TiB", &u, "--payload"));
+    assert_int_equal(u, 1099511627776ULL);
     TU_ERR(sh_parse_size("-3", &u, "--params"), SH_EINVAL, "not a size");
     TU_OK(sh_parse_i64("-42", &i, "--seed"));
     assert_int_equal(i, -42);
@@ -183,6 +189,33 @@ static void test_cli_dispatch(void **state)
     free(out);
 }
 
+/* On a terminal, a line printed between updates starts on a clean line:
+ * sh_progress_clear erases the bar first (was: the line ran on after it). */
+static void test_progress_clear(void **state)
+{
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        sh_progress p;
+        sh_progress_start(&p, "work", 10, "steps");
+        sh_progress_update(&p, 3);
+        sh_progress_clear(&p);
+        fputs("a line of its own\n", stderr);
+        sh_progress_update(&p, 4);
+        sh_progress_finish(&p);
+        _exit(0);
+    }
+    char buf[4096];
+    size_t n = 0;
+    for (ssize_t r; n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) > 0;) n += (size_t)r;
+    buf[n] = 0;
+    close(fd);
+    waitpid(pid, NULL, 0);
+    if (!strstr(buf, "\r\033[Ka line of its own") || !strstr(buf, "work ["))
+        fail_msg("the bar was not erased before the line:\n%s", buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -190,6 +223,7 @@ int main(void)
         cmocka_unit_test(test_atomic_write),  cmocka_unit_test(test_dirs),
         cmocka_unit_test(test_parse_numbers), cmocka_unit_test(test_json_helpers),
         cmocka_unit_test(test_cli_dispatch),  cmocka_unit_test(test_map_keep),
+        cmocka_unit_test(test_progress_clear),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

@@ -243,6 +243,10 @@ static void test_trace_bad_input(void **state)
     sim_trace t;
     sim_trace_opts o = {tu_path("none.json"), NULL};
     TU_ERR(sim_trace_load(tu_path("x.trace"), "gavel", &o, &t), SH_ENOENT, "none.json");
+    /* A missing trace is named, not the throughputs file beside it. */
+    TU_ERR(sim_trace_load(tu_path("no.trace"), "gavel", NULL, &t), SH_ENOENT, "no.trace: No such file");
+    TU_ERR(sim_trace_load(tu_path("x.trace"), "gavel", NULL, &t), SH_ENOENT,
+           "x.trace: the gavel throughputs beside it (or give --throughputs FILE)");
 #undef H
 }
 

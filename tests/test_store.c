@@ -77,6 +77,8 @@ static void test_publish_and_latest(void **state)
     store_close(s);
     /* A run that does not exist is an error, not an empty run. */
     TU_ERR(store_open(tu_path("pub"), "nope", 0, &s), SH_ENOENT, "has no run \"nope\"");
+    tu_write_file(tu_path("not-a-store"), "x", 1);
+    TU_ERR(store_open(tu_path("not-a-store"), "r1", 0, &s), SH_EINVAL, "not-a-store is a file, not a store's folder");
     TU_ERR(store_open(tu_path("pub"), "../x", 1, &s), SH_EINVAL, "run id \"../x\"");
 }
 
@@ -121,6 +123,8 @@ static void test_truncated_and_missing(void **state)
     assert_false(sh_path_exists(tu_path("o2.bin")));
     unlink(tu_path("trunc/r1/versions/0000000001/manifest.json"));
     TU_ERR(store_get(s, 1, &(store_version){0}, NULL), SH_ENOENT, "manifest.json is missing");
+    /* A version never published is named as such, not as a damaged folder. */
+    TU_ERR(store_get(s, 9, &(store_version){0}, NULL), SH_ENOENT, "run \"r1\" has no version 9 (LATEST is 2)");
     store_version *list;
     size_t n, broken;
     TU_OK(store_list(s, &list, &n, &broken));

@@ -29,17 +29,38 @@ def pump(name, proc, lines):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--versions", type=int, default=20)
-    ap.add_argument("--followers", type=int, default=2)
-    ap.add_argument("--workdir", help="default: a fresh temporary directory")
-    ap.add_argument("--shoal", default=os.environ.get("SHOAL_BIN") or os.path.join(ROOT, "build", "shoal"))
-    ap.add_argument("--max-lag", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--versions", type=int, default=20, help="trainer steps, one version each (default 20)")
+    ap.add_argument("--followers", type=int, default=2, help="follower processes (default 2)")
+    ap.add_argument("--workdir", help="default: a fresh temporary directory; an existing one must be empty "
+                    "or an earlier run's (it is emptied)")
+    ap.add_argument("--shoal", default=os.environ.get("SHOAL_BIN") or os.path.join(ROOT, "build", "shoal"),
+                    help="the shoal binary (default: $SHOAL_BIN, else build/shoal)")
+    ap.add_argument("--max-lag", type=int, default=1, help="versions the trainer may run ahead (default 1)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds for the whole run (default 300)")
     a = ap.parse_args()
+    for name, v, lo in (("--versions", a.versions, 1), ("--followers", a.followers, 1), ("--max-lag", a.max_lag, 0),
+                        ("--timeout", a.timeout, 1)):
+        if v < lo:
+            ap.error("%s must be at least %d, got %g" % (name, lo, v))
+    if not os.access(a.shoal, os.X_OK):
+        ap.error("--shoal %s is not an executable (run `make` first, or pass the binary)" % a.shoal)
+    # The trainer and followers run under this interpreter: it must import torch.
+    if subprocess.run([sys.executable, "-c", "import torch"], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode:
+        sys.exit("run.py: %s cannot import torch; run it with a Python that can (Debian: python3-torch, "
+                 "for /usr/bin/python3)" % sys.executable)
     work = a.workdir or tempfile.mkdtemp(prefix="shoal-torch.")
+    # Emptied before the run; a folder this script did not make keeps its files.
+    marker = os.path.join(work, ".shoal-torch-example")
+    earlier = os.path.exists(marker) or all(os.path.isdir(os.path.join(work, d)) for d in ("run", "store"))
+    if os.path.isdir(work) and os.listdir(work) and not earlier:
+        ap.error("--workdir %s is not empty and not an earlier run's: give a new or empty directory" % work)
+    if os.path.exists(work) and not os.path.isdir(work):
+        ap.error("--workdir %s is not a directory" % work)
     shutil.rmtree(work, ignore_errors=True)
     run_dir, store = os.path.join(work, "run"), os.path.join(work, "store")
     os.makedirs(run_dir)
+    open(marker, "w").close()
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import shoal
     shoal.Store(store).close()  # the run's folders, so that the root can open it

@@ -120,6 +120,8 @@ typedef struct bcast_stats {
     int attached;             /* 1 when connected to a parent (or root) */
     char addr[64];            /* this node's listening address "host:port" */
     char parent[64];          /* the parent the newest complete object came from ("": root) */
+    char parent_error[128];   /* "HOST:PORT: UCX status" of the last parent connection that
+                                 failed ("": none), e.g. a parent that cannot be reached */
 } bcast_stats;
 void bcast_node_stats(const bcast_node *n, bcast_stats *out);
 

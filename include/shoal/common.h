@@ -150,6 +150,11 @@ int sh_atomic_open(sh_atomic_file *f, const char *path);
 int sh_atomic_open_mode(sh_atomic_file *f, const char *path, unsigned mode);
 int sh_atomic_commit(sh_atomic_file *f);
 void sh_atomic_abort(sh_atomic_file *f);
+/* Removes the temporaries of every atomic file this process has open and
+ * has neither committed nor aborted.  Async-signal-safe: for a handler of
+ * SIGINT or SIGTERM, so that an interrupted write of a large file leaves
+ * no PATH.tmp.PID behind. */
+void sh_atomic_unlink_all(void);
 
 /* Writes all of buf at fd (retrying short writes and EINTR). */
 int sh_write_all(int fd, const void *buf, size_t len, const char *what);
@@ -228,6 +233,9 @@ typedef struct sh_progress {
 void sh_progress_start(sh_progress *p, const char *label, uint64_t total, const char *unit);
 void sh_progress_update(sh_progress *p, uint64_t done);
 void sh_progress_finish(sh_progress *p);
+/* Erases the bar's line, so that a line printed next starts at the left
+ * margin on a line of its own; the next update draws the bar again. */
+void sh_progress_clear(sh_progress *p);
 
 /* ---- Numbers and formatting -------------------------------------------- */
 

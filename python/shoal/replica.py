@@ -152,7 +152,7 @@ class Replica:
         """The replica's state: {"version", "activated_at", "pause_max_ms",
         "activations", "failures", "last_error", "bytes_received",
         "bytes_sent", "chunks_corrupt", "reattaches", "redirects",
-        "children_refused", "children", "attached"}."""
+        "children_refused", "children", "attached", "parent_error"}."""
         return _lib.call_json(lib.store_replica_info_json, self._h().h)
 
     def lease(self, min_version=0, exact_version=0):

@@ -319,18 +319,23 @@ int agent_run(const agent_config *cfg, volatile sig_atomic_t *stop)
         return rc;
     }
     sh_info("agent %s: %d x %s, sandbox %s", a.cfg.name, a.gpus, a.gpu_type, a.sandbox);
-    int registered = 0, news = 1;
+    int registered = 0, news = 1, unreachable = 0;
     double backoff = 0.05;
     while (!*stop) {
         if (!registered) {
             rc = do_register(&a);
             if (rc == SH_EPERM || rc == SH_EINVAL) break; /* retrying cannot help */
             if (rc < 0) {
+                /* Once per outage, so that an agent pointed at the wrong
+                 * server does not wait in silence. */
+                if (!unreachable++) sh_warn("agent %s: cannot register: %s; retrying", a.cfg.name, sh_errmsg());
                 sh_sleep(backoff);
                 backoff = backoff < 1 ? backoff * 2 : 1;
                 continue;
             }
+            if (unreachable) sh_warn("agent %s: registered after %d tries", a.cfg.name, unreachable + 1);
             registered = 1;
+            unreachable = 0;
             backoff = 0.05;
         }
         news |= collect(&a, sh_now_mono());

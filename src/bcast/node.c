@@ -159,7 +159,11 @@ static const char *current_parent(const bcast_node *n)
 static void parent_err_cb(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
     bcast_node *n = arg;
-    if (ep == n->parent_ep) n->parent_failed = 1;
+    if (ep == n->parent_ep) {
+        n->parent_failed = 1;
+        snprintf(n->failed_parent, sizeof n->failed_parent, "%s", current_parent(n));
+        n->failed_status = ucs_status_string(st);
+    }
     sh_debug("push %s: parent endpoint failed: %s", n->name, ucs_status_string(st));
 }
 
@@ -246,6 +250,13 @@ static void parent_events(bcast_node *n, double now)
         unproven = 1;
     }
     if (n->parent_failed) {
+        /* Said once per parent, so that a replica whose parent cannot be
+         * reached does not wait in silence; the retries go on. */
+        if (!unproven && strcmp(n->lost_warned, current_parent(n)))
+            sh_warn("push %s: parent %s failed (%s); retrying", n->name, current_parent(n),
+                    n->failed_status && !strcmp(n->failed_parent, current_parent(n)) ? n->failed_status
+                                                                                   : "connection lost");
+        if (!unproven) snprintf(n->lost_warned, sizeof n->lost_warned, "%s", current_parent(n));
         if (n->parent_ep) close_ep(n, n->parent_ep);
         n->parent_ep = NULL;
         n->parent_failed = 0;
@@ -844,6 +855,8 @@ void bcast_node_stats(const bcast_node *n, bcast_stats *out)
     out->children = 0;
     for (const bcast__peer *p = n->children; p; p = p->next_peer) out->children += p->hello && !p->dead;
     out->attached = n->cfg.nparents == 0 || n->parent_ep != NULL;
+    snprintf(out->parent_error, sizeof out->parent_error, "%s%s%s", n->failed_parent, n->failed_status ? ": " : "",
+             n->failed_status ? n->failed_status : "");
     snprintf(out->addr, sizeof out->addr, "%s", n->addr);
 }
 

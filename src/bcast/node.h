@@ -61,6 +61,9 @@ struct bcast_node {
     int parent_proven;    /* the parent's WELCOME proved the run's secret (or there is none) */
     double parent_since;  /* when the current parent was connected (monotonic) */
     char unproven_warned[BCAST__ADDR]; /* the last parent said to have left unproven */
+    char lost_warned[BCAST__ADDR];     /* the last parent said to have failed */
+    char failed_parent[BCAST__ADDR];   /* the last parent whose endpoint failed ... */
+    const char *failed_status;         /* ... and why (ucs_status_string: static), or NULL */
     char redirect_to[BCAST__ADDR];
     char fed_by[BCAST__ADDR]; /* the parent connected to last: objects come from it */
     double reconnect_at;

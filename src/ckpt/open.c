@@ -199,9 +199,13 @@ static int ckpt__open_folder(const char *path, ckpt **out)
     SH_TRY(sh_path_join(ipath, sizeof ipath, path, CKPT_INDEX_NAME));
     char *text;
     size_t len;
-    SH_TRY(sh_read_file(ipath, CKPT_MAX_HEADER, &text, &len));
+    int rc = sh_read_file(ipath, CKPT_MAX_HEADER, &text, &len);
+    if (rc == SH_ENOENT)
+        return sh_err(SH_ENOENT, "%s is a folder without %s, so not a sharded checkpoint: give a .safetensors "
+                      "file or a folder with its index", path, CKPT_INDEX_NAME);
+    if (rc < 0) return rc;
     json_t *root = NULL;
-    int rc = sh_json_parse(text, len, ipath, &root);
+    rc = sh_json_parse(text, len, ipath, &root);
     json_t *wm = rc == SH_OK ? json_object_get(root, "weight_map") : NULL;
     if (rc == SH_OK && !json_is_object(wm))
         rc = sh_err(SH_EFORMAT, "%s: missing \"weight_map\" object", ipath);

@@ -69,6 +69,9 @@ int cli_getopt(cli_args *a, int argc, char **argv);
 int cli_int(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out);
 int cli_real(const char *cmd, const char *opt, const char *v, double lo, double hi, const char *what, double *out);
 int cli_size(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t *out);
+/* A push-tree address, IPV4:PORT with PORT 1..65535 (what bcast connects
+ * to): 0, or a usage error naming the option and the value. */
+int cli_hostport(const char *cmd, const char *opt, const char *v);
 /* The subcommand argv[1] of cmd, as its index in the NULL-terminated list
  * names; or -1 with *rc set after answering a missing subcommand (usage on
  * stderr, 2), --help or -h (usage on stdout, 0), --version (0) or an

@@ -15,9 +15,9 @@ int cli_cmd_cancel(int argc, char **argv)
     cli_args a = {"cancel", usage, NULL, &x};
     if (cli_getopt(&a, argc, argv) != -1) return a.rc;
     int64_t id;
-    if (optind + 1 != argc || sh_parse_i64(argv[optind], &id, "job id") < 0)
-        return cli_usage("cancel", "expected one job id");
-    int rc = cli_ctl_connect(&x);
+    int rc = cli_ctl_job_id("cancel", argc, argv, &id);
+    if (rc) return rc;
+    rc = cli_ctl_connect(&x);
     if (rc) return rc;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)id);

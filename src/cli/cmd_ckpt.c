@@ -78,6 +78,11 @@ static int ckpt_parse(const char *cmd, int sub, int argc, char **argv, ckpt_opts
         default: return a.rc;
         }
         if (rc < 0) return cli_usage(cmd, "%s", sh_errmsg());
+        /* 0 would mean "the model's own" to ckpt_family: a full-size model
+         * (16 GB for llama3-8b) for a flag meant to make it small. */
+        uint64_t given = c == 'L' ? o->layers : c == 'E' ? o->experts : c == 'V' ? o->vocab
+                       : c == 'K' ? o->shrink : c == 'N' ? o->shards : 1;
+        if (given == 0) return cli_usage(cmd, "%s: expected at least 1, got \"%s\" (leave it out for the model's own)", opt, v);
     }
     if (argc - optind > 4) return cli_usage(cmd, "unexpected argument \"%s\"", argv[optind + 4]);
     for (int i = optind; i < argc; i++) o->pos[o->npos++] = argv[i];

@@ -80,7 +80,8 @@ static void delta_report(const char *what, const delta_stats *st, double secs, i
         return;
     }
     char b1[32], b2[32];
-    fprintf(stderr, "delta %s: %s of tensors -> %s (%.1fx), %.3f%% of units changed, %llu diffed "
+    /* The command's result: on stdout, as store publish prints its own. */
+    printf("delta %s: %s of tensors -> %s (%.1fx), %.3f%% of units changed, %llu diffed "
             "+ %llu whole tensors, %.2f s\n", what,
             sh_fmt_bytes((double)st->target_bytes, b1, sizeof b1),
             sh_fmt_bytes((double)st->delta_bytes, b2, sizeof b2),

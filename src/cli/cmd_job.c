@@ -15,9 +15,9 @@ int cli_cmd_job(int argc, char **argv)
     cli_args a = {"job", usage, NULL, &x};
     if (cli_getopt(&a, argc, argv) != -1) return a.rc;
     int64_t id;
-    if (optind + 1 != argc || sh_parse_i64(argv[optind], &id, "job id") < 0)
-        return cli_usage("job", "expected one job id");
-    int rc = cli_ctl_connect(&x);
+    int rc = cli_ctl_job_id("job", argc, argv, &id);
+    if (rc) return rc;
+    rc = cli_ctl_connect(&x);
     if (rc) return rc;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
@@ -64,10 +64,13 @@ int cli_cmd_job(int argc, char **argv)
                    json_string_value(json_object_get(m, "node")), json_string_value(json_object_get(m, "state")),
                    (long long)json_integer_value(json_object_get(m, "exit_code")));
         printf("\nevents\n");
-        json_array_foreach(json_object_get(ev, "events"), i, m)
-            printf("  %s  %-14s %s %s\n", cli_fmt_time(json_real_value(json_object_get(m, "t")), t1, sizeof t1),
-                   json_string_value(json_object_get(m, "kind")), json_string_value(json_object_get(m, "node")),
+        json_array_foreach(json_object_get(ev, "events"), i, m) {
+            /* Most events name no node: their message starts in the same column. */
+            const char *node = json_string_value(json_object_get(m, "node"));
+            printf("  %s  %-14s %s%s%s\n", cli_fmt_time(json_real_value(json_object_get(m, "t")), t1, sizeof t1),
+                   json_string_value(json_object_get(m, "kind")), node ? node : "", node && *node ? " " : "",
                    json_string_value(json_object_get(m, "msg")));
+        }
     }
     json_decref(j);
     json_decref(ev);

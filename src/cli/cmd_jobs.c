@@ -52,8 +52,9 @@ int cli_cmd_jobs(int argc, char **argv)
         json_decref(reply);
         return 0;
     }
-    printf("%-6s %-20s %-10s %-8s %-10s %5s %4s %7s %8s %10s %8s  %s\n", "ID", "NAME", "TENANT", "KIND", "STATE",
-           "NODES", "GPUS", "ATTEMPT", "AGE", "COST", "RUN", "START / WHY");
+    /* GPU/N: GPUs per node (a job of 4 nodes of 8 holds 32). */
+    printf("%-6s %-20s %-10s %-8s %-10s %5s %5s %7s %8s %10s %8s  %s\n", "ID", "NAME", "TENANT", "KIND", "STATE",
+           "NODES", "GPU/N", "ATTEMPT", "AGE", "COST", "RUN", "START / WHY");
     size_t i;
     json_t *j;
     double now = sh_now_wall();
@@ -76,7 +77,7 @@ int cli_cmd_jobs(int argc, char **argv)
         const char *why = json_string_value(json_object_get(j, "pending_reason"));
         if (!why) why = json_string_value(json_object_get(j, "reason"));
         double rs = json_real_value(json_object_get(j, "run_s"));
-        printf("%-6lld %-20.20s %-10.10s %-8s %-10s %5s %4lld %3lld/%-3lld %8s %10.4f %8s  %s%s\n",
+        printf("%-6lld %-20.20s %-10.10s %-8s %-10s %5s %5lld %3lld/%-3lld %8s %10.4f %8s  %s%s\n",
                (long long)json_integer_value(json_object_get(j, "id")), json_string_value(json_object_get(j, "name")),
                json_string_value(json_object_get(j, "tenant")), json_string_value(json_object_get(j, "kind")), st,
                nodes, (long long)json_integer_value(json_object_get(j, "gpus_per_node")),

@@ -25,9 +25,9 @@ int cli_cmd_logs(int argc, char **argv)
         else if (sh_parse_i64(optarg, &rank, "--rank") < 0 || rank < 0)
             return cli_usage("logs", "--rank: expected a rank number, got \"%s\"", optarg);
     }
-    if (optind + 1 != argc || sh_parse_i64(argv[optind], &id, "job id") < 0 || id < 0)
-        return cli_usage("logs", "expected one job id");
-    int rc = cli_ctl_connect(&x);
+    int rc = cli_ctl_job_id("logs", argc, argv, &id);
+    if (rc) return rc;
+    rc = cli_ctl_connect(&x);
     if (rc) return rc;
     long long off = 0;
     sh_buf all = {0};

@@ -76,6 +76,7 @@ static int parse(const char *cmd, int sub, int argc, char **argv, opts *o)
         case 'n': o->cfg.name = optarg; break;
         case 'p':
             if (o->cfg.nparents == BCAST_MAX_ADDRS) return cli_usage(cmd, "too many --parent (at most %d)", BCAST_MAX_ADDRS);
+            if (cli_hostport(cmd, "--parent", optarg)) return CLI_USAGE;
             o->cfg.parents[o->cfg.nparents++] = optarg;
             break;
         case 'f':

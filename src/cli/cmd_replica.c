@@ -65,7 +65,7 @@ static json_t *info_json(const store_replica_info *info)
     json_t *tl = json_pack("{s:I}", "version", (json_int_t)t->version);
     for (size_t k = 0; k < sizeof at / sizeof *at; k++)
         json_object_set_new(tl, names[k], json_integer((json_int_t)(at[k] * 1e6)));
-    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:o}", "version", (json_int_t)info->version,
+    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:s,s:I,s:o}", "version", (json_int_t)info->version,
                      "activated_at", iso, "activated_at_us", (json_int_t)(info->activated_at * 1e6),
                      "pause_ms_max", info->pause_max_ms, "activations", (json_int_t)info->activations,
                      "failures", (json_int_t)info->failures, "bytes_received",
@@ -73,6 +73,7 @@ static json_t *info_json(const store_replica_info *info)
                      (json_int_t)info->push.chunks_corrupt, "reattaches", (json_int_t)info->push.reattaches,
                      "redirects", (json_int_t)info->push.redirects, "children_refused",
                      (json_int_t)info->push.children_refused, "last_error", info->last_error,
+                     "parent_error", info->push.parent_error,
                      "fp8_blocks_requantised", (json_int_t)info->fp8_blocks, "timeline", tl);
 }
 
@@ -150,6 +151,7 @@ static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint6
         }
         case 'p':
             if (cfg->nparents == BCAST_MAX_ADDRS) return cli_usage("replica", "too many --parent (at most %d)", BCAST_MAX_ADDRS);
+            if (cli_hostport("replica", "--parent", v)) return CLI_USAGE;
             cfg->parents[cfg->nparents++] = v;
             break;
         case 'f':
@@ -215,8 +217,11 @@ int cli_cmd_replica(int argc, char **argv)
         json_decref(j);
     }
     if (until && !met && !g_stop) {
-        fprintf(stderr, "shoal replica: version %llu not reached (have %llu)%s%s\n", (unsigned long long)until,
-                (unsigned long long)info.version, info.last_error[0] ? ": " : "", info.last_error);
+        /* Why: the last failure to apply, else the last parent that failed. */
+        const char *why = info.last_error[0] ? info.last_error : info.push.parent_error;
+        fprintf(stderr, "shoal replica: version %llu not reached (have %llu)%s%s%s\n", (unsigned long long)until,
+                (unsigned long long)info.version, why[0] ? ": " : "",
+                why == info.push.parent_error && why[0] ? "parent " : "", why);
         return 1;
     }
     return 0;

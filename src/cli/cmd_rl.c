@@ -256,13 +256,16 @@ static void on_event(const json_t *ev, void *ctx)
     const char *kind = json_string_value(json_object_get(ev, "event"));
     int step = (int)json_integer_value(json_object_get(ev, "step"));
     if (!strcmp(kind, "step")) {
-        if (json_is_true(json_object_get(ev, "skipped")))
+        if (json_is_true(json_object_get(ev, "skipped"))) {
+            sh_progress_clear(&p->bar);
             fprintf(stderr, "rl: step %d skipped (non-finite loss or gradient); weights kept\n", step);
+        }
         if (p->verbose) step_line(ev, step);
         else sh_progress_update(&p->bar, (uint64_t)step);
         return;
     }
     if (p->c->quiet) return;
+    sh_progress_clear(&p->bar);
     fprintf(stderr, "rl: step %4d/%d  held-out reward %.3f  %.1fs\n", step, p->c->steps,
             json_number_value(json_object_get(ev, "reward")),
             json_number_value(json_object_get(ev, "wall_s")));

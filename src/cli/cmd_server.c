@@ -1,5 +1,6 @@
 /* shoal server: runs the control plane's HTTP API until SIGINT/SIGTERM. */
 #include <float.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,8 @@ static const char usage[] =
     "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
     "  --port P               TCP port (default 8470; 0 picks a free one)\n"
     "  --bind ADDR            IPv4 address to listen on (default 127.0.0.1)\n"
-    "  --web DIR              dashboard files to serve at / (default: web/ if present)\n"
+    "  --web DIR              dashboard files to serve at / (default: web/ here, else the\n"
+    "                         build's or installation's beside the binary)\n"
     "  --heartbeat-timeout S  seconds without a poll before a node is dead (default 3)\n"
     "  --max-body BYTES       largest request body (default 1MiB)\n"
     "  --provider-cmd PROG    autoscaling hook, run with a JSON request on stdin\n"
@@ -92,9 +94,35 @@ int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
     }
 }
 
+/* The dashboard's files when --web is not given: web/ here, else beside
+ * the binary: a build's build/shoal-core (or build/asan/) finds the tree's web/, an
+ * installed libexec/shoal/shoal-core its share/shoal/web.  Without it a
+ * server started elsewhere answered / with 404. */
 void cli_server_done(srv_config *cfg)
 {
-    if (!cfg->web_dir && access("web/index.html", R_OK) == 0) cfg->web_dir = "web";
+    static char found[PATH_MAX + 32];
+    if (cfg->web_dir) return;
+    if (access("web/index.html", R_OK) == 0) {
+        cfg->web_dir = "web";
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return;
+    *slash = 0;
+    static const char *const rel[] = {"../web", "../../web", "../../share/shoal/web"}; /* build/, build/asan/ */
+    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
+        char index[sizeof found + 16];
+        snprintf(found, sizeof found, "%s/%s", exe, rel[i]);
+        snprintf(index, sizeof index, "%s/index.html", found);
+        if (access(index, R_OK) == 0) {
+            cfg->web_dir = found;
+            return;
+        }
+    }
 }
 
 int cli_cmd_server(int argc, char **argv)

@@ -383,7 +383,8 @@ int cli_cmd_sim(int argc, char **argv)
     int npol = 0;
     if (!strcmp(a.policy, "all")) {
         for (int p = 0; p < 4; p++) pols[npol++] = (sched_policy)p;
-    } else if (sched_policy_parse(a.policy, &pols[0])) return cli_usage("sim", "%s", sh_errmsg());
+    } else if (sched_policy_parse(a.policy, &pols[0]))
+        return cli_usage("sim", "unknown --policy \"%s\" (use fifo, firstfit, backfill, shoal or all)", a.policy);
     else npol = 1;
     sim_fleet f;
     sim_trace t;

@@ -51,7 +51,10 @@ static int parse(const char *cmd, int sub, int argc, char **argv, opts *o)
         case 'j': o->json = 1; break;
         case 'r': o->run = optarg; break;
         case 'a': rc = sh_parse_u64(optarg, &o->anchor_every, "--anchor-every"); break;
-        case 'k': rc = sh_parse_u64(optarg, &o->keep, "--keep"), o->has_keep = 1; break;
+        case 'k':
+            rc = sh_parse_u64(optarg, &o->keep, "--keep"), o->has_keep = 1;
+            if (rc == 0 && o->keep == 0) return cli_usage(cmd, "--keep: expected a count >= 1, got \"%s\"", optarg);
+            break;
         case 'f': rc = sh_parse_u64(optarg, &o->from, "--from"); break;
         case 't': rc = sh_parse_u64(optarg, &o->to, "--to"), o->has_to = 1; break;
         case 'v': rc = sh_parse_u64(optarg, &o->version, "--version"); break;

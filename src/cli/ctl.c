@@ -21,6 +21,15 @@ int cli_ctl_connect(cli_ctl *x)
     return 0;
 }
 
+int cli_ctl_job_id(const char *cmd, int argc, char **argv, int64_t *id)
+{
+    if (optind >= argc) return cli_usage(cmd, "expected a job id (`shoal jobs` lists them)");
+    if (optind + 1 < argc) return cli_usage(cmd, "expected one job id, got %d arguments", argc - optind);
+    if (sh_parse_i64(argv[optind], id, "job id") < 0 || *id < 0)
+        return cli_usage(cmd, "\"%s\" is not a job id (a number: `shoal jobs` lists them)", argv[optind]);
+    return 0;
+}
+
 void cli_ctl_free(cli_ctl *x)
 {
     srv_client_free(x->c);
@@ -37,7 +46,8 @@ int cli_ctl_call(cli_ctl *x, const char *method, const char *path, const json_t 
     if (status >= 400) {
         const char *e = json_string_value(json_object_get(*reply, "error"));
         fprintf(stderr, "shoal %s: %s (HTTP %d from %s)\n", x->cmd, e ? e : "request failed", status, x->server);
-        if (status == 401) fprintf(stderr, "hint: pass --token TOKEN or set SHOAL_TOKEN\n");
+        /* Without a token, say how to give one; a wrong one is named by the server. */
+        if (status == 401 && (!x->token || !*x->token)) fprintf(stderr, "hint: pass --token TOKEN or set SHOAL_TOKEN\n");
         json_decref(*reply);
         *reply = NULL;
         return 1;

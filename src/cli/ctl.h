@@ -17,6 +17,9 @@ void cli_ctl_defaults(cli_ctl *x, const char *cmd);
 /* Opens the client for x->server; returns 0 or a usage status. */
 int cli_ctl_connect(cli_ctl *x);
 void cli_ctl_free(cli_ctl *x);
+/* The one job id left after the options (argv[optind..argc)): 0 with *id
+ * set, else a usage error naming what was wrong and its exit status. */
+int cli_ctl_job_id(const char *cmd, int argc, char **argv, int64_t *id);
 /* One request; on a transport failure or an HTTP error prints
  * "shoal CMD: ..." with the server's message and returns 1, else 0.
  * *reply (caller owns) is set on success. */

@@ -7,6 +7,7 @@
  * Any other command it hands to shoal-core with execv(). */
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +145,31 @@ static int exec_core(char **argv)
 }
 #endif
 
+#ifndef SHOAL_CLIENT
+/* Ctrl-C or a kill during a long write (ckpt family, delta apply) would
+ * leave OUT.tmp.PID, as large as the model, beside OUT. */
+static void on_signal(int sig)
+{
+    sh_atomic_unlink_all();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* For SIGINT, SIGTERM and SIGHUP where nobody asked to ignore them; a
+ * command with handlers of its own (server, agent, replica) replaces these. */
+static void remove_temporaries_on_signals(void)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+        struct sigaction old, sa = {0};
+        if (sigaction(sigs[i], NULL, &old) < 0 || old.sa_handler == SIG_IGN) continue;
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sigs[i], &sa, NULL);
+    }
+}
+#endif
+
 int main(int argc, char **argv)
 {
     const char *c = argc > 1 ? argv[1] : "";
@@ -153,6 +179,7 @@ int main(int argc, char **argv)
         if (!strcmp(e->name, c)) return e->fn(argc - 1, argv + 1);
     return exec_core(argv);
 #else
+    remove_temporaries_on_signals();
     if (argc < 2) return usage(stderr);
     if (!strcmp(c, "--help") || !strcmp(c, "-h") || (!strcmp(c, "help") && argc == 2)) return usage(stdout);
     if (!strcmp(c, "help")) { /* shoal help CMD [SUB]: CMD [SUB] --help */

@@ -1,6 +1,7 @@
 /* Command-line options for every command: getopt_long with --opt=value,
  * --help and --version everywhere, the server options of client commands,
  * and "did you mean" for mistyped options. */
+#include <arpa/inet.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,22 @@ int cli_size(const char *cmd, const char *opt, const char *v, uint64_t lo, uint6
     if (rc == SH_OK && x >= lo) return *out = x, 0;
     if (rc != SH_OK) return cli_usage(cmd, "%s", sh_errmsg());
     return cli_usage(cmd, "%s: expected a size >= %" PRIu64 " (examples: 4096, 256M, 1GiB), got \"%s\"", opt, lo, v);
+}
+
+int cli_hostport(const char *cmd, const char *opt, const char *v)
+{
+    char host[64];
+    const char *colon = strrchr(v, ':');
+    int64_t port = 0;
+    struct in_addr a;
+    if (colon && colon > v && (size_t)(colon - v) < sizeof host) {
+        memcpy(host, v, (size_t)(colon - v));
+        host[colon - v] = 0;
+        if (inet_pton(AF_INET, host, &a) == 1 && sh_parse_i64(colon + 1, &port, opt) == 0 && port >= 1 &&
+            port <= 65535)
+            return 0;
+    }
+    return cli_usage(cmd, "%s: expected IPV4:PORT with a port 1..65535 (e.g. 10.0.0.1:9470), got \"%s\"", opt, v);
 }
 
 int cli_subcommand(const char *cmd, const char *usage, int argc, char **argv, const char *const *names, int *rc)

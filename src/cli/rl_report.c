@@ -126,6 +126,9 @@ int cli_rl_report(int argc, char **argv)
         else if (cli_real(a.cmd, "--timeout", optarg, 0, DBL_MAX, "seconds >= 0", &timeout_s)) return CLI_USAGE;
     if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
     if (!dir) return cli_usage(a.cmd, "--dir RUN is required");
+    if (!sh_is_dir(dir))
+        return cli_fail("rl report", sh_err(SH_ENOENT, "%s is not a folder: give a main job's run folder (`make run` "
+                                                      "writes build/mainrun)", dir));
     int rc = cli_ctl_connect(&x);
     if (rc) return rc;
     if (do_watch) rc = watch(&x, dir, timeout_s);

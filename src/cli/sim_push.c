@@ -84,7 +84,8 @@ int cli_sim_push(int argc, char **argv)
     if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
     sim_push_result r;
     int rc = sim_push_run(&c, &r);
-    if (rc < 0) return cli_usage("sim push", "%s", sh_errmsg());
+    if (rc == SH_EINVAL) return cli_usage("sim push", "%s", sh_errmsg());
+    if (rc < 0) return cli_fail("sim push", rc);
     if (json) {
         json_t *j = json_pack("{s:f,s:f,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:I,s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:f,s:f}",
                               "converge_s", r.converge_s, "first_s", r.first_s, "replicas", c.replicas, "zones",

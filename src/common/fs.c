@@ -6,6 +6,7 @@
 #include "shoal/common.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -88,6 +89,51 @@ int sh_fsync_parent(const char *path)
     return sh_fsync_dir(dirname(tmp));
 }
 
+/* The temporaries of this process's open atomic files, for
+ * sh_atomic_unlink_all() from a signal handler: each slot holds its own
+ * copy of the path (so a caller that loses its sh_atomic_file leaves no
+ * dangling pointer here) and the pid that opened it (so that a forked child
+ * killed by a signal never removes its parent's files).  A full table only
+ * means no cleanup on a signal for the files past it. */
+#define SH__LIVE 32
+static struct {
+    int used; /* read with acquire after path and pid are written */
+    pid_t pid;
+    char path[4096];
+} live[SH__LIVE];
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void live_add(const char *tmp)
+{
+    pthread_mutex_lock(&live_mu);
+    for (int i = 0; i < SH__LIVE; i++) {
+        if (__atomic_load_n(&live[i].used, __ATOMIC_ACQUIRE)) continue;
+        snprintf(live[i].path, sizeof live[i].path, "%s", tmp);
+        live[i].pid = getpid();
+        __atomic_store_n(&live[i].used, 1, __ATOMIC_RELEASE);
+        break;
+    }
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void live_del(const char *tmp)
+{
+    pthread_mutex_lock(&live_mu);
+    for (int i = 0; i < SH__LIVE; i++)
+        if (__atomic_load_n(&live[i].used, __ATOMIC_ACQUIRE) && live[i].pid == getpid() && !strcmp(live[i].path, tmp)) {
+            __atomic_store_n(&live[i].used, 0, __ATOMIC_RELEASE);
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
+}
+
+void sh_atomic_unlink_all(void)
+{
+    pid_t me = getpid();
+    for (int i = 0; i < SH__LIVE; i++)
+        if (__atomic_load_n(&live[i].used, __ATOMIC_ACQUIRE) && live[i].pid == me) unlink(live[i].path);
+}
+
 int sh_atomic_open(sh_atomic_file *f, const char *path) { return sh_atomic_open_mode(f, path, 0644); }
 
 int sh_atomic_open_mode(sh_atomic_file *f, const char *path, unsigned mode)
@@ -97,11 +143,23 @@ int sh_atomic_open_mode(sh_atomic_file *f, const char *path, unsigned mode)
     int n2 = snprintf(f->tmp, sizeof f->tmp, "%s.tmp.%ld", path, (long)getpid());
     if (n1 < 0 || (size_t)n1 >= sizeof f->path || n2 < 0 || (size_t)n2 >= sizeof f->tmp)
         return sh_err(SH_ERANGE, "path too long: %s", path);
+    /* Said before any work is done: otherwise the rename at commit fails
+     * ("Is a directory", or "busy" for ".") after the whole output was
+     * written. */
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return sh_err(SH_EINVAL, "%s is a directory; give the path of a file to write", path);
     /* A fresh file (O_EXCL): one left by someone else could carry a laxer
      * mode or an open descriptor. */
     unlink(f->tmp);
+    /* Listed before it exists, so that no signal finds it unlisted. */
+    live_add(f->tmp);
     f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
-    if (f->fd < 0) return sh_err_errno(errno, "create %s", f->tmp);
+    if (f->fd < 0) {
+        int e = errno;
+        live_del(f->tmp);
+        return sh_err_errno(e, "create %s", f->tmp);
+    }
     return SH_OK;
 }
 
@@ -113,6 +171,7 @@ int sh_atomic_commit(sh_atomic_file *f)
     f->fd = -1;
     if (rc == SH_OK && rename(f->tmp, f->path) < 0)
         rc = sh_err_errno(errno, "rename %s to %s", f->tmp, f->path);
+    live_del(f->tmp);
     if (rc != SH_OK) {
         unlink(f->tmp);
         return rc;
@@ -124,7 +183,7 @@ void sh_atomic_abort(sh_atomic_file *f)
 {
     if (f->fd >= 0) close(f->fd);
     f->fd = -1;
-    if (f->tmp[0]) unlink(f->tmp);
+    if (f->tmp[0]) live_del(f->tmp), unlink(f->tmp);
 }
 
 int sh_write_atomic(const char *path, const void *data, size_t len)

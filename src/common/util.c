@@ -108,6 +108,14 @@ void sh_progress_update(sh_progress *p, uint64_t done)
     sh__progress_draw(p, 0);
 }
 
+void sh_progress_clear(sh_progress *p)
+{
+    if (!p->enabled || p->last_draw == 0) return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    p->last_draw = 0; /* drawn again at the next update */
+}
+
 void sh_progress_finish(sh_progress *p)
 {
     if (!p->enabled) return;
@@ -173,7 +181,7 @@ int sh_parse_size(const char *s, uint64_t *out, const char *what)
             return SH_OK;
         }
     }
-    return sh_err(SH_EINVAL, "%s: unknown suffix \"%s\" in \"%s\" (use K, M, G, KiB, MiB, GiB)", what,
+    return sh_err(SH_EINVAL, "%s: unknown suffix \"%s\" in \"%s\" (use K, M, G, T, KiB, MiB, GiB, TiB)", what,
                   end, s);
 }
 

@@ -180,6 +180,11 @@ static int job_logs(srv *s, srv_req *r, srv_job *j, json_t **reply)
     int64_t rank, off;
     SH_TRY(query_i64(r, "rank", 0, 0, 63, &rank));
     SH_TRY(query_i64(r, "offset", 0, 0, INT64_MAX, &off));
+    /* A rank the job can never have is a mistake to name, not an empty log
+     * (an elastic job's ranks go up to its max_nodes). */
+    if (rank >= j->nodes)
+        return sh_err(SH_EINVAL, "%s: job %lld has %d rank(s), 0..%d; there is no rank %lld", r->path,
+                      (long long)j->id, j->nodes, j->nodes - 1, (long long)rank);
     char path[4200];
     SH_TRY(srv__log_path(s, j->id, (int)rank, path, sizeof path));
     sh_buf b = {0};

@@ -187,17 +187,17 @@ static int walk(model *m, int p, double *have)
 
 static int check(const sim_push_config *c)
 {
-    if (c->replicas < 1) return sh_err(SH_EINVAL, "sim push: replicas must be at least 1");
+    if (c->replicas < 1) return sh_err(SH_EINVAL, "push model: %d replicas: must be at least 1", c->replicas);
     if (c->zones < 1 || c->zones > c->replicas)
-        return sh_err(SH_EINVAL, "sim push: zones must be 1..replicas (%d)", c->replicas);
-    if (c->payload < 1) return sh_err(SH_EINVAL, "sim push: payload must be at least 1 byte");
+        return sh_err(SH_EINVAL, "push model: %d zones: must be 1..%d (the replicas)", c->zones, c->replicas);
+    if (c->payload < 1) return sh_err(SH_EINVAL, "push model: the payload must be at least 1 byte");
     const sim_push_link *l[3] = {&c->fabric, &c->zone, &c->cross};
     const char *names[3] = {"fabric", "zone", "cross-zone"};
     for (int i = 0; i < 3; i++)
         if (!(l[i]->gbps > 0) || !(l[i]->latency_s >= 0))
-            return sh_err(SH_EINVAL, "sim push: the %s link needs gbps > 0 and latency >= 0", names[i]);
+            return sh_err(SH_EINVAL, "push model: the %s link needs gbps > 0 and latency >= 0", names[i]);
     if (c->fanout < 0 || c->window < 0 || c->fabric_size < 0 || c->chunk_overhead_s < 0 || c->apply_s < 0)
-        return sh_err(SH_EINVAL, "sim push: fanout, window, fabric size, overhead and apply time must not be negative");
+        return sh_err(SH_EINVAL, "push model: fanout, window, fabric size, overhead and apply time must not be negative");
     return 0;
 }
 

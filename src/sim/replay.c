@@ -551,7 +551,7 @@ static int loop(run *R, double *t0, double *t_end)
         }
         if (R->o->progress) sh_progress_update(&bar, R->done);
     }
-    if (R->o->progress) sh_progress_finish(&bar);
+    if (R->o->progress) sh_progress_clear(&bar); /* the results table follows: no finished bar between its rows */
     if (R->done < t->n) R->r->deadlocked = 1;
     *t_end = last;
     R->r->utilization = util_up > 0 ? util_busy / util_up : 0;

@@ -223,6 +223,11 @@ int sim_trace_load(const char *path, const char *format, const sim_trace_opts *o
     memset(out, 0, sizeof *out);
     json_t *thr = NULL;
     char vc[SIM_NAME] = "";
+    /* The trace first: a missing one is named as such, not as its missing
+     * throughputs file beside it. */
+    char *text;
+    size_t len, ln = 0;
+    SH_TRY(sh_read_file(path, (size_t)1 << 30, &text, &len));
     if (gavel) {
         char tp[4096];
         if (opts && opts->throughputs) snprintf(tp, sizeof tp, "%s", opts->throughputs);
@@ -232,17 +237,18 @@ int sim_trace_load(const char *path, const char *format, const sim_trace_opts *o
             snprintf(slash ? slash + 1 : tp, sizeof tp - (size_t)(slash ? slash + 1 - tp : 0),
                      "gavel_simulation_throughputs.json");
         }
-        SH_TRY(sh_json_load_file(tp, (size_t)64 << 20, &thr));
+        int trc = sh_json_load_file(tp, (size_t)64 << 20, &thr);
+        if (trc < 0) {
+            free(text);
+            if (opts && opts->throughputs) return trc;
+            return sh_err_wrap(trc, "%s: the gavel throughputs beside it (or give --throughputs FILE)", path);
+        }
         const char *base = strrchr(path, '/');
         snprintf(vc, sizeof vc, "%.50s", base ? base + 1 : path);
         char *dot = strrchr(vc, '.');
         if (dot) *dot = 0;
     }
-    char *text;
-    size_t len, ln = 0;
-    int rc = sh_read_file(path, (size_t)1 << 30, &text, &len);
-    if (rc) return json_decref(thr), rc;
-    rc = sim__check_text(path, text, len);
+    int rc = sim__check_text(path, text, len);
     char *pos = text, *line;
     int header = !gavel;
     while (!rc && (line = sim__next_line(&pos))) {

@@ -158,14 +158,15 @@ int store_replica_info_json(store_replica *r, char **out)
 {
     store_replica_info i;
     store_replica_get_info(r, &i);
-    json_t *j = json_pack("{s:I,s:f,s:f,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:b}", "version",
+    json_t *j = json_pack("{s:I,s:f,s:f,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:b,s:s}", "version",
                           (json_int_t)i.version, "activated_at", i.activated_at, "pause_max_ms",
                           i.pause_max_ms, "activations", (json_int_t)i.activations, "failures",
                           (json_int_t)i.failures, "last_error", i.last_error, "bytes_received",
                           (json_int_t)i.push.bytes_received, "bytes_sent", (json_int_t)i.push.bytes_sent,
                           "chunks_corrupt", (json_int_t)i.push.chunks_corrupt, "reattaches",
                           (json_int_t)i.push.reattaches, "redirects", (json_int_t)i.push.redirects,
-                          "children_refused", (json_int_t)i.push.children_refused, "children", i.push.children, "attached", i.push.attached);
+                          "children_refused", (json_int_t)i.push.children_refused, "children", i.push.children, "attached", i.push.attached,
+                          "parent_error", i.push.parent_error);
     return sh_json_take_text(j, out);
 }
 

@@ -53,8 +53,9 @@ int store_open(const char *root, const char *run, int create, store **out)
         rc = sh_mkdir_p(s->versions, 0755);
         if (rc == 0) rc = sh_mkdir_p(s->staging, 0755);
     } else if (rc == 0 && !sh_is_dir(s->versions)) {
-        rc = sh_is_dir(root) ? sh_err(SH_ENOENT, "store %s has no run \"%s\" (publish to create it)", root, run)
-                             : sh_err(SH_ENOENT, "store %s does not exist", root);
+        rc = sh_is_dir(root)         ? sh_err(SH_ENOENT, "store %s has no run \"%s\" (publish to create it)", root, run)
+             : sh_path_exists(root) ? sh_err(SH_EINVAL, "store %s is a file, not a store's folder", root)
+                                    : sh_err(SH_ENOENT, "store %s does not exist", root);
     }
     if (rc < 0) {
         free(s);
@@ -187,6 +188,12 @@ int store_get(store *s, uint64_t v, store_version *out, char **text)
     SH_TRY(store__version_dir(s, v, dir, sizeof dir));
     SH_TRY(sh_path_join(path, sizeof path, dir, "manifest.json"));
     int rc = sh_read_file(path, 1 << 20, &buf, &len);
+    uint64_t latest = 0;
+    /* A version past LATEST that has no folder was never published: say
+     * so, rather than suggest a damaged store. */
+    if (rc == SH_ENOENT && !sh_path_exists(dir) && store_latest(s, &latest) == SH_OK && v > latest)
+        return sh_err(SH_ENOENT, "run \"%s\" has no version %llu (LATEST is %llu)", s->run,
+                      (unsigned long long)v, (unsigned long long)latest);
     if (rc == SH_ENOENT)
         return sh_err(SH_ENOENT, "version %llu of run \"%s\": %s is missing (truncated or removed "
                       "version folder)", (unsigned long long)v, s->run, path);

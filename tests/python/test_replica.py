@@ -110,6 +110,16 @@ class ReplicaTest(unittest.TestCase):
         with self.assertRaisesRegex(shoal.ShoalError, "host:port"):
             shoal.Replica(os.path.join(self.dir, "r3"), parents=["nocolon"])
 
+    def test_unreachable_parent_is_named(self):
+        rep = shoal.Replica(os.path.join(self.dir, "r4"), parents=["127.0.0.1:1"])
+        try:
+            deadline = time.time() + 10
+            while not rep.info()["parent_error"] and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertTrue(rep.info()["parent_error"].startswith("127.0.0.1:1: "), rep.info())
+        finally:
+            rep.close()
+
 
 if __name__ == "__main__":
     unittest.main()
