@@ -316,8 +316,9 @@ static int shape_pool(const sched *s, const sshape *sh, uint32_t pi)
 
 /* The pools the shape may use where room appeared after epoch `since`
  * and `test` says may now give a yes, into out (at most RELEASED); -1 when
- * the pools are not known. */
-static int shape_released(sched *s, const sshape *sh, uint64_t since, int prio, int (*test)(const sched *, const sshape *, uint32_t, int), uint32_t *out)
+ * the pools are not known.  Inline, so that each caller's test is a
+ * direct call (the sweeps make 5 M of these per 100,000-job replay). */
+static inline int shape_released(sched *s, const sshape *sh, uint64_t since, int prio, int (*test)(const sched *, const sshape *, uint32_t, int), uint32_t *out)
 {
     const uint32_t *v;
     int n = sched__released_since(s, since, &v), m = 0;
@@ -491,6 +492,15 @@ static const sshape *shape_find(const sched *s, uint64_t shape)
     return s->shapes[k].shape ? &s->shapes[k] : NULL;
 }
 
+/* shape_find for a queued job, first at the slot it was queued with: a
+ * slot that holds the job's shape is that shape's entry (the skip-ahead
+ * and the passing over of idle jobs look up every job they reach). */
+static const sshape *job_shape(const sched *s, const sjob *j)
+{
+    if (j->shape_slot < s->capshapes && s->shapes[j->shape_slot].shape == j->shape) return &s->shapes[j->shape_slot];
+    return shape_find(s, j->shape);
+}
+
 /* Moves tenant t's cursor past the holes that starts left and, when
  * skip_walk is set, past jobs whose shape walk skip_walk marked dead,
  * counting those in *skipped. */
@@ -500,7 +510,7 @@ static void advance(const sched *s, stenant *t, uint64_t skip_walk, int *skipped
         uint32_t q = t->queue[t->cursor];
         if (q != NONE) { /* NONE: started */
             if (!skip_walk || (t->live_pos == t->cursor && t->live_walk == skip_walk)) return;
-            const sshape *sh = shape_find(s, s->jobs[q].shape);
+            const sshape *sh = job_shape(s, &s->jobs[q]);
             if (!sh || sh->dead_walk != skip_walk) {
                 t->live_pos = t->cursor, t->live_walk = skip_walk;
                 return;
@@ -515,37 +525,95 @@ static void advance(const sched *s, stenant *t, uint64_t skip_walk, int *skipped
  * are made: its shape is dead and, for a gang, cannot preempt. */
 static int job_idle(const sched *s, const sjob *j, uint64_t walk_id)
 {
-    const sshape *sh = shape_find(s, j->shape);
+    const sshape *sh = job_shape(s, j);
     return sh && sh->dead_walk == walk_id &&
            (sh->kind != SCHED_GANG || sh->calm_walk == walk_id || sh->nopre_walk == walk_id);
 }
 
+/* Tenant t's head ahead of tenant u's in next_job's order: priority, then
+ * key, then queue order, then the later tenant (the scan's tie rule). */
+static int head_before(const stenant *t, const stenant *u)
+{
+    if (t->kc_prio != u->kc_prio) return t->kc_prio > u->kc_prio;
+    if (t->kc_key != u->kc_key) return t->kc_key < u->kc_key;
+    if (t->kc_order != u->kc_order) return t->kc_order < u->kc_order;
+    return t > u;
+}
+
+/* Moves tenant t's cursor to its next head (see advance) and refreshes its
+ * cached key; 0 when its queue is exhausted. */
+static inline int head(sched *s, stenant *t, uint64_t kver, int fair, uint64_t skip_walk, int *skipped)
+{
+    if (t->cursor >= t->nq) return 0;
+    uint32_t ji = t->queue[t->cursor];
+    if (ji == NONE || skip_walk) {
+        advance(s, t, skip_walk, skipped);
+        if (t->cursor >= t->nq) return 0;
+        ji = t->queue[t->cursor];
+    }
+    if (t->kc_job != ji || t->kc_ver != kver || !kver) {
+        const sjob *a = &s->jobs[ji];
+        t->kc_job = ji, t->kc_ver = kver;
+        t->kc_key = job_key(s, a, fair), t->kc_prio = a->priority, t->kc_order = a->order;
+    }
+    return 1;
+}
+
+/* Empties every tenant's cursor (a new walk over the queue). */
+static void cursors_reset(sched *s)
+{
+    for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
+    s->nj_ok = 0;
+}
+
 /* skip_walk (0: none) skips, in every tenant queue, the jobs of shapes that
- * walk marked dead; *skipped counts them. */
+ * walk marked dead; *skipped counts them.  The caller moves the returned
+ * tenant's cursor on (by one) or starts its job; while nothing else moved
+ * and no key changed, only that tenant's new head is placed among the
+ * others' (sched.nj_ord). */
 static uint32_t next_job(sched *s, uint32_t *tenant, int fair, uint64_t skip_walk, int *skipped)
 {
-    const stenant *b = NULL; /* the best head so far, its key in bk, bp, bo */
-    double bk = 0, bo = 0;
-    int bp = 0;
-    stenant *t = s->tenants, *end = s->tenants + s->ntenants;
-    for (; t < end; t++) {
-        advance(s, t, skip_walk, skipped);
-        if (t->cursor >= t->nq) continue;
-        uint32_t ji = t->queue[t->cursor];
-        if (t->kc_job != ji || t->kc_ver != s->busy_ver || t->kc_fair != fair || s->plain_cycle) {
-            const sjob *a = &s->jobs[ji];
-            t->kc_job = ji, t->kc_ver = s->busy_ver, t->kc_fair = fair;
-            t->kc_key = job_key(s, a, fair), t->kc_prio = a->priority, t->kc_order = a->order;
+    /* The key cache's version: the fair-share state and the order asked
+     * for; 0 (never stored) in a plain cycle, which recomputes every key. */
+    const uint64_t kver = s->plain_cycle ? 0 : s->busy_ver * 2 + 2 + (fair != 0);
+    stenant *ts = s->tenants;
+    if (s->nj_ok && s->nj_kver == kver && s->nj_walk == s->walk_id && !skip_walk && s->nj_n &&
+        ts[s->nj_ord[0]].cursor == s->nj_cursor + 1) {
+        uint32_t l = s->nj_ord[0];
+        size_t k = 1, n = s->nj_n;
+        if (!head(s, &ts[l], kver, fair, 0, skipped)) {
+            memmove(s->nj_ord, s->nj_ord + 1, (n - 1) * sizeof *s->nj_ord);
+            s->nj_n = --n;
+        } else {
+            for (; k < n && head_before(&ts[s->nj_ord[k]], &ts[l]); k++) s->nj_ord[k - 1] = s->nj_ord[k];
+            s->nj_ord[k - 1] = l;
         }
-        if (b) {
-            if (t->kc_prio != bp) {
-                if (t->kc_prio < bp) continue;
-            } else if (t->kc_key > bk || (t->kc_key == bk && t->kc_order > bo)) continue;
+    } else {
+        /* Every tenant's head; kept in order when there are few tenants. */
+        int keep = kver && !skip_walk && s->ntenants <= NJ_MAX;
+        size_t n = 0;
+        uint32_t best = NONE;
+        for (uint32_t t = 0; t < s->ntenants; t++) {
+            if (!head(s, &ts[t], kver, fair, skip_walk, skipped)) continue;
+            if (best == NONE || head_before(&ts[t], &ts[best])) best = t;
+            if (keep) {
+                size_t k = n++;
+                for (; k > 0 && head_before(&ts[t], &ts[s->nj_ord[k - 1]]); k--) s->nj_ord[k] = s->nj_ord[k - 1];
+                s->nj_ord[k] = t;
+            }
         }
-        b = t, bk = t->kc_key, bp = t->kc_prio, bo = t->kc_order;
+        if (!keep) {
+            s->nj_ok = 0;
+            if (best == NONE) return *tenant = NONE, NONE;
+            *tenant = best;
+            return ts[best].queue[ts[best].cursor];
+        }
+        s->nj_ok = 1, s->nj_n = n, s->nj_kver = kver, s->nj_walk = s->walk_id;
     }
-    if (!b) return *tenant = NONE, NONE;
-    *tenant = (uint32_t)(b - s->tenants);
+    if (!s->nj_n) return *tenant = NONE, NONE;
+    stenant *b = &ts[s->nj_ord[0]];
+    s->nj_cursor = b->cursor;
+    *tenant = s->nj_ord[0];
     return b->queue[b->cursor];
 }
 
@@ -605,7 +673,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
      * job is passed over where the walk reaches it, before it is tried
      * (with calm, skipping ahead does the same for the rest at once). */
     int idle_walk = can_skip;
-    for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
+    cursors_reset(s);
     for (;;) {
         int quiet = !s->preemptible_gpus || nopre >= s->nshapes_live, skipped = 0;
         uint64_t skip_walk = can_skip && calm == walk_id && s->nresv >= max_resv &&
@@ -740,7 +808,7 @@ static int firstfit_gang(sched *s, sched_decisions *d, uint32_t ji, double now)
 
 static int firstfit_pass(sched *s, sched_decisions *d, double now)
 {
-    for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
+    cursors_reset(s);
     int scanned = 0;
     uint64_t memo[MEMO] = {0}; /* shapes with no room for even one pod */
     for (;;) {
@@ -952,7 +1020,7 @@ double sched_next_wakeup(const sched *s) { return s->next_wake; }
 
 size_t sched__queue_order(sched *s, uint32_t *out, size_t cap)
 {
-    for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
+    cursors_reset(s);
     size_t n = 0;
     while (n < cap) {
         uint32_t ti, ji = next_job(s, &ti, s->cfg.policy == SCHED_POLICY_SHOAL, 0, NULL);
@@ -968,7 +1036,7 @@ size_t sched_queue(const sched *s, const char **out, size_t cap)
     /* Walk the tenant queues in the policy's order without disturbing the
      * cursors of a running cycle (queries run between cycles). */
     sched *m = (sched *)s;
-    for (size_t t = 0; t < m->ntenants; t++) m->tenants[t].cursor = 0;
+    cursors_reset(m);
     size_t n = 0;
     for (;;) {
         uint32_t ti, ji = next_job(m, &ti, m->cfg.policy == SCHED_POLICY_SHOAL, 0, NULL);

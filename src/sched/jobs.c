@@ -205,6 +205,7 @@ int sched__queue_push(sched *s, uint32_t ji, double now)
     t->nq++;
     sshape *sh = sched__shape(s, j->shape);
     if (!sh) return sh_err(SH_ENOMEM, "sched: out of memory");
+    j->shape_slot = (uint32_t)(sh - s->shapes);
     double fastest = 1.0;
     for (int k = 0; k < j->ntypes; k++) fastest = k ? fmax(fastest, j->speed[k]) : j->speed[k];
     double len = j->est_s / (fastest > 0 ? fastest : 1.0);

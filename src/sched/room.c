@@ -100,15 +100,24 @@ static void node_ready_fill(sched *s, snode *n)
 }
 
 /* GPUs of node ni still busy at time T (held by work estimated to end after
- * T, or already running past its estimate). */
-static int busy_at(const sched *s, uint32_t ni, double T, double now)
+ * T, or already running past its estimate).  The fast path keeps the last
+ * answer per node: a reserved node is asked again every cycle with the
+ * same T while its pods stay (ver), and the answer only changes once now
+ * passes an estimated end at or before T that it did not count. */
+static int busy_at(sched *s, uint32_t ni, double T, double now)
 {
-    const snode *n = &s->nodes[ni];
+    snode *n = &s->nodes[ni];
+    if (!s->plain_cycle && n->ver && n->ba_ver == n->ver && n->ba_T == T && now >= n->ba_now &&
+        now <= n->ba_until)
+        return n->ba_val;
     int b = 0;
+    double until = INFINITY;
     for (int r = 0; r < n->nrefs; r++) {
         double e = sched__est_end(s, &s->jobs[n->refs[r].job]);
         if (e > T + 1e-9 || e < now) b += n->refs[r].gpus;
+        else if (e < until) until = e;
     }
+    n->ba_ver = n->ver, n->ba_val = b, n->ba_T = T, n->ba_now = now, n->ba_until = until;
     return b;
 }
 
@@ -308,11 +317,17 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
     if (sched__grow((void **)&pb, &cappb, njp + 1, sizeof *pb) < 0) return NAN;
     struct sbpc *c = pool_answers(s, j, jp, njp);
     if (!c) return NAN;
+    /* Bounds are kept only while they could beat the best time so far: it
+     * only falls (or keeps its value at an earlier pool) from here on, so
+     * a bound that cannot beat it now never will, and the loop below stops
+     * at the first such bound in its order anyway. */
     for (size_t q = 0; q < njp; q++) {
         if (!c->kind[q]) continue;
         double T = c->val[q] < now ? now : c->val[q];
-        if (c->kind[q] == 2) pb[npb++] = (pbound){T, 0, (uint32_t)q};
-        else if (T < bestT) bestT = T, bestq = (uint32_t)q;
+        if (c->kind[q] == 1) {
+            if (T < bestT) bestT = T, bestq = (uint32_t)q;
+        } else if (T < bestT || (T == bestT && q < bestq))
+            pb[npb++] = (pbound){T, 0, (uint32_t)q};
     }
     /* The bounds in (lb, q) order, each taken by selection: the loop
      * mostly stops after one or two, where a full sort cost more than the

@@ -12,6 +12,7 @@
 #define NONE UINT32_MAX
 #define MAXG SCHED_MAX_NODE_GPUS
 #define SCHED__MAX_GANG 4096 /* nodes in one gang */
+#define NJ_MAX 16 /* tenants next_job keeps in order (sched.nj_ord) */
 #define RC_SLOTS 8 /* reservation times cached per pool, by gang shape */
 #define RLOG 64     /* releases remembered with their pool (sched.rlog) */
 #define RELEASED 16 /* distinct pools sched__released_since reports */
@@ -72,6 +73,12 @@ typedef struct snode {
      * release on the node). */
     uint32_t ver, ready_ver;
     double ready[MAXG + 1];
+    /* busy_at's last answer (room.c): ba_val GPUs busy at ba_T, computed
+     * at ba_now and holding until ba_until (the earliest estimated end in
+     * [ba_now, ba_T] that would turn overdue), while ba_ver == ver. */
+    uint32_t ba_ver;
+    int ba_val;
+    double ba_T, ba_now, ba_until;
 } snode;
 
 /* GPUs held by preemptible (elastic and function) work of one priority. */
@@ -141,8 +148,8 @@ typedef struct stenant {
      * every tenant's head once per job walked, and recomputing the fair
      * share key of each made it the replay's hottest function. */
     uint32_t kc_job;
-    int kc_fair, kc_prio;
-    uint64_t kc_ver;
+    int kc_prio;
+    uint64_t kc_ver; /* sched.busy_ver x 2 + 2 + fair when current */
     /* queue[live_pos] was found not skippable in the walk live_walk (a
      * cache: a stale entry only makes the walk visit a job it could skip). */
     size_t live_pos;
@@ -180,6 +187,8 @@ typedef struct sjob {
     size_t ncost;
     char *reason;
     uint64_t shape; /* hash of (kind, nodes, gpus, types): equal shapes fit alike */
+    uint32_t shape_slot; /* its entry's slot in sched.shapes when queued last (a hint:
+                          * the entry is there while that slot holds this shape) */
     uint32_t qgen;  /* bumped each time it is queued: names its shape-heap entry */
     /* sched__job_pools' list for two or more types, while jp_ver ==
      * sched.pools_ver + 1 (pools are only made when a node is added). */
@@ -355,6 +364,17 @@ struct sched {
     int submit_unsorted;
     double last_submit;
     uint64_t busy_ver; /* bumped whenever GPUs in use change (keys of next_job) */
+    /* next_job's tenants with a head, best head first (nj_n of them), kept
+     * between calls of one walk while only the tenant it returned last
+     * (nj_ord[0]) moved its cursor, by one (to nj_cursor + 1): most jobs a
+     * walk visits do nothing, and comparing every tenant's head for each
+     * cost a fifth of a shoal cycle.  nj_ok = 0 when not kept (cursors
+     * reset, more than NJ_MAX tenants); nj_kver and nj_walk: the key
+     * version and walk it was made for. */
+    uint32_t nj_ord[NJ_MAX];
+    size_t nj_n, nj_cursor;
+    uint64_t nj_kver, nj_walk;
+    int nj_ok;
     /* 1 turns off the cycle's shortcuts (shape sweeps and probes, the
      * reservation-time cache, the preemption index and memo) to compare
      * decisions with and without (sched_config.reference). */
