@@ -240,6 +240,47 @@ json_t *tf_wait_job(tf_fleet *f, int64_t id, const char *state, double timeout)
     return NULL;
 }
 
+char *tf_job_log(tf_fleet *f, int64_t id)
+{
+    sh_buf all = {0};
+    long long off = 0;
+    for (;;) {
+        char path[128];
+        snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0&offset=%lld", (long long)id, off);
+        int st;
+        json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+        assert_int_equal(st, 200);
+        const char *part = json_string_value(json_object_get(j, "data"));
+        assert_non_null(part);
+        sh_buf_append(&all, part, strlen(part));
+        long long next = (long long)json_integer_value(json_object_get(j, "offset"));
+        json_decref(j);
+        if (next <= off) break;
+        off = next;
+    }
+    sh_buf_append(&all, "", 1);
+    return (char *)all.data;
+}
+
+char *tf_wait_log(tf_fleet *f, int64_t id, double timeout, int *ended)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    int done = 0;
+    for (double until = sh_now_mono() + timeout; !done && sh_now_mono() < until;) {
+        int st;
+        json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+        const char *s = json_string_value(json_object_get(j, "state"));
+        done = s && (!strcmp(s, "succeeded") || !strcmp(s, "failed"));
+        json_decref(j);
+        if (!done) sh_sleep(0.05);
+    }
+    char *log = tf_job_log(f, id);
+    if (ended) *ended = done;
+    else if (!done) fail_msg("job %lld did not end within %.0f s; log:\n%s", (long long)id, timeout, log);
+    return log;
+}
+
 void tf_wait_alive(tf_fleet *f, int n, double timeout)
 {
     double until = sh_now_mono() + timeout;

@@ -53,6 +53,12 @@ json_t *tf_call(tf_fleet *f, const char *token, const char *method, const char *
 int64_t tf_submit(tf_fleet *f, const char *token, const char *body);
 /* Waits until job id reaches `state` (asserts within timeout); returns the job. */
 json_t *tf_wait_job(tf_fleet *f, int64_t id, const char *state, double timeout);
+/* Rank 0's whole log, every page of it (caller frees). */
+char *tf_job_log(tf_fleet *f, int64_t id);
+/* Waits until job id has ended (succeeded or failed) and returns rank 0's
+ * log (caller frees).  With ended NULL the job must end within timeout;
+ * else *ended says whether it did, and the log so far is returned. */
+char *tf_wait_log(tf_fleet *f, int64_t id, double timeout, int *ended);
 /* Waits until `n` nodes are alive. */
 void tf_wait_alive(tf_fleet *f, int n, double timeout);
 /* The node of `rank` in a job JSON. */

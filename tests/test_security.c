@@ -62,46 +62,16 @@ static int64_t submit_writable(tf_fleet *f, const char *token, const char *name,
     return id;
 }
 
-/* Rank 0's whole log (caller frees). */
-static char *job_log(tf_fleet *f, int64_t id)
-{
-    char path[96];
-    snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0", (long long)id);
-    int st;
-    json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
-    assert_int_equal(st, 200);
-    char *out = strdup(json_string_value(json_object_get(j, "data")));
-    json_decref(j);
-    return out;
-}
-
-/* Waits until the job has ended and returns its log. */
-static char *wait_log(tf_fleet *f, int64_t id, double timeout)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
-    for (double until = sh_now_mono() + timeout; sh_now_mono() < until; sh_sleep(0.05)) {
-        int st;
-        json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
-        const char *s = json_string_value(json_object_get(j, "state"));
-        int done = s && (!strcmp(s, "succeeded") || !strcmp(s, "failed"));
-        json_decref(j);
-        if (done) return job_log(f, id);
-    }
-    char *l = job_log(f, id);
-    fail_msg("job %lld did not end within %.0f s; log:\n%s", (long long)id, timeout, l);
-    return NULL;
-}
 
 /* Waits until the log of a running job holds `needle`. */
 static char *wait_in_log(tf_fleet *f, int64_t id, const char *needle, double timeout)
 {
     for (double until = sh_now_mono() + timeout; sh_now_mono() < until; sh_sleep(0.05)) {
-        char *l = job_log(f, id);
+        char *l = tf_job_log(f, id);
         if (strstr(l, needle)) return l;
         free(l);
     }
-    char *l = job_log(f, id);
+    char *l = tf_job_log(f, id);
     fail_msg("job %lld: \"%s\" never appeared in its log:\n%s", (long long)id, needle, l);
     return NULL;
 }
@@ -184,12 +154,12 @@ static void escapes(const char *mode)
                              "mkfifo /tmp/f; i=0; while [ $i -lt 3000 ]; do (read x < /tmp/f) & i=$((i+1)); done;"
                              " echo forked=$i; wait");
 
-    char *l = wait_log(&f, caps, 60);
+    char *l = tf_wait_log(&f, caps, 60, NULL);
     log_has("caps", l, "CapEff:\t0000000000000000");
     log_lacks("caps", l, "ESCAPED");
     log_lacks("caps", l, "uid=0\n");
     free(l);
-    l = wait_log(&f, remount, 60);
+    l = tf_wait_log(&f, remount, 60, NULL);
     log_has("remount", l, "Operation not permitted");
     log_has("remount", l, "write-refused");
     log_lacks("remount", l, "ESCAPED");
@@ -197,7 +167,7 @@ static void escapes(const char *mode)
     snprintf(esc, sizeof esc, "/usr/shoal-escape-%d", (int)getpid());
     assert_false(sh_path_exists(esc));
     free(l);
-    l = wait_log(&f, secrets, 60);
+    l = tf_wait_log(&f, secrets, 60, NULL);
     log_has("secrets", l, "/etc/shadow: Permission denied");
     log_has("secrets", l, "tokens.json: No such file or directory");
     log_lacks("secrets", l, TF_ADMIN);
@@ -208,12 +178,12 @@ static void escapes(const char *mode)
     char *other = strstr(l, "other:");
     assert_null(strstr(other + 6, "other:"));
     free(l);
-    l = wait_log(&f, proc, 60);
+    l = tf_wait_log(&f, proc, 60, NULL);
     log_lacks("proc", l, TF_AGENT);
     int procs = atoi(strstr(l, "procs=") + 6);
     if (procs > 8) fail_msg("proc: %d processes visible:\n%s", procs, l);
     free(l);
-    l = wait_log(&f, cg, 60);
+    l = tf_wait_log(&f, cg, 60, NULL);
     log_has("cgroup", l, "cgroup-entries=0");
     log_has("cgroup", l, "move-refused");
     log_has("cgroup", l, "Operation not permitted");
@@ -221,12 +191,12 @@ static void escapes(const char *mode)
     free(l);
     /* The shell gives up at its first failed fork (under gVisor the
      * sandbox dies); the agent says which limit stopped it. */
-    l = wait_log(&f, bomb, 120);
+    l = tf_wait_log(&f, bomb, 120, NULL);
     log_has("bomb", l, "hit its pids limit");
     log_lacks("bomb", l, "forked=3000");
     free(l);
     /* The node survived: it still runs new work. */
-    l = wait_log(&f, submit_sh(&f, TF_ALICE, "after", "echo alive"), 60);
+    l = tf_wait_log(&f, submit_sh(&f, TF_ALICE, "after", "echo alive"), 60, NULL);
     log_has("after the bomb", l, "alive");
     free(l);
     cancel(&f, victim);
@@ -311,7 +281,7 @@ static void test_credentials(void **state)
     /* ... or polls as n0. */
     expect_error(&f, evil, "POST", "/v1/agent/poll", "{\"node\":\"n0\"}", 403, "belongs to node evil");
     json_decref(tf_wait_job(&f, id, "running", 1));
-    char *l = job_log(&f, id);
+    char *l = tf_job_log(&f, id);
     log_lacks("forged log", l, "FORGED");
     free(l);
     assert_true(events_have(&f, id, "refused", "node evil sent a report"));
@@ -333,7 +303,7 @@ static void test_credentials(void **state)
     snprintf(script, sizeof script,
              "python3 -c \"import urllib.request as u; print(u.urlopen('%s/metrics').read().decode())\"", f.url);
     int64_t spy = submit_sh(&f, TF_BOB, "spy", script);
-    char *m = wait_log(&f, spy, 30);
+    char *m = tf_wait_log(&f, spy, 30, NULL);
     if (!strstr(m, "shoal_gpus{state=\"used\"}")) fail_msg("the spy did not reach /metrics:\n%s", m);
     log_lacks("alice's bill on /metrics", m, "alice");
     free(m);
@@ -441,7 +411,7 @@ static void test_file_modes(void **state)
     free(text);
     /* Logs: a private directory, private files. */
     int64_t id = submit_sh(&f, TF_ALICE, "m", "echo x");
-    free(wait_log(&f, id, 30));
+    free(tf_wait_log(&f, id, 30, NULL));
     snprintf(p, sizeof p, "%s/logs", f.dir);
     assert_int_equal(mode_of(p), 0700);
     snprintf(p, sizeof p, "%s/logs/%lld/0.log", f.dir, (long long)id);
@@ -523,13 +493,13 @@ static void test_disk_full_cancel(void **state)
     json_decref(j);
     sh_sleep(1.0);
     json_decref(tf_wait_job(&f, id, "running", 1));
-    char *a = job_log(&f, id);
+    char *a = tf_job_log(&f, id);
     size_t before = strlen(a);
     free(a);
     rl.rlim_cur = rl.rlim_max = RLIM_INFINITY;
     if (prlimit(f.server, RLIMIT_FSIZE, &rl, NULL) < 0) fail_msg("prlimit: %s (the server is %s)", strerror(errno), kill(f.server, 0) == 0 ? "alive" : "gone");
     sh_sleep(0.5);
-    a = job_log(&f, id);
+    a = tf_job_log(&f, id);
     if (strlen(a) <= before) fail_msg("the rank stopped writing after the failed cancel");
     free(a);
     /* After a restart the job is still running, on the same attempt. */

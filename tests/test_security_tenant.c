@@ -32,46 +32,6 @@ static int64_t submit_sh(tf_fleet *f, const char *token, const char *name, const
     return tf_submit(f, token, body);
 }
 
-/* Rank 0's log from `offset` (caller frees); *next gets the next offset. */
-static char *log_from(tf_fleet *f, int64_t id, long long offset, long long *next)
-{
-    char path[128];
-    snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0&offset=%lld", (long long)id, offset);
-    int st;
-    json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
-    assert_int_equal(st, 200);
-    char *out = strdup(json_string_value(json_object_get(j, "data")));
-    if (next) *next = json_integer_value(json_object_get(j, "offset"));
-    json_decref(j);
-    return out;
-}
-
-/* Waits until the job has ended; returns its whole log (caller frees). */
-static char *wait_log(tf_fleet *f, int64_t id, double timeout)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
-    for (double until = sh_now_mono() + timeout; sh_now_mono() < until; sh_sleep(0.05)) {
-        int st;
-        json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
-        const char *s = json_string_value(json_object_get(j, "state"));
-        int done = s && (!strcmp(s, "succeeded") || !strcmp(s, "failed"));
-        json_decref(j);
-        if (done) break;
-    }
-    sh_buf all = {0};
-    long long off = 0, next = 0;
-    for (;;) {
-        char *part = log_from(f, id, off, &next);
-        sh_buf_append(&all, part, strlen(part));
-        free(part);
-        if (next == off) break;
-        off = next;
-    }
-    sh_buf_append(&all, "", 1);
-    return (char *)all.data;
-}
-
 static void log_has(const char *what, const char *log, const char *needle)
 {
     if (!strstr(log, needle)) fail_msg("%s: the log lacks \"%s\":\n%.4000s", what, needle, log);
@@ -103,14 +63,14 @@ static void test_limits_above_share(void **state)
              "python3 -c \"b = bytearray(%lld << 20); b[::4096] = b'x' * len(b[::4096]); print('allocated', len(b))\"",
              share + 256);
     int64_t mem = submit_sh(&f, TF_BOB, "memory", greedy, script);
-    char *l = wait_log(&f, forks, 60);
+    char *l = tf_wait_log(&f, forks, 60, &(int){0});
     log_lacks("pids_max above the share", l, "forked=400");
     log_has("pids_max above the share", l, "hit its pids limit");
     free(l);
     /* The agent's note ("hit its memory limit") is not asked for: it reads
      * the group's OOM count when the rank has exited, and the kernel may
      * count the kill after its victim is gone (seen once on a loaded host). */
-    l = wait_log(&f, mem, 60);
+    l = tf_wait_log(&f, mem, 60, &(int){0});
     log_lacks("memory_mb above the share", l, "allocated");
     free(l);
     char path[64];
@@ -124,7 +84,7 @@ static void test_limits_above_share(void **state)
     int64_t low = submit_sh(&f, TF_BOB, "low", ",\"pids_max\":20",
                             "mkfifo /tmp/f; i=0; while [ $i -lt 100 ]; do (read x < /tmp/f) & i=$((i+1)); done;"
                             " echo forked=$i; exec 3<>/tmp/f; kill 0");
-    l = wait_log(&f, low, 60);
+    l = tf_wait_log(&f, low, 60, &(int){0});
     log_lacks("pids_max below the share", l, "forked=100");
     log_has("pids_max below the share", l, "hit its pids limit");
     free(l);
@@ -199,12 +159,12 @@ static void test_log_flood(void **state)
     assert_int_equal(stat(path, &st), 0);
     if (st.st_size > (1 << 20) + 4096)
         fail_msg("the rank's log takes %lld bytes on the server's disk, above the 1 MiB allowed", (long long)st.st_size);
-    char *l = wait_log(&f, id, 1);
+    char *l = tf_wait_log(&f, id, 1, &(int){0});
     log_has("flood", l, "reached the server's limit of 1048576 bytes");
     log_lacks("flood", l, "end-of-flood");
     free(l);
     /* The control plane still takes and runs work. */
-    l = wait_log(&f, submit_sh(&f, TF_ALICE, "after", "", "echo alive"), 30);
+    l = tf_wait_log(&f, submit_sh(&f, TF_ALICE, "after", "", "echo alive"), 30, &(int){0});
     log_has("after the flood", l, "alive");
     free(l);
     tf_stop(&f);
@@ -230,10 +190,10 @@ static void test_output_past_poll_body(void **state)
                            "python3 -c \"import fcntl, os; fcntl.fcntl(1, 1031, 1 << 20);"
                            " os.write(1, b'\\x01' * 300000 + b'\\nend-of-ctl\\n')\"");
     /* The last polls may come after the job's end. */
-    char *l = wait_log(&f, id, 30);
+    char *l = tf_wait_log(&f, id, 30, &(int){0});
     for (double until = sh_now_mono() + 10; !strstr(l, "end-of-ctl") && sh_now_mono() < until; sh_sleep(0.1)) {
         free(l);
-        l = wait_log(&f, id, 1);
+        l = tf_wait_log(&f, id, 1, &(int){0});
     }
     log_has("control characters", l, "end-of-ctl");
     size_t ones = 0;
@@ -298,7 +258,7 @@ static void test_writable_other_tenant(void **state)
     char extra[4300];
     snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", mine);
     snprintf(script, sizeof script, "echo alice-weights > %s/ckpt", mine);
-    char *l = wait_log(&f, submit_sh(&f, TF_ALICE, "alice", extra, script), 30);
+    char *l = tf_wait_log(&f, submit_sh(&f, TF_ALICE, "alice", extra, script), 30, &(int){0});
     free(l);
     const char *targets[] = {mine, sub, tu_tmpdir()};
     for (int i = 0; i < 3; i++) {
@@ -320,12 +280,12 @@ static void test_writable_other_tenant(void **state)
     /* Bob's own directory beside hers, and alice's again, still work. */
     snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", bobs);
     snprintf(script, sizeof script, "echo bob-ok > %s/ckpt && echo written", bobs);
-    l = wait_log(&f, submit_sh(&f, TF_BOB, "bob", extra, script), 30);
+    l = tf_wait_log(&f, submit_sh(&f, TF_BOB, "bob", extra, script), 30, &(int){0});
     log_has("bob's own directory", l, "written");
     free(l);
     snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", sub);
     snprintf(script, sizeof script, "cat %s/ckpt", mine);
-    l = wait_log(&f, submit_sh(&f, TF_ALICE, "alice-again", extra, script), 30);
+    l = tf_wait_log(&f, submit_sh(&f, TF_ALICE, "alice-again", extra, script), 30, &(int){0});
     free(l);
     tf_stop(&f);
 }
