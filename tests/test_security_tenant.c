@@ -338,6 +338,62 @@ static void test_queue_flood(void **state)
     tf_stop(&f);
 }
 
+/* Bob states a short est_s, which wins his job a backfill slot ahead of a
+ * reservation, and then runs far longer (before: nothing ended a job at its
+ * estimate, and "est_s": 1e308 was accepted, so other jobs' start estimates
+ * read 1e+308).  est_s is the job's time limit: the attempt is ended at
+ * est_s plus the server's grace, failed with reason "time limit", and its
+ * process is gone; an honest job inside its limit is not touched; an
+ * estimate over 30 days and, under --require-est, a job without one are
+ * refused with 400 naming the field. */
+static void test_est_understated(void **state)
+{
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--est-grace 1 --require-est");
+    tf_start_server(&f, "est", 10);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    double t0 = sh_now_mono();
+    int64_t liar = submit_sh(&f, TF_BOB, "liar", ",\"est_s\":2", "echo started; exec sleep 1237");
+    int64_t honest = submit_sh(&f, TF_ALICE, "honest", ",\"est_s\":30", "sleep 4; echo honest-done");
+    int ended = 0;
+    char *l = tf_wait_log(&f, liar, 40, &ended);
+    double took = sh_now_mono() - t0;
+    if (!ended) fail_msg("a job with est_s 2 still runs after %.0f s:\n%.2000s", took, l);
+    log_has("est_s 2", l, "started");
+    free(l);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)liar);
+    int st;
+    json_t *j = tf_call(&f, TF_BOB, "GET", path, NULL, &st);
+    const char *reason = json_string_value(json_object_get(j, "reason"));
+    if (strcmp(json_string_value(json_object_get(j, "state")), "failed") || !reason ||
+        strncmp(reason, "time limit: ", 12) || !strstr(reason, "est_s of 2 s"))
+        fail_msg("the overrunning job ended %s (%s), expected failed with a time-limit reason",
+                 json_string_value(json_object_get(j, "state")), reason ? reason : "no reason");
+    json_decref(j);
+    /* Its process goes with it (the agent stops the rank within a few polls). */
+    int alive = 1;
+    for (int i = 0; i < 100 && alive; i++) {
+        alive = system("pgrep -f 'sleep 123[7]' >/dev/null") == 0;
+        if (alive) usleep(100000);
+    }
+    if (alive) fail_msg("the rank past its time limit still runs");
+    json_decref(tf_wait_job(&f, honest, "succeeded", 60));
+    /* An estimate the limit could not bound, and none at all, are refused. */
+    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs",
+                "{\"name\":\"forever\",\"kind\":\"function\",\"gpus\":1,\"est_s\":1e308,\"command\":[\"true\"]}", &st);
+    const char *e = json_string_value(json_object_get(j, "error"));
+    if (st != 400 || !e || !strstr(e, "est_s") || !strstr(e, "30 days"))
+        fail_msg("est_s 1e308 got %d %s, expected 400 naming est_s", st, e ? e : "");
+    json_decref(j);
+    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", "{\"name\":\"none\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}", &st);
+    e = json_string_value(json_object_get(j, "error"));
+    if (st != 400 || !e || !strstr(e, "--require-est"))
+        fail_msg("a job without est_s under --require-est got %d %s, expected 400", st, e ? e : "");
+    json_decref(j);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +403,7 @@ int main(void)
         cmocka_unit_test_teardown(test_name_escapes, tf_teardown),
         cmocka_unit_test_teardown(test_writable_other_tenant, tf_teardown),
         cmocka_unit_test_teardown(test_queue_flood, tf_teardown),
+        cmocka_unit_test_teardown(test_est_understated, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));

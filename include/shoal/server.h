@@ -45,7 +45,16 @@ typedef struct srv_config {
     const char *writable_allow; /* ':'-separated directories jobs may list in "writable" (NULL: none) */
     uint64_t max_log;          /* bytes one rank's log file may take on disk (default SRV_MAX_LOG) */
     uint64_t max_queued;       /* bytes a tenant's active jobs may hold (default SRV_MAX_QUEUED) */
+    double est_grace_s;        /* an attempt runs at most est_s plus this (0: SRV_EST_GRACE) */
+    int require_est;           /* 1: a job without "est_s" is refused (400) */
 } srv_config;
+
+/* A job's "est_s" is also its time limit, as Slurm's --time is: an attempt
+ * that has run longer than est_s + srv_config.est_grace_s is ended (failed,
+ * reason "time limit"), so that a tenant cannot win a backfill slot by
+ * understating it.  est_s is at most SRV_MAX_EST_S (30 days). */
+#define SRV_EST_GRACE 60.0
+#define SRV_MAX_EST_S (30.0 * 86400)
 
 /* The default of srv_config.max_log: a rank's output past it is dropped,
  * so that a job cannot fill the disk that holds the server's database. */

@@ -16,7 +16,7 @@ static const char usage[] =
     "usage: shoal server --tokens FILE [--db PATH] [--port P] [--bind ADDR] [--web DIR]\n"
     "                    [--heartbeat-timeout S] [--max-body BYTES] [--provider-cmd PROG]\n"
     "                    [--provider-quota Q] [--scale-up-wait S] [--scale-down-idle S] [--sync-full]\n"
-    "                    [--allow-writable DIR]...\n\n"
+    "                    [--allow-writable DIR]... [--est-grace S] [--require-est]\n\n"
     "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
     "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
     "  --port P               TCP port (default 8470; 0 picks a free one)\n"
@@ -31,7 +31,10 @@ static const char usage[] =
     "  --scale-down-idle S    an idle provider node is released after (default 10)\n"
     "  --sync-full            fsync every commit (survives power loss, slower)\n"
     "  --allow-writable DIR   jobs may list DIR or directories under it in \"writable\"\n"
-    "                         (repeatable; default: none; docs/security.md)\n\n"
+    "                         (repeatable; default: none; docs/security.md)\n"
+    "  --est-grace S          a job's est_s is its time limit: an attempt is ended this\n"
+    "                         long past it (default 60)\n"
+    "  --require-est          refuse jobs without est_s (every job then has a limit)\n\n"
     "Prints \"listening on http://ADDR:PORT\" once ready.  See docs/server-api.md.\n";
 
 static volatile sig_atomic_t stop_flag;
@@ -54,7 +57,7 @@ static int add_allowed(const char *dir, srv_config *cfg, const char *cmd)
 }
 
 enum { O_TOKENS = 0x2000, O_DB, O_PORT, O_BIND, O_WEB, O_HEARTBEAT, O_MAX_BODY, O_PROVIDER_CMD, O_PROVIDER_QUOTA,
-       O_SCALE_UP, O_SCALE_DOWN, O_SYNC_FULL, O_ALLOW_WRITABLE };
+       O_SCALE_UP, O_SCALE_DOWN, O_SYNC_FULL, O_ALLOW_WRITABLE, O_EST_GRACE, O_REQUIRE_EST };
 const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKENS},
                                          {"db", required_argument, 0, O_DB},
                                          {"port", required_argument, 0, O_PORT},
@@ -68,6 +71,8 @@ const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKE
                                          {"scale-down-idle", required_argument, 0, O_SCALE_DOWN},
                                          {"sync-full", no_argument, 0, O_SYNC_FULL},
                                          {"allow-writable", required_argument, 0, O_ALLOW_WRITABLE},
+                                         {"est-grace", required_argument, 0, O_EST_GRACE},
+                                         {"require-est", no_argument, 0, O_REQUIRE_EST},
                                          {0}};
 
 int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
@@ -82,6 +87,8 @@ int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
     case O_PROVIDER_CMD: cfg->provider_cmd = v; return 0;
     case O_PROVIDER_QUOTA: cfg->provider_quota = v; return 0;
     case O_SYNC_FULL: cfg->sync_full = 1; return 0;
+    case O_REQUIRE_EST: cfg->require_est = 1; return 0;
+    case O_EST_GRACE: return cli_real(cmd, "--est-grace", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->est_grace_s);
     case O_ALLOW_WRITABLE: return add_allowed(v, cfg, cmd);
     case O_SCALE_UP: return cli_real(cmd, "--scale-up-wait", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->scale_up_wait_s);
     case O_SCALE_DOWN:

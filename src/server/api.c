@@ -435,7 +435,7 @@ static int delete_node(srv *s, srv_req *r, const char *name, json_t **reply)
 
 /* The part of a submit that needs no lock: parsing and validating the job
  * file, so that concurrent submits contend only for the durable write. */
-int srv__presubmit(srv_req *r)
+int srv__presubmit(const srv_config *cfg, srv_req *r)
 {
     if (strcmp(r->path, "/v1/jobs") || strcmp(r->method, "POST") || (r->role != ROLE_TENANT && r->role != ROLE_ADMIN))
         return SH_OK;
@@ -444,6 +444,21 @@ int srv__presubmit(srv_req *r)
     if (r->idem_header && *r->idem_header && json_is_object(spec) && !json_object_get(spec, "idempotency_key"))
         json_object_set_new(spec, "idempotency_key", json_string(r->idem_header));
     int rc = srv__job_from_spec(spec, r->tenant ? r->tenant : "admin", &r->job);
+    /* est_s is the job's time limit (srv__time_limits); checked here, not in
+     * srv__job_from_spec, so that a database written before the bound still
+     * loads. */
+    json_t *est = json_object_get(spec, "est_s");
+    if (rc == SH_OK && est && json_number_value(est) > SRV_MAX_EST_S)
+        rc = sh_err(SH_ERANGE, "job: field \"est_s\": %g s is over 30 days (%g s); it is also the job's "
+                               "time limit, so give the longest an attempt may run",
+                    json_number_value(est), SRV_MAX_EST_S);
+    if (rc == SH_OK && !est && cfg->require_est)
+        rc = sh_err(SH_EFORMAT, "job: field \"est_s\" is required by this server (--require-est): give the "
+                                "longest an attempt may run, in seconds");
+    if (rc < 0 && r->job) {
+        srv__job_free(r->job);
+        r->job = NULL;
+    }
     json_decref(spec);
     if (rc == SH_OK) r->job->spec_bytes = r->body_len;
     return rc;

@@ -179,7 +179,7 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
     int status = 200;
     json_t *reply = NULL;
     char msg[1100];
-    int rc = srv__presubmit(&r);
+    int rc = srv__presubmit(&s->cfg, &r); /* cfg is fixed after start */
     if (rc == SH_OK) {
         pthread_mutex_lock(&s->mu);
         /* The state may have been lost while this request waited. */

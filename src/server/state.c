@@ -311,6 +311,32 @@ void srv__heartbeats(srv *s, double now)
     }
 }
 
+/* Ends every attempt that has run past its job's est_s plus the grace: est_s
+ * is the job's time limit, as Slurm's --time is, so that a tenant cannot
+ * take a backfill slot with a short estimate and then hold it.  An
+ * attempt's clock starts when its first rank ran; a requeue starts a new
+ * attempt.  est_s 0 (not given) sets no limit. */
+int srv__time_limits(srv *s, double wall)
+{
+    double grace = s->cfg.est_grace_s > 0 ? s->cfg.est_grace_s : SRV_EST_GRACE;
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        json_t *est = j && j->state <= J_RUNNING ? json_object_get(j->spec, "est_s") : NULL;
+        double limit = est ? json_number_value(est) : 0, start = 0;
+        if (!(limit > 0)) continue;
+        for (int i = 0; i < j->nmem; i++) {
+            const srv_member *m = &j->mem[i];
+            if (m->state == M_RUNNING && m->t_start > 0 && (start == 0 || m->t_start < start)) start = m->t_start;
+        }
+        if (start == 0 || wall - start <= limit + grace) continue;
+        char why[200];
+        snprintf(why, sizeof why, "time limit: ran %.0f s, past its est_s of %g s and %g s of grace", wall - start,
+                 limit, grace);
+        SH_TRY(srv__finish(s, j, J_FAILED, -1, why));
+    }
+    return SH_OK;
+}
+
 /* ---- undo: a change is applied only once it is durable ------------------ */
 
 void srv__undo_begin(srv *s, srv_undo *u)
