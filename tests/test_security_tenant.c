@@ -394,6 +394,72 @@ static void test_est_understated(void **state)
     tf_stop(&f);
 }
 
+/* Per-tenant folders (--allow-writable TENANT=DIR) close the squatting a
+ * shared folder allows (docs/security.md, known limits): alice's folder
+ * lies inside the folder every tenant may use; bob names it, and the
+ * shared folder above it, before alice ever does.  Both are refused and
+ * say why; alice's folder works for her, bob's for him, and neither may use
+ * the other's.  A TENANT= entry naming no tenant stops the server. */
+static void test_writable_per_tenant(void **state)
+{
+    char shared[4200], alice[4300], bob[4200], script[8400], extra[4400];
+    snprintf(shared, sizeof shared, "%s/wshared", tu_tmpdir());
+    snprintf(alice, sizeof alice, "%s/alice", shared);
+    snprintf(bob, sizeof bob, "%s/wbob", tu_tmpdir());
+    sh_rm_rf(shared);
+    sh_rm_rf(bob);
+    TU_OK(sh_mkdir_p(alice, 0755));
+    snprintf(script, sizeof script, "%s/run", bob);
+    TU_OK(sh_mkdir_p(script, 0755));
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--allow-writable alice=%s --allow-writable bob=%s", alice, bob);
+    tf_start_server(&f, "wpt", 10);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    const char *steal[] = {alice, shared};
+    for (int i = 0; i < 2; i++) {
+        char body[8192];
+        snprintf(body, sizeof body, "{\"name\":\"squat\",\"kind\":\"function\",\"gpus\":1,\"writable\":[\"%s\"],"
+                                    "\"command\":[\"true\"]}", steal[i]);
+        int st;
+        json_t *j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", body, &st);
+        const char *e = json_string_value(json_object_get(j, "error"));
+        if (st != 403 || !e || !strstr(e, "gave another tenant") || strstr(e, "alice="))
+            fail_msg("bob names %s: got %d %s, expected 403 (a folder given to another tenant)", steal[i], st,
+                     e ? e : "");
+        json_decref(j);
+    }
+    /* Alice's own folder works for her after bob's attempts. */
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", alice);
+    snprintf(script, sizeof script, "echo alice-weights > %s/ckpt && echo written", alice);
+    char *l = tf_wait_log(&f, submit_sh(&f, TF_ALICE, "alice", extra, script), 30, &(int){0});
+    log_has("alice's folder", l, "written");
+    free(l);
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s/run\"]", bob);
+    snprintf(script, sizeof script, "echo bob-ok > %s/run/x && echo written", bob);
+    l = tf_wait_log(&f, submit_sh(&f, TF_BOB, "bob", extra, script), 30, &(int){0});
+    log_has("bob's folder", l, "written");
+    free(l);
+    /* Alice may not use bob's folder either. */
+    char body[8192];
+    snprintf(body, sizeof body, "{\"name\":\"x\",\"kind\":\"function\",\"gpus\":1,\"writable\":[\"%s\"],"
+                                "\"command\":[\"true\"]}", bob);
+    int st;
+    json_t *j = tf_call(&f, TF_ALICE, "POST", "/v1/jobs", body, &st);
+    assert_int_equal(st, 403);
+    json_decref(j);
+    char *ck = (char *)tu_read_file(strcat(strcpy(script, alice), "/ckpt"), NULL);
+    assert_string_equal(ck, "alice-weights\n");
+    free(ck);
+    tf_stop(&f);
+    /* A folder for a tenant the tokens file does not have. */
+    char *out = NULL;
+    int rc = tu_run(&out, "timeout 10 %s server --tokens %s/tokens.json --db %s/other.db --port 0 --allow-writable carol=%s 2>&1",
+                    tu_shoal(), f.dir, f.dir, bob);
+    if (rc == 0 || !out || !strstr(out, "no tenant \"carol\""))
+        fail_msg("a server with --allow-writable carol=DIR (no such tenant): exit %d, %s", rc, out ? out : "");
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -404,6 +470,7 @@ int main(void)
         cmocka_unit_test_teardown(test_writable_other_tenant, tf_teardown),
         cmocka_unit_test_teardown(test_queue_flood, tf_teardown),
         cmocka_unit_test_teardown(test_est_understated, tf_teardown),
+        cmocka_unit_test_teardown(test_writable_per_tenant, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));

@@ -42,7 +42,8 @@ typedef struct srv_config {
     double scale_down_idle_s;  /* an idle provider node is released after (default 10) */
     int sync_full;             /* 1: SQLite synchronous=FULL (survives power loss) */
     int manual_cycles;         /* 1: no scheduler thread; call srv_cycle_for_bench (bench) */
-    const char *writable_allow; /* ':'-separated directories jobs may list in "writable" (NULL: none) */
+    const char *writable_allow; /* ':'-separated directories jobs may list in "writable", each DIR
+                                 * (any tenant's) or TENANT=DIR (that tenant's only); NULL: none */
     uint64_t max_log;          /* bytes one rank's log file may take on disk (default SRV_MAX_LOG) */
     uint64_t max_queued;       /* bytes a tenant's active jobs may hold (default SRV_MAX_QUEUED) */
     double est_grace_s;        /* an attempt runs at most est_s plus this (0: SRV_EST_GRACE) */

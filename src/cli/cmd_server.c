@@ -16,7 +16,7 @@ static const char usage[] =
     "usage: shoal server --tokens FILE [--db PATH] [--port P] [--bind ADDR] [--web DIR]\n"
     "                    [--heartbeat-timeout S] [--max-body BYTES] [--provider-cmd PROG]\n"
     "                    [--provider-quota Q] [--scale-up-wait S] [--scale-down-idle S] [--sync-full]\n"
-    "                    [--allow-writable DIR]... [--est-grace S] [--require-est]\n\n"
+    "                    [--allow-writable [TENANT=]DIR]... [--est-grace S] [--require-est]\n\n"
     "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
     "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
     "  --port P               TCP port (default 8470; 0 picks a free one)\n"
@@ -30,8 +30,9 @@ static const char usage[] =
     "  --scale-up-wait S      a job queued this long asks the provider (default 2)\n"
     "  --scale-down-idle S    an idle provider node is released after (default 10)\n"
     "  --sync-full            fsync every commit (survives power loss, slower)\n"
-    "  --allow-writable DIR   jobs may list DIR or directories under it in \"writable\"\n"
-    "                         (repeatable; default: none; docs/security.md)\n"
+    "  --allow-writable [TENANT=]DIR  jobs may list DIR or directories under it in\n"
+    "                         \"writable\"; TENANT=DIR: only that tenant's jobs (repeatable;\n"
+    "                         default: none; docs/security.md)\n"
     "  --est-grace S          a job's est_s is its time limit: an attempt is ended this\n"
     "                         long past it (default 60)\n"
     "  --require-est          refuse jobs without est_s (every job then has a limit)\n\n"
@@ -40,18 +41,28 @@ static const char usage[] =
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = sig; }
 
-/* --allow-writable directories, resolved and joined with ':'. */
+/* --allow-writable directories, resolved and joined with ':', each as
+ * DIR (any tenant's) or TENANT=DIR (that tenant's only). */
 static char allow_buf[8192];
 
-static int add_allowed(const char *dir, srv_config *cfg, const char *cmd)
+static int add_allowed(const char *spec, srv_config *cfg, const char *cmd)
 {
-    char real[4096];
+    char tenant[128] = "", real[4096];
+    const char *dir = spec, *eq = strchr(spec, '=');
+    if (spec[0] != '/' && eq) {
+        if (eq == spec || (size_t)(eq - spec) >= sizeof tenant)
+            return cli_usage(cmd, "--allow-writable %s: expected DIR or TENANT=DIR", spec);
+        snprintf(tenant, sizeof tenant, "%.*s=", (int)(eq - spec), spec);
+        dir = eq + 1;
+    }
     if (!realpath(dir, real) || !sh_is_dir(real))
         return cli_usage(cmd, "--allow-writable %s: not an existing directory", dir);
-    if (strchr(real, ':')) return cli_usage(cmd, "--allow-writable %s: a path with ':' cannot be listed", dir);
+    if (strchr(real, ':') || strchr(tenant, ':'))
+        return cli_usage(cmd, "--allow-writable %s: a path or tenant with ':' cannot be listed", spec);
     size_t n = strlen(allow_buf);
-    if (n + strlen(real) + 2 > sizeof allow_buf) return cli_usage(cmd, "--allow-writable: too many directories");
-    snprintf(allow_buf + n, sizeof allow_buf - n, "%s%s", n ? ":" : "", real);
+    if (n + strlen(tenant) + strlen(real) + 2 > sizeof allow_buf)
+        return cli_usage(cmd, "--allow-writable: too many directories");
+    snprintf(allow_buf + n, sizeof allow_buf - n, "%s%s%s", n ? ":" : "", tenant, real);
     cfg->writable_allow = allow_buf;
     return 0;
 }

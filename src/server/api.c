@@ -388,22 +388,45 @@ static int check_writable(srv *s, const srv_job *j)
         if (srv__path_under(p, s->state_dir))
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" lies in the server's state directory %s",
                           i, p, s->state_dir);
-        int ok = 0;
-        char allow[4096];
+        /* Under an entry of this tenant's, and holding no other tenant's
+         * folder (a shared folder may hold one). */
+        int ok = 0, others = 0;
+        char allow[8192], mine[8192] = "";
         snprintf(allow, sizeof allow, "%s", s->cfg.writable_allow ? s->cfg.writable_allow : "");
-        for (char *sv = NULL, *a = strtok_r(allow, ":", &sv); a && !ok; a = strtok_r(NULL, ":", &sv))
-            ok = srv__path_under(p, a);
+        for (char *sv = NULL, *a = strtok_r(allow, ":", &sv); a; a = strtok_r(NULL, ":", &sv)) {
+            if (!srv__allow_applies(&a, j->tenant)) {
+                others |= srv__path_under(a, p);
+                continue;
+            }
+            ok |= srv__path_under(p, a);
+            size_t m = strlen(mine);
+            snprintf(mine + m, sizeof mine - m, "%s%s", m ? ":" : "", a);
+        }
+        if (others)
+            return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" holds a folder the admin gave another "
+                                    "tenant; name a directory beside it", i, p);
         if (!ok)
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is not under a directory the admin allows"
-                                    " (server option --allow-writable; now: %s)", i, p,
-                          s->cfg.writable_allow && *s->cfg.writable_allow ? s->cfg.writable_allow : "none");
+                                    " your jobs (server option --allow-writable; now: %s)", i, p,
+                          *mine ? mine : "none");
         /* Which tenant holds it is not said: that is the other tenant's. */
         if (strcmp(j->tenant, "admin") && writable_taken(s, p, j->tenant))
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is another tenant's (its jobs named it, or a"
-                                    " directory in or above it, first): use a directory of your own under %s", i, p,
-                          s->cfg.writable_allow);
+                                    " directory in or above it, first): use a directory of your own under %s", i, p, mine);
     }
     return SH_OK;
+}
+
+/* An --allow-writable entry is DIR (every tenant's) or TENANT=DIR (that
+ * tenant's only; the admin's jobs may use every entry).  Whether *entry
+ * applies to `tenant`; it is left pointing at the directory. */
+int srv__allow_applies(char **entry, const char *tenant)
+{
+    char *a = *entry, *eq = a[0] != '/' ? strchr(a, '=') : NULL;
+    if (!eq) return 1;
+    *eq = 0;
+    *entry = eq + 1;
+    return !strcmp(tenant, "admin") || !strcmp(a, tenant);
 }
 
 int srv__path_under(const char *path, const char *dir)

@@ -444,6 +444,23 @@ static int start_http(srv *s)
     return SH_OK;
 }
 
+/* Every TENANT=DIR entry of --allow-writable names a tenant of the tokens
+ * file: a typo would otherwise leave that tenant without its folder. */
+static int check_allowed_tenants(srv *s)
+{
+    char allow[8192];
+    snprintf(allow, sizeof allow, "%s", s->cfg.writable_allow ? s->cfg.writable_allow : "");
+    for (char *sv = NULL, *a = strtok_r(allow, ":", &sv); a; a = strtok_r(NULL, ":", &sv)) {
+        char *eq = a[0] != '/' ? strchr(a, '=') : NULL;
+        if (!eq) continue;
+        *eq = 0;
+        if (!json_object_get(json_object_get(s->tokens, "tenants"), a))
+            return sh_err(SH_EINVAL, "--allow-writable %s=%s: no tenant \"%s\" in %s", a, eq + 1, a,
+                          s->cfg.tokens_path);
+    }
+    return SH_OK;
+}
+
 int srv_start(const srv_config *cfg, srv **out)
 {
     srv *s = calloc(1, sizeof *s);
@@ -465,6 +482,7 @@ int srv_start(const srv_config *cfg, srv **out)
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->sched_cv, NULL);
     int rc = load_tokens(s);
+    if (rc == SH_OK) rc = check_allowed_tenants(s);
     if (rc == SH_OK && !realpath(s->dir, s->state_dir))
         rc = sh_err_errno(errno, "%s: the database's directory", s->dir);
     if (rc == SH_OK) rc = srv__db_open(s);
