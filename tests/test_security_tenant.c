@@ -355,6 +355,12 @@ static void test_est_understated(void **state)
     double t0 = sh_now_mono();
     int64_t liar = submit_sh(&f, TF_BOB, "liar", ",\"est_s\":2", "echo started; exec sleep 1237");
     int64_t honest = submit_sh(&f, TF_ALICE, "honest", ",\"est_s\":30", "sleep 4; echo honest-done");
+    /* While it runs, the job says when its limit ends it. */
+    json_t *run = tf_wait_job(&f, liar, "running", 20);
+    json_t *ends = json_object_get(run, "ends_by");
+    if (!json_is_number(ends) || json_number_value(ends) < json_number_value(json_object_get(run, "started_at")) + 2.5)
+        fail_msg("a running job with est_s 2 shows no ends_by (or one before its start + est_s + grace)");
+    json_decref(run);
     int ended = 0;
     char *l = tf_wait_log(&f, liar, 40, &ended);
     double took = sh_now_mono() - t0;

@@ -187,6 +187,8 @@ int srv__member_end(srv *s, srv_job *j, srv_member *m, int state, int code);
 int srv__node_dead(srv *s, int idx, const char *why);
 void srv__heartbeats(srv *s, double now);
 int srv__time_limits(srv *s, double wall);
+double srv__ends_by(const srv *s, const srv_job *j);
+double srv__est_grace(const srv *s);
 int srv__cancel(srv *s, srv_job *j, const char *who);
 const char *srv__job_state_name(int st);
 const char *srv__member_state_name(int st);
