@@ -466,6 +466,50 @@ static void test_writable_per_tenant(void **state)
     free(out);
 }
 
+/* A rank fills the node's disk through its work directory (before: 300
+ * MiB at 2 GB/s and no bound, on the disk that may hold the server's
+ * database).  Bob's job asks for 64 MiB and appends 1 MiB blocks without
+ * end: the agent measures the directory every half second and stops the
+ * rank well before it writes 2 GiB, saying why in its log; the job fails.
+ * Alice's 10 MiB on the same node, inside her share, are untouched. */
+static void test_disk_flood(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "disk", 10);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    int64_t bob = submit_sh(&f, TF_BOB, "fill", ",\"disk_mb\":64",
+                            "i=0; while [ $i -lt 2048 ]; do head -c 1048576 /dev/zero >> big || exit 3;"
+                            " i=$((i+1)); [ $((i % 64)) -eq 0 ] && echo at=$i; done; echo wrote-all");
+    int64_t alice = submit_sh(&f, TF_ALICE, "small", "", "head -c 10485760 /dev/zero > f && sleep 2 && echo alice-ok");
+    char *l = tf_wait_log(&f, bob, 120, &(int){0});
+    log_lacks("disk_mb 64", l, "wrote-all");
+    log_has("disk_mb 64", l, "hit its disk limit");
+    /* Where it was stopped: the last progress line it printed. */
+    const char *at = NULL;
+    for (const char *p = strstr(l, "at="); p; p = strstr(p + 1, "at=")) at = p;
+    int mib = at ? atoi(at + 3) : 0;
+    if (mib > 1024) fail_msg("the rank wrote %d MiB under a 64 MiB limit before it was stopped", mib);
+    printf("stopped after about %d MiB\n", mib);
+    free(l);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)bob);
+    int st;
+    json_t *j = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "failed");
+    json_decref(j);
+    l = tf_wait_log(&f, alice, 60, &(int){0});
+    log_has("10 MiB inside the share", l, "alice-ok");
+    log_lacks("10 MiB inside the share", l, "disk limit");
+    free(l);
+    /* The field is checked like the other limits. */
+    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs",
+                "{\"name\":\"x\",\"kind\":\"function\",\"gpus\":1,\"disk_mb\":0,\"command\":[\"true\"]}", &st);
+    const char *e = json_string_value(json_object_get(j, "error"));
+    if (st != 400 || !e || !strstr(e, "disk_mb")) fail_msg("disk_mb 0: %d %s, expected 400 naming it", st, e ? e : "");
+    json_decref(j);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -477,6 +521,7 @@ int main(void)
         cmocka_unit_test_teardown(test_queue_flood, tf_teardown),
         cmocka_unit_test_teardown(test_est_understated, tf_teardown),
         cmocka_unit_test_teardown(test_writable_per_tenant, tf_teardown),
+        cmocka_unit_test_teardown(test_disk_flood, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));

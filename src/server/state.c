@@ -435,7 +435,7 @@ void srv__undo_end(srv *s, srv_undo *u, int committed)
 static const char *const job_keys[] = {
     "name",   "kind",     "nodes",          "min_nodes",  "max_nodes",    "gpus_per_node",
     "gpus",   "gpu_types", "zone",          "command",    "env",          "on_failure",
-    "max_attempts", "priority", "writable", "memory_mb", "pids_max", "idempotency_key", "est_s",
+    "max_attempts", "priority", "writable", "memory_mb", "pids_max", "disk_mb", "idempotency_key", "est_s",
     "gpu_speeds", "replace_wait_s", NULL};
 
 static int pick(const char *v, const char *const *names, int n, const char *field, int *out)
@@ -571,6 +571,7 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     int lim = 1;
     if (rc == SH_OK) rc = int_field(spec, "memory_mb", 0, 1, 1 << 24, &lim);
     if (rc == SH_OK) rc = int_field(spec, "pids_max", 0, 1, 1 << 22, &lim);
+    if (rc == SH_OK) rc = int_field(spec, "disk_mb", 0, 1, 1 << 30, &lim);
     double est = 0;
     if (rc == SH_OK) rc = sh_json_get_num(spec, "est_s", 0, "job", &est);
     if (rc == SH_OK && est < 0) rc = sh_err(SH_ERANGE, "job: field \"est_s\": negative");
