@@ -15,7 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -510,6 +515,93 @@ static void test_disk_flood(void **state)
     tf_stop(&f);
 }
 
+/* A TCP connection to the server's port from source address src
+ * (127.0.0.0/8 is all this host's), or -1. */
+static int tcp_from(const char *src, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET}, d = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, src, &a.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &d.sin_addr);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || connect(fd, (struct sockaddr *)&d, sizeof d) < 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* The HTTP status of GET path as the admin over a new connection from src
+ * (0: no answer within 5 s, or the connection was closed). */
+static int status_from(tf_fleet *f, const char *src, const char *path, char *body, size_t cap)
+{
+    int fd = tcp_from(src, f->port);
+    if (fd < 0) return 0;
+    char req[256], buf[16384];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nAuthorization: Bearer " TF_ADMIN "\r\n\r\n", path);
+    size_t got = 0;
+    ssize_t r;
+    if (write(fd, req, (size_t)n) == n)
+        while (got + 1 < sizeof buf && (r = read(fd, buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)r;
+    close(fd);
+    buf[got] = 0;
+    if (body) snprintf(body, cap, "%s", buf);
+    int st = 0;
+    return sscanf(buf, "HTTP/1.%*d %d", &st) == 1 ? st : 0;
+}
+
+/* A rank holds every connection of the server (before: 1,010 connections,
+ * each half a request header, and every client got nothing for as long as
+ * they were held).  One address may hold --max-conns-per-ip of them (40
+ * here, 250 by default): the same 1,010 from 127.0.0.1 leave the server
+ * answering from any other address, and the node's agent, which polls over
+ * the connection it kept, stays alive. */
+static void test_connection_hog(void **state)
+{
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_max < 1200) skip();
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--max-conns-per-ip 40");
+    tf_start_server(&f, "conns", 2);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    enum { HOG = 1010 };
+    static int hog[HOG];
+    int opened = 0;
+    for (int i = 0; i < HOG; i++) {
+        hog[i] = tcp_from("127.0.0.1", f.port);
+        if (hog[i] < 0) continue;
+        opened++;
+        const char *half = "GET /v1/nodes HTTP/1.1\r\nHost: x\r\n";
+        if (write(hog[i], half, strlen(half)) < 0) { /* closed already: over the limit */ }
+    }
+    assert_true(opened > 100);
+    sh_sleep(0.5);
+    /* Another address is answered, for longer than the heartbeat timeout,
+     * and the node stays alive. */
+    char body[16384];
+    for (int k = 0; k < 3; k++) {
+        int st = status_from(&f, "127.0.0.2", "/v1/nodes", body, sizeof body);
+        if (st != 200)
+            fail_msg("with %d connections held from 127.0.0.1, a client at 127.0.0.2 got %d (expected 200)", opened, st);
+        sh_sleep(1.5);
+    }
+    if (!strstr(body, "\"alive\""))
+        fail_msg("the node died while its address's connections were held:\n%.2000s", body);
+    /* The hogging address itself gets no more. */
+    int st = status_from(&f, "127.0.0.1", "/v1/nodes", NULL, 0);
+    if (st == 200) fail_msg("a new connection from the hogging address was served past its limit");
+    for (int i = 0; i < HOG; i++)
+        if (hog[i] >= 0) close(hog[i]);
+    /* Once they close it is served again. */
+    for (int k = 0; k < 50 && (st = status_from(&f, "127.0.0.1", "/v1/nodes", NULL, 0)) != 200; k++) sh_sleep(0.1);
+    assert_int_equal(st, 200);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -522,6 +614,7 @@ int main(void)
         cmocka_unit_test_teardown(test_est_understated, tf_teardown),
         cmocka_unit_test_teardown(test_writable_per_tenant, tf_teardown),
         cmocka_unit_test_teardown(test_disk_flood, tf_teardown),
+        cmocka_unit_test_teardown(test_connection_hog, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));

@@ -434,7 +434,9 @@ static int start_http(srv *s)
     s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL,
                               (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &sa,
                               MHD_OPTION_NOTIFY_COMPLETED, on_done, s, MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)1000, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                              SRV_MAX_CONNS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                              s->cfg.max_conns_per_ip ? s->cfg.max_conns_per_ip : SRV_MAX_CONNS_PER_IP,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
     if (!s->mhd)
         return sh_err(SH_EIO, "cannot listen on %s:%d (port in use? pick another with --port)",
