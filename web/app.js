@@ -1,9 +1,19 @@
 // shoal dashboard: draws GET /v1/overview every second.
-// The token comes from ?token=..., or the form (kept in localStorage).
+// The token comes from #token=... (a fragment never reaches a server, a
+// log or a Referer), ?token=... (older links), or the form; it is kept in
+// localStorage, and taken out of the address at once, so that the browser's
+// history does not keep it.
 "use strict";
 
-const params = new URLSearchParams(location.search);
-let token = params.get("token") || localStorage.getItem("shoal-token") || "";
+function tokenFromAddress() {
+  const t = new URLSearchParams(location.hash.slice(1)).get("token") ||
+            new URLSearchParams(location.search).get("token");
+  if (!t) return "";
+  localStorage.setItem("shoal-token", t);
+  history.replaceState(null, "", location.pathname);
+  return t;
+}
+let token = tokenFromAddress() || localStorage.getItem("shoal-token") || "";
 
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);

@@ -135,7 +135,7 @@ int cli_cmd_up(int argc, char **argv)
     if ((rc = sh_write_atomic_mode(envf, env, (size_t)el, 0600)) < 0) sh_warn("%s", sh_errmsg());
     printf("listening on %s\n%d agents started from %s; tokens in %s\n"
            "client:    . %s    (exports SHOAL_SERVER and SHOAL_TOKEN for the tenant \"default\")\n"
-           "dashboard: %s/    (paste the token; or, after the line above, open %s/?token=$SHOAL_TOKEN;\n"
+           "dashboard: %s/    (paste the token; or, after the line above, open %s/#token=$SHOAL_TOKEN;\n"
            "           the \"admin\" token in %s shows every tenant)\n",
            url, n, fleet, cfg.tokens_path, envf, url, url, cfg.tokens_path);
     fflush(stdout);

@@ -25,8 +25,11 @@ try {
   const page = await browser.newPage();
   const errors = [];
   page.on("pageerror", e => errors.push(e.message));
-  await page.goto(`${url}/?token=${encodeURIComponent(token)}`);
+  await page.goto(`${url}/#token=${encodeURIComponent(token)}`);
   await page.waitForSelector("body[data-loaded='1']", { timeout: 10000 });
+  // The token leaves the address (and so the browser's history) at once.
+  if (page.url().includes(encodeURIComponent(token)) || page.url().includes("token="))
+    fail(`the token stays in the address: ${page.url()}`);
 
   // The fleet: every node drawn once, inside its zone and pool.
   const names = await page.$$eval("#fleet .node", els => els.map(e => e.dataset.name));
@@ -92,6 +95,7 @@ try {
   await page.setViewportSize({ width: 800, height: 900 });
   await page.goto(`${url}/?token=${encodeURIComponent(token)}`);
   await page.waitForSelector("body[data-loaded='1']", { timeout: 10000 });
+  if (page.url().includes("token=")) fail(`an older ?token= link stays in the address: ${page.url()}`);
   const wide = await page.evaluate(() => document.documentElement.scrollWidth);
   if (wide > 800) fail(`at 800 px the page is ${wide} px wide`);
   await page.screenshot({ path: join(shotdir, "dashboard-800.png"), fullPage: true });
