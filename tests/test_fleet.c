@@ -447,6 +447,68 @@ static void test_log_torn_tail(void **state)
     tf_stop(&f);
 }
 
+/* Counts the occurrences of needle in text. */
+static size_t count_of(const char *text, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+/* A character cut by a read reaches the log whole.  The agent reads a
+ * rank's pipe in pieces, and a rank that prints the first two bytes of
+ * a euro sign and the last one a second later was logged as "x???" (each
+ * piece cut alone).  The server writes records of at most 1 MiB and reads
+ * windows of whole records: output sent in one poll of 1.5 MiB of euro
+ * signs (a server that takes 4 MiB requests) was cut inside a character
+ * at 1 MiB, and the first window read back as {} with no text. */
+static void test_log_utf8_boundaries(void **state)
+{
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--max-body 4194304");
+    tf_start_server(&f, "utf8", 10);
+    tf_start_agent(&f, 0, "L4", 1, "z", "eth");
+    int64_t id = tf_submit(&f, TF_ALICE, "{\"name\":\"euro\",\"nodes\":1,\"command\":[\"sh\",\"-c\","
+                                         "\"printf 'x\\\\342\\\\202'; sleep 1; printf '\\\\254 y\\\\n'\"]}");
+    json_decref(tf_wait_job(&f, id, "succeeded", 30));
+    char *l = tf_job_log(&f, id);
+    if (!strstr(l, "x\xe2\x82\xac y\n")) fail_msg("the euro sign cut by the pipe is not whole in the log:\n%s", l);
+    free(l);
+
+    /* The server's side, with a node of this test's own that sends the
+     * rank's output in one poll. */
+    int st;
+    json_t *r = tf_call(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"big\",\"gpu_type\":\"BIG\",\"gpus\":1}", &st);
+    assert_int_equal(st, 200);
+    char *cred = strdup(json_string_value(json_object_get(r, "credential")));
+    json_decref(r);
+    id = tf_submit(&f, TF_ALICE, "{\"name\":\"big\",\"nodes\":1,\"gpu_types\":[\"BIG\"],\"command\":[\"true\"]}");
+    json_decref(tf_wait_job(&f, id, "starting", 30));
+    enum { EUROS = 500000 }; /* 1.5 MB: the 1 MiB mark falls inside the 349,526th */
+    sh_buf body = {0};
+    sh_buf_printf(&body, "{\"node\":\"big\",\"members\":[{\"job\":%lld,\"attempt\":1,\"rank\":0,\"state\":\"running\"}],"
+                         "\"logs\":[{\"job\":%lld,\"attempt\":1,\"rank\":0,\"data\":\"", (long long)id, (long long)id);
+    for (int i = 0; i < EUROS; i++) sh_buf_append(&body, "\xe2\x82\xac", 3);
+    sh_buf_printf(&body, "\"}]}");
+    sh_buf_append(&body, "", 1);
+    json_decref(tf_call(&f, cred, "POST", "/v1/agent/poll", (char *)body.data, &st));
+    assert_int_equal(st, 200);
+    sh_buf_free(&body);
+    free(cred);
+    char path[128];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0&offset=0", (long long)id);
+    r = tf_call(&f, TF_ALICE, "GET", path, NULL, &st);
+    assert_int_equal(st, 200);
+    json_t *d = json_object_get(r, "data");
+    if (!json_is_string(d)) fail_msg("the first window of the log has no text (%s)", json_dumps(r, 0));
+    assert_true(json_string_length(d) >= (1 << 20)); /* one window, carried on to its character's end */
+    json_decref(r);
+    l = tf_job_log(&f, id);
+    assert_int_equal(count_of(l, "\xe2\x82\xac"), EUROS);
+    free(l);
+    tf_stop(&f);
+}
+
 static int count_nodes(tf_fleet *f)
 {
     int st;
@@ -797,6 +859,7 @@ int main(void)
         cmocka_unit_test_teardown(test_killed_agent_policies, tf_teardown),
         cmocka_unit_test_teardown(test_server_kill9_under_load, tf_teardown),
         cmocka_unit_test_teardown(test_log_torn_tail, tf_teardown),
+        cmocka_unit_test_teardown(test_log_utf8_boundaries, tf_teardown),
         cmocka_unit_test_teardown(test_autoscale_local_provider, tf_teardown),
         cmocka_unit_test_teardown(test_up_and_cli, tf_teardown),
         cmocka_unit_test_teardown(test_sandbox_limits, tf_teardown),
