@@ -506,6 +506,17 @@ static void test_log_utf8_boundaries(void **state)
     l = tf_job_log(&f, id);
     assert_int_equal(count_of(l, "\xe2\x82\xac"), EUROS);
     free(l);
+    /* `shoal logs` prints every page, --follow or not (was: the first). */
+    for (int json = 0; json < 2; json++) {
+        char *o;
+        assert_int_equal(tu_run(&o, "%s logs %lld --server %s --token %s%s", tu_shoal(), (long long)id, f.url, TF_ALICE,
+                                json ? " --json" : ""),
+                         0);
+        if (count_of(o, "\xe2\x82\xac") != EUROS)
+            fail_msg("shoal logs%s printed %zu of %d euro signs", json ? " --json" : "", count_of(o, "\xe2\x82\xac"),
+                     EUROS);
+        free(o);
+    }
     tf_stop(&f);
 }
 
