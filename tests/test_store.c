@@ -489,6 +489,33 @@ static void test_publish_folder(void **state)
     store_close(s);
 }
 
+/* `shoal store publish` draws a progress bar on a terminal, for an anchor
+ * (a copy) and a delta alike, while it works (an "eta" draw before the
+ * last); none with --json or when stderr is not a terminal. */
+static void test_publish_progress(void **state)
+{
+    synth(tu_path("pg1.st"), 4000000, 12); /* 16 MB: several copy blocks */
+    TU_OK(ckpt_step(tu_path("pg1.st"), tu_path("pg2.st"), 1e-4, 1, 13));
+    sh_rm_rf(tu_path("pg"));
+    char *out;
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(tu_run_tty(&out, "%s store publish %s %s", tu_shoal(), tu_path("pg"), tu_path(k ? "pg2.st" : "pg1.st")),
+                         0);
+        if (!strstr(out, "store publish [") || !strstr(out, "100%") || !strstr(out, " eta "))
+            fail_msg("no progress bar for the %s on a terminal:\n%s", k ? "delta" : "anchor", out);
+        assert_non_null(strstr(out, k ? "version 2: delta" : "version 1: anchor"));
+        free(out);
+    }
+    assert_int_equal(tu_run_tty(&out, "%s store publish %s %s --json", tu_shoal(), tu_path("pg"), tu_path("pg1.st")), 0);
+    assert_null(strstr(out, "store publish ["));
+    assert_non_null(strstr(out, "\"version\":3"));
+    free(out);
+    assert_int_equal(tu_run(&out, "%s store publish %s %s", tu_shoal(), tu_path("pg"), tu_path("pg2.st")), 0);
+    assert_null(strstr(out, "store publish ["));
+    assert_non_null(strstr(out, "version 4"));
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -497,7 +524,7 @@ int main(void)
         cmocka_unit_test(test_gc_keeps_chains), cmocka_unit_test(test_crash_leftovers),
         cmocka_unit_test(test_enospc), cmocka_unit_test(test_deltas_and_squash),
         cmocka_unit_test(test_cli),                   cmocka_unit_test(test_delta_publish_head_cache),
-        cmocka_unit_test(test_publish_folder),
+        cmocka_unit_test(test_publish_folder),        cmocka_unit_test(test_publish_progress),
     };
     return cmocka_run_group_tests_name("store", tests, NULL, NULL);
 }
