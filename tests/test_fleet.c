@@ -8,6 +8,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -643,6 +646,58 @@ static void test_up_and_cli(void **state)
     tf_kill_all();
 }
 
+/* `shoal up` on a port another process holds fails, says how to fix it, and
+ * takes back what it created: a new state folder whole, and in a folder that
+ * was there only its new tokens file and database (was: both left behind). */
+static void test_up_busy_port(void **state)
+{
+    int sock = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(sock, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(sock, 1), 0);
+    assert_int_equal(getsockname(sock, (struct sockaddr *)&a, &al), 0);
+    int port = ntohs(a.sin_port);
+    char top[4200], keep[4200], mine[4300], p[4300];
+    snprintf(top, sizeof top, "%s", tu_path("up-new"));
+    snprintf(keep, sizeof keep, "%s", tu_path("up-keep"));
+    sh_rm_rf(top);
+    sh_rm_rf(keep);
+    sh_mkdir_p(keep, 0700);
+    snprintf(mine, sizeof mine, "%s/mine.txt", keep);
+    tu_write_file(mine, "mine\n", 5);
+    char *o;
+    assert_int_equal(tu_run(&o, "%s up --fleet examples/fleet-local.csv --db %s/a/b/shoal.db --port %d", tu_shoal(), top,
+                            port),
+                     1);
+    if (!strstr(o, "cannot listen on 127.0.0.1:") || !strstr(o, "pick another with --port"))
+        fail_msg("shoal up on a busy port said: %s", o);
+    free(o);
+    assert_false(sh_path_exists(top));
+    assert_int_equal(tu_run(&o, "%s up --fleet examples/fleet-local.csv --db %s/shoal.db --port %d", tu_shoal(), keep, port),
+                     1);
+    free(o);
+    assert_true(sh_path_exists(mine));
+    const char *gone[] = {"tokens.json", "shoal.db", "shoal.db-wal", "shoal.db-shm"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", keep, gone[i]);
+        if (sh_path_exists(p)) fail_msg("a failed shoal up left %s", p);
+    }
+    /* What was there stays: a database and tokens of an earlier run. */
+    snprintf(p, sizeof p, "%s/shoal.db", keep);
+    tu_write_file(p, "", 0);
+    snprintf(p, sizeof p, "%s/tokens.json", keep);
+    const char *t = "{\"admin\":\"a\",\"agent\":\"b\",\"tenants\":{\"default\":\"c\"}}";
+    tu_write_file(p, t, strlen(t));
+    assert_int_equal(tu_run(&o, "%s up --fleet examples/fleet-local.csv --db %s/shoal.db --port %d", tu_shoal(), keep, port),
+                     1);
+    free(o);
+    assert_true(sh_path_exists(p));
+    snprintf(p, sizeof p, "%s/shoal.db", keep);
+    assert_true(sh_path_exists(p));
+    close(sock);
+}
+
 /* The sandbox: pids_max is enforced by the rank's cgroup, the root is
  * read-only, /tmp is private and the rank sees its own pid namespace. */
 static void test_sandbox_limits(void **state)
@@ -873,6 +928,7 @@ int main(void)
         cmocka_unit_test_teardown(test_log_utf8_boundaries, tf_teardown),
         cmocka_unit_test_teardown(test_autoscale_local_provider, tf_teardown),
         cmocka_unit_test_teardown(test_up_and_cli, tf_teardown),
+        cmocka_unit_test_teardown(test_up_busy_port, tf_teardown),
         cmocka_unit_test_teardown(test_sandbox_limits, tf_teardown),
         cmocka_unit_test_teardown(test_elastic_yields_to_gang, tf_teardown),
     };
