@@ -458,6 +458,22 @@ static size_t count_of(const char *text, const char *needle)
     return n;
 }
 
+/* Appends one record of a rank log file as the server frames it
+ * (docs/server-api.md, "Rank log files"), for logs an older server wrote. */
+static void log_record(FILE *f, const void *data, uint32_t len)
+{
+    uint8_t hdr[8];
+    for (int i = 0; i < 4; i++) hdr[i] = (uint8_t)(len >> (8 * i));
+    sh_hasher *h = sh_hasher_new();
+    sh_hasher_update(h, hdr, 4);
+    sh_hasher_update(h, data, len);
+    uint32_t c = (uint32_t)sh_hasher_digest(h).lo;
+    sh_hasher_free(h);
+    for (int i = 0; i < 4; i++) hdr[4 + i] = (uint8_t)(c >> (8 * i));
+    fwrite(hdr, 1, 8, f);
+    fwrite(data, 1, len, f);
+}
+
 /* A character cut by a read reaches the log whole.  The agent reads a
  * rank's pipe in pieces, and a rank that prints the first two bytes of
  * a euro sign and the last one a second later was logged as "x???" (each
@@ -520,6 +536,29 @@ static void test_log_utf8_boundaries(void **state)
                      EUROS);
         free(o);
     }
+    /* A log an older server wrote: a first record of a whole window (1 MiB)
+     * cut inside a character, whose last bytes start the next record.  The
+     * window is carried on to the character's end; bytes no JSON string
+     * holds read as '?', never as an empty reply. */
+    char logf[4200];
+    snprintf(logf, sizeof logf, "%s/logs/%lld/0.log", f.dir, (long long)id);
+    FILE *lf = fopen(logf, "wb");
+    assert_non_null(lf);
+    uint8_t *w = malloc(1 << 20);
+    for (uint32_t i = 0; i < (1 << 20); i++) w[i] = "\xe2\x82\xac"[i % 3]; /* ends after 0xe2 */
+    log_record(lf, w, 1 << 20);
+    log_record(lf, "\x82\xac end\n", 7);
+    log_record(lf, "bad \xff byte\n", 11);
+    fclose(lf);
+    free(w);
+    r = tf_call(&f, TF_ALICE, "GET", path, NULL, &st);
+    d = json_object_get(r, "data");
+    if (!json_is_string(d)) fail_msg("an old log's first window has no text (%s)", json_dumps(r, 0));
+    assert_int_equal(json_string_length(d), (1 << 20) + 7);
+    json_decref(r);
+    l = tf_job_log(&f, id);
+    assert_non_null(strstr(l, "\xe2\x82\xac end\nbad ? byte\n"));
+    free(l);
     tf_stop(&f);
 }
 
