@@ -554,6 +554,45 @@ static void test_client_commands(void **state)
     tf_stop(&F);
 }
 
+/* `shoal rl report --json` prints every count as an integer (was: versions
+ * 8.0, full_bytes 65536.0) and means as numbers, from a run folder
+ * written by hand: a trainer's result and one push-tree line. */
+static void test_rl_report_counts(void **state)
+{
+    const char *run = tu_path("rl-run");
+    char p[4200];
+    sh_rm_rf(run);
+    snprintf(p, sizeof p, "%s/push", run);
+    sh_mkdir_p(p, 0755);
+    const char *res = "{\"store_versions\":8,\"store_bytes_total\":123456.0,\"weights_bytes_sent\":1000,"
+                      "\"weights_delta_bytes_mean\":2048.5,\"weights_image_bytes\":65536,\"final_version\":8,"
+                      "\"final_image_xxh3\":\"ab\",\"dropped_stale\":2,\"refused_requests\":1,\"reward_start\":0.1,"
+                      "\"reward_end\":0.9,\"workers\":[{\"push\":true,\"final\":{\"version\":8,\"image_xxh3\":\"ab\"}},"
+                      "{\"push\":false,\"final\":{\"version\":8,\"image_xxh3\":\"ab\"}}]}";
+    snprintf(p, sizeof p, "%s/result.json", run);
+    tu_write_file(p, res, strlen(res));
+    const char *root = "{\"name\":\"root\",\"zone\":\"za\",\"addr\":\"10.0.0.1:5\"}";
+    snprintf(p, sizeof p, "%s/push/root.json", run);
+    tu_write_file(p, root, strlen(root));
+    const char *line = "{\"name\":\"w0\",\"zone\":\"zb\",\"addr\":\"10.0.0.2:6\",\"parent\":\"10.0.0.1:5\",\"store_version\":8}\n";
+    snprintf(p, sizeof p, "%s/push/tree.jsonl", run);
+    tu_write_file(p, line, strlen(line));
+    char *out;
+    assert_int_equal(tu_run(&out, "%s rl report --dir %s --json", tu_shoal(), run), 0);
+    json_t *j = json_loads(out, 0, NULL);
+    if (!j) fail_msg("rl report --json printed no JSON: %s", out);
+    static const char *const counts[] = {"versions", "zones", "workers", "workers_on_push_tree", "workers_at_end",
+                                         "full_bytes", "versions_in_tree_log", "dropped_stale", "refused_requests",
+                                         "final_version", "workers_direct"};
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++)
+        if (!json_is_integer(json_object_get(j, counts[i]))) fail_msg("%s is not an integer: %s", counts[i], out);
+    assert_int_equal(json_integer_value(json_object_get(j, "versions")), 8);
+    assert_int_equal(json_integer_value(json_object_get(j, "full_bytes")), 65536);
+    assert_true(json_number_value(json_object_get(j, "delta_bytes_mean")) == 2048.5);
+    json_decref(j);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -564,6 +603,7 @@ int main(void)
         cmocka_unit_test(test_killed_write_leaves_no_temporary),
         cmocka_unit_test(test_dashboard_from_elsewhere),
         cmocka_unit_test(test_man_and_completion),
+        cmocka_unit_test(test_rl_report_counts),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

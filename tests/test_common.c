@@ -216,6 +216,25 @@ static void test_progress_clear(void **state)
         fail_msg("the bar was not erased before the line:\n%s", buf);
 }
 
+/* sh_utf8_tail: the bytes a reader keeps for its next read. */
+static void test_utf8_tail(void **state)
+{
+    static const struct {
+        const char *s;
+        size_t tail;
+    } t[] = {
+        {"", 0},           {"abc", 0},         {"x\xe2", 1},             {"x\xe2\x82", 2},
+        {"x\xe2\x82\xac", 0}, {"\xc3", 1},       {"\xc3\xa9", 0},          {"\xf0\x9f\x98", 3},
+        {"\xf0\x9f\x98\x80", 0}, {"\x82\xac", 0}, /* continuation bytes alone: no character to finish */
+        {"\xe2\x82\xac\xe2", 1}, {"\xc0", 0},   {"\xf5\x80", 0}, /* never UTF-8 */
+        {"\x80\x80\x80\x80\x80", 0},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (sh_utf8_tail((const uint8_t *)t[i].s, strlen(t[i].s)) != t[i].tail)
+            fail_msg("case %zu: sh_utf8_tail gave %zu, expected %zu", i,
+                     sh_utf8_tail((const uint8_t *)t[i].s, strlen(t[i].s)), t[i].tail);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -223,7 +242,7 @@ int main(void)
         cmocka_unit_test(test_atomic_write),  cmocka_unit_test(test_dirs),
         cmocka_unit_test(test_parse_numbers), cmocka_unit_test(test_json_helpers),
         cmocka_unit_test(test_cli_dispatch),  cmocka_unit_test(test_map_keep),
-        cmocka_unit_test(test_progress_clear),
+        cmocka_unit_test(test_progress_clear), cmocka_unit_test(test_utf8_tail),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

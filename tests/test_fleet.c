@@ -8,6 +8,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -447,6 +450,118 @@ static void test_log_torn_tail(void **state)
     tf_stop(&f);
 }
 
+/* Counts the occurrences of needle in text. */
+static size_t count_of(const char *text, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+/* Appends one record of a rank log file as the server frames it
+ * (docs/server-api.md, "Rank log files"), for logs an older server wrote. */
+static void log_record(FILE *f, const void *data, uint32_t len)
+{
+    uint8_t hdr[8];
+    for (int i = 0; i < 4; i++) hdr[i] = (uint8_t)(len >> (8 * i));
+    sh_hasher *h = sh_hasher_new();
+    sh_hasher_update(h, hdr, 4);
+    sh_hasher_update(h, data, len);
+    uint32_t c = (uint32_t)sh_hasher_digest(h).lo;
+    sh_hasher_free(h);
+    for (int i = 0; i < 4; i++) hdr[4 + i] = (uint8_t)(c >> (8 * i));
+    fwrite(hdr, 1, 8, f);
+    fwrite(data, 1, len, f);
+}
+
+/* A character cut by a read reaches the log whole.  The agent reads a
+ * rank's pipe in pieces, and a rank that prints the first two bytes of
+ * a euro sign and the last one a second later was logged as "x???" (each
+ * piece cut alone).  The server writes records of at most 1 MiB and reads
+ * windows of whole records: output sent in one poll of 1.5 MiB of euro
+ * signs (a server that takes 4 MiB requests) was cut inside a character
+ * at 1 MiB, and the first window read back as {} with no text. */
+static void test_log_utf8_boundaries(void **state)
+{
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--max-body 4194304");
+    tf_start_server(&f, "utf8", 10);
+    tf_start_agent(&f, 0, "L4", 1, "z", "eth");
+    int64_t id = tf_submit(&f, TF_ALICE, "{\"name\":\"euro\",\"nodes\":1,\"command\":[\"sh\",\"-c\","
+                                         "\"printf 'x\\\\342\\\\202'; sleep 1; printf '\\\\254 y\\\\n'\"]}");
+    json_decref(tf_wait_job(&f, id, "succeeded", 30));
+    char *l = tf_job_log(&f, id);
+    if (!strstr(l, "x\xe2\x82\xac y\n")) fail_msg("the euro sign cut by the pipe is not whole in the log:\n%s", l);
+    free(l);
+
+    /* The server's side, with a node of this test's own that sends the
+     * rank's output in one poll. */
+    int st;
+    json_t *r = tf_call(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"big\",\"gpu_type\":\"BIG\",\"gpus\":1}", &st);
+    assert_int_equal(st, 200);
+    char *cred = strdup(json_string_value(json_object_get(r, "credential")));
+    json_decref(r);
+    id = tf_submit(&f, TF_ALICE, "{\"name\":\"big\",\"nodes\":1,\"gpu_types\":[\"BIG\"],\"command\":[\"true\"]}");
+    json_decref(tf_wait_job(&f, id, "starting", 30));
+    enum { EUROS = 500000 }; /* 1.5 MB: the 1 MiB mark falls inside the 349,526th */
+    sh_buf body = {0};
+    sh_buf_printf(&body, "{\"node\":\"big\",\"members\":[{\"job\":%lld,\"attempt\":1,\"rank\":0,\"state\":\"running\"}],"
+                         "\"logs\":[{\"job\":%lld,\"attempt\":1,\"rank\":0,\"data\":\"", (long long)id, (long long)id);
+    for (int i = 0; i < EUROS; i++) sh_buf_append(&body, "\xe2\x82\xac", 3);
+    sh_buf_printf(&body, "\"}]}");
+    sh_buf_append(&body, "", 1);
+    json_decref(tf_call(&f, cred, "POST", "/v1/agent/poll", (char *)body.data, &st));
+    assert_int_equal(st, 200);
+    sh_buf_free(&body);
+    free(cred);
+    char path[128];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0&offset=0", (long long)id);
+    r = tf_call(&f, TF_ALICE, "GET", path, NULL, &st);
+    assert_int_equal(st, 200);
+    json_t *d = json_object_get(r, "data");
+    if (!json_is_string(d)) fail_msg("the first window of the log has no text (%s)", json_dumps(r, 0));
+    assert_true(json_string_length(d) >= (1 << 20)); /* one window, carried on to its character's end */
+    json_decref(r);
+    l = tf_job_log(&f, id);
+    assert_int_equal(count_of(l, "\xe2\x82\xac"), EUROS);
+    free(l);
+    /* `shoal logs` prints every page, --follow or not (was: the first). */
+    for (int json = 0; json < 2; json++) {
+        char *o;
+        assert_int_equal(tu_run(&o, "%s logs %lld --server %s --token %s%s", tu_shoal(), (long long)id, f.url, TF_ALICE,
+                                json ? " --json" : ""),
+                         0);
+        if (count_of(o, "\xe2\x82\xac") != EUROS)
+            fail_msg("shoal logs%s printed %zu of %d euro signs", json ? " --json" : "", count_of(o, "\xe2\x82\xac"),
+                     EUROS);
+        free(o);
+    }
+    /* A log an older server wrote: a first record of a whole window (1 MiB)
+     * cut inside a character, whose last bytes start the next record.  The
+     * window is carried on to the character's end; bytes no JSON string
+     * holds read as '?', never as an empty reply. */
+    char logf[4200];
+    snprintf(logf, sizeof logf, "%s/logs/%lld/0.log", f.dir, (long long)id);
+    FILE *lf = fopen(logf, "wb");
+    assert_non_null(lf);
+    uint8_t *w = malloc(1 << 20);
+    for (uint32_t i = 0; i < (1 << 20); i++) w[i] = "\xe2\x82\xac"[i % 3]; /* ends after 0xe2 */
+    log_record(lf, w, 1 << 20);
+    log_record(lf, "\x82\xac end\n", 7);
+    log_record(lf, "bad \xff byte\n", 11);
+    fclose(lf);
+    free(w);
+    r = tf_call(&f, TF_ALICE, "GET", path, NULL, &st);
+    d = json_object_get(r, "data");
+    if (!json_is_string(d)) fail_msg("an old log's first window has no text (%s)", json_dumps(r, 0));
+    assert_int_equal(json_string_length(d), (1 << 20) + 7);
+    json_decref(r);
+    l = tf_job_log(&f, id);
+    assert_non_null(strstr(l, "\xe2\x82\xac end\nbad ? byte\n"));
+    free(l);
+    tf_stop(&f);
+}
+
 static int count_nodes(tf_fleet *f)
 {
     int st;
@@ -568,6 +683,58 @@ static void test_up_and_cli(void **state)
     assert_int_equal(tu_run(&o, "%s jobs --limit x", sh), 2);
     free(o);
     tf_kill_all();
+}
+
+/* `shoal up` on a port another process holds fails, says how to fix it, and
+ * takes back what it created: a new state folder whole, and in a folder that
+ * was there only its new tokens file and database (was: both left behind). */
+static void test_up_busy_port(void **state)
+{
+    int sock = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(sock, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(sock, 1), 0);
+    assert_int_equal(getsockname(sock, (struct sockaddr *)&a, &al), 0);
+    int port = ntohs(a.sin_port);
+    char top[4200], keep[4200], mine[4300], p[4300];
+    snprintf(top, sizeof top, "%s", tu_path("up-new"));
+    snprintf(keep, sizeof keep, "%s", tu_path("up-keep"));
+    sh_rm_rf(top);
+    sh_rm_rf(keep);
+    sh_mkdir_p(keep, 0700);
+    snprintf(mine, sizeof mine, "%s/mine.txt", keep);
+    tu_write_file(mine, "mine\n", 5);
+    char *o;
+    assert_int_equal(tu_run(&o, "%s up --fleet examples/fleet-local.csv --db %s/a/b/shoal.db --port %d", tu_shoal(), top,
+                            port),
+                     1);
+    if (!strstr(o, "cannot listen on 127.0.0.1:") || !strstr(o, "pick another with --port"))
+        fail_msg("shoal up on a busy port said: %s", o);
+    free(o);
+    assert_false(sh_path_exists(top));
+    assert_int_equal(tu_run(&o, "%s up --fleet examples/fleet-local.csv --db %s/shoal.db --port %d", tu_shoal(), keep, port),
+                     1);
+    free(o);
+    assert_true(sh_path_exists(mine));
+    const char *gone[] = {"tokens.json", "shoal.db", "shoal.db-wal", "shoal.db-shm"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", keep, gone[i]);
+        if (sh_path_exists(p)) fail_msg("a failed shoal up left %s", p);
+    }
+    /* What was there stays: a database and tokens of an earlier run. */
+    snprintf(p, sizeof p, "%s/shoal.db", keep);
+    tu_write_file(p, "", 0);
+    snprintf(p, sizeof p, "%s/tokens.json", keep);
+    const char *t = "{\"admin\":\"a\",\"agent\":\"b\",\"tenants\":{\"default\":\"c\"}}";
+    tu_write_file(p, t, strlen(t));
+    assert_int_equal(tu_run(&o, "%s up --fleet examples/fleet-local.csv --db %s/shoal.db --port %d", tu_shoal(), keep, port),
+                     1);
+    free(o);
+    assert_true(sh_path_exists(p));
+    snprintf(p, sizeof p, "%s/shoal.db", keep);
+    assert_true(sh_path_exists(p));
+    close(sock);
 }
 
 /* The sandbox: pids_max is enforced by the rank's cgroup, the root is
@@ -797,8 +964,10 @@ int main(void)
         cmocka_unit_test_teardown(test_killed_agent_policies, tf_teardown),
         cmocka_unit_test_teardown(test_server_kill9_under_load, tf_teardown),
         cmocka_unit_test_teardown(test_log_torn_tail, tf_teardown),
+        cmocka_unit_test_teardown(test_log_utf8_boundaries, tf_teardown),
         cmocka_unit_test_teardown(test_autoscale_local_provider, tf_teardown),
         cmocka_unit_test_teardown(test_up_and_cli, tf_teardown),
+        cmocka_unit_test_teardown(test_up_busy_port, tf_teardown),
         cmocka_unit_test_teardown(test_sandbox_limits, tf_teardown),
         cmocka_unit_test_teardown(test_elastic_yields_to_gang, tf_teardown),
     };

@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
@@ -489,6 +490,65 @@ static void test_publish_folder(void **state)
     store_close(s);
 }
 
+/* `shoal store publish` draws a progress bar on a terminal, for an anchor
+ * (a copy) and a delta alike, while it works (an "eta" draw before the
+ * last); none with --json or when stderr is not a terminal. */
+static void test_publish_progress(void **state)
+{
+    synth(tu_path("pg1.st"), 4000000, 12); /* 16 MB: several copy blocks */
+    TU_OK(ckpt_step(tu_path("pg1.st"), tu_path("pg2.st"), 1e-4, 1, 13));
+    sh_rm_rf(tu_path("pg"));
+    char *out;
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(tu_run_tty(&out, "%s store publish %s %s", tu_shoal(), tu_path("pg"), tu_path(k ? "pg2.st" : "pg1.st")),
+                         0);
+        if (!strstr(out, "store publish [") || !strstr(out, "100%") || !strstr(out, " eta "))
+            fail_msg("no progress bar for the %s on a terminal:\n%s", k ? "delta" : "anchor", out);
+        assert_non_null(strstr(out, k ? "version 2: delta" : "version 1: anchor"));
+        free(out);
+    }
+    assert_int_equal(tu_run_tty(&out, "%s store publish %s %s --json", tu_shoal(), tu_path("pg"), tu_path("pg1.st")), 0);
+    assert_null(strstr(out, "store publish ["));
+    assert_non_null(strstr(out, "\"version\":3"));
+    free(out);
+    assert_int_equal(tu_run(&out, "%s store publish %s %s", tu_shoal(), tu_path("pg"), tu_path("pg2.st")), 0);
+    assert_null(strstr(out, "store publish ["));
+    assert_non_null(strstr(out, "version 4"));
+    free(out);
+}
+
+/* `shoal replica` writes a time as ISO 8601 UTC in its text as in its
+ * --json (was: seconds since the epoch in the text). */
+static void test_replica_times(void **state)
+{
+    synth(tu_path("rt.st"), 10000, 14);
+    sh_rm_rf(tu_path("rt"));
+    char *out;
+    assert_int_equal(tu_run(&out, "%s store publish %s %s --json", tu_shoal(), tu_path("rt"), tu_path("rt.st")), 0);
+    free(out);
+    regex_t iso;
+    assert_int_equal(regcomp(&iso, "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{6}Z$", REG_EXTENDED), 0);
+    for (int json = 0; json < 2; json++) {
+        const char *dir = tu_path(json ? "rt-json" : "rt-text");
+        sh_rm_rf(dir);
+        assert_int_equal(tu_run(&out, "%s replica --dir %s --store %s --until 1 --seconds 30%s 2>/dev/null", tu_shoal(), dir,
+                                tu_path("rt"), json ? " --json" : ""),
+                         0);
+        char at[64] = "";
+        if (json) {
+            json_t *j = json_loads(out, 0, NULL);
+            snprintf(at, sizeof at, "%s", json_string_value(json_object_get(j, "activated_at")) ?: "");
+            json_decref(j);
+        } else {
+            const char *l = strstr(out, "activated version 1 at ");
+            if (l) sscanf(l + 23, "%63s", at);
+        }
+        if (regexec(&iso, at, 0, NULL, 0)) fail_msg("replica%s: the time is not ISO 8601 UTC: %s", json ? " --json" : "", out);
+        free(out);
+    }
+    regfree(&iso);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -497,7 +557,7 @@ int main(void)
         cmocka_unit_test(test_gc_keeps_chains), cmocka_unit_test(test_crash_leftovers),
         cmocka_unit_test(test_enospc), cmocka_unit_test(test_deltas_and_squash),
         cmocka_unit_test(test_cli),                   cmocka_unit_test(test_delta_publish_head_cache),
-        cmocka_unit_test(test_publish_folder),
+        cmocka_unit_test(test_publish_folder),        cmocka_unit_test(test_publish_progress), cmocka_unit_test(test_replica_times),
     };
     return cmocka_run_group_tests_name("store", tests, NULL, NULL);
 }

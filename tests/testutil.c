@@ -1,6 +1,8 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <pty.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +62,37 @@ int tu_run(char **out, const char *fmt, ...)
     while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) sh_buf_append(&b, chunk, n);
     int st = pclose(p);
     if (out) *out = b.data ? (char *)b.data : strdup("");
+    else sh_buf_free(&b);
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return -1;
+}
+
+int tu_run_tty(char **out, const char *fmt, ...)
+{
+    char cmd[16384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    if (pid < 0) fail_msg("forkpty failed for: %s", cmd);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    sh_buf b = {0};
+    char chunk[4096];
+    ssize_t n;
+    /* The pty reports EIO once the last process holding it has exited. */
+    while ((n = read(fd, chunk, sizeof chunk)) > 0 || (n < 0 && errno == EINTR))
+        if (n > 0) sh_buf_append(&b, chunk, (size_t)n);
+    close(fd);
+    int st;
+    waitpid(pid, &st, 0);
+    sh_buf_append(&b, "", 1);
+    if (out) *out = (char *)b.data;
     else sh_buf_free(&b);
     if (WIFEXITED(st)) return WEXITSTATUS(st);
     if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);

@@ -29,6 +29,10 @@ const char *tu_shared(void);
  * stdout and stderr are captured into *out (malloc'd, caller frees) when out
  * is non-NULL. */
 int tu_run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* tu_run on a terminal: the command's stdin, stdout and stderr are a new
+ * pseudo-terminal (for what a command shows only to a person, such as
+ * progress bars), whose output is captured into *out. */
+int tu_run_tty(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Writes a file whole (asserts on failure). */
 void tu_write_file(const char *path, const void *data, size_t len);

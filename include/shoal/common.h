@@ -281,6 +281,12 @@ int sh_json_get_bool(const json_t *obj, const char *key, int required, const cha
 int sh_json_check_keys(const json_t *obj, const char *const *allowed, const char *ctx);
 /* Prints j to stdout as one compact line (for --json outputs). */
 void sh_json_print(const json_t *j);
+/* The bytes at the end of p[0..n) that begin a UTF-8 character whose last
+ * bytes are not there yet (1 to 3), or 0 when p ends on a character
+ * boundary or in bytes that no more bytes could make UTF-8.  A reader of a
+ * stream keeps these for its next read, so that a character cut by a read,
+ * a record or a window reaches JSON whole. */
+size_t sh_utf8_tail(const uint8_t *p, size_t n);
 
 /* ---- For bindings (python/shoal) ----------------------------------------
  * Frees memory that shoal returned to a foreign caller (text from the

@@ -70,6 +70,10 @@ int store_list(store *s, store_version **out, size_t *n, size_t *broken);
 
 typedef struct store_publish_opts {
     uint64_t anchor_every; /* a full anchor every N versions (default 8); 1: all anchors */
+    /* Optional: advanced in bytes of the checkpoint as the publish reads it
+     * (its total, when 0, set to the checkpoint's size); the caller starts
+     * and finishes it. */
+    sh_progress *progress;
 } store_publish_opts;
 
 /* Publishes the checkpoint file `ckpt` as the next version: a delta against

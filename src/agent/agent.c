@@ -47,10 +47,13 @@ static size_t json_cost(const uint8_t *c, int len)
 
 /* Copies bytes as UTF-8, replacing invalid sequences with '?', so that any
  * program output can travel in a JSON string; stops before the JSON text
- * would pass `budget` bytes.  *used gets the bytes of p it took, *cost the
- * JSON text's length. */
-static json_t *utf8_string(const uint8_t *p, size_t n, size_t budget, size_t *used, size_t *cost_out)
+ * would pass `budget` bytes.  With `more` (the member's pipe is open), a
+ * character whose last bytes have not been read yet is left for the next
+ * poll rather than sent as '?'s: a pipe read cuts output anywhere.  *used
+ * gets the bytes of p it took, *cost the JSON text's length. */
+static json_t *utf8_string(const uint8_t *p, size_t n, int more, size_t budget, size_t *used, size_t *cost_out)
 {
+    if (more) n -= sh_utf8_tail(p, n);
     char *o = malloc(n + 1);
     *used = *cost_out = 0;
     if (!o) return json_string("");
@@ -189,7 +192,7 @@ static json_t *reports(agent *a, json_t **logs)
         m->sent = 0;
         if (!m->log.len || budget < 64) continue;
         size_t cost;
-        json_t *data = utf8_string(m->log.data, m->log.len, budget - 64, &m->sent, &cost);
+        json_t *data = utf8_string(m->log.data, m->log.len, m->out_fd >= 0, budget - 64, &m->sent, &cost);
         budget -= 64 + cost;
         json_array_append_new(*logs, json_pack("{s:I,s:i,s:i,s:o}", "job", (json_int_t)m->job, "attempt",
                                                m->attempt, "rank", m->rank, "data", data));

@@ -8,8 +8,9 @@ const char cli_help_logs[] = "print a job's output (one rank), -f to follow unti
 
 static const char usage[] =
     "usage: shoal logs ID [--rank R] [-f|--follow] [--server URL] [--token T] [--json]\n\n"
-    "Prints rank R's output (default 0).  --follow waits for more until the job\n"
-    "ends.  --json prints one object {job, rank, data, offset, done} at the end.\n";
+    "Prints rank R's whole output so far (default rank 0).  --follow waits for\n"
+    "more until the job ends.  --json prints one object {job, rank, data, offset,\n"
+    "done} at the end.\n";
 
 int cli_cmd_logs(int argc, char **argv)
 {
@@ -44,7 +45,9 @@ int cli_cmd_logs(int argc, char **argv)
         off = json_integer_value(json_object_get(r, "offset"));
         done = json_is_true(json_object_get(r, "done"));
         json_decref(r);
-        if (rc || !follow || (done && n == 0)) break;
+        /* A page holds at most a window of the log (1 MiB): without
+         * --follow, pages are read until one comes back empty. */
+        if (rc || (n == 0 && (!follow || done))) break;
         if (n == 0) sh_sleep(0.3);
     }
     cli_ctl_free(&x);

@@ -46,16 +46,22 @@ typedef struct ctx {
     store_replica *r;
 } ctx;
 
+/* Seconds since the epoch as ISO 8601 UTC to the microsecond, the one
+ * form of a time in both the text and the JSON. */
+static void iso_utc(double t, char *out, size_t cap)
+{
+    time_t secs = (time_t)t;
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    size_t k = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+    long us = (long)((t - (double)secs) * 1e6);
+    snprintf(out + k, cap - k, ".%06ldZ", us < 0 ? 0 : us > 999999 ? 999999 : us);
+}
+
 static json_t *info_json(const store_replica_info *info)
 {
     char iso[64] = "";
-    if (info->version) {
-        time_t secs = (time_t)info->activated_at;
-        struct tm tm;
-        gmtime_r(&secs, &tm);
-        size_t k = strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%S", &tm);
-        snprintf(iso + k, sizeof iso - k, ".%06ldZ", (long)((info->activated_at - (double)secs) * 1e6));
-    }
+    if (info->version) iso_utc(info->activated_at, iso, sizeof iso);
     /* Microseconds since the epoch: a double printed as JSON keeps too few
      * digits for steps a millisecond apart. */
     const store_timeline *t = &info->timeline;
@@ -81,7 +87,9 @@ static void after(void *arg, uint64_t v, double at)
 {
     ctx *c = arg;
     if (!c->json) {
-        printf("activated version %llu at %.6f\n", (unsigned long long)v, at);
+        char iso[64];
+        iso_utc(at, iso, sizeof iso);
+        printf("activated version %llu at %s\n", (unsigned long long)v, iso);
         fflush(stdout);
     }
     if (c->hook) {

@@ -83,10 +83,15 @@ static json_t *version_json(const store_version *v, uint64_t latest)
 
 static int do_publish(store *s, const opts *o)
 {
-    store_publish_opts po = {o->anchor_every};
+    /* A bar on a terminal (stderr), none with --json: a checkpoint of
+     * billions of parameters takes a while to copy or diff. */
+    sh_progress pg;
+    store_publish_opts po = {o->anchor_every, o->json ? NULL : &pg};
     uint64_t v;
     double t0 = sh_now_mono();
+    if (!o->json) sh_progress_start(&pg, "store publish", 0, "B");
     int rc = store_publish(s, o->pos[1], &po, &v);
+    if (!o->json) cli_progress_end(&pg, rc);
     if (rc < 0) return cli_fail("store publish", rc);
     store_version m;
     if (store_get(s, v, &m, NULL) < 0) return cli_fail("store publish", -1);

@@ -56,6 +56,49 @@ static int make_tokens(const char *path)
     return rc;
 }
 
+/* The first folder on dir's path that does not exist (the one mkdir -p
+ * creates first) into out; empty when dir exists. */
+static void first_missing(const char *dir, char *out, size_t cap)
+{
+    char p[4096];
+    out[0] = 0;
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *c = p + 1;; c++) {
+        if (*c && *c != '/') continue;
+        char was = *c;
+        *c = 0;
+        if (!sh_path_exists(p)) {
+            snprintf(out, cap, "%s", p);
+            return;
+        }
+        if (!was) return;
+        *c = was;
+    }
+}
+
+/* What a failed start created, so that it can leave nothing behind: the
+ * state folder when it made it, else the tokens file and the database
+ * (with SQLite's side files) when they were new. */
+typedef struct made {
+    char top[4096];
+    const char *tokens, *db;
+} made;
+
+static int undo(const made *m, int rc)
+{
+    if (m->top[0]) sh_rm_rf(m->top);
+    else {
+        if (m->tokens) unlink(m->tokens);
+        static const char *const side[] = {"", "-wal", "-shm", "-journal"};
+        for (int k = 0; m->db && k < 4; k++) {
+            char p[4200];
+            snprintf(p, sizeof p, "%s%s", m->db, side[k]);
+            unlink(p);
+        }
+    }
+    return cli_fail("up", rc);
+}
+
 static pid_t spawn_agent(const sh_fleet_node *f, const char *url, const char *token, const char *work, const char *sandbox)
 {
     char gpus[16], price[32];
@@ -107,22 +150,25 @@ int cli_cmd_up(int argc, char **argv)
     snprintf(tokens, sizeof tokens, "%s/tokens.json", dir);
     snprintf(work, sizeof work, "%s/work", dir);
     snprintf(envf, sizeof envf, "%s/env", dir);
+    made mk = {.db = sh_path_exists(cfg.db_path) ? NULL : cfg.db_path};
+    first_missing(dir, mk.top, sizeof mk.top);
     /* The state directory is private: the agents hide it from members and
      * bind each member's own work directory back in. */
     if ((rc = sh_mkdir_p(dir, 0700)) < 0 || (chmod(dir, 0700) < 0 && (rc = sh_err_errno(errno, "chmod %s", dir))))
-        return sh_fleet_free(&ff), cli_fail("up", rc);
+        return sh_fleet_free(&ff), undo(&mk, rc);
     if (!cfg.tokens_path) {
-        if ((rc = make_tokens(tokens)) < 0) return sh_fleet_free(&ff), cli_fail("up", rc);
+        if (!sh_path_exists(tokens)) mk.tokens = tokens;
+        if ((rc = make_tokens(tokens)) < 0) return sh_fleet_free(&ff), undo(&mk, rc);
         cfg.tokens_path = tokens;
     }
     json_t *tok;
-    if ((rc = sh_json_load_file(cfg.tokens_path, 1 << 20, &tok)) < 0) return sh_fleet_free(&ff), cli_fail("up", rc);
+    if ((rc = sh_json_load_file(cfg.tokens_path, 1 << 20, &tok)) < 0) return sh_fleet_free(&ff), undo(&mk, rc);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);
     srv *s;
-    if ((rc = srv_start(&cfg, &s)) < 0) return json_decref(tok), sh_fleet_free(&ff), cli_fail("up", rc);
+    if ((rc = srv_start(&cfg, &s)) < 0) return json_decref(tok), sh_fleet_free(&ff), undo(&mk, rc);
     char url[128];
     snprintf(url, sizeof url, "http://%s:%d", cfg.bind_addr ? cfg.bind_addr : "127.0.0.1", srv_port(s));
     const char *agent_tok = json_string_value(json_object_get(tok, "agent"));

@@ -133,6 +133,18 @@ int sh_json_check_keys(const json_t *obj, const char *const *allowed, const char
     return SH_OK;
 }
 
+size_t sh_utf8_tail(const uint8_t *p, size_t n)
+{
+    /* The last byte that is not a continuation byte (10xxxxxx), within a
+     * character's reach of the end. */
+    size_t k = 0;
+    while (k < n && k < 4 && (p[n - 1 - k] & 0xC0) == 0x80) k++;
+    if (k == n || k == 4) return 0;
+    uint8_t lead = p[n - 1 - k];
+    size_t len = lead >= 0xC2 && lead <= 0xDF ? 2 : lead >= 0xE0 && lead <= 0xEF ? 3 : lead >= 0xF0 && lead <= 0xF4 ? 4 : 0;
+    return len && k + 1 < len ? k + 1 : 0;
+}
+
 void sh_json_print(const json_t *j)
 {
     char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15));

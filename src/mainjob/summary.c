@@ -110,10 +110,12 @@ int mj_summary(const char *run, json_t **out)
     double sent = versions > 0 ? (num(res, "store_bytes_total") + num(res, "weights_bytes_sent")) / versions : 0;
     double dmean = num(res, "weights_delta_bytes_mean");
     long nz = (long)json_object_size(zones);
-    *out = json_pack("{s:f,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:f,s:i,s:b,s:I,s:I,s:f,s:f,s:i}",
-                     "versions", versions, "zones", (int)nz, "workers", (int)workers,
+    /* Counts are integers (versions, bytes, workers); means and rewards are
+     * reals. */
+    *out = json_pack("{s:I,s:i,s:i,s:i,s:i,s:f,s:I,s:f,s:f,s:i,s:b,s:I,s:I,s:f,s:f,s:i}",
+                     "versions", (json_int_t)versions, "zones", (int)nz, "workers", (int)workers,
                      "workers_on_push_tree", (int)push, "workers_at_end", (int)at_end,
-                     "delta_bytes_mean", dmean, "full_bytes", num(res, "weights_image_bytes"),
+                     "delta_bytes_mean", dmean, "full_bytes", (json_int_t)num(res, "weights_image_bytes"),
                      "trainer_bytes_sent_per_version_mean", sent,
                      "cross_zone_copies_per_version_mean", cross, "versions_in_tree_log", (int)nv,
                      "workers_identical_at_end", at_end > 0 && identical == at_end, "dropped_stale",

@@ -130,8 +130,6 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
     sjob *j = &s->jobs[ji];
     static __thread scand c;
     static __thread int per[SCHED__MAX_GANG];
-    static __thread ppool *pp;
-    static __thread size_t cappp;
     const uint32_t *jp;
     size_t njp = sched__job_pools(s, j, &jp);
     struct sporder *po = NULL;
@@ -143,7 +141,8 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
             po = e;
     }
     if (!po) {
-        SH_TRY(sched__grow((void **)&pp, &cappp, njp + 1, sizeof *pp));
+        SH_TRY(sched__grow((void **)&s->scr.pp, &s->scr.cappp, njp + 1, sizeof *s->scr.pp));
+        ppool *pp = s->scr.pp;
         for (size_t q = 0; q < njp; q++) {
             double sp = sched__job_speed(s, j, s->pools[jp[q]].type);
             pp[q] = (ppool){s->cfg.policy == SCHED_POLICY_SHOAL ? s->pools[jp[q]].price_s / sp : (double)q, jp[q], sp};
@@ -240,7 +239,7 @@ static int raw_fits(const sched *s, const sjob *j)
  * shorter run. */
 static void shape_probe(sched *s, const sshape *sh, sjob *probe)
 {
-    /* No memset: the probes are per-thread statics that only this sets, and
+    /* No memset: the probes are the scheduler's (sched.scr) and only this sets them, and
      * the searches read no other field (clearing a whole sjob twice per
      * shape per sweep showed in perf). */
     probe->kind = sh->kind, probe->nodes = sh->nodes, probe->maxr = sh->nodes, probe->gpn = sh->gpn;
@@ -276,13 +275,13 @@ static int free_replicas(const sched *s, const sjob *j)
 
 static int shape_may_fit(sched *s, const sshape *sh, double now)
 {
-    static __thread sjob probe;
+    sjob *const probe = &s->scr.probe_fit;
     static __thread scand c;
-    shape_probe(s, sh, &probe);
-    if (!isfinite(probe.est_s)) return 0; /* none queued after all */
-    if (sh->kind == SCHED_ELASTIC) return free_replicas(s, &probe) >= sh->nodes;
+    shape_probe(s, sh, probe);
+    if (!isfinite(probe->est_s)) return 0; /* none queued after all */
+    if (sh->kind == SCHED_ELASTIC) return free_replicas(s, probe) >= sh->nodes;
     uint32_t pool;
-    return raw_fits(s, &probe) && sched__pick_pool(s, &probe, now, 0, &c, &pool);
+    return raw_fits(s, probe) && sched__pick_pool(s, probe, now, 0, &c, &pool);
 }
 
 /* Whether some queued gang of shape sh might free room by preemption: a
@@ -290,10 +289,10 @@ static int shape_may_fit(sched *s, const sshape *sh, double now)
  * has a subset of the victims, so it needs at least as many). */
 static int shape_may_preempt(sched *s, const sshape *sh)
 {
-    static __thread sjob probe;
+    sjob *const probe = &s->scr.probe_preempt;
     if (sh->kind != SCHED_GANG) return 0;
-    shape_probe(s, sh, &probe);
-    return sched__preempt_possible(s, &probe);
+    shape_probe(s, sh, probe);
+    return sched__preempt_possible(s, probe);
 }
 
 /* Marks dead, for this walk, every live shape no queued job of which can
@@ -343,9 +342,9 @@ static int pool_may_preempt(const sched *s, const sshape *sh, uint32_t pi, int p
 /* The probe of gang shape arg (for sched__preempt_possible_in). */
 static const sjob *gang_probe(sched *s, void *arg)
 {
-    static __thread sjob probe;
-    shape_probe(s, arg, &probe);
-    return &probe;
+    sjob *const probe = &s->scr.probe_gang;
+    shape_probe(s, arg, probe);
+    return probe;
 }
 
 /* shape_may_fit for a gang shape that fitted in none of its pools before,
@@ -353,13 +352,13 @@ static const sjob *gang_probe(sched *s, void *arg)
  * none (see shape_may_fit_kept), so only these need a look. */
 static int shape_may_fit_in(sched *s, const sshape *sh, double now, const uint32_t *pools, int n)
 {
-    static __thread sjob probe;
+    sjob *const probe = &s->scr.probe_fit_in;
     static __thread scand c;
     if (!n) return 0;
-    shape_probe(s, sh, &probe);
-    if (!isfinite(probe.est_s)) return 0;
+    shape_probe(s, sh, probe);
+    if (!isfinite(probe->est_s)) return 0;
     for (int k = 0; k < n; k++)
-        if (sched__pick_gang(s, &probe, pools[k], now + sched__est_len(s, &probe, pools[k]), &c)) return 1;
+        if (sched__pick_gang(s, probe, pools[k], now + sched__est_len(s, probe, pools[k]), &c)) return 1;
     return 0;
 }
 
@@ -418,14 +417,14 @@ static int shape_may_preempt_kept(sched *s, sshape *sh)
  * leaves the count as the reference's. */
 static int shape_declined(sched *s, sshape *sh, double now)
 {
-    static __thread sjob probe;
+    sjob *const probe = &s->scr.probe_declined;
     if (sh->kind != SCHED_GANG || !(s->cfg.preempt_wait > 0) || !s->nresv) return 0;
-    shape_probe(s, sh, &probe);
-    if (!isfinite(probe.est_s)) return 0;
-    int no = sched__preempt_declined(s, &probe, NONE, now) > 0, prio;
+    shape_probe(s, sh, probe);
+    if (!isfinite(probe->est_s)) return 0;
+    int no = sched__preempt_declined(s, probe, NONE, now) > 0, prio;
     if (no && sched__shape_undeclined_prio(s, sh, &prio)) {
-        probe.priority = prio;
-        no = !sched__preempt_possible(s, &probe);
+        probe->priority = prio;
+        no = !sched__preempt_possible(s, probe);
     }
     return no;
 }

@@ -205,11 +205,9 @@ static int cmp_pbound(const void *a, const void *b)
  * reservation took nodes there this cycle; NAN without memory. */
 static double pool_exact(sched *s, const sjob *j, uint32_t pi)
 {
-    static __thread tnode *tn;
-    static __thread size_t captn;
     size_t m;
-    double T = pool_time(s, j, pi, &tn, &captn, &m);
-    if (!isnan(T) && s->pools[pi].resv_stamp != s->stamp) rc_store(&s->pools[pi], j, T, tn);
+    double T = pool_time(s, j, pi, &s->scr.tn_exact, &s->scr.cap_exact, &m);
+    if (!isnan(T) && s->pools[pi].resv_stamp != s->stamp) rc_store(&s->pools[pi], j, T, s->scr.tn_exact);
     return T;
 }
 
@@ -254,12 +252,11 @@ static struct sbpc *pool_answers(sched *s, const sjob *j, const uint32_t *jp, si
     struct sbpc *c = &s->bpc;
     uint32_t ji = (uint32_t)(j - s->jobs);
     /* With a reservation made this cycle, answers lean on it: kept apart. */
-    static __thread struct sbpc tmp;
     int keep = s->nresv == 0;
     int hit = keep && !s->touched_lost && c->job == ji && c->order == j->order && c->g == j->gpn &&
               c->n == j->nodes && c->pools_ver == s->pools_ver + 1 && c->gen == s->touch_gen + 1 && c->jp == jp &&
               c->njp == njp;
-    if (!keep) c = &tmp;
+    if (!keep) c = &s->scr.bpc;
     c->pools_ver = 0; /* until it is whole again */
     if (!hit) {
         if (sched__grow((void **)&c->val, &c->cap, njp + 1, sizeof *c->val) < 0 ||
@@ -294,10 +291,6 @@ static struct sbpc *pool_answers(sched *s, const sjob *j, const uint32_t *jp, si
  * bound and stops once no bound can beat the best time found. */
 static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
 {
-    static __thread tnode *tn;
-    static __thread size_t captn;
-    static __thread pbound *pb;
-    static __thread size_t cappb;
     const uint32_t *jp;
     size_t njp = sched__job_pools(s, j, &jp), m, npb = 0;
     double bestT = INFINITY;
@@ -306,7 +299,7 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
     if (s->plain_cycle) {
         for (size_t q = 0; q < njp; q++) {
             if (s->pools[jp[q]].maxg_ever[j->gpn] < j->nodes) continue;
-            double T = pool_time(s, j, jp[q], &tn, &captn, &m);
+            double T = pool_time(s, j, jp[q], &s->scr.tn_best, &s->scr.cap_best, &m);
             if (isnan(T)) return T;
             if (T < now) T = now;
             if (T < bestT) bestT = T, bestq = (uint32_t)q;
@@ -314,7 +307,8 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
         if (bestq != UINT32_MAX) *best = jp[bestq];
         return bestT;
     }
-    if (sched__grow((void **)&pb, &cappb, njp + 1, sizeof *pb) < 0) return NAN;
+    if (sched__grow((void **)&s->scr.pb, &s->scr.cappb, njp + 1, sizeof *s->scr.pb) < 0) return NAN;
+    pbound *pb = s->scr.pb;
     struct sbpc *c = pool_answers(s, j, jp, njp);
     if (!c) return NAN;
     /* Bounds are kept only while they could beat the best time so far: it
@@ -355,23 +349,23 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
 int sched__make_reservation(sched *s, uint32_t ji, double now)
 {
     sjob *j = &s->jobs[ji];
-    static __thread tnode *tn;
-    static __thread size_t captn;
     uint32_t bestp;
     double T = best_pool(s, j, now, &bestp);
     if (isnan(T)) return sh_err(SH_ENOMEM, "sched: out of memory");
     if (bestp == NONE || !isfinite(T)) return 0;
     spool *p = &s->pools[bestp];
-    SH_TRY(GROW(tn, captn, (size_t)j->nodes + 1));
+    SH_TRY(GROW(s->scr.tn_resv, s->scr.cap_resv, (size_t)j->nodes + 1));
     int slot = s->plain_cycle ? -1 : rc_slot(p, j->gpn, j->nodes);
     if (slot >= 0 && p->resv_stamp != s->stamp && p->rc[slot].ver == p->ver + 1 && p->rc[slot].g == j->gpn &&
         p->rc[slot].n == j->nodes && isfinite(p->rc[slot].T)) {
         /* The pool is as it was when its time was computed: the same nodes. */
-        for (int k = 0; k < j->nodes; k++) tn[k].ni = p->rc[slot].nodes[k];
+        for (int k = 0; k < j->nodes; k++) s->scr.tn_resv[k].ni = p->rc[slot].nodes[k];
     } else {
         size_t m;
-        if (isnan(pool_time(s, j, bestp, &tn, &captn, &m))) return sh_err(SH_ENOMEM, "sched: out of memory");
+        if (isnan(pool_time(s, j, bestp, &s->scr.tn_resv, &s->scr.cap_resv, &m)))
+            return sh_err(SH_ENOMEM, "sched: out of memory");
     }
+    const tnode *tn = s->scr.tn_resv;
     p->resv_stamp = s->stamp;
     SH_TRY(GROW(s->resv, s->capresv, s->nresv + 1));
     sresv *r = &s->resv[s->nresv++];
@@ -531,8 +525,6 @@ static struct spmemo *pmemo_slot(sched *s, const sjob *j) { return pmemo_at(s, j
  * list), or NONE when no pool can be freed with at most max_victims. */
 static uint32_t best_victim_pool(sched *s, const sjob *j)
 {
-    static __thread vnode *vn;
-    static __thread size_t capvn;
     int best = INT32_MAX;
     uint32_t bestp = NONE;
     const uint32_t *jp;
@@ -551,7 +543,7 @@ static uint32_t best_victim_pool(sched *s, const sjob *j)
     }
     for (size_t q = 0; q < njp; q++) {
         if (!s->plain_cycle && low > 0 && !sched__type_fits(s, s->pools[jp[q]].type, low, j->gpn)) continue;
-        int total = pool_victims(s, j, jp[q], &vn, &capvn, &m);
+        int total = pool_victims(s, j, jp[q], &s->scr.vn_best, &s->scr.cap_vbest, &m);
         if (total >= 0 && total < best) best = total, bestp = jp[q];
     }
     return bestp;
@@ -574,8 +566,6 @@ int sched__preempt_possible(sched *s, const sjob *j)
 int sched__preempt_possible_in(sched *s, uint64_t shape, int prio, const sjob *(*probe)(sched *, void *),
                                void *arg, const uint32_t *pools, int n)
 {
-    static __thread vnode *vn;
-    static __thread size_t capvn;
     if (!s->cfg.max_victims || !sched__prios_below(&s->pre, prio)) return 0;
     struct spmemo *mo = pmemo_at(s, shape, prio);
     if (mo->shape == shape && mo->prio == prio && mo->stamp == s->stamp && mo->epoch == s->release_epoch)
@@ -583,7 +573,7 @@ int sched__preempt_possible_in(sched *s, uint64_t shape, int prio, const sjob *(
     int ok = 0;
     size_t m;
     const sjob *j = n ? probe(s, arg) : NULL;
-    for (int k = 0; k < n && !ok; k++) ok = pool_victims(s, j, pools[k], &vn, &capvn, &m) >= 0;
+    for (int k = 0; k < n && !ok; k++) ok = pool_victims(s, j, pools[k], &s->scr.vn_in, &s->scr.cap_vin, &m) >= 0;
     *mo = (struct spmemo){shape, s->stamp, s->release_epoch, prio, ok};
     return ok;
 }
@@ -609,8 +599,6 @@ int sched__preempt_declined(sched *s, const sjob *j, uint32_t ji, double now)
 int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
 {
     sjob *j = &s->jobs[ji];
-    static __thread vnode *vn;
-    static __thread size_t capvn;
     if (!s->plain_cycle && !sched__prios_below(&s->pre, j->priority)) return 0; /* no victim anywhere */
     struct spmemo *mo = pmemo_slot(s, j);
     if (!s->plain_cycle && mo->shape == j->shape && mo->prio == j->priority && mo->stamp == s->stamp &&
@@ -631,7 +619,8 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
     if (no < 0) return no;
     if (no) return s->st.preempt_declined += !j->declined, j->declined = 1, 0;
     size_t m;
-    pool_victims(s, j, bestp, &vn, &capvn, &m);
+    pool_victims(s, j, bestp, &s->scr.vn_try, &s->scr.cap_vtry, &m);
+    const vnode *vn = s->scr.vn_try;
     for (size_t k = 0; k < m; k++) {
         sref v[MAXG * 4];
         int c = node_victims(s, j, vn[k].ni, j->gpn, v);

@@ -142,6 +142,11 @@ void sched_free(sched *s)
          free(s->bpc.val), free(s->bpc.kind), free(s->bpc.qpos), free(s->freejobs), free(s->forgot_cost_t);
     for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v), free(s->tpools[i].ge_hist);
     for (int i = 0; i < 16; i++) free(s->porder[i].pools);
+    struct sscratch *x = &s->scr;
+    free(x->pp), free(x->tn_exact), free(x->tn_best), free(x->tn_resv), free(x->pb);
+    free(x->vn_best), free(x->vn_in), free(x->vn_try), free(x->bpc.val), free(x->bpc.kind), free(x->bpc.qpos);
+    free(x->probe_fit.jp), free(x->probe_fit_in.jp), free(x->probe_preempt.jp), free(x->probe_gang.jp),
+        free(x->probe_declined.jp);
     free(s->tpools);
     free(s->plan.slot), free(s->plan.hole), free(s->plan.est), free(s->plan.mark), free(s->plan.order), free(s->plan.tn);
     free(s);

@@ -338,6 +338,23 @@ struct sched {
         uint32_t *qpos;   /* by pool index: its place in the list, or NONE */
         size_t cap, capk, capq;
     } bpc;
+    /* The searches' scratch, kept between cycles and freed by sched_free:
+     * one buffer per search, since some run while another's is in use.
+     * Per-thread statics leaked theirs at every scheduler thread's exit
+     * (the server's). */
+    struct sscratch {
+        struct ppool *pp; /* cycle.c place_elastic: pools by price */
+        size_t cappp;
+        struct tnode *tn_exact, *tn_best, *tn_resv; /* room.c pool_exact, best_pool, make_reservation */
+        size_t cap_exact, cap_best, cap_resv;
+        struct pbound *pb; /* room.c best_pool's bounds */
+        size_t cappb;
+        struct vnode *vn_best, *vn_in, *vn_try; /* room.c best_victim_pool, preempt_possible_in, try_preempt */
+        size_t cap_vbest, cap_vin, cap_vtry;
+        struct sbpc bpc; /* room.c pool_answers while reservations lean on its answers */
+        /* cycle.c's shape probes (a probe may hold a pool list, jp) */
+        sjob probe_fit, probe_fit_in, probe_preempt, probe_gang, probe_declined;
+    } scr;
     struct { /* sched__released_since's last answer: probes ask it alike */
         uint64_t since, epoch;
         int n;

@@ -220,9 +220,16 @@ static int job_logs(srv *s, srv_req *r, srv_job *j, json_t **reply)
         sh_buf_free(&b);
         return rc;
     }
-    *reply = json_pack("{s:s%,s:I,s:b,s:s}", "data", b.data ? (char *)b.data : "", b.len, "offset",
-                       (json_int_t)next, "done", j->state > J_RUNNING, "state",
-                       srv__job_state_name(j->state));
+    json_t *data = json_stringn(b.data ? (char *)b.data : "", b.len);
+    if (!data) {
+        /* Bytes no JSON string holds (a log an older server cut inside a
+         * character): shown as '?', never as an empty reply. */
+        for (size_t i = 0; i < b.len; i++)
+            if (b.data[i] >= 0x80) b.data[i] = '?';
+        data = json_stringn((char *)b.data, b.len);
+    }
+    *reply = json_pack("{s:o,s:I,s:b,s:s}", "data", data, "offset", (json_int_t)next, "done",
+                       j->state > J_RUNNING, "state", srv__job_state_name(j->state));
     sh_buf_free(&b);
     return SH_OK;
 }

@@ -439,7 +439,7 @@ static int start_http(srv *s)
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
     if (!s->mhd)
-        return sh_err(SH_EIO, "cannot listen on %s:%d (port in use? pick another with --port)",
+        return sh_err(SH_EIO, "cannot listen on %s:%d (port in use? pick another with --port P, or --port 0 for any free one)",
                       s->cfg.bind_addr, s->cfg.port);
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = info ? info->port : s->cfg.port;

@@ -100,6 +100,9 @@ int srv__log_append(const char *path, const void *data, size_t len, int repair)
     const uint8_t *p = data;
     while (rc == SH_OK && len > 0) {
         uint32_t n = len < SRV_LOG_MAX_RECORD ? (uint32_t)len : SRV_LOG_MAX_RECORD;
+        /* A record ends on a character (a reader's window ends with a
+         * record), unless the bytes are no UTF-8 anyway. */
+        if (n < len && sh_utf8_tail(p, n) < n) n -= (uint32_t)sh_utf8_tail(p, n);
         put_u32(rec, n);
         memcpy(rec + HDR, p, n);
         put_u32(rec + 4, check_of(rec, n));
@@ -132,6 +135,13 @@ int srv__log_read(const char *path, uint64_t off, size_t max, sh_buf *out, uint6
     if (rc == SH_OK && want) rc = sh_pread_all(fd, buf, want, off, path);
     size_t pos = 0, n;
     while (rc == SH_OK && pos < want && out->len < max && (n = record_at(buf + pos, want - pos)) > 0) {
+        rc = sh_buf_append(out, buf + pos + HDR, n - HDR);
+        pos += n;
+    }
+    /* The window ends on a character: records cut inside one (written by an
+     * older server) are carried on into the next record, if it is there. */
+    while (rc == SH_OK && out->len && sh_utf8_tail(out->data, out->len) && pos < want &&
+           (n = record_at(buf + pos, want - pos)) > 0) {
         rc = sh_buf_append(out, buf + pos + HDR, n - HDR);
         pos += n;
     }

@@ -22,18 +22,18 @@ static int fsync_path(const char *path)
     return rc;
 }
 
-int store__delta_make(const char *prev, const char *next, const char *out)
+int store__delta_make(const char *prev, const char *next, const char *out, sh_progress *pg)
 {
-    delta_opts o = {0};
+    delta_opts o = {.progress = pg};
     SH_TRY(delta_make(prev, next, out, &o, NULL));
     return fsync_path(out);
 }
 
-int store__delta_make_ckpt(const char *prev, const ckpt *next, const char *out)
+int store__delta_make_ckpt(const char *prev, const ckpt *next, const char *out, sh_progress *pg)
 {
     ckpt *b;
     SH_TRY(ckpt_open(prev, &b));
-    int rc = delta_make_ckpt(b, next, out, &(delta_opts){0}, NULL);
+    int rc = delta_make_ckpt(b, next, out, &(delta_opts){.progress = pg}, NULL);
     ckpt_close(b);
     return rc == SH_OK ? fsync_path(out) : rc;
 }

@@ -25,18 +25,20 @@ int store__write_latest(store *s, uint64_t v);
 /* The anchor version v chains back to (v itself for an anchor). */
 int store__anchor_of(store *s, uint64_t v, uint64_t *out);
 
-/* Copies src to an open fd, hashing what it copies; fsyncs fd. */
-int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size);
+/* Copies src to an open fd, hashing what it copies; fsyncs fd.  pg
+ * (optional) is advanced in bytes of src. */
+int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size,
+                     sh_progress *pg);
 /* Streams a file through xxh3-128. */
 int store__hash_file(const char *path, sh_hash128 *h, uint64_t *size);
 
 /* The delta codec (src/delta), behind one seam so that the store's protocol
  * does not depend on the codec's internals.  Each writes `out` durably. */
-int store__delta_make(const char *prev, const char *next, const char *out);
+int store__delta_make(const char *prev, const char *next, const char *out, sh_progress *pg);
 int store__delta_apply(const char *prev, const char *delta, const char *out);
 /* The same with the next version already opened (a folder's single view). */
 struct ckpt;
-int store__delta_make_ckpt(const char *prev, const struct ckpt *next, const char *out);
+int store__delta_make_ckpt(const char *prev, const struct ckpt *next, const char *out, sh_progress *pg);
 int store__delta_squash(const char *const *deltas, size_t n, const char *out);
 /* Rebuilds the single-file target of delta_path (`size` bytes) from a base
  * already parsed in memory into a new file `out`, verified against the

@@ -14,11 +14,14 @@
 #define COPY_BLOCK (4u << 20)
 
 /* Streams src through xxh3-128, also writing it to fd unless fd < 0 (then
- * dst_name is unused); a copy is fsynced. */
-static int stream_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size)
+ * dst_name is unused); a copy is fsynced.  pg (optional) follows src. */
+static int stream_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size,
+                       sh_progress *pg)
 {
     int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0) return sh_err_errno(errno, "open %s", src);
+    struct stat st;
+    if (pg && !pg->total && fstat(in, &st) == 0) pg->total = (uint64_t)st.st_size;
     uint8_t *buf = malloc(COPY_BLOCK);
     sh_hasher *hs = sh_hasher_new();
     int rc = buf && hs ? SH_OK : sh_err(SH_ENOMEM, "copy buffer");
@@ -31,6 +34,7 @@ static int stream_hash(const char *src, int fd, const char *dst_name, sh_hash128
         sh_hasher_update(hs, buf, (size_t)n);
         if (fd >= 0) rc = sh_write_all(fd, buf, (size_t)n, dst_name);
         total += (uint64_t)n;
+        if (pg) sh_progress_update(pg, total);
     }
     if (rc == 0 && fd >= 0 && fsync(fd) < 0) rc = sh_err_errno(errno, "fsync %s", dst_name);
     if (rc == 0) {
@@ -43,14 +47,15 @@ static int stream_hash(const char *src, int fd, const char *dst_name, sh_hash128
     return rc;
 }
 
-int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size)
+int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size,
+                     sh_progress *pg)
 {
-    return stream_hash(src, fd, dst_name, h, size);
+    return stream_hash(src, fd, dst_name, h, size, pg);
 }
 
 int store__hash_file(const char *path, sh_hash128 *h, uint64_t *size)
 {
-    return stream_hash(path, -1, NULL, h, size);
+    return stream_hash(path, -1, NULL, h, size, NULL);
 }
 
 /* ---- Plans -------------------------------------------------------------- */
@@ -145,7 +150,7 @@ int store_apply_payload(const store_version *ver, const char *payload, const cha
         SH_TRY(sh_atomic_open(&f, out));
         sh_hash128 h;
         uint64_t n;
-        rc = store__copy_hash(payload, f.fd, f.tmp, &h, &n);
+        rc = store__copy_hash(payload, f.fd, f.tmp, &h, &n, NULL);
         if (rc == 0 && (n != ver->model_size || !sh_hash128_eq(h, ver->model_xxh3)))
             rc = sh_err(SH_EMISMATCH, "version %llu: anchor %s does not match its manifest",
                         (unsigned long long)ver->version, payload);
@@ -191,7 +196,7 @@ int store_materialize(store *s, uint64_t v, uint64_t have, const char *have_path
             sh_hash128 h;
             uint64_t n;
             rc = sh_atomic_open(&f, out);
-            if (rc == 0) rc = store__copy_hash(have_path, f.fd, f.tmp, &h, &n);
+            if (rc == 0) rc = store__copy_hash(have_path, f.fd, f.tmp, &h, &n, NULL);
             rc = rc == 0 ? sh_atomic_commit(&f) : (sh_atomic_abort(&f), rc);
         }
         free(p);

@@ -436,8 +436,9 @@ static int head_advance(store *s, uint64_t v, const char *src)
     return rc;
 }
 
-/* Writes the single file a view stands for to fd, hashing it. */
-static int write_view(const ckpt *v, int fd, const char *name, sh_hash128 *h, uint64_t *size)
+/* Writes the single file a view stands for to fd, hashing it; pg
+ * (optional) follows the bytes. */
+static int write_view(const ckpt *v, int fd, const char *name, sh_hash128 *h, uint64_t *size, sh_progress *pg)
 {
     sh_hasher *hs = sh_hasher_new();
     if (!hs) return sh_err(SH_ENOMEM, "out of memory");
@@ -449,6 +450,7 @@ static int write_view(const ckpt *v, int fd, const char *name, sh_hash128 *h, ui
         sh_hasher_update(hs, p, (size_t)len);
         if (fd >= 0) rc = sh_write_all(fd, p, (size_t)len, name);
         n += len;
+        if (pg) sh_progress_update(pg, n);
     }
     if (rc == SH_OK && fd >= 0 && fsync(fd) < 0) rc = sh_err_errno(errno, "fsync %s", name);
     *h = sh_hasher_digest(hs), *size = n;
@@ -459,7 +461,7 @@ static int write_view(const ckpt *v, int fd, const char *name, sh_hash128 *h, ui
 /* src is a .safetensors file, or (view non-NULL) a folder published as the
  * single file view stands for. */
 static int stage_payload(store *s, const char *stage, const char *src, const ckpt *view,
-                         uint64_t prev, int anchor, store_version *m)
+                         uint64_t prev, int anchor, store_version *m, sh_progress *pg)
 {
     char out[4096];
     snprintf(m->file, sizeof m->file, "%s", anchor ? STORE__ANCHOR_FILE : STORE__DELTA_FILE);
@@ -467,8 +469,9 @@ static int stage_payload(store *s, const char *stage, const char *src, const ckp
     if (anchor) {
         int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) return sh_err_errno(errno, "create %s", out);
-        int rc = view ? write_view(view, fd, out, &m->xxh3, &m->size)
-                      : store__copy_hash(src, fd, out, &m->xxh3, &m->size);
+        if (pg && view && !pg->total) pg->total = ckpt_data_bytes(view) + view->files[0].header_len;
+        int rc = view ? write_view(view, fd, out, &m->xxh3, &m->size, pg)
+                      : store__copy_hash(src, fd, out, &m->xxh3, &m->size, pg);
         if (close(fd) < 0 && rc == 0) rc = sh_err_errno(errno, "close %s", out);
         m->model_xxh3 = m->xxh3;
         m->model_size = m->size;
@@ -481,14 +484,14 @@ static int stage_payload(store *s, const char *stage, const char *src, const ckp
     char base[4096];
     SH_TRY(store_get(s, prev, &pm, NULL));
     SH_TRY(head_base(s, prev, &pm, base, sizeof base));
-    int rc = view ? store__delta_make_ckpt(base, view, out) : store__delta_make(base, src, out);
+    int rc = view ? store__delta_make_ckpt(base, view, out, pg) : store__delta_make(base, src, out, pg);
     if (rc == 0) rc = store__hash_file(out, &m->xxh3, &m->size);
-    if (rc == 0) rc = view ? write_view(view, -1, NULL, &m->model_xxh3, &m->model_size)
+    if (rc == 0) rc = view ? write_view(view, -1, NULL, &m->model_xxh3, &m->model_size, NULL)
                            : store__hash_file(src, &m->model_xxh3, &m->model_size);
     return rc;
 }
 
-static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t every,
+static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t every, sh_progress *pg,
                           uint64_t *out)
 {
     uint64_t latest, v, last_anchor = 0;
@@ -509,7 +512,7 @@ static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t 
     m.anchor = anchor;
     m.base = anchor ? 0 : latest;
     m.created_at = sh_now_wall();
-    int rc = stage_payload(s, stage, src, view, latest, anchor, &m);
+    int rc = stage_payload(s, stage, src, view, latest, anchor, &m, pg);
     /* The head cache moves to v before v is committed: a cache naming a
      * version that never commits is refused by the next publish (its name
      * is not that publish's previous version, or its bytes do not hash to
@@ -571,7 +574,7 @@ int store_publish(store *s, const char *path, const store_publish_opts *o, uint6
     int rc = fd < 0 ? sh_err_errno(errno, "open %s", lock) : SH_OK;
     /* One publisher per run at a time: version numbers must not collide. */
     if (rc == SH_OK && flock(fd, LOCK_EX) < 0) rc = sh_err_errno(errno, "lock %s", lock);
-    if (rc == SH_OK) rc = publish_locked(s, path, view, every, out);
+    if (rc == SH_OK) rc = publish_locked(s, path, view, every, o ? o->progress : NULL, out);
     if (fd >= 0) close(fd);
     ckpt_close(view);
     ckpt_close(c);
