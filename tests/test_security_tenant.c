@@ -15,7 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -338,6 +343,265 @@ static void test_queue_flood(void **state)
     tf_stop(&f);
 }
 
+/* Bob states a short est_s, which wins his job a backfill slot ahead of a
+ * reservation, and then runs far longer (before: nothing ended a job at its
+ * estimate, and "est_s": 1e308 was accepted, so other jobs' start estimates
+ * read 1e+308).  est_s is the job's time limit: the attempt is ended at
+ * est_s plus the server's grace, failed with reason "time limit", and its
+ * process is gone; an honest job inside its limit is not touched; an
+ * estimate over 30 days and, under --require-est, a job without one are
+ * refused with 400 naming the field. */
+static void test_est_understated(void **state)
+{
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--est-grace 1 --require-est");
+    tf_start_server(&f, "est", 10);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    double t0 = sh_now_mono();
+    int64_t liar = submit_sh(&f, TF_BOB, "liar", ",\"est_s\":2", "echo started; exec sleep 1237");
+    int64_t honest = submit_sh(&f, TF_ALICE, "honest", ",\"est_s\":30", "sleep 4; echo honest-done");
+    /* While it runs, the job says when its limit ends it. */
+    json_t *run = tf_wait_job(&f, liar, "running", 20);
+    json_t *ends = json_object_get(run, "ends_by");
+    if (!json_is_number(ends) || json_number_value(ends) < json_number_value(json_object_get(run, "started_at")) + 2.5)
+        fail_msg("a running job with est_s 2 shows no ends_by (or one before its start + est_s + grace)");
+    json_decref(run);
+    int ended = 0;
+    char *l = tf_wait_log(&f, liar, 40, &ended);
+    double took = sh_now_mono() - t0;
+    if (!ended) fail_msg("a job with est_s 2 still runs after %.0f s:\n%.2000s", took, l);
+    log_has("est_s 2", l, "started");
+    free(l);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)liar);
+    int st;
+    json_t *j = tf_call(&f, TF_BOB, "GET", path, NULL, &st);
+    const char *reason = json_string_value(json_object_get(j, "reason"));
+    if (strcmp(json_string_value(json_object_get(j, "state")), "failed") || !reason ||
+        strncmp(reason, "time limit: ", 12) || !strstr(reason, "est_s of 2 s"))
+        fail_msg("the overrunning job ended %s (%s), expected failed with a time-limit reason",
+                 json_string_value(json_object_get(j, "state")), reason ? reason : "no reason");
+    json_decref(j);
+    /* Its process goes with it (the agent stops the rank within a few polls). */
+    int alive = 1;
+    for (int i = 0; i < 100 && alive; i++) {
+        alive = system("pgrep -f 'sleep 123[7]' >/dev/null") == 0;
+        if (alive) usleep(100000);
+    }
+    if (alive) fail_msg("the rank past its time limit still runs");
+    json_decref(tf_wait_job(&f, honest, "succeeded", 60));
+    /* An estimate the limit could not bound, and none at all, are refused. */
+    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs",
+                "{\"name\":\"forever\",\"kind\":\"function\",\"gpus\":1,\"est_s\":1e308,\"command\":[\"true\"]}", &st);
+    const char *e = json_string_value(json_object_get(j, "error"));
+    if (st != 400 || !e || !strstr(e, "est_s") || !strstr(e, "30 days"))
+        fail_msg("est_s 1e308 got %d %s, expected 400 naming est_s", st, e ? e : "");
+    json_decref(j);
+    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", "{\"name\":\"none\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}", &st);
+    e = json_string_value(json_object_get(j, "error"));
+    if (st != 400 || !e || !strstr(e, "--require-est"))
+        fail_msg("a job without est_s under --require-est got %d %s, expected 400", st, e ? e : "");
+    json_decref(j);
+    tf_stop(&f);
+}
+
+/* Per-tenant folders (--allow-writable TENANT=DIR) close the squatting a
+ * shared folder allows (docs/security.md, known limits): alice's folder
+ * lies inside the folder every tenant may use; bob names it, and the
+ * shared folder above it, before alice ever does.  Both are refused and
+ * say why; alice's folder works for her, bob's for him, and neither may use
+ * the other's.  A TENANT= entry naming no tenant stops the server. */
+static void test_writable_per_tenant(void **state)
+{
+    char shared[4200], alice[4300], bob[4200], script[8400], extra[4400];
+    snprintf(shared, sizeof shared, "%s/wshared", tu_tmpdir());
+    snprintf(alice, sizeof alice, "%s/alice", shared);
+    snprintf(bob, sizeof bob, "%s/wbob", tu_tmpdir());
+    sh_rm_rf(shared);
+    sh_rm_rf(bob);
+    TU_OK(sh_mkdir_p(alice, 0755));
+    snprintf(script, sizeof script, "%s/run", bob);
+    TU_OK(sh_mkdir_p(script, 0755));
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--allow-writable alice=%s --allow-writable bob=%s", alice, bob);
+    tf_start_server(&f, "wpt", 10);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    const char *steal[] = {alice, shared};
+    for (int i = 0; i < 2; i++) {
+        char body[8192];
+        snprintf(body, sizeof body, "{\"name\":\"squat\",\"kind\":\"function\",\"gpus\":1,\"writable\":[\"%s\"],"
+                                    "\"command\":[\"true\"]}", steal[i]);
+        int st;
+        json_t *j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", body, &st);
+        const char *e = json_string_value(json_object_get(j, "error"));
+        if (st != 403 || !e || !strstr(e, "gave another tenant") || strstr(e, "alice="))
+            fail_msg("bob names %s: got %d %s, expected 403 (a folder given to another tenant)", steal[i], st,
+                     e ? e : "");
+        json_decref(j);
+    }
+    /* Alice's own folder works for her after bob's attempts. */
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", alice);
+    snprintf(script, sizeof script, "echo alice-weights > %s/ckpt && echo written", alice);
+    char *l = tf_wait_log(&f, submit_sh(&f, TF_ALICE, "alice", extra, script), 30, &(int){0});
+    log_has("alice's folder", l, "written");
+    free(l);
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s/run\"]", bob);
+    snprintf(script, sizeof script, "echo bob-ok > %s/run/x && echo written", bob);
+    l = tf_wait_log(&f, submit_sh(&f, TF_BOB, "bob", extra, script), 30, &(int){0});
+    log_has("bob's folder", l, "written");
+    free(l);
+    /* Alice may not use bob's folder either. */
+    char body[8192];
+    snprintf(body, sizeof body, "{\"name\":\"x\",\"kind\":\"function\",\"gpus\":1,\"writable\":[\"%s\"],"
+                                "\"command\":[\"true\"]}", bob);
+    int st;
+    json_t *j = tf_call(&f, TF_ALICE, "POST", "/v1/jobs", body, &st);
+    assert_int_equal(st, 403);
+    json_decref(j);
+    char *ck = (char *)tu_read_file(strcat(strcpy(script, alice), "/ckpt"), NULL);
+    assert_string_equal(ck, "alice-weights\n");
+    free(ck);
+    tf_stop(&f);
+    /* A folder for a tenant the tokens file does not have. */
+    char *out = NULL;
+    int rc = tu_run(&out, "timeout 10 %s server --tokens %s/tokens.json --db %s/other.db --port 0 --allow-writable carol=%s 2>&1",
+                    tu_shoal(), f.dir, f.dir, bob);
+    if (rc == 0 || !out || !strstr(out, "no tenant \"carol\""))
+        fail_msg("a server with --allow-writable carol=DIR (no such tenant): exit %d, %s", rc, out ? out : "");
+    free(out);
+}
+
+/* A rank fills the node's disk through its work directory (before: 300
+ * MiB at 2 GB/s and no bound, on the disk that may hold the server's
+ * database).  Bob's job asks for 64 MiB and appends 1 MiB blocks without
+ * end: the agent measures the directory every half second and stops the
+ * rank well before it writes 2 GiB, saying why in its log; the job fails.
+ * Alice's 10 MiB on the same node, inside her share, are untouched. */
+static void test_disk_flood(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "disk", 10);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    int64_t bob = submit_sh(&f, TF_BOB, "fill", ",\"disk_mb\":64",
+                            "i=0; while [ $i -lt 2048 ]; do head -c 1048576 /dev/zero >> big || exit 3;"
+                            " i=$((i+1)); [ $((i % 64)) -eq 0 ] && echo at=$i; done; echo wrote-all");
+    int64_t alice = submit_sh(&f, TF_ALICE, "small", "", "head -c 10485760 /dev/zero > f && sleep 2 && echo alice-ok");
+    char *l = tf_wait_log(&f, bob, 120, &(int){0});
+    log_lacks("disk_mb 64", l, "wrote-all");
+    log_has("disk_mb 64", l, "hit its disk limit");
+    /* Where it was stopped: the last progress line it printed. */
+    const char *at = NULL;
+    for (const char *p = strstr(l, "at="); p; p = strstr(p + 1, "at=")) at = p;
+    int mib = at ? atoi(at + 3) : 0;
+    if (mib > 1024) fail_msg("the rank wrote %d MiB under a 64 MiB limit before it was stopped", mib);
+    printf("stopped after about %d MiB\n", mib);
+    free(l);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)bob);
+    int st;
+    json_t *j = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "failed");
+    json_decref(j);
+    l = tf_wait_log(&f, alice, 60, &(int){0});
+    log_has("10 MiB inside the share", l, "alice-ok");
+    log_lacks("10 MiB inside the share", l, "disk limit");
+    free(l);
+    /* The field is checked like the other limits. */
+    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs",
+                "{\"name\":\"x\",\"kind\":\"function\",\"gpus\":1,\"disk_mb\":0,\"command\":[\"true\"]}", &st);
+    const char *e = json_string_value(json_object_get(j, "error"));
+    if (st != 400 || !e || !strstr(e, "disk_mb")) fail_msg("disk_mb 0: %d %s, expected 400 naming it", st, e ? e : "");
+    json_decref(j);
+    tf_stop(&f);
+}
+
+/* A TCP connection to the server's port from source address src
+ * (127.0.0.0/8 is all this host's), or -1. */
+static int tcp_from(const char *src, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET}, d = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, src, &a.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &d.sin_addr);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || connect(fd, (struct sockaddr *)&d, sizeof d) < 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* The HTTP status of GET path as the admin over a new connection from src
+ * (0: no answer within 5 s, or the connection was closed). */
+static int status_from(tf_fleet *f, const char *src, const char *path, char *body, size_t cap)
+{
+    int fd = tcp_from(src, f->port);
+    if (fd < 0) return 0;
+    char req[256], buf[16384];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nAuthorization: Bearer " TF_ADMIN "\r\n\r\n", path);
+    size_t got = 0;
+    ssize_t r;
+    if (write(fd, req, (size_t)n) == n)
+        while (got + 1 < sizeof buf && (r = read(fd, buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)r;
+    close(fd);
+    buf[got] = 0;
+    if (body) snprintf(body, cap, "%s", buf);
+    int st = 0;
+    return sscanf(buf, "HTTP/1.%*d %d", &st) == 1 ? st : 0;
+}
+
+/* A rank holds every connection of the server (before: 1,010 connections,
+ * each half a request header, and every client got nothing for as long as
+ * they were held).  One address may hold --max-conns-per-ip of them (40
+ * here, 250 by default): the same 1,010 from 127.0.0.1 leave the server
+ * answering from any other address, and the node's agent, which polls over
+ * the connection it kept, stays alive. */
+static void test_connection_hog(void **state)
+{
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_max < 1200) skip();
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--max-conns-per-ip 40");
+    tf_start_server(&f, "conns", 2);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    enum { HOG = 1010 };
+    static int hog[HOG];
+    int opened = 0;
+    for (int i = 0; i < HOG; i++) {
+        hog[i] = tcp_from("127.0.0.1", f.port);
+        if (hog[i] < 0) continue;
+        opened++;
+        const char *half = "GET /v1/nodes HTTP/1.1\r\nHost: x\r\n";
+        if (write(hog[i], half, strlen(half)) < 0) { /* closed already: over the limit */ }
+    }
+    assert_true(opened > 100);
+    sh_sleep(0.5);
+    /* Another address is answered, for longer than the heartbeat timeout,
+     * and the node stays alive. */
+    char body[16384];
+    for (int k = 0; k < 3; k++) {
+        int st = status_from(&f, "127.0.0.2", "/v1/nodes", body, sizeof body);
+        if (st != 200)
+            fail_msg("with %d connections held from 127.0.0.1, a client at 127.0.0.2 got %d (expected 200)", opened, st);
+        sh_sleep(1.5);
+    }
+    if (!strstr(body, "\"alive\""))
+        fail_msg("the node died while its address's connections were held:\n%.2000s", body);
+    /* The hogging address itself gets no more. */
+    int st = status_from(&f, "127.0.0.1", "/v1/nodes", NULL, 0);
+    if (st == 200) fail_msg("a new connection from the hogging address was served past its limit");
+    for (int i = 0; i < HOG; i++)
+        if (hog[i] >= 0) close(hog[i]);
+    /* Once they close it is served again. */
+    for (int k = 0; k < 50 && (st = status_from(&f, "127.0.0.1", "/v1/nodes", NULL, 0)) != 200; k++) sh_sleep(0.1);
+    assert_int_equal(st, 200);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +611,10 @@ int main(void)
         cmocka_unit_test_teardown(test_name_escapes, tf_teardown),
         cmocka_unit_test_teardown(test_writable_other_tenant, tf_teardown),
         cmocka_unit_test_teardown(test_queue_flood, tf_teardown),
+        cmocka_unit_test_teardown(test_est_understated, tf_teardown),
+        cmocka_unit_test_teardown(test_writable_per_tenant, tf_teardown),
+        cmocka_unit_test_teardown(test_disk_flood, tf_teardown),
+        cmocka_unit_test_teardown(test_connection_hog, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));

@@ -42,10 +42,26 @@ typedef struct srv_config {
     double scale_down_idle_s;  /* an idle provider node is released after (default 10) */
     int sync_full;             /* 1: SQLite synchronous=FULL (survives power loss) */
     int manual_cycles;         /* 1: no scheduler thread; call srv_cycle_for_bench (bench) */
-    const char *writable_allow; /* ':'-separated directories jobs may list in "writable" (NULL: none) */
+    const char *writable_allow; /* ':'-separated directories jobs may list in "writable", each DIR
+                                 * (any tenant's) or TENANT=DIR (that tenant's only); NULL: none */
     uint64_t max_log;          /* bytes one rank's log file may take on disk (default SRV_MAX_LOG) */
     uint64_t max_queued;       /* bytes a tenant's active jobs may hold (default SRV_MAX_QUEUED) */
+    double est_grace_s;        /* an attempt runs at most est_s plus this (0: SRV_EST_GRACE) */
+    int require_est;           /* 1: a job without "est_s" is refused (400) */
+    unsigned max_conns_per_ip; /* connections one address may hold (0: SRV_MAX_CONNS_PER_IP) */
 } srv_config;
+
+/* A job's "est_s" is also its time limit, as Slurm's --time is: an attempt
+ * that has run longer than est_s + srv_config.est_grace_s is ended (failed,
+ * reason "time limit"), so that a tenant cannot win a backfill slot by
+ * understating it.  est_s is at most SRV_MAX_EST_S (30 days). */
+#define SRV_EST_GRACE 60.0
+/* The server takes SRV_MAX_CONNS connections in all and, by default, a
+ * quarter of them from one address, so that a rank on one node cannot hold
+ * every connection (its node's address is its agent's too). */
+#define SRV_MAX_CONNS 1000u
+#define SRV_MAX_CONNS_PER_IP 250u
+#define SRV_MAX_EST_S (30.0 * 86400)
 
 /* The default of srv_config.max_log: a rank's output past it is dropped,
  * so that a job cannot fill the disk that holds the server's database. */

@@ -152,6 +152,7 @@ static int collect(agent *a, double now)
         agent_member *m = &a->m[i];
         drain(m);
         if (m->state == AM_EXITED) continue;
+        agent__disk_check(a, m, now);
         if (m->stopping) agent__stop(a, m, now);
         int st;
         pid_t r = waitpid(m->pid, &st, WNOHANG);
@@ -224,6 +225,7 @@ static void start_member(agent *a, const json_t *d, int64_t job, int attempt, in
     m->attempt = attempt;
     m->rank = rank;
     m->out_fd = m->barrier_fd = m->exec_fd = -1;
+    agent__disk_init(a, m, d);
     if (agent__launch(a, m, d) < 0) {
         sh_warn("agent %s: job %lld rank %d: %s", a->cfg.name, (long long)job, rank, sh_errmsg());
         m->state = AM_EXITED;

@@ -32,6 +32,8 @@ typedef struct agent_member {
     size_t sent;   /* bytes of log in the poll under way */
     char workdir[1024];
     char cg[3][640]; /* memory, pids, cpu */
+    uint64_t disk_max, files_max; /* the work directory's bounds (quota.c) */
+    double disk_next;             /* when it is measured next (monotonic) */
 } agent_member;
 
 typedef struct agent {
@@ -58,7 +60,21 @@ typedef struct agent {
  * request body (half of its default, 1 MiB). */
 #define AGENT_LOG_BUDGET (512u << 10)
 
+/* Seconds between two measures of a member's work directory (quota.c). */
+#define AGENT_DISK_EVERY 0.5
+
 int agent__launch(agent *a, agent_member *m, const json_t *desired);
+/* The share of the node a member's GPUs are (1 on a node without GPUs). */
+double agent__node_share(const agent *a, const json_t *d);
+/* Bytes and files under dir (not crossing mounts); 1 when the walk
+ * stopped over max_bytes or max_files, 0 under them, or an SH_E* code. */
+int agent__dir_usage(const char *dir, uint64_t max_bytes, uint64_t max_files, uint64_t *bytes, uint64_t *files);
+/* Sets m's disk bounds: its share of the work root's file system, lowered
+ * by the job's disk_mb. */
+void agent__disk_init(const agent *a, agent_member *m, const json_t *d);
+/* Measures m's work directory when due; a member over its bounds is told
+ * why in its log and stopped. */
+void agent__disk_check(agent *a, agent_member *m, double now);
 int agent__release(agent *a, agent_member *m);
 void agent__stop(agent *a, agent_member *m, double now);
 void agent__cgroup_cleanup(agent_member *m);

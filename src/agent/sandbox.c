@@ -126,7 +126,7 @@ static void cg_write(const char *dir, const char *file, const char *val)
 
 /* The member's part of the node: its GPUs over the node's (a member that
  * takes no GPU counts as one), which sets its default limits. */
-static double node_share(const agent *a, const json_t *d)
+double agent__node_share(const agent *a, const json_t *d)
 {
     json_t *g = json_object_get(d, "gpus");
     long long per = g ? json_integer_value(g) : 1;
@@ -145,7 +145,7 @@ static double node_share(const agent *a, const json_t *d)
  * namespace rooted at its own group. */
 void agent__limits(const agent *a, const json_t *d, long long *mem_mb, long long *npids, double *cpus)
 {
-    double share = node_share(a, d);
+    double share = agent__node_share(a, d);
     json_t *mem = json_object_get(d, "memory_mb"), *pids = json_object_get(d, "pids_max");
     *mem_mb = (long long)(a->mem_mb * share);
     *npids = (long long)(4096 * share);

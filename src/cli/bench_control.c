@@ -50,6 +50,7 @@ static int bench_server(bench_srv *b, const char *tag, double hb, int manual)
     c.tokens_path = tok;
     c.heartbeat_timeout = hb;
     c.manual_cycles = manual;
+    c.max_conns_per_ip = SRV_MAX_CONNS; /* every client of the bench is on loopback */
     SH_TRY(srv_start(&c, &b->s));
     snprintf(b->url, sizeof b->url, "http://127.0.0.1:%d", srv_port(b->s));
     return SH_OK;

@@ -52,6 +52,11 @@ int cli_cmd_job(int argc, char **argv)
                        cli_fmt_time(json_number_value(est), t1, sizeof t1));
             else printf("starts    unknown (no estimate while it cannot fit)\n");
         } else if (reason && *reason) printf("reason    %s\n", reason);
+        json_t *ends = json_object_get(j, "ends_by");
+        if (json_is_number(ends))
+            printf("limit     ends by %s (est_s %g s, its time limit, plus the server's grace)\n",
+                   cli_fmt_time(json_number_value(ends), t1, sizeof t1),
+                   json_number_value(json_object_get(json_object_get(j, "spec"), "est_s")));
         int final = json_is_true(json_object_get(j, "cost_final"));
         double rs = json_real_value(json_object_get(j, "run_s"));
         printf("cost      $%.4f %s, ran %s\n\n%-5s %-16s %-9s %5s\n", json_real_value(json_object_get(j, "cost")),

@@ -16,7 +16,8 @@ static const char usage[] =
     "usage: shoal server --tokens FILE [--db PATH] [--port P] [--bind ADDR] [--web DIR]\n"
     "                    [--heartbeat-timeout S] [--max-body BYTES] [--provider-cmd PROG]\n"
     "                    [--provider-quota Q] [--scale-up-wait S] [--scale-down-idle S] [--sync-full]\n"
-    "                    [--allow-writable DIR]...\n\n"
+    "                    [--allow-writable [TENANT=]DIR]... [--est-grace S] [--require-est]\n"
+    "                    [--max-conns-per-ip N]\n\n"
     "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
     "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
     "  --port P               TCP port (default 8470; 0 picks a free one)\n"
@@ -30,31 +31,47 @@ static const char usage[] =
     "  --scale-up-wait S      a job queued this long asks the provider (default 2)\n"
     "  --scale-down-idle S    an idle provider node is released after (default 10)\n"
     "  --sync-full            fsync every commit (survives power loss, slower)\n"
-    "  --allow-writable DIR   jobs may list DIR or directories under it in \"writable\"\n"
-    "                         (repeatable; default: none; docs/security.md)\n\n"
+    "  --allow-writable [TENANT=]DIR  jobs may list DIR or directories under it in\n"
+    "                         \"writable\"; TENANT=DIR: only that tenant's jobs (repeatable;\n"
+    "                         default: none; docs/security.md)\n"
+    "  --est-grace S          a job's est_s is its time limit: an attempt is ended this\n"
+    "                         long past it (default 60)\n"
+    "  --require-est          refuse jobs without est_s (every job then has a limit)\n"
+    "  --max-conns-per-ip N   connections one address may hold (default 250 of 1000;\n"
+    "                         raise it when agents reach the server through one tunnel)\n\n"
     "Prints \"listening on http://ADDR:PORT\" once ready.  See docs/server-api.md.\n";
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = sig; }
 
-/* --allow-writable directories, resolved and joined with ':'. */
+/* --allow-writable directories, resolved and joined with ':', each as
+ * DIR (any tenant's) or TENANT=DIR (that tenant's only). */
 static char allow_buf[8192];
 
-static int add_allowed(const char *dir, srv_config *cfg, const char *cmd)
+static int add_allowed(const char *spec, srv_config *cfg, const char *cmd)
 {
-    char real[4096];
+    char tenant[128] = "", real[4096];
+    const char *dir = spec, *eq = strchr(spec, '=');
+    if (spec[0] != '/' && eq) {
+        if (eq == spec || (size_t)(eq - spec) >= sizeof tenant)
+            return cli_usage(cmd, "--allow-writable %s: expected DIR or TENANT=DIR", spec);
+        snprintf(tenant, sizeof tenant, "%.*s=", (int)(eq - spec), spec);
+        dir = eq + 1;
+    }
     if (!realpath(dir, real) || !sh_is_dir(real))
         return cli_usage(cmd, "--allow-writable %s: not an existing directory", dir);
-    if (strchr(real, ':')) return cli_usage(cmd, "--allow-writable %s: a path with ':' cannot be listed", dir);
+    if (strchr(real, ':') || strchr(tenant, ':'))
+        return cli_usage(cmd, "--allow-writable %s: a path or tenant with ':' cannot be listed", spec);
     size_t n = strlen(allow_buf);
-    if (n + strlen(real) + 2 > sizeof allow_buf) return cli_usage(cmd, "--allow-writable: too many directories");
-    snprintf(allow_buf + n, sizeof allow_buf - n, "%s%s", n ? ":" : "", real);
+    if (n + strlen(tenant) + strlen(real) + 2 > sizeof allow_buf)
+        return cli_usage(cmd, "--allow-writable: too many directories");
+    snprintf(allow_buf + n, sizeof allow_buf - n, "%s%s%s", n ? ":" : "", tenant, real);
     cfg->writable_allow = allow_buf;
     return 0;
 }
 
 enum { O_TOKENS = 0x2000, O_DB, O_PORT, O_BIND, O_WEB, O_HEARTBEAT, O_MAX_BODY, O_PROVIDER_CMD, O_PROVIDER_QUOTA,
-       O_SCALE_UP, O_SCALE_DOWN, O_SYNC_FULL, O_ALLOW_WRITABLE };
+       O_SCALE_UP, O_SCALE_DOWN, O_SYNC_FULL, O_ALLOW_WRITABLE, O_EST_GRACE, O_REQUIRE_EST, O_CONNS_PER_IP };
 const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKENS},
                                          {"db", required_argument, 0, O_DB},
                                          {"port", required_argument, 0, O_PORT},
@@ -68,6 +85,9 @@ const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKE
                                          {"scale-down-idle", required_argument, 0, O_SCALE_DOWN},
                                          {"sync-full", no_argument, 0, O_SYNC_FULL},
                                          {"allow-writable", required_argument, 0, O_ALLOW_WRITABLE},
+                                         {"est-grace", required_argument, 0, O_EST_GRACE},
+                                         {"require-est", no_argument, 0, O_REQUIRE_EST},
+                                         {"max-conns-per-ip", required_argument, 0, O_CONNS_PER_IP},
                                          {0}};
 
 int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
@@ -82,6 +102,11 @@ int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
     case O_PROVIDER_CMD: cfg->provider_cmd = v; return 0;
     case O_PROVIDER_QUOTA: cfg->provider_quota = v; return 0;
     case O_SYNC_FULL: cfg->sync_full = 1; return 0;
+    case O_REQUIRE_EST: cfg->require_est = 1; return 0;
+    case O_CONNS_PER_IP:
+        return cli_int(cmd, "--max-conns-per-ip", v, 1, SRV_MAX_CONNS, &port) ? CLI_USAGE
+                                                                             : (cfg->max_conns_per_ip = (unsigned)port, 0);
+    case O_EST_GRACE: return cli_real(cmd, "--est-grace", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->est_grace_s);
     case O_ALLOW_WRITABLE: return add_allowed(v, cfg, cmd);
     case O_SCALE_UP: return cli_real(cmd, "--scale-up-wait", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->scale_up_wait_s);
     case O_SCALE_DOWN:

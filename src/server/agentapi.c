@@ -340,8 +340,8 @@ static json_t *desired(srv *s, int idx)
              * its own, the same for all of one tenant's members. */
             json_object_set_new(d, "uid", json_integer(json_integer_value(json_object_get(s->tenant_num, j->tenant))));
             json_object_set_new(d, "gpus", json_integer(j->gpus_per_node));
-            const char *extra[] = {"writable", "memory_mb", "pids_max"};
-            for (int k = 0; k < 3; k++) {
+            const char *extra[] = {"writable", "memory_mb", "pids_max", "disk_mb"};
+            for (int k = 0; k < 4; k++) {
                 json_t *v = json_object_get(j->spec, extra[k]);
                 if (v) json_object_set(d, extra[k], v);
             }

@@ -388,22 +388,45 @@ static int check_writable(srv *s, const srv_job *j)
         if (srv__path_under(p, s->state_dir))
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" lies in the server's state directory %s",
                           i, p, s->state_dir);
-        int ok = 0;
-        char allow[4096];
+        /* Under an entry of this tenant's, and holding no other tenant's
+         * folder (a shared folder may hold one). */
+        int ok = 0, others = 0;
+        char allow[8192], mine[8192] = "";
         snprintf(allow, sizeof allow, "%s", s->cfg.writable_allow ? s->cfg.writable_allow : "");
-        for (char *sv = NULL, *a = strtok_r(allow, ":", &sv); a && !ok; a = strtok_r(NULL, ":", &sv))
-            ok = srv__path_under(p, a);
+        for (char *sv = NULL, *a = strtok_r(allow, ":", &sv); a; a = strtok_r(NULL, ":", &sv)) {
+            if (!srv__allow_applies(&a, j->tenant)) {
+                others |= srv__path_under(a, p);
+                continue;
+            }
+            ok |= srv__path_under(p, a);
+            size_t m = strlen(mine);
+            snprintf(mine + m, sizeof mine - m, "%s%s", m ? ":" : "", a);
+        }
+        if (others)
+            return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" holds a folder the admin gave another "
+                                    "tenant; name a directory beside it", i, p);
         if (!ok)
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is not under a directory the admin allows"
-                                    " (server option --allow-writable; now: %s)", i, p,
-                          s->cfg.writable_allow && *s->cfg.writable_allow ? s->cfg.writable_allow : "none");
+                                    " your jobs (server option --allow-writable; now: %s)", i, p,
+                          *mine ? mine : "none");
         /* Which tenant holds it is not said: that is the other tenant's. */
         if (strcmp(j->tenant, "admin") && writable_taken(s, p, j->tenant))
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is another tenant's (its jobs named it, or a"
-                                    " directory in or above it, first): use a directory of your own under %s", i, p,
-                          s->cfg.writable_allow);
+                                    " directory in or above it, first): use a directory of your own under %s", i, p, mine);
     }
     return SH_OK;
+}
+
+/* An --allow-writable entry is DIR (every tenant's) or TENANT=DIR (that
+ * tenant's only; the admin's jobs may use every entry).  Whether *entry
+ * applies to `tenant`; it is left pointing at the directory. */
+int srv__allow_applies(char **entry, const char *tenant)
+{
+    char *a = *entry, *eq = a[0] != '/' ? strchr(a, '=') : NULL;
+    if (!eq) return 1;
+    *eq = 0;
+    *entry = eq + 1;
+    return !strcmp(tenant, "admin") || !strcmp(a, tenant);
 }
 
 int srv__path_under(const char *path, const char *dir)
@@ -435,7 +458,7 @@ static int delete_node(srv *s, srv_req *r, const char *name, json_t **reply)
 
 /* The part of a submit that needs no lock: parsing and validating the job
  * file, so that concurrent submits contend only for the durable write. */
-int srv__presubmit(srv_req *r)
+int srv__presubmit(const srv_config *cfg, srv_req *r)
 {
     if (strcmp(r->path, "/v1/jobs") || strcmp(r->method, "POST") || (r->role != ROLE_TENANT && r->role != ROLE_ADMIN))
         return SH_OK;
@@ -444,6 +467,21 @@ int srv__presubmit(srv_req *r)
     if (r->idem_header && *r->idem_header && json_is_object(spec) && !json_object_get(spec, "idempotency_key"))
         json_object_set_new(spec, "idempotency_key", json_string(r->idem_header));
     int rc = srv__job_from_spec(spec, r->tenant ? r->tenant : "admin", &r->job);
+    /* est_s is the job's time limit (srv__time_limits); checked here, not in
+     * srv__job_from_spec, so that a database written before the bound still
+     * loads. */
+    json_t *est = json_object_get(spec, "est_s");
+    if (rc == SH_OK && est && json_number_value(est) > SRV_MAX_EST_S)
+        rc = sh_err(SH_ERANGE, "job: field \"est_s\": %g s is over 30 days (%g s); it is also the job's "
+                               "time limit, so give the longest an attempt may run",
+                    json_number_value(est), SRV_MAX_EST_S);
+    if (rc == SH_OK && !est && cfg->require_est)
+        rc = sh_err(SH_EFORMAT, "job: field \"est_s\" is required by this server (--require-est): give the "
+                                "longest an attempt may run, in seconds");
+    if (rc < 0 && r->job) {
+        srv__job_free(r->job);
+        r->job = NULL;
+    }
     json_decref(spec);
     if (rc == SH_OK) r->job->spec_bytes = r->body_len;
     return rc;

@@ -179,7 +179,7 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
     int status = 200;
     json_t *reply = NULL;
     char msg[1100];
-    int rc = srv__presubmit(&r);
+    int rc = srv__presubmit(&s->cfg, &r); /* cfg is fixed after start */
     if (rc == SH_OK) {
         pthread_mutex_lock(&s->mu);
         /* The state may have been lost while this request waited. */
@@ -434,13 +434,32 @@ static int start_http(srv *s)
     s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL,
                               (uint16_t)s->cfg.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &sa,
                               MHD_OPTION_NOTIFY_COMPLETED, on_done, s, MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)1000, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                              SRV_MAX_CONNS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                              s->cfg.max_conns_per_ip ? s->cfg.max_conns_per_ip : SRV_MAX_CONNS_PER_IP,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
     if (!s->mhd)
         return sh_err(SH_EIO, "cannot listen on %s:%d (port in use? pick another with --port)",
                       s->cfg.bind_addr, s->cfg.port);
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = info ? info->port : s->cfg.port;
+    return SH_OK;
+}
+
+/* Every TENANT=DIR entry of --allow-writable names a tenant of the tokens
+ * file: a typo would otherwise leave that tenant without its folder. */
+static int check_allowed_tenants(srv *s)
+{
+    char allow[8192];
+    snprintf(allow, sizeof allow, "%s", s->cfg.writable_allow ? s->cfg.writable_allow : "");
+    for (char *sv = NULL, *a = strtok_r(allow, ":", &sv); a; a = strtok_r(NULL, ":", &sv)) {
+        char *eq = a[0] != '/' ? strchr(a, '=') : NULL;
+        if (!eq) continue;
+        *eq = 0;
+        if (!json_object_get(json_object_get(s->tokens, "tenants"), a))
+            return sh_err(SH_EINVAL, "--allow-writable %s=%s: no tenant \"%s\" in %s", a, eq + 1, a,
+                          s->cfg.tokens_path);
+    }
     return SH_OK;
 }
 
@@ -465,6 +484,7 @@ int srv_start(const srv_config *cfg, srv **out)
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->sched_cv, NULL);
     int rc = load_tokens(s);
+    if (rc == SH_OK) rc = check_allowed_tenants(s);
     if (rc == SH_OK && !realpath(s->dir, s->state_dir))
         rc = sh_err_errno(errno, "%s: the database's directory", s->dir);
     if (rc == SH_OK) rc = srv__db_open(s);

@@ -325,6 +325,7 @@ int srv__seam_step(srv *s, double now)
         if (j && j->state <= J_RUNNING) s->active[k++] = s->active[a];
     }
     s->nactive = k;
+    SH_TRY(srv__time_limits(s, sh_now_wall()));
     int n = sched_step(s->sc, now, &s->dec);
     if (n < 0) return n;
     /* Before the decisions move attempts on.  A failed ledger write keeps

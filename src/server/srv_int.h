@@ -186,6 +186,9 @@ int srv__finish(srv *s, srv_job *j, int state, int exit_code, const char *reason
 int srv__member_end(srv *s, srv_job *j, srv_member *m, int state, int code);
 int srv__node_dead(srv *s, int idx, const char *why);
 void srv__heartbeats(srv *s, double now);
+int srv__time_limits(srv *s, double wall);
+double srv__ends_by(const srv *s, const srv_job *j);
+double srv__est_grace(const srv *s);
 int srv__cancel(srv *s, srv_job *j, const char *who);
 const char *srv__job_state_name(int st);
 const char *srv__member_state_name(int st);
@@ -270,8 +273,9 @@ int srv__log_read(const char *path, uint64_t off, size_t max, sh_buf *out, uint6
 /* 1 if key is 1 to 127 printable ASCII characters (an Idempotency-Key). */
 int srv__idem_valid(const char *key);
 /* 1 if path is dir or lies under it (both plain absolute paths). */
+int srv__allow_applies(char **entry, const char *tenant);
 int srv__path_under(const char *path, const char *dir);
-int srv__presubmit(srv_req *r);
+int srv__presubmit(const srv_config *cfg, srv_req *r);
 int srv__handle(srv *s, srv_req *r, int *status, json_t **reply);
 /* Prometheus text; tenant: whose bills to show (NULL every tenant's, "" none). */
 void srv__metrics(srv *s, sh_buf *out, const char *tenant);

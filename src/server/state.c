@@ -311,6 +311,42 @@ void srv__heartbeats(srv *s, double now)
     }
 }
 
+/* Ends every attempt that has run past its job's est_s plus the grace: est_s
+ * is the job's time limit, as Slurm's --time is, so that a tenant cannot
+ * take a backfill slot with a short estimate and then hold it.  An
+ * attempt's clock starts when its first rank ran; a requeue starts a new
+ * attempt.  est_s 0 (not given) sets no limit. */
+/* When the running attempt of j is ended by its time limit (wall seconds),
+ * or 0: no limit, or no rank has started. */
+double srv__ends_by(const srv *s, const srv_job *j)
+{
+    json_t *est = j->state <= J_RUNNING ? json_object_get(j->spec, "est_s") : NULL;
+    double limit = est ? json_number_value(est) : 0, start = 0;
+    if (!(limit > 0)) return 0;
+    for (int i = 0; i < j->nmem; i++) {
+        const srv_member *m = &j->mem[i];
+        if (m->state == M_RUNNING && m->t_start > 0 && (start == 0 || m->t_start < start)) start = m->t_start;
+    }
+    return start > 0 ? start + limit + srv__est_grace(s) : 0;
+}
+
+double srv__est_grace(const srv *s) { return s->cfg.est_grace_s > 0 ? s->cfg.est_grace_s : SRV_EST_GRACE; }
+
+int srv__time_limits(srv *s, double wall)
+{
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        double end = j ? srv__ends_by(s, j) : 0;
+        if (end == 0 || wall <= end) continue;
+        double limit = json_number_value(json_object_get(j->spec, "est_s")), grace = srv__est_grace(s);
+        char why[200];
+        snprintf(why, sizeof why, "time limit: ran %.0f s, past its est_s of %g s and %g s of grace",
+                 wall - (end - limit - grace), limit, grace);
+        SH_TRY(srv__finish(s, j, J_FAILED, -1, why));
+    }
+    return SH_OK;
+}
+
 /* ---- undo: a change is applied only once it is durable ------------------ */
 
 void srv__undo_begin(srv *s, srv_undo *u)
@@ -399,7 +435,7 @@ void srv__undo_end(srv *s, srv_undo *u, int committed)
 static const char *const job_keys[] = {
     "name",   "kind",     "nodes",          "min_nodes",  "max_nodes",    "gpus_per_node",
     "gpus",   "gpu_types", "zone",          "command",    "env",          "on_failure",
-    "max_attempts", "priority", "writable", "memory_mb", "pids_max", "idempotency_key", "est_s",
+    "max_attempts", "priority", "writable", "memory_mb", "pids_max", "disk_mb", "idempotency_key", "est_s",
     "gpu_speeds", "replace_wait_s", NULL};
 
 static int pick(const char *v, const char *const *names, int n, const char *field, int *out)
@@ -535,6 +571,7 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     int lim = 1;
     if (rc == SH_OK) rc = int_field(spec, "memory_mb", 0, 1, 1 << 24, &lim);
     if (rc == SH_OK) rc = int_field(spec, "pids_max", 0, 1, 1 << 22, &lim);
+    if (rc == SH_OK) rc = int_field(spec, "disk_mb", 0, 1, 1 << 30, &lim);
     double est = 0;
     if (rc == SH_OK) rc = sh_json_get_num(spec, "est_s", 0, "job", &est);
     if (rc == SH_OK && est < 0) rc = sh_err(SH_ERANGE, "job: field \"est_s\": negative");
@@ -637,6 +674,8 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full)
     json_object_set_new(o, "gpu_types", gt ? json_incref(gt) : json_array());
     add_billing(s, j, o);
     add_pending(s, j, o);
+    double ends = srv__ends_by(s, j);
+    if (ends > 0) json_object_set_new(o, "ends_by", json_real(ends));
     json_t *mem = json_array();
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
