@@ -709,6 +709,70 @@ static void test_jobs_out(void **state)
     sim_fleet_free(&f);
 }
 
+/* --waits-out: each job's queued seconds by the core's wait reason add up
+ * to its wait, its start pool is one of the fleet's, and reading the
+ * reasons after every cycle changes no decision. */
+static void test_waits_out(void **state)
+{
+    (void)state;
+    sim_fleet f;
+    TU_OK(sim_fleet_mixed(&f, 64, 32));
+    sim_trace t = {0};
+    TU_OK(sim_trace_mixed(&t, 800, 5, 64 * 8, 0.9));
+    for (int pol = SCHED_POLICY_BACKFILL; pol <= SCHED_POLICY_SHOAL; pol++) {
+        sim_opts o;
+        memset(&o, 0, sizeof o);
+        sched_config_default(&o.cfg, (sched_policy)pol);
+        sim_report r[2];
+        TU_OK(sim_run(&f, &t, &o, &r[0]));
+        o.waits_out = tu_path("waits.csv");
+        TU_OK(sim_run(&f, &t, &o, &r[1]));
+        assert_true(r[0].decisions_hash == r[1].decisions_hash);
+        size_t n;
+        char *text = (char *)tu_read_file(o.waits_out, &n), *pos = text, *line;
+        line = strsep(&pos, "\n");
+        assert_string_equal(line, "id,tenant,nodes,gpus_per_node,submit_s,start_s,wait_s,start_pool,resources_s,"
+                                  "reservation_s,reserved_s,fair_share_s,next_cycle_s,nodes_down_s,other_s,last_reason");
+        size_t lines = 0, started = 0;
+        double by[7] = {0};
+        while ((line = strsep(&pos, "\n")) && *line) {
+            char *fld[16], *q = line;
+            int k = 0;
+            while (k < 15 && (fld[k] = strsep(&q, ","))) k++;
+            assert_int_equal(k, 15);
+            assert_non_null(q); /* the last reason: the rest of the line */
+            const sim_job *j = &t.jobs[lines++];
+            assert_string_equal(fld[0], j->id);
+            assert_int_equal(atoi(fld[2]), j->nodes);
+            if (!*fld[5]) { /* rejected: never queued, never started */
+                assert_true(!*fld[6] && !*fld[7]);
+                continue;
+            }
+            started++;
+            double sum = 0;
+            for (int w = 0; w < 7; w++) sum += atof(fld[8 + w]), by[w] += atof(fld[8 + w]);
+            assert_true(fabs(sum - atof(fld[6])) < 1e-2);
+            if (atof(fld[6]) > 0) assert_true(*q); /* a job that waited has a reason */
+            int found = 0;
+            for (size_t x = 0; x < f.n && !found; x++) {
+                char pool[3 * SIM_NAME + 3];
+                snprintf(pool, sizeof pool, "%s/%s/%s", f.nodes[x].zone, f.nodes[x].fabric, f.nodes[x].gpu_type);
+                found = !strcmp(pool, fld[7]);
+            }
+            assert_true(found);
+        }
+        assert_int_equal(lines, t.n);
+        assert_int_equal(started, r[1].jobs_completed);
+        assert_true(by[0] > 0); /* resources */
+        assert_true(by[2] > 0); /* reserved: the head gang waits with a reservation */
+        if (pol == SCHED_POLICY_BACKFILL) assert_true(by[3] == 0); /* no fair share */
+        else assert_true(by[3] > 0);
+        free(text);
+    }
+    sim_trace_free(&t);
+    sim_fleet_free(&f);
+}
+
 /* The issue's targets: shoal's p99 wait in each gang-size bucket at most
  * 1.1x backfill's, its mean JCT at most 1.05x, and (strict) its p99 for
  * gangs of 17+ nodes lower, where such gangs waited at all. */
@@ -834,7 +898,7 @@ int main(void)
         cmocka_unit_test(test_replay_reject_and_autoscale), cmocka_unit_test(test_cli_errors),
         cmocka_unit_test(test_mixed_reference_same), cmocka_unit_test(test_mixed_reference_deep),
         cmocka_unit_test(test_trace_gavel10),
-        cmocka_unit_test(test_jobs_out),
+        cmocka_unit_test(test_jobs_out),             cmocka_unit_test(test_waits_out),
         cmocka_unit_test(test_quality_targets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -127,6 +127,10 @@ typedef struct sim_opts {
     /* Non-NULL: write each job's start, wait, end and preemptions there as
      * CSV once the replay ends (docs/sched.md, "Per-job results"). */
     const char *jobs_out;
+    /* Non-NULL: write, for each job, the pool it first started in and how
+     * long it waited under each of the core's wait reasons (sched_wait, read
+     * after every cycle while it was queued), as CSV (docs/sched.md). */
+    const char *waits_out;
 } sim_opts;
 
 #define SIM_KEYS 64

@@ -49,6 +49,9 @@ static const char usage_text[] =
     "checks:   --check                              sched_check after every event\n"
     "          --jobs-out FILE                      each job's wait, JCT and preemptions as CSV (with\n"
     "                                               --policy all: FILE.POLICY.csv for each policy)\n"
+    "          --waits-out FILE                     each job's first pool and its queued seconds by the\n"
+    "                                               core's wait reason, as CSV (the same naming; asks\n"
+    "                                               every queued job each cycle: slow on fifo's queues)\n"
     "          --no-estimates                       skip checking start estimates against starts\n"
     "                                               (reported as start_estimates in --json)\n"
     "          --plain-estimates                    estimates from running work and reservations alone,\n"
@@ -56,7 +59,7 @@ static const char usage_text[] =
 
 typedef struct args {
     const char *fleet, *fleet_format, *format, *policy, *type_map, *throughputs;
-    const char *write_trace, *write_fleet, *jobs_out;
+    const char *write_trace, *write_fleet, *jobs_out, *waits_out;
     const char *traces[512];
     int ntraces;
     sim_fleet_opts fo;
@@ -107,6 +110,7 @@ static const struct option opts[] = {
     {"type-map", required_argument, 0, 'T'},     {"throughputs", required_argument, 0, 'u'},
     {"write-trace", required_argument, 0, 'w'},  {"write-fleet", required_argument, 0, 'W'},
     {"jobs-out", required_argument, 0, 'o'},     {"trace", required_argument, 0, 't'},
+    {"waits-out", required_argument, 0, 'R'},
     {"quota", required_argument, 0, 'q'},        {"json", no_argument, 0, 'j'},
     {"check", no_argument, 0, 'c'},              {"autoscale", no_argument, 0, 'a'},
     {"pack", no_argument, 0, 'P'},               {"no-estimates", no_argument, 0, 'n'},
@@ -188,6 +192,7 @@ static int parse(int argc, char **argv, args *a)
         case 'w': a->write_trace = optarg; break;
         case 'W': a->write_fleet = optarg; break;
         case 'o': a->jobs_out = optarg; break;
+        case 'R': a->waits_out = optarg; break;
         case 't':
             if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
             a->traces[a->ntraces++] = optarg;
@@ -212,6 +217,21 @@ static int parse(int argc, char **argv, args *a)
     if (!a->ntraces && strcmp(a->format, "kalos") && strcmp(a->format, "mixed"))
         return cli_usage("sim", "give a trace (--trace FILE) or --format kalos|mixed");
     return 0;
+}
+
+/* The file a per-job output goes to: the path given, or with several
+ * policies (pol >= 0) PATH.POLICY.csv, the policy before the extension. */
+static const char *out_name(char *buf, size_t n, const char *path, int pol)
+{
+    if (pol < 0) {
+        snprintf(buf, n, "%s", path);
+        return buf;
+    }
+    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+    int stem = dot && (!slash || dot > slash) ? (int)(dot - path) : (int)strlen(path);
+    snprintf(buf, n, "%.*s.%s%s", stem, path, sched_policy_name((sched_policy)pol),
+             stem < (int)strlen(path) ? path + stem : ".csv");
+    return buf;
 }
 
 static int cmp_submit(const void *x, const void *y)
@@ -417,16 +437,9 @@ int cli_cmd_sim(int argc, char **argv)
         o.replace_wait_s = a.replace_wait;
         o.progress = 1; /* drawn only when stderr is a terminal */
         o.estimates = !a.no_estimates;
-        char jobs_out[4096];
-        if (a.jobs_out) {
-            if (npol > 1) {
-                const char *dot = strrchr(a.jobs_out, '.'), *slash = strrchr(a.jobs_out, '/');
-                int stem = dot && (!slash || dot > slash) ? (int)(dot - a.jobs_out) : (int)strlen(a.jobs_out);
-                snprintf(jobs_out, sizeof jobs_out, "%.*s.%s%s", stem, a.jobs_out, sched_policy_name(pols[p]),
-                         stem < (int)strlen(a.jobs_out) ? a.jobs_out + stem : ".csv");
-            } else snprintf(jobs_out, sizeof jobs_out, "%s", a.jobs_out);
-            o.jobs_out = jobs_out;
-        }
+        char jobs_out[4096], waits_out[4096];
+        if (a.jobs_out) o.jobs_out = out_name(jobs_out, sizeof jobs_out, a.jobs_out, npol > 1 ? (int)pols[p] : -1);
+        if (a.waits_out) o.waits_out = out_name(waits_out, sizeof waits_out, a.waits_out, npol > 1 ? (int)pols[p] : -1);
         sim_report r;
         double w0 = sh_now_mono();
         rc = sim_run(&f, &t, &o, &r);

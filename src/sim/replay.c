@@ -32,6 +32,18 @@ typedef struct rjob {
     int preempted, shrunk; /* PREEMPTs, and SHRINKs by preemption, it took */
 } rjob;
 
+/* --waits-out: what each job waited under, from its submission to its first
+ * start.  The reason read after a cycle holds until the next cycle (or the
+ * start). */
+#define SIM_WAITS 7 /* sched_wait values */
+typedef struct rwait {
+    double s[SIM_WAITS]; /* seconds queued under each reason */
+    double since;        /* when `last` was read; < 0: never */
+    int last;            /* sched_wait at the last read */
+    uint32_t pool_node;  /* scheduler node handle of its first start's first pod; UINT32_MAX: none */
+    char text[160];      /* the last reason's text */
+} rwait;
+
 typedef struct run {
     const sim_trace *t;
     const sim_opts *o;
@@ -56,6 +68,9 @@ typedef struct run {
     double *wait, *jct;
     size_t nwait;
     sim_report *r;
+    rwait *waits;     /* --waits-out: by trace index, else NULL */
+    uint32_t *pend;   /* trace indices submitted and never started (with waits) */
+    size_t npend;
 } run;
 
 /* ---- Event heap (min by time, then insertion order) ----------------------- */
@@ -206,6 +221,11 @@ static int apply(run *R, const sched_decision *x, double now)
     rjob *rj = &R->jobs[ti];
     switch (x->kind) {
     case SCHED_D_START:
+        if (!rj->started && R->waits) {
+            rwait *w = &R->waits[ti];
+            if (w->since >= 0) w->s[w->last] += now - w->since;
+            if (x->count) w->pool_node = R->d.places[x->first].node_ix;
+        }
         if (!rj->started) rj->remaining = R->t->jobs[ti].duration_s, rj->started = 1, rj->first_start = now;
         rj->rate = 0, rj->last = now;
         return replan(R, x->job_ix, now);
@@ -249,6 +269,7 @@ static int submit(run *R, size_t ti, double now)
         R->six2t[six] = (uint32_t)ti;
         if ((size_t)six >= R->nsix) R->nsix = (size_t)six + 1;
     }
+    if (!rc && R->waits) R->pend[R->npend++] = (uint32_t)ti;
     if (rc == SH_ERANGE) {
         if (!R->r->jobs_rejected++) snprintf(R->r->first_rejection, sizeof R->r->first_rejection, "%s", sh_errmsg());
         R->done++;
@@ -465,6 +486,30 @@ static double clock_window(void)
     return v[N / 2];
 }
 
+/* --waits-out: after a cycle, each job still waiting for its first start
+ * says why (the core's reason), which holds until the next cycle. */
+static int read_waits(run *R, double now)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < R->npend; i++) {
+        uint32_t ti = R->pend[i];
+        if (R->jobs[ti].started) continue;
+        int64_t six = sched_job_ix(R->s, R->t->jobs[ti].id);
+        if (six < 0) continue;
+        sched_job_info in;
+        SH_TRY(sched_job_info_ix(R->s, (uint32_t)six, now, &in));
+        rwait *w = &R->waits[ti];
+        if (w->since >= 0) w->s[w->last] += now - w->since;
+        w->since = now;
+        /* Not queued (firstfit holding part of a gang): no reason, "other". */
+        w->last = in.state == SCHED_QUEUED && (unsigned)in.wait < SIM_WAITS ? (int)in.wait : SCHED_WAIT_NONE;
+        if (in.state == SCHED_QUEUED) snprintf(w->text, sizeof w->text, "%s", in.wait_text);
+        R->pend[k++] = ti;
+    }
+    R->npend = k;
+    return 0;
+}
+
 /* Jobs submitted at `now` that the cycle left queued get the core's start
  * estimate, to be checked against their actual start. */
 static int take_estimates(run *R, size_t from, size_t to, double now)
@@ -538,6 +583,7 @@ static int loop(run *R, double *t0, double *t_end)
         int n = cycle(R, now);
         if (n < 0) return n;
         if (R->o->estimates) SH_TRY(take_estimates(R, first_new, next, now));
+        if (R->waits) SH_TRY(read_waits(R, now));
         /* A livelock (firstfit gangs holding and releasing each other's
          * nodes with nothing running and nothing left to arrive) ends the
          * replay as deadlocked rather than spinning forever. */
@@ -587,6 +633,53 @@ static int write_jobs(const run *R, const char *path)
     return rc ? sh_err_wrap(rc, "sim: writing per-job results to %s", path) : 0;
 }
 
+/* Appends v to b as one CSV field, quoted when it holds a comma, quote or
+ * line break. */
+static int csv_field(sh_buf *b, const char *v)
+{
+    if (!strpbrk(v, ",\"\r\n")) return sh_buf_printf(b, "%s", v);
+    int rc = sh_buf_printf(b, "\"");
+    for (const char *c = v; *c && !rc; c++) rc = *c == '"' ? sh_buf_printf(b, "\"\"") : sh_buf_printf(b, "%c", *c);
+    return rc ? rc : sh_buf_printf(b, "\"");
+}
+
+/* --waits-out: one line per job of the trace, in trace order: the pool of
+ * its first start and its queued seconds by the core's reason (docs/sched.md,
+ * "Per-job results"); a job still queued at the end counts up to t_end. */
+static int write_waits(const run *R, const char *path, double t_end)
+{
+    sh_buf b = {0};
+    int rc = sh_buf_printf(&b, "id,tenant,nodes,gpus_per_node,submit_s,start_s,wait_s,start_pool");
+    for (int k = 1; k < SIM_WAITS && !rc; k++) rc = sh_buf_printf(&b, ",%s_s", sched_wait_name((sched_wait)k));
+    if (!rc) rc = sh_buf_printf(&b, ",other_s,last_reason\n");
+    for (size_t i = 0; i < R->t->n && !rc; i++) {
+        const sim_job *j = &R->t->jobs[i];
+        const rjob *rj = &R->jobs[i];
+        const rwait *w = &R->waits[i];
+        double v[SIM_WAITS];
+        memcpy(v, w->s, sizeof v);
+        if (!rj->started && w->since >= 0 && t_end > w->since) v[w->last] += t_end - w->since;
+        char st[32] = "", wt[32] = "", pool[3 * SIM_NAME + 3] = "";
+        if (rj->started) {
+            snprintf(st, sizeof st, "%.3f", rj->first_start);
+            snprintf(wt, sizeof wt, "%.3f", rj->first_start - j->submit_s);
+        }
+        if (w->pool_node < R->nnodes) {
+            const sim_node *n = &R->nodes[w->pool_node];
+            snprintf(pool, sizeof pool, "%s/%s/%s", n->zone, n->fabric, n->gpu_type);
+        }
+        rc = sh_buf_printf(&b, "%s,%s,%d,%d,%.3f,%s,%s,", j->id, j->tenant, j->nodes, j->gpus_per_node, j->submit_s, st, wt);
+        if (!rc) rc = csv_field(&b, pool);
+        for (int k = 1; k < SIM_WAITS && !rc; k++) rc = sh_buf_printf(&b, ",%.3f", v[k]);
+        if (!rc) rc = sh_buf_printf(&b, ",%.3f,", v[SCHED_WAIT_NONE]);
+        if (!rc) rc = csv_field(&b, w->text);
+        if (!rc) rc = sh_buf_printf(&b, "\n");
+    }
+    if (!rc) rc = sh_write_atomic(path, b.data, b.len);
+    sh_buf_free(&b);
+    return rc ? sh_err_wrap(rc, "sim: writing per-job waits to %s", path) : 0;
+}
+
 int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_report *out)
 {
     memset(out, 0, sizeof *out);
@@ -604,7 +697,13 @@ int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_repor
     R.six2t = calloc(t->n + 1, sizeof *R.six2t);
     R.wait = calloc(t->n + 1, sizeof *R.wait);
     R.jct = calloc(t->n + 1, sizeof *R.jct);
-    int rc = R.s && R.jobs && R.six2t && R.wait && R.jct ? 0 : sh_err(SH_ENOMEM, "sim: out of memory");
+    if (o->waits_out) {
+        R.waits = calloc(t->n + 1, sizeof *R.waits);
+        R.pend = calloc(t->n + 1, sizeof *R.pend);
+        for (size_t i = 0; R.waits && i < t->n; i++) R.waits[i].since = -1, R.waits[i].pool_node = UINT32_MAX;
+    }
+    int rc = R.s && R.jobs && R.six2t && R.wait && R.jct && (!o->waits_out || (R.waits && R.pend))
+                 ? 0 : sh_err(SH_ENOMEM, "sim: out of memory");
     double t0 = 0, t_end = 0;
     for (size_t i = 0; i < f->n && !rc; i++) rc = add_node(&R, &f->nodes[i], t->n ? t->jobs[0].submit_s : 0);
     if (rc && R.s) sh_err_wrap(rc, "fleet");
@@ -618,8 +717,10 @@ int sim_run(const sim_fleet *f, const sim_trace *t, const sim_opts *o, sim_repor
     if (!rc) summarise(&R, t0, t_end);
     if (!rc) summarise_estimates(&R);
     if (!rc && o->jobs_out) rc = write_jobs(&R, o->jobs_out);
+    if (!rc && o->waits_out) rc = write_waits(&R, o->waits_out, t_end);
     sched_decisions_free(&R.d);
     sched_free(R.s);
     free(R.heap), free(R.jobs), free(R.six2t), free(R.nodes), free(R.prov), free(R.wait), free(R.jct);
+    free(R.waits), free(R.pend);
     return rc;
 }
