@@ -485,7 +485,19 @@ static void test_disk_flood(void **state)
     int64_t bob = submit_sh(&f, TF_BOB, "fill", ",\"disk_mb\":64",
                             "i=0; while [ $i -lt 2048 ]; do head -c 1048576 /dev/zero >> big || exit 3;"
                             " i=$((i+1)); [ $((i % 64)) -eq 0 ] && echo at=$i; done; echo wrote-all");
-    int64_t alice = submit_sh(&f, TF_ALICE, "small", "", "head -c 10485760 /dev/zero > f && sleep 2 && echo alice-ok");
+    int64_t alice = submit_sh(&f, TF_ALICE, "small", "", "head -c 10485760 /dev/zero > f && sleep 4 && echo alice-ok");
+    /* What alice's work directory holds is shown while she runs. */
+    char apath[64];
+    snprintf(apath, sizeof apath, "/v1/jobs/%lld", (long long)alice);
+    json_int_t seen = 0;
+    for (int k = 0; k < 60 && seen < (10 << 20); k++) {
+        int ast;
+        json_t *aj = tf_call(&f, TF_ALICE, "GET", apath, NULL, &ast);
+        seen = json_integer_value(json_object_get(json_array_get(json_object_get(aj, "members"), 0), "disk_bytes"));
+        json_decref(aj);
+        if (seen < (10 << 20)) sh_sleep(0.1);
+    }
+    if (seen < (10 << 20)) fail_msg("alice's rank shows disk_bytes %lld after writing 10 MiB", (long long)seen);
     char *l = tf_wait_log(&f, bob, 120, &(int){0});
     log_lacks("disk_mb 64", l, "wrote-all");
     log_has("disk_mb 64", l, "hit its disk limit");

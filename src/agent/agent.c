@@ -184,6 +184,7 @@ static json_t *reports(agent *a, json_t **logs)
         agent_member *m = &a->m[i];
         json_t *r = json_pack("{s:I,s:i,s:i,s:s}", "job", (json_int_t)m->job, "attempt", m->attempt,
                               "rank", m->rank, "state", names[m->state]);
+        if (m->disk_used) json_object_set_new(r, "disk_bytes", json_integer((json_int_t)m->disk_used));
         if (m->state == AM_EXITED) {
             json_object_set_new(r, "exit_code", json_integer(m->exit_code));
             m->reported = 1;

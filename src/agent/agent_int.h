@@ -33,6 +33,7 @@ typedef struct agent_member {
     char workdir[1024];
     char cg[3][640]; /* memory, pids, cpu */
     uint64_t disk_max, files_max; /* the work directory's bounds (quota.c) */
+    uint64_t disk_used;           /* bytes it held at the last look (0: none yet) */
     double disk_next;             /* when it is measured next (monotonic) */
 } agent_member;
 

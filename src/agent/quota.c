@@ -66,6 +66,7 @@ void agent__disk_check(agent *a, agent_member *m, double now)
     /* A look every AGENT_DISK_EVERY seconds, and at most a tenth of the
      * agent's time walking (a member with many files is looked at less). */
     double took = sh_now_mono() - t0;
+    if (over >= 0) m->disk_used = bytes;
     m->disk_next = now + (10 * took > AGENT_DISK_EVERY ? 10 * took : AGENT_DISK_EVERY);
     if (over <= 0) return;
     sh_buf_printf(&m->log,

@@ -59,15 +59,18 @@ int cli_cmd_job(int argc, char **argv)
                    json_number_value(json_object_get(json_object_get(j, "spec"), "est_s")));
         int final = json_is_true(json_object_get(j, "cost_final"));
         double rs = json_real_value(json_object_get(j, "run_s"));
-        printf("cost      $%.4f %s, ran %s\n\n%-5s %-16s %-9s %5s\n", json_real_value(json_object_get(j, "cost")),
+        printf("cost      $%.4f %s, ran %s\n\n%-5s %-16s %-9s %5s  %s\n", json_real_value(json_object_get(j, "cost")),
                final ? "final" : "so far", rs > 0 ? cli_fmt_dur(rs, t2, sizeof t2) : "0s", "RANK", "NODE", "STATE",
-               "EXIT");
+               "EXIT", "DISK");
         size_t i;
         json_t *m;
-        json_array_foreach(json_object_get(j, "members"), i, m)
-            printf("%-5lld %-16s %-9s %5lld\n", (long long)json_integer_value(json_object_get(m, "rank")),
+        json_array_foreach(json_object_get(j, "members"), i, m) {
+            json_int_t disk = json_integer_value(json_object_get(m, "disk_bytes"));
+            printf("%-5lld %-16s %-9s %5lld  %s\n", (long long)json_integer_value(json_object_get(m, "rank")),
                    json_string_value(json_object_get(m, "node")), json_string_value(json_object_get(m, "state")),
-                   (long long)json_integer_value(json_object_get(m, "exit_code")));
+                   (long long)json_integer_value(json_object_get(m, "exit_code")),
+                   disk > 0 ? sh_fmt_bytes((double)disk, t3, sizeof t3) : "-");
+        }
         printf("\nevents\n");
         json_array_foreach(json_object_get(ev, "events"), i, m) {
             /* Most events name no node: their message starts in the same column. */

@@ -198,19 +198,21 @@ static int forged(srv *s, int idx, const srv_job *j, int rank, const char *what)
 /* Applies one member report from node idx. */
 static int apply_report(srv *s, int idx, const json_t *r)
 {
-    int64_t id = 0, attempt = 0, rank = -1, code = -1;
+    int64_t id = 0, attempt = 0, rank = -1, code = -1, disk = 0;
     const char *st = "";
     SH_TRY(sh_json_get_i64(r, "job", 1, "poll: member", &id));
     SH_TRY(sh_json_get_i64(r, "attempt", 1, "poll: member", &attempt));
     SH_TRY(sh_json_get_i64(r, "rank", 1, "poll: member", &rank));
     SH_TRY(sh_json_get_str(r, "state", 1, "poll: member", &st));
     SH_TRY(sh_json_get_i64(r, "exit_code", 0, "poll: member", &code));
+    SH_TRY(sh_json_get_i64(r, "disk_bytes", 0, "poll: member", &disk));
     srv_job *j = srv__job(s, id);
     /* Reports about members the server no longer wants are stale: the
      * desired list in the reply tells the agent to stop them. */
     if (!j || j->attempt != attempt || rank < 0 || rank >= j->nmem || j->state > J_RUNNING) return SH_OK;
     srv_member *m = &j->mem[rank];
     if (m->node != idx) return forged(s, idx, j, (int)rank, "a report");
+    if (disk > 0) m->disk_bytes = disk;
     if (m->state > M_RUNNING) return SH_OK;
     if (!strcmp(st, "ready") && m->state == M_ASSIGNED) m->state = M_READY;
     else if (!strcmp(st, "running") && m->state < M_RUNNING) {

@@ -41,6 +41,7 @@ typedef struct srv_member {
     uint64_t gpu_mask;     /* device indices, chosen by the core */
     double t_placed;       /* wall seconds: the core placed it (billing starts) */
     double t_start, t_end; /* wall seconds: its process ran between them */
+    int64_t disk_bytes;    /* its work directory at the agent's last look (not stored) */
 } srv_member;
 
 /* A Prometheus histogram: counts per bucket (not cumulative; the last is

@@ -679,10 +679,11 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full)
     json_t *mem = json_array();
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
-        json_array_append_new(mem, json_pack("{s:i,s:s,s:s,s:i,s:o}", "rank", m->rank, "node",
+        json_array_append_new(mem, json_pack("{s:i,s:s,s:s,s:i,s:o,s:I}", "rank", m->rank, "node",
                                              s->nodes[m->node].name, "state",
                                              srv__member_state_name(m->state), "exit_code",
-                                             m->exit_code, "gpus", gpu_list(m->gpu_mask)));
+                                             m->exit_code, "gpus", gpu_list(m->gpu_mask), "disk_bytes",
+                                             (json_int_t)m->disk_bytes));
     }
     json_object_set_new(o, "members", mem);
     if (full) json_object_set(o, "spec", j->spec);
