@@ -450,11 +450,13 @@ static void test_log_torn_tail(void **state)
     tf_stop(&f);
 }
 
-/* Counts the occurrences of needle in text. */
+/* Counts the occurrences of needle in text (in one pass: ASan's strstr
+ * measures the whole rest of the text at every call). */
 static size_t count_of(const char *text, const char *needle)
 {
-    size_t n = 0;
-    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    size_t n = 0, k = strlen(needle);
+    for (const char *p = text; *p; p++)
+        if (!strncmp(p, needle, k)) n++, p += k - 1;
     return n;
 }
 
