@@ -343,6 +343,18 @@ static void test_queue_flood(void **state)
     tf_stop(&f);
 }
 
+/* POSTs a job file as `token` and checks its refusal: `status`, with an
+ * error that names `needle`. */
+static void refused(tf_fleet *f, const char *token, const char *body, int status, const char *needle)
+{
+    int st;
+    json_t *j = tf_call(f, token, "POST", "/v1/jobs", body, &st);
+    const char *e = json_string_value(json_object_get(j, "error"));
+    if (st != status || !e || !strstr(e, needle))
+        fail_msg("%s: got %d %s, expected %d naming \"%s\"", body, st, e ? e : "", status, needle);
+    json_decref(j);
+}
+
 /* Bob states a short est_s, which wins his job a backfill slot ahead of a
  * reservation, and then runs far longer (before: nothing ended a job at its
  * estimate, and "est_s": 1e308 was accepted, so other jobs' start estimates
@@ -391,17 +403,10 @@ static void test_est_understated(void **state)
     if (alive) fail_msg("the rank past its time limit still runs");
     json_decref(tf_wait_job(&f, honest, "succeeded", 60));
     /* An estimate the limit could not bound, and none at all, are refused. */
-    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs",
-                "{\"name\":\"forever\",\"kind\":\"function\",\"gpus\":1,\"est_s\":1e308,\"command\":[\"true\"]}", &st);
-    const char *e = json_string_value(json_object_get(j, "error"));
-    if (st != 400 || !e || !strstr(e, "est_s") || !strstr(e, "30 days"))
-        fail_msg("est_s 1e308 got %d %s, expected 400 naming est_s", st, e ? e : "");
-    json_decref(j);
-    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs", "{\"name\":\"none\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}", &st);
-    e = json_string_value(json_object_get(j, "error"));
-    if (st != 400 || !e || !strstr(e, "--require-est"))
-        fail_msg("a job without est_s under --require-est got %d %s, expected 400", st, e ? e : "");
-    json_decref(j);
+    refused(&f, TF_BOB, "{\"name\":\"forever\",\"kind\":\"function\",\"gpus\":1,\"est_s\":1e308,\"command\":[\"true\"]}",
+            400, "\"est_s\": 1e+308 s is over 30 days");
+    refused(&f, TF_BOB, "{\"name\":\"none\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}", 400,
+            "--require-est");
     tf_stop(&f);
 }
 
@@ -454,10 +459,7 @@ static void test_writable_per_tenant(void **state)
     char body[8192];
     snprintf(body, sizeof body, "{\"name\":\"x\",\"kind\":\"function\",\"gpus\":1,\"writable\":[\"%s\"],"
                                 "\"command\":[\"true\"]}", bob);
-    int st;
-    json_t *j = tf_call(&f, TF_ALICE, "POST", "/v1/jobs", body, &st);
-    assert_int_equal(st, 403);
-    json_decref(j);
+    refused(&f, TF_ALICE, body, 403, "gave another tenant");
     char *ck = (char *)tu_read_file(strcat(strcpy(script, alice), "/ckpt"), NULL);
     assert_string_equal(ck, "alice-weights\n");
     free(ck);
@@ -519,11 +521,8 @@ static void test_disk_flood(void **state)
     log_lacks("10 MiB inside the share", l, "disk limit");
     free(l);
     /* The field is checked like the other limits. */
-    j = tf_call(&f, TF_BOB, "POST", "/v1/jobs",
-                "{\"name\":\"x\",\"kind\":\"function\",\"gpus\":1,\"disk_mb\":0,\"command\":[\"true\"]}", &st);
-    const char *e = json_string_value(json_object_get(j, "error"));
-    if (st != 400 || !e || !strstr(e, "disk_mb")) fail_msg("disk_mb 0: %d %s, expected 400 naming it", st, e ? e : "");
-    json_decref(j);
+    refused(&f, TF_BOB, "{\"name\":\"x\",\"kind\":\"function\",\"gpus\":1,\"disk_mb\":0,\"command\":[\"true\"]}", 400,
+            "disk_mb");
     tf_stop(&f);
 }
 
