@@ -191,6 +191,10 @@ static void test_pipeline(void **state)
     assert_int_equal(steps, 30);
     /* Deltas: every version after the first went out as a delta. */
     assert_true(json_number_value(json_object_get(res, "delta_bytes_total")) > 0);
+    /* Byte counts are integers, as every count in the JSON shoal writes. */
+    static const char *const counts[] = {"delta_bytes_total", "full_bytes_total", "store_bytes_total"};
+    for (int k = 0; k < 3; k++)
+        if (!json_is_integer(json_object_get(res, counts[k]))) fail_msg("result.json: %s is not an integer", counts[k]);
     assert_true(json_number_value(json_object_get(res, "delta_bytes_total")) <
                 json_number_value(json_object_get(res, "full_bytes_total")));
     /* The elastic pool: three replicas, on the two L4 GPUs (0.80/0.3 per

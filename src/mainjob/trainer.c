@@ -19,8 +19,9 @@ typedef struct trainer_ctx {
     store *st;
     const char *store_dir;
     FILE *events;
-    double t0, delta_bytes, full_bytes, last_delta, image_bytes, publish_s;
-    double store_bytes; /* payload bytes written to the store (deltas and anchors) */
+    double t0, publish_s;
+    uint64_t delta_bytes, full_bytes, last_delta, image_bytes;
+    uint64_t store_bytes; /* payload bytes written to the store (deltas and anchors) */
     uint64_t base0;     /* the store's LATEST when the trainer started */
     long versions;
 } trainer_ctx;
@@ -39,11 +40,11 @@ static int on_publish(void *ctx, int version, const sh_buf *img, const sh_buf *d
     int rc = store_publish_mem(t->st, &in, &o, &v);
     if (rc) return sh_err_wrap(rc, "trainer: publishing version %d to %s", version, t->store_dir);
     store_version sv;
-    if (store_get(t->st, v, &sv, NULL) == 0) t->store_bytes += (double)sv.size;
-    t->image_bytes = (double)img->len;
-    t->last_delta = (double)delta->len;
-    t->delta_bytes += (double)delta->len;
-    t->full_bytes += delta->len ? (double)img->len : 0;
+    if (store_get(t->st, v, &sv, NULL) == 0) t->store_bytes += sv.size;
+    t->image_bytes = img->len;
+    t->last_delta = delta->len;
+    t->delta_bytes += delta->len;
+    t->full_bytes += delta->len ? img->len : 0;
     t->versions++;
     t->publish_s += sh_now_mono() - t0;
     return 0;
@@ -53,10 +54,10 @@ static void on_event(const json_t *ev, void *ctx)
 {
     trainer_ctx *t = ctx;
     json_t *e = json_deep_copy(ev);
-    json_object_set_new(e, "delta_bytes", json_real(t->last_delta));
-    json_object_set_new(e, "image_bytes", json_real(t->image_bytes));
-    json_object_set_new(e, "delta_bytes_total", json_real(t->delta_bytes));
-    json_object_set_new(e, "full_bytes_total", json_real(t->full_bytes));
+    json_object_set_new(e, "delta_bytes", json_integer((json_int_t)t->last_delta));
+    json_object_set_new(e, "image_bytes", json_integer((json_int_t)t->image_bytes));
+    json_object_set_new(e, "delta_bytes_total", json_integer((json_int_t)t->delta_bytes));
+    json_object_set_new(e, "full_bytes_total", json_integer((json_int_t)t->full_bytes));
     json_object_set_new(e, "store_versions", json_integer(t->versions));
     json_object_set_new(e, "t", json_real(sh_now_wall()));
     if (t->events) {
@@ -129,9 +130,9 @@ int mj_trainer_rank0(const rl_config *c0, const mj_trainer_opts *o, mj_ring *rin
         json_object_set_new(*res, "ranks_in_sync", json_boolean(t.dp.in_sync || world == 1));
         json_object_set_new(*res, "ring_bytes_sent_rank0", json_integer((json_int_t)mj_ring_bytes_sent(ring)));
         json_object_set_new(*res, "store_versions", json_integer(t.versions));
-        json_object_set_new(*res, "delta_bytes_total", json_real(t.delta_bytes));
-        json_object_set_new(*res, "full_bytes_total", json_real(t.full_bytes));
-        json_object_set_new(*res, "store_bytes_total", json_real(t.store_bytes));
+        json_object_set_new(*res, "delta_bytes_total", json_integer((json_int_t)t.delta_bytes));
+        json_object_set_new(*res, "full_bytes_total", json_integer((json_int_t)t.full_bytes));
+        json_object_set_new(*res, "store_bytes_total", json_integer((json_int_t)t.store_bytes));
         json_object_set_new(*res, "store_base", json_integer((json_int_t)t.base0));
         json_object_set_new(*res, "publish_s", json_real(t.publish_s));
         if (o->result) rc = sh_json_write_atomic(o->result, *res);
