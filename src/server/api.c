@@ -425,15 +425,25 @@ static int check_writable(srv *s, const srv_job *j)
 }
 
 /* An --allow-writable entry is DIR (every tenant's) or TENANT=DIR (that
- * tenant's only; the admin's jobs may use every entry).  Whether *entry
- * applies to `tenant`; it is left pointing at the directory. */
+ * tenant's only).  Splits entry in place: returns the directory and sets
+ * *owner to the tenant, or NULL for a shared folder. */
+char *srv__allow_split(char *entry, const char **owner)
+{
+    char *eq = entry[0] != '/' ? strchr(entry, '=') : NULL;
+    *owner = NULL;
+    if (!eq) return entry;
+    *eq = 0;
+    *owner = entry;
+    return eq + 1;
+}
+
+/* Whether *entry applies to `tenant` (the admin's jobs may use every
+ * entry); it is left pointing at the directory. */
 int srv__allow_applies(char **entry, const char *tenant)
 {
-    char *a = *entry, *eq = a[0] != '/' ? strchr(a, '=') : NULL;
-    if (!eq) return 1;
-    *eq = 0;
-    *entry = eq + 1;
-    return !strcmp(tenant, "admin") || !strcmp(a, tenant);
+    const char *a;
+    *entry = srv__allow_split(*entry, &a);
+    return !a || !strcmp(tenant, "admin") || !strcmp(a, tenant);
 }
 
 int srv__path_under(const char *path, const char *dir)

@@ -452,12 +452,11 @@ static int check_allowed_tenants(srv *s)
 {
     char allow[8192];
     snprintf(allow, sizeof allow, "%s", s->cfg.writable_allow ? s->cfg.writable_allow : "");
-    for (char *sv = NULL, *a = strtok_r(allow, ":", &sv); a; a = strtok_r(NULL, ":", &sv)) {
-        char *eq = a[0] != '/' ? strchr(a, '=') : NULL;
-        if (!eq) continue;
-        *eq = 0;
-        if (!json_object_get(json_object_get(s->tokens, "tenants"), a))
-            return sh_err(SH_EINVAL, "--allow-writable %s=%s: no tenant \"%s\" in %s", a, eq + 1, a,
+    for (char *sv = NULL, *e = strtok_r(allow, ":", &sv); e; e = strtok_r(NULL, ":", &sv)) {
+        const char *a;
+        const char *dir = srv__allow_split(e, &a);
+        if (a && !json_object_get(json_object_get(s->tokens, "tenants"), a))
+            return sh_err(SH_EINVAL, "--allow-writable %s=%s: no tenant \"%s\" in %s", a, dir, a,
                           s->cfg.tokens_path);
     }
     return SH_OK;

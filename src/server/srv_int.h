@@ -274,6 +274,7 @@ int srv__log_read(const char *path, uint64_t off, size_t max, sh_buf *out, uint6
 /* 1 if key is 1 to 127 printable ASCII characters (an Idempotency-Key). */
 int srv__idem_valid(const char *key);
 /* 1 if path is dir or lies under it (both plain absolute paths). */
+char *srv__allow_split(char *entry, const char **owner);
 int srv__allow_applies(char **entry, const char *tenant);
 int srv__path_under(const char *path, const char *dir);
 int srv__presubmit(const srv_config *cfg, srv_req *r);
