@@ -19,17 +19,22 @@ typedef struct tnode_row {
     double price;
 } tnode_row;
 
-static sched *mk(sched_policy pol, const tnode_row *rows)
+static sched *mk_cfg(const sched_config *c, const tnode_row *rows)
 {
-    sched_config c;
-    sched_config_default(&c, pol);
-    sched *s = sched_new(&c);
+    sched *s = sched_new(c);
     assert_non_null(s);
     for (const tnode_row *r = rows; r && r->id; r++) {
         sched_node_spec n = {r->id, r->zone, r->fabric, r->type, r->gpus, r->price};
         TU_OK(sched_node_add(s, &n, 0));
     }
     return s;
+}
+
+static sched *mk(sched_policy pol, const tnode_row *rows)
+{
+    sched_config c;
+    sched_config_default(&c, pol);
+    return mk_cfg(&c, rows);
 }
 
 static sched_job_spec gang(const char *id, int nodes, int gpn, double est)
@@ -1223,10 +1228,181 @@ static void test_estimate_plan(void **state)
     sched_free(s);
 }
 
+/* ---- Work past its estimate ---------------------------------------------------
+
+ * A job without est_s is planned at default_est_s (3600 s) and nothing
+ * ends it there.  Past its estimate it is expected to end at the first of
+ * base + 60 x (2^k - 1) s (k = 0, 1, ...) not before now: 3600, 3660,
+ * 3780, 4020, 4500, 5460, 7380, 11220, ... for the gangs below, started
+ * at 0.  Each case runs under the fast path and the reference. */
+
+/* Estimates, wait texts and the reservation of a gang waiting behind a
+ * job that runs past its default estimate: never before now, "due to
+ * start" in more than 0 s while it runs, and a reservation that moves
+ * later only when its estimate is passed again (resv_late), not at every
+ * cycle. */
+static void test_overdue_estimates(void **state)
+{
+    (void)state;
+    static const tnode_row fleet[] = {{"a0", "z0", "f0", "h100", 8, 1}, {"a1", "z0", "f0", "h100", 8, 1},
+                                      {"a2", "z0", "f0", "h100", 8, 1}, {"a3", "z0", "f0", "h100", 8, 1},
+                                      {NULL}};
+    static const sched_policy pols[] = {SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL};
+    for (int ref = 0; ref < 2; ref++)
+        for (int p = 0; p < 2; p++) {
+            sched_config c;
+            sched_config_default(&c, pols[p]);
+            c.reference = ref;
+            sched *s = mk_cfg(&c, fleet);
+            sched_decisions d = {0};
+            submit(s, gang("big", 3, 8, 0), 0); /* no est_s: 3600 s */
+            step(s, 0, &d);
+            submit(s, gang("g4", 4, 8, 500), 3500), submit(s, gang("x", 1, 8, 50000), 3500);
+            step(s, 3500, &d);
+            want_wait(s, "g4", 3500, SCHED_WAIT_RESERVED, "reservation of 4 nodes", 3600);
+            want_wait(s, "x", 3500, SCHED_WAIT_RESERVATION, "due to start in 100 s", 4100);
+            /* 400 s past: big should end by 4020. */
+            step(s, 4000, &d);
+            want_wait(s, "g4", 4000, SCHED_WAIT_RESERVED, "reservation of 4 nodes", 4020);
+            want_wait(s, "x", 4000, SCHED_WAIT_RESERVATION, "due to start in 20 s", 4520);
+            want_wait(s, "g4", 4010, SCHED_WAIT_RESERVED, "reservation of 4 nodes", 4020);
+            /* Asked past that before the next cycle: now, never earlier. */
+            want_wait(s, "g4", 4030, SCHED_WAIT_RESERVED, "reservation of 4 nodes", 4030);
+            /* Work that ends before the reservation's time (now 4500) is
+             * backfilled onto a3; "ends now" left a3 idle. */
+            submit(s, gang("short", 1, 8, 300), 4030);
+            step(s, 4030, &d);
+            assert_non_null(find(&d, SCHED_D_START, "short"));
+            want_wait(s, "g4", 4030, SCHED_WAIT_RESERVED, "reservation of 4 nodes", 4500);
+            want_wait(s, "x", 4030, SCHED_WAIT_RESOURCES, "needs 1 nodes", 5000);
+            sched_stats st0, st;
+            sched_stats_get(s, &st0);
+            /* A cycle every 10 s for four hours: every estimate after now. */
+            for (double t = 4035; t < 18000; t += 10) {
+                if (t > 4330 && t < 4340) TU_OK(sched_job_finish(s, "short", 4330));
+                step(s, t, &d);
+                assert_null(find(&d, SCHED_D_START, NULL));
+                sched_job_info in;
+                TU_OK(sched_job_info_get(s, "g4", t, &in));
+                if (!(in.est_start_s > t) || in.wait != SCHED_WAIT_RESERVED)
+                    fail_msg("t=%.0f: g4 %s, estimate %.1f, not after now", t, sched_wait_name(in.wait),
+                             in.est_start_s);
+                TU_OK(sched_job_info_get(s, "x", t, &in));
+                if (!(in.est_start_s > t + 500 - 1e-6) || strstr(in.wait_text, "in 0 s"))
+                    fail_msg("t=%.0f: x \"%s\", estimate %.1f", t, in.wait_text, in.est_start_s);
+            }
+            /* Passed at 4500, 5460, 7380, 11220 and 18900 > 18000: four moves. */
+            sched_stats_get(s, &st);
+            if (st.resv_late - st0.resv_late != 4)
+                fail_msg("the reservation moved later %llu times in 1,400 cycles, want 4",
+                         (unsigned long long)(st.resv_late - st0.resv_late));
+            want_wait(s, "g4", 18000, SCHED_WAIT_RESERVED, "reservation of 4 nodes", 18900);
+            TU_OK(sched_job_finish(s, "big", 18000));
+            step(s, 18000, &d);
+            assert_non_null(find(&d, SCHED_D_START, "g4"));
+            /* Work that starts later is planned at its whole estimate. */
+            TU_OK(sched_job_finish(s, "g4", 18500));
+            step(s, 18500, &d);
+            assert_non_null(find(&d, SCHED_D_START, "x"));
+            submit(s, gang("y", 4, 8, 100), 18600);
+            step(s, 18600, &d);
+            want_wait(s, "y", 18600, SCHED_WAIT_RESERVED, "reservation of 4 nodes", 68500);
+            sched_decisions_free(&d);
+            sched_free(s);
+        }
+}
+
+/* A blocked gang is told where it can start soonest: not on the node of a
+ * job long past its estimate, which in the old rule ("ends now") always
+ * looked soonest.  O (no est_s) runs past 3600 on one node, P until 6000
+ * on another, R2 until 6100 on the third (whose other half R1 left at
+ * 5000).  At 5500 O is expected at 7380, so G (2 x 8) is reserved P's and
+ * R2's nodes for 6100, and L (4 GPUs, long) may not take R2's free half:
+ * G starts at 6100 while O still runs. */
+static void test_overdue_reservation(void **state)
+{
+    (void)state;
+    static const tnode_row fleet[] = {{"a0", "z0", "f0", "h100", 8, 1}, {"a1", "z0", "f0", "h100", 8, 1},
+                                      {"a2", "z0", "f0", "h100", 8, 1}, {NULL}};
+    static const sched_policy pols[] = {SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL};
+    for (int ref = 0; ref < 2; ref++)
+        for (int p = 0; p < 2; p++) {
+            sched_config c;
+            sched_config_default(&c, pols[p]);
+            c.reference = ref;
+            sched *s = mk_cfg(&c, fleet);
+            sched_decisions d = {0};
+            submit(s, gang("O", 1, 8, 0), 0), submit(s, gang("P", 1, 8, 6000), 0);
+            submit(s, gang("R1", 1, 4, 5000), 0), submit(s, gang("R2", 1, 4, 6100), 0);
+            step(s, 0, &d);
+            char on_p[16], on_r[16];
+            snprintf(on_p, sizeof on_p, "%s", nodes_of(s, "P"));
+            snprintf(on_r, sizeof on_r, "%s", nodes_of(s, "R2"));
+            assert_string_equal(nodes_of(s, "R1"), on_r);
+            TU_OK(sched_job_finish(s, "R1", 5000));
+            step(s, 5000, &d);
+            submit(s, gang("G", 2, 8, 1000), 5500);
+            step(s, 5500, &d);
+            want_wait(s, "G", 5500, SCHED_WAIT_RESERVED, "reservation of 2 nodes", 6100);
+            submit(s, gang("L", 1, 4, 100000), 5510);
+            step(s, 5510, &d);
+            assert_null(find(&d, SCHED_D_START, "L"));
+            want_wait(s, "L", 5510, SCHED_WAIT_RESERVATION, "reservation for job G (due to start in 590 s)", 7100);
+            TU_OK(sched_job_finish(s, "P", 6000));
+            step(s, 6000, &d);
+            TU_OK(sched_job_finish(s, "R2", 6100));
+            step(s, 6100, &d);
+            assert_non_null(find(&d, SCHED_D_START, "G"));
+            char want[40];
+            snprintf(want, sizeof want, "%s,%s", strcmp(on_p, on_r) < 0 ? on_p : on_r,
+                     strcmp(on_p, on_r) < 0 ? on_r : on_p);
+            assert_string_equal(nodes_of(s, "G"), want);
+            assert_int_equal(jstate(s, "O"), SCHED_RUNNING);
+            sched_decisions_free(&d);
+            sched_free(s);
+        }
+}
+
+/* shoal preempts lower-priority work for a gang that would otherwise wait
+ * long (preempt_wait 0.5 x its 1000 s).  Behind a job past its estimate
+ * the gang is due "now" in the old rule, forever, so it never preempted;
+ * now the wait it is told grows with the overrun: at 4600 O is expected
+ * at 5460, 860 s away, and G takes E's node. */
+static void test_overdue_preempt_wait(void **state)
+{
+    (void)state;
+    static const tnode_row two[] = {{"n0", "z", "f", "t", 8, 1}, {"n1", "z", "f", "t", 8, 1}, {NULL}};
+    for (int ref = 0; ref < 2; ref++) {
+        sched_config c;
+        sched_config_default(&c, SCHED_POLICY_SHOAL);
+        c.reference = ref;
+        sched *s = mk_cfg(&c, two);
+        sched_decisions d = {0};
+        submit(s, gang("O", 1, 8, 0), 0);
+        submit(s, elastic("E", 1, 1, 8, 0), 0);
+        step(s, 0, &d);
+        sched_job_spec g = gang("G", 1, 8, 1000);
+        g.priority = 5;
+        submit(s, g, 3500);
+        double started = -1;
+        for (double t = 3500; t <= 10000 && started < 0; t += 100) {
+            step(s, t, &d);
+            if (find(&d, SCHED_D_START, "G")) started = t;
+        }
+        if (started != 4600) fail_msg("G started at %.0f, want 4600 (E preempted)", started);
+        assert_int_equal(jstate(s, "E"), SCHED_QUEUED);
+        assert_int_equal(jstate(s, "O"), SCHED_RUNNING);
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pending_reasons), cmocka_unit_test(test_estimate_plan),
+        cmocka_unit_test(test_overdue_estimates), cmocka_unit_test(test_overdue_reservation),
+        cmocka_unit_test(test_overdue_preempt_wait),
         cmocka_unit_test(test_placement_table),
         cmocka_unit_test(test_least_fragmentation),
         cmocka_unit_test(test_reject_never_fits),

@@ -139,7 +139,10 @@ typedef struct sched_config {
     /* 1: start estimates from running work and reservations alone, not
      * from the plan of every queued job (to compare them). */
     int plain_estimates;
-    /* Estimated runtime of a job submitted with est_s = 0. */
+    /* Estimated runtime of a job submitted with est_s = 0.  Nothing ends
+     * a job at its estimate: one running past it is expected to end soon,
+     * the later the longer it has overrun (docs/sched.md, "Work past its
+     * estimate"). */
     double default_est_s;           /* default 3600 */
     /* Autoscaling: off unless autoscale != 0 and quotas are given. */
     int autoscale;

@@ -60,6 +60,7 @@ int sched__requeue(sched *s, uint32_t ji, double now, int failed)
     sjob *j = &s->jobs[ji];
     if (j->state == SCHED_RUNNING || j->state == SCHED_REPLACING) s->running--;
     sched__release_all(s, ji, now);
+    j->over = 0;
     if (failed) {
         j->restarts++;
         s->st.requeues++;
@@ -84,13 +85,13 @@ static int start_places(sched *s, sched_decisions *d, uint32_t ji, const scand *
 }
 
 /* Marks a queued job running (its places are already held). */
-static void mark_started(sched *s, uint32_t ji, double now)
+static int mark_started(sched *s, uint32_t ji, double now)
 {
     sjob *j = &s->jobs[ji];
     sched__queue_remove(s, ji);
     j->state = SCHED_RUNNING;
     if (j->first_start < 0) j->first_start = now;
-    j->start = now;
+    j->start = now, j->over = 0;
     for (int k = 0; k < j->nplaces; k++) { /* its estimate moved */
         s->nodes[j->places[k].node].ver++;
         sched__pool_touch(s, s->nodes[j->places[k].node].pool);
@@ -103,6 +104,7 @@ static void mark_started(sched *s, uint32_t ji, double now)
     if (s->nresv) j->backfilled = 1;
     s->running++;
     s->st.starts++;
+    return sched__due_add(s, ji);
 }
 
 /* Places up to max replicas of an elastic job, fastest type first, fullest
@@ -188,7 +190,7 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
     sjob *j = &s->jobs[ji];
     if (j->kind == SCHED_ELASTIC) {
         int rc = place_elastic(s, d, ji, j->nodes, j->maxr, SCHED_D_START, now);
-        if (rc > 0) mark_started(s, ji, now);
+        if (rc > 0) SH_TRY(mark_started(s, ji, now));
         return rc;
     }
     static __thread scand c;
@@ -196,7 +198,7 @@ static int try_start(sched *s, sched_decisions *d, uint32_t ji, double now)
     if (!sched__pick_pool(s, j, now, s->cfg.policy == SCHED_POLICY_SHOAL && s->cfg.pack_pools, &c, &pool)) return 0;
     j->pool = pool;
     SH_TRY(start_places(s, d, ji, &c, 1, now));
-    mark_started(s, ji, now);
+    SH_TRY(mark_started(s, ji, now));
     return 1;
 }
 
@@ -788,7 +790,7 @@ static int firstfit_gang(sched *s, sched_decisions *d, uint32_t ji, double now)
         SH_TRY(sched__emit(s, d, SCHED_D_START, ji, NONE));
         for (int k = 0; k < j->nplaces; k++)
             SH_TRY(sched__emit_place(d, s, &j->places[k]));
-        mark_started(s, ji, now);
+        SH_TRY(mark_started(s, ji, now));
         return 1;
     }
     if (j->nplaces > first) {
@@ -993,7 +995,8 @@ int sched_step(sched *s, double now, sched_decisions *d)
     s->stamp++; /* reservations of the previous cycle lapse */
     s->nresv = 0, s->resv_sig = 0;
     s->next_wake = INFINITY;
-    int rc = flush_pending(s, d);
+    int rc = sched__overdue(s, now);
+    if (!rc) rc = flush_pending(s, d);
     if (!rc) rc = expire(s, d, now);
     if (!rc && s->cfg.policy == SCHED_POLICY_FIRSTFIT) {
         s->walking = 1;

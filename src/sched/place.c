@@ -145,7 +145,7 @@ int sched__hold_at(sched *s, uint32_t ji, uint32_t ni, int gpus, uint64_t mask, 
     n->refs[n->nrefs++] = (sref){ji, gpus};
     set_free(s, ni, n->free - gpus);
     /* A job being started gets its start (now) after its holds. */
-    double end = (j->state == SCHED_QUEUED ? now : j->start) + sched__est_len(s, j, j->pool);
+    double end = j->state == SCHED_QUEUED ? now + sched__est_len(s, j, j->pool) : sched__est_end(s, j);
     if (end > s->pools[n->pool].drain) s->pools[n->pool].drain = end;
     s->tenants[j->tenant].gpus_in_use += gpus;
     s->busy_ver++; /* fair-share keys moved */
@@ -323,7 +323,7 @@ int sched__pick_gang(sched *s, const sjob *j, uint32_t pi, double est_end, scand
 }
 
 /* When every node of pool pi would be idle if running work ends at its
- * estimates (work past its estimate taken to end now); cached while the
+ * estimates (work past its estimate at its moved-on end); cached while the
  * pool is unchanged. */
 static double pool_drain(sched *s, uint32_t pi, double now)
 {

@@ -70,7 +70,7 @@ int sched_job_restore(sched *s, const char *id, const sched_place *places, size_
                               places[i].gpu_mask, places[i].since > 0 ? places[i].since : now, now));
     sched__queue_remove(s, ji);
     j->state = SCHED_RUNNING;
-    j->first_start = j->start = now;
+    j->first_start = j->start = now, j->over = 0;
     j->blocked_since = -1;
     j->pool = j->kind == SCHED_GANG ? pool : NONE;
     s->running++;
@@ -80,5 +80,5 @@ int sched_job_restore(sched *s, const char *id, const sched_place *places, size_
         s->nodes[ni].ver++;
         sched__pool_touch(s, s->nodes[ni].pool);
     }
-    return 0;
+    return sched__due_add(s, ji);
 }

@@ -59,7 +59,8 @@ static void select_k(tnode *v, size_t m, size_t k)
 static void node_ready_fill(sched *s, snode *n);
 
 /* When node ni will have g GPUs free, assuming running work ends at its
- * estimate (work past its estimate is assumed to end now).  The times for
+ * estimate (work past its estimate at its moved-on end, sched__overdue,
+ * and at now when asked past that between cycles).  The times for
  * every g are computed together and kept until the node's pods change. */
 double sched__node_ready(sched *s, uint32_t ni, int g, double now)
 {
@@ -119,6 +120,75 @@ static int busy_at(sched *s, uint32_t ni, double T, double now)
     }
     n->ba_ver = n->ver, n->ba_val = b, n->ba_T = T, n->ba_now = now, n->ba_until = until;
     return b;
+}
+
+/* ---- Work past its estimate ------------------------------------------------------
+
+ * A job may run past its estimate (est_s, or default_est_s when none was
+ * given; nothing in the core ends it).  Taking it to end "now" kept the
+ * start estimates behind it at now for as long as it ran, its nodes first
+ * for every reservation (they looked free soonest) and a gang's wait too
+ * short for preempt_wait ever to take victims.  Instead, like a batch
+ * scheduler that does not enforce limits, it is expected to end soon, and
+ * the longer it has overrun the less soon: each time now passes its
+ * expected end, the end moves on by OVERRUN_STEP_S, then twice that, four
+ * times, ...  So a job found past its estimate by d is expected within
+ * d + OVERRUN_STEP_S more, never in the past, and the end moves about
+ * log2(d / 60) times, not at every cycle.  The moves depend on the job's
+ * start and estimate only, not on when the cycles come. */
+
+static void due_up(struct sdue *h, size_t i)
+{
+    struct sdue x = h[i];
+    while (i && h[(i - 1) / 2].t > x.t) h[i] = h[(i - 1) / 2], i = (i - 1) / 2;
+    h[i] = x;
+}
+
+static void due_pop(sched *s)
+{
+    struct sdue *h = s->due, x = h[--s->ndue];
+    size_t i = 0, n = s->ndue;
+    if (!n) return;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && h[c + 1].t < h[c].t) c++;
+        if (h[c].t >= x.t) break;
+        h[i] = h[c], i = c;
+    }
+    h[i] = x;
+}
+
+int sched__due_add(sched *s, uint32_t ji)
+{
+    SH_TRY(GROW(s->due, s->capdue, s->ndue + 1));
+    s->due[s->ndue] = (struct sdue){sched__est_end(s, &s->jobs[ji]), ji};
+    due_up(s->due, s->ndue++);
+    return 0;
+}
+
+int sched__overdue(sched *s, double now)
+{
+    while (s->ndue && s->due[0].t + 1e-6 < now) {
+        struct sdue e = s->due[0];
+        due_pop(s);
+        sjob *j = &s->jobs[e.job];
+        /* Ended, restarted or moved on since: a later entry stands for it. */
+        if ((j->state != SCHED_RUNNING && j->state != SCHED_REPLACING) || sched__est_end(s, j) != e.t) continue;
+        while (sched__est_end(s, j) + 1e-6 < now) j->over = 2 * j->over + OVERRUN_STEP_S;
+        double end = sched__est_end(s, j);
+        /* Its nodes' times moved later: what was kept of them is redone.
+         * Times only rose, so a kept reservation time stays a lower bound
+         * (no release counted) and a pool's drain time its maximum. */
+        for (int k = 0; k < j->nplaces; k++) {
+            snode *n = &s->nodes[j->places[k].node];
+            n->ver++;
+            sched__pool_touch(s, n->pool);
+            if (end > s->pools[n->pool].drain) s->pools[n->pool].drain = end;
+        }
+        SH_TRY(sched__due_add(s, e.job));
+    }
+    return 0;
 }
 
 /* The slot of pool p's reservation-time cache for gangs of n nodes x g
@@ -450,7 +520,7 @@ static int evict(sched *s, sched_decisions *d, const sref *v, uint32_t ni, doubl
     }
     s->running--;
     sched__release_all(s, v->job, now);
-    x->state = SCHED_QUEUED;
+    x->state = SCHED_QUEUED, x->over = 0;
     x->preemptions++;
     s->st.preemptions++;
     SH_TRY(GROW(s->deferred, s->capdeferred, s->ndeferred + 1));

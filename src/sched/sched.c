@@ -136,7 +136,7 @@ void sched_free(sched *s)
     sched_bills_done(s, s->nbills);
     free(s->bills);
     free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
-    free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred);
+    free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred), free(s->due);
     for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap), free(s->shapes[i].pheap), free(s->shapes[i].uheap);
     free(s->elastic), free(s->allpools), free(s->shapes), free(s->live), free(s->touched),
          free(s->bpc.val), free(s->bpc.kind), free(s->bpc.qpos), free(s->freejobs), free(s->forgot_cost_t);

@@ -179,6 +179,9 @@ typedef struct sjob {
     int restarts, preemptions, backfilled;
     int declined; /* preempt_wait turned its victims down at least once (sched_stats.preempt_declined) */
     double resv_promise; /* earliest reservation time promised, or -1 */
+    /* Running past its estimate: the seconds its expected end was moved
+     * on by (sched__overdue); 0 from each start. */
+    double over;
     uint32_t pool; /* gang: the pool it runs or holds in */
     double hold_since, replace_deadline;
     splace *places;
@@ -365,6 +368,15 @@ struct sched {
     uint64_t resv_late;   /* head reservations that moved later or were missed */
     uint32_t *waiting;    /* HOLDING and REPLACING jobs: they have deadlines */
     size_t nwaiting, capwaiting;
+    /* Running jobs by expected end (a min-heap, one entry per start or
+     * extension; an entry whose job ended, restarted or moved on since is
+     * dropped when it comes up): sched__overdue finds the work that ran
+     * past its estimate without a walk over every running job. */
+    struct sdue {
+        double t;
+        uint32_t job;
+    } *due;
+    size_t ndue, capdue;
     uint32_t *deferred;   /* preempted in this step, queued again at its end */
     size_t ndeferred, capdeferred;
     double next_wake;
@@ -492,10 +504,16 @@ static inline double sched__est_len(const sched *s, const sjob *j, uint32_t pool
     return j->est_s / (sp > 0 ? sp : 1.0);
 }
 
+/* When a running job is expected to end: its start plus its estimate,
+ * moved on while it runs past it (sched__overdue). */
 static inline double sched__est_end(const sched *s, const sjob *j)
 {
-    return j->start + sched__est_len(s, j, j->pool);
+    return j->start + sched__est_len(s, j, j->pool) + j->over;
 }
+
+/* The first move of an overdue job's expected end; each next one is twice
+ * the one before (OVERRUN_STEP_S x (2^k - 1) in all after k moves). */
+#define OVERRUN_STEP_S 60.0
 
 
 sshape *sched__shape(sched *s, uint64_t shape);
@@ -535,6 +553,11 @@ typedef struct scand {
     int n;
 } scand;
 int sched__pick_gang(sched *s, const sjob *j, uint32_t pi, double est_end, scand *out);
+/* room.c: lists running job ji (just started) by its expected end. */
+int sched__due_add(sched *s, uint32_t ji);
+/* room.c: moves on the expected end of every running job past it at now
+ * (sched_step, before any decision). */
+int sched__overdue(sched *s, double now);
 int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, uint32_t *pool);
 
 /* room.c: reserves nodes for blocked gang ji (shoal and backfill); frees
