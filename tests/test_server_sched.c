@@ -100,6 +100,53 @@ static void test_pending_reason_and_final_cost(void **state)
     free(out);
 }
 
+/* A job without est_s is planned at the server's --default-est (2 s here)
+ * and not ended there.  Once it runs past that, the gang waiting behind
+ * it is still told a start after now, and a real one: the holder is
+ * expected 60 s past its estimate (docs/sched.md, "Work past its
+ * estimate"), where the rule before said "now" at every cycle. */
+static void test_overdue_estimate(void **state)
+{
+    memset(&F, 0, sizeof F);
+    snprintf(F.extra, sizeof F.extra, "--default-est 2");
+    tf_start_server(&F, "sched-over", 30);
+    tf_start_agents(&F, 2, "H100", 8, "z1", "ib");
+    int64_t run = tf_submit(&F, TF_ALICE,
+                            "{\"name\":\"holder\",\"nodes\":2,\"gpus_per_node\":8,\"command\":[\"sleep\",\"60\"]}");
+    json_decref(tf_wait_job(&F, run, "running", 20));
+    double t_run = sh_now_mono();
+    int64_t wait = tf_submit(&F, TF_ALICE,
+                             "{\"name\":\"waiter\",\"nodes\":2,\"gpus_per_node\":8,\"est_s\":60,"
+                             "\"command\":[\"true\"]}");
+    /* From 3 s after the holder started (past its 2 s) for 3 s. */
+    while (sh_now_mono() - t_run < 3) usleep(100 * 1000);
+    int seen = 0;
+    for (double t0 = sh_now_mono(); sh_now_mono() - t0 < 3; usleep(200 * 1000)) {
+        double before = sh_now_wall();
+        json_t *j = get_job(wait);
+        const char *w = json_string_value(json_object_get(j, "wait"));
+        if (w && !strcmp(w, "reserved")) {
+            double est = json_real_value(json_object_get(j, "start_estimate"));
+            if (!(est > before + 30 && est < before + 62))
+                fail_msg("start estimate %.1f s from now behind a job past its estimate; want 30-62 s", est - before);
+            seen++;
+        }
+        json_decref(j);
+    }
+    if (seen < 5) fail_msg("the waiter held its reservation at %d of about 15 polls", seen);
+    char *out = NULL, cmd[64];
+    snprintf(cmd, sizeof cmd, "job %lld", (long long)wait);
+    assert_int_equal(tu_run(&out, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s %s", F.url, TF_ALICE, tu_shoal(), cmd), 0);
+    assert_non_null(strstr(out, "waiting   holds a reservation"));
+    free(out);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)run);
+    int st;
+    json_decref(tf_call(&F, TF_ALICE, "POST", path, "{}", &st));
+    assert_int_equal(st, 200);
+    json_decref(tf_wait_job(&F, wait, "succeeded", 30));
+}
+
 /* A gang too large for the nodes that are up says so, with no estimate. */
 static void test_never_fits_while_down(void **state)
 {
@@ -235,6 +282,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_pending_reason_and_final_cost, teardown),
+        cmocka_unit_test_teardown(test_overdue_estimate, teardown),
         cmocka_unit_test_teardown(test_never_fits_while_down, teardown),
         cmocka_unit_test_teardown(test_core_devices_and_bill, teardown),
         cmocka_unit_test_teardown(test_stop_leaks_nothing, teardown),

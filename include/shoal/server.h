@@ -48,6 +48,8 @@ typedef struct srv_config {
     uint64_t max_queued;       /* bytes a tenant's active jobs may hold (default SRV_MAX_QUEUED) */
     double est_grace_s;        /* an attempt runs at most est_s plus this (0: SRV_EST_GRACE) */
     int require_est;           /* 1: a job without "est_s" is refused (400) */
+    double default_est_s;      /* the run the scheduler plans for a job without "est_s" (no
+                                * limit is set); 0: the core's default, 3600 */
     unsigned max_conns_per_ip; /* connections one address may hold (0: SRV_MAX_CONNS_PER_IP) */
 } srv_config;
 

@@ -216,6 +216,7 @@ int srv__seam_init(srv *s)
     sched_config c;
     sched_config_default(&c, SCHED_POLICY_SHOAL);
     c.bill_journal = 1; /* the ledger is the durable copy of the core's bills */
+    if (s->cfg.default_est_s > 0) c.default_est_s = s->cfg.default_est_s;
     SH_TRY(srv__provider_config(s, &c));
     s->sc = sched_new(&c);
     if (!s->sc) return sh_err(SH_EINVAL, "scheduler: %s", sh_errmsg());
