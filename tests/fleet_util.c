@@ -250,9 +250,9 @@ char *tf_job_log(tf_fleet *f, int64_t id)
         int st;
         json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
         assert_int_equal(st, 200);
-        const char *part = json_string_value(json_object_get(j, "data"));
-        assert_non_null(part);
-        sh_buf_append(&all, part, strlen(part));
+        json_t *part = json_object_get(j, "data");
+        assert_non_null(json_string_value(part));
+        sh_buf_append(&all, json_string_value(part), json_string_length(part));
         long long next = (long long)json_integer_value(json_object_get(j, "offset"));
         json_decref(j);
         if (next <= off) break;

@@ -386,28 +386,6 @@ static void test_server_kill9_under_load(void **state)
     tf_stop(&f);
 }
 
-/* Reads rank 0's whole log through the API, following offsets. */
-static char *read_log(tf_fleet *f, int64_t id)
-{
-    sh_buf all = {0};
-    long long off = 0;
-    for (int i = 0; i < 1000; i++) {
-        char path[128];
-        int st;
-        snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=0&offset=%lld", (long long)id, off);
-        json_t *j = tf_call(f, TF_ALICE, "GET", path, NULL, &st);
-        assert_int_equal(st, 200);
-        json_t *d = json_object_get(j, "data");
-        sh_buf_append(&all, json_string_value(d), json_string_length(d));
-        long long next = json_integer_value(json_object_get(j, "offset"));
-        json_decref(j);
-        if (next == off) break;
-        off = next;
-    }
-    sh_buf_append(&all, "", 1);
-    return (char *)all.data;
-}
-
 /* A crash can cut the last chunk of a log (a power cut, a full disk).  The
  * server is killed with -9 while a rank writes, its log file is cut inside
  * the last record as such a crash would leave it, and after the restart the
@@ -432,7 +410,7 @@ static void test_log_torn_tail(void **state)
     assert_int_equal(truncate(logf, st.st_size - 3), 0);
     tf_restart_server(&f);
     json_decref(tf_wait_job(&f, id, "succeeded", 30));
-    char *text = read_log(&f, id);
+    char *text = tf_job_log(&f, id);
     /* Every line is an attempt marker or "line N", N increasing, ending
      * with the last line the rank wrote (after the restart). */
     int last = -1, lines = 0;
