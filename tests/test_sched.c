@@ -13,6 +13,8 @@
 
 /* ---- Helpers --------------------------------------------------------------- */
 
+static void same_reason(sched *s, uint32_t ix, double now);
+
 typedef struct tnode_row {
     const char *id, *zone, *fabric, *type;
     int gpus;
@@ -967,8 +969,9 @@ static void test_restore_table(void **state)
 static void test_check_invariants(void **state)
 {
     static const char *const want[] = {"partial gang", "booked twice", "spans pools",
-                                       "work on a failed node", "delayed by backfill", "free count"};
-    for (int k = 0; k < 6; k++) {
+                                       "work on a failed node", "delayed by backfill", "free count",
+                                       "up nodes with >= 8 GPUs"};
+    for (int k = 0; k < 7; k++) {
         static const tnode_row f[] = {{"n1", "z", "f", "t", 8, 1}, {"n2", "z", "f", "t", 8, 1},
                                       {"n3", "z", "f", "t", 8, 1}, {"o1", "z", "g", "t", 8, 1},
                                       {NULL}};
@@ -1013,6 +1016,7 @@ static void test_check_invariants(void **state)
             break;
         }
         case 5: s->nodes[ja->places[0].node].free = 3; break;
+        case 6: s->pools[s->nodes[o1].pool].up_ge[8]--; break; /* why.c's nodes_down would misread */
         }
         int rc = sched_check(s, 1);
         if (rc != SH_EINTERNAL || !strstr(sh_errmsg(), want[k]))
@@ -1100,6 +1104,9 @@ static void test_shortcuts_same_decisions(void **state)
             }
             for (int v = 0; v < 2; v++) step(s[v], now, &d[v]);
             same_decisions(&d[0], &d[1], cyc);
+            if (cyc % 20 == 19) /* every queued job's reason, without its estimate as with it */
+                for (uint32_t ix = 0; ix < sched_job_count(s[0]); ix++)
+                    if (s[0]->jobs[ix].id) same_reason(s[0], ix, now);
             for (size_t i = 0; i < d[0].n; i++)
                 if (d[0].v[i].kind == SCHED_D_START && nrun < 512)
                     snprintf(running[nrun++], 16, "%s", d[0].v[i].job);
@@ -1118,10 +1125,24 @@ static void test_shortcuts_same_decisions(void **state)
     }
 }
 
+/* The reason-only query gives job ix the wait and text of the whole one,
+ * and no estimate. */
+static void same_reason(sched *s, uint32_t ix, double now)
+{
+    sched_job_info in, r;
+    TU_OK(sched_job_info_ix(s, ix, now, &in));
+    TU_OK(sched_job_reason_ix(s, ix, now, &r));
+    if (r.state != in.state || r.wait != in.wait || strcmp(r.wait_text, in.wait_text) ||
+        (in.wait != SCHED_WAIT_NONE && !isnan(r.est_start_s)))
+        fail_msg("job %s: reason only %s \"%s\" est %g, whole %s \"%s\"", in.id, sched_wait_name(r.wait), r.wait_text,
+                 r.est_start_s, sched_wait_name(in.wait), in.wait_text);
+}
+
 /* Checks job id's wait reason, a phrase of its text and its estimate. */
 static void want_wait(sched *s, const char *id, double now, sched_wait w, const char *phrase, double est)
 {
     sched_job_info in;
+    same_reason(s, (uint32_t)sched_job_ix(s, id), now);
     TU_OK(sched_job_info_get(s, id, now, &in));
     if (in.wait != w || !strstr(in.wait_text, phrase) ||
         !(in.est_start_s == est || fabs(in.est_start_s - est) < 1e-6))

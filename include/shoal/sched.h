@@ -362,6 +362,13 @@ typedef struct sched_job_info {
 } sched_job_info;
 
 int sched_job_info_get(const sched *s, const char *id, double now, sched_job_info *out);
+/* sched_job_info_ix without the start estimate (est_start_s is NAN; the
+ * wait and its text as sched_job_info_ix gives them).  The estimate is
+ * most of what a queued job's query costs (a plan of the queue, or for a
+ * job past the plan a pass over the nodes of its pools): a caller that
+ * asks every queued job for its reason after every cycle (`shoal sim
+ * --waits-out`) asks this. */
+int sched_job_reason_ix(const sched *s, uint32_t ix, double now, sched_job_info *out);
 /* Handle of a job id (dense, stable while the job is known; once it is
  * forgotten the handle may be reused by a later submission); -1 if unknown. */
 int64_t sched_job_ix(const sched *s, const char *id);

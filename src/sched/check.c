@@ -148,6 +148,15 @@ int sched_check(const sched *s, double now)
             if (p->ge[g] != ge)
                 return sh_err(SH_EINTERNAL, "pool count of nodes with >= %d free GPUs is %d, holds %d",
                               g, p->ge[g], ge);
+        int by[MAXG + 1] = {0};
+        for (size_t k = 0; k < p->nnodes; k++) {
+            const snode *n = &s->nodes[p->nodes[k]];
+            if (n->state == SCHED_NODE_UP) by[n->gpus < MAXG ? n->gpus : MAXG]++;
+        }
+        for (int g = MAXG, c = 0; g >= 0; g--)
+            if (p->up_ge[g] != (c += by[g]))
+                return sh_err(SH_EINTERNAL, "pool count of up nodes with >= %d GPUs is %d, holds %d", g,
+                              p->up_ge[g], c);
     }
     for (size_t t = 0; t < s->ntpools; t++) { /* the largest pool count by type */
         const struct stpools *tp = &s->tpools[t];

@@ -968,7 +968,7 @@ static int autoscale(sched *s, sched_decisions *d, double now)
             if (due < s->next_wake) s->next_wake = due;
             continue;
         }
-        sched__bucket_remove(s, (uint32_t)ni);
+        sched__node_updown(s, (uint32_t)ni, -1);
         n->state = SCHED_NODE_DRAINING;
         s->st.scale_downs++;
         SH_TRY(sched__emit(s, d, SCHED_D_SCALE_DOWN, NONE, (uint32_t)ni));

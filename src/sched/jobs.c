@@ -635,7 +635,7 @@ int64_t sched_job_ix(const sched *s, const char *id)
 
 size_t sched_job_count(const sched *s) { return s->njobs; }
 
-int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o)
+static int info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o, int est)
 {
     if (ix >= s->njobs || !s->jobs[ix].id) return sh_err(SH_ENOENT, "job handle %u is not known", ix);
     const sjob *j = &s->jobs[ix];
@@ -654,8 +654,18 @@ int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o
     o->cost_open = open_cost(s, j, NONE, now, 0);
     o->reason = j->reason;
     o->est_start_s = -1;
-    if (j->state == SCHED_QUEUED || j->state == SCHED_HOLDING) sched__pending((sched *)s, ix, now, o);
+    if (j->state == SCHED_QUEUED || j->state == SCHED_HOLDING) sched__pending((sched *)s, ix, now, o, est);
     return 0;
+}
+
+int sched_job_info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o)
+{
+    return info_ix(s, ix, now, o, 1);
+}
+
+int sched_job_reason_ix(const sched *s, uint32_t ix, double now, sched_job_info *o)
+{
+    return info_ix(s, ix, now, o, 0);
 }
 
 int sched_job_info_get(const sched *s, const char *id, double now, sched_job_info *out)

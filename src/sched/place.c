@@ -72,6 +72,15 @@ void sched__bucket_remove(sched *s, uint32_t ni)
     s->nodes_up--;
 }
 
+void sched__node_updown(sched *s, uint32_t ni, int d)
+{
+    snode *n = &s->nodes[ni];
+    spool *p = &s->pools[n->pool];
+    for (int g = 0; g <= n->gpus && g <= MAXG; g++) p->up_ge[g] += d;
+    if (d > 0) sched__bucket_insert(s, ni);
+    else sched__bucket_remove(s, ni);
+}
+
 /* Changes an UP node's free count, moving it between buckets. */
 static void set_free(sched *s, uint32_t ni, int free)
 {

@@ -226,7 +226,7 @@ int sched_node_add(sched *s, const sched_node_spec *n, double now)
     }
     p->rel_ver++;
     sched__released(s, NONE); /* room appeared, perhaps in a new pool */
-    sched__bucket_insert(s, ni);
+    sched__node_updown(s, ni, 1);
     return 0;
 }
 
@@ -245,7 +245,7 @@ int sched_node_remove(sched *s, const char *id, double now)
     SH_TRY(find_node(s, id, &ni));
     snode *n = &s->nodes[ni];
     if (n->nrefs) return sh_err(SH_EAGAIN, "node %s still runs %d pods: fail or drain it first", id, n->nrefs);
-    if (n->state == SCHED_NODE_UP) sched__bucket_remove(s, ni);
+    if (n->state == SCHED_NODE_UP) sched__node_updown(s, ni, -1);
     spool *p = &s->pools[n->pool];
     for (int g = 0; g <= n->gpus; g++) p->maxg_ever[g]--;
     sched__pool_touch(s, n->pool); /* it may never fit a gang it could */
@@ -274,7 +274,7 @@ int sched_node_recover(sched *s, const char *id, double now)
     n->idle_since = now;
     s->pools[n->pool].rel_ver++;
     sched__released(s, n->pool); /* room appeared */
-    sched__bucket_insert(s, ni);
+    sched__node_updown(s, ni, 1);
     return 0;
 }
 
@@ -284,7 +284,7 @@ int sched_node_fail(sched *s, const char *id, double now)
     SH_TRY(find_node(s, id, &ni));
     snode *n = &s->nodes[ni];
     if (n->state == SCHED_NODE_FAILED) return 0;
-    if (n->state == SCHED_NODE_UP) sched__bucket_remove(s, ni);
+    if (n->state == SCHED_NODE_UP) sched__node_updown(s, ni, -1);
     n->state = SCHED_NODE_FAILED;
     /* Each job on the node loses its pods there; what happens next is the
      * job's failure policy.  Iterate from the end: releases edit refs. */

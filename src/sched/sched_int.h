@@ -106,6 +106,7 @@ typedef struct spool {
     uint32_t *nodes; /* all nodes ever in the pool */
     size_t nnodes, capnodes;
     int maxg_ever[MAXG + 1]; /* nodes (any state) with >= g GPUs, for never-fits */
+    int up_ge[MAXG + 1];     /* UP nodes with >= g GPUs, busy or not (why.c's nodes_down) */
     /* Reservation times by gang shape, valid while the pool's version is
      * unchanged (any hold, release or state change bumps it). */
     uint64_t ver;
@@ -530,6 +531,9 @@ int sched__shape_undeclined_prio(const sched *s, sshape *sh, int *prio);
 /* place.c */
 void sched__bucket_insert(sched *s, uint32_t ni);
 void sched__bucket_remove(sched *s, uint32_t ni);
+/* Node ni comes up (d = 1: into its free bucket) or goes down (d = -1:
+ * out of it), counted in its pool's up_ge. */
+void sched__node_updown(sched *s, uint32_t ni, int d);
 int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now);
 void sched__release_place(sched *s, uint32_t ji, int k, double now);
 void sched__release_all(sched *s, uint32_t ji, double now);
@@ -590,8 +594,9 @@ static inline int sched__pool_may_preempt(const sched *s, const spool *p, int n,
            sched__prios_below(&p->pre, prio);
 }
 
-/* why.c: the wait reason and start estimate of queued job ji. */
-void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o);
+/* why.c: the wait reason and (est = 1) the start estimate of queued job
+ * ji; with est = 0, est_start_s is NAN. */
+void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o, int est);
 
 /* Moves pool pi's version (any hold, release or node state change) and
  * lists it in sched.touched. */

@@ -325,15 +325,7 @@ static int plan_build(sched *s, double now, uint32_t want)
 }
 
 /* Up nodes with >= g GPUs in a pool (busy or not). */
-static int up_nodes(const sched *s, const spool *p, int g)
-{
-    int n = 0;
-    for (size_t i = 0; i < p->nnodes; i++) {
-        const snode *x = &s->nodes[p->nodes[i]];
-        n += x->state == SCHED_NODE_UP && x->gpus >= g;
-    }
-    return n;
-}
+static int up_nodes(const spool *p, int g) { return g >= 0 && g <= MAXG ? p->up_ge[g] : 0; }
 
 /* Fair share: the tenant's fraction of busy GPUs against an equal split
  * among tenants with work queued or running. */
@@ -348,16 +340,26 @@ static int over_share(const sched *s, const sjob *j, double *frac, double *fair)
     return *frac > *fair + 1e-9;
 }
 
-void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o)
+static void pending(sched *s, uint32_t ji, double now, sched_job_info *o, int est);
+
+void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o, int est)
+{
+    pending(s, ji, now, o, est);
+    if (!est) o->est_start_s = NAN;
+}
+
+/* The reason, and with est the estimate; the branches below set est_start_s
+ * where the reason gives it (cheap), and the caller drops it without est. */
+static void pending(sched *s, uint32_t ji, double now, sched_job_info *o, int est)
 {
     sjob *j = &s->jobs[ji];
     const uint32_t *jp;
     size_t njp = sched__job_pools(s, j, &jp);
     int need = j->kind == SCHED_GANG ? j->nodes : 1;
     char pn[3 * SCHED_ID_MAX];
-    if (!s->cfg.plain_estimates && !plan_build(s, now, ji) && s->plan.mark[ji] == s->plan.id)
+    if (est && !s->cfg.plain_estimates && !plan_build(s, now, ji) && s->plan.mark[ji] == s->plan.id)
         o->est_start_s = s->plan.est[ji];
-    else
+    else if (est)
         o->est_start_s = estimate(s, j, ji, now);
     njp = sched__job_pools(s, j, &jp); /* estimate() may have reused the buffer */
     /* Capacity that is up at all, busy or not. */
@@ -366,11 +368,12 @@ void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o)
     long free_replicas = 0;
     for (size_t q = 0; q < njp; q++) {
         const spool *p = &s->pools[jp[q]];
-        int up = up_nodes(s, p, j->gpn), fr = p->ge[j->gpn];
+        int up = up_nodes(p, j->gpn), fr = p->ge[j->gpn];
         if (up > best_up) best_up = up, up_pool = jp[q];
         if (fr > best_free) best_free = fr, free_pool = jp[q];
         if (fit_pool == NONE && sched__pool_fits(p, need, j->gpn)) fit_pool = jp[q];
-        for (int f = j->gpn; f <= MAXG; f++) free_replicas += (long)p->count[f] * (f / j->gpn);
+        if (j->kind != SCHED_GANG) /* replicas: said only for other work */
+            for (int f = j->gpn; f <= MAXG; f++) free_replicas += (long)p->count[f] * (f / j->gpn);
     }
     int raw = j->kind == SCHED_ELASTIC ? free_replicas >= j->nodes : fit_pool != NONE;
     if (j->kind == SCHED_GANG && best_up < j->nodes) {

@@ -41,6 +41,7 @@ typedef struct rwait {
     double since;        /* when `last` was read; < 0: never */
     int last;            /* sched_wait at the last read */
     uint32_t pool_node;  /* scheduler node handle of its first start's first pod; UINT32_MAX: none */
+    uint32_t six;        /* its scheduler handle (stable while it waits: only ended jobs are forgotten) */
     char text[160];      /* the last reason's text */
 } rwait;
 
@@ -269,7 +270,7 @@ static int submit(run *R, size_t ti, double now)
         R->six2t[six] = (uint32_t)ti;
         if ((size_t)six >= R->nsix) R->nsix = (size_t)six + 1;
     }
-    if (!rc && R->waits) R->pend[R->npend++] = (uint32_t)ti;
+    if (!rc && R->waits) R->pend[R->npend++] = (uint32_t)ti, R->waits[ti].six = (uint32_t)six;
     if (rc == SH_ERANGE) {
         if (!R->r->jobs_rejected++) snprintf(R->r->first_rejection, sizeof R->r->first_rejection, "%s", sh_errmsg());
         R->done++;
@@ -494,16 +495,17 @@ static int read_waits(run *R, double now)
     for (size_t i = 0; i < R->npend; i++) {
         uint32_t ti = R->pend[i];
         if (R->jobs[ti].started) continue;
-        int64_t six = sched_job_ix(R->s, R->t->jobs[ti].id);
-        if (six < 0) continue;
-        sched_job_info in;
-        SH_TRY(sched_job_info_ix(R->s, (uint32_t)six, now, &in));
         rwait *w = &R->waits[ti];
+        sched_job_info in;
+        SH_TRY(sched_job_reason_ix(R->s, w->six, now, &in)); /* the reason only: no estimate */
         if (w->since >= 0) w->s[w->last] += now - w->since;
         w->since = now;
         /* Not queued (firstfit holding part of a gang): no reason, "other". */
         w->last = in.state == SCHED_QUEUED && (unsigned)in.wait < SIM_WAITS ? (int)in.wait : SCHED_WAIT_NONE;
-        if (in.state == SCHED_QUEUED) snprintf(w->text, sizeof w->text, "%s", in.wait_text);
+        if (in.state == SCHED_QUEUED) {
+            size_t n = strnlen(in.wait_text, sizeof w->text - 1);
+            memcpy(w->text, in.wait_text, n), w->text[n] = 0;
+        }
         R->pend[k++] = ti;
     }
     R->npend = k;
