@@ -39,6 +39,15 @@ static sched *mk(sched_policy pol, const tnode_row *rows)
     return mk_cfg(&c, rows);
 }
 
+/* mk with the shortcuts off (ref = 1: sched_config.reference) or on. */
+static sched *mk_ref(sched_policy pol, int ref, const tnode_row *rows)
+{
+    sched_config c;
+    sched_config_default(&c, pol);
+    c.reference = ref;
+    return mk_cfg(&c, rows);
+}
+
 static sched_job_spec gang(const char *id, int nodes, int gpn, double est)
 {
     sched_job_spec j;
@@ -1271,10 +1280,7 @@ static void test_overdue_estimates(void **state)
     static const sched_policy pols[] = {SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL};
     for (int ref = 0; ref < 2; ref++)
         for (int p = 0; p < 2; p++) {
-            sched_config c;
-            sched_config_default(&c, pols[p]);
-            c.reference = ref;
-            sched *s = mk_cfg(&c, fleet);
+            sched *s = mk_ref(pols[p], ref, fleet);
             sched_decisions d = {0};
             submit(s, gang("big", 3, 8, 0), 0); /* no est_s: 3600 s */
             step(s, 0, &d);
@@ -1348,10 +1354,7 @@ static void test_overdue_reservation(void **state)
     static const sched_policy pols[] = {SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL};
     for (int ref = 0; ref < 2; ref++)
         for (int p = 0; p < 2; p++) {
-            sched_config c;
-            sched_config_default(&c, pols[p]);
-            c.reference = ref;
-            sched *s = mk_cfg(&c, fleet);
+            sched *s = mk_ref(pols[p], ref, fleet);
             sched_decisions d = {0};
             submit(s, gang("O", 1, 8, 0), 0), submit(s, gang("P", 1, 8, 6000), 0);
             submit(s, gang("R1", 1, 4, 5000), 0), submit(s, gang("R2", 1, 4, 6100), 0);
@@ -1394,10 +1397,7 @@ static void test_overdue_preempt_wait(void **state)
     (void)state;
     static const tnode_row two[] = {{"n0", "z", "f", "t", 8, 1}, {"n1", "z", "f", "t", 8, 1}, {NULL}};
     for (int ref = 0; ref < 2; ref++) {
-        sched_config c;
-        sched_config_default(&c, SCHED_POLICY_SHOAL);
-        c.reference = ref;
-        sched *s = mk_cfg(&c, two);
+        sched *s = mk_ref(SCHED_POLICY_SHOAL, ref, two);
         sched_decisions d = {0};
         submit(s, gang("O", 1, 8, 0), 0);
         submit(s, elastic("E", 1, 1, 8, 0), 0);

@@ -31,6 +31,26 @@ static json_t *get_job(int64_t id)
     return j;
 }
 
+/* `shoal job ID`'s output (caller frees). */
+static char *job_text(int64_t id)
+{
+    char *out = NULL, cmd[64];
+    snprintf(cmd, sizeof cmd, "job %lld", (long long)id);
+    assert_int_equal(tu_run(&out, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s %s", F.url, TF_ALICE, tu_shoal(), cmd), 0);
+    return out;
+}
+
+/* Cancels job id (alice's), then waits for job `then` to succeed. */
+static void cancel_then(int64_t id, int64_t then)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)id);
+    int st;
+    json_decref(tf_call(&F, TF_ALICE, "POST", path, "{}", &st));
+    assert_int_equal(st, 200);
+    json_decref(tf_wait_job(&F, then, "succeeded", 30));
+}
+
 static void test_pending_reason_and_final_cost(void **state)
 {
     memset(&F, 0, sizeof F);
@@ -67,20 +87,13 @@ static void test_pending_reason_and_final_cost(void **state)
     assert_non_null(strstr(out, "holds a reservation"));
     assert_null(strstr(out, "holder"));
     free(out);
-    char cmd[64];
-    snprintf(cmd, sizeof cmd, "job %lld", (long long)wait);
-    assert_int_equal(tu_run(&out, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s %s", F.url, TF_ALICE, tu_shoal(), cmd), 0);
+    out = job_text(wait);
     assert_non_null(strstr(out, "waiting   holds a reservation"));
     assert_non_null(strstr(out, "starts    "));
     free(out);
 
     /* Cancel the holder: the waiter runs, and the holder keeps its bill. */
-    char path[64];
-    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)run);
-    int st;
-    json_decref(tf_call(&F, TF_ALICE, "POST", path, "{}", &st));
-    assert_int_equal(st, 200);
-    json_decref(tf_wait_job(&F, wait, "succeeded", 30));
+    cancel_then(run, wait);
     j = get_job(run);
     assert_string_equal(json_string_value(json_object_get(j, "state")), "cancelled");
     assert_true(json_is_true(json_object_get(j, "cost_final")));
@@ -93,8 +106,7 @@ static void test_pending_reason_and_final_cost(void **state)
     assert_non_null(strstr(out, "holder"));
     assert_non_null(strstr(out, "waiter"));
     free(out);
-    snprintf(cmd, sizeof cmd, "job %lld", (long long)run);
-    assert_int_equal(tu_run(&out, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s %s", F.url, TF_ALICE, tu_shoal(), cmd), 0);
+    out = job_text(run);
     assert_non_null(strstr(out, "final, ran"));
     assert_null(strstr(out, "so far"));
     free(out);
@@ -134,17 +146,10 @@ static void test_overdue_estimate(void **state)
         json_decref(j);
     }
     if (seen < 5) fail_msg("the waiter held its reservation at %d of about 15 polls", seen);
-    char *out = NULL, cmd[64];
-    snprintf(cmd, sizeof cmd, "job %lld", (long long)wait);
-    assert_int_equal(tu_run(&out, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s %s", F.url, TF_ALICE, tu_shoal(), cmd), 0);
+    char *out = job_text(wait);
     assert_non_null(strstr(out, "waiting   holds a reservation"));
     free(out);
-    char path[64];
-    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)run);
-    int st;
-    json_decref(tf_call(&F, TF_ALICE, "POST", path, "{}", &st));
-    assert_int_equal(st, 200);
-    json_decref(tf_wait_job(&F, wait, "succeeded", 30));
+    cancel_then(run, wait);
 }
 
 /* A gang too large for the nodes that are up says so, with no estimate. */
