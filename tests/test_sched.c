@@ -1387,6 +1387,31 @@ static void test_overdue_reservation(void **state)
         }
 }
 
+/* A server that restarts under a running job restores it with when its
+ * places were taken: R (no est_s) placed at 1000 and restored at 5000 is
+ * past its 3600 s, expected at 5020 (4600 moved on 60, 120, 240 s), and W
+ * behind it is told so; restored without a since it is given its whole
+ * estimate again from now (8600), as before. */
+static void test_overdue_restore(void **state)
+{
+    (void)state;
+    static const tnode_row one[] = {{"n0", "z", "f", "t", 8, 1}, {NULL}};
+    for (int known = 0; known < 2; known++) {
+        sched *s = mk(SCHED_POLICY_BACKFILL, one);
+        sched_decisions d = {0};
+        submit(s, gang("R", 1, 8, 0), 900), submit(s, gang("W", 1, 8, 100), 900);
+        sched_place pl = {"n0", 0, 8, 0, known ? 1000 : 0};
+        TU_OK(sched_job_restore(s, "R", &pl, 1, 5000));
+        step(s, 5000, &d);
+        want_wait(s, "W", 5000, SCHED_WAIT_RESERVED, "reservation of 1 nodes", known ? 5020 : 8600);
+        sched_job_info in;
+        TU_OK(sched_job_info_get(s, "R", 5000, &in));
+        assert_true(in.start_s == (known ? 1000 : 5000));
+        sched_decisions_free(&d);
+        sched_free(s);
+    }
+}
+
 /* shoal preempts lower-priority work for a gang that would otherwise wait
  * long (preempt_wait 0.5 x its 1000 s).  Behind a job past its estimate
  * the gang is due "now" in the old rule, forever, so it never preempted;
@@ -1423,7 +1448,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pending_reasons), cmocka_unit_test(test_estimate_plan),
         cmocka_unit_test(test_overdue_estimates), cmocka_unit_test(test_overdue_reservation),
-        cmocka_unit_test(test_overdue_preempt_wait),
+        cmocka_unit_test(test_overdue_preempt_wait), cmocka_unit_test(test_overdue_restore),
         cmocka_unit_test(test_placement_table),
         cmocka_unit_test(test_least_fragmentation),
         cmocka_unit_test(test_reject_never_fits),

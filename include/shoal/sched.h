@@ -289,7 +289,9 @@ void sched_decisions_free(sched_decisions *d);
  * placement must be one the job could have been given: a gang on exactly
  * `nodes` distinct nodes of one pool with gpus_per_node GPUs each, elastic
  * min..max replicas, a function one GPU, on up nodes with the GPUs free.
- * Otherwise SH_EINVAL naming the node or the rule, and nothing changes. */
+ * Otherwise SH_EINVAL naming the node or the rule, and nothing changes.
+ * Its start (and the time its estimate runs from) is the earliest `since`
+ * given, else now. */
 int sched_job_restore(sched *s, const char *id, const sched_place *places, size_t n, double now);
 
 /* Runs one scheduling cycle at `now`: reports pending event effects, expires

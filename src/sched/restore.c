@@ -70,12 +70,19 @@ int sched_job_restore(sched *s, const char *id, const sched_place *places, size_
                               places[i].gpu_mask, places[i].since > 0 ? places[i].since : now, now));
     sched__queue_remove(s, ji);
     j->state = SCHED_RUNNING;
-    j->first_start = j->start = now, j->over = 0;
+    /* Its estimate runs from when it was placed where the places say (the
+     * earliest since): work that had run past its estimate before a
+     * server restarted is still past it, not given its whole estimate
+     * again. */
+    double start = now;
+    for (size_t i = 0; i < n; i++)
+        if (places[i].since > 0 && places[i].since < start) start = places[i].since;
+    j->first_start = j->start = start, j->over = 0;
     j->blocked_since = -1;
     j->pool = j->kind == SCHED_GANG ? pool : NONE;
     s->running++;
     s->st.starts++;
-    for (size_t i = 0; i < n; i++) { /* its estimate starts now */
+    for (size_t i = 0; i < n; i++) { /* its estimate runs from its start */
         uint32_t ni = sched__map_get(&s->node_map, places[i].node);
         s->nodes[ni].ver++;
         sched__pool_touch(s, s->nodes[ni].pool);
