@@ -411,6 +411,7 @@ static int write_outputs(const opts *o, json_t *res, double wall, int rendered)
 typedef struct bar_ctx {
     sh_progress bar;
     int total;
+    int logged; /* twentieths printed off a terminal */
 } bar_ctx;
 
 /* The bar on a terminal; otherwise (make bench, a log) a line every 5 %. */
@@ -419,8 +420,7 @@ static void on_progress(int done, int total, void *ctx)
     bar_ctx *b = ctx;
     if (total != b->total) b->bar.total = (uint64_t)total, b->total = total;
     sh_progress_update(&b->bar, (uint64_t)done);
-    if (!isatty(2) && (done * 20 / total != (done - 1) * 20 / total || done == total))
-        fprintf(stderr, "rl sweep: %d/%d runs\n", done, total);
+    cli_progress_log(&b->bar, 20, &b->logged);
 }
 
 int cli_rl_sweep(int argc, char **argv)
