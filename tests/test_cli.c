@@ -3,10 +3,13 @@
  * no heavy library, and client commands against a real server. */
 #include "fleet_util.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -85,6 +88,18 @@ static void test_conventions(void **state)
     char rep[4300];
     snprintf(rep, sizeof rep, "replica --dir %s --parent 127.0.0.1:1 --until 1 --seconds 2", tu_path("rep-unreachable"));
     expect(1, "version 1 not reached (have 0): parent 127.0.0.1:1: ", rep);
+    /* A listen port another process holds: the message says so and which
+     * option picks another (UCX alone says "Device is busy"). */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t slen = sizeof sa;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &slen), 0);
+    snprintf(rep, sizeof rep, "store publish %s %s >/dev/null && $SHOAL_BIN push serve --store %s --listen 127.0.0.1:%d "
+             "--seconds 1", tu_path("busy-store"), tu_path("dm0.st"), tu_path("busy-store"), ntohs(sa.sin_port));
+    expect(1, "hint: another process holds that port: give another with --listen HOST:PORT", rep);
+    close(lfd);
     expect(1, "shoal rl report: /nonexistent/run is not a folder", "rl report --dir /nonexistent/run");
     /* An agent whose server cannot be reached says so (once) while it retries. */
     expect(124, "agent x: cannot register: http://127.0.0.1:1: cannot connect",

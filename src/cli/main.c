@@ -60,7 +60,12 @@ static const struct cli_entry benches[] = {
 
 int cli_fail(const char *cmd, int rc)
 {
-    fprintf(stderr, "shoal %s: %s\n", cmd, sh_errmsg()[0] ? sh_errmsg() : sh_strerror(rc));
+    const char *m = sh_errmsg()[0] ? sh_errmsg() : sh_strerror(rc);
+    fprintf(stderr, "shoal %s: %s\n", cmd, m);
+    /* UCX says "Device is busy" for a port in use (push serve/relay, replica). */
+    if (strstr(m, "listen on ") && strstr(m, "busy"))
+        fputs("hint: another process holds that port: give another with --listen HOST:PORT (port 0: any free one)\n",
+              stderr);
     return 1;
 }
 
