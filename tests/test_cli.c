@@ -101,6 +101,9 @@ static void test_conventions(void **state)
     expect(1, "hint: another process holds that port: give another with --listen HOST:PORT", rep);
     close(lfd);
     expect(1, "shoal rl report: /nonexistent/run is not a folder", "rl report --dir /nonexistent/run");
+    /* A trace pattern the shell left unexpanded (nothing matches it). */
+    expect(2, "shoal sim: no trace matches /nonexistent/traces/*.trace (the shell passes a pattern",
+           "sim --fleet x --policy all /nonexistent/traces/*.trace");
     /* An agent whose server cannot be reached says so (once) while it retries. */
     expect(124, "agent x: cannot register: http://127.0.0.1:1: cannot connect",
            "agent --server http://127.0.0.1:1 --token t --name x --gpus 1 --gpu-type H100 2>&1 & "
