@@ -595,6 +595,11 @@ static void test_rl_report_counts(void **state)
     const char *line = "{\"name\":\"w0\",\"zone\":\"zb\",\"addr\":\"10.0.0.2:6\",\"parent\":\"10.0.0.1:5\",\"store_version\":8}\n";
     snprintf(p, sizeof p, "%s/push/tree.jsonl", run);
     tu_write_file(p, line, strlen(line));
+    /* A fleet-cost pool whose L4s ask for one prompt at a time. */
+    const char *fc = "{\"mixed\":{\"workers\":\"1xL4+1xA100\",\"per_type\":{\"L4\":{\"request_prompts\":1,"
+                     "\"concurrency\":8},\"A100\":{\"request_prompts\":6,\"concurrency\":48}}}}";
+    snprintf(p, sizeof p, "%s/fleet-cost.json", run);
+    tu_write_file(p, fc, strlen(fc));
     char *out;
     assert_int_equal(tu_run(&out, "%s rl report --dir %s --json", tu_shoal(), run), 0);
     json_t *j = json_loads(out, 0, NULL);
@@ -609,6 +614,13 @@ static void test_rl_report_counts(void **state)
     assert_true(json_number_value(json_object_get(j, "delta_bytes_mean")) == 2048.5);
     json_decref(j);
     free(out);
+    size_t len = 0;
+    snprintf(p, sizeof p, "%s/report.html", run);
+    char *html = (char *)tu_read_file(p, &len);
+    html = realloc(html, len + 1), html[len] = 0;
+    if (!strstr(html, "L4: 1 prompt, 8 at once") || !strstr(html, "A100: 6 prompts, 48 at once"))
+        fail_msg("the fleet-cost table's per-type cell is not as expected");
+    free(html);
 }
 
 int main(void)
