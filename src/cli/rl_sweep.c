@@ -402,8 +402,7 @@ static int write_outputs(const opts *o, json_t *res, double wall, int rendered)
     if (!rc && !rendered) rc = sh_json_write_atomic(p2, res);
     if (!rc) rc = sh_write_atomic(p3, svg.data, svg.len);
     if (!rc && o->json) sh_json_print(res);
-    else if (!rc) printf("%s\nwrote %s, %s%s, %s\n", (char *)md.data, p1, rendered ? "" : p2,
-                         rendered ? "" : ",", p3);
+    else if (!rc) printf("%s\nwrote %s, %s%s%s\n", (char *)md.data, p1, rendered ? "" : p2, rendered ? "" : ", ", p3);
     sh_buf_free(&md), sh_buf_free(&svg);
     return rc;
 }
