@@ -551,6 +551,11 @@ static void test_client_commands(void **state)
     assert_true(json_is_true(json_object_get(j, "done")));
     json_decref(j);
     free(out);
+    /* Cancelling a job that has ended says so. */
+    snprintf(args, sizeof args, "cancel %lld --server=%s --token=%s", (long long)id, F.url, TF_ALICE);
+    char ended[64];
+    snprintf(ended, sizeof ended, "job %lld had already succeeded; nothing to cancel\n", (long long)id);
+    expect(0, ended, args);
     /* Times carry fractions of a second. */
     snprintf(args, sizeof args, "job %lld --server=%s --token=%s --json", (long long)id, F.url, TF_ALICE);
     assert_int_equal(tu_run(&out, "%s %s", tu_shoal(), args), 0);
