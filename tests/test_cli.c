@@ -572,7 +572,9 @@ static void test_client_commands(void **state)
     snprintf(args, sizeof args, "logs %lld --rank 5 --server %s --token %s", (long long)id, F.url, TF_ALICE);
     expect(1, "has 1 rank(s), 0..0; there is no rank 5", args);
     snprintf(args, sizeof args, "submit %s --server %s --token %s", typo, F.url, TF_ALICE);
-    expect(1, "unknown field \"comand\" (did you mean \"command\"?)", args);
+    char named[4200];
+    snprintf(named, sizeof named, "shoal submit: %s: unknown field \"comand\" (did you mean \"command\"?)", typo);
+    expect(1, named, args);
     check_metrics(&F);
     tf_stop(&F);
 }
