@@ -630,6 +630,37 @@ static void test_rl_report_counts(void **state)
     free(html);
 }
 
+/* A second `shoal up` on the same state folder (a newcomer picking another
+ * port after "port in use") is refused, naming the first, and leaves the
+ * first one's env alone. */
+static void test_up_twice(void **state)
+{
+    const char *fleet = tu_path("up-fleet.csv"), *db = tu_path("up-state/shoal.db"), *env = tu_path("up-state/env");
+    const char *csv = "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour\nn0,H100,1,z,f,1\n";
+    tu_write_file(fleet, csv, strlen(csv));
+    char *out;
+    assert_int_equal(tu_run(&out, "%s up --fleet %s --db %s --port 0 --sandbox none >%s 2>&1 & echo $!", tu_shoal(),
+                            fleet, db, tu_path("up-first.log")), 0);
+    pid_t first = (pid_t)atoi(out);
+    free(out);
+    assert_true(first > 0);
+    for (int i = 0; i < 200 && !sh_path_exists(env); i++) sh_sleep(0.05);
+    assert_true(sh_path_exists(env));
+    size_t n0 = 0, n1 = 0;
+    uint8_t *env0 = tu_read_file(env, &n0);
+    char want[4300];
+    snprintf(want, sizeof want, "shoal up: another shoal up (pid %d) runs on %s", (int)first, tu_path("up-state"));
+    int rc = tu_run(&out, "%s up --fleet %s --db %s --port 0 --sandbox none 2>&1", tu_shoal(), fleet, db);
+    kill(first, SIGTERM);
+    if (rc != 1 || !strstr(out, want) || !strstr(out, "--db DIR/shoal.db"))
+        fail_msg("a second shoal up on one folder: exit %d:\n%s", rc, out);
+    free(out);
+    uint8_t *env1 = tu_read_file(env, &n1);
+    assert_true(n0 == n1 && !memcmp(env0, env1, n0));
+    free(env0), free(env1);
+    for (int i = 0; i < 200 && !kill(first, 0); i++) sh_sleep(0.05);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -641,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_dashboard_from_elsewhere),
         cmocka_unit_test(test_man_and_completion),
         cmocka_unit_test(test_rl_report_counts),
+        cmocka_unit_test(test_up_twice),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
