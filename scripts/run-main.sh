@@ -33,6 +33,13 @@ STEPS=${SHOAL_RUN_STEPS:-40}
 RLOPTS="--steps $STEPS --warm 70 --eval-every 5 --eval-n 48 --max-lag 2 --loss decoupled --gen-cost 12 --ordered"
 
 case $RUN/ in /tmp/*) echo "run-main: SHOAL_RUN_DIR must be outside /tmp (ranks get a private /tmp)" >&2; exit 2 ;; esac
+# A port another process listens on (a second `make run`?) stops this one
+# before it touches $RUN, which may be the other run's.
+if [ "$PORT" != 0 ] && ! python3 -c 'import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1])))' "$PORT" 2>/dev/null; then
+    echo "run-main: port $PORT is in use (another make run?): SHOAL_RUN_PORT=P picks another port, and SHOAL_RUN_DIR=DIR another folder than $RUN" >&2
+    exit 1
+fi
 rm -rf "$RUN"
 mkdir -p "$RUN/store" "$RUN/push" "$RUN/bin"
 # Everything the ranks run or read lives in $RUN, wherever the clone is: the
@@ -96,11 +103,16 @@ PY
 echo "run-main: starting the fleet ($FLEET) on port $PORT; logs in $RUN"
 # The jobs write $RUN (their "writable"): as the fleet's admin, allow it.
 "$SHOAL" up --fleet "$FLEET" --db "$RUN/fleet/shoal.db" --port "$PORT" --allow-writable "$RUN" >"$RUN/up.log" 2>&1 &
-PIDS="$PIDS $!"
+UP=$!
+PIDS="$PIDS $UP"
 i=0
 while [ ! -s "$RUN/fleet/env" ]; do
     i=$((i + 1))
-    [ $i -lt 100 ] || { echo "run-main: shoal up did not start; see $RUN/up.log" >&2; exit 1; }
+    if [ $i -ge 100 ] || ! kill -0 "$UP" 2>/dev/null; then
+        echo "run-main: shoal up did not start ($RUN/up.log):" >&2
+        tail -n 5 "$RUN/up.log" | sed 's/^/    /' >&2
+        exit 1
+    fi
     sleep 0.1
 done
 set -a

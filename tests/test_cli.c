@@ -3,10 +3,13 @@
  * no heavy library, and client commands against a real server. */
 #include "fleet_util.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -85,7 +88,22 @@ static void test_conventions(void **state)
     char rep[4300];
     snprintf(rep, sizeof rep, "replica --dir %s --parent 127.0.0.1:1 --until 1 --seconds 2", tu_path("rep-unreachable"));
     expect(1, "version 1 not reached (have 0): parent 127.0.0.1:1: ", rep);
+    /* A listen port another process holds: the message says so and which
+     * option picks another (UCX alone says "Device is busy"). */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t slen = sizeof sa;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &slen), 0);
+    snprintf(rep, sizeof rep, "store publish %s %s >/dev/null && $SHOAL_BIN push serve --store %s --listen 127.0.0.1:%d "
+             "--seconds 1", tu_path("busy-store"), tu_path("dm0.st"), tu_path("busy-store"), ntohs(sa.sin_port));
+    expect(1, "hint: another process holds that port: give another with --listen HOST:PORT", rep);
+    close(lfd);
     expect(1, "shoal rl report: /nonexistent/run is not a folder", "rl report --dir /nonexistent/run");
+    /* A trace pattern the shell left unexpanded (nothing matches it). */
+    expect(2, "shoal sim: no trace matches /nonexistent/traces/*.trace (the shell passes a pattern",
+           "sim --fleet x --policy all /nonexistent/traces/*.trace");
     /* An agent whose server cannot be reached says so (once) while it retries. */
     expect(124, "agent x: cannot register: http://127.0.0.1:1: cannot connect",
            "agent --server http://127.0.0.1:1 --token t --name x --gpus 1 --gpu-type H100 2>&1 & "
@@ -533,6 +551,11 @@ static void test_client_commands(void **state)
     assert_true(json_is_true(json_object_get(j, "done")));
     json_decref(j);
     free(out);
+    /* Cancelling a job that has ended says so. */
+    snprintf(args, sizeof args, "cancel %lld --server=%s --token=%s", (long long)id, F.url, TF_ALICE);
+    char ended[64];
+    snprintf(ended, sizeof ended, "job %lld had already succeeded; nothing to cancel\n", (long long)id);
+    expect(0, ended, args);
     /* Times carry fractions of a second. */
     snprintf(args, sizeof args, "job %lld --server=%s --token=%s --json", (long long)id, F.url, TF_ALICE);
     assert_int_equal(tu_run(&out, "%s %s", tu_shoal(), args), 0);
@@ -549,7 +572,9 @@ static void test_client_commands(void **state)
     snprintf(args, sizeof args, "logs %lld --rank 5 --server %s --token %s", (long long)id, F.url, TF_ALICE);
     expect(1, "has 1 rank(s), 0..0; there is no rank 5", args);
     snprintf(args, sizeof args, "submit %s --server %s --token %s", typo, F.url, TF_ALICE);
-    expect(1, "unknown field \"comand\" (did you mean \"command\"?)", args);
+    char named[4200];
+    snprintf(named, sizeof named, "shoal submit: %s: unknown field \"comand\" (did you mean \"command\"?)", typo);
+    expect(1, named, args);
     check_metrics(&F);
     tf_stop(&F);
 }
@@ -577,6 +602,11 @@ static void test_rl_report_counts(void **state)
     const char *line = "{\"name\":\"w0\",\"zone\":\"zb\",\"addr\":\"10.0.0.2:6\",\"parent\":\"10.0.0.1:5\",\"store_version\":8}\n";
     snprintf(p, sizeof p, "%s/push/tree.jsonl", run);
     tu_write_file(p, line, strlen(line));
+    /* A fleet-cost pool whose L4s ask for one prompt at a time. */
+    const char *fc = "{\"mixed\":{\"workers\":\"1xL4+1xA100\",\"per_type\":{\"L4\":{\"request_prompts\":1,"
+                     "\"concurrency\":8},\"A100\":{\"request_prompts\":6,\"concurrency\":48}}}}";
+    snprintf(p, sizeof p, "%s/fleet-cost.json", run);
+    tu_write_file(p, fc, strlen(fc));
     char *out;
     assert_int_equal(tu_run(&out, "%s rl report --dir %s --json", tu_shoal(), run), 0);
     json_t *j = json_loads(out, 0, NULL);
@@ -591,6 +621,44 @@ static void test_rl_report_counts(void **state)
     assert_true(json_number_value(json_object_get(j, "delta_bytes_mean")) == 2048.5);
     json_decref(j);
     free(out);
+    size_t len = 0;
+    snprintf(p, sizeof p, "%s/report.html", run);
+    char *html = (char *)tu_read_file(p, &len);
+    html = realloc(html, len + 1), html[len] = 0;
+    if (!strstr(html, "L4: 1 prompt, 8 at once") || !strstr(html, "A100: 6 prompts, 48 at once"))
+        fail_msg("the fleet-cost table's per-type cell is not as expected");
+    free(html);
+}
+
+/* A second `shoal up` on the same state folder (a newcomer picking another
+ * port after "port in use") is refused, naming the first, and leaves the
+ * first one's env alone. */
+static void test_up_twice(void **state)
+{
+    const char *fleet = tu_path("up-fleet.csv"), *db = tu_path("up-state/shoal.db"), *env = tu_path("up-state/env");
+    const char *csv = "name,gpu_type,gpus,zone,fabric,price_per_gpu_hour\nn0,H100,1,z,f,1\n";
+    tu_write_file(fleet, csv, strlen(csv));
+    char *out;
+    assert_int_equal(tu_run(&out, "%s up --fleet %s --db %s --port 0 --sandbox none >%s 2>&1 & echo $!", tu_shoal(),
+                            fleet, db, tu_path("up-first.log")), 0);
+    pid_t first = (pid_t)atoi(out);
+    free(out);
+    assert_true(first > 0);
+    for (int i = 0; i < 200 && !sh_path_exists(env); i++) sh_sleep(0.05);
+    assert_true(sh_path_exists(env));
+    size_t n0 = 0, n1 = 0;
+    uint8_t *env0 = tu_read_file(env, &n0);
+    char want[4300];
+    snprintf(want, sizeof want, "shoal up: another shoal up (pid %d) runs on %s", (int)first, tu_path("up-state"));
+    int rc = tu_run(&out, "%s up --fleet %s --db %s --port 0 --sandbox none 2>&1", tu_shoal(), fleet, db);
+    kill(first, SIGTERM);
+    if (rc != 1 || !strstr(out, want) || !strstr(out, "--db DIR/shoal.db"))
+        fail_msg("a second shoal up on one folder: exit %d:\n%s", rc, out);
+    free(out);
+    uint8_t *env1 = tu_read_file(env, &n1);
+    assert_true(n0 == n1 && !memcmp(env0, env1, n0));
+    free(env0), free(env1);
+    for (int i = 0; i < 200 && !kill(first, 0); i++) sh_sleep(0.05);
 }
 
 int main(void)
@@ -604,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_dashboard_from_elsewhere),
         cmocka_unit_test(test_man_and_completion),
         cmocka_unit_test(test_rl_report_counts),
+        cmocka_unit_test(test_up_twice),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

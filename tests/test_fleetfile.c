@@ -53,6 +53,12 @@ static void test_extra_columns(void **state)
     const char *const keep_speed[] = {"speed", NULL};
     sh_fleet_opts o = {.keep = keep_speed};
     TU_ERR(sh_fleet_parse(text, "x.csv", &o, &f), SH_EFORMAT, "unknown column \"owner\" (columns: name or node_id, zone, fabric, gpu_type, gpus, price_per_gpu_hour, speed)");
+    /* A misspelt required column: the suggestion is among the columns the
+     * header lacks ("gpu" beside "gpus" means gpu_type). */
+    TU_ERR(sh_fleet_parse("name,gpu,gpus,zone,fabric,price_per_gpu_hour\na,H100,1,z,f,1\n", "y.csv", NULL, &f),
+           SH_EFORMAT, "y.csv:1: unknown column \"gpu\" (did you mean \"gpu_type\"? columns: name or node_id,");
+    TU_ERR(sh_fleet_parse("name,gpu_type,gpus,zone,fabirc,price_per_gpu_hour\na,H100,1,z,f,1\n", "y.csv", NULL, &f),
+           SH_EFORMAT, "unknown column \"fabirc\" (did you mean \"fabric\"? ");
     const char *const keep_both[] = {"speed", "owner", NULL};
     o.keep = keep_both;
     TU_OK(sh_fleet_parse(text, "x.csv", &o, &f));

@@ -272,6 +272,17 @@ static void test_fleet_cost_cli(void **state)
     /* crossings: thresholds 0.40 .. the target (1) in steps of 0.025 */
     assert_int_equal(json_array_size(json_object_get(j, "crossings")), 25);
     json_decref(j);
+    /* Off a terminal it still says where it is: a line per tenth of the
+     * 3 pools x 2 seeds x 3 steps it runs at most, ending at 100 %. */
+    size_t elen = 0;
+    char *err = (char *)tu_read_file(tu_path("fc.err"), &elen);
+    assert_non_null(err);
+    err = realloc(err, elen + 1), err[elen] = 0;
+    assert_non_null(strstr(err, "rl fleet-cost: 100% (18/18 steps, "));
+    int lines = 0;
+    for (const char *q = err; (q = strstr(q, "rl fleet-cost: ")); q++) lines++;
+    assert_true(lines >= 1 && lines <= 10);
+    free(err);
     /* Bad input: a clear message and exit status 2. */
     rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "
                 "--seeds 0", tu_shoal(), root, root);

@@ -535,6 +535,17 @@ static void test_sweep_seeds(void **state)
     rc = tu_run(&out, "%s rl sweep --render %s --out %s", tu_shoal(), tu_path("sweep/sweep.json"),
                 tu_path("again"));
     if (rc) fail_msg("rl sweep --render: exit %d: %s", rc, out);
+    char want[8192];
+    snprintf(want, sizeof want, "\nwrote %s/sweep.md, %s/sweep.svg\n", tu_path("again"), tu_path("again"));
+    if (!strstr(out, want)) fail_msg("rl sweep --render does not end with \"%s\": %s", want, out);
+    free(out);
+    /* Without --json, the files it wrote, one comma apart. */
+    rc = tu_run(&out, "%s rl sweep --seeds 1 --lags 0 --losses pg --dtypes bf16 --steps 2 --eval-every 2 --last-k 1 "
+                "--eval-n 4 --warm 0 --prompts 2 --group 4 --out %s 2>/dev/null", tu_shoal(), tu_path("plain"));
+    if (rc) fail_msg("rl sweep: exit %d: %s", rc, out);
+    snprintf(want, sizeof want, "\nwrote %s/sweep.md, %s/sweep.json, %s/sweep.svg\n", tu_path("plain"),
+             tu_path("plain"), tu_path("plain"));
+    if (!strstr(out, want)) fail_msg("rl sweep does not end with \"%s\": %s", want, out);
     free(out);
     tu_assert_same_file(tu_path("sweep/sweep.md"), tu_path("again/sweep.md"));
     tu_assert_same_file(tu_path("sweep/sweep.svg"), tu_path("again/sweep.svg"));

@@ -26,7 +26,13 @@ int cli_cmd_cancel(int argc, char **argv)
     cli_ctl_free(&x);
     if (rc) return rc;
     if (x.json) sh_json_print(j);
-    else printf("job %lld: %s\n", (long long)id, json_string_value(json_object_get(j, "state")));
+    else {
+        const char *st = json_string_value(json_object_get(j, "state"));
+        st = st ? st : "?";
+        if (!strcmp(st, "succeeded") || !strcmp(st, "failed"))
+            printf("job %lld had already %s; nothing to cancel\n", (long long)id, st);
+        else printf("job %lld: %s\n", (long long)id, st);
+    }
     json_decref(j);
     return 0;
 }

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "shoal/sched.h"
@@ -213,6 +214,10 @@ static int parse(int argc, char **argv, args *a)
         if (a->ntraces == 512) return cli_usage("sim", "at most 512 traces");
         a->traces[a->ntraces++] = argv[i];
     }
+    for (int i = 0; i < a->ntraces; i++)
+        if (strpbrk(a->traces[i], "*?[") && access(a->traces[i], F_OK))
+            return cli_usage("sim", "no trace matches %s (the shell passes a pattern that matches nothing as it is: "
+                             "check the folder)", a->traces[i]);
     if (!a->fleet) return cli_usage("sim", "--fleet is required");
     if (!a->ntraces && strcmp(a->format, "kalos") && strcmp(a->format, "mixed"))
         return cli_usage("sim", "give a trace (--trace FILE) or --format kalos|mixed");

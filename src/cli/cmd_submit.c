@@ -30,6 +30,7 @@ int cli_cmd_submit(int argc, char **argv)
     if ((rc = sh_json_load_file(file, 1 << 20, &job)) < 0) return cli_ctl_free(&x), cli_fail("submit", rc);
     char hdr[300];
     if (key) snprintf(hdr, sizeof hdr, "Idempotency-Key: %s", key);
+    x.subject = file;
     rc = cli_ctl_call(&x, "POST", "/v1/jobs", job, key ? hdr : NULL, &reply);
     json_decref(job);
     cli_ctl_free(&x);

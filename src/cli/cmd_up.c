@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -156,6 +157,26 @@ int cli_cmd_up(int argc, char **argv)
      * bind each member's own work directory back in. */
     if ((rc = sh_mkdir_p(dir, 0700)) < 0 || (chmod(dir, 0700) < 0 && (rc = sh_err_errno(errno, "chmod %s", dir))))
         return sh_fleet_free(&ff), undo(&mk, rc);
+    /* One `shoal up` per state folder: a second would share its database,
+     * tokens, env file and work folders (and rewrite env to its own port). */
+    char lockf[4200];
+    snprintf(lockf, sizeof lockf, "%s/up.lock", dir);
+    int lk = open(lockf, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lk < 0) return sh_fleet_free(&ff), undo(&mk, sh_err_errno(errno, "open %s", lockf));
+    if (flock(lk, LOCK_EX | LOCK_NB) < 0) {
+        char held[32] = "";
+        ssize_t k = read(lk, held, sizeof held - 1);
+        held[k > 0 ? k : 0] = 0;
+        held[strcspn(held, "\n")] = 0;
+        close(lk);
+        return sh_fleet_free(&ff), undo(&mk, sh_err(SH_EEXIST, "another shoal up (pid %s) runs on %s (its database, "
+                                                               "tokens and env): stop it, or give this one its own "
+                                                               "folder with --db DIR/shoal.db",
+                                                               held[0] ? held : "?", dir));
+    }
+    char pidline[32];
+    int pl = snprintf(pidline, sizeof pidline, "%ld\n", (long)getpid());
+    if (ftruncate(lk, 0) < 0 || pwrite(lk, pidline, (size_t)pl, 0) != pl) sh_warn("%s: cannot write the pid", lockf);
     if (!cfg.tokens_path) {
         if (!sh_path_exists(tokens)) mk.tokens = tokens;
         if ((rc = make_tokens(tokens)) < 0) return sh_fleet_free(&ff), undo(&mk, rc);
@@ -195,6 +216,7 @@ int cli_cmd_up(int argc, char **argv)
     for (int i = 0; i < n; i++)
         if (pids[i] > 0) waitpid(pids[i], NULL, 0);
     srv_stop(s);
+    close(lk);
     json_decref(tok);
     free(pids);
     sh_fleet_free(&ff);

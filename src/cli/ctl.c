@@ -45,7 +45,10 @@ int cli_ctl_call(cli_ctl *x, const char *method, const char *path, const json_t 
     if (rc < 0) return cli_fail(x->cmd, rc);
     if (status >= 400) {
         const char *e = json_string_value(json_object_get(*reply, "error"));
-        fprintf(stderr, "shoal %s: %s (HTTP %d from %s)\n", x->cmd, e ? e : "request failed", status, x->server);
+        if (!e) e = "request failed";
+        if (x->subject && !strncmp(e, "job: ", 5)) e += 5;
+        fprintf(stderr, "shoal %s: %s%s%s (HTTP %d from %s)\n", x->cmd, x->subject ? x->subject : "",
+                x->subject ? ": " : "", e, status, x->server);
         /* Without a token, say how to give one; a wrong one is named by the server. */
         if (status == 401 && (!x->token || !*x->token)) fprintf(stderr, "hint: pass --token TOKEN or set SHOAL_TOKEN\n");
         json_decref(*reply);

@@ -6,6 +6,9 @@
 
 typedef struct cli_ctl {
     const char *cmd;
+    /* What the request sent, if a file (submit): a 4xx's message names it
+     * in place of the server's "job: ". */
+    const char *subject;
     const char *server, *token;
     int json;
     srv_client *c;

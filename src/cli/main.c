@@ -60,7 +60,12 @@ static const struct cli_entry benches[] = {
 
 int cli_fail(const char *cmd, int rc)
 {
-    fprintf(stderr, "shoal %s: %s\n", cmd, sh_errmsg()[0] ? sh_errmsg() : sh_strerror(rc));
+    const char *m = sh_errmsg()[0] ? sh_errmsg() : sh_strerror(rc);
+    fprintf(stderr, "shoal %s: %s\n", cmd, m);
+    /* UCX says "Device is busy" for a port in use (push serve/relay, replica). */
+    if (strstr(m, "listen on ") && strstr(m, "busy"))
+        fputs("hint: another process holds that port: give another with --listen HOST:PORT (port 0: any free one)\n",
+              stderr);
     return 1;
 }
 
@@ -79,6 +84,17 @@ void cli_progress_end(sh_progress *pg, int rc)
 {
     if (rc == SH_OK) sh_progress_finish(pg);
     else if (pg->enabled && pg->done) fputc('\n', stderr);
+}
+
+void cli_progress_log(const sh_progress *pg, int steps, int *last)
+{
+    if (!pg->total || isatty(STDERR_FILENO) || getenv("SHOAL_NO_PROGRESS")) return;
+    uint64_t done = pg->done < pg->total ? pg->done : pg->total;
+    int k = (int)(done * (uint64_t)steps / pg->total);
+    if (k <= *last) return;
+    *last = k;
+    fprintf(stderr, "%s: %d%% (%llu/%llu %s, %.0fs)\n", pg->label, k * 100 / steps, (unsigned long long)done,
+            (unsigned long long)pg->total, pg->unit, sh_now_mono() - pg->t0);
 }
 
 #ifndef SHOAL_CLIENT

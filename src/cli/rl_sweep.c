@@ -402,8 +402,7 @@ static int write_outputs(const opts *o, json_t *res, double wall, int rendered)
     if (!rc && !rendered) rc = sh_json_write_atomic(p2, res);
     if (!rc) rc = sh_write_atomic(p3, svg.data, svg.len);
     if (!rc && o->json) sh_json_print(res);
-    else if (!rc) printf("%s\nwrote %s, %s%s, %s\n", (char *)md.data, p1, rendered ? "" : p2,
-                         rendered ? "" : ",", p3);
+    else if (!rc) printf("%s\nwrote %s, %s%s%s\n", (char *)md.data, p1, rendered ? "" : p2, rendered ? "" : ", ", p3);
     sh_buf_free(&md), sh_buf_free(&svg);
     return rc;
 }
@@ -411,6 +410,7 @@ static int write_outputs(const opts *o, json_t *res, double wall, int rendered)
 typedef struct bar_ctx {
     sh_progress bar;
     int total;
+    int logged; /* twentieths printed off a terminal */
 } bar_ctx;
 
 /* The bar on a terminal; otherwise (make bench, a log) a line every 5 %. */
@@ -419,8 +419,7 @@ static void on_progress(int done, int total, void *ctx)
     bar_ctx *b = ctx;
     if (total != b->total) b->bar.total = (uint64_t)total, b->total = total;
     sh_progress_update(&b->bar, (uint64_t)done);
-    if (!isatty(2) && (done * 20 / total != (done - 1) * 20 / total || done == total))
-        fprintf(stderr, "rl sweep: %d/%d runs\n", done, total);
+    cli_progress_log(&b->bar, 20, &b->logged);
 }
 
 int cli_rl_sweep(int argc, char **argv)

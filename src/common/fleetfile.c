@@ -90,8 +90,20 @@ static int read_header(char **fl, int nf, const char *path, int ln, const sh_fle
             char known[256] = "";
             for (const char *const *k = o ? o->keep : NULL; k && *k; k++)
                 snprintf(known + strlen(known), sizeof known - strlen(known), ", %s", *k);
-            return sh_err(SH_EFORMAT, "%s:%d: unknown column \"%s\" (columns: name or node_id, zone, fabric, "
-                          "gpu_type, gpus, price_per_gpu_hour%s)", path, ln, fl[i], known);
+            /* A suggestion among the required columns the header lacks, so
+             * that "gpu" beside "gpus" points at gpu_type. */
+            const char *missing[C_REQUIRED];
+            size_t nm = 0;
+            for (int r = 0; r < C_REQUIRED; r++) {
+                int has = 0;
+                for (int j = 0; j < nf; j++) has |= column_of(fl[j]) == r;
+                if (!has) missing[nm++] = required[r];
+            }
+            const char *near = sh_closest(fl[i], missing, nm);
+            char hint[64] = "";
+            if (near) snprintf(hint, sizeof hint, "did you mean \"%s\"? ", near);
+            return sh_err(SH_EFORMAT, "%s:%d: unknown column \"%s\" (%scolumns: name or node_id, zone, fabric, "
+                          "gpu_type, gpus, price_per_gpu_hour%s)", path, ln, fl[i], hint, known);
         }
         for (int k = 0; k < out->n_extra; k++)
             if (!strcmp(out->extra_cols[k], fl[i]))

@@ -69,10 +69,11 @@ static void per_type(sh_buf *b, const json_t *p)
 {
     const char *k;
     json_t *v;
-    json_object_foreach((json_t *)json_object_get(p, "per_type"), k, v)
-        sh_buf_printf(b, "%s: %lld prompts, %lld at once<br>", k,
-                      (long long)json_integer_value(json_object_get(v, "request_prompts")),
+    json_object_foreach((json_t *)json_object_get(p, "per_type"), k, v) {
+        long long n = json_integer_value(json_object_get(v, "request_prompts"));
+        sh_buf_printf(b, "%s: %lld prompt%s, %lld at once<br>", k, n, n == 1 ? "" : "s",
                       (long long)json_integer_value(json_object_get(v, "concurrency")));
+    }
 }
 
 static void fleet_cost_table(sh_buf *b, const json_t *fc)
