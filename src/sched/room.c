@@ -128,9 +128,8 @@ static int busy_at(sched *s, uint32_t ni, double T, double now)
  * given; nothing in the core ends it).  Taking it to end "now" kept the
  * start estimates behind it at now for as long as it ran, its nodes first
  * for every reservation (they looked free soonest) and a gang's wait too
- * short for preempt_wait ever to take victims.  Instead, like a batch
- * scheduler that does not enforce limits, it is expected to end soon, and
- * the longer it has overrun the less soon: each time now passes its
+ * short for preempt_wait ever to take victims.  Instead it is expected
+ * to end soon, and the longer it has overrun the less soon: each time now passes its
  * expected end, the end moves on by OVERRUN_STEP_S, then twice that, four
  * times, ...  So a job found past its estimate by d is expected within
  * d + OVERRUN_STEP_S more, never in the past, and the end moves about
