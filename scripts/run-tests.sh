@@ -27,8 +27,8 @@ one() {
     t1=$(date +%s)
     pass=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test(s)\./\1/p' "$log" | tail -1)
     fail=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test(s), listed below:/\1/p' "$log" | tail -1)
-    skip=$(grep -c '^\[  SKIPPED \]' "$log")
-    pass=${pass:-0}; fail=${fail:-0}
+    skip=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test(s), listed below:/\1/p' "$log" | tail -1)
+    pass=${pass:-0}; fail=${fail:-0}; skip=${skip:-0}
     if [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; then fail=1; fi
     status=ok; [ "$fail" -ne 0 ] && status=FAIL
     [ "$rc" -eq 124 ] && status=TIMEOUT

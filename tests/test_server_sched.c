@@ -21,6 +21,15 @@ static int teardown(void **state)
     return 0;
 }
 
+/* For a test that stops an agent: a stopped process would not take the
+ * SIGTERM tf_stop sends. */
+static int teardown_cont(void **state)
+{
+    for (int i = 0; i < F.nagents; i++)
+        if (F.agents[i] > 0) kill(F.agents[i], SIGCONT);
+    return teardown(state);
+}
+
 static json_t *get_job(int64_t id)
 {
     char path[64];
@@ -283,12 +292,99 @@ static void test_stop_leaks_nothing(void **state)
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* Placed ranks hold their GPUs before they run: while a job's agent has
+ * not started its rank (here it is stopped), the job is starting, its rank
+ * counts in `replicas` (was 0: NODES 0 in `shoal jobs`) and is billed from
+ * its placement, and `shoal job` says it has not started rather than "ran
+ * 0s". */
+static void test_starting_holds_and_bills(void **state)
+{
+    memset(&F, 0, sizeof F);
+    tf_start_server(&F, "sched-6", 30);
+    tf_start_agents(&F, 1, "H100", 8, "z1", "ib");
+    kill(F.agents[0], SIGSTOP);
+    int64_t id = tf_submit(&F, TF_ALICE, "{\"name\":\"held\",\"nodes\":1,\"gpus_per_node\":8,"
+                                         "\"command\":[\"sleep\",\"30\"]}");
+    json_t *j = NULL;
+    for (double t0 = sh_now_mono(); sh_now_mono() - t0 < 10;) {
+        json_decref(j);
+        j = get_job(id);
+        if (!strcmp(json_string_value(json_object_get(j, "state")), "starting")) break;
+        usleep(100 * 1000);
+    }
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "starting");
+    assert_int_equal(json_integer_value(json_object_get(j, "replicas")), 1);
+    json_decref(j);
+    sh_sleep(1.2);
+    j = get_job(id);
+    assert_true(json_real_value(json_object_get(j, "cost")) > 0);
+    assert_true(json_real_value(json_object_get(j, "run_s")) == 0);
+    json_decref(j);
+    char *out;
+    assert_int_equal(tu_run(&out, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s job %lld", F.url, TF_ALICE, tu_shoal(), (long long)id), 0);
+    assert_non_null(strstr(out, "not started yet (billed from placement)"));
+    free(out);
+    assert_int_equal(tu_run(&out, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s jobs", F.url, TF_ALICE, tu_shoal()), 0);
+    assert_non_null(strstr(out, "starting       1 "));
+    free(out);
+    kill(F.agents[0], SIGCONT);
+}
+
+/* A submit that can never fit takes no job id: its message names none, and
+ * the next job gets the id after the last accepted one, so that no id is
+ * named for a job that does not exist or reused after a restart. */
+static void test_rejected_takes_no_id(void **state)
+{
+    memset(&F, 0, sizeof F);
+    tf_start_server(&F, "sched-7", 30);
+    tf_start_agents(&F, 1, "H100", 8, "z1", "ib");
+    int64_t a = tf_submit(&F, TF_ALICE, "{\"name\":\"a\",\"nodes\":1,\"command\":[\"true\"]}");
+    int st;
+    json_t *r = tf_call(&F, TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"big\",\"nodes\":3,\"command\":[\"true\"]}", &st);
+    assert_int_equal(st, 422);
+    const char *err = json_string_value(json_object_get(r, "error"));
+    assert_non_null(strstr(err, "can never fit"));
+    assert_null(strstr(err, "rejected"));
+    assert_null(strstr(err, "job "));
+    json_decref(r);
+    int64_t b = tf_submit(&F, TF_ALICE, "{\"name\":\"b\",\"nodes\":1,\"command\":[\"true\"]}");
+    assert_int_equal(b, a + 1);
+    kill(F.server, SIGTERM);
+    waitpid(F.server, NULL, 0);
+    tf_restart_server(&F);
+    int64_t c = tf_submit(&F, TF_ALICE, "{\"name\":\"c\",\"nodes\":1,\"command\":[\"true\"]}");
+    assert_int_equal(c, b + 1);
+}
+
+/* One server per database: a second `shoal server` on it (another port)
+ * would schedule the same nodes from the same state; it is refused, naming
+ * the first one's pid, and the first one keeps serving. */
+static void test_second_server_refused(void **state)
+{
+    memset(&F, 0, sizeof F);
+    tf_start_server(&F, "sched-8", 30);
+    char *out;
+    int rc = tu_run(&out, "timeout 10 %s server --db %s/state.db --tokens %s/tokens.json --port 0", tu_shoal(), F.dir, F.dir);
+    assert_int_not_equal(rc, 0);
+    char pid[32];
+    snprintf(pid, sizeof pid, "(pid %ld)", (long)F.server);
+    if (!strstr(out, "in use by another shoal server") || !strstr(out, pid)) fail_msg("second server said: %s", out);
+    free(out);
+    int st;
+    json_t *j = tf_call(&F, NULL, "GET", "/healthz", NULL, &st);
+    assert_int_equal(st, 200);
+    json_decref(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_pending_reason_and_final_cost, teardown),
         cmocka_unit_test_teardown(test_overdue_estimate, teardown),
         cmocka_unit_test_teardown(test_never_fits_while_down, teardown),
+        cmocka_unit_test_teardown(test_starting_holds_and_bills, teardown_cont),
+        cmocka_unit_test_teardown(test_rejected_takes_no_id, teardown),
+        cmocka_unit_test_teardown(test_second_server_refused, teardown),
         cmocka_unit_test_teardown(test_core_devices_and_bill, teardown),
         cmocka_unit_test_teardown(test_stop_leaks_nothing, teardown),
     };

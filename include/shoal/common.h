@@ -198,6 +198,10 @@ int sh_read_file(const char *path, size_t max_len, char **out, size_t *out_len);
 
 int sh_fsync_dir(const char *dir);
 int sh_fsync_parent(const char *path);
+/* Takes an exclusive lock on `path` (created if missing), held while *fd
+ * stays open, and writes this process's pid into it.  When another process
+ * holds it: SH_EEXIST, *holder its pid (0 if unknown) and *fd -1. */
+int sh_lock_pid(const char *path, int *fd, long *holder);
 int sh_mkdir_p(const char *path, unsigned mode);
 /* Removes a file or a whole directory tree; a missing path is not an error. */
 int sh_rm_rf(const char *path);

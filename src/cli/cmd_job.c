@@ -59,9 +59,11 @@ int cli_cmd_job(int argc, char **argv)
                    json_number_value(json_object_get(json_object_get(j, "spec"), "est_s")));
         int final = json_is_true(json_object_get(j, "cost_final"));
         double rs = json_real_value(json_object_get(j, "run_s"));
-        printf("cost      $%.4f %s, ran %s\n\n%-5s %-16s %-9s %5s  %s\n", json_real_value(json_object_get(j, "cost")),
-               final ? "final" : "so far", rs > 0 ? cli_fmt_dur(rs, t2, sizeof t2) : "0s", "RANK", "NODE", "STATE",
-               "EXIT", "DISK");
+        /* Placed ranks hold their GPUs, and are billed, before they run. */
+        char ran[64] = "not started yet (billed from placement)";
+        if (rs > 0 || final) snprintf(ran, sizeof ran, "ran %s", rs > 0 ? cli_fmt_dur(rs, t2, sizeof t2) : "0s");
+        printf("cost      $%.4f %s, %s\n\n%-5s %-16s %-9s %5s  %s\n", json_real_value(json_object_get(j, "cost")),
+               final ? "final" : "so far", ran, "RANK", "NODE", "STATE", "EXIT", "DISK");
         size_t i;
         json_t *m;
         json_array_foreach(json_object_get(j, "members"), i, m) {

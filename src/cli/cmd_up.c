@@ -161,22 +161,14 @@ int cli_cmd_up(int argc, char **argv)
      * tokens, env file and work folders (and rewrite env to its own port). */
     char lockf[4200];
     snprintf(lockf, sizeof lockf, "%s/up.lock", dir);
-    int lk = open(lockf, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lk < 0) return sh_fleet_free(&ff), undo(&mk, sh_err_errno(errno, "open %s", lockf));
-    if (flock(lk, LOCK_EX | LOCK_NB) < 0) {
-        char held[32] = "";
-        ssize_t k = read(lk, held, sizeof held - 1);
-        held[k > 0 ? k : 0] = 0;
-        held[strcspn(held, "\n")] = 0;
-        close(lk);
-        return sh_fleet_free(&ff), undo(&mk, sh_err(SH_EEXIST, "another shoal up (pid %s) runs on %s (its database, "
+    int lk;
+    long held;
+    if ((rc = sh_lock_pid(lockf, &lk, &held)) == SH_EEXIST)
+        return sh_fleet_free(&ff), undo(&mk, sh_err(SH_EEXIST, "another shoal up (pid %ld) runs on %s (its database, "
                                                                "tokens and env): stop it, or give this one its own "
                                                                "folder with --db DIR/shoal.db",
-                                                               held[0] ? held : "?", dir));
-    }
-    char pidline[32];
-    int pl = snprintf(pidline, sizeof pidline, "%ld\n", (long)getpid());
-    if (ftruncate(lk, 0) < 0 || pwrite(lk, pidline, (size_t)pl, 0) != pl) sh_warn("%s: cannot write the pid", lockf);
+                                                               held, dir));
+    if (rc < 0) return sh_fleet_free(&ff), undo(&mk, rc);
     if (!cfg.tokens_path) {
         if (!sh_path_exists(tokens)) mk.tokens = tokens;
         if ((rc = make_tokens(tokens)) < 0) return sh_fleet_free(&ff), undo(&mk, rc);

@@ -12,6 +12,7 @@
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -68,6 +69,28 @@ int sh_pread_all(int fd, void *buf, size_t len, uint64_t off, const char *what)
         off += (uint64_t)n;
         len -= (size_t)n;
     }
+    return SH_OK;
+}
+
+int sh_lock_pid(const char *path, int *fd, long *holder)
+{
+    *fd = -1, *holder = 0;
+    int lk = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lk < 0) return sh_err_errno(errno, "open %s", path);
+    if (flock(lk, LOCK_EX | LOCK_NB) < 0) {
+        int e = errno;
+        char held[32] = "";
+        ssize_t k = pread(lk, held, sizeof held - 1, 0);
+        held[k > 0 ? k : 0] = 0;
+        close(lk);
+        *holder = atol(held);
+        if (e != EWOULDBLOCK) return sh_err_errno(e, "lock %s", path);
+        return sh_err(SH_EEXIST, "%s is held by process %ld", path, *holder);
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(lk, 0) < 0 || pwrite(lk, pid, (size_t)n, 0) != n) sh_warn("%s: cannot write the pid", path);
+    *fd = lk;
     return SH_OK;
 }
 

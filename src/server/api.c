@@ -141,7 +141,8 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     j->id = s->njobs + 1;
     rc = srv__seam_submit(s, j, why, sizeof why);
     if (rc != 0) {
-        if (rc == 1) srv__id_consume(s); /* the core keeps the rejected id */
+        /* The core forgot it: the id goes to the next job, which keeps
+         * ids dense across a restart (they come from the database). */
         srv__job_free(j);
         if (rc < 0) return rc;
         s->rejects++;

@@ -466,6 +466,7 @@ int srv_start(const srv_config *cfg, srv **out)
 {
     srv *s = calloc(1, sizeof *s);
     if (!s) return sh_err(SH_ENOMEM, "server");
+    s->lock_fd = -1;
     s->cfg = *cfg;
     if (!s->cfg.bind_addr) s->cfg.bind_addr = "127.0.0.1";
     if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
@@ -486,6 +487,13 @@ int srv_start(const srv_config *cfg, srv **out)
     if (rc == SH_OK) rc = check_allowed_tenants(s);
     if (rc == SH_OK && !realpath(s->dir, s->state_dir))
         rc = sh_err_errno(errno, "%s: the database's directory", s->dir);
+    /* One server per database: a second would schedule the same nodes. */
+    char lockf[4200];
+    long held = 0;
+    snprintf(lockf, sizeof lockf, "%s.lock", s->cfg.db_path);
+    if (rc == SH_OK && (rc = sh_lock_pid(lockf, &s->lock_fd, &held)) == SH_EEXIST)
+        rc = sh_err(SH_EEXIST, "%s is in use by another shoal server (pid %ld): stop it, or give this one its "
+                    "own --db", s->cfg.db_path, held);
     if (rc == SH_OK) rc = srv__db_open(s);
     if (rc == SH_OK) rc = srv__db_load(s);
     if (rc == SH_OK) rc = srv__db_tenants(s);
@@ -531,6 +539,7 @@ void srv_stop(srv *s)
     if (s->sched_thread) pthread_join(s->sched_thread, NULL);
     if (s->mhd) MHD_stop_daemon(s->mhd);
     if (s->db) srv__db_close(s);
+    if (s->lock_fd >= 0) close(s->lock_fd);
     free_state(s);
     json_decref(s->tokens);
     json_decref(s->tenant_num);

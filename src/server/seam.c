@@ -52,7 +52,12 @@ int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap)
     spec_of(j, id, &sp);
     int rc = sched_job_submit(s->sc, &sp, sh_now_mono());
     if (rc == SH_ERANGE || rc == SH_EINVAL) {
-        snprintf(why, cap, "can never fit: %s", sh_errmsg());
+        /* Without the core's "job ID rejected: ": no job keeps that id. */
+        char pre[64];
+        snprintf(pre, sizeof pre, "job %s rejected: ", id);
+        const char *msg = sh_errmsg();
+        if (!strncmp(msg, pre, strlen(pre))) msg += strlen(pre);
+        snprintf(why, cap, "can never fit: %s", msg);
         /* A rejected job never runs, so nothing of it is left to bill. */
         sched_job_forget(s->sc, id);
         return 1;

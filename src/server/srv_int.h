@@ -81,6 +81,7 @@ struct srv {
     pthread_t sched_thread;
     int stopping, dirty;
     sqlite3 *db;
+    int lock_fd; /* DB.lock, held while the server runs (-1: none) */
     struct { const char *sql; sqlite3_stmt *st; } stmts[16];
     int nstmts;
     struct MHD_Daemon *mhd;
@@ -244,7 +245,6 @@ int srv__seam_bills(srv *s);
 void srv__seam_bills_end(srv *s, int committed);
 int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
-void srv__id_consume(srv *s);
 
 /* provider.c: autoscaling hook */
 int srv__provider_config(srv *s, sched_config *c);

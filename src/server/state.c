@@ -39,15 +39,6 @@ void srv__job_free(srv_job *j)
     free(j);
 }
 
-/* Skips a job id (a rejected submit used it in the core). */
-void srv__id_consume(srv *s)
-{
-    srv_job tmp = {0};
-    tmp.id = s->njobs + 1;
-    tmp.state = J_SUCCEEDED;
-    if (srv__job_add(s, &tmp) == SH_OK) s->jobs[tmp.id] = NULL;
-}
-
 int srv__active_add(srv *s, int64_t id)
 {
     if (s->nactive == s->cap_active) {
@@ -628,14 +619,15 @@ static double running_cost(srv *s, const srv_job *j)
 
 /* What a job cost and how long it ran: the closed ledger plus its live
  * members, so a finished job keeps its final bill; "replicas" counts the
- * members running now (an elastic job may run fewer than its maximum). */
+ * members holding GPUs now, placed or running (an elastic job may run
+ * fewer than its maximum); they are billed from their placement. */
 static void add_billing(srv *s, const srv_job *j, json_t *o)
 {
     double dollars, gpu_s;
     srv__db_job_cost(s, j->id, &dollars, &gpu_s);
     double now = sh_now_wall();
     int live = 0;
-    for (int i = 0; i < j->nmem; i++) live += member_live(&j->mem[i]) && j->mem[i].t_start > 0;
+    for (int i = 0; i < j->nmem; i++) live += member_live(&j->mem[i]);
     double run = j->t_start > 0 ? (j->t_end > 0 ? j->t_end : now) - j->t_start : 0;
     json_object_set_new(o, "cost", json_real(dollars + running_cost(s, j)));
     json_object_set_new(o, "cost_final", json_boolean(j->state > J_RUNNING));
