@@ -90,14 +90,10 @@ static void test_conventions(void **state)
     expect(1, "version 1 not reached (have 0): parent 127.0.0.1:1: ", rep);
     /* A listen port another process holds: the message says so and which
      * option picks another (UCX alone says "Device is busy"). */
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t slen = sizeof sa;
-    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(lfd, 1), 0);
-    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &slen), 0);
+    int held;
+    int lfd = tu_hold_port(&held);
     snprintf(rep, sizeof rep, "store publish %s %s >/dev/null && $SHOAL_BIN push serve --store %s --listen 127.0.0.1:%d "
-             "--seconds 1", tu_path("busy-store"), tu_path("dm0.st"), tu_path("busy-store"), ntohs(sa.sin_port));
+             "--seconds 1", tu_path("busy-store"), tu_path("dm0.st"), tu_path("busy-store"), held);
     expect(1, "hint: another process holds that port: give another with --listen HOST:PORT", rep);
     close(lfd);
     expect(1, "shoal rl report: /nonexistent/run is not a folder", "rl report --dir /nonexistent/run");

@@ -670,13 +670,8 @@ static void test_up_and_cli(void **state)
  * was there only its new tokens file and database (was: both left behind). */
 static void test_up_busy_port(void **state)
 {
-    int sock = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    assert_int_equal(bind(sock, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(sock, 1), 0);
-    assert_int_equal(getsockname(sock, (struct sockaddr *)&a, &al), 0);
-    int port = ntohs(a.sin_port);
+    int port;
+    int sock = tu_hold_port(&port);
     char top[4200], keep[4200], mine[4300], p[4300];
     snprintf(top, sizeof top, "%s", tu_path("up-new"));
     snprintf(keep, sizeof keep, "%s", tu_path("up-keep"));

@@ -44,12 +44,8 @@ static void test_broken_job_stops_the_run(void **state)
  * first one's folder alone. */
 static void test_port_in_use(void **state)
 {
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t slen = sizeof sa;
-    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(lfd, 1), 0);
-    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &slen), 0);
+    int port;
+    int lfd = tu_hold_port(&port);
     char run[128], mark[160];
     snprintf(run, sizeof run, "/var/tmp/shoal-test-run-main-port.%d", (int)getpid());
     snprintf(mark, sizeof mark, "%s/the-other-run", run);
@@ -57,11 +53,11 @@ static void test_port_in_use(void **state)
     tu_write_file(mark, "x", 1);
     char *out;
     int rc = tu_run(&out, "SHOAL_BIN=%s SHOAL_RUN_DIR=%s SHOAL_RUN_PORT=%d sh scripts/run-main.sh 2>&1", tu_shoal(), run,
-                    ntohs(sa.sin_port));
+                    port);
     close(lfd);
     assert_int_equal(rc, 1);
     char want[64];
-    snprintf(want, sizeof want, "run-main: port %d is in use", ntohs(sa.sin_port));
+    snprintf(want, sizeof want, "run-main: port %d is in use", port);
     if (!strstr(out, want) || !strstr(out, "SHOAL_RUN_PORT=P")) fail_msg("run-main with its port held:\n%s", out);
     assert_true(sh_path_exists(mark));
     free(out);

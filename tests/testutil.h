@@ -29,6 +29,9 @@ const char *tu_shared(void);
  * stdout and stderr are captured into *out (malloc'd, caller frees) when out
  * is non-NULL. */
 int tu_run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Holds a free loopback TCP port (listening, so that a bind to it fails):
+ * returns the socket (close it to let go) and sets *port. */
+int tu_hold_port(int *port);
 /* tu_run on a terminal: the command's stdin, stdout and stderr are a new
  * pseudo-terminal (for what a command shows only to a person, such as
  * progress bars), whose output is captured into *out. */
