@@ -4,7 +4,10 @@
  * it names (docs/security.md, "The weight path under attack"). */
 #include "testutil.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -201,12 +204,40 @@ static void test_replica_failed_build_backs_off(void **state)
     tu_assert_same_file(tu_path("rbo-rep/models/0000000003.safetensors"), tu_path("v3.st"));
 }
 
+/* A push root restarted on its port, as its children know it, while a
+ * connection its previous run closed first waits in TIME_WAIT (made here
+ * by a listener that, like UCX's with the fix, sets SO_REUSEADDR): the
+ * restart failed with "Device is busy" for a minute. */
+static void test_push_root_restarts_on_its_port(void **state)
+{
+    two_versions("prt");
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    assert_int_equal(setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &len), 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof sa), 0);
+    int a = accept(l, NULL, NULL);
+    assert_true(a >= 0);
+    close(a); /* the listening side closes first: its end waits in TIME_WAIT */
+    usleep(100 * 1000);
+    close(c);
+    close(l);
+    int port = ntohs(sa.sin_port);
+    assert_int_equal(shoal("push serve --store %s --listen 127.0.0.1:%d --seconds 0.5", tu_path("prt"), port), 0);
+    want_out("on 127.0.0.1:");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gc_waits_for_publish),
         cmocka_unit_test(test_publish_on_broken_chain),
         cmocka_unit_test(test_replica_failed_build_backs_off),
+        cmocka_unit_test(test_push_root_restarts_on_its_port),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     free(g_out);
