@@ -231,6 +231,50 @@ static void test_push_root_restarts_on_its_port(void **state)
     want_out("on 127.0.0.1:");
 }
 
+/* A safetensors file holding one BF16 tensor [2] named `name`. */
+static void raw_ckpt(const char *path, const char *name)
+{
+    char hdr[512];
+    int n = snprintf(hdr, sizeof hdr, "{\"%s\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]}}", name);
+    while (n % 8) hdr[n++] = ' ';
+    uint8_t buf[600] = {0};
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    memcpy(buf + 8, hdr, (size_t)n);
+    tu_write_file(path, buf, 8 + (size_t)n + 4);
+}
+
+/* Tensor names are printed (inspect, every error naming a tensor): a
+ * checkpoint from elsewhere whose names hold escape sequences set the
+ * terminal's title and cleared its screen on `shoal ckpt inspect
+ * --tensors`, and was published and served.  Such a file is refused with
+ * a message that does not print the name's control bytes. */
+static void test_tensor_name_escapes(void **state)
+{
+    static const char *const names[] = {"\\u001b]0;pwned\\u0007\\u001b[2J", "w\\u009b31m", "a\\u007f",
+                                        "tab\\there", NULL};
+    for (int i = 0; names[i]; i++) {
+        raw_ckpt(tu_path("esc.safetensors"), names[i]);
+        assert_int_equal(shoal("ckpt inspect %s --tensors", tu_path("esc.safetensors")), 1);
+        want_out("holds a control character");
+        for (const char *p = g_out; *p; p++)
+            if ((unsigned char)*p < 0x20 && *p != '\n') fail_msg("control byte 0x%02x in: %s", *p, g_out);
+        sh_rm_rf(tu_path("esc-store"));
+        assert_int_equal(shoal("store publish %s %s", tu_path("esc-store"), tu_path("esc.safetensors")), 1);
+        want_out("tensor names must be printable");
+    }
+    /* Printable Unicode stays a name like any other. */
+    raw_ckpt(tu_path("ok.safetensors"), "model.\u00e9\u00e8.w\u00fc");
+    assert_int_equal(shoal("ckpt inspect %s --tensors", tu_path("ok.safetensors")), 0);
+    /* A folder's index naming a tensor with escapes is refused too. */
+    TU_OK(sh_mkdir_p(tu_path("escdir"), 0755));
+    raw_ckpt(tu_path("escdir/s1.safetensors"), "w");
+    const char *index = "{\"weight_map\":{\"w\":\"s1.safetensors\",\"\\u001b[2J\":\"s1.safetensors\"}}";
+    tu_write_file(tu_path("escdir/model.safetensors.index.json"), index, strlen(index));
+    assert_int_equal(shoal("ckpt inspect %s", tu_path("escdir")), 1);
+    want_out("weight_map holds a name or file with a control character");
+    assert_null(strchr(g_out, 0x1b));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -238,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_publish_on_broken_chain),
         cmocka_unit_test(test_replica_failed_build_backs_off),
         cmocka_unit_test(test_push_root_restarts_on_its_port),
+        cmocka_unit_test(test_tensor_name_escapes),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     free(g_out);

@@ -254,6 +254,11 @@ int sh_parse_size(const char *s, uint64_t *out, const char *what);
 const char *sh_closest(const char *word, const char *const *names, size_t n);
 /* "1.50 GiB" into buf. */
 const char *sh_fmt_bytes(double bytes, char *buf, size_t cap);
+/* The offset of the first control character in s (C0, DEL, or C1: U+0080
+ * to U+009F, C2 80..C2 9F in UTF-8), or -1.  Names that others' text puts
+ * on a terminal (job names, tensor names) must have none: an escape
+ * sequence would rewrite the screen or set the window title. */
+long sh_control_at(const char *s);
 
 /* ---- Small dynamic buffer ------------------------------------------------ */
 

@@ -153,6 +153,11 @@ static int ckpt__shards(const char *ipath, json_t *wm, const char ***names, size
     json_object_foreach(wm, key, val)
     {
         const char *s = json_string_value(val);
+        if (sh_control_at(key) >= 0 || (s && sh_control_at(s) >= 0)) {
+            free(v); /* names reach terminals: never print this one */
+            return sh_err(SH_EFORMAT, "%s: weight_map holds a name or file with a control character; "
+                          "tensor and file names must be printable", ipath);
+        }
         if (!s || !*s || strchr(s, '/') || !strcmp(s, "..") || !strcmp(s, ".")) {
             free(v);
             return sh_err(SH_EFORMAT, "%s: weight_map[\"%s\"] must be a file name in the folder "

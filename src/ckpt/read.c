@@ -155,6 +155,16 @@ static int ckpt__parse_json(const uint8_t *buf, uint64_t n, const char *ctx, ckp
             rc = ckpt__check_metadata(v, ctx);
             continue;
         }
+        /* Tensor names reach terminals (inspect, every error naming a
+         * tensor): a checkpoint from elsewhere must not write escape
+         * sequences there.  Checked first, so no later message prints it. */
+        long at = sh_control_at(k);
+        if (at >= 0) {
+            rc = sh_err(SH_EFORMAT, "%s: the name of tensor %zu holds a control character (byte 0x%02x "
+                        "at offset %ld; \"%.*s...\" before it); tensor names must be printable",
+                        ctx, nt, (unsigned char)k[at], at, (int)(at < 64 ? at : 64), k);
+            break;
+        }
         rc = ckpt__parse_entry(ctx, k, v, &t[nt]);
         if (rc == SH_OK && !(t[nt].name = strdup(k))) rc = sh_err(SH_ENOMEM, "out of memory");
         if (rc == SH_OK) nt++;

@@ -235,3 +235,11 @@ void sh_buf_free(sh_buf *b)
     b->data = NULL;
     b->len = b->cap = 0;
 }
+
+long sh_control_at(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f || (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f))
+            return (long)(p - (const unsigned char *)s);
+    return -1;
+}

@@ -513,17 +513,6 @@ static int check_env(const json_t *spec)
     return SH_OK;
 }
 
-/* Whether a job's name holds a control character: C0, DEL, or C1 (U+0080
- * to U+009F, C2 80..C2 9F in UTF-8).  The name is another tenant's text on
- * the admin's terminal (`shoal jobs`): an escape sequence in it would
- * rewrite the screen, set the window title or worse. */
-static int has_control(const char *name)
-{
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-        if (*p < 0x20 || *p == 0x7f || (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)) return 1;
-    return 0;
-}
-
 /* Validates a job file and builds the job (not yet numbered).  `spec` is
  * borrowed; the job keeps its own reference. */
 int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
@@ -536,7 +525,7 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     int rc = sh_json_get_str(spec, "name", 1, "job", &name);
     if (rc == SH_OK && (!*name || strlen(name) >= sizeof j->name))
         rc = sh_err(SH_EFORMAT, "job: field \"name\": must be 1 to 127 characters");
-    if (rc == SH_OK && has_control(name))
+    if (rc == SH_OK && sh_control_at(name) >= 0) /* another tenant's text on the admin's terminal */
         rc = sh_err(SH_EFORMAT, "job: field \"name\": holds a control character (names are shown on terminals;"
                                 " use printable text)");
     if (rc == SH_OK) rc = sh_json_get_str(spec, "kind", 0, "job", &kind);
