@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "shoal/ckpt.h"
@@ -231,6 +232,35 @@ static void test_push_root_restarts_on_its_port(void **state)
     want_out("on 127.0.0.1:");
 }
 
+/* A publish killed mid-way (kill -9, a crash, an OOM kill) leaves its
+ * staging folder, up to a whole model for an anchor; only `store gc`
+ * removed it, so a publisher restarted in a loop filled the disk.  The next
+ * publish removes what dead publishers left, and leaves a live one's (a
+ * Python publisher's tensors file, named <...>.<pid>, is one). */
+static void test_publish_reclaims_dead_staging(void **state)
+{
+    two_versions("dst");
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    char a[4096], b[4096], c[4096];
+    snprintf(a, sizeof a, "%s/main/staging/0000000003.%ld", tu_path("dst"), (long)dead);
+    snprintf(b, sizeof b, "%s/main/staging/tensors-7.%ld", tu_path("dst"), (long)dead);
+    snprintf(c, sizeof c, "%s/main/staging/tensors-8.%ld", tu_path("dst"), (long)getpid());
+    TU_OK(sh_mkdir_p(a, 0755));
+    char payload[4200];
+    snprintf(payload, sizeof payload, "%s/anchor.safetensors", a);
+    tu_write_file(payload, "x", 1);
+    tu_write_file(b, "x", 1);
+    tu_write_file(c, "x", 1);
+    assert_int_equal(shoal("store publish %s %s", tu_path("dst"), tu_path("v3.st")), 0);
+    assert_false(sh_path_exists(a));
+    assert_false(sh_path_exists(b));
+    assert_true(sh_path_exists(c));
+    assert_int_equal(shoal("store gc %s --keep 5", tu_path("dst")), 0);
+    assert_true(sh_path_exists(c));
+}
+
 /* A safetensors file holding one BF16 tensor [2] named `name`. */
 static void raw_ckpt(const char *path, const char *name)
 {
@@ -283,6 +313,7 @@ int main(void)
         cmocka_unit_test(test_replica_failed_build_backs_off),
         cmocka_unit_test(test_push_root_restarts_on_its_port),
         cmocka_unit_test(test_tensor_name_escapes),
+        cmocka_unit_test(test_publish_reclaims_dead_staging),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     free(g_out);

@@ -36,8 +36,11 @@ int store_publish_tensors(store *s, const ckpt_tensor *t, size_t n, uint64_t anc
      * then removed: a publisher holds no other copy. */
     static unsigned long seq;
     char path[4096];
-    int k = snprintf(path, sizeof path, "%s/tensors.%ld.%lu.safetensors", s->staging, (long)getpid(),
-                     __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
+    /* Named <...>.<pid>, as every staging entry is: gc and publishes remove
+     * the entries of publishers that no longer run, by that pid (the name
+     * "tensors.<pid>.<n>.safetensors" read as pid 0, a dead one). */
+    int k = snprintf(path, sizeof path, "%s/tensors-%lu.%ld", s->staging,
+                     __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (long)getpid());
     if (k < 0 || (size_t)k >= sizeof path) return sh_err(SH_ERANGE, "path too long under %s", s->staging);
     SH_TRY(sh_mkdir_p(s->staging, 0755));
     int rc = ckpt_save(path, t, n, NULL);

@@ -25,6 +25,11 @@ int store__valid_run(const char *run);
  * committing (folder renamed in, LATEST not yet moved). */
 int store__lock(store *s, int *fd);
 
+/* Removes what publishers that no longer run left under staging/ (every
+ * entry is named <...>.<pid>): a publish killed mid-way leaves up to a
+ * model's bytes there.  Under the run's lock (gc, publish). */
+void store__clean_staging(store *s);
+
 /* store.c's publish steps, shared with publish_mem.c. */
 int store__write_manifest(store *s, const char *dir, const store_version *m);
 int store__write_latest(store *s, uint64_t v);

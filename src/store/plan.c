@@ -277,8 +277,7 @@ static int remove_version(store *s, uint64_t v)
     return sh_rm_rf(trash);
 }
 
-/* Staging folders of publishers that are no longer running. */
-static void clean_staging(store *s)
+void store__clean_staging(store *s)
 {
     DIR *d = opendir(s->staging);
     if (!d) return;
@@ -339,7 +338,7 @@ static int gc_locked(store *s, uint64_t keep, uint64_t *removed)
         if (rc == 0) (*removed)++;
     }
     free(list);
-    if (rc == 0) clean_staging(s);
+    if (rc == 0) store__clean_staging(s);
     if (rc == 0) clean_squash(s, latest ? floor : UINT64_MAX);
     return rc;
 }

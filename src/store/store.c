@@ -528,6 +528,7 @@ static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t 
     /* A folder above LATEST is the leftover of a publish that crashed before
      * its pointer moved: nothing can name it, so it is replaced. */
     if (sh_path_exists(final)) SH_TRY(sh_rm_rf(final));
+    store__clean_staging(s); /* a crashed publish's payload, up to a model's size */
     snprintf(stage, sizeof stage, "%s/%010llu.%ld", s->staging, (unsigned long long)v, (long)getpid());
     SH_TRY(sh_rm_rf(stage));
     SH_TRY(sh_mkdir_p(stage, 0755));
