@@ -27,12 +27,27 @@ static void *apply_main(void *arg)
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         pending *p = r->queue;
-        if (p) {
+        if (p && p->retry_at <= sh_now_mono()) {
             r->queue = p->next;
             if (!r->queue) r->tail = &r->queue;
             pthread_mutex_unlock(&r->mu);
-            if (p->ver.version > store_replica_version(r) && store__apply_pending(r, p) < 0)
-                store__replica_error(r);
+            int rc = p->ver.version > store_replica_version(r) ? store__apply_pending(r, p) : SH_OK;
+            if (rc < 0) store__replica_error(r);
+            pthread_mutex_lock(&r->mu);
+            /* A pushed version the tree will not send again: one that failed
+             * for want of room (a full disk, memory) stays first in line and
+             * is tried again after a pause that doubles to 5 s; dropped, the
+             * replica stayed on its version until the next anchor, since
+             * every delta after it needs it. */
+            if ((rc == SH_ENOSPC || rc == SH_EIO || rc == SH_ENOMEM) && !r->stop) {
+                p->pause = p->pause ? (2 * p->pause < STORE__RETRY_MAX_S ? 2 * p->pause : STORE__RETRY_MAX_S) : 0.1;
+                p->retry_at = sh_now_mono() + p->pause;
+                p->next = r->queue;
+                r->queue = p;
+                if (!p->next) r->tail = &p->next;
+                continue;
+            }
+            pthread_mutex_unlock(&r->mu);
             unlink(p->payload);
             free(p);
             pthread_mutex_lock(&r->mu);
@@ -61,7 +76,8 @@ static void *apply_main(void *arg)
         double t = ts.tv_sec + ts.tv_nsec * 1e-9 + poll;
         ts.tv_sec = (time_t)t;
         ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-        if (!r->queue && !r->stop) pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        if ((!r->queue || r->queue->retry_at > sh_now_mono()) && !r->stop)
+            pthread_cond_timedwait(&r->cv, &r->mu, &ts);
     }
     pthread_mutex_unlock(&r->mu);
     return NULL;

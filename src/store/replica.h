@@ -26,6 +26,7 @@ typedef struct pending {
     store_version ver;
     store_timeline tl; /* receive steps filled by the push thread */
     char payload[4096];
+    double retry_at, pause; /* after a build that failed for want of room: when to try again */
     struct pending *next;
 } pending;
 
