@@ -342,6 +342,49 @@ static void test_push_replica_full_disk_recovers(void **state)
     if (tries > 20) fail_msg("%d tries of version 2 while the disk was full (expected a few)", tries);
 }
 
+/* A push root whose store holds a damaged payload hashed it again at every
+ * poll, twice a second, and said so each time: for a damaged anchor, a
+ * core spent re-reading the whole model for as long as it stayed.  It now
+ * hashes it again only once the file changes, says so once, and offers
+ * the version as soon as it is repaired. */
+static void test_push_root_damaged_payload_once(void **state)
+{
+    two_versions("dmg");
+    char anchor[4096];
+    snprintf(anchor, sizeof anchor, "%s/main/versions/0000000001/anchor.safetensors", tu_path("dmg"));
+    int fd = open(anchor, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "\x5a", 1, 3000), 1);
+    close(fd);
+    sh_rm_rf(tu_path("dmg-rep"));
+    unlink(tu_path("dmg.addr"));
+    assert_int_equal(tu_run(NULL,
+                            "(%s push serve --store %s --addr-file %s --seconds 8 > %s 2>&1 &) > /dev/null 2>&1",
+                            tu_shoal(), tu_path("dmg"), tu_path("dmg.addr"), tu_path("dmg.log")),
+                     0);
+    for (int i = 0; i < 100 && !sh_path_exists(tu_path("dmg.addr")); i++) usleep(50 * 1000);
+    size_t n;
+    char *addr = (char *)tu_read_file(tu_path("dmg.addr"), &n);
+    addr[strcspn(addr, "\n")] = 0;
+    assert_int_equal(tu_run(NULL, "(%s replica --dir %s --parent %s --until 2 --seconds 12 > %s 2>&1 &) "
+                            "> /dev/null 2>&1", tu_shoal(), tu_path("dmg-rep"), addr, tu_path("dmg-rep.log")), 0);
+    free(addr);
+    sleep(3);
+    int said = count_lines(tu_path("dmg.log"), "hashes to");
+    int v_damaged = active_of(tu_path("dmg-rep"));
+    /* Repaired in place (same inode, new bytes). */
+    size_t len;
+    uint8_t *good = tu_read_file(tu_path("v1.st"), &len);
+    fd = open(anchor, O_WRONLY);
+    assert_int_equal(pwrite(fd, good, len, 0), (ssize_t)len);
+    close(fd);
+    free(good);
+    for (int i = 0; i < 160 && active_of(tu_path("dmg-rep")) != 2; i++) usleep(50 * 1000);
+    assert_int_equal(said, 1);
+    assert_int_equal(v_damaged, 0);
+    assert_int_equal(active_of(tu_path("dmg-rep")), 2);
+}
+
 /* A safetensors file holding one BF16 tensor [2] named `name`. */
 static void raw_ckpt(const char *path, const char *name)
 {
@@ -396,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_tensor_name_escapes),
         cmocka_unit_test(test_publish_reclaims_dead_staging),
         cmocka_unit_test(test_push_replica_full_disk_recovers),
+        cmocka_unit_test(test_push_root_damaged_payload_once),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     free(g_out);

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "shoal/bcast.h"
@@ -115,9 +116,40 @@ static int write_addr(const char *file, const char *addr)
     return sh_write_atomic(file, line, (size_t)n);
 }
 
+/* A payload that failed its check, as it was on disk: it is not hashed
+ * again (a whole anchor, twice a second) until the file changes. */
+typedef struct bad_payload {
+    uint64_t version;
+    struct stat st;
+    char msg[1024];
+    int known; /* the last error was this payload's, already said */
+} bad_payload;
+
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_ino == b->st_ino && a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+static int verify_once(store *s, uint64_t v, bad_payload *bad)
+{
+    char path[4096];
+    struct stat st = {0};
+    int known = store_payload_path(s, v, path, sizeof path) == 0 && stat(path, &st) == 0 &&
+                bad->version == v && same_file(&st, &bad->st);
+    bad->known = known;
+    if (known) return sh_err(SH_EMISMATCH, "%s", bad->msg);
+    int rc = store_verify(s, v);
+    if (rc < 0) {
+        bad->version = v, bad->st = st;
+        snprintf(bad->msg, sizeof bad->msg, "%s", sh_errmsg());
+    }
+    return rc;
+}
+
 /* Offers every version from the newest anchor at or below `latest` that the
  * node does not have yet, in order. */
-static int offer_new(bcast_node *n, store *s, uint64_t *have, uint64_t latest)
+static int offer_new(bcast_node *n, store *s, uint64_t *have, uint64_t latest, bad_payload *bad)
 {
     store_plan *p = malloc(sizeof *p);
     if (!p) return sh_err(SH_ENOMEM, "plan");
@@ -132,7 +164,7 @@ static int offer_new(bcast_node *n, store *s, uint64_t *have, uint64_t latest)
         char *text = NULL, path[4096];
         store_version m;
         rc = store_get(s, list[i], &m, &text);
-        if (rc == 0) rc = store_verify(s, list[i]);
+        if (rc == 0) rc = verify_once(s, list[i], bad);
         if (rc == 0) rc = store_payload_path(s, list[i], path, sizeof path);
         if (rc == 0) rc = bcast_node_add_object(n, text, path);
         if (rc == 0) *have = list[i];
@@ -179,14 +211,17 @@ static int serve(opts *o)
     fprintf(stderr, "shoal push serve: %s run %s on %s\n", o->store, store_run(s), bcast_node_address(n));
     uint64_t have = 0;
     double end = o->seconds > 0 ? sh_now_mono() + o->seconds : 0;
+    bad_payload bad = {0};
     while (rc == 0 && !g_stop && (!end || sh_now_mono() < end)) {
         uint64_t latest;
         rc = store_latest(s, &latest);
-        if (rc == 0 && latest > have) rc = offer_new(n, s, &have, latest);
+        bad.known = 0;
+        if (rc == 0 && latest > have) rc = offer_new(n, s, &have, latest, &bad);
         if (rc < 0) {
             /* A bad version in the store stops the offer, not the server:
-             * children keep what they have; the next poll retries. */
-            fprintf(stderr, "shoal push serve: %s\n", sh_errmsg());
+             * children keep what they have; the next poll retries (a
+             * damaged payload only once it changes, said once). */
+            if (!bad.known) fprintf(stderr, "shoal push serve: %s\n", sh_errmsg());
             rc = 0;
             bcast_node_run(n, 0.5);
             continue;
