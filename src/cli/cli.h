@@ -98,6 +98,8 @@ int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(print
 /* Ends a progress bar: drawn full when rc is SH_OK; otherwise only its line
  * is ended, so that the error message that follows starts a line. */
 void cli_progress_end(sh_progress *pg, int rc);
+/* `shoal up`'s state folder for its --db path: the database's folder. */
+void cli_up_dir(const char *db, char *dir, size_t cap);
 /* Off a terminal (a log, `make run | tee`), where no bar is drawn: one line
  * "<label>: N% (done/total <unit>, Ss)" each time pg->done passes another
  * 1/steps of pg->total, so that long work still says where it is.  *last
