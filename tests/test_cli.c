@@ -131,6 +131,7 @@ static const struct {
     {"bench client", NULL, "runs"},   {"bench control", NULL, "starts"}, {"bench delta", NULL, "params"},
     {"bench push", NULL, "replicas"}, {"bench rl", NULL, "reps"},        {"bench scale", NULL, "layers"},
     {"bench sched", NULL, "nodes"},   {"bench write", NULL, "reps"},
+    {"down", NULL, "timeout"},
 };
 
 /* Value options, each given a bad value as --opt=value and as --opt value:
@@ -140,6 +141,7 @@ static const struct {
 } value_rows[] = {
     {"agent", "--gpus", "x", "--gpus must be 0..64, got \"x\""},
     {"server", "--port", "99999", "--port must be 0..65535, got \"99999\""},
+    {"down", "--timeout", "x", "--timeout: expected seconds 0..3600, got \"x\""},
     {"up", "--sandbox", "bwarp", "--sandbox \"bwarp\" is not one of auto, bwrap, gvisor, none (did you mean bwrap?)"},
     {"jobs", "--limit", "0", "--limit: expected a count >= 1, got \"0\""},
     {"store plan x", "--to", "x", "--to: \"x\" is not a non-negative integer"},
