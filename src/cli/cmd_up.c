@@ -299,12 +299,14 @@ int cli_cmd_up(int argc, char **argv)
     if (ready_fd >= 0) dup2(1, 2);
     pid_t *pids = calloc((size_t)n, sizeof *pids);
     for (int i = 0; i < n; i++) pids[i] = spawn_agent(&nodes[i], url, agent_tok, work, sandbox);
-    int up = wait_registered(url, json_string_value(json_object_get(tok, "admin")), n, 20.0);
+    /* The env file first: clients may submit at once (jobs queue until
+     * the nodes come); the summary once the nodes are there. */
     const char *tenant_tok = json_string_value(json_object_get(json_object_get(tok, "tenants"), "default"));
     char env[512];
     int el = snprintf(env, sizeof env, "export SHOAL_SERVER=%s\nexport SHOAL_TOKEN=%s\n", url,
                       tenant_tok ? tenant_tok : "");
     if ((rc = sh_write_atomic_mode(envf, env, (size_t)el, 0600)) < 0) sh_warn("%s", sh_errmsg());
+    int up = wait_registered(url, json_string_value(json_object_get(tok, "admin")), n, 20.0);
     char said[512] = "";
     if (up < n)
         snprintf(said, sizeof said, " (%d registered after 20 s: see %s)", up < 0 ? 0 : up,
