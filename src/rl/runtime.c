@@ -326,12 +326,24 @@ static int issue(run *r)
     for (int i = 0; i < r->nslots; i++)
         if (r->spec[i].speed > fastest) fastest = r->spec[i].speed;
     if (fastest <= 0) fastest = 1; /* remote slots before their HELLO */
-    /* Ordered: lost groups first, to the first worker with room. */
-    for (int i = 0; i < r->nslots && r->nlost; i++) {
-        wk *w = &r->w[i];
-        if (!w->alive || !w->hello || w->busy >= RL_QUEUE) continue;
+    /* Lost groups (a dead or dropped worker's, or refused) first, every one
+     * of them before any new group: a worker serves its requests in order,
+     * and an ordered request for a new group may wait for a version that
+     * only the lost groups can make.  Each goes to the worker with room
+     * that has nothing queued waiting for a newer version, the least busy. */
+    while (r->nlost) {
+        int best = -1, best_waits = 0;
+        for (int i = 0; i < r->nslots; i++) {
+            wk *w = &r->w[i];
+            if (!w->alive || !w->hello || w->busy >= RL_QUEUE) continue;
+            int waits = 0;
+            for (int k = 0; k < w->busy; k++) waits |= w->req_minv[k] > r->version;
+            if (best < 0 || waits < best_waits || (waits == best_waits && w->busy < r->w[best].busy))
+                best = i, best_waits = waits;
+        }
+        if (best < 0) return 0; /* new groups wait until every lost one is asked for */
         r->nlost--;
-        SH_TRY(send_request(r, i, r->lost[2 * r->nlost + 1], r->lost[2 * r->nlost]));
+        SH_TRY(send_request(r, best, r->lost[2 * r->nlost + 1], r->lost[2 * r->nlost]));
     }
     /* Every idle worker gets a request before any gets a second one.  A
      * slow worker gets a shorter queue: work queued behind it would be

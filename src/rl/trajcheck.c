@@ -101,10 +101,10 @@ int rl__trajs_check(const rl__ask *a, const char *who, const uint8_t *p, size_t 
         if (t->len > a->max_len || t->plen < 2 || t->plen >= t->len)
             return sh_err(SH_EFORMAT, "%s: trajectory %d: plen %d, len %d: want 2 <= plen < len <= %d",
                           who, k, t->plen, t->len, a->max_len);
+        SH_TRY(check_origin(a, who, k, t));
         if (t->len - t->plen > a->max_new)
             return sh_err(SH_EFORMAT, "%s: trajectory %d: %d response tokens, more than the run's %d",
                           who, k, t->len - t->plen, a->max_new);
-        SH_TRY(check_origin(a, who, k, t));
         if (t->vstart < vmin)
             return sh_err(SH_EFORMAT, "%s: trajectory %d: vstart %d, older than the request's "
                           "min_version %d", who, k, t->vstart, vmin);
