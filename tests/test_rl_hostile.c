@@ -243,7 +243,7 @@ static void run_against(enum forge f, const char *field)
     c.remote = 1, c.listen_fd = lfd;
     c.train_fn = count_then_train;
     trained = marked = 0;
-    alarm(120); /* a run that stalls (groups never asked again) fails here */
+    alarm(60); /* a run that stalls (groups never asked again) fails here */
     json_t *res = NULL;
     int rc = rl_run(&c, NULL, NULL, &res);
     alarm(0);
@@ -347,7 +347,7 @@ static void e_problem(rl_traj *t) { t->problem ^= 1; }
 static void e_plen(rl_traj *t) { t->plen--; }
 static void e_bos(rl_traj *t) { t->tokens[0] = RL_EOS; }
 static void e_prompt_last(rl_traj *t) { t->tokens[t->plen - 1] = rl_tok('+'); }
-static void e_token(rl_traj *t) { t->tokens[t->len - 1] = 99; }
+static void e_token(rl_traj *t) { t->tokens[t->len - 1] = rl_vocab(); }
 static void e_len(rl_traj *t) { t->len = 25; }
 static void e_plen_len(rl_traj *t) { t->plen = t->len; }
 static void e_new(rl_traj *t)
