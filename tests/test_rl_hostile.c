@@ -433,6 +433,12 @@ static void test_refuse_bye_hello(void **state)
     TU_ERR(rl__refuse_check(&a, "w", (uint8_t *)&f, sizeof f, &got), SH_EFORMAT, "holding version -2");
     f.version = 2, f.min_version = 2;
     TU_ERR(rl__refuse_check(&a, "w", (uint8_t *)&f, sizeof f, &got), SH_EFORMAT, "min_version 2, but the request asked for 3");
+    /* Early async requests allow versions below 0; none (-1) serves them. */
+    a.min_version = f.min_version = -2, f.version = -1;
+    TU_OK(rl__refuse_check(&a, "w", (uint8_t *)&f, sizeof f, &got));
+    f.version = 0;
+    TU_ERR(rl__refuse_check(&a, "w", (uint8_t *)&f, sizeof f, &got), SH_EFORMAT, "holding version 0, which serves min_version -2");
+    a.min_version = 3, f.version = 2;
     f.min_version = 3, f.group0 = 9;
     TU_ERR(rl__refuse_check(&a, "w", (uint8_t *)&f, sizeof f, &got), SH_EFORMAT, "groups 9+2");
     f.group0 = 8, f.nprompts = 0x40000001; /* * group would wrap to 4 */

@@ -129,8 +129,10 @@ int rl__refuse_check(const rl__ask *a, const char *who, const uint8_t *p, size_t
     if (out->min_version != a->min_version)
         return sh_err(SH_EFORMAT, "%s: REFUSE says min_version %d, but the request asked for %d", who,
                       out->min_version, a->min_version);
-    /* A worker refuses only a version it cannot get: it holds an older one. */
-    if (out->version < -1 || out->version >= out->min_version)
+    /* A worker refuses only a version it cannot get: it holds an older one,
+     * or none (-1; none serves no request, whatever its min_version). */
+    int need = out->min_version > 0 ? out->min_version : 0;
+    if (out->version < -1 || out->version >= need)
         return sh_err(SH_EFORMAT, "%s: REFUSE while holding version %d, which serves min_version %d",
                       who, out->version, out->min_version);
     return 0;
