@@ -83,7 +83,7 @@ static int spawn(run *r, int i)
     close(sv[1]);
     fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
     wk *w = &r->w[i];
-    w->pid = pid, w->fd = sv[0], w->alive = 1, w->busy = 0, w->hello = 1;
+    w->pid = pid, w->fd = sv[0], w->alive = 1, w->busy = 0, w->hello = 1, w->stopped = 0;
     w->trajs_at_join = w->trajs;
     w->in.len = w->out.len = w->out_off = 0;
     return rl__enqueue_weights(r, w, 1);
@@ -168,19 +168,26 @@ static void accept_remote(run *r)
     if (i >= r->nslots) r->nslots = i + 1;
     wk *w = &r->w[i];
     w->pid = 0, w->fd = fd, w->alive = 1, w->busy = 0, w->hello = 0, w->bye = 0, w->push = 0;
-    w->refused = 0;
+    w->refused = 0, w->stopped = 0, w->why[0] = 0;
     w->trajs = w->trajs_at_join = 0, w->busy_s = 0;
     w->in.len = w->out.len = w->out_off = 0;
     w->joined = sh_now_mono() - r->t0, w->left = -1;
 }
 
+/* "worker 3 (h100)", for messages. */
+static const char *who(const run *r, int i, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "worker %d (%s)", i, r->w[i].hello && r->spec[i].name[0] ? r->spec[i].name : "?");
+    return buf;
+}
+
 static int got_hello(run *r, int i, const uint8_t *p, size_t len)
 {
     rl_wire_hello h;
-    if (len != sizeof h || r->w[i].hello)
-        return sh_err(SH_EFORMAT, "worker %d: unexpected or malformed HELLO", i);
-    memcpy(&h, p, sizeof h);
-    h.name[sizeof h.name - 1] = 0;
+    char nm[48];
+    snprintf(nm, sizeof nm, "worker %d", i);
+    if (r->w[i].hello) return sh_err(SH_EFORMAT, "%s: a second HELLO", who(r, i, nm, sizeof nm));
+    SH_TRY(rl__hello_parse(nm, p, len, &h));
     if (r->has_secret && !sh_secret_eq(h.proof, sh_secret_proof(r->secret, "rl worker", h.nonce))) {
         r->refused_hellos++;
         return sh_err(SH_EPERM, "worker %d (%s, pid %d): its HELLO lacks this run's secret (SHOAL_RUN_SECRET)",
@@ -190,9 +197,6 @@ static int got_hello(run *r, int i, const uint8_t *p, size_t len)
         sh_hash128 pr = sh_secret_proof(r->secret, "rl trainer", h.nonce);
         SH_TRY(rl__msg_append(&r->w[i].out, RL_MSG_WELCOME, &pr, sizeof pr, NULL, 0));
     }
-    if (!(h.speed > 0 && h.speed <= 1) || !(h.price >= 0))
-        return sh_err(SH_EFORMAT, "worker %d (%s): HELLO speed %g must be in (0,1], price %g >= 0",
-                      i, h.name, h.speed, h.price);
     rl_worker_spec *sp = &r->spec[i];
     memset(sp, 0, sizeof *sp);
     snprintf(sp->name, sizeof sp->name, "%s", h.name);
@@ -210,6 +214,7 @@ static int got_hello(run *r, int i, const uint8_t *p, size_t len)
 int rl__queue_stop(run *r, wk *w)
 {
     int32_t v = r->version; /* a push worker takes it before its BYE */
+    w->stopped = 1;
     return rl__msg_append(&w->out, RL_MSG_STOP, &v, sizeof v, NULL, 0);
 }
 
@@ -218,6 +223,7 @@ static void pop_request(run *r, wk *w)
 {
     memmove(w->req_trajs, w->req_trajs + 1, sizeof(int) * (RL_QUEUE - 1));
     memmove(w->req_group0, w->req_group0 + 1, sizeof(int) * (RL_QUEUE - 1));
+    memmove(w->req_minv, w->req_minv + 1, sizeof(int) * (RL_QUEUE - 1));
     if (--w->busy == 0) w->busy_s += sh_now_mono() - w->busy_since;
 }
 
@@ -228,11 +234,11 @@ static int got_refuse(run *r, int i, const uint8_t *p, size_t len)
 {
     wk *w = &r->w[i];
     rl_wire_refuse f;
-    if (len != sizeof f || !w->busy) return sh_err(SH_EFORMAT, "worker %d: unexpected or malformed REFUSE", i);
-    memcpy(&f, p, sizeof f);
-    if (f.group0 != w->req_group0[0] || f.nprompts * r->c->group != w->req_trajs[0])
-        return sh_err(SH_EFORMAT, "worker %d: REFUSE of groups %d+%d, but its oldest request is %d+%d",
-                      i, f.group0, f.nprompts, w->req_group0[0], w->req_trajs[0] / r->c->group);
+    char nm[48];
+    if (!w->busy) return sh_err(SH_EFORMAT, "%s: REFUSE without a request", who(r, i, nm, sizeof nm));
+    rl__ask a = {.group0 = w->req_group0[0], .nprompts = w->req_trajs[0] / r->c->group,
+                 .group = r->c->group, .min_version = w->req_minv[0]};
+    SH_TRY(rl__refuse_check(&a, who(r, i, nm, sizeof nm), p, len, &f));
     r->issued -= w->req_trajs[0];
     r->refused++, w->refused++;
     sh_log(SH_LOG_INFO, "rl: worker %d (%s) holds version %d, refused groups %d+%d that need %d; "
@@ -249,19 +255,15 @@ static int got_refuse(run *r, int i, const uint8_t *p, size_t len)
 static int got_bye(run *r, int i, const uint8_t *p, size_t len)
 {
     rl_wire_bye b;
-    if (len != sizeof b) return sh_err(SH_EFORMAT, "worker %d: malformed BYE", i);
-    memcpy(&b, p, sizeof b);
+    char nm[48];
+    /* A BYE before STOP would make its leaving a clean exit, and its
+     * requests in flight would never be asked for again. */
+    if (!r->w[i].stopped) return sh_err(SH_EFORMAT, "%s: BYE before STOP", who(r, i, nm, sizeof nm));
+    SH_TRY(rl__bye_check(r->version, who(r, i, nm, sizeof nm), p, len, &b));
     r->w[i].bye = 1;
     r->w[i].final_version = b.version;
     r->w[i].final_hash = (sh_hash128){b.hash_lo, b.hash_hi};
     return 0;
-}
-
-/* Group g's problem: a function of the run's seed and g alone. */
-static void group_problem(const run *r, int g, rl_problem *p)
-{
-    uint64_t rng = r->seed ^ ((uint64_t)(uint32_t)g * 0x9e3779b97f4a7c15ULL);
-    rl_problem_draw(r->c->task, 0, &rng, p);
 }
 
 /* Asks worker i for groups [g0, g0 + nprompts); g0 < 0: the next new ones. */
@@ -280,12 +282,13 @@ static int send_request(run *r, int i, int nprompts, int g0)
     uint64_t ids[4096];
     for (int k = 0; k < nprompts; k++) {
         rl_problem p;
-        group_problem(r, g0 + k, &p);
+        rl__group_problem(r->seed, c->task, g0 + k, &p);
         ids[k] = p.id;
     }
     SH_TRY(rl__msg_append(&w->out, RL_MSG_REQUEST, &rq, sizeof rq, ids, 8 * (size_t)nprompts));
     if (!w->busy) w->busy_since = sh_now_mono();
     w->req_group0[w->busy] = g0;
+    w->req_minv[w->busy] = minv;
     w->req_trajs[w->busy++] = nprompts * c->group;
     r->issued += nprompts * c->group;
     return 0;
@@ -323,12 +326,24 @@ static int issue(run *r)
     for (int i = 0; i < r->nslots; i++)
         if (r->spec[i].speed > fastest) fastest = r->spec[i].speed;
     if (fastest <= 0) fastest = 1; /* remote slots before their HELLO */
-    /* Ordered: lost groups first, to the first worker with room. */
-    for (int i = 0; i < r->nslots && r->nlost; i++) {
-        wk *w = &r->w[i];
-        if (!w->alive || !w->hello || w->busy >= RL_QUEUE) continue;
+    /* Lost groups (a dead or dropped worker's, or refused) first, every one
+     * of them before any new group: a worker serves its requests in order,
+     * and an ordered request for a new group may wait for a version that
+     * only the lost groups can make.  Each goes to the worker with room
+     * that has nothing queued waiting for a newer version, the least busy. */
+    while (r->nlost) {
+        int best = -1, best_waits = 0;
+        for (int i = 0; i < r->nslots; i++) {
+            wk *w = &r->w[i];
+            if (!w->alive || !w->hello || w->busy >= RL_QUEUE) continue;
+            int waits = 0;
+            for (int k = 0; k < w->busy; k++) waits |= w->req_minv[k] > r->version;
+            if (best < 0 || waits < best_waits || (waits == best_waits && w->busy < r->w[best].busy))
+                best = i, best_waits = waits;
+        }
+        if (best < 0) return 0; /* new groups wait until every lost one is asked for */
         r->nlost--;
-        SH_TRY(send_request(r, i, r->lost[2 * r->nlost + 1], r->lost[2 * r->nlost]));
+        SH_TRY(send_request(r, best, r->lost[2 * r->nlost + 1], r->lost[2 * r->nlost]));
     }
     /* Every idle worker gets a request before any gets a second one.  A
      * slow worker gets a shorter queue: work queued behind it would be
@@ -345,49 +360,43 @@ static int issue(run *r)
     return 0;
 }
 
-/* Checks and buffers a TRAJS message. */
+/* Checks a TRAJS message against the worker's oldest request
+ * (rl__trajs_check) and buffers its trajectories. */
 static int accept_trajs(run *r, int i, const uint8_t *p, size_t len)
 {
     wk *w = &r->w[i];
-    rl_wire_trajs th;
-    if (len < sizeof th) return sh_err(SH_EFORMAT, "worker %d: short TRAJS", i);
-    memcpy(&th, p, sizeof th);
-    if (!w->busy || th.count != w->req_trajs[0] ||
-        len != sizeof th + (size_t)th.count * sizeof(rl_traj))
-        return sh_err(SH_EFORMAT, "worker %d: TRAJS with %d records, expected %d", i, th.count,
-                      w->busy ? w->req_trajs[0] : 0);
-    if (r->c->step_s > 0) { /* the GPU did the work, whether or not it is used */
-        rl_traj *tmp = malloc((size_t)th.count * sizeof(rl_traj));
-        if (!tmp) return sh_err(SH_ENOMEM, "rl: out of memory");
-        memcpy(tmp, p + sizeof th, (size_t)th.count * sizeof(rl_traj)); /* p may be unaligned */
-        w->gpu_s += rl_emu_request_s(r->c, &r->spec[i], tmp, th.count);
-        free(tmp);
+    char nm[48];
+    if (!w->busy) return sh_err(SH_EFORMAT, "%s: TRAJS without a request", who(r, i, nm, sizeof nm));
+    int count = w->req_trajs[0], np = count / r->c->group;
+    rl_problem *probs = malloc(sizeof(rl_problem) * (size_t)np);
+    rl_traj *tmp = malloc(sizeof(rl_traj) * (size_t)count);
+    int rc = probs && tmp ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
+    for (int k = 0; k < np && !rc; k++) rl__group_problem(r->seed, r->c->task, w->req_group0[0] + k, &probs[k]);
+    /* A push worker may hold the version the compute thread is publishing. */
+    rl__ask a = {.group0 = w->req_group0[0], .nprompts = np, .group = r->c->group,
+                 .min_version = w->req_minv[0], .max_version = r->version + r->training,
+                 .probs = probs, .max_len = r->c->model.ctx < RL_MAX_T ? r->c->model.ctx : RL_MAX_T,
+                 .max_new = r->c->sampling.max_new};
+    if (!rc) rc = rl__trajs_check(&a, who(r, i, nm, sizeof nm), p, len, tmp);
+    free(probs);
+    if (!rc && r->c->step_s > 0) /* the GPU did the work, whether or not it is used */
+        w->gpu_s += rl_emu_request_s(r->c, &r->spec[i], tmp, count);
+    if (!rc && rl__over(r)) /* the run is over: answers to old requests */
+        r->dropped_end += count;
+    else if (!rc && r->nbuf + count > r->cap)
+        rc = sh_err(SH_EINTERNAL, "rl: trajectory buffer overflow (%d + %d > %d)", r->nbuf, count, r->cap);
+    else if (!rc) {
+        for (int k = 0; k < count; k++) {
+            r->gen_tokens += tmp[k].len - tmp[k].plen;
+            tmp[k].worker = i; /* remote workers do not know their slot */
+        }
+        memcpy(r->buf + r->nbuf, tmp, sizeof(rl_traj) * (size_t)count);
+        r->nbuf += count;
+        w->trajs += count;
     }
-    if (rl__over(r)) { /* the run is over: answers to old requests */
-        r->dropped_end += th.count;
-        pop_request(r, w);
-        return 0;
-    }
-    if (r->nbuf + th.count > r->cap)
-        return sh_err(SH_EINTERNAL, "rl: trajectory buffer overflow (%d + %d > %d)", r->nbuf,
-                      th.count, r->cap);
-    rl_traj *dst = r->buf + r->nbuf;
-    memcpy(dst, p + sizeof th, (size_t)th.count * sizeof(rl_traj));
-    for (int k = 0; k < th.count; k++) {
-        rl_traj *t = &dst[k];
-        if (t->len > RL_MAX_T || t->plen < 2 || t->plen >= t->len)
-            return sh_err(SH_EFORMAT, "worker %d: trajectory %d has length %d/%d", i, k, t->plen,
-                          t->len);
-        for (int j = 0; j < t->len; j++)
-            if (t->tokens[j] < 0 || t->tokens[j] >= rl_vocab())
-                return sh_err(SH_EFORMAT, "worker %d: trajectory %d: bad token", i, k);
-        r->gen_tokens += t->len - t->plen;
-        t->worker = i; /* remote workers do not know their slot */
-    }
-    r->nbuf += th.count;
-    pop_request(r, w);
-    w->trajs += th.count;
-    return 0;
+    free(tmp);
+    if (!rc) pop_request(r, w);
+    return rc;
 }
 
 static int read_worker(run *r, int i)
@@ -511,6 +520,20 @@ static int loop(run *r)
     return 0;
 }
 
+/* Worker i sent a message that breaks the protocol or fails the checks
+ * (sh_errmsg() says which): it is dropped, not fatal, whether remote or
+ * forked (killed, then replaced as a dead one is).  Its requests in
+ * flight are lost with it and asked for again. */
+static void violated(run *r, int i)
+{
+    wk *w = &r->w[i];
+    sh_log(SH_LOG_WARN, "rl: dropping worker %d: %s", i, sh_errmsg());
+    snprintf(w->why, sizeof w->why, "%s", sh_errmsg());
+    if (w->hello) r->violations++;
+    w->bye = 0; /* not a clean exit, whatever it said */
+    if (!r->c->remote && w->pid > 0) kill(w->pid, SIGKILL);
+}
+
 /* One poll over the workers (and, remote, the listening socket): flushes
  * outboxes, reads messages, handles deaths and new connections. */
 static int poll_once(run *r)
@@ -552,9 +575,8 @@ static int poll_once(run *r)
             if (pf[k].revents & POLLOUT) dead = flush_worker(&r->w[i]);
             if (!dead && (pf[k].revents & (POLLIN | POLLHUP | POLLERR))) {
                 int rc = read_worker(r, i);
-                if (rc < 0 && !c->remote) return rc;
-                if (rc < 0) /* a remote worker that breaks the protocol is dropped, not fatal */
-                    sh_log(SH_LOG_WARN, "rl: dropping worker %d: %s", i, sh_errmsg());
+                if (rc < 0 && rc != SH_EFORMAT && rc != SH_EPERM && !c->remote) return rc;
+                if (rc < 0) violated(r, i);
                 dead = rc != 0;
             }
             if (dead) worker_dead(r, i);
@@ -640,6 +662,7 @@ static json_t *worker_json(const run *r, int i, double until)
         json_object_set_new(o, "push", json_boolean(w->push));
         json_object_set_new(o, "refused", json_integer(w->refused));
     }
+    if (w->why[0]) json_object_set_new(o, "dropped_for", json_string(w->why));
     if (r->c->remote)
         json_object_set_new(o, "final", w->bye ? json_pack("{s:i,s:s}", "version", w->final_version,
                                                            "image_xxh3", hex)
@@ -688,6 +711,7 @@ static json_t *result_json(run *r, double reward_start, double wall_s)
         json_object_set_new(res, "worker_joins_push", json_integer(r->push_joins));
         json_object_set_new(res, "workers_refused", json_integer(r->refused_hellos));
         json_object_set_new(res, "connections_dropped", json_integer(r->dropped_unproven));
+        json_object_set_new(res, "workers_dropped_for_violations", json_integer(r->violations));
         json_object_set_new(res, "weights_bytes_sent", json_real(r->weights_bytes));
     }
     return res;

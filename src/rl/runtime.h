@@ -26,6 +26,7 @@ typedef struct wk {
      * oldest first (a worker answers in order). */
     int fd, alive, busy, req_trajs[RL_QUEUE];
     int req_group0[RL_QUEUE]; /* each request's first group (ordered: re-issued if lost) */
+    int req_minv[RL_QUEUE];   /* each request's min_version: its answer is no older */
     sh_buf in, out;
     size_t out_off;
     double busy_since, busy_s;
@@ -35,6 +36,8 @@ typedef struct wk {
     int push;             /* its weights come by the push tree: no WEIGHTS to it */
     long refused;         /* requests it refused (REFUSE) */
     int bye, final_version; /* BYE received, and the version it reported */
+    int stopped;          /* STOP was queued to it: only then may it say BYE */
+    char why[256];        /* why it was dropped, if for breaking the protocol */
     sh_hash128 final_hash;
     double joined, left;  /* seconds since the RL phase began (left < 0: still here) */
 } wk;
@@ -93,6 +96,7 @@ typedef struct run {
     int has_secret;
     long refused_hellos;
     long dropped_unproven; /* remote connections closed before their HELLO */
+    long violations;       /* workers dropped for a message that failed the checks (trajcheck.c) */
 } run;
 
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "shoal/common.h"
+#include "shoal/rl.h"
 
 #define RL_WIRE_MAGIC 0x4c524853u /* "SHRL" little-endian */
 #define RL_WIRE_MAX (64u << 20)   /* largest payload accepted */
@@ -83,5 +84,38 @@ int rl__msg_read(int fd, uint32_t *type, sh_buf *payload);
 /* If buf starts with a whole message, sets *type, *payload, *len and returns
  * its total size; 0 if more bytes are needed; negative if malformed. */
 long rl__msg_peek(const sh_buf *buf, uint32_t *type, const uint8_t **payload, size_t *len);
+
+/* ---- What the trainer checks in a worker's messages (trajcheck.c) -------
+ * Every function is pure; `who` names the worker in messages ("worker 3
+ * (h100)").  A failure is SH_EFORMAT naming the trajectory and field. */
+
+/* A behaviour log-probability is that of a token the worker sampled: at
+ * most 0 (RL_BLOGP_MAX leaves room for rounding in a worker's softmax),
+ * and above RL_BLOGP_MIN: a token that unlikely (e^-80) is never drawn,
+ * and above it pi / mu stays finite in float. */
+#define RL_BLOGP_MAX 1e-3f
+#define RL_BLOGP_MIN -80.0f
+
+/* What the trainer asked a worker for, which a TRAJS or REFUSE answers. */
+typedef struct rl__ask {
+    int group0, nprompts, group; /* groups group0.., group trajectories each */
+    int min_version;             /* the request's */
+    int max_version;             /* the newest version the trainer has published */
+    const rl_problem *probs;     /* nprompts: each group's problem (rl__group_problem) */
+    int max_len, max_new;        /* the model's context (<= RL_MAX_T); response tokens */
+} rl__ask;
+
+/* Group g's problem: a function of the run's seed and g alone. */
+void rl__group_problem(uint64_t seed, int task, int g, rl_problem *p);
+/* Checks a TRAJS payload against a; copies its nprompts * group records
+ * into out (whatever the result). */
+int rl__trajs_check(const rl__ask *a, const char *who, const uint8_t *p, size_t len, rl_traj *out);
+/* A REFUSE payload answering the request a. */
+int rl__refuse_check(const rl__ask *a, const char *who, const uint8_t *p, size_t len,
+                     rl_wire_refuse *out);
+/* A BYE payload; the version it names is at most max_version. */
+int rl__bye_check(int max_version, const char *who, const uint8_t *p, size_t len, rl_wire_bye *out);
+/* A HELLO payload's form (the secret is checked by the caller). */
+int rl__hello_parse(const char *who, const uint8_t *p, size_t len, rl_wire_hello *out);
 
 #endif

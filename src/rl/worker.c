@@ -299,16 +299,20 @@ static int serve_request(worker *w)
     /* The problems are read before waiting below: that reuses w->msg. */
     const uint64_t *ids = (const uint64_t *)(w->msg.data + sizeof rq);
     for (int i = 0; i < n; i++) rl_problem_make(w->c->task, ids[i], &probs[i], NULL);
-    /* Version-constrained: wait for weights at least as new as asked; from
-     * the push tree only so long, then refuse. */
-    if (w->src && w->version < rq.min_version) {
+    /* Version-constrained: wait for weights at least as new as asked, and
+     * for some weights in any case (an early async request may allow a
+     * min_version below 0, but the initial untrained model is no policy
+     * version: the trainer refuses what it generates); from the push tree
+     * only so long, then refuse. */
+    int need = rq.min_version > 0 ? rq.min_version : 0;
+    if (w->src && w->version < need) {
         int rc = take_from_source(w);
         double wait = w->src->min_wait_s > 0 ? w->src->min_wait_s : 5.0;
-        if (rc >= 0 && w->version < rq.min_version) {
-            w->src->wait(w->src->arg, rq.min_version, wait);
+        if (rc >= 0 && w->version < need) {
+            w->src->wait(w->src->arg, need, wait);
             rc = take_from_source(w);
         }
-        if (rc >= 0 && w->version < rq.min_version) {
+        if (rc >= 0 && w->version < need) {
             rl_wire_refuse f = {w->version, rq.min_version, rq.group0, rq.nprompts};
             sh_log(SH_LOG_DEBUG, "rl worker %d: refusing groups %d+%d: holds version %d, asked for %d",
                    w->idx, rq.group0, rq.nprompts, w->version, rq.min_version);
@@ -322,7 +326,7 @@ static int serve_request(worker *w)
             return rc;
         }
     }
-    while (w->version < rq.min_version) {
+    while (w->version < need) {
         uint32_t type;
         int rc = rl__msg_read(w->fd, &type, &w->msg);
         if (!rc) rc = handle(w, type);

@@ -55,7 +55,7 @@ int store_open(const char *root, const char *run, int create, store **out)
     } else if (rc == 0 && !sh_is_dir(s->versions)) {
         rc = sh_is_dir(root)         ? sh_err(SH_ENOENT, "store %s has no run \"%s\" (publish to create it)", root, run)
              : sh_path_exists(root) ? sh_err(SH_EINVAL, "store %s is a file, not a store's folder", root)
-                                    : sh_err(SH_ENOENT, "store %s does not exist", root);
+                                    : sh_err(SH_ENOENT, "store %s does not exist (`shoal store publish %s CKPT` creates it)", root, root);
     }
     if (rc < 0) {
         free(s);
