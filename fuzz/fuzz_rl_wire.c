@@ -91,7 +91,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else if (type == RL_MSG_REFUSE) {
             rl_wire_refuse f;
             if (rl__refuse_check(&a, "fuzz", p, len, &f) == 0 &&
-                (f.group0 != a.group0 || f.nprompts != a.nprompts || f.version >= f.min_version))
+                (f.group0 != a.group0 || f.nprompts != a.nprompts || f.min_version != a.min_version ||
+                 f.version < -1 || f.version >= (f.min_version > 0 ? f.min_version : 0)))
                 abort();
         } else if (type == RL_MSG_BYE) {
             rl_wire_bye b;
