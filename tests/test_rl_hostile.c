@@ -39,7 +39,7 @@
 
 enum forge {
     F_GROUP, F_VFUTURE, F_VORDER, F_VOLD, F_BLOGP_NAN, F_BLOGP_POS, F_BLOGP_HUGE, F_REWARD_INF,
-    F_REWARD_WRONG, F_PROBLEM, F_PROMPT, F_LEN_CTX, F_BYE_EARLY, F_REFUSE_HOLDING,
+    F_REWARD_WRONG, F_PROBLEM, F_PROMPT, F_LEN_CTX, F_BYE_EARLY, F_REFUSE_HOLDING, F_VSTALE,
 };
 
 /* ---- The hostile worker: a real worker behind a rewriting proxy ------------ */
@@ -142,7 +142,13 @@ static void __attribute__((noreturn)) proxy_main(const rl_config *c, int port, e
                 if (rl__msg_write(up, RL_MSG_REFUSE, &r, sizeof r, NULL, 0) < 0) break;
                 continue;
             }
+            if (f == F_VSTALE && minv < 1) { /* honest until a request needs version 1 or newer */
+                if (rl__msg_write(up, type, m.data, m.len, NULL, 0) < 0) break;
+                continue;
+            }
             for (int k = 0; k < hd.count; k++) forge_record(f, &t[k]);
+            if (f == F_VSTALE) /* older than the request allows: past the staleness bound */
+                for (int k = 0; k < hd.count; k++) t[k].vstart = t[k].vend = minv - 1;
         }
         /* The honest workers may come now (before the write: the trainer
          * may drop us as soon as it reads, and relay_down then exits). */
@@ -260,8 +266,8 @@ static void run_against(enum forge f, const char *field)
     assert_int_equal(json_integer_value(json_object_get(res, "steps")), 3);
     assert_int_equal(trained, 3 * 2 * 4);
     assert_int_equal(json_integer_value(json_object_get(res, "workers_dropped_for_violations")), 1);
-    /* The ordered run trained on groups 0..5 in order, the hostile
-     * worker's first request (group 0) asked again of an honest one. */
+    /* The ordered run trained on groups 0..5 in order, the requests the
+     * hostile worker held asked again of an honest one. */
     json_t *steps = json_object_get(res, "step_stats");
     for (size_t i = 0; i < 3; i++) {
         json_t *g = json_object_get(json_array_get(steps, i), "groups");
@@ -284,6 +290,7 @@ static void test_forged_group(void **s) { run_against(F_GROUP, "trajectory 0: gr
 static void test_forged_future_version(void **s) { run_against(F_VFUTURE, "vend 1000, newer than the trainer's version"); }
 static void test_forged_vstart_after_vend(void **s) { run_against(F_VORDER, "trajectory 0: vstart 1 > vend 0"); }
 static void test_forged_negative_version(void **s) { run_against(F_VOLD, "vstart -5, older than the request's min_version 0"); }
+static void test_forged_stale_version(void **s) { run_against(F_VSTALE, "vstart 0, older than the request's min_version 1"); }
 static void test_forged_nan_blogp(void **s) { run_against(F_BLOGP_NAN, "is nan"); }
 static void test_forged_positive_blogp(void **s) { run_against(F_BLOGP_POS, "is 0.5, not a sampled token's log-probability"); }
 static void test_forged_huge_blogp(void **s) { run_against(F_BLOGP_HUGE, "is -1e+30, not a sampled token's"); }
@@ -569,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_forged_future_version),
         cmocka_unit_test(test_forged_vstart_after_vend),
         cmocka_unit_test(test_forged_negative_version),
+        cmocka_unit_test(test_forged_stale_version),
         cmocka_unit_test(test_forged_nan_blogp),
         cmocka_unit_test(test_forged_positive_blogp),
         cmocka_unit_test(test_forged_huge_blogp),
