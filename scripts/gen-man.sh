@@ -73,10 +73,19 @@ the bearer token client commands and agents send
 .TP
 .B SHOAL_CORE
 the path of shoal-core, which runs every command the client binary does not hold
+.TP
+.B SHOAL_NO_PROGRESS
+set: no progress bar on a terminal and no progress lines elsewhere
+.TP
+.B SHOAL_PROGRESS_AFTER
+off a terminal, long work prints a progress line once it has run this many seconds (default 5), then at each tenth
 .SH FILES
 .TP
 .I shoal-up/env
 written by \fBshoal up\fR: \fBexport\fR lines for SHOAL_SERVER and SHOAL_TOKEN
+.TP
+.I shoal-up/up.log
+the output of \fBshoal up -d\fR and its agents
 .SH SEE ALSO
 The documentation in the source tree: README.md, docs/deploy.md,
 docs/job-format.md, docs/fleet-format.md, docs/server-api.md, docs/security.md.

@@ -13,6 +13,10 @@ export LSAN_OPTIONS="suppressions=$(pwd)/tests/lsan.supp:print_suppressions=0"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:detect_odr_violation=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export CMOCKA_MESSAGE_OUTPUT=stdout
+# Off a terminal, long work prints progress lines (sh_progress); tests that
+# read a command's output whole would see them only on a slow machine, so
+# they come after 10 minutes here, and a test of the lines asks for them.
+export SHOAL_PROGRESS_AFTER=${SHOAL_PROGRESS_AFTER:-600}
 
 one() {
     bin=$1

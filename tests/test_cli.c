@@ -131,6 +131,7 @@ static const struct {
     {"bench client", NULL, "runs"},   {"bench control", NULL, "starts"}, {"bench delta", NULL, "params"},
     {"bench push", NULL, "replicas"}, {"bench rl", NULL, "reps"},        {"bench scale", NULL, "layers"},
     {"bench sched", NULL, "nodes"},   {"bench write", NULL, "reps"},
+    {"down", NULL, "timeout"},
 };
 
 /* Value options, each given a bad value as --opt=value and as --opt value:
@@ -140,6 +141,7 @@ static const struct {
 } value_rows[] = {
     {"agent", "--gpus", "x", "--gpus must be 0..64, got \"x\""},
     {"server", "--port", "99999", "--port must be 0..65535, got \"99999\""},
+    {"down", "--timeout", "x", "--timeout: expected seconds 0..3600, got \"x\""},
     {"up", "--sandbox", "bwarp", "--sandbox \"bwarp\" is not one of auto, bwrap, gvisor, none (did you mean bwrap?)"},
     {"jobs", "--limit", "0", "--limit: expected a count >= 1, got \"0\""},
     {"store plan x", "--to", "x", "--to: \"x\" is not a non-negative integer"},
@@ -657,6 +659,33 @@ static void test_up_twice(void **state)
     for (int i = 0; i < 200 && !kill(first, 0); i++) sh_sleep(0.05);
 }
 
+/* Off a terminal (a log, a pipe, CI), long work prints a line once it has
+ * run SHOAL_PROGRESS_AFTER seconds (5 by default; the test runner sets 600)
+ * and at each further tenth, then how long it took; short work prints
+ * nothing (was: nothing at all, so `ckpt synth` of a large model piped to a
+ * log said nothing for minutes). */
+static void test_progress_off_terminal(void **state)
+{
+    char *out;
+    const char *f = tu_path("progress.safetensors");
+    assert_int_equal(tu_run(&out, "SHOAL_PROGRESS_AFTER=0 %s ckpt synth --params 4M -o %s 2>&1 >/dev/null", tu_shoal(), f), 0);
+    if (!strstr(out, "ckpt synth: 100% (") || !strstr(out, "ckpt synth: done in ") || strchr(out, '\r'))
+        fail_msg("ckpt synth off a terminal said: %s", out);
+    free(out);
+    assert_int_equal(tu_run(&out, "SHOAL_PROGRESS_AFTER=0 %s ckpt step %s --lr 1e-4 -o %s.2 2>&1 >/dev/null", tu_shoal(), f, f), 0);
+    if (!strstr(out, "ckpt step: ") || !strstr(out, "ckpt step: done in ")) fail_msg("ckpt step off a terminal said: %s", out);
+    free(out);
+    /* The default, 5 s: this takes far less and prints nothing. */
+    assert_int_equal(tu_run(&out, "SHOAL_PROGRESS_AFTER= %s ckpt synth --params 1M -o %s 2>&1 >/dev/null", tu_shoal(), f), 0);
+    assert_string_equal(out, "");
+    free(out);
+    assert_int_equal(tu_run(&out, "SHOAL_PROGRESS_AFTER=0 SHOAL_NO_PROGRESS=1 %s ckpt synth --params 1M -o %s 2>&1 >/dev/null",
+                            tu_shoal(), f),
+                     0);
+    assert_string_equal(out, "");
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -669,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_man_and_completion),
         cmocka_unit_test(test_rl_report_counts),
         cmocka_unit_test(test_up_twice),
+        cmocka_unit_test(test_progress_off_terminal),
         cmocka_unit_test_teardown(test_client_commands, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

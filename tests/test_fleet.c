@@ -5,6 +5,7 @@
  *    nothing, agents reconnect and a running job is kept, not restarted. */
 #include "fleet_util.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -712,6 +713,65 @@ static void test_up_busy_port(void **state)
     close(sock);
 }
 
+/* `shoal up -d` returns once every agent has registered, leaves the fleet
+ * running in the background, and `shoal down` stops it (was: the README's
+ * `shoal up ... &` pasted with the next lines sourced an env file that did
+ * not exist yet, and stopping it meant finding its pid). */
+static void test_up_detach_down(void **state)
+{
+    const char *dir = tu_path("up-detach");
+    sh_rm_rf(dir);
+    const char *sh = tu_shoal();
+    char *o;
+    assert_int_equal(tu_run(&o, "%s up --fleet examples/fleet-local.csv --db %s/shoal.db --port 0 -d", sh, dir), 0);
+    const char *bg = strstr(o, "running in the background (pid ");
+    if (!bg || !strstr(o, "8 agents started") || strstr(o, "registered after")) fail_msg("shoal up -d said: %s", o);
+    long pid = atol(bg + strlen("running in the background (pid "));
+    free(o);
+    assert_true(pid > 1);
+    assert_int_equal(kill((pid_t)pid, 0), 0);
+    /* Ready when it returned: the env file is there and every node is alive. */
+    assert_int_equal(tu_run(&o, ". %s/env && %s nodes --json", dir, sh), 0);
+    json_t *j = json_loads(o, 0, NULL);
+    json_t *v;
+    size_t i, alive = 0;
+    json_array_foreach(json_object_get(j, "nodes"), i, v) alive += !strcmp(json_string_value(json_object_get(v, "state")), "alive");
+    json_decref(j);
+    free(o);
+    assert_int_equal(alive, 8);
+    /* A second one on the same folder is refused, naming the first. */
+    assert_int_equal(tu_run(&o, "%s up --fleet examples/fleet-local.csv --db %s/shoal.db --port 0 -d", sh, dir), 1);
+    char want[64];
+    snprintf(want, sizeof want, "another shoal up (pid %ld)", pid);
+    if (!strstr(o, want)) fail_msg("a second shoal up -d said: %s", o);
+    free(o);
+    assert_int_equal(tu_run(&o, "%s down --db %s/shoal.db", sh, dir), 0);
+    assert_non_null(strstr(o, "stopped shoal up"));
+    free(o);
+    /* Gone with its agents (or a zombie until whoever adopted it reaps it):
+     * nothing answers on its address. */
+    char stat[64], *st = NULL;
+    size_t sl;
+    snprintf(stat, sizeof stat, "/proc/%ld/stat", pid);
+    if (sh_read_file(stat, 4096, &st, &sl) == 0 && strrchr(st, ')') && strrchr(st, ')')[2] != 'Z')
+        fail_msg("shoal up (pid %ld) still runs after shoal down: %s", pid, st);
+    free(st);
+    assert_int_not_equal(tu_run(&o, ". %s/env && %s nodes", dir, sh), 0);
+    free(o);
+    assert_int_equal(tu_run(&o, "%s down --db %s/shoal.db", sh, dir), 1);
+    assert_non_null(strstr(o, "no shoal up runs on"));
+    free(o);
+    /* A start that fails in the background says why, in the foreground. */
+    int port;
+    int sock = tu_hold_port(&port);
+    sh_rm_rf(dir);
+    assert_int_equal(tu_run(&o, "%s up --fleet examples/fleet-local.csv --db %s/shoal.db --port %d -d", sh, dir, port), 1);
+    if (!strstr(o, "cannot listen on 127.0.0.1:")) fail_msg("shoal up -d on a busy port said: %s", o);
+    free(o);
+    assert_false(sh_path_exists(dir));
+    close(sock);
+}
+
 /* The sandbox: pids_max is enforced by the rank's cgroup, the root is
  * read-only, /tmp is private and the rank sees its own pid namespace. */
 static void test_sandbox_limits(void **state)
@@ -943,6 +1003,7 @@ int main(void)
         cmocka_unit_test_teardown(test_autoscale_local_provider, tf_teardown),
         cmocka_unit_test_teardown(test_up_and_cli, tf_teardown),
         cmocka_unit_test_teardown(test_up_busy_port, tf_teardown),
+        cmocka_unit_test_teardown(test_up_detach_down, tf_teardown),
         cmocka_unit_test_teardown(test_sandbox_limits, tf_teardown),
         cmocka_unit_test_teardown(test_elastic_yields_to_gang, tf_teardown),
     };

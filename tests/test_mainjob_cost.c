@@ -227,7 +227,7 @@ static void test_fleet_cost_cli(void **state)
     (void)state;
     const char *root = getenv("SHOAL_ROOT") ? getenv("SHOAL_ROOT") : ".";
     char *out = NULL;
-    int rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "
+    int rc = tu_run(&out, "SHOAL_PROGRESS_AFTER=0 %s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "
                     "--seeds 2 -j 3 --max-steps 3 --target 1 --eval-every 3 --eval-n 8 --step-s 0.002 --warm 5 --json >%s 2>%s",
                     tu_shoal(), root, root, tu_path("fc.json"), tu_path("fc.err"));
     free(out);
@@ -272,16 +272,18 @@ static void test_fleet_cost_cli(void **state)
     /* crossings: thresholds 0.40 .. the target (1) in steps of 0.025 */
     assert_int_equal(json_array_size(json_object_get(j, "crossings")), 25);
     json_decref(j);
-    /* Off a terminal it still says where it is: a line per tenth of the
-     * 3 pools x 2 seeds x 3 steps it runs at most, ending at 100 %. */
+    /* Off a terminal it still says where it is (at once, under
+     * SHOAL_PROGRESS_AFTER=0): a line per tenth of the 3 pools x 2 seeds x
+     * 3 steps it runs at most, ending at 100 %, then how long it took. */
     size_t elen = 0;
     char *err = (char *)tu_read_file(tu_path("fc.err"), &elen);
     assert_non_null(err);
     err = realloc(err, elen + 1), err[elen] = 0;
-    assert_non_null(strstr(err, "rl fleet-cost: 100% (18/18 steps, "));
+    assert_non_null(strstr(err, "rl fleet-cost: 100% (18 of 18 steps, "));
+    assert_non_null(strstr(err, "rl fleet-cost: done in "));
     int lines = 0;
     for (const char *q = err; (q = strstr(q, "rl fleet-cost: ")); q++) lines++;
-    assert_true(lines >= 1 && lines <= 10);
+    assert_true(lines >= 2 && lines <= 12); /* 0 %, each tenth, done */
     free(err);
     /* Bad input: a clear message and exit status 2. */
     rc = tu_run(&out, "%s rl fleet-cost --fleet %s/fleets/local-mixed.csv --speeds %s/fleets/local-mixed.speeds.csv "

@@ -8,8 +8,11 @@
  *   (every step still trains, within the staleness bound);
  * - the relay of zone a is killed once version 3 is out: its child
  *   re-attaches and keeps producing;
- * - a worker joins zone a after that, with nothing: it catches up with the
- *   anchor and one squashed delta from the root, then moves under its
+ * - a worker joins zone a after that, with nothing: it goes straight to its
+ *   zone's relay, which serves it the anchor and what it holds after it
+ *   within the zone (nothing crosses the zone's boundary again for it);
+ * - a worker joins zone c at the same time, the first of its zone: the root
+ *   catches it up with the anchor and one squashed delta, and it stays the
  *   zone's relay;
  * - the run's processes share a secret (SHOAL_RUN_SECRET): a worker of
  *   another tenant, with another secret, connects to the trainer and is
@@ -35,7 +38,8 @@ static const char fleet_csv[] =
     "za-0,A100,1,zone-a,eth-a,2.50\n"
     "za-1,A100,1,zone-a,eth-a,2.50\n"
     "za-2,A100,1,zone-a,eth-a,2.50\n"
-    "zb-0,L4,1,zone-b,eth-b,0.80\n";
+    "zb-0,L4,1,zone-b,eth-b,0.80\n"
+    "zc-0,L4,1,zone-c,eth-c,0.80\n";
 static const char speeds_csv[] = "gpu_type,speed\nA100,0.7\nL4,0.5\n";
 
 /* Starts `shoal ARGS...` with stdout and stderr to log; returns its pid. */
@@ -133,7 +137,7 @@ static void test_workers_on_the_tree(void **state)
                      "--steps", "14", "--warm", "70", "--eval-every", "7", "--eval-n", "32",
                      "--max-lag", "2", "--loss", "decoupled", "--ordered", NULL};
     pid_t trainer = spawn(log, targs);
-    pid_t w[4] = {worker("za-0"), worker("za-1"), worker("zb-0"), 0};
+    pid_t w[5] = {worker("za-0"), worker("za-1"), worker("zb-0"), 0, 0};
     /* The root comes two seconds after the first version: meanwhile every
      * request asks for a version no worker can get. */
     char latest[4300];
@@ -187,7 +191,8 @@ static void test_workers_on_the_tree(void **state)
     print_message("killing zone a's relay %s at store version %ld\n", relay, killed_at);
     stop(w[victim], SIGKILL);
     w[victim] = 0;
-    /* A late joiner, with nothing, two versions later. */
+    /* Two late joiners, with nothing, two versions later: one in zone a,
+     * one the first of zone c. */
     for (double t0 = sh_now_mono(); sh_now_mono() - t0 < 60; sh_sleep(0.2)) {
         uint64_t v = 0;
         store *st;
@@ -197,12 +202,13 @@ static void test_workers_on_the_tree(void **state)
         if (v >= (uint64_t)killed_at + 2) break;
     }
     w[3] = worker("za-2");
+    w[4] = worker("zc-0");
     json_t *res = NULL;
     for (double t0 = sh_now_mono(); !res && sh_now_mono() - t0 < 240; sh_sleep(0.5))
         if (sh_path_exists(result)) sh_json_load_file(result, 64 << 20, &res);
     int st;
     waitpid(trainer, &st, 0);
-    for (int i = 0; i < 4; i++) stop(w[i], SIGTERM);
+    for (int i = 0; i < 5; i++) stop(w[i], SIGTERM);
     stop(root, SIGTERM);
     stop(thief, SIGTERM);
     unsetenv("SHOAL_RUN_SECRET");
@@ -223,8 +229,11 @@ static void test_workers_on_the_tree(void **state)
     }
     free(ev);
 
-    /* The relay's child re-attached and kept receiving; the late joiner got
-     * the anchor and one squashed delta, then versions one by one. */
+    /* The relay's child re-attached and kept receiving.  The late joiner of
+     * zone a took every version from its zone's relay, the anchor first;
+     * the late joiner of zone c, the first of its zone, got
+     * the anchor and one squashed delta from the root, then versions one by
+     * one. */
     json_t *lines = tree_lines(), *l;
     const char *child = victim == 0 ? "za-1" : "za-0";
     long n_child, n_late;
@@ -233,19 +242,36 @@ static void test_workers_on_the_tree(void **state)
     assert_true(i_of(cl, "reattaches") >= 1);
     assert_true(i_of(cl, "store_version") > killed_at);
     size_t i;
-    long first = 0, second = 0, k = 0;
+    long first = 0, second = 0, k = 0, from_root = 0;
     json_array_foreach(lines, i, l) {
         if (strncmp(s_of(l, "name"), "za-2", 4)) continue;
         if (k == 0) first = i_of(l, "store_version");
         if (k == 1) second = i_of(l, "store_version");
+        from_root += strstr(rj, s_of(l, "parent")) != NULL;
         k++;
     }
-    json_t *ll = newest_of(lines, "za-2", &n_late);
-    assert_non_null(ll);
-    assert_null(strstr(rj, s_of(ll, "parent"))); /* then under zone a's relay, not the root */
-    print_message("late joiner: store v%ld (anchor), then v%ld, %ld versions in all\n", first, second, n_late);
+    print_message("late joiner in zone a: store v%ld (anchor), then v%ld, %ld versions, %ld from the root\n", first,
+                  second, k, from_root);
+    /* The relay's own plan: the anchor, then what it holds after it (the
+     * squashed delta it was caught up with at the start, the chain). */
+    assert_true(k >= 3);
+    assert_int_equal(from_root, 0); /* nothing crossed zone a's boundary again for it */
+    assert_int_equal(first, 1);
+    first = second = k = from_root = 0;
+    json_array_foreach(lines, i, l) {
+        if (strncmp(s_of(l, "name"), "zc-0", 4)) continue;
+        if (k == 0) first = i_of(l, "store_version");
+        if (k == 1) second = i_of(l, "store_version");
+        from_root += strstr(rj, s_of(l, "parent")) != NULL;
+        k++;
+    }
+    print_message("late joiner of zone c: store v%ld (anchor), then v%ld, %ld versions, %ld from the root\n", first,
+                  second, k, from_root);
     assert_int_equal(first, 1);
     assert_true(second >= killed_at + 2); /* one squashed delta over at least two versions */
+    assert_int_equal(from_root, k);       /* the first of its zone: its relay */
+    json_t *ll = newest_of(lines, "za-2", &n_late);
+    assert_non_null(ll);
     json_decref(lines);
     char *plogt = (char *)tu_read_file(plog, NULL);
     assert_non_null(strstr(plogt, "a squashed delta"));
@@ -255,7 +281,7 @@ static void test_workers_on_the_tree(void **state)
     json_t *sum;
     TU_OK(mj_summary(dir, &sum));
     print_message("summary: %s\n", json_dumps(sum, JSON_COMPACT));
-    assert_int_equal(json_integer_value(json_object_get(sum, "workers_at_end")), 3);
+    assert_int_equal(json_integer_value(json_object_get(sum, "workers_at_end")), 4);
     assert_true(json_is_true(json_object_get(sum, "workers_identical_at_end")));
     assert_int_equal(json_integer_value(json_object_get(sum, "workers_on_push_tree")),
                      json_integer_value(json_object_get(sum, "workers")));

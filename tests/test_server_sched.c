@@ -6,8 +6,8 @@
 #include "fleet_util.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -144,20 +144,33 @@ static void test_overdue_estimate(void **state)
     int seen = 0;
     for (double t0 = sh_now_mono(); sh_now_mono() - t0 < 3; usleep(200 * 1000)) {
         double before = sh_now_wall();
-        json_t *j = get_job(wait);
+        json_t *j = get_job(wait), *h = get_job(run);
         const char *w = json_string_value(json_object_get(j, "wait"));
+        /* The holder's planned end is moved on too, and it is what the
+         * waiter's estimate comes from. */
+        double end = json_real_value(json_object_get(h, "expected_end"));
+        if (!(end > before + 30 && end < before + 62))
+            fail_msg("the holder past its estimate is expected to end %.1f s from now; want 30-62 s", end - before);
         if (w && !strcmp(w, "reserved")) {
             double est = json_real_value(json_object_get(j, "start_estimate"));
             if (!(est > before + 30 && est < before + 62))
                 fail_msg("start estimate %.1f s from now behind a job past its estimate; want 30-62 s", est - before);
+            if (fabs(est - end) > 1.5) fail_msg("the waiter starts %.1f s from the holder's planned end", est - end);
             seen++;
         }
         json_decref(j);
+        json_decref(h);
     }
     if (seen < 5) fail_msg("the waiter held its reservation at %d of about 15 polls", seen);
     char *out = job_text(wait);
     assert_non_null(strstr(out, "waiting   holds a reservation"));
     free(out);
+    out = job_text(run);
+    if (!strstr(out, "planned   ends about ") || !strstr(out, "no est_s")) fail_msg("shoal job of the holder: %s", out);
+    free(out);
+    json_t *j = get_job(wait);
+    assert_null(json_object_get(j, "expected_end")); /* pending: a start estimate, no end */
+    json_decref(j);
     cancel_then(run, wait);
 }
 

@@ -81,6 +81,10 @@ function draw(o) {
     // node may already run another job.
     el("td", {}, j.members.filter(m => ["assigned", "ready", "running"].includes(m.state))
       .map(m => `${m.rank}@${m.node}`).join(" ")),
+    // When the scheduler plans it to end (moved on while it runs past its
+    // estimate): what the queue's start estimates follow from.
+    el("td", {class: "ends", title: "planned end: its estimate at its GPUs' speed"},
+      j.expected_end == null ? "" : j.expected_end <= o.now ? "due now" : "in " + dur(j.expected_end - o.now)),
     el("td", {}, "$" + j.cost.toFixed(4)))));
   fill("queue", active.filter(j => j.state === "pending").map(j => el("tr", {"data-job": j.id},
     el("td", {}, j.id), el("td", {}, j.name), el("td", {}, j.tenant), el("td", {}, j.kind),

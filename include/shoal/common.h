@@ -223,16 +223,22 @@ uint64_t sh_rss_anon(long pid);
 
 /* ---- Terminal progress bar ----------------------------------------------- */
 
-/* Draws "label [#####.....] 45% 12.3 MB/s eta 4s" on stderr, only when stderr
- * is a terminal; otherwise does nothing, so callers need no checks.  `unit`
- * names what total counts ("B" formats as bytes). */
+/* Draws "label [#####.....] 45% 12.3 MB/s eta 4s" on stderr when stderr is a
+ * terminal.  Otherwise work that runs past 5 s (SHOAL_PROGRESS_AFTER
+ * seconds) prints a line then and at
+ * each further tenth ("label: 40% (2.0 GiB of 5.0 GiB, 12 s)") and "label:
+ * done in N s" at the end; shorter work prints nothing.  SHOAL_NO_PROGRESS
+ * turns both off.  Callers need no checks.  `unit` names what total counts
+ * ("B" formats as bytes). */
 typedef struct sh_progress {
     const char *label;
     const char *unit;
     uint64_t total;
     uint64_t done;
     double t0, last_draw;
-    int enabled;
+    int enabled; /* the bar on a terminal */
+    int lines, logged; /* off a terminal: lines; the last tenth printed (-1: none) */
+    double after;      /* ... once the work has run this long (SHOAL_PROGRESS_AFTER, 5 s) */
 } sh_progress;
 void sh_progress_start(sh_progress *p, const char *label, uint64_t total, const char *unit);
 void sh_progress_update(sh_progress *p, uint64_t done);

@@ -345,6 +345,10 @@ typedef struct sched_job_info {
     const char *gpu_type;    /* the type it runs on (gang), NULL when not placed */
     double speed;            /* relative throughput of that type (gang) */
     double submit_s, first_start_s, start_s, end_s; /* -1 when not yet */
+    /* Running: when the core plans it to end (its start plus its estimate
+     * at the speed it runs at, moved on while it runs past it; the time
+     * reservations and backfill use); -1 otherwise. */
+    double expected_end_s;
     double wait_s;           /* total time queued before (re)starts */
     int restarts;            /* requeues after failure */
     int preemptions;

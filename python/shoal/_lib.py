@@ -138,9 +138,40 @@ def check(rc, what=None):
 
 
 def fspath(p):
+    """A path as bytes for C.  C strings end at the first NUL, so a path
+    holding one would silently name another file: it raises instead."""
     if p is None:
         return None
-    return os.fsencode(os.fspath(p))
+    b = os.fsencode(os.fspath(p))
+    if b"\0" in b:
+        raise ValueError("shoal: path %r holds a NUL byte (C would read it as %r)"
+                         % (os.fspath(p), b.split(b"\0")[0].decode("utf-8", "replace")))
+    return b
+
+
+def cstr(s, what):
+    """A str as UTF-8 for C; a NUL inside raises (C would cut the string
+    there and use another name)."""
+    if not isinstance(s, str):
+        raise TypeError("shoal: %s must be str, got %s" % (what, type(s).__name__))
+    if "\0" in s:
+        raise ValueError("shoal: %s %r holds a NUL character (C would read it as %r)"
+                         % (what, s, s.split("\0")[0]))
+    return s.encode("utf-8")
+
+
+def u64(x, what):
+    """A version number or count for a C uint64_t: ctypes would wrap a
+    negative or too large value silently (-1 became version 2**64 - 1,
+    2**64 became version 0)."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        try:
+            x = x.__index__()
+        except (AttributeError, TypeError):
+            raise TypeError("shoal: %s must be an int, got %r" % (what, x)) from None
+    if not 0 <= x < 1 << 64:
+        raise ValueError("shoal: %s %d is out of range (0 .. 2**64 - 1)" % (what, x))
+    return x
 
 
 def take_text(ptr):

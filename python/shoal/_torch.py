@@ -26,11 +26,21 @@ def spec_of(name, t, codes, CkptTensor):
     used)."""
     if not isinstance(t, torch.Tensor):
         raise ShoalError(-1, "tensor %s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
+    if t.layout != torch.strided:
+        raise ShoalError(-1, "tensor %s: layout %s has no flat memory to publish; publish "
+                         "t.to_dense()" % (name, t.layout))
     if t.device.type != "cpu":
         raise ShoalError(-1, "tensor %s: on %s; publish CPU tensors (call .cpu() first)" % (name, t.device))
     if t.dtype not in TO_NAME:
         raise ShoalError(-1, "tensor %s: dtype %s has no safetensors equivalent; use one of %s"
                          % (name, t.dtype, ", ".join(str(d) for d in TO_NAME)))
+    # A lazily conjugated or negated view (x.conj(), torch._neg_view) shares
+    # the memory of x and only flags the sign: its bytes hold x's values,
+    # which the library would publish as if they were the view's.
+    if t.is_conj() or t.is_neg():
+        raise ShoalError(-1, "tensor %s: a lazily %s view, whose memory holds the values before "
+                         "it; publish t.resolve_conj().resolve_neg() (a copy)"
+                         % (name, "conjugated" if t.is_conj() else "negated"))
     if not t.is_contiguous():
         raise ShoalError(-1, "tensor %s: not contiguous; publish t.contiguous() (a copy) "
                          "or a contiguous tensor" % name)

@@ -30,7 +30,8 @@ class _LeaseHandle:
 
     def __init__(self, rep, min_version, exact_version):
         p = ctypes.POINTER(_lib.StoreLease)()
-        check(lib.store_lease_new(rep.h, int(min_version), int(exact_version), ctypes.byref(p)))
+        check(lib.store_lease_new(rep.h, _lib.u64(min_version, "min_version"),
+                                  _lib.u64(exact_version, "exact_version"), ctypes.byref(p)))
         self.rep, self.p = rep, p
         self.version = p.contents.version
         self.ckpt = p.contents.ckpt
@@ -63,6 +64,15 @@ class Lease:
             shape = tuple(t.shape[d] for d in range(t.ndim))
             out[t.name.decode("utf-8")] = _torch.view(t.data or 0, t.nbytes, _lib.DTYPE_NAMES[t.dtype],
                                                       shape, lh)
+        return out
+
+    def _dtype_names(self):
+        """name -> the version's safetensors dtype name."""
+        lh = self._lh
+        out = {}
+        for i in range(lib.ckpt_count(lh.ckpt)):
+            t = lib.ckpt_tensor_at(lh.ckpt, i).contents
+            out[t.name.decode("utf-8")] = _lib.DTYPE_NAMES[t.dtype]
         return out
 
     def release(self):
@@ -105,15 +115,16 @@ class Replica:
 
     def __init__(self, dir, store=None, parents=None, run=None, zone=None, fanout=0, leaf=False,
                  egress_bps=0.0, poll_s=0.0):
-        cfg = {"dir": os.fspath(dir)}
+        cfg = {"dir": os.fsdecode(fspath(dir))}
         if store is not None:
-            cfg["store"] = os.fspath(store)
+            cfg["store"] = os.fsdecode(fspath(store))
         if parents:
             if isinstance(parents, str):
                 parents = [parents]
             cfg["parents"] = [str(p) for p in parents]
         for k, v in (("run", run), ("zone", zone)):
             if v is not None:
+                _lib.cstr(v, k)
                 cfg[k] = v
         cfg.update(fanout=int(fanout), leaf=bool(leaf), egress_bps=float(egress_bps),
                    poll_s=float(poll_s))
@@ -145,7 +156,7 @@ class Replica:
         """Blocks until a version >= min_version is active (its activation
         complete and durable) and returns the active version.  Raises
         shoal.Timeout after `timeout` seconds."""
-        check(lib.store_replica_wait(self._h().h, int(min_version), float(timeout)))
+        check(lib.store_replica_wait(self._h().h, _lib.u64(min_version, "min_version"), float(timeout)))
         return self.version
 
     def info(self):
@@ -178,6 +189,7 @@ class Replica:
         from . import _torch
         with self.lease(min_version) as lease:
             src = lease.tensors()
+            kinds = lease._dtype_names()
             rep = LoadReport(lease.version)
         dst = target.state_dict() if isinstance(target, torch.nn.Module) else target
         extra = [n for n in src if n not in dst]
@@ -187,14 +199,25 @@ class Replica:
                 rep.version, "not in the target: %s" % _names(extra) if extra else "",
                 "; " if extra and missing else "",
                 "not in the version: %s" % _names(missing) if missing else ""))
+        # Every tensor is checked before any is written, so that a load that
+        # raises leaves the target as it was (not half on the new version).
+        pairs = [(n, s, dst[n]) for n, s in src.items() if n in dst]
+        for name, s, d in pairs:
+            if tuple(d.shape) != tuple(s.shape):
+                raise ShoalError(-1, "load version %d: tensor %s: shape %s in the version, %s in the "
+                                 "target; nothing was loaded" % (rep.version, name, tuple(s.shape),
+                                                                 tuple(d.shape)))
+            # Types torch 1.13 lacks are viewed as an integer type of the
+            # same width holding their bits (U16 as int16, F8_E4M3 as
+            # uint8): converting those to another dtype would turn bits into
+            # numbers, so only a bit copy is allowed.
+            if kinds[name] not in _torch.TO_NAME.values() and d.dtype != s.dtype:
+                raise ShoalError(-1, "load version %d: tensor %s: %s in the version has no torch "
+                                 "dtype (its bits are viewed as %s), the target is %s; load it into "
+                                 "a %s tensor; nothing was loaded" % (rep.version, name, kinds[name],
+                                                                      s.dtype, d.dtype, s.dtype))
         with torch.no_grad():
-            for name, s in src.items():
-                if name not in dst:
-                    continue
-                d = dst[name]
-                if tuple(d.shape) != tuple(s.shape):
-                    raise ShoalError(-1, "load version %d: tensor %s: shape %s in the version, %s in the "
-                                     "target" % (rep.version, name, tuple(s.shape), tuple(d.shape)))
+            for name, s, d in pairs:
                 s2 = s if s.dtype == d.dtype and d.device.type == "cpu" else s.to(device=d.device, dtype=d.dtype)
                 if _same_bits(d, s2):
                     rep.unchanged.append(name)

@@ -4,6 +4,7 @@ import os
 
 from . import _lib
 from ._lib import check, fspath, lib
+from .errors import ShoalError
 
 
 class Store:
@@ -17,9 +18,9 @@ class Store:
 
     def __init__(self, root, run=None, create=True, anchor_every=0):
         self.root = os.fspath(root)
-        self.anchor_every = int(anchor_every)
+        self.anchor_every = _lib.u64(anchor_every, "anchor_every")
         h = ctypes.c_void_p()
-        check(lib.store_open(fspath(root), run.encode() if run else None, 1 if create else 0,
+        check(lib.store_open(fspath(root), _lib.cstr(run, "run id") if run else None, 1 if create else 0,
                              ctypes.byref(h)))
         self._h = h
         self.run = run or "main"
@@ -58,6 +59,9 @@ class Store:
             for i, (name, t) in enumerate(items):
                 if not isinstance(name, str):
                     raise TypeError("shoal.Store.publish: tensor names must be str, got %r" % (name,))
+                if "\0" in name:
+                    raise ShoalError(-1, "tensor %r: the name holds a NUL character (C would cut it "
+                                     "to %r)" % (name, name.split("\0")[0]))
                 arr[i] = _torch.spec_of(name, t, _lib.DTYPE_CODES, _lib.CkptTensor)
                 keep.append(t)  # the tensors stay alive through the call
             check(lib.store_publish_tensors(self._handle(), arr, len(items), self.anchor_every,
@@ -84,5 +88,5 @@ class Store:
     def materialize(self, version, out):
         """Writes version `version`'s full checkpoint to the file `out`
         (atomically, checked against its manifest).  Returns `out`."""
-        check(lib.store_materialize(self._handle(), int(version), 0, None, fspath(out)))
+        check(lib.store_materialize(self._handle(), _lib.u64(version, "version"), 0, None, fspath(out)))
         return out

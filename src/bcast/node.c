@@ -608,6 +608,14 @@ static int set_handler(bcast_node *n, unsigned id, ucp_am_recv_callback_t cb)
 
 static int start_ucx(bcast_node *n)
 {
+    /* A node restarted on its port (`--listen HOST:PORT`, the address its
+     * children know) must bind it while connections its previous run
+     * closed first sit in TIME_WAIT.  UCX's TCP listener sets SO_REUSEADDR
+     * only when told to (UCX 1.13's default is no; ucp_config_modify does
+     * not reach the connection manager's settings), and without it the
+     * restart failed with "Device is busy" for a minute.  A value the user
+     * set wins. */
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     ucp_config_t *conf;
     ucs_status_t st = ucp_config_read(NULL, NULL, &conf);
     if (st != UCS_OK) return sh_err(SH_EIO, "push: UCX configuration: %s", ucs_status_string(st));

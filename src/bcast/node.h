@@ -37,8 +37,6 @@ typedef struct bcast__peer {
     int outstanding;
     double offer_at, nack_at; /* monotonic: when this child's object and last NACK came */
     unsigned redirects; /* children this node sent to this one */
-    int catchup; /* root: a foreign child far behind, served its plan (a squashed
-                  * delta) here, then redirected to its zone's relay */
     struct bcast__peer *next_peer;
 } bcast__peer;
 

@@ -236,12 +236,6 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
     }
     if (!p->cur) {
         bcast__obj *o = next_obj(n, p);
-        if (!o && p->catchup && !p->outstanding) { /* caught up: on to its zone's relay */
-            p->catchup = 0;
-            bcast__peer *to = bcast__choose_redirect(n, p);
-            if (to) bcast__redirect(n, p, to);
-            return to != NULL;
-        }
         if (!o) return 0;
         p->cur = o;
         o->refs++;
@@ -283,15 +277,14 @@ static int same(const char *a, const char *b) { return !strcmp(a, b); }
 
 /* The tree's shape.  A child from another zone goes to this node's child in
  * that zone when there is one, so that exactly one copy crosses each zone
- * boundary.  A child of this zone is accepted while fewer than `fanout`
- * children of this zone are attached, and otherwise sent to the child of
- * this zone that was sent the fewest so far.
- *
- * Catch-up: a root with a squash plan keeps a foreign child that is two or
- * more versions behind (a late joiner, or one whose relay died) until it has
- * sent it its cheapest plan (the anchor if needed, then one squashed delta
- * where that is fewer bytes than the chain), and then redirects it to its
- * zone's relay; a relay holds no squashed deltas to offer. */
+ * boundary, a child far behind too (a late joiner, or one whose relay
+ * died): its zone's relay serves it the anchor and the chain within the
+ * zone, where a catch-up from the root would cross the boundary again.  A
+ * child that is the first of its zone stays here, and the root serves it
+ * its cheapest plan (one squashed delta where that is fewer bytes).  A
+ * child of this zone is accepted while fewer than `fanout` children of this
+ * zone are attached, and otherwise sent to the child of this zone that was
+ * sent the fewest so far. */
 bcast__peer *bcast__choose_redirect(bcast_node *n, bcast__peer *p)
 {
     bcast__peer *best = NULL;
@@ -300,13 +293,8 @@ bcast__peer *bcast__choose_redirect(bcast_node *n, bcast__peer *p)
     for (bcast__peer *c = n->children; c; c = c->next_peer) {
         if (c == p || c->dead || !c->hello) continue;
         if (same(c->zone, n->zone)) same_zone++;
-        if (c->catchup || !c->accepts || !c->addr[0] || !same(c->zone, p->zone)) continue;
+        if (!c->accepts || !c->addr[0] || !same(c->zone, p->zone)) continue;
         if (!best || c->redirects < best->redirects) best = c;
-    }
-    if (foreign && best && n->cfg.squash && n->cfg.nparents == 0 && p->hello == 0 &&
-        p->have + 2 <= n->have) {
-        p->catchup = 1;
-        return NULL;
     }
     if (foreign) return best;
     int fanout = n->cfg.fanout > 0 ? n->cfg.fanout : 2;

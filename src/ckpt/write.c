@@ -241,18 +241,32 @@ int ckpt_writer_commit(ckpt_writer *w)
     return rc;
 }
 
+static int ckpt__cmp_ptr_name(const void *a, const void *b)
+{
+    return strcmp((*(const ckpt_tensor *const *)a)->name, (*(const ckpt_tensor *const *)b)->name);
+}
+
 int ckpt_save(const char *path, const ckpt_tensor *t, size_t n, const json_t *metadata)
 {
     ckpt_writer *w;
     SH_TRY(ckpt_writer_open(path, t, n, metadata, 0, &w));
-    for (size_t i = 0; i < w->n; i++) {
-        size_t k = 0;
-        while (k < n && strcmp(t[k].name, w->t[i].name)) k++;
-        int rc = ckpt_writer_put(w, i, 0, t[k].data, w->t[i].nbytes);
-        if (rc < 0) {
-            ckpt_writer_abort(w);
-            return rc;
-        }
+    /* The writer holds the tensors in file order; each one's bytes are
+     * found by name in a sorted index of the caller's (a scan per tensor
+     * took 50 s for a MoE's 60,000 tensors). */
+    const ckpt_tensor **by = malloc((n + 1) * sizeof *by);
+    int rc = by ? SH_OK : sh_err(SH_ENOMEM, "%s: out of memory", path);
+    for (size_t k = 0; by && k < n; k++) by[k] = &t[k];
+    if (by) qsort(by, n, sizeof *by, ckpt__cmp_ptr_name);
+    for (size_t i = 0; rc == SH_OK && i < w->n; i++) {
+        const ckpt_tensor key = {.name = w->t[i].name}, *kp = &key;
+        const ckpt_tensor **hit = bsearch(&kp, by, n, sizeof *by, ckpt__cmp_ptr_name);
+        rc = hit ? ckpt_writer_put(w, i, 0, (*hit)->data, w->t[i].nbytes)
+                 : sh_err(SH_EINTERNAL, "%s: tensor \"%s\" lost", path, w->t[i].name);
+    }
+    free(by);
+    if (rc < 0) {
+        ckpt_writer_abort(w);
+        return rc;
     }
     return ckpt_writer_commit(w);
 }

@@ -98,12 +98,8 @@ int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(print
 /* Ends a progress bar: drawn full when rc is SH_OK; otherwise only its line
  * is ended, so that the error message that follows starts a line. */
 void cli_progress_end(sh_progress *pg, int rc);
-/* Off a terminal (a log, `make run | tee`), where no bar is drawn: one line
- * "<label>: N% (done/total <unit>, Ss)" each time pg->done passes another
- * 1/steps of pg->total, so that long work still says where it is.  *last
- * holds the step last printed (start it at 0).  Silent on a terminal and
- * under SHOAL_NO_PROGRESS. */
-void cli_progress_log(const sh_progress *pg, int steps, int *last);
+/* `shoal up`'s state folder for its --db path: the database's folder. */
+void cli_up_dir(const char *db, char *dir, size_t cap);
 /* Runs this binary with argv (argv[0] "shoal", NULL-terminated; output
  * discarded) and samples the child's RssAnon: *peak gets its maximum and
  * *secs the wall time.  A non-zero exit is an error. */

@@ -52,6 +52,15 @@ int cli_cmd_job(int argc, char **argv)
                        cli_fmt_time(json_number_value(est), t1, sizeof t1));
             else printf("starts    unknown (no estimate while it cannot fit)\n");
         } else if (reason && *reason) printf("reason    %s\n", reason);
+        json_t *exp = json_object_get(j, "expected_end");
+        if (json_is_number(exp)) {
+            double e = json_number_value(exp), now = sh_now_wall();
+            int has_est = json_is_number(json_object_get(json_object_get(j, "spec"), "est_s"));
+            printf("planned   ends %s%s (%s; moved on while it runs past it)\n", e > now ? "about " : "now",
+                   e > now ? cli_fmt_time(e, t1, sizeof t1) : "",
+                   has_est ? "what the scheduler plans with: its est_s at its GPUs' speed"
+                           : "no est_s: the scheduler plans it at the server's --default-est");
+        }
         json_t *ends = json_object_get(j, "ends_by");
         if (json_is_number(ends))
             printf("limit     ends by %s (est_s %g s, its time limit, plus the server's grace)\n",

@@ -21,7 +21,7 @@ const char cli_help_up[] = "start a local fleet: a server and one agent per node
 
 static const char usage[] =
     "usage: shoal up --fleet FLEET.csv [--db PATH] [--port P] [--tokens FILE] [--sandbox auto|bwrap|gvisor|none]\n"
-    "                [server options: --heartbeat-timeout S, --provider-cmd PROG, --web DIR, ...]\n\n"
+    "                [-d|--detach] [server options: --heartbeat-timeout S, --provider-cmd PROG, --web DIR, ...]\n\n"
     "FLEET.csv has a header naming its columns, in any order, and one line per node\n"
     "(docs/fleet-format.md; `shoal sim --fleet` reads the same files):\n"
     "    name,gpu_type,gpus,zone,fabric,price_per_gpu_hour\n"
@@ -32,9 +32,16 @@ static const char usage[] =
     "(`. shoal-up/env`).  The dashboard is at the server's address; it asks for a token.\n"
     "Jobs may write only their own work directory, a private /tmp and directories\n"
     "given with --allow-writable DIR (repeatable; docs/security.md).\n"
-    "Stops (with its agents) on SIGINT or SIGTERM.\n";
+    "Prints where to reach it once every agent has registered (or after 20 s, saying\n"
+    "how many did).  Stops (with its agents) on SIGINT or SIGTERM.\n"
+    "-d, --detach: run in the background, in its own session, once started: the\n"
+    "command returns when the fleet is up (its output then goes to up.log beside\n"
+    "the database) and `shoal down --db PATH` stops it; a start that fails says why\n"
+    "and exits non-zero.\n";
 
 static volatile sig_atomic_t stop_flag;
+/* --detach: the child's end of the pipe its parent waits on, or -1. */
+static int ready_fd = -1;
 static void on_signal(int sig) { stop_flag = sig; }
 
 static int make_tokens(const char *path)
@@ -120,17 +127,116 @@ static pid_t spawn_agent(const sh_fleet_node *f, const char *url, const char *to
     _exit(127);
 }
 
+void cli_up_dir(const char *db, char *dir, size_t cap)
+{
+    snprintf(dir, cap, "%s", db);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = 0;
+    else if (slash) *slash = 0;
+    else snprintf(dir, cap, ".");
+}
+
+/* How many of the fleet's n nodes the server holds alive, polled until all
+ * are or `limit` seconds passed; -1 when the server could not be asked. */
+static int wait_registered(const char *url, const char *admin, int n, double limit)
+{
+    srv_client *c;
+    if (!admin || srv_client_new(url, admin, &c) < 0) return -1;
+    int alive = -1;
+    for (double end = sh_now_mono() + limit; alive < n && sh_now_mono() < end;) {
+        int st;
+        json_t *j = NULL;
+        if (srv_client_call(c, "GET", "/v1/nodes", NULL, NULL, 5.0, &st, &j) == 0 && st == 200) {
+            json_t *a = json_object_get(j, "nodes"), *v;
+            size_t i;
+            alive = 0;
+            json_array_foreach(a, i, v) {
+                const char *state = json_string_value(json_object_get(v, "state"));
+                alive += state && !strcmp(state, "alive");
+            }
+        }
+        json_decref(j);
+        if (alive < n) sh_sleep(0.1);
+    }
+    srv_client_free(c);
+    return alive;
+}
+
+/* --detach: forks.  The parent waits on a pipe until the child says the
+ * fleet is up (it prints the child's summary and returns 1) or the child
+ * ends first (it prints what the child said and returns its error).  The
+ * child (0) leaves the terminal's session, takes over the lock in `lk`
+ * (writing its own pid), and sends its output to DIR/up.log; its errors go
+ * to the parent until the agents start. */
+static int detach_start(const char *dir, int lk, const char *db)
+{
+    char logp[4200];
+    snprintf(logp, sizeof logp, "%s/up.log", dir);
+    int log = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (log < 0) return sh_err_errno(errno, "open %s", logp);
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) < 0) return close(log), sh_err_errno(errno, "pipe");
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return close(log), close(pfd[0]), close(pfd[1]), sh_err_errno(errno, "fork");
+    if (pid == 0) {
+        close(pfd[0]);
+        setsid();
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) dup2(nul, 0), close(nul);
+        dup2(log, 1);
+        dup2(pfd[1], 2); /* until the agents start: errors reach the user */
+        close(log);
+        ready_fd = pfd[1];
+        char p[32];
+        int k = snprintf(p, sizeof p, "%ld\n", (long)getpid());
+        if (ftruncate(lk, 0) < 0 || pwrite(lk, p, (size_t)k, 0) != k) sh_warn("%s/up.lock: cannot write the pid", dir);
+        return 0;
+    }
+    close(pfd[1]);
+    close(log);
+    close(lk); /* the child holds the lock now */
+    sh_buf b = {0};
+    for (;;) {
+        if (sh_buf_reserve(&b, 4096) < 0) break;
+        ssize_t r = read(pfd[0], b.data + b.len, b.cap - b.len - 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        b.len += (size_t)r;
+    }
+    close(pfd[0]);
+    if (b.data) b.data[b.len] = 0;
+    if (b.len && b.data[0] == 'R') {
+        fputs((const char *)b.data + 1, stdout);
+        printf("running in the background (pid %ld, output in %s); stop it with `shoal down --db %s`\n", (long)pid,
+               logp, db);
+        sh_buf_free(&b);
+        return 1;
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (b.len) fputs((const char *)b.data, stderr);
+    else fprintf(stderr, "shoal up: the background process ended before the fleet was up (%s %d)\n",
+                 WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    sh_buf_free(&b);
+    exit(WIFEXITED(st) && WEXITSTATUS(st) ? WEXITSTATUS(st) : 1);
+}
+
 int cli_cmd_up(int argc, char **argv)
 {
-    static const struct option opts[] = {{"fleet", required_argument, 0, 'f'}, {"sandbox", required_argument, 0, 's'}, {0}};
+    static const struct option opts[] = {{"fleet", required_argument, 0, 'f'}, {"sandbox", required_argument, 0, 's'},
+                                           {"detach", no_argument, 0, 'd'}, {0}};
     const char *fleet = NULL, *sandbox = "auto";
+    int detach = 0;
     srv_config cfg = {0};
     cfg.port = 8470;
     cfg.db_path = "shoal-up/shoal.db";
-    cli_args a = {"up", usage, opts, NULL, cli_server_opts};
+    cli_args a = {"up", usage, opts, NULL, cli_server_opts, "d"};
     int rc;
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;)
         if (c == 'f') fleet = optarg;
+        else if (c == 'd') detach = 1;
         else if (c == 's') {
             if (cli_pick("up", "--sandbox", optarg, cli_sandbox_modes) < 0) return CLI_USAGE;
             sandbox = optarg;
@@ -144,10 +250,7 @@ int cli_cmd_up(int argc, char **argv)
     const sh_fleet_node *nodes = ff.nodes;
     int n = (int)ff.n;
     char dir[4096], tokens[4200], work[4200], envf[4200];
-    snprintf(dir, sizeof dir, "%s", cfg.db_path);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
+    cli_up_dir(cfg.db_path, dir, sizeof dir);
     snprintf(tokens, sizeof tokens, "%s/tokens.json", dir);
     snprintf(work, sizeof work, "%s/work", dir);
     snprintf(envf, sizeof envf, "%s/env", dir);
@@ -176,6 +279,13 @@ int cli_cmd_up(int argc, char **argv)
     }
     json_t *tok;
     if ((rc = sh_json_load_file(cfg.tokens_path, 1 << 20, &tok)) < 0) return sh_fleet_free(&ff), undo(&mk, rc);
+    /* Detach before the server starts its threads, which a fork would not
+     * carry over. */
+    if (detach && (rc = detach_start(dir, lk, cfg.db_path)) != 0) {
+        json_decref(tok);
+        sh_fleet_free(&ff);
+        return rc < 0 ? undo(&mk, rc) : 0; /* rc > 0: the parent, done */
+    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
@@ -185,19 +295,39 @@ int cli_cmd_up(int argc, char **argv)
     char url[128];
     snprintf(url, sizeof url, "http://%s:%d", cfg.bind_addr ? cfg.bind_addr : "127.0.0.1", srv_port(s));
     const char *agent_tok = json_string_value(json_object_get(tok, "agent"));
+    /* Agents write to up.log, not to the pipe the parent reads to its end. */
+    if (ready_fd >= 0) dup2(1, 2);
     pid_t *pids = calloc((size_t)n, sizeof *pids);
     for (int i = 0; i < n; i++) pids[i] = spawn_agent(&nodes[i], url, agent_tok, work, sandbox);
+    /* The env file first: clients may submit at once (jobs queue until
+     * the nodes come); the summary once the nodes are there. */
     const char *tenant_tok = json_string_value(json_object_get(json_object_get(tok, "tenants"), "default"));
     char env[512];
     int el = snprintf(env, sizeof env, "export SHOAL_SERVER=%s\nexport SHOAL_TOKEN=%s\n", url,
                       tenant_tok ? tenant_tok : "");
     if ((rc = sh_write_atomic_mode(envf, env, (size_t)el, 0600)) < 0) sh_warn("%s", sh_errmsg());
-    printf("listening on %s\n%d agents started from %s; tokens in %s\n"
-           "client:    . %s    (exports SHOAL_SERVER and SHOAL_TOKEN for the tenant \"default\")\n"
-           "dashboard: %s/    (paste the token; or, after the line above, open %s/#token=$SHOAL_TOKEN;\n"
-           "           the \"admin\" token in %s shows every tenant)\n",
-           url, n, fleet, cfg.tokens_path, envf, url, url, cfg.tokens_path);
+    int up = wait_registered(url, json_string_value(json_object_get(tok, "admin")), n, 20.0);
+    char said[512] = "";
+    if (up < n)
+        snprintf(said, sizeof said, " (%d registered after 20 s: see %s)", up < 0 ? 0 : up,
+                 ready_fd >= 0 ? "up.log beside the database" : "their errors above");
+    char *sum = NULL;
+    if (asprintf(&sum,
+                 "listening on %s\n%d agents started from %s%s; tokens in %s\n"
+                 "client:    . %s    (exports SHOAL_SERVER and SHOAL_TOKEN for the tenant \"default\")\n"
+                 "dashboard: %s/    (paste the token; or, after the line above, open %s/#token=$SHOAL_TOKEN;\n"
+                 "           the \"admin\" token in %s shows every tenant)\n",
+                 url, n, fleet, said, cfg.tokens_path, envf, url, url, cfg.tokens_path) < 0)
+        sum = NULL;
+    if (sum) fputs(sum, stdout);
     fflush(stdout);
+    if (ready_fd >= 0) { /* the parent prints it and returns */
+        if (sum && (sh_write_all(ready_fd, "R", 1, "up") < 0 || sh_write_all(ready_fd, sum, strlen(sum), "up") < 0))
+            sh_warn("%s", sh_errmsg());
+        close(ready_fd);
+        ready_fd = -1;
+    }
+    free(sum);
     while (!stop_flag) {
         /* Reap agents that ended (a killed node stays dead, as on a real fleet). */
         while (waitpid(-1, NULL, WNOHANG) > 0) {}

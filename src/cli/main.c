@@ -86,17 +86,6 @@ void cli_progress_end(sh_progress *pg, int rc)
     else if (pg->enabled && pg->done) fputc('\n', stderr);
 }
 
-void cli_progress_log(const sh_progress *pg, int steps, int *last)
-{
-    if (!pg->total || isatty(STDERR_FILENO) || getenv("SHOAL_NO_PROGRESS")) return;
-    uint64_t done = pg->done < pg->total ? pg->done : pg->total;
-    int k = (int)(done * (uint64_t)steps / pg->total);
-    if (k <= *last) return;
-    *last = k;
-    fprintf(stderr, "%s: %d%% (%llu/%llu %s, %.0fs)\n", pg->label, k * 100 / steps, (unsigned long long)done,
-            (unsigned long long)pg->total, pg->unit, sh_now_mono() - pg->t0);
-}
-
 #ifndef SHOAL_CLIENT
 static void list(FILE *f, const struct cli_entry *t, const char *prefix)
 {

@@ -148,18 +148,8 @@ static void print_table(const opts *o, const json_t *out)
     }
 }
 
-typedef struct bar_ctx {
-    sh_progress bar;
-    int logged; /* tenths printed off a terminal */
-} bar_ctx;
-
 /* The bar on a terminal; otherwise (`make run`, a log) a line every 10 %. */
-static void on_progress(void *arg, uint64_t steps)
-{
-    bar_ctx *b = arg;
-    sh_progress_update(&b->bar, steps);
-    cli_progress_log(&b->bar, 10, &b->logged);
-}
+static void on_progress(void *arg, uint64_t steps) { sh_progress_update(arg, steps); }
 
 int cli_rl_fleet_cost(int argc, char **argv)
 {
@@ -173,11 +163,11 @@ int cli_rl_fleet_cost(int argc, char **argv)
     base.train_cost = 3;
     int rc = parse(argc, argv, &o, &base);
     if (rc >= 0) return rc;
-    bar_ctx b = {.logged = 0};
-    sh_progress_start(&b.bar, "rl fleet-cost", 3 * (uint64_t)o.m.seeds * (uint64_t)base.steps, "steps");
+    sh_progress bar;
+    sh_progress_start(&bar, "rl fleet-cost", 3 * (uint64_t)o.m.seeds * (uint64_t)base.steps, "steps");
     json_t *out = NULL;
-    rc = mj_fleet_cost(&o.m, &base, on_progress, &b, &out);
-    cli_progress_end(&b.bar, rc);
+    rc = mj_fleet_cost(&o.m, &base, on_progress, &bar, &out);
+    cli_progress_end(&bar, rc);
     if (rc < 0) return cli_fail("rl fleet-cost", rc);
     if (o.json) sh_json_print(out);
     else print_table(&o, out);

@@ -410,16 +410,14 @@ static int write_outputs(const opts *o, json_t *res, double wall, int rendered)
 typedef struct bar_ctx {
     sh_progress bar;
     int total;
-    int logged; /* twentieths printed off a terminal */
 } bar_ctx;
 
-/* The bar on a terminal; otherwise (make bench, a log) a line every 5 %. */
+/* The bar on a terminal; otherwise (make bench, a log) a line every 10 %. */
 static void on_progress(int done, int total, void *ctx)
 {
     bar_ctx *b = ctx;
     if (total != b->total) b->bar.total = (uint64_t)total, b->total = total;
     sh_progress_update(&b->bar, (uint64_t)done);
-    cli_progress_log(&b->bar, 20, &b->logged);
 }
 
 int cli_rl_sweep(int argc, char **argv)

@@ -73,7 +73,36 @@ void sh_progress_start(sh_progress *p, const char *label, uint64_t total, const 
     p->unit = unit ? unit : "";
     p->total = total;
     p->t0 = sh_now_mono();
-    p->enabled = isatty(STDERR_FILENO) && !getenv("SHOAL_NO_PROGRESS");
+    int quiet = getenv("SHOAL_NO_PROGRESS") != NULL;
+    p->enabled = isatty(STDERR_FILENO) && !quiet;
+    p->lines = !p->enabled && !quiet;
+    p->logged = -1;
+    const char *after = getenv("SHOAL_PROGRESS_AFTER");
+    p->after = after && *after ? atof(after) : 5.0;
+}
+
+/* Off a terminal (a log, a pipe, CI), work that has run 5 s (or
+ * SHOAL_PROGRESS_AFTER seconds) says so on a line of its own, then at each
+ * further tenth (every 30 s while its total is unknown), so that a long run
+ * piped somewhere is not silent; shorter work prints nothing. */
+static void sh__progress_line(sh_progress *p, int final)
+{
+    double now = sh_now_mono(), el = now - p->t0;
+    if (final ? p->logged < 0 : el < p->after) return;
+    int k = p->total ? (int)(10 * (p->done < p->total ? p->done : p->total) / p->total) : 0;
+    if (!final && (p->total ? k <= p->logged : p->logged >= 0 && now - p->last_draw < 30.0)) return;
+    p->logged = k;
+    p->last_draw = now;
+    char d[32], t[48] = "";
+    int bytes = !strcmp(p->unit, "B");
+    if (bytes) sh_fmt_bytes((double)p->done, d, sizeof d);
+    else snprintf(d, sizeof d, "%llu", (unsigned long long)p->done);
+    if (p->total && bytes) sh_fmt_bytes((double)p->total, t, sizeof t);
+    else if (p->total) snprintf(t, sizeof t, "%llu %s", (unsigned long long)p->total, p->unit);
+    if (final) fprintf(stderr, "%s: done in %.0f s\n", p->label, el);
+    else if (p->total) fprintf(stderr, "%s: %d%% (%s of %s, %.0f s)\n", p->label, 10 * k, d, t, el);
+    else fprintf(stderr, "%s: %s%s%s (%.0f s)\n", p->label, d, bytes ? "" : " ", bytes ? "" : p->unit, el);
+    fflush(stderr);
 }
 
 static void sh__progress_draw(sh_progress *p, int final)
@@ -103,6 +132,7 @@ static void sh__progress_draw(sh_progress *p, int final)
 void sh_progress_update(sh_progress *p, uint64_t done)
 {
     p->done = done;
+    if (p->lines) sh__progress_line(p, 0);
     if (!p->enabled) return;
     if (sh_now_mono() - p->last_draw < 0.1) return;
     sh__progress_draw(p, 0);
@@ -118,6 +148,7 @@ void sh_progress_clear(sh_progress *p)
 
 void sh_progress_finish(sh_progress *p)
 {
+    if (p->lines) sh__progress_line(p, 1);
     if (!p->enabled) return;
     p->done = p->total;
     sh__progress_draw(p, 1);

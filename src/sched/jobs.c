@@ -649,6 +649,7 @@ static int info_ix(const sched *s, uint32_t ix, double now, sched_job_info *o, i
     }
     o->submit_s = j->submit, o->first_start_s = j->first_start, o->start_s = j->start;
     o->end_s = j->end, o->wait_s = j->wait_acc;
+    o->expected_end_s = j->state == SCHED_RUNNING ? sched__est_end(s, j) : -1;
     o->restarts = j->restarts, o->preemptions = j->preemptions, o->backfilled = j->backfilled;
     o->cost = job_cost(s, j, NONE, now);
     o->cost_open = open_cost(s, j, NONE, now, 0);

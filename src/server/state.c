@@ -639,12 +639,16 @@ static void add_billing(srv *s, const srv_job *j, json_t *o)
  * clock is monotonic: the estimate is moved onto the wall clock). */
 static void add_pending(srv *s, const srv_job *j, json_t *o)
 {
-    if (j->state != J_PENDING || !s->sc) return;
+    if ((j->state != J_PENDING && j->state != J_STARTING && j->state != J_RUNNING) || !s->sc) return;
     char id[24];
     snprintf(id, sizeof id, "%lld", (long long)j->id);
     sched_job_info in;
     double mono = sh_now_mono(), wall = sh_now_wall();
-    if (sched_job_info_get(s->sc, id, mono, &in) < 0 || in.wait == SCHED_WAIT_NONE) return;
+    if (sched_job_info_get(s->sc, id, mono, &in) < 0) return;
+    /* Running: when the scheduler plans it to end (what it reserves and
+     * backfills by), moved on while the job runs past its estimate. */
+    if (in.expected_end_s >= 0) json_object_set_new(o, "expected_end", json_real(wall + (in.expected_end_s - mono)));
+    if (j->state != J_PENDING || in.wait == SCHED_WAIT_NONE) return;
     json_object_set_new(o, "wait", json_string(sched_wait_name(in.wait)));
     json_object_set_new(o, "pending_reason", json_string(in.wait_text));
     json_object_set_new(o, "start_estimate",

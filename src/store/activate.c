@@ -381,11 +381,35 @@ int store__apply_pending(store_replica *r, pending *p)
     return rc;
 }
 
+static int sync_latest(store_replica *r, uint64_t latest);
+
 int store__sync_from_store(store_replica *r)
 {
-    uint64_t latest, have = store_replica_version(r);
-    SH_TRY(store_latest(r->st, &latest));
-    if (latest <= have) return SH_OK;
+    uint64_t latest = 0, have = store_replica_version(r);
+    double now = sh_now_mono();
+    int rc = store_latest(r->st, &latest);
+    /* While a failure's pause lasts, only a LATEST that moved on to
+     * another readable version is tried; anything else waits quietly. */
+    if (r->sync_failed && now < r->sync_retry_at && (rc < 0 || latest == r->sync_failed)) return SH_OK;
+    if (rc == 0 && latest <= have) {
+        r->sync_failed = 0;
+        return SH_OK;
+    }
+    if (rc == 0) rc = sync_latest(r, latest);
+    if (rc == 0) {
+        r->sync_failed = 0, r->sync_backoff = 0;
+        return SH_OK;
+    }
+    uint64_t key = latest ? latest : UINT64_MAX; /* UINT64_MAX: LATEST unreadable */
+    double b = key == r->sync_failed ? 2 * r->sync_backoff : 0.1;
+    r->sync_backoff = b < STORE__RETRY_MAX_S ? b : STORE__RETRY_MAX_S;
+    r->sync_failed = key;
+    r->sync_retry_at = now + r->sync_backoff;
+    return rc;
+}
+
+static int sync_latest(store_replica *r, uint64_t latest)
+{
     store_version v;
     char out[4096];
     store_timeline tl = {0};

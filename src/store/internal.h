@@ -19,6 +19,12 @@ struct store {
 int store__version_dir(const store *s, uint64_t v, char *out, size_t cap);
 int store__valid_run(const char *run);
 
+/* Takes the run's lock (flock(LOCK_EX) on R/lock; *fd, close it to let
+ * go): one publisher or collector per run at a time, so that version
+ * numbers never collide and gc never removes a version a publish is
+ * committing (folder renamed in, LATEST not yet moved). */
+int store__lock(store *s, int *fd);
+
 /* store.c's publish steps, shared with publish_mem.c. */
 int store__write_manifest(store *s, const char *dir, const store_version *m);
 int store__write_latest(store *s, uint64_t v);

@@ -310,10 +310,8 @@ static void clean_squash(store *s, uint64_t floor)
     if (d) closedir(d);
 }
 
-int store_gc(store *s, uint64_t keep, uint64_t *removed)
+static int gc_locked(store *s, uint64_t keep, uint64_t *removed)
 {
-    *removed = 0;
-    if (keep == 0) return sh_err(SH_EINVAL, "gc --keep must be at least 1");
     uint64_t latest;
     SH_TRY(store_latest(s, &latest));
     store_version *list;
@@ -343,5 +341,20 @@ int store_gc(store *s, uint64_t keep, uint64_t *removed)
     free(list);
     if (rc == 0) clean_staging(s);
     if (rc == 0) clean_squash(s, latest ? floor : UINT64_MAX);
+    return rc;
+}
+
+int store_gc(store *s, uint64_t keep, uint64_t *removed)
+{
+    *removed = 0;
+    if (keep == 0) return sh_err(SH_EINVAL, "gc --keep must be at least 1");
+    /* Under the publishers' lock: a publish renames its version folder in
+     * before LATEST names it, and gc removes every folder above LATEST, so
+     * without the lock a gc between those two steps deleted the version
+     * LATEST then named. */
+    int fd;
+    SH_TRY(store__lock(s, &fd));
+    int rc = gc_locked(s, keep, removed);
+    close(fd);
     return rc;
 }

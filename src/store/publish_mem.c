@@ -11,7 +11,6 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include "shoal/delta.h"
@@ -101,15 +100,8 @@ int store_publish_mem(store *s, const store_mem_version *in, const store_publish
     ckpt *c;
     SH_TRY(ckpt_open_mem(in->image, in->image_len, "the image to publish", &c));
     ckpt_close(c);
-    char lock[4096];
-    SH_TRY(sh_path_join(lock, sizeof lock, s->dir, "lock"));
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return sh_err_errno(errno, "open %s", lock);
-    if (flock(fd, LOCK_EX) < 0) { /* one publisher per run: version numbers must not collide */
-        int e = errno;
-        close(fd);
-        return sh_err_errno(e, "lock %s", lock);
-    }
+    int fd;
+    SH_TRY(store__lock(s, &fd));
     int rc = publish_locked(s, in, every, out);
     close(fd);
     return rc;

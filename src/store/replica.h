@@ -51,6 +51,11 @@ struct store_replica {
     store_timeline recv_tl; /* push thread: the payload being received */
     store_timeline timeline; /* the newest activation's */
     double last_push_activity, next_store_check; /* monotonic seconds */
+    /* Apply thread only (activate.c): LATEST's version whose build from the
+     * store last failed (0: none), when to try it again, and the pause
+     * (doubled per failure, 0.1 s to STORE__RETRY_MAX_S). */
+    uint64_t sync_failed;
+    double sync_retry_at, sync_backoff;
     /* Apply thread only (activate.c): the in-memory image of version
      * img_version (0: none) that the next delta patches in place. */
     uint8_t *img;
@@ -83,6 +88,13 @@ void store__replica_error(store_replica *r);
  * else 0; r->prev is let go either way.  Any thread. */
 int store__take_prev(store_replica *r, const char *out, uint64_t *version);
 int store__apply_pending(store_replica *r, pending *p);
+/* Builds and activates LATEST's version from the store when it is newer
+ * than the active one.  A version whose build failed (a damaged payload, a
+ * full disk) is tried again after a pause that doubles up to
+ * STORE__RETRY_MAX_S, or at once when LATEST moves on: without the pause
+ * the replica rebuilt it at every poll (50 times a second), writing and
+ * deleting a whole model each time and logging each failure. */
+#define STORE__RETRY_MAX_S 5.0
 int store__sync_from_store(store_replica *r);
 /* Idle work on the apply thread: loads the image of the active version
  * once the push tree has been `quiet` (no chunk for STORE__IDLE_S, so that

@@ -55,7 +55,7 @@ int store_open(const char *root, const char *run, int create, store **out)
     } else if (rc == 0 && !sh_is_dir(s->versions)) {
         rc = sh_is_dir(root)         ? sh_err(SH_ENOENT, "store %s has no run \"%s\" (publish to create it)", root, run)
              : sh_path_exists(root) ? sh_err(SH_EINVAL, "store %s is a file, not a store's folder", root)
-                                    : sh_err(SH_ENOENT, "store %s does not exist", root);
+                                    : sh_err(SH_ENOENT, "store %s does not exist (`shoal store publish %s CKPT` creates it)", root, root);
     }
     if (rc < 0) {
         free(s);
@@ -379,7 +379,7 @@ static int head_name(const char *meta, uint64_t v)
 /* The full checkpoint of version prev (manifest pm) into out. */
 static int head_base(store *s, uint64_t prev, const store_version *pm, char *out, size_t cap)
 {
-    if (pm->anchor) return store_payload_path(s, prev, out, cap);
+    if (pm->anchor) return store_payload_path(s, prev, out, cap); /* hashed by chain_readable */
     char meta[4096];
     SH_TRY(head_paths(s, out, meta, cap));
     if (head_version(meta) == prev) {
@@ -491,6 +491,29 @@ static int stage_payload(store *s, const char *stage, const char *src, const ckp
     return rc;
 }
 
+/* Whether readers can rebuild version `latest` from its chain (anchor `a`
+ * and the deltas after it): every payload is there, a plain file of its
+ * manifest's size.  A delta on a version readers cannot rebuild would be
+ * unreadable too, so the publish writes an anchor instead.  Hashes are not
+ * checked here (that would read the whole chain at every publish), except
+ * an anchor's when it is `latest`: it is then the delta's base (head_base),
+ * whose make reads it again from the page cache, and a delta made against
+ * damaged bytes could never be applied.  A delta damaged in place, same
+ * size, is found by readers and `store verify`. */
+static int chain_readable(store *s, uint64_t a, uint64_t latest)
+{
+    for (uint64_t v = a; v <= latest; v++) {
+        store_version m;
+        char path[4096];
+        struct stat st;
+        if (store_get(s, v, &m, NULL) < 0 || store_payload_path(s, v, path, sizeof path) < 0 ||
+            stat(path, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != m.size ||
+            (m.anchor && v == latest && store_verify(s, v) < 0))
+            return 0;
+    }
+    return 1;
+}
+
 static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t every, sh_progress *pg,
                           uint64_t *out)
 {
@@ -498,7 +521,8 @@ static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t 
     SH_TRY(store_latest(s, &latest));
     v = latest + 1;
     if (latest) SH_TRY(anchor_of(s, latest, &last_anchor));
-    int anchor = latest == 0 || v - last_anchor >= every || !store_have_codec();
+    int anchor = latest == 0 || v - last_anchor >= every || !store_have_codec() ||
+                 !chain_readable(s, last_anchor, latest);
     char final[4096], stage[4096];
     SH_TRY(store__version_dir(s, v, final, sizeof final));
     /* A folder above LATEST is the leftover of a publish that crashed before
@@ -568,12 +592,8 @@ int store_publish(store *s, const char *path, const store_publish_opts *o, uint6
         ckpt_close(c);
         c = NULL;
     }
-    char lock[4096];
-    SH_TRY(sh_path_join(lock, sizeof lock, s->dir, "lock"));
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    int rc = fd < 0 ? sh_err_errno(errno, "open %s", lock) : SH_OK;
-    /* One publisher per run at a time: version numbers must not collide. */
-    if (rc == SH_OK && flock(fd, LOCK_EX) < 0) rc = sh_err_errno(errno, "lock %s", lock);
+    int fd;
+    int rc = store__lock(s, &fd);
     if (rc == SH_OK) rc = publish_locked(s, path, view, every, o ? o->progress : NULL, out);
     if (fd >= 0) close(fd);
     ckpt_close(view);
@@ -581,7 +601,23 @@ int store_publish(store *s, const char *path, const store_publish_opts *o, uint6
     return rc;
 }
 
-/* ---- Shared with publish_mem.c ------------------------------------------ */
+/* ---- Shared with publish_mem.c and plan.c -------------------------------- */
+
+int store__lock(store *s, int *fd)
+{
+    char lock[4096];
+    *fd = -1;
+    SH_TRY(sh_path_join(lock, sizeof lock, s->dir, "lock"));
+    *fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) return sh_err_errno(errno, "open %s", lock);
+    if (flock(*fd, LOCK_EX) < 0) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        return sh_err_errno(e, "lock %s", lock);
+    }
+    return SH_OK;
+}
 
 int store__write_manifest(store *s, const char *dir, const store_version *m)
 {

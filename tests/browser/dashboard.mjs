@@ -47,6 +47,9 @@ try {
   await page.waitForSelector(gang, { timeout: 10000 });
   const row = await page.textContent(gang);
   if (!row.includes(want.running.name) || !row.includes("running")) fail(`gang row reads "${row}"`);
+  // ... and when the scheduler plans it to end.
+  const ends = await page.textContent(`${gang} td.ends`);
+  if (!/^(in \S|due now)/.test(ends)) fail(`running gang's planned end reads "${ends}"`);
   const busy = await page.$$eval("#fleet .gpu.busy", els => els.length);
   if (busy < want.running.gpus) fail(`${busy} GPUs drawn busy, expected at least ${want.running.gpus}`);
 

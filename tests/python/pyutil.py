@@ -10,7 +10,8 @@ import tempfile
 import torch
 
 NAMES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16", torch.int64: "I64",
-         torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL", torch.int8: "I8"}
+         torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL", torch.int8: "I8",
+         torch.int16: "I16", torch.float64: "F64", torch.complex64: "C64"}
 
 
 def scratch(name):
