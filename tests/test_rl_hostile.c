@@ -565,6 +565,56 @@ static void test_refuse_bye_hello(void **state)
     TU_ERR(rl__hello_parse("w", (uint8_t *)&h, sizeof h + 1, &gh), SH_EFORMAT, "HELLO of");
 }
 
+/* What the checks cost the trainer's event loop: a step's batch at the
+ * defaults (8 prompts x 8 samples of the code task, real rollouts of a
+ * real model), checked whole, rewards recomputed.  Printed, for
+ * docs/results.md; the assertion is that every honest record passes. */
+static void test_check_cost(void **state)
+{
+    rl_config c;
+    rl_config_default(&c);
+    nn_model *m;
+    TU_OK(nn_new(&c.model, 9, &m));
+    enum { NP = 8, G = 8 };
+    rl_problem probs[NP];
+    for (int k = 0; k < NP; k++) rl__group_problem(99, c.task, 40 + k, &probs[k]);
+    static uint8_t buf[sizeof(rl_wire_trajs) + NP * G * sizeof(rl_traj)];
+    static rl_traj t[NP * G], out[NP * G];
+    uint64_t rng = 3;
+    TU_OK(rl_generate(m, probs, NP, G, 40, &c.sampling, &rng, 5, NULL, NULL, t));
+    nn_free(m);
+    rl_wire_trajs th = {.count = NP * G};
+    memcpy(buf, &th, sizeof th);
+    memcpy(buf + sizeof th, t, sizeof t);
+    rl__ask a = {.group0 = 40, .nprompts = NP, .group = G, .min_version = 3, .max_version = 5,
+                 .probs = probs, .max_len = c.model.ctx, .max_new = c.sampling.max_new};
+    int reps = 200;
+    double t0 = sh_now_mono();
+    for (int i = 0; i < reps; i++) {
+        /* The problems are drawn per message too, as the trainer does. */
+        for (int k = 0; k < NP; k++) rl__group_problem(99, c.task, 40 + k, &probs[k]);
+        TU_OK(rl__trajs_check(&a, "w", buf, sizeof buf, out));
+    }
+    double us = (sh_now_mono() - t0) / reps * 1e6;
+    print_message("checking a %d-trajectory TRAJS (problems drawn, rewards recomputed): %.1f us, %.2f us a trajectory\n",
+                  NP * G, us, us / (NP * G));
+    /* The worst case: every response a loop that runs each hidden test to
+     * the interpreter's step limit. */
+    for (int k = 0; k < NP * G; k++) {
+        const char *loop = "1[1+]";
+        t[k].len = t[k].plen;
+        for (const char *q = loop; *q; q++) t[k].blogp[t[k].len] = -1, t[k].tokens[t[k].len++] = rl_tok(*q);
+        t[k].blogp[t[k].len] = -1, t[k].tokens[t[k].len++] = RL_EOS;
+        t[k].reward = 0;
+    }
+    memcpy(buf + sizeof th, t, sizeof t);
+    t0 = sh_now_mono();
+    for (int i = 0; i < 20; i++) TU_OK(rl__trajs_check(&a, "w", buf, sizeof buf, out));
+    us = (sh_now_mono() - t0) / 20 * 1e6;
+    print_message("worst case (every response loops to the step limit on every test): %.1f us, %.2f us a trajectory\n",
+                  us, us / (NP * G));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -572,6 +622,7 @@ int main(void)
         cmocka_unit_test(test_check_bounds_accepted),
         cmocka_unit_test(test_check_message_shape),
         cmocka_unit_test(test_refuse_bye_hello),
+        cmocka_unit_test(test_check_cost),
         cmocka_unit_test(test_forged_group),
         cmocka_unit_test(test_forged_future_version),
         cmocka_unit_test(test_forged_vstart_after_vend),
