@@ -459,6 +459,7 @@ static void e_low(rl_traj *t) { t->blogp[t->plen] = -81; }
 static void e_rnan(rl_traj *t) { t->reward = NAN; }
 static void e_rrange(rl_traj *t) { t->reward = 2; }
 static void e_rneg(rl_traj *t) { t->reward = -0.0001f; }
+static void e_rwrong(rl_traj *t) { t->reward = t->reward == 0.5f ? 0.25f : 0.5f; } /* in range, not its score */
 
 static void test_check_each_field(void **state)
 {
@@ -481,6 +482,7 @@ static void test_check_each_field(void **state)
     refused(e_rnan, 5, "reward nan, but its response scores");
     refused(e_rrange, 5, "reward 2, but its response scores");
     refused(e_rneg, 5, "reward -0.0001, but");
+    refused(e_rwrong, 1, "but its response scores");
 }
 
 /* A log-probability that rounds just above 0, and the bounds themselves,
