@@ -172,6 +172,12 @@ static void cgroup_enter(agent *a, agent_member *m, pid_t pid, const json_t *d)
         if (k == 0) {
             snprintf(v, sizeof v, "%lld", mem_mb * 1024 * 1024);
             cg_write(dir, v2 ? "memory.max" : "memory.limit_in_bytes", v);
+            /* No swap on top: a rank over its memory would otherwise go on
+             * in the node's swap (slowly, and with every other tenant's
+             * pages) instead of being stopped.  v1 counts memory and swap
+             * together; the files are absent where swap is not accounted. */
+            if (v2) cg_write(dir, "memory.swap.max", "0");
+            else cg_write(dir, "memory.memsw.limit_in_bytes", v);
         } else if (k == 1) {
             /* Under gVisor the limit is the sentry's (in the spec): the host
              * group also holds the sentry's and gofer's own threads. */

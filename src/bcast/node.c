@@ -29,6 +29,7 @@
 typedef struct send_ctx {
     bcast_node *node;
     bcast__peer *peer;
+    bcast__obj *pin; /* the object whose bytes are sent, kept until done */
     void *owned;
     uint8_t hdr[BCAST__HELLO_LEN];
 } send_ctx;
@@ -49,6 +50,7 @@ static void peer_unref(bcast__peer *p)
 static void send_done(send_ctx *s, ucs_status_t st)
 {
     s->node->inflight--;
+    if (s->pin) s->pin->refs--;
     if (s->peer) {
         s->peer->outstanding--;
         peer_unref(s->peer);
@@ -66,7 +68,7 @@ static void send_cb(void *req, ucs_status_t st, void *user)
 }
 
 int bcast__send(bcast_node *n, ucp_ep_h ep, bcast__peer *p, unsigned id, const void *hdr,
-                size_t hlen, const void *data, size_t len, void *owned)
+                size_t hlen, const void *data, size_t len, void *owned, bcast__obj *pin)
 {
     send_ctx *s = malloc(sizeof *s);
     if (!s) {
@@ -78,6 +80,10 @@ int bcast__send(bcast_node *n, ucp_ep_h ep, bcast__peer *p, unsigned id, const v
     s->node = n;
     s->peer = p;
     s->owned = owned;
+    /* UCX reads data until the send completes (a queued send, or a zero-copy
+     * one): its object is not freed meanwhile (bcast__obj_busy). */
+    s->pin = pin;
+    if (pin) pin->refs++;
     if (p) p->outstanding++, p->refs++;
     n->inflight++;
     ucp_request_param_t prm = {0};
@@ -217,7 +223,7 @@ static int parent_connect(bcast_node *n)
     bcast__pack_hello(&h, buf);
     snprintf(n->fed_by, sizeof n->fed_by, "%s", addr);
     sh_info("push %s: attaching to %s (have v%llu)", n->name, addr, (unsigned long long)n->have);
-    return bcast__send(n, n->parent_ep, NULL, BCAST__AM_HELLO, buf, sizeof buf, NULL, 0, NULL);
+    return bcast__send(n, n->parent_ep, NULL, BCAST__AM_HELLO, buf, sizeof buf, NULL, 0, NULL, NULL);
 }
 
 /* Acts on a failed parent or a redirect: a redirect is pushed on the address
@@ -343,7 +349,7 @@ void bcast__redirect(bcast_node *n, bcast__peer *p, bcast__peer *to)
     to->redirects++;
     p->hello = 0; /* nothing more is sent to it here */
     sh_info("push %s: redirecting %s (zone %s) to %s", n->name, p->name, p->zone, to->name);
-    bcast__send(n, p->ep, p, BCAST__AM_REDIRECT, buf, sizeof buf, NULL, 0, NULL);
+    bcast__send(n, p->ep, p, BCAST__AM_REDIRECT, buf, sizeof buf, NULL, 0, NULL, NULL);
 }
 
 static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data, size_t len,
@@ -364,7 +370,7 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
          * it cannot have computed. */
         uint8_t w[BCAST__WELCOME_LEN];
         bcast__pack_welcome(sh_secret_proof((sh_hash128){0, 0}, "push parent", h.nonce), w);
-        bcast__send(n, p->ep, p, BCAST__AM_WELCOME, w, sizeof w, NULL, 0, NULL);
+        bcast__send(n, p->ep, p, BCAST__AM_WELCOME, w, sizeof w, NULL, 0, NULL, NULL);
     } else if (n->has_secret) {
         /* The child proves the secret without sending it; we prove it back
          * on its nonce, before anything else, so that it trusts what we send. */
@@ -377,7 +383,7 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
         }
         uint8_t w[BCAST__WELCOME_LEN];
         bcast__pack_welcome(sh_secret_proof(n->secret, "push parent", h.nonce), w);
-        bcast__send(n, p->ep, p, BCAST__AM_WELCOME, w, sizeof w, NULL, 0, NULL);
+        bcast__send(n, p->ep, p, BCAST__AM_WELCOME, w, sizeof w, NULL, 0, NULL, NULL);
     }
     snprintf(p->name, sizeof p->name, "%s", h.name);
     snprintf(p->zone, sizeof p->zone, "%s", h.zone);
@@ -506,7 +512,7 @@ static void chunk_landed(bcast_node *n, uint64_t version, uint32_t i, uint64_t s
         bcast__nack k = {version, i};
         uint8_t buf[BCAST__NACK_LEN];
         bcast__pack_nack(&k, buf);
-        if (n->parent_ep) bcast__send(n, n->parent_ep, NULL, BCAST__AM_NACK, buf, sizeof buf, NULL, 0, NULL);
+        if (n->parent_ep) bcast__send(n, n->parent_ep, NULL, BCAST__AM_NACK, buf, sizeof buf, NULL, 0, NULL, NULL);
         return;
     }
     o->verified[i] = 1;

@@ -100,7 +100,10 @@ bcast__peer *bcast__choose_redirect(struct bcast_node *n, bcast__peer *p);
 void bcast__redirect(struct bcast_node *n, bcast__peer *p, bcast__peer *to);
 uint32_t bcast__chunk_for(const struct bcast_node *n, uint64_t size);
 /* node.c */
+/* Sends one active message; `owned` (may be NULL) is freed when it is done,
+ * and `pin` (may be NULL), the object data points into, is kept (refs)
+ * until then. */
 int bcast__send(struct bcast_node *n, ucp_ep_h ep, bcast__peer *p, unsigned id, const void *hdr,
-                size_t hlen, const void *data, size_t len, void *owned);
+                size_t hlen, const void *data, size_t len, void *owned, struct bcast__obj *pin);
 
 #endif

@@ -31,7 +31,8 @@ typedef struct bcast__obj {
     uint32_t nverified;
     int complete;   /* every chunk verified and the whole-file hash checked */
     int delivered;  /* on_object was called */
-    int refs;       /* children currently being sent this object */
+    int refs;       /* children currently being sent this object, and its sends
+                     * still in flight (UCX reads their bytes until done) */
     struct bcast__obj *next; /* the node's list, by increasing version */
 } bcast__obj;
 

@@ -204,7 +204,7 @@ static void send_chunk(bcast_node *n, bcast__peer *p, bcast__obj *o, uint32_t i)
                     n->name, i, (unsigned long long)o->version);
         }
     }
-    if (bcast__send(n, p->ep, p, BCAST__AM_CHUNK, hdr, sizeof hdr, data, c.len, owned) == 0)
+    if (bcast__send(n, p->ep, p, BCAST__AM_CHUNK, hdr, sizeof hdr, data, c.len, owned, o) == 0)
         n->stats.bytes_sent += c.len;
 }
 
@@ -215,7 +215,7 @@ static void send_offer(bcast_node *n, bcast__peer *p, bcast__obj *o)
                        flags, (uint32_t)strlen(o->manifest)};
     uint8_t hdr[BCAST__OFFER_LEN];
     bcast__pack_offer(&of, hdr);
-    bcast__send(n, p->ep, p, BCAST__AM_OFFER, hdr, sizeof hdr, o->manifest, of.manifest_len, NULL);
+    bcast__send(n, p->ep, p, BCAST__AM_OFFER, hdr, sizeof hdr, o->manifest, of.manifest_len, NULL, o);
 }
 
 /* Posts at most one message to p; returns 1 if it did something. */
