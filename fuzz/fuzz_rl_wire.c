@@ -60,19 +60,26 @@ static void check_accepted(const rl__ask *a, const rl_traj *t, int n)
     }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* The request an input's first 16 bytes describe; probs: 4 entries. */
+static rl__ask ask_of(const uint8_t *data, rl_problem *probs)
 {
-    if (size < 16) return 0;
-    rl_problem probs[4];
     int32_t minv, ver;
+    uint32_t seed;
     memcpy(&minv, data + 4, 4);
     memcpy(&ver, data + 8, 4);
-    uint32_t seed;
     memcpy(&seed, data + 12, 4);
     rl__ask a = {.group0 = data[0] | data[1] << 8, .nprompts = 1 + data[2] % 4, .group = 1 + data[3] % 16,
                  .min_version = minv % 1000, .max_version = ver % 1000, .probs = probs,
                  .max_len = CTX, .max_new = MAX_NEW};
     for (int k = 0; k < a.nprompts; k++) rl__group_problem(seed, seed & 1, a.group0 + k, &probs[k]);
+    return a;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 16) return 0;
+    rl_problem probs[4];
+    rl__ask a = ask_of(data, probs);
     sh_buf in = {0};
     if (sh_buf_append(&in, data + 16, size - 16) < 0) return 0;
     rl_traj out[64];
@@ -91,7 +98,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else if (type == RL_MSG_REFUSE) {
             rl_wire_refuse f;
             if (rl__refuse_check(&a, "fuzz", p, len, &f) == 0 &&
-                (f.group0 != a.group0 || f.nprompts != a.nprompts || f.version >= f.min_version))
+                (f.group0 != a.group0 || f.nprompts != a.nprompts || f.min_version != a.min_version ||
+                 f.version < -1 || f.version >= (f.min_version > 0 ? f.min_version : 0)))
                 abort();
         } else if (type == RL_MSG_BYE) {
             rl_wire_bye b;

@@ -25,12 +25,7 @@ static void test_seeds_accepted(void **state)
         uint8_t *d = tu_read_file(path, &n);
         assert_true(n > 16);
         rl_problem probs[4];
-        int32_t minv, ver;
-        uint32_t seed;
-        memcpy(&minv, d + 4, 4), memcpy(&ver, d + 8, 4), memcpy(&seed, d + 12, 4);
-        rl__ask a = {.group0 = d[0] | d[1] << 8, .nprompts = 1 + d[2] % 4, .group = 1 + d[3] % 16,
-                     .min_version = minv, .max_version = ver, .probs = probs, .max_len = CTX, .max_new = MAX_NEW};
-        for (int k = 0; k < a.nprompts; k++) rl__group_problem(seed, seed & 1, a.group0 + k, &probs[k]);
+        rl__ask a = ask_of(d, probs);
         sh_buf in = {.data = d + 16, .len = n - 16, .cap = n - 16};
         int trajs = 0;
         for (;;) {

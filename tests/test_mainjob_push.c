@@ -122,6 +122,27 @@ static json_t *newest_of(json_t *lines, const char *prefix, long *nlines)
     return best;
 }
 
+/* A late joiner's tree-log lines: its first two store versions, how many it
+ * took, and how many of those came from the root (rj, the root's address). */
+typedef struct joined {
+    long first, second, n, from_root;
+} joined;
+
+static joined joiner(json_t *lines, const char *name, const char *rj)
+{
+    joined j = {0};
+    size_t i;
+    json_t *l;
+    json_array_foreach(lines, i, l) {
+        if (strncmp(s_of(l, "name"), name, strlen(name))) continue;
+        if (j.n == 0) j.first = i_of(l, "store_version");
+        if (j.n == 1) j.second = i_of(l, "store_version");
+        j.from_root += strstr(rj, s_of(l, "parent")) != NULL;
+        j.n++;
+    }
+    return j;
+}
+
 static void test_workers_on_the_tree(void **state)
 {
 #if defined(__SANITIZE_ADDRESS__)
@@ -234,44 +255,27 @@ static void test_workers_on_the_tree(void **state)
      * the late joiner of zone c, the first of its zone, got
      * the anchor and one squashed delta from the root, then versions one by
      * one. */
-    json_t *lines = tree_lines(), *l;
+    json_t *lines = tree_lines();
     const char *child = victim == 0 ? "za-1" : "za-0";
-    long n_child, n_late;
+    long n_child;
     json_t *cl = newest_of(lines, child, &n_child);
     assert_non_null(cl);
     assert_true(i_of(cl, "reattaches") >= 1);
     assert_true(i_of(cl, "store_version") > killed_at);
-    size_t i;
-    long first = 0, second = 0, k = 0, from_root = 0;
-    json_array_foreach(lines, i, l) {
-        if (strncmp(s_of(l, "name"), "za-2", 4)) continue;
-        if (k == 0) first = i_of(l, "store_version");
-        if (k == 1) second = i_of(l, "store_version");
-        from_root += strstr(rj, s_of(l, "parent")) != NULL;
-        k++;
-    }
-    print_message("late joiner in zone a: store v%ld (anchor), then v%ld, %ld versions, %ld from the root\n", first,
-                  second, k, from_root);
+    joined j = joiner(lines, "za-2", rj);
+    print_message("late joiner in zone a: store v%ld (anchor), then v%ld, %ld versions, %ld from the root\n",
+                  j.first, j.second, j.n, j.from_root);
     /* The relay's own plan: the anchor, then what it holds after it (the
      * squashed delta it was caught up with at the start, the chain). */
-    assert_true(k >= 3);
-    assert_int_equal(from_root, 0); /* nothing crossed zone a's boundary again for it */
-    assert_int_equal(first, 1);
-    first = second = k = from_root = 0;
-    json_array_foreach(lines, i, l) {
-        if (strncmp(s_of(l, "name"), "zc-0", 4)) continue;
-        if (k == 0) first = i_of(l, "store_version");
-        if (k == 1) second = i_of(l, "store_version");
-        from_root += strstr(rj, s_of(l, "parent")) != NULL;
-        k++;
-    }
-    print_message("late joiner of zone c: store v%ld (anchor), then v%ld, %ld versions, %ld from the root\n", first,
-                  second, k, from_root);
-    assert_int_equal(first, 1);
-    assert_true(second >= killed_at + 2); /* one squashed delta over at least two versions */
-    assert_int_equal(from_root, k);       /* the first of its zone: its relay */
-    json_t *ll = newest_of(lines, "za-2", &n_late);
-    assert_non_null(ll);
+    assert_true(j.n >= 3);
+    assert_int_equal(j.from_root, 0); /* nothing crossed zone a's boundary again for it */
+    assert_int_equal(j.first, 1);
+    j = joiner(lines, "zc-0", rj);
+    print_message("late joiner of zone c: store v%ld (anchor), then v%ld, %ld versions, %ld from the root\n",
+                  j.first, j.second, j.n, j.from_root);
+    assert_int_equal(j.first, 1);
+    assert_true(j.second >= killed_at + 2); /* one squashed delta over at least two versions */
+    assert_int_equal(j.from_root, j.n);     /* the first of its zone: its relay */
     json_decref(lines);
     char *plogt = (char *)tu_read_file(plog, NULL);
     assert_non_null(strstr(plogt, "a squashed delta"));

@@ -18,7 +18,9 @@
 #include "testutil.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -37,7 +39,7 @@
 
 enum forge {
     F_GROUP, F_VFUTURE, F_VORDER, F_VOLD, F_BLOGP_NAN, F_BLOGP_POS, F_BLOGP_HUGE, F_REWARD_INF,
-    F_REWARD_WRONG, F_PROBLEM, F_PROMPT, F_LEN_CTX, F_BYE_EARLY, F_REFUSE_HOLDING,
+    F_REWARD_WRONG, F_PROBLEM, F_PROMPT, F_LEN_CTX, F_BYE_EARLY, F_REFUSE_HOLDING, F_VSTALE,
 };
 
 /* ---- The hostile worker: a real worker behind a rewriting proxy ------------ */
@@ -140,7 +142,13 @@ static void __attribute__((noreturn)) proxy_main(const rl_config *c, int port, e
                 if (rl__msg_write(up, RL_MSG_REFUSE, &r, sizeof r, NULL, 0) < 0) break;
                 continue;
             }
+            if (f == F_VSTALE && minv < 1) { /* honest until a request needs version 1 or newer */
+                if (rl__msg_write(up, type, m.data, m.len, NULL, 0) < 0) break;
+                continue;
+            }
             for (int k = 0; k < hd.count; k++) forge_record(f, &t[k]);
+            if (f == F_VSTALE) /* older than the request allows: past the staleness bound */
+                for (int k = 0; k < hd.count; k++) t[k].vstart = t[k].vend = minv - 1;
         }
         /* The honest workers may come now (before the write: the trainer
          * may drop us as soon as it reads, and relay_down then exits). */
@@ -258,8 +266,8 @@ static void run_against(enum forge f, const char *field)
     assert_int_equal(json_integer_value(json_object_get(res, "steps")), 3);
     assert_int_equal(trained, 3 * 2 * 4);
     assert_int_equal(json_integer_value(json_object_get(res, "workers_dropped_for_violations")), 1);
-    /* The ordered run trained on groups 0..5 in order, the hostile
-     * worker's first request (group 0) asked again of an honest one. */
+    /* The ordered run trained on groups 0..5 in order, the requests the
+     * hostile worker held asked again of an honest one. */
     json_t *steps = json_object_get(res, "step_stats");
     for (size_t i = 0; i < 3; i++) {
         json_t *g = json_object_get(json_array_get(steps, i), "groups");
@@ -282,6 +290,7 @@ static void test_forged_group(void **s) { run_against(F_GROUP, "trajectory 0: gr
 static void test_forged_future_version(void **s) { run_against(F_VFUTURE, "vend 1000, newer than the trainer's version"); }
 static void test_forged_vstart_after_vend(void **s) { run_against(F_VORDER, "trajectory 0: vstart 1 > vend 0"); }
 static void test_forged_negative_version(void **s) { run_against(F_VOLD, "vstart -5, older than the request's min_version 0"); }
+static void test_forged_stale_version(void **s) { run_against(F_VSTALE, "vstart 0, older than the request's min_version 1"); }
 static void test_forged_nan_blogp(void **s) { run_against(F_BLOGP_NAN, "is nan"); }
 static void test_forged_positive_blogp(void **s) { run_against(F_BLOGP_POS, "is 0.5, not a sampled token's log-probability"); }
 static void test_forged_huge_blogp(void **s) { run_against(F_BLOGP_HUGE, "is -1e+30, not a sampled token's"); }
@@ -292,6 +301,91 @@ static void test_forged_prompt(void **s) { run_against(F_PROMPT, "trajectory 0: 
 static void test_forged_length(void **s) { run_against(F_LEN_CTX, "len 32: want 2 <= plen < len <= 24"); }
 static void test_bye_before_stop(void **s) { run_against(F_BYE_EARLY, "BYE before STOP"); }
 static void test_refuse_while_holding(void **s) { run_against(F_REFUSE_HOLDING, "REFUSE while holding version 0"); }
+
+/* ---- A forked worker's corrupt answer ------------------------------------------
+ * rl train's own workers are forked processes of this binary, so this test
+ * corrupts one of them from inside: write() below, armed, lets the first
+ * worker process to claim `forge_once` write the records of its first
+ * TRAJS with a NaN log-probability (as an FP8 overflow would), and every
+ * other write through untouched. */
+
+static const char *forge_once; /* armed: the file whose creation claims the one corruption */
+static pid_t trainer_pid;
+static int after_trajs_hdr; /* this process: 1 after a TRAJS frame header, 2 after its count */
+
+ssize_t write(int fd, const void *b, size_t n)
+{
+    static ssize_t (*real)(int, const void *, size_t);
+    if (!real) real = (ssize_t(*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
+    if (!forge_once || getpid() == trainer_pid) return real(fd, b, n);
+    if (n == sizeof(rl_wire_hdr)) {
+        rl_wire_hdr h;
+        memcpy(&h, b, sizeof h);
+        after_trajs_hdr = h.magic == RL_WIRE_MAGIC && h.type == RL_MSG_TRAJS;
+        return real(fd, b, n);
+    }
+    if (after_trajs_hdr == 1 && n == sizeof(rl_wire_trajs)) {
+        after_trajs_hdr = 2;
+        return real(fd, b, n);
+    }
+    if (after_trajs_hdr == 2 && n >= sizeof(rl_traj) && n % sizeof(rl_traj) == 0) {
+        after_trajs_hdr = 0;
+        int claim = open(forge_once, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+        if (claim < 0) return real(fd, b, n);
+        close(claim);
+        rl_traj *t = malloc(n);
+        if (!t) return -1;
+        memcpy(t, b, n);
+        for (size_t k = 0; k < n / sizeof *t; k++) t[k].blogp[0] = MARK, t[k].blogp[t[k].len - 1] = NAN;
+        ssize_t rc = real(fd, t, n);
+        free(t);
+        return rc;
+    }
+    after_trajs_hdr = 0;
+    return real(fd, b, n);
+}
+
+/* A forked worker's NaN is refused like a remote one's: the worker is
+ * killed and replaced, its groups asked again, the run goes on (before:
+ * the NaN reached the loss and the step was skipped; with the check alone,
+ * the run would stop). */
+static void test_forked_worker_nan(void **state)
+{
+    rl_config c = small_config();
+    c.nworkers = 2;
+    c.train_fn = count_then_train;
+    trained = marked = 0;
+    trainer_pid = getpid();
+    char claim[4300];
+    snprintf(claim, sizeof claim, "%s", tu_path("forge-claim"));
+    unlink(claim);
+    forge_once = claim;
+    alarm(60);
+    json_t *res = NULL;
+    int rc = rl_run(&c, NULL, NULL, &res);
+    alarm(0);
+    forge_once = NULL;
+    if (rc < 0) fail_msg("the run failed: %s", sh_errmsg());
+    assert_int_equal(access(claim, F_OK), 0); /* a worker did send the NaN */
+    print_message("forked: steps %lld, deaths %lld, respawns %lld, dropped %lld, forged trained %ld\n",
+                  json_integer_value(json_object_get(res, "steps")),
+                  json_integer_value(json_object_get(res, "worker_deaths")),
+                  json_integer_value(json_object_get(res, "respawns")),
+                  json_integer_value(json_object_get(res, "workers_dropped_for_violations")), marked);
+    assert_int_equal(marked, 0);
+    assert_int_equal(trained, 3 * 2 * 4);
+    assert_int_equal(json_integer_value(json_object_get(res, "steps")), 3);
+    assert_int_equal(json_integer_value(json_object_get(res, "workers_dropped_for_violations")), 1);
+    assert_int_equal(json_integer_value(json_object_get(res, "respawns")), 1);
+    assert_int_equal(json_integer_value(json_object_get(res, "skipped_steps")), 0);
+    const char *why = NULL;
+    size_t i;
+    json_t *w;
+    json_array_foreach(json_object_get(res, "workers"), i, w)
+        if (json_object_get(w, "dropped_for")) why = json_string_value(json_object_get(w, "dropped_for"));
+    if (!why || !strstr(why, "is nan")) fail_msg("dropped for \"%s\"", why ? why : "(nothing)");
+    json_decref(res);
+}
 
 /* ---- The checks, one field at a time (src/rl/trajcheck.c) -------------------- */
 
@@ -365,6 +459,7 @@ static void e_low(rl_traj *t) { t->blogp[t->plen] = -81; }
 static void e_rnan(rl_traj *t) { t->reward = NAN; }
 static void e_rrange(rl_traj *t) { t->reward = 2; }
 static void e_rneg(rl_traj *t) { t->reward = -0.0001f; }
+static void e_rwrong(rl_traj *t) { t->reward = t->reward == 0.5f ? 0.25f : 0.5f; } /* in range, not its score */
 
 static void test_check_each_field(void **state)
 {
@@ -387,6 +482,7 @@ static void test_check_each_field(void **state)
     refused(e_rnan, 5, "reward nan, but its response scores");
     refused(e_rrange, 5, "reward 2, but its response scores");
     refused(e_rneg, 5, "reward -0.0001, but");
+    refused(e_rwrong, 1, "but its response scores");
 }
 
 /* A log-probability that rounds just above 0, and the bounds themselves,
@@ -471,6 +567,56 @@ static void test_refuse_bye_hello(void **state)
     TU_ERR(rl__hello_parse("w", (uint8_t *)&h, sizeof h + 1, &gh), SH_EFORMAT, "HELLO of");
 }
 
+/* What the checks cost the trainer's event loop: a step's batch at the
+ * defaults (8 prompts x 8 samples of the code task, real rollouts of a
+ * real model), checked whole, rewards recomputed.  Printed, for
+ * docs/results.md; the assertion is that every honest record passes. */
+static void test_check_cost(void **state)
+{
+    rl_config c;
+    rl_config_default(&c);
+    nn_model *m;
+    TU_OK(nn_new(&c.model, 9, &m));
+    enum { NP = 8, G = 8 };
+    rl_problem probs[NP];
+    for (int k = 0; k < NP; k++) rl__group_problem(99, c.task, 40 + k, &probs[k]);
+    static uint8_t buf[sizeof(rl_wire_trajs) + NP * G * sizeof(rl_traj)];
+    static rl_traj t[NP * G], out[NP * G];
+    uint64_t rng = 3;
+    TU_OK(rl_generate(m, probs, NP, G, 40, &c.sampling, &rng, 5, NULL, NULL, t));
+    nn_free(m);
+    rl_wire_trajs th = {.count = NP * G};
+    memcpy(buf, &th, sizeof th);
+    memcpy(buf + sizeof th, t, sizeof t);
+    rl__ask a = {.group0 = 40, .nprompts = NP, .group = G, .min_version = 3, .max_version = 5,
+                 .probs = probs, .max_len = c.model.ctx, .max_new = c.sampling.max_new};
+    int reps = 200;
+    double t0 = sh_now_mono();
+    for (int i = 0; i < reps; i++) {
+        /* The problems are drawn per message too, as the trainer does. */
+        for (int k = 0; k < NP; k++) rl__group_problem(99, c.task, 40 + k, &probs[k]);
+        TU_OK(rl__trajs_check(&a, "w", buf, sizeof buf, out));
+    }
+    double us = (sh_now_mono() - t0) / reps * 1e6;
+    print_message("checking a %d-trajectory TRAJS (problems drawn, rewards recomputed): %.1f us, %.2f us a trajectory\n",
+                  NP * G, us, us / (NP * G));
+    /* The worst case: every response a loop that runs each hidden test to
+     * the interpreter's step limit. */
+    for (int k = 0; k < NP * G; k++) {
+        const char *loop = "1[1+]";
+        t[k].len = t[k].plen;
+        for (const char *q = loop; *q; q++) t[k].blogp[t[k].len] = -1, t[k].tokens[t[k].len++] = rl_tok(*q);
+        t[k].blogp[t[k].len] = -1, t[k].tokens[t[k].len++] = RL_EOS;
+        t[k].reward = 0;
+    }
+    memcpy(buf + sizeof th, t, sizeof t);
+    t0 = sh_now_mono();
+    for (int i = 0; i < 20; i++) TU_OK(rl__trajs_check(&a, "w", buf, sizeof buf, out));
+    us = (sh_now_mono() - t0) / 20 * 1e6;
+    print_message("worst case (every response loops to the step limit on every test): %.1f us, %.2f us a trajectory\n",
+                  us, us / (NP * G));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -478,10 +624,12 @@ int main(void)
         cmocka_unit_test(test_check_bounds_accepted),
         cmocka_unit_test(test_check_message_shape),
         cmocka_unit_test(test_refuse_bye_hello),
+        cmocka_unit_test(test_check_cost),
         cmocka_unit_test(test_forged_group),
         cmocka_unit_test(test_forged_future_version),
         cmocka_unit_test(test_forged_vstart_after_vend),
         cmocka_unit_test(test_forged_negative_version),
+        cmocka_unit_test(test_forged_stale_version),
         cmocka_unit_test(test_forged_nan_blogp),
         cmocka_unit_test(test_forged_positive_blogp),
         cmocka_unit_test(test_forged_huge_blogp),
@@ -492,6 +640,7 @@ int main(void)
         cmocka_unit_test(test_forged_length),
         cmocka_unit_test(test_bye_before_stop),
         cmocka_unit_test(test_refuse_while_holding),
+        cmocka_unit_test(test_forked_worker_nan),
     };
     return cmocka_run_group_tests_name("rl_hostile", tests, NULL, NULL);
 }

@@ -168,6 +168,9 @@ static void test_overdue_estimate(void **state)
     out = job_text(run);
     if (!strstr(out, "planned   ends about ") || !strstr(out, "no est_s")) fail_msg("shoal job of the holder: %s", out);
     free(out);
+    assert_int_equal(tu_run(&out, "SHOAL_SERVER=%s SHOAL_TOKEN=%s %s jobs", F.url, TF_ALICE, tu_shoal()), 0);
+    if (!strstr(out, "START / END / WHY") || !strstr(out, "ends in ")) fail_msg("shoal jobs: %s", out);
+    free(out);
     json_t *j = get_job(wait);
     assert_null(json_object_get(j, "expected_end")); /* pending: a start estimate, no end */
     json_decref(j);

@@ -54,7 +54,7 @@ int cli_cmd_jobs(int argc, char **argv)
     }
     /* GPU/N: GPUs per node (a job of 4 nodes of 8 holds 32). */
     printf("%-6s %-20s %-10s %-8s %-10s %5s %5s %7s %8s %10s %8s  %s\n", "ID", "NAME", "TENANT", "KIND", "STATE",
-           "NODES", "GPU/N", "ATTEMPT", "AGE", "COST", "RUN", "START / WHY");
+           "NODES", "GPU/N", "ATTEMPT", "AGE", "COST", "RUN", "START / END / WHY");
     size_t i;
     json_t *j;
     double now = sh_now_wall();
@@ -74,6 +74,13 @@ int cli_cmd_jobs(int argc, char **argv)
             else if (json_number_value(est) <= now + 1) snprintf(start, sizeof start, "next cycle: ");
             else snprintf(start, sizeof start, "in %s: ", cli_fmt_dur(json_number_value(est) - now, run, sizeof run));
         }
+        /* Running: when the scheduler plans it to end (the start estimates
+         * of the queue follow from it). */
+        json_t *end = json_object_get(j, "expected_end");
+        if (json_is_number(end) && json_number_value(end) > now + 1)
+            snprintf(start, sizeof start, "ends in %s", cli_fmt_dur(json_number_value(end) - now, run, sizeof run));
+        else if (json_is_number(end))
+            snprintf(start, sizeof start, "ends now (past its estimate)");
         const char *why = json_string_value(json_object_get(j, "pending_reason"));
         if (!why) why = json_string_value(json_object_get(j, "reason"));
         double rs = json_real_value(json_object_get(j, "run_s"));
