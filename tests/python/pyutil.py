@@ -27,19 +27,24 @@ def tensor_bytes(t):
     return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
-def save_safetensors(path, tensors):
-    """Writes tensors (name -> tensor) in name order, as safetensors."""
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name]
-        b = tensor_bytes(t)
-        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
+def write_raw(path, entries):
+    """A safetensors file from (name, dtype name, shape, bytes) in order,
+    written here so that dtypes torch lacks can be stored too."""
+    header, off, blobs = {}, 0, []
+    for name, dt, shape, data in entries:
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def save_safetensors(path, tensors):
+    """Writes tensors (name -> tensor) in name order, as safetensors."""
+    write_raw(path, [(name, NAMES[tensors[name].dtype], tensors[name].shape, tensor_bytes(tensors[name]))
+                     for name in sorted(tensors)])
 
 
 def save_sharded(folder, tensors, shards=2):

@@ -2,7 +2,6 @@
 whose memory is not what they show, names and paths C reads differently,
 numbers ctypes wraps, and dtypes torch 1.13 lacks.  Each case failed
 (silently wrong, or an unrelated error) before its fix."""
-import json
 import os
 import struct
 import unittest
@@ -10,21 +9,7 @@ import unittest
 import torch
 
 import shoal
-from pyutil import read_safetensors, same_bits, scratch
-
-
-def write_raw(path, entries):
-    """A safetensors file from (name, dtype name, shape, bytes), written
-    here so that dtypes torch lacks can be stored."""
-    header, off, blobs = {}, 0, []
-    for name, dt, shape, data in entries:
-        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+from pyutil import read_safetensors, same_bits, scratch, write_raw
 
 
 class AttackTest(unittest.TestCase):
