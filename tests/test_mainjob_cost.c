@@ -8,7 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/mainjob.h"
+#include "app/mainjob/fleetcost/fleetcost_int.h"
+#include "app/mainjob/report/report_int.h"
+#include "app/mainjob/trainer/trainer_int.h"
+#include "app/mainjob/worker/worker_int.h"
 #include "testutil.h"
 
 static int count(const char *hay, const char *needle)

@@ -7,7 +7,7 @@
 
 #include "cli_int.h"
 #include "cli_rl_int.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/mainjob.h"
 
 static const char usage[] =
     "usage: shoal rl fleet-cost --fleet FLEET.csv --speeds SPEEDS.csv [options] [--json]\n"

@@ -9,7 +9,8 @@
 
 #include "cli_int.h"
 #include "cli_rl_int.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/trainer/trainer_int.h"
+#include "app/mainjob/worker/worker_int.h"
 
 static const char trainer_usage[] =
     "usage: shoal rl trainer --store DIR [--events F] [--result F] [--ring-timeout S] [rl train options]\n"

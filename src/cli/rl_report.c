@@ -10,7 +10,8 @@
 #include "cli_int.h"
 #include "cli_rl_int.h"
 #include "ctl_int.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/mainjob.h"
+#include "app/mainjob/report/report_int.h"
 
 static const char usage[] =
     "usage: shoal rl report --dir RUN [--watch [--timeout S]] [--quiet] [--json] [--server URL] [--token T]\n"

@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "fleetcost_int.h"
 
 typedef struct slot {
     pid_t pid;

@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "worker_int.h"
 
 /* Waits for DIR/trainer.json to say "running"; 1 if it says the run is
  * over, 0 with *out set when it runs. */

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "report_int.h"
 
 static json_t *load_lines(const char *path)
 {

@@ -32,7 +32,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "fleetcost_int.h"
 
 enum { NPOOL = 3, MAX_SEEDS = 32 };
 
