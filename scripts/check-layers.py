@@ -33,9 +33,10 @@ ALLOWED = {
     'sim': {'sched', 'push'},
     'server': {'sched'},
     'agent': {'server'},          # the agent talks to the server through its client
-    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched'},
+    'fleet': {'server'},          # a local fleet: the server here, agents as processes
+    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched', 'server', 'fleet'},
     'cli': {'common', 'sched', 'sim', 'server', 'agent', 'ckpt', 'delta', 'store',
-            'push', 'nn', 'rl', 'mainjob'},
+            'push', 'nn', 'rl', 'mainjob', 'fleet'},
 }
 ALLOWED['bench'] = ALLOWED['cli'] | {'cli'}
 # private headers another component may include: (user, header)
@@ -51,10 +52,10 @@ PRIVATE_OK = {
 }
 HEADER_COMP = {'common': 'common', 'fleetfile': 'common', 'sched': 'sched', 'sim': 'sim',
                'server': 'server', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
-               'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl'}
+               'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl', 'fleet': 'fleet'}
 PREFIX_COMP = {'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
                'ckpt_': 'ckpt', 'delta_': 'delta', 'store_': 'store', 'bcast_': 'push',
-               'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob'}
+               'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob', 'fleet_': 'fleet'}
 FOLDER_COMP = {'engine': 'rl'}
 
 
@@ -114,7 +115,7 @@ def main():
             if dep is not None and dep not in ok:
                 bad.append(f'{f}:{n}: includes {inc}: {me} may not use {dep}')
         own = set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)) & local_defs[f]
-        for m in re.finditer(r'\b((?:sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj)_)[a-z0-9_]*\s*\(', code):
+        for m in re.finditer(r'\b((?:sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj|fleet)_)[a-z0-9_]*\s*\(', code):
             dep = PREFIX_COMP[m.group(1)]
             if m.group(0)[:-1].strip() in own:
                 continue
