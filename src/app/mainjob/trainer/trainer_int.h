@@ -58,6 +58,26 @@ typedef struct mj_trainer_opts {
 int mj_trainer_rank0(const rl_config *c, const mj_trainer_opts *o, mj_ring *ring, int world,
                      const char *host, json_t **res);
 
+/* ---- One rank as a process (gang.c) ----------------------------------------
+ * Reads where it stands from the agent's environment, joins the ring
+ * (rendezvous in STORE/ring/JOB-ATTEMPT, up to ring_timeout seconds) and
+ * runs rank 0 (out->res: the result, the caller's) or a follower
+ * (out->steps, out->in_sync). */
+typedef struct mj_trainer_proc {
+    const char *store, *events, *result;
+    double ring_timeout;
+    char **args; /* the rl options as given, for the workers */
+    int nargs;
+    void (*on_listen)(void *arg, const char *addr);
+    void *arg;
+} mj_trainer_proc;
+typedef struct mj_trainer_outcome {
+    int rank, world, in_sync;
+    long steps;
+    json_t *res;
+} mj_trainer_outcome;
+int mj_trainer_main(const rl_config *c, const mj_trainer_proc *o, mj_trainer_outcome *out);
+
 #ifdef __cplusplus
 }
 #endif

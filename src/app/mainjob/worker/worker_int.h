@@ -6,6 +6,7 @@
 #ifndef SHOAL_MJ_WORKER_INT_H
 #define SHOAL_MJ_WORKER_INT_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,6 +76,34 @@ int mj_trainer_wait(const char *store, double wait_s, json_t **out);
 int mj_trainer_connect(const char *addr, int *fd);
 int mj_worker_weights(const char *pdir, const char *node, const char *zone, uint64_t store_base,
                       double min_wait_s, mj_weights **out);
+
+/* ---- A worker as a process (mj_worker.c) ----------------------------------
+ * Finds its GPU (type, speed, price, zone) from `node` in the fleet files,
+ * waits for the trainer, parses the trainer's rl options with parse
+ * (returning 0 or an error), connects, opens its replica on the push tree
+ * when `push` names the tree's folder, says one line, and serves until
+ * STOP (it then exits: it never returns).  Returns 1 when the trainer has
+ * already finished, or a negative SH_E* code. */
+typedef struct mj_worker_proc {
+    const char *store, *fleet, *speeds, *node, *push;
+    double wait_s, min_wait;
+    int (*parse)(void *arg, int argc, char **argv, rl_config *c);
+    void (*say)(void *arg, const char *line);
+    void *arg;
+} mj_worker_proc;
+int mj_worker_main(const mj_worker_proc *o);
+
+/* ---- The push tree's root, a job of its own (tree_root.c) -----------------
+ * Waits up to wait_s for STORE/main/LATEST, serves the run "main" in the
+ * zone of `node` (from the fleet file), writes PDIR/root.json and then
+ * PDIR/push.addr, and serves until *stop (0) or an error. */
+typedef struct mj_push_root_opts {
+    const char *store, *fleet, *pdir, *node;
+    double wait_s;
+    void (*on_start)(void *arg, const char *zone, const char *addr);
+    void *arg;
+} mj_push_root_opts;
+int mj_push_root(const mj_push_root_opts *o, volatile sig_atomic_t *stop);
 
 #ifdef __cplusplus
 }
