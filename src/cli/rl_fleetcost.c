@@ -154,14 +154,9 @@ static void on_progress(void *arg, uint64_t steps) { sh_progress_update(arg, ste
 
 int cli_rl_fleet_cost(int argc, char **argv)
 {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    opts o = {.m = {.ttype = "H100", .tg = 2, .seeds = 16, .thr = 3, .jobs = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu}};
+    opts o = {0};
     rl_config base;
-    rl_config_default(&base);
-    base.steps = 120, base.eval_every = 2, base.eval_n = 96, base.target_window = 3, base.quiet = 1, base.target_reward = 0.75;
-    base.stop_at_target = 1, base.step_s = 0.008, base.seq_cost = 0.0625;
-    base.ordered = 1; /* the same data in every pool: see usage */
-    base.train_s = 0.2;
+    mj_fleetcost_default(&o.m, &base);
     int rc = parse(argc, argv, &o, &base);
     if (rc >= 0) return rc;
     sh_progress bar;

@@ -311,6 +311,18 @@ static json_t *fc_task(void *arg, int t, int fd, int *rc)
     return run_pool(&f->p[t / f->seeds], f->seed0 + (uint64_t)(t % f->seeds), f->trainer_per_h, &fd, rc);
 }
 
+void mj_fleetcost_default(mj_fleetcost_opts *o, rl_config *base)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    *o = (mj_fleetcost_opts){.ttype = "H100", .tg = 2, .seeds = 16, .thr = 3,
+                             .jobs = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu};
+    rl_config_default(base);
+    base->steps = 120, base->eval_every = 2, base->eval_n = 96, base->target_window = 3, base->quiet = 1;
+    base->target_reward = 0.75, base->stop_at_target = 1, base->step_s = 0.008, base->seq_cost = 0.0625;
+    base->ordered = 1; /* the same data in every pool */
+    base->train_s = 0.2;
+}
+
 int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base0, mj_progress_fn progress, void *parg,
                   json_t **result)
 {
