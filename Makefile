@@ -141,7 +141,7 @@ test-asan: $(ASAN)/shoal $(ATESTS)
 
 run: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
-	@sh scripts/run-main.sh
+	@$(BUILD)/shoal run $(RUN_ARGS)
 
 bench: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all

@@ -42,11 +42,12 @@ static void on_signal(int sig)
     g_stop = sig;
 }
 
+/* Progress lines on stdout, or on stderr under --json (stdout then holds
+ * one JSON object). */
 static void say(void *arg, const char *line)
 {
-    (void)arg;
-    printf("%s\n", line);
-    fflush(stdout);
+    fprintf(arg, "%s\n", line);
+    fflush(arg);
 }
 
 /* The experiment's progress, from its first step; an interrupt ends it
@@ -132,6 +133,7 @@ int cli_cmd_run(int argc, char **argv)
     int json = 0, rc;
     defaults(&o, dir, sizeof dir);
     if ((rc = parse(argc, argv, &o, &json)) >= 0) return rc;
+    o.arg = json ? stderr : stdout;
     /* This is shoal-core; the jobs run the client beside it (SHOAL_BIN: another). */
     ssize_t n = readlink("/proc/self/exe", core, sizeof core - 1);
     if (n <= 0) return cli_fail("run", sh_err_errno(errno, "readlink /proc/self/exe"));

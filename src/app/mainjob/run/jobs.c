@@ -52,13 +52,23 @@ static json_t *rollouts_job(const mj_run_paths *p)
                      strings(argv, p->direct ? 9 : 11));
 }
 
-/* A rank without a GPU, anywhere: it serves the store to the workers. */
+/* One rank that serves the store to the workers.  The scheduling core
+ * gives every rank at least one GPU, so it takes one of the fleet's
+ * cheapest type (billed like any other); it reads its zone from its node. */
 static json_t *push_root_job(const mj_run_paths *p)
 {
+    mj_fleet f;
+    if (mj_fleet_load(p->fleet, p->speeds, &f) < 0) return NULL;
+    char cheapest[32] = "";
+    double price = 0;
+    for (int i = 0; i < f.n; i++)
+        if (!cheapest[0] || f.nodes[i].price < price)
+            snprintf(cheapest, sizeof cheapest, "%s", f.nodes[i].gpu_type), price = f.nodes[i].price;
+    mj_fleet_free(&f);
     const char *argv[] = {p->bin, "rl", "push-root", "--store", p->store, "--fleet", p->fleet, "--push", p->pdir};
-    return json_pack("{s:s,s:s,s:i,s:i,s:i,s:s,s:[s],s:{s:s},s:o}", "name", "rl-push-root", "kind", "gang",
-                     "nodes", 1, "gpus_per_node", 0, "priority", 10, "on_failure", "fail", "writable", p->dir, "env",
-                     "SHOAL_RUN_SECRET", p->secret, "command", strings(argv, 9));
+    return json_pack("{s:s,s:s,s:i,s:i,s:[s],s:i,s:s,s:[s],s:{s:s},s:o}", "name", "rl-push-root", "kind", "gang",
+                     "nodes", 1, "gpus_per_node", 1, "gpu_types", cheapest, "priority", 5, "on_failure", "fail",
+                     "writable", p->dir, "env", "SHOAL_RUN_SECRET", p->secret, "command", strings(argv, 9));
 }
 
 int mj_run_jobs(const mj_run_paths *p, json_t *jobs[MJ_NJOBS])

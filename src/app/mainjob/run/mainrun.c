@@ -67,6 +67,11 @@ static int prepare(const mj_run_opts *o, mj_run_paths *p)
     if (!strncmp(o->dir, "/tmp/", 5) || !strcmp(o->dir, "/tmp"))
         return sh_err(SH_EINVAL, "run folder %s: must be outside /tmp (ranks get a private /tmp)", o->dir);
     SH_TRY(port_free(o));
+    /* Every GPU type of the fleet needs a speed: the rollouts' job file and
+     * the workers read them.  Checked before anything starts. */
+    mj_fleet f;
+    SH_TRY(mj_fleet_load(o->fleet, o->speeds, &f));
+    mj_fleet_free(&f);
     char core[4200];
     const char *slash = strrchr(o->bin, '/');
     if (o->core) snprintf(core, sizeof core, "%s", o->core);
@@ -198,6 +203,5 @@ int mj_run(const mj_run_opts *o, json_t **summary)
     if (o->stop && *o->stop) return sh_err(SH_EAGAIN, "interrupted");
     if (o->fleet_cost) SH_TRY(fleet_cost(o, &p));
     SH_TRY(mj_report_write(o->dir, summary));
-    say(o, "report: %s/report.html", o->dir);
     return 0;
 }
