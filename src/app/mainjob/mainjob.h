@@ -26,9 +26,6 @@
 extern "C" {
 #endif
 
-/* Progress in units (steps) done so far. */
-typedef void (*mj_progress_fn)(void *arg, uint64_t units);
-
 /* ---- The fleet-cost experiment (fleetcost.c, docs/mainjob.md) ------------ */
 typedef struct mj_fleetcost_opts {
     const char *fleet, *speeds; /* fleet and speed tables */
@@ -41,7 +38,7 @@ typedef struct mj_fleetcost_opts {
 
 /* Runs the three pools from every seed with base's options and returns the
  * experiment's object (docs/mainjob.md, `--json`); the caller owns it. */
-int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base, mj_progress_fn progress, void *parg,
+int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base, sh_units_fn progress, void *parg,
                   json_t **result);
 /* The experiment's defaults (docs/mainjob.md): o (but its files) and base. */
 void mj_fleetcost_default(mj_fleetcost_opts *o, rl_config *base);
@@ -89,7 +86,7 @@ typedef struct mj_run_opts {
     double timeout_s;                              /* the training's (0: 900) */
     mj_say_fn say;
     void *arg;
-    mj_progress_fn fc_progress; /* the experiment's steps (NULL: none) */
+    sh_units_fn fc_progress; /* the experiment's steps (NULL: none) */
     void *fc_arg;
     volatile sig_atomic_t *stop;
 } mj_run_opts;

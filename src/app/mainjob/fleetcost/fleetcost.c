@@ -118,7 +118,7 @@ static int build_pools(const mj_fleet *f, const char *ttype, int tgpus, double t
 static void on_event(const json_t *ev, void *ctx)
 {
     if (!strcmp(json_string_value(json_object_get(ev, "event")) ?: "", "step"))
-        mj_fanout_step(*(int *)ctx, (int)json_integer_value(json_object_get(ev, "step")));
+        sh_fanout_step(*(int *)ctx, (int)json_integer_value(json_object_get(ev, "step")));
 }
 
 static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
@@ -323,7 +323,7 @@ void mj_fleetcost_default(mj_fleetcost_opts *o, rl_config *base)
     base->train_s = 0.2;
 }
 
-int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base0, mj_progress_fn progress, void *parg,
+int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base0, sh_units_fn progress, void *parg,
                   json_t **result)
 {
     *result = NULL;
@@ -352,7 +352,7 @@ int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base0, mj_progres
     if (!res) rc = sh_err(SH_ENOMEM, "fleet cost");
     fc_run fr = {p, o->seeds, base.seed, o->tg * tprice};
     double t0 = sh_now_mono();
-    if (!rc) rc = mj_fanout(total, o->jobs, base.steps, fc_task, &fr, progress, parg, res);
+    if (!rc) rc = sh_fanout(total, o->jobs, base.steps, fc_task, &fr, progress, parg, res);
     double wall_s = sh_now_mono() - t0;
     if (tmp[0]) sh_rm_rf(tmp);
     json_t *out = json_object(), *runs[NPOOL];

@@ -1,5 +1,6 @@
 /* shoal mainjob, fleetcost/: the fleet-cost experiment's parts: per-type
- * tuning under emulated GPU time (pure) and one process fan-out.  The
+ * tuning under emulated GPU time (pure).  Its runs go through the one
+ * process fan-out, sh_fanout (src/common/fanout.c).  The
  * experiment itself (mj_fleet_cost) is in the entry header, mainjob.h. */
 #ifndef SHOAL_MJ_FLEETCOST_INT_H
 #define SHOAL_MJ_FLEETCOST_INT_H
@@ -37,20 +38,6 @@ double mj_stalest(const rl_config *c);
  * untuned staleness) version periods of the tuned pool, iterated to a
  * fixed point. */
 int mj_tune(rl_config *c);
-
-/* ---- One process fan-out (fanout.c) ---------------------------------------
- * Runs tasks 0..total-1, each in a child process of its own, up to `jobs` (1..64)
- * at a time.  In its child a task's fn returns its result (NULL with *rc and
- * sh_errmsg() set on failure) and may report progress with mj_fanout_step(fd,
- * units done).  results[t] gets task t's result (caller owns them; NULL for
- * a task that failed).  progress (optional) gets the units done over all
- * tasks, units_each per finished task.  The first failure stops new tasks
- * and is returned once the running ones end. */
-typedef json_t *(*mj_task_fn)(void *arg, int task, int fd, int *rc);
-int mj_fanout(int total, int jobs, int units_each, mj_task_fn fn, void *arg, mj_progress_fn progress,
-              void *parg, json_t **results);
-void mj_fanout_step(int fd, int units);
-
 
 #ifdef __cplusplus
 }
