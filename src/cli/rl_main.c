@@ -125,7 +125,7 @@ static int worker_parse(void *arg, int argc, char **argv, rl_config *c)
 {
     (void)arg;
     int json = 0;
-    return cli_rl_parse("rl worker", argc, argv, c, &json) ? sh_err(SH_EINVAL, "rl worker: the trainer's options "
+    return cli_rl_parse("rl worker", argc, argv, c, &json) ? sh_err(SH_EINVAL, "the trainer's options "
                                                                                "(trainer.json \"args\") do not parse")
                                                            : 0;
 }
@@ -166,6 +166,7 @@ int cli_rl_worker(int argc, char **argv)
     if (!o.node) return cli_usage("rl worker", "no --node and SHOAL_NODE is not set (run it as a job, or name the node)");
     int rc = mj_worker_main(&o);
     if (rc == 1) fprintf(stderr, "worker: the trainer has finished; nothing to do\n");
+    if (rc == SH_EINVAL) return cli_usage("rl worker", "%s", sh_errmsg());
     return rc == 1 ? 0 : cli_fail("rl worker", rc);
 }
 

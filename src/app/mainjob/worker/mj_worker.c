@@ -89,7 +89,7 @@ static int whoami(const mj_worker_proc *o, rl_worker_spec *me, char *zone, size_
     mj_fleet f;
     SH_TRY(mj_fleet_load(o->fleet, o->speeds, &f));
     const mj_node *n = mj_fleet_node(&f, o->node);
-    int rc = n ? 0 : sh_err(SH_ENOENT, "rl worker: node \"%s\" is not in %s", o->node, o->fleet);
+    int rc = n ? 0 : sh_err(SH_EINVAL, "node \"%s\" is not in %s", o->node, o->fleet);
     if (n) {
         *me = (rl_worker_spec){.speed = n->speed, .price = n->price};
         snprintf(me->name, sizeof me->name, "%s", n->gpu_type);

@@ -83,7 +83,8 @@ int mj_worker_weights(const char *pdir, const char *node, const char *zone, uint
  * (returning 0 or an error), connects, opens its replica on the push tree
  * when `push` names the tree's folder, says one line, and serves until
  * STOP (it then exits: it never returns).  Returns 1 when the trainer has
- * already finished, or a negative SH_E* code. */
+ * already finished, or a negative SH_E* code: SH_EINVAL for a node not in
+ * the fleet or options that do not parse (the caller's mistake). */
 typedef struct mj_worker_proc {
     const char *store, *fleet, *speeds, *node, *push;
     double wait_s, min_wait;
