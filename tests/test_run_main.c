@@ -29,11 +29,13 @@ static void test_short_run(void **state)
     char run[128];
     snprintf(run, sizeof run, "/var/tmp/shoal-test-run-ok.%d", (int)getpid());
     char *out;
-    int rc = tu_run(&out, "SHOAL_BIN=%s %s run --dir %s --port 0 --steps 3 --no-fleet-cost --json 2>&1 >%s.json",
-                    tu_shoal(), tu_shoal(), run, run);
+    /* The ASan build's ranks run unsandboxed: LeakSanitizer cannot run
+     * where ptrace is refused, and a rank's leak then fails the run. */
+    int rc = tu_run(&out, "SHOAL_BIN=%s %s run --dir %s --port 0 --steps 3 --no-fleet-cost --json %s 2>&1 >%s.json",
+                    tu_shoal(), tu_shoal(), run, strstr(tu_shoal(), "/asan/") ? "--sandbox none" : "", run);
     printf("%s", out);
-    assert_int_equal(rc, 0);
     free(out);
+    assert_int_equal(rc, 0);
     char p[256];
     snprintf(p, sizeof p, "%s.json", run);
     json_t *sum = NULL;
@@ -80,7 +82,7 @@ static void test_broken_job_stops_the_run(void **state)
     /* Once the trainer announced itself, one of its ranks (a shoal-core
      * whose command line names this run's store) is killed. */
     char *pids = NULL;
-    while (sh_now_mono() - t0 < 120) {
+    while (sh_now_mono() - t0 < 240) {
         if (sh_path_exists(tj)) {
             tu_run(&pids, "for p in $(pgrep -f 'rl trainer --store %s/store'); do "
                           "[ \"$(cat /proc/$p/comm 2>/dev/null)\" = shoal-core ] && echo $p; done | head -n 1", run);
