@@ -102,7 +102,10 @@ static void test_broken_job_stops_the_run(void **state)
     long runpid = atol(ps);
     free(ps);
     while (kill((pid_t)runpid, 0) == 0 && sh_now_mono() - t0 < 240) sh_sleep(0.2);
-    if (kill((pid_t)runpid, 0) == 0) fail_msg("shoal run still runs %.0f s after its trainer died", sh_now_mono() - t0);
+    if (kill((pid_t)runpid, 0) == 0) {
+        kill((pid_t)runpid, SIGTERM); /* it stops everything it started */
+        fail_msg("shoal run still runs %.0f s after its trainer's rank died", sh_now_mono() - t0);
+    }
     char *out = (char *)tu_read_file(log, &n);
     out = realloc(out, n + 1), out[n] = 0;
     printf("%s(%.1f s)\n", out, sh_now_mono() - t0);
