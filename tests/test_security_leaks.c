@@ -92,10 +92,78 @@ static void test_logs_escapes(void **state)
     tf_stop(&f);
 }
 
+/* ---- a node's credential and other jobs' logs --------------------------- */
+
+/* Registers a node of type EVIL, which no agent backs: the test speaks for
+ * it with its credential (returned). */
+static char *fake_node(tf_fleet *f, const char *name)
+{
+    char body[256];
+    snprintf(body, sizeof body, "{\"name\":\"%s\",\"gpu_type\":\"EVIL\",\"gpus\":1}", name);
+    int st;
+    json_t *j = tf_call(f, TF_AGENT, "POST", "/v1/agent/register", body, &st);
+    assert_int_equal(st, 200);
+    char *cred = strdup(json_string_value(json_object_get(j, "credential")));
+    json_decref(j);
+    return cred;
+}
+
+/* One poll of node `name` with its credential; asserts `status`. */
+static void node_poll(tf_fleet *f, const char *cred, const char *name, int64_t job, const char *state,
+                      const char *output, int status)
+{
+    json_t *b = json_pack("{s:s,s:[],s:[]}", "node", name, "members", "logs");
+    if (state) {
+        json_t *m = json_pack("{s:I,s:i,s:i,s:s}", "job", (json_int_t)job, "attempt", 1, "rank", 0, "state", state);
+        if (!strcmp(state, "exited")) json_object_set_new(m, "exit_code", json_integer(0));
+        json_array_append_new(json_object_get(b, "members"), m);
+    }
+    if (output)
+        json_array_append_new(json_object_get(b, "logs"), json_pack("{s:I,s:i,s:i,s:s}", "job", (json_int_t)job,
+                                                                    "attempt", 1, "rank", 0, "data", output));
+    char *text = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    int st;
+    json_decref(tf_call(f, cred, "POST", "/v1/agent/poll", text, &st));
+    free(text);
+    if (st != status) fail_msg("poll of node %s: HTTP %d, expected %d", name, st, status);
+}
+
+/* A node that once ran alice's job keeps its credential (or an attacker
+ * has it).  While the rank lives, and for --log-drain seconds after it
+ * ended (its agent sends the last output), the node writes the rank's
+ * log; after that, what it sends for the finished job is dropped.
+ * Before: a node could append to the log of any finished job that had run
+ * on it, for good. */
+static void test_node_writes_only_live_logs(void **state)
+{
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--log-drain 1");
+    tf_start_server(&f, "drain", 30);
+    char *evil = fake_node(&f, "evil");
+    int64_t id = submit_sh(&f, TF_ALICE, "target", ",\"gpu_types\":[\"EVIL\"]", "true");
+    json_decref(tf_wait_job(&f, id, "starting", 10));
+    node_poll(&f, evil, "evil", id, "running", "started\n", 200);
+    node_poll(&f, evil, "evil", id, "exited", "last words\n", 200);
+    json_decref(tf_wait_job(&f, id, "succeeded", 5));
+    node_poll(&f, evil, "evil", 0, NULL, "drained\n", 200); /* job 0: none, the poll goes through */
+    node_poll(&f, evil, "evil", id, NULL, "drained\n", 200);
+    sh_sleep(1.5);
+    node_poll(&f, evil, "evil", id, NULL, "FORGED after the end\n", 200);
+    node_poll(&f, evil, "evil", id, "exited", "FORGED with a report\n", 200);
+    char *l = tf_job_log(&f, id);
+    if (!strstr(l, "started\nlast words\ndrained\n")) fail_msg("the rank's own output is missing:\n%s", l);
+    if (strstr(l, "FORGED")) fail_msg("a node wrote into a finished job's log:\n%s", l);
+    free(l);
+    free(evil);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_logs_escapes, tf_teardown),
+        cmocka_unit_test_teardown(test_node_writes_only_live_logs, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

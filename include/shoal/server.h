@@ -51,6 +51,8 @@ typedef struct srv_config {
     double default_est_s;      /* the run the scheduler plans for a job without "est_s" (no
                                 * limit is set); 0: the core's default, 3600 */
     unsigned max_conns_per_ip; /* connections one address may hold (0: SRV_MAX_CONNS_PER_IP) */
+    double log_drain_s;        /* seconds after a rank ends that its node may still send its
+                                * output (0: SRV_LOG_DRAIN) */
 } srv_config;
 
 /* A job's "est_s" is also its time limit, as Slurm's --time is: an attempt
@@ -68,6 +70,10 @@ typedef struct srv_config {
 /* The default of srv_config.max_log: a rank's output past it is dropped,
  * so that a job cannot fill the disk that holds the server's database. */
 #define SRV_MAX_LOG (64ull << 20)
+/* The default of srv_config.log_drain_s: a rank's log takes output from
+ * its node while the rank lives and this long after (its agent sends the
+ * last of it); then it is closed to the node's credential. */
+#define SRV_LOG_DRAIN 30.0
 /* The default of srv_config.max_queued: a tenant's pending and running
  * jobs may hold this much of the server's memory and database, counted as
  * each job file's size plus SRV_JOB_COST (the server's own record of it):

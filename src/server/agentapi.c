@@ -238,8 +238,22 @@ int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap)
     return SH_OK;
 }
 
+/* Whether member m of j may still take output from its node: while it
+ * lives, and for log_drain seconds after it ended, the time its agent has
+ * to send what the rank wrote last.  Past that its log is closed: a node
+ * credential can no longer write into the logs of every job that once ran
+ * on the node. */
+static int output_open(srv *s, const srv_job *j, const srv_member *m)
+{
+    if (j->state >= J_STARTING && j->state <= J_RUNNING && m->state <= M_RUNNING) return 1;
+    double drain = s->cfg.log_drain_s > 0 ? s->cfg.log_drain_s : SRV_LOG_DRAIN;
+    return m->t_end > 0 && sh_now_wall() - m->t_end <= drain;
+}
+
 /* Appends the output of the node's own members of current attempts;
- * output for a member placed elsewhere is a forgery. */
+ * output for a member placed elsewhere is a forgery.  Output for one of
+ * its own members whose log has closed is dropped, not refused: an agent
+ * that fell behind must not have every later poll refused for it. */
 static int apply_logs(srv *s, int idx, const json_t *logs)
 {
     size_t i;
@@ -253,6 +267,11 @@ static int apply_logs(srv *s, int idx, const json_t *logs)
         srv_job *j = srv__job(s, id);
         if (!j || rank < 0 || rank >= j->nmem || (attempt >= 0 && attempt != j->attempt)) continue; /* stale */
         if (j->mem[rank].node != idx) return forged(s, idx, j, (int)rank, "output");
+        if (!output_open(s, j, &j->mem[rank])) {
+            sh_warn("node %s sent output for job %lld rank %d, which ended %.0f s ago: dropped", s->nodes[idx].name,
+                    (long long)j->id, (int)rank, sh_now_wall() - j->mem[rank].t_end);
+            continue;
+        }
         size_t len = json_string_length(json_object_get(c, "data"));
         if (len) log_append(s, j, (int)rank, data, len);
     }
