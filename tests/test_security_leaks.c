@@ -96,10 +96,10 @@ static void test_logs_escapes(void **state)
 
 /* Registers a node of type EVIL, which no agent backs: the test speaks for
  * it with its credential (returned). */
-static char *fake_node(tf_fleet *f, const char *name)
+static char *fake_node(tf_fleet *f, const char *name, int gpus)
 {
     char body[256];
-    snprintf(body, sizeof body, "{\"name\":\"%s\",\"gpu_type\":\"EVIL\",\"gpus\":1}", name);
+    snprintf(body, sizeof body, "{\"name\":\"%s\",\"gpu_type\":\"EVIL\",\"gpus\":%d}", name, gpus);
     int st;
     json_t *j = tf_call(f, TF_AGENT, "POST", "/v1/agent/register", body, &st);
     assert_int_equal(st, 200);
@@ -140,7 +140,7 @@ static void test_node_writes_only_live_logs(void **state)
     tf_fleet f = {0};
     snprintf(f.extra, sizeof f.extra, "--log-drain 1");
     tf_start_server(&f, "drain", 30);
-    char *evil = fake_node(&f, "evil");
+    char *evil = fake_node(&f, "evil", 1);
     int64_t id = submit_sh(&f, TF_ALICE, "target", ",\"gpu_types\":[\"EVIL\"]", "true");
     json_decref(tf_wait_job(&f, id, "starting", 10));
     node_poll(&f, evil, "evil", id, "running", "started\n", 200);
@@ -159,11 +159,77 @@ static void test_node_writes_only_live_logs(void **state)
     tf_stop(&f);
 }
 
+/* ---- what a pending job's reason tells of others --------------------------- */
+
+static json_t *get_job(tf_fleet *f, const char *token, int64_t id)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    int st;
+    json_t *j = tf_call(f, token, "GET", path, NULL, &st);
+    assert_int_equal(st, 200);
+    return j;
+}
+
+/* Waits until job id (as token sees it) waits for `wait`; returns its
+ * pending_reason (caller frees). */
+static char *wait_reason(tf_fleet *f, const char *token, int64_t id, const char *wait)
+{
+    for (double until = sh_now_mono() + 10; sh_now_mono() < until; sh_sleep(0.05)) {
+        json_t *j = get_job(f, token, id);
+        const char *w = json_string_value(json_object_get(j, "wait"));
+        if (w && !strcmp(w, wait)) {
+            char *r = strdup(json_string_value(json_object_get(j, "pending_reason")));
+            json_decref(j);
+            return r;
+        }
+        json_decref(j);
+    }
+    fail_msg("job %lld never waited for %s", (long long)id, wait);
+    return NULL;
+}
+
+/* Bob's job waits behind the reservation of alice's gang.  Bob's view of
+ * its reason says so without alice's job id or when it starts; the
+ * admin's names both.  Before: bob read alice's job id and start time. */
+static void test_pending_reason_names_no_other_tenant(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "reason", 30);
+    char *big = fake_node(&f, "big", 8);
+    const char *gang = "{\"name\":\"%s\",\"nodes\":1,\"gpus_per_node\":%d,\"est_s\":%d,"
+                       "\"gpu_types\":[\"EVIL\"],\"command\":[\"true\"]}";
+    char body[512];
+    snprintf(body, sizeof body, gang, "half", 4, 3600);
+    int64_t held = tf_submit(&f, TF_BOB, body);
+    json_decref(tf_wait_job(&f, held, "starting", 10));
+    snprintf(body, sizeof body, gang, "whole", 8, 600);
+    int64_t whole = tf_submit(&f, TF_ALICE, body);
+    free(wait_reason(&f, TF_ALICE, whole, "reserved"));
+    snprintf(body, sizeof body, gang, "behind", 4, 3600);
+    int64_t behind = tf_submit(&f, TF_BOB, body);
+    char *admin = wait_reason(&f, TF_ADMIN, behind, "reservation");
+    char id[32];
+    snprintf(id, sizeof id, "job %lld", (long long)whole);
+    if (!strstr(admin, id) || !strstr(admin, "due to start")) fail_msg("the admin's reason: %s", admin);
+    char *bob = wait_reason(&f, TF_BOB, behind, "reservation");
+    if (strstr(bob, id) || strstr(bob, "due to start") || !strstr(bob, "another tenant's job"))
+        fail_msg("bob reads of alice's job: %s", bob);
+    /* Alice's own job in the way is hers to see. */
+    snprintf(body, sizeof body, gang, "mine", 4, 3600);
+    int64_t mine = tf_submit(&f, TF_ALICE, body);
+    char *own = wait_reason(&f, TF_ALICE, mine, "reservation");
+    if (!strstr(own, id)) fail_msg("alice's reason for her own job: %s", own);
+    free(admin), free(bob), free(own), free(big);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_logs_escapes, tf_teardown),
         cmocka_unit_test_teardown(test_node_writes_only_live_logs, tf_teardown),
+        cmocka_unit_test_teardown(test_pending_reason_names_no_other_tenant, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -196,7 +196,9 @@ const char *srv__job_state_name(int st);
 const char *srv__member_state_name(int st);
 const char *srv__kind_name(int k);
 const char *srv__policy_name(int p);
-json_t *srv__job_json(srv *s, const srv_job *j, int full);
+/* viewer: the tenant who asks (NULL: the admin), whose view names no
+ * other tenant's job. */
+json_t *srv__job_json(srv *s, const srv_job *j, int full, const char *viewer);
 /* Every node not gone, with the work placed on it (tenant: others hidden). */
 json_t *srv__nodes_json(srv *s, const char *tenant);
 int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
