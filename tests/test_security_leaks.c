@@ -13,6 +13,7 @@
 
 #include "fleet_util.h"
 
+#include <nettle/sha2.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,12 +225,110 @@ static void test_pending_reason_names_no_other_tenant(void **state)
     tf_stop(&f);
 }
 
+/* ---- secrets at rest ------------------------------------------------------ */
+
+static void sha256_text(const char *secret, char out[72])
+{
+    struct sha256_ctx c;
+    uint8_t d[SHA256_DIGEST_SIZE];
+    sha256_init(&c);
+    sha256_update(&c, strlen(secret), (const uint8_t *)secret);
+    sha256_digest(&c, sizeof d, d);
+    strcpy(out, "sha256:");
+    for (int i = 0; i < 32; i++) snprintf(out + 7 + 2 * i, 3, "%02x", d[i]);
+}
+
+/* Runs one SQL statement on the fleet's database; returns the first column
+ * of the first row, if any (caller frees). */
+static char *db_exec(tf_fleet *f, const char *sql)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/state.db", f->dir);
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    if (sqlite3_open(path, &db) || sqlite3_prepare_v2(db, sql, -1, &st, NULL))
+        fail_msg("%s: %s: %s", path, sql, sqlite3_errmsg(db));
+    char *v = NULL;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW && sqlite3_column_text(st, 0)) v = strdup((const char *)sqlite3_column_text(st, 0));
+    else if (rc != SQLITE_ROW && rc != SQLITE_DONE) fail_msg("%s: %s: %s", path, sql, sqlite3_errmsg(db));
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v;
+}
+
+/* Whether `needle` appears in the bytes of the database or its WAL. */
+static int db_files_hold(tf_fleet *f, const char *needle)
+{
+    static const char *const sfx[] = {"", "-wal"};
+    for (int i = 0; i < 2; i++) {
+        char path[4200], *text;
+        size_t len;
+        snprintf(path, sizeof path, "%s/state.db%s", f->dir, sfx[i]);
+        if (sh_read_file(path, 256 << 20, &text, &len) < 0) continue;
+        int found = memmem(text, len, needle, strlen(needle)) != NULL;
+        free(text);
+        if (found) return 1;
+    }
+    return 0;
+}
+
+static int status_of(tf_fleet *f, const char *token, const char *method, const char *path, const char *body)
+{
+    int st;
+    json_decref(tf_call(f, token, method, path, body, &st));
+    return st;
+}
+
+/* Someone who reads the server's database (a backup, a copy of the state
+ * directory) learns no node's credential, and the value stored is refused
+ * as a token; a database that holds credentials as given (written before)
+ * has them replaced by their hashes at open, and they still work.  The
+ * tokens file may give a token as "sha256:HEX", and that text itself is no
+ * token.  Before: credentials were stored as issued and worked as read. */
+static void test_secrets_stored_hashed(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "hashed", 30);
+    char *cred = fake_node(&f, "n", 1), want[72];
+    sha256_text(cred, want);
+    char *stored = db_exec(&f, "SELECT cred FROM nodes WHERE name='n'");
+    if (!stored || strcmp(stored, want)) fail_msg("node n's stored credential: %s, expected %s", stored, want);
+    if (db_files_hold(&f, cred)) fail_msg("the credential %s lies in the database files", cred);
+    assert_int_equal(status_of(&f, cred, "POST", "/v1/agent/poll", "{\"node\":\"n\"}"), 200);
+    assert_int_equal(status_of(&f, stored, "POST", "/v1/agent/poll", "{\"node\":\"n\"}"), 401);
+    free(stored);
+    /* An older database: the credential as issued. */
+    tf_stop(&f);
+    free(db_exec(&f, "UPDATE nodes SET cred='0123456789abcdef0123456789abcdef01234567' WHERE name='n'"));
+    /* Bob's token as its hash in the tokens file. */
+    char bob[72], tokens[4200], text[512];
+    sha256_text(TF_BOB, bob);
+    snprintf(tokens, sizeof tokens, "%s/tokens.json", f.dir);
+    snprintf(text, sizeof text, "{\"admin\":\"%s\",\"agent\":\"%s\",\"tenants\":{\"alice\":\"%s\",\"bob\":\"%s\"}}",
+             TF_ADMIN, TF_AGENT, TF_ALICE, bob);
+    tu_write_file(tokens, text, strlen(text));
+    tf_restart_server(&f);
+    stored = db_exec(&f, "SELECT cred FROM nodes WHERE name='n'");
+    sha256_text("0123456789abcdef0123456789abcdef01234567", want);
+    if (!stored || strcmp(stored, want)) fail_msg("the old credential was not hashed at open: %s", stored);
+    assert_int_equal(status_of(&f, "0123456789abcdef0123456789abcdef01234567", "POST", "/v1/agent/poll",
+                               "{\"node\":\"n\"}"), 200);
+    assert_int_equal(status_of(&f, stored, "POST", "/v1/agent/poll", "{\"node\":\"n\"}"), 401);
+    assert_int_equal(status_of(&f, TF_BOB, "GET", "/v1/jobs", NULL), 200);
+    assert_int_equal(status_of(&f, bob, "GET", "/v1/jobs", NULL), 401);
+    assert_int_equal(status_of(&f, TF_ALICE, "GET", "/v1/jobs", NULL), 200);
+    free(stored), free(cred);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_logs_escapes, tf_teardown),
         cmocka_unit_test_teardown(test_node_writes_only_live_logs, tf_teardown),
         cmocka_unit_test_teardown(test_pending_reason_names_no_other_tenant, tf_teardown),
+        cmocka_unit_test_teardown(test_secrets_stored_hashed, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

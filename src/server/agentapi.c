@@ -37,7 +37,7 @@ static int node_slot(srv *s)
     return s->nnodes++;
 }
 
-/* A fresh credential: 32 random bytes as hex. */
+/* A fresh credential: 20 random bytes as hex. */
 static int new_credential(char *out, size_t cap)
 {
     unsigned char r[20];
@@ -75,7 +75,11 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     }
     if (idx < 0) idx = node_slot(s);
     if (idx < 0) return idx;
-    SH_TRY(new_credential(n.cred, sizeof n.cred));
+    /* The node gets its credential once, in this reply; the server keeps
+     * its hash. */
+    char cred[48];
+    SH_TRY(new_credential(cred, sizeof cred));
+    srv__secret_hash(cred, n.cred);
     srv_node *d = &s->nodes[idx];
     n.version = d->version + 1;
     n.state = NODE_ALIVE;
@@ -88,7 +92,7 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     srv__changed(s);
     /* "protect": paths the agent hides from members (the server's state
      * directory, for agents on this host). */
-    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s],s:I}", "node", d->name, "credential", d->cred, "heartbeat_timeout",
+    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s],s:I}", "node", d->name, "credential", cred, "heartbeat_timeout",
                        s->cfg.heartbeat_timeout, "poll_wait_ms", 250, "protect", s->state_dir, "max_body",
                        (json_int_t)s->cfg.max_body);
     return SH_OK;

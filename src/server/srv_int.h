@@ -29,7 +29,7 @@ enum { P_REQUEUE, P_REPLACE, P_FAIL };
 
 typedef struct srv_node {
     char name[64], gpu_type[32], zone[32], fabric[32], addr[64], sandbox[128];
-    char cred[48];       /* the node's own credential (issued at registration) */
+    char cred[72];       /* the hash of the node's credential (srv__secret_hash) */
     int gpus, state, from_provider; /* GPUs in use: the core's (srv__node_used) */
     double price;        /* dollars per GPU-hour */
     double last_seen;    /* monotonic seconds of the last poll */
@@ -87,7 +87,8 @@ struct srv {
     struct MHD_Daemon *mhd;
     int port;
     char dir[4096]; /* directory of the database: logs/ lives there */
-    json_t *tokens;
+    json_t *tokens;       /* the tokens file, each token replaced by its hash */
+    char *provider_token; /* the agent token as given, for --provider-cmd only (else NULL) */
     json_t *tenant_num; /* tenant name -> its number (members run as uid base + number) */
     char state_dir[4096]; /* absolute s->dir: hidden from members, never writable */
     int64_t forged_job;   /* a poll's forged report, recorded after its rollback */
@@ -136,6 +137,12 @@ typedef struct srv_req {
  * as that node.  Neither reaches the tenant API, and the admin token does
  * not reach /v1/agent/. */
 enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE };
+
+/* http.c: secrets at rest.  "sha256:" and 64 hex digits, NUL included. */
+#define SRV_HASH_LEN 72
+void srv__secret_hash(const char *secret, char out[SRV_HASH_LEN]);
+/* 1 if v is a hash as srv__secret_hash writes it. */
+int srv__is_hash(const char *v);
 
 /* db.c */
 int srv__db_open(srv *s);
