@@ -322,6 +322,96 @@ static void test_secrets_stored_hashed(void **state)
     tf_stop(&f);
 }
 
+/* ---- how far a tenant's priority and output reach ---------------------------- */
+
+/* Bob asks for priority 1000 to go first and preempt alice's elastic job:
+ * refused (403, "priority_over_limit"), and alice's job runs on.  The
+ * operator may let a tenant higher (--max-priority alice=100), never past
+ * its limit; the admin's jobs are not limited.  Before: any tenant could
+ * ask for 1000 and preempt every other tenant's work. */
+static void test_priority_limit(void **state)
+{
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--max-priority alice=100");
+    tf_start_server(&f, "prio", 30);
+    char *node = fake_node(&f, "big", 8);
+    int64_t victim = tf_submit(&f, TF_ALICE, "{\"name\":\"victim\",\"kind\":\"elastic\",\"max_nodes\":1,"
+                                             "\"gpus_per_node\":8,\"gpu_types\":[\"EVIL\"],\"command\":[\"true\"]}");
+    json_decref(tf_wait_job(&f, victim, "starting", 10));
+    const char *gang = "{\"name\":\"%s\",\"nodes\":1,\"gpus_per_node\":8,\"priority\":%d,"
+                       "\"gpu_types\":[\"EVIL\"],\"command\":[\"true\"]}";
+    char body[512];
+    snprintf(body, sizeof body, gang, "jump", 1000);
+    json_t *e = expect_error(&f, TF_BOB, "POST", "/v1/jobs", body, 403, "above tenant bob's limit of 0");
+    assert_string_equal(json_string_value(json_object_get(e, "reason")), "priority_over_limit");
+    json_decref(e);
+    snprintf(body, sizeof body, gang, "one", 1);
+    json_decref(expect_error(&f, TF_BOB, "POST", "/v1/jobs", body, 403, "--max-priority"));
+    snprintf(body, sizeof body, gang, "alice-high", 101);
+    json_decref(expect_error(&f, TF_ALICE, "POST", "/v1/jobs", body, 403, "limit of 100"));
+    /* At the limit, and below it, jobs are taken; the victim is untouched. */
+    snprintf(body, sizeof body, gang, "zero", 0);
+    int64_t zero = tf_submit(&f, TF_BOB, body);
+    snprintf(body, sizeof body, gang, "low", -5);
+    tf_submit(&f, TF_BOB, body);
+    sh_sleep(0.5);
+    json_t *v = tf_wait_job(&f, victim, "starting", 1);
+    assert_int_equal(json_integer_value(json_object_get(v, "attempt")), 1);
+    json_decref(v);
+    json_decref(tf_wait_job(&f, zero, "pending", 1));
+    snprintf(body, sizeof body, gang, "admin", 1000);
+    tf_submit(&f, TF_ADMIN, body);
+    /* A limit for a tenant the tokens file lacks stops the server. */
+    char *out = NULL;
+    int rc = tu_run(&out, "%s server --tokens %s/tokens.json --db %s/other.db --port 0 --max-priority carol=5",
+                    tu_shoal(), f.dir, f.dir);
+    if (rc == 0 || !strstr(out, "no tenant \"carol\"")) fail_msg("--max-priority carol=5: exit %d:\n%s", rc, out);
+    free(out), free(node);
+    tf_stop(&f);
+}
+
+/* Bob runs four ranks, each well under the server's limit for one rank's
+ * log, that together pass his tenant's budget (--max-tenant-log 24KiB):
+ * past it, his ranks' output is dropped with a note in each log and an
+ * event; alice's rank beside them keeps all of its output.  Before: only
+ * each rank's log was limited, so the ranks of one tenant together could
+ * fill the disk the database lives on. */
+static void test_tenant_log_budget(void **state)
+{
+    tf_fleet f = {0};
+    snprintf(f.extra, sizeof f.extra, "--max-tenant-log 24KiB");
+    tf_start_server(&f, "tlog", 10);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    const char *print = "yes 123456789 | head -n 1000; echo end-of-output"; /* 10,000 bytes and a line */
+    int64_t bob[4];
+    for (int i = 0; i < 4; i++) bob[i] = submit_sh(&f, TF_BOB, "chatty", "", print);
+    int64_t alice = submit_sh(&f, TF_ALICE, "quiet", "", print);
+    size_t total = 0;
+    int noted = 0, whole = 0;
+    for (int i = 0; i < 4; i++) {
+        char *l = tf_wait_log(&f, bob[i], 60, NULL);
+        total += strlen(l);
+        noted += strstr(l, "the logs of tenant bob reached the server's limit") != NULL;
+        whole += strstr(l, "end-of-output") != NULL;
+        free(l);
+    }
+    /* Past the budget each log gets one note (about 190 bytes) more. */
+    if (total > 24 * 1024 + 4 * 300 || !noted || whole > 2)
+        fail_msg("bob's logs hold %zu bytes, %d with the note, %d whole", total, noted, whole);
+    char *l = tf_wait_log(&f, alice, 60, NULL);
+    if (!strstr(l, "end-of-output") || strstr(l, "reached")) fail_msg("alice's log:\n%.2000s", l);
+    free(l);
+    int st, found = 0;
+    json_t *ev = tf_call(&f, TF_BOB, "GET", "/v1/events?limit=1000", NULL, &st);
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(ev, "events"), i, e) found |= !strcmp(
+        json_string_value(json_object_get(e, "kind")), "log_budget");
+    json_decref(ev);
+    if (!found) fail_msg("no log_budget event for bob");
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -329,6 +419,8 @@ int main(void)
         cmocka_unit_test_teardown(test_node_writes_only_live_logs, tf_teardown),
         cmocka_unit_test_teardown(test_pending_reason_names_no_other_tenant, tf_teardown),
         cmocka_unit_test_teardown(test_secrets_stored_hashed, tf_teardown),
+        cmocka_unit_test_teardown(test_priority_limit, tf_teardown),
+        cmocka_unit_test_teardown(test_tenant_log_budget, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

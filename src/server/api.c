@@ -114,6 +114,24 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
         srv__job_free(j);
         return rc;
     }
+    /* A job of higher priority goes first and may preempt lower-priority
+     * work of every tenant: how high a tenant may ask is the operator's
+     * (--max-priority; by default 0, the priority of a job that asks for
+     * none, so that no tenant preempts another's work by default). */
+    if (r->role == ROLE_TENANT) {
+        json_t *cap = json_object_get(s->prio_max, j->tenant);
+        int max = cap ? (int)json_integer_value(cap) : s->prio_default;
+        if (j->priority > max) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "job: field \"priority\": %d is above tenant %s's limit of %d (set by the"
+                                      " operator: shoal server --max-priority); a higher priority may preempt"
+                                      " other tenants' work", j->priority, j->tenant, max);
+            srv__job_free(j);
+            *status = 403;
+            *reply = json_pack("{s:s,s:s,s:i}", "error", msg, "reason", "priority_over_limit", "max_priority", max);
+            return SH_OK;
+        }
+    }
     int64_t dup = j->idem[0] ? idem_lookup(s, j->tenant, j->idem) : 0;
     if (dup && srv__job(s, dup)) {
         /* A retried submit (same idempotency key) gets the job it created. */

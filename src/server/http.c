@@ -512,6 +512,32 @@ static int check_allowed_tenants(srv *s)
     return SH_OK;
 }
 
+/* --max-priority: "N" sets every tenant's limit, "TENANT=N" one tenant's
+ * (the later entry wins); each TENANT must be in the tokens file. */
+static int load_max_priority(srv *s)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", s->cfg.max_priority ? s->cfg.max_priority : "");
+    s->prio_max = json_object();
+    if (!s->prio_max) return sh_err(SH_ENOMEM, "--max-priority");
+    for (char *sv = NULL, *e = strtok_r(buf, ":", &sv); e; e = strtok_r(NULL, ":", &sv)) {
+        char *eq = strchr(e, '=');
+        int64_t n;
+        if (sh_parse_i64(eq ? eq + 1 : e, &n, "--max-priority") < 0 || n < -1000 || n > 1000)
+            return sh_err(SH_EINVAL, "--max-priority %s: expected N or TENANT=N with N in -1000..1000", e);
+        if (!eq) {
+            s->prio_default = (int)n;
+            continue;
+        }
+        *eq = 0;
+        if (!json_object_get(json_object_get(s->tokens, "tenants"), e))
+            return sh_err(SH_EINVAL, "--max-priority %s=%lld: no tenant \"%s\" in %s", e, (long long)n, e,
+                          s->cfg.tokens_path);
+        json_object_set_new(s->prio_max, e, json_integer(n));
+    }
+    return SH_OK;
+}
+
 int srv_start(const srv_config *cfg, srv **out)
 {
     srv *s = calloc(1, sizeof *s);
@@ -522,6 +548,7 @@ int srv_start(const srv_config *cfg, srv **out)
     if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
     if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
     if (!s->cfg.max_log) s->cfg.max_log = SRV_MAX_LOG;
+    if (!s->cfg.max_tenant_log) s->cfg.max_tenant_log = SRV_MAX_TENANT_LOG;
     if (!s->cfg.max_queued) s->cfg.max_queued = SRV_MAX_QUEUED;
     if (s->cfg.scale_up_wait_s <= 0) s->cfg.scale_up_wait_s = 2;
     if (s->cfg.scale_down_idle_s <= 0) s->cfg.scale_down_idle_s = 10;
@@ -535,6 +562,7 @@ int srv_start(const srv_config *cfg, srv **out)
     pthread_cond_init(&s->sched_cv, NULL);
     int rc = load_tokens(s);
     if (rc == SH_OK) rc = check_allowed_tenants(s);
+    if (rc == SH_OK) rc = load_max_priority(s);
     if (rc == SH_OK && !realpath(s->dir, s->state_dir))
         rc = sh_err_errno(errno, "%s: the database's directory", s->dir);
     /* One server per database: a second would schedule the same nodes. */
@@ -593,6 +621,8 @@ void srv_stop(srv *s)
     free_state(s);
     json_decref(s->tokens);
     free(s->provider_token);
+    json_decref(s->prio_max);
+    free(s->tlog);
     json_decref(s->tenant_num);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -53,6 +53,16 @@ typedef struct srv_hist {
     double sum;
 } srv_hist;
 
+/* What one tenant's rank logs take on disk: counted from the files when
+ * first needed and again (at most every SRV_TLOG_RECOUNT_S) when the
+ * budget is reached, and kept up by every append in between. */
+typedef struct srv_tlog {
+    char tenant[64];
+    uint64_t bytes;
+    double counted; /* monotonic seconds of the last count from the files */
+} srv_tlog;
+#define SRV_TLOG_RECOUNT_S 10.0
+
 typedef struct srv_job {
     int64_t id;
     char tenant[64], name[128], idem[128], reason[256];
@@ -66,6 +76,7 @@ typedef struct srv_job {
     int nmem;
     srv_member *mem;
     uint64_t log_checked;                /* ranks whose log file this process has repaired */
+    uint64_t log_tenant_full;            /* ranks whose log has the note of the tenant's budget */
     int rdzv_port;                       /* MASTER_PORT of this attempt (0: not chosen yet) */
     double t_placed;                     /* wall time this attempt was placed (metrics) */
     int nprefer;                         /* replace policy: nodes to keep, by rank */
@@ -89,6 +100,10 @@ struct srv {
     char dir[4096]; /* directory of the database: logs/ lives there */
     json_t *tokens;       /* the tokens file, each token replaced by its hash */
     char *provider_token; /* the agent token as given, for --provider-cmd only (else NULL) */
+    json_t *prio_max;     /* --max-priority: tenant -> the highest priority its jobs may ask */
+    int prio_default;     /* ... for a tenant not in prio_max */
+    struct srv_tlog *tlog; /* bytes of each tenant's rank logs on disk (agentapi.c) */
+    int ntlog, cap_tlog;
     json_t *tenant_num; /* tenant name -> its number (members run as uid base + number) */
     char state_dir[4096]; /* absolute s->dir: hidden from members, never writable */
     int64_t forged_job;   /* a poll's forged report, recorded after its rollback */
