@@ -4,8 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 const char cli_help_logs[] = "print a job's output (one rank), -f to follow until it ends";
 
