@@ -160,6 +160,30 @@ static void test_node_writes_only_live_logs(void **state)
     tf_stop(&f);
 }
 
+/* A node's name, GPU type, zone, fabric, address and sandbox are shown on
+ * the admin's terminal (shoal nodes, shoal job): a node registering with
+ * escape sequences in them is refused (400), naming the field.  Before:
+ * only '/' was refused in a name, and nothing in the other fields. */
+static void test_node_fields_escapes(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "nodeesc", 30);
+    static const char *const bodies[][2] = {
+        {"{\"name\":\"n\\u001b]0;PWNED\\u0007\",\"gpu_type\":\"H100\",\"gpus\":1}", "field \"name\""},
+        {"{\"name\":\"n1\",\"gpu_type\":\"H100\\u009b2J\",\"gpus\":1}", "field \"gpu_type\""},
+        {"{\"name\":\"n1\",\"gpu_type\":\"H100\",\"gpus\":1,\"zone\":\"z\\r\"}", "field \"zone\""},
+        {"{\"name\":\"n1\",\"gpu_type\":\"H100\",\"gpus\":1,\"sandbox\":\"bwrap\\u007f\"}", "field \"sandbox\""},
+    };
+    for (int i = 0; i < 4; i++)
+        json_decref(expect_error(&f, TF_AGENT, "POST", "/v1/agent/register", bodies[i][0], 400, bodies[i][1]));
+    int st;
+    json_t *n = tf_call(&f, TF_ADMIN, "GET", "/v1/nodes", NULL, &st);
+    assert_int_equal(json_array_size(json_object_get(n, "nodes")), 0);
+    json_decref(n);
+    free(fake_node(&f, "n1", 1)); /* printable text still registers */
+    tf_stop(&f);
+}
+
 /* ---- what a pending job's reason tells of others --------------------------- */
 
 static json_t *get_job(tf_fleet *f, const char *token, int64_t id)
@@ -417,6 +441,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_logs_escapes, tf_teardown),
         cmocka_unit_test_teardown(test_node_writes_only_live_logs, tf_teardown),
+        cmocka_unit_test_teardown(test_node_fields_escapes, tf_teardown),
         cmocka_unit_test_teardown(test_pending_reason_names_no_other_tenant, tf_teardown),
         cmocka_unit_test_teardown(test_secrets_stored_hashed, tf_teardown),
         cmocka_unit_test_teardown(test_priority_limit, tf_teardown),

@@ -20,6 +20,11 @@ static int copy_str(const json_t *b, const char *key, int req, char *dst, size_t
     const char *v = def;
     SH_TRY(sh_json_get_str(b, key, req, "register", &v));
     if (strlen(v) >= cap) return sh_err(SH_EFORMAT, "register: field \"%s\": longer than %zu", key, cap - 1);
+    /* Shown on the admin's terminal (shoal nodes, shoal job): a node's
+     * text must not drive it. */
+    if (sh_control_at(v) >= 0)
+        return sh_err(SH_EFORMAT, "register: field \"%s\": holds a control character at byte %ld; use printable"
+                                  " text", key, sh_control_at(v));
     snprintf(dst, cap, "%s", v);
     return SH_OK;
 }
