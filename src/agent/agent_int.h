@@ -15,6 +15,8 @@ enum { SB_NONE, SB_BWRAP, SB_GVISOR };
 #define AGENT_MAX_MASKS (2 + AGENT_MAX_PROTECT)
 /* Placeholder in a member's argv for the seccomp filter's fd. */
 #define AGENT_SECCOMP_FD "@shoal-seccomp-fd@"
+/* ... and for the fd of the rank's environment (bwrap --args). */
+#define AGENT_ENV_FD "@shoal-env-fd@"
 /* Members run as uid/gid AGENT_UID_BASE + the tenant's number (the server
  * numbers tenants): far above any account a system creates. */
 #define AGENT_UID_BASE 2000000000u
@@ -88,7 +90,20 @@ void agent__cgroup_root(const char *ctl, char *out, size_t cap);
 void agent__limits(const agent *a, const json_t *d, long long *mem_mb, long long *npids, double *cpus);
 /* In the workload process, before the exec of argv: enters the member's
  * jail (src/agent/jail.c); returns 0 or -errno. */
-int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv);
+int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv, char **env,
+                      const int *wfd);
+/* The absolute path of a sandbox tool on the agent's PATH, into out; an
+ * error unless it and every directory above it are root's and writable by
+ * root only (sandbox.c). */
+int agent__find_tool(const char *name, char *out, size_t cap);
+/* runsc's path, found when gVisor was probed. */
+const char *agent__runsc(void);
+/* The environment the sandbox tools run with (the agent's, never a job's). */
+extern char *const agent__tool_env[];
+/* The rank's environment: the one place it is built ("K=V", NULL-ended;
+ * free with agent__env_free). */
+char **agent__rank_env(const agent_member *m, const json_t *d);
+void agent__env_free(char **env);
 /* The paths a member must not see, into masks; returns how many: the work
  * root and the protected paths the server named that exist here (the
  * outermost of them).  closed (4096 bytes, may be NULL) gets the work

@@ -106,20 +106,9 @@ char **agent__gvisor_argv(const agent *a, const agent_member *m, const json_t *d
     size_t i;
     json_t *v;
     json_array_foreach(json_object_get(d, "command"), i, v) json_array_append(args, v);
-    char kv[4200];
-    const char *const fixed[][2] = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", m->workdir},
-                                    {"LANG", "C.UTF-8"}, {"SHOAL_WORKDIR", m->workdir}};
-    for (int k = 0; k < 4; k++) {
-        snprintf(kv, sizeof kv, "%s=%s", fixed[k][0], fixed[k][1]);
-        json_array_append_new(env, json_string(kv));
-    }
-    const char *key;
-    json_object_foreach(json_object_get(d, "env"), key, v) {
-        sh_buf b = {0};
-        sh_buf_printf(&b, "%s=%s", key, json_string_value(v));
-        json_array_append_new(env, json_stringn((char *)b.data, b.len));
-        sh_buf_free(&b);
-    }
+    char **renv = agent__rank_env(m, d);
+    for (char **p = renv; p && *p; p++) json_array_append_new(env, json_string(*p));
+    agent__env_free(renv);
     /* A closed ancestor of the work root as an empty tmpfs (the member
      * could not pass it), the "writable" directories, then the hidden paths
      * over them (a writable directory may hold the server's state), then
@@ -164,7 +153,7 @@ static int run_capture(char **argv, sh_buf *out)
         close(p[0]);
         dup2(p[1], 1);
         dup2(p[1], 2);
-        execvp(argv[0], argv);
+        execve(agent__runsc(), argv, agent__tool_env);
         _exit(127);
     }
     close(p[1]);
