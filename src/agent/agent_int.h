@@ -37,6 +37,10 @@ typedef struct agent_member {
     uint64_t disk_max, files_max; /* the work directory's bounds (quota.c) */
     uint64_t disk_used;           /* bytes it held at the last look (0: none yet) */
     double disk_next;             /* when it is measured next (monotonic) */
+    uint64_t fds_max, nofile;     /* open files: the rank's together, one process's */
+    pid_t disk_pid;               /* the child measuring it, or 0 */
+    int disk_fd;                  /* its result pipe, or -1 */
+    double disk_t0;               /* when that measure started */
 } agent_member;
 
 typedef struct agent {
@@ -49,6 +53,7 @@ typedef struct agent {
     char protect[AGENT_MAX_PROTECT][1024]; /* paths the server asked to hide */
     int nprotect;
     long long mem_mb; /* the node's memory */
+    uint64_t file_max; /* the node's file table (fs.file-max) */
     int ncpu;
     char gpu_type[64];
     char work_abs[4096];
@@ -57,6 +62,8 @@ typedef struct agent {
     int nm, cap;
     int64_t version;
     size_t log_budget; /* bytes of JSON output one poll may carry */
+    pid_t cleaners[64]; /* children removing finished work directories */
+    int ncleaners;
 } agent;
 
 /* The output one poll carries when the server does not say its largest
@@ -74,10 +81,17 @@ double agent__node_share(const agent *a, const json_t *d);
 int agent__dir_usage(const char *dir, uint64_t max_bytes, uint64_t max_files, uint64_t *bytes, uint64_t *files);
 /* Sets m's disk bounds: its share of the work root's file system, lowered
  * by the job's disk_mb. */
-void agent__disk_init(const agent *a, agent_member *m, const json_t *d);
+int agent__disk_init(const agent *a, agent_member *m, const json_t *d);
+/* The share of the work file system kept free for the control plane. */
+#define AGENT_DISK_RESERVE_PCT 5
+#define AGENT_DISK_RESERVE_MIN (512ull << 20)
+/* Open files one process of a rank may hold (RLIMIT_NOFILE). */
+#define AGENT_NOFILE 65536u
 /* Measures m's work directory when due; a member over its bounds is told
  * why in its log and stopped. */
 void agent__disk_check(agent *a, agent_member *m, double now);
+/* Stops a measure of m's work directory that is under way. */
+void agent__disk_abort(agent_member *m);
 int agent__release(agent *a, agent_member *m);
 void agent__stop(agent *a, agent_member *m, double now);
 void agent__cgroup_cleanup(agent_member *m);

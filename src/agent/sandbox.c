@@ -22,6 +22,7 @@
 #include <grp.h>
 #include <linux/close_range.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -604,6 +605,11 @@ static void child(agent *a, agent_member *m, const json_t *d, int out, int barri
     signal(SIGTERM, SIG_DFL);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (chdir(m->workdir) < 0) _exit(126);
+    /* Open files per process, soft and hard (the rank cannot raise it);
+     * under gVisor the limit is the container's (its spec): the sentry
+     * itself needs the host's. */
+    struct rlimit nf = {(rlim_t)m->nofile, (rlim_t)m->nofile};
+    if (a->mode != SB_GVISOR && m->nofile && setrlimit(RLIMIT_NOFILE, &nf) < 0) _exit(126);
     signal(SIGPIPE, SIG_DFL);
     umask(022);
     int e = -agent__jail_enter(a, m, d, argv, env, wfd);
