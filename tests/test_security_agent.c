@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -310,6 +311,23 @@ static void writable_owner(const char *mode)
     log_has("another tenant's folder", l, "is another tenant's");
     log_lacks("another tenant's folder", l, "ran\n");
     free(l);
+    /* A path through a symbolic link (to a root-only directory) is refused
+     * at launch, whichever component the link is. */
+    char secret[4200], link[4200];
+    snprintf(secret, sizeof secret, "%s/fold-root-%s/in", tu_tmpdir(), mode);
+    snprintf(link, sizeof link, "%s/fold-link-%s", tu_tmpdir(), mode);
+    TU_OK(sh_mkdir_p(secret, 0700));
+    *strrchr(secret, '/') = 0;
+    unlink(link);
+    TU_OK(symlink(secret, link));
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s/in\"]", link);
+    l = tf_wait_log(&f, submit_sh(&f, TF_BOB, "link", extra, "echo ran"), 60, NULL);
+    log_has("a link in the path", l, "without symbolic links");
+    log_lacks("a link in the path", l, "ran\n");
+    free(l);
+    snprintf(p, sizeof p, "%s/in", secret);
+    TU_OK(stat(p, &st));
+    if (st.st_uid != 0) fail_msg("the root-only directory behind the link was given to uid %u", (unsigned)st.st_uid);
     /* Bob's own folder, opened to others. */
     chmod(w, 0755);
     snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", w);
@@ -468,6 +486,12 @@ static void test_workdir_tree(void **state)
  * of fs.file-max / 32) are stopped, with the limit named in the log. */
 static void test_open_files(void **state)
 {
+    /* An agent started with a high hard limit (as a service manager may
+     * give it): without the agent's own limit the rank would take that. */
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_max = 1048576;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0) fprintf(stderr, "cannot raise the hard RLIMIT_NOFILE: %s\n", strerror(errno));
     tf_fleet f = {0};
     snprintf(f.agent_extra, sizeof f.agent_extra, "--sandbox bwrap");
     tf_start_server(&f, "nofile", 10);
