@@ -4,6 +4,7 @@
 #include "agent_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -373,10 +374,12 @@ static int setup(agent *a, const agent_config *cfg)
         agent__cgroup_sweep(a->cg_root[k]);
     }
     a->ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    char *fm = NULL;
-    size_t fl;
-    a->file_max = sh_read_file("/proc/sys/fs/file-max", 64, &fm, &fl) == 0 ? strtoull(fm, NULL, 10) : 0;
-    free(fm);
+    /* A /proc file's size reads as 0: read it as a stream. */
+    FILE *fm = fopen("/proc/sys/fs/file-max", "r");
+    unsigned long long fmax = 0;
+    if (fm && fscanf(fm, "%llu", &fmax) != 1) fmax = 0;
+    if (fm) fclose(fm);
+    a->file_max = fmax;
     if (a->file_max < 65536 || a->file_max > (1ull << 40)) a->file_max = a->file_max < 65536 ? 65536 : 1ull << 40;
     a->mem_mb = (long long)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) >> 20;
     if (a->ncpu < 1) a->ncpu = 1;

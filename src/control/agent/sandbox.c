@@ -608,7 +608,8 @@ static void child(agent *a, agent_member *m, const json_t *d, int out, int barri
     /* Open files per process, soft and hard (the rank cannot raise it);
      * under gVisor the limit is the container's (its spec): the sentry
      * itself needs the host's. */
-    struct rlimit nf = {(rlim_t)m->nofile, (rlim_t)m->nofile};
+    struct rlimit nf = {(rlim_t)m->nofile, (rlim_t)m->nofile}, own;
+    if (getrlimit(RLIMIT_NOFILE, &own) == 0 && own.rlim_max < nf.rlim_max) nf.rlim_cur = nf.rlim_max = own.rlim_max;
     if (a->mode != SB_GVISOR && m->nofile && setrlimit(RLIMIT_NOFILE, &nf) < 0) _exit(126);
     signal(SIGPIPE, SIG_DFL);
     umask(022);
