@@ -3,7 +3,7 @@
  *
  * The bundle's root is the host's / read-only, as the sentry's gofer sees
  * it after jail.c's mount preparation (hidden work root and state
- * directory, idmapped "writable" directories); the member's work
+ * directory, "writable" directories attached from their descriptors); the member's work
  * directory, its "writable" directories and a private /tmp are mounted
  * into it, and /proc, /sys and /dev are the sentry's own.  The process runs
  * as the member's uid with no capabilities and no_new_privs, and the pids,

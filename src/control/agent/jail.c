@@ -6,16 +6,20 @@
  *   1. a private mount namespace, in which the agent's work root, the
  *      server's state directory and any directory others may not enter are
  *      hidden under empty tmpfs mounts, and the member's own work directory
- *      and its "writable" directories are bound back in;
- *   2. each "writable" directory is bound through an idmapped mount that
- *      shows its owner as the member's uid, so that the job can write where
- *      the admin allowed it, and only there, without host privileges;
+ *      is bound back in;
+ *   2. the "writable" directories (the member's own: sandbox.c checked
+ *      them and gave them to its uid) are mounted from the descriptors
+ *      opened at launch, never from a path: detached copies (nosuid,
+ *      nodev) made before the namespace exists, attached beside the bundle
+ *      for runsc, or by bwrap itself (--bind-fd);
  *   3. the process drops to the member's uid and gid with no supplementary
  *      groups (its capabilities go with uid 0);
- *   4. it execs bwrap, unprivileged, which adds user, pid, ipc, uts and
- *      cgroup namespaces, a read-only view of everything, a fresh /proc, a
- *      minimal /dev, a private /tmp, no_new_privs and the seccomp filter
- *      built here.
+ *   4. it execs bwrap, unprivileged, by the absolute path checked at agent
+ *      start and with the agent's environment, which adds user, pid, ipc,
+ *      uts and cgroup namespaces, a new session, a read-only view of
+ *      everything, a fresh /proc, a minimal /dev, a private /tmp,
+ *      no_new_privs and the seccomp filter built here, and then sets the
+ *      rank's environment (read from a memfd) for the workload's exec.
  * Any step that fails stops the launch: a member never runs with less
  * isolation than its agent announced. */
 #include "agent_int.h"
