@@ -367,7 +367,12 @@ static void writable_race(const char *mode)
     pid_t swapper = fork();
     if (swapper == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        for (;;) syscall(SYS_renameat2, AT_FDCWD, d, AT_FDCWD, l, RENAME_EXCHANGE);
+        /* A millisecond between swaps: each state lasts long enough for
+         * one step of a launch to see it, and changes between steps. */
+        for (;;) {
+            syscall(SYS_renameat2, AT_FDCWD, d, AT_FDCWD, l, RENAME_EXCHANGE);
+            usleep(1000);
+        }
     }
     enum { N = 24 };
     int64_t ids[N];
