@@ -131,8 +131,10 @@ static void env_attack(const char *mode)
     need_mode(mode);
     tf_fleet f = {0};
     start(&f, "envatk", mode, 8);
+    /* Directly under /tmp: a place any tenant's uid can reach (the test's
+     * own folder may lie under a closed one). */
     char dir[4200];
-    snprintf(dir, sizeof dir, "%s", tu_path("evil"));
+    snprintf(dir, sizeof dir, "/tmp/shoal-evil-%d", (int)getpid());
     plant(dir);
     /* Every variable at once, and each alone: one that the agent applied
      * before the jail would run the attacker's code outside it. */
@@ -169,6 +171,7 @@ static void env_attack(const char *mode)
         free(l);
     }
     tf_stop(&f);
+    sh_rm_rf(dir);
 }
 
 static void test_env_attack_bwrap(void **state) { env_attack("bwrap"); }
@@ -274,6 +277,13 @@ static void writable_owner(const char *mode)
 {
     need_mode(mode);
     tf_fleet f = {0};
+    /* A folder every user could reach were it open (directly under /tmp):
+     * the test's own folder may lie under a closed one. */
+    char open_dir[256];
+    snprintf(open_dir, sizeof open_dir, "/tmp/shoal-open-%d-%s", (int)getpid(), mode);
+    snprintf(f.extra, sizeof f.extra, "--allow-writable %s", open_dir);
+    sh_rm_rf(open_dir);
+    TU_OK(sh_mkdir_p(open_dir, 0755));
     start(&f, "wown", mode, 8);
     char w[4200], extra[4400], script[8800], p[4400];
     snprintf(w, sizeof w, "%s/fold-own-%s", tu_tmpdir(), mode);
@@ -328,14 +338,16 @@ static void writable_owner(const char *mode)
     snprintf(p, sizeof p, "%s/in", secret);
     TU_OK(stat(p, &st));
     if (st.st_uid != 0) fail_msg("the root-only directory behind the link was given to uid %u", (unsigned)st.st_uid);
-    /* Bob's own folder, opened to others. */
-    chmod(w, 0755);
-    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", w);
+    /* Bob's own folder, opened to others where others can reach it. */
+    TU_OK(chown(open_dir, bob, bob));
+    chmod(open_dir, 0755);
+    snprintf(extra, sizeof extra, ",\"writable\":[\"%s\"]", open_dir);
     l = tf_wait_log(&f, submit_sh(&f, TF_BOB, "open", extra, "echo ran"), 60, NULL);
     log_has("a folder others can enter", l, "lets other tenants in");
     log_lacks("a folder others can enter", l, "ran\n");
     free(l);
     tf_stop(&f);
+    sh_rm_rf(open_dir);
 }
 
 static void test_writable_owner_bwrap(void **state) { writable_owner("bwrap"); }

@@ -66,9 +66,11 @@ int agent__disk_init(const agent *a, agent_member *m, const json_t *d)
         if (fs.f_files) inodes = fs.f_favail > fs.f_files / 20 ? fs.f_favail - fs.f_files / 20 : 0;
     }
     if (avail <= reserve || inodes < 1000)
-        return sh_err(SH_ENOSPC, "the node's work file system has %llu MiB free, at most its reserve of %llu MiB"
-                                 " for the control plane: no disk share for a new rank",
-                      (unsigned long long)(avail >> 20), (unsigned long long)(reserve >> 20));
+        return sh_err(SH_ENOSPC, "the node's work file system %s has %llu MiB and %llu inodes free beyond"
+                                 " its reserve for the control plane (%llu MiB, 5%% of the inodes): no disk share"
+                                 " for a new rank",
+                      a->cfg.work_dir, (unsigned long long)(avail > reserve ? (avail - reserve) >> 20 : 0),
+                      (unsigned long long)inodes, (unsigned long long)(reserve >> 20));
     m->disk_max = (uint64_t)((avail - reserve) * share);
     m->files_max = (uint64_t)(inodes * share);
     if (m->disk_max < (1ull << 20)) m->disk_max = 1ull << 20;
