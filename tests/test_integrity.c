@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "weights/delta/delta_int.h"
-#include "control/sched/sched_int.h"
+#include "control/sched/query_int.h"
 #include "shoal/bcast.h"
 #include "shoal/ckpt.h"
 #include "shoal/delta.h"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "query_int.h"
 
 static int check_node(const sched *s, uint32_t ni, int *busy, int *up)
 {

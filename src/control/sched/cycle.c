@@ -4,47 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "cycle_int.h"
 
 #define GROW(arr, cap, need) sched__grow((void **)&(arr), &(cap), (need), sizeof *(arr))
 
-/* ---- Decisions ------------------------------------------------------------ */
-
-void sched_decisions_free(sched_decisions *d)
-{
-    if (!d) return;
-    free(d->v), free(d->places);
-    memset(d, 0, sizeof *d);
-}
-
-int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni)
-{
-    SH_TRY(GROW(d->v, d->cap, d->n + 1));
-    sched_decision *x = &d->v[d->n++];
-    memset(x, 0, sizeof *x);
-    x->kind = k;
-    x->job_ix = ji;
-    x->job = ji != NONE ? s->jobs[ji].id : NULL;
-    x->node = ni != NONE ? s->nodes[ni].id : NULL;
-    x->first = d->n_places;
-    return 0;
-}
-
-/* Adds a place to the last decision. */
-int sched__emit_place(sched_decisions *d, const sched *s, const splace *p)
-{
-    SH_TRY(GROW(d->places, d->cap_places, d->n_places + 1));
-    d->places[d->n_places++] = (sched_place){s->nodes[p->node].id, p->node, p->gpus, p->gmask, p->since};
-    d->v[d->n - 1].count++;
-    return 0;
-}
-
-int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni)
-{
-    SH_TRY(GROW(s->pend, s->cappend, s->npend + 1));
-    s->pend[s->npend++] = (spending){k, ji, ni, NULL, 0};
-    return 0;
-}
 
 static int wait_add(sched *s, uint32_t ji)
 {

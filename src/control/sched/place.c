@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "place_int.h"
 
 int sched__type_hist_grow(sched *s, uint32_t t, size_t n)
 {

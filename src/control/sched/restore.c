@@ -7,7 +7,7 @@
  * whole before anything is booked, so a refused restore changes nothing. */
 #include <string.h>
 
-#include "sched_int.h"
+#include "cycle_int.h"
 
 /* The rules a START decision would have kept: a gang gets exactly `nodes`
  * distinct nodes of one pool with gpus_per_node each; elastic replicas of

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "room_int.h"
 
 #define GROW(arr, cap, need) sched__grow((void **)&(arr), &(cap), (need), sizeof *(arr))
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "query_int.h"
 
 static const char *const wait_names[] = {"", "resources", "reservation", "reserved", "fair_share",
                                          "next_cycle", "nodes_down"};

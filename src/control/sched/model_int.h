@@ -1,10 +1,13 @@
-/* Internal structures of the scheduling core (src/control/sched only).
+/* The model: the scheduling core's state and its bottom layer
+ * (src/control/sched only; docs/architecture.md lists the layers: each
+ * file calls only its own layer and the ones below, and includes only
+ * their headers).
  *
  * Everything is an index into a growable array: nodes, jobs, pools, tenants
  * and interned names never move once created, so an index is a stable
  * handle.  NONE marks "no index". */
-#ifndef SHOAL_SCHED_INT_H
-#define SHOAL_SCHED_INT_H
+#ifndef SHOAL_SCHED_MODEL_INT_H
+#define SHOAL_SCHED_MODEL_INT_H
 
 #include "shoal/common.h"
 #include "shoal/sched.h"
@@ -468,19 +471,39 @@ struct sched {
     } plan;
 };
 
-/* sched.c */
+/* ---- model.c -------------------------------------------------------------- */
 int sched__grow(void **v, size_t *cap, size_t need, size_t elem);
 uint32_t sched__intern(sched *s, const char *name, int create);
-void sched__bill(sched *s, sjob *j, const splace *p, double now);
-/* Takes `gpus` GPUs on node ni (mask 0: the lowest free indices; else the
- * mask given, which must be free) for job ji since `since`. */
-int sched__hold_at(sched *s, uint32_t ji, uint32_t ni, int gpus, uint64_t mask, double since, double now);
-double sched__place_cost(const sched *s, const splace *p, double now);
+/* SH_EINVAL unless v is a non-empty id shorter than SCHED_ID_MAX. */
+int sched__check_name(const char *what, const char *v);
+/* The index of a known node or job, or SH_ENOENT naming it. */
+int sched__find_node(const sched *s, const char *id, uint32_t *out);
+int sched__find_job(const sched *s, const char *id, uint32_t *out);
+/* Appends a decision about job ji (or NONE) on node ni (or NONE) to d. */
+int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
+/* Adds place p (held or just released) to the last decision. */
+int sched__emit_place(sched_decisions *d, const sched *s, const splace *p);
+/* A decision made by an event between steps, reported by the next step. */
+int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni);
+
+/* ---- queue.c -------------------------------------------------------------- */
 int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
 /* Removes the holes that starts left in the tenant queues during a walk. */
 void sched__queue_compact(sched *s);
-/* Inline: placement and reservations call these once per pool and node. */
+sshape *sched__shape(sched *s, uint64_t shape);
+/* The shortest est_s / fastest speed among the shape's queued jobs. */
+double sched__shape_min_len(const sched *s, sshape *sh);
+/* The highest priority among the shape's queued jobs (max_prio is only an
+ * upper bound: it never comes down as jobs leave). */
+int sched__shape_max_prio(const sched *s, sshape *sh);
+/* 1 and the highest priority among the shape's queued gangs that
+ * preempt_wait never turned down (sjob.declined) in *prio, or 0 when there
+ * is none. */
+int sched__shape_undeclined_prio(const sched *s, sshape *sh, int *prio);
+
+
+/* ---- Inline: placement and reservations call these once per pool and node. */
 static inline double sched__job_speed(const sched *s, const sjob *j, uint32_t type)
 {
     if (!j->ntypes) return 1.0;
@@ -516,88 +539,6 @@ static inline double sched__est_end(const sched *s, const sjob *j)
  * the one before (OVERRUN_STEP_S x (2^k - 1) in all after k moves). */
 #define OVERRUN_STEP_S 60.0
 
-
-sshape *sched__shape(sched *s, uint64_t shape);
-/* The shortest est_s / fastest speed among the shape's queued jobs. */
-double sched__shape_min_len(const sched *s, sshape *sh);
-/* The highest priority among the shape's queued jobs (max_prio is only an
- * upper bound: it never comes down as jobs leave). */
-int sched__shape_max_prio(const sched *s, sshape *sh);
-/* 1 and the highest priority among the shape's queued gangs that
- * preempt_wait never turned down (sjob.declined) in *prio, or 0 when there
- * is none. */
-int sched__shape_undeclined_prio(const sched *s, sshape *sh, int *prio);
-
-/* place.c */
-void sched__bucket_insert(sched *s, uint32_t ni);
-void sched__bucket_remove(sched *s, uint32_t ni);
-/* Node ni comes up (d = 1: into its free bucket) or goes down (d = -1:
- * out of it), counted in its pool's up_ge. */
-void sched__node_updown(sched *s, uint32_t ni, int d);
-int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now);
-void sched__release_place(sched *s, uint32_t ji, int k, double now);
-void sched__release_all(sched *s, uint32_t ji, double now);
-int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi);
-/* The pools a job may use, in its type order (owned by s or by the job,
- * valid until a node is added). */
-size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out);
-/* The pools of one GPU type. */
-size_t sched__type_pools(const sched *s, uint32_t type, const uint32_t **out);
-/* Makes room in type t's ge histogram for pools of up to n nodes. */
-int sched__type_hist_grow(sched *s, uint32_t t, size_t n);
-/* Whether some pool of type t has at least n UP nodes with g free GPUs. */
-static inline int sched__type_fits(const sched *s, uint32_t t, int n, int g)
-{
-    return t < s->ntpools && g <= MAXG && s->tpools[t].max_ge[g] >= n;
-}
-int sched__pool_fits(const spool *p, int n, int g);
-int sched__never_fits(sched *s, const sjob *j, char *why, size_t cap);
-typedef struct scand {
-    uint32_t nodes[SCHED__MAX_GANG];
-    int n;
-} scand;
-int sched__pick_gang(sched *s, const sjob *j, uint32_t pi, double est_end, scand *out);
-/* room.c: lists running job ji (just started) by its expected end. */
-int sched__due_add(sched *s, uint32_t ji);
-/* room.c: moves on the expected end of every running job past it at now
- * (sched_step, before any decision). */
-int sched__overdue(sched *s, double now);
-int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, uint32_t *pool);
-
-/* room.c: reserves nodes for blocked gang ji (shoal and backfill); frees
- * room for it by preemption (shoal), returning 1 when room was made. */
-int sched__make_reservation(sched *s, uint32_t ji, double now);
-/* When node ni will have g GPUs free if running work ends at its estimates
- * (never before now); cached per node. */
-double sched__node_ready(sched *s, uint32_t ni, int g, double now);
-int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now);
-/* 1 when shoal turns down victims for gang j (job ji, or NONE for a
- * probe): it would start without them (its reservation time) before now +
- * preempt_wait x its run time; 0 when it may preempt; < 0 on error. */
-int sched__preempt_declined(sched *s, const sjob *j, uint32_t ji, double now);
-/* Whether a preemption search for gang j (a job or a probe with its shape
- * and priority) could succeed now. */
-int sched__preempt_possible(sched *s, const sjob *j);
-/* The same for a gang of shape `shape` at priority prio whose search found
- * no victims in any pool before, since when room appeared only in
- * pools[0 .. n) (pools it may use): a search elsewhere still fails, so
- * only these are searched, for the gang probe(s, arg) returns (called
- * only when n > 0). */
-int sched__preempt_possible_in(sched *s, uint64_t shape, int prio, const sjob *(*probe)(sched *, void *),
-                               void *arg, const uint32_t *pools, int n);
-/* The fast search's first tests of pool p for a gang of n nodes x g GPUs
- * at priority prio: 0 when it cannot free room there (no victim below
- * prio, or more than max_victims nodes short of free ones). */
-static inline int sched__pool_may_preempt(const sched *s, const spool *p, int n, int g, int prio)
-{
-    return p->maxg_ever[g] >= n && n - p->ge[g] <= s->cfg.max_victims && p->npre_nodes &&
-           sched__prios_below(&p->pre, prio);
-}
-
-/* why.c: the wait reason and (est = 1) the start estimate of queued job
- * ji; with est = 0, est_start_s is NAN. */
-void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o, int est);
-
 /* Moves pool pi's version (any hold, release or node state change) and
  * lists it in sched.touched. */
 static inline void sched__pool_touch(sched *s, uint32_t pi)
@@ -617,23 +558,5 @@ static inline void sched__released(sched *s, uint32_t pi)
     s->rlog[++s->release_epoch % RLOG] = pi;
 }
 
-/* The distinct pools of the releases after epoch `since` (*out, owned by
- * s, valid until the next call) and their count (at most RELEASED); -1
- * when they are not all known (too many, too long ago, or one that may
- * have touched any pool). */
-int sched__released_since(sched *s, uint64_t since, const uint32_t **out);
-
-/* cycle.c */
-int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
-/* Adds place p (held or just released) to the last decision. */
-int sched__emit_place(sched_decisions *d, const sched *s, const splace *p);
-int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni);
-/* Stops a placed job and queues it again; a failure (failed = 1) sends a
- * gang to the head of its queue and counts a restart. */
-int sched__requeue(sched *s, uint32_t ji, double now, int failed);
-int sched__wait_add(sched *s, uint32_t ji);
-/* Queued jobs in the policy's order (as sched_queue), up to cap indices;
- * returns how many were written. */
-size_t sched__queue_order(sched *s, uint32_t *out, size_t cap);
 
 #endif
