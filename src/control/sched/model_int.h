@@ -94,10 +94,6 @@ typedef struct sprios {
     sprio *v;
     size_t n, cap;
 } sprios;
-/* Adds delta GPUs at priority prio (entries are never removed). */
-int sched__prios_add(sprios *a, int prio, int delta);
-/* Preemptible GPUs held at priorities below prio. */
-int sched__prios_below(const sprios *a, int prio);
 
 typedef struct spool {
     uint32_t zone, fabric, type; /* interned name indices */
