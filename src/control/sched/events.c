@@ -109,8 +109,8 @@ int sched_job_submit(sched *s, const sched_job_spec *js, double now)
     memcpy(key.t, j->types, sizeof key.t);
     j->shape = sh_hash64_of(&key, sizeof key) | 1;
     if (j->kind == SCHED_ELASTIC) {
-        SH_TRY(sched__grow((void **)&s->elastic, &s->capelastic, s->nelastic + 1, sizeof *s->elastic));
-        s->elastic[s->nelastic++] = ji;
+        SH_TRY(sched__grow((void **)&s->cyc->elastic, &s->cyc->capelastic, s->cyc->nelastic + 1, sizeof *s->cyc->elastic));
+        s->cyc->elastic[s->cyc->nelastic++] = ji;
     }
     SH_TRY(sched__queue_push(s, ji, now));
     return 0;
@@ -157,18 +157,18 @@ static void drop_refs(sched *s, uint32_t ji)
     }
     s->npend = w;
     w = 0;
-    for (size_t i = 0; i < s->nwaiting; i++)
-        if (s->waiting[i] != ji) s->waiting[w++] = s->waiting[i];
-    s->nwaiting = w;
+    for (size_t i = 0; i < s->cyc->nwaiting; i++)
+        if (s->cyc->waiting[i] != ji) s->cyc->waiting[w++] = s->cyc->waiting[i];
+    s->cyc->nwaiting = w;
     if (s->jobs[ji].kind == SCHED_ELASTIC) {
         /* Order kept: the growth pass visits elastic jobs in submit order. */
         w = 0;
-        for (size_t i = 0; i < s->nelastic; i++)
-            if (s->elastic[i] != ji) s->elastic[w++] = s->elastic[i];
-        s->nelastic = w;
+        for (size_t i = 0; i < s->cyc->nelastic; i++)
+            if (s->cyc->elastic[i] != ji) s->cyc->elastic[w++] = s->cyc->elastic[i];
+        s->cyc->nelastic = w;
     }
-    for (size_t i = 0; i < s->nresv; i++)
-        if (s->resv[i].job == ji) s->resv[i].job = NONE;
+    for (size_t i = 0; i < s->room->nresv; i++)
+        if (s->room->resv[i].job == ji) s->room->resv[i].job = NONE;
 }
 
 int sched_job_forget(sched *s, const char *id)
@@ -182,8 +182,7 @@ int sched_job_forget(sched *s, const char *id)
     SH_TRY(GROW(s->freejobs, s->capfree, s->nfree + 1));
     /* Its final bill stays in the totals for everyone; its tenant's totals
      * already hold it (sched__bill charges job and tenant together). */
-    for (size_t k = 0; k < j->ncost; k++)
-        sched__add_cost(&s->forgot_cost_t, &s->nforgot_cost, (uint32_t)k, j->cost_t[k]);
+    sched__ledger_forget(s, j);
     drop_refs(s, ji);
     free(j->places), free(j->cost_t), free(j->reason), free(j->jp);
     sched__map_del(&s->job_map, j->id); /* frees the id j->id points to */
@@ -195,34 +194,6 @@ int sched_job_forget(sched *s, const char *id)
 }
 
 /* ---- Nodes ---------------------------------------------------------------- */
-
-static uint32_t pool_of(sched *s, uint32_t z, uint32_t f, uint32_t t)
-{
-    for (size_t i = 0; i < s->npools; i++)
-        if (s->pools[i].zone == z && s->pools[i].fabric == f && s->pools[i].type == t)
-            return (uint32_t)i;
-    if (GROW(s->pools, s->cappools, s->npools + 1) < 0) return NONE;
-    spool *p = &s->pools[s->npools];
-    memset(p, 0, sizeof *p);
-    p->zone = z, p->fabric = f, p->type = t;
-    for (int g = 0; g <= MAXG; g++) p->head[g] = NONE;
-    uint32_t pi = (uint32_t)s->npools;
-    size_t cap = s->npools;
-    if (sched__grow((void **)&s->allpools, &cap, s->npools + 1, sizeof *s->allpools) < 0) return NONE;
-    s->allpools[pi] = pi;
-    if (t >= s->ntpools) {
-        size_t c = s->ntpools;
-        if (sched__grow((void **)&s->tpools, &c, (size_t)t + 1, sizeof *s->tpools) < 0) return NONE;
-        s->ntpools = c;
-    }
-    struct stpools *tp = &s->tpools[t];
-    if (GROW(tp->v, tp->cap, tp->n + 1) < 0) return NONE;
-    tp->v[tp->n++] = pi;
-    if (tp->hcap)
-        for (int g = 0; g <= MAXG; g++) tp->ge_hist[g * tp->hcap]++; /* the new pool: ge 0 */
-    s->npools++;
-    return pi;
-}
 
 int sched_node_add(sched *s, const sched_node_spec *n, double now)
 {
@@ -240,9 +211,8 @@ int sched_node_add(sched *s, const sched_node_spec *n, double now)
     uint32_t z = sched__intern(s, n->zone, 1), f = sched__intern(s, n->fabric, 1),
              t = sched__intern(s, n->gpu_type, 1);
     if (z == NONE || f == NONE || t == NONE) return SH_ENOMEM;
-    uint32_t pi = pool_of(s, z, f, t);
+    uint32_t pi = sched__pool_of(s, z, f, t); /* a new pool or price: elastic pool orders lapse */
     if (pi == NONE) return SH_ENOMEM;
-    s->pools_ver++; /* a new pool or price: elastic pool orders lapse */
     SH_TRY(GROW(s->nodes, s->capnodes, s->nnodes + 1));
     spool *p = &s->pools[pi];
     SH_TRY(GROW(p->nodes, p->capnodes, p->nnodes + 1));

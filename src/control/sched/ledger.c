@@ -45,7 +45,7 @@ static sched_bill bill_of(const sched *s, const sjob *j, const splace *p, double
  * exhaustion, as the totals are. */
 static void journal(sched *s, const sjob *j, const splace *p, double c, double now)
 {
-    if (!s->cfg.bill_journal || sched__grow((void **)&s->bills, &s->capbills, s->nbills + 1, sizeof *s->bills))
+    if (!s->cfg.bill_journal || sched__grow((void **)&s->led->bills, &s->led->capbills, s->led->nbills + 1, sizeof *s->led->bills))
         return;
     sched_bill b = bill_of(s, j, p, c, now);
     char *job = strdup(b.job), *node = strdup(b.node);
@@ -54,7 +54,7 @@ static void journal(sched *s, const sjob *j, const splace *p, double c, double n
         return;
     }
     b.job = job, b.node = node;
-    s->bills[s->nbills++] = b;
+    s->led->bills[s->led->nbills++] = b;
 }
 
 void sched__bill(sched *s, sjob *j, const splace *p, double now)
@@ -70,8 +70,8 @@ void sched__bill(sched *s, sjob *j, const splace *p, double now)
 
 size_t sched_bills(const sched *s, const sched_bill **out)
 {
-    *out = s->bills;
-    return s->nbills;
+    *out = s->led->bills;
+    return s->led->nbills;
 }
 
 size_t sched_job_closing_bills(const sched *s, const char *id, double now, sched_bill *out, size_t cap)
@@ -88,17 +88,17 @@ size_t sched_job_closing_bills(const sched *s, const char *id, double now, sched
 
 void sched_bills_drop_last(sched *s, size_t n)
 {
-    if (n > s->nbills) n = s->nbills;
-    for (size_t i = s->nbills - n; i < s->nbills; i++) free((char *)s->bills[i].job), free((char *)s->bills[i].node);
-    s->nbills -= n;
+    if (n > s->led->nbills) n = s->led->nbills;
+    for (size_t i = s->led->nbills - n; i < s->led->nbills; i++) free((char *)s->led->bills[i].job), free((char *)s->led->bills[i].node);
+    s->led->nbills -= n;
 }
 
 void sched_bills_done(sched *s, size_t n)
 {
-    if (n > s->nbills) n = s->nbills;
-    for (size_t i = 0; i < n; i++) free((char *)s->bills[i].job), free((char *)s->bills[i].node);
-    if (n && n < s->nbills) memmove(s->bills, s->bills + n, (s->nbills - n) * sizeof *s->bills);
-    s->nbills -= n;
+    if (n > s->led->nbills) n = s->led->nbills;
+    for (size_t i = 0; i < n; i++) free((char *)s->led->bills[i].job), free((char *)s->led->bills[i].node);
+    if (n && n < s->led->nbills) memmove(s->led->bills, s->led->bills + n, (s->led->nbills - n) * sizeof *s->led->bills);
+    s->led->nbills -= n;
 }
 
 /* c plus what the places job j holds now have cost so far. */
@@ -125,8 +125,8 @@ double sched_cost_job(const sched *s, const char *job, const char *gpu_type, dou
     if (gpu_type && type == NONE) return 0;
     double c = 0;
     if (!job) /* everyone: forgotten jobs too */
-        for (size_t i = 0; i < s->nforgot_cost; i++)
-            if (type == NONE || type == i) c += s->forgot_cost_t[i];
+        for (size_t i = 0; i < s->led->nforgot_cost; i++)
+            if (type == NONE || type == i) c += s->led->forgot_cost_t[i];
     for (size_t i = 0; i < s->njobs; i++)
         if (s->jobs[i].id && (!job || !strcmp(job, s->jobs[i].id))) {
             c += sched__job_cost(s, &s->jobs[i], type, now);
@@ -173,4 +173,23 @@ double sched_cost_tenant(const sched *s, const char *tenant, const char *gpu_typ
                 c += sched__place_cost(s, &j->places[k], now);
     }
     return c;
+}
+
+int sched__ledger_new(sched *s)
+{
+    return (s->led = calloc(1, sizeof *s->led)) ? 0 : SH_ENOMEM;
+}
+
+void sched__ledger_free(sched *s)
+{
+    if (!s->led) return;
+    sched_bills_done(s, s->led->nbills);
+    free(s->led->bills), free(s->led->forgot_cost_t);
+    free(s->led);
+}
+
+void sched__ledger_forget(sched *s, const sjob *j)
+{
+    for (size_t k = 0; k < j->ncost; k++)
+        sched__add_cost(&s->led->forgot_cost_t, &s->led->nforgot_cost, (uint32_t)k, j->cost_t[k]);
 }

@@ -6,6 +6,17 @@
 
 #include "model_int.h"
 
+/* The ledger's state (sched.led). */
+struct sledger {
+    sched_bill *bills; /* closed bills kept for the caller (cfg.bill_journal) */
+    size_t nbills, capbills;
+    double *forgot_cost_t; /* final bills of forgotten jobs, by type index */
+    size_t nforgot_cost;
+};
+int sched__ledger_new(sched *s);
+void sched__ledger_free(sched *s);
+/* Adds forgotten job j's bills to the totals of forgotten jobs. */
+void sched__ledger_forget(sched *s, const sjob *j);
 /* Closes the bill of place p of job j at now (a holding job's: nobody's). */
 void sched__bill(sched *s, sjob *j, const splace *p, double now);
 /* What place p has cost up to now (its seconds rounded up). */

@@ -130,3 +130,27 @@ int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni)
     s->pend[s->npend++] = (spending){k, ji, ni, NULL, 0};
     return 0;
 }
+
+/* Frees the model's arrays and s itself (sched_free, after every layer
+ * above has freed its own state). */
+void sched__model_free(sched *s)
+{
+    for (size_t i = 0; i < s->nnodes; i++) free(s->nodes[i].refs);
+    for (size_t i = 0; i < s->npools; i++) {
+        spool *p = &s->pools[i];
+        free(p->nodes), free(p->pre.v), free(p->pre_nodes);
+        for (int k = 0; k < RC_SLOTS; k++) free(p->rc[k].nodes), free(p->rc[k].tk);
+    }
+    free(s->pre.v);
+    for (size_t i = 0; i < s->njobs; i++)
+        free(s->jobs[i].places), free(s->jobs[i].cost_t), free(s->jobs[i].reason), free(s->jobs[i].jp);
+    for (size_t i = 0; i < s->ntenants; i++) free(s->tenants[i].queue), free(s->tenants[i].cost_t);
+    for (size_t i = 0; i < s->npend; i++) free(s->pend[i].places);
+    sched__map_free(&s->names), sched__map_free(&s->node_map);
+    sched__map_free(&s->job_map), sched__map_free(&s->tenant_map);
+    free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
+    free(s->pend), free(s->quotas);
+    for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap), free(s->shapes[i].pheap), free(s->shapes[i].uheap);
+    free(s->shapes), free(s->live), free(s->touched), free(s->freejobs);
+    free(s);
+}

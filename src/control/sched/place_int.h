@@ -5,6 +5,42 @@
 
 #include "ledger_int.h"
 
+#define RELEASED 16 /* distinct pools sched__released_since reports */
+
+typedef struct stpools {
+    uint32_t *v;
+    size_t n, cap;
+    int ge[MAXG + 1]; /* UP nodes of the type with at least g free GPUs */
+    /* The most UP nodes with at least g free GPUs in any one pool of
+     * the type (max_ge[g]), kept exact in O(1) per change by a count
+     * of the type's pools at each value of their ge[g]
+     * (ge_hist[g * hcap + v]): ge moves by one at a time, so when the
+     * last pool at the maximum steps down, the new maximum is one
+     * less.  Lets a gang that fits no pool of a type (or cannot get
+     * within max_victims nodes of fitting) rule the type out at once. */
+    int max_ge[MAXG + 1];
+    int *ge_hist;
+    size_t hcap; /* > any of the type's pools' node count */
+} stpools;
+
+/* Placement's state (sched.plc): the pool index and its caches. */
+struct splacement {
+    uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
+    uint64_t pools_ver;   /* bumped when a node is added */
+    stpools *tpools;           /* pools of each GPU type, by name index */
+    int ge_all[MAXG + 1]; /* UP nodes of any type with at least g free GPUs */
+    size_t ntpools;
+    struct { /* sched__released_since's last answer: probes ask it alike */
+        uint64_t since, epoch;
+        int n;
+        uint32_t v[RELEASED];
+    } rel;
+};
+int sched__place_new(sched *s);
+void sched__place_free(sched *s);
+/* The pool of zone z, fabric f and type t (interned names), made when new;
+ * every call moves pools_ver (a node is being added).  NONE without memory. */
+uint32_t sched__pool_of(sched *s, uint32_t z, uint32_t f, uint32_t t);
 void sched__bucket_insert(sched *s, uint32_t ni);
 void sched__bucket_remove(sched *s, uint32_t ni);
 /* Node ni comes up (d = 1: into its free bucket) or goes down (d = -1:
@@ -24,7 +60,7 @@ int sched__type_hist_grow(sched *s, uint32_t t, size_t n);
 /* Whether some pool of type t has at least n UP nodes with g free GPUs. */
 static inline int sched__type_fits(const sched *s, uint32_t t, int n, int g)
 {
-    return t < s->ntpools && g <= MAXG && s->tpools[t].max_ge[g] >= n;
+    return t < s->plc->ntpools && g <= MAXG && s->plc->tpools[t].max_ge[g] >= n;
 }
 int sched__pool_fits(const spool *p, int n, int g);
 int sched__never_fits(sched *s, const sjob *j, char *why, size_t cap);

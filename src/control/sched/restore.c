@@ -22,7 +22,7 @@ static int check_places(sched *s, const sjob *j, const sched_place *pl, size_t n
         return sh_err(SH_EINVAL, "job %s: %zu replicas are outside %d..%d", j->id, n, j->nodes, j->maxr);
     if (j->kind == SCHED_FUNCTION && n != 1)
         return sh_err(SH_EINVAL, "job %s: a function runs on one place, not %zu", j->id, n);
-    uint64_t mark = ++s->markseq;
+    uint64_t mark = ++s->cyc->markseq;
     *pool = NONE;
     for (size_t i = 0; i < n; i++) {
         uint32_t ni = sched__map_get(&s->node_map, pl[i].node);

@@ -6,6 +6,77 @@
 
 #include "place_int.h"
 
+/* A reservation made in the last step for a blocked head-of-line gang. */
+typedef struct sresv {
+    uint32_t job;
+    double T;
+    uint32_t *nodes;
+    int n, need;
+} sresv;
+
+
+/* The state of reservations and preemption (sched.room). */
+struct sroom {
+    sresv *resv;
+    size_t nresv, capresv;
+    uint64_t resv_sig;      /* a hash of this cycle's reservations (job and nodes) */
+    double resv_T[4], resv_slack[4]; /* T and T - now of the first four */
+    /* Running jobs by expected end (a min-heap, one entry per start or
+     * extension; an entry whose job ended, restarted or moved on since is
+     * dropped when it comes up): sched__overdue finds the work that ran
+     * past its estimate without a walk over every running job. */
+    struct sdue {
+        double t;
+        uint32_t job;
+    } *due;
+    size_t ndue, capdue;
+    uint32_t *deferred;   /* preempted in this step, queued again at its end */
+    size_t ndeferred, capdeferred;
+    /* Failed preemption searches of this cycle by (gang shape, priority):
+     * valid while no GPU has been released since (release_epoch).  Only a
+     * release can make a failed search succeed within a cycle: starts and
+     * reservations only take room, and a started preemptible job adds no
+     * more victim GPUs than the free GPUs it took. */
+    struct spmemo {
+        uint64_t shape, stamp, epoch;
+        int prio;
+        int ok; /* the search found room (kept for the sweeps' probes only) */
+    } pmemo[256];
+    /* The last reservation search's answer for each pool of its job
+     * (room.c best_pool), kept while the job, the pools and its pool list
+     * stand: the next search for the job looks again only at the pools
+     * touched since. */
+    struct sbpc {
+        uint32_t job;
+        double order;  /* the job's queue order (a slot may be reused) */
+        int g, n;
+        uint64_t pools_ver, gen; /* pools_ver + 1 and touch_gen + 1 when current */
+        const uint32_t *jp;
+        size_t njp;
+        double *val;      /* per pool of the list: the raw time, or a lower bound of it */
+        signed char *kind; /* 0: the pool cannot ever fit, 1: val is the time, 2: a lower bound */
+        uint32_t *qpos;   /* by pool index: its place in the list, or NONE */
+        size_t cap, capk, capq;
+    } bpc;
+    /* The searches' scratch, kept between cycles: one buffer per search,
+     * since some run while another's is in use. */
+    struct {
+        struct tnode *tn_exact, *tn_best, *tn_resv; /* pool_exact, best_pool, make_reservation */
+        size_t cap_exact, cap_best, cap_resv;
+        struct pbound *pb; /* best_pool's bounds */
+        size_t cappb;
+        struct vnode *vn_best, *vn_in, *vn_try; /* best_victim_pool, preempt_possible_in, try_preempt */
+        size_t cap_vbest, cap_vin, cap_vtry;
+        struct sbpc bpc; /* pool_answers while reservations lean on its answers */
+    } scr;
+};
+int sched__room_new(sched *s);
+void sched__room_free(sched *s);
+/* A new cycle: the reservations of the last one lapse. */
+static inline void sched__room_begin(sched *s)
+{
+    s->room->nresv = 0, s->room->resv_sig = 0;
+}
 /* Lists running job ji (just started) by its expected end. */
 int sched__due_add(sched *s, uint32_t ji);
 /* Moves on the expected end of every running job past it at now

@@ -1,11 +1,8 @@
 /* sched_new and sched_free: the scheduler made of its layers. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "query_int.h"
-
-#define GROW(arr, cap, need) sched__grow((void **)&(arr), &(cap), (need), sizeof *(arr))
 
 sched *sched_new(const sched_config *c)
 {
@@ -19,6 +16,12 @@ sched *sched_new(const sched_config *c)
     }
     sched *s = calloc(1, sizeof *s);
     if (!s) return sh_err(SH_ENOMEM, "sched: out of memory"), NULL;
+    /* Each layer makes its own state, bottom first. */
+    if (sched__ledger_new(s) || sched__place_new(s) || sched__room_new(s) || sched__cycle_new(s) ||
+        sched__query_new(s)) {
+        sched_free(s);
+        return sh_err(SH_ENOMEM, "sched: out of memory"), NULL;
+    }
     s->cfg = *c;
     s->cfg.quotas = NULL;
     s->plain_cycle = c->reference != 0;
@@ -47,36 +50,10 @@ sched *sched_new(const sched_config *c)
 void sched_free(sched *s)
 {
     if (!s) return;
-    for (size_t i = 0; i < s->nnodes; i++) free(s->nodes[i].refs);
-    for (size_t i = 0; i < s->npools; i++) {
-        spool *p = &s->pools[i];
-        free(p->nodes), free(p->pre.v), free(p->pre_nodes);
-        for (int k = 0; k < RC_SLOTS; k++) free(p->rc[k].nodes), free(p->rc[k].tk);
-    }
-    free(s->pre.v);
-    for (size_t i = 0; i < s->njobs; i++) {
-        free(s->jobs[i].places), free(s->jobs[i].cost_t), free(s->jobs[i].reason), free(s->jobs[i].jp);
-    }
-    for (size_t i = 0; i < s->ntenants; i++) free(s->tenants[i].queue), free(s->tenants[i].cost_t);
-    for (size_t i = 0; i < s->capresv; i++) free(s->resv[i].nodes);
-    for (size_t i = 0; i < s->npend; i++) free(s->pend[i].places);
-    sched__map_free(&s->names), sched__map_free(&s->node_map);
-    sched__map_free(&s->job_map), sched__map_free(&s->tenant_map);
-    sched_bills_done(s, s->nbills);
-    free(s->bills);
-    free(s->name), free(s->nodes), free(s->pools), free(s->jobs), free(s->tenants);
-    free(s->resv), free(s->pend), free(s->quotas), free(s->waiting), free(s->deferred), free(s->due);
-    for (size_t i = 0; i < s->capshapes; i++) free(s->shapes[i].heap), free(s->shapes[i].pheap), free(s->shapes[i].uheap);
-    free(s->elastic), free(s->allpools), free(s->shapes), free(s->live), free(s->touched),
-         free(s->bpc.val), free(s->bpc.kind), free(s->bpc.qpos), free(s->freejobs), free(s->forgot_cost_t);
-    for (size_t i = 0; i < s->ntpools; i++) free(s->tpools[i].v), free(s->tpools[i].ge_hist);
-    for (int i = 0; i < 16; i++) free(s->porder[i].pools);
-    struct sscratch *x = &s->scr;
-    free(x->pp), free(x->tn_exact), free(x->tn_best), free(x->tn_resv), free(x->pb);
-    free(x->vn_best), free(x->vn_in), free(x->vn_try), free(x->bpc.val), free(x->bpc.kind), free(x->bpc.qpos);
-    free(x->probe_fit.jp), free(x->probe_fit_in.jp), free(x->probe_preempt.jp), free(x->probe_gang.jp),
-        free(x->probe_declined.jp);
-    free(s->tpools);
-    free(s->plan.slot), free(s->plan.hole), free(s->plan.est), free(s->plan.mark), free(s->plan.order), free(s->plan.tn);
-    free(s);
+    sched__query_free(s);
+    sched__cycle_free(s);
+    sched__room_free(s);
+    sched__place_free(s);
+    sched__ledger_free(s);
+    sched__model_free(s);
 }
