@@ -25,9 +25,9 @@ typedef struct stpools {
 
 /* Placement's state (sched.plc): the pool index and its caches. */
 struct splacement {
-    uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
+    uint32_t *allpools;   /* 0..npools-1, for jobs that take any type */
     uint64_t pools_ver;   /* bumped when a node is added */
-    stpools *tpools;           /* pools of each GPU type, by name index */
+    stpools *tpools;      /* pools of each GPU type, by name index */
     int ge_all[MAXG + 1]; /* UP nodes of any type with at least g free GPUs */
     size_t ntpools;
     struct { /* sched__released_since's last answer: probes ask it alike */

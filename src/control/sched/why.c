@@ -147,7 +147,7 @@ static void slots_sort(double *v, int n)
 /* When node ni can start g GPUs for len seconds in the plan (>= now):
  * in its hole when the work ends before the hole does, else when g of its
  * GPUs are free for good.  *in_hole says which. */
-static double plan_node(const sched *s, uint32_t ni, int g, double len, double now, int *in_hole)
+static inline double plan_node(const sched *s, uint32_t ni, int g, double len, double now, int *in_hole)
 {
     const struct splan *P = s->plan;
     const struct sphole *h = &P->hole[ni];
