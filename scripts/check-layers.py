@@ -38,16 +38,20 @@ ALLOWED = {
     'sim': {'sched', 'push'},
     'server': {'sched'},
     'agent': {'server'},          # the agent talks to the server through its client
-    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched', 'net'},
+    'fleet': {'server'},          # a local fleet: the server here, agents as processes
+    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched', 'server', 'fleet', 'net'},
     'cli': {'common', 'net', 'sched', 'sim', 'server', 'agent', 'ckpt', 'delta', 'store',
-            'push', 'nn', 'rl', 'mainjob'},
+            'push', 'nn', 'rl', 'mainjob', 'fleet'},
 }
 ALLOWED['bench'] = ALLOWED['cli'] | {'cli'}
 # private headers another component may include: (user, header)
 PRIVATE_OK = {
-    ('cli', 'app/mainjob/mainjob_int.h'),
+    ('cli', 'app/mainjob/mainjob.h'),
+    ('cli', 'app/mainjob/trainer/trainer_int.h'),   # rl trainer: one rank of the gang
+    ('cli', 'app/mainjob/worker/worker_int.h'),     # rl worker
+    ('cli', 'app/mainjob/report/report_int.h'),     # rl sweep's plots
     ('cli', 'control/sim/sim_push_int.h'),
-    ('bench', 'app/mainjob/mainjob_int.h'),
+    ('bench', 'app/mainjob/ring/ring_int.h'),       # bench push measures the ring
     ('bench', 'control/sim/sim_push_int.h'),
     ('bench', 'cli/cli_int.h'),
 }
@@ -67,10 +71,10 @@ LAYERS = {
 }
 HEADER_COMP = {'common': 'common', 'fleetfile': 'common', 'sched': 'sched', 'sim': 'sim',
                'server': 'server', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
-               'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl', 'net': 'net'}
+               'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl', 'net': 'net', 'fleet': 'fleet'}
 PREFIX_COMP = {'net_': 'net', 'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
                'ckpt_': 'ckpt', 'delta_': 'delta', 'store_': 'store', 'bcast_': 'push',
-               'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob'}
+               'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob', 'fleet_': 'fleet'}
 FOLDER_COMP = {'engine': 'rl'}
 
 
@@ -180,7 +184,7 @@ def main():
             if dep is not None and dep not in ok:
                 bad.append(f'{f}:{n}: includes {inc}: {me} may not use {dep}')
         own = set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)) & local_defs[f]
-        for m in re.finditer(r'\b((?:net|sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj)_)[a-z0-9_]*\s*\(', code):
+        for m in re.finditer(r'\b((?:net|sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj|fleet)_)[a-z0-9_]*\s*\(', code):
             dep = PREFIX_COMP[m.group(1)]
             if m.group(0)[:-1].strip() in own:
                 continue
