@@ -2,8 +2,8 @@
 #include <sys/random.h>
 #include <string.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 const char cli_help_submit[] = "submit a job file (gang, elastic or function) [--json]";
 
