@@ -534,6 +534,47 @@ static int check_allowed_tenants(srv *s)
     return SH_OK;
 }
 
+/* The standby's election thread (leader.c): once it wins, the state comes
+ * from the database as at a restart, and the scheduler thread starts. */
+static void *lead_main(void *arg)
+{
+    srv *s = arg;
+    int got = 0;
+    while (!__atomic_load_n(&s->stopping, __ATOMIC_ACQUIRE) && !got) srv__lead_try(s, &got);
+    if (!got) return NULL;
+    double t0 = sh_now_mono();
+    int rc = srv__lead_claim(s); /* s->mu held when it succeeds */
+    if (rc == SH_OK) {
+        rc = srv__db_load(s);
+        if (rc == SH_OK) rc = srv__db_tenants(s);
+        if (rc == SH_OK) rc = srv__db_begin(s);
+        if (rc == SH_OK) {
+            rc = srv__seam_init(s);
+            if (rc == SH_OK)
+                rc = srv__db_event(s, 0, NULL, "leader", "server %s leads (epoch %lld)", s->self_url,
+                                   (long long)s->epoch);
+            if (rc == SH_OK) rc = srv__db_commit(s);
+            else srv__db_rollback(s);
+        }
+        if (rc == SH_OK) {
+            s->t_led_wall = sh_now_wall();
+            s->dirty = 1;
+            __atomic_store_n(&s->leader, 1, __ATOMIC_RELEASE);
+            sh_info("leading as %s (epoch %lld): %lld jobs, %d nodes loaded in %.3f s", s->self_url,
+                    (long long)s->epoch, (long long)s->njobs, s->nnodes, sh_now_mono() - t0);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (rc == SH_OK) rc = srv__sched_start(s);
+    if (rc < 0) {
+        pthread_mutex_lock(&s->mu);
+        snprintf(s->failed, sizeof s->failed, "could not take over as leader: %s", sh_errmsg());
+        sh_warn("%s", s->failed);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
 /* PostgreSQL: serve as a standby at once (redirecting to the leader) and
  * run for leader in the background (leader.c). */
 static int start_standby(srv *s, srv **out)
@@ -542,7 +583,7 @@ static int start_standby(srv *s, srv **out)
     if (rc == SH_OK) {
         if (s->cfg.advertise) snprintf(s->self_url, sizeof s->self_url, "%s", s->cfg.advertise);
         else snprintf(s->self_url, sizeof s->self_url, "http://%s:%d", s->cfg.bind_addr, s->port);
-        if (pthread_create(&s->lead_thread, NULL, srv__lead_main, s)) rc = sh_err(SH_EIO, "cannot start the election thread");
+        if (pthread_create(&s->lead_thread, NULL, lead_main, s)) rc = sh_err(SH_EIO, "cannot start the election thread");
     }
     if (rc < 0) {
         if (s->mhd) MHD_stop_daemon(s->mhd);

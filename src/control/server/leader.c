@@ -31,79 +31,58 @@
  * covering clock-rate differences and the renewal's own round trip. */
 #define SRV_LEASE_MARGIN_S 0.2
 
-static void lead__wait(srv *s, double seconds)
+void srv__lead_wait(srv *s, double seconds)
 {
     double end = sh_now_mono() + seconds;
     while (!__atomic_load_n(&s->stopping, __ATOMIC_ACQUIRE) && sh_now_mono() < end) sh_sleep(0.02);
 }
 
-/* Becomes the leader: the state comes from the database as at a restart. */
-static int lead__take(srv *s)
+/* One round of the standby's election: *got 1 if this server now holds the
+ * leader's lock; else it notes who leads, for its redirects.  Errors (the
+ * database out of reach) are warned about every 10 s and retried. */
+int srv__lead_try(srv *s, int *got)
+{
+    static __thread double warned;
+    char url[sizeof s->leader_url] = "";
+    int64_t epoch = 0;
+    *got = 0;
+    int rc = srv__pg_try_lead(s, got);
+    if (rc == SH_OK && !*got) rc = srv__pg_leader(s, url, sizeof url, &epoch);
+    if (rc < 0) {
+        if (sh_now_mono() - warned > 10) sh_warn("standby: %s (retrying)", sh_errmsg()), warned = sh_now_mono();
+        srv__lead_wait(s, 0.5);
+        return rc;
+    }
+    if (*got) return SH_OK;
+    pthread_mutex_lock(&s->lead_mu);
+    snprintf(s->leader_url, sizeof s->leader_url, "%s", url);
+    pthread_mutex_unlock(&s->lead_mu);
+    srv__lead_wait(s, SRV_LEAD_POLL_S);
+    return SH_OK;
+}
+
+/* Takes the next epoch (fencing out every earlier leader), waits out the
+ * last leader's lease and takes a lease of its own.  On success s->mu is
+ * held, for the caller to load the state.  The lease runs from before the
+ * load: the scheduler thread's first round renews it. */
+int srv__lead_claim(srv *s)
 {
     double wait = 0;
     int64_t epoch = 0;
     SH_TRY(srv__pg_take_epoch(s, s->self_url, &epoch, &wait));
     sh_info("won the leader election: epoch %lld; waiting %.2f s for the last leader's lease", (long long)epoch,
             wait);
-    lead__wait(s, wait + 0.05);
+    srv__lead_wait(s, wait + 0.05);
     double t0 = sh_now_mono();
     pthread_mutex_lock(&s->mu);
     s->epoch = epoch;
     int rc = srv__pg_renew(s, epoch, SRV_LEASE_S);
-    if (rc == SH_OK) rc = srv__db_load(s);
-    if (rc == SH_OK) rc = srv__db_tenants(s);
-    if (rc == SH_OK) rc = srv__db_begin(s);
-    if (rc == SH_OK) {
-        rc = srv__seam_init(s);
-        if (rc == SH_OK)
-            rc = srv__db_event(s, 0, NULL, "leader", "server %s leads (epoch %lld)", s->self_url, (long long)epoch);
-        if (rc == SH_OK) rc = srv__db_commit(s);
-        else srv__db_rollback(s);
+    if (rc < 0) {
+        pthread_mutex_unlock(&s->mu);
+        return rc;
     }
-    if (rc == SH_OK) {
-        s->lease_until = t0 + SRV_LEASE_S - SRV_LEASE_MARGIN_S;
-        s->t_led_wall = sh_now_wall();
-        s->dirty = 1;
-        __atomic_store_n(&s->leader, 1, __ATOMIC_RELEASE);
-        sh_info("leading as %s (epoch %lld): %lld jobs, %d nodes loaded in %.3f s", s->self_url, (long long)epoch,
-                (long long)s->njobs, s->nnodes, sh_now_mono() - t0);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return rc;
-}
-
-void *srv__lead_main(void *arg)
-{
-    srv *s = arg;
-    double warned = 0;
-    while (!__atomic_load_n(&s->stopping, __ATOMIC_ACQUIRE)) {
-        int got = 0;
-        char url[sizeof s->leader_url] = "";
-        int64_t epoch = 0;
-        int rc = srv__pg_try_lead(s, &got);
-        if (rc == SH_OK && !got) rc = srv__pg_leader(s, url, sizeof url, &epoch);
-        if (rc < 0) {
-            if (sh_now_mono() - warned > 10) sh_warn("standby: %s (retrying)", sh_errmsg()), warned = sh_now_mono();
-            lead__wait(s, 0.5);
-            continue;
-        }
-        if (!got) {
-            pthread_mutex_lock(&s->lead_mu);
-            snprintf(s->leader_url, sizeof s->leader_url, "%s", url);
-            pthread_mutex_unlock(&s->lead_mu);
-            lead__wait(s, SRV_LEAD_POLL_S);
-            continue;
-        }
-        if ((rc = lead__take(s)) == SH_OK) rc = srv__sched_start(s);
-        if (rc < 0) {
-            pthread_mutex_lock(&s->mu);
-            snprintf(s->failed, sizeof s->failed, "could not take over as leader: %s", sh_errmsg());
-            sh_warn("%s", s->failed);
-            pthread_mutex_unlock(&s->mu);
-        }
-        break;
-    }
-    return NULL;
+    s->lease_until = t0 + SRV_LEASE_S - SRV_LEASE_MARGIN_S;
+    return SH_OK;
 }
 
 /* Called by the scheduler thread with s->mu held. */

@@ -260,7 +260,9 @@ int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
 
 /* leader.c: one leader among the servers of a PostgreSQL database */
-void *srv__lead_main(void *arg);          /* the standby's election thread */
+int srv__lead_try(srv *s, int *got);      /* one round of a standby's election */
+int srv__lead_claim(srv *s);              /* fences, takes the lease; s->mu held on success */
+void srv__lead_wait(srv *s, double seconds); /* sleeps, cut short by srv_stop */
 void srv__lead_renew(srv *s, double now); /* scheduler thread, s->mu held */
 int srv__lead_acting(srv *s);             /* 1: it leads and its lease holds */
 json_t *srv__leader_json(srv *s);         /* GET /v1/leader */
