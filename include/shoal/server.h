@@ -84,6 +84,9 @@ typedef struct srv_config {
  * HTTP daemon and the scheduler thread.  On success *out owns everything;
  * free with srv_stop().  Fails with a message naming the file or port. */
 int srv_start(const srv_config *cfg, srv **out);
+/* 1 once the server leads (at once with SQLite; with PostgreSQL once it
+ * has won the election and loaded the state), else 0. */
+int srv_leading(srv *s);
 /* The TCP port the server listens on. */
 int srv_port(const srv *s);
 /* NULL while the server runs; after a scheduling cycle whose commit failed

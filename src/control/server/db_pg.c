@@ -55,8 +55,9 @@ static const char *const migrations[] = {
 
 typedef struct pgc {
     PGconn *c;
-    const char *sql[32]; /* prepared statement i is named "s<i>" */
-    int nsql;
+    const char *sql[32]; /* prepared statement i is named "s<gen>_<i>" */
+    int nsql, gen;
+    int pipe; /* a transaction is open, in libpq's pipeline mode */
 } pgc;
 
 struct srv_row { PGresult *res; int row; };
@@ -125,11 +126,15 @@ static int pg_open(srv *s)
     if (!p->c) return sh_err(SH_ENOMEM, "%s: connecting", s->db_name);
     if (PQstatus(p->c) != CONNECTION_OK)
         return pg__fail(s, "cannot connect (check --db, the database server and its pg_hba.conf)", NULL);
-    /* SQLite's synchronous=NORMAL survives a killed server but not a power
-     * cut; here a commit waits for the WAL's flush unless the operator
-     * relaxed it on the database (synchronous_commit), and --sync-full
-     * insists on it. */
-    if (s->cfg.sync_full) SH_TRY(pg__exec(s, "SET synchronous_commit = on", PGRES_COMMAND_OK, "settings"));
+    /* As SQLite's synchronous=NORMAL, by default a commit is acknowledged
+     * once PostgreSQL has it, before its WAL is flushed: a killed shoal
+     * server loses nothing and neither does a clean restart of the
+     * database, but a crash of the database's host may lose the last
+     * fraction of a second (wal_writer_delay).  One flush per commit
+     * capped submits near 100/s on a plain disk.  --sync-full waits for
+     * the flush (and for synchronous replicas: synchronous_standby_names). */
+    SH_TRY(pg__exec(s, s->cfg.sync_full ? "SET synchronous_commit = on" : "SET synchronous_commit = off",
+                    PGRES_COMMAND_OK, "settings"));
     SH_TRY(pg__exec(s, "SET client_min_messages = warning", PGRES_COMMAND_OK, "settings"));
     return pg__migrate(s);
 }
@@ -143,48 +148,129 @@ static void pg_close(srv *s)
     s->db = NULL;
 }
 
+/* Transactions run in libpq's pipeline mode: BEGIN, the fence and every
+ * write are sent without waiting, and their results are read at the
+ * commit (or before a read inside the transaction), so that a submit costs
+ * one round trip to the database instead of five.  A write that failed
+ * fails the commit, which the callers treat as any failed commit: the
+ * change is taken back in memory too. */
+
+/* Sends a sync and reads every result up to it.  Returns the first error;
+ * *keep (may be NULL) gets the last rows returned, status the last
+ * command's tag. */
+static int pg__drain(srv *s, PGresult **keep, char *status, size_t cap)
+{
+    pgc *p = s->db;
+    int rc = PQpipelineSync(p->c) == 1 ? SH_OK : pg__fail(s, "sync", NULL), nulls = 0;
+    while (rc == SH_OK || PQstatus(p->c) == CONNECTION_OK) {
+        PGresult *r = PQgetResult(p->c);
+        if (!r) {
+            if (++nulls > 1 || PQstatus(p->c) == CONNECTION_BAD) {
+                if (rc == SH_OK) rc = pg__fail(s, "reading results", NULL);
+                break;
+            }
+            continue;
+        }
+        nulls = 0;
+        ExecStatusType st = PQresultStatus(r);
+        if (st == PGRES_PIPELINE_SYNC) {
+            PQclear(r);
+            break;
+        }
+        if (st == PGRES_FATAL_ERROR || st == PGRES_NONFATAL_ERROR) {
+            if (rc == SH_OK) rc = pg__fail(s, "statement", r);
+        } else if (st != PGRES_PIPELINE_ABORTED && status) snprintf(status, cap, "%s", PQcmdStatus(r));
+        if (st == PGRES_TUPLES_OK && keep) {
+            PQclear(*keep);
+            *keep = r;
+        } else PQclear(r);
+    }
+    /* A statement the server skipped may have been a Parse: forget every
+     * prepared name rather than trust one that may not exist. */
+    if (rc < 0) p->nsql = 0, p->gen++;
+    return rc;
+}
+
+static int pg__pipe_end(srv *s)
+{
+    pgc *p = s->db;
+    p->pipe = 0;
+    if (PQpipelineStatus(p->c) != PQ_PIPELINE_OFF && PQexitPipelineMode(p->c) != 1) {
+        /* Results still unread (an error in the middle): drain, then leave. */
+        pg__drain(s, NULL, NULL, 0);
+        if (PQexitPipelineMode(p->c) != 1) return pg__fail(s, "leaving pipeline mode", NULL);
+    }
+    return SH_OK;
+}
+
 static int pg_begin(srv *s)
 {
-    char sql[96];
-    snprintf(sql, sizeof sql, "BEGIN; SELECT shoal_fence(%lld)", (long long)s->epoch);
-    PGresult *r = PQexec(pg__c(s), s->epoch ? sql : "BEGIN");
-    ExecStatusType st = PQresultStatus(r);
-    int rc = st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK ? SH_OK : pg__fail(s, "begin", r);
-    PQclear(r);
-    if (rc < 0 && PQtransactionStatus(pg__c(s)) != PQTRANS_IDLE) PQclear(PQexec(pg__c(s), "ROLLBACK"));
+    pgc *p = s->db;
+    if (PQstatus(p->c) != CONNECTION_OK) return pg__fail(s, "begin", NULL);
+    if (PQenterPipelineMode(p->c) != 1) return pg__fail(s, "begin (pipeline mode)", NULL);
+    p->pipe = 1;
+    char e[32];
+    snprintf(e, sizeof e, "%lld", (long long)s->epoch);
+    const char *vals[] = {e};
+    int ok = PQsendQueryParams(p->c, "BEGIN", 0, NULL, NULL, NULL, NULL, 0) == 1 &&
+             (!s->epoch || PQsendQueryParams(p->c, "SELECT shoal_fence($1)", 1, NULL, vals, NULL, NULL, 0) == 1);
+    if (ok) return SH_OK;
+    int rc = pg__fail(s, "begin", NULL);
+    pg__pipe_end(s);
     return rc;
 }
 
+static void pg_rollback(srv *s)
+{
+    pgc *p = s->db;
+    if (p->pipe) {
+        PQsendQueryParams(p->c, "ROLLBACK", 0, NULL, NULL, NULL, NULL, 0);
+        pg__drain(s, NULL, NULL, 0);
+        pg__pipe_end(s);
+    }
+    if (PQstatus(p->c) == CONNECTION_OK && PQtransactionStatus(p->c) != PQTRANS_IDLE)
+        PQclear(PQexec(p->c, "ROLLBACK"));
+}
+
+/* Acknowledged only when PostgreSQL answered COMMIT: an aborted
+ * transaction's COMMIT answers ROLLBACK, which is a failure here. */
 static int pg_commit(srv *s)
 {
-    PGresult *r = PQexec(pg__c(s), "COMMIT");
-    int rc = PQresultStatus(r) == PGRES_COMMAND_OK && !strcmp(PQcmdStatus(r), "COMMIT")
-                 ? SH_OK
-                 : PQresultStatus(r) == PGRES_COMMAND_OK
-                       ? sh_err(SH_EIO, "%s: commit: an earlier statement failed; the transaction was rolled back",
-                                s->db_name)
-                       : pg__fail(s, "commit", r);
-    PQclear(r);
+    pgc *p = s->db;
+    if (!p->pipe) return sh_err(SH_EIO, "%s: commit without a transaction", s->db_name);
+    char status[64] = "";
+    int rc = PQsendQueryParams(p->c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) == 1 ? SH_OK : pg__fail(s, "commit", NULL);
+    if (rc == SH_OK) rc = pg__drain(s, NULL, status, sizeof status);
+    if (rc == SH_OK && strcmp(status, "COMMIT"))
+        rc = sh_err(SH_EIO, "%s: commit: the transaction was rolled back (%s)", s->db_name, status);
+    int e = pg__pipe_end(s);
+    if (rc == SH_OK) rc = e;
+    if (rc < 0) pg_rollback(s);
     return rc;
 }
-
-static void pg_rollback(srv *s) { PQclear(PQexec(pg__c(s), "ROLLBACK")); }
 
 static int pg_in_tx(srv *s)
 {
-    PGTransactionStatusType t = PQtransactionStatus(pg__c(s));
-    return t == PQTRANS_INTRANS || t == PQTRANS_INERROR || t == PQTRANS_ACTIVE;
+    pgc *p = s->db;
+    PGTransactionStatusType t = PQtransactionStatus(p->c);
+    return p->pipe || t == PQTRANS_INTRANS || t == PQTRANS_INERROR || t == PQTRANS_ACTIVE;
 }
 
-/* The name of sql's prepared statement, preparing it on first use. */
-static int pg__prepared(srv *s, const char *sql, char name[16])
+/* The name of sql's prepared statement, preparing it on first use (in a
+ * pipeline: sending the Parse, whose result the next drain reads). */
+static int pg__prepared(srv *s, const char *sql, char name[24])
 {
     pgc *p = s->db;
     for (int i = 0; i < p->nsql; i++)
-        if (p->sql[i] == sql) return snprintf(name, 16, "s%d", i), SH_OK;
+        if (p->sql[i] == sql) return snprintf(name, 24, "s%d_%d", p->gen, i), SH_OK;
     if (p->nsql == (int)(sizeof p->sql / sizeof *p->sql))
         return sh_err(SH_ERANGE, "%s: more statements than the cache holds", s->db_name);
-    snprintf(name, 16, "s%d", p->nsql);
+    snprintf(name, 24, "s%d_%d", p->gen, p->nsql);
+    if (p->pipe) {
+        if (PQsendPrepare(p->c, name, sql, 0, NULL) != 1) return pg__fail(s, "prepare", NULL);
+        p->sql[p->nsql++] = sql;
+        return SH_OK;
+    }
     PGresult *r = PQprepare(p->c, name, sql, 0, NULL);
     int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? SH_OK : pg__fail(s, "prepare", r);
     PQclear(r);
@@ -192,10 +278,14 @@ static int pg__prepared(srv *s, const char *sql, char name[16])
     return rc;
 }
 
-/* Runs sql with its arguments as text; *out gets the result (caller clears). */
-static int pg__run(srv *s, const char *sql, const char *types, va_list ap, PGresult **out)
+/* Runs sql with its arguments as text: in a transaction it is only sent
+ * (*out NULL, unless want_rows: then the pipeline is read up to it);
+ * outside one it runs at once.  *out gets the rows (caller clears). */
+static int pg__run(srv *s, const char *sql, const char *types, va_list ap, int want_rows, PGresult **out)
 {
-    char name[16];
+    pgc *p = s->db;
+    char name[24];
+    *out = NULL;
     SH_TRY(pg__prepared(s, sql, name));
     enum { MAXP = 24 };
     char buf[MAXP][32];
@@ -206,7 +296,11 @@ static int pg__run(srv *s, const char *sql, const char *types, va_list ap, PGres
         else if (types[n] == 'd') snprintf(buf[n], sizeof buf[n], "%.17g", va_arg(ap, double)), vals[n] = buf[n];
         else vals[n] = va_arg(ap, const char *);
     }
-    PGresult *r = PQexecPrepared(pg__c(s), name, n, vals, NULL, NULL, 0);
+    if (p->pipe) {
+        if (PQsendQueryPrepared(p->c, name, n, vals, NULL, NULL, 0) != 1) return pg__fail(s, "statement", NULL);
+        return want_rows ? pg__drain(s, out, NULL, 0) : SH_OK;
+    }
+    PGresult *r = PQexecPrepared(p->c, name, n, vals, NULL, NULL, 0);
     ExecStatusType st = PQresultStatus(r);
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
         int rc = pg__fail(s, "statement", r);
@@ -220,7 +314,7 @@ static int pg__run(srv *s, const char *sql, const char *types, va_list ap, PGres
 static int pg_run(srv *s, const char *sql, const char *types, va_list ap)
 {
     PGresult *r = NULL;
-    SH_TRY(pg__run(s, sql, types, ap, &r));
+    SH_TRY(pg__run(s, sql, types, ap, 0, &r));
     PQclear(r);
     return SH_OK;
 }
@@ -228,8 +322,8 @@ static int pg_run(srv *s, const char *sql, const char *types, va_list ap)
 static int pg_query(srv *s, const char *sql, const char *types, srv_row_fn fn, void *arg, va_list ap)
 {
     PGresult *r = NULL;
-    SH_TRY(pg__run(s, sql, types, ap, &r));
-    int rc = SH_OK, n = PQntuples(r);
+    SH_TRY(pg__run(s, sql, types, ap, 1, &r));
+    int rc = SH_OK, n = r ? PQntuples(r) : 0;
     srv_row row = {r, 0};
     for (int i = 0; rc == SH_OK && i < n; i++) {
         row.row = i;

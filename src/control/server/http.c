@@ -664,6 +664,8 @@ int srv_start(const srv_config *cfg, srv **out)
 
 int srv_port(const srv *s) { return s->port; }
 
+int srv_leading(srv *s) { return srv__lead_acting(s); }
+
 const char *srv_failed(srv *s)
 {
     pthread_mutex_lock(&s->mu);
