@@ -287,20 +287,16 @@ int srv__db_tenants(srv *s)
     return db__query(s, "SELECT name, num FROM tenants", "", db__row_tenant, NULL);
 }
 
-static int db__row_id(srv *s, srv_row *r, void *arg)
-{
-    *(int64_t *)arg = COL_I(r, 0);
-    return SH_OK;
-}
-
+/* Every job of the database is in memory (srv__db_load), so the key is
+ * looked up there, in the index srv__job_add keeps; an entry whose job
+ * was taken back (a failed commit) no longer matches its job. */
 int64_t srv__db_idem(srv *s, const char *tenant, const char *key)
 {
-    int64_t id = 0;
-    /* "idem != ''" lets SQLite use the partial index jobs_idem. */
-    if (db__query(s, "SELECT id FROM jobs WHERE tenant=$1 AND idem=$2 AND idem != ''", "tt", db__row_id, &id,
-                  tenant, key) < 0)
-        return 0;
-    return id;
+    char k[sizeof ((srv_job *)0)->tenant + sizeof ((srv_job *)0)->idem + 2];
+    snprintf(k, sizeof k, "%s/%s", tenant, key);
+    int64_t id = json_integer_value(json_object_get(s->idem_index, k));
+    srv_job *j = id ? srv__job(s, id) : NULL;
+    return j && !strcmp(j->tenant, tenant) && !strcmp(j->idem, key) ? id : 0;
 }
 
 static int db__row_event(srv *s, srv_row *r, void *arg)

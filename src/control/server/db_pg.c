@@ -57,7 +57,8 @@ typedef struct pgc {
     PGconn *c;
     const char *sql[32]; /* prepared statement i is named "s<gen>_<i>" */
     int nsql, gen;
-    int pipe; /* a transaction is open, in libpq's pipeline mode */
+    int pipe;    /* a transaction is open */
+    int started; /* ... and its BEGIN was sent (libpq's pipeline mode) */
 } pgc;
 
 struct srv_row { PGresult *res; int row; };
@@ -194,7 +195,7 @@ static int pg__drain(srv *s, PGresult **keep, char *status, size_t cap)
 static int pg__pipe_end(srv *s)
 {
     pgc *p = s->db;
-    p->pipe = 0;
+    p->pipe = p->started = 0;
     if (PQpipelineStatus(p->c) != PQ_PIPELINE_OFF && PQexitPipelineMode(p->c) != 1) {
         /* Results still unread (an error in the middle): drain, then leave. */
         pg__drain(s, NULL, NULL, 0);
@@ -203,12 +204,23 @@ static int pg__pipe_end(srv *s)
     return SH_OK;
 }
 
+/* A transaction starts for PostgreSQL with its first statement, so that a
+ * scheduling cycle that wrote nothing costs no round trip. */
 static int pg_begin(srv *s)
 {
     pgc *p = s->db;
     if (PQstatus(p->c) != CONNECTION_OK) return pg__fail(s, "begin", NULL);
-    if (PQenterPipelineMode(p->c) != 1) return pg__fail(s, "begin (pipeline mode)", NULL);
     p->pipe = 1;
+    p->started = 0;
+    return SH_OK;
+}
+
+static int pg__start(srv *s)
+{
+    pgc *p = s->db;
+    if (p->started) return SH_OK;
+    if (PQenterPipelineMode(p->c) != 1) return pg__fail(s, "begin (pipeline mode)", NULL);
+    p->started = 1;
     char e[32];
     snprintf(e, sizeof e, "%lld", (long long)s->epoch);
     const char *vals[] = {e};
@@ -223,6 +235,7 @@ static int pg_begin(srv *s)
 static void pg_rollback(srv *s)
 {
     pgc *p = s->db;
+    if (p->pipe && !p->started) p->pipe = 0;
     if (p->pipe) {
         PQsendQueryParams(p->c, "ROLLBACK", 0, NULL, NULL, NULL, NULL, 0);
         pg__drain(s, NULL, NULL, 0);
@@ -238,6 +251,10 @@ static int pg_commit(srv *s)
 {
     pgc *p = s->db;
     if (!p->pipe) return sh_err(SH_EIO, "%s: commit without a transaction", s->db_name);
+    if (!p->started) {
+        p->pipe = 0;
+        return SH_OK;
+    }
     char status[64] = "";
     int rc = PQsendQueryParams(p->c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) == 1 ? SH_OK : pg__fail(s, "commit", NULL);
     if (rc == SH_OK) rc = pg__drain(s, NULL, status, sizeof status);
@@ -286,6 +303,7 @@ static int pg__run(srv *s, const char *sql, const char *types, va_list ap, int w
     pgc *p = s->db;
     char name[24];
     *out = NULL;
+    if (p->pipe) SH_TRY(pg__start(s));
     SH_TRY(pg__prepared(s, sql, name));
     enum { MAXP = 24 };
     char buf[MAXP][32];

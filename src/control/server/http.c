@@ -308,6 +308,8 @@ static void free_state(srv *s)
     free(s->active);
     free(s->nodes);
     s->jobs = NULL, s->active = NULL, s->nodes = NULL;
+    json_decref(s->idem_index);
+    s->idem_index = NULL;
     s->njobs = s->cap_jobs = s->nactive = s->cap_active = 0;
     s->nnodes = s->cap_nodes = 0;
 }

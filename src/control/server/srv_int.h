@@ -111,6 +111,7 @@ struct srv {
     srv_node *nodes;
     int nnodes, cap_nodes;
     srv_job **jobs; /* by id; jobs[0] unused */
+    json_t *idem_index; /* "tenant/key" -> job id, of every job with an Idempotency-Key */
     int64_t njobs, cap_jobs;
     int64_t *active; /* ids of pending, starting and running jobs */
     int64_t nactive, cap_active;
