@@ -510,6 +510,29 @@ static void test_fencing(void **state)
     assert_string_equal(json_string_value(json_object_get(j, "state")), "running");
     assert_int_equal(json_integer_value(json_object_get(j, "attempt")), 1);
     json_decref(j);
+    /* A leader whose epoch has been taken (as by a newer leader) writes
+     * nothing more, even on its live session: its next submit is refused,
+     * by the fence in its transaction or by its failed lease renewal,
+     * whichever comes first, and no job is added. */
+    psql(&out, "fencing", "SELECT count(*) FROM jobs");
+    char before[32];
+    snprintf(before, sizeof before, "%s", out);
+    free(out);
+    psql(&out, "fencing", "UPDATE shoal_leader SET epoch = epoch + 1");
+    free(out);
+    srv_client *c;
+    TU_OK(srv_client_new(h.url[1], TF_BOB, &c));
+    const char *body = "{\"name\":\"late\",\"command\":[\"true\"],\"nodes\":1,\"gpus_per_node\":1,\"est_s\":60}";
+    char *r = NULL;
+    size_t rl;
+    int hs = 0;
+    int rc = srv_client_raw(c, "POST", "/v1/jobs", body, strlen(body), NULL, 5, &hs, &r, &rl);
+    free(r);
+    srv_client_free(c);
+    assert_true(rc < 0 || hs != 201);
+    psql(&out, "fencing", "SELECT count(*) FROM jobs");
+    assert_string_equal(out, before);
+    free(out);
     tf_stop(&h.s[0]);
     tf_stop(&h.s[1]);
 }
