@@ -125,8 +125,13 @@ static int pg_open(srv *s)
     const char *const vals[] = {s->cfg.db_path, app, "5", "5", "2", "2", NULL};
     p->c = PQconnectdbParams(keys, vals, 1);
     if (!p->c) return sh_err(SH_ENOMEM, "%s: connecting", s->db_name);
-    if (PQstatus(p->c) != CONNECTION_OK)
-        return pg__fail(s, "cannot connect (check --db, the database server and its pg_hba.conf)", NULL);
+    if (PQstatus(p->c) != CONNECTION_OK) {
+        char m[600];
+        snprintf(m, sizeof m, "%s", PQerrorMessage(p->c));
+        for (char *nl; (nl = strchr(m, '\n'));) *nl = nl[1] ? ' ' : 0;
+        return sh_err(SH_EIO, "%s: cannot connect (check --db, the database server and its pg_hba.conf): %s",
+                      s->db_name, m);
+    }
     /* As SQLite's synchronous=NORMAL, by default a commit is acknowledged
      * once PostgreSQL has it, before its WAL is flushed: a killed shoal
      * server loses nothing and neither does a clean restart of the
