@@ -358,6 +358,22 @@ static void check_gang(tf_fleet *f, int64_t id, double t_start, double rate, dou
     json_decref(j);
 }
 
+/* A client that knows only the standby i reaches the leader through the
+ * standby's redirect (once the standby has seen who leads). */
+static void via_standby(ha *h, int i, int64_t id)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    tf_fleet one = {0};
+    snprintf(one.url, sizeof one.url, "%s", h->url[i]);
+    int st = 0;
+    for (int k = 0; k < 100 && st != 200; k++) {
+        json_decref(tf_call(&one, TF_BOB, "GET", path, NULL, &st));
+        if (st != 200) sh_sleep(0.05);
+    }
+    assert_int_equal(st, 200);
+}
+
 static int cmp_dbl(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -398,6 +414,7 @@ static void test_failover(void **state)
         fo[r] = wait_leader(&h, 1 - L, 15) - t_kill;
         for (int i = 0; i < 2; i++) check_gang(&h.s[0], g[i], t0[i], 2 * 2.5, base[i], &worst);
         ha_restart(&h, L); /* back as a standby, as its supervisor would */
+        via_standby(&h, L, g[0]);
     }
     /* The database restarted under the load: the leader loses its session
      * and exits, the standby reconnects and takes over, nothing
