@@ -2,7 +2,7 @@
 # Every source file under src/ (src/<part>/<component>/ or src/common/) is part of
 # the library except src/cli/, which holds the command line.  Adding a file needs no change here.
 
-PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3 libseccomp nettle
+PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3 libpq libseccomp nettle
 CC        ?= gcc
 BUILD     := build
 ASAN      := $(BUILD)/asan

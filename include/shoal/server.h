@@ -29,7 +29,12 @@ extern "C" {
 typedef struct srv srv;
 
 typedef struct srv_config {
-    const char *db_path;       /* SQLite file; its directory also holds logs/ */
+    const char *db_path;       /* SQLite file (its directory also holds logs/), or a PostgreSQL
+                                * URL postgresql://... (several servers may share it: one
+                                * leads, the others stand by; docs/deploy.md) */
+    const char *state_dir;     /* logs/ goes here (required with PostgreSQL; NULL: beside SQLite's file) */
+    const char *advertise;     /* this server's URL as the others redirect to it (NULL:
+                                * http://BIND:PORT) */
     const char *tokens_path;   /* JSON {"admin":..,"agent":..,"tenants":{name:token}} */
     const char *web_dir;       /* static dashboard files; NULL: no dashboard */
     const char *bind_addr;     /* default "127.0.0.1" */
@@ -96,6 +101,9 @@ typedef struct srv_config {
  * HTTP daemon and the scheduler thread.  On success *out owns everything;
  * free with srv_stop().  Fails with a message naming the file or port. */
 int srv_start(const srv_config *cfg, srv **out);
+/* 1 once the server leads (at once with SQLite; with PostgreSQL once it
+ * has won the election and loaded the state), else 0. */
+int srv_leading(srv *s);
 /* The TCP port the server listens on. */
 int srv_port(const srv *s);
 /* NULL while the server runs; after a scheduling cycle whose commit failed

@@ -10,7 +10,7 @@
 #include "ctl_int.h"
 #include "shoal/server.h"
 
-const char cli_help_server[] = "run the control plane: HTTP/JSON API, SQLite state, dashboard";
+const char cli_help_server[] = "run the control plane: HTTP/JSON API, SQLite or PostgreSQL state, dashboard";
 
 static const char usage[] =
     "usage: shoal server --tokens FILE [--db PATH] [--port P] [--bind ADDR] [--web DIR]\n"
@@ -18,9 +18,15 @@ static const char usage[] =
     "                    [--provider-quota Q] [--scale-up-wait S] [--scale-down-idle S] [--sync-full]\n"
     "                    [--allow-writable [TENANT=]DIR]... [--est-grace S] [--require-est]\n"
     "                    [--default-est S] [--max-conns-per-ip N] [--log-drain S]\n"
-    "                    [--max-priority [TENANT=]N]... [--max-tenant-log BYTES]\n\n"
+    "                    [--max-priority [TENANT=]N]... [--max-tenant-log BYTES]\n"
+    "                    [--state-dir DIR] [--advertise URL]\n\n"
     "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
-    "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
+    "  --db PATH|URL          SQLite state (default shoal.db; logs go beside it), or a\n"
+    "                         PostgreSQL database postgresql://USER@HOST/DB: several servers\n"
+    "                         may share one; one leads, the others stand by (docs/deploy.md)\n"
+    "  --state-dir DIR        where the ranks' logs go (required with PostgreSQL)\n"
+    "  --advertise URL        this server's URL for standbys' redirects (default\n"
+    "                         http://BIND:PORT)\n"
     "  --port P               TCP port (default 8470; 0 picks a free one)\n"
     "  --bind ADDR            IPv4 address to listen on (default 127.0.0.1)\n"
     "  --web DIR              dashboard files to serve at / (default: web/ here, else the\n"
@@ -101,7 +107,7 @@ static int add_max_priority(const char *spec, srv_config *cfg, const char *cmd)
 
 enum { O_TOKENS = 0x2000, O_DB, O_PORT, O_BIND, O_WEB, O_HEARTBEAT, O_MAX_BODY, O_PROVIDER_CMD, O_PROVIDER_QUOTA,
        O_SCALE_UP, O_SCALE_DOWN, O_SYNC_FULL, O_ALLOW_WRITABLE, O_EST_GRACE, O_REQUIRE_EST, O_CONNS_PER_IP,
-       O_DEFAULT_EST, O_LOG_DRAIN, O_MAX_PRIORITY, O_MAX_TENANT_LOG };
+       O_DEFAULT_EST, O_LOG_DRAIN, O_MAX_PRIORITY, O_MAX_TENANT_LOG, O_STATE_DIR, O_ADVERTISE };
 const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKENS},
                                          {"db", required_argument, 0, O_DB},
                                          {"port", required_argument, 0, O_PORT},
@@ -122,6 +128,8 @@ const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKE
                                          {"log-drain", required_argument, 0, O_LOG_DRAIN},
                                          {"max-priority", required_argument, 0, O_MAX_PRIORITY},
                                          {"max-tenant-log", required_argument, 0, O_MAX_TENANT_LOG},
+                                         {"state-dir", required_argument, 0, O_STATE_DIR},
+                                         {"advertise", required_argument, 0, O_ADVERTISE},
                                          {0}};
 
 int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
@@ -131,6 +139,12 @@ int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
     switch (c) {
     case O_TOKENS: cfg->tokens_path = v; return 0;
     case O_DB: cfg->db_path = v; return 0;
+    case O_STATE_DIR: cfg->state_dir = v; return 0;
+    case O_ADVERTISE:
+        if (strncmp(v, "http://", 7) || strlen(v) > 250)
+            return cli_usage(cmd, "--advertise %s: expected http://HOST:PORT (at most 250 characters)", v);
+        cfg->advertise = v;
+        return 0;
     case O_BIND: cfg->bind_addr = v; return 0;
     case O_WEB: cfg->web_dir = v; return 0;
     case O_PROVIDER_CMD: cfg->provider_cmd = v; return 0;

@@ -74,20 +74,6 @@ static srv_job *visible_job(srv *s, srv_req *r, int64_t id)
     return j;
 }
 
-static int64_t idem_lookup(srv *s, const char *tenant, const char *key)
-{
-    sqlite3_stmt *st;
-    int64_t id = 0;
-    /* "idem != ''" lets SQLite use the partial index jobs_idem. */
-    if (sqlite3_prepare_v2(s->db, "SELECT id FROM jobs WHERE tenant=? AND idem=? AND idem != ''", -1, &st, NULL))
-        return 0;
-    sqlite3_bind_text(st, 1, tenant, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
-    if (sqlite3_step(st) == SQLITE_ROW) id = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return id;
-}
-
 static int check_writable(srv *s, const srv_job *j);
 
 /* Bytes a tenant's pending and running jobs hold (their job files plus the
@@ -132,7 +118,7 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
             return SH_OK;
         }
     }
-    int64_t dup = j->idem[0] ? idem_lookup(s, j->tenant, j->idem) : 0;
+    int64_t dup = j->idem[0] ? srv__db_idem(s, j->tenant, j->idem) : 0;
     if (dup && srv__job(s, dup)) {
         /* A retried submit (same idempotency key) gets the job it created. */
         srv__job_free(j);

@@ -6,6 +6,7 @@
 #include "srv_int.h"
 
 #include <errno.h>
+#include <math.h>
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <nettle/sha2.h>
@@ -175,6 +176,61 @@ static enum MHD_Result serve_metrics(srv *s, struct MHD_Connection *c)
     return res;
 }
 
+static enum MHD_Result append_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    sh_buf *b = cls;
+    sh_buf_printf(b, "%s", b->len && b->data[b->len - 1] != '?' ? "&" : "");
+    for (int k = 0; k < 2; k++) {
+        const char *p = k ? value : key;
+        if (k) sh_buf_printf(b, "=");
+        for (; p && *p; p++) {
+            unsigned char ch = (unsigned char)*p;
+            if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || strchr("-_.~", ch))
+                sh_buf_printf(b, "%c", ch);
+            else sh_buf_printf(b, "%%%02X", ch);
+        }
+    }
+    return MHD_YES;
+}
+
+/* A standby's answer to the API: 307 to the same request on the leader
+ * (clients re-send it there, body and method kept), or 503 while no leader
+ * is known.  Either way the reply names where to go. */
+static enum MHD_Result standby_reply(srv *s, struct MHD_Connection *c, const char *url)
+{
+    char leader[sizeof s->leader_url];
+    pthread_mutex_lock(&s->lead_mu);
+    snprintf(leader, sizeof leader, "%s", s->leader_url);
+    pthread_mutex_unlock(&s->lead_mu);
+    if (!leader[0] || !strcmp(leader, s->self_url)) {
+        json_t *j = json_pack("{s:s,s:i,s:s}", "error", "this server is a standby and no leader is known yet"
+                                                        " (an election is under way): retry shortly",
+                              "status", 503, "standby", s->self_url);
+        return send_json(s, c, 503, j);
+    }
+    sh_buf loc = {0};
+    sh_buf_printf(&loc, "%s%s?", leader, url);
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, append_arg, &loc);
+    if (loc.data[loc.len - 1] == '?') loc.data[--loc.len] = 0;
+    char *text = NULL;
+    json_t *j = json_pack("{s:s,s:i,s:s,s:s}", "error", "this server is a standby: ask the leader", "status", 307,
+                          "leader", leader, "standby", s->self_url);
+    text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    struct MHD_Response *resp = text ? MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE)
+                                     : NULL;
+    enum MHD_Result r = MHD_NO;
+    if (resp) {
+        MHD_add_response_header(resp, "Content-Type", "application/json");
+        MHD_add_response_header(resp, "Location", (const char *)loc.data);
+        MHD_add_response_header(resp, "Cache-Control", "no-store");
+        r = MHD_queue_response(c, 307, resp);
+        MHD_destroy_response(resp);
+    } else free(text);
+    sh_buf_free(&loc);
+    return r;
+}
+
 static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *url, const char *method,
                                 conn_ctx *ctx)
 {
@@ -185,7 +241,11 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
     }
     const char *lost = srv_failed(s);
     if (lost) return send_error(s, c, 503, lost);
-    if (!strcmp(url, "/healthz")) return send_json(s, c, 200, json_pack("{s:b}", "ok", 1));
+    if (!strcmp(url, "/healthz"))
+        return send_json(s, c, 200, json_pack("{s:b,s:b}", "ok", 1, "leader", srv__lead_acting(s)));
+    if (!strcmp(url, "/v1/leader")) return send_json(s, c, 200, srv__leader_json(s));
+    if (!__atomic_load_n(&s->leader, __ATOMIC_ACQUIRE) && (!strcmp(url, "/metrics") || !strncmp(url, "/v1/", 4)))
+        return standby_reply(s, c, url);
     if (!strcmp(url, "/metrics")) return serve_metrics(s, c);
     if (strncmp(url, "/v1/", 4)) {
         if (strcmp(method, "GET")) return send_error(s, c, 405, "static files are GET only");
@@ -208,6 +268,9 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
         pthread_mutex_lock(&s->mu);
         /* The state may have been lost while this request waited. */
         if (s->failed[0]) status = 503, rc = sh_err(SH_EIO, "%s", s->failed);
+        else if (!srv__lead_acting(s))
+            status = 503, rc = sh_err(SH_EIO, "this server's leader lease lapsed (the database is out of reach):"
+                                              " retry, or ask another server");
         else rc = srv__handle(s, &r, &status, &reply);
         if (rc < 0 && s->failed[0]) status = 503; /* lost while it waited for a poll's news */
         if (rc < 0) snprintf(msg, sizeof msg, "%s", sh_errmsg());
@@ -269,6 +332,8 @@ static void free_state(srv *s)
     free(s->active);
     free(s->nodes);
     s->jobs = NULL, s->active = NULL, s->nodes = NULL;
+    json_decref(s->idem_index);
+    s->idem_index = NULL;
     s->njobs = s->cap_jobs = s->nactive = s->cap_active = 0;
     s->nnodes = s->cap_nodes = 0;
 }
@@ -336,6 +401,7 @@ static double cycle(srv *s)
 {
     if (s->failed[0]) return SH_EIO;
     double t0 = sh_now_mono();
+    if (!srv__lead_acting(s)) return SH_EAGAIN; /* the lease lapsed: decide nothing */
     if (srv__db_begin(s) < 0) return SH_EIO;
     int rc = srv__seam_step(s, t0);
     if (rc == SH_OK) rc = srv__db_commit(s);
@@ -348,6 +414,7 @@ static double cycle(srv *s)
         if (reload(s, why) == SH_OK) sh_err(SH_EIO, "scheduling cycle: %s (taken back)", why);
     }
     s->last_cycle_s = sh_now_mono() - t0;
+    if (rc == SH_OK && !s->t_first_cycle) s->t_first_cycle = sh_now_wall();
     return rc < 0 ? rc : s->last_cycle_s;
 }
 
@@ -358,6 +425,7 @@ static void *sched_main(void *arg)
     double last = 0;
     while (!s->stopping) {
         double now = sh_now_mono();
+        srv__lead_renew(s, now);
         if (s->cfg.manual_cycles) s->dirty = 0, last = now;
         /* Run on every change, at most every 2 ms so that a burst of submits
          * shares one cycle, and at least every 100 ms for heartbeats. */
@@ -386,6 +454,12 @@ static void *sched_main(void *arg)
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+int srv__sched_start(srv *s)
+{
+    if (pthread_create(&s->sched_thread, NULL, sched_main, s)) return sh_err(SH_EIO, "cannot start the scheduler thread");
+    return SH_OK;
 }
 
 double srv_cycle_for_bench(srv *s)
@@ -538,6 +612,67 @@ static int load_max_priority(srv *s)
     return SH_OK;
 }
 
+/* The standby's election thread (leader.c): once it wins, the state comes
+ * from the database as at a restart, and the scheduler thread starts. */
+static void *lead_main(void *arg)
+{
+    srv *s = arg;
+    int got = 0;
+    while (!__atomic_load_n(&s->stopping, __ATOMIC_ACQUIRE) && !got) srv__lead_try(s, &got);
+    if (!got) return NULL;
+    double t0 = sh_now_mono();
+    int rc = srv__lead_claim(s); /* s->mu held when it succeeds */
+    if (rc == SH_OK) {
+        rc = srv__db_load(s);
+        if (rc == SH_OK) rc = srv__db_tenants(s);
+        if (rc == SH_OK) rc = srv__db_begin(s);
+        if (rc == SH_OK) {
+            rc = srv__seam_init(s);
+            if (rc == SH_OK)
+                rc = srv__db_event(s, 0, NULL, "leader", "server %s leads (epoch %lld)", s->self_url,
+                                   (long long)s->epoch);
+            if (rc == SH_OK) rc = srv__db_commit(s);
+            else srv__db_rollback(s);
+        }
+        if (rc == SH_OK) {
+            s->t_led_wall = sh_now_wall();
+            s->dirty = 1;
+            __atomic_store_n(&s->leader, 1, __ATOMIC_RELEASE);
+            sh_info("leading as %s (epoch %lld): %lld jobs, %d nodes loaded in %.3f s", s->self_url,
+                    (long long)s->epoch, (long long)s->njobs, s->nnodes, sh_now_mono() - t0);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (rc == SH_OK) rc = srv__sched_start(s);
+    if (rc < 0) {
+        pthread_mutex_lock(&s->mu);
+        snprintf(s->failed, sizeof s->failed, "could not take over as leader: %s", sh_errmsg());
+        sh_warn("%s", s->failed);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* PostgreSQL: serve as a standby at once (redirecting to the leader) and
+ * run for leader in the background (leader.c). */
+static int start_standby(srv *s, srv **out)
+{
+    int rc = start_http(s);
+    if (rc == SH_OK) {
+        if (s->cfg.advertise) snprintf(s->self_url, sizeof s->self_url, "%s", s->cfg.advertise);
+        else snprintf(s->self_url, sizeof s->self_url, "http://%s:%d", s->cfg.bind_addr, s->port);
+        if (pthread_create(&s->lead_thread, NULL, lead_main, s)) rc = sh_err(SH_EIO, "cannot start the election thread");
+    }
+    if (rc < 0) {
+        if (s->mhd) MHD_stop_daemon(s->mhd);
+        s->mhd = NULL;
+        srv_stop(s);
+        return rc;
+    }
+    *out = s;
+    return SH_OK;
+}
+
 int srv_start(const srv_config *cfg, srv **out)
 {
     srv *s = calloc(1, sizeof *s);
@@ -553,14 +688,22 @@ int srv_start(const srv_config *cfg, srv **out)
     if (s->cfg.scale_up_wait_s <= 0) s->cfg.scale_up_wait_s = 2;
     if (s->cfg.scale_down_idle_s <= 0) s->cfg.scale_down_idle_s = 10;
     if (!s->cfg.db_path) s->cfg.db_path = "shoal.db";
-    snprintf(s->dir, sizeof s->dir, "%s", s->cfg.db_path);
+    int pg = srv__store_is_pg(s->cfg.db_path);
+    snprintf(s->dir, sizeof s->dir, "%s", s->cfg.state_dir ? s->cfg.state_dir : s->cfg.db_path);
     char *slash = strrchr(s->dir, '/');
-    if (slash) *slash = 0;
+    if (s->cfg.state_dir) ;
+    else if (slash) *slash = 0;
     else snprintf(s->dir, sizeof s->dir, ".");
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->lead_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->sched_cv, NULL);
     int rc = load_tokens(s);
+    if (rc == SH_OK && pg && !s->cfg.state_dir)
+        rc = sh_err(SH_EINVAL, "a PostgreSQL --db needs --state-dir DIR for the ranks' logs (shared by the servers"
+                               " of one database; docs/deploy.md)");
+    if (rc == SH_OK && s->cfg.state_dir && sh_mkdir_p(s->cfg.state_dir, 0700) < 0)
+        rc = sh_err_wrap(SH_EIO, "--state-dir %s", s->cfg.state_dir);
     if (rc == SH_OK) rc = check_allowed_tenants(s);
     if (rc == SH_OK) rc = load_max_priority(s);
     if (rc == SH_OK && !realpath(s->dir, s->state_dir))
@@ -569,10 +712,13 @@ int srv_start(const srv_config *cfg, srv **out)
     char lockf[4200];
     long held = 0;
     snprintf(lockf, sizeof lockf, "%s.lock", s->cfg.db_path);
-    if (rc == SH_OK && (rc = sh_lock_pid(lockf, &s->lock_fd, &held)) == SH_EEXIST)
+    if (rc == SH_OK && !pg && (rc = sh_lock_pid(lockf, &s->lock_fd, &held)) == SH_EEXIST)
         rc = sh_err(SH_EEXIST, "%s is in use by another shoal server (pid %ld): stop it, or give this one its "
                     "own --db", s->cfg.db_path, held);
     if (rc == SH_OK) rc = srv__db_open(s);
+    if (rc == SH_OK && pg) return start_standby(s, out);
+    s->leader = 1;
+    s->lease_until = INFINITY;
     if (rc == SH_OK) rc = srv__db_load(s);
     if (rc == SH_OK) rc = srv__db_tenants(s);
     if (rc == SH_OK) rc = srv__db_begin(s);
@@ -598,6 +744,8 @@ int srv_start(const srv_config *cfg, srv **out)
 
 int srv_port(const srv *s) { return s->port; }
 
+int srv_leading(srv *s) { return srv__lead_acting(s); }
+
 const char *srv_failed(srv *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -610,10 +758,11 @@ void srv_stop(srv *s)
 {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
-    s->stopping = 1;
+    __atomic_store_n(&s->stopping, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->sched_cv);
     pthread_mutex_unlock(&s->mu);
+    if (s->lead_thread) pthread_join(s->lead_thread, NULL);
     if (s->sched_thread) pthread_join(s->sched_thread, NULL);
     if (s->mhd) MHD_stop_daemon(s->mhd);
     if (s->db) srv__db_close(s);
@@ -625,6 +774,7 @@ void srv_stop(srv *s)
     free(s->tlog);
     json_decref(s->tenant_num);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->lead_mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->sched_cv);
     free(s);

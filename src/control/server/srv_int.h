@@ -15,11 +15,11 @@
 #include "shoal/sched.h"
 
 #include <pthread.h>
-#include <sqlite3.h>
 #include <stdint.h>
 
 #include "shoal/common.h"
 #include "shoal/server.h"
+#include "db_int.h"
 
 enum { NODE_ALIVE, NODE_DEAD, NODE_GONE };
 enum { J_PENDING, J_STARTING, J_RUNNING, J_SUCCEEDED, J_FAILED, J_CANCELLED, J_NSTATES };
@@ -91,10 +91,21 @@ struct srv {
     pthread_cond_t sched_cv; /* wakes the scheduler thread */
     pthread_t sched_thread;
     int stopping, dirty;
-    sqlite3 *db;
+    const srv_store_ops *store; /* the engine behind db.c */
+    void *db;                   /* its connection (NULL: closed) */
+    char db_name[512];          /* --db as messages show it (no password) */
     int lock_fd; /* DB.lock, held while the server runs (-1: none) */
-    struct { const char *sql; sqlite3_stmt *st; } stmts[16];
-    int nstmts;
+    /* Several servers on one PostgreSQL database (leader.c): only the
+     * leader holds a state; a standby answers with a redirect to it. */
+    int leader;              /* 1: this process leads (always, with SQLite) */
+    int64_t epoch;           /* its fencing epoch (PostgreSQL) */
+    double lease_until;      /* monotonic: it may act as leader until then */
+    double t_led_wall;       /* wall time it became leader (0: never) */
+    double t_first_cycle;    /* wall time of its first scheduling cycle as leader */
+    char leader_url[300];    /* a standby's view of the leader (guarded by lead_mu) */
+    char self_url[300];      /* the URL this server advertises */
+    pthread_mutex_t lead_mu;
+    pthread_t lead_thread;
     struct MHD_Daemon *mhd;
     int port;
     char dir[4096]; /* directory of the database: logs/ lives there */
@@ -116,6 +127,7 @@ struct srv {
     srv_node *nodes;
     int nnodes, cap_nodes;
     srv_job **jobs; /* by id; jobs[0] unused */
+    json_t *idem_index; /* "tenant/key" -> job id, of every job with an Idempotency-Key */
     int64_t njobs, cap_jobs;
     int64_t *active; /* ids of pending, starting and running jobs */
     int64_t nactive, cap_active;
@@ -185,6 +197,8 @@ int srv__db_commit(srv *s);
 void srv__db_rollback(srv *s);
 json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit);
 json_t *srv__db_costs(srv *s, const char *tenant);
+/* The job tenant submitted under Idempotency-Key key (0: none). */
+int64_t srv__db_idem(srv *s, const char *tenant, const char *key);
 /* Closed ledger rows plus what running members have cost so far:
  * {"by_tenant": {tenant: {gpu_type: {dollars, gpu_seconds}}}, "total_dollars"}
  * (all tenants when tenant is NULL).  Caller holds s->mu and owns the result. */
@@ -269,6 +283,15 @@ int srv__seam_bills(srv *s);
 void srv__seam_bills_end(srv *s, int committed);
 int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
+
+/* leader.c: one leader among the servers of a PostgreSQL database */
+int srv__lead_try(srv *s, int *got);      /* one round of a standby's election */
+int srv__lead_claim(srv *s);              /* fences, takes the lease; s->mu held on success */
+void srv__lead_wait(srv *s, double seconds); /* sleeps, cut short by srv_stop */
+void srv__lead_renew(srv *s, double now); /* scheduler thread, s->mu held */
+int srv__lead_acting(srv *s);             /* 1: it leads and its lease holds */
+json_t *srv__leader_json(srv *s);         /* GET /v1/leader */
+int srv__sched_start(srv *s);             /* http.c: starts the scheduler thread */
 
 /* provider.c: autoscaling hook */
 int srv__provider_config(srv *s, sched_config *c);

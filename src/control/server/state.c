@@ -66,6 +66,13 @@ int srv__job_add(srv *s, srv_job *j)
     }
     s->jobs[j->id] = j;
     if (j->id > s->njobs) s->njobs = j->id;
+    if (j->idem[0]) {
+        char k[sizeof j->tenant + sizeof j->idem + 2];
+        snprintf(k, sizeof k, "%s/%s", j->tenant, j->idem);
+        if (!s->idem_index) s->idem_index = json_object();
+        if (!s->idem_index || json_object_set_new(s->idem_index, k, json_integer(j->id)))
+            return sh_err(SH_ENOMEM, "job %lld: the idempotency index", (long long)j->id);
+    }
     if (j->state <= J_RUNNING) return srv__active_add(s, j->id);
     return SH_OK;
 }
