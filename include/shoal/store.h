@@ -44,6 +44,14 @@ typedef struct store_version {
  * SH_ENOENT.  The caller owns the handle. */
 int store_open(const char *root, const char *run, int create, store **out);
 void store_close(store *s);
+/* Makes this handle the run's publisher until store_close: a lock on
+ * root/run/publisher (flock), exclusive when writer_id is NULL, shared
+ * between handles that each give a writer id (1-64 characters).  A second
+ * publisher (every DDP rank publishing is the usual mistake) gets SH_EEXIST
+ * naming the holder's pid.  Publishing itself does not claim: the Python
+ * Store claims on its first publish; a claimed handle claims again as a
+ * no-op. */
+int store_claim_publisher(store *s, const char *writer_id);
 const char *store_root(const store *s);
 const char *store_run(const store *s);
 

@@ -13,16 +13,25 @@ class Store:
         store = shoal.Store("/data/store")
         v = store.publish({"w": torch.zeros(4, 4, dtype=torch.bfloat16)})
 
-    A Store is a handle; close() (or a `with` block) frees it.
+    A Store is a handle; close() (or a `with` block) frees it.  Its first
+    publish makes it the run's only publisher until it is closed: another
+    Store (in any process) that publishes to the run meanwhile raises
+    ShoalError (EEXIST) naming this one's pid, which catches every DDP rank
+    publishing.  Publishers that share a run on purpose each pass a
+    `writer_id`; they exclude only publishers that give none.
     """
 
-    def __init__(self, root, run=None, create=True, anchor_every=0):
+    def __init__(self, root, run=None, create=True, anchor_every=0, writer_id=None):
         self.root = os.fspath(root)
+        self.writer_id = writer_id
+        self._claimed = False
+        wid = _lib.cstr(writer_id, "writer_id") if writer_id is not None else None
         self.anchor_every = _lib.u64(anchor_every, "anchor_every")
         h = ctypes.c_void_p()
         check(lib.store_open(fspath(root), _lib.cstr(run, "run id") if run else None, 1 if create else 0,
                              ctypes.byref(h)))
         self._h = h
+        self._wid = wid
         self.run = run or "main"
 
     def close(self):
@@ -51,6 +60,9 @@ class Store:
         store keeps a delta against the previous version, or a full anchor
         every `anchor_every` versions (default 8)."""
         out = ctypes.c_uint64()
+        if not self._claimed:
+            check(lib.store_claim_publisher(self._handle(), self._wid))
+            self._claimed = True
         if isinstance(x, dict) or hasattr(x, "items") and not isinstance(x, (str, bytes, os.PathLike)):
             from . import _torch
             items = list(x.items())
