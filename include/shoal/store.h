@@ -258,6 +258,11 @@ int store_publish_path(store *s, const char *ckpt, uint64_t anchor_every, uint64
  * into a checkpoint in the run's staging folder, published, then removed. */
 int store_publish_tensors(store *s, const ckpt_tensor *t, size_t n, uint64_t anchor_every,
                           uint64_t *out);
+/* The same with the file's safetensors __metadata__ given as JSON text, an
+ * object of strings (NULL: none); the Python package records tied tensors
+ * there ("shoal.aliases", docs/safetensors.md). */
+int store_publish_tensors_meta(store *s, const ckpt_tensor *t, size_t n, const char *metadata,
+                               uint64_t anchor_every, uint64_t *out);
 /* store_list() as a JSON array of manifests ({"version", "kind", "base",
  * "size", "xxh3", "model_size", "model_xxh3", "created_at"}, or {"version",
  * "broken": true}). */

@@ -87,6 +87,7 @@ _PROTOS = {
     "ckpt_count": (sz, [vp]),
     "ckpt_tensor_at": (_c.POINTER(CkptTensor), [vp, sz]),
     "ckpt_tensor_sizeof": (sz, []),
+    "ckpt_meta": (cp, [vp, cp]),
     # delta
     "delta_make": (i32, [cp, cp, cp, vp, vp]),
     "delta_apply": (i32, [cp, cp, cp, vp]),
@@ -99,6 +100,7 @@ _PROTOS = {
     "store_latest": (i32, [vp, _c.POINTER(u64)]),
     "store_publish_path": (i32, [vp, cp, u64, _c.POINTER(u64)]),
     "store_publish_tensors": (i32, [vp, _c.POINTER(CkptTensor), sz, u64, _c.POINTER(u64)]),
+    "store_publish_tensors_meta": (i32, [vp, _c.POINTER(CkptTensor), sz, cp, u64, _c.POINTER(u64)]),
     "store_list_json": (i32, [vp, _c.POINTER(vp)]),
     "store_materialize": (i32, [vp, u64, u64, cp, cp]),
     # replicas

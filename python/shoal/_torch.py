@@ -21,6 +21,33 @@ FROM_NAME.update({"U16": torch.int16, "U32": torch.int32, "U64": torch.int64,
                   "F8_E4M3": torch.uint8, "F8_E5M2": torch.uint8, "F8_E8M0": torch.uint8})
 
 
+def dedup(items):
+    """Splits (name, tensor) pairs into those to store and {alias: stored
+    name} for tensors that are exactly another's memory (same address,
+    dtype, shape and strides: tied weights, state_dict entries of one
+    parameter), so that those are stored and sent once.  Tensors that only
+    overlap (two slices of one buffer) are stored each.  Names are checked
+    here, before anything is written."""
+    keep, aliases, seen = [], {}, {}
+    for name, t in items:
+        if not isinstance(name, str):
+            raise TypeError("shoal.Store.publish: tensor names must be str, got %r" % (name,))
+        if "\0" in name:
+            raise ShoalError(-1, "tensor %r: the name holds a NUL character (C would cut it "
+                             "to %r)" % (name, name.split("\0")[0]))
+        key = None
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.numel() and \
+                not t.is_conj() and not t.is_neg():
+            key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        if key is not None and key in seen:
+            aliases[name] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = name
+        keep.append((name, t))
+    return keep, aliases
+
+
 def spec_of(name, t, codes, CkptTensor):
     """A ckpt_tensor pointing at t's memory (t must stay alive while it is
     used)."""

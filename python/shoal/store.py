@@ -1,10 +1,14 @@
 """A store's run: versioned weights on a file system (docs/store-format.md)."""
 import ctypes
+import json
 import os
 
 from . import _lib
 from ._lib import check, fspath, lib
-from .errors import ShoalError
+
+# The safetensors __metadata__ key under which publish records tied tensors:
+# a JSON object {alias name: stored name} (docs/safetensors.md).
+ALIASES_KEY = "shoal.aliases"
 
 
 class Store:
@@ -56,7 +60,9 @@ class Store:
         """Publishes x as the next version and returns its number.  x is a
         .safetensors file, a sharded folder (with
         model.safetensors.index.json), or a dict of name -> torch.Tensor
-        (contiguous CPU tensors, written straight from their memory).  The
+        (contiguous CPU tensors, written straight from their memory;
+        tensors that are the same memory, such as tied weights, are stored
+        once and recorded as aliases, which replicas restore).  The
         store keeps a delta against the previous version, or a full anchor
         every `anchor_every` versions (default 8)."""
         out = ctypes.c_uint64()
@@ -65,19 +71,15 @@ class Store:
             self._claimed = True
         if isinstance(x, dict) or hasattr(x, "items") and not isinstance(x, (str, bytes, os.PathLike)):
             from . import _torch
-            items = list(x.items())
+            items, aliases = _torch.dedup(list(x.items()))
             arr = (_lib.CkptTensor * max(len(items), 1))()
             keep = []
             for i, (name, t) in enumerate(items):
-                if not isinstance(name, str):
-                    raise TypeError("shoal.Store.publish: tensor names must be str, got %r" % (name,))
-                if "\0" in name:
-                    raise ShoalError(-1, "tensor %r: the name holds a NUL character (C would cut it "
-                                     "to %r)" % (name, name.split("\0")[0]))
                 arr[i] = _torch.spec_of(name, t, _lib.DTYPE_CODES, _lib.CkptTensor)
                 keep.append(t)  # the tensors stay alive through the call
-            check(lib.store_publish_tensors(self._handle(), arr, len(items), self.anchor_every,
-                                            ctypes.byref(out)))
+            meta = json.dumps({ALIASES_KEY: json.dumps(aliases, sort_keys=True)}).encode() if aliases else None
+            check(lib.store_publish_tensors_meta(self._handle(), arr, len(items), meta, self.anchor_every,
+                                                 ctypes.byref(out)))
             del keep
         else:
             check(lib.store_publish_path(self._handle(), fspath(x), self.anchor_every,
