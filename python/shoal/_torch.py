@@ -48,6 +48,43 @@ def dedup(items):
     return keep, aliases
 
 
+def snapshot(items, bufs):
+    """Copies (name, tensor) pairs into the reusable buffers `bufs` (name ->
+    tensor, updated in place) and returns ({name: buffer}, event): event is
+    a CUDA event to wait on before reading the buffers when any tensor was
+    on a GPU (copied asynchronously into pinned memory), else None.  A lazy
+    conjugate or negative view is resolved by the copy; a non-contiguous
+    tensor becomes contiguous."""
+    out, cuda = {}, False
+    names = set()
+    with torch.no_grad():
+        for name, t in items:
+            if not isinstance(t, torch.Tensor):
+                raise ShoalError(-1, "tensor %s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
+            if t.layout != torch.strided:
+                raise ShoalError(-1, "tensor %s: layout %s has no flat memory to publish; publish "
+                                 "t.to_dense()" % (name, t.layout))
+            if t.dtype not in TO_NAME:
+                raise ShoalError(-1, "tensor %s: dtype %s has no safetensors equivalent; use one of %s"
+                                 % (name, t.dtype, ", ".join(str(d) for d in TO_NAME)))
+            b = bufs.get(name)
+            on_gpu = t.device.type == "cuda"
+            if b is None or b.shape != t.shape or b.dtype != t.dtype:
+                b = torch.empty(t.shape, dtype=t.dtype, pin_memory=on_gpu)
+                bufs[name] = b
+            b.copy_(t, non_blocking=on_gpu)
+            cuda = cuda or on_gpu
+            out[name] = b
+            names.add(name)
+        for stale in [k for k in bufs if k not in names]:
+            del bufs[stale]
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+    return out, event
+
+
 def spec_of(name, t, codes, CkptTensor):
     """A ckpt_tensor pointing at t's memory (t must stay alive while it is
     used)."""

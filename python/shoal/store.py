@@ -25,8 +25,12 @@ class Store:
     `writer_id`; they exclude only publishers that give none.
     """
 
-    def __init__(self, root, run=None, create=True, anchor_every=0, writer_id=None):
+    def __init__(self, root, run=None, create=True, anchor_every=0, writer_id=None, async_depth=2):
         self.root = os.fspath(root)
+        self._async = None
+        self._async_depth = int(async_depth)
+        if self._async_depth < 1:
+            raise ValueError("shoal.Store: async_depth %d: use 1 or more" % self._async_depth)
         self.writer_id = writer_id
         self._claimed = False
         wid = _lib.cstr(writer_id, "writer_id") if writer_id is not None else None
@@ -39,11 +43,30 @@ class Store:
         self.run = run or "main"
 
     def close(self):
+        """Waits for the publishes publish_async queued, frees the handle,
+        and raises the first background error not yet raised."""
+        try:
+            if getattr(self, "_async", None) is not None:
+                self._async.drain()
+                self._async.shutdown()
+        finally:
+            if getattr(self, "_h", None):
+                lib.store_close(self._h)
+                self._h = None
+        a, self._async = self._async, None
+        if a is not None:
+            a.raise_error()
+
+    def __del__(self):
+        # Never waits: queued publishes hold a reference to this Store, so
+        # none is left once it is collected (and waiting for a thread from
+        # a collection, which may run anywhere, can deadlock).
+        a = getattr(self, "_async", None)
+        if a is not None:
+            a.shutdown(wait=False)
         if getattr(self, "_h", None):
             lib.store_close(self._h)
             self._h = None
-
-    __del__ = close
 
     def __enter__(self):
         return self
@@ -56,6 +79,41 @@ class Store:
             raise ValueError("shoal.Store: used after close()")
         return self._h
 
+    def _claim(self):
+        if not self._claimed:
+            check(lib.store_claim_publisher(self._handle(), self._wid))
+            self._claimed = True
+
+    def publish_async(self, state_dict):
+        """Publishes a dict of name -> torch.Tensor as the next version in
+        the background and returns a concurrent.futures.Future of its
+        number.  It returns once the tensors are copied into a snapshot
+        (buffers reused from call to call, pinned for CUDA tensors), so the
+        caller may change them right away (optimizer.step()).  Versions are
+        published in call order, one at a time, on a background thread;
+        at most `async_depth` snapshots exist (a call waits for a free one).
+        An error in the background is raised by the next publish_async,
+        publish, flush or close (once), and by its Future."""
+        if not hasattr(state_dict, "items"):
+            raise TypeError("shoal.Store.publish_async: takes a dict of name -> torch.Tensor, got %s "
+                            "(publish files with publish())" % type(state_dict).__name__)
+        if self._async is None:
+            from ._async import Publisher
+            self._async = Publisher(self._async_depth)
+        self._async.raise_error()
+        self._claim()
+        self._handle()
+        return self._async.submit(self._publish_now, state_dict)
+
+    def flush(self):
+        """Waits until every publish_async call so far is published, raises
+        the first background error not yet raised, and returns the version
+        LATEST names."""
+        if self._async is not None:
+            self._async.drain()
+            self._async.raise_error()
+        return self.latest()
+
     def publish(self, x):
         """Publishes x as the next version and returns its number.  x is a
         .safetensors file, a sharded folder (with
@@ -65,10 +123,14 @@ class Store:
         once and recorded as aliases, which replicas restore).  The
         store keeps a delta against the previous version, or a full anchor
         every `anchor_every` versions (default 8)."""
+        if self._async is not None:  # after the queued ones, in order
+            self._async.drain()
+            self._async.raise_error()
+        self._claim()
+        return self._publish_now(x)
+
+    def _publish_now(self, x):
         out = ctypes.c_uint64()
-        if not self._claimed:
-            check(lib.store_claim_publisher(self._handle(), self._wid))
-            self._claimed = True
         if isinstance(x, dict) or hasattr(x, "items") and not isinstance(x, (str, bytes, os.PathLike)):
             from . import _torch
             items, aliases = _torch.dedup(list(x.items()))
