@@ -32,6 +32,10 @@
 extern "C" {
 #endif
 
+/* The library's SHOAL_VERSION (for bindings, which cannot read the macro;
+ * python/shoal/__init__.py's __version__ must equal it). */
+const char *sh_version(void);
+
 /* ---- Errors ------------------------------------------------------------ */
 
 enum {
@@ -87,6 +91,12 @@ enum { SH_LOG_ERROR = 0, SH_LOG_WARN = 1, SH_LOG_INFO = 2, SH_LOG_DEBUG = 3 };
 void sh_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sh_log_set_level(int level);
 int sh_log_level(void);
+/* Sends the lines that pass the level to fn(level, line, arg) instead of
+ * stderr (NULL: back to stderr); the line has no "shoal: level: " prefix
+ * and no newline.  fn runs on the logging thread, outside any shoal lock,
+ * and must not log itself.  The Python package routes them to `logging`. */
+typedef void (*sh_log_sink)(int level, const char *line, void *arg);
+void sh_log_set_sink(sh_log_sink fn, void *arg);
 
 #define sh_warn(...) sh_log(SH_LOG_WARN, __VA_ARGS__)
 #define sh_info(...) sh_log(SH_LOG_INFO, __VA_ARGS__)
