@@ -162,6 +162,7 @@ static int collect(agent *a, double now)
         if (r == m->pid) {
             m->state = AM_EXITED;
             m->exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            m->ended_at = sh_now_wall();
             drain(m); /* what it wrote before exiting is in the pipe now */
             agent__limit_report(m);
             agent__cgroup_cleanup(m);
@@ -187,6 +188,7 @@ static json_t *reports(agent *a, json_t **logs)
         if (m->disk_used) json_object_set_new(r, "disk_bytes", json_integer((json_int_t)m->disk_used));
         if (m->state == AM_EXITED) {
             json_object_set_new(r, "exit_code", json_integer(m->exit_code));
+            if (m->ended_at > 0) json_object_set_new(r, "ended_at", json_real(m->ended_at));
             m->reported = 1;
         }
         json_array_append_new(out, r);

@@ -22,6 +22,7 @@ enum { SB_NONE, SB_BWRAP, SB_GVISOR };
 typedef struct agent_member {
     int64_t job;
     int attempt, rank, state, exit_code;
+    double ended_at; /* wall seconds it was reaped ("ended_at" in reports) */
     int reported;  /* the exit was sent in a poll */
     int stopping;  /* the server no longer wants it */
     pid_t pid;

@@ -42,7 +42,16 @@ typedef struct srv_member {
     double t_placed;       /* wall seconds: the core placed it (billing starts) */
     double t_start, t_end; /* wall seconds: its process ran between them */
     int64_t disk_bytes;    /* its work directory at the agent's last look (not stored) */
+    double t_exit;         /* wall seconds its agent saw it exit ("ended_at"; not stored, 0: unknown) */
+    char tail[240];        /* the end of its output this attempt, for a failure's reason (not stored) */
+    int tail_len;
 } srv_member;
+
+/* A gang whose rank failed waits this long (or until every rank has ended)
+ * before it is failed, so that the rank that failed first, by its agent's
+ * clock, is the one the reason names: the other ranks often fail a moment
+ * later ("connection closed by peer") and their agent may poll first. */
+#define SRV_FAIL_SETTLE_S 2.0
 
 /* A Prometheus histogram: counts per bucket (not cumulative; the last is
  * +Inf), the sum and count of the observations. */
@@ -55,7 +64,7 @@ typedef struct srv_hist {
 
 typedef struct srv_job {
     int64_t id;
-    char tenant[64], name[128], idem[128], reason[256];
+    char tenant[64], name[128], idem[128], reason[640];
     int kind, state, policy, attempt, max_attempts, priority, exit_code;
     int failures;                        /* node failures so far (max_attempts bounds them) */
     int nodes, min_nodes, gpus_per_node; /* gang: nodes; elastic: min..nodes */
@@ -256,6 +265,10 @@ void srv__provider_tick(srv *s, double now);
 int srv__agent_register(srv *s, json_t *body, json_t **reply);
 /* Runs for the node whose credential the request carried (index node). */
 int srv__agent_poll(srv *s, int node, json_t *body, json_t **reply);
+/* Moves job j on after its members changed (barrier, running, ended). */
+int srv__job_eval(srv *s, srv_job *j);
+/* Fails the jobs whose failed rank has waited out SRV_FAIL_SETTLE_S. */
+int srv__settle_failures(srv *s);
 int srv__agent_logs(srv *s, json_t *body);
 int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap);
 
