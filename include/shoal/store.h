@@ -147,7 +147,7 @@ int store_materialize(store *s, uint64_t v, uint64_t have, const char *have_path
 int store_apply_payload(const store_version *ver, const char *payload, const char *prev,
                         const char *out);
 
-/* Whether this build has the delta codec (src/delta). */
+/* Whether this build has the delta codec (src/weights/delta). */
 int store_have_codec(void);
 
 /* ---- Replicas --------------------------------------------------------------
@@ -185,8 +185,8 @@ typedef struct store_lease {
     uint64_t version; /* the version this request runs on (at its start) */
     const uint8_t *data;
     uint64_t size;
-    const ckpt *ckpt; /* the parsed checkpoint over data (tensor views) */
-    const ckpt *fp8;  /* with fp8: the FP8 serving copy of the same version */
+    const struct ckpt *ckpt; /* the parsed checkpoint over data (tensor views) */
+    const struct ckpt *fp8;  /* with fp8: the FP8 serving copy of the same version */
     void *priv;
 } store_lease;
 
@@ -239,7 +239,7 @@ int store_replica_acquire(store_replica *r, uint64_t min_version, uint64_t exact
 uint64_t store_replica_release(store_replica *r, store_lease *l);
 void store_replica_get_info(store_replica *r, store_replica_info *out);
 
-/* ---- For bindings (python/shoal; src/store/bind.c) ----------------------
+/* ---- For bindings (python/shoal; src/weights/store/store_bind.c) ----------------------
  * The same operations with only pointers, numbers and JSON text crossing, so
  * that a foreign caller mirrors no struct that may grow.  Text returned in
  * *out is the caller's (sh_free). */

@@ -11,12 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include <sys/resource.h>
 
 #include "shoal/bcast.h"
 #include "shoal/ckpt.h"
-#include "shoal/mainjob.h"
+#include "app/mainjob/mainjob_int.h"
 #include "shoal/store.h"
 
 const char cli_bench_help_push[] = "converge time of N replicas over a UCX push tree vs one replica [--json]";

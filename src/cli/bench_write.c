@@ -1,7 +1,7 @@
 /* shoal bench write: the ways a replica can put a new model file's bytes in
  * place, timed on this machine (docs/results.md, "Writing a model file").
  * A replica writes each version from its image in anonymous memory into
- * the file its activation before last replaced (src/store/activate.c); the
+ * the file its activation before last replaced (src/weights/store/activate.c); the
  * bench compares pwrite with a copy through a mapping of the file. */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_int.h"
 
 const char cli_bench_help_write[] = "writing a model file: pwrite against a copy through a mapping [--json]";
 

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include "shoal/bcast.h"
 #include "shoal/store.h"
 
