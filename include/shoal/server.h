@@ -51,6 +51,7 @@ typedef struct srv_config {
     double default_est_s;      /* the run the scheduler plans for a job without "est_s" (no
                                 * limit is set); 0: the core's default, 3600 */
     unsigned max_conns_per_ip; /* connections one address may hold (0: SRV_MAX_CONNS_PER_IP) */
+    uint64_t workdir_max;      /* largest work-dir archive a tenant may upload (0: SH_TAR_DEFAULT_LIMIT) */
 } srv_config;
 
 /* A job's "est_s" is also its time limit, as Slurm's --time is: an attempt

@@ -445,6 +445,7 @@ int agent__launch(agent *a, agent_member *m, const json_t *d)
     SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0700));
     if (mkdir(m->workdir, 0700) < 0 && errno != EEXIST) return sh_err_errno(errno, "mkdir %s", m->workdir);
     if (chown(m->workdir, m->uid, m->uid) < 0) return sh_err_errno(errno, "chown %s", m->workdir);
+    SH_TRY(agent__workdir(a, m, d)); /* the job's code (workdir.c) */
     char **argv = build_argv(a, m, d);
     if (!argv) return sh_err(SH_ENOMEM, "member argv");
     int out[2], bar[2], ex[2];

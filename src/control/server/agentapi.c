@@ -392,6 +392,13 @@ static json_t *member_env(srv *s, srv_job *j, const srv_member *m)
         if (m->gpu_mask & (1ull << i)) sh_buf_printf(&g, "%s%d", g.len ? "," : "", i);
     json_object_set_new(env, "CUDA_VISIBLE_DEVICES", json_string(g.data ? (char *)g.data : ""));
     sh_buf_free(&g);
+    /* Debian 12's torch 1.13 torchrun cannot parse its own default
+     * `--redirects 0` (AttributeError on NoneType): these make a plain
+     * `torchrun train.py` start there; newer PyTorch reads them as asked
+     * (workers' output prefixed "[default0]:").  A job's env may override. */
+    static const char *const torch13[][2] = {{"PET_REDIRECTS", "1"}, {"PET_TEE", "1"}};
+    for (int k = 0; k < 2; k++)
+        if (!json_object_get(user, torch13[k][0])) json_object_set_new(env, torch13[k][0], json_string(torch13[k][1]));
     return env;
 }
 
@@ -413,8 +420,8 @@ static json_t *desired(srv *s, int idx)
              * its own, the same for all of one tenant's members. */
             json_object_set_new(d, "uid", json_integer(json_integer_value(json_object_get(s->tenant_num, j->tenant))));
             json_object_set_new(d, "gpus", json_integer(j->gpus_per_node));
-            const char *extra[] = {"writable", "memory_mb", "pids_max", "disk_mb"};
-            for (int k = 0; k < 4; k++) {
+            const char *extra[] = {"writable", "memory_mb", "pids_max", "disk_mb", "workdir"};
+            for (int k = 0; k < 5; k++) {
                 json_t *v = json_object_get(j->spec, extra[k]);
                 if (v) json_object_set(d, extra[k], v);
             }

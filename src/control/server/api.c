@@ -110,6 +110,10 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     r->job = NULL; /* parsed and validated before the lock was taken */
     if (!j) return sh_err(SH_EINTERNAL, "submit without a parsed job");
     int rc = check_writable(s, j);
+    const char *wd = json_string_value(json_object_get(j->spec, "workdir"));
+    if (rc == SH_OK && wd && !srv__workdir_exists(s, j->tenant, wd))
+        rc = sh_err(SH_EINVAL, "job: field \"workdir\": tenant %s uploaded no work dir %s (`shoal submit --workdir DIR`"
+                               " uploads it first)", j->tenant, wd);
     if (rc < 0) {
         srv__job_free(j);
         return rc;

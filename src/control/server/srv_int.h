@@ -255,6 +255,24 @@ void srv__seam_bills_end(srv *s, int committed);
 int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
 
+/* workdir.c: the archives jobs ship (POST /v1/workdirs, GET /v1/agent/workdir) */
+typedef struct srv_upload {
+    int fd;
+    char tmp[4300];
+    sh_hasher *h;
+    uint64_t bytes;
+} srv_upload;
+int srv__upload_begin(srv *s, srv_upload *u);
+int srv__upload_write(srv_upload *u, const void *data, size_t len);
+void srv__upload_abort(srv_upload *u);
+/* Durable under the tenant's id; *reply {"workdir": id, "bytes": n}. */
+int srv__upload_commit(srv *s, srv_upload *u, const char *tenant, json_t **reply);
+int srv__workdir_id_ok(const char *id);
+int srv__workdir_exists(const srv *s, const char *tenant, const char *id);
+/* The archive of job's work dir, for node `node` (which must run a live
+ * rank of it); caller holds s->mu. */
+int srv__workdir_for_node(srv *s, int node, int64_t job, char *path, size_t cap);
+
 /* provider.c: autoscaling hook */
 int srv__provider_config(srv *s, sched_config *c);
 int srv__provider_create(srv *s, const char *zone, const char *fabric, const char *gpu_type, int n);

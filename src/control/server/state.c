@@ -427,7 +427,7 @@ static const char *const job_keys[] = {
     "name",   "kind",     "nodes",          "min_nodes",  "max_nodes",    "gpus_per_node",
     "gpus",   "gpu_types", "zone",          "command",    "env",          "on_failure",
     "max_attempts", "priority", "writable", "memory_mb", "pids_max", "disk_mb", "idempotency_key", "est_s",
-    "gpu_speeds", "replace_wait_s", NULL};
+    "gpu_speeds", "replace_wait_s", "workdir", NULL};
 
 static int pick(const char *v, const char *const *names, int n, const char *field, int *out)
 {
@@ -563,6 +563,10 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     if (rc == SH_OK) rc = str_array(spec, "gpu_types", 0, 0);
     if (rc == SH_OK) rc = str_array(spec, "writable", 0, 1);
     if (rc == SH_OK) rc = check_env(spec);
+    json_t *wd = json_object_get(spec, "workdir");
+    if (rc == SH_OK && wd && !srv__workdir_id_ok(json_string_value(wd)))
+        rc = sh_err(SH_EFORMAT, "job: field \"workdir\": expected the id of an uploaded work dir (32 hex digits);"
+                                " `shoal submit JOB.json --workdir DIR` uploads DIR and sets it");
     if (rc == SH_OK) rc = check_speeds(spec);
     /* The scheduling core cannot pin a job to a zone, so a "zone" field
      * would be a promise the server does not keep: refuse it. */
