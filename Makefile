@@ -31,7 +31,7 @@ FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
 # build/shoal is the client: the commands that only talk to a server, linked
 # without UCX, OpenBLAS or SQLite so that it starts fast; it hands every
 # other command to build/shoal-core, which holds them all (src/cli/main.c).
-CLIENT_CMDS := submit jobs job logs cancel nodes cost version
+CLIENT_CMDS := submit jobs job logs cancel nodes cost version run
 CLIENT_SRC  := $(CLIENT_CMDS:%=src/cli/cmd_%.c) src/cli/ctl.c src/cli/opts.c
 CLIENT_LIBS := $(shell pkg-config --libs jansson libxxhash 2>/dev/null) -lm
 

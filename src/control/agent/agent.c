@@ -232,6 +232,11 @@ static void start_member(agent *a, const json_t *d, int64_t job, int attempt, in
     m->rank = rank;
     m->out_fd = m->barrier_fd = m->exec_fd = -1;
     agent__disk_init(a, m, d);
+    /* ---- pyrl: what a rank needs to reach its run's services (SHOAL_RUN_TOKEN
+     * from the server; docs/job-format.md): the server as this agent reaches it. */
+    json_t *env = json_object_get(d, "env");
+    if (json_is_object(env) && json_object_get(env, "SHOAL_RUN_TOKEN"))
+        json_object_set_new(env, "SHOAL_SERVER", json_string(a->cfg.server));
     if (agent__launch(a, m, d) < 0) {
         sh_warn("agent %s: job %lld rank %d: %s", a->cfg.name, (long long)job, rank, sh_errmsg());
         m->state = AM_EXITED;

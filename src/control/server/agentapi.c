@@ -396,6 +396,7 @@ static json_t *member_env(srv *s, srv_job *j, const srv_member *m)
      * `--redirects 0` (AttributeError on NoneType): these make a plain
      * `torchrun train.py` start there; newer PyTorch reads them as asked
      * (workers' output prefixed "[default0]:").  A job's env may override. */
+    srv__run_env(s, j, env); /* SHOAL_RUN, SHOAL_RUN_SECRET, SHOAL_RUN_TOKEN (runs.c) */
     static const char *const torch13[][2] = {{"PET_REDIRECTS", "1"}, {"PET_TEE", "1"}};
     for (int k = 0; k < 2; k++)
         if (!json_object_get(user, torch13[k][0])) json_object_set_new(env, torch13[k][0], json_string(torch13[k][1]));

@@ -157,7 +157,9 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     j->state = J_PENDING;
     j->t_submit = sh_now_wall();
     SH_TRY(srv__job_add(s, j));
+    srv_new_run nr = {0};
     rc = srv__db_begin(s);
+    if (rc == SH_OK) rc = srv__run_prepare(s, j, &nr);
     if (rc == SH_OK) rc = srv__db_job(s, j);
     if (rc == SH_OK) rc = srv__db_event(s, j->id, NULL, "submitted", "%s by %s", j->name, j->tenant);
     if (rc == SH_OK) rc = srv__db_commit(s);
@@ -171,6 +173,7 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
         srv__job_free(j);
         return rc;
     }
+    srv__run_commit(s, &nr); /* durable now: its ranks get its secret and token */
     s->submits++;
     srv__changed(s);
     *status = 201;
@@ -515,10 +518,13 @@ int srv__handle(srv *s, srv_req *r, int *status, json_t **reply)
     int get = !strcmp(r->method, "GET");
     *status = 200;
     if (!strncmp(p, "/v1/agent/", 10)) return agent_routes(s, r, reply);
-    if (r->role != ROLE_ADMIN && r->role != ROLE_TENANT)
+    if (r->role == ROLE_RUN && strncmp(p, "/v1/runs/", 9))
+        return sh_err(SH_EPERM, "%s: a run token (SHOAL_RUN_TOKEN) only reaches /v1/runs/%s/", p, r->run);
+    if (r->role != ROLE_ADMIN && r->role != ROLE_TENANT && r->role != ROLE_RUN)
         return sh_err(SH_EPERM, "%s: the agent token and node credentials only reach /v1/agent/", p);
     if (!(!strcmp(p, "/v1/jobs") && get) && strncmp(p, "/v1/jobs/", 9) && strcmp(p, "/v1/events"))
         SH_TRY(query_only(r, NULL));
+    if (!strncmp(p, "/v1/runs/", 9)) return srv__run_routes(s, r, p + 9, status, reply);
     if (!strcmp(p, "/v1/jobs")) {
         if (!strcmp(r->method, "POST")) return submit(s, r, status, reply);
         if (get) return list_jobs(s, r, reply);

@@ -31,7 +31,11 @@ static const char *const schema =
     "CREATE TABLE IF NOT EXISTS ledger(id INTEGER PRIMARY KEY, tenant TEXT, job INTEGER,"
     " attempt INTEGER, rank INTEGER, node TEXT, gpu_type TEXT, gpus INTEGER, t_start REAL,"
     " t_end REAL, cost REAL, seconds REAL);"
-    "CREATE TABLE IF NOT EXISTS tenants(name TEXT PRIMARY KEY, num INTEGER UNIQUE);";
+    "CREATE TABLE IF NOT EXISTS tenants(name TEXT PRIMARY KEY, num INTEGER UNIQUE);"
+    "CREATE TABLE IF NOT EXISTS runs(tenant TEXT, name TEXT, secret TEXT, token TEXT, t REAL,"
+    " PRIMARY KEY(tenant, name));"
+    "CREATE TABLE IF NOT EXISTS run_services(tenant TEXT, run TEXT, name TEXT, value TEXT, job INTEGER,"
+    " t REAL, PRIMARY KEY(tenant, run, name));";
 
 /* Columns added since the first schema: a database written before them
  * gets them (NULL in old rows, which readers treat as unknown). */
@@ -342,8 +346,42 @@ static int db__load_job(srv *s, sqlite3_stmt *st)
     return srv__job_add(s, j);
 }
 
+int srv__db_run(srv *s, const char *tenant, const char *name, const char *secret, const char *token)
+{
+    return db__run(s, "INSERT INTO runs(tenant, name, secret, token, t) VALUES(?,?,?,?,?)", "ttttd", tenant, name,
+                   secret, token, sh_now_wall());
+}
+
+int srv__db_run_service(srv *s, const char *tenant, const char *run, const char *name, const char *value, int64_t job)
+{
+    return db__run(s, "INSERT OR REPLACE INTO run_services(tenant, run, name, value, job, t) VALUES(?,?,?,?,?,?)",
+                   "ttttid", tenant, run, name, value, job, sh_now_wall());
+}
+
+/* Every run and its services into s->runs (runs.c).  A reload keeps the
+ * runs already in memory (a request may hold pointers into them). */
+static int db__load_runs(srv *s)
+{
+    if (!s->runs) s->runs = json_object();
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT tenant, name, secret, token FROM runs", -1, &st, NULL))
+        return db__fail(s, "load runs");
+    while (sqlite3_step(st) == SQLITE_ROW)
+        srv__run_put(s, col_text(st, 0), col_text(st, 1), col_text(st, 2), col_text(st, 3));
+    sqlite3_finalize(st);
+    if (sqlite3_prepare_v2(s->db, "SELECT tenant, run, name, value FROM run_services", -1, &st, NULL))
+        return db__fail(s, "load run services");
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        json_t *r = srv__run_find(s, col_text(st, 0), col_text(st, 1));
+        if (r) json_object_set_new(json_object_get(r, "services"), col_text(st, 2), json_string(col_text(st, 3)));
+    }
+    sqlite3_finalize(st);
+    return SH_OK;
+}
+
 int srv__db_load(srv *s)
 {
+    SH_TRY(db__load_runs(s));
     SH_TRY(db__load_nodes(s));
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(s->db, "SELECT * FROM jobs ORDER BY id", -1, &st, NULL))

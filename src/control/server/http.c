@@ -68,7 +68,7 @@ static int status_of(int rc)
 
 /* Compares a presented token with a known one in time that depends only on
  * their lengths, so that response times do not leak a token's prefix. */
-static int token_eq(const char *given, const char *known)
+int srv__token_eq(const char *given, const char *known)
 {
     if (!known) return 0;
     size_t a = strlen(given), b = strlen(known);
@@ -88,12 +88,12 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
     const char *tok = h + 7;
     const char *admin = json_string_value(json_object_get(s->tokens, "admin"));
     const char *join = json_string_value(json_object_get(s->tokens, "agent"));
-    if (token_eq(tok, admin)) return r->role = ROLE_ADMIN;
-    if (token_eq(tok, join)) return r->role = ROLE_JOIN;
+    if (srv__token_eq(tok, admin)) return r->role = ROLE_ADMIN;
+    if (srv__token_eq(tok, join)) return r->role = ROLE_JOIN;
     const char *name;
     json_t *v;
     json_object_foreach(json_object_get(s->tokens, "tenants"), name, v) {
-        if (json_is_string(v) && token_eq(tok, json_string_value(v))) {
+        if (json_is_string(v) && srv__token_eq(tok, json_string_value(v))) {
             r->tenant = name;
             return r->role = ROLE_TENANT;
         }
@@ -103,9 +103,13 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
     pthread_mutex_lock(&s->mu);
     r->node = -1;
     for (int i = 0; i < s->nnodes && r->node < 0; i++)
-        if (s->nodes[i].cred[0] && token_eq(tok, s->nodes[i].cred)) r->node = i;
+        if (s->nodes[i].cred[0] && srv__token_eq(tok, s->nodes[i].cred)) r->node = i;
+    /* A run's token (runs.c); the strings it points at live as long as the
+     * server (runs are never removed). */
+    int run = r->node < 0 && !strncmp(tok, "run-", 4) && srv__run_token(s, tok, &r->tenant, &r->run);
     pthread_mutex_unlock(&s->mu);
     if (r->node >= 0) return r->role = ROLE_NODE;
+    if (run) return r->role = ROLE_RUN;
     *err = "unknown bearer token (check --token / SHOAL_TOKEN against the server's tokens file)";
     return -1;
 }
@@ -642,6 +646,7 @@ void srv_stop(srv *s)
     free_state(s);
     json_decref(s->tokens);
     json_decref(s->tenant_num);
+    json_decref(s->runs);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->sched_cv);

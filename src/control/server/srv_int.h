@@ -127,6 +127,7 @@ struct srv {
     sched_quota quota;
     int reloading;        /* srv__seam_init rebuilds after an undone cycle, not a restart */
     char failed[1024];    /* non-empty: the state is lost; every request gets 503 */
+    json_t *runs;         /* "tenant\nrun" -> {tenant, run, secret, token, services} (runs.c) */
 };
 
 typedef struct srv_req {
@@ -134,6 +135,7 @@ typedef struct srv_req {
     const char *body;
     size_t body_len;
     const char *tenant; /* NULL: admin or agent */
+    const char *run;    /* ROLE_RUN: the run its token opens (tenant: the run's tenant) */
     int role;           /* ROLE_* */
     int node;           /* ROLE_NODE: the index of the node the credential names */
     const char *idem_header;
@@ -144,7 +146,9 @@ typedef struct srv_req {
  * register nodes.  ROLE_NODE holds one node's credential: it may only poll
  * as that node.  Neither reaches the tenant API, and the admin token does
  * not reach /v1/agent/. */
-enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE };
+enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE, ROLE_RUN };
+/* ROLE_RUN holds a run token (SHOAL_RUN_TOKEN, given to a run's ranks): it
+ * reaches only /v1/runs/<its run>/ (runs.c). */
 
 /* db.c */
 int srv__db_open(srv *s);
@@ -272,6 +276,29 @@ int srv__workdir_exists(const srv *s, const char *tenant, const char *id);
 /* The archive of job's work dir, for node `node` (which must run a live
  * rank of it); caller holds s->mu. */
 int srv__workdir_for_node(srv *s, int node, int64_t job, char *path, size_t cap);
+
+/* runs.c: a tenant's jobs that name one "run" share a secret and services */
+typedef struct srv_new_run {
+    int create;
+    char tenant[64], run[64], secret[33], token[45];
+} srv_new_run;
+int srv__run_name_ok(const char *name);
+json_t *srv__run_find(srv *s, const char *tenant, const char *run);
+json_t *srv__run_put(srv *s, const char *tenant, const char *run, const char *secret, const char *token);
+/* For a submit: writes the job's run to the database if it is new (inside
+ * the submit's transaction); srv__run_commit adds it to memory once the
+ * transaction committed. */
+int srv__run_prepare(srv *s, const srv_job *j, srv_new_run *nr);
+void srv__run_commit(srv *s, const srv_new_run *nr);
+/* SHOAL_RUN, SHOAL_RUN_SECRET and SHOAL_RUN_TOKEN for a rank of j. */
+void srv__run_env(srv *s, const srv_job *j, json_t *env);
+/* 1 with *tenant and *run set when tok is a run's token. */
+int srv__run_token(srv *s, const char *tok, const char **tenant, const char **run);
+int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply);
+int srv__db_run(srv *s, const char *tenant, const char *name, const char *secret, const char *token);
+int srv__db_run_service(srv *s, const char *tenant, const char *run, const char *name, const char *value, int64_t job);
+/* http.c: compares tokens in time that depends only on their lengths. */
+int srv__token_eq(const char *given, const char *known);
 
 /* provider.c: autoscaling hook */
 int srv__provider_config(srv *s, sched_config *c);
