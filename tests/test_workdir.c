@@ -244,12 +244,87 @@ static void test_submit_workdir(void **state)
     tf_stop(&F);
 }
 
+/* Uploads an archive of one file of `size` bytes of byte `fill`; returns the
+ * HTTP status and the id (when 201). */
+static int upload(int size, char fill, char *id)
+{
+    char d[4200], p[4300];
+    snprintf(d, sizeof d, "%s", tu_path("up"));
+    sh_rm_rf(d);
+    sh_mkdir_p(d, 0755);
+    char *data = malloc((size_t)size);
+    memset(data, fill, (size_t)size);
+    snprintf(p, sizeof p, "%s/f", d);
+    tu_write_file(p, data, (size_t)size);
+    free(data);
+    sh_buf b = {0};
+    assert_int_equal(sh_tar_pack(d, 1 << 20, &b), 0);
+    srv_client *c;
+    assert_int_equal(srv_client_new(F.url, TF_ALICE, &c), 0);
+    int status = 0;
+    char *reply = NULL;
+    size_t len = 0;
+    assert_int_equal(srv_client_raw(c, "POST", "/v1/workdirs", (char *)b.data, b.len, NULL, 30, &status, &reply, &len), 0);
+    json_t *j = json_loadb(reply, len, 0, NULL);
+    if (status == 201) snprintf(id, 33, "%s", json_string_value(json_object_get(j, "workdir")));
+    else snprintf(id, 33, "%s", "");
+    if (status != 201 && status != 413 && status != 429) fail_msg("upload: HTTP %d: %s", status, reply);
+    json_decref(j);
+    free(reply);
+    srv_client_free(c);
+    sh_buf_free(&b);
+    return status;
+}
+
+static int64_t run_with(const char *id, const char *cmd)
+{
+    char body[512];
+    snprintf(body, sizeof body, "{\"name\":\"q\",\"kind\":\"function\",\"workdir\":\"%s\",\"command\":[\"sh\",\"-c\",\"%s\"]}",
+             id, cmd);
+    return tf_submit(&F, TF_ALICE, body);
+}
+
+/* The server's own limits: an archive over --workdir-max is 413; a
+ * tenant's archives stay within --workdir-quota, the oldest that no active
+ * job names making room, and 429 when those in use leave none. */
+static void test_server_limits(void **state)
+{
+    (void)state;
+    memset(&F, 0, sizeof F);
+    snprintf(F.extra, sizeof F.extra, "--workdir-max 9000 --workdir-quota 20000");
+    tf_start_server(&F, "wdq", 30);
+    tf_start_agents(&F, 1, "H100", 4, "z1", "ib");
+    char a1[33], a2[33], a3[33], a4[33], a5[33], big[33];
+    assert_int_equal(upload(10000, 'x', big), 413);
+    assert_int_equal(upload(6000, 'a', a1), 201);
+    int64_t j1 = run_with(a1, "sleep 60");
+    assert_int_equal(upload(6000, 'b', a2), 201);
+    assert_int_equal(upload(6000, 'a', a5), 201); /* the same archive again: its id, no room needed */
+    assert_string_equal(a5, a1);
+    assert_int_equal(upload(6000, 'c', a3), 201);  /* a2, unused, made room */
+    int st = 0;
+    char body[256];
+    snprintf(body, sizeof body, "{\"name\":\"x\",\"kind\":\"function\",\"workdir\":\"%s\",\"command\":[\"true\"]}", a2);
+    json_decref(tf_call(&F, TF_ALICE, "POST", "/v1/jobs", body, &st));
+    assert_int_equal(st, 400);
+    int64_t j3 = run_with(a3, "sleep 60");
+    assert_int_equal(upload(6000, 'd', a4), 429); /* a1 and a3 are in use */
+    json_decref(tf_wait_job(&F, j1, "running", 30));
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)j1);
+    json_decref(tf_call(&F, TF_ALICE, "POST", path, NULL, &st));
+    assert_int_equal(upload(6000, 'd', a4), 201); /* a1's job ended: a1 made room */
+    (void)j3;
+    tf_stop(&F);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hostile_archives),
         cmocka_unit_test(test_pack_refusals),
         cmocka_unit_test_teardown(test_submit_workdir, tf_teardown),
+        cmocka_unit_test_teardown(test_server_limits, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

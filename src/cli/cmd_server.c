@@ -17,7 +17,8 @@ static const char usage[] =
     "                    [--heartbeat-timeout S] [--max-body BYTES] [--provider-cmd PROG]\n"
     "                    [--provider-quota Q] [--scale-up-wait S] [--scale-down-idle S] [--sync-full]\n"
     "                    [--allow-writable [TENANT=]DIR]... [--est-grace S] [--require-est]\n"
-    "                    [--default-est S] [--max-conns-per-ip N]\n\n"
+    "                    [--default-est S] [--max-conns-per-ip N] [--workdir-max SIZE]\n"
+    "                    [--workdir-quota SIZE]\n\n"
     "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
     "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
     "  --port P               TCP port (default 8470; 0 picks a free one)\n"
@@ -40,7 +41,10 @@ static const char usage[] =
     "  --default-est S        the run the scheduler plans for a job without est_s, which\n"
     "                         is not ended there (default 3600; docs/sched.md)\n"
     "  --max-conns-per-ip N   connections one address may hold (default 250 of 1000;\n"
-    "                         raise it when agents reach the server through one tunnel)\n\n"
+    "                         raise it when agents reach the server through one tunnel)\n"
+    "  --workdir-max SIZE     largest work dir a job may ship (default 100MiB)\n"
+    "  --workdir-quota SIZE   work dirs one tenant's pending and running jobs may hold\n"
+    "                         (default 1GiB; older unused ones make room)\n\n"
     "Prints \"listening on http://ADDR:PORT\" once ready.  See docs/server-api.md.\n";
 
 static volatile sig_atomic_t stop_flag;
@@ -74,7 +78,7 @@ static int add_allowed(const char *spec, srv_config *cfg, const char *cmd)
 
 enum { O_TOKENS = 0x2000, O_DB, O_PORT, O_BIND, O_WEB, O_HEARTBEAT, O_MAX_BODY, O_PROVIDER_CMD, O_PROVIDER_QUOTA,
        O_SCALE_UP, O_SCALE_DOWN, O_SYNC_FULL, O_ALLOW_WRITABLE, O_EST_GRACE, O_REQUIRE_EST, O_CONNS_PER_IP,
-       O_DEFAULT_EST };
+       O_DEFAULT_EST, O_WORKDIR_MAX, O_WORKDIR_QUOTA };
 const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKENS},
                                          {"db", required_argument, 0, O_DB},
                                          {"port", required_argument, 0, O_PORT},
@@ -92,6 +96,8 @@ const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKE
                                          {"require-est", no_argument, 0, O_REQUIRE_EST},
                                          {"default-est", required_argument, 0, O_DEFAULT_EST},
                                          {"max-conns-per-ip", required_argument, 0, O_CONNS_PER_IP},
+                                         {"workdir-max", required_argument, 0, O_WORKDIR_MAX},
+                                         {"workdir-quota", required_argument, 0, O_WORKDIR_QUOTA},
                                          {0}};
 
 int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
@@ -121,6 +127,8 @@ int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
     case O_HEARTBEAT:
         return cli_real(cmd, "--heartbeat-timeout", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->heartbeat_timeout);
     case O_PORT: return cli_int(cmd, "--port", v, 0, 65535, &port) ? CLI_USAGE : (cfg->port = (int)port, 0);
+    case O_WORKDIR_MAX: return cli_size(cmd, "--workdir-max", v, 1024, &cfg->workdir_max) ? CLI_USAGE : 0;
+    case O_WORKDIR_QUOTA: return cli_size(cmd, "--workdir-quota", v, 1024, &cfg->workdir_quota) ? CLI_USAGE : 0;
     case O_MAX_BODY: return cli_size(cmd, "--max-body", v, 1024, &body) ? CLI_USAGE : (cfg->max_body = (size_t)body, 0);
     default: return cli_usage(cmd, "option code %d is not one of the server's", c);
     }

@@ -258,7 +258,8 @@ static enum MHD_Result upload_done(srv *s, struct MHD_Connection *c, conn_ctx *c
 {
     if (ctx->upload_status) return send_error(s, c, ctx->upload_status, ctx->upload_err);
     json_t *reply = NULL;
-    if (srv__upload_commit(s, &ctx->up, ctx->tenant, &reply) < 0) return send_error(s, c, 400, sh_errmsg());
+    int rc = srv__upload_commit(s, &ctx->up, ctx->tenant, &reply);
+    if (rc < 0) return send_error(s, c, rc == SH_ERANGE ? 429 : rc == SH_EFORMAT ? 400 : 500, sh_errmsg());
     return send_json(s, c, 201, reply);
 }
 
@@ -574,6 +575,7 @@ int srv_start(const srv_config *cfg, srv **out)
     if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
     if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
     if (!s->cfg.workdir_max) s->cfg.workdir_max = SH_TAR_DEFAULT_LIMIT;
+    if (!s->cfg.workdir_quota) s->cfg.workdir_quota = SRV_WORKDIR_QUOTA;
     if (!s->cfg.max_log) s->cfg.max_log = SRV_MAX_LOG;
     if (!s->cfg.max_queued) s->cfg.max_queued = SRV_MAX_QUEUED;
     if (s->cfg.scale_up_wait_s <= 0) s->cfg.scale_up_wait_s = 2;
