@@ -23,7 +23,7 @@ OPTFLAGS  := -O2 -g
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 
 LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c)))
-CLI_SRC   := $(sort $(wildcard src/cli/*.c))
+CLI_SRC   := $(sort $(wildcard src/cli/*.c bench/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_AUX  := $(sort $(filter-out tests/test_%,$(wildcard tests/*.c)))
 FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
@@ -63,7 +63,7 @@ deps:
 	@sh scripts/deps.sh
 
 # The command table is generated from the file names src/cli/cmd_<name>.c and
-# src/cli/bench_<name>.c, so that components add commands without touching a
+# bench/bench_<name>.c (benchmarks live in bench/, outside the command line), so that components add commands without touching a
 # shared list.
 $(GEN)/commands.h: $(CLI_SRC) scripts/gen-commands.sh | $(GEN)
 	@sh scripts/gen-commands.sh $(CLI_SRC) > $@.tmp && mv $@.tmp $@

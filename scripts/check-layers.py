@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the layering that docs/architecture.md draws.
 
-Reads every source and header under src/ and include/shoal/ and fails when
+Reads every source and header under src/, bench/ and include/shoal/ and fails when
   * a file includes a header of a component it may not use (ALLOWED below),
   * a file calls a function of a component it may not use (found by the
     component's name prefix: `store_`, `delta_`, ...), or
@@ -37,10 +37,14 @@ ALLOWED = {
     'cli': {'common', 'sched', 'sim', 'server', 'agent', 'ckpt', 'delta', 'store',
             'push', 'nn', 'rl', 'mainjob'},
 }
+ALLOWED['bench'] = ALLOWED['cli'] | {'cli'}
 # private headers another component may include: (user, header)
 PRIVATE_OK = {
     ('cli', 'app/mainjob/mainjob_int.h'),
     ('cli', 'control/sim/sim_push_int.h'),
+    ('bench', 'app/mainjob/mainjob_int.h'),
+    ('bench', 'control/sim/sim_push_int.h'),
+    ('bench', 'cli/cli_int.h'),
 }
 HEADER_COMP = {'common': 'common', 'fleetfile': 'common', 'sched': 'sched', 'sim': 'sim',
                'server': 'server', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
@@ -54,6 +58,8 @@ FOLDER_COMP = {'engine': 'rl'}
 def component(path):
     """The component a file under src/ or include/shoal/ belongs to."""
     parts = path.split('/')
+    if parts[0] == 'bench':
+        return 'bench'
     if parts[0] == 'include':
         return HEADER_COMP.get(os.path.basename(path)[:-2])
     if parts[1] in ('common', 'cli'):
@@ -69,7 +75,8 @@ def strip_comments(text):
 
 def main():
     os.chdir(ROOT)
-    files = sorted(glob.glob('src/**/*.[ch]', recursive=True) + glob.glob('include/shoal/*.h'))
+    files = sorted(glob.glob('src/**/*.[ch]', recursive=True) + glob.glob('include/shoal/*.h') +
+                   glob.glob('bench/*.[ch]'))
     bad = []
     defs = {}          # function name -> file that defines it
     local_defs = collections.defaultdict(set)   # file -> names it defines

@@ -334,6 +334,22 @@ void sh_free(void *p);
  * drops the caller's reference to j, whatever happens. */
 int sh_json_take_text(json_t *j, char **out);
 
+/* ---- One process fan-out (fanout.c) -------------------------------------
+ * For experiments that run many independent tasks (the RL sweep, the
+ * fleet-cost experiment).
+ * Runs tasks 0..total-1, each in a child process of its own, up to `jobs` (1..64)
+ * at a time.  In its child a task's fn returns its result (NULL with *rc and
+ * sh_errmsg() set on failure) and may report progress with sh_fanout_step(fd,
+ * units done).  results[t] gets task t's result (caller owns them; NULL for
+ * a task that failed).  progress (optional) gets the units done over all
+ * tasks, units_each per finished task.  The first failure stops new tasks
+ * and is returned once the running ones end. */
+typedef json_t *(*sh_task_fn)(void *arg, int task, int fd, int *rc);
+typedef void (*sh_units_fn)(void *arg, uint64_t units);
+int sh_fanout(int total, int jobs, int units_each, sh_task_fn fn, void *arg, sh_units_fn progress,
+              void *parg, json_t **results);
+void sh_fanout_step(int fd, int units);
+
 #ifdef __cplusplus
 }
 #endif

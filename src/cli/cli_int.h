@@ -3,7 +3,7 @@
  * Each command lives in src/cli/cmd_<name>.c and defines
  *     const char cli_help_<name>[];            one line for `shoal help`
  *     int cli_cmd_<name>(int argc, char **argv); argv[0] is the command name
- * and each benchmark in src/cli/bench_<name>.c defines cli_bench_help_<name>
+ * and each benchmark in bench/bench_<name>.c defines cli_bench_help_<name>
  * and cli_bench_<name>.  scripts/gen-commands.sh builds the table from the
  * file names.  A command returns its exit status: 0 on success, 1 when the
  * work failed, 2 for bad usage. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "shoal/ckpt.h"
+#include "shoal/delta.h"
 #include "rl/engine/runtime_int.h"
 #include "shoal/rl.h"
 
@@ -104,7 +105,7 @@ static int get_fp8(const ckpt *c, const ckpt_tensor *t, const nn_tensor *s, floa
     char name[160];
     snprintf(name, sizeof name, "%s_scale_inv", t->name);
     const ckpt_tensor *sc = ckpt_find(c, name);
-    int64_t nbr = (s->rows + 127) / 128, nbc = (s->cols + 127) / 128;
+    int64_t nbr = (s->rows + DELTA_FP8_BLOCK - 1) / DELTA_FP8_BLOCK, nbc = (s->cols + DELTA_FP8_BLOCK - 1) / DELTA_FP8_BLOCK;
     if (t->ndim != 2 || t->shape[0] != s->rows || t->shape[1] != s->cols)
         return sh_err(SH_EMISMATCH, "%s: tensor %s: F8_E4M3 shape does not match the model", what,
                       t->name);
@@ -114,7 +115,7 @@ static int get_fp8(const ckpt *c, const ckpt_tensor *t, const nn_tensor *s, floa
     for (int64_t r = 0; r < s->rows; r++)
         for (int64_t k = 0; k < s->cols; k++) {
             float si;
-            memcpy(&si, sc->data + 4 * ((r / 128) * nbc + k / 128), 4);
+            memcpy(&si, sc->data + 4 * ((r / DELTA_FP8_BLOCK) * nbc + k / DELTA_FP8_BLOCK), 4);
             dst[r * s->cols + k] = ckpt_e4m3_to_f32(t->data[r * s->cols + k]) * si;
         }
     return 0;
@@ -183,34 +184,27 @@ int rl_load_checkpoint(nn_model *m, const char *path)
 static int fp8_kept(const char *name) { return strstr(name, "embed") || strstr(name, "lm_head"); }
 
 /* Block (br, bc) of a BF16 [rows, cols] tensor, dequantised into dst. */
+/* Block (br, bc) of x's FP8 serving copy, dequantised into dst (rows x
+ * cols), by delta's one block rule. */
 static void fp8_block(const uint8_t *x, int64_t rows, int64_t cols, int64_t br, int64_t bc, float *dst)
 {
-    int64_t r0 = br * 128, c0 = bc * 128;
-    int64_t r1 = r0 + 128 < rows ? r0 + 128 : rows, c1 = c0 + 128 < cols ? c0 + 128 : cols;
-    float amax = 0;
+    uint8_t q[DELTA_FP8_BLOCK * DELTA_FP8_BLOCK];
+    float si = delta_fp8_block(x, rows, cols, br, bc, q, DELTA_FP8_BLOCK);
+    int64_t r0 = br * DELTA_FP8_BLOCK, c0 = bc * DELTA_FP8_BLOCK;
+    int64_t r1 = r0 + DELTA_FP8_BLOCK < rows ? r0 + DELTA_FP8_BLOCK : rows;
+    int64_t c1 = c0 + DELTA_FP8_BLOCK < cols ? c0 + DELTA_FP8_BLOCK : cols;
     for (int64_t r = r0; r < r1; r++)
-        for (int64_t c = c0; c < c1; c++) {
-            uint16_t h;
-            memcpy(&h, x + 2 * (r * cols + c), 2);
-            float v = fabsf(ckpt_bf16_to_f32(h));
-            if (v > amax) amax = v;
-        }
-    float si = amax > 0 && isfinite(amax) ? amax / 448.0f : 1.0f;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t c = c0; c < c1; c++) {
-            uint16_t h;
-            memcpy(&h, x + 2 * (r * cols + c), 2);
-            dst[r * cols + c] = ckpt_e4m3_to_f32(ckpt_f32_to_e4m3(ckpt_bf16_to_f32(h) / si)) * si;
-        }
+        for (int64_t c = c0; c < c1; c++)
+            dst[r * cols + c] = ckpt_e4m3_to_f32(q[(r - r0) * DELTA_FP8_BLOCK + (c - c0)]) * si;
 }
 
 /* Whether block (br, bc) has the same bytes in a and b. */
 static int block_same(const uint8_t *a, const uint8_t *b, int64_t rows, int64_t cols, int64_t br,
                       int64_t bc)
 {
-    int64_t r1 = br * 128 + 128 < rows ? br * 128 + 128 : rows, c0 = bc * 128;
-    size_t n = (size_t)((c0 + 128 < cols ? c0 + 128 : cols) - c0) * 2;
-    for (int64_t r = br * 128; r < r1; r++)
+    int64_t r1 = br * DELTA_FP8_BLOCK + DELTA_FP8_BLOCK < rows ? br * DELTA_FP8_BLOCK + DELTA_FP8_BLOCK : rows, c0 = bc * DELTA_FP8_BLOCK;
+    size_t n = (size_t)((c0 + DELTA_FP8_BLOCK < cols ? c0 + DELTA_FP8_BLOCK : cols) - c0) * 2;
+    for (int64_t r = br * DELTA_FP8_BLOCK; r < r1; r++)
         if (memcmp(a + 2 * (r * cols + c0), b + 2 * (r * cols + c0), n)) return 0;
     return 1;
 }
@@ -232,8 +226,8 @@ int rl__load_fp8(nn_model *m, const ckpt *img, const ckpt *prev, uint64_t *block
             return sh_err(SH_EMISMATCH, "fp8 weights: tensor %s: shape does not match the model", s->name);
         const ckpt_tensor *o = prev ? ckpt_find(prev, s->name) : NULL;
         if (o && (o->dtype != CKPT_BF16 || o->numel != n)) o = NULL;
-        for (int64_t br = 0; br * 128 < s->rows; br++)
-            for (int64_t bc = 0; bc * 128 < s->cols; bc++) {
+        for (int64_t br = 0; br * DELTA_FP8_BLOCK < s->rows; br++)
+            for (int64_t bc = 0; bc * DELTA_FP8_BLOCK < s->cols; bc++) {
                 if (o && block_same(t->data, o->data, s->rows, s->cols, br, bc)) continue;
                 fp8_block(t->data, s->rows, s->cols, br, bc, p + s->offset);
                 redone++;

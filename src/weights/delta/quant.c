@@ -92,23 +92,28 @@ static int quant__specs(const ckpt *src, const char *const *keep, ckpt_tensor **
 
 /* Quantises block (br, bc) of a bf16 [rows, cols] tensor: q gets the fp8
  * rows of the block (row stride cols), *scale its scale_inv. */
-static void quant__block(const ckpt_tensor *s, int64_t br, int64_t bc, uint8_t *q, float *scale)
+float delta_fp8_block(const void *x, int64_t rows, int64_t cols, int64_t br, int64_t bc, uint8_t *q,
+                      int64_t ldq)
 {
-    int64_t cols = s->shape[1], r0 = br * QB, c0 = bc * QB;
-    int64_t r1 = r0 + QB < s->shape[0] ? r0 + QB : s->shape[0];
-    int64_t c1 = c0 + QB < cols ? c0 + QB : cols;
-    const uint16_t *x = (const uint16_t *)s->data;
+    const uint8_t *b = x;
+    int64_t r0 = br * QB, c0 = bc * QB;
+    int64_t r1 = r0 + QB < rows ? r0 + QB : rows, c1 = c0 + QB < cols ? c0 + QB : cols;
     float amax = 0;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t c = c0; c < c1; c++) {
-            float v = fabsf(ckpt_bf16_to_f32(x[r * cols + c]));
+            uint16_t h;
+            memcpy(&h, b + 2 * (r * cols + c), 2);
+            float v = fabsf(ckpt_bf16_to_f32(h));
             if (v > amax) amax = v; /* NaN never compares greater: ignored */
         }
     float si = amax > 0 && isfinite(amax) ? amax / 448.0f : 1.0f;
-    *scale = si;
     for (int64_t r = r0; r < r1; r++)
-        for (int64_t c = c0; c < c1; c++)
-            q[(r - r0) * cols + c] = ckpt_f32_to_e4m3(ckpt_bf16_to_f32(x[r * cols + c]) / si);
+        for (int64_t c = c0; c < c1; c++) {
+            uint16_t h;
+            memcpy(&h, b + 2 * (r * cols + c), 2);
+            q[(r - r0) * ldq + (c - c0)] = ckpt_f32_to_e4m3(ckpt_bf16_to_f32(h) / si);
+        }
+    return si;
 }
 
 static int quant__copy_item(quant__job *j, size_t wt, size_t chunk)
@@ -150,7 +155,7 @@ static int quant__row_item(quant__job *j, size_t wt, int64_t br)
             memcpy(&sc[bc], os->data + (size_t)(br * nbc + bc) * 4, 4);
             continue;
         }
-        quant__block(s, br, bc, q, &sc[bc]);
+        sc[bc] = delta_fp8_block(s->data, s->shape[0], cols, br, bc, q + bc * QB, cols);
         done++;
     }
     int rc = ckpt_writer_put(j->w, wt, (uint64_t)(r0 * cols), q, (size_t)(nr * cols));

@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli_int.h"
+#include "cli/cli_int.h"
 #include "shoal/server.h"
 
 const char cli_bench_help_client[] = "client start: `shoal version` and sequential `shoal submit` per second [--json]";

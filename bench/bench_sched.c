@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli_int.h"
+#include "cli/cli_int.h"
 #include "shoal/sched.h"
 #include "shoal/sim.h"
 

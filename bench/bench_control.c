@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli_int.h"
+#include "cli/cli_int.h"
 #include "shoal/server.h"
 
 const char cli_bench_help_control[] = "control plane: gang start latency, submits/s, 10k-node cycle [--json]";

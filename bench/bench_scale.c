@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli_int.h"
+#include "cli/cli_int.h"
 #include "shoal/ckpt.h"
 #include "shoal/delta.h"
 

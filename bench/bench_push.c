@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli_int.h"
+#include "cli/cli_int.h"
 #include <sys/resource.h>
 
 #include "shoal/bcast.h"

@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli_int.h"
+#include "cli/cli_int.h"
 
 const char cli_bench_help_write[] = "writing a model file: pwrite against a copy through a mapping [--json]";
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli_int.h"
+#include "cli/cli_int.h"
 #include "shoal/nn.h"
 #include "shoal/rl.h"
 

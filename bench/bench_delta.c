@@ -18,7 +18,7 @@
 #endif
 #include <zstd.h>
 
-#include "cli_int.h"
+#include "cli/cli_int.h"
 #include "shoal/delta.h"
 
 const char cli_bench_help_delta[] = "delta codec vs XOR+zstd-1: size, make/apply speed, memory [--json]";

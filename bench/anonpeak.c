@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli_int.h"
+#include "cli/cli_int.h"
 
 int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs)
 {
