@@ -122,6 +122,9 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(AUX_OBJ) $(BUILD)/libshoal.a
 	@mkdir -p $(dir $@)
 	$(CC) $(OPTFLAGS) -o $@ $< $(AUX_OBJ) $(BUILD)/libshoal.a $(LIBS) $(TEST_LIBS)
 
+# test_runs starts ranks that `import shoal` (python/shoal loads build/libshoal.so.0).
+$(BUILD)/tests/test_runs $(ASAN)/tests/test_runs: $(BUILD)/$(SONAME)
+
 $(ASAN)/tests/%: $(ASAN)/obj/tests/%.o $(AAUX_OBJ) $(ASAN)/libshoal.a
 	@mkdir -p $(dir $@)
 	$(CC) $(SANFLAGS) -o $@ $< $(AAUX_OBJ) $(ASAN)/libshoal.a $(LIBS) $(TEST_LIBS)
