@@ -160,6 +160,7 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     srv_new_run nr = {0};
     rc = srv__db_begin(s);
     if (rc == SH_OK) rc = srv__run_prepare(s, j, &nr);
+    if (rc == SH_OK && nr.create) rc = srv__db_run(s, nr.tenant, nr.run, nr.secret, nr.token);
     if (rc == SH_OK) rc = srv__db_job(s, j);
     if (rc == SH_OK) rc = srv__db_event(s, j->id, NULL, "submitted", "%s by %s", j->name, j->tenant);
     if (rc == SH_OK) rc = srv__db_commit(s);
@@ -512,6 +513,21 @@ int srv__presubmit(const srv_config *cfg, srv_req *r)
     return rc;
 }
 
+/* /v1/runs/ (runs.c), with the write of a published service here. */
+static int run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply)
+{
+    srv_run_put put;
+    int rc = srv__run_routes(s, r, rest, status, reply, &put);
+    if (rc < 0 || !put.put) return rc;
+    rc = srv__db_begin(s);
+    if (rc == SH_OK) rc = srv__db_run_service(s, put.tenant, put.run, put.name, json_string_value(put.value), 0);
+    if (rc == SH_OK) rc = srv__db_commit(s);
+    else srv__db_rollback(s);
+    if (rc == SH_OK) srv__run_set(s, &put, reply);
+    json_decref(put.value);
+    return rc;
+}
+
 int srv__handle(srv *s, srv_req *r, int *status, json_t **reply)
 {
     const char *p = r->path;
@@ -524,7 +540,7 @@ int srv__handle(srv *s, srv_req *r, int *status, json_t **reply)
         return sh_err(SH_EPERM, "%s: the agent token and node credentials only reach /v1/agent/", p);
     if (!(!strcmp(p, "/v1/jobs") && get) && strncmp(p, "/v1/jobs/", 9) && strcmp(p, "/v1/events"))
         SH_TRY(query_only(r, NULL));
-    if (!strncmp(p, "/v1/runs/", 9)) return srv__run_routes(s, r, p + 9, status, reply);
+    if (!strncmp(p, "/v1/runs/", 9)) return run_routes(s, r, p + 9, status, reply);
     if (!strcmp(p, "/v1/jobs")) {
         if (!strcmp(r->method, "POST")) return submit(s, r, status, reply);
         if (get) return list_jobs(s, r, reply);

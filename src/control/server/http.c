@@ -66,17 +66,6 @@ static int status_of(int rc)
     }
 }
 
-/* Compares a presented token with a known one in time that depends only on
- * their lengths, so that response times do not leak a token's prefix. */
-int srv__token_eq(const char *given, const char *known)
-{
-    if (!known) return 0;
-    size_t a = strlen(given), b = strlen(known);
-    unsigned char diff = a != b;
-    for (size_t i = 0; i < a; i++) diff |= (unsigned char)(given[i] ^ known[i % (b ? b : 1)]);
-    return !diff;
-}
-
 /* Maps the bearer token to a role; *tenant points into s->tokens. */
 static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char **err)
 {

@@ -22,13 +22,6 @@ static void key_of(const char *tenant, const char *run, char *out, size_t cap)
     snprintf(out, cap, "%s\n%s", tenant, run);
 }
 
-int srv__run_name_ok(const char *n)
-{
-    size_t len = n ? strlen(n) : 0;
-    return len >= 1 && len <= 63 &&
-           strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == len && n[0] != '.';
-}
-
 json_t *srv__run_find(srv *s, const char *tenant, const char *run)
 {
     char k[256];
@@ -67,8 +60,7 @@ int srv__run_prepare(srv *s, const srv_job *j, srv_new_run *nr)
     snprintf(nr->run, sizeof nr->run, "%s", run);
     memcpy(nr->token, "run-", 4);
     SH_TRY(random_hex(nr->secret, 16));
-    SH_TRY(random_hex(nr->token + 4, 20));
-    return srv__db_run(s, nr->tenant, nr->run, nr->secret, nr->token);
+    return random_hex(nr->token + 4, 20);
 }
 
 void srv__run_commit(srv *s, const srv_new_run *nr)
@@ -106,7 +98,7 @@ int srv__run_token(srv *s, const char *tok, const char **tenant, const char **ru
 static int run_active(srv *s, const char *tenant, const char *run)
 {
     for (int64_t a = 0; a < s->nactive; a++) {
-        const srv_job *j = srv__job(s, s->active[a]);
+        const srv_job *j = srv__job_at(s, s->active[a]);
         const char *r = j ? json_string_value(json_object_get(j->spec, "run")) : NULL;
         if (r && j->state <= J_RUNNING && !strcmp(j->tenant, tenant) && !strcmp(r, run)) return 1;
     }
@@ -122,8 +114,9 @@ static int value_ok(const json_t *v)
 /* /v1/runs/RUN/services[/NAME]: GET lists or looks up, PUT {"value": V}
  * publishes.  A tenant reaches its own runs, the admin every tenant's
  * (?tenant=T, default "admin"), a run token its own run. */
-int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply)
+int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply, srv_run_put *put)
 {
+    memset(put, 0, sizeof *put);
     char run[128], name[128] = "";
     const char *slash = strchr(rest, '/');
     if (!slash || (size_t)(slash - rest) >= sizeof run) return sh_err(SH_ENOENT, "%s: no such endpoint", r->path);
@@ -146,7 +139,7 @@ int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **
     /* A run of another tenant is as absent as one that never was. */
     if (!rn) return sh_err(SH_ENOENT, "%s: no run \"%s\" (a job file's \"run\" creates it)", r->path, run);
     json_t *svc = json_object_get(rn, "services");
-    int get = !strcmp(r->method, "GET"), put = !strcmp(r->method, "PUT");
+    int get = !strcmp(r->method, "GET"), is_put = !strcmp(r->method, "PUT");
     if (get && !*name) {
         *reply = json_pack("{s:s,s:O}", "run", run, "services", svc);
         return SH_OK;
@@ -157,7 +150,7 @@ int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **
         *reply = json_pack("{s:s,s:s,s:O}", "run", run, "name", name, "value", v);
         return SH_OK;
     }
-    if (!put || !*name) {
+    if (!is_put || !*name) {
         *status = 405;
         return sh_err(SH_ENOENT, "%s %s: no such endpoint (GET, or PUT of one service)", r->method, r->path);
     }
@@ -171,16 +164,22 @@ int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **
                                 " characters", r->path);
     if (rc == SH_OK && !json_object_get(svc, name) && json_object_size(svc) >= 64)
         rc = sh_err(SH_ERANGE, "%s: run %s has 64 services, the most one run may publish", r->path, run);
-    if (rc == SH_OK) rc = srv__db_begin(s);
     if (rc == SH_OK) {
-        rc = srv__db_run_service(s, tenant, run, name, json_string_value(v), 0);
-        if (rc == SH_OK) rc = srv__db_commit(s);
-        else srv__db_rollback(s);
-    }
-    if (rc == SH_OK) {
-        json_object_set(svc, name, v);
-        *reply = json_pack("{s:s,s:s,s:O}", "run", run, "name", name, "value", v);
+        put->put = 1;
+        snprintf(put->tenant, sizeof put->tenant, "%s", tenant);
+        snprintf(put->run, sizeof put->run, "%s", run);
+        snprintf(put->name, sizeof put->name, "%s", name);
+        put->value = json_incref(v);
     }
     json_decref(b);
     return rc;
+}
+
+void srv__run_set(srv *s, srv_run_put *put, json_t **reply)
+{
+    json_t *rn = srv__run_find(s, put->tenant, put->run);
+    if (rn) json_object_set(json_object_get(rn, "services"), put->name, put->value);
+    *reply = json_pack("{s:s,s:s,s:O}", "run", put->run, "name", put->name, "value", put->value);
+    json_decref(put->value);
+    put->value = NULL;
 }

@@ -277,27 +277,44 @@ int srv__workdir_exists(const srv *s, const char *tenant, const char *id);
  * rank of it); caller holds s->mu. */
 int srv__workdir_for_node(srv *s, int node, int64_t job, char *path, size_t cap);
 
-/* runs.c: a tenant's jobs that name one "run" share a secret and services */
+/* runs.c: a tenant's jobs that name one "run" share a secret and services.
+ * runs.c and workdir.c call nothing of the files that call each other
+ * (scripts/layers-known-cycles.txt): their callers write the database. */
 typedef struct srv_new_run {
     int create;
     char tenant[64], run[64], secret[33], token[45];
 } srv_new_run;
+/* A service a PUT publishes: written by the caller (srv__db_run_service),
+ * then set in memory with srv__run_set. */
+typedef struct srv_run_put {
+    int put;
+    char tenant[64], run[64], name[64];
+    json_t *value; /* owned */
+} srv_run_put;
+/* Job `id` as srv__job has it, for the files outside the circle. */
+static inline srv_job *srv__job_at(const struct srv *s, int64_t id)
+{
+    return id > 0 && id <= s->njobs ? s->jobs[id] : NULL;
+}
 int srv__run_name_ok(const char *name);
 json_t *srv__run_find(srv *s, const char *tenant, const char *run);
 json_t *srv__run_put(srv *s, const char *tenant, const char *run, const char *secret, const char *token);
-/* For a submit: writes the job's run to the database if it is new (inside
- * the submit's transaction); srv__run_commit adds it to memory once the
- * transaction committed. */
+/* For a submit: draws the job's run's secret and token if the run is new
+ * (nr->create; the caller writes it with srv__db_run inside the submit's
+ * transaction); srv__run_commit adds it to memory once that committed. */
 int srv__run_prepare(srv *s, const srv_job *j, srv_new_run *nr);
 void srv__run_commit(srv *s, const srv_new_run *nr);
 /* SHOAL_RUN, SHOAL_RUN_SECRET and SHOAL_RUN_TOKEN for a rank of j. */
 void srv__run_env(srv *s, const srv_job *j, json_t *env);
 /* 1 with *tenant and *run set when tok is a run's token. */
 int srv__run_token(srv *s, const char *tok, const char **tenant, const char **run);
-int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply);
+/* /v1/runs/...: answers a GET in *reply, or fills *put for a PUT. */
+int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply, srv_run_put *put);
+/* Sets a published service in memory (after its write); *reply the answer. */
+void srv__run_set(srv *s, srv_run_put *put, json_t **reply);
 int srv__db_run(srv *s, const char *tenant, const char *name, const char *secret, const char *token);
 int srv__db_run_service(srv *s, const char *tenant, const char *run, const char *name, const char *value, int64_t job);
-/* http.c: compares tokens in time that depends only on their lengths. */
+/* check.c: compares tokens in time that depends only on their lengths. */
 int srv__token_eq(const char *given, const char *known);
 
 /* provider.c: autoscaling hook */

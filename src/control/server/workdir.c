@@ -65,7 +65,7 @@ static int make_room(srv *s, const char *tenant, uint64_t more)
         f[n].size = (uint64_t)st.st_size;
         f[n].used = 0;
         for (int64_t a = 0; a < s->nactive && !f[n].used; a++) {
-            const srv_job *j = srv__job(s, s->active[a]);
+            const srv_job *j = srv__job_at(s, s->active[a]);
             const char *id = j && j->state <= J_RUNNING && !strcmp(j->tenant, tenant)
                                  ? json_string_value(json_object_get(j->spec, "workdir")) : NULL;
             char p[4300];
@@ -89,11 +89,6 @@ static int make_room(srv *s, const char *tenant, uint64_t more)
                                  " end", tenant, (unsigned long long)held, (unsigned long long)more,
                       (unsigned long long)s->cfg.workdir_quota);
     return SH_OK;
-}
-
-int srv__workdir_id_ok(const char *id)
-{
-    return id && strlen(id) == 32 && strspn(id, "0123456789abcdef") == 32;
 }
 
 int srv__workdir_exists(const srv *s, const char *tenant, const char *id)
@@ -167,7 +162,7 @@ int srv__upload_commit(srv *s, srv_upload *u, const char *tenant, json_t **reply
 
 int srv__workdir_for_node(srv *s, int node, int64_t job, char *path, size_t cap)
 {
-    srv_job *j = srv__job(s, job);
+    srv_job *j = srv__job_at(s, job);
     int here = 0;
     for (int i = 0; j && i < j->nmem; i++) here |= j->mem[i].node == node && j->mem[i].state <= M_RUNNING;
     /* A node sees the code of the jobs it runs, no other. */
