@@ -314,7 +314,7 @@ int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **
 void srv__run_set(srv *s, srv_run_put *put, json_t **reply);
 int srv__db_run(srv *s, const char *tenant, const char *name, const char *secret, const char *token);
 int srv__db_run_service(srv *s, const char *tenant, const char *run, const char *name, const char *value, int64_t job);
-/* check.c: compares tokens in time that depends only on their lengths. */
+/* srv_check.c: compares tokens in time that depends only on their lengths. */
 int srv__token_eq(const char *given, const char *known);
 
 /* provider.c: autoscaling hook */
