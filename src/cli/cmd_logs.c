@@ -1,7 +1,9 @@
 /* shoal logs: a job's output (one rank or all), optionally followed until
  * it ends. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli_int.h"
 #include "ctl_int.h"
@@ -9,7 +11,7 @@
 const char cli_help_logs[] = "print a job's output (one rank or all), -f to follow until it ends";
 
 static const char usage[] =
-    "usage: shoal logs ID [--rank R|all] [-f|--follow] [--server URL] [--token T] [--json]\n\n"
+    "usage: shoal logs ID [--rank R|all] [-f|--follow] [--raw] [--server URL] [--token T] [--json]\n\n"
     "Prints rank R's whole output so far (default rank 0).  --rank all prints\n"
     "every rank's, each line prefixed with \"[rank N] \": rank by rank for what\n"
     "was written so far, then, with --follow, interleaved as lines arrive.\n"
@@ -17,7 +19,13 @@ static const char usage[] =
     "status, as `submit --wait` does (0 if it succeeded, the failed rank's exit\n"
     "code, else 1; the reason goes to stderr).  --json prints one object {job,\n"
     "rank, data, offset, done, state} at the end (with --rank all, {job, ranks:\n"
-    "[{rank, data, offset}], done, state}).\n";
+    "[{rank, data, offset}], done, state}).\n\n"
+    "On a terminal, control characters of the output (escape sequences, other\n"
+    "C0 and C1 controls, DEL) are shown as ^[, ^M, \\u009b and the like, so that\n"
+    "a job cannot drive your terminal; newlines and tabs pass.  --raw prints\n"
+    "the bytes as the job wrote them.  Into a pipe or a file the bytes always\n"
+    "pass unchanged (--json escapes them as JSON does; on a terminal, as\n"
+    "\\uXXXX for everything past ASCII).\n";
 
 /* What one rank's log has given so far: the offset to ask from, and, with
  * --rank all, the line not yet ended (printed once it ends). */
@@ -26,9 +34,24 @@ typedef struct rank_log {
     sh_buf part, all;
 } rank_log;
 
+/* Set once per command: output goes to a terminal and is not --raw. */
+static int escape;
+static int write_failed;
+
+/* Prints a chunk of output, made safe for a terminal when `escape`. */
+static int put(const char *d, size_t n, int esc)
+{
+    if (!esc) return fwrite(d, 1, n, stdout) == n ? 0 : -1;
+    sh_buf b = {0};
+    int rc = cli_term_escape(d, n, &b);
+    if (rc == 0 && b.len && fwrite(b.data, 1, b.len, stdout) != b.len) rc = -1;
+    sh_buf_free(&b);
+    return rc;
+}
+
 static void emit(const char *d, size_t n)
 {
-    fwrite(d, 1, n, stdout);
+    if (n && put(d, n, escape) < 0 && !write_failed) write_failed = errno ? errno : EIO;
 }
 
 /* Prints data with each whole line prefixed by "[rank R] "; a last line
@@ -80,14 +103,16 @@ static json_t *text(const sh_buf *b) { return json_stringn(b->data ? (char *)b->
 
 int cli_cmd_logs(int argc, char **argv)
 {
-    static const struct option opts[] = {{"rank", required_argument, 0, 'r'}, {"follow", no_argument, 0, 'f'}, {0}};
+    static const struct option opts[] = {{"rank", required_argument, 0, 'r'}, {"follow", no_argument, 0, 'f'},
+                                         {"raw", no_argument, 0, 'R'}, {0}};
     cli_ctl x;
     cli_ctl_defaults(&x, "logs");
     cli_args a = {"logs", usage, opts, &x, NULL, "f"}; /* -f, as tail spells it */
     int64_t id = -1, rank = 0;
-    int follow = 0, all = 0;
+    int follow = 0, all = 0, raw = 0;
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         if (c == 'f') follow = 1;
+        else if (c == 'R') raw = 1;
         else if (c != 'r') return a.rc;
         else if (!strcmp(optarg, "all")) all = 1;
         else if (sh_parse_i64(optarg, &rank, "--rank") < 0 || rank < 0)
@@ -97,6 +122,8 @@ int cli_cmd_logs(int argc, char **argv)
     if (rc) return rc;
     rc = cli_ctl_connect(&x);
     if (rc) return rc;
+    escape = !raw && isatty(STDOUT_FILENO);
+    write_failed = 0;
     json_t *job = NULL;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
@@ -123,6 +150,7 @@ int cli_cmd_logs(int argc, char **argv)
             do {
                 rc = page(&x, id, all ? r : (int)rank, &logs[r], all, &n, &ended);
                 got += n;
+                if (!rc && write_failed) rc = cli_fail("logs", sh_err_errno(write_failed, "writing the output"));
             } while (!rc && n > 0 && (round == 0 || !follow));
             /* Without --follow a rank's output is whole once read. */
             if (!rc && all && !follow && !x.json) emit_prefixed(&logs[r], r, "", 0, 1);
@@ -150,7 +178,12 @@ int cli_cmd_logs(int argc, char **argv)
             json_object_set_new(o, "data", text(&logs[0].all));
             json_object_set_new(o, "offset", json_integer(logs[0].off));
         }
-        sh_json_print(o);
+        if (escape) {
+            /* Past ASCII as \uXXXX: no C1 control reaches the terminal. */
+            char *t = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+            if (t) printf("%s\n", t);
+            free(t);
+        } else sh_json_print(o);
         json_decref(o);
     }
     if (!rc && follow) rc = cli_job_report("logs", job);

@@ -409,6 +409,7 @@ static void pending(sched *s, uint32_t ji, double now, sched_job_info *o, int es
             const sresv *v = &s->resv[r];
             if (v->job == NONE || !v->n || !sched__pool_allowed(s, j, s->nodes[v->nodes[0]].pool)) continue;
             o->wait = SCHED_WAIT_RESERVATION;
+            o->wait_job = s->jobs[v->job].id;
             snprintf(o->wait_text, sizeof o->wait_text,
                      "blocked behind the reservation for job %s (due to start in %.0f s): "
                      "starting now would delay it", s->jobs[v->job].id, v->T > now ? v->T - now : 0.0);
