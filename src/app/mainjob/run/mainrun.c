@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "shoal/fleet.h"
+#include "shoal/net.h"
 #include "run_int.h"
 
 static void say(const mj_run_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -98,7 +99,7 @@ static int prepare(const mj_run_opts *o, mj_run_paths *p)
      * to each other that they belong to this run with it (docs/security.md);
      * in the job files' env, which only this tenant and the admin read. */
     sh_hash128 s;
-    SH_TRY(sh_nonce(&s));
+    SH_TRY(net_nonce(&s));
     sh_hash128_hex(s, p->secret);
     return 0;
 }
