@@ -508,12 +508,6 @@ static int open_writable(const agent *a, const agent_member *m, const json_t *d,
         for (int k = 0; k < nm && rc == SH_OK; k++)
             if (agent__under(p, mask[k]))
                 rc = sh_err(SH_EPERM, "writable \"%s\": lies in %s, which members may not see", p, mask[k]);
-            /* Nor may it hold one: the folder becomes the tenant's, and the
-             * tenant's uid would own what holds the server's state or the
-             * agent's work root. */
-            else if (agent__under(mask[k], p))
-                rc = sh_err(SH_EPERM, "writable \"%s\": holds %s, which members may not see (name a folder"
-                                      " beside it)", p, mask[k]);
         if (rc < 0) break;
         struct open_how how = {.flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
                                .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
