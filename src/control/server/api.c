@@ -114,12 +114,30 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
         srv__job_free(j);
         return rc;
     }
+    /* A job of higher priority goes first and may preempt lower-priority
+     * work of every tenant: how high a tenant may ask is the operator's
+     * (--max-priority; by default 0, the priority of a job that asks for
+     * none, so that no tenant preempts another's work by default). */
+    if (r->role == ROLE_TENANT) {
+        json_t *cap = json_object_get(s->prio_max, j->tenant);
+        int max = cap ? (int)json_integer_value(cap) : s->prio_default;
+        if (j->priority > max) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "job: field \"priority\": %d is above tenant %s's limit of %d (set by the"
+                                      " operator: shoal server --max-priority); a higher priority may preempt"
+                                      " other tenants' work", j->priority, j->tenant, max);
+            srv__job_free(j);
+            *status = 403;
+            *reply = json_pack("{s:s,s:s,s:i}", "error", msg, "reason", "priority_over_limit", "max_priority", max);
+            return SH_OK;
+        }
+    }
     int64_t dup = j->idem[0] ? idem_lookup(s, j->tenant, j->idem) : 0;
     if (dup && srv__job(s, dup)) {
         /* A retried submit (same idempotency key) gets the job it created. */
         srv__job_free(j);
         *status = 200;
-        *reply = srv__job_json(s, srv__job(s, dup), 0);
+        *reply = srv__job_json(s, srv__job(s, dup), 0, r->tenant);
         json_object_set_new(*reply, "duplicate", json_true());
         return SH_OK;
     }
@@ -170,7 +188,7 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     s->submits++;
     srv__changed(s);
     *status = 201;
-    *reply = srv__job_json(s, j, 0);
+    *reply = srv__job_json(s, j, 0, r->tenant);
     return SH_OK;
 }
 
@@ -194,7 +212,7 @@ static int list_jobs(srv *s, srv_req *r, json_t **reply)
             !(!strcmp(state, "active") && j->state <= J_RUNNING) &&
             !(!strcmp(state, "finished") && j->state > J_RUNNING))
             continue;
-        json_array_append_new(a, srv__job_json(s, j, 0));
+        json_array_append_new(a, srv__job_json(s, j, 0, r->tenant));
     }
     *reply = json_pack("{s:o}", "jobs", a);
     return SH_OK;
@@ -286,7 +304,7 @@ static int overview(srv *s, srv_req *r, json_t **reply)
         srv_job *j = visible_job(s, r, id);
         if (!j) continue;
         if (j->state > J_RUNNING && recent++ >= 30) continue;
-        if (j->state <= J_RUNNING || recent <= 30) json_array_append_new(jobs, srv__job_json(s, j, 0));
+        if (j->state <= J_RUNNING || recent <= 30) json_array_append_new(jobs, srv__job_json(s, j, 0, r->tenant));
         if (json_array_size(jobs) >= 500) break;
     }
     *reply = json_pack("{s:o,s:o,s:o,s:s,s:f}", "nodes", nodes_json(s, r), "jobs", jobs, "costs",
@@ -304,7 +322,7 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
     int get = !strcmp(r->method, "GET");
     if (!(!strcmp(end, "/logs") && get)) SH_TRY(query_only(r, NULL));
     if (!*end && get) {
-        *reply = srv__job_json(s, j, 1);
+        *reply = srv__job_json(s, j, 1, r->tenant);
         return SH_OK;
     }
     if ((!strcmp(end, "/cancel") && !strcmp(r->method, "POST")) || (!*end && !strcmp(r->method, "DELETE"))) {
@@ -318,7 +336,7 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
         if (rc < 0) srv__db_rollback(s);
         srv__undo_end(s, &u, rc == SH_OK);
         if (rc < 0) return sh_err_wrap(rc, "job %lld was not cancelled and its ranks keep running", id);
-        *reply = srv__job_json(s, j, 0);
+        *reply = srv__job_json(s, j, 0, r->tenant);
         return SH_OK;
     }
     if (!strcmp(end, "/logs") && get) return job_logs(s, r, j, reply);

@@ -67,6 +67,42 @@ static int db__private(srv *s)
     return SH_OK;
 }
 
+static const char *col_text(sqlite3_stmt *st, int i);
+static int db__run(srv *s, const char *sql, const char *types, ...);
+
+/* Databases from before hashed credentials hold each node's credential as
+ * it was issued: each is replaced by its hash (srv__secret_hash), in one
+ * transaction, before the server answers anyone.  Plain SQL, the hash made
+ * here. */
+static int db__hash_creds(srv *s)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT name, cred FROM nodes", -1, &st, NULL))
+        return db__fail(s, "read the node credentials");
+    json_t *plain = json_object();
+    while (sqlite3_step(st) == SQLITE_ROW)
+        if (col_text(st, 1)[0] && !srv__is_hash(col_text(st, 1)))
+            json_object_set_new(plain, col_text(st, 0), json_string(col_text(st, 1)));
+    sqlite3_finalize(st);
+    int rc = SH_OK;
+    if (json_object_size(plain)) {
+        rc = sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) ? db__fail(s, "begin") : SH_OK;
+        const char *name;
+        json_t *v;
+        json_object_foreach(plain, name, v) if (rc == SH_OK) {
+            char h[SRV_HASH_LEN];
+            srv__secret_hash(json_string_value(v), h);
+            rc = db__run(s, "UPDATE nodes SET cred=? WHERE name=?", "tt", h, name);
+        }
+        if (rc == SH_OK && sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL)) rc = db__fail(s, "commit the hashed credentials");
+        if (rc < 0) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        else sh_info("%s: %zu node credential(s) stored as given were replaced by their hashes", s->cfg.db_path,
+                     json_object_size(plain));
+    }
+    json_decref(plain);
+    return rc;
+}
+
 int srv__db_open(srv *s)
 {
     SH_TRY(db__private(s));
@@ -100,7 +136,7 @@ int srv__db_open(srv *s)
     }
     /* Databases from before node credentials lack the column. */
     sqlite3_exec(s->db, "ALTER TABLE nodes ADD COLUMN cred TEXT", NULL, NULL, NULL);
-    return SH_OK;
+    return db__hash_creds(s);
 }
 
 int srv__db_begin(srv *s)

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <arpa/inet.h>
 #include <microhttpd.h>
+#include <nettle/sha2.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,14 +58,36 @@ static int status_of(int rc)
     }
 }
 
-/* Compares a presented token with a known one in time that depends only on
- * their lengths, so that response times do not leak a token's prefix. */
-static int token_eq(const char *given, const char *known)
+/* Secrets at rest: the server keeps no token or node credential, only
+ * "sha256:" and the SHA-256 of it in hex (SRV_HASH_LEN bytes with the NUL).
+ * A token is 128 bits or more of randomness, so one unsalted hash of it
+ * cannot be reversed, and the stored value is no credential itself: a
+ * bearer token is hashed before it is compared. */
+void srv__secret_hash(const char *secret, char out[SRV_HASH_LEN])
 {
-    if (!known) return 0;
-    size_t a = strlen(given), b = strlen(known);
-    unsigned char diff = a != b;
-    for (size_t i = 0; i < a; i++) diff |= (unsigned char)(given[i] ^ known[i % (b ? b : 1)]);
+    struct sha256_ctx ctx;
+    uint8_t d[SHA256_DIGEST_SIZE];
+    sha256_init(&ctx);
+    sha256_update(&ctx, strlen(secret), (const uint8_t *)secret);
+    sha256_digest(&ctx, sizeof d, d);
+    memcpy(out, "sha256:", 7);
+    for (size_t i = 0; i < sizeof d; i++) snprintf(out + 7 + 2 * i, 3, "%02x", d[i]);
+}
+
+int srv__is_hash(const char *v)
+{
+    if (strncmp(v, "sha256:", 7) || strlen(v) != SRV_HASH_LEN - 1) return 0;
+    for (const char *p = v + 7; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) return 0;
+    return 1;
+}
+
+/* Compares two hashes in time independent of where they differ. */
+static int hash_eq(const char *given, const char *known)
+{
+    if (!known || strlen(known) != SRV_HASH_LEN - 1) return 0;
+    volatile unsigned char diff = 0;
+    for (size_t i = 0; i < SRV_HASH_LEN - 1; i++) diff |= (unsigned char)(given[i] ^ known[i]);
     return !diff;
 }
 
@@ -76,15 +99,16 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
         *err = "missing bearer token: send \"Authorization: Bearer TOKEN\" (shoal: --token or SHOAL_TOKEN)";
         return -1;
     }
-    const char *tok = h + 7;
+    char tok[SRV_HASH_LEN];
+    srv__secret_hash(h + 7, tok);
     const char *admin = json_string_value(json_object_get(s->tokens, "admin"));
     const char *join = json_string_value(json_object_get(s->tokens, "agent"));
-    if (token_eq(tok, admin)) return r->role = ROLE_ADMIN;
-    if (token_eq(tok, join)) return r->role = ROLE_JOIN;
+    if (hash_eq(tok, admin)) return r->role = ROLE_ADMIN;
+    if (hash_eq(tok, join)) return r->role = ROLE_JOIN;
     const char *name;
     json_t *v;
     json_object_foreach(json_object_get(s->tokens, "tenants"), name, v) {
-        if (json_is_string(v) && token_eq(tok, json_string_value(v))) {
+        if (json_is_string(v) && hash_eq(tok, json_string_value(v))) {
             r->tenant = name;
             return r->role = ROLE_TENANT;
         }
@@ -94,7 +118,7 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
     pthread_mutex_lock(&s->mu);
     r->node = -1;
     for (int i = 0; i < s->nnodes && r->node < 0; i++)
-        if (s->nodes[i].cred[0] && token_eq(tok, s->nodes[i].cred)) r->node = i;
+        if (s->nodes[i].cred[0] && hash_eq(tok, s->nodes[i].cred)) r->node = i;
     pthread_mutex_unlock(&s->mu);
     if (r->node >= 0) return r->role = ROLE_NODE;
     *err = "unknown bearer token (check --token / SHOAL_TOKEN against the server's tokens file)";
@@ -393,6 +417,13 @@ static int tenant_name_ok(const char *n, const char **why)
     return 1;
 }
 
+/* A token of the tokens file as its hash: "sha256:HEX" stays as it is. */
+static void hash_token(const char *tok, char out[SRV_HASH_LEN])
+{
+    if (srv__is_hash(tok)) snprintf(out, SRV_HASH_LEN, "%s", tok);
+    else srv__secret_hash(tok, out);
+}
+
 static int load_tokens(srv *s)
 {
     const char *path = s->cfg.tokens_path;
@@ -413,13 +444,32 @@ static int load_tokens(srv *s)
         return sh_err(SH_EFORMAT, "%s: \"admin\" and \"agent\" must be non-empty and differ", path);
     const char *name, *why = "";
     json_t *v;
-    json_object_foreach(t, name, v) {
+    /* The provider hook hands the agent token to the nodes it creates:
+     * the one secret the server must keep as given. */
+    if (s->cfg.provider_cmd) {
+        if (srv__is_hash(g))
+            return sh_err(SH_EINVAL, "%s: \"agent\" is a hash, but --provider-cmd hands the agent token to the "
+                                     "nodes it creates: give it as the token itself", path);
+        s->provider_token = strdup(g);
+        if (!s->provider_token) return sh_err(SH_ENOMEM, "%s", path);
+    }
+    /* Each token is kept as its hash (a value already "sha256:HEX" is one). */
+    char ha[SRV_HASH_LEN], hg[SRV_HASH_LEN];
+    hash_token(a, ha), hash_token(g, hg);
+    if (!strcmp(ha, hg)) return sh_err(SH_EFORMAT, "%s: \"admin\" and \"agent\" must differ", path);
+    json_object_set_new(s->tokens, "admin", json_string(ha));
+    json_object_set_new(s->tokens, "agent", json_string(hg));
+    void *it;
+    json_object_foreach_safe(t, it, name, v) {
         if (!tenant_name_ok(name, &why))
             return sh_err(SH_EFORMAT, "%s: tenant \"%s\": the name %s", path, name, why);
         const char *tok = json_string_value(v);
-        if (!tok || !*tok || !strcmp(tok, a) || !strcmp(tok, g))
+        char ht[SRV_HASH_LEN];
+        if (tok && *tok) hash_token(tok, ht);
+        if (!tok || !*tok || !strcmp(ht, ha) || !strcmp(ht, hg))
             return sh_err(SH_EFORMAT, "%s: tenant \"%s\": the token must be a non-empty string, unlike the"
                                       " admin's and the agents'", path, name);
+        json_object_set_new(t, name, json_string(ht));
     }
     return SH_OK;
 }
@@ -462,6 +512,32 @@ static int check_allowed_tenants(srv *s)
     return SH_OK;
 }
 
+/* --max-priority: "N" sets every tenant's limit, "TENANT=N" one tenant's
+ * (the later entry wins); each TENANT must be in the tokens file. */
+static int load_max_priority(srv *s)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", s->cfg.max_priority ? s->cfg.max_priority : "");
+    s->prio_max = json_object();
+    if (!s->prio_max) return sh_err(SH_ENOMEM, "--max-priority");
+    for (char *sv = NULL, *e = strtok_r(buf, ":", &sv); e; e = strtok_r(NULL, ":", &sv)) {
+        char *eq = strchr(e, '=');
+        int64_t n;
+        if (sh_parse_i64(eq ? eq + 1 : e, &n, "--max-priority") < 0 || n < -1000 || n > 1000)
+            return sh_err(SH_EINVAL, "--max-priority %s: expected N or TENANT=N with N in -1000..1000", e);
+        if (!eq) {
+            s->prio_default = (int)n;
+            continue;
+        }
+        *eq = 0;
+        if (!json_object_get(json_object_get(s->tokens, "tenants"), e))
+            return sh_err(SH_EINVAL, "--max-priority %s=%lld: no tenant \"%s\" in %s", e, (long long)n, e,
+                          s->cfg.tokens_path);
+        json_object_set_new(s->prio_max, e, json_integer(n));
+    }
+    return SH_OK;
+}
+
 int srv_start(const srv_config *cfg, srv **out)
 {
     srv *s = calloc(1, sizeof *s);
@@ -472,6 +548,7 @@ int srv_start(const srv_config *cfg, srv **out)
     if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
     if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
     if (!s->cfg.max_log) s->cfg.max_log = SRV_MAX_LOG;
+    if (!s->cfg.max_tenant_log) s->cfg.max_tenant_log = SRV_MAX_TENANT_LOG;
     if (!s->cfg.max_queued) s->cfg.max_queued = SRV_MAX_QUEUED;
     if (s->cfg.scale_up_wait_s <= 0) s->cfg.scale_up_wait_s = 2;
     if (s->cfg.scale_down_idle_s <= 0) s->cfg.scale_down_idle_s = 10;
@@ -485,6 +562,7 @@ int srv_start(const srv_config *cfg, srv **out)
     pthread_cond_init(&s->sched_cv, NULL);
     int rc = load_tokens(s);
     if (rc == SH_OK) rc = check_allowed_tenants(s);
+    if (rc == SH_OK) rc = load_max_priority(s);
     if (rc == SH_OK && !realpath(s->dir, s->state_dir))
         rc = sh_err_errno(errno, "%s: the database's directory", s->dir);
     /* One server per database: a second would schedule the same nodes. */
@@ -542,6 +620,9 @@ void srv_stop(srv *s)
     if (s->lock_fd >= 0) close(s->lock_fd);
     free_state(s);
     json_decref(s->tokens);
+    free(s->provider_token);
+    json_decref(s->prio_max);
+    free(s->tlog);
     json_decref(s->tenant_num);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -29,7 +29,7 @@ enum { P_REQUEUE, P_REPLACE, P_FAIL };
 
 typedef struct srv_node {
     char name[64], gpu_type[32], zone[32], fabric[32], addr[64], sandbox[128];
-    char cred[48];       /* the node's own credential (issued at registration) */
+    char cred[72];       /* the hash of the node's credential (srv__secret_hash) */
     int gpus, state, from_provider; /* GPUs in use: the core's (srv__node_used) */
     double price;        /* dollars per GPU-hour */
     double last_seen;    /* monotonic seconds of the last poll */
@@ -53,6 +53,16 @@ typedef struct srv_hist {
     double sum;
 } srv_hist;
 
+/* What one tenant's rank logs take on disk: counted from the files when
+ * first needed and again (at most every SRV_TLOG_RECOUNT_S) when the
+ * budget is reached, and kept up by every append in between. */
+typedef struct srv_tlog {
+    char tenant[64];
+    uint64_t bytes;
+    double counted; /* monotonic seconds of the last count from the files */
+} srv_tlog;
+#define SRV_TLOG_RECOUNT_S 10.0
+
 typedef struct srv_job {
     int64_t id;
     char tenant[64], name[128], idem[128], reason[256];
@@ -66,6 +76,7 @@ typedef struct srv_job {
     int nmem;
     srv_member *mem;
     uint64_t log_checked;                /* ranks whose log file this process has repaired */
+    uint64_t log_tenant_full;            /* ranks whose log has the note of the tenant's budget */
     int rdzv_port;                       /* MASTER_PORT of this attempt (0: not chosen yet) */
     double t_placed;                     /* wall time this attempt was placed (metrics) */
     int nprefer;                         /* replace policy: nodes to keep, by rank */
@@ -87,7 +98,12 @@ struct srv {
     struct MHD_Daemon *mhd;
     int port;
     char dir[4096]; /* directory of the database: logs/ lives there */
-    json_t *tokens;
+    json_t *tokens;       /* the tokens file, each token replaced by its hash */
+    char *provider_token; /* the agent token as given, for --provider-cmd only (else NULL) */
+    json_t *prio_max;     /* --max-priority: tenant -> the highest priority its jobs may ask */
+    int prio_default;     /* ... for a tenant not in prio_max */
+    struct srv_tlog *tlog; /* bytes of each tenant's rank logs on disk (agentapi.c) */
+    int ntlog, cap_tlog;
     json_t *tenant_num; /* tenant name -> its number (members run as uid base + number) */
     char state_dir[4096]; /* absolute s->dir: hidden from members, never writable */
     int64_t forged_job;   /* a poll's forged report, recorded after its rollback */
@@ -136,6 +152,12 @@ typedef struct srv_req {
  * as that node.  Neither reaches the tenant API, and the admin token does
  * not reach /v1/agent/. */
 enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE };
+
+/* http.c: secrets at rest.  "sha256:" and 64 hex digits, NUL included. */
+#define SRV_HASH_LEN 72
+void srv__secret_hash(const char *secret, char out[SRV_HASH_LEN]);
+/* 1 if v is a hash as srv__secret_hash writes it. */
+int srv__is_hash(const char *v);
 
 /* db.c */
 int srv__db_open(srv *s);
@@ -196,7 +218,9 @@ const char *srv__job_state_name(int st);
 const char *srv__member_state_name(int st);
 const char *srv__kind_name(int k);
 const char *srv__policy_name(int p);
-json_t *srv__job_json(srv *s, const srv_job *j, int full);
+/* viewer: the tenant who asks (NULL: the admin), whose view names no
+ * other tenant's job. */
+json_t *srv__job_json(srv *s, const srv_job *j, int full, const char *viewer);
 /* Every node not gone, with the work placed on it (tenant: others hidden). */
 json_t *srv__nodes_json(srv *s, const char *tenant);
 int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
