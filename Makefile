@@ -2,7 +2,7 @@
 # Every source file under src/ (src/<part>/<component>/ or src/common/) is part of
 # the library except src/cli/, which holds the command line.  Adding a file needs no change here.
 
-PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3 libseccomp nettle
+PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3 libpq libseccomp nettle
 CC        ?= gcc
 BUILD     := build
 ASAN      := $(BUILD)/asan
@@ -22,7 +22,7 @@ BASEFLAGS := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -I$(GEN) $(PKG_CFLAGS) $(WAR
 OPTFLAGS  := -O2 -g
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 
-LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c)))
+LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c src/*/*/*/*.c)))
 CLI_SRC   := $(sort $(wildcard src/cli/*.c bench/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_AUX  := $(sort $(filter-out tests/test_%,$(wildcard tests/*.c)))
@@ -141,7 +141,7 @@ test-asan: $(ASAN)/shoal $(ATESTS)
 
 run: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
-	@sh scripts/run-main.sh
+	@$(BUILD)/shoal run $(RUN_ARGS)
 
 bench: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all

@@ -1,4 +1,5 @@
 /* shoal submit: sends a job file to the server. */
+#include <sys/random.h>
 #include <string.h>
 
 #include "cli_int.h"
@@ -28,7 +29,17 @@ int cli_cmd_submit(int argc, char **argv)
     if (rc) return rc;
     json_t *job, *reply;
     if ((rc = sh_json_load_file(file, 1 << 20, &job)) < 0) return cli_ctl_free(&x), cli_fail("submit", rc);
-    char hdr[300];
+    char hdr[300], autokey[40];
+    /* With several servers a submit may be re-sent to the next after the
+     * first died holding it: a key of its own keeps it from running twice. */
+    if (!key && strchr(x.server, ',')) {
+        uint8_t r[12];
+        if (getrandom(r, sizeof r, 0) == (ssize_t)sizeof r) {
+            int n = snprintf(autokey, sizeof autokey, "auto-");
+            for (size_t i = 0; i < sizeof r; i++) n += snprintf(autokey + n, sizeof autokey - (size_t)n, "%02x", r[i]);
+            key = autokey;
+        }
+    }
     if (key) snprintf(hdr, sizeof hdr, "Idempotency-Key: %s", key);
     x.subject = file;
     rc = cli_ctl_call(&x, "POST", "/v1/jobs", job, key ? hdr : NULL, &reply);

@@ -96,3 +96,37 @@ int cli_ctl_get_table(const char *cmd, int argc, char **argv, const char *usage,
     json_decref(*reply);
     return 0;
 }
+
+/* A rank's output is another tenant's bytes on the admin's terminal:
+ * escape sequences in it can retitle the window, write the clipboard
+ * (OSC 52), redraw the screen or, on some terminals, answer with text the
+ * shell then reads.  Every byte a terminal acts on, other than a newline,
+ * a tab and the carriage return of a "\r\n", is shown instead in a visible
+ * form: C0 controls and DEL in caret notation (ESC is "^[", BEL "^G", a
+ * lone CR "^M", DEL "^?"), and the C1 controls U+0080..U+009F (UTF-8
+ * C2 80..C2 9F; CSI is U+009B) as "\u009b".  Other bytes pass unchanged,
+ * invalid UTF-8 included (a terminal shows it as replacement characters).
+ * The server's log windows end on a character, so a chunk never splits a
+ * C1 control; a "\r\n" split across two chunks shows as "^M" and a
+ * newline. */
+int cli_term_escape(const char *in, size_t n, sh_buf *out)
+{
+    const unsigned char *p = (const unsigned char *)in;
+    size_t run = 0; /* bytes before i that pass unchanged */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        int c1 = c == 0xC2 && i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9F;
+        int ctl = (c < 0x20 && c != '\n' && c != '\t' && !(c == '\r' && i + 1 < n && p[i + 1] == '\n')) ||
+                  c == 0x7F;
+        if (!c1 && !ctl) continue;
+        if (i > run && sh_buf_append(out, p + run, i - run) < 0) return SH_ENOMEM;
+        if (c1) {
+            if (sh_buf_printf(out, "\\u%04x", p[i + 1]) < 0) return SH_ENOMEM;
+            i++;
+        } else if (sh_buf_printf(out, "^%c", c == 0x7F ? '?' : c + 0x40) < 0)
+            return SH_ENOMEM;
+        run = i + 1;
+    }
+    if (n > run && sh_buf_append(out, p + run, n - run) < 0) return SH_ENOMEM;
+    return SH_OK;
+}

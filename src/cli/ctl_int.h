@@ -42,6 +42,11 @@ struct srv_config;
 extern const struct option cli_server_opts[];
 int cli_server_opt(int c, const char *v, struct srv_config *cfg, const char *cmd);
 void cli_server_done(struct srv_config *cfg);
+/* Appends in[0..n) to out with every byte a terminal would act on, other
+ * than newline, tab and the CR of "\r\n", shown in a visible form (C0 and
+ * DEL as "^[", "^M", "^?"; C1 controls as "\u009b"): for another tenant's
+ * text (a rank's output) on the admin's terminal.  SH_ENOMEM or 0. */
+int cli_term_escape(const char *in, size_t n, sh_buf *out);
 /* "3m12s" style durations and a local time "14:03:07" for tables. */
 const char *cli_fmt_dur(double s, char *buf, size_t cap);
 const char *cli_fmt_time(double wall, char *buf, size_t cap);

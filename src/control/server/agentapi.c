@@ -20,6 +20,11 @@ static int copy_str(const json_t *b, const char *key, int req, char *dst, size_t
     const char *v = def;
     SH_TRY(sh_json_get_str(b, key, req, "register", &v));
     if (strlen(v) >= cap) return sh_err(SH_EFORMAT, "register: field \"%s\": longer than %zu", key, cap - 1);
+    /* Shown on the admin's terminal (shoal nodes, shoal job): a node's
+     * text must not drive it. */
+    if (sh_control_at(v) >= 0)
+        return sh_err(SH_EFORMAT, "register: field \"%s\": holds a control character at byte %ld; use printable"
+                                  " text", key, sh_control_at(v));
     snprintf(dst, cap, "%s", v);
     return SH_OK;
 }
@@ -37,7 +42,7 @@ static int node_slot(srv *s)
     return s->nnodes++;
 }
 
-/* A fresh credential: 32 random bytes as hex. */
+/* A fresh credential: 20 random bytes as hex. */
 static int new_credential(char *out, size_t cap)
 {
     unsigned char r[20];
@@ -75,7 +80,11 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     }
     if (idx < 0) idx = node_slot(s);
     if (idx < 0) return idx;
-    SH_TRY(new_credential(n.cred, sizeof n.cred));
+    /* The node gets its credential once, in this reply; the server keeps
+     * its hash. */
+    char cred[48];
+    SH_TRY(new_credential(cred, sizeof cred));
+    srv__secret_hash(cred, n.cred);
     srv_node *d = &s->nodes[idx];
     n.version = d->version + 1;
     n.state = NODE_ALIVE;
@@ -88,7 +97,7 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     srv__changed(s);
     /* "protect": paths the agent hides from members (the server's state
      * directory, for agents on this host). */
-    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s],s:I}", "node", d->name, "credential", d->cred, "heartbeat_timeout",
+    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s],s:I}", "node", d->name, "credential", cred, "heartbeat_timeout",
                        s->cfg.heartbeat_timeout, "poll_wait_ms", 250, "protect", s->state_dir, "max_body",
                        (json_int_t)s->cfg.max_body);
     return SH_OK;
@@ -137,38 +146,100 @@ static int job_eval(srv *s, srv_job *j)
     return SH_OK;
 }
 
+/* Bytes of tenant's rank logs on disk, from the files: every rank of each
+ * of its jobs (a job's ranks are at most its "nodes"). */
+static uint64_t tenant_log_count(srv *s, const char *tenant)
+{
+    uint64_t n = 0;
+    for (int64_t id = 1; id <= s->njobs; id++) {
+        const srv_job *j = s->jobs[id];
+        if (!j || strcmp(j->tenant, tenant)) continue;
+        for (int r = 0; r < j->nodes && r < 64; r++) {
+            char path[4200];
+            struct stat st;
+            snprintf(path, sizeof path, "%s/logs/%lld/%d.log", s->dir, (long long)id, r);
+            if (stat(path, &st) == 0) n += (uint64_t)st.st_size;
+        }
+    }
+    return n;
+}
+
+/* The count of tenant's logs (NULL without memory: its budget is then not
+ * enforced, the rank's limit still is). */
+static srv_tlog *tenant_log(srv *s, const char *tenant)
+{
+    for (int i = 0; i < s->ntlog; i++)
+        if (!strcmp(s->tlog[i].tenant, tenant)) return &s->tlog[i];
+    if (s->ntlog == s->cap_tlog) {
+        int cap = s->cap_tlog ? 2 * s->cap_tlog : 16;
+        srv_tlog *t = realloc(s->tlog, (size_t)cap * sizeof *t);
+        if (!t) return NULL;
+        s->tlog = t;
+        s->cap_tlog = cap;
+    }
+    srv_tlog *t = &s->tlog[s->ntlog++];
+    snprintf(t->tenant, sizeof t->tenant, "%s", tenant);
+    t->bytes = tenant_log_count(s, tenant);
+    t->counted = sh_now_mono();
+    return t;
+}
+
 /* Appends to rank's log; the first append by this process repairs the file.
  * Logs are best effort: the job's state is what must not tear.
  *
- * A log file stops growing at max_log bytes on disk: the logs share a disk
- * with the database, and a rank that prints without end must not fill it
- * (the server would then refuse every change).  The append that reaches
- * the limit keeps what fits, cut at a character, and says so in the log;
- * later output of that rank is dropped, every attempt's included. */
+ * The logs share a disk with the database, and output without end must
+ * not fill it (the server would then refuse every change).  So a log file
+ * stops growing at max_log bytes on disk, and all of one tenant's logs
+ * together at max_tenant_log: many ranks, each under its own limit, would
+ * fill the disk as well.  The append that reaches a limit keeps what fits,
+ * cut at a character, and says so in the log (and, for the tenant's, in an
+ * event of the job); later output is dropped. */
 static void log_append(srv *s, srv_job *j, int rank, const char *data, size_t len)
 {
-    char path[4200], note[200];
+    char path[4200], note[300];
     if (rank < 0 || rank >= 64 || srv__log_path(s, j->id, rank, path, sizeof path) < 0) return;
     struct stat st;
     uint64_t size = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0, cap = s->cfg.max_log;
     if (size >= cap) return; /* full: the note was written when it filled */
-    int full = size + len > cap;
+    srv_tlog *t = tenant_log(s, j->tenant);
+    uint64_t tcap = s->cfg.max_tenant_log;
+    if (t && t->bytes + len > tcap && sh_now_mono() - t->counted >= SRV_TLOG_RECOUNT_S) {
+        t->bytes = tenant_log_count(s, j->tenant); /* old logs may have been removed */
+        t->counted = sh_now_mono();
+    }
+    uint64_t room = cap - size, troom = !t ? UINT64_MAX : t->bytes < tcap ? tcap - t->bytes : 0;
+    uint64_t bit = 1ull << rank;
+    if (troom == 0 && (j->log_tenant_full & bit)) return;
+    int full = len > room ? 1 : 0;
+    if (len > troom) full = 2;
     if (full) {
-        len = (size_t)(cap - size);
+        len = (size_t)(full == 1 ? room : troom);
         while (len > 0 && ((unsigned char)data[len] & 0xC0) == 0x80) len--; /* not inside a character */
     }
-    int repair = !(j->log_checked & (1ull << rank));
+    int repair = !(j->log_checked & bit);
     int rc = len ? srv__log_append(path, data, len, repair) : SH_OK;
-    if (rc == SH_OK && full) {
+    if (rc == SH_OK && full == 1) {
         int n = snprintf(note, sizeof note, "\nshoal: this rank's log reached the server's limit of %llu bytes;"
                                             " later output is dropped\n", (unsigned long long)cap);
         rc = srv__log_append(path, note, (size_t)n, repair && !len);
+    } else if (rc == SH_OK && full == 2) {
+        int n = snprintf(note, sizeof note, "\nshoal: the logs of tenant %s reached the server's limit of %llu bytes"
+                                            " for one tenant (--max-tenant-log); later output of its ranks is"
+                                            " dropped\n", j->tenant, (unsigned long long)tcap);
+        rc = srv__log_append(path, note, (size_t)n, repair && !len);
+        if (rc == SH_OK && !j->log_tenant_full &&
+            srv__db_event(s, j->id, NULL, "log_budget", "the logs of tenant %s reached the server's limit of %llu"
+                          " bytes (--max-tenant-log): output of its ranks is dropped", j->tenant,
+                          (unsigned long long)tcap) < 0)
+            sh_warn("job %lld: event: %s", (long long)j->id, sh_errmsg());
+        if (rc == SH_OK) j->log_tenant_full |= bit;
     }
+    if (t && stat(path, &st) == 0 && (uint64_t)st.st_size > size) t->bytes += (uint64_t)st.st_size - size;
     if (rc < 0) {
         sh_warn("job %lld rank %d: log: %s", (long long)j->id, rank, sh_errmsg());
         return;
     }
-    j->log_checked |= 1ull << rank;
+    j->log_checked |= bit;
 }
 
 static void log_note(srv *s, srv_job *j, int rank, const char *fmt, ...)
@@ -238,8 +309,22 @@ int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap)
     return SH_OK;
 }
 
+/* Whether member m of j may still take output from its node: while it
+ * lives, and for log_drain seconds after it ended, the time its agent has
+ * to send what the rank wrote last.  Past that its log is closed: a node
+ * credential can no longer write into the logs of every job that once ran
+ * on the node. */
+static int output_open(srv *s, const srv_job *j, const srv_member *m)
+{
+    if (j->state >= J_STARTING && j->state <= J_RUNNING && m->state <= M_RUNNING) return 1;
+    double drain = s->cfg.log_drain_s > 0 ? s->cfg.log_drain_s : SRV_LOG_DRAIN;
+    return m->t_end > 0 && sh_now_wall() - m->t_end <= drain;
+}
+
 /* Appends the output of the node's own members of current attempts;
- * output for a member placed elsewhere is a forgery. */
+ * output for a member placed elsewhere is a forgery.  Output for one of
+ * its own members whose log has closed is dropped, not refused: an agent
+ * that fell behind must not have every later poll refused for it. */
 static int apply_logs(srv *s, int idx, const json_t *logs)
 {
     size_t i;
@@ -253,6 +338,11 @@ static int apply_logs(srv *s, int idx, const json_t *logs)
         srv_job *j = srv__job(s, id);
         if (!j || rank < 0 || rank >= j->nmem || (attempt >= 0 && attempt != j->attempt)) continue; /* stale */
         if (j->mem[rank].node != idx) return forged(s, idx, j, (int)rank, "output");
+        if (!output_open(s, j, &j->mem[rank])) {
+            sh_warn("node %s sent output for job %lld rank %d, which ended %.0f s ago: dropped", s->nodes[idx].name,
+                    (long long)j->id, (int)rank, sh_now_wall() - j->mem[rank].t_end);
+            continue;
+        }
         size_t len = json_string_length(json_object_get(c, "data"));
         if (len) log_append(s, j, (int)rank, data, len);
     }

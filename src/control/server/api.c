@@ -74,20 +74,6 @@ static srv_job *visible_job(srv *s, srv_req *r, int64_t id)
     return j;
 }
 
-static int64_t idem_lookup(srv *s, const char *tenant, const char *key)
-{
-    sqlite3_stmt *st;
-    int64_t id = 0;
-    /* "idem != ''" lets SQLite use the partial index jobs_idem. */
-    if (sqlite3_prepare_v2(s->db, "SELECT id FROM jobs WHERE tenant=? AND idem=? AND idem != ''", -1, &st, NULL))
-        return 0;
-    sqlite3_bind_text(st, 1, tenant, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
-    if (sqlite3_step(st) == SQLITE_ROW) id = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return id;
-}
-
 static int check_writable(srv *s, const srv_job *j);
 
 /* Bytes a tenant's pending and running jobs hold (their job files plus the
@@ -114,12 +100,30 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
         srv__job_free(j);
         return rc;
     }
-    int64_t dup = j->idem[0] ? idem_lookup(s, j->tenant, j->idem) : 0;
+    /* A job of higher priority goes first and may preempt lower-priority
+     * work of every tenant: how high a tenant may ask is the operator's
+     * (--max-priority; by default 0, the priority of a job that asks for
+     * none, so that no tenant preempts another's work by default). */
+    if (r->role == ROLE_TENANT) {
+        json_t *cap = json_object_get(s->prio_max, j->tenant);
+        int max = cap ? (int)json_integer_value(cap) : s->prio_default;
+        if (j->priority > max) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "job: field \"priority\": %d is above tenant %s's limit of %d (set by the"
+                                      " operator: shoal server --max-priority); a higher priority may preempt"
+                                      " other tenants' work", j->priority, j->tenant, max);
+            srv__job_free(j);
+            *status = 403;
+            *reply = json_pack("{s:s,s:s,s:i}", "error", msg, "reason", "priority_over_limit", "max_priority", max);
+            return SH_OK;
+        }
+    }
+    int64_t dup = j->idem[0] ? srv__db_idem(s, j->tenant, j->idem) : 0;
     if (dup && srv__job(s, dup)) {
         /* A retried submit (same idempotency key) gets the job it created. */
         srv__job_free(j);
         *status = 200;
-        *reply = srv__job_json(s, srv__job(s, dup), 0);
+        *reply = srv__job_json(s, srv__job(s, dup), 0, r->tenant);
         json_object_set_new(*reply, "duplicate", json_true());
         return SH_OK;
     }
@@ -170,7 +174,7 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     s->submits++;
     srv__changed(s);
     *status = 201;
-    *reply = srv__job_json(s, j, 0);
+    *reply = srv__job_json(s, j, 0, r->tenant);
     return SH_OK;
 }
 
@@ -194,7 +198,7 @@ static int list_jobs(srv *s, srv_req *r, json_t **reply)
             !(!strcmp(state, "active") && j->state <= J_RUNNING) &&
             !(!strcmp(state, "finished") && j->state > J_RUNNING))
             continue;
-        json_array_append_new(a, srv__job_json(s, j, 0));
+        json_array_append_new(a, srv__job_json(s, j, 0, r->tenant));
     }
     *reply = json_pack("{s:o}", "jobs", a);
     return SH_OK;
@@ -286,7 +290,7 @@ static int overview(srv *s, srv_req *r, json_t **reply)
         srv_job *j = visible_job(s, r, id);
         if (!j) continue;
         if (j->state > J_RUNNING && recent++ >= 30) continue;
-        if (j->state <= J_RUNNING || recent <= 30) json_array_append_new(jobs, srv__job_json(s, j, 0));
+        if (j->state <= J_RUNNING || recent <= 30) json_array_append_new(jobs, srv__job_json(s, j, 0, r->tenant));
         if (json_array_size(jobs) >= 500) break;
     }
     *reply = json_pack("{s:o,s:o,s:o,s:s,s:f}", "nodes", nodes_json(s, r), "jobs", jobs, "costs",
@@ -304,7 +308,7 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
     int get = !strcmp(r->method, "GET");
     if (!(!strcmp(end, "/logs") && get)) SH_TRY(query_only(r, NULL));
     if (!*end && get) {
-        *reply = srv__job_json(s, j, 1);
+        *reply = srv__job_json(s, j, 1, r->tenant);
         return SH_OK;
     }
     if ((!strcmp(end, "/cancel") && !strcmp(r->method, "POST")) || (!*end && !strcmp(r->method, "DELETE"))) {
@@ -318,7 +322,7 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
         if (rc < 0) srv__db_rollback(s);
         srv__undo_end(s, &u, rc == SH_OK);
         if (rc < 0) return sh_err_wrap(rc, "job %lld was not cancelled and its ranks keep running", id);
-        *reply = srv__job_json(s, j, 0);
+        *reply = srv__job_json(s, j, 0, r->tenant);
         return SH_OK;
     }
     if (!strcmp(end, "/logs") && get) return job_logs(s, r, j, reply);

@@ -15,11 +15,11 @@
 #include "shoal/sched.h"
 
 #include <pthread.h>
-#include <sqlite3.h>
 #include <stdint.h>
 
 #include "shoal/common.h"
 #include "shoal/server.h"
+#include "db_int.h"
 
 enum { NODE_ALIVE, NODE_DEAD, NODE_GONE };
 enum { J_PENDING, J_STARTING, J_RUNNING, J_SUCCEEDED, J_FAILED, J_CANCELLED, J_NSTATES };
@@ -29,7 +29,7 @@ enum { P_REQUEUE, P_REPLACE, P_FAIL };
 
 typedef struct srv_node {
     char name[64], gpu_type[32], zone[32], fabric[32], addr[64], sandbox[128];
-    char cred[48];       /* the node's own credential (issued at registration) */
+    char cred[72];       /* the hash of the node's credential (srv__secret_hash) */
     int gpus, state, from_provider; /* GPUs in use: the core's (srv__node_used) */
     double price;        /* dollars per GPU-hour */
     double last_seen;    /* monotonic seconds of the last poll */
@@ -53,6 +53,16 @@ typedef struct srv_hist {
     double sum;
 } srv_hist;
 
+/* What one tenant's rank logs take on disk: counted from the files when
+ * first needed and again (at most every SRV_TLOG_RECOUNT_S) when the
+ * budget is reached, and kept up by every append in between. */
+typedef struct srv_tlog {
+    char tenant[64];
+    uint64_t bytes;
+    double counted; /* monotonic seconds of the last count from the files */
+} srv_tlog;
+#define SRV_TLOG_RECOUNT_S 10.0
+
 typedef struct srv_job {
     int64_t id;
     char tenant[64], name[128], idem[128], reason[256];
@@ -66,6 +76,7 @@ typedef struct srv_job {
     int nmem;
     srv_member *mem;
     uint64_t log_checked;                /* ranks whose log file this process has repaired */
+    uint64_t log_tenant_full;            /* ranks whose log has the note of the tenant's budget */
     int rdzv_port;                       /* MASTER_PORT of this attempt (0: not chosen yet) */
     double t_placed;                     /* wall time this attempt was placed (metrics) */
     int nprefer;                         /* replace policy: nodes to keep, by rank */
@@ -80,14 +91,30 @@ struct srv {
     pthread_cond_t sched_cv; /* wakes the scheduler thread */
     pthread_t sched_thread;
     int stopping, dirty;
-    sqlite3 *db;
+    const srv_store_ops *store; /* the engine behind db.c */
+    void *db;                   /* its connection (NULL: closed) */
+    char db_name[512];          /* --db as messages show it (no password) */
     int lock_fd; /* DB.lock, held while the server runs (-1: none) */
-    struct { const char *sql; sqlite3_stmt *st; } stmts[16];
-    int nstmts;
+    /* Several servers on one PostgreSQL database (leader.c): only the
+     * leader holds a state; a standby answers with a redirect to it. */
+    int leader;              /* 1: this process leads (always, with SQLite) */
+    int64_t epoch;           /* its fencing epoch (PostgreSQL) */
+    double lease_until;      /* monotonic: it may act as leader until then */
+    double t_led_wall;       /* wall time it became leader (0: never) */
+    double t_first_cycle;    /* wall time of its first scheduling cycle as leader */
+    char leader_url[300];    /* a standby's view of the leader (guarded by lead_mu) */
+    char self_url[300];      /* the URL this server advertises */
+    pthread_mutex_t lead_mu;
+    pthread_t lead_thread;
     struct MHD_Daemon *mhd;
     int port;
     char dir[4096]; /* directory of the database: logs/ lives there */
-    json_t *tokens;
+    json_t *tokens;       /* the tokens file, each token replaced by its hash */
+    char *provider_token; /* the agent token as given, for --provider-cmd only (else NULL) */
+    json_t *prio_max;     /* --max-priority: tenant -> the highest priority its jobs may ask */
+    int prio_default;     /* ... for a tenant not in prio_max */
+    struct srv_tlog *tlog; /* bytes of each tenant's rank logs on disk (agentapi.c) */
+    int ntlog, cap_tlog;
     json_t *tenant_num; /* tenant name -> its number (members run as uid base + number) */
     char state_dir[4096]; /* absolute s->dir: hidden from members, never writable */
     int64_t forged_job;   /* a poll's forged report, recorded after its rollback */
@@ -100,6 +127,7 @@ struct srv {
     srv_node *nodes;
     int nnodes, cap_nodes;
     srv_job **jobs; /* by id; jobs[0] unused */
+    json_t *idem_index; /* "tenant/key" -> job id, of every job with an Idempotency-Key */
     int64_t njobs, cap_jobs;
     int64_t *active; /* ids of pending, starting and running jobs */
     int64_t nactive, cap_active;
@@ -137,6 +165,12 @@ typedef struct srv_req {
  * not reach /v1/agent/. */
 enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE };
 
+/* http.c: secrets at rest.  "sha256:" and 64 hex digits, NUL included. */
+#define SRV_HASH_LEN 72
+void srv__secret_hash(const char *secret, char out[SRV_HASH_LEN]);
+/* 1 if v is a hash as srv__secret_hash writes it. */
+int srv__is_hash(const char *v);
+
 /* db.c */
 int srv__db_open(srv *s);
 int srv__db_autocommit(srv *s); /* 1: no transaction is open */
@@ -163,6 +197,8 @@ int srv__db_commit(srv *s);
 void srv__db_rollback(srv *s);
 json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit);
 json_t *srv__db_costs(srv *s, const char *tenant);
+/* The job tenant submitted under Idempotency-Key key (0: none). */
+int64_t srv__db_idem(srv *s, const char *tenant, const char *key);
 /* Closed ledger rows plus what running members have cost so far:
  * {"by_tenant": {tenant: {gpu_type: {dollars, gpu_seconds}}}, "total_dollars"}
  * (all tenants when tenant is NULL).  Caller holds s->mu and owns the result. */
@@ -196,7 +232,9 @@ const char *srv__job_state_name(int st);
 const char *srv__member_state_name(int st);
 const char *srv__kind_name(int k);
 const char *srv__policy_name(int p);
-json_t *srv__job_json(srv *s, const srv_job *j, int full);
+/* viewer: the tenant who asks (NULL: the admin), whose view names no
+ * other tenant's job. */
+json_t *srv__job_json(srv *s, const srv_job *j, int full, const char *viewer);
 /* Every node not gone, with the work placed on it (tenant: others hidden). */
 json_t *srv__nodes_json(srv *s, const char *tenant);
 int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
@@ -245,6 +283,15 @@ int srv__seam_bills(srv *s);
 void srv__seam_bills_end(srv *s, int committed);
 int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
+
+/* leader.c: one leader among the servers of a PostgreSQL database */
+int srv__lead_try(srv *s, int *got);      /* one round of a standby's election */
+int srv__lead_claim(srv *s);              /* fences, takes the lease; s->mu held on success */
+void srv__lead_wait(srv *s, double seconds); /* sleeps, cut short by srv_stop */
+void srv__lead_renew(srv *s, double now); /* scheduler thread, s->mu held */
+int srv__lead_acting(srv *s);             /* 1: it leads and its lease holds */
+json_t *srv__leader_json(srv *s);         /* GET /v1/leader */
+int srv__sched_start(srv *s);             /* http.c: starts the scheduler thread */
 
 /* provider.c: autoscaling hook */
 int srv__provider_config(srv *s, sched_config *c);

@@ -66,6 +66,13 @@ int srv__job_add(srv *s, srv_job *j)
     }
     s->jobs[j->id] = j;
     if (j->id > s->njobs) s->njobs = j->id;
+    if (j->idem[0]) {
+        char k[sizeof j->tenant + sizeof j->idem + 2];
+        snprintf(k, sizeof k, "%s/%s", j->tenant, j->idem);
+        if (!s->idem_index) s->idem_index = json_object();
+        if (!s->idem_index || json_object_set_new(s->idem_index, k, json_integer(j->id)))
+            return sh_err(SH_ENOMEM, "job %lld: the idempotency index", (long long)j->id);
+    }
     if (j->state <= J_RUNNING) return srv__active_add(s, j->id);
     return SH_OK;
 }
@@ -626,7 +633,7 @@ static void add_billing(srv *s, const srv_job *j, json_t *o)
 
 /* Why a pending job waits and when it should start, from the core (its
  * clock is monotonic: the estimate is moved onto the wall clock). */
-static void add_pending(srv *s, const srv_job *j, json_t *o)
+static void add_pending(srv *s, const srv_job *j, json_t *o, const char *viewer)
 {
     if ((j->state != J_PENDING && j->state != J_STARTING && j->state != J_RUNNING) || !s->sc) return;
     char id[24];
@@ -639,12 +646,18 @@ static void add_pending(srv *s, const srv_job *j, json_t *o)
     if (in.expected_end_s >= 0) json_object_set_new(o, "expected_end", json_real(wall + (in.expected_end_s - mono)));
     if (j->state != J_PENDING || in.wait == SCHED_WAIT_NONE) return;
     json_object_set_new(o, "wait", json_string(sched_wait_name(in.wait)));
+    /* Another tenant's job in the way is named to the admin only: its id
+     * and when it starts are that tenant's. */
+    const srv_job *other = in.wait_job ? srv__job(s, strtoll(in.wait_job, NULL, 10)) : NULL;
+    if (viewer && in.wait_job && (!other || strcmp(other->tenant, viewer)))
+        snprintf(in.wait_text, sizeof in.wait_text,
+                 "blocked behind a reservation for another tenant's job: starting now would delay it");
     json_object_set_new(o, "pending_reason", json_string(in.wait_text));
     json_object_set_new(o, "start_estimate",
                         isfinite(in.est_start_s) ? json_real(wall + (in.est_start_s - mono)) : json_null());
 }
 
-json_t *srv__job_json(srv *s, const srv_job *j, int full)
+json_t *srv__job_json(srv *s, const srv_job *j, int full, const char *viewer)
 {
     json_t *o = json_pack("{s:I,s:s,s:s,s:s,s:s,s:i,s:i,s:s,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:i,s:s,s:f}",
                           "id", (json_int_t)j->id, "name", j->name, "tenant", j->tenant, "kind",
@@ -658,7 +671,7 @@ json_t *srv__job_json(srv *s, const srv_job *j, int full)
     json_t *gt = json_object_get(j->spec, "gpu_types");
     json_object_set_new(o, "gpu_types", gt ? json_incref(gt) : json_array());
     add_billing(s, j, o);
-    add_pending(s, j, o);
+    add_pending(s, j, o, viewer);
     double ends = srv__ends_by(s, j);
     if (ends > 0) json_object_set_new(o, "ends_by", json_real(ends));
     json_t *mem = json_array();

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "report_int.h"
 
 static double nice_max(double v)
 {

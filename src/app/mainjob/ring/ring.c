@@ -23,7 +23,7 @@
 
 #include <ucp/api/ucp.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "ring_int.h"
 #include "shoal/net.h"
 
 struct mj_ring {

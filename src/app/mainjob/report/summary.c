@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "report_int.h"
 
 static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
 static const char *str(const json_t *o, const char *k)

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "worker_int.h"
 #include "shoal/store.h"
 
 struct mj_weights {

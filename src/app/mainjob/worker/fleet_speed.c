@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "shoal/fleetfile.h"
-#include "app/mainjob/mainjob_int.h"
+#include "worker_int.h"
 
 typedef struct speed_row {
     char type[32];

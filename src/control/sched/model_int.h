@@ -1,21 +1,28 @@
-/* Internal structures of the scheduling core (src/control/sched only).
+/* The model: the scheduling core's state and its bottom layer
+ * (src/control/sched only; docs/architecture.md lists the layers: each
+ * file calls only its own layer and the ones below, and includes only
+ * their headers).
  *
  * Everything is an index into a growable array: nodes, jobs, pools, tenants
  * and interned names never move once created, so an index is a stable
  * handle.  NONE marks "no index". */
-#ifndef SHOAL_SCHED_INT_H
-#define SHOAL_SCHED_INT_H
+#ifndef SHOAL_SCHED_MODEL_INT_H
+#define SHOAL_SCHED_MODEL_INT_H
 
 #include "shoal/common.h"
 #include "shoal/sched.h"
 
+struct sledger;
+struct splacement;
+struct sroom;
+struct scycle;
+struct splan;
+
 #define NONE UINT32_MAX
 #define MAXG SCHED_MAX_NODE_GPUS
 #define SCHED__MAX_GANG 4096 /* nodes in one gang */
-#define NJ_MAX 16 /* tenants next_job keeps in order (sched.nj_ord) */
 #define RC_SLOTS 8 /* reservation times cached per pool, by gang shape */
-#define RLOG 64     /* releases remembered with their pool (sched.rlog) */
-#define RELEASED 16 /* distinct pools sched__released_since reports */
+#define RLOG 64 /* releases remembered with their pool (sched.rlog) */
 
 /* ---- String -> index map (open addressing, keys owned by the map) ------- */
 typedef struct smap {
@@ -91,10 +98,6 @@ typedef struct sprios {
     sprio *v;
     size_t n, cap;
 } sprios;
-/* Adds delta GPUs at priority prio (entries are never removed). */
-int sched__prios_add(sprios *a, int prio, int delta);
-/* Preemptible GPUs held at priorities below prio. */
-int sched__prios_below(const sprios *a, int prio);
 
 typedef struct spool {
     uint32_t zone, fabric, type; /* interned name indices */
@@ -195,7 +198,7 @@ typedef struct sjob {
                           * the entry is there while that slot holds this shape) */
     uint32_t qgen;  /* bumped each time it is queued: names its shape-heap entry */
     /* sched__job_pools' list for two or more types, while jp_ver ==
-     * sched.pools_ver + 1 (pools are only made when a node is added). */
+     * splacement.pools_ver + 1 (pools are only made when a node is added). */
     uint32_t *jp;
     size_t njp, capjp;
     uint64_t jp_ver;
@@ -249,14 +252,6 @@ typedef struct sshape {
     int prio;
 } sshape;
 
-/* A reservation made in the last step for a blocked head-of-line gang. */
-typedef struct sresv {
-    uint32_t job;
-    double T;
-    uint32_t *nodes;
-    int n, need;
-} sresv;
-
 typedef struct squota {
     uint32_t zone, fabric, type;
     int gpus, max_nodes, provisioned, pending;
@@ -288,31 +283,16 @@ struct sched {
     size_t njobs, capjobs;
     uint32_t *freejobs; /* slots of forgotten jobs (id NULL), reused by submit */
     size_t nfree, capfree;
-    double *forgot_cost_t; /* final bills of forgotten jobs, by type index */
-    size_t nforgot_cost;
     stenant *tenants;
     size_t ntenants, captenants;
-    sresv *resv;
-    size_t nresv, capresv;
     spending *pend;
     size_t npend, cappend;
     double seq, head_seq;
     uint64_t stamp;   /* reservation cycle */
-    uint64_t markseq; /* scratch marks on nodes */
     size_t queued, running;
     int gpus_up, gpus_busy, nodes_up;
     int preemptible_gpus; /* GPUs held by elastic and function work */
     sprios pre;           /* the same by priority */
-    /* Failed preemption searches of this cycle by (gang shape, priority):
-     * valid while no GPU has been released since (release_epoch).  Only a
-     * release can make a failed search succeed within a cycle: starts and
-     * reservations only take room, and a started preemptible job adds no
-     * more victim GPUs than the free GPUs it took. */
-    struct spmemo {
-        uint64_t shape, stamp, epoch;
-        int prio;
-        int ok; /* the search found room (kept for the sweeps' probes only) */
-    } pmemo[256];
     uint64_t release_epoch; /* bumped by every release and by a node joining or coming back */
     /* rlog[e % RLOG]: the pool where release e happened, or NONE when any
      * pool may have gained room (a node joined: pools and their lists may
@@ -326,161 +306,69 @@ struct sched {
     size_t ntouched, captouched;
     uint64_t touch_gen;
     int touched_lost;
-    /* The last reservation search's answer for each pool of its job
-     * (room.c best_pool), kept while the job, the pools and its pool list
-     * stand: the next search for the job looks again only at the pools
-     * touched since. */
-    struct sbpc {
-        uint32_t job;
-        double order;  /* the job's queue order (a slot may be reused) */
-        int g, n;
-        uint64_t pools_ver, gen; /* pools_ver + 1 and touch_gen + 1 when current */
-        const uint32_t *jp;
-        size_t njp;
-        double *val;      /* per pool of the list: the raw time, or a lower bound of it */
-        signed char *kind; /* 0: the pool cannot ever fit, 1: val is the time, 2: a lower bound */
-        uint32_t *qpos;   /* by pool index: its place in the list, or NONE */
-        size_t cap, capk, capq;
-    } bpc;
-    /* The searches' scratch, kept between cycles and freed by sched_free:
-     * one buffer per search, since some run while another's is in use.
-     * Per-thread statics leaked theirs at every scheduler thread's exit
-     * (the server's). */
-    struct sscratch {
-        struct ppool *pp; /* cycle.c place_elastic: pools by price */
-        size_t cappp;
-        struct tnode *tn_exact, *tn_best, *tn_resv; /* room.c pool_exact, best_pool, make_reservation */
-        size_t cap_exact, cap_best, cap_resv;
-        struct pbound *pb; /* room.c best_pool's bounds */
-        size_t cappb;
-        struct vnode *vn_best, *vn_in, *vn_try; /* room.c best_victim_pool, preempt_possible_in, try_preempt */
-        size_t cap_vbest, cap_vin, cap_vtry;
-        struct sbpc bpc; /* room.c pool_answers while reservations lean on its answers */
-        /* cycle.c's shape probes (a probe may hold a pool list, jp) */
-        sjob probe_fit, probe_fit_in, probe_preempt, probe_gang, probe_declined;
-    } scr;
-    struct { /* sched__released_since's last answer: probes ask it alike */
-        uint64_t since, epoch;
-        int n;
-        uint32_t v[RELEASED];
-    } rel;
-    uint64_t resv_sig;      /* a hash of this cycle's reservations (job and nodes) */
-    double resv_T[4], resv_slack[4]; /* T and T - now of the first four */
-    uint64_t resv_late;   /* head reservations that moved later or were missed */
-    uint32_t *waiting;    /* HOLDING and REPLACING jobs: they have deadlines */
-    size_t nwaiting, capwaiting;
-    /* Running jobs by expected end (a min-heap, one entry per start or
-     * extension; an entry whose job ended, restarted or moved on since is
-     * dropped when it comes up): sched__overdue finds the work that ran
-     * past its estimate without a walk over every running job. */
-    struct sdue {
-        double t;
-        uint32_t job;
-    } *due;
-    size_t ndue, capdue;
-    uint32_t *deferred;   /* preempted in this step, queued again at its end */
-    size_t ndeferred, capdeferred;
-    double next_wake;
     sshape *shapes;    /* open addressing by shape hash */
     size_t capshapes, nshapes_live, nshapes_used;
     /* The slots of the shapes with jobs queued (nshapes_live of them), in
      * slot order: the sweeps visit these, not every slot of the table. */
     uint32_t *live;
     size_t caplive;
-    uint64_t walk_id;
     /* A job was submitted with an earlier time than the one before it: the
      * tenant queues may then not be sorted by queue key, and the walk does
      * not skip ahead in them. */
     int submit_unsorted;
     double last_submit;
     uint64_t busy_ver; /* bumped whenever GPUs in use change (keys of next_job) */
-    /* next_job's tenants with a head, best head first (nj_n of them), kept
-     * between calls of one walk while only the tenant it returned last
-     * (nj_ord[0]) moved its cursor, by one (to nj_cursor + 1): most jobs a
-     * walk visits do nothing, and comparing every tenant's head for each
-     * cost a fifth of a shoal cycle.  nj_ok = 0 when not kept (cursors
-     * reset, more than NJ_MAX tenants); nj_kver and nj_walk: the key
-     * version and walk it was made for. */
-    uint32_t nj_ord[NJ_MAX];
-    size_t nj_n, nj_cursor;
-    uint64_t nj_kver, nj_walk;
-    int nj_ok;
     /* 1 turns off the cycle's shortcuts (shape sweeps and probes, the
      * reservation-time cache, the preemption index and memo) to compare
      * decisions with and without (sched_config.reference). */
     int plain_cycle;
     int walking;       /* a queue walk is running: starts leave holes */
-    uint32_t *allpools;  /* 0..npools-1, for jobs that take any type */
-    /* place_elastic's pool order by (types, speeds), kept until a node is
-     * added (pools and prices change only then): elastic jobs share a few
-     * type lists, and sorting every pool per placement showed in perf. */
-    struct sporder {
-        int ntypes;
-        uint32_t types[SCHED_MAX_TYPES];
-        double speed[SCHED_MAX_TYPES];
-        uint64_t ver; /* pools_ver + 1 when current */
-        uint32_t *pools;
-        size_t n, cap;
-    } porder[16];
-    uint32_t porder_next; /* the entry to reuse next */
-    uint64_t pools_ver;   /* bumped when a node is added */
-    struct stpools {
-        uint32_t *v;
-        size_t n, cap;
-        int ge[MAXG + 1]; /* UP nodes of the type with at least g free GPUs */
-        /* The most UP nodes with at least g free GPUs in any one pool of
-         * the type (max_ge[g]), kept exact in O(1) per change by a count
-         * of the type's pools at each value of their ge[g]
-         * (ge_hist[g * hcap + v]): ge moves by one at a time, so when the
-         * last pool at the maximum steps down, the new maximum is one
-         * less.  Lets a gang that fits no pool of a type (or cannot get
-         * within max_victims nodes of fitting) rule the type out at once. */
-        int max_ge[MAXG + 1];
-        int *ge_hist;
-        size_t hcap; /* > any of the type's pools' node count */
-    } *tpools;           /* pools of each GPU type, by name index */
-    int ge_all[MAXG + 1]; /* UP nodes of any type with at least g free GPUs */
-    size_t ntpools;
-    uint32_t *elastic; /* every elastic job, for the growth pass */
-    size_t nelastic, capelastic;
     sched_stats st;
-    sched_bill *bills; /* closed bills kept for the caller (cfg.bill_journal) */
-    size_t nbills, capbills;
-    /* The start plan of the queued jobs (why.c), valid while its key
-     * matches the state it was made from. */
-    struct splan {
-        uint64_t stamp, busy_ver, id;
-        double now;
-        int nodes_up, gpus_up;
-        double *slot;      /* per node, MAXG GPU free times, ascending */
-        size_t capslot;
-        struct sphole { double from, to; int gpus; } *hole; /* per node: GPUs idle before a planned start */
-        size_t caphole;
-        double *est;       /* by job index, where mark == id */
-        uint64_t *mark;
-        size_t capest, capmark;
-        uint32_t *order;   /* queued jobs in the policy's order */
-        size_t caporder, norder;
-        uint64_t order_id; /* mark of jobs in order, not planned yet */
-        int built;
-        struct splt { double t; uint32_t ni; } *tn;
-        size_t captn;
-    } plan;
+    uint64_t resv_late;   /* head reservations that moved later or were missed */
+    /* Each layer's own state, made by sched_new and freed by sched_free
+     * (sched.c); its header defines it. */
+    struct sledger *led; /* ledger_int.h */
+    struct splacement *plc; /* place_int.h */
+    struct sroom *room;  /* room_int.h */
+    struct scycle *cyc;  /* cycle_int.h */
+    struct splan *plan;  /* query_int.h: the start plan of the queued jobs */
 };
 
-/* sched.c */
+/* ---- model.c -------------------------------------------------------------- */
 int sched__grow(void **v, size_t *cap, size_t need, size_t elem);
 uint32_t sched__intern(sched *s, const char *name, int create);
-void sched__bill(sched *s, sjob *j, const splace *p, double now);
-/* Takes `gpus` GPUs on node ni (mask 0: the lowest free indices; else the
- * mask given, which must be free) for job ji since `since`. */
-int sched__hold_at(sched *s, uint32_t ji, uint32_t ni, int gpus, uint64_t mask, double since, double now);
-double sched__place_cost(const sched *s, const splace *p, double now);
+/* SH_EINVAL unless v is a non-empty id shorter than SCHED_ID_MAX. */
+int sched__check_name(const char *what, const char *v);
+/* The index of a known node or job, or SH_ENOENT naming it. */
+int sched__find_node(const sched *s, const char *id, uint32_t *out);
+int sched__find_job(const sched *s, const char *id, uint32_t *out);
+/* Appends a decision about job ji (or NONE) on node ni (or NONE) to d. */
+int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
+/* Adds place p (held or just released) to the last decision. */
+int sched__emit_place(sched_decisions *d, const sched *s, const splace *p);
+/* A decision made by an event between steps, reported by the next step. */
+int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni);
+/* Frees the model's arrays and s (sched_free, after the layers above). */
+void sched__model_free(sched *s);
+
+/* ---- queue.c -------------------------------------------------------------- */
 int sched__queue_push(sched *s, uint32_t ji, double now);
 void sched__queue_remove(sched *s, uint32_t ji);
 /* Removes the holes that starts left in the tenant queues during a walk. */
 void sched__queue_compact(sched *s);
-/* Inline: placement and reservations call these once per pool and node. */
+sshape *sched__shape(sched *s, uint64_t shape);
+/* The shortest est_s / fastest speed among the shape's queued jobs. */
+double sched__shape_min_len(const sched *s, sshape *sh);
+/* The highest priority among the shape's queued jobs (max_prio is only an
+ * upper bound: it never comes down as jobs leave). */
+int sched__shape_max_prio(const sched *s, sshape *sh);
+/* 1 and the highest priority among the shape's queued gangs that
+ * preempt_wait never turned down (sjob.declined) in *prio, or 0 when there
+ * is none. */
+int sched__shape_undeclined_prio(const sched *s, sshape *sh, int *prio);
+
+
+/* ---- Inline: placement and reservations call these once per pool and node. */
 static inline double sched__job_speed(const sched *s, const sjob *j, uint32_t type)
 {
     if (!j->ntypes) return 1.0;
@@ -516,88 +404,6 @@ static inline double sched__est_end(const sched *s, const sjob *j)
  * the one before (OVERRUN_STEP_S x (2^k - 1) in all after k moves). */
 #define OVERRUN_STEP_S 60.0
 
-
-sshape *sched__shape(sched *s, uint64_t shape);
-/* The shortest est_s / fastest speed among the shape's queued jobs. */
-double sched__shape_min_len(const sched *s, sshape *sh);
-/* The highest priority among the shape's queued jobs (max_prio is only an
- * upper bound: it never comes down as jobs leave). */
-int sched__shape_max_prio(const sched *s, sshape *sh);
-/* 1 and the highest priority among the shape's queued gangs that
- * preempt_wait never turned down (sjob.declined) in *prio, or 0 when there
- * is none. */
-int sched__shape_undeclined_prio(const sched *s, sshape *sh, int *prio);
-
-/* place.c */
-void sched__bucket_insert(sched *s, uint32_t ni);
-void sched__bucket_remove(sched *s, uint32_t ni);
-/* Node ni comes up (d = 1: into its free bucket) or goes down (d = -1:
- * out of it), counted in its pool's up_ge. */
-void sched__node_updown(sched *s, uint32_t ni, int d);
-int sched__hold(sched *s, uint32_t ji, uint32_t ni, int gpus, double now);
-void sched__release_place(sched *s, uint32_t ji, int k, double now);
-void sched__release_all(sched *s, uint32_t ji, double now);
-int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi);
-/* The pools a job may use, in its type order (owned by s or by the job,
- * valid until a node is added). */
-size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out);
-/* The pools of one GPU type. */
-size_t sched__type_pools(const sched *s, uint32_t type, const uint32_t **out);
-/* Makes room in type t's ge histogram for pools of up to n nodes. */
-int sched__type_hist_grow(sched *s, uint32_t t, size_t n);
-/* Whether some pool of type t has at least n UP nodes with g free GPUs. */
-static inline int sched__type_fits(const sched *s, uint32_t t, int n, int g)
-{
-    return t < s->ntpools && g <= MAXG && s->tpools[t].max_ge[g] >= n;
-}
-int sched__pool_fits(const spool *p, int n, int g);
-int sched__never_fits(sched *s, const sjob *j, char *why, size_t cap);
-typedef struct scand {
-    uint32_t nodes[SCHED__MAX_GANG];
-    int n;
-} scand;
-int sched__pick_gang(sched *s, const sjob *j, uint32_t pi, double est_end, scand *out);
-/* room.c: lists running job ji (just started) by its expected end. */
-int sched__due_add(sched *s, uint32_t ji);
-/* room.c: moves on the expected end of every running job past it at now
- * (sched_step, before any decision). */
-int sched__overdue(sched *s, double now);
-int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, uint32_t *pool);
-
-/* room.c: reserves nodes for blocked gang ji (shoal and backfill); frees
- * room for it by preemption (shoal), returning 1 when room was made. */
-int sched__make_reservation(sched *s, uint32_t ji, double now);
-/* When node ni will have g GPUs free if running work ends at its estimates
- * (never before now); cached per node. */
-double sched__node_ready(sched *s, uint32_t ni, int g, double now);
-int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now);
-/* 1 when shoal turns down victims for gang j (job ji, or NONE for a
- * probe): it would start without them (its reservation time) before now +
- * preempt_wait x its run time; 0 when it may preempt; < 0 on error. */
-int sched__preempt_declined(sched *s, const sjob *j, uint32_t ji, double now);
-/* Whether a preemption search for gang j (a job or a probe with its shape
- * and priority) could succeed now. */
-int sched__preempt_possible(sched *s, const sjob *j);
-/* The same for a gang of shape `shape` at priority prio whose search found
- * no victims in any pool before, since when room appeared only in
- * pools[0 .. n) (pools it may use): a search elsewhere still fails, so
- * only these are searched, for the gang probe(s, arg) returns (called
- * only when n > 0). */
-int sched__preempt_possible_in(sched *s, uint64_t shape, int prio, const sjob *(*probe)(sched *, void *),
-                               void *arg, const uint32_t *pools, int n);
-/* The fast search's first tests of pool p for a gang of n nodes x g GPUs
- * at priority prio: 0 when it cannot free room there (no victim below
- * prio, or more than max_victims nodes short of free ones). */
-static inline int sched__pool_may_preempt(const sched *s, const spool *p, int n, int g, int prio)
-{
-    return p->maxg_ever[g] >= n && n - p->ge[g] <= s->cfg.max_victims && p->npre_nodes &&
-           sched__prios_below(&p->pre, prio);
-}
-
-/* why.c: the wait reason and (est = 1) the start estimate of queued job
- * ji; with est = 0, est_start_s is NAN. */
-void sched__pending(sched *s, uint32_t ji, double now, sched_job_info *o, int est);
-
 /* Moves pool pi's version (any hold, release or node state change) and
  * lists it in sched.touched. */
 static inline void sched__pool_touch(sched *s, uint32_t pi)
@@ -617,23 +423,5 @@ static inline void sched__released(sched *s, uint32_t pi)
     s->rlog[++s->release_epoch % RLOG] = pi;
 }
 
-/* The distinct pools of the releases after epoch `since` (*out, owned by
- * s, valid until the next call) and their count (at most RELEASED); -1
- * when they are not all known (too many, too long ago, or one that may
- * have touched any pool). */
-int sched__released_since(sched *s, uint64_t since, const uint32_t **out);
-
-/* cycle.c */
-int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni);
-/* Adds place p (held or just released) to the last decision. */
-int sched__emit_place(sched_decisions *d, const sched *s, const splace *p);
-int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni);
-/* Stops a placed job and queues it again; a failure (failed = 1) sends a
- * gang to the head of its queue and counts a restart. */
-int sched__requeue(sched *s, uint32_t ji, double now, int failed);
-int sched__wait_add(sched *s, uint32_t ji);
-/* Queued jobs in the policy's order (as sched_queue), up to cap indices;
- * returns how many were written. */
-size_t sched__queue_order(sched *s, uint32_t *out, size_t cap);
 
 #endif

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "trainer_int.h"
 
 enum { MSG_WEIGHTS = 1, MSG_BATCH = 2, MSG_END = 3 };
 

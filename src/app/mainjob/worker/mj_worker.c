@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "worker_int.h"
 
 /* Waits for DIR/trainer.json to say "running"; 1 if it says the run is
  * over, 0 with *out set when it runs. */
@@ -82,3 +82,57 @@ int mj_worker_weights(const char *pdir, const char *node, const char *zone, uint
     return mj_weights_open(&wc, out);
 }
 
+
+/* The worker's GPU from its node's line in the fleet files: *me and *zone. */
+static int whoami(const mj_worker_proc *o, rl_worker_spec *me, char *zone, size_t cap)
+{
+    mj_fleet f;
+    SH_TRY(mj_fleet_load(o->fleet, o->speeds, &f));
+    const mj_node *n = mj_fleet_node(&f, o->node);
+    int rc = n ? 0 : sh_err(SH_EINVAL, "node \"%s\" is not in %s", o->node, o->fleet);
+    if (n) {
+        *me = (rl_worker_spec){.speed = n->speed, .price = n->price};
+        snprintf(me->name, sizeof me->name, "%s", n->gpu_type);
+        snprintf(zone, cap, "%s", n->zone);
+    }
+    mj_fleet_free(&f);
+    return rc;
+}
+
+int mj_worker_main(const mj_worker_proc *o)
+{
+    rl_worker_spec me;
+    char zone[64], line[512];
+    SH_TRY(whoami(o, &me, zone, sizeof zone));
+    json_t *tj = NULL;
+    int rc = mj_trainer_wait(o->store, o->wait_s, &tj);
+    if (rc) return rc; /* 1: the trainer has finished */
+    /* The trainer's rl options, parsed as the trainer parsed them. */
+    json_t *args = json_object_get(tj, "args");
+    int na = (int)json_array_size(args), fd = -1;
+    char **av = calloc((size_t)na + 1, sizeof *av);
+    for (int i = 0; av && i < na; i++) av[i] = (char *)json_string_value(json_array_get(args, i));
+    rl_config c;
+    rl_config_default(&c);
+    rc = av ? o->parse(o->arg, na, av, &c) : sh_err(SH_ENOMEM, "rl worker");
+    free(av);
+    const char *addr = json_string_value(json_object_get(tj, "addr"));
+    if (!rc) rc = mj_trainer_connect(addr, &fd);
+    mj_weights *mw = NULL;
+    if (!rc && o->push)
+        rc = mj_worker_weights(o->push, o->node, zone,
+                               (uint64_t)json_integer_value(json_object_get(tj, "store_base")), o->min_wait, &mw);
+    if (!rc && o->say) {
+        snprintf(line, sizeof line, "worker: %s (speed %.2f, $%.2f/h) on %s in %s connected to the trainer at %s; "
+                                    "weights %s", me.name, me.speed, me.price, o->node, zone, addr,
+                 mw ? "by the push tree" : "from the trainer (direct)");
+        o->say(o->arg, line);
+    }
+    if (rc) {
+        if (fd >= 0) close(fd);
+        json_decref(tj);
+        return rc;
+    }
+    /* Never returns: tj and mw stay alive for the process's life. */
+    rl_worker_serve_from(&c, &me, fd, mw ? mj_weights_source(mw) : NULL);
+}

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "report_int.h"
 
 static json_t *load_lines(const char *path)
 {
@@ -225,7 +225,7 @@ static int write_report(const char *dir, const run_data *d)
     mj_plot_lines(&b, "Bytes per worker per version, cumulative (KiB)", "step", "KiB", m, 2, 0);
     if (d->tree_lines && json_array_size(d->tree_lines)) mj_tree_svg(d->tree_root, d->tree_lines, &b);
     fleet_cost_table(&b, d->fleet_cost);
-    sh_buf_printf(&b, "<p>Produced by <code>make run</code> (scripts/run-main.sh); regenerate with "
+    sh_buf_printf(&b, "<p>Produced by <code>make run</code> (<code>shoal run</code>); regenerate with "
                       "<code>build/shoal rl report --dir %s</code>.</p></body></html>\n", dir);
     for (int i = 0; i < 2; i++) free(s[i].x), free(s[i].y), free(c[i].x), free(c[i].y), free(m[i].x), free(m[i].y);
     char p[4096];

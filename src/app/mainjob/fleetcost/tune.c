@@ -10,7 +10,7 @@
  * type at the default size): the staleness the pool already lives with.
  * The version period depends on the pool's throughput, so it iterates to a
  * fixed point.  Pure. */
-#include "app/mainjob/mainjob_int.h"
+#include "fleetcost_int.h"
 
 double mj_req_latency_s(const rl_config *c, const rl_worker_spec *w, int prompts)
 {

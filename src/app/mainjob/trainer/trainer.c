@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "trainer_int.h"
 #include "shoal/store.h"
 
 typedef struct trainer_ctx {
