@@ -31,7 +31,7 @@ FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
 # build/shoal is the client: the commands that only talk to a server, linked
 # without UCX, OpenBLAS or SQLite so that it starts fast; it hands every
 # other command to build/shoal-core, which holds them all (src/cli/main.c).
-CLIENT_CMDS := submit jobs job logs cancel nodes cost version
+CLIENT_CMDS := submit jobs job logs cancel nodes cost version service
 CLIENT_SRC  := $(CLIENT_CMDS:%=src/cli/cmd_%.c) src/cli/ctl.c src/cli/opts.c
 CLIENT_LIBS := $(shell pkg-config --libs jansson libxxhash 2>/dev/null) -lm
 
@@ -121,6 +121,9 @@ $(ASAN)/shoal: $(ASAN)/obj/client/main.o $(CLIENT_SRC:%.c=$(ASAN)/obj/%.o) $(ASA
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(AUX_OBJ) $(BUILD)/libshoal.a
 	@mkdir -p $(dir $@)
 	$(CC) $(OPTFLAGS) -o $@ $< $(AUX_OBJ) $(BUILD)/libshoal.a $(LIBS) $(TEST_LIBS)
+
+# test_runs starts ranks that `import shoal` (python/shoal loads build/libshoal.so.0).
+$(BUILD)/tests/test_runs $(ASAN)/tests/test_runs: $(BUILD)/$(SONAME)
 
 $(ASAN)/tests/%: $(ASAN)/obj/tests/%.o $(AAUX_OBJ) $(ASAN)/libshoal.a
 	@mkdir -p $(dir $@)

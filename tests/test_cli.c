@@ -132,6 +132,7 @@ static const struct {
     {"bench push", NULL, "replicas"}, {"bench rl", NULL, "reps"},        {"bench scale", NULL, "layers"},
     {"bench sched", NULL, "nodes"},   {"bench write", NULL, "reps"},
     {"down", NULL, "timeout"},
+    {"service", "publish", "run"},    {"service", "lookup", "timeout"},  {"service", "ls", "run"},
 };
 
 /* Value options, each given a bad value as --opt=value and as --opt value:

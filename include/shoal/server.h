@@ -63,6 +63,8 @@ typedef struct srv_config {
                                 * SRV_MAX_TENANT_LOG) */
     double log_drain_s;        /* seconds after a rank ends that its node may still send its
                                 * output (0: SRV_LOG_DRAIN) */
+    uint64_t workdir_max;      /* largest work-dir archive a tenant may upload (0: SH_TAR_DEFAULT_LIMIT) */
+    uint64_t workdir_quota;    /* bytes of archives one tenant may hold (0: SRV_WORKDIR_QUOTA) */
 } srv_config;
 
 /* A job's "est_s" is also its time limit, as Slurm's --time is: an attempt
@@ -96,6 +98,10 @@ typedef struct srv_config {
  * 65,536 small jobs, or 255 job files of 1 MiB.  A submit past it is 429. */
 #define SRV_MAX_QUEUED (256ull << 20)
 #define SRV_JOB_COST 4096u
+/* The default of srv_config.workdir_quota: a tenant's work-dir archives
+ * (POST /v1/workdirs) hold at most this much of the server's disk; older
+ * archives no pending or running job names make room for new ones. */
+#define SRV_WORKDIR_QUOTA (1ull << 30)
 
 /* Opens the database (creating or migrating it), loads the state, starts the
  * HTTP daemon and the scheduler thread.  On success *out owns everything;

@@ -19,7 +19,8 @@ static const char usage[] =
     "                    [--allow-writable [TENANT=]DIR]... [--est-grace S] [--require-est]\n"
     "                    [--default-est S] [--max-conns-per-ip N] [--log-drain S]\n"
     "                    [--max-priority [TENANT=]N]... [--max-tenant-log BYTES]\n"
-    "                    [--state-dir DIR] [--advertise URL]\n\n"
+    "                    [--state-dir DIR] [--advertise URL]\n"
+    "                    [--workdir-max SIZE] [--workdir-quota SIZE]\n\n"
     "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
     "  --db PATH|URL          SQLite state (default shoal.db; logs go beside it), or a\n"
     "                         PostgreSQL database postgresql://USER@HOST/DB: several servers\n"
@@ -55,7 +56,10 @@ static const char usage[] =
     "                         so that no tenant preempts another's work; the admin's jobs\n"
     "                         are not limited; docs/security.md)\n"
     "  --max-tenant-log BYTES all of one tenant's rank logs together (default 16GiB);\n"
-    "                         past it the output of its ranks is dropped, with a note\n\n"
+    "                         past it the output of its ranks is dropped, with a note\n"
+    "  --workdir-max SIZE     largest work dir a job may ship (default 100MiB)\n"
+    "  --workdir-quota SIZE   work dirs one tenant's pending and running jobs may hold\n"
+    "                         (default 1GiB; older unused ones make room)\n\n"
     "Prints \"listening on http://ADDR:PORT\" once ready.  See docs/server-api.md.\n";
 
 static volatile sig_atomic_t stop_flag;
@@ -107,7 +111,8 @@ static int add_max_priority(const char *spec, srv_config *cfg, const char *cmd)
 
 enum { O_TOKENS = 0x2000, O_DB, O_PORT, O_BIND, O_WEB, O_HEARTBEAT, O_MAX_BODY, O_PROVIDER_CMD, O_PROVIDER_QUOTA,
        O_SCALE_UP, O_SCALE_DOWN, O_SYNC_FULL, O_ALLOW_WRITABLE, O_EST_GRACE, O_REQUIRE_EST, O_CONNS_PER_IP,
-       O_DEFAULT_EST, O_LOG_DRAIN, O_MAX_PRIORITY, O_MAX_TENANT_LOG, O_STATE_DIR, O_ADVERTISE };
+       O_DEFAULT_EST, O_LOG_DRAIN, O_MAX_PRIORITY, O_MAX_TENANT_LOG, O_STATE_DIR, O_ADVERTISE, O_WORKDIR_MAX,
+       O_WORKDIR_QUOTA };
 const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKENS},
                                          {"db", required_argument, 0, O_DB},
                                          {"port", required_argument, 0, O_PORT},
@@ -130,6 +135,8 @@ const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKE
                                          {"max-tenant-log", required_argument, 0, O_MAX_TENANT_LOG},
                                          {"state-dir", required_argument, 0, O_STATE_DIR},
                                          {"advertise", required_argument, 0, O_ADVERTISE},
+                                         {"workdir-max", required_argument, 0, O_WORKDIR_MAX},
+                                         {"workdir-quota", required_argument, 0, O_WORKDIR_QUOTA},
                                          {0}};
 
 int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
@@ -170,6 +177,8 @@ int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
     case O_HEARTBEAT:
         return cli_real(cmd, "--heartbeat-timeout", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->heartbeat_timeout);
     case O_PORT: return cli_int(cmd, "--port", v, 0, 65535, &port) ? CLI_USAGE : (cfg->port = (int)port, 0);
+    case O_WORKDIR_MAX: return cli_size(cmd, "--workdir-max", v, 1024, &cfg->workdir_max) ? CLI_USAGE : 0;
+    case O_WORKDIR_QUOTA: return cli_size(cmd, "--workdir-quota", v, 1024, &cfg->workdir_quota) ? CLI_USAGE : 0;
     case O_MAX_BODY: return cli_size(cmd, "--max-body", v, 1024, &body) ? CLI_USAGE : (cfg->max_body = (size_t)body, 0);
     default: return cli_usage(cmd, "option code %d is not one of the server's", c);
     }

@@ -97,6 +97,45 @@ int cli_ctl_get_table(const char *cmd, int argc, char **argv, const char *usage,
     return 0;
 }
 
+int cli_job_ended(const json_t *job)
+{
+    const char *st = json_string_value(json_object_get(job, "state"));
+    return st && (!strcmp(st, "succeeded") || !strcmp(st, "failed") || !strcmp(st, "cancelled"));
+}
+
+int cli_job_status(const json_t *job)
+{
+    const char *st = json_string_value(json_object_get(job, "state"));
+    if (st && !strcmp(st, "succeeded")) return 0;
+    json_int_t code = json_integer_value(json_object_get(job, "exit_code"));
+    if (st && !strcmp(st, "failed") && code >= 1 && code <= 255) return (int)code;
+    return 1;
+}
+
+int cli_job_report(const char *cmd, const json_t *job)
+{
+    int status = cli_job_status(job);
+    if (status)
+        fprintf(stderr, "shoal %s: job %lld %s: %s\n", cmd, (long long)json_integer_value(json_object_get(job, "id")),
+                json_string_value(json_object_get(job, "state")), json_string_value(json_object_get(job, "reason")));
+    return status;
+}
+
+int cli_ctl_wait_job(cli_ctl *x, int64_t id, json_t **job)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    double pause = 0.1;
+    for (;;) {
+        int rc = cli_ctl_call(x, "GET", path, NULL, NULL, job);
+        if (rc || cli_job_ended(*job)) return rc;
+        json_decref(*job);
+        *job = NULL;
+        sh_sleep(pause);
+        if (pause < 1) pause *= 1.5; /* quick for short jobs, one request a second for long ones */
+    }
+}
+
 /* A rank's output is another tenant's bytes on the admin's terminal:
  * escape sequences in it can retitle the window, write the clipboard
  * (OSC 52), redraw the screen or, on some terminals, answer with text the

@@ -42,6 +42,19 @@ struct srv_config;
 extern const struct option cli_server_opts[];
 int cli_server_opt(int c, const char *v, struct srv_config *cfg, const char *cmd);
 void cli_server_done(struct srv_config *cfg);
+/* The exit status a script gets for an ended job (submit --wait, logs -f):
+ * 0 if it succeeded, its exit code (1..255) if a rank failed with one, 1
+ * if it failed without one (a lost node, its time limit) or was cancelled. */
+int cli_job_status(const json_t *job);
+/* Polls GET /v1/jobs/ID until the job has ended; *job (caller owns) gets
+ * its last JSON.  Returns 0, or 1 after printing the failed request. */
+int cli_ctl_wait_job(cli_ctl *x, int64_t id, json_t **job);
+/* Whether a job's JSON says it has ended (succeeded, failed, cancelled). */
+int cli_job_ended(const json_t *job);
+/* Prints "shoal CMD: job ID STATE: REASON" to stderr for a job that did not
+ * succeed (nothing for one that did), and returns cli_job_status(job). */
+int cli_job_report(const char *cmd, const json_t *job);
+
 /* Appends in[0..n) to out with every byte a terminal would act on, other
  * than newline, tab and the CR of "\r\n", shown in a visible form (C0 and
  * DEL as "^[", "^M", "^?"; C1 controls as "\u009b"): for another tenant's

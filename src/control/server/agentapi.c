@@ -103,13 +103,49 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     return SH_OK;
 }
 
+/* The last lines of member m's output (up to three, control characters
+ * shown as spaces), for a failure's reason; "" when it printed nothing. */
+static void last_lines(const srv_member *m, char *out, size_t cap)
+{
+    int end = m->tail_len, start, lines = 0;
+    while (end > 0 && (m->tail[end - 1] == '\n' || m->tail[end - 1] == '\r' || m->tail[end - 1] == ' ')) end--;
+    for (start = end; start > 0; start--)
+        if (m->tail[start - 1] == '\n' && ++lines == 3) break;
+    size_t k = 0;
+    for (int i = start; i < end && k + 4 < cap; i++) {
+        unsigned char c = (unsigned char)m->tail[i];
+        if (c == '\n') {
+            if (k && out[k - 1] != ' ') out[k++] = ' ';
+            out[k++] = '|', out[k++] = ' ';
+        } else out[k++] = c < 0x20 || c == 0x7f ? ' ' : (char)c;
+    }
+    out[k] = 0;
+}
+
+/* The failed member to blame: the one whose agent saw it exit first (its
+ * server-side end time when the agent did not say), ties to the lower rank. */
+static int first_failed(const srv_job *j)
+{
+    int best = -1;
+    double bt = 0;
+    for (int i = 0; i < j->nmem; i++) {
+        const srv_member *m = &j->mem[i];
+        if (m->state != M_EXITED || m->exit_code == 0) continue;
+        double t = m->t_exit > 0 ? m->t_exit : m->t_end;
+        if (best < 0 || t < bt) best = i, bt = t;
+    }
+    return best;
+}
+
 /* Checks whether a job moved on after a member changed: the barrier opens
  * when every member of a gang is ready, the job runs when every member runs,
- * and it ends with its first failing member or its last member. */
-static int job_eval(srv *s, srv_job *j)
+ * and it ends with its first failing member (once the others have ended or
+ * SRV_FAIL_SETTLE_S has passed) or its last member. */
+int srv__job_eval(srv *s, srv_job *j)
 {
     if (j->state != J_STARTING && j->state != J_RUNNING) return SH_OK;
-    int live = 0, ready = 0, running = 0, ok = 0, failed = -1;
+    int live = 0, ready = 0, running = 0, ok = 0;
+    double failed_at = 0;
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
         if (m->state <= M_RUNNING) {
@@ -119,13 +155,17 @@ static int job_eval(srv *s, srv_job *j)
         }
         if (m->state == M_EXITED) {
             ok += m->exit_code == 0;
-            if (m->exit_code != 0 && failed < 0) failed = i;
+            if (m->exit_code != 0 && (failed_at == 0 || m->t_end < failed_at)) failed_at = m->t_end;
         }
     }
-    if (failed >= 0) {
-        char r[128];
-        snprintf(r, sizeof r, "rank %d exited with status %d", j->mem[failed].rank, j->mem[failed].exit_code);
-        return srv__finish(s, j, J_FAILED, j->mem[failed].exit_code, r);
+    if (failed_at > 0) {
+        if (live && sh_now_wall() - failed_at < SRV_FAIL_SETTLE_S) return SH_OK; /* srv__settle_failures */
+        const srv_member *f = &j->mem[first_failed(j)];
+        char r[sizeof j->reason], tail[400];
+        last_lines(f, tail, sizeof tail);
+        snprintf(r, sizeof r, "rank %d exited with status %d%s%s", f->rank, f->exit_code,
+                 *tail ? "; its last lines: " : "", tail);
+        return srv__finish(s, j, J_FAILED, f->exit_code, r);
     }
     if (live == 0 && ok > 0) return srv__finish(s, j, J_SUCCEEDED, 0, "every rank exited with status 0");
     int changed = 0;
@@ -194,6 +234,21 @@ static srv_tlog *tenant_log(srv *s, const char *tenant)
  * fill the disk as well.  The append that reaches a limit keeps what fits,
  * cut at a character, and says so in the log (and, for the tenant's, in an
  * event of the job); later output is dropped. */
+/* Keeps the last bytes of a member's output in memory (srv_member.tail). */
+static void tail_keep(srv_member *m, const char *data, size_t len)
+{
+    const size_t cap = sizeof m->tail;
+    if (len >= cap) {
+        memcpy(m->tail, data + len - cap, cap);
+        m->tail_len = (int)cap;
+        return;
+    }
+    size_t keep = (size_t)m->tail_len + len > cap ? cap - len : (size_t)m->tail_len;
+    memmove(m->tail, m->tail + m->tail_len - keep, keep);
+    memcpy(m->tail + keep, data, len);
+    m->tail_len = (int)(keep + len);
+}
+
 static void log_append(srv *s, srv_job *j, int rank, const char *data, size_t len)
 {
     char path[4200], note[300];
@@ -240,6 +295,7 @@ static void log_append(srv *s, srv_job *j, int rank, const char *data, size_t le
         return;
     }
     j->log_checked |= bit;
+    if (rank < j->nmem) tail_keep(&j->mem[rank], data, len);
 }
 
 static void log_note(srv *s, srv_job *j, int rank, const char *fmt, ...)
@@ -270,6 +326,7 @@ static int forged(srv *s, int idx, const srv_job *j, int rank, const char *what)
 static int apply_report(srv *s, int idx, const json_t *r)
 {
     int64_t id = 0, attempt = 0, rank = -1, code = -1, disk = 0;
+    double ended = 0;
     const char *st = "";
     SH_TRY(sh_json_get_i64(r, "job", 1, "poll: member", &id));
     SH_TRY(sh_json_get_i64(r, "attempt", 1, "poll: member", &attempt));
@@ -277,6 +334,7 @@ static int apply_report(srv *s, int idx, const json_t *r)
     SH_TRY(sh_json_get_str(r, "state", 1, "poll: member", &st));
     SH_TRY(sh_json_get_i64(r, "exit_code", 0, "poll: member", &code));
     SH_TRY(sh_json_get_i64(r, "disk_bytes", 0, "poll: member", &disk));
+    SH_TRY(sh_json_get_num(r, "ended_at", 0, "poll: member", &ended));
     srv_job *j = srv__job(s, id);
     /* Reports about members the server no longer wants are stale: the
      * desired list in the reply tells the agent to stop them. */
@@ -293,11 +351,24 @@ static int apply_report(srv *s, int idx, const json_t *r)
     } else if (!strcmp(st, "exited")) {
         if (m->state < M_RUNNING) m->t_start = 0;
         SH_TRY(srv__member_end(s, j, m, M_EXITED, (int)code));
+        /* The agent's clock orders failures (first_failed); a time far
+         * from the server's is ignored. */
+        m->t_exit = ended > m->t_end - 600 && ended < m->t_end + 600 ? ended : 0;
         SH_TRY(srv__db_event(s, id, s->nodes[idx].name, "exited", "rank %d exited with status %d",
                              (int)rank, (int)code));
     } else return SH_OK;
-    SH_TRY(srv__db_members(s, j));
-    return job_eval(s, j);
+    return srv__db_members(s, j); /* srv__agent_poll evaluates the job after the poll's output */
+}
+
+int srv__settle_failures(srv *s)
+{
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        int failed = 0;
+        for (int i = 0; j && i < j->nmem; i++) failed |= j->mem[i].state == M_EXITED && j->mem[i].exit_code != 0;
+        if (failed) SH_TRY(srv__job_eval(s, j));
+    }
+    return SH_OK;
 }
 
 int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap)
@@ -411,6 +482,14 @@ static json_t *member_env(srv *s, srv_job *j, const srv_member *m)
         if (m->gpu_mask & (1ull << i)) sh_buf_printf(&g, "%s%d", g.len ? "," : "", i);
     json_object_set_new(env, "CUDA_VISIBLE_DEVICES", json_string(g.data ? (char *)g.data : ""));
     sh_buf_free(&g);
+    /* Debian 12's torch 1.13 torchrun cannot parse its own default
+     * `--redirects 0` (AttributeError on NoneType): these make a plain
+     * `torchrun train.py` start there; newer PyTorch reads them as asked
+     * (workers' output prefixed "[default0]:").  A job's env may override. */
+    srv__run_env(s, j, env); /* SHOAL_RUN, SHOAL_RUN_SECRET, SHOAL_RUN_TOKEN (runs.c) */
+    static const char *const torch13[][2] = {{"PET_REDIRECTS", "1"}, {"PET_TEE", "1"}};
+    for (int k = 0; k < 2; k++)
+        if (!json_object_get(user, torch13[k][0])) json_object_set_new(env, torch13[k][0], json_string(torch13[k][1]));
     return env;
 }
 
@@ -432,8 +511,8 @@ static json_t *desired(srv *s, int idx)
              * its own, the same for all of one tenant's members. */
             json_object_set_new(d, "uid", json_integer(json_integer_value(json_object_get(s->tenant_num, j->tenant))));
             json_object_set_new(d, "gpus", json_integer(j->gpus_per_node));
-            const char *extra[] = {"writable", "memory_mb", "pids_max", "disk_mb"};
-            for (int k = 0; k < 4; k++) {
+            const char *extra[] = {"writable", "memory_mb", "pids_max", "disk_mb", "workdir"};
+            for (int k = 0; k < 5; k++) {
                 json_t *v = json_object_get(j->spec, extra[k]);
                 if (v) json_object_set(d, extra[k], v);
             }
@@ -487,6 +566,11 @@ int srv__agent_poll(srv *s, int idx, json_t *b, json_t **reply)
     json_array_foreach(mem, i, r) if (rc == SH_OK) rc = apply_report(s, idx, r);
     json_t *logs = json_object_get(b, "logs");
     if (rc == SH_OK && json_is_array(logs)) rc = apply_logs(s, idx, logs);
+    /* After the output, so that a failure's reason holds its last lines. */
+    json_array_foreach(mem, i, r) {
+        srv_job *j = srv__job(s, json_integer_value(json_object_get(r, "job")));
+        if (rc == SH_OK && j) rc = srv__job_eval(s, j);
+    }
     if (rc == SH_OK) rc = srv__seam_prebill(s);
     if (rc == SH_OK) rc = srv__db_commit(s);
     if (rc < 0) srv__db_rollback(s);

@@ -96,6 +96,10 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     r->job = NULL; /* parsed and validated before the lock was taken */
     if (!j) return sh_err(SH_EINTERNAL, "submit without a parsed job");
     int rc = check_writable(s, j);
+    const char *wd = json_string_value(json_object_get(j->spec, "workdir"));
+    if (rc == SH_OK && wd && !srv__workdir_exists(s, j->tenant, wd))
+        rc = sh_err(SH_EINVAL, "job: field \"workdir\": tenant %s uploaded no work dir %s (`shoal submit --workdir DIR`"
+                               " uploads it first)", j->tenant, wd);
     if (rc < 0) {
         srv__job_free(j);
         return rc;
@@ -157,7 +161,10 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     j->state = J_PENDING;
     j->t_submit = sh_now_wall();
     SH_TRY(srv__job_add(s, j));
+    srv_new_run nr = {0};
     rc = srv__db_begin(s);
+    if (rc == SH_OK) rc = srv__run_prepare(s, j, &nr);
+    if (rc == SH_OK && nr.create) rc = srv__db_run(s, nr.tenant, nr.run, nr.secret, nr.token);
     if (rc == SH_OK) rc = srv__db_job(s, j);
     if (rc == SH_OK) rc = srv__db_event(s, j->id, NULL, "submitted", "%s by %s", j->name, j->tenant);
     if (rc == SH_OK) rc = srv__db_commit(s);
@@ -171,6 +178,7 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
         srv__job_free(j);
         return rc;
     }
+    srv__run_commit(s, &nr); /* durable now: its ranks get its secret and token */
     s->submits++;
     srv__changed(s);
     *status = 201;
@@ -509,16 +517,34 @@ int srv__presubmit(const srv_config *cfg, srv_req *r)
     return rc;
 }
 
+/* /v1/runs/ (runs.c), with the write of a published service here. */
+static int run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply)
+{
+    srv_run_put put;
+    int rc = srv__run_routes(s, r, rest, status, reply, &put);
+    if (rc < 0 || !put.put) return rc;
+    rc = srv__db_begin(s);
+    if (rc == SH_OK) rc = srv__db_run_service(s, put.tenant, put.run, put.name, json_string_value(put.value), 0);
+    if (rc == SH_OK) rc = srv__db_commit(s);
+    else srv__db_rollback(s);
+    if (rc == SH_OK) srv__run_set(s, &put, reply);
+    json_decref(put.value);
+    return rc;
+}
+
 int srv__handle(srv *s, srv_req *r, int *status, json_t **reply)
 {
     const char *p = r->path;
     int get = !strcmp(r->method, "GET");
     *status = 200;
     if (!strncmp(p, "/v1/agent/", 10)) return agent_routes(s, r, reply);
-    if (r->role != ROLE_ADMIN && r->role != ROLE_TENANT)
+    if (r->role == ROLE_RUN && strncmp(p, "/v1/runs/", 9))
+        return sh_err(SH_EPERM, "%s: a run token (SHOAL_RUN_TOKEN) only reaches /v1/runs/%s/", p, r->run);
+    if (r->role != ROLE_ADMIN && r->role != ROLE_TENANT && r->role != ROLE_RUN)
         return sh_err(SH_EPERM, "%s: the agent token and node credentials only reach /v1/agent/", p);
     if (!(!strcmp(p, "/v1/jobs") && get) && strncmp(p, "/v1/jobs/", 9) && strcmp(p, "/v1/events"))
         SH_TRY(query_only(r, NULL));
+    if (!strncmp(p, "/v1/runs/", 9)) return run_routes(s, r, p + 9, status, reply);
     if (!strcmp(p, "/v1/jobs")) {
         if (!strcmp(r->method, "POST")) return submit(s, r, status, reply);
         if (get) return list_jobs(s, r, reply);

@@ -7,6 +7,9 @@
 
 #include <errno.h>
 #include <math.h>
+
+#include <fcntl.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <nettle/sha2.h>
@@ -19,6 +22,13 @@
 typedef struct conn_ctx {
     sh_buf body;
     int too_big;
+    /* POST /v1/workdirs: the body streams to a file (workdir.c), after the
+     * token is checked; upload_err says why it was refused. */
+    int upload;
+    srv_upload up;
+    const char *tenant;
+    char upload_err[300];
+    int upload_status;
 } conn_ctx;
 
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type,
@@ -120,8 +130,13 @@ static int authenticate(srv *s, struct MHD_Connection *c, srv_req *r, const char
     r->node = -1;
     for (int i = 0; i < s->nnodes && r->node < 0; i++)
         if (s->nodes[i].cred[0] && hash_eq(tok, s->nodes[i].cred)) r->node = i;
+    /* A run's token (runs.c), kept in plain because the server hands it to
+     * each new rank of the run; the strings it points at live as long as the
+     * server (runs are never removed). */
+    int run = r->node < 0 && !strncmp(h + 7, "run-", 4) && srv__run_token(s, h + 7, &r->tenant, &r->run);
     pthread_mutex_unlock(&s->mu);
     if (r->node >= 0) return r->role = ROLE_NODE;
+    if (run) return r->role = ROLE_RUN;
     *err = "unknown bearer token (check --token / SHOAL_TOKEN against the server's tokens file)";
     return -1;
 }
@@ -231,6 +246,8 @@ static enum MHD_Result standby_reply(srv *s, struct MHD_Connection *c, const cha
     return r;
 }
 
+static enum MHD_Result serve_workdir(srv *s, struct MHD_Connection *c, const srv_req *r);
+
 static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *url, const char *method,
                                 conn_ctx *ctx)
 {
@@ -257,6 +274,7 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
     if (!r.body) r.body = "";
     const char *err = NULL;
     if (authenticate(s, c, &r, &err) < 0) return send_error(s, c, 401, err);
+    if (!strcmp(url, "/v1/agent/workdir") && !strcmp(method, "GET")) return serve_workdir(s, c, &r);
     if (r.idem_header && !srv__idem_valid(r.idem_header))
         return send_error(s, c, 400, "header Idempotency-Key: expected 1 to 127 printable ASCII characters"
                                      " (letters, digits, punctuation; no spaces)");
@@ -284,6 +302,85 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
     return send_json(s, c, status, reply ? reply : json_object());
 }
 
+/* ---- work-dir uploads and downloads (workdir.c) ---------------------------- */
+
+static enum MHD_Result upload_start(srv *s, struct MHD_Connection *c, conn_ctx *ctx, const char *cl)
+{
+    ctx->upload = 1;
+    ctx->up.fd = -1;
+    srv_req r = {.role = ROLE_NONE, .node = -1};
+    const char *err = NULL;
+    uint64_t max = s->cfg.workdir_max;
+    if (authenticate(s, c, &r, &err) < 0) {
+        ctx->upload_status = 401;
+        snprintf(ctx->upload_err, sizeof ctx->upload_err, "%s", err);
+    } else if (r.role != ROLE_TENANT && r.role != ROLE_ADMIN) {
+        ctx->upload_status = 403;
+        snprintf(ctx->upload_err, sizeof ctx->upload_err, "/v1/workdirs: only tenants and the admin upload work dirs");
+    } else if (cl && strtoull(cl, NULL, 10) > max) {
+        ctx->upload_status = 413;
+        snprintf(ctx->upload_err, sizeof ctx->upload_err, "work dir: %s bytes, over the server's limit of %llu bytes",
+                 cl, (unsigned long long)max);
+    } else if (srv__upload_begin(s, &ctx->up) < 0) {
+        ctx->upload_status = 500;
+        snprintf(ctx->upload_err, sizeof ctx->upload_err, "%s", sh_errmsg());
+    }
+    ctx->tenant = r.tenant ? r.tenant : "admin";
+    return MHD_YES;
+}
+
+static void upload_chunk(srv *s, conn_ctx *ctx, const char *data, size_t n)
+{
+    if (ctx->upload_status) return; /* refused: the rest is read and dropped */
+    if (ctx->up.bytes + n > s->cfg.workdir_max) {
+        ctx->upload_status = 413;
+        snprintf(ctx->upload_err, sizeof ctx->upload_err, "work dir: over the server's limit of %llu bytes",
+                 (unsigned long long)s->cfg.workdir_max);
+    } else if (srv__upload_write(&ctx->up, data, n) < 0) {
+        ctx->upload_status = 500;
+        snprintf(ctx->upload_err, sizeof ctx->upload_err, "%s", sh_errmsg());
+    }
+    if (ctx->upload_status) srv__upload_abort(&ctx->up);
+}
+
+static enum MHD_Result upload_done(srv *s, struct MHD_Connection *c, conn_ctx *ctx)
+{
+    if (ctx->upload_status) return send_error(s, c, ctx->upload_status, ctx->upload_err);
+    json_t *reply = NULL;
+    int rc = srv__upload_commit(s, &ctx->up, ctx->tenant, &reply);
+    if (rc < 0) return send_error(s, c, rc == SH_ERANGE ? 429 : rc == SH_EFORMAT ? 400 : 500, sh_errmsg());
+    return send_json(s, c, 201, reply);
+}
+
+/* GET /v1/agent/workdir?job=ID: the archive, streamed from its file. */
+static enum MHD_Result serve_workdir(srv *s, struct MHD_Connection *c, const srv_req *r)
+{
+    if (r->role != ROLE_NODE) return send_error(s, c, 403, "/v1/agent/workdir: needs a node's credential");
+    const char *q = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "job");
+    int64_t job = 0;
+    if (!q || sh_parse_i64(q, &job, "job") < 0) return send_error(s, c, 400, "/v1/agent/workdir: expected ?job=ID");
+    char path[4300];
+    pthread_mutex_lock(&s->mu);
+    int rc = srv__workdir_for_node(s, r->node, job, path, sizeof path);
+    char msg[400];
+    if (rc < 0) snprintf(msg, sizeof msg, "%s", sh_errmsg());
+    pthread_mutex_unlock(&s->mu);
+    if (rc < 0) return send_error(s, c, status_of(rc), msg);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        if (fd >= 0) close(fd);
+        return send_error(s, c, 404, "/v1/agent/workdir: the job's archive is gone from the server");
+    }
+    struct MHD_Response *resp = MHD_create_response_from_fd((uint64_t)st.st_size, fd);
+    if (!resp) return close(fd), MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "application/x-tar");
+    enum MHD_Result res = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    __atomic_fetch_add(&s->http_req[2], 1, __ATOMIC_RELAXED);
+    return res;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -294,7 +391,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(ctx = calloc(1, sizeof *ctx))) return MHD_NO;
         *con_cls = ctx;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (!strcmp(url, "/v1/workdirs") && !strcmp(method, "POST")) return upload_start(s, c, ctx, cl);
         if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) ctx->too_big = 1;
+        return MHD_YES;
+    }
+    if (ctx->upload) {
+        if (*upload_size) upload_chunk(s, ctx, upload, *upload_size);
+        else return upload_done(s, c, ctx);
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
@@ -311,6 +415,7 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MH
 {
     conn_ctx *ctx = *con_cls;
     if (!ctx) return;
+    if (ctx->upload) srv__upload_abort(&ctx->up); /* a no-op after a commit */
     sh_buf_free(&ctx->body);
     free(ctx);
     *con_cls = NULL;
@@ -682,6 +787,8 @@ int srv_start(const srv_config *cfg, srv **out)
     if (!s->cfg.bind_addr) s->cfg.bind_addr = "127.0.0.1";
     if (s->cfg.heartbeat_timeout <= 0) s->cfg.heartbeat_timeout = 3;
     if (!s->cfg.max_body) s->cfg.max_body = 1 << 20;
+    if (!s->cfg.workdir_max) s->cfg.workdir_max = SH_TAR_DEFAULT_LIMIT;
+    if (!s->cfg.workdir_quota) s->cfg.workdir_quota = SRV_WORKDIR_QUOTA;
     if (!s->cfg.max_log) s->cfg.max_log = SRV_MAX_LOG;
     if (!s->cfg.max_tenant_log) s->cfg.max_tenant_log = SRV_MAX_TENANT_LOG;
     if (!s->cfg.max_queued) s->cfg.max_queued = SRV_MAX_QUEUED;
@@ -773,6 +880,7 @@ void srv_stop(srv *s)
     json_decref(s->prio_max);
     free(s->tlog);
     json_decref(s->tenant_num);
+    json_decref(s->runs);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->lead_mu);
     pthread_cond_destroy(&s->cv);
