@@ -29,11 +29,14 @@ static void db__name(srv *s)
     if (pw) snprintf(pw, sizeof s->db_name - (size_t)(pw - s->db_name), "password=***");
 }
 
+static int db__hash_creds(srv *s);
+
 int srv__db_open(srv *s)
 {
     db__name(s);
     s->store = srv__store_is_pg(s->cfg.db_path) ? &srv__store_pg : &srv__store_sqlite;
-    return s->store->open(s);
+    SH_TRY(s->store->open(s));
+    return db__hash_creds(s);
 }
 
 int srv__db_begin(srv *s) { return s->store->begin(s); }
@@ -82,6 +85,41 @@ static int db__query(srv *s, const char *sql, const char *types, srv_row_fn fn, 
 #define COL_T(r, i) s->store->text(r, i)
 #define COL_I(r, i) s->store->i64(r, i)
 #define COL_D(r, i) s->store->dbl(r, i)
+
+static int db__plain_cred(srv *s, srv_row *r, void *arg)
+{
+    const char *cred = COL_T(r, 1);
+    if (cred[0] && !srv__is_hash(cred)) json_object_set_new(arg, COL_T(r, 0), json_string(cred));
+    return SH_OK;
+}
+
+/* Databases from before hashed credentials hold each node's credential as
+ * it was issued: each is replaced by its hash (srv__secret_hash), in one
+ * transaction, before the server answers anyone.  Plain SQL, the hash made
+ * here, so both engines run it. */
+static int db__hash_creds(srv *s)
+{
+    json_t *plain = json_object();
+    if (!plain) return sh_err(SH_ENOMEM, "%s: node credentials", s->db_name);
+    int rc = db__query(s, "SELECT name, cred FROM nodes", "", db__plain_cred, plain);
+    if (rc == SH_OK && json_object_size(plain)) {
+        rc = s->store->begin(s);
+        const char *name;
+        json_t *v;
+        json_object_foreach(plain, name, v) if (rc == SH_OK) {
+            char h[SRV_HASH_LEN];
+            srv__secret_hash(json_string_value(v), h);
+            rc = db__run(s, "UPDATE nodes SET cred=$1 WHERE name=$2", "tt", h, name);
+        }
+        if (rc == SH_OK) rc = s->store->commit(s);
+        else if (s->store->in_tx(s)) s->store->rollback(s);
+        if (rc == SH_OK)
+            sh_info("%s: %zu node credential(s) stored as given were replaced by their hashes", s->db_name,
+                    json_object_size(plain));
+    }
+    json_decref(plain);
+    return rc;
+}
 
 int srv__db_node(srv *s, const srv_node *n)
 {
@@ -241,8 +279,55 @@ static int db__row_job(srv *s, srv_row *r, void *arg)
     return srv__job_add(s, j);
 }
 
+int srv__db_run(srv *s, const char *tenant, const char *name, const char *secret, const char *token)
+{
+    return db__run(s, "INSERT INTO runs(tenant, name, secret, token, t) VALUES($1,$2,$3,$4,$5)", "ttttd", tenant,
+                   name, secret, token, sh_now_wall());
+}
+
+int srv__db_run_service(srv *s, const char *tenant, const char *run, const char *name, const char *value, int64_t job)
+{
+    return db__run(s, "INSERT INTO run_services(tenant, run, name, value, job, t) VALUES($1,$2,$3,$4,$5,$6)"
+                      " ON CONFLICT(tenant, run, name) DO UPDATE SET value=excluded.value, job=excluded.job,"
+                      " t=excluded.t",
+                   "ttttid", tenant, run, name, value, job, sh_now_wall());
+}
+
+/* The entries' layout is runs.c's (srv__run_put); built here so that
+ * loading calls nothing above the database.  An entry already in memory
+ * is kept: a request may hold pointers into it. */
+static int db__row_run(srv *s, srv_row *r, void *arg)
+{
+    char k[256];
+    snprintf(k, sizeof k, "%s\n%s", COL_T(r, 0), COL_T(r, 1));
+    if (json_object_get(s->runs, k)) return SH_OK;
+    json_object_set_new(s->runs, k, json_pack("{s:s,s:s,s:s,s:s,s:o}", "tenant", COL_T(r, 0), "run", COL_T(r, 1),
+                                              "secret", COL_T(r, 2), "token", COL_T(r, 3), "services",
+                                              json_object()));
+    return SH_OK;
+}
+
+static int db__row_run_service(srv *s, srv_row *r, void *arg)
+{
+    char k[256];
+    snprintf(k, sizeof k, "%s\n%s", COL_T(r, 0), COL_T(r, 1));
+    json_t *run = json_object_get(s->runs, k);
+    if (run) json_object_set_new(json_object_get(run, "services"), COL_T(r, 2), json_string(COL_T(r, 3)));
+    return SH_OK;
+}
+
+/* Every run and its services into s->runs (runs.c). */
+static int db__load_runs(srv *s)
+{
+    if (!s->runs) s->runs = json_object();
+    if (!s->runs) return sh_err(SH_ENOMEM, "%s: runs", s->db_name);
+    SH_TRY(db__query(s, "SELECT tenant, name, secret, token FROM runs", "", db__row_run, NULL));
+    return db__query(s, "SELECT tenant, run, name, value FROM run_services", "", db__row_run_service, NULL);
+}
+
 int srv__db_load(srv *s)
 {
+    SH_TRY(db__load_runs(s));
     int pg = s->store == &srv__store_pg;
     SH_TRY(db__query(s, pg ? "SELECT name, gpu_type, gpus, zone, fabric, addr, price, state, from_provider,"
                              " sandbox, cred FROM nodes ORDER BY ord"

@@ -51,11 +51,16 @@ static const char *const migrations[] = {
     "  IF (SELECT epoch FROM shoal_leader WHERE id = 1) <> e THEN"
     "    RAISE EXCEPTION 'shoal: the leader of epoch % has been deposed: this server may not write', e;"
     "  END IF; END $f$ LANGUAGE plpgsql;",
+    /* 2: a run's secret and its jobs' services (runs.c) */
+    "CREATE TABLE runs(tenant TEXT, name TEXT, secret TEXT, token TEXT, t DOUBLE PRECISION,"
+    " PRIMARY KEY(tenant, name));"
+    "CREATE TABLE run_services(tenant TEXT, run TEXT, name TEXT, value TEXT, job BIGINT,"
+    " t DOUBLE PRECISION, PRIMARY KEY(tenant, run, name));",
 };
 
 typedef struct pgc {
     PGconn *c;
-    const char *sql[32]; /* prepared statement i is named "s<gen>_<i>" */
+    const char *sql[64]; /* prepared statement i is named "s<gen>_<i>" */
     int nsql, gen;
     int pipe;    /* a transaction is open */
     int started; /* ... and its BEGIN was sent (libpq's pipeline mode) */

@@ -33,7 +33,11 @@ static const char *const schema =
     "CREATE TABLE IF NOT EXISTS ledger(id INTEGER PRIMARY KEY, tenant TEXT, job INTEGER,"
     " attempt INTEGER, rank INTEGER, node TEXT, gpu_type TEXT, gpus INTEGER, t_start REAL,"
     " t_end REAL, cost REAL, seconds REAL);"
-    "CREATE TABLE IF NOT EXISTS tenants(name TEXT PRIMARY KEY, num INTEGER UNIQUE);";
+    "CREATE TABLE IF NOT EXISTS tenants(name TEXT PRIMARY KEY, num INTEGER UNIQUE);"
+    "CREATE TABLE IF NOT EXISTS runs(tenant TEXT, name TEXT, secret TEXT, token TEXT, t REAL,"
+    " PRIMARY KEY(tenant, name));"
+    "CREATE TABLE IF NOT EXISTS run_services(tenant TEXT, run TEXT, name TEXT, value TEXT, job INTEGER,"
+    " t REAL, PRIMARY KEY(tenant, run, name));";
 
 /* Columns added since the first schema: a database written before them
  * gets them (NULL in old rows, which readers treat as unknown). */
@@ -45,7 +49,7 @@ static const char *const added[][3] = {
 
 typedef struct sq {
     sqlite3 *db;
-    struct { const char *sql; sqlite3_stmt *st; } stmts[24];
+    struct { const char *sql; sqlite3_stmt *st; } stmts[64];
     int nstmts;
 } sq;
 
