@@ -24,6 +24,7 @@
 #include <libpq-fe.h>
 
 #include "cli/cli_int.h"
+#include "shoal/client.h"
 #include "shoal/server.h"
 
 const char cli_bench_help_control[] = "control plane: gang start latency, submits/s, 10k-node cycle [--json]";

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "shoal/common.h"
+#include "shoal/client.h"
 #include "shoal/server.h"
 
 static srv *S;

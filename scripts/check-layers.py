@@ -38,10 +38,12 @@ ALLOWED = {
     'rl': {'nn', 'delta', 'ckpt', 'net'},
     'sim': {'sched', 'push'},
     'server': {'sched'},
-    'agent': {'server'},          # the agent talks to the server through its client
-    'fleet': {'server'},          # a local fleet: the server here, agents as processes
-    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched', 'server', 'fleet', 'net'},
-    'cli': {'common', 'net', 'sched', 'sim', 'server', 'agent', 'ckpt', 'delta', 'store',
+    'client': set(),              # the HTTP client of the server's API, not the server
+    'agent': {'client'},          # the agent talks to the server through the client
+    'fleet': {'server', 'client'},  # a local fleet: the server here, agents as processes
+    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched', 'server', 'client',
+                'fleet', 'net'},
+    'cli': {'common', 'net', 'sched', 'sim', 'server', 'client', 'agent', 'ckpt', 'delta', 'store',
             'push', 'nn', 'rl', 'mainjob', 'fleet'},
 }
 ALLOWED['bench'] = ALLOWED['cli'] | {'cli'}
@@ -71,9 +73,11 @@ LAYERS = {
     ],
 }
 HEADER_COMP = {'common': 'common', 'fleetfile': 'common', 'sched': 'sched', 'sim': 'sim',
-               'server': 'server', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
+               'server': 'server', 'client': 'client', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
                'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl', 'net': 'net', 'fleet': 'fleet'}
-PREFIX_COMP = {'net_': 'net', 'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
+# srv_client_ (the client's functions, named before it left the server) is
+# matched before srv_.
+PREFIX_COMP = {'srv_client_': 'client', 'net_': 'net', 'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
                'ckpt_': 'ckpt', 'delta_': 'delta', 'store_': 'store', 'bcast_': 'push',
                'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob', 'fleet_': 'fleet'}
 FOLDER_COMP = {'engine': 'rl'}
@@ -185,7 +189,7 @@ def main():
             if dep is not None and dep not in ok:
                 bad.append(f'{f}:{n}: includes {inc}: {me} may not use {dep}')
         own = set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)) & local_defs[f]
-        for m in re.finditer(r'\b((?:net|sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj|fleet)_)[a-z0-9_]*\s*\(', code):
+        for m in re.finditer(r'\b((?:srv_client|net|sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj|fleet)_)[a-z0-9_]*\s*\(', code):
             dep = PREFIX_COMP[m.group(1)]
             if m.group(0)[:-1].strip() in own:
                 continue

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include "testutil.h"
+#include "shoal/client.h"
 #include "shoal/server.h"
 
 /* Tokens every test fleet uses. */

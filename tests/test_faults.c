@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "shoal/ckpt.h"
+#include "shoal/client.h"
 #include "shoal/server.h"
 #include "shoal/store.h"
 

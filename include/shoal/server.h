@@ -11,8 +11,7 @@
  * Specs: docs/server-api.md (HTTP endpoints), docs/job-format.md (job files),
  * docs/agent-protocol.md (what agents send and receive).
  *
- * This header also holds the small HTTP/1.1 client the command line, the
- * agents and the benchmark use to talk to a server (srv_client_*). */
+ * The HTTP/1.1 client that talks to a server is shoal/client.h. */
 #ifndef SHOAL_SERVER_H
 #define SHOAL_SERVER_H
 
@@ -125,26 +124,6 @@ double srv_cycle_for_bench(srv *s);
 /* Registers `n` nodes that no agent backs (for the benchmark only): they
  * never poll, so they stay alive only while heartbeat_timeout is long. */
 int srv_add_bench_nodes(srv *s, int n, const char *gpu_type, int gpus);
-
-/* ---- client ----------------------------------------------------------- */
-
-typedef struct srv_client srv_client;
-
-/* `url` is "http://host:port" (a trailing slash is ignored); `token` may be
- * NULL.  The connection is opened lazily and kept alive across requests. */
-int srv_client_new(const char *url, const char *token, srv_client **out);
-void srv_client_free(srv_client *c);
-/* Sends one request.  `body` (may be NULL) is sent as JSON; *status gets the
- * HTTP status and *reply the parsed JSON body (NULL if the body was not
- * JSON; caller owns it).  Transport failures return SH_EIO naming the URL;
- * an HTTP error status is not a failure here.  `extra_header` (may be NULL)
- * is one "Name: value" line. */
-int srv_client_call(srv_client *c, const char *method, const char *path, const json_t *body,
-                    const char *extra_header, double timeout_s, int *status, json_t **reply);
-/* Like srv_client_call, returning the raw reply body (caller frees). */
-int srv_client_raw(srv_client *c, const char *method, const char *path, const char *body,
-                   size_t body_len, const char *extra_header, double timeout_s, int *status,
-                   char **reply, size_t *reply_len);
 
 #ifdef __cplusplus
 }

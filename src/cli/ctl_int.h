@@ -2,6 +2,7 @@
 #ifndef SHOAL_CLI_CTL_H
 #define SHOAL_CLI_CTL_H
 
+#include "shoal/client.h"
 #include "shoal/server.h"
 
 typedef struct cli_ctl {

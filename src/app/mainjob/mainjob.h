@@ -19,6 +19,7 @@
 
 #include "shoal/common.h"
 #include "shoal/rl.h"
+#include "shoal/client.h"
 #include "shoal/server.h"
 
 #pragma GCC visibility push(default)

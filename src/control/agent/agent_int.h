@@ -6,7 +6,7 @@
 
 #include "shoal/agent.h"
 #include "shoal/common.h"
-#include "shoal/server.h"
+#include "shoal/client.h"
 
 enum { AM_READY, AM_RUNNING, AM_EXITED };
 enum { SB_NONE, SB_BWRAP, SB_GVISOR };

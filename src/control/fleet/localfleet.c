@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "shoal/common.h"
+#include "shoal/client.h"
 #include "shoal/fleet.h"
 #include "shoal/fleetfile.h"
 

@@ -6,7 +6,7 @@
  * long polls and for the benchmark's load generator; a request that finds the
  * kept connection closed by the peer is retried once on a fresh one. */
 #include "shoal/common.h"
-#include "shoal/server.h"
+#include "shoal/client.h"
 
 #include <errno.h>
 #include <netdb.h>
