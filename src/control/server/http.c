@@ -1,5 +1,6 @@
 /* libmicrohttpd glue: request bodies, authentication, JSON errors, static
- * dashboard files, /metrics, and the scheduler thread.
+ * dashboard files and routing; starting and stopping the server.  The
+ * scheduler thread is loop.c, the /metrics text metrics.c.
  *
  * The daemon runs one thread per connection so that agents' long polls can
  * block in their handler without holding up anyone else. */
@@ -421,160 +422,6 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MH
     *con_cls = NULL;
 }
 
-/* ---- scheduler thread ----------------------------------------------------- */
-
-/* The core, the jobs and the nodes: what srv__db_load and srv__seam_init
- * build. */
-static void free_state(srv *s)
-{
-    if (s->sc) srv__seam_free(s);
-    s->sc = NULL;
-    s->dec = (sched_decisions){0};
-    s->bills_staged = 0;
-    s->nseam_queue = 0;
-    for (int64_t i = 1; i <= s->njobs; i++) srv__job_free(s->jobs[i]);
-    free(s->jobs);
-    free(s->active);
-    free(s->nodes);
-    s->jobs = NULL, s->active = NULL, s->nodes = NULL;
-    json_decref(s->idem_index);
-    s->idem_index = NULL;
-    s->njobs = s->cap_jobs = s->nactive = s->cap_active = 0;
-    s->nnodes = s->cap_nodes = 0;
-}
-
-/* After a scheduling cycle whose transaction did not commit.  The cycle
- * carried out its decisions in the core and in the server's memory (places,
- * members, the agents' desired lists), and the database holds none of
- * them: both are rebuilt from the database, as a restart would, before the
- * lock is released, so that no agent or client sees the undone cycle.  The
- * next cycle decides again.  The nodes keep their last poll, and each
- * node's desired list gets a new version, so that a waiting poll answers
- * with the list as the database has it.  A reload that fails leaves the
- * server without a state it can trust: it is marked failed (every request
- * gets 503, `shoal server` exits non-zero for its supervisor to restart it). */
-static int reload(srv *s, const char *why)
-{
-    int n = s->nnodes;
-    char (*names)[sizeof s->nodes[0].name] = n ? malloc((size_t)n * sizeof *names) : NULL;
-    double *seen = n ? malloc((size_t)n * sizeof *seen) : NULL;
-    uint64_t top = 0;
-    if (n && (!names || !seen)) {
-        free(names), free(seen);
-        return sh_err(SH_ENOMEM, "reloading the state");
-    }
-    for (int i = 0; i < n; i++) {
-        memcpy(names[i], s->nodes[i].name, sizeof names[i]);
-        seen[i] = s->nodes[i].last_seen;
-        if (s->nodes[i].version > top) top = s->nodes[i].version;
-    }
-    free_state(s);
-    s->reloading = 1;
-    int rc = srv__db_load(s);
-    if (rc == SH_OK) rc = srv__db_begin(s);
-    if (rc == SH_OK) {
-        rc = srv__seam_init(s);
-        if (rc == SH_OK)
-            rc = srv__db_event(s, 0, NULL, "cycle_undone",
-                               "a scheduling cycle could not commit (%s); its decisions were taken back"
-                               " and the state reloaded from the database", why);
-        if (rc == SH_OK) rc = srv__db_commit(s);
-        else srv__db_rollback(s);
-    }
-    s->reloading = 0;
-    for (int i = 0; rc == SH_OK && i < s->nnodes; i++) {
-        s->nodes[i].version = top + 1;
-        for (int k = 0; k < n; k++)
-            if (!strcmp(names[k], s->nodes[i].name)) s->nodes[i].last_seen = seen[k];
-    }
-    free(names);
-    free(seen);
-    if (rc < 0) {
-        snprintf(s->failed, sizeof s->failed, "the state could not be reloaded from the database after a"
-                                              " failed commit (%s): restart the server", sh_errmsg());
-        sh_warn("%s", s->failed);
-        free_state(s);
-    }
-    /* Waiting polls wake to the reloaded lists (or to the loss).  The next
-     * cycle comes with the timer, not at once: a disk that keeps failing is
-     * not retried every 2 ms. */
-    pthread_cond_broadcast(&s->cv);
-    return rc < 0 ? sh_err(SH_EIO, "%s", s->failed) : SH_OK;
-}
-
-static double cycle(srv *s)
-{
-    if (s->failed[0]) return SH_EIO;
-    double t0 = sh_now_mono();
-    if (!srv__lead_acting(s)) return SH_EAGAIN; /* the lease lapsed: decide nothing */
-    if (srv__db_begin(s) < 0) return SH_EIO;
-    int rc = srv__seam_step(s, t0);
-    if (rc == SH_OK) rc = srv__db_commit(s);
-    else srv__db_rollback(s);
-    if (rc < 0) {
-        /* The core decided and the server carried part or all of it out. */
-        char why[600];
-        snprintf(why, sizeof why, "%s", sh_errmsg());
-        sh_warn("scheduling cycle: %s; reloading the state from the database", why);
-        if (reload(s, why) == SH_OK) sh_err(SH_EIO, "scheduling cycle: %s (taken back)", why);
-    }
-    s->last_cycle_s = sh_now_mono() - t0;
-    if (rc == SH_OK && !s->t_first_cycle) s->t_first_cycle = sh_now_wall();
-    return rc < 0 ? rc : s->last_cycle_s;
-}
-
-static void *sched_main(void *arg)
-{
-    srv *s = arg;
-    pthread_mutex_lock(&s->mu);
-    double last = 0;
-    while (!s->stopping) {
-        double now = sh_now_mono();
-        srv__lead_renew(s, now);
-        if (s->cfg.manual_cycles) s->dirty = 0, last = now;
-        /* Run on every change, at most every 2 ms so that a burst of submits
-         * shares one cycle, and at least every 100 ms for heartbeats. */
-        if ((s->dirty && now - last >= 0.002) || now - last >= 0.1) {
-            s->dirty = 0;
-            last = now;
-            cycle(s);
-            srv__provider_tick(s, now);
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        if (s->dirty) {
-            /* Let the burst accumulate: release the lock for the rest of 2 ms. */
-            ts.tv_nsec -= 98 * 1000000L;
-            if (ts.tv_nsec < 0) {
-                ts.tv_sec--;
-                ts.tv_nsec += 1000000000L;
-            }
-        }
-        pthread_cond_timedwait(&s->sched_cv, &s->mu, &ts);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
-
-int srv__sched_start(srv *s)
-{
-    if (pthread_create(&s->sched_thread, NULL, sched_main, s)) return sh_err(SH_EIO, "cannot start the scheduler thread");
-    return SH_OK;
-}
-
-double srv_cycle_for_bench(srv *s)
-{
-    pthread_mutex_lock(&s->mu);
-    double t = cycle(s);
-    pthread_mutex_unlock(&s->mu);
-    return t;
-}
-
 /* ---- start and stop --------------------------------------------------------- */
 
 /* Tenant names become directory names, uids and filters: a name must be
@@ -835,8 +682,7 @@ int srv_start(const srv_config *cfg, srv **out)
         else srv__db_rollback(s);
     }
     if (rc == SH_OK) rc = start_http(s);
-    if (rc == SH_OK && pthread_create(&s->sched_thread, NULL, sched_main, s))
-        rc = sh_err(SH_EIO, "cannot start the scheduler thread");
+    if (rc == SH_OK) rc = srv__sched_start(s);
     if (rc < 0) {
         if (s->mhd) MHD_stop_daemon(s->mhd);
         s->mhd = NULL;
@@ -874,7 +720,7 @@ void srv_stop(srv *s)
     if (s->mhd) MHD_stop_daemon(s->mhd);
     if (s->db) srv__db_close(s);
     if (s->lock_fd >= 0) close(s->lock_fd);
-    free_state(s);
+    srv__free_state(s);
     json_decref(s->tokens);
     free(s->provider_token);
     json_decref(s->prio_max);
@@ -886,134 +732,6 @@ void srv_stop(srv *s)
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->sched_cv);
     free(s);
-}
-
-/* ---- metrics ------------------------------------------------------------------ */
-
-/* Histogram bounds in seconds: starts take milliseconds to a minute, waits
- * seconds to days. */
-static const double start_le[SRV_HBUCKETS] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
-static const double wait_le[SRV_HBUCKETS] = {1, 5, 15, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400};
-static const char *const size_label[SRV_SIZE_CLASSES] = {"1", "2-4", "5-16", "17-64", "65+"};
-
-int srv__size_class(int nodes)
-{
-    return nodes <= 1 ? 0 : nodes <= 4 ? 1 : nodes <= 16 ? 2 : nodes <= 64 ? 3 : 4;
-}
-
-static void observe(srv_hist *h, const double *le, double v)
-{
-    int i = 0;
-    while (i < SRV_HBUCKETS && v > le[i]) i++;
-    h->bucket[i]++, h->n++, h->sum += v < 0 ? 0 : v;
-}
-
-void srv__observe_start(srv *s, int nodes, double seconds)
-{
-    observe(&s->h_start[srv__size_class(nodes)], start_le, seconds);
-}
-
-void srv__observe_wait(srv *s, int nodes, double seconds)
-{
-    observe(&s->h_wait[srv__size_class(nodes)], wait_le, seconds);
-}
-
-static void print_hist(sh_buf *b, const char *name, const char *help, const srv_hist *h, const double *le)
-{
-    sh_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int c = 0; c < SRV_SIZE_CLASSES; c++) {
-        uint64_t cum = 0;
-        for (int i = 0; i <= SRV_HBUCKETS; i++) {
-            cum += h[c].bucket[i];
-            if (i < SRV_HBUCKETS)
-                sh_buf_printf(b, "%s_bucket{nodes=\"%s\",le=\"%g\"} %llu\n", name, size_label[c], le[i],
-                              (unsigned long long)cum);
-            else
-                sh_buf_printf(b, "%s_bucket{nodes=\"%s\",le=\"+Inf\"} %llu\n", name, size_label[c],
-                              (unsigned long long)cum);
-        }
-        sh_buf_printf(b, "%s_sum{nodes=\"%s\"} %.6f\n%s_count{nodes=\"%s\"} %llu\n", name, size_label[c], h[c].sum,
-                      name, size_label[c], (unsigned long long)h[c].n);
-    }
-}
-
-/* Per-tenant cost counters: the ledger's closed rows plus the core's open
- * places, which only grow (a place's open cost becomes its ledger row).
- * tenant NULL: every tenant; "": none (no token); else that tenant's. */
-static void print_costs(srv *s, sh_buf *b, const char *tenant)
-{
-    if (tenant && !*tenant) {
-        sh_buf_printf(b, "# shoal_cost_dollars_total and shoal_gpu_seconds_total need a token: the admin's for"
-                         " every tenant, a tenant's for its own\n");
-        return;
-    }
-    json_t *c = srv__costs(s, tenant);
-    const char *t, *g;
-    json_t *by, *v;
-    sh_buf_printf(b, "# HELP shoal_cost_dollars_total Dollars billed, by tenant and GPU type.\n"
-                     "# TYPE shoal_cost_dollars_total counter\n");
-    json_object_foreach(json_object_get(c, "by_tenant"), t, by) json_object_foreach(by, g, v)
-        sh_buf_printf(b, "shoal_cost_dollars_total{tenant=\"%s\",gpu_type=\"%s\"} %.6f\n", t, g,
-                      json_real_value(json_object_get(v, "dollars")));
-    sh_buf_printf(b, "# HELP shoal_gpu_seconds_total GPU-seconds billed, by tenant and GPU type.\n"
-                     "# TYPE shoal_gpu_seconds_total counter\n");
-    json_object_foreach(json_object_get(c, "by_tenant"), t, by) json_object_foreach(by, g, v)
-        sh_buf_printf(b, "shoal_gpu_seconds_total{tenant=\"%s\",gpu_type=\"%s\"} %.3f\n", t, g,
-                      json_real_value(json_object_get(v, "gpu_seconds")));
-    json_decref(c);
-}
-
-void srv__metrics(srv *s, sh_buf *b, const char *tenant)
-{
-    int nodes[3] = {0}, gpus = 0, used = 0;
-    for (int i = 0; i < s->nnodes; i++) {
-        nodes[s->nodes[i].state]++;
-        if (s->nodes[i].state == NODE_ALIVE) {
-            gpus += s->nodes[i].gpus;
-            used += srv__node_used(s, i);
-        }
-    }
-    int64_t jobs[J_NSTATES] = {0};
-    for (int64_t i = 1; i <= s->njobs; i++)
-        if (s->jobs[i]) jobs[s->jobs[i]->state]++;
-    static const char *const ns[] = {"alive", "dead", "gone"};
-    sh_buf_printf(b, "# HELP shoal_build_info The running server's version.\n# TYPE shoal_build_info gauge\n"
-                     "shoal_build_info{version=\"%s\"} 1\n", SHOAL_VERSION);
-    sh_buf_printf(b, "# HELP shoal_nodes Registered nodes by state.\n# TYPE shoal_nodes gauge\n");
-    for (int i = 0; i < 3; i++) sh_buf_printf(b, "shoal_nodes{state=\"%s\"} %d\n", ns[i], nodes[i]);
-    /* used + free = the GPUs of alive nodes, so sum(shoal_gpus) is the total. */
-    sh_buf_printf(b, "# HELP shoal_gpus GPUs on alive nodes, used and free.\n# TYPE shoal_gpus gauge\n"
-                     "shoal_gpus{state=\"used\"} %d\nshoal_gpus{state=\"free\"} %d\n", used, gpus - used);
-    sh_buf_printf(b, "# HELP shoal_jobs Jobs by state.\n# TYPE shoal_jobs gauge\n");
-    for (int i = 0; i < J_NSTATES; i++)
-        sh_buf_printf(b, "shoal_jobs{state=\"%s\"} %lld\n", srv__job_state_name(i), (long long)jobs[i]);
-    sh_buf_printf(b, "# HELP shoal_jobs_submitted_total Jobs accepted since the server started.\n"
-                     "# TYPE shoal_jobs_submitted_total counter\nshoal_jobs_submitted_total %llu\n"
-                     "# HELP shoal_jobs_rejected_total Jobs rejected as never fitting.\n"
-                     "# TYPE shoal_jobs_rejected_total counter\nshoal_jobs_rejected_total %llu\n"
-                     "# HELP shoal_agent_polls_total Agent polls served.\n"
-                     "# TYPE shoal_agent_polls_total counter\nshoal_agent_polls_total %llu\n"
-                     "# HELP shoal_sched_cycle_seconds Duration of the last scheduling cycle.\n"
-                     "# TYPE shoal_sched_cycle_seconds gauge\nshoal_sched_cycle_seconds %.6f\n",
-                  (unsigned long long)s->submits, (unsigned long long)s->rejects,
-                  (unsigned long long)s->polls, s->last_cycle_s);
-    sched_stats ss;
-    sched_stats_get(s->sc, &ss);
-    sh_buf_printf(b, "# HELP shoal_sched_jobs Jobs the scheduling core holds (queued or running).\n"
-                     "# TYPE shoal_sched_jobs gauge\nshoal_sched_jobs %zu\n"
-                     "# HELP shoal_sched_jobs_forgotten_total Ended jobs the core has dropped.\n"
-                     "# TYPE shoal_sched_jobs_forgotten_total counter\nshoal_sched_jobs_forgotten_total %llu\n",
-                  ss.queued + ss.running, (unsigned long long)ss.forgotten);
-    print_hist(b, "shoal_gang_start_seconds", "Seconds from placement to every rank running, by gang size in nodes.",
-               s->h_start, start_le);
-    print_hist(b, "shoal_queue_wait_seconds", "Seconds from submission to first placement, by gang size in nodes.",
-               s->h_wait, wait_le);
-    print_costs(s, b, tenant);
-    sh_buf_printf(b, "# HELP shoal_http_responses_total HTTP responses by status class.\n"
-                     "# TYPE shoal_http_responses_total counter\n");
-    for (int i = 2; i <= 5; i++)
-        sh_buf_printf(b, "shoal_http_responses_total{class=\"%dxx\"} %llu\n", i,
-                      (unsigned long long)__atomic_load_n(&s->http_req[i], __ATOMIC_RELAXED));
 }
 
 int srv_add_bench_nodes(srv *s, int n, const char *gpu_type, int gpus)

@@ -216,7 +216,7 @@ int64_t srv__db_idem(srv *s, const char *tenant, const char *key);
  * {"by_tenant": {tenant: {gpu_type: {dollars, gpu_seconds}}}, "total_dollars"}
  * (all tenants when tenant is NULL).  Caller holds s->mu and owns the result. */
 json_t *srv__costs(srv *s, const char *tenant);
-/* Metrics: the size class of a gang of n nodes, and recording one value. */
+/* metrics.c: the size class of a gang of n nodes, and recording one value. */
 int srv__size_class(int nodes);
 void srv__observe_start(srv *s, int nodes, double seconds);
 void srv__observe_wait(srv *s, int nodes, double seconds);
@@ -304,7 +304,10 @@ void srv__lead_wait(srv *s, double seconds); /* sleeps, cut short by srv_stop */
 void srv__lead_renew(srv *s, double now); /* scheduler thread, s->mu held */
 int srv__lead_acting(srv *s);             /* 1: it leads and its lease holds */
 json_t *srv__leader_json(srv *s);         /* GET /v1/leader */
-int srv__sched_start(srv *s);             /* http.c: starts the scheduler thread */
+
+/* loop.c: the scheduler thread */
+int srv__sched_start(srv *s);             /* starts the scheduler thread */
+void srv__free_state(srv *s);             /* frees the core, the jobs and the nodes */
 
 /* uploads.c: the archives jobs ship (POST /v1/workdirs, GET /v1/agent/workdir) */
 typedef struct srv_upload {
@@ -401,7 +404,7 @@ int srv__allow_applies(char **entry, const char *tenant);
 int srv__path_under(const char *path, const char *dir);
 int srv__presubmit(const srv_config *cfg, srv_req *r);
 int srv__handle(srv *s, srv_req *r, int *status, json_t **reply);
-/* Prometheus text; tenant: whose bills to show (NULL every tenant's, "" none). */
+/* metrics.c: the Prometheus text; tenant: whose bills to show (NULL every tenant's, "" none). */
 void srv__metrics(srv *s, sh_buf *out, const char *tenant);
 
 #endif
