@@ -158,6 +158,7 @@ def main():
     bad = []
     defs = {}          # function name -> file that defines it
     local_defs = collections.defaultdict(set)   # file -> names it defines
+    extern_defs = {}   # function name -> file that defines it where other files can call it
     texts = {}
     for f in files:
         raw = open(f, encoding='utf-8').read()
@@ -166,6 +167,8 @@ def main():
                              texts[f][1], flags=re.M):
             defs.setdefault(m.group(1), f)
             local_defs[f].add(m.group(1))
+            if f.endswith('.h') or not m.group(0).startswith('static'):
+                extern_defs.setdefault(m.group(1), f)
     for f in files:
         me = component(f)
         if me is None:
@@ -227,8 +230,8 @@ def main():
         graph = collections.defaultdict(set)
         for f in cfiles:
             code = texts[f][1]
-            for name in set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)):
-                g = defs.get(name)
+            for name in set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)) - local_defs[f]:
+                g = extern_defs.get(name)   # a static function is no other file's to call
                 if g and g != f and g in cfiles:
                     graph[f].add(g)
         for scc in sccs(cfiles, graph):

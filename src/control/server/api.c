@@ -56,14 +56,6 @@ static int query_i64(srv_req *r, const char *key, int64_t def, int64_t lo, int64
     return SH_OK;
 }
 
-int srv__idem_valid(const char *key)
-{
-    size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)key; *p; p++, n++)
-        if (*p < 0x21 || *p > 0x7e) return 0;
-    return n >= 1 && n <= 127;
-}
-
 /* A tenant sees only its own jobs; others' look like missing ones, so that a
  * job id reveals nothing about another tenant. */
 static srv_job *visible_job(srv *s, srv_req *r, int64_t id)

@@ -70,30 +70,6 @@ static int status_of(int rc)
     }
 }
 
-/* Secrets at rest: the server keeps no token or node credential, only
- * "sha256:" and the SHA-256 of it in hex (SRV_HASH_LEN bytes with the NUL).
- * A token is 128 bits or more of randomness, so one unsalted hash of it
- * cannot be reversed, and the stored value is no credential itself: a
- * bearer token is hashed before it is compared. */
-void srv__secret_hash(const char *secret, char out[SRV_HASH_LEN])
-{
-    struct sha256_ctx ctx;
-    uint8_t d[SHA256_DIGEST_SIZE];
-    sha256_init(&ctx);
-    sha256_update(&ctx, strlen(secret), (const uint8_t *)secret);
-    sha256_digest(&ctx, sizeof d, d);
-    memcpy(out, "sha256:", 7);
-    for (size_t i = 0; i < sizeof d; i++) snprintf(out + 7 + 2 * i, 3, "%02x", d[i]);
-}
-
-int srv__is_hash(const char *v)
-{
-    if (strncmp(v, "sha256:", 7) || strlen(v) != SRV_HASH_LEN - 1) return 0;
-    for (const char *p = v + 7; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) return 0;
-    return 1;
-}
-
 /* Compares two hashes in time independent of where they differ. */
 static int hash_eq(const char *given, const char *known)
 {

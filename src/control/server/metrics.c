@@ -1,53 +1,6 @@
-/* GET /metrics: the Prometheus text (docs/server-api.md), and the gang-start
- * and queue-wait histograms the handlers observe into. */
+/* GET /metrics: the Prometheus text (docs/server-api.md).  The gang-start
+ * and queue-wait histograms it prints are hist.c's. */
 #include "srv_int.h"
-
-/* Histogram bounds in seconds: starts take milliseconds to a minute, waits
- * seconds to days. */
-static const double start_le[SRV_HBUCKETS] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
-static const double wait_le[SRV_HBUCKETS] = {1, 5, 15, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400};
-static const char *const size_label[SRV_SIZE_CLASSES] = {"1", "2-4", "5-16", "17-64", "65+"};
-
-int srv__size_class(int nodes)
-{
-    return nodes <= 1 ? 0 : nodes <= 4 ? 1 : nodes <= 16 ? 2 : nodes <= 64 ? 3 : 4;
-}
-
-static void observe(srv_hist *h, const double *le, double v)
-{
-    int i = 0;
-    while (i < SRV_HBUCKETS && v > le[i]) i++;
-    h->bucket[i]++, h->n++, h->sum += v < 0 ? 0 : v;
-}
-
-void srv__observe_start(srv *s, int nodes, double seconds)
-{
-    observe(&s->h_start[srv__size_class(nodes)], start_le, seconds);
-}
-
-void srv__observe_wait(srv *s, int nodes, double seconds)
-{
-    observe(&s->h_wait[srv__size_class(nodes)], wait_le, seconds);
-}
-
-static void print_hist(sh_buf *b, const char *name, const char *help, const srv_hist *h, const double *le)
-{
-    sh_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int c = 0; c < SRV_SIZE_CLASSES; c++) {
-        uint64_t cum = 0;
-        for (int i = 0; i <= SRV_HBUCKETS; i++) {
-            cum += h[c].bucket[i];
-            if (i < SRV_HBUCKETS)
-                sh_buf_printf(b, "%s_bucket{nodes=\"%s\",le=\"%g\"} %llu\n", name, size_label[c], le[i],
-                              (unsigned long long)cum);
-            else
-                sh_buf_printf(b, "%s_bucket{nodes=\"%s\",le=\"+Inf\"} %llu\n", name, size_label[c],
-                              (unsigned long long)cum);
-        }
-        sh_buf_printf(b, "%s_sum{nodes=\"%s\"} %.6f\n%s_count{nodes=\"%s\"} %llu\n", name, size_label[c], h[c].sum,
-                      name, size_label[c], (unsigned long long)h[c].n);
-    }
-}
 
 /* Per-tenant cost counters: the ledger's closed rows plus the core's open
  * places, which only grow (a place's open cost becomes its ledger row).
@@ -116,10 +69,10 @@ void srv__metrics(srv *s, sh_buf *b, const char *tenant)
                      "# HELP shoal_sched_jobs_forgotten_total Ended jobs the core has dropped.\n"
                      "# TYPE shoal_sched_jobs_forgotten_total counter\nshoal_sched_jobs_forgotten_total %llu\n",
                   ss.queued + ss.running, (unsigned long long)ss.forgotten);
-    print_hist(b, "shoal_gang_start_seconds", "Seconds from placement to every rank running, by gang size in nodes.",
-               s->h_start, start_le);
-    print_hist(b, "shoal_queue_wait_seconds", "Seconds from submission to first placement, by gang size in nodes.",
-               s->h_wait, wait_le);
+    srv__hist_print(b, "shoal_gang_start_seconds", "Seconds from placement to every rank running, by gang size in nodes.",
+               s->h_start, 0);
+    srv__hist_print(b, "shoal_queue_wait_seconds", "Seconds from submission to first placement, by gang size in nodes.",
+               s->h_wait, 1);
     print_costs(s, b, tenant);
     sh_buf_printf(b, "# HELP shoal_http_responses_total HTTP responses by status class.\n"
                      "# TYPE shoal_http_responses_total counter\n");

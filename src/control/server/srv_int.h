@@ -216,10 +216,12 @@ int64_t srv__db_idem(srv *s, const char *tenant, const char *key);
  * {"by_tenant": {tenant: {gpu_type: {dollars, gpu_seconds}}}, "total_dollars"}
  * (all tenants when tenant is NULL).  Caller holds s->mu and owns the result. */
 json_t *srv__costs(srv *s, const char *tenant);
-/* metrics.c: the size class of a gang of n nodes, and recording one value. */
+/* hist.c: the size class of a gang of n nodes, recording one value, and
+ * printing a histogram (wait: the queue-wait bounds, else the start ones). */
 int srv__size_class(int nodes);
 void srv__observe_start(srv *s, int nodes, double seconds);
 void srv__observe_wait(srv *s, int nodes, double seconds);
+void srv__hist_print(sh_buf *b, const char *name, const char *help, const srv_hist *h, int wait);
 void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s);
 
 /* state.c */
