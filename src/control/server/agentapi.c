@@ -577,8 +577,8 @@ int srv__agent_poll(srv *s, int idx, json_t *b, json_t **reply)
         if (rc == SH_OK && j) rc = srv__job_eval(s, j);
     }
     if (rc == SH_OK) rc = srv__seam_prebill(s);
-    if (rc == SH_OK) rc = srv__db_commit(s);
-    if (rc < 0) srv__db_rollback(s);
+    if (rc == SH_OK) rc = srv__commit(s);
+    if (rc < 0) srv__rollback(s);
     srv__undo_end(s, &u, rc == SH_OK);
     if (s->forged_job) {
         int e = srv__db_event(s, s->forged_job, n->name, "refused", "%s", s->forged_msg);

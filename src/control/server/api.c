@@ -159,10 +159,10 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     if (rc == SH_OK && nr.create) rc = srv__db_run(s, nr.tenant, nr.run, nr.secret, nr.token);
     if (rc == SH_OK) rc = srv__db_job(s, j);
     if (rc == SH_OK) rc = srv__db_event(s, j->id, NULL, "submitted", "%s by %s", j->name, j->tenant);
-    if (rc == SH_OK) rc = srv__db_commit(s);
+    if (rc == SH_OK) rc = srv__commit(s);
     if (rc < 0) {
         /* Not durable, so not accepted: forget it (it is the newest job). */
-        srv__db_rollback(s);
+        srv__rollback(s);
         srv__seam_end(s, j, 1);
         s->jobs[j->id] = NULL;
         s->njobs--;
@@ -318,8 +318,8 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
         int rc = srv__undo_job(s, &u, j);
         if (rc == SH_OK) rc = srv__cancel(s, j, r->tenant ? r->tenant : "admin");
         if (rc == SH_OK) rc = srv__seam_prebill(s);
-        if (rc == SH_OK) rc = srv__db_commit(s);
-        if (rc < 0) srv__db_rollback(s);
+        if (rc == SH_OK) rc = srv__commit(s);
+        if (rc < 0) srv__rollback(s);
         srv__undo_end(s, &u, rc == SH_OK);
         if (rc < 0) return sh_err_wrap(rc, "job %lld was not cancelled and its ranks keep running", id);
         *reply = srv__job_json(s, j, 0, r->tenant);
@@ -351,8 +351,8 @@ static int agent_routes(srv *s, srv_req *r, json_t **reply)
     if (reg) {
         rc = srv__db_begin(s);
         if (rc == SH_OK) rc = srv__agent_register(s, b, reply);
-        if (rc == SH_OK) rc = srv__db_commit(s);
-        else srv__db_rollback(s);
+        if (rc == SH_OK) rc = srv__commit(s);
+        else srv__rollback(s);
     } else rc = srv__agent_poll(s, r->node, b, reply);
     json_decref(b);
     return rc;
@@ -471,8 +471,8 @@ static int delete_node(srv *s, srv_req *r, const char *name, json_t **reply)
         rc = srv__db_node(s, &s->nodes[idx]);
     }
     if (rc == SH_OK && srv__seam_node(s, idx, SEAM_GONE) < 0) sh_warn("node %s: %s", name, sh_errmsg());
-    if (rc == SH_OK) rc = srv__db_commit(s);
-    else srv__db_rollback(s);
+    if (rc == SH_OK) rc = srv__commit(s);
+    else srv__rollback(s);
     SH_TRY(rc);
     *reply = json_pack("{s:s,s:s}", "node", name, "state", "gone");
     return SH_OK;
@@ -517,8 +517,8 @@ static int run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
     if (rc < 0 || !put.put) return rc;
     rc = srv__db_begin(s);
     if (rc == SH_OK) rc = srv__db_run_service(s, put.tenant, put.run, put.name, json_string_value(put.value), 0);
-    if (rc == SH_OK) rc = srv__db_commit(s);
-    else srv__db_rollback(s);
+    if (rc == SH_OK) rc = srv__commit(s);
+    else srv__rollback(s);
     if (rc == SH_OK) srv__run_set(s, &put, reply);
     json_decref(put.value);
     return rc;

@@ -41,20 +41,9 @@ int srv__db_open(srv *s)
 
 int srv__db_begin(srv *s) { return s->store->begin(s); }
 
-/* The ledger rows a transaction wrote are the core's bills until it
- * commits: dropped from the core then, written again after a failure. */
-int srv__db_commit(srv *s)
-{
-    int rc = s->store->commit(s);
-    srv__seam_bills_end(s, rc == SH_OK);
-    return rc;
-}
+int srv__db_commit(srv *s) { return s->store->commit(s); }
 
-void srv__db_rollback(srv *s)
-{
-    s->store->rollback(s);
-    srv__seam_bills_end(s, 0);
-}
+void srv__db_rollback(srv *s) { s->store->rollback(s); }
 
 int srv__db_autocommit(srv *s) { return !s->store->in_tx(s); }
 
@@ -248,35 +237,15 @@ static int db__row_member(srv *s, srv_row *r, void *arg)
     return SH_OK;
 }
 
+/* A job row goes to the caller's `job` (state.c's srv__job_from_row),
+ * which builds the job: the database only reads rows. */
 static int db__row_job(srv *s, srv_row *r, void *arg)
 {
-    json_t *spec = json_loads(COL_T(r, 12), 0, NULL);
-    /* Databases written before "zone" was refused may hold it; it never
-     * affected placement, so dropping it keeps those jobs loadable. */
-    if (json_is_object(spec)) json_object_del(spec, "zone");
-    srv_job *j = NULL;
-    int rc = srv__job_from_spec(spec, COL_T(r, 1), &j);
-    json_decref(spec);
-    if (rc == SH_OK) j->spec_bytes = strlen(COL_T(r, 12));
-    if (rc < 0) return sh_err_wrap(rc, "%s: job %lld", s->db_name, (long long)COL_I(r, 0));
-    j->id = COL_I(r, 0);
-    snprintf(j->idem, sizeof j->idem, "%s", COL_T(r, 3));
-    j->state = (int)COL_I(r, 5);
-    j->attempt = (int)COL_I(r, 7);
-    j->exit_code = (int)COL_I(r, 10);
-    snprintf(j->reason, sizeof j->reason, "%s", COL_T(r, 11));
-    j->t_submit = COL_D(r, 13);
-    j->t_start = COL_D(r, 14);
-    j->t_end = COL_D(r, 15);
-    j->go = (int)COL_I(r, 16);
-    json_t *pa = json_loads(COL_T(r, 17), 0, NULL);
-    size_t i;
-    json_t *v;
-    json_array_foreach(pa, i, v) if (j->nprefer < 64) j->prefer[j->nprefer++] = (int)json_integer_value(v);
-    json_decref(pa);
-    j->nodes = (int)COL_I(r, 18);
-    j->failures = (int)COL_I(r, 21);
-    return srv__job_add(s, j);
+    int (*job)(srv *, const srv_job_row *) = *(int (**)(srv *, const srv_job_row *))arg;
+    srv_job_row row = {COL_I(r, 0), COL_T(r, 1), COL_T(r, 3), (int)COL_I(r, 5), (int)COL_I(r, 7),
+                       (int)COL_I(r, 10), COL_T(r, 11), COL_T(r, 12), COL_D(r, 13), COL_D(r, 14),
+                       COL_D(r, 15), (int)COL_I(r, 16), COL_T(r, 17), (int)COL_I(r, 18), (int)COL_I(r, 21)};
+    return job(s, &row);
 }
 
 int srv__db_run(srv *s, const char *tenant, const char *name, const char *secret, const char *token)
@@ -325,7 +294,7 @@ static int db__load_runs(srv *s)
     return db__query(s, "SELECT tenant, run, name, value FROM run_services", "", db__row_run_service, NULL);
 }
 
-int srv__db_load(srv *s)
+int srv__db_load(srv *s, int (*job)(srv *s, const srv_job_row *row))
 {
     SH_TRY(db__load_runs(s));
     int pg = s->store == &srv__store_pg;
@@ -337,7 +306,7 @@ int srv__db_load(srv *s)
     SH_TRY(db__query(s, "SELECT id, tenant, name, idem, kind, state, policy, attempt, max_attempts, priority,"
                         " exit_code, reason, spec, t_submit, t_start, t_end, go, prefer, nodes, min_nodes,"
                         " gpus_per_node, failures FROM jobs ORDER BY id",
-                     "", db__row_job, NULL));
+                     "", db__row_job, &job));
     return db__query(s, "SELECT job, rank, node, state, exit_code, gpu_mask, t_start, t_end, t_placed"
                         " FROM members ORDER BY job, rank", "", db__row_member, NULL);
 }

@@ -551,7 +551,7 @@ static void *lead_main(void *arg)
     double t0 = sh_now_mono();
     int rc = srv__lead_claim(s); /* s->mu held when it succeeds */
     if (rc == SH_OK) {
-        rc = srv__db_load(s);
+        rc = srv__db_load(s, srv__job_from_row);
         if (rc == SH_OK) rc = srv__db_tenants(s);
         if (rc == SH_OK) rc = srv__db_begin(s);
         if (rc == SH_OK) {
@@ -559,8 +559,8 @@ static void *lead_main(void *arg)
             if (rc == SH_OK)
                 rc = srv__db_event(s, 0, NULL, "leader", "server %s leads (epoch %lld)", s->self_url,
                                    (long long)s->epoch);
-            if (rc == SH_OK) rc = srv__db_commit(s);
-            else srv__db_rollback(s);
+            if (rc == SH_OK) rc = srv__commit(s);
+            else srv__rollback(s);
         }
         if (rc == SH_OK) {
             s->t_led_wall = sh_now_wall();
@@ -649,13 +649,13 @@ int srv_start(const srv_config *cfg, srv **out)
     if (rc == SH_OK && pg) return start_standby(s, out);
     s->leader = 1;
     s->lease_until = INFINITY;
-    if (rc == SH_OK) rc = srv__db_load(s);
+    if (rc == SH_OK) rc = srv__db_load(s, srv__job_from_row);
     if (rc == SH_OK) rc = srv__db_tenants(s);
     if (rc == SH_OK) rc = srv__db_begin(s);
     if (rc == SH_OK) {
         rc = srv__seam_init(s);
-        if (rc == SH_OK) rc = srv__db_commit(s);
-        else srv__db_rollback(s);
+        if (rc == SH_OK) rc = srv__commit(s);
+        else srv__rollback(s);
     }
     if (rc == SH_OK) rc = start_http(s);
     if (rc == SH_OK) rc = srv__sched_start(s);
@@ -724,8 +724,8 @@ int srv_add_bench_nodes(srv *s, int n, const char *gpu_type, int gpus)
         json_decref(b);
         json_decref(reply);
     }
-    if (rc == SH_OK) rc = srv__db_commit(s);
-    else srv__db_rollback(s);
+    if (rc == SH_OK) rc = srv__commit(s);
+    else srv__rollback(s);
     pthread_mutex_unlock(&s->mu);
     return rc;
 }

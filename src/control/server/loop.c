@@ -56,7 +56,7 @@ static int reload(srv *s, const char *why)
     }
     srv__free_state(s);
     s->reloading = 1;
-    int rc = srv__db_load(s);
+    int rc = srv__db_load(s, srv__job_from_row);
     if (rc == SH_OK) rc = srv__db_begin(s);
     if (rc == SH_OK) {
         rc = srv__seam_init(s);
@@ -64,8 +64,8 @@ static int reload(srv *s, const char *why)
             rc = srv__db_event(s, 0, NULL, "cycle_undone",
                                "a scheduling cycle could not commit (%s); its decisions were taken back"
                                " and the state reloaded from the database", why);
-        if (rc == SH_OK) rc = srv__db_commit(s);
-        else srv__db_rollback(s);
+        if (rc == SH_OK) rc = srv__commit(s);
+        else srv__rollback(s);
     }
     s->reloading = 0;
     for (int i = 0; rc == SH_OK && i < s->nnodes; i++) {
@@ -95,8 +95,8 @@ static double cycle(srv *s)
     if (!srv__lead_acting(s)) return SH_EAGAIN; /* the lease lapsed: decide nothing */
     if (srv__db_begin(s) < 0) return SH_EIO;
     int rc = srv__seam_step(s, t0);
-    if (rc == SH_OK) rc = srv__db_commit(s);
-    else srv__db_rollback(s);
+    if (rc == SH_OK) rc = srv__commit(s);
+    else srv__rollback(s);
     if (rc < 0) {
         /* The core decided and the server carried part or all of it out. */
         char why[600];

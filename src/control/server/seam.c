@@ -119,6 +119,21 @@ void srv__seam_bills_end(srv *s, int committed)
     s->bills_staged = 0;
 }
 
+/* The ledger rows a transaction wrote are the core's bills until it
+ * commits: dropped from the core then, written again after a failure. */
+int srv__commit(srv *s)
+{
+    int rc = srv__db_commit(s);
+    srv__seam_bills_end(s, rc == SH_OK);
+    return rc;
+}
+
+void srv__rollback(srv *s)
+{
+    srv__db_rollback(s);
+    srv__seam_bills_end(s, 0);
+}
+
 /* Called by srv__finish once the job's members are stopped: the core
  * closes the job's places into bills, which go to the ledger in SQLite;
  * then the core forgets the job, so that its memory stays bounded by the

@@ -188,7 +188,22 @@ int srv__is_hash(const char *v);
 int srv__db_open(srv *s);
 int srv__db_autocommit(srv *s); /* 1: no transaction is open */
 void srv__db_close(srv *s);
-int srv__db_load(srv *s);
+/* A row of the jobs table, as srv__db_load hands it to `job`. */
+typedef struct srv_job_row {
+    int64_t id;
+    const char *tenant, *idem;
+    int state, attempt, exit_code;
+    const char *reason, *spec; /* spec: the job file's JSON text */
+    double t_submit, t_start, t_end;
+    int go;
+    const char *prefer; /* JSON array of node indexes */
+    int nodes, failures;
+} srv_job_row;
+/* Loads runs, nodes, jobs and members; each job row goes to `job`
+ * (srv__job_from_row), which builds the job. */
+int srv__db_load(srv *s, int (*job)(srv *s, const srv_job_row *row));
+/* state.c: builds a loaded job and adds it to the tables. */
+int srv__job_from_row(srv *s, const srv_job_row *r);
 int srv__db_node(srv *s, const srv_node *n);
 int srv__db_job(srv *s, const srv_job *j);
 int srv__db_members(srv *s, const srv_job *j);
@@ -206,6 +221,8 @@ typedef struct srv_bill {
 int srv__db_ledger(srv *s, const srv_bill *b);
 int srv__db_tenants(srv *s);
 int srv__db_begin(srv *s);
+/* The engine's commit and rollback only: the files above the seam use
+ * srv__commit and srv__rollback, which also settle the core's bills. */
 int srv__db_commit(srv *s);
 void srv__db_rollback(srv *s);
 json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit);
@@ -245,6 +262,9 @@ double srv__est_grace(const srv *s);
 int srv__cancel(srv *s, srv_job *j, const char *who);
 const char *srv__job_state_name(int st);
 const char *srv__member_state_name(int st);
+/* srv_model.c: the spellings of kinds (K_*) and failure policies (P_*). */
+extern const char *const srv__kinds[3];
+extern const char *const srv__policies[3];
 const char *srv__kind_name(int k);
 const char *srv__policy_name(int p);
 /* viewer: the tenant who asks (NULL: the admin), whose view names no
@@ -296,6 +316,10 @@ int srv__grow(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n
  * failed commit or a rollback loses none: they are written again. */
 int srv__seam_bills(srv *s);
 void srv__seam_bills_end(srv *s, int committed);
+/* Commits (or rolls back) the transaction and drops the bills it wrote
+ * from the core (or keeps them to be written again). */
+int srv__commit(srv *s);
+void srv__rollback(srv *s);
 int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
 

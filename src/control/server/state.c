@@ -7,76 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const job_states[] = {"pending",   "starting", "running",
-                                         "succeeded", "failed",   "cancelled"};
-static const char *const member_states[] = {"assigned", "ready", "running",
-                                            "exited",   "lost",  "stopped"};
-static const char *const kinds[] = {"gang", "elastic", "function"};
-static const char *const policies[] = {"requeue", "replace", "fail"};
-
-const char *srv__job_state_name(int st) { return st >= 0 && st < J_NSTATES ? job_states[st] : "?"; }
-const char *srv__member_state_name(int st) { return st >= 0 && st <= M_STOPPED ? member_states[st] : "?"; }
-const char *srv__kind_name(int k) { return k >= 0 && k <= K_FUNCTION ? kinds[k] : "?"; }
-const char *srv__policy_name(int p) { return p >= 0 && p <= P_FAIL ? policies[p] : "?"; }
-
-srv_job *srv__job(srv *s, int64_t id)
-{
-    return id > 0 && id <= s->njobs ? s->jobs[id] : NULL;
-}
-
-int srv__node_find(srv *s, const char *name)
-{
-    for (int i = 0; i < s->nnodes; i++)
-        if (!strcmp(s->nodes[i].name, name)) return i;
-    return -1;
-}
-
-void srv__job_free(srv_job *j)
-{
-    if (!j) return;
-    json_decref(j->spec);
-    free(j->mem);
-    free(j);
-}
-
-int srv__active_add(srv *s, int64_t id)
-{
-    if (s->nactive == s->cap_active) {
-        int64_t cap = s->cap_active ? 2 * s->cap_active : 256;
-        int64_t *na = realloc(s->active, (size_t)cap * sizeof *na);
-        if (!na) return sh_err(SH_ENOMEM, "active job list");
-        s->active = na;
-        s->cap_active = cap;
-    }
-    s->active[s->nactive++] = id;
-    return SH_OK;
-}
-
-/* Takes ownership of j; j->id must be the next id or one loaded from disk. */
-int srv__job_add(srv *s, srv_job *j)
-{
-    if (j->id >= s->cap_jobs) {
-        int64_t cap = s->cap_jobs ? s->cap_jobs : 1024;
-        while (cap <= j->id) cap *= 2;
-        srv_job **nj = realloc(s->jobs, (size_t)cap * sizeof *nj);
-        if (!nj) return sh_err(SH_ENOMEM, "job table");
-        memset(nj + s->cap_jobs, 0, (size_t)(cap - s->cap_jobs) * sizeof *nj);
-        s->jobs = nj;
-        s->cap_jobs = cap;
-    }
-    s->jobs[j->id] = j;
-    if (j->id > s->njobs) s->njobs = j->id;
-    if (j->idem[0]) {
-        char k[sizeof j->tenant + sizeof j->idem + 2];
-        snprintf(k, sizeof k, "%s/%s", j->tenant, j->idem);
-        if (!s->idem_index) s->idem_index = json_object();
-        if (!s->idem_index || json_object_set_new(s->idem_index, k, json_integer(j->id)))
-            return sh_err(SH_ENOMEM, "job %lld: the idempotency index", (long long)j->id);
-    }
-    if (j->state <= J_RUNNING) return srv__active_add(s, j->id);
-    return SH_OK;
-}
-
 /* Wakes agents waiting in long polls and the scheduler thread. */
 void srv__changed(srv *s)
 {
@@ -536,9 +466,9 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
         rc = sh_err(SH_EFORMAT, "job: field \"name\": holds a control character (names are shown on terminals;"
                                 " use printable text)");
     if (rc == SH_OK) rc = sh_json_get_str(spec, "kind", 0, "job", &kind);
-    if (rc == SH_OK) rc = pick(kind, kinds, 3, "kind", &j->kind);
+    if (rc == SH_OK) rc = pick(kind, srv__kinds, 3, "kind", &j->kind);
     if (rc == SH_OK) rc = sh_json_get_str(spec, "on_failure", 0, "job", &pol);
-    if (rc == SH_OK) rc = pick(pol, policies, 3, "on_failure", &j->policy);
+    if (rc == SH_OK) rc = pick(pol, srv__policies, 3, "on_failure", &j->policy);
     if (rc == SH_OK) rc = sh_json_get_str(spec, "idempotency_key", 0, "job", &idem);
     if (rc == SH_OK && *idem && !srv__idem_valid(idem))
         rc = sh_err(SH_EFORMAT, "job: field \"idempotency_key\": expected 1 to 127 printable ASCII characters");
@@ -666,6 +596,39 @@ static void add_pending(srv *s, const srv_job *j, json_t *o, const char *viewer)
     json_object_set_new(o, "pending_reason", json_string(in.wait_text));
     json_object_set_new(o, "start_estimate",
                         isfinite(in.est_start_s) ? json_real(wall + (in.est_start_s - mono)) : json_null());
+}
+
+/* A job as the database loads it (srv__db_load): its spec, and the state it
+ * had reached. */
+int srv__job_from_row(srv *s, const srv_job_row *r)
+{
+    json_t *spec = json_loads(r->spec, 0, NULL);
+    /* Databases written before "zone" was refused may hold it; it never
+     * affected placement, so dropping it keeps those jobs loadable. */
+    if (json_is_object(spec)) json_object_del(spec, "zone");
+    srv_job *j = NULL;
+    int rc = srv__job_from_spec(spec, r->tenant, &j);
+    json_decref(spec);
+    if (rc == SH_OK) j->spec_bytes = strlen(r->spec);
+    if (rc < 0) return sh_err_wrap(rc, "%s: job %lld", s->db_name, (long long)r->id);
+    j->id = r->id;
+    snprintf(j->idem, sizeof j->idem, "%s", r->idem);
+    j->state = r->state;
+    j->attempt = r->attempt;
+    j->exit_code = r->exit_code;
+    snprintf(j->reason, sizeof j->reason, "%s", r->reason);
+    j->t_submit = r->t_submit;
+    j->t_start = r->t_start;
+    j->t_end = r->t_end;
+    j->go = r->go;
+    json_t *pa = json_loads(r->prefer, 0, NULL);
+    size_t i;
+    json_t *v;
+    json_array_foreach(pa, i, v) if (j->nprefer < 64) j->prefer[j->nprefer++] = (int)json_integer_value(v);
+    json_decref(pa);
+    j->nodes = r->nodes;
+    j->failures = r->failures;
+    return srv__job_add(s, j);
 }
 
 json_t *srv__job_json(srv *s, const srv_job *j, int full, const char *viewer)
