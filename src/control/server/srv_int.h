@@ -399,14 +399,16 @@ int srv__provider_create(srv *s, const char *zone, const char *fabric, const cha
 int srv__provider_delete(srv *s, const char *node);
 void srv__provider_tick(srv *s, double now);
 
+/* state.c: moves job j on after its members changed (barrier, running,
+ * ended), and fails the jobs whose failed rank has waited out
+ * SRV_FAIL_SETTLE_S. */
+int srv__job_eval(srv *s, srv_job *j);
+int srv__settle_failures(srv *s);
+
 /* agentapi.c */
 int srv__agent_register(srv *s, json_t *body, json_t **reply);
 /* Runs for the node whose credential the request carried (index node). */
 int srv__agent_poll(srv *s, int node, json_t *body, json_t **reply);
-/* Moves job j on after its members changed (barrier, running, ended). */
-int srv__job_eval(srv *s, srv_job *j);
-/* Fails the jobs whose failed rank has waited out SRV_FAIL_SETTLE_S. */
-int srv__settle_failures(srv *s);
 int srv__agent_logs(srv *s, json_t *body);
 int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap);
 

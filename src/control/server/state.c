@@ -200,6 +200,107 @@ static int job_lost_node(srv *s, srv_job *j, int idx, const char *why)
                          j->policy == P_REPLACE ? "replace the node" : "requeue");
 }
 
+/* The last lines of member m's output (up to three, control characters
+ * shown as spaces), for a failure's reason; "" when it printed nothing. */
+static void last_lines(const srv_member *m, char *out, size_t cap)
+{
+    int end = m->tail_len, start, lines = 0;
+    while (end > 0 && (m->tail[end - 1] == '\n' || m->tail[end - 1] == '\r' || m->tail[end - 1] == ' ')) end--;
+    for (start = end; start > 0; start--)
+        if (m->tail[start - 1] == '\n' && ++lines == 3) break;
+    size_t k = 0;
+    for (int i = start; i < end && k + 4 < cap; i++) {
+        unsigned char c = (unsigned char)m->tail[i];
+        if (c == '\n') {
+            if (k && out[k - 1] != ' ') out[k++] = ' ';
+            out[k++] = '|', out[k++] = ' ';
+        } else out[k++] = c < 0x20 || c == 0x7f ? ' ' : (char)c;
+    }
+    out[k] = 0;
+}
+
+/* The failed member to blame: the one whose agent saw it exit first (its
+ * server-side end time when the agent did not say), ties to the lower rank. */
+static int first_failed(const srv_job *j)
+{
+    int best = -1;
+    double bt = 0;
+    for (int i = 0; i < j->nmem; i++) {
+        const srv_member *m = &j->mem[i];
+        if (m->state != M_EXITED || m->exit_code == 0) continue;
+        double t = m->t_exit > 0 ? m->t_exit : m->t_end;
+        if (best < 0 || t < bt) best = i, bt = t;
+    }
+    return best;
+}
+
+/* Checks whether a job moved on after a member changed: the barrier opens
+ * when every member of a gang is ready, the job runs when every member runs,
+ * and it ends with its first failing member (once the others have ended or
+ * SRV_FAIL_SETTLE_S has passed) or its last member. */
+int srv__job_eval(srv *s, srv_job *j)
+{
+    if (j->state != J_STARTING && j->state != J_RUNNING) return SH_OK;
+    int live = 0, ready = 0, running = 0, ok = 0;
+    double failed_at = 0;
+    for (int i = 0; i < j->nmem; i++) {
+        const srv_member *m = &j->mem[i];
+        if (m->state <= M_RUNNING) {
+            live++;
+            ready += m->state >= M_READY;
+            running += m->state == M_RUNNING;
+        }
+        if (m->state == M_EXITED) {
+            ok += m->exit_code == 0;
+            if (m->exit_code != 0 && (failed_at == 0 || m->t_end < failed_at)) failed_at = m->t_end;
+        }
+    }
+    if (failed_at > 0) {
+        if (live && sh_now_wall() - failed_at < SRV_FAIL_SETTLE_S) return SH_OK; /* srv__settle_failures */
+        const srv_member *f = &j->mem[first_failed(j)];
+        char r[sizeof j->reason], tail[400];
+        last_lines(f, tail, sizeof tail);
+        snprintf(r, sizeof r, "rank %d exited with status %d%s%s", f->rank, f->exit_code,
+                 *tail ? "; its last lines: " : "", tail);
+        return srv__finish(s, j, J_FAILED, f->exit_code, r);
+    }
+    if (live == 0 && ok > 0) {
+        /* Ranks that ended before any report saw them running did start:
+         * the gang's start counts, at the latest it can have been. */
+        if (j->state == J_STARTING && j->t_placed > 0) srv__observe_start(s, j->nmem, sh_now_wall() - j->t_placed);
+        return srv__finish(s, j, J_SUCCEEDED, 0, "every rank exited with status 0");
+    }
+    int changed = 0;
+    if (!j->go && live && ready == live) {
+        j->go = 1;
+        changed = 1;
+        for (int i = 0; i < j->nmem; i++) s->nodes[j->mem[i].node].version++;
+        srv__changed(s);
+    }
+    if (j->state == J_STARTING && live && running == live) {
+        j->state = J_RUNNING;
+        if (j->t_start <= 0) j->t_start = sh_now_wall();
+        if (j->t_placed > 0) srv__observe_start(s, j->nmem, sh_now_wall() - j->t_placed);
+        changed = 1;
+        SH_TRY(srv__db_event(s, j->id, NULL, "running", "attempt %d: all %d rank(s) running", j->attempt, live));
+    }
+    if (changed) SH_TRY(srv__db_job(s, j));
+    return SH_OK;
+}
+
+/* Ends the jobs whose first failed member has waited SRV_FAIL_SETTLE_S for
+ * the others (the scheduler thread, every cycle). */
+int srv__settle_failures(srv *s)
+{
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        int failed = 0;
+        for (int i = 0; j && i < j->nmem; i++) failed |= j->mem[i].state == M_EXITED && j->mem[i].exit_code != 0;
+        if (failed) SH_TRY(srv__job_eval(s, j));
+    }
+    return SH_OK;
+}
+
 int srv__node_dead(srv *s, int idx, const char *why)
 {
     srv_node *n = &s->nodes[idx];
