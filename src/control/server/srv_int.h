@@ -309,7 +309,7 @@ void srv__seam_end_at(srv *s, const srv_job *j, int cancelled, double t, int bil
  * transaction, so that an end is never durable without its bills. */
 int srv__seam_prebill(srv *s);
 int srv__seam_node(srv *s, int idx, int event);
-int srv__seam_step(srv *s, double now);
+int srv__seam_step(srv *s, double now); /* carry.c, as srv__seam_init */
 int srv__grow(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 /* Writes the core's closed bills to the ledger.  Inside a transaction they
  * stay in the core until it commits (srv__seam_bills_end), so that a
