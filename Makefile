@@ -1,6 +1,6 @@
 # shoal: one library (build/libshoal.a), one binary (build/shoal), tests and benches.
-# Every source file under src/<component>/ is part of the library except src/cli/,
-# which holds the command line.  Adding a file needs no change here.
+# Every source file under src/ (src/<part>/<component>/ or src/common/) is part of
+# the library except src/cli/, which holds the command line.  Adding a file needs no change here.
 
 PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3 libseccomp nettle
 CC        ?= gcc
@@ -22,8 +22,8 @@ BASEFLAGS := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -I$(GEN) $(PKG_CFLAGS) $(WAR
 OPTFLAGS  := -O2 -g
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 
-LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c)))
-CLI_SRC   := $(sort $(wildcard src/cli/*.c))
+LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c)))
+CLI_SRC   := $(sort $(wildcard src/cli/*.c bench/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_AUX  := $(sort $(filter-out tests/test_%,$(wildcard tests/*.c)))
 FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
@@ -63,7 +63,7 @@ deps:
 	@sh scripts/deps.sh
 
 # The command table is generated from the file names src/cli/cmd_<name>.c and
-# src/cli/bench_<name>.c, so that components add commands without touching a
+# bench/bench_<name>.c (benchmarks live in bench/, outside the command line), so that components add commands without touching a
 # shared list.
 $(GEN)/commands.h: $(CLI_SRC) scripts/gen-commands.sh | $(GEN)
 	@sh scripts/gen-commands.sh $(CLI_SRC) > $@.tmp && mv $@.tmp $@
@@ -129,6 +129,7 @@ $(ASAN)/tests/%: $(ASAN)/obj/tests/%.o $(AAUX_OBJ) $(ASAN)/libshoal.a
 # Tests run twice: optimised, and under AddressSanitizer + UBSan.  The runner
 # prints one "N passed, N failed" line for the whole suite.
 test: deps
+	@python3 scripts/check-layers.py
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(ASAN)/shoal $(TESTS) $(ATESTS)
 	@SHOAL_SHARED=$(SHARED) sh scripts/run-tests.sh $(TESTS) $(ATESTS)
 

@@ -1,5 +1,5 @@
 /* libFuzzer target: the push protocol's headers and OFFER manifests, the
- * bytes a push node takes from its network peers (src/bcast/wire.c,
+ * bytes a push node takes from its network peers (src/weights/push/push_wire.c,
  * bcast__manifest_parse).  The first byte picks the message, the rest is
  * its bytes (0 HELLO, 1 OFFER, 2 CHUNK, 3 NACK, 4 REDIRECT, 5 an OFFER's
  * manifest, 6 WELCOME).  Besides crashes and undefined behaviour, a finding is a header
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bcast/obj.h"
-#include "bcast/wire.h"
+#include "weights/push/obj_int.h"
+#include "weights/push/wire_int.h"
 
 static void check_hello(const uint8_t *p, size_t n)
 {

@@ -1,5 +1,5 @@
 /* libFuzzer target: what the RL trainer takes from a rollout worker
- * (src/rl/wire.c, src/rl/trajcheck.c).  The first 16 bytes are what the
+ * (src/rl/engine/rl_wire.c, src/rl/engine/trajcheck.c).  The first 16 bytes are what the
  * trainer asked the worker for (first group, prompts, group size, the
  * request's min_version, the trainer's version, the run's seed); the rest
  * is the byte stream the worker sent, cut into frames by rl__msg_peek as
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rl/wire.h"
+#include "rl/engine/wire_int.h"
 
 #define CTX 24
 #define MAX_NEW 8

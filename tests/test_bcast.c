@@ -12,7 +12,7 @@
 #include <math.h>
 
 #include "shoal/ckpt.h"
-#include "shoal/sim_push.h"
+#include "control/sim/sim_push_int.h"
 #include "shoal/store.h"
 
 #define MAXP 16
@@ -547,7 +547,7 @@ static void test_bad_usage(void **state)
 }
 
 
-/* The push-tree model (src/sim/push.c) on hand-checked cases: 4 chunks of
+/* The push-tree model (src/control/sim/push.c) on hand-checked cases: 4 chunks of
  * 1 MB at 8 Gb/s (1 ms each), no latency or overhead.  A chain of 3 is a
  * pipeline: (4 + 3 - 1) chunk times.  A star of 2 shares the root's NIC: 8
  * chunk times for the last child, 7 for the first.  With a 1 ms latency and a

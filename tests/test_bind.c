@@ -1,5 +1,5 @@
-/* The calls made for bindings (the bind.c files of src/common, src/ckpt and
- * src/store), from C, so that they also run under ASan and UBSan (the Python
+/* The calls made for bindings (the bind.c files of src/common, src/weights/ckpt and
+ * src/weights/store), from C, so that they also run under ASan and UBSan (the Python
  * tests use the optimised library only). */
 #include "testutil.h"
 

@@ -1,4 +1,4 @@
-/* Tests for src/ckpt: dtype conversions, safetensors read/write, strict
+/* Tests for src/weights/ckpt: dtype conversions, safetensors read/write, strict
  * validation, sharded folders, digests, and the synth/step generators. */
 #include "testutil.h"
 

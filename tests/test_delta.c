@@ -1,4 +1,4 @@
-/* Tests for src/delta: round trips over every dtype and encoding, structure
+/* Tests for src/weights/delta: round trips over every dtype and encoding, structure
  * changes, thread independence, integrity (wrong base, corrupt or truncated
  * deltas), in-place and sharded applies, squash, and the command line. */
 #include "testutil.h"
@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "shoal/delta.h"
-#include "delta/internal.h" /* delta__isa_max */
+#include "weights/delta/delta_int.h" /* delta__isa_max */
 
 static uint64_t rng = 88172645463325252ull;
 static uint64_t rnd(void)

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "shoal/fleetfile.h"
-#include "shoal/mainjob.h"
+#include "app/mainjob/mainjob_int.h"
 #include "shoal/sim.h"
 
 /* The simulator's column order and `shoal up`'s give the same nodes. */

@@ -16,8 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "delta/internal.h"
-#include "sched/sched_int.h"
+#include "weights/delta/delta_int.h"
+#include "control/sched/sched_int.h"
 #include "shoal/bcast.h"
 #include "shoal/ckpt.h"
 #include "shoal/delta.h"

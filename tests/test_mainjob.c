@@ -16,10 +16,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "rl/runtime.h"
+#include "rl/engine/runtime_int.h"
 #include "shoal/ckpt.h"
 #include "shoal/delta.h"
-#include "shoal/mainjob.h"
+#include "app/mainjob/mainjob_int.h"
 #include "shoal/store.h"
 #include "testutil.h"
 
@@ -317,7 +317,7 @@ static void test_fleet_files(void **state)
 }
 
 
-/* FP8 rollout weights in memory (src/rl/checkpoint.c): the same dequantised
+/* FP8 rollout weights in memory (src/rl/engine/checkpoint.c): the same dequantised
  * weights as `shoal quant fp8`'s file, and after a change to one block of one
  * tensor, redoing only the changed blocks gives the same as redoing all. */
 static void test_fp8_in_memory(void **state)

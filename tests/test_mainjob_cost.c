@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shoal/mainjob.h"
+#include "app/mainjob/mainjob_int.h"
 #include "testutil.h"
 
 static int count(const char *hay, const char *needle)

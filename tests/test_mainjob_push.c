@@ -28,7 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "shoal/mainjob.h"
+#include "app/mainjob/mainjob_int.h"
 #include "shoal/rl.h"
 #include "shoal/store.h"
 #include "testutil.h"

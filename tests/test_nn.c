@@ -1,4 +1,4 @@
-/* Tests for src/nn: every layer's gradient against central finite
+/* Tests for src/rl/nn: every layer's gradient against central finite
  * differences, the OpenBLAS path against the plain reference, the whole
  * model's gradient, bit-for-bit determinism, and AdamW's NaN guard. */
 #include "testutil.h"
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn/layers.h"
+#include "rl/nn/layers_int.h"
 #include "shoal/nn.h"
 
 static uint64_t rng = 12345;

@@ -1,4 +1,4 @@
-/* Tests for src/rl: the interpreter and its sandbox limits, the tasks, each
+/* Tests for src/rl/engine: the interpreter and its sandbox limits, the tasks, each
  * loss against a hand-computed example, GRPO advantages, the NaN guard of
  * the training step, and end-to-end runs of `shoal rl train` (an async run
  * that learns, a worker killed mid-run, bad configurations). */
@@ -809,7 +809,7 @@ static double mismatch(const char *dtype)
 
 /* Sync runs have no staleness, so the behaviour/trainer mismatch is the
  * rollout precision alone: none for fp32, some for bf16, more for FP8
- * (e4m3 blocks from src/delta's quantiser). */
+ * (e4m3 blocks from src/weights/delta's quantiser). */
 static void test_rollout_dtypes(void **state)
 {
 #if defined(__SANITIZE_ADDRESS__)

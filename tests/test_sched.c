@@ -1,4 +1,4 @@
-/* Tests for src/sched: placement, rejection, each invariant of sched_check,
+/* Tests for src/control/sched: placement, rejection, each invariant of sched_check,
  * each failure policy, preemption, backfill, firstfit's partial gangs,
  * autoscaling and billing -- small fleets whose answers were worked out by
  * hand (the expected values sit in the tables). */
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched/sched_int.h"
+#include "control/sched/sched_int.h"
 #include "shoal/sched.h"
 
 /* ---- Helpers --------------------------------------------------------------- */

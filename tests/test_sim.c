@@ -1,4 +1,4 @@
-/* Tests for src/sim: importers on the shared data (fleets, Philly traces
+/* Tests for src/control/sim: importers on the shared data (fleets, Philly traces
  * with gavel throughputs, Alibaba pods), bad input naming file, line and
  * field, the multi-node transformer, the Kalos generator, and end-to-end
  * replays of `shoal sim` watched by sched_check after every event. */
@@ -11,7 +11,7 @@
 
 #include "shoal/sim.h"
 
-#define SIM_MAX_LINE_TEST 65536 /* SIM__MAX_LINE of src/sim/csv.h */
+#define SIM_MAX_LINE_TEST 65536 /* SIM__MAX_LINE of src/control/sim/csv_int.h */
 
 static const char *shared_path(const char *rel)
 {

@@ -209,7 +209,7 @@ int ckpt_step_progress(const char *in, const char *out, double lr, uint64_t step
 
 /* ---- Real-shaped checkpoints (tests, benchmarks) ----------------------
  * The tensor names, dtypes and shapes of public model families, from their
- * published configs (src/ckpt/family.c lists the sources), with synthetic
+ * published configs (src/weights/ckpt/family.c lists the sources), with synthetic
  * values.  Families: "llama3-8b" (untied embedding and head),
  * "qwen2.5-1.5b" (q/k/v biases, tied embedding), "qwen3-30b-a3b" (128
  * experts per layer), "deepseek-v3" (MLA, experts, F8_E4M3 weights with F32

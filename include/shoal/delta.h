@@ -139,6 +139,15 @@ int delta_inspect(const char *path, json_t **out);
 
 #define DELTA_FP8_BLOCK 128
 
+/* The one FP8 block rule, shared by delta_quant_fp8 and the RL engine's
+ * in-memory FP8 weights: block (br, bc) of a rows x cols bf16 matrix x (any
+ * alignment) is scaled by amax / 448 (amax over its finite magnitudes; 1 when
+ * amax is 0 or not finite) and rounded to e4m3, written to
+ * q[(r - 128 br) * ldq + (c - 128 bc)].  Returns the scale (dequantised value
+ * = e4m3 value x scale).  Edge blocks are partial. */
+float delta_fp8_block(const void *x, int64_t rows, int64_t cols, int64_t br, int64_t bc, uint8_t *q,
+                      int64_t ldq);
+
 /* What delta_quant_fp8 wrote. */
 typedef struct delta_quant_stats {
     uint64_t tensors_quantised; /* BF16 tensors written as F8_E4M3 NAME + F32 NAME_scale_inv */

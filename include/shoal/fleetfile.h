@@ -18,6 +18,9 @@
 #include <stddef.h>
 
 #pragma GCC visibility push(default)
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define SH_FLEET_NAME 64     /* bytes of a name, zone, fabric or GPU type, NUL included */
 #define SH_FLEET_MAX_GPUS 16 /* GPUs on one node: the scheduler's SCHED_MAX_NODE_GPUS */
@@ -60,6 +63,9 @@ const char *sh_fleet_extra(const sh_fleet_file *f, size_t i, const char *col);
 const sh_fleet_node *sh_fleet_find(const sh_fleet_file *f, const char *name);
 void sh_fleet_free(sh_fleet_file *f);
 
+#ifdef __cplusplus
+}
+#endif
 #pragma GCC visibility pop
 
 #endif

@@ -193,7 +193,7 @@ typedef struct rl_trainer {
     int minibatches;
     /* Optional: called after each minibatch's backward pass and before its
      * AdamW update, with the gradients in nn_grads(model).  Data-parallel
-     * trainers all-reduce them here (src/mainjob).  NULL: none. */
+     * trainers all-reduce them here (src/app/mainjob).  NULL: none. */
     int (*grad_hook)(void *ctx, nn_model *m);
     void *grad_ctx;
 } rl_trainer;
@@ -210,7 +210,7 @@ void rl_round_bf16(float *w, size_t n);
 
 /* Writes the policy as a bf16 safetensors checkpoint with Hugging Face
  * tensor names; metadata records the version and shape, plus the string
- * pairs of `extra` (may be NULL).  Atomic (src/ckpt). */
+ * pairs of `extra` (may be NULL).  Atomic (src/weights/ckpt). */
 int rl_save_checkpoint(nn_model *m, const char *path, int version, const json_t *extra);
 /* Loads a checkpoint written by rl_save_checkpoint into a model of the same
  * shape (SH_EMISMATCH naming the tensor otherwise). */
@@ -365,7 +365,7 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
  * time_to_target_s (emulated, -1: not reached), the curve (t_s, step,
  * reward), the realised staleness histogram of the trained trajectories,
  * dropped_stale, and the mean |log pi_old - log mu| of the first step and
- * of all steps.  See src/rl/paced.c. */
+ * of all steps.  See src/rl/engine/paced.c. */
 int rl_paced_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result);
 /* Quantises the model's matrices in place as FP8 rollout weights: e4m3
  * with one scale (amax / 448) per block x block tile (block 0: per
@@ -373,7 +373,7 @@ int rl_paced_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t 
  * output head too unless `embed`.  Pure. */
 void rl_round_fp8(nn_model *m, int block, int embed);
 
-/* ---- The sweep (src/rl/sweep.c; docs/rl.md) -------------------------------
+/* ---- The sweep (src/rl/engine/sweep.c; docs/rl.md) -------------------------------
  * Paced runs over staleness bound x loss x rollout dtype x seed, forked
  * `jobs` at a time, and the figures comparing them. */
 typedef struct rl_sweep_cfg {
@@ -415,7 +415,7 @@ void rl_worker_serve(const rl_config *c, const rl_worker_spec *me, int fd)
     __attribute__((noreturn));
 
 /* Where a remote worker's weights come from when they do not travel on the
- * trainer's socket: a replica of the store on a push tree (src/mainjob),
+ * trainer's socket: a replica of the store on a push tree (src/app/mainjob),
  * numbered in policy versions.  A view pins one version's image until it is
  * released; the worker holds one at a time and takes a newer one between two
  * decoding steps.  The callbacks run on the worker's one thread. */

@@ -3,7 +3,7 @@
  * A pure, event-driven state machine.  It touches no clock, socket, file or
  * database: every call that changes state takes the current time `now` (in
  * seconds, any epoch, never decreasing), and sched_step() returns the
- * decisions for the caller to carry out.  The simulator (src/sim) drives it in
+ * decisions for the caller to carry out.  The simulator (src/control/sim) drives it in
  * virtual time; the control-plane server drives it from HTTP requests, agent
  * heartbeats and a timer.
  *

@@ -147,7 +147,7 @@ int store_materialize(store *s, uint64_t v, uint64_t have, const char *have_path
 int store_apply_payload(const store_version *ver, const char *payload, const char *prev,
                         const char *out);
 
-/* Whether this build has the delta codec (src/delta). */
+/* Whether this build has the delta codec (src/weights/delta). */
 int store_have_codec(void);
 
 /* ---- Replicas --------------------------------------------------------------
@@ -185,8 +185,8 @@ typedef struct store_lease {
     uint64_t version; /* the version this request runs on (at its start) */
     const uint8_t *data;
     uint64_t size;
-    const ckpt *ckpt; /* the parsed checkpoint over data (tensor views) */
-    const ckpt *fp8;  /* with fp8: the FP8 serving copy of the same version */
+    const struct ckpt *ckpt; /* the parsed checkpoint over data (tensor views) */
+    const struct ckpt *fp8;  /* with fp8: the FP8 serving copy of the same version */
     void *priv;
 } store_lease;
 
@@ -218,6 +218,24 @@ typedef struct store_replica_info {
     store_timeline timeline; /* of the newest activation */
 } store_replica_info;
 
+/* The root of a push tree over a store's run (`shoal push serve`): a bcast
+ * node (cfg; accept_children is set, name defaults to "root") that follows
+ * the run's LATEST and offers each version from the newest anchor on, each
+ * checked against its manifest first, and answers a late joiner with the
+ * store's cheapest plan.  A damaged version is reported once (sh_warn) and
+ * stops the offers, not the root; children keep what they have.  The caller
+ * owns the root (store_push_root_free). */
+typedef struct store_push_root store_push_root;
+int store_push_root_new(const char *root, const char *run, const bcast_config *cfg, store_push_root **out);
+/* The address children connect to, and the run served (owned by the root). */
+const char *store_push_root_address(const store_push_root *r);
+const char *store_push_root_run(const store_push_root *r);
+/* Offers what LATEST added since the last call, then runs the node for up to
+ * `seconds` (at least 0.5 s after a damaged version).  0 or a negative SH_E*
+ * code from the node. */
+int store_push_root_step(store_push_root *r, double seconds);
+void store_push_root_free(store_push_root *r);
+
 /* Opens DIR (created if missing), restores the last activated version after
  * checking it, removes what a crash mid-apply left, and starts reconciling in
  * background threads.  The caller owns the replica. */
@@ -239,7 +257,7 @@ int store_replica_acquire(store_replica *r, uint64_t min_version, uint64_t exact
 uint64_t store_replica_release(store_replica *r, store_lease *l);
 void store_replica_get_info(store_replica *r, store_replica_info *out);
 
-/* ---- For bindings (python/shoal; src/store/bind.c) ----------------------
+/* ---- For bindings (python/shoal; src/weights/store/store_bind.c) ----------------------
  * The same operations with only pointers, numbers and JSON text crossing, so
  * that a foreign caller mirrors no struct that may grow.  Text returned in
  * *out is the caller's (sh_free). */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include "shoal/agent.h"
 
 const char cli_help_agent[] = "run a node agent: register, heartbeat, launch sandboxed workloads";

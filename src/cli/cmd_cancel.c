@@ -1,8 +1,8 @@
 /* shoal cancel: stops a job. */
 #include <string.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 const char cli_help_cancel[] = "cancel a job: its running ranks are stopped [--json]";
 

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include "shoal/ckpt.h"
 
 const char cli_help_ckpt[] = "synth, step and inspect safetensors checkpoints";

@@ -1,8 +1,8 @@
 /* shoal cost: what the fleet has cost, by tenant and GPU type. */
 #include <string.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 const char cli_help_cost[] = "costs by tenant and GPU type from the billing ledger [--json]";
 

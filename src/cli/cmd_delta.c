@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include "shoal/delta.h"
 
 const char cli_help_delta[] = "make, apply, squash and inspect lossless weight deltas";

@@ -8,7 +8,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_int.h"
 
 const char cli_help_down[] = "stop the local fleet `shoal up` runs on a state folder";
 

@@ -1,8 +1,8 @@
 /* shoal job: one job in detail, with its ranks and events. */
 #include <string.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 const char cli_help_job[] = "show one job: state, ranks, placement, events [--json]";
 

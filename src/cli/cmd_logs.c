@@ -1,8 +1,8 @@
 /* shoal logs: a job rank's output, optionally followed until it ends. */
 #include <string.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 const char cli_help_logs[] = "print a job's output (one rank), -f to follow until it ends";
 

@@ -1,8 +1,8 @@
 /* shoal nodes: the fleet as a table. */
 #include <string.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 const char cli_help_nodes[] = "list the fleet's nodes: GPUs, zone, fabric, state, price [--json]";
 

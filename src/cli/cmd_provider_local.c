@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_int.h"
 
 const char cli_help_provider_local[] = "autoscaling provider that starts and stops local agents (for --provider-cmd)";
 

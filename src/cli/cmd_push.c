@@ -3,9 +3,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include "shoal/bcast.h"
 #include "shoal/store.h"
 
@@ -116,120 +115,18 @@ static int write_addr(const char *file, const char *addr)
     return sh_write_atomic(file, line, (size_t)n);
 }
 
-/* A payload that failed its check, as it was on disk: it is not hashed
- * again (a whole anchor, twice a second) until the file changes. */
-typedef struct bad_payload {
-    uint64_t version;
-    struct stat st;
-    char msg[1024];
-    int known; /* the last error was this payload's, already said */
-} bad_payload;
-
-static int same_file(const struct stat *a, const struct stat *b)
-{
-    return a->st_ino == b->st_ino && a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
-           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
-}
-
-static int verify_once(store *s, uint64_t v, bad_payload *bad)
-{
-    char path[4096];
-    struct stat st = {0};
-    int known = store_payload_path(s, v, path, sizeof path) == 0 && stat(path, &st) == 0 &&
-                bad->version == v && same_file(&st, &bad->st);
-    bad->known = known;
-    if (known) return sh_err(SH_EMISMATCH, "%s", bad->msg);
-    int rc = store_verify(s, v);
-    if (rc < 0) {
-        bad->version = v, bad->st = st;
-        snprintf(bad->msg, sizeof bad->msg, "%s", sh_errmsg());
-    }
-    return rc;
-}
-
-/* Offers every version from the newest anchor at or below `latest` that the
- * node does not have yet, in order. */
-static int offer_new(bcast_node *n, store *s, uint64_t *have, uint64_t latest, bad_payload *bad)
-{
-    store_plan *p = malloc(sizeof *p);
-    if (!p) return sh_err(SH_ENOMEM, "plan");
-    int rc = store_plan_make(s, *have, latest, p);
-    if (rc == 0 && p->kind == STORE_PLAN_SQUASH) rc = store_plan_make(s, 0, latest, p);
-    uint64_t list[STORE_MAX_CHAIN + 1];
-    size_t k = 0;
-    if (rc == 0 && p->kind == STORE_PLAN_ANCHOR) list[k++] = p->anchor;
-    for (size_t i = 0; rc == 0 && i < p->nsteps; i++) list[k++] = p->steps[i];
-    free(p);
-    for (size_t i = 0; rc == 0 && i < k; i++) {
-        char *text = NULL, path[4096];
-        store_version m;
-        rc = store_get(s, list[i], &m, &text);
-        if (rc == 0) rc = verify_once(s, list[i], bad);
-        if (rc == 0) rc = store_payload_path(s, list[i], path, sizeof path);
-        if (rc == 0) rc = bcast_node_add_object(n, text, path);
-        if (rc == 0) *have = list[i];
-        free(text);
-    }
-    return rc;
-}
-
-/* The root's answer for a late joiner at `from`: a squashed delta to `to`
- * when the store's plan says it is the fewest bytes.  It is made (and kept
- * in the store's squash cache) the first time a child needs it. */
-static int squash_plan(void *arg, uint64_t from, uint64_t to, char *path, size_t cap)
-{
-    store *s = arg;
-    store_plan *p = malloc(sizeof *p);
-    int rc = p ? store_plan_make(s, from, to, p) : sh_err(SH_ENOMEM, "plan");
-    if (rc == 0 && p->kind == STORE_PLAN_CHAIN && store_squash_path(s, from, to, path, cap) == 0 &&
-        !sh_path_exists(path) && store_squash(s, from, to, NULL) == 0)
-        rc = store_plan_make(s, from, to, p);
-    int use = rc == 0 && p->kind == STORE_PLAN_SQUASH && store_squash_path(s, from, to, path, cap) == 0;
-    if (rc < 0) fprintf(stderr, "shoal push serve: plan v%llu -> v%llu: %s\n", (unsigned long long)from,
-                        (unsigned long long)to, sh_errmsg());
-    free(p);
-    return use;
-}
-
 static int serve(opts *o)
 {
     if (!o->store) return cli_usage("push serve", "serve needs --store STORE");
     if (o->cfg.nparents) return cli_usage("push serve", "serve is the root: it takes no --parent");
-    store *s;
-    int rc = store_open(o->store, o->run, 0, &s);
+    store_push_root *r;
+    int rc = store_push_root_new(o->store, o->run, &o->cfg, &r);
     if (rc < 0) return cli_fail("push serve", rc);
-    bcast_node *n;
-    o->cfg.accept_children = 1;
-    if (!o->cfg.name) o->cfg.name = "root";
-    o->cfg.squash = squash_plan;
-    o->cfg.arg = s;
-    if ((rc = bcast_node_new(&o->cfg, &n)) < 0) {
-        store_close(s);
-        return cli_fail("push serve", rc);
-    }
-    rc = write_addr(o->addr_file, bcast_node_address(n));
-    fprintf(stderr, "shoal push serve: %s run %s on %s\n", o->store, store_run(s), bcast_node_address(n));
-    uint64_t have = 0;
+    rc = write_addr(o->addr_file, store_push_root_address(r));
+    fprintf(stderr, "shoal push serve: %s run %s on %s\n", o->store, store_push_root_run(r), store_push_root_address(r));
     double end = o->seconds > 0 ? sh_now_mono() + o->seconds : 0;
-    bad_payload bad = {0};
-    while (rc == 0 && !g_stop && (!end || sh_now_mono() < end)) {
-        uint64_t latest;
-        rc = store_latest(s, &latest);
-        bad.known = 0;
-        if (rc == 0 && latest > have) rc = offer_new(n, s, &have, latest, &bad);
-        if (rc < 0) {
-            /* A bad version in the store stops the offer, not the server:
-             * children keep what they have; the next poll retries (a
-             * damaged payload only once it changes, said once). */
-            if (!bad.known) fprintf(stderr, "shoal push serve: %s\n", sh_errmsg());
-            rc = 0;
-            bcast_node_run(n, 0.5);
-            continue;
-        }
-        rc = bcast_node_run(n, 0.01);
-    }
-    bcast_node_free(n);
-    store_close(s);
+    while (rc == 0 && !g_stop && (!end || sh_now_mono() < end)) rc = store_push_root_step(r, 0.01);
+    store_push_root_free(r);
     return rc < 0 ? cli_fail("push serve", rc) : 0;
 }
 

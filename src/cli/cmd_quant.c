@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include "shoal/delta.h"
 
 const char cli_help_quant[] = "quantise bf16 weights to FP8 (E4M3, 128x128 block scales), or update incrementally";

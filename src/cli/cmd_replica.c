@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include "shoal/store.h"
 
 const char cli_help_replica[] = "keep a directory on a run's newest version (store or push) [--json]";

@@ -4,8 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "cli_rl.h"
+#include "cli_int.h"
+#include "cli_rl_int.h"
 #include "shoal/rl.h"
 
 const char cli_help_rl[] =

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 #include "shoal/server.h"
 
 const char cli_help_server[] = "run the control plane: HTTP/JSON API, SQLite state, dashboard";

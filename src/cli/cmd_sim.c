@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include "shoal/sched.h"
 #include "shoal/sim.h"
 

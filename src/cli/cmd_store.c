@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli_int.h"
 #include "shoal/store.h"
 
 const char cli_help_store[] = "versioned weight store: publish, ls, gc, plan, squash, verify [--json]";

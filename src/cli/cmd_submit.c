@@ -1,8 +1,8 @@
 /* shoal submit: sends a job file to the server. */
 #include <string.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 const char cli_help_submit[] = "submit a job file (gang, elastic or function) [--json]";
 

@@ -9,7 +9,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
-#include "cli.h"
+#include "cli_int.h"
 
 const char cli_help_version[] = "print shoal's version and the library versions it was built with [--json]";
 

@@ -3,8 +3,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 void cli_ctl_defaults(cli_ctl *x, const char *cmd)
 {

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_int.h"
 
 #define SH_CMD(name, str)                                                     \
     extern const char cli_help_##name[];                                      \

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "ctl.h"
+#include "cli_int.h"
+#include "ctl_int.h"
 
 /* The common options appended to each command's own. */
 static const struct option common_opts[] = {{"help", no_argument, 0, CLI_OPT_HELP},

@@ -1,13 +1,13 @@
 /* shoal rl fleet-cost: the same training, to the same target reward, on
  * three rollout pools (docs/mainjob.md, "The cost experiment"). (docs/mainjob.md):
- * options and the table; the experiment is src/mainjob/fleetcost.c's. */
+ * options and the table; the experiment is src/app/mainjob/fleetcost.c's. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "cli_rl.h"
-#include "shoal/mainjob.h"
+#include "cli_int.h"
+#include "cli_rl_int.h"
+#include "app/mainjob/mainjob_int.h"
 
 static const char usage[] =
     "usage: shoal rl fleet-cost --fleet FLEET.csv --speeds SPEEDS.csv [options] [--json]\n"

@@ -1,15 +1,15 @@
 /* shoal rl trainer / shoal rl worker: the RL engine as control-plane jobs
  * (docs/mainjob.md): options, environment and what is printed.  The
- * trainer's rank 0 is src/mainjob/trainer.c, the other ranks
- * src/mainjob/train.c; the worker's joining is src/mainjob/worker.c and its
- * serving src/rl/worker.c. */
+ * trainer's rank 0 is src/app/mainjob/trainer.c, the other ranks
+ * src/app/mainjob/train.c; the worker's joining is src/app/mainjob/mj_worker.c and its
+ * serving src/rl/engine/worker.c. */
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "cli_rl.h"
-#include "shoal/mainjob.h"
+#include "cli_int.h"
+#include "cli_rl_int.h"
+#include "app/mainjob/mainjob_int.h"
 
 static const char trainer_usage[] =
     "usage: shoal rl trainer --store DIR [--events F] [--result F] [--ring-timeout S] [rl train options]\n"

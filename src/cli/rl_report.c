@@ -2,15 +2,15 @@
  *
  * --watch prints the trainer's events.jsonl as it grows and appends the
  * server's billing (GET /v1/costs) to costs.jsonl once a second; the report
- * itself (report.html, summary.json) is src/mainjob/report.c's. */
+ * itself (report.html, summary.json) is src/app/mainjob/report.c's. */
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "cli_rl.h"
-#include "ctl.h"
-#include "shoal/mainjob.h"
+#include "cli_int.h"
+#include "cli_rl_int.h"
+#include "ctl_int.h"
+#include "app/mainjob/mainjob_int.h"
 
 static const char usage[] =
     "usage: shoal rl report --dir RUN [--watch [--timeout S]] [--quiet] [--json] [--server URL] [--token T]\n"

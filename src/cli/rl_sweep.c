@@ -1,4 +1,4 @@
-/* shoal rl sweep: parses the grid, runs it (src/rl/sweep.c: paced runs,
+/* shoal rl sweep: parses the grid, runs it (src/rl/engine/sweep.c: paced runs,
  * forked a few at a time) and writes DIR/sweep.md, DIR/sweep.json and
  * DIR/sweep.svg (final reward against the staleness bound). */
 #include <math.h>
@@ -8,9 +8,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "cli_rl.h"
-#include "shoal/mainjob.h"
+#include "cli_int.h"
+#include "cli_rl_int.h"
+#include "app/mainjob/mainjob_int.h"
 
 static const char sweep_usage[] =
     "usage: shoal rl sweep [--quick] [--seeds N] [--seed S] [--steps N] [--lags L,..]\n"
@@ -330,7 +330,7 @@ static void write_md(sh_buf *md, json_t *res, const char *cmdline, double wall)
 }
 
 /* Final reward against the staleness bound, one line per loss (bf16
- * solid, others dashed), with standard-error bars (src/mainjob/plot.c). */
+ * solid, others dashed), with standard-error bars (src/app/mainjob/plot.c). */
 static void write_svg(sh_buf *s, json_t *res)
 {
     static const char *pal[] = {"#000000", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"};

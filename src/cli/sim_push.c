@@ -1,11 +1,11 @@
-/* shoal sim push: the push-tree model (include/shoal/sim_push.h) from the
+/* shoal sim push: the push-tree model (src/control/sim/sim_push_int.h) from the
  * command line.  Dispatched from `shoal sim` (cmd_sim.c). */
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "shoal/sim_push.h"
+#include "cli_int.h"
+#include "control/sim/sim_push_int.h"
 
 static const char usage_text[] =
     "usage: shoal sim push [--replicas N] [--zones Z] [--payload SIZE] [options] [--json]\n\n"

@@ -1,0 +1,45 @@
+/* Peak anonymous memory of a shoal subcommand, measured from outside: the
+ * command runs as a child (this binary, via /proc/self/exe) and the parent
+ * samples the child's RssAnon in /proc/PID/status every millisecond until
+ * it exits.  RssAnon leaves out the page cache and the mapped checkpoint
+ * files, which is the memory the codec's bound is about. */
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/cli_int.h"
+
+int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs)
+{
+    *peak = 0;
+    double t0 = sh_now_mono();
+    /* posix_spawn returns once the child has exec'd: a forked child that
+     * has not yet would still count the parent's pages. */
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    extern char **environ;
+    int e = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (e) return sh_err_errno(e, "start shoal %s %s", argv[1], argv[2] ? argv[2] : "");
+    int st = 0;
+    for (;;) {
+        uint64_t r = sh_rss_anon(pid);
+        if (r > *peak) *peak = r;
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid) break;
+        if (w < 0 && errno != EINTR) return sh_err_errno(errno, "wait for %s %s", argv[0], argv[1]);
+        usleep(1000);
+    }
+    *secs = sh_now_mono() - t0;
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        return sh_err(SH_EINTERNAL, "`shoal %s %s` failed (exit status %d); run it by hand to see "
+                      "why", argv[1], argv[2] ? argv[2] : "", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    return SH_OK;
+}

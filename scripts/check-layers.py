@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Checks the layering that docs/architecture.md draws.
+
+Reads every source and header under src/, bench/ and include/shoal/ and fails when
+  * a file includes a header of a component it may not use (ALLOWED below),
+  * a file calls a function of a component it may not use (found by the
+    component's name prefix: `store_`, `delta_`, ...), or
+  * a component includes another component's private header (`*_int.h`)
+    other than those PRIVATE_OK names, or
+  * the calls between the files of one component form a circle that is not
+    in scripts/layers-known-cycles.txt (the ones still to be untangled; a
+    circle may shrink or go, never grow or appear).
+Prints one line per finding and exits 1, or prints a summary and exits 0.
+"""
+import collections
+import glob
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# component -> components it may use (common is always allowed)
+ALLOWED = {
+    'common': set(),
+    'sched': set(),
+    'nn': set(),
+    'push': set(),
+    'ckpt': set(),
+    'delta': {'ckpt'},
+    'store': {'ckpt', 'delta', 'push'},
+    'rl': {'nn', 'delta', 'ckpt'},
+    'sim': {'sched', 'push'},
+    'server': {'sched'},
+    'agent': {'server'},          # the agent talks to the server through its client
+    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched'},
+    'cli': {'common', 'sched', 'sim', 'server', 'agent', 'ckpt', 'delta', 'store',
+            'push', 'nn', 'rl', 'mainjob'},
+}
+ALLOWED['bench'] = ALLOWED['cli'] | {'cli'}
+# private headers another component may include: (user, header)
+PRIVATE_OK = {
+    ('cli', 'app/mainjob/mainjob_int.h'),
+    ('cli', 'control/sim/sim_push_int.h'),
+    ('bench', 'app/mainjob/mainjob_int.h'),
+    ('bench', 'control/sim/sim_push_int.h'),
+    ('bench', 'cli/cli_int.h'),
+}
+HEADER_COMP = {'common': 'common', 'fleetfile': 'common', 'sched': 'sched', 'sim': 'sim',
+               'server': 'server', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
+               'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl'}
+PREFIX_COMP = {'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
+               'ckpt_': 'ckpt', 'delta_': 'delta', 'store_': 'store', 'bcast_': 'push',
+               'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob'}
+FOLDER_COMP = {'engine': 'rl'}
+
+
+def component(path):
+    """The component a file under src/ or include/shoal/ belongs to."""
+    parts = path.split('/')
+    if parts[0] == 'bench':
+        return 'bench'
+    if parts[0] == 'include':
+        return HEADER_COMP.get(os.path.basename(path)[:-2])
+    if parts[1] in ('common', 'cli'):
+        return parts[1]
+    return FOLDER_COMP.get(parts[2], parts[2])
+
+
+def strip_comments(text):
+    text = re.sub(r'/\*.*?\*/', lambda m: '\n' * m.group(0).count('\n'), text, flags=re.S)
+    text = re.sub(r'//[^\n]*', '', text)
+    return re.sub(r'"(?:\\.|[^"\\\n])*"', '""', text)
+
+
+def main():
+    os.chdir(ROOT)
+    files = sorted(glob.glob('src/**/*.[ch]', recursive=True) + glob.glob('include/shoal/*.h') +
+                   glob.glob('bench/*.[ch]'))
+    bad = []
+    defs = {}          # function name -> file that defines it
+    local_defs = collections.defaultdict(set)   # file -> names it defines
+    texts = {}
+    for f in files:
+        raw = open(f, encoding='utf-8').read()
+        texts[f] = (raw, strip_comments(raw))
+        for m in re.finditer(r'^[A-Za-z_][\w \*]*?\b([a-z_][a-z0-9_]*)\s*\([^;{]*\)\s*\{',
+                             texts[f][1], flags=re.M):
+            defs.setdefault(m.group(1), f)
+            local_defs[f].add(m.group(1))
+    for f in files:
+        me = component(f)
+        if me is None:
+            bad.append(f'{f}: not in any component of docs/architecture.md')
+            continue
+        ok = ALLOWED[me] | {me, 'common'}
+        raw, code = texts[f]
+        for n, line in enumerate(raw.split('\n'), 1):
+            m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+            if not m:
+                continue
+            inc = m.group(1)
+            if inc.startswith('shoal/'):
+                dep = HEADER_COMP.get(inc[6:-2])
+            elif '/' in inc and not inc.startswith('..'):
+                dep = component('src/' + inc)
+                if dep != me and (me, inc) not in PRIVATE_OK:
+                    bad.append(f'{f}:{n}: includes {inc}, a private header of {dep}')
+            else:
+                continue
+            if dep is not None and dep not in ok:
+                bad.append(f'{f}:{n}: includes {inc}: {me} may not use {dep}')
+        own = set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)) & local_defs[f]
+        for m in re.finditer(r'\b((?:sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj)_)[a-z0-9_]*\s*\(', code):
+            dep = PREFIX_COMP[m.group(1)]
+            if m.group(0)[:-1].strip() in own:
+                continue
+            if dep not in ok:
+                line = code[:m.start()].count('\n') + 1
+                bad.append(f'{f}:{line}: calls {m.group(0)[:-1].strip()}: {me} may not use {dep}')
+    # Circles between the files of one component (sched and server).
+    known = set()
+    kpath = os.path.join('scripts', 'layers-known-cycles.txt')
+    if os.path.exists(kpath):
+        for line in open(kpath):
+            line = line.split('#')[0].strip()
+            if line:
+                known.add(frozenset(line.split()))
+    cycles = []
+    for comp in ('sched', 'server'):
+        cfiles = [f for f in files if f.startswith('src/') and component(f) == comp and f.endswith('.c')]
+        graph = collections.defaultdict(set)
+        for f in cfiles:
+            code = texts[f][1]
+            for name in set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)):
+                g = defs.get(name)
+                if g and g != f and g in cfiles:
+                    graph[f].add(g)
+        for scc in sccs(cfiles, graph):
+            if len(scc) > 1:
+                s = frozenset(os.path.basename(x) for x in scc)
+                cycles.append((comp, s))
+                if not any(s <= k for k in known):
+                    bad.append(f'{comp}: the files {" ".join(sorted(s))} call each other in a circle')
+    for line in bad:
+        print('check-layers: ' + line)
+    if bad:
+        print(f'check-layers: {len(bad)} finding(s) against docs/architecture.md')
+        return 1
+    open_c = ', '.join(f'{c}: {len(s)} files' for c, s in cycles) or 'none'
+    print(f'check-layers: {len(files)} files follow docs/architecture.md (known circles left: {open_c})')
+    return 0
+
+
+def sccs(nodes, graph):
+    """Tarjan's strongly connected components, iteratively."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]; counter[0] += 1
+        stack.append(root); on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]; counter[0] += 1
+                    stack.append(w); on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop(); on.discard(w); comp.append(w)
+                    if w == v:
+                        break
+                out.append(comp)
+    return out
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,108 @@
+/* Internal state of a node agent (src/control/agent only). */
+#ifndef SHOAL_AGENT_INT_H
+#define SHOAL_AGENT_INT_H
+
+#include <sys/types.h>
+
+#include "shoal/agent.h"
+#include "shoal/common.h"
+#include "shoal/server.h"
+
+enum { AM_READY, AM_RUNNING, AM_EXITED };
+enum { SB_NONE, SB_BWRAP, SB_GVISOR };
+
+#define AGENT_MAX_PROTECT 8
+#define AGENT_MAX_MASKS (2 + AGENT_MAX_PROTECT)
+/* Placeholder in a member's argv for the seccomp filter's fd. */
+#define AGENT_SECCOMP_FD "@shoal-seccomp-fd@"
+/* Members run as uid/gid AGENT_UID_BASE + the tenant's number (the server
+ * numbers tenants): far above any account a system creates. */
+#define AGENT_UID_BASE 2000000000u
+
+typedef struct agent_member {
+    int64_t job;
+    int attempt, rank, state, exit_code;
+    int reported;  /* the exit was sent in a poll */
+    int stopping;  /* the server no longer wants it */
+    pid_t pid;
+    uid_t uid;     /* the member's uid and gid */
+    int out_fd, barrier_fd, exec_fd;
+    double kill_at;
+    sh_buf log;    /* output not yet shipped */
+    size_t sent;   /* bytes of log in the poll under way */
+    char workdir[1024];
+    char cg[3][640]; /* memory, pids, cpu */
+    uint64_t disk_max, files_max; /* the work directory's bounds (quota.c) */
+    uint64_t disk_used;           /* bytes it held at the last look (0: none yet) */
+    double disk_next;             /* when it is measured next (monotonic) */
+} agent_member;
+
+typedef struct agent {
+    agent_config cfg;
+    srv_client *cl;
+    pid_t pid;
+    int mode;       /* SB_* */
+    char sandbox[160];
+    char cg_root[3][256]; /* memory, pids, cpu; "" where unusable */
+    char protect[AGENT_MAX_PROTECT][1024]; /* paths the server asked to hide */
+    int nprotect;
+    long long mem_mb; /* the node's memory */
+    int ncpu;
+    char gpu_type[64];
+    char work_abs[4096];
+    int gpus;
+    agent_member *m;
+    int nm, cap;
+    int64_t version;
+    size_t log_budget; /* bytes of JSON output one poll may carry */
+} agent;
+
+/* The output one poll carries when the server does not say its largest
+ * request body (half of its default, 1 MiB). */
+#define AGENT_LOG_BUDGET (512u << 10)
+
+/* Seconds between two measures of a member's work directory (quota.c). */
+#define AGENT_DISK_EVERY 0.5
+
+int agent__launch(agent *a, agent_member *m, const json_t *desired);
+/* The share of the node a member's GPUs are (1 on a node without GPUs). */
+double agent__node_share(const agent *a, const json_t *d);
+/* Bytes and files under dir (not crossing mounts); 1 when the walk
+ * stopped over max_bytes or max_files, 0 under them, or an SH_E* code. */
+int agent__dir_usage(const char *dir, uint64_t max_bytes, uint64_t max_files, uint64_t *bytes, uint64_t *files);
+/* Sets m's disk bounds: its share of the work root's file system, lowered
+ * by the job's disk_mb. */
+void agent__disk_init(const agent *a, agent_member *m, const json_t *d);
+/* Measures m's work directory when due; a member over its bounds is told
+ * why in its log and stopped. */
+void agent__disk_check(agent *a, agent_member *m, double now);
+int agent__release(agent *a, agent_member *m);
+void agent__stop(agent *a, agent_member *m, double now);
+void agent__cgroup_cleanup(agent_member *m);
+/* Appends to the member's log why its cgroups refused it anything. */
+void agent__limit_report(agent_member *m);
+void agent__cgroup_sweep(const char *root);
+void agent__cgroup_root(const char *ctl, char *out, size_t cap);
+/* The member's pids, memory and CPU limits: the job's own, else the node's
+ * share (sandbox.c). */
+void agent__limits(const agent *a, const json_t *d, long long *mem_mb, long long *npids, double *cpus);
+/* In the workload process, before the exec of argv: enters the member's
+ * jail (src/control/agent/jail.c); returns 0 or -errno. */
+int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv);
+/* The paths a member must not see, into masks; returns how many: the work
+ * root and the protected paths the server named that exist here (the
+ * outermost of them).  closed (4096 bytes, may be NULL) gets the work
+ * root's topmost ancestor others may not enter, or "". */
+int agent__masks(const agent *a, char (*masks)[4096], char *closed);
+/* 1 if path is dir or lies under it. */
+int agent__under(const char *path, const char *dir);
+/* gvisor.c: whether runsc runs a container here (why not, into why), and
+ * the member's OCI bundle and argv under runsc. */
+int agent__gvisor_works(char *why, size_t cap);
+char **agent__gvisor_argv(const agent *a, const agent_member *m, const json_t *d);
+void agent__gvisor_cleanup(const agent *a, const agent_member *m);
+/* Where the idmapped view of the member's k-th "writable" directory is
+ * mounted for runsc: an empty directory in its bundle. */
+void agent__gvisor_stage(const agent *a, const agent_member *m, int k, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,68 @@
+/* Internal to src/weights/store. */
+#ifndef SHOAL_STORE_INTERNAL_H
+#define SHOAL_STORE_INTERNAL_H
+
+#include "shoal/store.h"
+
+struct store {
+    char root[4096];
+    char run[65];
+    char dir[4096];      /* root/run */
+    char versions[4096]; /* root/run/versions */
+    char staging[4096];  /* root/run/staging */
+};
+
+#define STORE__ANCHOR_FILE "anchor.safetensors"
+#define STORE__DELTA_FILE "delta.shd"
+
+/* root/run/versions/<v, 10 digits> */
+int store__version_dir(const store *s, uint64_t v, char *out, size_t cap);
+int store__valid_run(const char *run);
+
+/* Takes the run's lock (flock(LOCK_EX) on R/lock; *fd, close it to let
+ * go): one publisher or collector per run at a time, so that version
+ * numbers never collide and gc never removes a version a publish is
+ * committing (folder renamed in, LATEST not yet moved). */
+int store__lock(store *s, int *fd);
+
+/* Removes what publishers that no longer run left under staging/ (every
+ * entry is named <...>.<pid>): a publish killed mid-way leaves up to a
+ * model's bytes there.  Under the run's lock (gc, publish). */
+void store__clean_staging(store *s);
+
+/* store.c's publish steps, shared with publish_mem.c. */
+int store__write_manifest(store *s, const char *dir, const store_version *m);
+int store__write_latest(store *s, uint64_t v);
+/* The anchor version v chains back to (v itself for an anchor). */
+int store__anchor_of(store *s, uint64_t v, uint64_t *out);
+
+/* Copies src to an open fd, hashing what it copies; fsyncs fd.  pg
+ * (optional) is advanced in bytes of src. */
+int store__copy_hash(const char *src, int fd, const char *dst_name, sh_hash128 *h, uint64_t *size,
+                     sh_progress *pg);
+/* Streams a file through xxh3-128. */
+int store__hash_file(const char *path, sh_hash128 *h, uint64_t *size);
+
+/* The delta codec (src/weights/delta), behind one seam so that the store's protocol
+ * does not depend on the codec's internals.  Each writes `out` durably. */
+int store__delta_make(const char *prev, const char *next, const char *out, sh_progress *pg);
+int store__delta_apply(const char *prev, const char *delta, const char *out);
+/* The same with the next version already opened (a folder's single view). */
+struct ckpt;
+int store__delta_make_ckpt(const char *prev, const struct ckpt *next, const char *out, sh_progress *pg);
+int store__delta_squash(const char *const *deltas, size_t n, const char *out);
+/* Rebuilds the single-file target of delta_path (`size` bytes) from a base
+ * already parsed in memory into a new file `out`, verified against the
+ * delta's digests.  Not fsynced: the caller makes it durable. */
+int store__delta_build(const struct ckpt *base, const char *delta_path, uint64_t size,
+                       const char *out);
+/* Applies delta_path in place to img (`size` bytes), a copy of its base in
+ * memory: only changed elements are written; verified; on failure img
+ * still holds the base. */
+struct delta_ip_cache;
+/* threads: delta_opts.threads (0: all cores); chunk_done / arg:
+ * delta_opts.chunk_done (NULL: none). */
+int store__delta_patch_mem(uint8_t *img, uint64_t size, const char *delta_path, struct delta_ip_cache *cache,
+                           int threads, void (*chunk_done)(void *, size_t, uint64_t, uint32_t), void *arg);
+
+#endif
