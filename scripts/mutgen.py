@@ -109,7 +109,7 @@ def parse_map(path):
 
 def parse_equiv(path):
     """tests/mutgen-equivalent.txt: `ID  reason` lines; the id's line number
-    is ignored when matching (FILE:KIND:HASH is the key)."""
+    and folder are ignored when matching (see key_of)."""
     eq = {}
     if not os.path.exists(path):
         return eq
@@ -125,10 +125,12 @@ def parse_equiv(path):
 
 
 def key_of(mid):
+    """FILE:KIND:HASH of an id, FILE without its folder: the line may move,
+    and the file may move to another folder (file names are unique)."""
     f, _, rest = mid.rpartition(":")  # hash
     f2, _, kind = f.rpartition(":")
     path, _, _line = f2.rpartition(":")
-    return f"{path}:{kind}:{rest}"
+    return f"{os.path.basename(path)}:{kind}:{rest}"
 
 
 # ---- A small C tokenizer ---------------------------------------------------
@@ -583,6 +585,21 @@ def seed_tree(tree):
             shutil.copy2(s, d)
 
 
+def prune_tree(tree):
+    """Removes the sources a private tree holds that the working tree no
+    longer has (a file moved or deleted since the tree was made): the
+    Makefile builds every src/*/*.c it finds."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           check=True, capture_output=True).stdout.split(b"\0")
+    keep = {f.decode() for f in files if f}
+    for top in ("src", "include", "tests", "fuzz"):
+        for d, _, names in os.walk(os.path.join(tree, top)):
+            for n in names:
+                rel = os.path.relpath(os.path.join(d, n), tree)
+                if rel not in keep and not rel.startswith("tests/browser/"):
+                    os.unlink(os.path.join(tree, rel))
+
+
 def binaries(tests):
     return sorted({"build/tests/" + t.split(":")[0] for t in tests})
 
@@ -600,6 +617,7 @@ class Runner:
         for tree in self.trees:
             seed_tree(tree)
             mutants.sync_tree(tree)
+            prune_tree(tree)
         base = os.path.join(self.logdir, "baseline.log")
         open(base, "w").close()
         need = binaries(tests)
@@ -758,8 +776,12 @@ def main():
                     if res == "SURVIVED":
                         print(f"             in {m['fn']}(): {m['before'][:100]!r}\n"
                               f"                     -> {m['after'][:100]!r}", flush=True)
-        except KeyboardInterrupt:
+        except BaseException:
+            # Interrupted (^C, SIGTERM): the mutants not started yet are
+            # dropped; the running one puts its file back on the way out.
             stop.set()
+            for fu in futs:
+                fu.cancel()
             raise
     # The trees' objects are rebuilt from the restored files on the next run.
     return summarise(results, entries, a, time.time() - t0, len(allm))

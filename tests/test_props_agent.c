@@ -101,11 +101,15 @@ static void test_seccomp_has_its_rules(void **state)
     tf_stop(&f);
 }
 
-/* One line of the member's cgroup file under root (group *-JOB-1-0). */
+/* The agent's pid: its groups are named NODE.AGENTPID-JOB-ATTEMPT-RANK
+ * (other tests on the host may run agents and jobs of the same numbers). */
+static pid_t agent_pid;
+
+/* One line of the member's cgroup file under root (group n0.PID-JOB-1-0). */
 static int member_cg_read(const char *root, int64_t job, const char *file, char *out, size_t cap)
 {
     char pat[600];
-    snprintf(pat, sizeof pat, "%s/*-%lld-1-0/%s", root, (long long)job, file);
+    snprintf(pat, sizeof pat, "%s/n0.%d-%lld-1-0/%s", root, (int)agent_pid, (long long)job, file);
     glob_t g;
     int rc = -1;
     out[0] = 0;
@@ -125,7 +129,7 @@ static void expect_cg(const char *root, int64_t job, const char *file, const cha
 {
     char got[128];
     if (member_cg_read(root, job, file, got, sizeof got) < 0)
-        fail_msg("job %lld: no %s/*-%lld-1-0/%s", (long long)job, root, (long long)job, file);
+        fail_msg("job %lld: no %s/n0.%d-%lld-1-0/%s", (long long)job, root, (int)agent_pid, (long long)job, file);
     if (strcmp(got, want)) fail_msg("job %lld: %s is \"%s\", expected \"%s\"", (long long)job, file, got, want);
 }
 
@@ -169,6 +173,7 @@ static void test_cgroup_limits_written(void **state)
     tf_fleet f = {0};
     tf_start_server(&f, "cglimits", 10);
     tf_start_agents(&f, 1, "H100", 16, "z", "ib");
+    agent_pid = f.agents[0];
     int64_t whole = submit_sh(&f, TF_BOB, "quarter", 4, "", "sleep 30");
     int64_t low = submit_sh(&f, TF_BOB, "low", 1, ",\"memory_mb\":300,\"pids_max\":50", "sleep 30");
     json_decref(tf_wait_job(&f, whole, "running", 30));

@@ -121,10 +121,10 @@ static void test_writable_each_condition(void **state)
     /* Alice's folder is alice's: not bob's, not above it for bob. */
     snprintf(p, sizeof p, "%s/x", wa);
     expect(&f, TF_ALICE, p, 201, NULL);
-    expect(&f, TF_BOB, p, 403, "another tenant's");
-    snprintf(p, sizeof p, "%s/y", wa);
     expect(&f, TF_BOB, p, 403, "gave another tenant");
-    expect(&f, TF_BOB, wa, 403, "gave another tenant");
+    snprintf(p, sizeof p, "%s/y", wa);
+    expect(&f, TF_BOB, p, 403, "lies in a folder the admin gave another tenant");
+    expect(&f, TF_BOB, wa, 403, "holds a folder the admin gave another tenant");
     /* A sibling that only starts like an allowed folder is not in it. */
     snprintf(p, sizeof p, "%s/wab", t);
     expect(&f, TF_ALICE, p, 201, NULL); /* under the shared test folder */
