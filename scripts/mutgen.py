@@ -605,10 +605,10 @@ def binaries(tests):
 
 
 class Runner:
-    def __init__(self, jobs, logdir):
+    def __init__(self, jobs, logdir, work):
         self.jobs = jobs
         self.logdir = logdir
-        self.trees = [os.path.join(WORK, f"tree-{k}") for k in range(jobs)]
+        self.trees = [os.path.join(work, f"tree-{k}") for k in range(jobs)]
         self.free = list(self.trees)
         self.lock = threading.Lock()
         self.broken = set()
@@ -689,6 +689,7 @@ def main():
     ap.add_argument("--counts", action="store_true", help="print the mutants per file and kind and stop")
     ap.add_argument("--report", help="also write the per-file table (markdown) here")
     ap.add_argument("--json", help="also write every result (JSON) here")
+    ap.add_argument("--work", default=WORK, help="folder for the private trees and logs (default build/mutgen)")
     ap.add_argument("--time-budget", type=float, default=0,
                     help="stop starting new mutants after this many seconds (the rest are reported NOTRUN)")
     a = ap.parse_args()
@@ -742,11 +743,12 @@ def main():
             print(f"{m['id']:50} {m['fn']:28} {m['before'][:60]!r} -> {m['after'][:60]!r}")
         print(f"{len(chosen)} of {len(allm)} mutants")
         return 0
-    logdir = os.path.join(WORK, "log")
+    a.work = os.path.abspath(a.work)
+    logdir = os.path.join(a.work, "log")
     shutil.rmtree(logdir, ignore_errors=True)
     os.makedirs(logdir)
     t0 = time.time()
-    runner = Runner(max(1, a.jobs), logdir)
+    runner = Runner(max(1, a.jobs), logdir, a.work)
     specs = {}
     for m in chosen:
         for t in m["tests"]:

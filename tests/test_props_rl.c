@@ -11,7 +11,7 @@
 
 #include <string.h>
 
-#include "rl/wire.h"
+#include "rl/engine/wire_int.h"
 #include "shoal/rl.h"
 
 #define SEED 4242
