@@ -692,8 +692,13 @@ def main():
     ap.add_argument("--work", default=WORK, help="folder for the private trees and logs (default build/mutgen)")
     ap.add_argument("--time-budget", type=float, default=0,
                     help="stop starting new mutants after this many seconds (the rest are reported NOTRUN)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="judge the results of earlier runs (--json files; a later file's result for a mutant "
+                         "replaces an earlier one's) against the current equivalents list, and report")
     a = ap.parse_args()
     entries = parse_map(MAP)
+    if a.merge:
+        return merge(a, entries)
     if a.files:
         globs = a.files.split(",")
         entries = [e for e in entries if any(fnmatch.fnmatch(e["file"], g) for g in globs)]
@@ -773,6 +778,8 @@ def main():
                 if res == "SURVIVED" and key_of(m["id"]) in equiv:
                     res, why = "EQUIVALENT", equiv[key_of(m["id"])]
                 results.append((m, res, why, dt))
+                if a.json:  # after each mutant: an interrupted run keeps what it found
+                    write_json(a.json, results)
                 if res != "NOTRUN":
                     print(f"{res:10} {m['id']:48} {why}  [{dt:.0f}s]", flush=True)
                     if res == "SURVIVED":
@@ -789,13 +796,48 @@ def main():
     return summarise(results, entries, a, time.time() - t0, len(allm))
 
 
+def write_json(path, results):
+    with open(path + ".tmp", "w") as f:
+        json.dump([{"id": m["id"], "fn": m["fn"], "result": res, "why": why, "seconds": round(dt, 1),
+                    "before": m["before"], "after": m["after"]} for m, res, why, dt in results], f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def merge(a, entries):
+    equiv = parse_equiv(EQUIV)
+    byid, order = {}, []
+    for path in a.merge:
+        for r in json.load(open(path)):
+            k = key_of(r["id"])
+            if k not in byid:
+                order.append(k)
+            elif r["result"] in ("NOTRUN",):
+                continue
+            byid[k] = r
+    results = []
+    known = {os.path.basename(e["file"]): e["file"] for e in entries}
+    for k in order:
+        r = byid[k]
+        res, why = r["result"], r["why"]
+        if res in ("SURVIVED", "EQUIVALENT"):
+            res, why = ("EQUIVALENT", equiv[k]) if k in equiv else ("SURVIVED", "every mapped test passed")
+        path = r["id"].split(":")[0]
+        m = {"id": r["id"], "file": known.get(os.path.basename(path), path), "fn": r["fn"], "before": r["before"],
+             "after": r["after"]}
+        if res == "SURVIVED":
+            print(f"SURVIVED   {r['id']:48} in {r['fn']}(): {r['before'][:70]!r} -> {r['after'][:70]!r}")
+        results.append((m, res, why, r["seconds"]))
+    return summarise(results, entries, a, sum(r["seconds"] for r in byid.values()), len(results))
+
+
 def summarise(results, entries, a, elapsed, total):
     cols = ("KILLED", "SURVIVED", "EQUIVALENT", "INVALID", "UNTESTED", "NOTRUN")
     per = {}
     for m, res, why, dt in results:
         d = per.setdefault(m["file"], {k: 0 for k in cols})
         d[res] += 1
-    order = [e["file"] for e in entries if e["file"] in per]
+    order = [e["file"] for e in entries if e["file"] in per] + sorted(f for f in per if f not in
+                                                                       {e["file"] for e in entries})
     tot = {k: sum(per[f][k] for f in order) for k in cols}
     lines = ["| file | killed | survived | equivalent | invalid | not run | score |", "|---|---|---|---|---|---|---|"]
     for f in order + ["total"]:
@@ -811,10 +853,8 @@ def summarise(results, entries, a, elapsed, total):
     if a.report:
         with open(a.report, "w") as f:
             f.write("\n".join(lines) + "\n\n" + summary + "\n")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([{"id": m["id"], "fn": m["fn"], "result": res, "why": why, "seconds": round(dt, 1),
-                        "before": m["before"], "after": m["after"]} for m, res, why, dt in results], f, indent=1)
+    if a.json and not a.merge:
+        write_json(a.json, results)
     return 1 if tot["SURVIVED"] or tot["UNTESTED"] else 0
 
 

@@ -4,12 +4,19 @@
  *    any one of their 128 bits are different;
  *  - a digest is read from exactly 32 hex digits, in either case, and any
  *    other character is refused (none is read as a value);
- *  - a run id is 1 to 64 characters, exactly at the boundary. */
+ *  - a run id is 1 to 64 characters, exactly at the boundary;
+ *  - a LATEST pointer lacking any of its fields is refused, naming it, and
+ *    version 1 is the first it may name;
+ *  - what the store publishes and a replica activates is readable by every
+ *    user and writable by its owner only: folders 0755, files 0644 (under
+ *    the process's umask). */
 #include "testutil.h"
 
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
+#include "shoal/ckpt.h"
 #include "shoal/store.h"
 
 static void test_digest_compare_whole(void **state)
@@ -65,12 +72,99 @@ static void test_run_name_bounds(void **state)
     store_close(s);
 }
 
+static void test_latest_fields_required(void **state)
+{
+    const char *root = tu_path("props-latest");
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    char p[4096];
+    snprintf(p, sizeof p, "%s/main/LATEST", root);
+    static const struct {
+        const char *text, *field;
+    } rows[] = {
+        {"{\"run\":\"main\",\"version\":1}", "format"},
+        {"{\"format\":\"shoal-latest/1\",\"version\":1}", "run"},
+        {"{\"format\":\"shoal-latest/1\",\"run\":\"main\"}", "version"},
+        {"{\"format\":1,\"run\":\"main\",\"version\":1}", "format"},
+        {"{\"format\":\"shoal-latest/1\",\"run\":7,\"version\":1}", "run"},
+        {"{\"format\":\"shoal-latest/1\",\"run\":\"main\",\"version\":\"1\"}", "version"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        tu_write_file(p, rows[i].text, strlen(rows[i].text));
+        uint64_t v = 99;
+        int rc = store_latest(s, &v);
+        if (rc != SH_EFORMAT || !strstr(sh_errmsg(), rows[i].field))
+            fail_msg("LATEST %s: %d \"%s\", expected a refusal naming \"%s\"", rows[i].text, rc, sh_errmsg(),
+                     rows[i].field);
+    }
+    /* Version 1 parses (and is missing here). */
+    const char *one = "{\"format\":\"shoal-latest/1\",\"run\":\"main\",\"version\":1}";
+    tu_write_file(p, one, strlen(one));
+    uint64_t v = 99;
+    TU_ERR(store_latest(s, &v), SH_ENOENT, "is missing");
+    store_close(s);
+}
+
+/* Checks the mode of every folder and file under dir; returns how many. */
+static int check_modes(const char *dir, mode_t um)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        assert_int_equal(lstat(p, &st), 0);
+        mode_t want = S_ISDIR(st.st_mode) ? (0755 & ~um) : (0644 & ~um);
+        if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) continue;
+        if ((st.st_mode & 07777) != want) fail_msg("%s: mode %04o, expected %04o", p, st.st_mode & 07777, want);
+        n++;
+        if (S_ISDIR(st.st_mode)) n += check_modes(p, um);
+    }
+    closedir(d);
+    return n;
+}
+
+static void test_published_modes(void **state)
+{
+    mode_t um = umask(022);
+    umask(um);
+    const char *root = tu_path("props-modes"), *rep = tu_path("props-modes-rep");
+    sh_rm_rf(root);
+    sh_rm_rf(rep);
+    TU_OK(ckpt_synth(tu_path("pm1.st"), 20000, 1));
+    TU_OK(ckpt_synth(tu_path("pm2.st"), 20000, 2));
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    TU_OK(store_publish(s, tu_path("pm1.st"), NULL, &v));
+    store_replica_config cfg = {0};
+    cfg.dir = rep;
+    cfg.store = root;
+    cfg.poll_s = 0.01;
+    store_replica *r;
+    TU_OK(store_replica_open(&cfg, &r));
+    TU_OK(store_replica_wait(r, 1, 30));
+    TU_OK(store_publish(s, tu_path("pm2.st"), NULL, &v));
+    TU_OK(store_replica_wait(r, 2, 30));
+    store_replica_close(r);
+    store_close(s);
+    assert_true(check_modes(root, um) >= 6);
+    assert_true(check_modes(rep, um) >= 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_digest_compare_whole),
         cmocka_unit_test(test_digest_parse_exact),
         cmocka_unit_test(test_run_name_bounds),
+        cmocka_unit_test(test_latest_fields_required),
+        cmocka_unit_test(test_published_modes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
