@@ -9,7 +9,9 @@
  *    version 1 is the first it may name;
  *  - what the store publishes and a replica activates is readable by every
  *    user and writable by its owner only: folders 0755, files 0644 (under
- *    the process's umask). */
+ *    the process's umask);
+ *  - a publish from memory without an image, or with a delta length and
+ *    no delta, is refused before anything is written. */
 #include "testutil.h"
 
 #include <string.h>
@@ -157,6 +159,33 @@ static void test_published_modes(void **state)
     assert_true(check_modes(rep, um) >= 3);
 }
 
+static void test_publish_mem_needs_image(void **state)
+{
+    const char *root = tu_path("props-pubmem");
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    TU_OK(ckpt_synth(tu_path("pmem.st"), 20000, 3));
+    size_t n;
+    uint8_t *img = tu_read_file(tu_path("pmem.st"), &n);
+    uint64_t v = 0;
+    TU_ERR(store_publish_mem(s, NULL, NULL, &v), SH_EINVAL, "needs the version's image");
+    store_mem_version in = {.image = NULL, .image_len = n};
+    TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_EINVAL, "needs the version's image");
+    in = (store_mem_version){.image = img, .image_len = 0};
+    TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_EINVAL, "needs the version's image");
+    in = (store_mem_version){.image = img, .image_len = n, .delta = NULL, .delta_len = 10};
+    TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_EINVAL, "a delta length without a delta");
+    uint64_t latest = 9;
+    TU_OK(store_latest(s, &latest));
+    assert_int_equal(latest, 0); /* nothing was published */
+    in = (store_mem_version){.image = img, .image_len = n};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 1);
+    free(img);
+    store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -165,6 +194,7 @@ int main(void)
         cmocka_unit_test(test_run_name_bounds),
         cmocka_unit_test(test_latest_fields_required),
         cmocka_unit_test(test_published_modes),
+        cmocka_unit_test(test_publish_mem_needs_image),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
