@@ -11,13 +11,23 @@
  *    user and writable by its owner only: folders 0755, files 0644 (under
  *    the process's umask);
  *  - a publish from memory without an image, or with a delta length and
- *    no delta, is refused before anything is written. */
+ *    no delta, is refused before anything is written;
+ *  - a replica never activates a pushed version whose bytes differ from
+ *    its manifest's model digest, even when the payload itself checks out
+ *    (its hash, and the delta's own digests). */
 #include "testutil.h"
 
 #include <string.h>
 #include <dirent.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
+#include "shoal/bcast.h"
 #include "shoal/ckpt.h"
 #include "shoal/store.h"
 
@@ -186,6 +196,77 @@ static void test_publish_mem_needs_image(void **state)
     store_close(s);
 }
 
+static void *root_loop(void *arg)
+{
+    bcast_node_run(arg, 120);
+    return NULL;
+}
+
+/* Version 2 is a delta whose manifest names a model digest one hex digit
+ * off (the payload's own hash and the delta's digests are right, so the
+ * push tree and the codec pass it): a real `shoal replica` fed by a push
+ * root takes version 1 and must never activate version 2. */
+static void test_pushed_version_digest_checked(void **state)
+{
+    const char *root = tu_path("props-push"), *dir = tu_path("props-push-rep");
+    sh_rm_rf(root);
+    sh_rm_rf(dir);
+    TU_OK(ckpt_synth(tu_path("pp1.st"), 100000, 5));
+    TU_OK(ckpt_step(tu_path("pp1.st"), tu_path("pp2.st"), 1e-3, 1, 6));
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    TU_OK(store_publish(s, tu_path("pp1.st"), NULL, &v));
+    TU_OK(store_publish(s, tu_path("pp2.st"), NULL, &v));
+    char pay[2][4096], *text[2];
+    store_version m[2];
+    for (int k = 0; k < 2; k++) {
+        TU_OK(store_get(s, (uint64_t)k + 1, &m[k], &text[k]));
+        TU_OK(store_payload_path(s, (uint64_t)k + 1, pay[k], sizeof pay[k]));
+    }
+    store_close(s);
+    assert_false(m[1].anchor);
+    char hex[33];
+    sh_hash128_hex(m[1].model_xxh3, hex);
+    char *at = strstr(text[1], hex);
+    assert_non_null(at);
+    at[31] = at[31] == '0' ? '1' : '0';
+    bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
+    bcast_node *n;
+    TU_OK(bcast_node_new(&bc, &n));
+    TU_OK(bcast_node_add_object(n, text[0], pay[0]));
+    TU_OK(bcast_node_add_object(n, text[1], pay[1]));
+    free(text[0]);
+    free(text[1]);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, root_loop, n), 0);
+    char log[4096], cmd[8192];
+    snprintf(log, sizeof log, "%s.log", dir);
+    snprintf(cmd, sizeof cmd, "exec %s replica --dir %s --parent %s --until 2 --seconds 8 --json >%s 2>&1", tu_shoal(),
+             dir, bcast_node_address(n), log);
+    char *out = NULL;
+    int rc = tu_run(&out, "%s", cmd);
+    free(out);
+    bcast_node_stop(n);
+    bcast_node_wake(n);
+    pthread_join(th, NULL);
+    bcast_node_free(n);
+    char *l = NULL;
+    size_t tl;
+    if (sh_read_file(log, 1 << 20, &l, &tl) < 0) l = strdup("(no log)");
+    char active[4200], *act = NULL;
+    snprintf(active, sizeof active, "%s/ACTIVE", dir);
+    if (sh_read_file(active, 1 << 16, &act, &tl) < 0) act = strdup("");
+    json_t *j = json_loads(act, 0, NULL);
+    long long on = j ? (long long)json_integer_value(json_object_get(j, "version")) : 0;
+    json_decref(j);
+    if (rc == 0 || on == 2) fail_msg("the replica activated version 2 (exit %d): ACTIVE %s\n%s", rc, act, l);
+    if (on != 1) fail_msg("the replica did not take version 1: ACTIVE %s\n%s", act, l);
+    if (!strstr(l, "not the manifest's model_xxh3")) fail_msg("the replica did not say why: %s", l);
+    free(act);
+    free(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -195,6 +276,7 @@ int main(void)
         cmocka_unit_test(test_latest_fields_required),
         cmocka_unit_test(test_published_modes),
         cmocka_unit_test(test_publish_mem_needs_image),
+        cmocka_unit_test(test_pushed_version_digest_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
