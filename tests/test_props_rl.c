@@ -5,10 +5,15 @@
  *  - the version bounds are exact at the boundary: a trajectory that
  *    started at the request's min_version, or ended at the trainer's
  *    newest version, is taken; one version past either is refused; and the
- *    same for REFUSE and BYE.
- * Pure: rl__trajs_check and the task's reward, no trainer. */
+ *    same for REFUSE and BYE;
+ *  - an async run's staleness bound is exact: no step trains on a
+ *    trajectory more than max_lag versions old, and the bound is reached
+ *    (the trainer does not hold the workers to a stricter one).
+ * The first two are pure (rl__trajs_check and the task's reward); the last
+ * runs `shoal rl train`. */
 #include "testutil.h"
 
+#include <jansson.h>
 #include <string.h>
 
 #include "rl/engine/wire_int.h"
@@ -147,11 +152,41 @@ static void test_version_bounds_exact(void **state)
     }
 }
 
+static void test_staleness_bound_exact(void **state)
+{
+    for (int lag = 1; lag <= 2; lag++) {
+        char *out = NULL;
+        int rc = tu_run(&out, "%s rl train --mode async --max-lag %d --steps 6 --warm 0 --eval-every 100 --eval-n 1 "
+                        "--prompts 4 --gen-cost 1 --quiet --json 2>/dev/null", tu_shoal(), lag);
+        if (rc != 0) fail_msg("rl train --max-lag %d: exit %d", lag, rc);
+        json_t *j = NULL;
+        TU_OK(sh_json_parse(out, strlen(out), "rl train", &j));
+        free(out);
+        json_t *h = json_object_get(j, "staleness_hist"), *steps = json_object_get(j, "step_stats");
+        assert_int_equal(json_array_size(h), lag + 1);
+        long total = 0;
+        for (size_t i = 0; i < json_array_size(h); i++) total += (long)json_integer_value(json_array_get(h, i));
+        assert_int_equal(total, 6 * 4 * 8); /* steps x prompts x group */
+        assert_int_equal(json_array_size(steps), 6);
+        long top = 0;
+        for (size_t i = 0; i < 6; i++) {
+            long m = (long)json_integer_value(json_object_get(json_array_get(steps, i), "staleness_max"));
+            if (m > lag) fail_msg("--max-lag %d: step %zu trained on a trajectory %ld versions old", lag, i + 1, m);
+            if (m > top) top = m;
+        }
+        if (top != lag) fail_msg("--max-lag %d: no step reached the bound (at most %ld)", lag, top);
+        if (!json_integer_value(json_array_get(h, (size_t)lag)))
+            fail_msg("--max-lag %d: no trajectory of staleness %d", lag, lag);
+        json_decref(j);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reward_recomputed_every_task),
         cmocka_unit_test(test_version_bounds_exact),
+        cmocka_unit_test(test_staleness_bound_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
