@@ -406,7 +406,7 @@ static int check_writable(srv *s, const srv_job *j)
                 others |= srv__path_under(a, p);
                 /* Reached through a shared folder that holds it, another
                  * tenant's folder is still that tenant's. */
-                inside |= srv__path_under(p, a);
+                inside |= srv__path_under(p, a) && strcmp(p, a);
                 continue;
             }
             ok |= srv__path_under(p, a);
