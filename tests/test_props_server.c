@@ -7,7 +7,7 @@
  *    path, outside the state directory, under a folder the admin allows
  *    the tenant, holding none given to another, and not another tenant's
  *    (a folder, one inside it or one above it); a sibling whose name only
- *    starts the same is not inside. */
+ *    starts the same is not inside; the admin's jobs take no folder. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -144,6 +144,10 @@ static void test_writable_each_condition(void **state)
     snprintf(p, sizeof p, "%s/shared/one", t);
     expect(&f, TF_ALICE, p, 201, NULL);
     expect(&f, TF_ADMIN, p, 201, NULL);
+    /* The admin is no tenant: what its jobs name stays free for tenants. */
+    snprintf(p, sizeof p, "%s/shared/adm", t);
+    expect(&f, TF_ADMIN, p, 201, NULL);
+    expect(&f, TF_BOB, p, 201, NULL);
     /* Outside every allowed folder. */
     expect(&f, TF_ALICE, "/usr/share", 403, "not under a directory the admin allows");
     tf_stop(&f);
