@@ -507,7 +507,7 @@ static int ucx_baseline(const char *base, uint64_t bytes, uint64_t chunk, double
 /* The default link: one this machine can emulate faithfully for n replicas.
  * The link model is a sender-side limiter, so the nodes' CPU must keep up
  * with n links at once: at the push path's cost here (about 6 CPU-s per GB
- * received, for a relay that receives and forwards; docs/results.md),
+ * received, for a relay that receives and forwards; bench/results/2026-12-03-notebook.md),
  * 0.1 GB/s received per core keeps the nodes at about 60 % of the cores,
  * with room left for the applies and the machine's other work.  At most
  * 1 Gb/s; two decimals.  2 cores: 1 Gb/s for 1 replica, 0.4 at 4, 0.1 at 16. */

@@ -1,5 +1,5 @@
 /* shoal bench write: the ways a replica can put a new model file's bytes in
- * place, timed on this machine (docs/results.md, "Writing a model file").
+ * place, timed on this machine (bench/results/2026-12-03-notebook.md, "Writing a model file").
  * A replica writes each version from its image in anonymous memory into
  * the file its activation before last replaced (src/weights/store/activate.c); the
  * bench compares pwrite with a copy through a mapping of the file. */

@@ -4,7 +4,9 @@
 Reads every source and header under src/, bench/ and include/shoal/ and fails when
   * a file includes a header of a component it may not use (ALLOWED below),
   * a file calls a function of a component it may not use (found by the
-    component's name prefix: `store_`, `delta_`, ...), or
+    component's name prefix: `store_`, `delta_`, ...),
+  * a file outside src/net sets UCX up (ucp_init, ucp_worker_create,
+    ucp_listener_create, ucp_ep_create, ...),
   * a component includes another component's private header (`*_int.h`)
     other than those PRIVATE_OK names, or
   * the calls between the files of one component form a circle that is not
@@ -23,18 +25,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # component -> components it may use (common is always allowed)
 ALLOWED = {
     'common': set(),
+    'net': set(),
     'sched': set(),
     'nn': set(),
-    'push': set(),
+    'push': {'net'},
     'ckpt': set(),
     'delta': {'ckpt'},
-    'store': {'ckpt', 'delta', 'push'},
-    'rl': {'nn', 'delta', 'ckpt'},
+    'store': {'ckpt', 'delta', 'push', 'net'},
+    'rl': {'nn', 'delta', 'ckpt', 'net'},
     'sim': {'sched', 'push'},
     'server': {'sched'},
     'agent': {'server'},          # the agent talks to the server through its client
-    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched'},
-    'cli': {'common', 'sched', 'sim', 'server', 'agent', 'ckpt', 'delta', 'store',
+    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched', 'net'},
+    'cli': {'common', 'net', 'sched', 'sim', 'server', 'agent', 'ckpt', 'delta', 'store',
             'push', 'nn', 'rl', 'mainjob'},
 }
 ALLOWED['bench'] = ALLOWED['cli'] | {'cli'}
@@ -48,8 +51,8 @@ PRIVATE_OK = {
 }
 HEADER_COMP = {'common': 'common', 'fleetfile': 'common', 'sched': 'sched', 'sim': 'sim',
                'server': 'server', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
-               'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl'}
-PREFIX_COMP = {'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
+               'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl', 'net': 'net'}
+PREFIX_COMP = {'net_': 'net', 'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
                'ckpt_': 'ckpt', 'delta_': 'delta', 'store_': 'store', 'bcast_': 'push',
                'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob'}
 FOLDER_COMP = {'engine': 'rl'}
@@ -62,7 +65,7 @@ def component(path):
         return 'bench'
     if parts[0] == 'include':
         return HEADER_COMP.get(os.path.basename(path)[:-2])
-    if parts[1] in ('common', 'cli'):
+    if parts[1] in ('common', 'cli', 'net'):
         return parts[1]
     return FOLDER_COMP.get(parts[2], parts[2])
 
@@ -111,13 +114,21 @@ def main():
             if dep is not None and dep not in ok:
                 bad.append(f'{f}:{n}: includes {inc}: {me} may not use {dep}')
         own = set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)) & local_defs[f]
-        for m in re.finditer(r'\b((?:sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj)_)[a-z0-9_]*\s*\(', code):
+        for m in re.finditer(r'\b((?:net|sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj)_)[a-z0-9_]*\s*\(', code):
             dep = PREFIX_COMP[m.group(1)]
             if m.group(0)[:-1].strip() in own:
                 continue
             if dep not in ok:
                 line = code[:m.start()].count('\n') + 1
                 bad.append(f'{f}:{line}: calls {m.group(0)[:-1].strip()}: {me} may not use {dep}')
+    # UCX set-up lives in net only.
+    for f in files:
+        if component(f) == 'net':
+            continue
+        for m in re.finditer(r'\b(ucp_init|ucp_config_read|ucp_worker_create|ucp_listener_create|ucp_ep_create|'
+                             r'ucp_cleanup|ucp_worker_destroy)\s*\(', texts[f][1]):
+            line = texts[f][1][:m.start()].count('\n') + 1
+            bad.append(f'{f}:{line}: calls {m.group(1)}: UCX set-up belongs to src/net')
     # Circles between the files of one component (sched and server).
     known = set()
     kpath = os.path.join('scripts', 'layers-known-cycles.txt')

@@ -570,7 +570,7 @@ static void test_refuse_bye_hello(void **state)
 /* What the checks cost the trainer's event loop: a step's batch at the
  * defaults (8 prompts x 8 samples of the code task, real rollouts of a
  * real model), checked whole, rewards recomputed.  Printed, for
- * docs/results.md; the assertion is that every honest record passes. */
+ * bench/results/2026-12-03-notebook.md; the assertion is that every honest record passes. */
 static void test_check_cost(void **state)
 {
     rl_config c;

@@ -130,7 +130,7 @@ static void test_deepseek_fp8(void **state)
     /* FP8 weights change rarely at this learning rate (0.06% of elements,
      * each by one step): the codec spends ~14.5 bits per change against an
      * entropy bound of ~13.5, xor+zstd-1 about twice that, so the pair
-     * lands at 0.50-0.53 x rather than under 0.5 (see docs/results.md). */
+     * lands at 0.50-0.53 x rather than under 0.5 (see bench/results/2026-12-03-notebook.md). */
     check_pair("ds", "deepseek-v3", &o, 0, 0.55);
 }
 

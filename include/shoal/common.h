@@ -112,23 +112,6 @@ int sh_hash128_eq(sh_hash128 a, sh_hash128 b);
 void sh_hash128_hex(sh_hash128 h, char out[33]);
 int sh_hash128_parse(const char *hex, sh_hash128 *out);
 
-/* ---- The run secret -------------------------------------------------------
- * The processes of one run (a trainer, its rollout workers, their replicas
- * and the push root) prove to each other that they belong to it with a
- * shared secret: SHOAL_RUN_SECRET, 32 hex digits (128 random bits) in their
- * environment (docs/security.md, "A run's own network services").  A peer
- * that does not present it is refused.  Returns 1 with *out set when the
- * variable is set, 0 when it is unset or empty (no secret: anyone may
- * connect), SH_EFORMAT naming the variable when it is malformed. */
-int sh_run_secret(sh_hash128 *out);
-/* Compares two secrets in time independent of where they differ. */
-int sh_secret_eq(sh_hash128 a, sh_hash128 b);
-/* Proof of the secret without revealing it: HMAC-SHA256 keyed by the
- * secret over the NUL-terminated label and the nonce, truncated to 128
- * bits.  Each side of a handshake uses its own label. */
-sh_hash128 sh_secret_proof(sh_hash128 secret, const char *label, sh_hash128 nonce);
-/* 128 bits from getrandom(). */
-int sh_nonce(sh_hash128 *out);
 
 /* ---- Files --------------------------------------------------------------- */
 
@@ -310,6 +293,22 @@ void sh_free(void *p);
 /* Serialises j as compact JSON into *out (caller frees with sh_free) and
  * drops the caller's reference to j, whatever happens. */
 int sh_json_take_text(json_t *j, char **out);
+
+/* ---- One process fan-out (fanout.c) -------------------------------------
+ * For experiments that run many independent tasks (the RL sweep, the
+ * fleet-cost experiment).
+ * Runs tasks 0..total-1, each in a child process of its own, up to `jobs` (1..64)
+ * at a time.  In its child a task's fn returns its result (NULL with *rc and
+ * sh_errmsg() set on failure) and may report progress with sh_fanout_step(fd,
+ * units done).  results[t] gets task t's result (caller owns them; NULL for
+ * a task that failed).  progress (optional) gets the units done over all
+ * tasks, units_each per finished task.  The first failure stops new tasks
+ * and is returned once the running ones end. */
+typedef json_t *(*sh_task_fn)(void *arg, int task, int fd, int *rc);
+typedef void (*sh_units_fn)(void *arg, uint64_t units);
+int sh_fanout(int total, int jobs, int units_each, sh_task_fn fn, void *arg, sh_units_fn progress,
+              void *parg, json_t **results);
+void sh_fanout_step(int fd, int units);
 
 #ifdef __cplusplus
 }

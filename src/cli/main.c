@@ -129,6 +129,11 @@ static int dispatch(const struct cli_entry *t, const char *what, int argc, char 
 static int exec_core(char **argv)
 {
     char self[PATH_MAX], path[PATH_MAX + 32];
+    /* UCX writes its own log lines to stdout unless told otherwise, which
+     * would break a command's --json output (one JSON object on stdout).
+     * It reads the setting when its library loads, so it is set here,
+     * before shoal-core starts.  A value the user set wins. */
+    setenv("UCX_LOG_FILE", "stderr", 0);
     const char *env = getenv("SHOAL_CORE");
     if (env && *env) {
         execv(env, argv);

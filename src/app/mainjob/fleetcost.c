@@ -114,7 +114,7 @@ static int build_pools(const mj_fleet *f, const char *ttype, int tgpus, double t
 static void on_event(const json_t *ev, void *ctx)
 {
     if (!strcmp(json_string_value(json_object_get(ev, "event")) ?: "", "step"))
-        mj_fanout_step(*(int *)ctx, (int)json_integer_value(json_object_get(ev, "step")));
+        sh_fanout_step(*(int *)ctx, (int)json_integer_value(json_object_get(ev, "step")));
 }
 
 static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
@@ -307,7 +307,7 @@ static json_t *fc_task(void *arg, int t, int fd, int *rc)
     return run_pool(&f->p[t / f->seeds], f->seed0 + (uint64_t)(t % f->seeds), f->trainer_per_h, &fd, rc);
 }
 
-int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base0, mj_progress_fn progress, void *parg,
+int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base0, sh_units_fn progress, void *parg,
                   json_t **result)
 {
     *result = NULL;
@@ -335,7 +335,7 @@ int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base0, mj_progres
     json_t **res = calloc((size_t)total, sizeof *res);
     if (!res) rc = sh_err(SH_ENOMEM, "fleet cost");
     fc_run fr = {p, o->seeds, base.seed, o->tg * tprice};
-    if (!rc) rc = mj_fanout(total, o->jobs, base.steps, fc_task, &fr, progress, parg, res);
+    if (!rc) rc = sh_fanout(total, o->jobs, base.steps, fc_task, &fr, progress, parg, res);
     if (tmp[0]) sh_rm_rf(tmp);
     json_t *out = json_object(), *runs[NPOOL];
     for (int i = 0; i < NPOOL; i++) runs[i] = json_array();

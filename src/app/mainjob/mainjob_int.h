@@ -193,20 +193,6 @@ void mj_plot_bars(sh_buf *b, const char *title, const char *unit, const char *co
                   int n);
 int mj_report_write(const char *run, json_t **summary);
 
-/* ---- One process fan-out (fanout.c) ---------------------------------------
- * Runs tasks 0..total-1, each in a child process of its own, up to `jobs` (1..64)
- * at a time.  In its child a task's fn returns its result (NULL with *rc and
- * sh_errmsg() set on failure) and may report progress with mj_fanout_step(fd,
- * units done).  results[t] gets task t's result (caller owns them; NULL for
- * a task that failed).  progress (optional) gets the units done over all
- * tasks, units_each per finished task.  The first failure stops new tasks
- * and is returned once the running ones end. */
-typedef json_t *(*mj_task_fn)(void *arg, int task, int fd, int *rc);
-typedef void (*mj_progress_fn)(void *arg, uint64_t units);
-int mj_fanout(int total, int jobs, int units_each, mj_task_fn fn, void *arg, mj_progress_fn progress,
-              void *parg, json_t **results);
-void mj_fanout_step(int fd, int units);
-
 /* ---- The fleet-cost experiment (fleetcost.c, docs/mainjob.md) ------------ */
 typedef struct mj_fleetcost_opts {
     const char *fleet, *speeds; /* fleet and speed tables */
@@ -219,7 +205,7 @@ typedef struct mj_fleetcost_opts {
 
 /* Runs the three pools from every seed with base's options and returns the
  * experiment's object (docs/mainjob.md, `--json`); the caller owns it. */
-int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base, mj_progress_fn progress, void *parg,
+int mj_fleet_cost(const mj_fleetcost_opts *o, const rl_config *base, sh_units_fn progress, void *parg,
                   json_t **result);
 
 /* ---- The trainer and worker processes (trainer.c, worker.c) --------------

@@ -24,6 +24,7 @@
 #include <ucp/api/ucp.h>
 
 #include "app/mainjob/mainjob_int.h"
+#include "shoal/net.h"
 
 struct mj_ring {
     int rank, world;
@@ -144,11 +145,7 @@ static void conn_cb(ucp_conn_request_h req, void *arg)
         ucp_listener_reject(r->listener, req);
         return;
     }
-    ucp_ep_params_t p = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                         .conn_request = req, .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-                         .err_handler = {.cb = ep_err_cb, .arg = r}};
-    if (ucp_ep_create(r->worker, &p, &r->prev[r->nprev]) == UCS_OK) r->nprev++;
+    if (net_ucx_accept(&(net_ucx){.worker = r->worker}, req, ep_err_cb, r, &r->prev[r->nprev]) == 0) r->nprev++;
 }
 
 /* Closes an endpoint, flushing what was sent on it first (a completed
@@ -172,50 +169,20 @@ static void close_ep(mj_ring *r, ucp_ep_h ep, int force)
     }
 }
 
-static int addr_of(const char *host, int port, struct sockaddr_in *sa)
-{
-    memset(sa, 0, sizeof *sa);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)port);
-    if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
-        return sh_err(SH_EINVAL, "ring: \"%s\" is not an IPv4 address (MASTER_ADDR)", host);
-    return 0;
-}
-
 /* Listens on host:port (0: an ephemeral port); *port_out gets the port. */
 static int start(mj_ring *r, const char *host, int port, int *port_out)
 {
-    ucp_config_t *conf;
-    if (ucp_config_read(NULL, NULL, &conf) != UCS_OK) return sh_err(SH_EIO, "ring: UCX configuration");
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP};
-    ucs_status_t st = ucp_init(&p, conf, &r->ctx);
-    ucp_config_release(conf);
-    if (st != UCS_OK) {
-        r->ctx = NULL;
-        return sh_err(SH_EIO, "ring: ucp_init: %s (check UCX_TLS)", ucs_status_string(st));
-    }
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    if ((st = ucp_worker_create(r->ctx, &wp, &r->worker)) != UCS_OK) {
-        r->worker = NULL;
-        return sh_err(SH_EIO, "ring: ucp_worker_create: %s", ucs_status_string(st));
-    }
-    if (ucp_worker_get_efd(r->worker, &r->efd) != UCS_OK) r->efd = -1; /* then it spins */
+    char who[48], want[96];
+    snprintf(who, sizeof who, "ring rank %d", r->rank);
+    snprintf(want, sizeof want, "%s:%d", host, port);
     struct sockaddr_in sa;
-    SH_TRY(addr_of(host, port, &sa));
-    ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
-                                              UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-                                .sockaddr = {.addr = (struct sockaddr *)&sa, .addrlen = sizeof sa},
-                                .conn_handler = {.cb = conn_cb, .arg = r}};
-    if ((st = ucp_listener_create(r->worker, &lp, &r->listener)) != UCS_OK) {
-        r->listener = NULL;
-        return sh_err(SH_EIO, "ring rank %d: listen on %s:%d: %s", r->rank, host, port,
-                      ucs_status_string(st));
-    }
-    ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
-    if (ucp_listener_query(r->listener, &la) != UCS_OK)
-        return sh_err(SH_EIO, "ring rank %d: listener query", r->rank);
-    *port_out = ntohs(((const struct sockaddr_in *)&la.sockaddr)->sin_port);
+    SH_TRY(net_addr_parse(want, "ring address (MASTER_ADDR:port)", &sa));
+    net_ucx u;
+    SH_TRY(net_ucx_open(&u, who, UCP_FEATURE_TAG));
+    r->ctx = u.ctx, r->worker = u.worker, r->efd = u.efd; /* efd -1: then it spins */
+    SH_TRY(net_ucx_listen(&u, who, want, conn_cb, r));
+    r->listener = u.listener;
+    *port_out = atoi(strrchr(u.addr, ':') + 1);
     return 0;
 }
 
@@ -252,20 +219,14 @@ static int rendezvous(mj_ring *r, const char *dir, int port, int *next_port)
  * retried on a new endpoint every 100 ms until the deadline. */
 static int connect_next(mj_ring *r, const char *host, int port)
 {
-    struct sockaddr_in sa;
     int nrank = (r->rank + 1) % r->world;
-    SH_TRY(addr_of(host, port, &sa));
+    char who[48], peer[96];
+    snprintf(who, sizeof who, "ring rank %d", r->rank);
+    snprintf(peer, sizeof peer, "%s:%d", host, port);
     double deadline = sh_now_mono() + r->timeout_s, keep = r->timeout_s;
     int32_t me = r->rank;
     for (;;) {
-        ucp_ep_params_t p = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                                           UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                                           UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                             .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-                             .sockaddr = {.addr = (struct sockaddr *)&sa, .addrlen = sizeof sa},
-                             .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-                             .err_handler = {.cb = ep_err_cb, .arg = r}};
-        if (ucp_ep_create(r->worker, &p, &r->next) != UCS_OK) r->next = NULL;
+        if (net_ucx_connect(&(net_ucx){.worker = r->worker}, who, peer, ep_err_cb, r, &r->next) < 0) r->next = NULL;
         r->timeout_s = 5;
         int rc = r->next ? ring_send(r, &me, sizeof me, tag_of(r, 0, PH_HELLO, 0), "hello") : SH_EIO;
         r->timeout_s = keep;
@@ -292,7 +253,7 @@ int mj_ring_new(int rank, int world, const char *host, int base_port, const char
     r->efd = -1;
     r->op = 1;
     sh_hash128 secret;
-    int rc = sh_run_secret(&secret);
+    int rc = net_run_secret(&secret);
     r->tag_key = rc == 1 ? sh_hash64_of(&secret, sizeof secret) : 0;
     if (rc > 0) rc = 0;
     if (!rc && world > 1) {
@@ -320,10 +281,8 @@ void mj_ring_free(mj_ring *r)
     if (r->worker) {
         close_ep(r, r->next, 0);
         for (int i = 0; i < r->nprev; i++) close_ep(r, r->prev[i], 0);
-        if (r->listener) ucp_listener_destroy(r->listener);
-        ucp_worker_destroy(r->worker);
     }
-    if (r->ctx) ucp_cleanup(r->ctx);
+    net_ucx_close(&(net_ucx){.ctx = r->ctx, .worker = r->worker, .listener = r->listener});
     free(r->scratch);
     free(r);
 }

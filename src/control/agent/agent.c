@@ -4,8 +4,10 @@
 #include "agent_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -126,6 +128,16 @@ static int do_register(agent *a)
     return rc;
 }
 
+/* Reaps the cleaners that are done (all of them, waiting, with `all`). */
+static void reap_cleaners(agent *a, int all)
+{
+    for (int i = a->ncleaners - 1; i >= 0; i--) {
+        pid_t r;
+        while ((r = waitpid(a->cleaners[i], NULL, all ? 0 : WNOHANG)) < 0 && errno == EINTR) {}
+        if (r != 0) a->cleaners[i] = a->cleaners[--a->ncleaners];
+    }
+}
+
 static agent_member *find(agent *a, int64_t job, int attempt, int rank)
 {
     for (int i = 0; i < a->nm; i++)
@@ -151,6 +163,7 @@ static void drain(agent_member *m)
 static int collect(agent *a, double now)
 {
     int news = 0;
+    reap_cleaners(a, 0);
     for (int i = 0; i < a->nm; i++) {
         agent_member *m = &a->m[i];
         drain(m);
@@ -201,6 +214,22 @@ static json_t *reports(agent *a, json_t **logs)
     return out;
 }
 
+/* Removes a finished member's work directory in a child process, at low
+ * priority: the removal (iterative, sh_rm_rf) of a tree of any depth or
+ * size never holds the loop, so heartbeats go on while it runs. */
+static void remove_async(agent *a, const char *dir)
+{
+    if (a->ncleaners == (int)(sizeof a->cleaners / sizeof a->cleaners[0])) reap_cleaners(a, 1);
+    pid_t p = fork();
+    if (p == 0) {
+        setpriority(PRIO_PROCESS, 0, 10);
+        if (sh_rm_rf(dir) < 0) sh_warn("agent: %s", sh_errmsg());
+        _exit(0);
+    }
+    if (p < 0) sh_rm_rf(dir);
+    else a->cleaners[a->ncleaners++] = p;
+}
+
 static void forget(agent *a, int i)
 {
     agent_member *m = &a->m[i];
@@ -209,7 +238,8 @@ static void forget(agent *a, int i)
     if (m->exec_fd >= 0) close(m->exec_fd);
     sh_buf_free(&m->log);
     agent__cgroup_cleanup(m);
-    sh_rm_rf(m->workdir);
+    agent__disk_abort(m);
+    remove_async(a, m->workdir);
     if (a->mode == SB_GVISOR) agent__gvisor_cleanup(a, m);
     a->m[i] = a->m[--a->nm];
 }
@@ -228,9 +258,8 @@ static void start_member(agent *a, const json_t *d, int64_t job, int attempt, in
     m->job = job;
     m->attempt = attempt;
     m->rank = rank;
-    m->out_fd = m->barrier_fd = m->exec_fd = -1;
-    agent__disk_init(a, m, d);
-    if (agent__launch(a, m, d) < 0) {
+    m->out_fd = m->barrier_fd = m->exec_fd = m->disk_fd = -1;
+    if (agent__disk_init(a, m, d) < 0 || agent__launch(a, m, d) < 0) {
         sh_warn("agent %s: job %lld rank %d: %s", a->cfg.name, (long long)job, rank, sh_errmsg());
         m->state = AM_EXITED;
         m->exit_code = 126;
@@ -345,6 +374,13 @@ static int setup(agent *a, const agent_config *cfg)
         agent__cgroup_sweep(a->cg_root[k]);
     }
     a->ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    /* A /proc file's size reads as 0: read it as a stream. */
+    FILE *fm = fopen("/proc/sys/fs/file-max", "r");
+    unsigned long long fmax = 0;
+    if (fm && fscanf(fm, "%llu", &fmax) != 1) fmax = 0;
+    if (fm) fclose(fm);
+    a->file_max = fmax;
+    if (a->file_max < 65536 || a->file_max > (1ull << 40)) a->file_max = a->file_max < 65536 ? 65536 : 1ull << 40;
     a->mem_mb = (long long)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) >> 20;
     if (a->ncpu < 1) a->ncpu = 1;
     return SH_OK;
@@ -412,6 +448,7 @@ int agent_run(const agent_config *cfg, volatile sig_atomic_t *stop)
         sh_sleep(0.02);
     }
     while (a.nm) forget(&a, a.nm - 1);
+    reap_cleaners(&a, 1);
     free(a.m);
     srv_client_free(a.cl);
     return rc == SH_EPERM || rc == SH_EINVAL ? rc : SH_OK;

@@ -15,6 +15,8 @@ enum { SB_NONE, SB_BWRAP, SB_GVISOR };
 #define AGENT_MAX_MASKS (2 + AGENT_MAX_PROTECT)
 /* Placeholder in a member's argv for the seccomp filter's fd. */
 #define AGENT_SECCOMP_FD "@shoal-seccomp-fd@"
+/* ... and for the fd of the rank's environment (bwrap --args). */
+#define AGENT_ENV_FD "@shoal-env-fd@"
 /* Members run as uid/gid AGENT_UID_BASE + the tenant's number (the server
  * numbers tenants): far above any account a system creates. */
 #define AGENT_UID_BASE 2000000000u
@@ -35,6 +37,10 @@ typedef struct agent_member {
     uint64_t disk_max, files_max; /* the work directory's bounds (quota.c) */
     uint64_t disk_used;           /* bytes it held at the last look (0: none yet) */
     double disk_next;             /* when it is measured next (monotonic) */
+    uint64_t fds_max, nofile;     /* open files: the rank's together, one process's */
+    pid_t disk_pid;               /* the child measuring it, or 0 */
+    int disk_fd;                  /* its result pipe, or -1 */
+    double disk_t0;               /* when that measure started */
 } agent_member;
 
 typedef struct agent {
@@ -47,6 +53,7 @@ typedef struct agent {
     char protect[AGENT_MAX_PROTECT][1024]; /* paths the server asked to hide */
     int nprotect;
     long long mem_mb; /* the node's memory */
+    uint64_t file_max; /* the node's file table (fs.file-max) */
     int ncpu;
     char gpu_type[64];
     char work_abs[4096];
@@ -55,6 +62,8 @@ typedef struct agent {
     int nm, cap;
     int64_t version;
     size_t log_budget; /* bytes of JSON output one poll may carry */
+    pid_t cleaners[64]; /* children removing finished work directories */
+    int ncleaners;
 } agent;
 
 /* The output one poll carries when the server does not say its largest
@@ -72,10 +81,17 @@ double agent__node_share(const agent *a, const json_t *d);
 int agent__dir_usage(const char *dir, uint64_t max_bytes, uint64_t max_files, uint64_t *bytes, uint64_t *files);
 /* Sets m's disk bounds: its share of the work root's file system, lowered
  * by the job's disk_mb. */
-void agent__disk_init(const agent *a, agent_member *m, const json_t *d);
+int agent__disk_init(const agent *a, agent_member *m, const json_t *d);
+/* The share of the work file system kept free for the control plane. */
+#define AGENT_DISK_RESERVE_PCT 5
+#define AGENT_DISK_RESERVE_MIN (512ull << 20)
+/* Open files one process of a rank may hold (RLIMIT_NOFILE). */
+#define AGENT_NOFILE 65536u
 /* Measures m's work directory when due; a member over its bounds is told
  * why in its log and stopped. */
 void agent__disk_check(agent *a, agent_member *m, double now);
+/* Stops a measure of m's work directory that is under way. */
+void agent__disk_abort(agent_member *m);
 int agent__release(agent *a, agent_member *m);
 void agent__stop(agent *a, agent_member *m, double now);
 void agent__cgroup_cleanup(agent_member *m);
@@ -88,7 +104,20 @@ void agent__cgroup_root(const char *ctl, char *out, size_t cap);
 void agent__limits(const agent *a, const json_t *d, long long *mem_mb, long long *npids, double *cpus);
 /* In the workload process, before the exec of argv: enters the member's
  * jail (src/control/agent/jail.c); returns 0 or -errno. */
-int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv);
+int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv, char **env,
+                      const int *wfd);
+/* The absolute path of a sandbox tool on the agent's PATH, into out; an
+ * error unless it and every directory above it are root's and writable by
+ * root only (sandbox.c). */
+int agent__find_tool(const char *name, char *out, size_t cap);
+/* runsc's path, found when gVisor was probed. */
+const char *agent__runsc(void);
+/* The environment the sandbox tools run with (the agent's, never a job's). */
+extern char *const agent__tool_env[];
+/* The rank's environment: the one place it is built ("K=V", NULL-ended;
+ * free with agent__env_free). */
+char **agent__rank_env(const agent_member *m, const json_t *d);
+void agent__env_free(char **env);
 /* The paths a member must not see, into masks; returns how many: the work
  * root and the protected paths the server named that exist here (the
  * outermost of them).  closed (4096 bytes, may be NULL) gets the work

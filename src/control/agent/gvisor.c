@@ -3,7 +3,7 @@
  *
  * The bundle's root is the host's / read-only, as the sentry's gofer sees
  * it after jail.c's mount preparation (hidden work root and state
- * directory, idmapped "writable" directories); the member's work
+ * directory, "writable" directories attached from their descriptors); the member's work
  * directory, its "writable" directories and a private /tmp are mounted
  * into it, and /proc, /sys and /dev are the sentry's own.  The process runs
  * as the member's uid with no capabilities and no_new_privs, and the pids,
@@ -44,18 +44,23 @@ static json_t *mount_of(const char *dst, const char *type, const char *src, cons
 
 /* The OCI spec of one container. */
 static json_t *spec(const char *cwd, uid_t uid, json_t *args, json_t *env, json_t *mounts, long long pids,
-                    long long mem, long long quota)
+                    long long mem, long long quota, long long nofile)
 {
     json_t *caps = json_pack("{s:[],s:[],s:[],s:[],s:[]}", "bounding", "effective", "inheritable", "permitted",
                              "ambient");
     json_t *res = json_pack("{s:{s:I},s:{s:I},s:{s:I,s:I}}", "pids", "limit", (json_int_t)pids, "memory", "limit",
                             (json_int_t)mem, "cpu", "quota", (json_int_t)quota, "period", (json_int_t)100000);
     json_t *ns = json_pack("[{s:s},{s:s},{s:s},{s:s}]", "type", "pid", "type", "ipc", "type", "uts", "type", "mount");
-    return json_pack("{s:s,s:{s:b,s:{s:i,s:i},s:o,s:o,s:s,s:o,s:b},s:{s:s,s:b},s:s,s:o,s:{s:o,s:o}}",
+    json_t *sp = json_pack("{s:s,s:{s:b,s:{s:i,s:i},s:o,s:o,s:s,s:o,s:b},s:{s:s,s:b},s:s,s:o,s:{s:o,s:o}}",
                      "ociVersion", "1.0.2", "process", "terminal", 0, "user", "uid", (int)uid, "gid", (int)uid,
                      "args", args, "env", env, "cwd", cwd, "capabilities", caps, "noNewPrivileges", 1, "root",
                      "path", "/", "readonly", 1, "hostname", "shoal", "mounts", mounts, "linux", "namespaces", ns,
                      "resources", res);
+    if (sp && nofile > 0)
+        json_object_set_new(json_object_get(sp, "process"), "rlimits",
+                            json_pack("[{s:s,s:I,s:I}]", "type", "RLIMIT_NOFILE", "hard", (json_int_t)nofile, "soft",
+                                      (json_int_t)nofile));
+    return sp;
 }
 
 static json_t *base_mounts(void)
@@ -106,20 +111,9 @@ char **agent__gvisor_argv(const agent *a, const agent_member *m, const json_t *d
     size_t i;
     json_t *v;
     json_array_foreach(json_object_get(d, "command"), i, v) json_array_append(args, v);
-    char kv[4200];
-    const char *const fixed[][2] = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", m->workdir},
-                                    {"LANG", "C.UTF-8"}, {"SHOAL_WORKDIR", m->workdir}};
-    for (int k = 0; k < 4; k++) {
-        snprintf(kv, sizeof kv, "%s=%s", fixed[k][0], fixed[k][1]);
-        json_array_append_new(env, json_string(kv));
-    }
-    const char *key;
-    json_object_foreach(json_object_get(d, "env"), key, v) {
-        sh_buf b = {0};
-        sh_buf_printf(&b, "%s=%s", key, json_string_value(v));
-        json_array_append_new(env, json_stringn((char *)b.data, b.len));
-        sh_buf_free(&b);
-    }
+    char **renv = agent__rank_env(m, d);
+    for (char **p = renv; p && *p; p++) json_array_append_new(env, json_string(*p));
+    agent__env_free(renv);
     /* A closed ancestor of the work root as an empty tmpfs (the member
      * could not pass it), the "writable" directories, then the hidden paths
      * over them (a writable directory may hold the server's state), then
@@ -143,7 +137,8 @@ char **agent__gvisor_argv(const agent *a, const agent_member *m, const json_t *d
     long long pids, mem_mb;
     double cpus;
     agent__limits(a, d, &mem_mb, &pids, &cpus);
-    json_t *cfg = spec(m->workdir, m->uid, args, env, mounts, pids, mem_mb << 20, (long long)(cpus * 100000));
+    json_t *cfg = spec(m->workdir, m->uid, args, env, mounts, pids, mem_mb << 20, (long long)(cpus * 100000),
+                       (long long)m->nofile);
     char state[4200], bundle[4200], id[256];
     snprintf(state, sizeof state, "%s/.runsc", a->cfg.work_dir);
     member_id(a, m, id, sizeof id);
@@ -164,7 +159,7 @@ static int run_capture(char **argv, sh_buf *out)
         close(p[0]);
         dup2(p[1], 1);
         dup2(p[1], 2);
-        execvp(argv[0], argv);
+        execve(agent__runsc(), argv, agent__tool_env);
         _exit(127);
     }
     close(p[1]);
@@ -188,7 +183,7 @@ int agent__gvisor_works(char *why, size_t cap)
     json_t *args = json_pack("[s,s,s]", "/bin/sh", "-c",
                              "for f in /etc/*; do n=$((n+1)); done; read l < /etc/hostname && echo listed:$n");
     json_t *env = json_pack("[s]", "PATH=/usr/bin:/bin");
-    json_t *cfg = spec("/", AGENT_UID_BASE, args, env, base_mounts(), 64, 256ll << 20, 100000);
+    json_t *cfg = spec("/", AGENT_UID_BASE, args, env, base_mounts(), 64, 256ll << 20, 100000, 1024);
     char id[64]; /* runsc names a socket after the id: one per agent */
     snprintf(id, sizeof id, "shoal-probe-%d", (int)getpid());
     char **argv = run_argv(state, bundle, id, cfg);

@@ -6,16 +6,20 @@
  *   1. a private mount namespace, in which the agent's work root, the
  *      server's state directory and any directory others may not enter are
  *      hidden under empty tmpfs mounts, and the member's own work directory
- *      and its "writable" directories are bound back in;
- *   2. each "writable" directory is bound through an idmapped mount that
- *      shows its owner as the member's uid, so that the job can write where
- *      the admin allowed it, and only there, without host privileges;
+ *      is bound back in;
+ *   2. the "writable" directories (the member's own: sandbox.c checked
+ *      them and gave them to its uid) are mounted from the descriptors
+ *      opened at launch, never from a path: detached copies (nosuid,
+ *      nodev) made before the namespace exists, attached beside the bundle
+ *      for runsc, or by bwrap itself (--bind-fd);
  *   3. the process drops to the member's uid and gid with no supplementary
  *      groups (its capabilities go with uid 0);
- *   4. it execs bwrap, unprivileged, which adds user, pid, ipc, uts and
- *      cgroup namespaces, a read-only view of everything, a fresh /proc, a
- *      minimal /dev, a private /tmp, no_new_privs and the seccomp filter
- *      built here.
+ *   4. it execs bwrap, unprivileged, by the absolute path checked at agent
+ *      start and with the agent's environment, which adds user, pid, ipc,
+ *      uts and cgroup namespaces, a new session, a read-only view of
+ *      everything, a fresh /proc, a minimal /dev, a private /tmp,
+ *      no_new_privs and the seccomp filter built here, and then sets the
+ *      rank's environment (read from a memfd) for the workload's exec.
  * Any step that fails stops the launch: a member never runs with less
  * isolation than its agent announced. */
 #include "agent_int.h"
@@ -74,70 +78,29 @@ static int seccomp_fd(void)
     return fd;
 }
 
-/* A user namespace whose map shows host uid/gid `from` as `to`: the
- * mapping of an idmapped mount.  Returns its fd or -errno. */
-static int idmap_userns(uid_t from_u, gid_t from_g, uid_t to)
+/* A detached copy of the mount of the directory open as fd (no submounts),
+ * nosuid and nodev: made before the member's mount namespace exists, from
+ * the descriptor checked at launch (sandbox.c), never from a path.
+ * Returns its fd or -errno. */
+static int clone_writable(int fd)
 {
-    int p[2];
-    if (pipe(p) < 0) return -errno;
-    pid_t c = fork();
-    if (c < 0) return -errno;
-    if (c == 0) {
-        close(p[1]);
-        char x;
-        if (unshare(CLONE_NEWUSER) < 0) _exit(1);
-        if (read(p[0], &x, 1) < 0) _exit(1); /* hold until the parent is done */
-        _exit(0);
+    int t = (int)syscall(SYS_open_tree, fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+    if (t < 0) return -errno;
+    struct mount_attr attr = {0};
+    attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) {
+        int e = errno;
+        close(t);
+        return -e;
     }
-    close(p[0]);
-    int fd = -1, e = 0;
-    char path[64], map[64];
-    /* Wait for the child to be in its namespace. */
-    for (int i = 0; i < 2000; i++) {
-        char a[64], b[64];
-        snprintf(path, sizeof path, "/proc/%d/ns/user", (int)c);
-        ssize_t la = readlink(path, a, sizeof a - 1), lb = readlink("/proc/self/ns/user", b, sizeof b - 1);
-        if (la > 0 && lb > 0 && (la != lb || memcmp(a, b, (size_t)la))) break;
-        usleep(500);
-    }
-    static const char *const files[] = {"uid_map", "gid_map"};
-    for (int k = 0; k < 2 && !e; k++) {
-        snprintf(path, sizeof path, "/proc/%d/%s", (int)c, files[k]);
-        int n = snprintf(map, sizeof map, "%u %u 1\n", k ? (unsigned)from_g : (unsigned)from_u, (unsigned)to);
-        int m = open(path, O_WRONLY | O_CLOEXEC);
-        if (m < 0 || write(m, map, (size_t)n) != n) e = errno ? errno : EIO;
-        if (m >= 0) close(m);
-    }
-    if (!e) {
-        snprintf(path, sizeof path, "/proc/%d/ns/user", (int)c);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) e = errno;
-    }
-    close(p[1]);
-    waitpid(c, NULL, 0);
-    return e ? -e : fd;
+    return t;
 }
 
-/* Mounts on `at` (in this process's mount namespace) an idmapped view of
- * dir in which its owner is `uid`, nosuid and nodev. */
-static int idmapped_bind(const char *dir, const char *at, uid_t uid)
+/* Attaches the detached mount t on path (a directory only root may
+ * change: under the bundle, or under an empty tmpfs of the jail's). */
+static int attach(int t, const char *path)
 {
-    struct stat st;
-    if (stat(dir, &st) < 0) return -errno;
-    int ns = idmap_userns(st.st_uid, st.st_gid, uid);
-    if (ns < 0) return ns;
-    int t = (int)syscall(SYS_open_tree, AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-    int e = t < 0 ? errno : 0;
-    if (!e) {
-        struct mount_attr attr = {0};
-        attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-        attr.userns_fd = (uint64_t)ns;
-        if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) e = errno;
-    }
-    if (!e && syscall(SYS_move_mount, t, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0) e = errno;
-    if (t >= 0) close(t);
-    close(ns);
-    return -e;
+    return syscall(SYS_move_mount, t, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) < 0 ? -errno : 0;
 }
 
 static int mkdir_p(const char *path)
@@ -213,59 +176,119 @@ static int mask(const char *path)
 }
 
 /* Steps 1 and 2 (see the top of the file).  Under gVisor only the
- * idmapped views, made beside the bundle (agent__gvisor_stage) rather than
- * over the directories, since runsc itself, as root, keeps its state under
- * the work root: the masks and binds go into its OCI spec instead. */
-static int prepare_mounts(const agent *a, const agent_member *m, const json_t *d, int gvisor)
+ * "writable" directories, attached beside the bundle (agent__gvisor_stage)
+ * rather than over the directories, since runsc itself, as root, keeps its
+ * state under the work root: the masks and binds go into its OCI spec
+ * instead.  Under bwrap the directories are bound by bwrap itself, from
+ * their descriptors (--bind-fd), except those under a closed ancestor of
+ * the work root, which are attached here. */
+static int prepare_mounts(const agent *a, const agent_member *m, const json_t *d, int gvisor, const int *wfd)
 {
-    if (unshare(CLONE_NEWNS) < 0) return -errno;
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -errno;
     json_t *wr = json_object_get(d, "writable");
-    size_t nb = 1 + json_array_size(wr);
-    const char *bind[nb];
-    int fd[nb];
-    bind[0] = m->workdir;
-    for (size_t i = 1; i < nb; i++) bind[i] = json_string_value(json_array_get(wr, i - 1));
-    /* The work directory as it is on disk (owned by the member), before
-     * an idmapped view of a directory above it could change its owner. */
-    if ((fd[0] = open(bind[0], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -errno;
-    for (size_t i = 1; i < nb; i++) {
-        char at[4200];
-        if (gvisor) agent__gvisor_stage(a, m, (int)i - 1, at, sizeof at);
-        else snprintf(at, sizeof at, "%s", bind[i]);
-        int e = idmapped_bind(bind[i], at, m->uid);
-        if (e < 0) return e;
-    }
-    if (gvisor) return close(fd[0]), 0;
-    for (size_t i = 1; i < nb; i++)
-        if ((fd[i] = open(bind[i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -errno;
-    /* A closed ancestor of the work root would stop the member on its way
-     * to its own directory: replace it by an empty tmpfs and bind back the
-     * "writable" directories under it. */
+    size_t nw = json_array_size(wr);
     char secret[AGENT_MAX_MASKS][4096], closed[4096];
     int ns = agent__masks(a, secret, closed), e = 0;
+    int t[nw + 1];
+    for (size_t i = 0; i < nw; i++) {
+        const char *p = json_string_value(json_array_get(wr, i));
+        t[i] = -1;
+        if (!gvisor && !(closed[0] && agent__under(p, closed))) continue;
+        int c = clone_writable(wfd[i]);
+        if (c < 0) {
+            while (i-- > 0)
+                if (t[i] >= 0) close(t[i]);
+            return c;
+        }
+        t[i] = c;
+    }
+    if (unshare(CLONE_NEWNS) < 0) return -errno;
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -errno;
+    if (gvisor) {
+        for (size_t i = 0; i < nw && e == 0; i++) {
+            char at[4200];
+            agent__gvisor_stage(a, m, (int)i, at, sizeof at);
+            e = attach(t[i], at);
+        }
+        for (size_t i = 0; i < nw; i++) close(t[i]);
+        return e;
+    }
+    /* The work directory as it is on disk (owned by the member). */
+    int fd0 = open(m->workdir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd0 < 0) return -errno;
+    /* A closed ancestor of the work root would stop the member on its way
+     * to its own directory: replace it by an empty tmpfs and attach the
+     * "writable" directories under it again, where bwrap finds them. */
     if (closed[0]) {
         e = mask(closed);
-        for (size_t i = 1; i < nb && e == 0; i++)
-            if (agent__under(bind[i], closed)) e = bind_fd(fd[i], bind[i]);
+        for (size_t i = 0; i < nw && e == 0; i++)
+            if (t[i] >= 0) {
+                e = mkdir_p(json_string_value(json_array_get(wr, i)));
+                if (e == 0) e = attach(t[i], json_string_value(json_array_get(wr, i)));
+            }
     }
-    /* Then hide the secrets, wherever they are still visible (also inside
-     * a "writable" directory that holds them), and bind the work
-     * directory back from under the work root's mask. */
+    for (size_t i = 0; i < nw; i++)
+        if (t[i] >= 0) close(t[i]);
+    /* Then hide the secrets, wherever they are still visible, and bind the
+     * work directory back from under the work root's mask. */
     for (int k = 0; k < ns && e == 0; k++)
         if (sh_is_dir(secret[k])) e = mask(secret[k]);
-    if (e == 0) e = bind_fd(fd[0], bind[0]);
-    for (size_t i = 0; i < nb; i++) close(fd[i]);
+    if (e == 0) e = bind_fd(fd0, m->workdir);
+    close(fd0);
     return e;
 }
 
-int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv)
+/* The rank's environment as bwrap options (--clearenv, then --setenv for
+ * each variable), NUL-separated in a fresh memfd that bwrap reads with
+ * --args: on no command line, applied by bwrap after it has loaded. */
+static int env_fd(char **env)
+{
+    int fd = memfd_create("shoal-env", 0);
+    if (fd < 0) return -errno;
+    sh_buf b = {0};
+    sh_buf_append(&b, "--clearenv", 11);
+    for (char **p = env; *p; p++) {
+        const char *eq = strchr(*p, '=');
+        if (!eq) continue;
+        sh_buf_append(&b, "--setenv", 9);
+        sh_buf_append(&b, *p, (size_t)(eq - *p));
+        sh_buf_append(&b, "", 1);
+        sh_buf_append(&b, eq + 1, strlen(eq + 1) + 1);
+    }
+    int e = 0;
+    for (size_t off = 0; off < b.len && !e;) {
+        ssize_t w = write(fd, b.data + off, b.len - off);
+        if (w < 0) e = errno;
+        else off += (size_t)w;
+    }
+    sh_buf_free(&b);
+    if (!e && lseek(fd, 0, SEEK_SET) < 0) e = errno;
+    if (e) {
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+static void put_fd(char **argv, const char *placeholder, int fd)
+{
+    for (char **p = argv; *p; p++)
+        if (!strcmp(*p, placeholder)) {
+            free(*p);
+            char n[16];
+            snprintf(n, sizeof n, "%d", fd);
+            *p = strdup(n);
+        }
+}
+
+int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, char **argv, char **env,
+                      const int *wfd)
 {
     if (a->mode == SB_NONE) return 0;
-    /* runsc needs root to build its sandbox and drops it itself. */
-    if (a->mode == SB_GVISOR) return prepare_mounts(a, m, d, 1);
+    /* runsc needs root to build its sandbox; the container process runs as
+     * the member's uid (its OCI spec). */
+    if (a->mode == SB_GVISOR) return prepare_mounts(a, m, d, 1, wfd);
     if (geteuid() == 0) {
-        int e = prepare_mounts(a, m, d, 0);
+        int e = prepare_mounts(a, m, d, 0, wfd);
         if (e < 0) return e;
         if (setgroups(0, NULL) < 0 || setresgid(m->uid, m->uid, m->uid) < 0 ||
             setresuid(m->uid, m->uid, m->uid) < 0)
@@ -275,12 +298,9 @@ int agent__jail_enter(const agent *a, const agent_member *m, const json_t *d, ch
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     int f = seccomp_fd();
     if (f < 0) return f;
-    for (char **p = argv; *p; p++)
-        if (!strcmp(*p, AGENT_SECCOMP_FD)) {
-            free(*p);
-            char n[16];
-            snprintf(n, sizeof n, "%d", f);
-            *p = strdup(n);
-        }
+    put_fd(argv, AGENT_SECCOMP_FD, f);
+    int v = env_fd(env);
+    if (v < 0) return v;
+    put_fd(argv, AGENT_ENV_FD, v);
     return 0;
 }

@@ -6,10 +6,19 @@
  * under each running member's work directory and stops a member that is
  * over, saying why in its log.  A writer can overshoot by what it writes
  * between two looks (docs/security.md). */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <ftw.h>
 #include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <linux/close_range.h>
 
 #include "agent_int.h"
 
@@ -32,47 +41,155 @@ int agent__dir_usage(const char *dir, uint64_t max_bytes, uint64_t max_files, ui
     walk.bytes = walk.files = 0;
     walk.max_bytes = max_bytes;
     walk.max_files = max_files;
-    int r = nftw(dir, walk_one, 16, FTW_PHYS | FTW_MOUNT);
+    /* FTW_CHDIR: each name is looked up from its own directory, so a tree
+     * deeper than PATH_MAX is measured too. */
+    int r = nftw(dir, walk_one, 16, FTW_PHYS | FTW_MOUNT | FTW_CHDIR);
     *bytes = walk.bytes;
     *files = walk.files;
     if (r < 0) return sh_err_errno(errno, "walk %s", dir);
     return r > 0; /* over a bound (the walk stopped there) */
 }
 
-void agent__disk_init(const agent *a, agent_member *m, const json_t *d)
+int agent__disk_init(const agent *a, agent_member *m, const json_t *d)
 {
     struct statvfs fs;
     double share = agent__node_share(a, d);
-    uint64_t size = 1ull << 40, inodes = 1ull << 24;
+    uint64_t avail = 1ull << 40, inodes = 1ull << 24, reserve = 0;
     if (statvfs(a->cfg.work_dir, &fs) == 0) {
-        size = (uint64_t)fs.f_blocks * fs.f_frsize;
-        if (fs.f_files) inodes = fs.f_files;
+        /* What is free now, less the reserve: the work root may share its
+         * file system with the server's state (shoal up), whose commits
+         * must never meet a full disk. */
+        uint64_t total = (uint64_t)fs.f_blocks * fs.f_frsize;
+        avail = (uint64_t)fs.f_bavail * fs.f_frsize;
+        reserve = total / 100 * AGENT_DISK_RESERVE_PCT;
+        if (reserve < AGENT_DISK_RESERVE_MIN) reserve = AGENT_DISK_RESERVE_MIN;
+        if (fs.f_files) inodes = fs.f_favail > fs.f_files / 20 ? fs.f_favail - fs.f_files / 20 : 0;
     }
-    m->disk_max = (uint64_t)(size * share);
+    if (avail <= reserve || inodes < 1000)
+        return sh_err(SH_ENOSPC, "the node's work file system %s has %llu MiB and %llu inodes free beyond"
+                                 " its reserve for the control plane (%llu MiB, 5%% of the inodes): no disk share"
+                                 " for a new rank",
+                      a->cfg.work_dir, (unsigned long long)(avail > reserve ? (avail - reserve) >> 20 : 0),
+                      (unsigned long long)inodes, (unsigned long long)(reserve >> 20));
+    m->disk_max = (uint64_t)((avail - reserve) * share);
     m->files_max = (uint64_t)(inodes * share);
-    if (m->disk_max < (1ull << 30) && size >= (1ull << 30)) m->disk_max = 1ull << 30;
-    if (m->files_max < 10000) m->files_max = 10000;
+    if (m->disk_max < (1ull << 20)) m->disk_max = 1ull << 20;
+    if (m->files_max < 1000) m->files_max = 1000;
     json_int_t mb = json_integer_value(json_object_get(d, "disk_mb"));
     if (mb > 0 && (uint64_t)mb << 20 < m->disk_max) m->disk_max = (uint64_t)mb << 20;
+    /* Open files: each process at most nofile (RLIMIT_NOFILE, which the
+     * rank cannot raise), the rank's processes together at most its share
+     * of half the node's file table (fs.file-max), counted by the agent. */
+    m->fds_max = (uint64_t)(a->file_max / 2 * share);
+    if (m->fds_max < 4096) m->fds_max = 4096;
+    m->nofile = m->fds_max < AGENT_NOFILE ? m->fds_max : AGENT_NOFILE;
     m->disk_next = 0;
+    return SH_OK;
+}
+
+/* Open files of the processes in the cgroup dir (its cgroup.procs),
+ * counted until over max. */
+static uint64_t count_fds(const char *cg, uint64_t max)
+{
+    char p[700], line[32];
+    snprintf(p, sizeof p, "%s/cgroup.procs", cg);
+    FILE *f = cg[0] ? fopen(p, "r") : NULL;
+    uint64_t n = 0;
+    while (f && n <= max && fgets(line, sizeof line, f)) {
+        snprintf(p, sizeof p, "/proc/%d/fd", atoi(line));
+        DIR *d = opendir(p);
+        struct dirent *e;
+        while (d && n <= max && (e = readdir(d))) n += e->d_name[0] != '.';
+        if (d) closedir(d);
+    }
+    if (f) fclose(f);
+    return n;
+}
+
+/* What a measuring child sends back. */
+typedef struct disk_result {
+    int over;
+    uint64_t bytes, files, fds;
+} disk_result;
+
+/* Ends a measure under way (the member is gone or done). */
+void agent__disk_abort(agent_member *m)
+{
+    if (m->disk_pid > 0) {
+        kill(m->disk_pid, SIGKILL);
+        while (waitpid(m->disk_pid, NULL, 0) < 0 && errno == EINTR) {}
+    }
+    if (m->disk_fd >= 0) close(m->disk_fd);
+    m->disk_pid = 0;
+    m->disk_fd = -1;
+}
+
+/* Starts a measure of m's work directory in a child process: the walk
+ * (however many files, however deep) never holds the agent's loop, and a
+ * tree that crashes it crashes the child only. */
+static void disk_start(agent_member *m, double now)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) return;
+    pid_t c = fork();
+    if (c < 0) {
+        close(p[0]);
+        close(p[1]);
+        return;
+    }
+    if (c == 0) {
+        close(p[0]);
+        setpriority(PRIO_PROCESS, 0, 10);
+        disk_result r = {0};
+        r.fds = count_fds(m->cg[1][0] ? m->cg[1] : m->cg[0], m->fds_max);
+        r.over = agent__dir_usage(m->workdir, m->disk_max, m->files_max, &r.bytes, &r.files);
+        _exit(write(p[1], &r, sizeof r) == (ssize_t)sizeof r ? 0 : 1);
+    }
+    close(p[1]);
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    m->disk_pid = c;
+    m->disk_fd = p[0];
+    m->disk_t0 = now;
 }
 
 void agent__disk_check(agent *a, agent_member *m, double now)
 {
-    if (m->stopping || m->state == AM_EXITED || now < m->disk_next || !m->disk_max) return;
-    uint64_t bytes, files;
-    double t0 = sh_now_mono();
-    int over = agent__dir_usage(m->workdir, m->disk_max, m->files_max, &bytes, &files);
+    if (m->stopping || m->state == AM_EXITED || !m->disk_max) {
+        agent__disk_abort(m);
+        return;
+    }
+    if (m->disk_pid <= 0) {
+        if (now >= m->disk_next) disk_start(m, now);
+        return;
+    }
+    disk_result r;
+    ssize_t n = read(m->disk_fd, &r, sizeof r);
+    if (n < 0 && errno == EAGAIN) return; /* still walking */
+    agent__disk_abort(m);
     /* A look every AGENT_DISK_EVERY seconds, and at most a tenth of the
-     * agent's time walking (a member with many files is looked at less). */
-    double took = sh_now_mono() - t0;
-    if (over >= 0) m->disk_used = bytes;
+     * time walking (a member with many files is looked at less). */
+    double took = now - m->disk_t0;
     m->disk_next = now + (10 * took > AGENT_DISK_EVERY ? 10 * took : AGENT_DISK_EVERY);
-    if (over <= 0) return;
+    int unmeasurable = n != (ssize_t)sizeof r;
+    if (unmeasurable) r.over = 1, r.bytes = r.files = 0;
+    if (r.over >= 0 && !unmeasurable) m->disk_used = r.bytes;
+    if (!unmeasurable && r.fds > m->fds_max) {
+        sh_buf_printf(&m->log,
+                      "shoal agent: the member hit its open-files limit (%llu files open across its processes;"
+                      " limit %llu, and %llu per process); stopped\n",
+                      (unsigned long long)r.fds, (unsigned long long)m->fds_max, (unsigned long long)m->nofile);
+        sh_warn("agent %s: job %lld rank %d: over its open-files limit (%llu); stopping it", a->cfg.name,
+                (long long)m->job, m->rank, (unsigned long long)r.fds);
+        m->stopping = 1;
+        return;
+    }
+    if (r.over <= 0) return;
+    uint64_t bytes = r.bytes, files = r.files;
     sh_buf_printf(&m->log,
                   "shoal agent: the member hit its disk limit (%s in its work directory; limit %llu MiB and "
                   "%llu files); stopped\n",
-                  bytes > m->disk_max ? "over the bytes" : "over the files", (unsigned long long)(m->disk_max >> 20),
+                  unmeasurable ? "a tree the agent could not measure"
+                  : bytes > m->disk_max ? "over the bytes" : "over the files", (unsigned long long)(m->disk_max >> 20),
                   (unsigned long long)m->files_max);
     sh_warn("agent %s: job %lld rank %d: over its disk limit (%llu MiB, %llu files seen); stopping it", a->cfg.name,
             (long long)m->job, m->rank, (unsigned long long)(bytes >> 20), (unsigned long long)files);

@@ -14,12 +14,15 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
 #include <linux/close_range.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,10 +31,105 @@
  * user namespaces), pid, ipc, uts and cgroup namespaces; everything
  * read-only; a fresh /proc, a minimal /dev, a private /tmp and no view of
  * the cgroup file system.  Run unprivileged (see jail.c). */
-static const char *const bwrap_base[] = {"bwrap", "--die-with-parent", "--unshare-user", "--disable-userns",
+static const char *const bwrap_base[] = {"bwrap", "--die-with-parent", "--new-session", "--unshare-user", "--disable-userns",
                                          "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                                          "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                                          "--tmpfs", "/tmp", "--tmpfs", "/sys/fs/cgroup", NULL};
+
+/* The absolute paths of the sandbox tools, found once at agent start
+ * (agent__find_tool). */
+static char bwrap_path[4096], runsc_path[4096];
+
+const char *agent__runsc(void) { return runsc_path; }
+
+/* The environment the sandbox tools run with: the agent's own, never the
+ * job's (which a tenant writes), so that no PATH, LD_PRELOAD,
+ * LD_LIBRARY_PATH, BASH_ENV, ENV or IFS of the job steers what runs
+ * before the jail. */
+char *const agent__tool_env[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", NULL};
+
+/* Whether a file at path, and every directory above it, is owned by root
+ * and writable by no one else; why not into why. */
+static int root_only(const char *path, char *why, size_t cap)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", path);
+    for (;;) {
+        const char *at = p[0] ? p : "/";
+        struct stat st;
+        if (lstat(at, &st) < 0) return snprintf(why, cap, "%s: %s", at, strerror(errno)), 0;
+        if (st.st_uid != 0) return snprintf(why, cap, "%s is owned by uid %u, not root", at, (unsigned)st.st_uid), 0;
+        if (st.st_mode & 022)
+            return snprintf(why, cap, "%s is writable by others than root (mode %04o)", at,
+                            (unsigned)st.st_mode & 07777), 0;
+        if (!p[0]) return 1;
+        *strrchr(p, '/') = 0;
+    }
+}
+
+int agent__find_tool(const char *name, char *out, size_t cap)
+{
+    const char *path = getenv("PATH");
+    if (!path || !*path) path = "/usr/sbin:/usr/bin:/sbin:/bin";
+    char cand[4096], real[4096], why[4200];
+    for (const char *p = path; *p;) {
+        const char *c = strchr(p, ':');
+        size_t n = c ? (size_t)(c - p) : strlen(p);
+        if (n && p[0] == '/' && snprintf(cand, sizeof cand, "%.*s/%s", (int)n, p, name) < (int)sizeof cand &&
+            access(cand, X_OK) == 0 && realpath(cand, real)) {
+            struct stat st;
+            if (stat(real, &st) < 0 || !S_ISREG(st.st_mode))
+                return sh_err(SH_EINVAL, "%s: %s is not a regular file", name, real);
+            if (!root_only(real, why, sizeof why))
+                return sh_err(SH_EPERM, "%s: refusing to run %s for tenants: %s (the tool and every directory"
+                                        " above it must be owned by root and writable only by root)",
+                              name, real, why);
+            snprintf(out, cap, "%s", real);
+            return SH_OK;
+        }
+        p = c ? c + 1 : p + n;
+    }
+    return sh_err(SH_ENOENT, "%s: not found on PATH (%s)", name, path);
+}
+
+/* The rank's environment, built here and only here ("K=V" strings, NULL
+ * at the end; free with agent__env_free): the agent's fixed variables,
+ * then the job's "env" over them.  Applied only inside the sandbox (bwrap's
+ * --setenv after its drops, runsc's OCI spec), or directly under --sandbox
+ * none. */
+char **agent__rank_env(const agent_member *m, const json_t *d)
+{
+    json_t *env = json_object_get(d, "env");
+    size_t n = 4 + json_object_size(env) + 1, k = 0;
+    char **out = calloc(n, sizeof *out);
+    if (!out) return NULL;
+    const char *const fixed[][2] = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", m->workdir},
+                                    {"LANG", "C.UTF-8"}, {"SHOAL_WORKDIR", m->workdir}};
+    const char *key;
+    json_t *v;
+    for (int i = 0; i < 4; i++) {
+        if (json_object_get(env, fixed[i][0])) continue; /* the job's own wins */
+        sh_buf b = {0};
+        sh_buf_printf(&b, "%s=%s", fixed[i][0], fixed[i][1]);
+        out[k++] = (char *)b.data;
+    }
+    json_object_foreach(env, key, v) {
+        if (!json_is_string(v)) continue;
+        sh_buf b = {0};
+        sh_buf_printf(&b, "%s=", key);
+        sh_buf_append(&b, json_string_value(v), json_string_length(v));
+        sh_buf_append(&b, "", 1);
+        out[k++] = (char *)b.data;
+    }
+    out[k] = NULL;
+    return out;
+}
+
+void agent__env_free(char **env)
+{
+    for (char **p = env; p && *p; p++) free(*p);
+    free(env);
+}
 
 /* Runs bwrap as a member would (dropped to the first member uid when the
  * agent is root) and reports whether it worked. */
@@ -51,7 +149,7 @@ static int bwrap_works(void)
         for (; bwrap_base[n]; n++) argv[n] = (char *)bwrap_base[n];
         argv[n++] = "true";
         argv[n] = NULL;
-        execvp("bwrap", argv);
+        execve(bwrap_path, argv, agent__tool_env);
         _exit(127);
     }
     int st;
@@ -89,11 +187,18 @@ int agent_probe_sandbox(const char *mode, char *out, size_t cap)
     /* "auto" is bwrap: this host's runsc has only the ptrace platform,
      * which makes every syscall several context switches (docs/security.md). */
     if (!strcmp(mode, "gvisor")) {
+        if (agent__find_tool("runsc", runsc_path, sizeof runsc_path) < 0)
+            return sh_err(SH_EINVAL, "sandbox gvisor: %s", sh_errmsg());
         if (agent__gvisor_works(why, sizeof why)) m = SB_GVISOR;
         else return sh_err(SH_EINVAL, "sandbox gvisor: %s (run with --sandbox bwrap, the default hardening)", why);
     }
     if (m == SB_NONE && strcmp(mode, "none") && strcmp(mode, "gvisor")) {
-        if (bwrap_works()) m = SB_BWRAP;
+        int f = agent__find_tool("bwrap", bwrap_path, sizeof bwrap_path);
+        if (f < 0) {
+            /* An unsafe bwrap is an error in every mode that would use it. */
+            if (f == SH_EPERM || !strcmp(mode, "bwrap") || !strcmp(mode, "auto"))
+                return sh_err(SH_EINVAL, "sandbox bwrap: %s", sh_errmsg());
+        } else if (bwrap_works()) m = SB_BWRAP;
         else if (!strcmp(mode, "bwrap") || !strcmp(mode, "auto"))
             return sh_err(SH_EINVAL, "sandbox bwrap: `bwrap` is missing or the kernel refused its namespaces"
                                      " (apt-get install bubblewrap; --sandbox none runs jobs without isolation)");
@@ -278,8 +383,9 @@ static void gpu_devices(const json_t *d, char **argv, size_t *k)
     }
 }
 
-/* Builds the argv of the member: bwrap's options, then the command. */
-static char **build_argv(agent *a, const agent_member *m, const json_t *d)
+/* Builds the argv of the member: bwrap's options, then the command.
+ * wfd[i] is the descriptor of the i-th "writable" directory (open_writable). */
+static char **build_argv(agent *a, const agent_member *m, const json_t *d, const int *wfd)
 {
     if (a->mode == SB_GVISOR) return agent__gvisor_argv(a, m, d);
     json_t *cmd = json_object_get(d, "command"), *wr = json_object_get(d, "writable");
@@ -288,7 +394,13 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
     if (!argv) return NULL;
     size_t k = 0;
     if (a->mode == SB_BWRAP) {
-        for (int i = 0; bwrap_base[i]; i++) argv[k++] = strdup(bwrap_base[i]);
+        for (int i = 0; bwrap_base[i]; i++) {
+            argv[k++] = strdup(bwrap_base[i]);
+            if (i == 0) { /* the rank's environment, from a descriptor (jail.c): not on a command line */
+                argv[k++] = strdup("--args");
+                argv[k++] = strdup(AGENT_ENV_FD);
+            }
+        }
         gpu_devices(d, argv, &k);
         /* The private /tmp hides a program that lives under /tmp (a build
          * in a checkout there): show that one file, read-only, and for
@@ -310,9 +422,12 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
         }
         size_t i;
         json_t *v;
+        /* From the descriptor checked at launch, never by path again. */
         json_array_foreach(wr, i, v) {
-            argv[k++] = strdup("--bind");
-            argv[k++] = strdup(json_string_value(v));
+            char num[16];
+            snprintf(num, sizeof num, "%d", wfd[i]);
+            argv[k++] = strdup("--bind-fd");
+            argv[k++] = strdup(num);
             argv[k++] = strdup(json_string_value(v));
         }
         /* An agent that is not root cannot prepare the mounts (jail.c):
@@ -342,28 +457,97 @@ static char **build_argv(agent *a, const agent_member *m, const json_t *d)
     return argv;
 }
 
-/* The "writable" paths must be directories exactly as named: a symbolic
- * link anywhere in one could point the bind outside what the server
- * checked. */
-static int check_writable(const agent *a, const json_t *d)
+/* Whether others than uid (another tenant's rank runs as "others") can
+ * reach into the directory open as fd: it lets them in by its mode, and
+ * every directory above it lets them pass. */
+static int others_reach(int fd, const struct stat *st, uid_t uid)
+{
+    if (!(st->st_mode & 007) && !((st->st_mode & 070) && st->st_gid != uid)) return 0;
+    struct stat cur = *st, up;
+    int at = fd, reach = 1;
+    for (int depth = 0; reach && depth < 4096; depth++) {
+        int p = openat(at, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (at != fd) close(at);
+        if (p < 0) return 1;
+        at = p;
+        if (fstat(at, &up) < 0) break;
+        if (up.st_dev == cur.st_dev && up.st_ino == cur.st_ino) break; /* the root */
+        if (!(up.st_mode & S_IXOTH)) reach = 0;
+        cur = up;
+    }
+    if (at != fd) close(at);
+    return reach;
+}
+
+/* Opens each "writable" directory once, into wfd (closed on error), and
+ * checks it on that descriptor: every later step (the owner, the bind)
+ * uses the descriptor, so a directory swapped for a symbolic link after
+ * the check (renameat2 RENAME_EXCHANGE) changes nothing.  The path must
+ * resolve without any symbolic link; it must not lie in a hidden path.
+ * When the agent is root the directory must be the member's: one owned by
+ * root is given to the member's uid (and closed to others, mode 0700), so
+ * that what the job creates there is owned on the host by the tenant's
+ * uid, never by root; one owned by anyone else, or that others can enter,
+ * is refused. */
+static int open_writable(const agent *a, const agent_member *m, const json_t *d, int *wfd)
 {
     char mask[AGENT_MAX_MASKS][4096];
     int nm = agent__masks(a, mask, NULL);
-    size_t i;
-    json_t *v;
-    json_array_foreach(json_object_get(d, "writable"), i, v) {
-        const char *p = json_string_value(v);
-        char real[4096];
-        if (!p || !realpath(p, real) || strcmp(real, p) || !sh_is_dir(p))
-            return sh_err(SH_EINVAL, "writable \"%s\": not an existing directory named without symbolic links"
-                                     " or \"..\" on this node", p ? p : "?");
+    json_t *wr = json_object_get(d, "writable");
+    size_t n = json_array_size(wr), i;
+    for (i = 0; i < n; i++) wfd[i] = -1;
+    int rc = SH_OK;
+    for (i = 0; i < n && rc == SH_OK; i++) {
+        const char *p = json_string_value(json_array_get(wr, i));
+        if (!p || p[0] != '/') {
+            rc = sh_err(SH_EINVAL, "writable \"%s\": not an absolute path", p ? p : "?");
+            break;
+        }
         /* Inside a hidden path (another member's directory, the server's
          * state) it would undo the hiding. */
-        for (int k = 0; k < nm; k++)
+        for (int k = 0; k < nm && rc == SH_OK; k++)
             if (agent__under(p, mask[k]))
-                return sh_err(SH_EPERM, "writable \"%s\": lies in %s, which members may not see", p, mask[k]);
+                rc = sh_err(SH_EPERM, "writable \"%s\": lies in %s, which members may not see", p, mask[k]);
+        if (rc < 0) break;
+        struct open_how how = {.flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+                               .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+        int fd = (int)syscall(SYS_openat2, AT_FDCWD, p, &how, sizeof how);
+        if (fd < 0) {
+            rc = sh_err(errno == ELOOP ? SH_EPERM : SH_EINVAL,
+                        "writable \"%s\": not an existing directory named without symbolic links on this node (%s)",
+                        p, strerror(errno));
+            break;
+        }
+        wfd[i] = fd;
+        struct stat st;
+        if (fstat(fd, &st) < 0 || !S_ISDIR(st.st_mode)) {
+            rc = sh_err(SH_EINVAL, "writable \"%s\": not a directory", p);
+            break;
+        }
+        if (geteuid() != 0 || a->mode == SB_NONE) continue;
+        if (st.st_uid == 0) {
+            /* The admin's folder, given to the first tenant the server let
+             * name it: the member's from now on. */
+            if (fchown(fd, m->uid, m->uid) < 0 || fchmod(fd, 0700) < 0) {
+                rc = sh_err_errno(errno, "writable \"%s\": cannot give it to uid %u", p, (unsigned)m->uid);
+                break;
+            }
+        } else if (st.st_uid != m->uid) {
+            rc = st.st_uid >= AGENT_UID_BASE
+                     ? sh_err(SH_EPERM, "writable \"%s\": is another tenant's (owned by uid %u)", p,
+                              (unsigned)st.st_uid)
+                     : sh_err(SH_EPERM, "writable \"%s\": owned by uid %u; a writable folder must be owned by"
+                                        " root (the agent gives it to the tenant) or by the tenant's uid %u", p,
+                              (unsigned)st.st_uid, (unsigned)m->uid);
+        } else if (others_reach(fd, &st, m->uid)) {
+            rc = sh_err(SH_EPERM, "writable \"%s\": mode %04o lets other tenants in (chmod go-rwx it, or close a"
+                                  " directory above it)", p, (unsigned)st.st_mode & 07777);
+        }
     }
-    return SH_OK;
+    if (rc < 0)
+        for (i = 0; i < n; i++)
+            if (wfd[i] >= 0) close(wfd[i]), wfd[i] = -1;
+    return rc;
 }
 
 /* The guard: the member's process-group leader that stays outside the
@@ -387,19 +571,26 @@ static void guard(pid_t pid)
     _exit(128 + WTERMSIG(st));
 }
 
-static void child(agent *a, agent_member *m, const json_t *d, int out, int barrier, int exst, char **argv)
+static void child(agent *a, agent_member *m, const json_t *d, int out, int barrier, int exst, char **argv,
+                  char **env, const int *wfd, size_t nw)
 {
     signal(SIGUSR1, guard_on_parent_death);
     signal(SIGTERM, SIG_IGN); /* the agent stops the workload, not the guard */
     prctl(PR_SET_PDEATHSIG, SIGUSR1);
     if (getppid() != a->pid) _exit(125);
-    setpgid(0, 0);
+    /* A session of its own: no controlling terminal, so that no rank
+     * reaches the terminal of a foreground agent (TIOCSTI); also a process
+     * group of its own. */
+    if (setsid() < 0) _exit(125);
     int null = open("/dev/null", O_RDONLY);
     dup2(null, 0);
     dup2(out, 1);
     dup2(out, 2);
-    /* Nothing the agent holds open may reach the workload. */
+    /* Nothing the agent holds open may reach the workload, but the
+     * "writable" directories bwrap binds from their descriptors. */
     close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+    if (a->mode == SB_BWRAP)
+        for (size_t i = 0; i < nw; i++) fcntl(wfd[i], F_SETFD, 0);
     char c;
     ssize_t r;
     while ((r = read(barrier, &c, 1)) < 0 && errno == EINTR) {}
@@ -413,21 +604,26 @@ static void child(agent *a, agent_member *m, const json_t *d, int out, int barri
     signal(SIGUSR1, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    clearenv();
-    setenv("PATH", "/usr/local/bin:/usr/bin:/bin", 1);
-    setenv("HOME", m->workdir, 1);
-    setenv("LANG", "C.UTF-8", 1);
-    setenv("SHOAL_WORKDIR", m->workdir, 1);
-    const char *k;
-    json_t *v;
-    json_object_foreach(json_object_get(d, "env"), k, v) setenv(k, json_string_value(v), 1);
     if (chdir(m->workdir) < 0) _exit(126);
+    /* Open files per process, soft and hard (the rank cannot raise it);
+     * under gVisor the limit is the container's (its spec): the sentry
+     * itself needs the host's. */
+    struct rlimit nf = {(rlim_t)m->nofile, (rlim_t)m->nofile}, own;
+    if (getrlimit(RLIMIT_NOFILE, &own) == 0 && own.rlim_max < nf.rlim_max) nf.rlim_cur = nf.rlim_max = own.rlim_max;
+    if (a->mode != SB_GVISOR && m->nofile && setrlimit(RLIMIT_NOFILE, &nf) < 0) _exit(126);
     signal(SIGPIPE, SIG_DFL);
     umask(022);
-    int e = -agent__jail_enter(a, m, d, argv);
+    int e = -agent__jail_enter(a, m, d, argv, env, wfd);
     if (e) dprintf(2, "shoal agent: cannot enter the sandbox: %s\n", strerror(e));
-    else {
+    else if (a->mode == SB_NONE) {
+        /* No jail: the job's environment is the process's own. */
+        environ = env;
         execvp(argv[0], argv);
+        e = errno;
+    } else {
+        /* The sandbox tool by the path found at start, with the agent's
+         * environment; the job's goes in only inside the sandbox. */
+        execve(a->mode == SB_GVISOR ? runsc_path : bwrap_path, argv, agent__tool_env);
         e = errno;
     }
     if (write(exst, &e, sizeof e) < 0) _exit(127);
@@ -441,19 +637,33 @@ int agent__launch(agent *a, agent_member *m, const json_t *d)
     m->uid = geteuid() == 0 && a->mode != SB_NONE
                  ? AGENT_UID_BASE + (uid_t)json_integer_value(json_object_get(d, "uid"))
                  : geteuid();
-    if (a->mode != SB_NONE) SH_TRY(check_writable(a, d));
-    SH_TRY(sh_mkdir_p(a->cfg.work_dir, 0700));
-    if (mkdir(m->workdir, 0700) < 0 && errno != EEXIST) return sh_err_errno(errno, "mkdir %s", m->workdir);
-    if (chown(m->workdir, m->uid, m->uid) < 0) return sh_err_errno(errno, "chown %s", m->workdir);
-    char **argv = build_argv(a, m, d);
-    if (!argv) return sh_err(SH_ENOMEM, "member argv");
-    int out[2], bar[2], ex[2];
-    if (pipe2(out, O_CLOEXEC) < 0) return sh_err_errno(errno, "pipe");
-    if (pipe2(bar, O_CLOEXEC) < 0 || pipe2(ex, O_CLOEXEC) < 0) return sh_err_errno(errno, "pipe");
-    pid_t pid = fork();
-    if (pid == 0) child(a, m, d, out[1], bar[0], ex[1], argv);
-    for (char **p = argv; *p; p++) free(*p);
+    size_t nw = json_array_size(json_object_get(d, "writable"));
+    int wfd[nw + 1];
+    if (a->mode != SB_NONE) SH_TRY(open_writable(a, m, d, wfd));
+    else nw = 0;
+    int rc = sh_mkdir_p(a->cfg.work_dir, 0700);
+    if (rc == SH_OK && mkdir(m->workdir, 0700) < 0 && errno != EEXIST) rc = sh_err_errno(errno, "mkdir %s", m->workdir);
+    if (rc == SH_OK && chown(m->workdir, m->uid, m->uid) < 0) rc = sh_err_errno(errno, "chown %s", m->workdir);
+    char **argv = rc == SH_OK ? build_argv(a, m, d, wfd) : NULL;
+    char **env = argv ? agent__rank_env(m, d) : NULL;
+    int out[2] = {-1, -1}, bar[2] = {-1, -1}, ex[2] = {-1, -1};
+    if (rc == SH_OK && (!argv || !env)) rc = sh_err(SH_ENOMEM, "member argv");
+    if (rc == SH_OK && (pipe2(out, O_CLOEXEC) < 0 || pipe2(bar, O_CLOEXEC) < 0 || pipe2(ex, O_CLOEXEC) < 0))
+        rc = sh_err_errno(errno, "pipe");
+    pid_t pid = rc == SH_OK ? fork() : -1;
+    if (pid == 0) child(a, m, d, out[1], bar[0], ex[1], argv, env, wfd, nw);
+    for (size_t i = 0; i < nw; i++) close(wfd[i]);
+    for (char **p = argv; p && *p; p++) free(*p);
     free(argv);
+    agent__env_free(env);
+    if (rc < 0) {
+        for (int i = 0; i < 2; i++) {
+            if (out[i] >= 0) close(out[i]);
+            if (bar[i] >= 0) close(bar[i]);
+            if (ex[i] >= 0) close(ex[i]);
+        }
+        return rc;
+    }
     close(out[1]);
     close(bar[0]);
     close(ex[1]);
@@ -463,7 +673,6 @@ int agent__launch(agent *a, agent_member *m, const json_t *d)
         close(ex[0]);
         return sh_err_errno(errno, "fork");
     }
-    setpgid(pid, pid); /* also in the child: whichever runs first wins the race */
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     cgroup_enter(a, m, pid, d);
     m->pid = pid;

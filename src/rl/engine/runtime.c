@@ -188,13 +188,13 @@ static int got_hello(run *r, int i, const uint8_t *p, size_t len)
     snprintf(nm, sizeof nm, "worker %d", i);
     if (r->w[i].hello) return sh_err(SH_EFORMAT, "%s: a second HELLO", who(r, i, nm, sizeof nm));
     SH_TRY(rl__hello_parse(nm, p, len, &h));
-    if (r->has_secret && !sh_secret_eq(h.proof, sh_secret_proof(r->secret, "rl worker", h.nonce))) {
+    if (r->has_secret && !net_hello_check(r->secret, "rl worker", h.nonce, h.proof)) {
         r->refused_hellos++;
         return sh_err(SH_EPERM, "worker %d (%s, pid %d): its HELLO lacks this run's secret (SHOAL_RUN_SECRET)",
                       i, h.name, (int)h.pid);
     }
     if (r->has_secret) { /* our proof first: the worker trusts nothing before it */
-        sh_hash128 pr = sh_secret_proof(r->secret, "rl trainer", h.nonce);
+        sh_hash128 pr = net_secret_proof(r->secret, "rl trainer", h.nonce);
         SH_TRY(rl__msg_append(&r->w[i].out, RL_MSG_WELCOME, &pr, sizeof pr, NULL, 0));
     }
     rl_worker_spec *sp = &r->spec[i];
@@ -739,7 +739,7 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
     r->evalset = malloc(sizeof(rl_problem) * c->eval_n);
     int rc = r->buf && r->sortbuf && r->evalset ? 0 : sh_err(SH_ENOMEM, "rl: out of memory");
     if (!rc && c->remote) {
-        rc = sh_run_secret(&r->secret);
+        rc = net_run_secret(&r->secret);
         r->has_secret = rc == 1;
         if (rc > 0) rc = 0;
     }

@@ -2,9 +2,9 @@
  * rollout dtype x seed, several processes at a time, and the figures that
  * compare them (docs/rl.md, "The sweep").
  *
- * Every run is a forked child that computes one paced run and writes its
- * JSON result to DIR/runs (atomically), so that runs do not share
- * allocator or BLAS state and a crash costs one run.  Paced runs keep no
+ * Every run is a child process (sh_fanout) that computes one paced run and
+ * sends its JSON result back, so that runs do not share allocator or BLAS
+ * state and a crash costs one run.  Paced runs keep no
  * clock: what the machine's load changes is how long the sweep takes, not
  * any figure in it.
  *
@@ -108,60 +108,47 @@ static void cell_config(const rl_sweep_cfg *s, int k, int i, rl_config *c)
     c->quiet = 1;
 }
 
-static void run_path(const rl_sweep_cfg *s, int k, int i, const char *ext, char *out, size_t cap)
-{
-    snprintf(out, cap, "%s/runs/c%03d-s%llu.%s", s->dir, k, (unsigned long long)(s->seed0 + i), ext);
-}
+/* One sweep task in its child process (sh_fanout): a paced run, or
+ * (k < 0) seed i's warm start only, whose result is an empty object. */
+typedef struct sweep_tasks {
+    const rl_sweep_cfg *s;
+    int warm;
+    const int *job; /* task -> job (cell k = job / seeds, seed i = job % seeds) */
+    int done0, total; /* for the caller's progress */
+    rl_sweep_progress progress;
+    void *ctx;
+} sweep_tasks;
 
-/* In a child: one paced run, or (k < 0) seed i's warm start only. */
-static void __attribute__((noreturn)) child(const rl_sweep_cfg *s, int k, int i)
+static json_t *sweep_task(void *arg, int task, int fd, int *rc)
 {
+    const sweep_tasks *t = arg;
+    const rl_sweep_cfg *s = t->s;
+    int j = t->job[task], k = t->warm ? -1 : j / s->seeds, i = t->warm ? j : j % s->seeds;
     rl_config c;
-    char path[4200], err[4200];
     cell_config(s, k < 0 ? 0 : k, i, &c);
-    run_path(s, k, i, "json", path, sizeof path);
-    run_path(s, k, i, "err", err, sizeof err);
-    int rc;
+    json_t *res = NULL;
     if (k < 0) {
         nn_model *m = NULL;
-        rc = nn_new(&c.model, c.seed, &m);
-        if (!rc) rc = rl__warm_start(&c, m);
+        *rc = nn_new(&c.model, c.seed, &m);
+        if (!*rc) *rc = rl__warm_start(&c, m);
         nn_free(m);
-        if (!rc) _exit(0);
+        if (!*rc) res = json_object();
     } else {
-        json_t *res = NULL;
-        rc = rl_paced_run(&c, NULL, NULL, &res);
-        if (!rc) rc = sh_json_write_atomic(path, res);
-        json_decref(res);
-        if (!rc) _exit(0);
+        *rc = rl_paced_run(&c, NULL, NULL, &res);
     }
-    FILE *f = fopen(err, "w");
-    if (f) fprintf(f, "%s\n", sh_errmsg()), fclose(f);
-    _exit(1);
+    if (*rc) {
+        sh_err_wrap(*rc, "rl sweep: %s %d seed %llu", k < 0 ? "warm start" : "cell", k,
+                    (unsigned long long)(s->seed0 + i));
+        json_decref(res);
+        return NULL;
+    }
+    return res;
 }
 
-/* Reads a finished run's result (the child's error when it failed). */
-static int collect(const rl_sweep_cfg *s, int k, int i, int status, json_t **out)
+static void sweep_units(void *arg, uint64_t units)
 {
-    char path[4200], *text = NULL;
-    size_t len;
-    *out = NULL;
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        run_path(s, k, i, "err", path, sizeof path);
-        int have = sh_read_file(path, 4096, &text, &len) == 0;
-        int rc = sh_err(SH_EIO, "rl sweep: %s %d seed %llu %s: %s", k < 0 ? "warm start" : "cell",
-                        k, (unsigned long long)(s->seed0 + i),
-                        WIFEXITED(status) ? "failed" : "was killed", have ? text : "(no message)");
-        free(text);
-        return rc;
-    }
-    if (k < 0) return 0;
-    run_path(s, k, i, "json", path, sizeof path);
-    int rc = sh_read_file(path, 64 << 20, &text, &len);
-    if (!rc) rc = sh_json_parse(text, len, path, out);
-    free(text);
-    if (!rc) unlink(path);
-    return rc;
+    const sweep_tasks *t = arg;
+    if (t->progress) t->progress(t->done0 + (int)units, t->total, t->ctx);
 }
 
 /* Whether cell k is left out: a dtype other than bf16 at a bound not in
@@ -175,52 +162,27 @@ static int skipped(const rl_sweep_cfg *s, int k)
     return 1;
 }
 
-/* Runs jobs [0, n) (job j: cell j / seeds, seed j % seeds; cell -1: the
- * warm starts) at most s->jobs at a time.  A failure stops new starts;
- * the running ones finish. */
+/* Runs jobs [0, n) (job j: cell j / seeds, seed j % seeds; warm: seed j's
+ * warm start) that are not skipped, at most s->jobs at a time, each in a
+ * child process (sh_fanout: runs share no allocator or BLAS state, and a
+ * crash costs one run).  A failure stops new starts; the running ones
+ * finish. */
 static int run_jobs(const rl_sweep_cfg *s, int warm, int n, json_t *runs, int *done, int total,
                     rl_sweep_progress progress, void *ctx)
 {
-    pid_t *pid = calloc((size_t)s->jobs, sizeof *pid);
-    int *job = calloc((size_t)s->jobs, sizeof *job);
-    if (!pid || !job) return free(pid), free(job), sh_err(SH_ENOMEM, "rl sweep: out of memory");
-    int next = 0, running = 0, rc = 0;
-    while (running || (next < n && !rc)) {
-        for (int slot = 0; slot < s->jobs && next < n && !rc; slot++) {
-            if (pid[slot]) continue;
-            while (!warm && next < n && skipped(s, next / s->seeds)) next++;
-            if (next >= n) break;
-            int k = warm ? -1 : next / s->seeds, i = warm ? next : next % s->seeds;
-            fflush(stdout), fflush(stderr);
-            pid_t p = fork();
-            if (p < 0) {
-                rc = sh_err_errno(errno, "rl sweep: fork");
-                break;
-            }
-            if (p == 0) child(s, k, i);
-            pid[slot] = p, job[slot] = next++, running++;
-        }
-        if (!running) break;
-        int st;
-        pid_t p = waitpid(-1, &st, 0);
-        if (p < 0 && errno == EINTR) continue;
-        if (p < 0) {
-            rc = sh_err_errno(errno, "rl sweep: waitpid");
-            break;
-        }
-        for (int slot = 0; slot < s->jobs; slot++) {
-            if (pid[slot] != p) continue;
-            pid[slot] = 0, running--;
-            int k = warm ? -1 : job[slot] / s->seeds, i = warm ? job[slot] : job[slot] % s->seeds;
-            json_t *r = NULL;
-            int rr = collect(s, k, i, st, &r);
-            if (rr && !rc) rc = rr;
-            if (r) json_array_set_new(runs, (size_t)job[slot], r);
-            ++*done;
-            if (progress) progress(*done, total, ctx);
-        }
+    int *job = calloc((size_t)n + 1, sizeof *job), m = 0;
+    json_t **res = calloc((size_t)n + 1, sizeof *res);
+    if (!job || !res) return free(job), free(res), sh_err(SH_ENOMEM, "rl sweep: out of memory");
+    for (int j = 0; j < n; j++)
+        if (warm || !skipped(s, j / s->seeds)) job[m++] = j;
+    sweep_tasks t = {s, warm, job, *done, total, progress, ctx};
+    int rc = m ? sh_fanout(m, s->jobs, 1, sweep_task, &t, sweep_units, &t, res) : 0;
+    for (int q = 0; q < m; q++) {
+        if (res[q] && !warm) json_array_set_new(runs, (size_t)job[q], res[q]);
+        else json_decref(res[q]);
+        *done += res[q] != NULL;
     }
-    free(pid), free(job);
+    free(job), free(res);
     return rc;
 }
 
@@ -329,10 +291,9 @@ static json_t *cell_row(const rl_sweep_cfg *s, json_t *runs, int k)
 int rl_sweep_run(const rl_sweep_cfg *s, rl_sweep_progress progress, void *ctx, json_t **out)
 {
     SH_TRY(rl_sweep_check(s));
-    char dir[4200], warm[4200];
-    snprintf(dir, sizeof dir, "%s/runs", s->dir);
+    char warm[4200];
     snprintf(warm, sizeof warm, "%s/warm", s->dir);
-    SH_TRY(sh_mkdir_p(dir, 0755));
+    SH_TRY(sh_mkdir_p(s->dir, 0755));
     rl_sweep_cfg sw = *s;
     if (!sw.base.warm_cache) sw.base.warm_cache = warm;
     int ncells = s->nlags * s->nlosses * s->ndtypes, n = ncells * s->seeds, done = 0, total = s->seeds;

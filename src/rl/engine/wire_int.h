@@ -8,6 +8,7 @@
 
 #include "shoal/common.h"
 #include "shoal/rl.h"
+#include "shoal/net.h"
 
 #define RL_WIRE_MAGIC 0x4c524853u /* "SHRL" little-endian */
 #define RL_WIRE_MAX (64u << 20)   /* largest payload accepted */
@@ -49,10 +50,10 @@ typedef struct rl_wire_hello {
     int32_t pid;
     uint32_t flags; /* RL_HELLO_PUSH */
     sh_hash128 nonce; /* fresh per connection (zero without the run's secret) */
-    sh_hash128 proof; /* sh_secret_proof(secret, "rl worker", nonce), or zero */
+    sh_hash128 proof; /* net_secret_proof(secret, "rl worker", nonce), or zero */
 } rl_wire_hello;
 /* WELCOME (trainer -> worker, first, when the trainer has the run's secret):
- * sh_secret_proof(secret, "rl trainer", the HELLO's nonce), 16 bytes. */
+ * net_secret_proof(secret, "rl trainer", the HELLO's nonce), 16 bytes. */
 
 /* REFUSE (worker -> trainer, the answer to a REQUEST in its turn): the
  * worker could not get weights as new as min_version in time.  The trainer

@@ -166,7 +166,7 @@ static int handle(worker *w, uint32_t type)
 {
     if (type == RL_MSG_WELCOME && !w->proven) {
         sh_hash128 pr;
-        if (w->msg.len != sizeof pr || (memcpy(&pr, w->msg.data, sizeof pr), !sh_secret_eq(pr, w->expect)))
+        if (w->msg.len != sizeof pr || (memcpy(&pr, w->msg.data, sizeof pr), !net_secret_eq(pr, w->expect)))
             return sh_err(SH_EPERM, "worker %d: the trainer did not prove this run's secret (SHOAL_RUN_SECRET)",
                           w->idx);
         w->proven = 1;
@@ -405,15 +405,15 @@ void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
                        .flags = src ? RL_HELLO_PUSH : 0};
     snprintf(h.name, sizeof h.name, "%s", me->name);
     sh_hash128 secret, expect;
-    int has = sh_run_secret(&secret);
-    if (has > 0 && sh_nonce(&h.nonce) < 0) has = -1;
+    net_hello hs;
+    int has = net_run_secret(&secret);
+    if (has > 0 && net_hello_make(secret, "rl worker", "rl trainer", &hs) < 0) has = -1;
     if (has < 0) {
         sh_log(SH_LOG_ERROR, "rl worker %s: %s", me->name, sh_errmsg());
         _exit(3);
     }
     if (has) {
-        h.proof = sh_secret_proof(secret, "rl worker", h.nonce);
-        expect = sh_secret_proof(secret, "rl trainer", h.nonce);
+        h.nonce = hs.nonce, h.proof = hs.proof, expect = hs.expect;
     }
     signal(SIGPIPE, SIG_IGN);
     if (rl__msg_write(fd, RL_MSG_HELLO, &h, sizeof h, NULL, 0) < 0) {

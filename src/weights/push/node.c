@@ -135,24 +135,7 @@ static void reap_closing(bcast_node *n)
 
 /* ---- Addresses ------------------------------------------------------- */
 
-static int parse_addr(const char *addr, struct sockaddr_in *sa)
-{
-    char host[BCAST__ADDR];
-    const char *colon = strrchr(addr, ':');
-    if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host)
-        return sh_err(SH_EINVAL, "push address \"%s\": expected host:port", addr);
-    memcpy(host, addr, colon - addr);
-    host[colon - addr] = 0;
-    int64_t port;
-    SH_TRY(sh_parse_i64(colon + 1, &port, "push address port"));
-    if (port < 0 || port > 65535) return sh_err(SH_ERANGE, "push address \"%s\": bad port", addr);
-    memset(sa, 0, sizeof *sa);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons((uint16_t)port);
-    if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
-        return sh_err(SH_EINVAL, "push address \"%s\": \"%s\" is not an IPv4 address", addr, host);
-    return SH_OK;
-}
+static int parse_addr(const char *addr, struct sockaddr_in *sa) { return net_addr_parse(addr, "push address", sa); }
 
 static const char *current_parent(const bcast_node *n)
 {
@@ -189,27 +172,15 @@ static void fill_resume(bcast_node *n, bcast__hello *h)
 static int parent_connect(bcast_node *n)
 {
     const char *addr = current_parent(n);
-    struct sockaddr_in sa;
-    SH_TRY(parse_addr(addr, &sa));
-    ucp_ep_params_t p = {0};
-    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    p.sockaddr.addr = (struct sockaddr *)&sa;
-    p.sockaddr.addrlen = sizeof sa;
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = parent_err_cb;
-    p.err_handler.arg = n;
-    ucs_status_t st = ucp_ep_create(n->worker, &p, &n->parent_ep);
-    if (st != UCS_OK) {
-        n->parent_ep = NULL;
-        return sh_err(SH_EIO, "push %s: connect to %s: %s", n->name, addr, ucs_status_string(st));
-    }
+    char who[128];
+    snprintf(who, sizeof who, "push %s", n->name);
+    SH_TRY(net_ucx_connect(&(net_ucx){.worker = n->worker}, who, addr, parent_err_cb, n, &n->parent_ep));
     bcast__hello h = {0};
     if (n->has_secret) {
-        SH_TRY(sh_nonce(&n->nonce));
-        h.nonce = n->nonce;
-        h.proof = sh_secret_proof(n->secret, "push child", n->nonce);
+        net_hello hs;
+        SH_TRY(net_hello_make(n->secret, "push child", "push parent", &hs));
+        n->nonce = h.nonce = hs.nonce;
+        h.proof = hs.proof;
     }
     n->parent_proven = !n->has_secret;
     n->parent_since = sh_now_mono();
@@ -301,14 +272,7 @@ static void conn_cb(ucp_conn_request_h req, void *arg)
     }
     p->node = n;
     p->refs = 1;
-    ucp_ep_params_t ep = {0};
-    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.conn_request = req;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = child_err_cb;
-    ep.err_handler.arg = p;
-    if (ucp_ep_create(n->worker, &ep, &p->ep) != UCS_OK) {
+    if (net_ucx_accept(&(net_ucx){.worker = n->worker}, req, child_err_cb, p, &p->ep) < 0) {
         free(p);
         return;
     }
@@ -369,12 +333,12 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
          * that took a dead root's port) answers any child with a WELCOME
          * it cannot have computed. */
         uint8_t w[BCAST__WELCOME_LEN];
-        bcast__pack_welcome(sh_secret_proof((sh_hash128){0, 0}, "push parent", h.nonce), w);
+        bcast__pack_welcome(net_secret_proof((sh_hash128){0, 0}, "push parent", h.nonce), w);
         bcast__send(n, p->ep, p, BCAST__AM_WELCOME, w, sizeof w, NULL, 0, NULL, NULL);
     } else if (n->has_secret) {
         /* The child proves the secret without sending it; we prove it back
          * on its nonce, before anything else, so that it trusts what we send. */
-        if (!sh_secret_eq(h.proof, sh_secret_proof(n->secret, "push child", h.nonce))) {
+        if (!net_hello_check(n->secret, "push child", h.nonce, h.proof)) {
             sh_warn("push %s: refused child %.64s (zone %.32s): its HELLO lacks this run's secret"
                     " (SHOAL_RUN_SECRET)", n->name, h.name, h.zone);
             n->stats.children_refused++;
@@ -382,7 +346,7 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
             return UCS_OK;
         }
         uint8_t w[BCAST__WELCOME_LEN];
-        bcast__pack_welcome(sh_secret_proof(n->secret, "push parent", h.nonce), w);
+        bcast__pack_welcome(net_secret_proof(n->secret, "push parent", h.nonce), w);
         bcast__send(n, p->ep, p, BCAST__AM_WELCOME, w, sizeof w, NULL, 0, NULL, NULL);
     }
     snprintf(p->name, sizeof p->name, "%s", h.name);
@@ -441,7 +405,7 @@ static ucs_status_t on_welcome(void *arg, const void *hdr, size_t hlen, void *da
     sh_hash128 proof;
     if (!from_parent_ep(n, prm) || !n->has_secret || n->parent_proven) return UCS_OK;
     if (bcast__unpack_welcome(hdr, hlen, &proof) < 0 ||
-        !sh_secret_eq(proof, sh_secret_proof(n->secret, "push parent", n->nonce))) {
+        !net_secret_eq(proof, net_secret_proof(n->secret, "push parent", n->nonce))) {
         sh_warn("push %s: parent %s did not prove this run's secret (SHOAL_RUN_SECRET); leaving it", n->name,
                 current_parent(n));
         n->stats.parents_refused++;
@@ -614,36 +578,10 @@ static int set_handler(bcast_node *n, unsigned id, ucp_am_recv_callback_t cb)
 
 static int start_ucx(bcast_node *n)
 {
-    /* A node restarted on its port (`--listen HOST:PORT`, the address its
-     * children know) must bind it while connections its previous run
-     * closed first sit in TIME_WAIT.  UCX's TCP listener sets SO_REUSEADDR
-     * only when told to (UCX 1.13's default is no; ucp_config_modify does
-     * not reach the connection manager's settings), and without it the
-     * restart failed with "Device is busy" for a minute.  A value the user
-     * set wins. */
-    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
-    ucp_config_t *conf;
-    ucs_status_t st = ucp_config_read(NULL, NULL, &conf);
-    if (st != UCS_OK) return sh_err(SH_EIO, "push: UCX configuration: %s", ucs_status_string(st));
-    ucp_params_t p = {0};
-    p.field_mask = UCP_PARAM_FIELD_FEATURES;
-    p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    st = ucp_init(&p, conf, &n->ctx);
-    ucp_config_release(conf);
-    if (st != UCS_OK) {
-        n->ctx = NULL;
-        return sh_err(SH_EIO, "push: ucp_init: %s (check UCX_TLS)", ucs_status_string(st));
-    }
-    ucp_worker_params_t wp = {0};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    st = ucp_worker_create(n->ctx, &wp, &n->worker);
-    if (st != UCS_OK) {
-        n->worker = NULL;
-        return sh_err(SH_EIO, "push: ucp_worker_create: %s", ucs_status_string(st));
-    }
-    st = ucp_worker_get_efd(n->worker, &n->worker_fd);
-    if (st != UCS_OK) return sh_err(SH_EIO, "push: worker event fd: %s", ucs_status_string(st));
+    net_ucx u;
+    SH_TRY(net_ucx_open(&u, "push", UCP_FEATURE_AM));
+    n->ctx = u.ctx, n->worker = u.worker, n->worker_fd = u.efd;
+    if (n->worker_fd < 0) return sh_err(SH_EIO, "push: the UCX worker has no event fd");
     SH_TRY(set_handler(n, BCAST__AM_HELLO, on_hello));
     SH_TRY(set_handler(n, BCAST__AM_REDIRECT, on_redirect));
     SH_TRY(set_handler(n, BCAST__AM_OFFER, on_offer));
@@ -658,27 +596,10 @@ static int start_listener(bcast_node *n)
     char want[BCAST__ADDR];
     snprintf(want, sizeof want, "%s:%d", n->cfg.listen_host ? n->cfg.listen_host : "127.0.0.1",
              n->cfg.listen_port);
-    struct sockaddr_in sa;
-    SH_TRY(parse_addr(want, &sa));
-    ucp_listener_params_t lp = {0};
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = (struct sockaddr *)&sa;
-    lp.sockaddr.addrlen = sizeof sa;
-    lp.conn_handler.cb = conn_cb;
-    lp.conn_handler.arg = n;
-    ucs_status_t st = ucp_listener_create(n->worker, &lp, &n->listener);
-    if (st != UCS_OK) {
-        n->listener = NULL;
-        return sh_err(SH_EIO, "push: listen on %s: %s", want, ucs_status_string(st));
-    }
-    ucp_listener_attr_t la = {0};
-    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    st = ucp_listener_query(n->listener, &la);
-    if (st != UCS_OK) return sh_err(SH_EIO, "push: listener query: %s", ucs_status_string(st));
-    const struct sockaddr_in *got = (const struct sockaddr_in *)&la.sockaddr;
-    char host[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &got->sin_addr, host, sizeof host);
-    snprintf(n->addr, sizeof n->addr, "%s:%u", host, ntohs(got->sin_port));
+    net_ucx u = {.worker = n->worker};
+    SH_TRY(net_ucx_listen(&u, "push", want, conn_cb, n));
+    n->listener = u.listener;
+    snprintf(n->addr, sizeof n->addr, "%s", u.addr);
     return SH_OK;
 }
 
@@ -733,7 +654,7 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
     n->have = cfg->have_version;
     n->stats.have_version = n->have;
     parse_corrupt(n);
-    int rc = sh_run_secret(&n->secret);
+    int rc = net_run_secret(&n->secret);
     n->has_secret = rc == 1;
     if (rc >= 0) rc = cfg->spool ? sh_mkdir_p(cfg->spool, 0755) : 0;
     if (rc == 0) rc = start_ucx(n);
@@ -879,6 +800,7 @@ void bcast_node_free(bcast_node *n)
     if (!n) return;
     if (n->worker) {
         if (n->listener) ucp_listener_destroy(n->listener);
+        n->listener = NULL;
         for (bcast__peer *p = n->children; p; p = p->next_peer) p->dead = 1;
         reap_children(n);
         if (n->parent_ep) close_ep(n, n->parent_ep);
@@ -888,9 +810,8 @@ void bcast_node_free(bcast_node *n)
             ucp_worker_progress(n->worker);
             reap_closing(n);
         }
-        ucp_worker_destroy(n->worker);
     }
-    if (n->ctx) ucp_cleanup(n->ctx);
+    net_ucx_close(&(net_ucx){.ctx = n->ctx, .worker = n->worker});
     for (bcast__obj **l = &n->objs; l; l = l == &n->objs ? &n->squashes : NULL) {
         while (*l) {
             bcast__obj *o = *l;

@@ -7,6 +7,7 @@
 
 #include "weights/push/obj_int.h"
 #include "shoal/bcast.h"
+#include "shoal/net.h"
 
 #define BCAST__MAX_OUTSTANDING 4 /* chunk sends in flight per child */
 #define BCAST__MAX_RESEND 64

@@ -47,7 +47,7 @@ typedef struct bcast__hello {
     char zone[BCAST__ZONE];
     char addr[BCAST__ADDR];
     sh_hash128 nonce; /* fresh per connection */
-    sh_hash128 proof; /* sh_secret_proof(run secret, "push child", nonce), or zero */
+    sh_hash128 proof; /* net_secret_proof(run secret, "push child", nonce), or zero */
 } bcast__hello;
 
 typedef struct bcast__offer {
@@ -82,7 +82,7 @@ int bcast__unpack_chunk(const void *buf, size_t len, bcast__chunk *c);
 void bcast__pack_nack(const bcast__nack *k, uint8_t out[BCAST__NACK_LEN]);
 int bcast__unpack_nack(const void *buf, size_t len, bcast__nack *k);
 /* WELCOME (parent -> child, first, when the parent has the run's secret):
- * sh_secret_proof(secret, "push parent", the child's HELLO nonce). */
+ * net_secret_proof(secret, "push parent", the child's HELLO nonce). */
 void bcast__pack_welcome(sh_hash128 proof, uint8_t out[BCAST__WELCOME_LEN]);
 int bcast__unpack_welcome(const void *buf, size_t len, sh_hash128 *proof);
 /* A redirect is one NUL-padded "host:port" of BCAST__REDIRECT_LEN bytes. */

@@ -234,7 +234,7 @@ static const uint8_t *img_changed_since(store_replica *r, uint64_t held, uint8_t
  * kernel copies through its own large-page mapping of memory, while a
  * process's 4 KiB mapping of the file costs a TLB miss per page, which a
  * virtual machine with shadow page tables turns into an exit to the host
- * (docs/results.md, "Writing a model file", `shoal bench write`: 50 MB in
+ * (bench/results/2026-12-03-notebook.md, "Writing a model file", `shoal bench write`: 50 MB in
  * 9-10 ms of CPU, against 8-67 ms through a kept mapping and 235 ms
  * through a new one).  activate() makes it durable. */
 typedef struct img_out {

@@ -1,9 +1,9 @@
-/* One process fan-out for the main job's experiments: `total` tasks, each
+/* One process fan-out for experiments (the RL sweep, the fleet-cost experiment): `total` tasks, each
  * in a child process of its own, up to `jobs` at a time.
  *
  * A task's process reports progress as lines "S <units>" on its pipe (done
- * so far, mj_fanout_step) and ends with "R <result JSON>" or "E <message>"
- * (written by mj_fanout itself from what the task returns).  A task's
+ * so far, sh_fanout_step) and ends with "R <result JSON>" or "E <message>"
+ * (written by sh_fanout itself from what the task returns).  A task's
  * process ends with the caller's (PR_SET_PDEATHSIG): Ctrl-C or a kill stops
  * every run, and whatever processes each run started see their pipes and
  * sockets close. */
@@ -17,7 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include <jansson.h>
+
+#include "shoal/common.h"
 
 typedef struct slot {
     pid_t pid;
@@ -25,9 +27,9 @@ typedef struct slot {
     sh_buf in;
 } slot;
 
-void mj_fanout_step(int fd, int units) { dprintf(fd, "S %d\n", units); }
+void sh_fanout_step(int fd, int units) { dprintf(fd, "S %d\n", units); }
 
-static void __attribute__((noreturn)) child(mj_task_fn fn, void *arg, int task, int fd)
+static void __attribute__((noreturn)) child(sh_task_fn fn, void *arg, int task, int fd)
 {
     int rc = 0;
     json_t *r = fn(arg, task, fd, &rc);
@@ -37,7 +39,7 @@ static void __attribute__((noreturn)) child(mj_task_fn fn, void *arg, int task, 
     _exit(s ? 0 : 1);
 }
 
-static int start(slot *sl, mj_task_fn fn, void *arg, int task)
+static int start(slot *sl, sh_task_fn fn, void *arg, int task)
 {
     int pfd[2];
     if (pipe(pfd)) return sh_err_errno(errno, "fan-out: pipe");
@@ -92,7 +94,7 @@ static void end(slot *sl)
     sl->pid = 0;
 }
 
-int mj_fanout(int total, int jobs, int units_each, mj_task_fn fn, void *arg, mj_progress_fn progress,
+int sh_fanout(int total, int jobs, int units_each, sh_task_fn fn, void *arg, sh_units_fn progress,
               void *parg, json_t **results)
 {
     if (jobs < 1 || jobs > 64) return sh_err(SH_EINVAL, "fan-out: %d processes at once, allowed 1..64", jobs);

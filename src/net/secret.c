@@ -1,6 +1,7 @@
-/* The run secret (SHOAL_RUN_SECRET) and the proofs built on it.  Apart from
- * hash.c so that programs which never speak to a run's peers (the lean
- * client) do not link the HMAC. */
+/* The run secret (SHOAL_RUN_SECRET), the proofs built on it and the one
+ * handshake every link of a run uses (include/shoal/net.h).  Apart from
+ * common's hashing so that programs which never speak to a run's peers (the
+ * lean client) do not link the HMAC. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,9 +9,9 @@
 
 #include <nettle/hmac.h>
 
-#include "shoal/common.h"
+#include "shoal/net.h"
 
-int sh_run_secret(sh_hash128 *out)
+int net_run_secret(sh_hash128 *out)
 {
     const char *v = getenv("SHOAL_RUN_SECRET");
     *out = (sh_hash128){0, 0};
@@ -23,13 +24,13 @@ int sh_run_secret(sh_hash128 *out)
     return 1;
 }
 
-int sh_secret_eq(sh_hash128 a, sh_hash128 b)
+int net_secret_eq(sh_hash128 a, sh_hash128 b)
 {
     volatile uint64_t d = (a.lo ^ b.lo) | (a.hi ^ b.hi);
     return d == 0;
 }
 
-sh_hash128 sh_secret_proof(sh_hash128 secret, const char *label, sh_hash128 nonce)
+sh_hash128 net_secret_proof(sh_hash128 secret, const char *label, sh_hash128 nonce)
 {
     uint8_t key[16], msg[16], mac[SHA256_DIGEST_SIZE];
     for (int i = 0; i < 8; i++) {
@@ -46,10 +47,23 @@ sh_hash128 sh_secret_proof(sh_hash128 secret, const char *label, sh_hash128 nonc
     return out;
 }
 
-int sh_nonce(sh_hash128 *out)
+int net_nonce(sh_hash128 *out)
 {
     uint64_t w[2];
     if (getrandom(w, sizeof w, 0) != (ssize_t)sizeof w) return sh_err_errno(errno, "getrandom");
     out->lo = w[0], out->hi = w[1];
     return SH_OK;
+}
+
+int net_hello_make(sh_hash128 secret, const char *child_label, const char *parent_label, net_hello *h)
+{
+    SH_TRY(net_nonce(&h->nonce));
+    h->proof = net_secret_proof(secret, child_label, h->nonce);
+    h->expect = net_secret_proof(secret, parent_label, h->nonce);
+    return SH_OK;
+}
+
+int net_hello_check(sh_hash128 secret, const char *child_label, sh_hash128 nonce, sh_hash128 proof)
+{
+    return net_secret_eq(proof, net_secret_proof(secret, child_label, nonce));
 }
