@@ -39,7 +39,9 @@ time limit.  Results:
 Usage:
   scripts/mutgen.py [--seed N] [--count N | --full] [-j N] [--only ID,...]
                     [--files GLOB,...] [--list] [--report FILE]
-Exit status 0 only when no mutant SURVIVED (or was UNTESTED).
+Exit status 0 only when no mutant SURVIVED (or was UNTESTED); a survivor that
+tests/mutgen-equivalent.txt explains is EQUIVALENT, or GAP when its reason
+starts "gap:" (a test could tell, none does yet: counted and shown apart).
 """
 import argparse
 import concurrent.futures
@@ -122,6 +124,14 @@ def parse_equiv(path):
                 die(f"{path}:{no}: expected `ID reason`")
             eq[key_of(parts[0])] = parts[1].strip()
     return eq
+
+
+def judge(reason):
+    """An equivalents entry whose reason starts "gap:" is a known test gap
+    (explained, not equivalent: a test could tell, none does yet)."""
+    if reason.lower().startswith("gap:"):
+        return "GAP", reason[4:].strip()
+    return "EQUIVALENT", reason
 
 
 def key_of(mid):
@@ -776,7 +786,7 @@ def main():
             for fu in concurrent.futures.as_completed(futs):
                 m, res, why, dt = fu.result()
                 if res == "SURVIVED" and key_of(m["id"]) in equiv:
-                    res, why = "EQUIVALENT", equiv[key_of(m["id"])]
+                    res, why = judge(equiv[key_of(m["id"])])
                 results.append((m, res, why, dt))
                 if a.json:  # after each mutant: an interrupted run keeps what it found
                     write_json(a.json, results)
@@ -794,6 +804,26 @@ def main():
             raise
     # The trees' objects are rebuilt from the restored files on the next run.
     return summarise(results, entries, a, time.time() - t0, len(allm))
+
+
+def report_header(a):
+    """Command, date, commit, machine and load, as bench/results/ entries
+    state them."""
+    import datetime
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_record", os.path.join(ROOT, "scripts", "bench-record.py"))
+    br = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(br)
+        machine = br.machine()
+    except Exception:
+        machine = f"{os.cpu_count()} cores"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    cmd = "python3 scripts/mutgen.py " + " ".join(sys.argv[1:])
+    return (f"- command: `{cmd}`\n- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
+            f"- commit: {commit}\n- machine: {machine}; load average at the end {load}\n\n")
 
 
 def write_json(path, results):
@@ -819,8 +849,8 @@ def merge(a, entries):
     for k in order:
         r = byid[k]
         res, why = r["result"], r["why"]
-        if res in ("SURVIVED", "EQUIVALENT"):
-            res, why = ("EQUIVALENT", equiv[k]) if k in equiv else ("SURVIVED", "every mapped test passed")
+        if res in ("SURVIVED", "EQUIVALENT", "GAP"):
+            res, why = judge(equiv[k]) if k in equiv else ("SURVIVED", "every mapped test passed")
         path = r["id"].split(":")[0]
         m = {"id": r["id"], "file": known.get(os.path.basename(path), path), "fn": r["fn"], "before": r["before"],
              "after": r["after"]}
@@ -831,7 +861,7 @@ def merge(a, entries):
 
 
 def summarise(results, entries, a, elapsed, total):
-    cols = ("KILLED", "SURVIVED", "EQUIVALENT", "INVALID", "UNTESTED", "NOTRUN")
+    cols = ("KILLED", "SURVIVED", "EQUIVALENT", "GAP", "INVALID", "UNTESTED", "NOTRUN")
     per = {}
     for m, res, why, dt in results:
         d = per.setdefault(m["file"], {k: 0 for k in cols})
@@ -839,12 +869,13 @@ def summarise(results, entries, a, elapsed, total):
     order = [e["file"] for e in entries if e["file"] in per] + sorted(f for f in per if f not in
                                                                        {e["file"] for e in entries})
     tot = {k: sum(per[f][k] for f in order) for k in cols}
-    lines = ["| file | killed | survived | equivalent | invalid | not run | score |", "|---|---|---|---|---|---|---|"]
+    lines = ["| file | killed | survived | equivalent | known gap | invalid | not run | killed of the non-equivalent |",
+             "|---|---|---|---|---|---|---|---|"]
     for f in order + ["total"]:
         d = tot if f == "total" else per[f]
-        judged = d["KILLED"] + d["SURVIVED"] + d["EQUIVALENT"] + d["UNTESTED"]
-        score = f"{100.0 * (d['KILLED'] + d['EQUIVALENT']) / judged:.0f}%" if judged else "-"
-        lines.append(f"| {f} | {d['KILLED']} | {d['SURVIVED'] + d['UNTESTED']} | {d['EQUIVALENT']} | "
+        judged = d["KILLED"] + d["SURVIVED"] + d["GAP"] + d["UNTESTED"]
+        score = f"{100.0 * d['KILLED'] / judged:.0f}%" if judged else "-"
+        lines.append(f"| {f} | {d['KILLED']} | {d['SURVIVED'] + d['UNTESTED']} | {d['EQUIVALENT']} | {d['GAP']} | "
                      f"{d['INVALID']} | {d['NOTRUN']} | {score} |")
     print("\n".join(lines))
     summary = (f"mutgen: {len(results)} of {total} mutants in {elapsed:.0f}s: "
@@ -852,7 +883,7 @@ def summarise(results, entries, a, elapsed, total):
     print(summary)
     if a.report:
         with open(a.report, "w") as f:
-            f.write("\n".join(lines) + "\n\n" + summary + "\n")
+            f.write(report_header(a) + "\n".join(lines) + "\n\n" + summary + "\n")
     if a.json and not a.merge:
         write_json(a.json, results)
     return 1 if tot["SURVIVED"] or tot["UNTESTED"] else 0

@@ -163,6 +163,12 @@ static void test_published_modes(void **state)
     TU_OK(store_replica_wait(r, 1, 30));
     TU_OK(store_publish(s, tu_path("pm2.st"), NULL, &v));
     TU_OK(store_replica_wait(r, 2, 30));
+    /* A healthy replica has no failure on record. */
+    sh_sleep(0.1);
+    store_replica_info info;
+    store_replica_get_info(r, &info);
+    if (info.failures || info.last_error[0]) fail_msg("a healthy replica reports %llu failures: %s",
+                                                      (unsigned long long)info.failures, info.last_error);
     store_replica_close(r);
     store_close(s);
     assert_true(check_modes(root, um) >= 6);
