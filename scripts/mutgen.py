@@ -835,13 +835,17 @@ def write_json(path, results):
 
 def merge(a, entries):
     equiv = parse_equiv(EQUIV)
+    # The first file is the run being judged; later ones (re-runs of some
+    # of its mutants, e.g. after a test was added) replace their results.
     byid, order = {}, []
-    for path in a.merge:
+    for i, path in enumerate(a.merge):
         for r in json.load(open(path)):
             k = key_of(r["id"])
             if k not in byid:
+                if i:
+                    continue
                 order.append(k)
-            elif r["result"] in ("NOTRUN",):
+            elif r["result"] in ("NOTRUN", "INVALID"):
                 continue
             byid[k] = r
     results = []
