@@ -14,7 +14,9 @@
  *    no delta, is refused before anything is written;
  *  - a replica never activates a pushed version whose bytes differ from
  *    its manifest's model digest, even when the payload itself checks out
- *    (its hash, and the delta's own digests). */
+ *    (its hash, and the delta's own digests);
+ *  - a squashed chain rebuilds exactly what the chain rebuilds, whichever
+ *    of its deltas changes what. */
 #include "testutil.h"
 
 #include <string.h>
@@ -29,6 +31,7 @@
 
 #include "shoal/bcast.h"
 #include "shoal/ckpt.h"
+#include "shoal/delta.h"
 #include "shoal/store.h"
 
 static void test_digest_compare_whole(void **state)
@@ -273,6 +276,27 @@ static void test_pushed_version_digest_checked(void **state)
     free(l);
 }
 
+static void test_squash_is_the_chain(void **state)
+{
+    char paths[4][4096], deltas[3][4096];
+    for (int v = 0; v < 4; v++) snprintf(paths[v], sizeof paths[v], "%s/sq%d.st", tu_tmpdir(), v);
+    TU_OK(ckpt_synth(paths[0], 50000, 9));
+    for (int v = 1; v < 4; v++) TU_OK(ckpt_step(paths[v - 1], paths[v], 1e-3, 1, (uint64_t)(9 + v)));
+    for (int k = 0; k < 3; k++) {
+        snprintf(deltas[k], sizeof deltas[k], "%s/sq%d-%d.shd", tu_tmpdir(), k, k + 1);
+        TU_OK(delta_make(paths[k], paths[k + 1], deltas[k], &(delta_opts){0}, NULL));
+    }
+    for (size_t n = 2; n <= 3; n++) {
+        const char *chain[3] = {deltas[0], deltas[1], deltas[2]};
+        char sq[4200], out[4200];
+        snprintf(sq, sizeof sq, "%s/sq-0-%zu.shd", tu_tmpdir(), n);
+        snprintf(out, sizeof out, "%s/sq-out-%zu.st", tu_tmpdir(), n);
+        TU_OK(delta_squash(chain, n, sq, &(delta_opts){0}, NULL));
+        TU_OK(delta_apply(paths[0], sq, out, &(delta_opts){0}));
+        tu_assert_same_file(out, paths[n]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,6 +307,7 @@ int main(void)
         cmocka_unit_test(test_published_modes),
         cmocka_unit_test(test_publish_mem_needs_image),
         cmocka_unit_test(test_pushed_version_digest_checked),
+        cmocka_unit_test(test_squash_is_the_chain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
