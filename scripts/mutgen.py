@@ -742,7 +742,7 @@ def main():
     else:
         rng = random.Random(a.seed)
         chosen = rng.sample(allm, min(a.count, len(allm)))
-    # In blocks of 8 mutants of one file, the files taken in turn: a block
+    # In blocks of 2 mutants of one file, the files taken in turn: a block
     # rebuilds one object, and a run cut short by --time-budget has still
     # sampled every file.
     order = {e["file"]: k for k, e in enumerate(entries)}
@@ -750,7 +750,7 @@ def main():
     byfile = {}
     for m in chosen:
         byfile.setdefault(m["file"], []).append(m)
-    blocks = [[ms[k:k + 8] for k in range(0, len(ms), 8)] for ms in byfile.values()]
+    blocks = [[ms[k:k + 2] for k in range(0, len(ms), 2)] for ms in byfile.values()]
     chosen = [m for rnd in range(max((len(b) for b in blocks), default=0))
               for b in blocks if rnd < len(b) for m in b[rnd]]
     if a.list:
