@@ -9,7 +9,8 @@
  *    version 1 is the first it may name;
  *  - what the store publishes and a replica activates is readable by every
  *    user and writable by its owner only: folders 0755, files 0644 (under
- *    the process's umask);
+ *    the process's umask), and a restarted replica removes the model files
+ *    it does not serve;
  *  - a publish from memory without an image, or with a delta length and
  *    no delta, is refused before anything is written;
  *  - a replica never activates a pushed version whose bytes differ from
@@ -173,6 +174,15 @@ static void test_published_modes(void **state)
     if (info.failures || info.last_error[0]) fail_msg("a healthy replica reports %llu failures: %s",
                                                       (unsigned long long)info.failures, info.last_error);
     store_replica_close(r);
+    /* A restart removes the model files it does not serve (a crash's). */
+    char junk[4200];
+    snprintf(junk, sizeof junk, "%s/models/0000000009.safetensors", rep);
+    tu_write_file(junk, "x", 1);
+    chmod(junk, 0644 & ~um);
+    TU_OK(store_replica_open(&cfg, &r));
+    TU_OK(store_replica_wait(r, 2, 30));
+    store_replica_close(r);
+    if (sh_path_exists(junk)) fail_msg("a restarted replica kept %s, which it does not serve", junk);
     store_close(s);
     assert_true(check_modes(root, um) >= 6);
     assert_true(check_modes(rep, um) >= 3);
