@@ -2,7 +2,7 @@
 # Every source file under src/ (src/<part>/<component>/ or src/common/) is part of
 # the library except src/cli/, which holds the command line.  Adding a file needs no change here.
 
-PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3 libseccomp nettle
+PKGS      := libzstd libxxhash ucx libmicrohttpd jansson openblas sqlite3 libpq libseccomp nettle
 CC        ?= gcc
 BUILD     := build
 ASAN      := $(BUILD)/asan
@@ -22,7 +22,7 @@ BASEFLAGS := -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -I$(GEN) $(PKG_CFLAGS) $(WAR
 OPTFLAGS  := -O2 -g
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 
-LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c)))
+LIB_SRC   := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c src/*/*/*/*.c)))
 CLI_SRC   := $(sort $(wildcard src/cli/*.c bench/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 TEST_AUX  := $(sort $(filter-out tests/test_%,$(wildcard tests/*.c)))
@@ -31,7 +31,7 @@ FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
 # build/shoal is the client: the commands that only talk to a server, linked
 # without UCX, OpenBLAS or SQLite so that it starts fast; it hands every
 # other command to build/shoal-core, which holds them all (src/cli/main.c).
-CLIENT_CMDS := submit jobs job logs cancel nodes cost version
+CLIENT_CMDS := submit jobs job logs cancel nodes cost version service
 CLIENT_SRC  := $(CLIENT_CMDS:%=src/cli/cmd_%.c) src/cli/ctl.c src/cli/opts.c
 CLIENT_LIBS := $(shell pkg-config --libs jansson libxxhash 2>/dev/null) -lm
 
@@ -122,6 +122,9 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(AUX_OBJ) $(BUILD)/libshoal.a
 	@mkdir -p $(dir $@)
 	$(CC) $(OPTFLAGS) -o $@ $< $(AUX_OBJ) $(BUILD)/libshoal.a $(LIBS) $(TEST_LIBS)
 
+# test_runs starts ranks that `import shoal` (python/shoal loads build/libshoal.so.0).
+$(BUILD)/tests/test_runs $(ASAN)/tests/test_runs: $(BUILD)/$(SONAME)
+
 $(ASAN)/tests/%: $(ASAN)/obj/tests/%.o $(AAUX_OBJ) $(ASAN)/libshoal.a
 	@mkdir -p $(dir $@)
 	$(CC) $(SANFLAGS) -o $@ $< $(AAUX_OBJ) $(ASAN)/libshoal.a $(LIBS) $(TEST_LIBS)
@@ -141,7 +144,7 @@ test-asan: $(ASAN)/shoal $(ATESTS)
 
 run: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
-	@sh scripts/run-main.sh
+	@$(BUILD)/shoal run $(RUN_ARGS)
 
 bench: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all

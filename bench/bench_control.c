@@ -8,7 +8,11 @@
  *     keep-alive clients on loopback, against GET /healthz on the same
  *     connections (the HTTP floor);
  *  3. cycle: one scheduling cycle with 10,000 registered nodes that places
- *     a batch of new jobs, against an idle cycle on the same state. */
+ *     a batch of new jobs, against an idle cycle on the same state.
+ *
+ * With --db postgresql://..., the gang starts and the submits are measured
+ * again on PostgreSQL, beside SQLite's in the same run (each phase in a
+ * schema of its own, shoal_bench_PID_TAG, dropped after it). */
 #include <float.h>
 #include <pthread.h>
 #include <signal.h>
@@ -17,25 +21,45 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
+
 #include "cli/cli_int.h"
 #include "shoal/server.h"
 
 const char cli_bench_help_control[] = "control plane: gang start latency, submits/s, 10k-node cycle [--json]";
 
 static const char usage[] =
-    "usage: shoal bench control [--starts N] [--seconds S] [--clients C] [--nodes N] [--json]\n\n"
+    "usage: shoal bench control [--starts N] [--seconds S] [--clients C] [--nodes N] [--db URL] [--json]\n\n"
     "  --starts N    gang (and function) launches to time (default 30)\n"
     "  --seconds S   length of the submit load (default 3)\n"
     "  --clients C   concurrent keep-alive clients (default 8)\n"
-    "  --nodes N     registered nodes for the cycle measurement (default 10000)\n";
+    "  --nodes N     registered nodes for the cycle measurement (default 10000)\n"
+    "  --db URL      also measure on this PostgreSQL database (postgresql://...; a\n"
+    "                scratch one: the bench creates and drops schemas in it)\n";
+
+static const char *pg_db; /* --db */
 
 typedef struct bench_srv {
     srv *s;
     char dir[256], url[64];
+    char pg[1200], schema[96]; /* PostgreSQL: the URL with its own search_path */
 } bench_srv;
 
-static int bench_server(bench_srv *b, const char *tag, double hb, int manual)
+static int pg_exec(const char *url, const char *sql)
 {
+    PGconn *c = PQconnectdb(url);
+    PGresult *r = c && PQstatus(c) == CONNECTION_OK ? PQexec(c, sql) : NULL;
+    int rc = r && PQresultStatus(r) == PGRES_COMMAND_OK
+                 ? SH_OK
+                 : sh_err(SH_EIO, "bench: %s: %s", sql, c ? PQerrorMessage(c) : "out of memory");
+    PQclear(r);
+    PQfinish(c);
+    return rc;
+}
+
+static int bench_server(bench_srv *b, const char *tag, double hb, int manual, int pg)
+{
+    b->pg[0] = 0;
     snprintf(b->dir, sizeof b->dir, "%s/shoal-bench-control.%d.%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
              (int)getpid(), tag);
     sh_rm_rf(b->dir);
@@ -51,7 +75,20 @@ static int bench_server(bench_srv *b, const char *tag, double hb, int manual)
     c.heartbeat_timeout = hb;
     c.manual_cycles = manual;
     c.max_conns_per_ip = SRV_MAX_CONNS; /* every client of the bench is on loopback */
+    if (pg) {
+        snprintf(b->schema, sizeof b->schema, "shoal_bench_%d_%s", (int)getpid(), tag);
+        snprintf(b->pg, sizeof b->pg, "%s%coptions=-csearch_path%%3D%s", pg_db, strchr(pg_db, '?') ? '&' : '?',
+                 b->schema);
+        char sql[200];
+        snprintf(sql, sizeof sql, "CREATE SCHEMA %s", b->schema);
+        SH_TRY(pg_exec(pg_db, sql));
+        c.db_path = b->pg;
+        c.state_dir = b->dir;
+    }
     SH_TRY(srv_start(&c, &b->s));
+    /* A PostgreSQL server stands by until it has won the election. */
+    for (int k = 0; pg && !srv_leading(b->s) && k < 1000; k++) sh_sleep(0.01);
+    if (pg && !srv_leading(b->s)) return sh_err(SH_ETIMEDOUT, "bench: the server did not become the leader in 10 s");
     snprintf(b->url, sizeof b->url, "http://127.0.0.1:%d", srv_port(b->s));
     return SH_OK;
 }
@@ -59,6 +96,11 @@ static int bench_server(bench_srv *b, const char *tag, double hb, int manual)
 static void bench_server_stop(bench_srv *b)
 {
     srv_stop(b->s);
+    if (b->pg[0]) {
+        char sql[200];
+        snprintf(sql, sizeof sql, "DROP SCHEMA %s CASCADE", b->schema);
+        pg_exec(pg_db, sql);
+    }
     sh_rm_rf(b->dir);
 }
 
@@ -115,10 +157,10 @@ static int time_starts(srv_client *c, const char *body, int n, double *out, sh_p
     return SH_OK;
 }
 
-static int gang_latency(int n, double *gang_p50, double *gang_p99, double *fn_p50)
+static int gang_latency(int n, int pg, double *gang_p50, double *gang_p99, double *fn_p50)
 {
     bench_srv b;
-    SH_TRY(bench_server(&b, "gang", 5, 0));
+    SH_TRY(bench_server(&b, "gang", 5, 0, pg));
     pid_t agents[4];
     char work[300];
     snprintf(work, sizeof work, "%s/work", b.dir);
@@ -226,10 +268,10 @@ static int load(const char *url, int clients, double seconds, int healthz, doubl
 /* The submit load runs against a one-GPU fleet whose only GPU is busy, so
  * that every accepted job queues: the measure is the API and the durable
  * write, not process launches. */
-static int submit_rate(int clients, double seconds, double *submits, double *healthz, uint64_t *errors)
+static int submit_rate(int clients, double seconds, int pg, double *submits, double *healthz, uint64_t *errors)
 {
     bench_srv b;
-    SH_TRY(bench_server(&b, "load", 1e9, 0));
+    SH_TRY(bench_server(&b, "load", 1e9, 0, pg));
     int rc = srv_add_bench_nodes(b.s, 1, "H100", 1);
     uint64_t herr = 0;
     if (rc == SH_OK) rc = load(b.url, clients, seconds, 1, healthz, &herr);
@@ -242,7 +284,7 @@ static int submit_rate(int clients, double seconds, double *submits, double *hea
 static int cycle_time(int nodes, double *busy_ms, double *idle_ms)
 {
     bench_srv b;
-    SH_TRY(bench_server(&b, "cycle", 1e9, 1));
+    SH_TRY(bench_server(&b, "cycle", 1e9, 1, 0));
     int rc = srv_add_bench_nodes(b.s, nodes, "H100", 8);
     srv_client *c = NULL;
     if (rc == SH_OK) rc = srv_client_new(b.url, "t", &c);
@@ -276,7 +318,8 @@ int cli_bench_control(int argc, char **argv)
 {
     static const struct option opts[] = {{"starts", required_argument, 0, 's'}, {"seconds", required_argument, 0, 'S'},
                                          {"clients", required_argument, 0, 'c'}, {"nodes", required_argument, 0, 'n'},
-                                         {"json", no_argument, 0, 'j'},          {0}};
+                                         {"json", no_argument, 0, 'j'},          {"db", required_argument, 0, 'd'},
+                                         {0}};
     cli_args a = {"bench control", usage, opts, NULL};
     int json = 0, starts = 30, clients = 8, nodes = 10000;
     double seconds = 3;
@@ -284,6 +327,11 @@ int cli_bench_control(int argc, char **argv)
         int64_t x;
         switch (c) {
         case 'j': json = 1; break;
+        case 'd':
+            if (strncmp(optarg, "postgresql://", 13) && strncmp(optarg, "postgres://", 11))
+                return cli_usage(a.cmd, "--db %s: expected a PostgreSQL URL postgresql://USER@HOST[:PORT]/DB", optarg);
+            pg_db = optarg;
+            break;
         case 's':
             if (cli_int(a.cmd, "--starts", optarg, 1, 100000, &x)) return CLI_USAGE;
             starts = (int)x;
@@ -307,8 +355,12 @@ int cli_bench_control(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     double g50 = 0, g99 = 0, f50 = 0, subs = 0, hz = 0, busy = 0, idle = 0;
     uint64_t errors = 0;
-    int rc = gang_latency(starts, &g50, &g99, &f50);
-    if (rc == SH_OK) rc = submit_rate(clients, seconds, &subs, &hz, &errors);
+    double pg50 = 0, pg99 = 0, pf50 = 0, psubs = 0, phz = 0;
+    uint64_t perrors = 0;
+    int rc = gang_latency(starts, 0, &g50, &g99, &f50);
+    if (rc == SH_OK) rc = submit_rate(clients, seconds, 0, &subs, &hz, &errors);
+    if (rc == SH_OK && pg_db) rc = gang_latency(starts, 1, &pg50, &pg99, &pf50);
+    if (rc == SH_OK && pg_db) rc = submit_rate(clients, seconds, 1, &psubs, &phz, &perrors);
     if (rc == SH_OK) rc = cycle_time(nodes, &busy, &idle);
     if (rc < 0) return cli_fail("bench control", rc);
     if (json) {
@@ -316,6 +368,11 @@ int cli_bench_control(int argc, char **argv)
                               "gang_start_p99_ms", g99, "function_start_p50_ms", f50, "submits_per_s", subs,
                               "healthz_per_s", hz, "errors", (json_int_t)errors, "cycle_ms_10k_nodes", busy,
                               "idle_cycle_ms", idle, "nodes", nodes, "clients", clients, "starts", starts);
+        if (pg_db)
+            json_object_set_new(j, "postgresql",
+                                json_pack("{s:f,s:f,s:f,s:f,s:I,s:f}", "gang_start_p50_ms", pg50, "gang_start_p99_ms",
+                                          pg99, "function_start_p50_ms", pf50, "submits_per_s", psubs, "errors",
+                                          (json_int_t)perrors, "submits_vs_sqlite", subs > 0 ? psubs / subs : 0));
         sh_json_print(j);
         json_decref(j);
         return 0;
@@ -327,5 +384,11 @@ int cli_bench_control(int argc, char **argv)
            (unsigned long long)errors);
     printf("  GET /healthz               %8.0f /s   submits/healthz %.2f\n", hz, hz > 0 ? subs / hz : 0);
     printf("  cycle, %d nodes, 100 new jobs %6.2f ms   idle cycle %.2f ms   (target <= 50 ms)\n", nodes, busy, idle);
+    if (pg_db) {
+        printf("PostgreSQL state (same run)\n");
+        printf("  gang (4 nodes) start p50   %8.1f ms   p99 %.1f ms   (SQLite p50 %.1f ms)\n", pg50, pg99, g50);
+        printf("  submits                    %8.0f /s   errors %llu   %.2fx SQLite's (target >= 0.5x and >= 1000/s)\n",
+               psubs, (unsigned long long)perrors, subs > 0 ? psubs / subs : 0);
+    }
     return 0;
 }

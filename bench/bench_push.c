@@ -16,7 +16,7 @@
 
 #include "shoal/bcast.h"
 #include "shoal/ckpt.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/ring/ring_int.h"
 #include "shoal/store.h"
 
 const char cli_bench_help_push[] = "converge time of N replicas over a UCX push tree vs one replica [--json]";

@@ -5,13 +5,16 @@ Reads every source and header under src/, bench/ and include/shoal/ and fails wh
   * a file includes a header of a component it may not use (ALLOWED below),
   * a file calls a function of a component it may not use (found by the
     component's name prefix: `store_`, `delta_`, ...),
+  * two library sources share a file name (ar keeps one object per name),
   * a file outside src/net sets UCX up (ucp_init, ucp_worker_create,
     ucp_listener_create, ucp_ep_create, ...),
   * a component includes another component's private header (`*_int.h`)
     other than those PRIVATE_OK names, or
   * the calls between the files of one component form a circle that is not
     in scripts/layers-known-cycles.txt (the ones still to be untangled; a
-    circle may shrink or go, never grow or appear).
+    circle may shrink or go, never grow or appear), or
+  * a file of a component with LAYERS (below) calls a function of, or
+    includes a header of, a layer above its own, or is in no layer.
 Prints one line per finding and exits 1, or prints a summary and exits 0.
 """
 import collections
@@ -36,25 +39,43 @@ ALLOWED = {
     'sim': {'sched', 'push'},
     'server': {'sched'},
     'agent': {'server'},          # the agent talks to the server through its client
-    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched', 'net'},
+    'fleet': {'server'},          # a local fleet: the server here, agents as processes
+    'mainjob': {'rl', 'nn', 'store', 'delta', 'ckpt', 'push', 'sim', 'sched', 'server', 'fleet', 'net'},
     'cli': {'common', 'net', 'sched', 'sim', 'server', 'agent', 'ckpt', 'delta', 'store',
-            'push', 'nn', 'rl', 'mainjob'},
+            'push', 'nn', 'rl', 'mainjob', 'fleet'},
 }
 ALLOWED['bench'] = ALLOWED['cli'] | {'cli'}
 # private headers another component may include: (user, header)
 PRIVATE_OK = {
-    ('cli', 'app/mainjob/mainjob_int.h'),
+    ('cli', 'app/mainjob/mainjob.h'),
+    ('cli', 'app/mainjob/trainer/trainer_int.h'),   # rl trainer: one rank of the gang
+    ('cli', 'app/mainjob/worker/worker_int.h'),     # rl worker
+    ('cli', 'app/mainjob/report/report_int.h'),     # rl sweep's plots
     ('cli', 'control/sim/sim_push_int.h'),
-    ('bench', 'app/mainjob/mainjob_int.h'),
+    ('bench', 'app/mainjob/ring/ring_int.h'),       # bench push measures the ring
     ('bench', 'control/sim/sim_push_int.h'),
     ('bench', 'cli/cli_int.h'),
 }
+# The layers inside a component, bottom first (docs/architecture.md): a file
+# may call the functions and include the headers of its own layer and of the
+# layers below it only.  Every .c and .h file of the component is in one.
+LAYERS = {
+    'sched': [
+        ('model', {'model_int.h', 'model.c', 'jobmap.c', 'queue.c'}),
+        ('ledger', {'ledger_int.h', 'ledger.c'}),
+        ('place', {'place_int.h', 'place.c'}),
+        ('room', {'room_int.h', 'room.c'}),
+        ('cycle', {'cycle_int.h', 'cycle.c', 'events.c', 'restore.c'}),
+        ('query', {'query_int.h', 'info.c', 'why.c', 'check.c'}),
+        ('sched', {'sched.c'}),   # sched_new, sched_free: make and free every layer
+    ],
+}
 HEADER_COMP = {'common': 'common', 'fleetfile': 'common', 'sched': 'sched', 'sim': 'sim',
                'server': 'server', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
-               'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl', 'net': 'net'}
+               'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl', 'net': 'net', 'fleet': 'fleet'}
 PREFIX_COMP = {'net_': 'net', 'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
                'ckpt_': 'ckpt', 'delta_': 'delta', 'store_': 'store', 'bcast_': 'push',
-               'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob'}
+               'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob', 'fleet_': 'fleet'}
 FOLDER_COMP = {'engine': 'rl'}
 
 
@@ -74,6 +95,56 @@ def strip_comments(text):
     text = re.sub(r'/\*.*?\*/', lambda m: '\n' * m.group(0).count('\n'), text, flags=re.S)
     text = re.sub(r'//[^\n]*', '', text)
     return re.sub(r'"(?:\\.|[^"\\\n])*"', '""', text)
+
+
+DEF_RE = re.compile(r'^[A-Za-z_][\w \*]*?\b([a-z_][a-z0-9_]*)\s*\([^;{]*\)\s*\{', re.M)
+
+
+def layer_findings(comp, texts):
+    """Calls and includes against LAYERS[comp]; texts: base name -> code
+    without comments."""
+    rank = {}
+    for i, (_, names) in enumerate(LAYERS[comp]):
+        for n in names:
+            rank[n] = i
+    name_of = lambda i: LAYERS[comp][i][0]
+    out = []
+    exported = {}   # function -> file that defines it where other files can call it
+    local = collections.defaultdict(set)
+    for f, code in texts.items():
+        for m in DEF_RE.finditer(code):
+            local[f].add(m.group(1))
+            if f.endswith('.h') or not m.group(0).startswith('static'):
+                exported.setdefault(m.group(1), f)
+    for f, code in sorted(texts.items()):
+        if f not in rank:
+            out.append(f'{comp}: {f} is in no layer of LAYERS[{comp!r}]')
+            continue
+        for m in re.finditer(r'^\s*#\s*include\s+"(?:[\w/]*/)?([\w]+\.h)"', code, re.M):
+            h = m.group(1)
+            if h in rank and rank[h] > rank[f]:
+                line = code[:m.start()].count('\n') + 1
+                out.append(f'{comp}/{f}:{line}: includes {h}: the {name_of(rank[f])} layer may not use '
+                           f'the {name_of(rank[h])} layer above it')
+        for m in re.finditer(r'\b([a-z_][a-z0-9_]*)\s*\(', code):
+            g = exported.get(m.group(1))
+            if not g or g == f or m.group(1) in local[f] or g not in rank or rank[g] <= rank[f]:
+                continue
+            line = code[:m.start()].count('\n') + 1
+            out.append(f'{comp}/{f}:{line}: calls {m.group(1)} ({g}): the {name_of(rank[f])} layer may '
+                       f'not call the {name_of(rank[g])} layer above it')
+    return sorted(set(out))
+
+
+def selftest():
+    """The layer check must catch a planted upward call and include."""
+    texts = {'model.c': '#include "cycle_int.h"\nint f(void)\n{\n    return sched__step_x(1);\n}\n',
+             'cycle.c': 'int sched__step_x(int a)\n{\n    return f();\n}\n'}
+    got = layer_findings('sched', texts)
+    want = ['calls sched__step_x', 'includes cycle_int.h']
+    missed = [w for w in want if not any(w in g for g in got)]
+    ok = not missed and not any('cycle.c' in g.split(':')[0] for g in got)
+    return [] if ok else [f'self-test: the layer check missed {missed or "nothing"} or blamed cycle.c: {got}']
 
 
 def main():
@@ -114,13 +185,22 @@ def main():
             if dep is not None and dep not in ok:
                 bad.append(f'{f}:{n}: includes {inc}: {me} may not use {dep}')
         own = set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)) & local_defs[f]
-        for m in re.finditer(r'\b((?:net|sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj)_)[a-z0-9_]*\s*\(', code):
+        for m in re.finditer(r'\b((?:net|sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj|fleet)_)[a-z0-9_]*\s*\(', code):
             dep = PREFIX_COMP[m.group(1)]
             if m.group(0)[:-1].strip() in own:
                 continue
             if dep not in ok:
                 line = code[:m.start()].count('\n') + 1
                 bad.append(f'{f}:{line}: calls {m.group(0)[:-1].strip()}: {me} may not use {dep}')
+    # No two sources share a file name: `ar` keeps one object per name, so
+    # the second would silently drop out of libshoal.a.
+    seen = {}
+    for f in files:
+        if f.endswith('.c') and f.startswith('src/') and not f.startswith('src/cli/'):
+            b = os.path.basename(f)
+            if b in seen:
+                bad.append(f'{f}: has the name of {seen[b]} (libshoal.a would keep only one of them)')
+            seen.setdefault(b, f)
     # UCX set-up lives in net only.
     for f in files:
         if component(f) == 'net':
@@ -153,6 +233,11 @@ def main():
                 cycles.append((comp, s))
                 if not any(s <= k for k in known):
                     bad.append(f'{comp}: the files {" ".join(sorted(s))} call each other in a circle')
+    for comp in LAYERS:
+        ctexts = {os.path.basename(f): texts[f][1] for f in files
+                  if f.startswith('src/') and component(f) == comp}
+        bad += layer_findings(comp, ctexts)
+    bad += selftest()
     for line in bad:
         print('check-layers: ' + line)
     if bad:

@@ -121,9 +121,9 @@ static const struct {
     {"delta", "apply", "in-place"},   {"delta", "squash", "json"},       {"delta", "inspect", "json"},
     {"job", NULL, "server"},          {"jobs", NULL, "state"},           {"logs", NULL, "rank"},
     {"nodes", NULL, "server"},        {"provider-local", NULL, "dir"},   {"push", "serve", "store"},
-    {"push", "relay", "parent"},      {"quant", "fp8", "update"},        {"replica", NULL, "parent"},
+    {"push", "relay", "parent"},      {"quant", "fp8", "update"},        {"replica", NULL, "parent"},      {"run", NULL, "steps"},
     {"rl", "train", "steps"},         {"rl", "sweep", "losses"},         {"rl", "trainer", "store"},
-    {"rl", "worker", "speeds"},       {"rl", "report", "timeout"},       {"rl", "fleet-cost", "fleet"},
+    {"rl", "worker", "speeds"},       {"rl", "push-root", "push"},       {"rl", "report", "timeout"},       {"rl", "fleet-cost", "fleet"},
     {"server", NULL, "tokens"},       {"sim", NULL, "fleet"},            {"sim", "push", "replicas"},
     {"store", "publish", "anchor-every"}, {"store", "ls", "json"},       {"store", "gc", "keep"},
     {"store", "plan", "from"},        {"store", "verify", "version"},    {"store", "squash", "from"},
@@ -132,6 +132,7 @@ static const struct {
     {"bench push", NULL, "replicas"}, {"bench rl", NULL, "reps"},        {"bench scale", NULL, "layers"},
     {"bench sched", NULL, "nodes"},   {"bench write", NULL, "reps"},
     {"down", NULL, "timeout"},
+    {"service", "publish", "run"},    {"service", "lookup", "timeout"},  {"service", "ls", "run"},
 };
 
 /* Value options, each given a bad value as --opt=value and as --opt value:

@@ -5,7 +5,11 @@
 #include <string.h>
 
 #include "shoal/fleetfile.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/mainjob.h"
+#include "app/mainjob/fleetcost/fleetcost_int.h"
+#include "app/mainjob/report/report_int.h"
+#include "app/mainjob/trainer/trainer_int.h"
+#include "app/mainjob/worker/worker_int.h"
 #include "shoal/sim.h"
 
 /* The simulator's column order and `shoal up`'s give the same nodes. */

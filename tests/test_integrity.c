@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "weights/delta/delta_int.h"
-#include "control/sched/sched_int.h"
+#include "control/sched/query_int.h"
 #include "shoal/bcast.h"
 #include "shoal/ckpt.h"
 #include "shoal/delta.h"
@@ -762,10 +762,10 @@ static void test_reservation_order_tenants(void **state)
     assert_true(sched_step(s, 5, &d) >= 0);
     TU_OK(sched_check(s, 5));
     /* One reservation, held by the oldest blocked gang. */
-    assert_int_equal(s->nresv, 1);
+    assert_int_equal(s->room->nresv, 1);
     sched_job_info ji;
     TU_OK(sched_job_info_get(s, "B", 0, &ji));
-    const char *holder = s->jobs[s->resv[0].job].id;
+    const char *holder = s->jobs[s->room->resv[0].job].id;
     if (strcmp(holder, "B")) fail_msg("the reservation went to %s, not to the oldest blocked gang B", holder);
     TU_OK(sched_job_info_get(s, "X", 0, &ji));
     assert_int_equal(ji.state, SCHED_QUEUED);

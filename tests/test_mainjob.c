@@ -19,7 +19,11 @@
 #include "rl/engine/runtime_int.h"
 #include "shoal/ckpt.h"
 #include "shoal/delta.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/mainjob.h"
+#include "app/mainjob/fleetcost/fleetcost_int.h"
+#include "app/mainjob/report/report_int.h"
+#include "app/mainjob/trainer/trainer_int.h"
+#include "app/mainjob/worker/worker_int.h"
 #include "shoal/store.h"
 #include "testutil.h"
 

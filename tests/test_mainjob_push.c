@@ -28,7 +28,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/mainjob.h"
+#include "app/mainjob/fleetcost/fleetcost_int.h"
+#include "app/mainjob/report/report_int.h"
+#include "app/mainjob/trainer/trainer_int.h"
+#include "app/mainjob/worker/worker_int.h"
 #include "shoal/rl.h"
 #include "shoal/store.h"
 #include "testutil.h"

@@ -245,6 +245,50 @@ static void test_cli_hook(void **state)
     free(out);
 }
 
+/* One replica per directory: a second opener, in this process or from the
+ * command line, fails at once naming the directory and the holder's pid,
+ * and leaves the first one serving; once the first is closed the directory
+ * opens again. */
+static void test_second_opener(void **state)
+{
+    store *s2;
+    sh_rm_rf(tu_path("lockstore"));
+    sh_rm_rf(tu_path("lockrep"));
+    TU_OK(store_open(tu_path("lockstore"), NULL, 1, &s2));
+    store_publish_opts o = {8};
+    uint64_t v;
+    TU_OK(store_publish(s2, tu_path("v1.st"), &o, &v));
+    store_replica_config cfg = {0};
+    cfg.dir = tu_path("lockrep");
+    cfg.store = tu_path("lockstore");
+    cfg.poll_s = 0.01;
+    store_replica *r, *r2 = NULL;
+    TU_OK(store_replica_open(&cfg, &r));
+    TU_OK(store_replica_wait(r, 1, 30));
+    char want[128];
+    snprintf(want, sizeof want, "in use by another replica (process %ld, this one", (long)getpid());
+    TU_ERR(store_replica_open(&cfg, &r2), SH_EEXIST, want);
+    assert_non_null(strstr(sh_errmsg(), tu_path("lockrep")));
+    assert_null(r2);
+    char *out;
+    double t0 = sh_now_mono();
+    int rc = tu_run(&out, "%s replica --store %s --dir %s --seconds 30 2>&1", tu_shoal(), tu_path("lockstore"),
+                    tu_path("lockrep"));
+    double took = sh_now_mono() - t0;
+    if (rc == 0 || !strstr(out, "in use by another replica") || took > 10)
+        fail_msg("second replica on one directory: exit %d after %.1fs:\n%s", rc, took, out);
+    snprintf(want, sizeof want, "process %ld", (long)getpid());
+    assert_non_null(strstr(out, want));
+    free(out);
+    /* The first replica still follows the store. */
+    TU_OK(store_publish(s2, tu_path("v2.st"), &o, &v));
+    TU_OK(store_replica_wait(r, 2, 30));
+    store_replica_close(r);
+    TU_OK(store_replica_open(&cfg, &r2));
+    TU_OK(store_replica_wait(r2, 2, 30));
+    store_replica_close(r2);
+    store_close(s2);
+}
 
 /* Publishing from memory: the trainer's own deltas become the payloads (an
  * anchor every 3), every version rebuilds to its image, and a wrong base or
@@ -318,6 +362,7 @@ int main(void)
         cmocka_unit_test(test_fp8_copy),
         cmocka_unit_test(test_cli_hook),
         cmocka_unit_test(test_publish_mem),
+        cmocka_unit_test(test_second_opener),
     };
     return cmocka_run_group_tests_name("replica", tests, setup, teardown);
 }

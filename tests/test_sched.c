@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "control/sched/sched_int.h"
+#include "control/sched/query_int.h"
 #include "shoal/sched.h"
 
 /* ---- Helpers --------------------------------------------------------------- */

@@ -133,8 +133,9 @@ static void escapes(const char *mode)
      * members' work directories. */
     snprintf(script, sizeof script,
              "cat /etc/shadow 2>&1; cat %s/tokens.json 2>&1; head -c 64 %s/state.db 2>&1; echo;"
-             " for d in %s/work/*; do echo other:$d; done; cat %s/secret 2>&1; echo end",
-             f.dir, f.dir, f.dir, vdir);
+             " for d in %s/work/*; do echo other:$d; done; cat %s/secret 2>&1;"
+             " mv %s %s.moved 2>/dev/null && echo ESCAPED-moved-state || echo move-refused; echo end",
+             f.dir, f.dir, f.dir, vdir, f.dir, f.dir);
     int64_t secrets = submit_writable(&f, TF_BOB, "secrets", script, tu_tmpdir());
     /* 5. The host's /proc: other processes and the agent's token. */
     snprintf(script, sizeof script,
@@ -175,6 +176,10 @@ static void escapes(const char *mode)
     log_lacks("secrets", l, "SQLite format");
     log_lacks("secrets", l, "victim-secret");
     log_has("secrets", l, "other:"); /* the glob ran, and listed at most its own directory */
+    /* The folder holds the state directory and is now bob's: the hidden
+     * state directory still cannot be moved away. */
+    log_has("secrets", l, "move-refused");
+    log_lacks("secrets", l, "ESCAPED");
     char *other = strstr(l, "other:");
     assert_null(strstr(other + 6, "other:"));
     free(l);

@@ -112,6 +112,41 @@ static void test_one_process_per_node(void **state)
     }
 }
 
+/* The README's job as written, `{"command": ["torchrun", "train.py"]}`
+ * with no env, submitted with --workdir from the folder holding train.py:
+ * the code reaches every rank and torch 1.13's torchrun starts without
+ * PET_REDIRECTS/PET_TEE in the job file. */
+static void test_readme_torchrun(void **state)
+{
+    if (!have_torch()) skip();
+    char dir[4200], p[4300], *out;
+    snprintf(dir, sizeof dir, "%s", tu_path("ddp-code"));
+    sh_rm_rf(dir);
+    sh_mkdir_p(dir, 0755);
+    snprintf(p, sizeof p, "%s/train.py", dir);
+    static const char train[] = "import os\nos.environ.setdefault('GLOO_SOCKET_IFNAME', 'lo')\n"
+                                "import torch, torch.distributed as dist\ntorch.set_num_threads(1)\n"
+                                "dist.init_process_group('gloo')\nt = torch.tensor([float(dist.get_rank() + 1)])\n"
+                                "dist.all_reduce(t)\nprint('readme worker', dist.get_rank(), 'sum', int(t.item()), flush=True)\n";
+    tu_write_file(p, train, strlen(train));
+    snprintf(p, sizeof p, "%s/ddp.json", dir);
+    const char *job = "{\"name\": \"ddp\", \"nodes\": 2, \"gpus_per_node\": 2, \"command\": [\"torchrun\", \"train.py\"]}";
+    tu_write_file(p, job, strlen(job));
+    char shoal[4096];
+    if (!realpath(tu_shoal(), shoal)) fail_msg("%s: not found", tu_shoal());
+    int rc = tu_run(&out, "cd %s && %s submit ddp.json --workdir . --wait --server %s --token %s 2>&1", dir, shoal,
+                    F.url, TF_ALICE);
+    if (rc != 0) fail_msg("the README's torchrun job: exit %d:\n%s", rc, out);
+    free(out);
+    assert_int_equal(tu_run(&out, "%s logs 1 --rank all --server %s --token %s", tu_shoal(), F.url, TF_ALICE), 0);
+    for (int w = 0; w < 4; w++) {
+        char want[64];
+        snprintf(want, sizeof want, "readme worker %d sum 10", w);
+        if (!strstr(out, want)) fail_msg("the README's torchrun job: no \"%s\" in\n%s", want, out);
+    }
+    free(out);
+}
+
 /* Two gangs running at once, and a requeued attempt, get different ports. */
 static void test_ports_unique(void **state)
 {
@@ -150,6 +185,7 @@ static void test_ports_unique(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_readme_torchrun),
         cmocka_unit_test(test_torchrun_two_nodes),
         cmocka_unit_test(test_one_process_per_node),
         cmocka_unit_test(test_ports_unique),

@@ -32,6 +32,10 @@
 extern "C" {
 #endif
 
+/* The library's SHOAL_VERSION (for bindings, which cannot read the macro;
+ * python/shoal/__init__.py's __version__ must equal it). */
+const char *sh_version(void);
+
 /* ---- Errors ------------------------------------------------------------ */
 
 enum {
@@ -87,6 +91,12 @@ enum { SH_LOG_ERROR = 0, SH_LOG_WARN = 1, SH_LOG_INFO = 2, SH_LOG_DEBUG = 3 };
 void sh_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sh_log_set_level(int level);
 int sh_log_level(void);
+/* Sends the lines that pass the level to fn(level, line, arg) instead of
+ * stderr (NULL: back to stderr); the line has no "shoal: level: " prefix
+ * and no newline.  fn runs on the logging thread, outside any shoal lock,
+ * and must not log itself.  The Python package routes them to `logging`. */
+typedef void (*sh_log_sink)(int level, const char *line, void *arg);
+void sh_log_set_sink(sh_log_sink fn, void *arg);
 
 #define sh_warn(...) sh_log(SH_LOG_WARN, __VA_ARGS__)
 #define sh_info(...) sh_log(SH_LOG_INFO, __VA_ARGS__)
@@ -259,6 +269,29 @@ int sh_buf_reserve(sh_buf *b, size_t extra);
 int sh_buf_append(sh_buf *b, const void *data, size_t len);
 int sh_buf_printf(sh_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sh_buf_free(sh_buf *b);
+
+/* ---- Work-dir archives (src/common/tarball.c) --------------------------- */
+
+/* The largest work dir `shoal submit --workdir` ships by default, and the
+ * most entries an agent unpacks. */
+#define SH_TAR_DEFAULT_LIMIT (100ull << 20)
+#define SH_TAR_MAX_ENTRIES 100000
+/* Appends a ustar archive of the tree `dir` to out: its regular files,
+ * directories and relative symbolic links that stay inside it, in name
+ * order, with modes 0644/0755 and owner 0.  Fails naming the path for a
+ * link out of the tree, a socket, fifo or device, a path over ustar's 255
+ * bytes, or an archive that would pass `limit` bytes (SH_ERANGE). */
+int sh_tar_pack(const char *dir, uint64_t limit, sh_buf *out);
+/* Unpacks an archive from an untrusted sender into the existing directory
+ * dest, owned by uid (when this process may chown).  Only files,
+ * directories and links that stay inside the tree are created, each through
+ * directories opened with O_NOFOLLOW (links are made last, so nothing is
+ * written through one); modes lose their setuid, setgid, sticky and
+ * other-write bits.  Fails (SH_EFORMAT, SH_ERANGE) on a bad header, a path
+ * that is absolute or has "..", an entry of another type, a duplicate, more
+ * than SH_TAR_MAX_ENTRIES entries or max_bytes of content; what was
+ * unpacked before the failure stays (the caller removes dest). */
+int sh_tar_unpack(const void *buf, size_t len, const char *dest, uint64_t max_bytes, unsigned uid);
 
 /* ---- JSON helpers (jansson) ---------------------------------------------
  * Getters name the object (`ctx`, e.g. "job.json") and the key in errors:

@@ -359,13 +359,15 @@ int rl_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **resu
  * c->train_s (> 0), so that which version generated each group, and the
  * time each step ends, depend on the configuration and the work alone, not
  * on the machine's load; a seed reproduces a run bit for bit.  Sync and
- * async (max_lag) as in rl_run, without in-flight updates (a request keeps
- * the version it started with), remote workers or --ordered.  *result
- * (caller decrefs): reward_start, reward_end, emulated_s,
+ * async (max_lag, ordered, stop_at_target) as in rl_run, without in-flight
+ * updates (a request keeps the version it started with) or remote
+ * workers.  *result (caller decrefs): reward_start, reward_end, emulated_s,
  * time_to_target_s (emulated, -1: not reached), the curve (t_s, step,
  * reward), the realised staleness histogram of the trained trajectories,
- * dropped_stale, and the mean |log pi_old - log mu| of the first step and
- * of all steps.  See src/rl/engine/paced.c. */
+ * dropped_stale, the mean |log pi_old - log mu| of the first step and of
+ * all steps, and per worker (workers: name, trajectories, requests, gpu_s)
+ * its completed requests and their emulated seconds.  See
+ * src/rl/engine/paced.c. */
 int rl_paced_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t **result);
 /* Quantises the model's matrices in place as FP8 rollout weights: e4m3
  * with one scale (amax / 448) per block x block tile (block 0: per

@@ -364,6 +364,11 @@ typedef struct sched_job_info {
      * a pass over the nodes of the job's pools. */
     sched_wait wait;
     char wait_text[256];
+    /* The id of the other job wait_text names (SCHED_WAIT_RESERVATION: the
+     * job whose reservation is in the way), else NULL; valid until the core
+     * changes.  A caller that shows the text to a tenant other than that
+     * job's rewrites it (the id and its start time are that tenant's). */
+    const char *wait_job;
     double est_start_s;
 } sched_job_info;
 

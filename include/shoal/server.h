@@ -29,7 +29,12 @@ extern "C" {
 typedef struct srv srv;
 
 typedef struct srv_config {
-    const char *db_path;       /* SQLite file; its directory also holds logs/ */
+    const char *db_path;       /* SQLite file (its directory also holds logs/), or a PostgreSQL
+                                * URL postgresql://... (several servers may share it: one
+                                * leads, the others stand by; docs/deploy.md) */
+    const char *state_dir;     /* logs/ goes here (required with PostgreSQL; NULL: beside SQLite's file) */
+    const char *advertise;     /* this server's URL as the others redirect to it (NULL:
+                                * http://BIND:PORT) */
     const char *tokens_path;   /* JSON {"admin":..,"agent":..,"tenants":{name:token}} */
     const char *web_dir;       /* static dashboard files; NULL: no dashboard */
     const char *bind_addr;     /* default "127.0.0.1" */
@@ -51,6 +56,15 @@ typedef struct srv_config {
     double default_est_s;      /* the run the scheduler plans for a job without "est_s" (no
                                 * limit is set); 0: the core's default, 3600 */
     unsigned max_conns_per_ip; /* connections one address may hold (0: SRV_MAX_CONNS_PER_IP) */
+    const char *max_priority;  /* ':'-separated "N" (every tenant's) and "TENANT=N" (one's): the
+                                * highest "priority" a tenant's job may ask; NULL: 0 for every
+                                * tenant (the admin's jobs are not limited) */
+    uint64_t max_tenant_log;   /* bytes all of one tenant's rank logs may take on disk (default
+                                * SRV_MAX_TENANT_LOG) */
+    double log_drain_s;        /* seconds after a rank ends that its node may still send its
+                                * output (0: SRV_LOG_DRAIN) */
+    uint64_t workdir_max;      /* largest work-dir archive a tenant may upload (0: SH_TAR_DEFAULT_LIMIT) */
+    uint64_t workdir_quota;    /* bytes of archives one tenant may hold (0: SRV_WORKDIR_QUOTA) */
 } srv_config;
 
 /* A job's "est_s" is also its time limit, as Slurm's --time is: an attempt
@@ -68,17 +82,34 @@ typedef struct srv_config {
 /* The default of srv_config.max_log: a rank's output past it is dropped,
  * so that a job cannot fill the disk that holds the server's database. */
 #define SRV_MAX_LOG (64ull << 20)
+/* The default of srv_config.max_tenant_log: past it a tenant's ranks'
+ * output is dropped (with a note in each log and an event), so that many
+ * ranks of one tenant, each under max_log, cannot fill the disk that holds
+ * the database together.  The server counts a tenant's logs again when it
+ * reaches the limit, so removing old logs/JOB folders frees room. */
+#define SRV_MAX_TENANT_LOG (16ull << 30)
+/* The default of srv_config.log_drain_s: a rank's log takes output from
+ * its node while the rank lives and this long after (its agent sends the
+ * last of it); then it is closed to the node's credential. */
+#define SRV_LOG_DRAIN 30.0
 /* The default of srv_config.max_queued: a tenant's pending and running
  * jobs may hold this much of the server's memory and database, counted as
  * each job file's size plus SRV_JOB_COST (the server's own record of it):
  * 65,536 small jobs, or 255 job files of 1 MiB.  A submit past it is 429. */
 #define SRV_MAX_QUEUED (256ull << 20)
 #define SRV_JOB_COST 4096u
+/* The default of srv_config.workdir_quota: a tenant's work-dir archives
+ * (POST /v1/workdirs) hold at most this much of the server's disk; older
+ * archives no pending or running job names make room for new ones. */
+#define SRV_WORKDIR_QUOTA (1ull << 30)
 
 /* Opens the database (creating or migrating it), loads the state, starts the
  * HTTP daemon and the scheduler thread.  On success *out owns everything;
  * free with srv_stop().  Fails with a message naming the file or port. */
 int srv_start(const srv_config *cfg, srv **out);
+/* 1 once the server leads (at once with SQLite; with PostgreSQL once it
+ * has won the election and loaded the state), else 0. */
+int srv_leading(srv *s);
 /* The TCP port the server listens on. */
 int srv_port(const srv *s);
 /* NULL while the server runs; after a scheduling cycle whose commit failed

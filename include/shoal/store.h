@@ -44,6 +44,14 @@ typedef struct store_version {
  * SH_ENOENT.  The caller owns the handle. */
 int store_open(const char *root, const char *run, int create, store **out);
 void store_close(store *s);
+/* Makes this handle the run's publisher until store_close: a lock on
+ * root/run/publisher (flock), exclusive when writer_id is NULL, shared
+ * between handles that each give a writer id (1-64 characters).  A second
+ * publisher (every DDP rank publishing is the usual mistake) gets SH_EEXIST
+ * naming the holder's pid.  Publishing itself does not claim: the Python
+ * Store claims on its first publish; a claimed handle claims again as a
+ * no-op. */
+int store_claim_publisher(store *s, const char *writer_id);
 const char *store_root(const store *s);
 const char *store_run(const store *s);
 
@@ -268,6 +276,11 @@ int store_publish_path(store *s, const char *ckpt, uint64_t anchor_every, uint64
  * into a checkpoint in the run's staging folder, published, then removed. */
 int store_publish_tensors(store *s, const ckpt_tensor *t, size_t n, uint64_t anchor_every,
                           uint64_t *out);
+/* The same with the file's safetensors __metadata__ given as JSON text, an
+ * object of strings (NULL: none); the Python package records tied tensors
+ * there ("shoal.aliases", docs/safetensors.md). */
+int store_publish_tensors_meta(store *s, const ckpt_tensor *t, size_t n, const char *metadata,
+                               uint64_t anchor_every, uint64_t *out);
 /* store_list() as a JSON array of manifests ({"version", "kind", "base",
  * "size", "xxh3", "model_size", "model_xxh3", "created_at"}, or {"version",
  * "broken": true}). */

@@ -7,7 +7,9 @@ this file and the library is caught at import instead of corrupting memory.
 """
 import ctypes
 import ctypes.util
+import atexit
 import json
+import logging
 import os
 
 from .errors import ShoalError, error_for
@@ -39,6 +41,8 @@ def _candidates():
         yield env
         return
     here = os.path.dirname(os.path.abspath(__file__))
+    # A wheel (`pip install .`) carries the library beside the package.
+    yield os.path.join(here, "libshoal.so.0")
     try:
         from . import _libdir  # written by `make install`
         yield os.path.join(_libdir.LIBDIR, "libshoal.so.0")
@@ -74,6 +78,8 @@ _PROTOS = {
     "sh_strerror": (cp, [i32]),
     "sh_free": (None, [vp]),
     "sh_json_take_text": (i32, [vp, _c.POINTER(vp)]),
+    "sh_version": (cp, []),
+    "sh_log_set_sink": (None, [vp, vp]),
     # ckpt
     "ckpt_dtype_name": (cp, [i32]),
     "ckpt_open": (i32, [cp, _c.POINTER(vp)]),
@@ -81,6 +87,7 @@ _PROTOS = {
     "ckpt_count": (sz, [vp]),
     "ckpt_tensor_at": (_c.POINTER(CkptTensor), [vp, sz]),
     "ckpt_tensor_sizeof": (sz, []),
+    "ckpt_meta": (cp, [vp, cp]),
     # delta
     "delta_make": (i32, [cp, cp, cp, vp, vp]),
     "delta_apply": (i32, [cp, cp, cp, vp]),
@@ -89,9 +96,11 @@ _PROTOS = {
     # store
     "store_open": (i32, [cp, cp, i32, _c.POINTER(vp)]),
     "store_close": (None, [vp]),
+    "store_claim_publisher": (i32, [vp, cp]),
     "store_latest": (i32, [vp, _c.POINTER(u64)]),
     "store_publish_path": (i32, [vp, cp, u64, _c.POINTER(u64)]),
     "store_publish_tensors": (i32, [vp, _c.POINTER(CkptTensor), sz, u64, _c.POINTER(u64)]),
+    "store_publish_tensors_meta": (i32, [vp, _c.POINTER(CkptTensor), sz, cp, u64, _c.POINTER(u64)]),
     "store_list_json": (i32, [vp, _c.POINTER(vp)]),
     "store_materialize": (i32, [vp, u64, u64, cp, cp]),
     # replicas
@@ -115,6 +124,29 @@ if lib.ckpt_tensor_sizeof() != _c.sizeof(CkptTensor):
     raise ImportError("shoal: libshoal's ckpt_tensor is %d bytes but python/shoal/_lib.py mirrors "
                       "%d: the package and the library come from different versions"
                       % (lib.ckpt_tensor_sizeof(), _c.sizeof(CkptTensor)))
+
+# The library's lines (warnings from its threads included) go to the
+# `logging` logger "shoal" instead of stderr.  SHOAL_LOG still sets which
+# levels the library emits (default warn); the logger's own level and
+# handlers decide the rest.  Python's last-resort handler prints warnings
+# to stderr when the application configured no logging, as before.
+log = logging.getLogger("shoal")
+_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+_SINK_T = _c.CFUNCTYPE(None, i32, cp, vp)
+
+
+def _log_line(level, line, arg):
+    try:
+        log.log(_LEVELS.get(level, logging.WARNING), "%s", line.decode("utf-8", "replace"))
+    except Exception:  # a callback from C must not raise
+        pass
+
+
+_sink = _SINK_T(_log_line)  # kept alive for as long as the library may call it
+lib.sh_log_set_sink(_c.cast(_sink, vp), None)
+# The library's threads may outlive the interpreter's teardown, when Python
+# can no longer run the callback: back to stderr before that.
+atexit.register(lib.sh_log_set_sink, None, None)
 
 # safetensors dtype names by ckpt_dtype value, and back.
 DTYPE_NAMES = []

@@ -21,6 +21,70 @@ FROM_NAME.update({"U16": torch.int16, "U32": torch.int32, "U64": torch.int64,
                   "F8_E4M3": torch.uint8, "F8_E5M2": torch.uint8, "F8_E8M0": torch.uint8})
 
 
+def dedup(items):
+    """Splits (name, tensor) pairs into those to store and {alias: stored
+    name} for tensors that are exactly another's memory (same address,
+    dtype, shape and strides: tied weights, state_dict entries of one
+    parameter), so that those are stored and sent once.  Tensors that only
+    overlap (two slices of one buffer) are stored each.  Names are checked
+    here, before anything is written."""
+    keep, aliases, seen = [], {}, {}
+    for name, t in items:
+        if not isinstance(name, str):
+            raise TypeError("shoal.Store.publish: tensor names must be str, got %r" % (name,))
+        if "\0" in name:
+            raise ShoalError(-1, "tensor %r: the name holds a NUL character (C would cut it "
+                             "to %r)" % (name, name.split("\0")[0]))
+        key = None
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.numel() and \
+                not t.is_conj() and not t.is_neg():
+            key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        if key is not None and key in seen:
+            aliases[name] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = name
+        keep.append((name, t))
+    return keep, aliases
+
+
+def snapshot(items, bufs):
+    """Copies (name, tensor) pairs into the reusable buffers `bufs` (name ->
+    tensor, updated in place) and returns ({name: buffer}, event): event is
+    a CUDA event to wait on before reading the buffers when any tensor was
+    on a GPU (copied asynchronously into pinned memory), else None.  A lazy
+    conjugate or negative view is resolved by the copy; a non-contiguous
+    tensor becomes contiguous."""
+    out, cuda = {}, False
+    names = set()
+    with torch.no_grad():
+        for name, t in items:
+            if not isinstance(t, torch.Tensor):
+                raise ShoalError(-1, "tensor %s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
+            if t.layout != torch.strided:
+                raise ShoalError(-1, "tensor %s: layout %s has no flat memory to publish; publish "
+                                 "t.to_dense()" % (name, t.layout))
+            if t.dtype not in TO_NAME:
+                raise ShoalError(-1, "tensor %s: dtype %s has no safetensors equivalent; use one of %s"
+                                 % (name, t.dtype, ", ".join(str(d) for d in TO_NAME)))
+            b = bufs.get(name)
+            on_gpu = t.device.type == "cuda"
+            if b is None or b.shape != t.shape or b.dtype != t.dtype:
+                b = torch.empty(t.shape, dtype=t.dtype, pin_memory=on_gpu)
+                bufs[name] = b
+            b.copy_(t, non_blocking=on_gpu)
+            cuda = cuda or on_gpu
+            out[name] = b
+            names.add(name)
+        for stale in [k for k in bufs if k not in names]:
+            del bufs[stale]
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+    return out, event
+
+
 def spec_of(name, t, codes, CkptTensor):
     """A ckpt_tensor pointing at t's memory (t must stay alive while it is
     used)."""

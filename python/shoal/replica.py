@@ -8,6 +8,7 @@ import os
 from . import _lib
 from ._lib import check, fspath, lib
 from .errors import ShoalError, error_for
+from .store import ALIASES_KEY
 
 
 class _ReplicaHandle:
@@ -53,7 +54,9 @@ class Lease:
 
     def tensors(self):
         """The version's tensors as a dict name -> read-only torch.Tensor
-        views over the mapped image (no copy), in file order."""
+        views over the mapped image (no copy), in file order, then the
+        aliases publish recorded (tied weights), each the very tensor object
+        of the name it aliases."""
         from . import _torch
         lh = self._lh
         if lh is None:
@@ -64,15 +67,38 @@ class Lease:
             shape = tuple(t.shape[d] for d in range(t.ndim))
             out[t.name.decode("utf-8")] = _torch.view(t.data or 0, t.nbytes, _lib.DTYPE_NAMES[t.dtype],
                                                       shape, lh)
+        for alias, name in self._aliases(out).items():
+            out[alias] = out[name]
         return out
 
+    def _aliases(self, stored):
+        """{alias: stored name} from the version's metadata, checked: a
+        replica does not trust what a version's header says."""
+        raw = lib.ckpt_meta(self._lh.ckpt, ALIASES_KEY.encode())
+        if raw is None:
+            return {}
+        try:
+            a = json.loads(raw.decode("utf-8"))
+        except ValueError as e:
+            a = e
+        if not isinstance(a, dict):
+            raise ShoalError(-4, "version %d: metadata %s is not a JSON object of names (%s)"
+                             % (self.version, ALIASES_KEY, a))
+        for alias, name in a.items():
+            if not isinstance(name, str) or name not in stored or alias in stored:
+                raise ShoalError(-4, "version %d: metadata %s: %r -> %r: an alias must name a stored "
+                                 "tensor and not be one" % (self.version, ALIASES_KEY, alias, name))
+        return a
+
     def _dtype_names(self):
-        """name -> the version's safetensors dtype name."""
+        """name -> the version's safetensors dtype name (aliases included)."""
         lh = self._lh
         out = {}
         for i in range(lib.ckpt_count(lh.ckpt)):
             t = lib.ckpt_tensor_at(lh.ckpt, i).contents
             out[t.name.decode("utf-8")] = _lib.DTYPE_NAMES[t.dtype]
+        for alias, name in self._aliases(out).items():
+            out[alias] = out[name]
         return out
 
     def release(self):

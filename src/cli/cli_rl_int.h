@@ -27,7 +27,10 @@ int cli_rl_sweep(int argc, char **argv);
 /* The main job (src/cli/rl_main.c, rl_report.c, rl_fleetcost.c). */
 int cli_rl_trainer(int argc, char **argv);
 int cli_rl_worker(int argc, char **argv);
+int cli_rl_push_root(int argc, char **argv);
 int cli_rl_report(int argc, char **argv);
+/* What moved (summary.json) against its targets, and where the report is. */
+void cli_rl_print_moved(const json_t *summary, const char *dir);
 int cli_rl_fleet_cost(int argc, char **argv);
 
 #endif

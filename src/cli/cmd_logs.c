@@ -1,62 +1,194 @@
-/* shoal logs: a job rank's output, optionally followed until it ends. */
+/* shoal logs: a job's output (one rank or all), optionally followed until
+ * it ends. */
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli_int.h"
 #include "ctl_int.h"
 
-const char cli_help_logs[] = "print a job's output (one rank), -f to follow until it ends";
+const char cli_help_logs[] = "print a job's output (one rank or all), -f to follow until it ends";
 
 static const char usage[] =
-    "usage: shoal logs ID [--rank R] [-f|--follow] [--server URL] [--token T] [--json]\n\n"
-    "Prints rank R's whole output so far (default rank 0).  --follow waits for\n"
-    "more until the job ends.  --json prints one object {job, rank, data, offset,\n"
-    "done} at the end.\n";
+    "usage: shoal logs ID [--rank R|all] [-f|--follow] [--raw] [--server URL] [--token T] [--json]\n\n"
+    "Prints rank R's whole output so far (default rank 0).  --rank all prints\n"
+    "every rank's, each line prefixed with \"[rank N] \": rank by rank for what\n"
+    "was written so far, then, with --follow, interleaved as lines arrive.\n"
+    "--follow waits for more until the job ends and then exits with the job's\n"
+    "status, as `submit --wait` does (0 if it succeeded, the failed rank's exit\n"
+    "code, else 1; the reason goes to stderr).  --json prints one object {job,\n"
+    "rank, data, offset, done, state} at the end (with --rank all, {job, ranks:\n"
+    "[{rank, data, offset}], done, state}).\n\n"
+    "On a terminal, control characters of the output (escape sequences, other\n"
+    "C0 and C1 controls, DEL) are shown as ^[, ^M, \\u009b and the like, so that\n"
+    "a job cannot drive your terminal; newlines and tabs pass.  --raw prints\n"
+    "the bytes as the job wrote them.  Into a pipe or a file the bytes always\n"
+    "pass unchanged (--json escapes them as JSON does; on a terminal, as\n"
+    "\\uXXXX for everything past ASCII).\n";
+
+/* What one rank's log has given so far: the offset to ask from, and, with
+ * --rank all, the line not yet ended (printed once it ends). */
+typedef struct rank_log {
+    long long off;
+    sh_buf part, all;
+} rank_log;
+
+/* Set once per command: output goes to a terminal and is not --raw. */
+static int escape;
+static int write_failed;
+
+/* Prints a chunk of output, made safe for a terminal when `escape`. */
+static int put(const char *d, size_t n, int esc)
+{
+    if (!esc) return fwrite(d, 1, n, stdout) == n ? 0 : -1;
+    sh_buf b = {0};
+    int rc = cli_term_escape(d, n, &b);
+    if (rc == 0 && b.len && fwrite(b.data, 1, b.len, stdout) != b.len) rc = -1;
+    sh_buf_free(&b);
+    return rc;
+}
+
+static void emit(const char *d, size_t n)
+{
+    if (n && put(d, n, escape) < 0 && !write_failed) write_failed = errno ? errno : EIO;
+}
+
+/* Prints data with each whole line prefixed by "[rank R] "; a last line
+ * without its newline waits in r->part (flush: printed with one). */
+static void emit_prefixed(rank_log *r, int rank, const char *d, size_t n, int flush)
+{
+    char pre[32];
+    int np = snprintf(pre, sizeof pre, "[rank %d] ", rank);
+    sh_buf_append(&r->part, d, n);
+    size_t start = 0;
+    for (size_t i = 0; i < r->part.len; i++) {
+        if (r->part.data[i] != '\n') continue;
+        emit(pre, (size_t)np);
+        emit((char *)r->part.data + start, i + 1 - start);
+        start = i + 1;
+    }
+    if (flush && start < r->part.len) {
+        emit(pre, (size_t)np);
+        emit((char *)r->part.data + start, r->part.len - start);
+        emit("\n", 1);
+        start = r->part.len;
+    }
+    memmove(r->part.data, r->part.data + start, r->part.len - start);
+    r->part.len -= start;
+}
+
+/* Fetches one page of rank's log; *n gets its size, *done whether the job
+ * has ended, *state its state (static storage). */
+static int page(cli_ctl *x, int64_t id, int rank, rank_log *r, int all, size_t *n, int *done)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=%d&offset=%lld", (long long)id, rank, r->off);
+    json_t *j;
+    int rc = cli_ctl_call(x, "GET", path, NULL, NULL, &j);
+    if (rc) return rc;
+    const char *d = json_string_value(json_object_get(j, "data"));
+    *n = json_string_length(json_object_get(j, "data"));
+    if (x->json) sh_buf_append(&r->all, d, *n);
+    else if (all) emit_prefixed(r, rank, d, *n, 0);
+    else emit(d, *n);
+    fflush(stdout);
+    r->off = json_integer_value(json_object_get(j, "offset"));
+    *done = json_is_true(json_object_get(j, "done"));
+    json_decref(j);
+    return 0;
+}
+
+static json_t *text(const sh_buf *b) { return json_stringn(b->data ? (char *)b->data : "", b->len); }
 
 int cli_cmd_logs(int argc, char **argv)
 {
-    static const struct option opts[] = {{"rank", required_argument, 0, 'r'}, {"follow", no_argument, 0, 'f'}, {0}};
+    static const struct option opts[] = {{"rank", required_argument, 0, 'r'}, {"follow", no_argument, 0, 'f'},
+                                         {"raw", no_argument, 0, 'R'}, {0}};
     cli_ctl x;
     cli_ctl_defaults(&x, "logs");
     cli_args a = {"logs", usage, opts, &x, NULL, "f"}; /* -f, as tail spells it */
     int64_t id = -1, rank = 0;
-    int follow = 0;
+    int follow = 0, all = 0, raw = 0;
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         if (c == 'f') follow = 1;
+        else if (c == 'R') raw = 1;
         else if (c != 'r') return a.rc;
+        else if (!strcmp(optarg, "all")) all = 1;
         else if (sh_parse_i64(optarg, &rank, "--rank") < 0 || rank < 0)
-            return cli_usage("logs", "--rank: expected a rank number, got \"%s\"", optarg);
+            return cli_usage("logs", "--rank: expected a rank number or \"all\", got \"%s\"", optarg);
     }
     int rc = cli_ctl_job_id("logs", argc, argv, &id);
     if (rc) return rc;
     rc = cli_ctl_connect(&x);
     if (rc) return rc;
-    long long off = 0;
-    sh_buf all = {0};
-    int done = 0;
-    for (;;) {
-        char path[128];
-        snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=%lld&offset=%lld", (long long)id, (long long)rank, off);
-        json_t *r;
-        if ((rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &r))) break;
-        const char *d = json_string_value(json_object_get(r, "data"));
-        size_t n = json_string_length(json_object_get(r, "data"));
-        if (x.json) rc = sh_buf_append(&all, d, n) < 0 ? cli_fail("logs", SH_ENOMEM) : 0;
-        else fwrite(d, 1, n, stdout), fflush(stdout);
-        off = json_integer_value(json_object_get(r, "offset"));
-        done = json_is_true(json_object_get(r, "done"));
-        json_decref(r);
-        /* A page holds at most a window of the log (1 MiB): without
-         * --follow, pages are read until one comes back empty. */
-        if (rc || (n == 0 && (!follow || done))) break;
-        if (n == 0) sh_sleep(0.3);
+    escape = !raw && isatty(STDOUT_FILENO);
+    write_failed = 0;
+    json_t *job = NULL;
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    /* The ranks a job can have: a gang's nodes, an elastic job's max_nodes. */
+    int nranks = 1;
+    if (all) {
+        if ((rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &job))) return cli_ctl_free(&x), rc;
+        nranks = (int)json_integer_value(json_object_get(job, "nodes"));
+        if (nranks < 1 || nranks > 64) nranks = 1;
+        json_decref(job);
+        job = NULL;
     }
+    rank_log *logs = calloc((size_t)nranks, sizeof *logs);
+    if (!logs) return cli_ctl_free(&x), cli_fail("logs", SH_ENOMEM);
+    int done = 0;
+    /* Each rank is read until a page comes back empty (a page holds at most
+     * 1 MiB); with --follow, rounds go on until the job has ended and a
+     * round after that found nothing new. */
+    for (int round = 0;; round++) {
+        size_t got = 0;
+        int ended = 0;
+        for (int r = 0; r < nranks && !rc; r++) {
+            size_t n;
+            do {
+                rc = page(&x, id, all ? r : (int)rank, &logs[r], all, &n, &ended);
+                got += n;
+                if (!rc && write_failed) rc = cli_fail("logs", sh_err_errno(write_failed, "writing the output"));
+            } while (!rc && n > 0 && (round == 0 || !follow));
+            /* Without --follow a rank's output is whole once read. */
+            if (!rc && all && !follow && !x.json) emit_prefixed(&logs[r], r, "", 0, 1);
+        }
+        if (rc || !follow || (done && !got)) break;
+        done = ended;
+        if (!got && !done) sh_sleep(0.3);
+    }
+    for (int r = 0; all && !x.json && !rc && r < nranks; r++) emit_prefixed(&logs[r], r, "", 0, 1);
+    fflush(stdout);
+    /* The job's end: its state for --json, and with --follow its status. */
+    if (!rc && (follow || x.json)) rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &job);
     cli_ctl_free(&x);
     if (!rc && x.json) {
-        json_t *j = json_pack("{s:I,s:I,s:s#,s:I,s:b}", "job", (json_int_t)id, "rank", (json_int_t)rank, "data",
-                              all.data ? (const char *)all.data : "", all.len, "offset", (json_int_t)off, "done", done);
-        sh_json_print(j);
-        json_decref(j);
+        json_t *o = json_pack("{s:I,s:b,s:s}", "job", (json_int_t)id, "done", cli_job_ended(job), "state",
+                              json_string_value(json_object_get(job, "state")));
+        if (all) {
+            json_t *ranks = json_array();
+            for (int r = 0; r < nranks; r++)
+                json_array_append_new(ranks, json_pack("{s:i,s:o,s:I}", "rank", r, "data", text(&logs[r].all), "offset",
+                                                       (json_int_t)logs[r].off));
+            json_object_set_new(o, "ranks", ranks);
+        } else {
+            json_object_set_new(o, "rank", json_integer(rank));
+            json_object_set_new(o, "data", text(&logs[0].all));
+            json_object_set_new(o, "offset", json_integer(logs[0].off));
+        }
+        if (escape) {
+            /* Past ASCII as \uXXXX: no C1 control reaches the terminal. */
+            char *t = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+            if (t) printf("%s\n", t);
+            free(t);
+        } else sh_json_print(o);
+        json_decref(o);
     }
-    sh_buf_free(&all);
+    if (!rc && follow) rc = cli_job_report("logs", job);
+    json_decref(job);
+    for (int r = 0; r < nranks; r++) sh_buf_free(&logs[r].part), sh_buf_free(&logs[r].all);
+    free(logs);
     return rc;
 }

@@ -316,14 +316,15 @@ static const char rl_usage[] =
     "usage: shoal rl train [options]   train a policy (see `shoal rl train --help`)\n"
     "       shoal rl sweep [options]   sweep sync/async x loss x dtype (see `shoal rl sweep --help`)\n"
     "       shoal rl trainer|worker    the main job's gang ranks and rollout workers\n"
+    "       shoal rl push-root         the main job's push tree root, as a job\n"
     "       shoal rl report --dir RUN  live progress and the HTML report of a main job\n"
     "       shoal rl fleet-cost        uniform vs mixed vs tuned rollout pools [--json]\n";
 
 int cli_cmd_rl(int argc, char **argv)
 {
-    static const char *const subs[] = {"train", "sweep", "trainer", "worker", "report", "fleet-cost", NULL};
-    static int (*const fns[])(int, char **) = {train, cli_rl_sweep, cli_rl_trainer, cli_rl_worker, cli_rl_report,
-                                               cli_rl_fleet_cost};
+    static const char *const subs[] = {"train", "sweep", "trainer", "worker", "push-root", "report", "fleet-cost", NULL};
+    static int (*const fns[])(int, char **) = {train,          cli_rl_sweep,  cli_rl_trainer,   cli_rl_worker,
+                                               cli_rl_push_root, cli_rl_report, cli_rl_fleet_cost};
     int rc, k = cli_subcommand("rl", rl_usage, argc, argv, subs, &rc);
     return k < 0 ? rc : fns[k](argc - 1, argv + 1);
 }

@@ -10,16 +10,24 @@
 #include "ctl_int.h"
 #include "shoal/server.h"
 
-const char cli_help_server[] = "run the control plane: HTTP/JSON API, SQLite state, dashboard";
+const char cli_help_server[] = "run the control plane: HTTP/JSON API, SQLite or PostgreSQL state, dashboard";
 
 static const char usage[] =
     "usage: shoal server --tokens FILE [--db PATH] [--port P] [--bind ADDR] [--web DIR]\n"
     "                    [--heartbeat-timeout S] [--max-body BYTES] [--provider-cmd PROG]\n"
     "                    [--provider-quota Q] [--scale-up-wait S] [--scale-down-idle S] [--sync-full]\n"
     "                    [--allow-writable [TENANT=]DIR]... [--est-grace S] [--require-est]\n"
-    "                    [--default-est S] [--max-conns-per-ip N]\n\n"
+    "                    [--default-est S] [--max-conns-per-ip N] [--log-drain S]\n"
+    "                    [--max-priority [TENANT=]N]... [--max-tenant-log BYTES]\n"
+    "                    [--state-dir DIR] [--advertise URL]\n"
+    "                    [--workdir-max SIZE] [--workdir-quota SIZE]\n\n"
     "  --tokens FILE          JSON {\"admin\": T, \"agent\": T, \"tenants\": {NAME: T}}\n"
-    "  --db PATH              SQLite state (default shoal.db); logs go beside it\n"
+    "  --db PATH|URL          SQLite state (default shoal.db; logs go beside it), or a\n"
+    "                         PostgreSQL database postgresql://USER@HOST/DB: several servers\n"
+    "                         may share one; one leads, the others stand by (docs/deploy.md)\n"
+    "  --state-dir DIR        where the ranks' logs go (required with PostgreSQL)\n"
+    "  --advertise URL        this server's URL for standbys' redirects (default\n"
+    "                         http://BIND:PORT)\n"
     "  --port P               TCP port (default 8470; 0 picks a free one)\n"
     "  --bind ADDR            IPv4 address to listen on (default 127.0.0.1)\n"
     "  --web DIR              dashboard files to serve at / (default: web/ here, else the\n"
@@ -40,7 +48,18 @@ static const char usage[] =
     "  --default-est S        the run the scheduler plans for a job without est_s, which\n"
     "                         is not ended there (default 3600; docs/sched.md)\n"
     "  --max-conns-per-ip N   connections one address may hold (default 250 of 1000;\n"
-    "                         raise it when agents reach the server through one tunnel)\n\n"
+    "                         raise it when agents reach the server through one tunnel)\n"
+    "  --log-drain S          a rank's node may send its last output this long after the\n"
+    "                         rank ended; later output is dropped (default 30)\n"
+    "  --max-priority [TENANT=]N  the highest \"priority\" a tenant's job may ask, -1000..1000:\n"
+    "                         N for every tenant, TENANT=N for one (repeatable; default 0,\n"
+    "                         so that no tenant preempts another's work; the admin's jobs\n"
+    "                         are not limited; docs/security.md)\n"
+    "  --max-tenant-log BYTES all of one tenant's rank logs together (default 16GiB);\n"
+    "                         past it the output of its ranks is dropped, with a note\n"
+    "  --workdir-max SIZE     largest work dir a job may ship (default 100MiB)\n"
+    "  --workdir-quota SIZE   work dirs one tenant's pending and running jobs may hold\n"
+    "                         (default 1GiB; older unused ones make room)\n\n"
     "Prints \"listening on http://ADDR:PORT\" once ready.  See docs/server-api.md.\n";
 
 static volatile sig_atomic_t stop_flag;
@@ -72,9 +91,28 @@ static int add_allowed(const char *spec, srv_config *cfg, const char *cmd)
     return 0;
 }
 
+/* --max-priority entries, joined with ':' ("N", "TENANT=N"); the server
+ * checks that each tenant is in its tokens file. */
+static char prio_buf[4096];
+
+static int add_max_priority(const char *spec, srv_config *cfg, const char *cmd)
+{
+    const char *eq = strchr(spec, '='), *num = eq ? eq + 1 : spec;
+    int64_t n;
+    if (eq == spec || strchr(spec, ':'))
+        return cli_usage(cmd, "--max-priority %s: expected N or TENANT=N", spec);
+    if (cli_int(cmd, "--max-priority", num, -1000, 1000, &n)) return CLI_USAGE;
+    size_t len = strlen(prio_buf);
+    if (len + strlen(spec) + 2 > sizeof prio_buf) return cli_usage(cmd, "--max-priority: too many entries");
+    snprintf(prio_buf + len, sizeof prio_buf - len, "%s%s", len ? ":" : "", spec);
+    cfg->max_priority = prio_buf;
+    return 0;
+}
+
 enum { O_TOKENS = 0x2000, O_DB, O_PORT, O_BIND, O_WEB, O_HEARTBEAT, O_MAX_BODY, O_PROVIDER_CMD, O_PROVIDER_QUOTA,
        O_SCALE_UP, O_SCALE_DOWN, O_SYNC_FULL, O_ALLOW_WRITABLE, O_EST_GRACE, O_REQUIRE_EST, O_CONNS_PER_IP,
-       O_DEFAULT_EST };
+       O_DEFAULT_EST, O_LOG_DRAIN, O_MAX_PRIORITY, O_MAX_TENANT_LOG, O_STATE_DIR, O_ADVERTISE, O_WORKDIR_MAX,
+       O_WORKDIR_QUOTA };
 const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKENS},
                                          {"db", required_argument, 0, O_DB},
                                          {"port", required_argument, 0, O_PORT},
@@ -92,6 +130,13 @@ const struct option cli_server_opts[] = {{"tokens", required_argument, 0, O_TOKE
                                          {"require-est", no_argument, 0, O_REQUIRE_EST},
                                          {"default-est", required_argument, 0, O_DEFAULT_EST},
                                          {"max-conns-per-ip", required_argument, 0, O_CONNS_PER_IP},
+                                         {"log-drain", required_argument, 0, O_LOG_DRAIN},
+                                         {"max-priority", required_argument, 0, O_MAX_PRIORITY},
+                                         {"max-tenant-log", required_argument, 0, O_MAX_TENANT_LOG},
+                                         {"state-dir", required_argument, 0, O_STATE_DIR},
+                                         {"advertise", required_argument, 0, O_ADVERTISE},
+                                         {"workdir-max", required_argument, 0, O_WORKDIR_MAX},
+                                         {"workdir-quota", required_argument, 0, O_WORKDIR_QUOTA},
                                          {0}};
 
 int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
@@ -101,6 +146,12 @@ int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
     switch (c) {
     case O_TOKENS: cfg->tokens_path = v; return 0;
     case O_DB: cfg->db_path = v; return 0;
+    case O_STATE_DIR: cfg->state_dir = v; return 0;
+    case O_ADVERTISE:
+        if (strncmp(v, "http://", 7) || strlen(v) > 250)
+            return cli_usage(cmd, "--advertise %s: expected http://HOST:PORT (at most 250 characters)", v);
+        cfg->advertise = v;
+        return 0;
     case O_BIND: cfg->bind_addr = v; return 0;
     case O_WEB: cfg->web_dir = v; return 0;
     case O_PROVIDER_CMD: cfg->provider_cmd = v; return 0;
@@ -115,12 +166,19 @@ int cli_server_opt(int c, const char *v, srv_config *cfg, const char *cmd)
         return cli_real(cmd, "--default-est", v, DBL_TRUE_MIN, 2592000, "seconds > 0, at most 30 days (est_s's limit)",
                         &cfg->default_est_s);
     case O_ALLOW_WRITABLE: return add_allowed(v, cfg, cmd);
+    case O_MAX_PRIORITY: return add_max_priority(v, cfg, cmd);
+    case O_MAX_TENANT_LOG:
+        return cli_size(cmd, "--max-tenant-log", v, 4096, &body) ? CLI_USAGE : (cfg->max_tenant_log = body, 0);
+    case O_LOG_DRAIN:
+        return cli_real(cmd, "--log-drain", v, DBL_TRUE_MIN, 86400, "seconds > 0, at most a day", &cfg->log_drain_s);
     case O_SCALE_UP: return cli_real(cmd, "--scale-up-wait", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->scale_up_wait_s);
     case O_SCALE_DOWN:
         return cli_real(cmd, "--scale-down-idle", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->scale_down_idle_s);
     case O_HEARTBEAT:
         return cli_real(cmd, "--heartbeat-timeout", v, DBL_TRUE_MIN, DBL_MAX, "seconds > 0", &cfg->heartbeat_timeout);
     case O_PORT: return cli_int(cmd, "--port", v, 0, 65535, &port) ? CLI_USAGE : (cfg->port = (int)port, 0);
+    case O_WORKDIR_MAX: return cli_size(cmd, "--workdir-max", v, 1024, &cfg->workdir_max) ? CLI_USAGE : 0;
+    case O_WORKDIR_QUOTA: return cli_size(cmd, "--workdir-quota", v, 1024, &cfg->workdir_quota) ? CLI_USAGE : 0;
     case O_MAX_BODY: return cli_size(cmd, "--max-body", v, 1024, &body) ? CLI_USAGE : (cfg->max_body = (size_t)body, 0);
     default: return cli_usage(cmd, "option code %d is not one of the server's", c);
     }

@@ -96,3 +96,76 @@ int cli_ctl_get_table(const char *cmd, int argc, char **argv, const char *usage,
     json_decref(*reply);
     return 0;
 }
+
+int cli_job_ended(const json_t *job)
+{
+    const char *st = json_string_value(json_object_get(job, "state"));
+    return st && (!strcmp(st, "succeeded") || !strcmp(st, "failed") || !strcmp(st, "cancelled"));
+}
+
+int cli_job_status(const json_t *job)
+{
+    const char *st = json_string_value(json_object_get(job, "state"));
+    if (st && !strcmp(st, "succeeded")) return 0;
+    json_int_t code = json_integer_value(json_object_get(job, "exit_code"));
+    if (st && !strcmp(st, "failed") && code >= 1 && code <= 255) return (int)code;
+    return 1;
+}
+
+int cli_job_report(const char *cmd, const json_t *job)
+{
+    int status = cli_job_status(job);
+    if (status)
+        fprintf(stderr, "shoal %s: job %lld %s: %s\n", cmd, (long long)json_integer_value(json_object_get(job, "id")),
+                json_string_value(json_object_get(job, "state")), json_string_value(json_object_get(job, "reason")));
+    return status;
+}
+
+int cli_ctl_wait_job(cli_ctl *x, int64_t id, json_t **job)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    double pause = 0.1;
+    for (;;) {
+        int rc = cli_ctl_call(x, "GET", path, NULL, NULL, job);
+        if (rc || cli_job_ended(*job)) return rc;
+        json_decref(*job);
+        *job = NULL;
+        sh_sleep(pause);
+        if (pause < 1) pause *= 1.5; /* quick for short jobs, one request a second for long ones */
+    }
+}
+
+/* A rank's output is another tenant's bytes on the admin's terminal:
+ * escape sequences in it can retitle the window, write the clipboard
+ * (OSC 52), redraw the screen or, on some terminals, answer with text the
+ * shell then reads.  Every byte a terminal acts on, other than a newline,
+ * a tab and the carriage return of a "\r\n", is shown instead in a visible
+ * form: C0 controls and DEL in caret notation (ESC is "^[", BEL "^G", a
+ * lone CR "^M", DEL "^?"), and the C1 controls U+0080..U+009F (UTF-8
+ * C2 80..C2 9F; CSI is U+009B) as "\u009b".  Other bytes pass unchanged,
+ * invalid UTF-8 included (a terminal shows it as replacement characters).
+ * The server's log windows end on a character, so a chunk never splits a
+ * C1 control; a "\r\n" split across two chunks shows as "^M" and a
+ * newline. */
+int cli_term_escape(const char *in, size_t n, sh_buf *out)
+{
+    const unsigned char *p = (const unsigned char *)in;
+    size_t run = 0; /* bytes before i that pass unchanged */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        int c1 = c == 0xC2 && i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9F;
+        int ctl = (c < 0x20 && c != '\n' && c != '\t' && !(c == '\r' && i + 1 < n && p[i + 1] == '\n')) ||
+                  c == 0x7F;
+        if (!c1 && !ctl) continue;
+        if (i > run && sh_buf_append(out, p + run, i - run) < 0) return SH_ENOMEM;
+        if (c1) {
+            if (sh_buf_printf(out, "\\u%04x", p[i + 1]) < 0) return SH_ENOMEM;
+            i++;
+        } else if (sh_buf_printf(out, "^%c", c == 0x7F ? '?' : c + 0x40) < 0)
+            return SH_ENOMEM;
+        run = i + 1;
+    }
+    if (n > run && sh_buf_append(out, p + run, n - run) < 0) return SH_ENOMEM;
+    return SH_OK;
+}

@@ -42,6 +42,24 @@ struct srv_config;
 extern const struct option cli_server_opts[];
 int cli_server_opt(int c, const char *v, struct srv_config *cfg, const char *cmd);
 void cli_server_done(struct srv_config *cfg);
+/* The exit status a script gets for an ended job (submit --wait, logs -f):
+ * 0 if it succeeded, its exit code (1..255) if a rank failed with one, 1
+ * if it failed without one (a lost node, its time limit) or was cancelled. */
+int cli_job_status(const json_t *job);
+/* Polls GET /v1/jobs/ID until the job has ended; *job (caller owns) gets
+ * its last JSON.  Returns 0, or 1 after printing the failed request. */
+int cli_ctl_wait_job(cli_ctl *x, int64_t id, json_t **job);
+/* Whether a job's JSON says it has ended (succeeded, failed, cancelled). */
+int cli_job_ended(const json_t *job);
+/* Prints "shoal CMD: job ID STATE: REASON" to stderr for a job that did not
+ * succeed (nothing for one that did), and returns cli_job_status(job). */
+int cli_job_report(const char *cmd, const json_t *job);
+
+/* Appends in[0..n) to out with every byte a terminal would act on, other
+ * than newline, tab and the CR of "\r\n", shown in a visible form (C0 and
+ * DEL as "^[", "^M", "^?"; C1 controls as "\u009b"): for another tenant's
+ * text (a rank's output) on the admin's terminal.  SH_ENOMEM or 0. */
+int cli_term_escape(const char *in, size_t n, sh_buf *out);
 /* "3m12s" style durations and a local time "14:03:07" for tables. */
 const char *cli_fmt_dur(double s, char *buf, size_t cap);
 const char *cli_fmt_time(double wall, char *buf, size_t cap);

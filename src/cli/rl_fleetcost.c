@@ -7,7 +7,7 @@
 
 #include "cli_int.h"
 #include "cli_rl_int.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/mainjob.h"
 
 static const char usage[] =
     "usage: shoal rl fleet-cost --fleet FLEET.csv --speeds SPEEDS.csv [options] [--json]\n"
@@ -26,8 +26,8 @@ static const char usage[] =
     "                      paired saving is about 7 points, with 16 about 3.5\n"
     "  --max-lag N         staleness bound: versions a trajectory may lag (2)\n"
     "  -j, --jobs N        runs at once, each in its own process (the core count)\n"
-    "  --train-cost F      a training step lasts F times its CPU time, the rest slept,\n"
-    "                      so the trainer's pace does not depend on the load (3)\n"
+    "  --train-s S         emulated seconds of a training step (with making the next\n"
+    "                      version) on the trainer's GPUs (0.2)\n"
     "  --warm-cache DIR    keep each seed's warm start there (a temporary folder,\n"
     "                      removed afterwards)\n"
     "  --step-s F          emulated seconds of a one-sequence decoding step on the\n"
@@ -57,7 +57,7 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
         {"train-type", required_argument, 0, 'T'}, {"trainer-gpus", required_argument, 0, 'g'},
         {"throughput", required_argument, 0, 'x'}, {"target", required_argument, 0, 'r'},
         {"max-steps", required_argument, 0, 'm'},  {"seeds", required_argument, 0, 'n'},
-        {"jobs", required_argument, 0, 'j'},       {"train-cost", required_argument, 0, 'c'},
+        {"jobs", required_argument, 0, 'j'},       {"train-s", required_argument, 0, 'c'},
         {"warm-cache", required_argument, 0, 'w'}, {"max-lag", required_argument, 0, 'l'},
         {"seed", required_argument, 0, 's'},       {"step-s", required_argument, 0, 'd'},
         {"seq-cost", required_argument, 0, 'q'},   {"eval-every", required_argument, 0, 'e'},
@@ -88,7 +88,7 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
         case 'w': o->m.warm_cache = optarg; continue;
         case 'x': rc = sh_parse_double(optarg, &o->m.thr, "--throughput"); break;
         case 'r': rc = sh_parse_double(optarg, &c->target_reward, "--target"); break;
-        case 'c': rc = sh_parse_double(optarg, &c->train_cost, "--train-cost"); break;
+        case 'c': rc = sh_parse_double(optarg, &c->train_s, "--train-s"); break;
         case 'd': rc = sh_parse_double(optarg, &c->step_s, "--step-s"); break;
         case 'q': rc = sh_parse_double(optarg, &c->seq_cost, "--seq-cost"); break;
         case 's':
@@ -110,6 +110,7 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
     if (!(c->target_reward > 0 && c->target_reward <= 1)) return cli_usage("rl fleet-cost", "--target must be in (0,1]");
     if (!(c->step_s > 0 && c->step_s <= 10) || !(c->seq_cost >= 0 && c->seq_cost <= 1))
         return cli_usage("rl fleet-cost", "--step-s must be in (0,10] and --seq-cost in [0,1]");
+    if (!(c->train_s > 0 && c->train_s <= 100)) return cli_usage("rl fleet-cost", "--train-s must be in (0,100]");
     return -1;
 }
 
@@ -153,14 +154,9 @@ static void on_progress(void *arg, uint64_t steps) { sh_progress_update(arg, ste
 
 int cli_rl_fleet_cost(int argc, char **argv)
 {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    opts o = {.m = {.ttype = "H100", .tg = 2, .seeds = 16, .thr = 3, .jobs = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu}};
+    opts o = {0};
     rl_config base;
-    rl_config_default(&base);
-    base.steps = 120, base.eval_every = 2, base.eval_n = 96, base.target_window = 3, base.quiet = 1, base.target_reward = 0.75;
-    base.stop_at_target = 1, base.step_s = 0.008, base.seq_cost = 0.0625;
-    base.ordered = 1; /* the same data in every pool: see usage */
-    base.train_cost = 3;
+    mj_fleetcost_default(&o.m, &base);
     int rc = parse(argc, argv, &o, &base);
     if (rc >= 0) return rc;
     sh_progress bar;

@@ -1,15 +1,17 @@
-/* shoal rl trainer / shoal rl worker: the RL engine as control-plane jobs
- * (docs/mainjob.md): options, environment and what is printed.  The
- * trainer's rank 0 is src/app/mainjob/trainer.c, the other ranks
- * src/app/mainjob/train.c; the worker's joining is src/app/mainjob/mj_worker.c and its
- * serving src/rl/engine/worker.c. */
+/* shoal rl trainer / worker / push-root: the main job's processes, run as
+ * control-plane jobs (docs/mainjob.md): options and what is printed.  The
+ * trainer is src/app/mainjob/trainer/ (mj_trainer_main), the worker
+ * src/app/mainjob/worker/mj_worker.c (mj_worker_main) with its serving in
+ * src/rl/engine/worker.c, the push root worker/tree_root.c (mj_push_root). */
 #include <float.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli_int.h"
 #include "cli_rl_int.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/trainer/trainer_int.h"
+#include "app/mainjob/worker/worker_int.h"
 
 static const char trainer_usage[] =
     "usage: shoal rl trainer --store DIR [--events F] [--result F] [--ring-timeout S] [rl train options]\n"
@@ -37,12 +39,6 @@ static const char worker_usage[] =
     "Without it the weights come from the trainer over the RL socket (the\n"
     "direct transport, a baseline).  SHOAL_RUN_SECRET, when set, is presented to\n"
     "the trainer and in the push tree: the run's processes share it.\n";
-
-static int env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : dflt;
-}
 
 /* Separates the trainer's own options from the rl train options. */
 typedef struct cli_trainer_opts {
@@ -103,53 +99,47 @@ int cli_rl_trainer(int argc, char **argv)
         free(o.rl);
         return rc;
     }
-    rc = 0;
-    int rank = env_int("SHOAL_RANK", 0), world = env_int("SHOAL_WORLD_SIZE", 1);
-    const char *host = getenv("MASTER_ADDR") ? getenv("MASTER_ADDR") : "127.0.0.1";
-    int port = env_int("MASTER_PORT", 0);
-    if (!rc && world > 1 && !getenv("SHOAL_JOB_ID"))
-        rc = cli_usage("rl trainer", "SHOAL_JOB_ID is not set: run it as a gang job");
-    if (rc) {
-        free(o.rl);
-        return rc;
-    }
-    mj_ring *ring = NULL;
-    json_t *res = NULL;
-    int in_sync = 0;
-    long steps = 0;
-    /* Ring rendezvous in the store folder, one per job attempt: fixed ports
-     * could be taken by anyone on the machine. */
-    char rdv[4200];
-    snprintf(rdv, sizeof rdv, "%s/ring/%s-%s", o.store, getenv("SHOAL_JOB_ID") ?: "0",
-             getenv("SHOAL_ATTEMPT") ?: "0");
-    rc = mj_ring_new(rank, world, host, port, rdv, o.ring_timeout, &ring);
-    mj_trainer_opts mo = {o.store, o.events, o.result, o.rl, o.nrl, on_listen, &world};
-    if (!rc && rank == 0) rc = mj_trainer_rank0(&c, &mo, ring, world, host, &res);
-    else if (!rc) rc = mj_train_follow(&(mj_train){.ring = ring, .rank = rank, .world = world}, &c,
-                                       &steps, &in_sync);
-    mj_ring_free(ring);
+    mj_trainer_outcome r;
+    mj_trainer_proc mo = {o.store, o.events, o.result, o.ring_timeout, o.rl, o.nrl, on_listen, &r.world};
+    rc = mj_trainer_main(&c, &mo, &r);
     free(o.rl);
     if (rc < 0) return cli_fail("rl trainer", rc);
-    if (rank == 0 && json) sh_json_print(res);
-    else if (rank == 0)
+    json_t *res = r.res;
+    if (r.rank == 0 && json) sh_json_print(res);
+    else if (r.rank == 0)
         printf("trainer: %d ranks, %d steps, held-out reward %.3f -> %.3f, version %d, ranks in sync: %s\n",
-               world, (int)json_integer_value(json_object_get(res, "steps")),
+               r.world, (int)json_integer_value(json_object_get(res, "steps")),
                json_number_value(json_object_get(res, "reward_start")),
                json_number_value(json_object_get(res, "reward_end")),
                (int)json_integer_value(json_object_get(res, "final_version")),
                json_is_true(json_object_get(res, "ranks_in_sync")) ? "yes" : "NO");
     else
-        printf("trainer: rank %d trained %ld steps; weights equal to rank 0's: %s\n", rank, steps,
-               in_sync ? "yes" : "NO");
+        printf("trainer: rank %d trained %ld steps; weights equal to rank 0's: %s\n", r.rank, r.steps,
+               r.in_sync ? "yes" : "NO");
     json_decref(res);
-    return rank == 0 || in_sync ? 0 : 1;
+    return r.rank == 0 || r.in_sync ? 0 : 1;
+}
+
+/* The trainer's rl options, as `rl train` parses them. */
+static int worker_parse(void *arg, int argc, char **argv, rl_config *c)
+{
+    (void)arg;
+    int json = 0;
+    return cli_rl_parse("rl worker", argc, argv, c, &json) ? sh_err(SH_EINVAL, "the trainer's options "
+                                                                               "(trainer.json \"args\") do not parse")
+                                                           : 0;
+}
+
+static void say(void *arg, const char *line)
+{
+    (void)arg;
+    fprintf(stderr, "%s\n", line);
+    fflush(stderr);
 }
 
 int cli_rl_worker(int argc, char **argv)
 {
-    const char *store_dir = NULL, *fleet = NULL, *speeds = NULL, *node = getenv("SHOAL_NODE");
-    const char *push = NULL;
-    double wait_s = 300, min_wait = 5;
+    mj_worker_proc o = {.node = getenv("SHOAL_NODE"), .wait_s = 300, .min_wait = 5, .parse = worker_parse, .say = say};
     static const struct option opts[] = {{"store", required_argument, 0, 's'}, {"fleet", required_argument, 0, 'f'},
                                          {"speeds", required_argument, 0, 'S'}, {"node", required_argument, 0, 'n'},
                                          {"push", required_argument, 0, 'p'},   {"wait", required_argument, 0, 'w'},
@@ -157,67 +147,66 @@ int cli_rl_worker(int argc, char **argv)
     cli_args a = {"rl worker", worker_usage, opts, NULL};
     for (int k; (k = cli_getopt(&a, argc, argv)) != -1;) {
         switch (k) {
-        case 's': store_dir = optarg; break;
-        case 'f': fleet = optarg; break;
-        case 'S': speeds = optarg; break;
-        case 'n': node = optarg; break;
-        case 'p': push = optarg; break;
+        case 's': o.store = optarg; break;
+        case 'f': o.fleet = optarg; break;
+        case 'S': o.speeds = optarg; break;
+        case 'n': o.node = optarg; break;
+        case 'p': o.push = optarg; break;
         case 'w':
         case 'm':
             if (cli_real(a.cmd, k == 'w' ? "--wait" : "--min-wait", optarg, 0, DBL_MAX, "seconds >= 0",
-                         k == 'w' ? &wait_s : &min_wait))
+                         k == 'w' ? &o.wait_s : &o.min_wait))
                 return CLI_USAGE;
             break;
         default: return a.rc;
         }
     }
     if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
-    if (!store_dir || !fleet || !speeds) return cli_usage("rl worker", "--store, --fleet and --speeds are required");
-    if (!node) return cli_usage("rl worker", "no --node and SHOAL_NODE is not set (run it as a job, or name the node)");
-    mj_fleet f;
-    int rc = mj_fleet_load(fleet, speeds, &f);
-    if (rc < 0) return cli_fail("rl worker", rc);
-    const mj_node *n = mj_fleet_node(&f, node);
-    if (!n) {
-        mj_fleet_free(&f);
-        return cli_usage("rl worker", "node \"%s\" is not in %s", node, fleet);
-    }
-    rl_worker_spec me = {.speed = n->speed, .price = n->price};
-    snprintf(me.name, sizeof me.name, "%s", n->gpu_type);
-    char zone[64];
-    snprintf(zone, sizeof zone, "%s", n->zone);
-    mj_fleet_free(&f);
-    json_t *tj = NULL;
-    rc = mj_trainer_wait(store_dir, wait_s, &tj);
-    if (rc == 1) {
-        fprintf(stderr, "worker: the trainer has finished; nothing to do\n");
-        return 0;
-    }
-    if (rc < 0) return cli_fail("rl worker", rc);
-    json_t *args = json_object_get(tj, "args");
-    int na = (int)json_array_size(args), json = 0;
-    char **av = calloc((size_t)na + 1, sizeof *av);
-    for (int i = 0; av && i < na; i++) av[i] = (char *)json_string_value(json_array_get(args, i));
-    rl_config c;
-    rl_config_default(&c);
-    rc = av ? cli_rl_parse("rl worker", na, av, &c, &json) : 1;
-    int fd = -1;
-    if (!rc && mj_trainer_connect(json_string_value(json_object_get(tj, "addr")), &fd) < 0) {
-        free(av);
-        json_decref(tj);
-        return cli_fail("rl worker", SH_EIO);
-    }
-    if (rc) return rc;
-    mj_weights *mw = NULL;
-    if (push) {
-        uint64_t base = (uint64_t)json_integer_value(json_object_get(tj, "store_base"));
-        rc = mj_worker_weights(push, node, zone, base, min_wait, &mw);
-        if (rc < 0) return cli_fail("rl worker", rc);
-    }
-    fprintf(stderr, "worker: %s (speed %.2f, $%.2f/h) on %s in %s connected to the trainer at %s; weights %s\n",
-            me.name, me.speed, me.price, node, zone, json_string_value(json_object_get(tj, "addr")),
-            mw ? "by the push tree" : "from the trainer (direct)");
-    fflush(stderr);
-    /* Never returns: av, tj and mw stay alive for the process's life. */
-    rl_worker_serve_from(&c, &me, fd, mw ? mj_weights_source(mw) : NULL);
+    if (!o.store || !o.fleet || !o.speeds) return cli_usage("rl worker", "--store, --fleet and --speeds are required");
+    if (!o.node) return cli_usage("rl worker", "no --node and SHOAL_NODE is not set (run it as a job, or name the node)");
+    int rc = mj_worker_main(&o);
+    if (rc == 1) fprintf(stderr, "worker: the trainer has finished; nothing to do\n");
+    if (rc == SH_EINVAL) return cli_usage("rl worker", "%s", sh_errmsg());
+    return rc == 1 ? 0 : cli_fail("rl worker", rc);
+}
+
+static const char push_root_usage[] =
+    "usage: shoal rl push-root --store DIR --fleet FLEET.csv --push PDIR [--node NAME] [--wait S]\n"
+    "The push tree's root for a main job, run as a job of its own: waits up to S\n"
+    "seconds (300) for the trainer's first version in the store DIR, serves its run\n"
+    "\"main\" in the zone of node NAME (default $SHOAL_NODE) of the fleet file, and\n"
+    "announces itself in PDIR/root.json and PDIR/push.addr, where the rollout\n"
+    "workers' replicas find it.  Serves until SIGTERM.  SHOAL_RUN_SECRET, when set,\n"
+    "is what replicas must present (docs/security.md).\n";
+
+static volatile sig_atomic_t g_stop;
+static void on_term(int sig) { g_stop = sig; }
+
+static void on_root(void *arg, const char *zone, const char *addr)
+{
+    fprintf(stderr, "push root: serving %s in %s on %s\n", (const char *)arg, zone, addr);
+}
+
+int cli_rl_push_root(int argc, char **argv)
+{
+    mj_push_root_opts o = {.node = getenv("SHOAL_NODE"), .wait_s = 300, .on_start = on_root};
+    static const struct option opts[] = {{"store", required_argument, 0, 's'}, {"fleet", required_argument, 0, 'f'},
+                                         {"push", required_argument, 0, 'p'},  {"node", required_argument, 0, 'n'},
+                                         {"wait", required_argument, 0, 'w'},  {0}};
+    cli_args a = {"rl push-root", push_root_usage, opts, NULL};
+    for (int k; (k = cli_getopt(&a, argc, argv)) != -1;)
+        if (k == 's') o.store = optarg;
+        else if (k == 'f') o.fleet = optarg;
+        else if (k == 'p') o.pdir = optarg;
+        else if (k == 'n') o.node = optarg;
+        else if (k != 'w') return a.rc;
+        else if (cli_real(a.cmd, "--wait", optarg, 0, DBL_MAX, "seconds >= 0", &o.wait_s)) return CLI_USAGE;
+    if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
+    if (!o.store || !o.fleet || !o.pdir) return cli_usage(a.cmd, "--store, --fleet and --push are required");
+    if (!o.node) return cli_usage(a.cmd, "no --node and SHOAL_NODE is not set (run it as a job, or name the node)");
+    o.arg = (void *)o.store;
+    signal(SIGTERM, on_term);
+    signal(SIGINT, on_term);
+    int rc = mj_push_root(&o, &g_stop);
+    return rc < 0 ? cli_fail("rl push-root", rc) : 0;
 }

@@ -1,8 +1,8 @@
 /* shoal rl report: live progress of a main job, then its report.
  *
- * --watch prints the trainer's events.jsonl as it grows and appends the
- * server's billing (GET /v1/costs) to costs.jsonl once a second; the report
- * itself (report.html, summary.json) is src/app/mainjob/report.c's. */
+ * Options and what is printed: the watching (events.jsonl, costs.jsonl) is
+ * src/app/mainjob/run/watch.c's, the report (report.html, summary.json)
+ * src/app/mainjob/report/report.c's. */
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +10,7 @@
 #include "cli_int.h"
 #include "cli_rl_int.h"
 #include "ctl_int.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/mainjob.h"
 
 static const char usage[] =
     "usage: shoal rl report --dir RUN [--watch [--timeout S]] [--quiet] [--json] [--server URL] [--token T]\n"
@@ -23,88 +23,30 @@ static const char usage[] =
 
 static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
 
-/* A JSON-lines file as an array (missing or unreadable: empty). */
-static json_t *load_lines(const char *path)
+static void say(void *arg, const char *line)
 {
-    json_t *a = NULL;
-    if (mj_run_lines(path, &a) < 0) return json_array();
-    return a;
+    (void)arg;
+    printf("%s\n", line);
+    fflush(stdout); /* a pipe or a file sees each line as it comes */
 }
 
-/* ---- watching ------------------------------------------------------------------ */
-
-/* One billing sample: total and per GPU type, appended to costs.jsonl. */
-static void sample_cost(cli_ctl *x, const char *dir, double *total)
+/* What moved, against its targets (docs/mainjob.md, "summary.json"). */
+void cli_rl_print_moved(const json_t *m, const char *dir)
 {
-    json_t *reply = NULL;
-    int status = 0;
-    if (srv_client_call(x->c, "GET", "/v1/costs", NULL, NULL, 5, &status, &reply) < 0 || !reply) return;
-    json_t *by = json_object(), *ten, *types;
-    const char *tn, *ty;
-    json_object_foreach(json_object_get(reply, "by_tenant"), tn, ten) json_object_foreach(ten, ty, types) {
-        double prev = json_number_value(json_object_get(by, ty));
-        json_object_set_new(by, ty, json_real(prev + num(types, "dollars")));
-    }
-    *total = num(reply, "total_dollars");
-    json_t *s = json_pack("{s:f,s:f,s:o}", "t", sh_now_wall(), "total", *total, "by_type", by);
-    char p[4096], *line = json_dumps(s, JSON_COMPACT);
-    snprintf(p, sizeof p, "%s/costs.jsonl", dir);
-    FILE *f = fopen(p, "a");
-    if (f && line) fprintf(f, "%s\n", line);
-    if (f) fclose(f);
-    free(line);
-    json_decref(s), json_decref(reply);
-}
-
-static void print_step(const json_t *e, double cost)
-{
-    char d[32], f[32];
-    json_t *h = json_object_get(e, "staleness");
-    char st[64] = "";
-    for (size_t i = 0, o = 0; i < json_array_size(h) && o < sizeof st - 12; i++)
-        o += (size_t)snprintf(st + o, sizeof st - o, "%s%zu:%lld", i ? " " : "", i,
-                              (long long)json_integer_value(json_array_get(h, i)));
-    printf("step %3lld  v%-3lld reward %.3f  staleness [%s]  delta %s vs full %s  cost $%.4f\n",
-           (long long)json_integer_value(json_object_get(e, "step")),
-           (long long)json_integer_value(json_object_get(e, "version")), num(e, "reward"), st,
-           sh_fmt_bytes(num(e, "delta_bytes"), d, sizeof d), sh_fmt_bytes(num(e, "image_bytes"), f, sizeof f), cost);
-    fflush(stdout);
-}
-
-static int watch(cli_ctl *x, const char *dir, double timeout_s)
-{
-    char ev[4096], res[4096], tj[4096];
-    snprintf(ev, sizeof ev, "%s/events.jsonl", dir);
-    snprintf(res, sizeof res, "%s/result.json", dir);
-    snprintf(tj, sizeof tj, "%s/store/trainer.json", dir);
-    size_t seen = 0;
-    double total = 0, deadline = sh_now_mono() + timeout_s;
-    printf("waiting for the trainer gang and the rollout workers (warm start first)...\n");
-    for (;;) {
-        int done = sh_path_exists(res);
-        sample_cost(x, dir, &total);
-        json_t *evs = load_lines(ev);
-        for (; seen < json_array_size(evs); seen++) {
-            json_t *e = json_array_get(evs, seen);
-            const char *k = json_string_value(json_object_get(e, "event")) ?: "";
-            if (!strcmp(k, "step")) print_step(e, total);
-            else printf("eval  step %3lld  held-out reward %.3f\n",
-                        (long long)json_integer_value(json_object_get(e, "step")), num(e, "reward"));
-        }
-        json_decref(evs);
-        fflush(stdout); /* a pipe or a file sees each line as it comes */
-        if (done) return 0;
-        json_t *t = NULL;
-        if (sh_path_exists(tj) && sh_json_load_file(tj, 1 << 20, &t) == 0) {
-            const char *st = json_string_value(json_object_get(t, "state"));
-            int failed = st && !strcmp(st, "failed");
-            json_decref(t);
-            if (failed) return sh_err(SH_EIO, "the trainer failed: see `shoal logs 1` and %s", dir);
-        }
-        if (sh_now_mono() > deadline)
-            return sh_err(SH_ETIMEDOUT, "no result in %s after %.0f s: see `shoal jobs` and `shoal logs`", dir, timeout_s);
-        sh_sleep(1.0);
-    }
+    const json_t *t = json_object_get(m, "targets");
+    printf("what moved: %lld workers in %lld zones (%lld on the push tree); per version the trainer sent "
+           "%.1f KiB for a %.1f KiB delta (target <= %.1f KiB: %s); %.2f copies crossed a zone "
+           "(target <= %lld: %s); workers identical at the end: %s\n",
+           (long long)json_integer_value(json_object_get(m, "workers")),
+           (long long)json_integer_value(json_object_get(m, "zones")),
+           (long long)json_integer_value(json_object_get(m, "workers_on_push_tree")),
+           num(m, "trainer_bytes_sent_per_version_mean") / 1024, num(m, "delta_bytes_mean") / 1024,
+           1.1 * (double)(json_integer_value(json_object_get(m, "zones")) + 1) * num(m, "delta_bytes_mean") / 1024,
+           json_is_true(json_object_get(t, "trainer_bytes")) ? "met" : "MISSED",
+           num(m, "cross_zone_copies_per_version_mean"), (long long)json_integer_value(json_object_get(m, "zones")),
+           json_is_true(json_object_get(t, "cross_zone")) ? "met" : "MISSED",
+           json_is_true(json_object_get(m, "workers_identical_at_end")) ? "yes" : "NO");
+    printf("report: %s/report.html, summary: %s/summary.json\n", dir, dir);
 }
 
 int cli_rl_report(int argc, char **argv)
@@ -131,30 +73,15 @@ int cli_rl_report(int argc, char **argv)
                                                       "writes build/mainrun)", dir));
     int rc = cli_ctl_connect(&x);
     if (rc) return rc;
-    if (do_watch) rc = watch(&x, dir, timeout_s);
+    mj_watch w = {dir, x.c, say, NULL};
+    if (do_watch) rc = mj_watch_run(&w, timeout_s);
     cli_ctl_free(&x);
     if (rc < 0) return cli_fail("rl report", rc);
     json_t *sum = NULL;
     rc = mj_report_write(dir, &sum);
     if (rc < 0) return cli_fail("rl report", rc);
     if (x.json && !quiet) sh_json_print(sum);
-    else if (!quiet) {
-        const json_t *m = sum, *t = json_object_get(m, "targets");
-        printf("what moved: %lld workers in %lld zones (%lld on the push tree); per version the trainer sent "
-               "%.1f KiB for a %.1f KiB delta (target <= %.1f KiB: %s); %.2f copies crossed a zone "
-               "(target <= %lld: %s); workers identical at the end: %s\n",
-               (long long)json_integer_value(json_object_get(m, "workers")),
-               (long long)json_integer_value(json_object_get(m, "zones")),
-               (long long)json_integer_value(json_object_get(m, "workers_on_push_tree")),
-               num(m, "trainer_bytes_sent_per_version_mean") / 1024, num(m, "delta_bytes_mean") / 1024,
-               1.1 * (double)(json_integer_value(json_object_get(m, "zones")) + 1) * num(m, "delta_bytes_mean") / 1024,
-               json_is_true(json_object_get(t, "trainer_bytes")) ? "met" : "MISSED",
-               num(m, "cross_zone_copies_per_version_mean"),
-               (long long)json_integer_value(json_object_get(m, "zones")),
-               json_is_true(json_object_get(t, "cross_zone")) ? "met" : "MISSED",
-               json_is_true(json_object_get(m, "workers_identical_at_end")) ? "yes" : "NO");
-        printf("report: %s/report.html, summary: %s/summary.json\n", dir, dir);
-    }
+    else if (!quiet) cli_rl_print_moved(sum, dir);
     json_decref(sum);
     return 0;
 }

@@ -10,7 +10,7 @@
 
 #include "cli_int.h"
 #include "cli_rl_int.h"
-#include "app/mainjob/mainjob_int.h"
+#include "app/mainjob/report/report_int.h"
 
 static const char sweep_usage[] =
     "usage: shoal rl sweep [--quick] [--seeds N] [--seed S] [--steps N] [--lags L,..]\n"

@@ -98,6 +98,18 @@ int sh_log_level(void)
 
 void sh_log_set_level(int level) { sh__level = level; }
 
+const char *sh_version(void) { return SHOAL_VERSION; }
+
+static sh_log_sink sh__sink;
+static void *sh__sink_arg;
+
+void sh_log_set_sink(sh_log_sink fn, void *arg)
+{
+    pthread_mutex_lock(&sh__log_lock);
+    sh__sink = fn, sh__sink_arg = arg;
+    pthread_mutex_unlock(&sh__log_lock);
+}
+
 void sh_log(int level, const char *fmt, ...)
 {
     static const char *names[] = {"error", "warn", "info", "debug"};
@@ -108,6 +120,9 @@ void sh_log(int level, const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     pthread_mutex_lock(&sh__log_lock);
-    fprintf(stderr, "shoal: %s: %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], line);
+    sh_log_sink fn = sh__sink;
+    void *arg = sh__sink_arg;
+    if (!fn) fprintf(stderr, "shoal: %s: %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], line);
     pthread_mutex_unlock(&sh__log_lock);
+    if (fn) fn(level, line, arg);
 }

@@ -66,12 +66,13 @@ def same_bits(a, b):
 
 
 def read_safetensors(path):
-    """Reads a safetensors file with plain Python and torch (not shoal)."""
+    """Reads a safetensors file with plain Python and torch (not shoal),
+    with the aliases shoal records for tied tensors."""
     with open(path, "rb") as f:
         raw = f.read()
     n = struct.unpack("<Q", raw[:8])[0]
     hdr = json.loads(raw[8:8 + n])
-    hdr.pop("__metadata__", None)
+    meta = hdr.pop("__metadata__", None) or {}
     dt = {v: k for k, v in NAMES.items()}
     out = {}
     for name, e in hdr.items():
@@ -79,4 +80,7 @@ def read_safetensors(path):
         buf = bytearray(raw[8 + n + a:8 + n + b])
         t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
         out[name] = t.view(dt[e["dtype"]]).reshape(e["shape"]).clone()
+    # Tied tensors shoal.Store.publish stored once (docs/safetensors.md).
+    for alias, name in json.loads(meta.get("shoal.aliases", "{}")).items():
+        out[alias] = out[name]
     return out

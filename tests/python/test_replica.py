@@ -110,6 +110,17 @@ class ReplicaTest(unittest.TestCase):
         with self.assertRaisesRegex(shoal.ShoalError, "host:port"):
             shoal.Replica(os.path.join(self.dir, "r3"), parents=["nocolon"])
 
+    def test_second_replica_on_a_directory_is_refused(self):
+        self.rep.wait(1, timeout=30)
+        t0 = time.time()
+        with self.assertRaises(shoal.ShoalError) as cm:
+            shoal.Replica(self.rep.dir, store=os.path.join(self.dir, "store"))
+        self.assertLess(time.time() - t0, 5)
+        self.assertEqual(cm.exception.name, "EEXIST")
+        self.assertIn(self.rep.dir, str(cm.exception))
+        self.assertIn("process %d" % os.getpid(), str(cm.exception))
+        self.assertEqual(self.rep.version, 1)  # the first one is untouched
+
     def test_unreachable_parent_is_named(self):
         rep = shoal.Replica(os.path.join(self.dir, "r4"), parents=["127.0.0.1:1"])
         try:

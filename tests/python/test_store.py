@@ -81,6 +81,54 @@ class StoreTest(unittest.TestCase):
             shoal.Store(self.root, run="../escape")
         self.assertEqual(st.latest(), 0)  # nothing above was published
 
+    def test_second_publisher_is_refused(self):
+        first = shoal.Store(self.root)
+        self.assertEqual(first.publish(state(1)), 1)
+        second = shoal.Store(self.root)
+        self.assertEqual(second.latest(), 1)  # reading is not publishing
+        with self.assertRaises(shoal.ShoalError) as cm:
+            second.publish(state(2))
+        self.assertEqual(cm.exception.name, "EEXIST")
+        self.assertIn("already has a publisher (process %d, this one)" % os.getpid(), str(cm.exception))
+        self.assertIn("rank 0", str(cm.exception))
+        # A writer id does not get past an exclusive publisher either.
+        with self.assertRaisesRegex(shoal.ShoalError, "already has a publisher"):
+            shoal.Store(self.root, writer_id="w1").publish(state(2))
+        self.assertEqual(second.latest(), 1)
+        first.close()
+        self.assertEqual(second.publish(state(2)), 2)
+        second.close()
+        # Publishers that give writer ids share the run, and exclude the
+        # others.
+        a, b = shoal.Store(self.root, writer_id="a"), shoal.Store(self.root, writer_id="b")
+        self.assertEqual(a.publish(state(3)), 3)
+        self.assertEqual(b.publish(state(4)), 4)
+        with self.assertRaisesRegex(shoal.ShoalError, 'writer id "[ab]"'):
+            shoal.Store(self.root).publish(state(5))
+        with self.assertRaisesRegex(shoal.ShoalError, "writer id"):
+            shoal.Store(self.root, writer_id="").publish(state(5))
+        a.close(), b.close()
+
+    def test_library_warnings_go_to_logging(self):
+        st = shoal.Store(self.root)
+        st.publish(state(1))
+        rep_dir = os.path.join(self.dir, "rep")
+        os.makedirs(rep_dir)
+        with open(os.path.join(rep_dir, "ACTIVE"), "w") as f:
+            f.write("garbage")
+        with self.assertLogs("shoal", level="WARNING") as logs:
+            rep = shoal.Replica(rep_dir, store=self.root, poll_s=0.01)
+            rep.wait(1, timeout=30)
+            rep.close()
+        self.assertTrue(any("replica %s: starting empty" % rep_dir in m for m in logs.output), logs.output)
+        st.close()
+
+    def test_version(self):
+        with open(os.path.join(os.path.dirname(__file__), "..", "..", "include", "shoal", "common.h")) as f:
+            want = [l.split('"')[1] for l in f if l.startswith("#define SHOAL_VERSION")][0]
+        self.assertEqual(shoal.__version__, want)
+        self.assertEqual(shoal._lib.lib.sh_version().decode(), want)
+
 
 if __name__ == "__main__":
     unittest.main()

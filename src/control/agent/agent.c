@@ -175,6 +175,7 @@ static int collect(agent *a, double now)
         if (r == m->pid) {
             m->state = AM_EXITED;
             m->exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            m->ended_at = sh_now_wall();
             drain(m); /* what it wrote before exiting is in the pipe now */
             agent__limit_report(m);
             agent__cgroup_cleanup(m);
@@ -200,6 +201,7 @@ static json_t *reports(agent *a, json_t **logs)
         if (m->disk_used) json_object_set_new(r, "disk_bytes", json_integer((json_int_t)m->disk_used));
         if (m->state == AM_EXITED) {
             json_object_set_new(r, "exit_code", json_integer(m->exit_code));
+            if (m->ended_at > 0) json_object_set_new(r, "ended_at", json_real(m->ended_at));
             m->reported = 1;
         }
         json_array_append_new(out, r);
@@ -259,6 +261,11 @@ static void start_member(agent *a, const json_t *d, int64_t job, int attempt, in
     m->attempt = attempt;
     m->rank = rank;
     m->out_fd = m->barrier_fd = m->exec_fd = m->disk_fd = -1;
+    /* ---- pyrl: what a rank needs to reach its run's services (SHOAL_RUN_TOKEN
+     * from the server; docs/job-format.md): the server as this agent reaches it. */
+    json_t *env = json_object_get(d, "env");
+    if (json_is_object(env) && json_object_get(env, "SHOAL_RUN_TOKEN"))
+        json_object_set_new(env, "SHOAL_SERVER", json_string(a->cfg.server));
     if (agent__disk_init(a, m, d) < 0 || agent__launch(a, m, d) < 0) {
         sh_warn("agent %s: job %lld rank %d: %s", a->cfg.name, (long long)job, rank, sh_errmsg());
         m->state = AM_EXITED;

@@ -24,6 +24,7 @@ enum { SB_NONE, SB_BWRAP, SB_GVISOR };
 typedef struct agent_member {
     int64_t job;
     int attempt, rank, state, exit_code;
+    double ended_at; /* wall seconds it was reaped ("ended_at" in reports) */
     int reported;  /* the exit was sent in a poll */
     int stopping;  /* the server no longer wants it */
     pid_t pid;
@@ -74,6 +75,9 @@ typedef struct agent {
 #define AGENT_DISK_EVERY 0.5
 
 int agent__launch(agent *a, agent_member *m, const json_t *desired);
+/* workdir.c: fetches and unpacks the job's "workdir" archive into
+ * m->workdir (nothing when the job ships none). */
+int agent__workdir(agent *a, agent_member *m, const json_t *d);
 /* The share of the node a member's GPUs are (1 on a node without GPUs). */
 double agent__node_share(const agent *a, const json_t *d);
 /* Bytes and files under dir (not crossing mounts); 1 when the walk

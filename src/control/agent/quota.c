@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -124,6 +125,18 @@ void agent__disk_abort(agent_member *m)
     m->disk_fd = -1;
 }
 
+typedef struct disk_walk {
+    agent_member *m;
+    disk_result *r;
+} disk_walk;
+
+static void *disk_walk_run(void *arg)
+{
+    disk_walk *w = arg;
+    w->r->over = agent__dir_usage(w->m->workdir, w->m->disk_max, w->m->files_max, &w->r->bytes, &w->r->files);
+    return NULL;
+}
+
 /* Starts a measure of m's work directory in a child process: the walk
  * (however many files, however deep) never holds the agent's loop, and a
  * tree that crashes it crashes the child only. */
@@ -142,7 +155,15 @@ static void disk_start(agent_member *m, double now)
         setpriority(PRIO_PROCESS, 0, 10);
         disk_result r = {0};
         r.fds = count_fds(m->cg[1][0] ? m->cg[1] : m->cg[0], m->fds_max);
-        r.over = agent__dir_usage(m->workdir, m->disk_max, m->files_max, &r.bytes, &r.files);
+        /* nftw recurses once per level: on a thread with a 1 GiB stack
+         * (address space, touched only as deep as the tree goes). */
+        disk_walk w = {m, &r};
+        pthread_attr_t at;
+        pthread_t th;
+        pthread_attr_init(&at);
+        pthread_attr_setstacksize(&at, 1ull << 30);
+        if (pthread_create(&th, &at, disk_walk_run, &w) == 0) pthread_join(th, NULL);
+        else disk_walk_run(&w);
         _exit(write(p[1], &r, sizeof r) == (ssize_t)sizeof r ? 0 : 1);
     }
     close(p[1]);

@@ -644,6 +644,7 @@ int agent__launch(agent *a, agent_member *m, const json_t *d)
     int rc = sh_mkdir_p(a->cfg.work_dir, 0700);
     if (rc == SH_OK && mkdir(m->workdir, 0700) < 0 && errno != EEXIST) rc = sh_err_errno(errno, "mkdir %s", m->workdir);
     if (rc == SH_OK && chown(m->workdir, m->uid, m->uid) < 0) rc = sh_err_errno(errno, "chown %s", m->workdir);
+    if (rc == SH_OK) rc = agent__workdir(a, m, d); /* the job's code (workdir.c) */
     char **argv = rc == SH_OK ? build_argv(a, m, d, wfd) : NULL;
     char **env = argv ? agent__rank_env(m, d) : NULL;
     int out[2] = {-1, -1}, bar[2] = {-1, -1}, ex[2] = {-1, -1};

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "query_int.h"
 
 static int check_node(const sched *s, uint32_t ni, int *busy, int *up)
 {
@@ -72,8 +72,8 @@ static int check_job(const sched *s, uint32_t ji)
  * reserved node must have `need` GPUs that no work expected past T holds. */
 static int check_resv(const sched *s, double now)
 {
-    for (size_t i = 0; i < s->nresv; i++) {
-        const sresv *r = &s->resv[i];
+    for (size_t i = 0; i < s->room->nresv; i++) {
+        const sresv *r = &s->room->resv[i];
         if (r->job == NONE || s->jobs[r->job].state != SCHED_QUEUED) continue; /* started or forgotten */
         for (int k = 0; k < r->n; k++) {
             const snode *n = &s->nodes[r->nodes[k]];
@@ -158,8 +158,8 @@ int sched_check(const sched *s, double now)
                 return sh_err(SH_EINTERNAL, "pool count of up nodes with >= %d GPUs is %d, holds %d", g,
                               p->up_ge[g], c);
     }
-    for (size_t t = 0; t < s->ntpools; t++) { /* the largest pool count by type */
-        const struct stpools *tp = &s->tpools[t];
+    for (size_t t = 0; t < s->plc->ntpools; t++) { /* the largest pool count by type */
+        const struct stpools *tp = &s->plc->tpools[t];
         for (int g = 0; g <= MAXG && tp->n; g++) {
             int mx = 0;
             for (size_t k = 0; k < tp->n; k++)

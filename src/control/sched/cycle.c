@@ -4,52 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "cycle_int.h"
 
 #define GROW(arr, cap, need) sched__grow((void **)&(arr), &(cap), (need), sizeof *(arr))
 
-/* ---- Decisions ------------------------------------------------------------ */
-
-void sched_decisions_free(sched_decisions *d)
-{
-    if (!d) return;
-    free(d->v), free(d->places);
-    memset(d, 0, sizeof *d);
-}
-
-int sched__emit(sched *s, sched_decisions *d, sched_decision_kind k, uint32_t ji, uint32_t ni)
-{
-    SH_TRY(GROW(d->v, d->cap, d->n + 1));
-    sched_decision *x = &d->v[d->n++];
-    memset(x, 0, sizeof *x);
-    x->kind = k;
-    x->job_ix = ji;
-    x->job = ji != NONE ? s->jobs[ji].id : NULL;
-    x->node = ni != NONE ? s->nodes[ni].id : NULL;
-    x->first = d->n_places;
-    return 0;
-}
-
-/* Adds a place to the last decision. */
-int sched__emit_place(sched_decisions *d, const sched *s, const splace *p)
-{
-    SH_TRY(GROW(d->places, d->cap_places, d->n_places + 1));
-    d->places[d->n_places++] = (sched_place){s->nodes[p->node].id, p->node, p->gpus, p->gmask, p->since};
-    d->v[d->n - 1].count++;
-    return 0;
-}
-
-int sched__pend(sched *s, sched_decision_kind k, uint32_t ji, uint32_t ni)
-{
-    SH_TRY(GROW(s->pend, s->cappend, s->npend + 1));
-    s->pend[s->npend++] = (spending){k, ji, ni, NULL, 0};
-    return 0;
-}
 
 static int wait_add(sched *s, uint32_t ji)
 {
-    SH_TRY(GROW(s->waiting, s->capwaiting, s->nwaiting + 1));
-    s->waiting[s->nwaiting++] = ji;
+    SH_TRY(GROW(s->cyc->waiting, s->cyc->capwaiting, s->cyc->nwaiting + 1));
+    s->cyc->waiting[s->cyc->nwaiting++] = ji;
     return 0;
 }
 
@@ -101,7 +64,7 @@ static int mark_started(sched *s, uint32_t ji, double now)
     j->scale_requested = 0;
     if (j->resv_promise >= 0 && now > j->resv_promise + 1e-6) s->resv_late++;
     j->resv_promise = -1;
-    if (s->nresv) j->backfilled = 1;
+    if (s->room->nresv) j->backfilled = 1;
     s->running++;
     s->st.starts++;
     return sched__due_add(s, ji);
@@ -136,26 +99,26 @@ static int place_elastic(sched *s, sched_decisions *d, uint32_t ji, int min, int
     size_t njp = sched__job_pools(s, j, &jp);
     struct sporder *po = NULL;
     for (int k = 0; k < 16 && !s->plain_cycle && !po; k++) {
-        struct sporder *e = &s->porder[k];
-        if (e->ver == s->pools_ver + 1 && e->ntypes == j->ntypes &&
+        struct sporder *e = &s->cyc->porder[k];
+        if (e->ver == s->plc->pools_ver + 1 && e->ntypes == j->ntypes &&
             !memcmp(e->types, j->types, (size_t)j->ntypes * sizeof *j->types) &&
             !memcmp(e->speed, j->speed, (size_t)j->ntypes * sizeof *j->speed))
             po = e;
     }
     if (!po) {
-        SH_TRY(sched__grow((void **)&s->scr.pp, &s->scr.cappp, njp + 1, sizeof *s->scr.pp));
-        ppool *pp = s->scr.pp;
+        SH_TRY(sched__grow((void **)&s->cyc->scr.pp, &s->cyc->scr.cappp, njp + 1, sizeof *s->cyc->scr.pp));
+        ppool *pp = s->cyc->scr.pp;
         for (size_t q = 0; q < njp; q++) {
             double sp = sched__job_speed(s, j, s->pools[jp[q]].type);
             pp[q] = (ppool){s->cfg.policy == SCHED_POLICY_SHOAL ? s->pools[jp[q]].price_s / sp : (double)q, jp[q], sp};
         }
         qsort(pp, njp, sizeof *pp, cmp_ppool);
-        po = &s->porder[s->porder_next++ % 16];
+        po = &s->cyc->porder[s->cyc->porder_next++ % 16];
         SH_TRY(sched__grow((void **)&po->pools, &po->cap, njp + 1, sizeof *po->pools));
         for (size_t q = 0; q < njp; q++) po->pools[q] = pp[q].pool;
         po->n = njp, po->ntypes = j->ntypes;
         memcpy(po->types, j->types, sizeof po->types), memcpy(po->speed, j->speed, sizeof po->speed);
-        po->ver = s->plain_cycle ? 0 : s->pools_ver + 1;
+        po->ver = s->plain_cycle ? 0 : s->plc->pools_ver + 1;
     }
     int got = 0;
     c.n = 0;
@@ -210,10 +173,10 @@ static int raw_fits(const sched *s, const sjob *j)
     /* Counts over all pools of the job's types: too few such nodes in all
      * rules out every pool, and for one node they are the answer. */
     int total = 0;
-    if (!j->ntypes) total = s->ge_all[j->gpn];
+    if (!j->ntypes) total = s->plc->ge_all[j->gpn];
     else
         for (int t = 0; t < j->ntypes; t++)
-            if (j->types[t] < s->ntpools) total += s->tpools[j->types[t]].ge[j->gpn];
+            if (j->types[t] < s->plc->ntpools) total += s->plc->tpools[j->types[t]].ge[j->gpn];
     if (total < need) return 0;
     if (need == 1) return 1;
     if (s->plain_cycle) {
@@ -225,7 +188,7 @@ static int raw_fits(const sched *s, const sjob *j)
     }
     /* The largest pool count of each allowed type answers for all its pools. */
     if (!j->ntypes) {
-        for (uint32_t t = 0; t < s->ntpools; t++)
+        for (uint32_t t = 0; t < s->plc->ntpools; t++)
             if (sched__type_fits(s, t, need, j->gpn)) return 1;
         return 0;
     }
@@ -241,7 +204,7 @@ static int raw_fits(const sched *s, const sjob *j)
  * shorter run. */
 static void shape_probe(sched *s, const sshape *sh, sjob *probe)
 {
-    /* No memset: the probes are the scheduler's (sched.scr) and only this sets them, and
+    /* No memset: the probes are the scheduler's (scycle.scr) and only this sets them, and
      * the searches read no other field (clearing a whole sjob twice per
      * shape per sweep showed in perf). */
     probe->kind = sh->kind, probe->nodes = sh->nodes, probe->maxr = sh->nodes, probe->gpn = sh->gpn;
@@ -268,7 +231,7 @@ static int free_replicas(const sched *s, const sjob *j)
     /* The same from the counts by type (nodes with exactly f free GPUs are
      * ge[f] - ge[f + 1]): a sum over MAXG counters per type, not per pool. */
     for (int t = 0; t < (j->ntypes ? j->ntypes : 1); t++) {
-        const int *ge = !j->ntypes ? s->ge_all : j->types[t] < s->ntpools ? s->tpools[j->types[t]].ge : NULL;
+        const int *ge = !j->ntypes ? s->plc->ge_all : j->types[t] < s->plc->ntpools ? s->plc->tpools[j->types[t]].ge : NULL;
         if (!ge) continue;
         for (int f = j->gpn; f <= MAXG; f++) r += (ge[f] - (f < MAXG ? ge[f + 1] : 0)) * (f / j->gpn);
     }
@@ -277,7 +240,7 @@ static int free_replicas(const sched *s, const sjob *j)
 
 static int shape_may_fit(sched *s, const sshape *sh, double now)
 {
-    sjob *const probe = &s->scr.probe_fit;
+    sjob *const probe = &s->cyc->scr.probe_fit;
     static __thread scand c;
     shape_probe(s, sh, probe);
     if (!isfinite(probe->est_s)) return 0; /* none queued after all */
@@ -291,7 +254,7 @@ static int shape_may_fit(sched *s, const sshape *sh, double now)
  * has a subset of the victims, so it needs at least as many). */
 static int shape_may_preempt(sched *s, const sshape *sh)
 {
-    sjob *const probe = &s->scr.probe_preempt;
+    sjob *const probe = &s->cyc->scr.probe_preempt;
     if (sh->kind != SCHED_GANG) return 0;
     shape_probe(s, sh, probe);
     return sched__preempt_possible(s, probe);
@@ -344,7 +307,7 @@ static int pool_may_preempt(const sched *s, const sshape *sh, uint32_t pi, int p
 /* The probe of gang shape arg (for sched__preempt_possible_in). */
 static const sjob *gang_probe(sched *s, void *arg)
 {
-    sjob *const probe = &s->scr.probe_gang;
+    sjob *const probe = &s->cyc->scr.probe_gang;
     shape_probe(s, arg, probe);
     return probe;
 }
@@ -354,7 +317,7 @@ static const sjob *gang_probe(sched *s, void *arg)
  * none (see shape_may_fit_kept), so only these need a look. */
 static int shape_may_fit_in(sched *s, const sshape *sh, double now, const uint32_t *pools, int n)
 {
-    sjob *const probe = &s->scr.probe_fit_in;
+    sjob *const probe = &s->cyc->scr.probe_fit_in;
     static __thread scand c;
     if (!n) return 0;
     shape_probe(s, sh, probe);
@@ -371,17 +334,17 @@ static int shape_may_fit_kept(sched *s, sshape *sh, double now)
 {
     double len = sched__shape_min_len(s, sh);
     uint64_t epoch = s->release_epoch;
-    int keep = s->nresv <= 4, same = keep && sh->nf_ok && sh->nf_sig == s->resv_sig && len >= sh->nf_len &&
+    int keep = s->room->nresv <= 4, same = keep && sh->nf_ok && sh->nf_sig == s->room->resv_sig && len >= sh->nf_len &&
                                      now >= sh->nf_now;
-    for (size_t k = 0; k < s->nresv && same; k++)
-        same = s->resv_T[k] <= sh->nf_T[k] && s->resv_slack[k] <= sh->nf_slack[k];
+    for (size_t k = 0; k < s->room->nresv && same; k++)
+        same = s->room->resv_T[k] <= sh->nf_T[k] && s->room->resv_slack[k] <= sh->nf_slack[k];
     if (same && sh->nf_epoch == epoch) return 0;
     uint32_t rel[RELEASED];
     int nrel = same && sh->kind == SCHED_GANG ? shape_released(s, sh, sh->nf_epoch, 0, pool_may_fit, rel) : -1;
     int r = nrel >= 0 ? shape_may_fit_in(s, sh, now, rel, nrel) : shape_may_fit(s, sh, now);
     if (!r && keep) {
-        sh->nf_ok = 1, sh->nf_epoch = epoch, sh->nf_sig = s->resv_sig, sh->nf_len = len, sh->nf_now = now;
-        memcpy(sh->nf_T, s->resv_T, sizeof sh->nf_T), memcpy(sh->nf_slack, s->resv_slack, sizeof sh->nf_slack);
+        sh->nf_ok = 1, sh->nf_epoch = epoch, sh->nf_sig = s->room->resv_sig, sh->nf_len = len, sh->nf_now = now;
+        memcpy(sh->nf_T, s->room->resv_T, sizeof sh->nf_T), memcpy(sh->nf_slack, s->room->resv_slack, sizeof sh->nf_slack);
     }
     return r;
 }
@@ -392,13 +355,13 @@ static int shape_may_preempt_kept(sched *s, sshape *sh)
 {
     int prio = sched__shape_max_prio(s, sh);
     uint64_t epoch = s->release_epoch;
-    int same = sh->np_ok && sh->np_sig == s->resv_sig && prio <= sh->np_prio;
+    int same = sh->np_ok && sh->np_sig == s->room->resv_sig && prio <= sh->np_prio;
     if (same && sh->np_epoch == epoch) return 0;
     uint32_t rel[RELEASED];
     int nrel = same && sh->kind == SCHED_GANG ? shape_released(s, sh, sh->np_epoch, prio, pool_may_preempt, rel) : -1, r;
     if (nrel >= 0) r = sched__preempt_possible_in(s, sh->shape, prio, gang_probe, sh, rel, nrel);
     else r = shape_may_preempt(s, sh);
-    if (!r) sh->np_ok = 1, sh->np_epoch = epoch, sh->np_sig = s->resv_sig, sh->np_prio = prio;
+    if (!r) sh->np_ok = 1, sh->np_epoch = epoch, sh->np_sig = s->room->resv_sig, sh->np_prio = prio;
     return r;
 }
 
@@ -419,8 +382,8 @@ static int shape_may_preempt_kept(sched *s, sshape *sh)
  * leaves the count as the reference's. */
 static int shape_declined(sched *s, sshape *sh, double now)
 {
-    sjob *const probe = &s->scr.probe_declined;
-    if (sh->kind != SCHED_GANG || !(s->cfg.preempt_wait > 0) || !s->nresv) return 0;
+    sjob *const probe = &s->cyc->scr.probe_declined;
+    if (sh->kind != SCHED_GANG || !(s->cfg.preempt_wait > 0) || !s->room->nresv) return 0;
     shape_probe(s, sh, probe);
     if (!isfinite(probe->est_s)) return 0;
     int no = sched__preempt_declined(s, probe, NONE, now) > 0, prio;
@@ -564,30 +527,30 @@ static inline int head(sched *s, stenant *t, uint64_t kver, int fair, uint64_t s
 static void cursors_reset(sched *s)
 {
     for (size_t t = 0; t < s->ntenants; t++) s->tenants[t].cursor = 0;
-    s->nj_ok = 0;
+    s->cyc->nj_ok = 0;
 }
 
 /* skip_walk (0: none) skips, in every tenant queue, the jobs of shapes that
  * walk marked dead; *skipped counts them.  The caller moves the returned
  * tenant's cursor on (by one) or starts its job; while nothing else moved
  * and no key changed, only that tenant's new head is placed among the
- * others' (sched.nj_ord). */
+ * others' (scycle.nj_ord). */
 static uint32_t next_job(sched *s, uint32_t *tenant, int fair, uint64_t skip_walk, int *skipped)
 {
     /* The key cache's version: the fair-share state and the order asked
      * for; 0 (never stored) in a plain cycle, which recomputes every key. */
     const uint64_t kver = s->plain_cycle ? 0 : s->busy_ver * 2 + 2 + (fair != 0);
     stenant *ts = s->tenants;
-    if (s->nj_ok && s->nj_kver == kver && s->nj_walk == s->walk_id && !skip_walk && s->nj_n &&
-        ts[s->nj_ord[0]].cursor == s->nj_cursor + 1) {
-        uint32_t l = s->nj_ord[0];
-        size_t k = 1, n = s->nj_n;
+    if (s->cyc->nj_ok && s->cyc->nj_kver == kver && s->cyc->nj_walk == s->cyc->walk_id && !skip_walk && s->cyc->nj_n &&
+        ts[s->cyc->nj_ord[0]].cursor == s->cyc->nj_cursor + 1) {
+        uint32_t l = s->cyc->nj_ord[0];
+        size_t k = 1, n = s->cyc->nj_n;
         if (!head(s, &ts[l], kver, fair, 0, skipped)) {
-            memmove(s->nj_ord, s->nj_ord + 1, (n - 1) * sizeof *s->nj_ord);
-            s->nj_n = --n;
+            memmove(s->cyc->nj_ord, s->cyc->nj_ord + 1, (n - 1) * sizeof *s->cyc->nj_ord);
+            s->cyc->nj_n = --n;
         } else {
-            for (; k < n && head_before(&ts[s->nj_ord[k]], &ts[l]); k++) s->nj_ord[k - 1] = s->nj_ord[k];
-            s->nj_ord[k - 1] = l;
+            for (; k < n && head_before(&ts[s->cyc->nj_ord[k]], &ts[l]); k++) s->cyc->nj_ord[k - 1] = s->cyc->nj_ord[k];
+            s->cyc->nj_ord[k - 1] = l;
         }
     } else {
         /* Every tenant's head; kept in order when there are few tenants. */
@@ -599,22 +562,22 @@ static uint32_t next_job(sched *s, uint32_t *tenant, int fair, uint64_t skip_wal
             if (best == NONE || head_before(&ts[t], &ts[best])) best = t;
             if (keep) {
                 size_t k = n++;
-                for (; k > 0 && head_before(&ts[t], &ts[s->nj_ord[k - 1]]); k--) s->nj_ord[k] = s->nj_ord[k - 1];
-                s->nj_ord[k] = t;
+                for (; k > 0 && head_before(&ts[t], &ts[s->cyc->nj_ord[k - 1]]); k--) s->cyc->nj_ord[k] = s->cyc->nj_ord[k - 1];
+                s->cyc->nj_ord[k] = t;
             }
         }
         if (!keep) {
-            s->nj_ok = 0;
+            s->cyc->nj_ok = 0;
             if (best == NONE) return *tenant = NONE, NONE;
             *tenant = best;
             return ts[best].queue[ts[best].cursor];
         }
-        s->nj_ok = 1, s->nj_n = n, s->nj_kver = kver, s->nj_walk = s->walk_id;
+        s->cyc->nj_ok = 1, s->cyc->nj_n = n, s->cyc->nj_kver = kver, s->cyc->nj_walk = s->cyc->walk_id;
     }
-    if (!s->nj_n) return *tenant = NONE, NONE;
-    stenant *b = &ts[s->nj_ord[0]];
-    s->nj_cursor = b->cursor;
-    *tenant = s->nj_ord[0];
+    if (!s->cyc->nj_n) return *tenant = NONE, NONE;
+    stenant *b = &ts[s->cyc->nj_ord[0]];
+    s->cyc->nj_cursor = b->cursor;
+    *tenant = s->cyc->nj_ord[0];
     return b->queue[b->cursor];
 }
 
@@ -635,8 +598,8 @@ typedef struct smemo {
 
 static int has_reservation(const sched *s, uint32_t ji)
 {
-    for (size_t i = 0; i < s->nresv; i++)
-        if (s->resv[i].job == ji) return 1;
+    for (size_t i = 0; i < s->room->nresv; i++)
+        if (s->room->resv[i].job == ji) return 1;
     return 0;
 }
 
@@ -654,7 +617,7 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     uint32_t last_preempted = NONE;
     int scanned = 0, limit = reserve_only ? RESERVE_SCAN : MAX_SCAN;
     size_t max_resv = (size_t)s->cfg.max_reservations, dead = 0, nopre = 0;
-    uint64_t walk_id = ++s->walk_id;
+    uint64_t walk_id = ++s->cyc->walk_id;
     /* Sweeps leave the stop to chance when autoscaling: blocked_since is
      * set only on the jobs a walk reaches, and scale-ups read it. */
     int sweep = !s->plain_cycle && !(s->cfg.autoscale && s->nquotas), next_sweep = 0;
@@ -677,24 +640,24 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
     cursors_reset(s);
     for (;;) {
         int quiet = !s->preemptible_gpus || nopre >= s->nshapes_live, skipped = 0;
-        uint64_t skip_walk = can_skip && calm == walk_id && s->nresv >= max_resv &&
+        uint64_t skip_walk = can_skip && calm == walk_id && s->room->nresv >= max_resv &&
                                      (size_t)scanned + s->queued < (size_t)limit
                                  ? walk_id : 0;
         uint32_t ti, ji = next_job(s, &ti, fair, skip_walk, &skipped);
         scanned += skipped;
-        if (ji == NONE || scanned >= limit || (reserve_only && s->nresv >= max_resv)) break;
-        if (sweep && scanned >= next_sweep && s->nresv >= max_resv && (dead < s->nshapes_live || !quiet)) {
+        if (ji == NONE || scanned >= limit || (reserve_only && s->room->nresv >= max_resv)) break;
+        if (sweep && scanned >= next_sweep && s->room->nresv >= max_resv && (dead < s->nshapes_live || !quiet)) {
             sweep_shapes(s, walk_id, &dead, &nopre, &calm, now);
             next_sweep = scanned * 2 + 16;
             quiet = !s->preemptible_gpus || nopre >= s->nshapes_live;
         }
         /* No shape still queued can start or preempt: the rest of the walk
          * could only make reservations, and those are all made. */
-        if (dead >= s->nshapes_live && s->nresv >= max_resv && quiet) break;
+        if (dead >= s->nshapes_live && s->room->nresv >= max_resv && quiet) break;
         sjob *j = &s->jobs[ji];
-        if (s->gpus_up - s->gpus_busy <= 0 && s->nresv >= max_resv)
+        if (s->gpus_up - s->gpus_busy <= 0 && s->room->nresv >= max_resv)
             break; /* nothing can start and no reservation is left to make */
-        if (idle_walk && s->nresv >= max_resv && job_idle(s, j, walk_id)) {
+        if (idle_walk && s->room->nresv >= max_resv && job_idle(s, j, walk_id)) {
             s->tenants[ti].cursor++, scanned++;
             if (j->blocked_since < 0) j->blocked_since = now;
             continue;
@@ -726,12 +689,12 @@ static int walk(sched *s, sched_decisions *d, double now, int fair, int reserve_
             if (rc) {
                 last_preempted = ji;
                 ep = ++memo_epoch; /* empties the memo */
-                walk_id = ++s->walk_id, dead = nopre = 0; /* room was freed: marks lapse */
+                walk_id = ++s->cyc->walk_id, dead = nopre = 0; /* room was freed: marks lapse */
                 s->tenants[ti].cursor--; /* try it again now that room was made */
                 continue;
             }
         }
-        if (j->kind == SCHED_GANG && s->nresv < max_resv && !has_reservation(s, ji))
+        if (j->kind == SCHED_GANG && s->room->nresv < max_resv && !has_reservation(s, ji))
             SH_TRY(sched__make_reservation(s, ji, now));
     }
     return 0;
@@ -769,7 +732,7 @@ static int firstfit_gang(sched *s, sched_decisions *d, uint32_t ji, double now)
         if (j->pool == NONE) return 0;
     }
     spool *p = &s->pools[j->pool];
-    uint64_t mark = ++s->markseq;
+    uint64_t mark = ++s->cyc->markseq;
     for (int k = 0; k < j->nplaces; k++) s->nodes[j->places[k].node].mark = mark;
     int first = j->nplaces;
     for (int f = MAXG; f >= j->gpn && j->nplaces < j->nodes; f--)
@@ -841,7 +804,7 @@ static int find_spare(sched *s, uint32_t ji)
 {
     sjob *j = &s->jobs[ji];
     spool *p = &s->pools[j->pool];
-    uint64_t mark = ++s->markseq;
+    uint64_t mark = ++s->cyc->markseq;
     for (int k = 0; k < j->nplaces; k++) s->nodes[j->places[k].node].mark = mark;
     for (int f = j->gpn; f <= MAXG; f++)
         for (uint32_t ni = p->head[f]; ni != NONE; ni = s->nodes[ni].next)
@@ -852,8 +815,8 @@ static int find_spare(sched *s, uint32_t ji)
 static int expire(sched *s, sched_decisions *d, double now)
 {
     size_t w = 0;
-    for (size_t i = 0; i < s->nwaiting; i++) {
-        uint32_t ji = s->waiting[i];
+    for (size_t i = 0; i < s->cyc->nwaiting; i++) {
+        uint32_t ji = s->cyc->waiting[i];
         sjob *j = &s->jobs[ji];
         if (j->state == SCHED_HOLDING && now >= j->hold_since + s->cfg.hold_timeout_s - 1e-9) {
             for (int k = 0; k < j->nplaces; k++)
@@ -881,9 +844,9 @@ static int expire(sched *s, sched_decisions *d, double now)
             }
         }
         if (j->state != SCHED_HOLDING && j->state != SCHED_REPLACING) continue;
-        s->waiting[w++] = ji;
+        s->cyc->waiting[w++] = ji;
     }
-    s->nwaiting = w;
+    s->cyc->nwaiting = w;
     return 0;
 }
 
@@ -896,8 +859,8 @@ static int grow_pass(sched *s, sched_decisions *d, double now)
      * back, and on the mixed replays they cost small gangs more wait at
      * p99 than they gave elastic jobs. */
     if (s->queued && !(s->cfg.policy == SCHED_POLICY_SHOAL && s->cfg.grow_queued)) return 0;
-    for (size_t i = 0; i < s->nelastic && s->gpus_up > s->gpus_busy; i++) {
-        uint32_t ji = s->elastic[i];
+    for (size_t i = 0; i < s->cyc->nelastic && s->gpus_up > s->gpus_busy; i++) {
+        uint32_t ji = s->cyc->elastic[i];
         sjob *j = &s->jobs[ji];
         if (j->state != SCHED_RUNNING || j->nplaces >= j->maxr) continue;
         SH_TRY(place_elastic(s, d, ji, 1, j->maxr - j->nplaces, SCHED_D_GROW, now));
@@ -956,7 +919,7 @@ static int autoscale(sched *s, sched_decisions *d, double now)
             if (j->kind != SCHED_GANG || j->scale_requested || j->blocked_since < 0) continue;
             double due = j->blocked_since + s->cfg.scale_up_wait_s;
             if (now >= due - 1e-9) SH_TRY(scale_up(s, d, tn->queue[i], now));
-            else if (due < s->next_wake) s->next_wake = due;
+            else if (due < s->cyc->next_wake) s->cyc->next_wake = due;
         }
     }
     for (size_t ni = 0; ni < s->nnodes; ni++) {
@@ -965,7 +928,7 @@ static int autoscale(sched *s, sched_decisions *d, double now)
             continue;
         double due = n->idle_since + s->cfg.scale_down_idle_s;
         if (now < due - 1e-9) {
-            if (due < s->next_wake) s->next_wake = due;
+            if (due < s->cyc->next_wake) s->cyc->next_wake = due;
             continue;
         }
         sched__node_updown(s, (uint32_t)ni, -1);
@@ -993,8 +956,8 @@ int sched_step(sched *s, double now, sched_decisions *d)
 {
     d->n = d->n_places = 0;
     s->stamp++; /* reservations of the previous cycle lapse */
-    s->nresv = 0, s->resv_sig = 0;
-    s->next_wake = INFINITY;
+    sched__room_begin(s);
+    s->cyc->next_wake = INFINITY;
     int rc = sched__overdue(s, now);
     if (!rc) rc = flush_pending(s, d);
     if (!rc) rc = expire(s, d, now);
@@ -1006,19 +969,19 @@ int sched_step(sched *s, double now, sched_decisions *d)
     } else if (!rc) rc = queue_pass(s, d, now);
     if (!rc) rc = grow_pass(s, d, now);
     if (!rc && s->cfg.autoscale && s->nquotas) rc = autoscale(s, d, now);
-    for (size_t i = 0; i < s->ndeferred && !rc; i++) rc = sched__queue_push(s, s->deferred[i], now);
-    s->ndeferred = 0;
-    for (size_t i = 0; i < s->nwaiting; i++) {
-        const sjob *j = &s->jobs[s->waiting[i]];
+    for (size_t i = 0; i < s->room->ndeferred && !rc; i++) rc = sched__queue_push(s, s->room->deferred[i], now);
+    s->room->ndeferred = 0;
+    for (size_t i = 0; i < s->cyc->nwaiting; i++) {
+        const sjob *j = &s->jobs[s->cyc->waiting[i]];
         double due = j->state == SCHED_HOLDING ? j->hold_since + s->cfg.hold_timeout_s
                                                : j->replace_deadline;
-        if (due < s->next_wake) s->next_wake = due;
+        if (due < s->cyc->next_wake) s->cyc->next_wake = due;
     }
     s->st.decisions += d->n;
     return rc < 0 ? rc : (int)d->n;
 }
 
-double sched_next_wakeup(const sched *s) { return s->next_wake; }
+double sched_next_wakeup(const sched *s) { return s->cyc->next_wake; }
 
 size_t sched__queue_order(sched *s, uint32_t *out, size_t cap)
 {
@@ -1048,4 +1011,23 @@ size_t sched_queue(const sched *s, const char **out, size_t cap)
         m->tenants[ti].cursor++;
     }
     return n;
+}
+
+/* ---- State ---------------------------------------------------------------- */
+
+int sched__cycle_new(sched *s)
+{
+    return (s->cyc = calloc(1, sizeof *s->cyc)) ? 0 : SH_ENOMEM;
+}
+
+void sched__cycle_free(sched *s)
+{
+    struct scycle *c = s->cyc;
+    if (!c) return;
+    free(c->waiting), free(c->elastic);
+    for (int i = 0; i < 16; i++) free(c->porder[i].pools);
+    free(c->scr.pp);
+    free(c->scr.probe_fit.jp), free(c->scr.probe_fit_in.jp), free(c->scr.probe_preempt.jp), free(c->scr.probe_gang.jp),
+        free(c->scr.probe_declined.jp);
+    free(c);
 }

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "model_int.h"
 
 static int map__grow(smap *m)
 {

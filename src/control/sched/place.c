@@ -6,11 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "place_int.h"
+
+#define GROW(arr, cap, need) sched__grow((void **)&(arr), &(cap), (need), sizeof *(arr))
 
 int sched__type_hist_grow(sched *s, uint32_t t, size_t n)
 {
-    struct stpools *tp = &s->tpools[t];
+    struct stpools *tp = &s->plc->tpools[t];
     if (n < tp->hcap) return 0;
     size_t cap = tp->hcap ? tp->hcap : 64;
     while (cap <= n) cap *= 2;
@@ -43,8 +45,8 @@ void sched__bucket_insert(sched *s, uint32_t ni)
     if (n->next != NONE) s->nodes[n->next].prev = ni;
     p->head[n->free] = ni;
     p->count[n->free]++;
-    struct stpools *tp = &s->tpools[p->type];
-    for (int g = 0; g <= n->free; g++) type_ge_move(tp, g, p->ge[g]++, 1), s->ge_all[g]++, tp->ge[g]++;
+    struct stpools *tp = &s->plc->tpools[p->type];
+    for (int g = 0; g <= n->free; g++) type_ge_move(tp, g, p->ge[g]++, 1), s->plc->ge_all[g]++, tp->ge[g]++;
     p->free_total += n->free;
     p->gpus_up += n->gpus;
     s->gpus_up += n->gpus;
@@ -62,8 +64,8 @@ void sched__bucket_remove(sched *s, uint32_t ni)
     else p->head[n->free] = n->next;
     if (n->next != NONE) s->nodes[n->next].prev = n->prev;
     p->count[n->free]--;
-    struct stpools *tp = &s->tpools[p->type];
-    for (int g = 0; g <= n->free; g++) type_ge_move(tp, g, p->ge[g]--, -1), s->ge_all[g]--, tp->ge[g]--;
+    struct stpools *tp = &s->plc->tpools[p->type];
+    for (int g = 0; g <= n->free; g++) type_ge_move(tp, g, p->ge[g]--, -1), s->plc->ge_all[g]--, tp->ge[g]--;
     p->free_total -= n->free;
     p->gpus_up -= n->gpus;
     s->gpus_up -= n->gpus;
@@ -210,19 +212,19 @@ void sched__release_place(sched *s, uint32_t ji, int k, double now)
 
 int sched__released_since(sched *s, uint64_t since, const uint32_t **out)
 {
-    *out = s->rel.v;
-    if (s->rel.since == since && s->rel.epoch == s->release_epoch) return s->rel.n;
+    *out = s->plc->rel.v;
+    if (s->plc->rel.since == since && s->plc->rel.epoch == s->release_epoch) return s->plc->rel.n;
     int n = 0;
     if (since > s->release_epoch || s->release_epoch - since >= RLOG) n = -1;
     for (uint64_t e = since + 1; e <= s->release_epoch && n >= 0; e++) {
         uint32_t pi = s->rlog[e % RLOG];
         int seen = 0;
-        for (int k = 0; k < n && !seen; k++) seen = s->rel.v[k] == pi;
+        for (int k = 0; k < n && !seen; k++) seen = s->plc->rel.v[k] == pi;
         if (seen) continue;
         if (pi == NONE || n == RELEASED) n = -1;
-        else s->rel.v[n++] = pi;
+        else s->plc->rel.v[n++] = pi;
     }
-    s->rel.since = since, s->rel.epoch = s->release_epoch, s->rel.n = n;
+    s->plc->rel.since = since, s->plc->rel.epoch = s->release_epoch, s->plc->rel.n = n;
     return n;
 }
 
@@ -238,17 +240,17 @@ int sched__pool_allowed(const sched *s, const sjob *j, uint32_t pi)
 
 size_t sched__type_pools(const sched *s, uint32_t type, const uint32_t **out)
 {
-    if (type >= s->ntpools) return *out = NULL, 0;
-    *out = s->tpools[type].v;
-    return s->tpools[type].n;
+    if (type >= s->plc->ntpools) return *out = NULL, 0;
+    *out = s->plc->tpools[type].v;
+    return s->plc->tpools[type].n;
 }
 
 size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out)
 {
-    if (!j->ntypes) return *out = s->allpools, s->npools;
+    if (!j->ntypes) return *out = s->plc->allpools, s->npools;
     if (j->ntypes == 1) return sched__type_pools(s, j->types[0], out);
     sjob *c = (sjob *)j; /* the list is a cache of the job's */
-    if (c->jp_ver != s->pools_ver + 1) {
+    if (c->jp_ver != s->plc->pools_ver + 1) {
         size_t n = 0;
         for (int t = 0; t < j->ntypes; t++) {
             const uint32_t *v;
@@ -257,7 +259,7 @@ size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out)
             memcpy(c->jp + n, v, m * sizeof *v);
             n += m;
         }
-        c->njp = n, c->jp_ver = s->pools_ver + 1;
+        c->njp = n, c->jp_ver = s->plc->pools_ver + 1;
     }
     *out = c->jp;
     return c->njp;
@@ -379,7 +381,7 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
     int drain = !pack && s->cfg.policy == SCHED_POLICY_SHOAL && s->cfg.drain_pools;
     for (int ti = 0; ti < nt && (best == NONE || pack); ti++) {
         const uint32_t *tp;
-        size_t ntp = j->ntypes ? sched__type_pools(s, j->types[ti], &tp) : (tp = s->allpools, s->npools);
+        size_t ntp = j->ntypes ? sched__type_pools(s, j->types[ti], &tp) : (tp = s->plc->allpools, s->npools);
         for (size_t k = 0; k < ntp; k++) {
             uint32_t pi = tp[k];
             const spool *p = &s->pools[pi];
@@ -405,4 +407,54 @@ int sched__pick_pool(sched *s, const sjob *j, double now, int pack, scand *out, 
     memcpy(out->nodes, tmp[got].nodes, (size_t)out->n * sizeof *out->nodes);
     *pool = best;
     return 1;
+}
+
+/* ---- Pools ------------------------------------------------------------------ */
+
+static uint32_t pool_make(sched *s, uint32_t z, uint32_t f, uint32_t t)
+{
+    for (size_t i = 0; i < s->npools; i++)
+        if (s->pools[i].zone == z && s->pools[i].fabric == f && s->pools[i].type == t)
+            return (uint32_t)i;
+    if (GROW(s->pools, s->cappools, s->npools + 1) < 0) return NONE;
+    spool *p = &s->pools[s->npools];
+    memset(p, 0, sizeof *p);
+    p->zone = z, p->fabric = f, p->type = t;
+    for (int g = 0; g <= MAXG; g++) p->head[g] = NONE;
+    uint32_t pi = (uint32_t)s->npools;
+    size_t cap = s->npools;
+    if (sched__grow((void **)&s->plc->allpools, &cap, s->npools + 1, sizeof *s->plc->allpools) < 0) return NONE;
+    s->plc->allpools[pi] = pi;
+    if (t >= s->plc->ntpools) {
+        size_t c = s->plc->ntpools;
+        if (sched__grow((void **)&s->plc->tpools, &c, (size_t)t + 1, sizeof *s->plc->tpools) < 0) return NONE;
+        s->plc->ntpools = c;
+    }
+    struct stpools *tp = &s->plc->tpools[t];
+    if (GROW(tp->v, tp->cap, tp->n + 1) < 0) return NONE;
+    tp->v[tp->n++] = pi;
+    if (tp->hcap)
+        for (int g = 0; g <= MAXG; g++) tp->ge_hist[g * tp->hcap]++; /* the new pool: ge 0 */
+    s->npools++;
+    return pi;
+}
+
+uint32_t sched__pool_of(sched *s, uint32_t z, uint32_t f, uint32_t t)
+{
+    uint32_t pi = pool_make(s, z, f, t);
+    if (pi != NONE) s->plc->pools_ver++;
+    return pi;
+}
+
+int sched__place_new(sched *s)
+{
+    return (s->plc = calloc(1, sizeof *s->plc)) ? 0 : SH_ENOMEM;
+}
+
+void sched__place_free(sched *s)
+{
+    if (!s->plc) return;
+    for (size_t i = 0; i < s->plc->ntpools; i++) free(s->plc->tpools[i].v), free(s->plc->tpools[i].ge_hist);
+    free(s->plc->tpools), free(s->plc->allpools);
+    free(s->plc);
 }

@@ -7,7 +7,7 @@
  * whole before anything is booked, so a refused restore changes nothing. */
 #include <string.h>
 
-#include "sched_int.h"
+#include "cycle_int.h"
 
 /* The rules a START decision would have kept: a gang gets exactly `nodes`
  * distinct nodes of one pool with gpus_per_node each; elastic replicas of
@@ -22,7 +22,7 @@ static int check_places(sched *s, const sjob *j, const sched_place *pl, size_t n
         return sh_err(SH_EINVAL, "job %s: %zu replicas are outside %d..%d", j->id, n, j->nodes, j->maxr);
     if (j->kind == SCHED_FUNCTION && n != 1)
         return sh_err(SH_EINVAL, "job %s: a function runs on one place, not %zu", j->id, n);
-    uint64_t mark = ++s->markseq;
+    uint64_t mark = ++s->cyc->markseq;
     *pool = NONE;
     for (size_t i = 0; i < n; i++) {
         uint32_t ni = sched__map_get(&s->node_map, pl[i].node);

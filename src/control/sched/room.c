@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "room_int.h"
 
 #define GROW(arr, cap, need) sched__grow((void **)&(arr), &(cap), (need), sizeof *(arr))
 
@@ -145,8 +145,8 @@ static void due_up(struct sdue *h, size_t i)
 
 static void due_pop(sched *s)
 {
-    struct sdue *h = s->due, x = h[--s->ndue];
-    size_t i = 0, n = s->ndue;
+    struct sdue *h = s->room->due, x = h[--s->room->ndue];
+    size_t i = 0, n = s->room->ndue;
     if (!n) return;
     for (;;) {
         size_t c = 2 * i + 1;
@@ -160,16 +160,16 @@ static void due_pop(sched *s)
 
 int sched__due_add(sched *s, uint32_t ji)
 {
-    SH_TRY(GROW(s->due, s->capdue, s->ndue + 1));
-    s->due[s->ndue] = (struct sdue){sched__est_end(s, &s->jobs[ji]), ji};
-    due_up(s->due, s->ndue++);
+    SH_TRY(GROW(s->room->due, s->room->capdue, s->room->ndue + 1));
+    s->room->due[s->room->ndue] = (struct sdue){sched__est_end(s, &s->jobs[ji]), ji};
+    due_up(s->room->due, s->room->ndue++);
     return 0;
 }
 
 int sched__overdue(sched *s, double now)
 {
-    while (s->ndue && s->due[0].t + 1e-6 < now) {
-        struct sdue e = s->due[0];
+    while (s->room->ndue && s->room->due[0].t + 1e-6 < now) {
+        struct sdue e = s->room->due[0];
         due_pop(s);
         sjob *j = &s->jobs[e.job];
         /* Ended, restarted or moved on since: a later entry stands for it. */
@@ -275,8 +275,8 @@ static int cmp_pbound(const void *a, const void *b)
 static double pool_exact(sched *s, const sjob *j, uint32_t pi)
 {
     size_t m;
-    double T = pool_time(s, j, pi, &s->scr.tn_exact, &s->scr.cap_exact, &m);
-    if (!isnan(T) && s->pools[pi].resv_stamp != s->stamp) rc_store(&s->pools[pi], j, T, s->scr.tn_exact);
+    double T = pool_time(s, j, pi, &s->room->scr.tn_exact, &s->room->scr.cap_exact, &m);
+    if (!isnan(T) && s->pools[pi].resv_stamp != s->stamp) rc_store(&s->pools[pi], j, T, s->room->scr.tn_exact);
     return T;
 }
 
@@ -315,17 +315,17 @@ static int pool_answer(sched *s, const sjob *j, uint32_t pi, double *v)
 
 /* The pool answers (val, kind) for the job's pool list jp, from the
  * search before for the same job where only the pools touched since need
- * a new answer (sched.bpc); NULL without memory. */
+ * a new answer (sroom.bpc); NULL without memory. */
 static struct sbpc *pool_answers(sched *s, const sjob *j, const uint32_t *jp, size_t njp)
 {
-    struct sbpc *c = &s->bpc;
+    struct sbpc *c = &s->room->bpc;
     uint32_t ji = (uint32_t)(j - s->jobs);
     /* With a reservation made this cycle, answers lean on it: kept apart. */
-    int keep = s->nresv == 0;
+    int keep = s->room->nresv == 0;
     int hit = keep && !s->touched_lost && c->job == ji && c->order == j->order && c->g == j->gpn &&
-              c->n == j->nodes && c->pools_ver == s->pools_ver + 1 && c->gen == s->touch_gen + 1 && c->jp == jp &&
+              c->n == j->nodes && c->pools_ver == s->plc->pools_ver + 1 && c->gen == s->touch_gen + 1 && c->jp == jp &&
               c->njp == njp;
-    if (!keep) c = &s->scr.bpc;
+    if (!keep) c = &s->room->scr.bpc;
     c->pools_ver = 0; /* until it is whole again */
     if (!hit) {
         if (sched__grow((void **)&c->val, &c->cap, njp + 1, sizeof *c->val) < 0 ||
@@ -345,7 +345,7 @@ static struct sbpc *pool_answers(sched *s, const sjob *j, const uint32_t *jp, si
         }
     if (keep) { /* later touches are listed afresh */
         c->job = ji, c->order = j->order, c->g = j->gpn, c->n = j->nodes, c->jp = jp, c->njp = njp;
-        c->pools_ver = s->pools_ver + 1;
+        c->pools_ver = s->plc->pools_ver + 1;
         s->touch_gen++, s->ntouched = 0, s->touched_lost = 0;
         c->gen = s->touch_gen + 1;
     }
@@ -368,7 +368,7 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
     if (s->plain_cycle) {
         for (size_t q = 0; q < njp; q++) {
             if (s->pools[jp[q]].maxg_ever[j->gpn] < j->nodes) continue;
-            double T = pool_time(s, j, jp[q], &s->scr.tn_best, &s->scr.cap_best, &m);
+            double T = pool_time(s, j, jp[q], &s->room->scr.tn_best, &s->room->scr.cap_best, &m);
             if (isnan(T)) return T;
             if (T < now) T = now;
             if (T < bestT) bestT = T, bestq = (uint32_t)q;
@@ -376,8 +376,8 @@ static double best_pool(sched *s, const sjob *j, double now, uint32_t *best)
         if (bestq != UINT32_MAX) *best = jp[bestq];
         return bestT;
     }
-    if (sched__grow((void **)&s->scr.pb, &s->scr.cappb, njp + 1, sizeof *s->scr.pb) < 0) return NAN;
-    pbound *pb = s->scr.pb;
+    if (sched__grow((void **)&s->room->scr.pb, &s->room->scr.cappb, njp + 1, sizeof *s->room->scr.pb) < 0) return NAN;
+    pbound *pb = s->room->scr.pb;
     struct sbpc *c = pool_answers(s, j, jp, njp);
     if (!c) return NAN;
     /* Bounds are kept only while they could beat the best time so far: it
@@ -423,23 +423,23 @@ int sched__make_reservation(sched *s, uint32_t ji, double now)
     if (isnan(T)) return sh_err(SH_ENOMEM, "sched: out of memory");
     if (bestp == NONE || !isfinite(T)) return 0;
     spool *p = &s->pools[bestp];
-    SH_TRY(GROW(s->scr.tn_resv, s->scr.cap_resv, (size_t)j->nodes + 1));
+    SH_TRY(GROW(s->room->scr.tn_resv, s->room->scr.cap_resv, (size_t)j->nodes + 1));
     int slot = s->plain_cycle ? -1 : rc_slot(p, j->gpn, j->nodes);
     if (slot >= 0 && p->resv_stamp != s->stamp && p->rc[slot].ver == p->ver + 1 && p->rc[slot].g == j->gpn &&
         p->rc[slot].n == j->nodes && isfinite(p->rc[slot].T)) {
         /* The pool is as it was when its time was computed: the same nodes. */
-        for (int k = 0; k < j->nodes; k++) s->scr.tn_resv[k].ni = p->rc[slot].nodes[k];
+        for (int k = 0; k < j->nodes; k++) s->room->scr.tn_resv[k].ni = p->rc[slot].nodes[k];
     } else {
         size_t m;
-        if (isnan(pool_time(s, j, bestp, &s->scr.tn_resv, &s->scr.cap_resv, &m)))
+        if (isnan(pool_time(s, j, bestp, &s->room->scr.tn_resv, &s->room->scr.cap_resv, &m)))
             return sh_err(SH_ENOMEM, "sched: out of memory");
     }
-    const tnode *tn = s->scr.tn_resv;
+    const tnode *tn = s->room->scr.tn_resv;
     p->resv_stamp = s->stamp;
-    SH_TRY(GROW(s->resv, s->capresv, s->nresv + 1));
-    sresv *r = &s->resv[s->nresv++];
+    SH_TRY(GROW(s->room->resv, s->room->capresv, s->room->nresv + 1));
+    sresv *r = &s->room->resv[s->room->nresv++];
     r->nodes = realloc(r->nodes, (size_t)j->nodes * sizeof *r->nodes);
-    if (!r->nodes) return s->nresv--, sh_err(SH_ENOMEM, "sched: out of memory");
+    if (!r->nodes) return s->room->nresv--, sh_err(SH_ENOMEM, "sched: out of memory");
     r->job = ji, r->T = T, r->n = j->nodes, r->need = j->gpn;
     double len = sched__est_len(s, j, bestp);
     for (int k = 0; k < j->nodes; k++) {
@@ -451,10 +451,10 @@ int sched__make_reservation(sched *s, uint32_t ji, double now)
         if (n->resv_spare < 0) n->resv_spare = 0;
     }
     struct { uint64_t prev, nodes; uint32_t job; int n, need; } sig = {
-        s->resv_sig, sh_hash64_of(r->nodes, (size_t)r->n * sizeof *r->nodes), ji, r->n, r->need};
-    s->resv_sig = sh_hash64_of(&sig, sizeof sig);
-    if (s->nresv <= 4) s->resv_T[s->nresv - 1] = T, s->resv_slack[s->nresv - 1] = T - now;
-    if (s->nresv == 1) {
+        s->room->resv_sig, sh_hash64_of(r->nodes, (size_t)r->n * sizeof *r->nodes), ji, r->n, r->need};
+    s->room->resv_sig = sh_hash64_of(&sig, sizeof sig);
+    if (s->room->nresv <= 4) s->room->resv_T[s->room->nresv - 1] = T, s->room->resv_slack[s->room->nresv - 1] = T - now;
+    if (s->room->nresv == 1) {
         if (j->resv_promise >= 0 && T > j->resv_promise + 1e-6) s->resv_late++;
         j->resv_promise = T;
     }
@@ -522,8 +522,8 @@ static int evict(sched *s, sched_decisions *d, const sref *v, uint32_t ni, doubl
     x->state = SCHED_QUEUED, x->over = 0;
     x->preemptions++;
     s->st.preemptions++;
-    SH_TRY(GROW(s->deferred, s->capdeferred, s->ndeferred + 1));
-    s->deferred[s->ndeferred++] = v->job;
+    SH_TRY(GROW(s->room->deferred, s->room->capdeferred, s->room->ndeferred + 1));
+    s->room->deferred[s->room->ndeferred++] = v->job;
     return sched__emit(s, d, SCHED_D_PREEMPT, v->job, NONE);
 }
 
@@ -532,9 +532,9 @@ static int evict(sched *s, sched_decisions *d, const sref *v, uint32_t ni, doubl
 static int free_nodes(const sched *s, const sjob *j, uint32_t pi)
 {
     int n = s->pools[pi].ge[j->gpn];
-    for (size_t r = 0; r < s->nresv; r++)
-        for (int k = 0; k < s->resv[r].n; k++) {
-            const snode *x = &s->nodes[s->resv[r].nodes[k]];
+    for (size_t r = 0; r < s->room->nresv; r++)
+        for (int k = 0; k < s->room->resv[r].n; k++) {
+            const snode *x = &s->nodes[s->room->resv[r].nodes[k]];
             if (x->pool == pi && x->state == SCHED_NODE_UP && x->free >= j->gpn &&
                 x->resv_stamp == s->stamp)
                 n--;
@@ -585,7 +585,7 @@ static int pool_victims(sched *s, const sjob *j, uint32_t pi, vnode **vn, size_t
 
 static struct spmemo *pmemo_at(sched *s, uint64_t shape, int prio)
 {
-    return &s->pmemo[(shape ^ (uint64_t)(uint32_t)prio * 0x9e3779b97f4a7c15ull) % 256];
+    return &s->room->pmemo[(shape ^ (uint64_t)(uint32_t)prio * 0x9e3779b97f4a7c15ull) % 256];
 }
 
 static struct spmemo *pmemo_slot(sched *s, const sjob *j) { return pmemo_at(s, j->shape, j->priority); }
@@ -605,14 +605,14 @@ static uint32_t best_victim_pool(sched *s, const sjob *j)
     if (!s->plain_cycle && low > 0) {
         int any = 0;
         if (!j->ntypes) {
-            for (uint32_t t = 0; t < s->ntpools && !any; t++) any = sched__type_fits(s, t, low, j->gpn);
+            for (uint32_t t = 0; t < s->plc->ntpools && !any; t++) any = sched__type_fits(s, t, low, j->gpn);
         } else
             for (int t = 0; t < j->ntypes && !any; t++) any = sched__type_fits(s, j->types[t], low, j->gpn);
         if (!any) return NONE;
     }
     for (size_t q = 0; q < njp; q++) {
         if (!s->plain_cycle && low > 0 && !sched__type_fits(s, s->pools[jp[q]].type, low, j->gpn)) continue;
-        int total = pool_victims(s, j, jp[q], &s->scr.vn_best, &s->scr.cap_vbest, &m);
+        int total = pool_victims(s, j, jp[q], &s->room->scr.vn_best, &s->room->scr.cap_vbest, &m);
         if (total >= 0 && total < best) best = total, bestp = jp[q];
     }
     return bestp;
@@ -642,7 +642,7 @@ int sched__preempt_possible_in(sched *s, uint64_t shape, int prio, const sjob *(
     int ok = 0;
     size_t m;
     const sjob *j = n ? probe(s, arg) : NULL;
-    for (int k = 0; k < n && !ok; k++) ok = pool_victims(s, j, pools[k], &s->scr.vn_in, &s->scr.cap_vin, &m) >= 0;
+    for (int k = 0; k < n && !ok; k++) ok = pool_victims(s, j, pools[k], &s->room->scr.vn_in, &s->room->scr.cap_vin, &m) >= 0;
     *mo = (struct spmemo){shape, s->stamp, s->release_epoch, prio, ok};
     return ok;
 }
@@ -654,8 +654,8 @@ int sched__preempt_declined(sched *s, const sjob *j, uint32_t ji, double now)
     double T = NAN;
     /* A gang holding this cycle's reservation starts at its time (a
      * search now would skip its own reserved nodes). */
-    for (size_t r = 0; r < s->nresv && rp == NONE && ji != NONE; r++)
-        if (s->resv[r].job == ji) T = s->resv[r].T, rp = s->nodes[s->resv[r].nodes[0]].pool;
+    for (size_t r = 0; r < s->room->nresv && rp == NONE && ji != NONE; r++)
+        if (s->room->resv[r].job == ji) T = s->room->resv[r].T, rp = s->nodes[s->room->resv[r].nodes[0]].pool;
     if (rp == NONE) T = best_pool(s, j, now, &rp);
     if (isnan(T)) return sh_err(SH_ENOMEM, "sched: out of memory");
     return rp != NONE && T < now + s->cfg.preempt_wait * sched__est_len(s, j, rp);
@@ -688,12 +688,32 @@ int sched__try_preempt(sched *s, sched_decisions *d, uint32_t ji, double now)
     if (no < 0) return no;
     if (no) return s->st.preempt_declined += !j->declined, j->declined = 1, 0;
     size_t m;
-    pool_victims(s, j, bestp, &s->scr.vn_try, &s->scr.cap_vtry, &m);
-    const vnode *vn = s->scr.vn_try;
+    pool_victims(s, j, bestp, &s->room->scr.vn_try, &s->room->scr.cap_vtry, &m);
+    const vnode *vn = s->room->scr.vn_try;
     for (size_t k = 0; k < m; k++) {
         sref v[MAXG * 4];
         int c = node_victims(s, j, vn[k].ni, j->gpn, v);
         for (int i = 0; i < c; i++) SH_TRY(evict(s, d, &v[i], vn[k].ni, now));
     }
     return 1;
+}
+
+/* ---- State ---------------------------------------------------------------- */
+
+int sched__room_new(sched *s)
+{
+    return (s->room = calloc(1, sizeof *s->room)) ? 0 : SH_ENOMEM;
+}
+
+void sched__room_free(sched *s)
+{
+    struct sroom *r = s->room;
+    if (!r) return;
+    for (size_t i = 0; i < r->capresv; i++) free(r->resv[i].nodes);
+    free(r->resv), free(r->deferred), free(r->due);
+    free(r->bpc.val), free(r->bpc.kind), free(r->bpc.qpos);
+    free(r->scr.tn_exact), free(r->scr.tn_best), free(r->scr.tn_resv), free(r->scr.pb);
+    free(r->scr.vn_best), free(r->scr.vn_in), free(r->scr.vn_try);
+    free(r->scr.bpc.val), free(r->scr.bpc.kind), free(r->scr.bpc.qpos);
+    free(r);
 }

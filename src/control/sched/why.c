@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched_int.h"
+#include "query_int.h"
 
 static const char *const wait_names[] = {"", "resources", "reservation", "reserved", "fair_share",
                                          "next_cycle", "nodes_down"};
@@ -34,9 +34,9 @@ static double plan_ready(sched *s, uint32_t ni, int g, uint32_t ji)
     double t = sched__node_ready(s, ni, g, -INFINITY);
     if (n->resv_stamp == s->stamp) {
         int mine = 0;
-        for (size_t r = 0; r < s->nresv && !mine; r++)
-            if (s->resv[r].job == ji)
-                for (int k = 0; k < s->resv[r].n && !mine; k++) mine = s->resv[r].nodes[k] == ni;
+        for (size_t r = 0; r < s->room->nresv && !mine; r++)
+            if (s->room->resv[r].job == ji)
+                for (int k = 0; k < s->room->resv[r].n && !mine; k++) mine = s->room->resv[r].nodes[k] == ni;
         if (!mine && n->resv_end > t) t = n->resv_end;
     }
     return t;
@@ -147,9 +147,9 @@ static void slots_sort(double *v, int n)
 /* When node ni can start g GPUs for len seconds in the plan (>= now):
  * in its hole when the work ends before the hole does, else when g of its
  * GPUs are free for good.  *in_hole says which. */
-static double plan_node(const sched *s, uint32_t ni, int g, double len, double now, int *in_hole)
+static inline double plan_node(const sched *s, uint32_t ni, int g, double len, double now, int *in_hole)
 {
-    const struct splan *P = &s->plan;
+    const struct splan *P = s->plan;
     const struct sphole *h = &P->hole[ni];
     double at = h->from < now ? now : h->from;
     *in_hole = h->gpus >= g && at + len <= h->to;
@@ -162,7 +162,7 @@ static double plan_node(const sched *s, uint32_t ni, int g, double len, double n
  * may run as backfill would run it. */
 static void plan_take(sched *s, uint32_t ni, int g, double T, double end, int in_hole)
 {
-    struct splan *P = &s->plan;
+    struct splan *P = s->plan;
     struct sphole *h = &P->hole[ni];
     if (in_hole) {
         h->gpus -= g; /* the rest of the hole on those GPUs is given up */
@@ -181,7 +181,7 @@ static void plan_take(sched *s, uint32_t ni, int g, double T, double end, int in
  * work: every allowed pool) in P->tn; returns how many. */
 static size_t plan_times(sched *s, const sjob *j, const uint32_t *jp, size_t njp, size_t q, double now, int holes)
 {
-    struct splan *P = &s->plan;
+    struct splan *P = s->plan;
     size_t m = 0, from = j->kind == SCHED_GANG ? q : 0, to = j->kind == SCHED_GANG ? q + 1 : njp;
     int g = j->gpn;
     for (size_t k = from; k < to; k++) {
@@ -202,7 +202,7 @@ static size_t plan_times(sched *s, const sjob *j, const uint32_t *jp, size_t njp
  * for good by then, or its hole lasts until j ends. */
 static int plan_fits_at(const sched *s, const sjob *j, uint32_t pool, int need, double T)
 {
-    const struct splan *P = &s->plan;
+    const struct splan *P = s->plan;
     double len = sched__est_len(s, j, pool);
     for (int k = 0; k < need; k++) {
         uint32_t ni = P->tn[k].ni;
@@ -218,7 +218,7 @@ static int plan_fits_at(const sched *s, const sjob *j, uint32_t pool, int need, 
  * nodes looked at. */
 static double plan_job(sched *s, const sjob *j, double now, int commit, size_t *visits)
 {
-    struct splan *P = &s->plan;
+    struct splan *P = s->plan;
     const uint32_t *jp;
     size_t njp = sched__job_pools(s, j, &jp);
     int g = j->gpn, need = j->nodes;
@@ -264,7 +264,7 @@ static double plan_job(sched *s, const sjob *j, double now, int commit, size_t *
 /* Makes the plan for the state now, unless the one kept is for it. */
 static int plan_build(sched *s, double now, uint32_t want)
 {
-    struct splan *P = &s->plan;
+    struct splan *P = s->plan;
     if (!P->id || P->stamp != s->stamp || P->busy_ver != s->busy_ver || P->now != now ||
         P->nodes_up != s->nodes_up || P->gpus_up != s->gpus_up) {
         P->id += 2, P->built = 0; /* id + 1 marks the order */
@@ -277,8 +277,8 @@ static int plan_build(sched *s, double now, uint32_t want)
         P->norder = sched__queue_order(s, P->order, PLAN_JOBS);
         P->order_id = P->id + 1; /* marks "in the order, not planned yet" */
         for (size_t i = 0; i < P->norder; i++) P->mark[P->order[i]] = P->order_id;
-        for (size_t r = 0; r < s->nresv; r++)
-            if (s->resv[r].job != NONE) P->mark[s->resv[r].job] = P->order_id;
+        for (size_t r = 0; r < s->room->nresv; r++)
+            if (s->room->resv[r].job != NONE) P->mark[s->room->resv[r].job] = P->order_id;
     }
     if (P->built || (P->mark[want] != P->order_id && P->mark[want] != P->id)) return 0;
     P->built = 1;
@@ -304,8 +304,8 @@ static int plan_build(sched *s, double now, uint32_t want)
         P->hole[ni] = (struct sphole){0, 0, 0};
     }
     /* Reservations hold: their gangs start at their times on their nodes. */
-    for (size_t r = 0; r < s->nresv; r++) {
-        const sresv *v = &s->resv[r];
+    for (size_t r = 0; r < s->room->nresv; r++) {
+        const sresv *v = &s->room->resv[r];
         if (v->job == NONE || !v->n) continue;
         const sjob *j = &s->jobs[v->job];
         double T = v->T < now ? now : v->T;
@@ -357,8 +357,8 @@ static void pending(sched *s, uint32_t ji, double now, sched_job_info *o, int es
     size_t njp = sched__job_pools(s, j, &jp);
     int need = j->kind == SCHED_GANG ? j->nodes : 1;
     char pn[3 * SCHED_ID_MAX];
-    if (est && !s->cfg.plain_estimates && !plan_build(s, now, ji) && s->plan.mark[ji] == s->plan.id)
-        o->est_start_s = s->plan.est[ji];
+    if (est && !s->cfg.plain_estimates && !plan_build(s, now, ji) && s->plan->mark[ji] == s->plan->id)
+        o->est_start_s = s->plan->est[ji];
     else if (est)
         o->est_start_s = estimate(s, j, ji, now);
     njp = sched__job_pools(s, j, &jp); /* estimate() may have reused the buffer */
@@ -385,13 +385,13 @@ static void pending(sched *s, uint32_t ji, double now, sched_job_info *o, int es
                  j->nodes, j->gpn, up_pool != NONE ? pn : "none", best_up < 0 ? 0 : best_up);
         return;
     }
-    for (size_t r = 0; r < s->nresv; r++)
-        if (s->resv[r].job == ji && s->resv[r].n) {
-            pool_name(s, s->nodes[s->resv[r].nodes[0]].pool, pn, sizeof pn);
+    for (size_t r = 0; r < s->room->nresv; r++)
+        if (s->room->resv[r].job == ji && s->room->resv[r].n) {
+            pool_name(s, s->nodes[s->room->resv[r].nodes[0]].pool, pn, sizeof pn);
             o->wait = SCHED_WAIT_RESERVED;
-            o->est_start_s = s->resv[r].T < now ? now : s->resv[r].T;
+            o->est_start_s = s->room->resv[r].T < now ? now : s->room->resv[r].T;
             snprintf(o->wait_text, sizeof o->wait_text,
-                     "holds a reservation of %d nodes in %s: starts when running work there ends", s->resv[r].n, pn);
+                     "holds a reservation of %d nodes in %s: starts when running work there ends", s->room->resv[r].n, pn);
             return;
         }
     if (raw) {
@@ -405,10 +405,11 @@ static void pending(sched *s, uint32_t ji, double now, sched_job_info *o, int es
             return;
         }
         /* It fits only on reserved nodes: name the reservation in its way. */
-        for (size_t r = 0; r < s->nresv; r++) {
-            const sresv *v = &s->resv[r];
+        for (size_t r = 0; r < s->room->nresv; r++) {
+            const sresv *v = &s->room->resv[r];
             if (v->job == NONE || !v->n || !sched__pool_allowed(s, j, s->nodes[v->nodes[0]].pool)) continue;
             o->wait = SCHED_WAIT_RESERVATION;
+            o->wait_job = s->jobs[v->job].id;
             snprintf(o->wait_text, sizeof o->wait_text,
                      "blocked behind the reservation for job %s (due to start in %.0f s): "
                      "starting now would delay it", s->jobs[v->job].id, v->T > now ? v->T - now : 0.0);
@@ -433,4 +434,19 @@ static void pending(sched *s, uint32_t ji, double now, sched_job_info *o, int es
         snprintf(o->wait_text + at, sizeof o->wait_text - (size_t)at,
                  "needs %d replica%s of %d GPU%s; free GPUs hold %ld", j->nodes, j->nodes > 1 ? "s" : "",
                  j->gpn, j->gpn > 1 ? "s" : "", free_replicas);
+}
+
+/* ---- State ---------------------------------------------------------------- */
+
+int sched__query_new(sched *s)
+{
+    return (s->plan = calloc(1, sizeof *s->plan)) ? 0 : SH_ENOMEM;
+}
+
+void sched__query_free(sched *s)
+{
+    struct splan *P = s->plan;
+    if (!P) return;
+    free(P->slot), free(P->hole), free(P->est), free(P->mark), free(P->order), free(P->tn);
+    free(P);
 }

@@ -20,6 +20,11 @@ static int copy_str(const json_t *b, const char *key, int req, char *dst, size_t
     const char *v = def;
     SH_TRY(sh_json_get_str(b, key, req, "register", &v));
     if (strlen(v) >= cap) return sh_err(SH_EFORMAT, "register: field \"%s\": longer than %zu", key, cap - 1);
+    /* Shown on the admin's terminal (shoal nodes, shoal job): a node's
+     * text must not drive it. */
+    if (sh_control_at(v) >= 0)
+        return sh_err(SH_EFORMAT, "register: field \"%s\": holds a control character at byte %ld; use printable"
+                                  " text", key, sh_control_at(v));
     snprintf(dst, cap, "%s", v);
     return SH_OK;
 }
@@ -37,7 +42,7 @@ static int node_slot(srv *s)
     return s->nnodes++;
 }
 
-/* A fresh credential: 32 random bytes as hex. */
+/* A fresh credential: 20 random bytes as hex. */
 static int new_credential(char *out, size_t cap)
 {
     unsigned char r[20];
@@ -75,7 +80,11 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     }
     if (idx < 0) idx = node_slot(s);
     if (idx < 0) return idx;
-    SH_TRY(new_credential(n.cred, sizeof n.cred));
+    /* The node gets its credential once, in this reply; the server keeps
+     * its hash. */
+    char cred[48];
+    SH_TRY(new_credential(cred, sizeof cred));
+    srv__secret_hash(cred, n.cred);
     srv_node *d = &s->nodes[idx];
     n.version = d->version + 1;
     n.state = NODE_ALIVE;
@@ -88,19 +97,55 @@ int srv__agent_register(srv *s, json_t *b, json_t **reply)
     srv__changed(s);
     /* "protect": paths the agent hides from members (the server's state
      * directory, for agents on this host). */
-    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s],s:I}", "node", d->name, "credential", d->cred, "heartbeat_timeout",
+    *reply = json_pack("{s:s,s:s,s:f,s:i,s:[s],s:I}", "node", d->name, "credential", cred, "heartbeat_timeout",
                        s->cfg.heartbeat_timeout, "poll_wait_ms", 250, "protect", s->state_dir, "max_body",
                        (json_int_t)s->cfg.max_body);
     return SH_OK;
 }
 
+/* The last lines of member m's output (up to three, control characters
+ * shown as spaces), for a failure's reason; "" when it printed nothing. */
+static void last_lines(const srv_member *m, char *out, size_t cap)
+{
+    int end = m->tail_len, start, lines = 0;
+    while (end > 0 && (m->tail[end - 1] == '\n' || m->tail[end - 1] == '\r' || m->tail[end - 1] == ' ')) end--;
+    for (start = end; start > 0; start--)
+        if (m->tail[start - 1] == '\n' && ++lines == 3) break;
+    size_t k = 0;
+    for (int i = start; i < end && k + 4 < cap; i++) {
+        unsigned char c = (unsigned char)m->tail[i];
+        if (c == '\n') {
+            if (k && out[k - 1] != ' ') out[k++] = ' ';
+            out[k++] = '|', out[k++] = ' ';
+        } else out[k++] = c < 0x20 || c == 0x7f ? ' ' : (char)c;
+    }
+    out[k] = 0;
+}
+
+/* The failed member to blame: the one whose agent saw it exit first (its
+ * server-side end time when the agent did not say), ties to the lower rank. */
+static int first_failed(const srv_job *j)
+{
+    int best = -1;
+    double bt = 0;
+    for (int i = 0; i < j->nmem; i++) {
+        const srv_member *m = &j->mem[i];
+        if (m->state != M_EXITED || m->exit_code == 0) continue;
+        double t = m->t_exit > 0 ? m->t_exit : m->t_end;
+        if (best < 0 || t < bt) best = i, bt = t;
+    }
+    return best;
+}
+
 /* Checks whether a job moved on after a member changed: the barrier opens
  * when every member of a gang is ready, the job runs when every member runs,
- * and it ends with its first failing member or its last member. */
-static int job_eval(srv *s, srv_job *j)
+ * and it ends with its first failing member (once the others have ended or
+ * SRV_FAIL_SETTLE_S has passed) or its last member. */
+int srv__job_eval(srv *s, srv_job *j)
 {
     if (j->state != J_STARTING && j->state != J_RUNNING) return SH_OK;
-    int live = 0, ready = 0, running = 0, ok = 0, failed = -1;
+    int live = 0, ready = 0, running = 0, ok = 0;
+    double failed_at = 0;
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
         if (m->state <= M_RUNNING) {
@@ -110,13 +155,17 @@ static int job_eval(srv *s, srv_job *j)
         }
         if (m->state == M_EXITED) {
             ok += m->exit_code == 0;
-            if (m->exit_code != 0 && failed < 0) failed = i;
+            if (m->exit_code != 0 && (failed_at == 0 || m->t_end < failed_at)) failed_at = m->t_end;
         }
     }
-    if (failed >= 0) {
-        char r[128];
-        snprintf(r, sizeof r, "rank %d exited with status %d", j->mem[failed].rank, j->mem[failed].exit_code);
-        return srv__finish(s, j, J_FAILED, j->mem[failed].exit_code, r);
+    if (failed_at > 0) {
+        if (live && sh_now_wall() - failed_at < SRV_FAIL_SETTLE_S) return SH_OK; /* srv__settle_failures */
+        const srv_member *f = &j->mem[first_failed(j)];
+        char r[sizeof j->reason], tail[400];
+        last_lines(f, tail, sizeof tail);
+        snprintf(r, sizeof r, "rank %d exited with status %d%s%s", f->rank, f->exit_code,
+                 *tail ? "; its last lines: " : "", tail);
+        return srv__finish(s, j, J_FAILED, f->exit_code, r);
     }
     if (live == 0 && ok > 0) return srv__finish(s, j, J_SUCCEEDED, 0, "every rank exited with status 0");
     int changed = 0;
@@ -137,38 +186,116 @@ static int job_eval(srv *s, srv_job *j)
     return SH_OK;
 }
 
+/* Bytes of tenant's rank logs on disk, from the files: every rank of each
+ * of its jobs (a job's ranks are at most its "nodes"). */
+static uint64_t tenant_log_count(srv *s, const char *tenant)
+{
+    uint64_t n = 0;
+    for (int64_t id = 1; id <= s->njobs; id++) {
+        const srv_job *j = s->jobs[id];
+        if (!j || strcmp(j->tenant, tenant)) continue;
+        for (int r = 0; r < j->nodes && r < 64; r++) {
+            char path[4200];
+            struct stat st;
+            snprintf(path, sizeof path, "%s/logs/%lld/%d.log", s->dir, (long long)id, r);
+            if (stat(path, &st) == 0) n += (uint64_t)st.st_size;
+        }
+    }
+    return n;
+}
+
+/* The count of tenant's logs (NULL without memory: its budget is then not
+ * enforced, the rank's limit still is). */
+static srv_tlog *tenant_log(srv *s, const char *tenant)
+{
+    for (int i = 0; i < s->ntlog; i++)
+        if (!strcmp(s->tlog[i].tenant, tenant)) return &s->tlog[i];
+    if (s->ntlog == s->cap_tlog) {
+        int cap = s->cap_tlog ? 2 * s->cap_tlog : 16;
+        srv_tlog *t = realloc(s->tlog, (size_t)cap * sizeof *t);
+        if (!t) return NULL;
+        s->tlog = t;
+        s->cap_tlog = cap;
+    }
+    srv_tlog *t = &s->tlog[s->ntlog++];
+    snprintf(t->tenant, sizeof t->tenant, "%s", tenant);
+    t->bytes = tenant_log_count(s, tenant);
+    t->counted = sh_now_mono();
+    return t;
+}
+
 /* Appends to rank's log; the first append by this process repairs the file.
  * Logs are best effort: the job's state is what must not tear.
  *
- * A log file stops growing at max_log bytes on disk: the logs share a disk
- * with the database, and a rank that prints without end must not fill it
- * (the server would then refuse every change).  The append that reaches
- * the limit keeps what fits, cut at a character, and says so in the log;
- * later output of that rank is dropped, every attempt's included. */
+ * The logs share a disk with the database, and output without end must
+ * not fill it (the server would then refuse every change).  So a log file
+ * stops growing at max_log bytes on disk, and all of one tenant's logs
+ * together at max_tenant_log: many ranks, each under its own limit, would
+ * fill the disk as well.  The append that reaches a limit keeps what fits,
+ * cut at a character, and says so in the log (and, for the tenant's, in an
+ * event of the job); later output is dropped. */
+/* Keeps the last bytes of a member's output in memory (srv_member.tail). */
+static void tail_keep(srv_member *m, const char *data, size_t len)
+{
+    const size_t cap = sizeof m->tail;
+    if (len >= cap) {
+        memcpy(m->tail, data + len - cap, cap);
+        m->tail_len = (int)cap;
+        return;
+    }
+    size_t keep = (size_t)m->tail_len + len > cap ? cap - len : (size_t)m->tail_len;
+    memmove(m->tail, m->tail + m->tail_len - keep, keep);
+    memcpy(m->tail + keep, data, len);
+    m->tail_len = (int)(keep + len);
+}
+
 static void log_append(srv *s, srv_job *j, int rank, const char *data, size_t len)
 {
-    char path[4200], note[200];
+    char path[4200], note[300];
     if (rank < 0 || rank >= 64 || srv__log_path(s, j->id, rank, path, sizeof path) < 0) return;
     struct stat st;
     uint64_t size = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0, cap = s->cfg.max_log;
     if (size >= cap) return; /* full: the note was written when it filled */
-    int full = size + len > cap;
+    srv_tlog *t = tenant_log(s, j->tenant);
+    uint64_t tcap = s->cfg.max_tenant_log;
+    if (t && t->bytes + len > tcap && sh_now_mono() - t->counted >= SRV_TLOG_RECOUNT_S) {
+        t->bytes = tenant_log_count(s, j->tenant); /* old logs may have been removed */
+        t->counted = sh_now_mono();
+    }
+    uint64_t room = cap - size, troom = !t ? UINT64_MAX : t->bytes < tcap ? tcap - t->bytes : 0;
+    uint64_t bit = 1ull << rank;
+    if (troom == 0 && (j->log_tenant_full & bit)) return;
+    int full = len > room ? 1 : 0;
+    if (len > troom) full = 2;
     if (full) {
-        len = (size_t)(cap - size);
+        len = (size_t)(full == 1 ? room : troom);
         while (len > 0 && ((unsigned char)data[len] & 0xC0) == 0x80) len--; /* not inside a character */
     }
-    int repair = !(j->log_checked & (1ull << rank));
+    int repair = !(j->log_checked & bit);
     int rc = len ? srv__log_append(path, data, len, repair) : SH_OK;
-    if (rc == SH_OK && full) {
+    if (rc == SH_OK && full == 1) {
         int n = snprintf(note, sizeof note, "\nshoal: this rank's log reached the server's limit of %llu bytes;"
                                             " later output is dropped\n", (unsigned long long)cap);
         rc = srv__log_append(path, note, (size_t)n, repair && !len);
+    } else if (rc == SH_OK && full == 2) {
+        int n = snprintf(note, sizeof note, "\nshoal: the logs of tenant %s reached the server's limit of %llu bytes"
+                                            " for one tenant (--max-tenant-log); later output of its ranks is"
+                                            " dropped\n", j->tenant, (unsigned long long)tcap);
+        rc = srv__log_append(path, note, (size_t)n, repair && !len);
+        if (rc == SH_OK && !j->log_tenant_full &&
+            srv__db_event(s, j->id, NULL, "log_budget", "the logs of tenant %s reached the server's limit of %llu"
+                          " bytes (--max-tenant-log): output of its ranks is dropped", j->tenant,
+                          (unsigned long long)tcap) < 0)
+            sh_warn("job %lld: event: %s", (long long)j->id, sh_errmsg());
+        if (rc == SH_OK) j->log_tenant_full |= bit;
     }
+    if (t && stat(path, &st) == 0 && (uint64_t)st.st_size > size) t->bytes += (uint64_t)st.st_size - size;
     if (rc < 0) {
         sh_warn("job %lld rank %d: log: %s", (long long)j->id, rank, sh_errmsg());
         return;
     }
-    j->log_checked |= 1ull << rank;
+    j->log_checked |= bit;
+    if (rank < j->nmem) tail_keep(&j->mem[rank], data, len);
 }
 
 static void log_note(srv *s, srv_job *j, int rank, const char *fmt, ...)
@@ -199,6 +326,7 @@ static int forged(srv *s, int idx, const srv_job *j, int rank, const char *what)
 static int apply_report(srv *s, int idx, const json_t *r)
 {
     int64_t id = 0, attempt = 0, rank = -1, code = -1, disk = 0;
+    double ended = 0;
     const char *st = "";
     SH_TRY(sh_json_get_i64(r, "job", 1, "poll: member", &id));
     SH_TRY(sh_json_get_i64(r, "attempt", 1, "poll: member", &attempt));
@@ -206,6 +334,7 @@ static int apply_report(srv *s, int idx, const json_t *r)
     SH_TRY(sh_json_get_str(r, "state", 1, "poll: member", &st));
     SH_TRY(sh_json_get_i64(r, "exit_code", 0, "poll: member", &code));
     SH_TRY(sh_json_get_i64(r, "disk_bytes", 0, "poll: member", &disk));
+    SH_TRY(sh_json_get_num(r, "ended_at", 0, "poll: member", &ended));
     srv_job *j = srv__job(s, id);
     /* Reports about members the server no longer wants are stale: the
      * desired list in the reply tells the agent to stop them. */
@@ -222,11 +351,24 @@ static int apply_report(srv *s, int idx, const json_t *r)
     } else if (!strcmp(st, "exited")) {
         if (m->state < M_RUNNING) m->t_start = 0;
         SH_TRY(srv__member_end(s, j, m, M_EXITED, (int)code));
+        /* The agent's clock orders failures (first_failed); a time far
+         * from the server's is ignored. */
+        m->t_exit = ended > m->t_end - 600 && ended < m->t_end + 600 ? ended : 0;
         SH_TRY(srv__db_event(s, id, s->nodes[idx].name, "exited", "rank %d exited with status %d",
                              (int)rank, (int)code));
     } else return SH_OK;
-    SH_TRY(srv__db_members(s, j));
-    return job_eval(s, j);
+    return srv__db_members(s, j); /* srv__agent_poll evaluates the job after the poll's output */
+}
+
+int srv__settle_failures(srv *s)
+{
+    for (int64_t a = 0; a < s->nactive; a++) {
+        srv_job *j = srv__job(s, s->active[a]);
+        int failed = 0;
+        for (int i = 0; j && i < j->nmem; i++) failed |= j->mem[i].state == M_EXITED && j->mem[i].exit_code != 0;
+        if (failed) SH_TRY(srv__job_eval(s, j));
+    }
+    return SH_OK;
 }
 
 int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap)
@@ -238,8 +380,22 @@ int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap)
     return SH_OK;
 }
 
+/* Whether member m of j may still take output from its node: while it
+ * lives, and for log_drain seconds after it ended, the time its agent has
+ * to send what the rank wrote last.  Past that its log is closed: a node
+ * credential can no longer write into the logs of every job that once ran
+ * on the node. */
+static int output_open(srv *s, const srv_job *j, const srv_member *m)
+{
+    if (j->state >= J_STARTING && j->state <= J_RUNNING && m->state <= M_RUNNING) return 1;
+    double drain = s->cfg.log_drain_s > 0 ? s->cfg.log_drain_s : SRV_LOG_DRAIN;
+    return m->t_end > 0 && sh_now_wall() - m->t_end <= drain;
+}
+
 /* Appends the output of the node's own members of current attempts;
- * output for a member placed elsewhere is a forgery. */
+ * output for a member placed elsewhere is a forgery.  Output for one of
+ * its own members whose log has closed is dropped, not refused: an agent
+ * that fell behind must not have every later poll refused for it. */
 static int apply_logs(srv *s, int idx, const json_t *logs)
 {
     size_t i;
@@ -253,6 +409,11 @@ static int apply_logs(srv *s, int idx, const json_t *logs)
         srv_job *j = srv__job(s, id);
         if (!j || rank < 0 || rank >= j->nmem || (attempt >= 0 && attempt != j->attempt)) continue; /* stale */
         if (j->mem[rank].node != idx) return forged(s, idx, j, (int)rank, "output");
+        if (!output_open(s, j, &j->mem[rank])) {
+            sh_warn("node %s sent output for job %lld rank %d, which ended %.0f s ago: dropped", s->nodes[idx].name,
+                    (long long)j->id, (int)rank, sh_now_wall() - j->mem[rank].t_end);
+            continue;
+        }
         size_t len = json_string_length(json_object_get(c, "data"));
         if (len) log_append(s, j, (int)rank, data, len);
     }
@@ -321,6 +482,14 @@ static json_t *member_env(srv *s, srv_job *j, const srv_member *m)
         if (m->gpu_mask & (1ull << i)) sh_buf_printf(&g, "%s%d", g.len ? "," : "", i);
     json_object_set_new(env, "CUDA_VISIBLE_DEVICES", json_string(g.data ? (char *)g.data : ""));
     sh_buf_free(&g);
+    /* Debian 12's torch 1.13 torchrun cannot parse its own default
+     * `--redirects 0` (AttributeError on NoneType): these make a plain
+     * `torchrun train.py` start there; newer PyTorch reads them as asked
+     * (workers' output prefixed "[default0]:").  A job's env may override. */
+    srv__run_env(s, j, env); /* SHOAL_RUN, SHOAL_RUN_SECRET, SHOAL_RUN_TOKEN (runs.c) */
+    static const char *const torch13[][2] = {{"PET_REDIRECTS", "1"}, {"PET_TEE", "1"}};
+    for (int k = 0; k < 2; k++)
+        if (!json_object_get(user, torch13[k][0])) json_object_set_new(env, torch13[k][0], json_string(torch13[k][1]));
     return env;
 }
 
@@ -342,8 +511,8 @@ static json_t *desired(srv *s, int idx)
              * its own, the same for all of one tenant's members. */
             json_object_set_new(d, "uid", json_integer(json_integer_value(json_object_get(s->tenant_num, j->tenant))));
             json_object_set_new(d, "gpus", json_integer(j->gpus_per_node));
-            const char *extra[] = {"writable", "memory_mb", "pids_max", "disk_mb"};
-            for (int k = 0; k < 4; k++) {
+            const char *extra[] = {"writable", "memory_mb", "pids_max", "disk_mb", "workdir"};
+            for (int k = 0; k < 5; k++) {
                 json_t *v = json_object_get(j->spec, extra[k]);
                 if (v) json_object_set(d, extra[k], v);
             }
@@ -397,6 +566,11 @@ int srv__agent_poll(srv *s, int idx, json_t *b, json_t **reply)
     json_array_foreach(mem, i, r) if (rc == SH_OK) rc = apply_report(s, idx, r);
     json_t *logs = json_object_get(b, "logs");
     if (rc == SH_OK && json_is_array(logs)) rc = apply_logs(s, idx, logs);
+    /* After the output, so that a failure's reason holds its last lines. */
+    json_array_foreach(mem, i, r) {
+        srv_job *j = srv__job(s, json_integer_value(json_object_get(r, "job")));
+        if (rc == SH_OK && j) rc = srv__job_eval(s, j);
+    }
     if (rc == SH_OK) rc = srv__seam_prebill(s);
     if (rc == SH_OK) rc = srv__db_commit(s);
     if (rc < 0) srv__db_rollback(s);

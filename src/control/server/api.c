@@ -74,20 +74,6 @@ static srv_job *visible_job(srv *s, srv_req *r, int64_t id)
     return j;
 }
 
-static int64_t idem_lookup(srv *s, const char *tenant, const char *key)
-{
-    sqlite3_stmt *st;
-    int64_t id = 0;
-    /* "idem != ''" lets SQLite use the partial index jobs_idem. */
-    if (sqlite3_prepare_v2(s->db, "SELECT id FROM jobs WHERE tenant=? AND idem=? AND idem != ''", -1, &st, NULL))
-        return 0;
-    sqlite3_bind_text(st, 1, tenant, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
-    if (sqlite3_step(st) == SQLITE_ROW) id = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return id;
-}
-
 static int check_writable(srv *s, const srv_job *j);
 
 /* Bytes a tenant's pending and running jobs hold (their job files plus the
@@ -110,16 +96,38 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     r->job = NULL; /* parsed and validated before the lock was taken */
     if (!j) return sh_err(SH_EINTERNAL, "submit without a parsed job");
     int rc = check_writable(s, j);
+    const char *wd = json_string_value(json_object_get(j->spec, "workdir"));
+    if (rc == SH_OK && wd && !srv__workdir_exists(s, j->tenant, wd))
+        rc = sh_err(SH_EINVAL, "job: field \"workdir\": tenant %s uploaded no work dir %s (`shoal submit --workdir DIR`"
+                               " uploads it first)", j->tenant, wd);
     if (rc < 0) {
         srv__job_free(j);
         return rc;
     }
-    int64_t dup = j->idem[0] ? idem_lookup(s, j->tenant, j->idem) : 0;
+    /* A job of higher priority goes first and may preempt lower-priority
+     * work of every tenant: how high a tenant may ask is the operator's
+     * (--max-priority; by default 0, the priority of a job that asks for
+     * none, so that no tenant preempts another's work by default). */
+    if (r->role == ROLE_TENANT) {
+        json_t *cap = json_object_get(s->prio_max, j->tenant);
+        int max = cap ? (int)json_integer_value(cap) : s->prio_default;
+        if (j->priority > max) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "job: field \"priority\": %d is above tenant %s's limit of %d (set by the"
+                                      " operator: shoal server --max-priority); a higher priority may preempt"
+                                      " other tenants' work", j->priority, j->tenant, max);
+            srv__job_free(j);
+            *status = 403;
+            *reply = json_pack("{s:s,s:s,s:i}", "error", msg, "reason", "priority_over_limit", "max_priority", max);
+            return SH_OK;
+        }
+    }
+    int64_t dup = j->idem[0] ? srv__db_idem(s, j->tenant, j->idem) : 0;
     if (dup && srv__job(s, dup)) {
         /* A retried submit (same idempotency key) gets the job it created. */
         srv__job_free(j);
         *status = 200;
-        *reply = srv__job_json(s, srv__job(s, dup), 0);
+        *reply = srv__job_json(s, srv__job(s, dup), 0, r->tenant);
         json_object_set_new(*reply, "duplicate", json_true());
         return SH_OK;
     }
@@ -153,7 +161,10 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
     j->state = J_PENDING;
     j->t_submit = sh_now_wall();
     SH_TRY(srv__job_add(s, j));
+    srv_new_run nr = {0};
     rc = srv__db_begin(s);
+    if (rc == SH_OK) rc = srv__run_prepare(s, j, &nr);
+    if (rc == SH_OK && nr.create) rc = srv__db_run(s, nr.tenant, nr.run, nr.secret, nr.token);
     if (rc == SH_OK) rc = srv__db_job(s, j);
     if (rc == SH_OK) rc = srv__db_event(s, j->id, NULL, "submitted", "%s by %s", j->name, j->tenant);
     if (rc == SH_OK) rc = srv__db_commit(s);
@@ -167,10 +178,11 @@ static int submit(srv *s, srv_req *r, int *status, json_t **reply)
         srv__job_free(j);
         return rc;
     }
+    srv__run_commit(s, &nr); /* durable now: its ranks get its secret and token */
     s->submits++;
     srv__changed(s);
     *status = 201;
-    *reply = srv__job_json(s, j, 0);
+    *reply = srv__job_json(s, j, 0, r->tenant);
     return SH_OK;
 }
 
@@ -194,7 +206,7 @@ static int list_jobs(srv *s, srv_req *r, json_t **reply)
             !(!strcmp(state, "active") && j->state <= J_RUNNING) &&
             !(!strcmp(state, "finished") && j->state > J_RUNNING))
             continue;
-        json_array_append_new(a, srv__job_json(s, j, 0));
+        json_array_append_new(a, srv__job_json(s, j, 0, r->tenant));
     }
     *reply = json_pack("{s:o}", "jobs", a);
     return SH_OK;
@@ -286,7 +298,7 @@ static int overview(srv *s, srv_req *r, json_t **reply)
         srv_job *j = visible_job(s, r, id);
         if (!j) continue;
         if (j->state > J_RUNNING && recent++ >= 30) continue;
-        if (j->state <= J_RUNNING || recent <= 30) json_array_append_new(jobs, srv__job_json(s, j, 0));
+        if (j->state <= J_RUNNING || recent <= 30) json_array_append_new(jobs, srv__job_json(s, j, 0, r->tenant));
         if (json_array_size(jobs) >= 500) break;
     }
     *reply = json_pack("{s:o,s:o,s:o,s:s,s:f}", "nodes", nodes_json(s, r), "jobs", jobs, "costs",
@@ -304,7 +316,7 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
     int get = !strcmp(r->method, "GET");
     if (!(!strcmp(end, "/logs") && get)) SH_TRY(query_only(r, NULL));
     if (!*end && get) {
-        *reply = srv__job_json(s, j, 1);
+        *reply = srv__job_json(s, j, 1, r->tenant);
         return SH_OK;
     }
     if ((!strcmp(end, "/cancel") && !strcmp(r->method, "POST")) || (!*end && !strcmp(r->method, "DELETE"))) {
@@ -318,7 +330,7 @@ static int job_routes(srv *s, srv_req *r, const char *rest, int *status, json_t 
         if (rc < 0) srv__db_rollback(s);
         srv__undo_end(s, &u, rc == SH_OK);
         if (rc < 0) return sh_err_wrap(rc, "job %lld was not cancelled and its ranks keep running", id);
-        *reply = srv__job_json(s, j, 0);
+        *reply = srv__job_json(s, j, 0, r->tenant);
         return SH_OK;
     }
     if (!strcmp(end, "/logs") && get) return job_logs(s, r, j, reply);
@@ -511,16 +523,34 @@ int srv__presubmit(const srv_config *cfg, srv_req *r)
     return rc;
 }
 
+/* /v1/runs/ (runs.c), with the write of a published service here. */
+static int run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply)
+{
+    srv_run_put put;
+    int rc = srv__run_routes(s, r, rest, status, reply, &put);
+    if (rc < 0 || !put.put) return rc;
+    rc = srv__db_begin(s);
+    if (rc == SH_OK) rc = srv__db_run_service(s, put.tenant, put.run, put.name, json_string_value(put.value), 0);
+    if (rc == SH_OK) rc = srv__db_commit(s);
+    else srv__db_rollback(s);
+    if (rc == SH_OK) srv__run_set(s, &put, reply);
+    json_decref(put.value);
+    return rc;
+}
+
 int srv__handle(srv *s, srv_req *r, int *status, json_t **reply)
 {
     const char *p = r->path;
     int get = !strcmp(r->method, "GET");
     *status = 200;
     if (!strncmp(p, "/v1/agent/", 10)) return agent_routes(s, r, reply);
-    if (r->role != ROLE_ADMIN && r->role != ROLE_TENANT)
+    if (r->role == ROLE_RUN && strncmp(p, "/v1/runs/", 9))
+        return sh_err(SH_EPERM, "%s: a run token (SHOAL_RUN_TOKEN) only reaches /v1/runs/%s/", p, r->run);
+    if (r->role != ROLE_ADMIN && r->role != ROLE_TENANT && r->role != ROLE_RUN)
         return sh_err(SH_EPERM, "%s: the agent token and node credentials only reach /v1/agent/", p);
     if (!(!strcmp(p, "/v1/jobs") && get) && strncmp(p, "/v1/jobs/", 9) && strcmp(p, "/v1/events"))
         SH_TRY(query_only(r, NULL));
+    if (!strncmp(p, "/v1/runs/", 9)) return run_routes(s, r, p + 9, status, reply);
     if (!strcmp(p, "/v1/jobs")) {
         if (!strcmp(r->method, "POST")) return submit(s, r, status, reply);
         if (get) return list_jobs(s, r, reply);

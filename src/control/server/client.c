@@ -19,30 +19,72 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#define CL_MAX_URLS 8
+
 struct srv_client {
-    char host[256];
+    char host[256]; /* the server talked to now */
     char port[16];
     char url[300];
+    char urls[CL_MAX_URLS][300]; /* every server given, http://HOST:PORT */
+    int nurls, cur;
     char *token;
     int fd;
 };
 
+/* Parses "http://HOST:PORT[/...]" into host and port; 0 if it is not one. */
+static int cl__parse(const char *url, size_t len, char host[256], char port[16])
+{
+    if (len < 7 || strncmp(url, "http://", 7)) return 0;
+    const char *p = url + 7, *end = url + len;
+    const char *colon = memchr(p, ':', (size_t)(end - p));
+    if (!colon || colon == p || colon - p > 250) return 0;
+    size_t plen = strcspn(colon + 1, "/,");
+    if (colon + 1 + plen > end) plen = (size_t)(end - colon - 1);
+    if (plen == 0 || plen > 5) return 0;
+    snprintf(host, 256, "%.*s", (int)(colon - p), p);
+    snprintf(port, 16, "%.*s", (int)plen, colon + 1);
+    for (const char *d = port; *d; d++)
+        if (*d < '0' || *d > '9') return 0;
+    return 1;
+}
+
+/* Makes the client talk to host:port from its next request on. */
+static void cl__target(srv_client *c, const char *host, const char *port)
+{
+    if (!strcmp(c->host, host) && !strcmp(c->port, port)) return;
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    snprintf(c->host, sizeof c->host, "%s", host);
+    snprintf(c->port, sizeof c->port, "%s", port);
+    snprintf(c->url, sizeof c->url, "http://%s:%s", c->host, c->port);
+}
+
 int srv_client_new(const char *url, const char *token, srv_client **out)
 {
-    const char *p = url;
-    if (strncmp(p, "http://", 7))
-        return sh_err(SH_EINVAL, "server address \"%s\": expected http://HOST:PORT", url);
-    p += 7;
-    const char *colon = strchr(p, ':');
-    if (!colon || colon == p || strlen(p) > 250)
-        return sh_err(SH_EINVAL, "server address \"%s\": expected http://HOST:PORT", url);
     srv_client *c = calloc(1, sizeof *c);
     if (!c) return sh_err(SH_ENOMEM, "client for %s", url);
-    snprintf(c->host, sizeof c->host, "%.*s", (int)(colon - p), p);
-    snprintf(c->port, sizeof c->port, "%.*s", (int)strcspn(colon + 1, "/"), colon + 1);
-    snprintf(c->url, sizeof c->url, "http://%s:%s", c->host, c->port);
-    c->token = token && *token ? strdup(token) : NULL;
     c->fd = -1;
+    for (const char *p = url; *p;) {
+        size_t n = strcspn(p, ",");
+        char host[256], port[16];
+        if (!cl__parse(p, n, host, port) || c->nurls == CL_MAX_URLS) {
+            int full = c->nurls == CL_MAX_URLS;
+            free(c);
+            return full
+                       ? sh_err(SH_EINVAL, "server addresses \"%s\": at most %d", url, CL_MAX_URLS)
+                       : sh_err(SH_EINVAL, "server address \"%.*s\": expected http://HOST:PORT (several: comma-separated)",
+                                (int)n, p);
+        }
+        snprintf(c->urls[c->nurls++], sizeof c->urls[0], "http://%s:%s", host, port);
+        if (c->nurls == 1) cl__target(c, host, port);
+        p += n;
+        if (*p == ',') p++;
+    }
+    if (!c->nurls) {
+        free(c);
+        return sh_err(SH_EINVAL, "server address \"\": expected http://HOST:PORT");
+    }
+    c->token = token && *token ? strdup(token) : NULL;
     *out = c;
     return SH_OK;
 }
@@ -155,9 +197,9 @@ static int cl__once(srv_client *c, const sh_buf *req, double deadline, int *stat
     return SH_OK;
 }
 
-int srv_client_raw(srv_client *c, const char *method, const char *path, const char *body,
-                   size_t body_len, const char *extra_header, double timeout_s, int *status,
-                   char **reply, size_t *reply_len)
+static int cl__raw1(srv_client *c, const char *method, const char *path, const char *body, size_t body_len,
+                   const char *extra_header, double deadline, int *status, char **reply, size_t *reply_len,
+                   int *sent)
 {
     sh_buf req = {0};
     int rc = sh_buf_printf(&req, "%s %s HTTP/1.1\r\nHost: %s:%s\r\nContent-Length: %zu\r\n", method,
@@ -171,8 +213,13 @@ int srv_client_raw(srv_client *c, const char *method, const char *path, const ch
         sh_buf_free(&req);
         return rc;
     }
-    double deadline = sh_now_mono() + (timeout_s > 0 ? timeout_s : 30);
     int reused = c->fd >= 0;
+    *sent = 0;
+    if (c->fd < 0 && (rc = cl__connect(c)) < 0) {
+        sh_buf_free(&req);
+        return rc;
+    }
+    *sent = 1;
     rc = cl__once(c, &req, deadline, status, reply, reply_len);
     /* A kept-alive connection the server has since closed fails at once;
      * that is not an error of the request, so try a fresh connection. */
@@ -205,4 +252,60 @@ int srv_client_call(srv_client *c, const char *method, const char *path, const j
     *reply = rlen ? json_loadb(r, rlen, 0, NULL) : NULL;
     free(r);
     return SH_OK;
+}
+
+/* The Location of a 307 reply's head is not kept; a standby's JSON body
+ * names the leader instead ("leader"). */
+static int cl__standby(const char *reply, size_t len, char host[256], char port[16])
+{
+    json_t *j = json_loadb(reply, len, 0, NULL);
+    const char *l = json_string_value(json_object_get(j, "leader"));
+    int ok = json_object_get(j, "standby") && l && cl__parse(l, strlen(l), host, port);
+    int standby = json_object_get(j, "standby") != NULL;
+    json_decref(j);
+    return ok ? 2 : standby;
+}
+
+/* Several servers (a leader and standbys, docs/deploy.md): a request goes
+ * to the one that answered last; a standby's redirect is followed, and a
+ * server that cannot be reached or stands by without knowing the leader
+ * passes the request to the next, until the deadline.  A request that
+ * reached a server which then vanished is re-sent only when that is safe:
+ * a GET, an agent's poll (declarative), or a request with an
+ * Idempotency-Key. */
+int srv_client_raw(srv_client *c, const char *method, const char *path, const char *body,
+                   size_t body_len, const char *extra_header, double timeout_s, int *status,
+                   char **reply, size_t *reply_len)
+{
+    double deadline = sh_now_mono() + (timeout_s > 0 ? timeout_s : 30);
+    int safe = !strcmp(method, "GET") || !strncmp(path, "/v1/agent/", 10) ||
+               (extra_header && !strncasecmp(extra_header, "Idempotency-Key:", 16));
+    for (int tries = 0;; tries++) {
+        int sent = 0;
+        int rc = cl__raw1(c, method, path, body, body_len, extra_header, deadline, status, reply, reply_len, &sent);
+        char host[256], port[16];
+        int sb = rc == SH_OK && (*status == 307 || *status == 503) ? cl__standby(*reply, *reply_len, host, port) : 0;
+        if (rc == SH_OK && !sb) return SH_OK;
+        int more = sh_now_mono() < deadline && tries < 1000;
+        if (sb == 2 && more) { /* a standby named the leader */
+            free(*reply);
+            *reply = NULL;
+            cl__target(c, host, port);
+            continue;
+        }
+        if (sb == 1 && (c->nurls == 1 || !more)) return SH_OK; /* the caller sees the 503 */
+        if (rc < 0 && (c->nurls == 1 || !more || (sent && !safe))) {
+            if (sent && !safe && c->nurls > 1)
+                return sh_err(SH_EIO, "%s (the request may or may not have been applied: retry it with an"
+                                      " Idempotency-Key)", sh_errmsg());
+            return rc;
+        }
+        if (sb) free(*reply), *reply = NULL;
+        /* The next server; a whole round without an answer waits a little. */
+        c->cur = (c->cur + 1) % c->nurls;
+        if (c->cur == 0) sh_sleep(0.05);
+        char h[256], p[16];
+        cl__parse(c->urls[c->cur], strlen(c->urls[c->cur]), h, p);
+        cl__target(c, h, p);
+    }
 }

@@ -1,185 +1,135 @@
-/* SQLite state of the server: the durable copy of the in-memory model.
- *
- * WAL mode with synchronous=NORMAL survives a killed process (every commit is
- * in the WAL before the reply leaves); synchronous=FULL (--sync-full) also
- * survives a power cut at the cost of one fsync per commit.  The schema is in
+/* The server's state in its database: every statement it runs, and the
+ * mapping between rows and the in-memory model.  The engine (SQLite or
+ * PostgreSQL) is behind db_int.h; this file is the same for both, so that
+ * the two hold the same state and pass the same tests.  The schema is in
  * docs/server-api.md ("State"). */
 #include "srv_int.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <string.h>
 
-static const char *const schema =
-    "CREATE TABLE IF NOT EXISTS nodes(name TEXT PRIMARY KEY, gpu_type TEXT, gpus INTEGER,"
-    " zone TEXT, fabric TEXT, addr TEXT, price REAL, state INTEGER, from_provider INTEGER,"
-    " sandbox TEXT, cred TEXT);"
-    "CREATE TABLE IF NOT EXISTS jobs(id INTEGER PRIMARY KEY, tenant TEXT, name TEXT, idem TEXT,"
-    " kind INTEGER, state INTEGER, policy INTEGER, attempt INTEGER, max_attempts INTEGER,"
-    " priority INTEGER, exit_code INTEGER, reason TEXT, spec TEXT, t_submit REAL, t_start REAL,"
-    " t_end REAL, go INTEGER, prefer TEXT, nodes INTEGER, min_nodes INTEGER, gpus_per_node INTEGER,"
-    " failures INTEGER);"
-    "CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem) WHERE idem != '';"
-    "CREATE TABLE IF NOT EXISTS members(job INTEGER, rank INTEGER, node TEXT, state INTEGER,"
-    " exit_code INTEGER, gpu_mask INTEGER, t_start REAL, t_end REAL, t_placed REAL,"
-    " PRIMARY KEY(job, rank));"
-    "CREATE TABLE IF NOT EXISTS events(id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, job INTEGER,"
-    " tenant TEXT, node TEXT, kind TEXT, msg TEXT);"
-    "CREATE TABLE IF NOT EXISTS ledger(id INTEGER PRIMARY KEY, tenant TEXT, job INTEGER,"
-    " attempt INTEGER, rank INTEGER, node TEXT, gpu_type TEXT, gpus INTEGER, t_start REAL,"
-    " t_end REAL, cost REAL, seconds REAL);"
-    "CREATE TABLE IF NOT EXISTS tenants(name TEXT PRIMARY KEY, num INTEGER UNIQUE);";
-
-/* Columns added since the first schema: a database written before them
- * gets them (NULL in old rows, which readers treat as unknown). */
-static const char *const added[][3] = {
-    {"members", "t_placed", "REAL"},
-    {"ledger", "seconds", "REAL"},
-};
-
-static int db__fail(srv *s, const char *what)
+int srv__store_is_pg(const char *db)
 {
-    return sh_err(SH_EIO, "%s: %s: %s", s->cfg.db_path, what, sqlite3_errmsg(s->db));
+    return db && (!strncmp(db, "postgresql://", 13) || !strncmp(db, "postgres://", 11) ||
+                  (strchr(db, '=') && !strchr(db, '/')) || !strncmp(db, "dbname=", 7) ||
+                  !strncmp(db, "host=", 5));
 }
 
-/* Creates the database file 0600 before SQLite opens it (SQLite gives its
- * WAL and shared-memory files the database's mode), and tightens the
- * files of an older, laxer install. */
-static int db__private(srv *s)
+/* --db as messages show it: a URL's password is replaced by "***". */
+static void db__name(srv *s)
 {
-    static const char *const sfx[] = {"", "-wal", "-shm", NULL};
-    for (int i = 0; sfx[i]; i++) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s%s", s->cfg.db_path, sfx[i]);
-        int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0 && (i == 0 || errno != ENOENT))
-            return sh_err_errno(errno, "%s: cannot create the database (check the --db path)", p);
-        if (fd >= 0 && fchmod(fd, 0600) < 0) {
-            close(fd);
-            return sh_err_errno(errno, "chmod 600 %s", p);
-        }
-        if (fd >= 0) close(fd);
-        if (i == 0) break; /* the others appear with the mode of the first */
+    const char *d = s->cfg.db_path;
+    snprintf(s->db_name, sizeof s->db_name, "%s", d);
+    const char *at = strchr(d, '@'), *sch = strstr(d, "://");
+    if (sch && at) {
+        const char *colon = memchr(sch + 3, ':', (size_t)(at - sch - 3));
+        if (colon) snprintf(s->db_name, sizeof s->db_name, "%.*s:***%s", (int)(colon - d), d, at);
     }
-    return SH_OK;
+    char *pw = strstr(s->db_name, "password=");
+    if (pw) snprintf(pw, sizeof s->db_name - (size_t)(pw - s->db_name), "password=***");
 }
+
+static int db__hash_creds(srv *s);
 
 int srv__db_open(srv *s)
 {
-    SH_TRY(db__private(s));
-    if (sqlite3_open_v2(s->cfg.db_path, &s->db,
-                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL)) {
-        int rc = sh_err(SH_EIO, "%s: cannot open the database: %s (check the --db path)",
-                        s->cfg.db_path, s->db ? sqlite3_errmsg(s->db) : "out of memory");
-        sqlite3_close(s->db);
-        s->db = NULL;
-        return rc;
-    }
-    sqlite3_busy_timeout(s->db, 5000);
-    char *err = NULL;
-    const char *pragmas = s->cfg.sync_full ? "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
-                                           : "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=16384;";
-    if (sqlite3_exec(s->db, pragmas, NULL, NULL, &err) || sqlite3_exec(s->db, schema, NULL, NULL, &err)) {
-        int rc = sh_err(SH_EIO, "%s: %s", s->cfg.db_path, err ? err : "cannot set up the schema");
-        sqlite3_free(err);
-        return rc;
-    }
-    for (size_t i = 0; i < sizeof added / sizeof added[0]; i++) {
-        char sql[160];
-        snprintf(sql, sizeof sql, "SELECT %s FROM %s LIMIT 0", added[i][1], added[i][0]);
-        if (sqlite3_exec(s->db, sql, NULL, NULL, NULL) == SQLITE_OK) continue;
-        snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN %s %s", added[i][0], added[i][1], added[i][2]);
-        if (sqlite3_exec(s->db, sql, NULL, NULL, &err)) {
-            int rc = sh_err(SH_EIO, "%s: %s: %s", s->cfg.db_path, sql, err ? err : "failed");
-            sqlite3_free(err);
-            return rc;
-        }
-    }
-    /* Databases from before node credentials lack the column. */
-    sqlite3_exec(s->db, "ALTER TABLE nodes ADD COLUMN cred TEXT", NULL, NULL, NULL);
-    return SH_OK;
+    db__name(s);
+    s->store = srv__store_is_pg(s->cfg.db_path) ? &srv__store_pg : &srv__store_sqlite;
+    SH_TRY(s->store->open(s));
+    return db__hash_creds(s);
 }
 
-int srv__db_begin(srv *s)
-{
-    return sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) ? db__fail(s, "begin") : SH_OK;
-}
+int srv__db_begin(srv *s) { return s->store->begin(s); }
 
 /* The ledger rows a transaction wrote are the core's bills until it
  * commits: dropped from the core then, written again after a failure. */
 int srv__db_commit(srv *s)
 {
-    int rc = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) ? db__fail(s, "commit") : SH_OK;
-    /* A commit that failed without ending the transaction (SQLITE_BUSY)
-     * is rolled back here, so that its rows cannot commit later beside
-     * the ones written again. */
-    if (rc < 0 && !sqlite3_get_autocommit(s->db)) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    int rc = s->store->commit(s);
     srv__seam_bills_end(s, rc == SH_OK);
     return rc;
 }
 
 void srv__db_rollback(srv *s)
 {
-    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    s->store->rollback(s);
     srv__seam_bills_end(s, 0);
 }
 
-int srv__db_autocommit(srv *s) { return sqlite3_get_autocommit(s->db) != 0; }
-
-/* Prepares sql (cached per statement text by SQLite's own prepare is cheap
- * enough at our rates) and binds the arguments described by `types`:
- * i int64, d double, t text. */
-/* Prepared statements, cached by the address of their (literal) SQL text:
- * preparing the wide job INSERT on every submit cost as much as running it. */
-static sqlite3_stmt *db__stmt(srv *s, const char *sql)
-{
-    for (int i = 0; i < s->nstmts; i++)
-        if (s->stmts[i].sql == sql) return s->stmts[i].st;
-    sqlite3_stmt *st;
-    if (sqlite3_prepare_v3(s->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL)) return NULL;
-    if (s->nstmts < (int)(sizeof s->stmts / sizeof s->stmts[0])) {
-        s->stmts[s->nstmts].sql = sql;
-        s->stmts[s->nstmts++].st = st;
-    }
-    return st;
-}
+int srv__db_autocommit(srv *s) { return !s->store->in_tx(s); }
 
 void srv__db_close(srv *s)
 {
-    for (int i = 0; i < s->nstmts; i++) sqlite3_finalize(s->stmts[i].st);
-    s->nstmts = 0;
-    sqlite3_close(s->db);
+    if (s->store) s->store->close(s);
     s->db = NULL;
 }
 
 static int db__run(srv *s, const char *sql, const char *types, ...)
 {
-    sqlite3_stmt *st = db__stmt(s, sql);
-    if (!st) return db__fail(s, "prepare");
     va_list ap;
     va_start(ap, types);
-    for (int i = 0; types[i]; i++) {
-        if (types[i] == 'i') sqlite3_bind_int64(st, i + 1, va_arg(ap, int64_t));
-        else if (types[i] == 'd') sqlite3_bind_double(st, i + 1, va_arg(ap, double));
-        else sqlite3_bind_text(st, i + 1, va_arg(ap, const char *), -1, SQLITE_TRANSIENT);
-    }
+    int rc = s->store->run(s, sql, types, ap);
     va_end(ap);
-    int rc = sqlite3_step(st);
-    int ok = rc == SQLITE_DONE || rc == SQLITE_ROW;
-    if (!ok) rc = db__fail(s, "write");
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-    return ok ? SH_OK : rc;
+    return rc;
+}
+
+static int db__query(srv *s, const char *sql, const char *types, srv_row_fn fn, void *arg, ...)
+{
+    va_list ap;
+    va_start(ap, arg);
+    int rc = s->store->query(s, sql, types, fn, arg, ap);
+    va_end(ap);
+    return rc;
+}
+
+#define COL_T(r, i) s->store->text(r, i)
+#define COL_I(r, i) s->store->i64(r, i)
+#define COL_D(r, i) s->store->dbl(r, i)
+
+static int db__plain_cred(srv *s, srv_row *r, void *arg)
+{
+    const char *cred = COL_T(r, 1);
+    if (cred[0] && !srv__is_hash(cred)) json_object_set_new(arg, COL_T(r, 0), json_string(cred));
+    return SH_OK;
+}
+
+/* Databases from before hashed credentials hold each node's credential as
+ * it was issued: each is replaced by its hash (srv__secret_hash), in one
+ * transaction, before the server answers anyone.  Plain SQL, the hash made
+ * here, so both engines run it. */
+static int db__hash_creds(srv *s)
+{
+    json_t *plain = json_object();
+    if (!plain) return sh_err(SH_ENOMEM, "%s: node credentials", s->db_name);
+    int rc = db__query(s, "SELECT name, cred FROM nodes", "", db__plain_cred, plain);
+    if (rc == SH_OK && json_object_size(plain)) {
+        rc = s->store->begin(s);
+        const char *name;
+        json_t *v;
+        json_object_foreach(plain, name, v) if (rc == SH_OK) {
+            char h[SRV_HASH_LEN];
+            srv__secret_hash(json_string_value(v), h);
+            rc = db__run(s, "UPDATE nodes SET cred=$1 WHERE name=$2", "tt", h, name);
+        }
+        if (rc == SH_OK) rc = s->store->commit(s);
+        else if (s->store->in_tx(s)) s->store->rollback(s);
+        if (rc == SH_OK)
+            sh_info("%s: %zu node credential(s) stored as given were replaced by their hashes", s->db_name,
+                    json_object_size(plain));
+    }
+    json_decref(plain);
+    return rc;
 }
 
 int srv__db_node(srv *s, const srv_node *n)
 {
     return db__run(s,
-                   "INSERT OR REPLACE INTO nodes(name, gpu_type, gpus, zone, fabric, addr, price, state,"
-                   " from_provider, sandbox, cred) VALUES(?,?,?,?,?,?,?,?,?,?,?)", "ttitttdiitt", n->name,
+                   "INSERT INTO nodes(name, gpu_type, gpus, zone, fabric, addr, price, state,"
+                   " from_provider, sandbox, cred) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)"
+                   " ON CONFLICT(name) DO UPDATE SET gpu_type=excluded.gpu_type, gpus=excluded.gpus,"
+                   " zone=excluded.zone, fabric=excluded.fabric, addr=excluded.addr, price=excluded.price,"
+                   " state=excluded.state, from_provider=excluded.from_provider, sandbox=excluded.sandbox,"
+                   " cred=excluded.cred", "ttitttdiitt", n->name,
                    n->gpu_type, (int64_t)n->gpus, n->zone, n->fabric, n->addr, n->price,
                    (int64_t)n->state, (int64_t)n->from_provider, n->sandbox, n->cred);
 }
@@ -192,7 +142,17 @@ int srv__db_job(srv *s, const srv_job *j)
     char *prefer = json_dumps(pa, JSON_COMPACT);
     json_decref(pa);
     int rc = db__run(s,
-                     "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                     "INSERT INTO jobs(id, tenant, name, idem, kind, state, policy, attempt, max_attempts,"
+                     " priority, exit_code, reason, spec, t_submit, t_start, t_end, go, prefer, nodes,"
+                     " min_nodes, gpus_per_node, failures)"
+                     " VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22)"
+                     " ON CONFLICT(id) DO UPDATE SET state=excluded.state, policy=excluded.policy,"
+                     " attempt=excluded.attempt, max_attempts=excluded.max_attempts,"
+                     " priority=excluded.priority, exit_code=excluded.exit_code, reason=excluded.reason,"
+                     " spec=excluded.spec, t_submit=excluded.t_submit, t_start=excluded.t_start,"
+                     " t_end=excluded.t_end, go=excluded.go, prefer=excluded.prefer, nodes=excluded.nodes,"
+                     " min_nodes=excluded.min_nodes, gpus_per_node=excluded.gpus_per_node,"
+                     " failures=excluded.failures",
                      "itttiiiiiiittddditiiii", j->id, j->tenant, j->name, j->idem, (int64_t)j->kind,
                      (int64_t)j->state, (int64_t)j->policy, (int64_t)j->attempt,
                      (int64_t)j->max_attempts, (int64_t)j->priority, (int64_t)j->exit_code,
@@ -206,11 +166,11 @@ int srv__db_job(srv *s, const srv_job *j)
 
 int srv__db_members(srv *s, const srv_job *j)
 {
-    SH_TRY(db__run(s, "DELETE FROM members WHERE job=?", "i", j->id));
+    SH_TRY(db__run(s, "DELETE FROM members WHERE job=$1", "i", j->id));
     for (int i = 0; i < j->nmem; i++) {
         const srv_member *m = &j->mem[i];
         SH_TRY(db__run(s, "INSERT INTO members(job, rank, node, state, exit_code, gpu_mask, t_start, t_end,"
-                       " t_placed) VALUES(?,?,?,?,?,?,?,?,?)", "iitiiiddd", j->id,
+                       " t_placed) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9)", "iitiiiddd", j->id,
                        (int64_t)m->rank, s->nodes[m->node].name, (int64_t)m->state,
                        (int64_t)m->exit_code, (int64_t)m->gpu_mask, m->t_start, m->t_end, m->t_placed));
     }
@@ -226,7 +186,7 @@ int srv__db_event(srv *s, int64_t job, const char *node, const char *kind, const
     va_end(ap);
     srv_job *j = job ? srv__job(s, job) : NULL;
     sh_debug("event %s job %lld node %s: %s", kind, (long long)job, node ? node : "-", msg);
-    return db__run(s, "INSERT INTO events(t, job, tenant, node, kind, msg) VALUES(?,?,?,?,?,?)",
+    return db__run(s, "INSERT INTO events(t, job, tenant, node, kind, msg) VALUES($1,$2,$3,$4,$5,$6)",
                    "ditttt", sh_now_wall(), job, j ? j->tenant : "", node ? node : "", kind, msg);
 }
 
@@ -234,125 +194,158 @@ int srv__db_ledger(srv *s, const srv_bill *b)
 {
     return db__run(s,
                    "INSERT INTO ledger(tenant, job, attempt, rank, node, gpu_type, gpus, t_start,"
-                   " t_end, seconds, cost) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                   " t_end, seconds, cost) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)",
                    "tiiittidddd", b->tenant, b->job, (int64_t)b->attempt, (int64_t)b->rank, b->node,
                    b->gpu_type, (int64_t)b->gpus, b->t_start, b->t_end, b->seconds, b->cost);
 }
 
-static const char *col_text(sqlite3_stmt *st, int i)
+static int db__row_node(srv *s, srv_row *r, void *arg)
 {
-    const char *t = (const char *)sqlite3_column_text(st, i);
-    return t ? t : "";
-}
-
-static int db__load_nodes(srv *s)
-{
-    sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db, "SELECT name, gpu_type, gpus, zone, fabric, addr, price, state, from_provider, sandbox, cred"
-                           " FROM nodes ORDER BY rowid", -1, &st, NULL))
-        return db__fail(s, "load nodes");
-    int rc = SH_OK;
-    while (sqlite3_step(st) == SQLITE_ROW) {
-        if (s->nnodes == s->cap_nodes) {
-            int cap = s->cap_nodes ? 2 * s->cap_nodes : 64;
-            srv_node *nn = realloc(s->nodes, (size_t)cap * sizeof *nn);
-            if (!nn) { rc = sh_err(SH_ENOMEM, "loading nodes"); break; }
-            s->nodes = nn;
-            s->cap_nodes = cap;
-        }
-        srv_node *n = &s->nodes[s->nnodes++];
-        memset(n, 0, sizeof *n);
-        snprintf(n->name, sizeof n->name, "%s", col_text(st, 0));
-        snprintf(n->gpu_type, sizeof n->gpu_type, "%s", col_text(st, 1));
-        n->gpus = sqlite3_column_int(st, 2);
-        snprintf(n->zone, sizeof n->zone, "%s", col_text(st, 3));
-        snprintf(n->fabric, sizeof n->fabric, "%s", col_text(st, 4));
-        snprintf(n->addr, sizeof n->addr, "%s", col_text(st, 5));
-        n->price = sqlite3_column_double(st, 6);
-        n->state = sqlite3_column_int(st, 7);
-        n->from_provider = sqlite3_column_int(st, 8);
-        snprintf(n->sandbox, sizeof n->sandbox, "%s", col_text(st, 9));
-        snprintf(n->cred, sizeof n->cred, "%s", col_text(st, 10));
-        /* A node alive at the crash gets a fresh heartbeat window to poll the
-         * restarted server before it is declared dead. */
-        n->last_seen = sh_now_mono();
+    if (s->nnodes == s->cap_nodes) {
+        int cap = s->cap_nodes ? 2 * s->cap_nodes : 64;
+        srv_node *nn = realloc(s->nodes, (size_t)cap * sizeof *nn);
+        if (!nn) return sh_err(SH_ENOMEM, "loading nodes");
+        s->nodes = nn;
+        s->cap_nodes = cap;
     }
-    sqlite3_finalize(st);
-    return rc;
-}
-
-static int db__load_members(srv *s)
-{
-    sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db, "SELECT job, rank, node, state, exit_code, gpu_mask, t_start, t_end, t_placed"
-                           " FROM members ORDER BY job, rank", -1, &st, NULL))
-        return db__fail(s, "load members");
-    while (sqlite3_step(st) == SQLITE_ROW) {
-        srv_job *j = srv__job(s, sqlite3_column_int64(st, 0));
-        int node = srv__node_find(s, col_text(st, 2));
-        if (!j || node < 0) continue;
-        srv_member *nm = realloc(j->mem, (size_t)(j->nmem + 1) * sizeof *nm);
-        if (!nm) {
-            sqlite3_finalize(st);
-            return sh_err(SH_ENOMEM, "loading members");
-        }
-        j->mem = nm;
-        srv_member *m = &j->mem[j->nmem++];
-        m->rank = sqlite3_column_int(st, 1);
-        m->node = node;
-        m->state = sqlite3_column_int(st, 3);
-        m->exit_code = sqlite3_column_int(st, 4);
-        m->gpu_mask = (uint64_t)sqlite3_column_int64(st, 5);
-        m->t_start = sqlite3_column_double(st, 6);
-        m->t_end = sqlite3_column_double(st, 7);
-        m->t_placed = sqlite3_column_double(st, 8); /* 0 (NULL) in older databases */
-    }
-    sqlite3_finalize(st);
+    srv_node *n = &s->nodes[s->nnodes++];
+    memset(n, 0, sizeof *n);
+    snprintf(n->name, sizeof n->name, "%s", COL_T(r, 0));
+    snprintf(n->gpu_type, sizeof n->gpu_type, "%s", COL_T(r, 1));
+    n->gpus = (int)COL_I(r, 2);
+    snprintf(n->zone, sizeof n->zone, "%s", COL_T(r, 3));
+    snprintf(n->fabric, sizeof n->fabric, "%s", COL_T(r, 4));
+    snprintf(n->addr, sizeof n->addr, "%s", COL_T(r, 5));
+    n->price = COL_D(r, 6);
+    n->state = (int)COL_I(r, 7);
+    n->from_provider = (int)COL_I(r, 8);
+    snprintf(n->sandbox, sizeof n->sandbox, "%s", COL_T(r, 9));
+    snprintf(n->cred, sizeof n->cred, "%s", COL_T(r, 10));
+    /* A node alive at the crash gets a fresh heartbeat window to poll the
+     * restarted server before it is declared dead. */
+    n->last_seen = sh_now_mono();
     return SH_OK;
 }
 
-static int db__load_job(srv *s, sqlite3_stmt *st)
+static int db__row_member(srv *s, srv_row *r, void *arg)
 {
-    json_t *spec = json_loads(col_text(st, 12), 0, NULL);
+    srv_job *j = srv__job(s, COL_I(r, 0));
+    int node = srv__node_find(s, COL_T(r, 2));
+    if (!j || node < 0) return SH_OK;
+    srv_member *nm = realloc(j->mem, (size_t)(j->nmem + 1) * sizeof *nm);
+    if (!nm) return sh_err(SH_ENOMEM, "loading members");
+    j->mem = nm;
+    srv_member *m = &j->mem[j->nmem++];
+    memset(m, 0, sizeof *m);
+    m->rank = (int)COL_I(r, 1);
+    m->node = node;
+    m->state = (int)COL_I(r, 3);
+    m->exit_code = (int)COL_I(r, 4);
+    m->gpu_mask = (uint64_t)COL_I(r, 5);
+    m->t_start = COL_D(r, 6);
+    m->t_end = COL_D(r, 7);
+    m->t_placed = COL_D(r, 8); /* 0 (NULL) in older databases */
+    return SH_OK;
+}
+
+static int db__row_job(srv *s, srv_row *r, void *arg)
+{
+    json_t *spec = json_loads(COL_T(r, 12), 0, NULL);
     /* Databases written before "zone" was refused may hold it; it never
      * affected placement, so dropping it keeps those jobs loadable. */
     if (json_is_object(spec)) json_object_del(spec, "zone");
     srv_job *j = NULL;
-    int rc = srv__job_from_spec(spec, col_text(st, 1), &j);
+    int rc = srv__job_from_spec(spec, COL_T(r, 1), &j);
     json_decref(spec);
-    if (rc == SH_OK) j->spec_bytes = strlen(col_text(st, 12));
-    if (rc < 0) return sh_err_wrap(rc, "%s: job %lld", s->cfg.db_path, (long long)sqlite3_column_int64(st, 0));
-    j->id = sqlite3_column_int64(st, 0);
-    snprintf(j->idem, sizeof j->idem, "%s", col_text(st, 3));
-    j->state = sqlite3_column_int(st, 5);
-    j->attempt = sqlite3_column_int(st, 7);
-    j->exit_code = sqlite3_column_int(st, 10);
-    snprintf(j->reason, sizeof j->reason, "%s", col_text(st, 11));
-    j->t_submit = sqlite3_column_double(st, 13);
-    j->t_start = sqlite3_column_double(st, 14);
-    j->t_end = sqlite3_column_double(st, 15);
-    j->go = sqlite3_column_int(st, 16);
-    json_t *pa = json_loads(col_text(st, 17), 0, NULL);
+    if (rc == SH_OK) j->spec_bytes = strlen(COL_T(r, 12));
+    if (rc < 0) return sh_err_wrap(rc, "%s: job %lld", s->db_name, (long long)COL_I(r, 0));
+    j->id = COL_I(r, 0);
+    snprintf(j->idem, sizeof j->idem, "%s", COL_T(r, 3));
+    j->state = (int)COL_I(r, 5);
+    j->attempt = (int)COL_I(r, 7);
+    j->exit_code = (int)COL_I(r, 10);
+    snprintf(j->reason, sizeof j->reason, "%s", COL_T(r, 11));
+    j->t_submit = COL_D(r, 13);
+    j->t_start = COL_D(r, 14);
+    j->t_end = COL_D(r, 15);
+    j->go = (int)COL_I(r, 16);
+    json_t *pa = json_loads(COL_T(r, 17), 0, NULL);
     size_t i;
     json_t *v;
     json_array_foreach(pa, i, v) if (j->nprefer < 64) j->prefer[j->nprefer++] = (int)json_integer_value(v);
     json_decref(pa);
-    j->nodes = sqlite3_column_int(st, 18);
-    j->failures = sqlite3_column_int(st, 21);
+    j->nodes = (int)COL_I(r, 18);
+    j->failures = (int)COL_I(r, 21);
     return srv__job_add(s, j);
+}
+
+int srv__db_run(srv *s, const char *tenant, const char *name, const char *secret, const char *token)
+{
+    return db__run(s, "INSERT INTO runs(tenant, name, secret, token, t) VALUES($1,$2,$3,$4,$5)", "ttttd", tenant,
+                   name, secret, token, sh_now_wall());
+}
+
+int srv__db_run_service(srv *s, const char *tenant, const char *run, const char *name, const char *value, int64_t job)
+{
+    return db__run(s, "INSERT INTO run_services(tenant, run, name, value, job, t) VALUES($1,$2,$3,$4,$5,$6)"
+                      " ON CONFLICT(tenant, run, name) DO UPDATE SET value=excluded.value, job=excluded.job,"
+                      " t=excluded.t",
+                   "ttttid", tenant, run, name, value, job, sh_now_wall());
+}
+
+/* The entries' layout is runs.c's (srv__run_put); built here so that
+ * loading calls nothing above the database.  An entry already in memory
+ * is kept: a request may hold pointers into it. */
+static int db__row_run(srv *s, srv_row *r, void *arg)
+{
+    char k[256];
+    snprintf(k, sizeof k, "%s\n%s", COL_T(r, 0), COL_T(r, 1));
+    if (json_object_get(s->runs, k)) return SH_OK;
+    json_object_set_new(s->runs, k, json_pack("{s:s,s:s,s:s,s:s,s:o}", "tenant", COL_T(r, 0), "run", COL_T(r, 1),
+                                              "secret", COL_T(r, 2), "token", COL_T(r, 3), "services",
+                                              json_object()));
+    return SH_OK;
+}
+
+static int db__row_run_service(srv *s, srv_row *r, void *arg)
+{
+    char k[256];
+    snprintf(k, sizeof k, "%s\n%s", COL_T(r, 0), COL_T(r, 1));
+    json_t *run = json_object_get(s->runs, k);
+    if (run) json_object_set_new(json_object_get(run, "services"), COL_T(r, 2), json_string(COL_T(r, 3)));
+    return SH_OK;
+}
+
+/* Every run and its services into s->runs (runs.c). */
+static int db__load_runs(srv *s)
+{
+    if (!s->runs) s->runs = json_object();
+    if (!s->runs) return sh_err(SH_ENOMEM, "%s: runs", s->db_name);
+    SH_TRY(db__query(s, "SELECT tenant, name, secret, token FROM runs", "", db__row_run, NULL));
+    return db__query(s, "SELECT tenant, run, name, value FROM run_services", "", db__row_run_service, NULL);
 }
 
 int srv__db_load(srv *s)
 {
-    SH_TRY(db__load_nodes(s));
-    sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db, "SELECT * FROM jobs ORDER BY id", -1, &st, NULL))
-        return db__fail(s, "load jobs");
-    int rc = SH_OK;
-    while (rc == SH_OK && sqlite3_step(st) == SQLITE_ROW) rc = db__load_job(s, st);
-    sqlite3_finalize(st);
-    SH_TRY(rc);
-    return db__load_members(s);
+    SH_TRY(db__load_runs(s));
+    int pg = s->store == &srv__store_pg;
+    SH_TRY(db__query(s, pg ? "SELECT name, gpu_type, gpus, zone, fabric, addr, price, state, from_provider,"
+                             " sandbox, cred FROM nodes ORDER BY ord"
+                           : "SELECT name, gpu_type, gpus, zone, fabric, addr, price, state, from_provider,"
+                             " sandbox, cred FROM nodes ORDER BY rowid",
+                     "", db__row_node, NULL));
+    SH_TRY(db__query(s, "SELECT id, tenant, name, idem, kind, state, policy, attempt, max_attempts, priority,"
+                        " exit_code, reason, spec, t_submit, t_start, t_end, go, prefer, nodes, min_nodes,"
+                        " gpus_per_node, failures FROM jobs ORDER BY id",
+                     "", db__row_job, NULL));
+    return db__query(s, "SELECT job, rank, node, state, exit_code, gpu_mask, t_start, t_end, t_placed"
+                        " FROM members ORDER BY job, rank", "", db__row_member, NULL);
+}
+
+static int db__row_tenant(srv *s, srv_row *r, void *arg)
+{
+    json_object_set_new(s->tenant_num, COL_T(r, 0), json_integer(COL_I(r, 1)));
+    return SH_OK;
 }
 
 /* Numbers every tenant of the tokens file, "admin" and every tenant that
@@ -370,76 +363,79 @@ int srv__db_tenants(srv *s)
     int rc = SH_OK;
     size_t i;
     json_array_foreach(names, i, v) if (rc == SH_OK)
-        rc = db__run(s, "INSERT OR IGNORE INTO tenants(name, num) VALUES(?, (SELECT COALESCE(MAX(num), 0) + 1 FROM tenants))",
-                     "t", json_string_value(v));
+        rc = db__run(s, "INSERT INTO tenants(name, num) VALUES($1, (SELECT COALESCE(MAX(num), 0) + 1 FROM tenants))"
+                        " ON CONFLICT DO NOTHING", "t", json_string_value(v));
     json_decref(names);
     SH_TRY(rc);
-    sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db, "SELECT name, num FROM tenants", -1, &st, NULL)) return db__fail(s, "load tenants");
     json_decref(s->tenant_num);
     s->tenant_num = json_object();
-    while (sqlite3_step(st) == SQLITE_ROW)
-        json_object_set_new(s->tenant_num, col_text(st, 0), json_integer(sqlite3_column_int64(st, 1)));
-    sqlite3_finalize(st);
+    return db__query(s, "SELECT name, num FROM tenants", "", db__row_tenant, NULL);
+}
+
+/* Every job of the database is in memory (srv__db_load), so the key is
+ * looked up there, in the index srv__job_add keeps; an entry whose job
+ * was taken back (a failed commit) no longer matches its job. */
+int64_t srv__db_idem(srv *s, const char *tenant, const char *key)
+{
+    char k[sizeof ((srv_job *)0)->tenant + sizeof ((srv_job *)0)->idem + 2];
+    snprintf(k, sizeof k, "%s/%s", tenant, key);
+    int64_t id = json_integer_value(json_object_get(s->idem_index, k));
+    srv_job *j = id ? srv__job(s, id) : NULL;
+    return j && !strcmp(j->tenant, tenant) && !strcmp(j->idem, key) ? id : 0;
+}
+
+static int db__row_event(srv *s, srv_row *r, void *arg)
+{
+    json_array_append_new(arg, json_pack("{s:I,s:f,s:I,s:s,s:s,s:s}", "id", (json_int_t)COL_I(r, 0), "t",
+                                         COL_D(r, 1), "job", (json_int_t)COL_I(r, 2), "node", COL_T(r, 3),
+                                         "kind", COL_T(r, 4), "msg", COL_T(r, 5)));
     return SH_OK;
 }
 
 json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit)
 {
-    sqlite3_stmt *st;
     json_t *out = json_array();
-    if (sqlite3_prepare_v2(s->db,
-                           "SELECT id, t, job, node, kind, msg FROM events WHERE id > ?1 AND"
-                           " (?2 = '' OR tenant = ?2) AND (?3 = 0 OR job = ?3) ORDER BY id LIMIT ?4",
-                           -1, &st, NULL))
-        return out;
-    sqlite3_bind_int64(st, 1, after);
-    sqlite3_bind_text(st, 2, tenant ? tenant : "", -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, job);
-    sqlite3_bind_int(st, 4, limit);
-    while (sqlite3_step(st) == SQLITE_ROW)
-        json_array_append_new(out, json_pack("{s:I,s:f,s:I,s:s,s:s,s:s}", "id",
-                                             (json_int_t)sqlite3_column_int64(st, 0), "t",
-                                             sqlite3_column_double(st, 1), "job",
-                                             (json_int_t)sqlite3_column_int64(st, 2), "node",
-                                             col_text(st, 3), "kind", col_text(st, 4), "msg",
-                                             col_text(st, 5)));
-    sqlite3_finalize(st);
+    db__query(s,
+              "SELECT id, t, job, node, kind, msg FROM events WHERE id > $1 AND"
+              " (CAST($2 AS TEXT) = '' OR tenant = $2) AND (CAST($3 AS BIGINT) = 0 OR job = $3)"
+              " ORDER BY id LIMIT $4",
+              "itii", db__row_event, out, after, tenant ? tenant : "", job, (int64_t)limit);
     return out;
+}
+
+static int db__row_cost(srv *s, srv_row *r, void *arg)
+{
+    double *d = arg;
+    d[0] = COL_D(r, 0), d[1] = COL_D(r, 1);
+    return SH_OK;
 }
 
 /* The closed ledger of one job: dollars and GPU-seconds over its members. */
 void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s)
 {
-    sqlite3_stmt *st;
-    *dollars = *gpu_s = 0;
-    if (sqlite3_prepare_v2(s->db, "SELECT SUM(cost), SUM(COALESCE(seconds, t_end - t_start) * gpus) FROM ledger WHERE job = ?",
-                           -1, &st, NULL))
-        return;
-    sqlite3_bind_int64(st, 1, job);
-    if (sqlite3_step(st) == SQLITE_ROW) *dollars = sqlite3_column_double(st, 0), *gpu_s = sqlite3_column_double(st, 1);
-    sqlite3_finalize(st);
+    double d[2] = {0, 0};
+    db__query(s, "SELECT SUM(cost), SUM(COALESCE(seconds, t_end - t_start) * gpus) FROM ledger WHERE job = $1",
+              "i", db__row_cost, d, job);
+    *dollars = d[0], *gpu_s = d[1];
+}
+
+static int db__row_costs(srv *s, srv_row *r, void *arg)
+{
+    const char *t = COL_T(r, 0);
+    json_t *by = json_object_get(arg, t);
+    if (!by) json_object_set_new(arg, t, by = json_object());
+    json_object_set_new(by, COL_T(r, 1),
+                        json_pack("{s:f,s:f}", "dollars", COL_D(r, 2), "gpu_seconds", COL_D(r, 3)));
+    return SH_OK;
 }
 
 /* Sums the closed ledger by tenant and GPU type into obj[tenant][gpu_type]. */
 json_t *srv__db_costs(srv *s, const char *tenant)
 {
-    sqlite3_stmt *st;
     json_t *out = json_object();
-    if (sqlite3_prepare_v2(s->db,
-                           "SELECT tenant, gpu_type, SUM(cost), SUM(COALESCE(seconds, t_end - t_start) * gpus)"
-                           " FROM ledger WHERE ?1 = '' OR tenant = ?1 GROUP BY tenant, gpu_type",
-                           -1, &st, NULL))
-        return out;
-    sqlite3_bind_text(st, 1, tenant ? tenant : "", -1, SQLITE_STATIC);
-    while (sqlite3_step(st) == SQLITE_ROW) {
-        const char *t = col_text(st, 0);
-        json_t *by = json_object_get(out, t);
-        if (!by) json_object_set_new(out, t, by = json_object());
-        json_object_set_new(by, col_text(st, 1),
-                            json_pack("{s:f,s:f}", "dollars", sqlite3_column_double(st, 2),
-                                      "gpu_seconds", sqlite3_column_double(st, 3)));
-    }
-    sqlite3_finalize(st);
+    db__query(s,
+              "SELECT tenant, gpu_type, SUM(cost), SUM(COALESCE(seconds, t_end - t_start) * gpus)"
+              " FROM ledger WHERE CAST($1 AS TEXT) = '' OR tenant = $1 GROUP BY tenant, gpu_type",
+              "t", db__row_costs, out, tenant ? tenant : "");
     return out;
 }

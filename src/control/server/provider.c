@@ -80,7 +80,7 @@ int srv__provider_create(srv *s, const char *zone, const char *fabric, const cha
         json_t *req = json_pack("{s:s,s:s,s:s,s:s,s:s,s:i,s:f,s:s,s:s}", "action", "create", "name", name, "zone",
                                 zone, "fabric", fabric, "gpu_type", gpu_type, "gpus", s->quota.gpus,
                                 "price_per_gpu_hour", s->quota.price_per_gpu_hour, "server", url, "token",
-                                json_string_value(json_object_get(s->tokens, "agent")));
+                                s->provider_token ? s->provider_token : "");
         SH_TRY(run(s, req));
         SH_TRY(srv__db_event(s, 0, name, "scale_up", "asked the provider for %d x %s in %s/%s", s->quota.gpus,
                              gpu_type, zone, fabric));

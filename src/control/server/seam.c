@@ -332,6 +332,7 @@ int srv__seam_step(srv *s, double now)
     }
     s->nactive = k;
     SH_TRY(srv__time_limits(s, sh_now_wall()));
+    SH_TRY(srv__settle_failures(s));
     int n = sched_step(s->sc, now, &s->dec);
     if (n < 0) return n;
     /* Before the decisions move attempts on.  A failed ledger write keeps

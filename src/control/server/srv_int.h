@@ -15,11 +15,11 @@
 #include "shoal/sched.h"
 
 #include <pthread.h>
-#include <sqlite3.h>
 #include <stdint.h>
 
 #include "shoal/common.h"
 #include "shoal/server.h"
+#include "db_int.h"
 
 enum { NODE_ALIVE, NODE_DEAD, NODE_GONE };
 enum { J_PENDING, J_STARTING, J_RUNNING, J_SUCCEEDED, J_FAILED, J_CANCELLED, J_NSTATES };
@@ -29,7 +29,7 @@ enum { P_REQUEUE, P_REPLACE, P_FAIL };
 
 typedef struct srv_node {
     char name[64], gpu_type[32], zone[32], fabric[32], addr[64], sandbox[128];
-    char cred[48];       /* the node's own credential (issued at registration) */
+    char cred[72];       /* the hash of the node's credential (srv__secret_hash) */
     int gpus, state, from_provider; /* GPUs in use: the core's (srv__node_used) */
     double price;        /* dollars per GPU-hour */
     double last_seen;    /* monotonic seconds of the last poll */
@@ -42,7 +42,16 @@ typedef struct srv_member {
     double t_placed;       /* wall seconds: the core placed it (billing starts) */
     double t_start, t_end; /* wall seconds: its process ran between them */
     int64_t disk_bytes;    /* its work directory at the agent's last look (not stored) */
+    double t_exit;         /* wall seconds its agent saw it exit ("ended_at"; not stored, 0: unknown) */
+    char tail[240];        /* the end of its output this attempt, for a failure's reason (not stored) */
+    int tail_len;
 } srv_member;
+
+/* A gang whose rank failed waits this long (or until every rank has ended)
+ * before it is failed, so that the rank that failed first, by its agent's
+ * clock, is the one the reason names: the other ranks often fail a moment
+ * later ("connection closed by peer") and their agent may poll first. */
+#define SRV_FAIL_SETTLE_S 2.0
 
 /* A Prometheus histogram: counts per bucket (not cumulative; the last is
  * +Inf), the sum and count of the observations. */
@@ -53,9 +62,19 @@ typedef struct srv_hist {
     double sum;
 } srv_hist;
 
+/* What one tenant's rank logs take on disk: counted from the files when
+ * first needed and again (at most every SRV_TLOG_RECOUNT_S) when the
+ * budget is reached, and kept up by every append in between. */
+typedef struct srv_tlog {
+    char tenant[64];
+    uint64_t bytes;
+    double counted; /* monotonic seconds of the last count from the files */
+} srv_tlog;
+#define SRV_TLOG_RECOUNT_S 10.0
+
 typedef struct srv_job {
     int64_t id;
-    char tenant[64], name[128], idem[128], reason[256];
+    char tenant[64], name[128], idem[128], reason[640];
     int kind, state, policy, attempt, max_attempts, priority, exit_code;
     int failures;                        /* node failures so far (max_attempts bounds them) */
     int nodes, min_nodes, gpus_per_node; /* gang: nodes; elastic: min..nodes */
@@ -66,6 +85,7 @@ typedef struct srv_job {
     int nmem;
     srv_member *mem;
     uint64_t log_checked;                /* ranks whose log file this process has repaired */
+    uint64_t log_tenant_full;            /* ranks whose log has the note of the tenant's budget */
     int rdzv_port;                       /* MASTER_PORT of this attempt (0: not chosen yet) */
     double t_placed;                     /* wall time this attempt was placed (metrics) */
     int nprefer;                         /* replace policy: nodes to keep, by rank */
@@ -80,14 +100,30 @@ struct srv {
     pthread_cond_t sched_cv; /* wakes the scheduler thread */
     pthread_t sched_thread;
     int stopping, dirty;
-    sqlite3 *db;
+    const srv_store_ops *store; /* the engine behind db.c */
+    void *db;                   /* its connection (NULL: closed) */
+    char db_name[512];          /* --db as messages show it (no password) */
     int lock_fd; /* DB.lock, held while the server runs (-1: none) */
-    struct { const char *sql; sqlite3_stmt *st; } stmts[16];
-    int nstmts;
+    /* Several servers on one PostgreSQL database (leader.c): only the
+     * leader holds a state; a standby answers with a redirect to it. */
+    int leader;              /* 1: this process leads (always, with SQLite) */
+    int64_t epoch;           /* its fencing epoch (PostgreSQL) */
+    double lease_until;      /* monotonic: it may act as leader until then */
+    double t_led_wall;       /* wall time it became leader (0: never) */
+    double t_first_cycle;    /* wall time of its first scheduling cycle as leader */
+    char leader_url[300];    /* a standby's view of the leader (guarded by lead_mu) */
+    char self_url[300];      /* the URL this server advertises */
+    pthread_mutex_t lead_mu;
+    pthread_t lead_thread;
     struct MHD_Daemon *mhd;
     int port;
     char dir[4096]; /* directory of the database: logs/ lives there */
-    json_t *tokens;
+    json_t *tokens;       /* the tokens file, each token replaced by its hash */
+    char *provider_token; /* the agent token as given, for --provider-cmd only (else NULL) */
+    json_t *prio_max;     /* --max-priority: tenant -> the highest priority its jobs may ask */
+    int prio_default;     /* ... for a tenant not in prio_max */
+    struct srv_tlog *tlog; /* bytes of each tenant's rank logs on disk (agentapi.c) */
+    int ntlog, cap_tlog;
     json_t *tenant_num; /* tenant name -> its number (members run as uid base + number) */
     char state_dir[4096]; /* absolute s->dir: hidden from members, never writable */
     int64_t forged_job;   /* a poll's forged report, recorded after its rollback */
@@ -100,6 +136,7 @@ struct srv {
     srv_node *nodes;
     int nnodes, cap_nodes;
     srv_job **jobs; /* by id; jobs[0] unused */
+    json_t *idem_index; /* "tenant/key" -> job id, of every job with an Idempotency-Key */
     int64_t njobs, cap_jobs;
     int64_t *active; /* ids of pending, starting and running jobs */
     int64_t nactive, cap_active;
@@ -118,6 +155,7 @@ struct srv {
     sched_quota quota;
     int reloading;        /* srv__seam_init rebuilds after an undone cycle, not a restart */
     char failed[1024];    /* non-empty: the state is lost; every request gets 503 */
+    json_t *runs;         /* "tenant\nrun" -> {tenant, run, secret, token, services} (runs.c) */
 };
 
 typedef struct srv_req {
@@ -125,6 +163,7 @@ typedef struct srv_req {
     const char *body;
     size_t body_len;
     const char *tenant; /* NULL: admin or agent */
+    const char *run;    /* ROLE_RUN: the run its token opens (tenant: the run's tenant) */
     int role;           /* ROLE_* */
     int node;           /* ROLE_NODE: the index of the node the credential names */
     const char *idem_header;
@@ -135,7 +174,15 @@ typedef struct srv_req {
  * register nodes.  ROLE_NODE holds one node's credential: it may only poll
  * as that node.  Neither reaches the tenant API, and the admin token does
  * not reach /v1/agent/. */
-enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE };
+enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE, ROLE_RUN };
+/* ROLE_RUN holds a run token (SHOAL_RUN_TOKEN, given to a run's ranks): it
+ * reaches only /v1/runs/<its run>/ (runs.c). */
+
+/* http.c: secrets at rest.  "sha256:" and 64 hex digits, NUL included. */
+#define SRV_HASH_LEN 72
+void srv__secret_hash(const char *secret, char out[SRV_HASH_LEN]);
+/* 1 if v is a hash as srv__secret_hash writes it. */
+int srv__is_hash(const char *v);
 
 /* db.c */
 int srv__db_open(srv *s);
@@ -163,6 +210,8 @@ int srv__db_commit(srv *s);
 void srv__db_rollback(srv *s);
 json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit);
 json_t *srv__db_costs(srv *s, const char *tenant);
+/* The job tenant submitted under Idempotency-Key key (0: none). */
+int64_t srv__db_idem(srv *s, const char *tenant, const char *key);
 /* Closed ledger rows plus what running members have cost so far:
  * {"by_tenant": {tenant: {gpu_type: {dollars, gpu_seconds}}}, "total_dollars"}
  * (all tenants when tenant is NULL).  Caller holds s->mu and owns the result. */
@@ -196,7 +245,9 @@ const char *srv__job_state_name(int st);
 const char *srv__member_state_name(int st);
 const char *srv__kind_name(int k);
 const char *srv__policy_name(int p);
-json_t *srv__job_json(srv *s, const srv_job *j, int full);
+/* viewer: the tenant who asks (NULL: the admin), whose view names no
+ * other tenant's job. */
+json_t *srv__job_json(srv *s, const srv_job *j, int full, const char *viewer);
 /* Every node not gone, with the work placed on it (tenant: others hidden). */
 json_t *srv__nodes_json(srv *s, const char *tenant);
 int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
@@ -246,6 +297,73 @@ void srv__seam_bills_end(srv *s, int committed);
 int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
 int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
 
+/* leader.c: one leader among the servers of a PostgreSQL database */
+int srv__lead_try(srv *s, int *got);      /* one round of a standby's election */
+int srv__lead_claim(srv *s);              /* fences, takes the lease; s->mu held on success */
+void srv__lead_wait(srv *s, double seconds); /* sleeps, cut short by srv_stop */
+void srv__lead_renew(srv *s, double now); /* scheduler thread, s->mu held */
+int srv__lead_acting(srv *s);             /* 1: it leads and its lease holds */
+json_t *srv__leader_json(srv *s);         /* GET /v1/leader */
+int srv__sched_start(srv *s);             /* http.c: starts the scheduler thread */
+
+/* uploads.c: the archives jobs ship (POST /v1/workdirs, GET /v1/agent/workdir) */
+typedef struct srv_upload {
+    int fd;
+    char tmp[4300];
+    sh_hasher *h;
+    uint64_t bytes;
+} srv_upload;
+int srv__upload_begin(srv *s, srv_upload *u);
+int srv__upload_write(srv_upload *u, const void *data, size_t len);
+void srv__upload_abort(srv_upload *u);
+/* Durable under the tenant's id; *reply {"workdir": id, "bytes": n}. */
+int srv__upload_commit(srv *s, srv_upload *u, const char *tenant, json_t **reply);
+int srv__workdir_id_ok(const char *id);
+int srv__workdir_exists(const srv *s, const char *tenant, const char *id);
+/* The archive of job's work dir, for node `node` (which must run a live
+ * rank of it); caller holds s->mu. */
+int srv__workdir_for_node(srv *s, int node, int64_t job, char *path, size_t cap);
+
+/* runs.c: a tenant's jobs that name one "run" share a secret and services.
+ * runs.c and uploads.c call nothing of the files that call each other
+ * (scripts/layers-known-cycles.txt): their callers write the database. */
+typedef struct srv_new_run {
+    int create;
+    char tenant[64], run[64], secret[33], token[45];
+} srv_new_run;
+/* A service a PUT publishes: written by the caller (srv__db_run_service),
+ * then set in memory with srv__run_set. */
+typedef struct srv_run_put {
+    int put;
+    char tenant[64], run[64], name[64];
+    json_t *value; /* owned */
+} srv_run_put;
+/* Job `id` as srv__job has it, for the files outside the circle. */
+static inline srv_job *srv__job_at(const struct srv *s, int64_t id)
+{
+    return id > 0 && id <= s->njobs ? s->jobs[id] : NULL;
+}
+int srv__run_name_ok(const char *name);
+json_t *srv__run_find(srv *s, const char *tenant, const char *run);
+json_t *srv__run_put(srv *s, const char *tenant, const char *run, const char *secret, const char *token);
+/* For a submit: draws the job's run's secret and token if the run is new
+ * (nr->create; the caller writes it with srv__db_run inside the submit's
+ * transaction); srv__run_commit adds it to memory once that committed. */
+int srv__run_prepare(srv *s, const srv_job *j, srv_new_run *nr);
+void srv__run_commit(srv *s, const srv_new_run *nr);
+/* SHOAL_RUN, SHOAL_RUN_SECRET and SHOAL_RUN_TOKEN for a rank of j. */
+void srv__run_env(srv *s, const srv_job *j, json_t *env);
+/* 1 with *tenant and *run set when tok is a run's token. */
+int srv__run_token(srv *s, const char *tok, const char **tenant, const char **run);
+/* /v1/runs/...: answers a GET in *reply, or fills *put for a PUT. */
+int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply, srv_run_put *put);
+/* Sets a published service in memory (after its write); *reply the answer. */
+void srv__run_set(srv *s, srv_run_put *put, json_t **reply);
+int srv__db_run(srv *s, const char *tenant, const char *name, const char *secret, const char *token);
+int srv__db_run_service(srv *s, const char *tenant, const char *run, const char *name, const char *value, int64_t job);
+/* srv_check.c: compares tokens in time that depends only on their lengths. */
+int srv__token_eq(const char *given, const char *known);
+
 /* provider.c: autoscaling hook */
 int srv__provider_config(srv *s, sched_config *c);
 int srv__provider_create(srv *s, const char *zone, const char *fabric, const char *gpu_type, int n);
@@ -256,6 +374,10 @@ void srv__provider_tick(srv *s, double now);
 int srv__agent_register(srv *s, json_t *body, json_t **reply);
 /* Runs for the node whose credential the request carried (index node). */
 int srv__agent_poll(srv *s, int node, json_t *body, json_t **reply);
+/* Moves job j on after its members changed (barrier, running, ended). */
+int srv__job_eval(srv *s, srv_job *j);
+/* Fails the jobs whose failed rank has waited out SRV_FAIL_SETTLE_S. */
+int srv__settle_failures(srv *s);
 int srv__agent_logs(srv *s, json_t *body);
 int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap);
 

@@ -30,6 +30,12 @@
  *          train_s later.  A request runs to its end with the version it
  *          started with (no in-flight update: emulated requests are
  *          short, and a group's version is then one number).
+ * Ordered (c->ordered), the trainer waits for exactly groups [s P, (s + 1) P)
+ * for step s: admission already keeps them within max_lag versions, so
+ * none is dropped, and pools from one seed train on the same batches.
+ * With stop_at_target the run ends at the evaluation that reaches the
+ * target.  Each worker's completed requests are billed (gpu_s); a request
+ * in flight when the run ends is not.
  * Held-out evaluations cost no emulated time (a separate evaluator); each
  * is dated when the version it measures became visible.
  *
@@ -47,7 +53,14 @@ typedef struct preq {
     rl_traj *t;
     int n;
     double end; /* < 0: the worker is idle */
+    double dur; /* its emulated seconds */
 } preq;
+
+/* What each worker did: billed from completed requests only. */
+typedef struct pwork {
+    double gpu_s;
+    long trajs, requests;
+} pwork;
 
 typedef struct paced {
     const rl_config *c;
@@ -56,6 +69,7 @@ typedef struct paced {
     rl_problem *evalset;
     uint64_t seed;
     preq w[RL_MAX_WORKERS];
+    pwork work[RL_MAX_WORKERS];
     rl_traj *buf, *batch;
     int nbuf, cap, B; /* B: trajectories a step */
     int version, step, group_next;
@@ -64,7 +78,7 @@ typedef struct paced {
     long hist[66], dropped_stale, gen_tokens, resp_tokens, resp_n;
     double abs_dlogp_sum, abs_dlogp_first, kl_sum, clipped_sum, masked_sum;
     double recent[RL_TARGET_WINDOW_MAX], time_to_target, target;
-    int nevals, skipped;
+    int nevals, skipped, stop;
     json_t *curve;
     rl_progress_fn progress;
     void *pctx;
@@ -125,7 +139,8 @@ static int start_request(paced *p, int i, int n)
     if (rc) return rc;
     q->n = n * c->group;
     for (int k = 0; k < q->n; k++) q->t[k].worker = i;
-    q->end = p->now + rl_emu_request_s(c, &c->workers[i], q->t, q->n);
+    q->dur = rl_emu_request_s(c, &c->workers[i], q->t, q->n);
+    q->end = p->now + q->dur;
     p->issued += q->n;
     return 0;
 }
@@ -137,6 +152,7 @@ static void finish_request(paced *p, int i)
     memcpy(p->buf + p->nbuf, q->t, sizeof(rl_traj) * (size_t)q->n);
     p->nbuf += q->n;
     for (int k = 0; k < q->n; k++) p->gen_tokens += q->t[k].len - q->t[k].plen;
+    p->work[i].gpu_s += q->dur, p->work[i].trajs += q->n, p->work[i].requests++;
     q->end = -1;
 }
 
@@ -176,8 +192,10 @@ static int evaluate(paced *p, int step, double t)
     p->recent[p->nevals++ % RL_TARGET_WINDOW_MAX] = rew;
     for (int k = 0; k < win && k < p->nevals; k++, have++)
         sum += p->recent[(p->nevals - 1 - k) % RL_TARGET_WINDOW_MAX];
-    if (p->time_to_target < 0 && p->target > 0 && have == win && sum / win >= p->target)
+    if (p->time_to_target < 0 && p->target > 0 && have == win && sum / win >= p->target) {
         p->time_to_target = t;
+        p->stop = c->stop_at_target;
+    }
     if (p->progress) {
         json_t *ev = json_pack("{s:s,s:i,s:f,s:f}", "event", "eval", "step", step, "reward", rew,
                                "t_s", t);
@@ -245,10 +263,19 @@ static int issue_async(paced *p)
     return 0;
 }
 
+/* Ordered: every trajectory of groups [step P, (step + 1) P) is buffered. */
+static int batch_ready(const paced *p)
+{
+    if (!p->c->ordered) return p->nbuf >= p->B;
+    int n = 0, end = (p->step + 1) * p->c->prompts_per_step;
+    for (int i = 0; i < p->nbuf; i++) n += p->buf[i].group < end;
+    return n >= p->B;
+}
+
 static int run_sync(paced *p)
 {
     const rl_config *c = p->c;
-    while (p->step < c->steps) {
+    while (p->step < c->steps && !p->stop) {
         double end = p->now;
         for (int i = 0, k = 0, P = c->prompts_per_step; i < c->nworkers; i++) {
             int share = P / c->nworkers + (k++ < P % c->nworkers);
@@ -269,11 +296,11 @@ static int run_sync(paced *p)
 static int run_async(paced *p)
 {
     const rl_config *c = p->c;
-    while (p->step < c->steps) {
+    while (p->step < c->steps && !p->stop) {
         SH_TRY(issue_async(p));
-        if (p->train_end < 0 && p->nbuf >= p->B) {
+        if (p->train_end < 0 && batch_ready(p)) {
             drop_stale(p);
-            if (p->nbuf >= p->B) {
+            if (batch_ready(p)) {
                 SH_TRY(train(p));
                 continue;
             }
@@ -292,13 +319,29 @@ static int run_async(paced *p)
     return 0;
 }
 
+/* Each worker's name, speed, price, and its completed requests: their
+ * trajectories and emulated busy seconds (gpu_s, what billing counts). */
+static json_t *workers_json(const paced *p)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < p->c->nworkers; i++) {
+        const rl_worker_spec *w = &p->c->workers[i];
+        json_array_append_new(a, json_pack("{s:s,s:f,s:f,s:i,s:i,s:I,s:I,s:f}", "name", w->name, "speed", w->speed,
+                                           "price_per_h", w->price, "max_seqs", w->max_seqs, "req_prompts",
+                                           w->req_prompts, "trajectories", (json_int_t)p->work[i].trajs,
+                                           "requests", (json_int_t)p->work[i].requests, "gpu_s",
+                                           p->work[i].gpu_s));
+    }
+    return a;
+}
+
 static json_t *result(paced *p, double reward_start)
 {
     const rl_config *c = p->c;
     int nh = c->mode == RL_MODE_ASYNC ? c->max_lag + 1 : 1, n = p->step ? p->step : 1;
     json_t *hist = json_array();
     for (int i = 0; i < nh; i++) json_array_append_new(hist, json_integer(p->hist[i]));
-    return json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:i,s:f,s:f,s:f,s:o,s:I,s:I,s:f,s:f,s:f,s:f,"
+    json_t *o = json_pack("{s:s,s:s,s:i,s:s,s:s,s:I,s:f,s:f,s:i,s:f,s:f,s:f,s:o,s:I,s:I,s:f,s:f,s:f,s:f,"
                      "s:f,s:f,s:o,s:i}",
                      "task", rl_task_name(c->task), "mode", c->mode ? "async" : "sync", "max_lag",
                      c->mode ? c->max_lag : 0, "loss", rl_loss_name(c->loss.kind), "rollout_dtype",
@@ -313,6 +356,8 @@ static json_t *result(paced *p, double reward_start)
                      p->masked_sum / n, "response_tokens_mean",
                      p->resp_n ? (double)p->resp_tokens / p->resp_n : 0.0, "curve",
                      json_incref(p->curve), "skipped_steps", p->skipped);
+    if (o) json_object_set_new(o, "workers", workers_json(p));
+    return o;
 }
 
 static void paced_free(paced *p)
@@ -330,8 +375,7 @@ int rl_paced_run(const rl_config *c, rl_progress_fn progress, void *ctx, json_t 
     if (!(c->step_s > 0 && c->train_s > 0))
         return sh_err(SH_EINVAL, "paced run: emulated decoding step %g s and training step %g s "
                                  "must both be > 0", c->step_s, c->train_s);
-    if (c->remote || c->ordered)
-        return sh_err(SH_EINVAL, "paced run: remote workers and --ordered are rl_run's");
+    if (c->remote) return sh_err(SH_EINVAL, "paced run: remote workers are rl_run's");
     paced p = {.c = c, .progress = progress, .pctx = ctx, .train_end = -1, .time_to_target = -1};
     p.B = c->prompts_per_step * c->group;
     p.seed = c->seed * 0x2545f4914f6cdd1dULL + 1; /* as rl_run: the same problems */

@@ -194,6 +194,18 @@ static int make_dirs(store_replica *r, const store_replica_config *cfg)
     SH_TRY(sh_path_join(r->spool, sizeof r->spool, cfg->dir, "spool"));
     SH_TRY(sh_path_join(r->active_path, sizeof r->active_path, cfg->dir, "ACTIVE"));
     SH_TRY(sh_mkdir_p(r->models, 0755));
+    /* One replica per directory, locked before anything in it is touched:
+     * a second one would wipe the first's spool below and both would then
+     * rename each other's files away, failing forever without a word. */
+    char lock[4096];
+    long holder;
+    SH_TRY(sh_path_join(lock, sizeof lock, cfg->dir, "LOCK"));
+    int lrc = sh_lock_pid(lock, &r->lock_fd, &holder);
+    if (lrc == SH_EEXIST)
+        return sh_err(SH_EEXIST, "replica %s: the directory is in use by another replica (process %ld%s "
+                      "holds %s); give each replica its own directory", cfg->dir, holder,
+                      holder == (long)getpid() ? ", this one" : "", lock);
+    SH_TRY(lrc);
     SH_TRY(sh_mkdir_p(r->staging, 0755));
     SH_TRY(sh_rm_rf(r->spool));
     return sh_mkdir_p(r->spool, 0755);
@@ -229,6 +241,7 @@ int store_replica_open(const store_replica_config *cfg, store_replica **out)
     if (!r) return sh_err(SH_ENOMEM, "replica");
     r->cfg = *cfg;
     r->tail = &r->queue;
+    r->lock_fd = -1;
     r->last_push_activity = sh_now_mono();
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
@@ -284,6 +297,7 @@ void store_replica_close(store_replica *r)
     store__model_free(r->prev, r->prev && !r->prev->keep);
     store__model_free(r->active, 0);
     store_close(r->st);
+    if (r->lock_fd >= 0) close(r->lock_fd);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

@@ -35,6 +35,7 @@ struct store_replica {
     char dir[4096], models[4096], staging[4096], spool[4096], active_path[4096];
     char run[65];
     store *st;
+    int lock_fd; /* flock on DIR/LOCK, held while open (-1: none) */
     bcast_node *node;
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -42,6 +42,7 @@ int store_open(const char *root, const char *run, int create, store **out)
         return sh_err(SH_EINVAL, "run id \"%s\": use 1-64 letters, digits, '.', '_' or '-'", run);
     store *s = calloc(1, sizeof *s);
     if (!s) return sh_err(SH_ENOMEM, "store");
+    s->writer_fd = -1;
     snprintf(s->run, sizeof s->run, "%s", run);
     int rc = snprintf(s->root, sizeof s->root, "%s", root) >= (int)sizeof s->root
                  ? sh_err(SH_ERANGE, "store path too long")
@@ -65,7 +66,47 @@ int store_open(const char *root, const char *run, int create, store **out)
     return SH_OK;
 }
 
-void store_close(store *s) { free(s); }
+void store_close(store *s)
+{
+    if (s && s->writer_fd >= 0) close(s->writer_fd);
+    free(s);
+}
+
+int store_claim_publisher(store *s, const char *writer_id)
+{
+    if (s->writer_fd >= 0) return SH_OK;
+    if (writer_id && (!*writer_id || strlen(writer_id) > 64 || strchr(writer_id, '\n')))
+        return sh_err(SH_EINVAL, "run \"%s\" of store %s: writer id \"%s\": use 1-64 characters, no newline",
+                      s->run, s->root, writer_id);
+    char path[4096];
+    SH_TRY(sh_path_join(path, sizeof path, s->dir, "publisher"));
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return sh_err_errno(errno, "open %s", path);
+    if (flock(fd, (writer_id ? LOCK_SH : LOCK_EX) | LOCK_NB) < 0) {
+        int e = errno;
+        char held[128] = "";
+        ssize_t k = pread(fd, held, sizeof held - 1, 0);
+        held[k > 0 ? k : 0] = 0;
+        held[strcspn(held, "\n")] = 0;
+        close(fd);
+        if (e != EWOULDBLOCK) return sh_err_errno(e, "lock %s", path);
+        long pid = atol(held);
+        const char *id = strchr(held, ' ');
+        return sh_err(SH_EEXIST, "run \"%s\" of store %s already has a publisher (process %ld%s%s%s%s): "
+                      "publish from one process only (with DDP, from rank 0); publishers that share a run "
+                      "on purpose each give a writer id", s->run, s->root, pid,
+                      pid == (long)getpid() ? ", this one" : "", id ? ", writer id \"" : "",
+                      id ? id + 1 : "", id ? "\"" : "");
+    }
+    /* The holder's pid (and writer id) for the message a second publisher
+     * gets; a shared holder overwrites another's, either names one. */
+    char text[128];
+    int n = snprintf(text, sizeof text, "%ld%s%s\n", (long)getpid(), writer_id ? " " : "",
+                     writer_id ? writer_id : "");
+    if (ftruncate(fd, 0) < 0 || pwrite(fd, text, (size_t)n, 0) != n) sh_debug("%s: cannot write the pid", path);
+    s->writer_fd = fd;
+    return SH_OK;
+}
 const char *store_root(const store *s) { return s->root; }
 const char *store_run(const store *s) { return s->run; }
 

@@ -10,6 +10,9 @@
 #include "shoal/ckpt.h"
 #include "weights/store/store_int.h"
 
+static int publish_tensors(store *s, const ckpt_tensor *t, size_t n, const json_t *meta,
+                           uint64_t anchor_every, uint64_t *out);
+
 int store_publish_path(store *s, const char *ckpt_path, uint64_t anchor_every, uint64_t *out)
 {
     store_publish_opts o = {.anchor_every = anchor_every};
@@ -27,6 +30,34 @@ int store_publish_path(store *s, const char *ckpt_path, uint64_t anchor_every, u
 int store_publish_tensors(store *s, const ckpt_tensor *t, size_t n, uint64_t anchor_every,
                           uint64_t *out)
 {
+    return store_publish_tensors_meta(s, t, n, NULL, anchor_every, out);
+}
+
+int store_publish_tensors_meta(store *s, const ckpt_tensor *t, size_t n, const char *metadata,
+                               uint64_t anchor_every, uint64_t *out)
+{
+    json_t *meta = NULL;
+    if (metadata) {
+        json_error_t je;
+        meta = json_loads(metadata, 0, &je);
+        const char *k;
+        json_t *v;
+        int ok = json_is_object(meta);
+        json_object_foreach(ok ? meta : NULL, k, v) ok = ok && json_is_string(v);
+        if (!ok) {
+            json_decref(meta);
+            return sh_err(SH_EINVAL, "publish to run \"%s\": metadata must be a JSON object of strings "
+                          "(safetensors __metadata__)", s->run);
+        }
+    }
+    int rc = publish_tensors(s, t, n, meta, anchor_every, out);
+    json_decref(meta);
+    return rc;
+}
+
+static int publish_tensors(store *s, const ckpt_tensor *t, size_t n, const json_t *meta,
+                           uint64_t anchor_every, uint64_t *out)
+{
     if (n == 0) return sh_err(SH_EINVAL, "publish to run \"%s\": no tensors given", s->run);
     for (size_t i = 0; i < n; i++)
         if (!t[i].name || (!t[i].data && t[i].nbytes))
@@ -43,7 +74,7 @@ int store_publish_tensors(store *s, const ckpt_tensor *t, size_t n, uint64_t anc
                      __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (long)getpid());
     if (k < 0 || (size_t)k >= sizeof path) return sh_err(SH_ERANGE, "path too long under %s", s->staging);
     SH_TRY(sh_mkdir_p(s->staging, 0755));
-    int rc = ckpt_save(path, t, n, NULL);
+    int rc = ckpt_save(path, t, n, meta);
     if (rc == 0) rc = store_publish_path(s, path, anchor_every, out);
     unlink(path);
     return rc;

@@ -10,6 +10,7 @@ struct store {
     char dir[4096];      /* root/run */
     char versions[4096]; /* root/run/versions */
     char staging[4096];  /* root/run/staging */
+    int writer_fd;       /* store_claim_publisher's lock on root/run/publisher (-1: none) */
 };
 
 #define STORE__ANCHOR_FILE "anchor.safetensors"
