@@ -497,6 +497,7 @@ static void pub_make(pub *p);
 
 static void pub_setup(pub *p, const char *name, uint64_t every)
 {
+    memset(p, 0, sizeof *p); /* a publish from a file; test_publish_mem_faults sets the rest */
     snprintf(p->root, sizeof p->root, "%s", tu_path(name));
     p->every = every;
     for (int v = 1; v <= 3; v++) {
