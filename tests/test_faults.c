@@ -37,6 +37,7 @@
 
 #include "shoal/ckpt.h"
 #include "shoal/client.h"
+#include "shoal/delta.h"
 #include "shoal/server.h"
 #include "shoal/store.h"
 
@@ -498,12 +499,16 @@ typedef struct {
     char root[1024];
     char ck[4][1024]; /* ck[v]: the checkpoint of version v */
     uint64_t every;
+    int mem;                /* version 3 by store_publish_mem() from img and dl */
+    uint8_t *img, *dl;      /* version 3's image, and the delta from 2 to it */
+    size_t img_len, dl_len;
 } pub;
 
 static void pub_make(pub *p);
 
 static void pub_setup(pub *p, const char *name, uint64_t every)
 {
+    memset(p, 0, sizeof *p); /* a publish from a file; test_publish_mem_faults sets the rest */
     snprintf(p->root, sizeof p->root, "%s", tu_path(name));
     p->every = every;
     for (int v = 1; v <= 3; v++) {
@@ -535,7 +540,10 @@ static int pub_third(pub *p)
     store *s;
     TU_OK(store_open(p->root, NULL, 0, &s));
     uint64_t v = 0;
-    int rc = store_publish(s, p->ck[3], &(store_publish_opts){.anchor_every = p->every}, &v);
+    store_mem_version in = {.image = p->img, .image_len = p->img_len, .delta = p->dl, .delta_len = p->dl_len,
+                            .base = 2};
+    int rc = p->mem ? store_publish_mem(s, &in, &(store_publish_opts){.anchor_every = p->every}, &v)
+                    : store_publish(s, p->ck[3], &(store_publish_opts){.anchor_every = p->every}, &v);
     if (rc == SH_OK) assert_int_equal(v, 3);
     store_close(s);
     return rc;
@@ -633,6 +641,27 @@ static void test_publish_faults(void **state)
     publish_cases(&p, "delta publish");
     pub_setup(&p, "pub-anchor", 1);
     publish_cases(&p, "anchor publish");
+}
+
+/* The same from memory (store_publish_mem, what a trainer publishes with):
+ * the delta from version 2 and version 3's image, staged, synced and
+ * renamed under the same rules. */
+static void test_publish_mem_faults(void **state)
+{
+    pub p;
+    for (int anchor = 0; anchor < 2; anchor++) {
+        memset(&p, 0, sizeof p);
+        pub_setup(&p, anchor ? "pubm-anchor" : "pubm-delta", anchor ? 1 : 8);
+        char dl[1100];
+        snprintf(dl, sizeof dl, "%s.2to3.shd", p.root);
+        TU_OK(delta_make(p.ck[2], p.ck[3], dl, &(delta_opts){0}, NULL));
+        p.dl = tu_read_file(dl, &p.dl_len);
+        p.img = tu_read_file(p.ck[3], &p.img_len);
+        p.mem = 1;
+        publish_cases(&p, anchor ? "anchor publish from memory" : "delta publish from memory");
+        free(p.dl);
+        free(p.img);
+    }
 }
 
 /* ---- A replica's activation ------------------------------------------------ */
@@ -1327,6 +1356,7 @@ int main(void)
     snprintf(nosync_root, sizeof nosync_root, "%s", tu_tmpdir());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_publish_faults),
+        cmocka_unit_test(test_publish_mem_faults),
         cmocka_unit_test(test_replica_faults),
         cmocka_unit_test(test_push_replica_faults),
         cmocka_unit_test(test_server_state_faults),
