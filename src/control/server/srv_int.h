@@ -178,7 +178,7 @@ enum { ROLE_NONE, ROLE_TENANT, ROLE_ADMIN, ROLE_JOIN, ROLE_NODE, ROLE_RUN };
 /* ROLE_RUN holds a run token (SHOAL_RUN_TOKEN, given to a run's ranks): it
  * reaches only /v1/runs/<its run>/ (runs.c). */
 
-/* http.c: secrets at rest.  "sha256:" and 64 hex digits, NUL included. */
+/* srv_check.c: secrets at rest.  "sha256:" and 64 hex digits, NUL included. */
 #define SRV_HASH_LEN 72
 void srv__secret_hash(const char *secret, char out[SRV_HASH_LEN]);
 /* 1 if v is a hash as srv__secret_hash writes it. */
@@ -241,12 +241,13 @@ void srv__observe_wait(srv *s, int nodes, double seconds);
 void srv__hist_print(sh_buf *b, const char *name, const char *help, const srv_hist *h, int wait);
 void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s);
 
-/* state.c */
+/* srv_model.c: looking jobs and nodes up, adding and freeing jobs */
 srv_job *srv__job(srv *s, int64_t id);
 int srv__node_find(srv *s, const char *name);
 int srv__job_add(srv *s, srv_job *j);
 void srv__job_free(srv_job *j);
 int srv__active_add(srv *s, int64_t id);
+/* state.c */
 void srv__changed(srv *s);
 /* Starts job j's members on nodes[0..n) with the device masks the core chose. */
 int srv__start(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
@@ -423,9 +424,10 @@ int srv__log_append(const char *path, const void *data, size_t len, int repair);
  * as empty. */
 int srv__log_read(const char *path, uint64_t off, size_t max, sh_buf *out, uint64_t *next);
 
-/* api.c */
-/* 1 if key is 1 to 127 printable ASCII characters (an Idempotency-Key). */
+/* srv_check.c: 1 if key is 1 to 127 printable ASCII characters (an
+ * Idempotency-Key). */
 int srv__idem_valid(const char *key);
+/* api.c */
 /* 1 if path is dir or lies under it (both plain absolute paths). */
 char *srv__allow_split(char *entry, const char **owner);
 int srv__allow_applies(char **entry, const char *tenant);
