@@ -4,7 +4,7 @@
  * member per rank of a job) and writes every change through to SQLite in WAL
  * mode before it answers, so that a process killed at any instant restarts
  * with every accepted job and no duplicate.  Placement decisions come from the
- * scheduling core behind src/control/server/seam.c; the server only carries them out:
+ * scheduling core behind src/control/server/seam.c and carry.c; the server only carries them out:
  * it hands assignments to node agents, runs the gang launch barrier, notices
  * missed heartbeats and applies each job's failure policy.
  *
