@@ -4,9 +4,10 @@
  * member per rank of a job) and writes every change through to SQLite in WAL
  * mode before it answers, so that a process killed at any instant restarts
  * with every accepted job and no duplicate.  Placement decisions come from the
- * scheduling core behind src/control/server/seam.c and carry.c; the server only carries them out:
- * it hands assignments to node agents, runs the gang launch barrier, notices
- * missed heartbeats and applies each job's failure policy.
+ * scheduling core behind src/control/server/seam.c and carry.c; the server
+ * only carries them out: it hands assignments to node agents, runs the gang
+ * launch barrier, notices missed heartbeats and applies each job's failure
+ * policy.
  *
  * Specs: docs/server-api.md (HTTP endpoints), docs/job-format.md (job files),
  * docs/agent-protocol.md (what agents send and receive).
