@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/syscall.h>
+#include <mntent.h>
 
 #include "agent_int.h"
 
@@ -264,6 +265,31 @@ void agent__disk_probe(agent *a)
         return;
     }
     snprintf(a->mke2fs, sizeof a->mke2fs, "%s", p);
+    disk_sweep(a);
+}
+
+/* What an agent of this name left behind when it was killed: its ranks'
+ * images, mounted on their work directories under the work root. */
+static void disk_sweep(const agent *a)
+{
+    char pre[4200];
+    snprintf(pre, sizeof pre, "%s/%s-", a->cfg.work_dir, a->cfg.name);
+    size_t n = strlen(pre);
+    FILE *f = setmntent("/proc/self/mounts", "r");
+    struct mntent *e;
+    while (f && (e = getmntent(f)))
+        if (!strncmp(e->mnt_dir, pre, n) && !strchr(e->mnt_dir + n, '/') && umount2(e->mnt_dir, MNT_DETACH) == 0)
+            sh_warn("agent %s: unmounted %s, left by an agent of this name that ended without cleaning up",
+                    a->cfg.name, e->mnt_dir);
+    if (f) endmntent(f);
+    DIR *d = opendir(a->cfg.work_dir);
+    struct dirent *de;
+    size_t nn = strlen(a->cfg.name), l;
+    while (d && (de = readdir(d)))
+        if (!strncmp(de->d_name, a->cfg.name, nn) && de->d_name[nn] == '-' && (l = strlen(de->d_name)) > 4 &&
+            !strcmp(de->d_name + l - 4, ".img"))
+            unlinkat(dirfd(d), de->d_name, 0);
+    if (d) closedir(d);
 }
 
 /* mke2fs on the image: no journal and lazy inode tables (a few tens of
@@ -343,6 +369,7 @@ static int loop_attach(int img, char *dev, size_t cap)
 int agent__disk_mount(const agent *a, agent_member *m)
 {
     if (!a->mke2fs[0]) return sh_err(SH_EINVAL, "%s", a->loop_why);
+    double t0 = sh_now_mono();
     snprintf(m->img, sizeof m->img, "%s.img", m->workdir);
     uint64_t size = m->disk_max & ~4095ull;
     /* Inodes: the files share, at most one per 8 KiB of the image. */
@@ -376,6 +403,9 @@ int agent__disk_mount(const agent *a, agent_member *m)
     if (chmod(m->workdir, 0700) < 0) sh_warn("chmod %s: %s", m->workdir, strerror(errno));
     struct statvfs fs;
     if (statvfs(m->workdir, &fs) == 0) m->disk_base = (uint64_t)(fs.f_blocks - fs.f_bfree) * fs.f_frsize;
+    sh_debug("agent %s: job %lld rank %d: work directory a %llu MiB file system (%llu inodes, %s) in %.0f ms",
+             a->cfg.name, (long long)m->job, m->rank, (unsigned long long)(size >> 20), (unsigned long long)inodes,
+             dev, (sh_now_mono() - t0) * 1000);
     return SH_OK;
 }
 
