@@ -246,6 +246,8 @@ void agent__disk_check(agent *a, agent_member *m, double now)
 
 /* ---- loop-mounted work directories ---- */
 
+static void disk_sweep(const agent *a);
+
 void agent__disk_probe(agent *a)
 {
     a->mke2fs[0] = 0;
