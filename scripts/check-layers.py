@@ -5,6 +5,7 @@ Reads every source and header under src/, bench/ and include/shoal/ and fails wh
   * a file includes a header of a component it may not use (ALLOWED below),
   * a file calls a function of a component it may not use (found by the
     component's name prefix: `store_`, `delta_`, ...),
+  * two library sources share a file name (ar keeps one object per name),
   * a file outside src/net sets UCX up (ucp_init, ucp_worker_create,
     ucp_listener_create, ucp_ep_create, ...),
   * a component includes another component's private header (`*_int.h`)
@@ -191,6 +192,15 @@ def main():
             if dep not in ok:
                 line = code[:m.start()].count('\n') + 1
                 bad.append(f'{f}:{line}: calls {m.group(0)[:-1].strip()}: {me} may not use {dep}')
+    # No two sources share a file name: `ar` keeps one object per name, so
+    # the second would silently drop out of libshoal.a.
+    seen = {}
+    for f in files:
+        if f.endswith('.c') and f.startswith('src/') and not f.startswith('src/cli/'):
+            b = os.path.basename(f)
+            if b in seen:
+                bad.append(f'{f}: has the name of {seen[b]} (libshoal.a would keep only one of them)')
+            seen.setdefault(b, f)
     # UCX set-up lives in net only.
     for f in files:
         if component(f) == 'net':

@@ -889,7 +889,9 @@ static void srvc_init(srvc *c, const char *name)
 
 static srv *srv_up(srvc *c)
 {
-    srv_config cfg = {.db_path = c->db, .tokens_path = c->tokens, .heartbeat_timeout = 3600, .manual_cycles = 1};
+    /* alice's jobs may ask priorities up to 10 (to preempt her own work). */
+    srv_config cfg = {.db_path = c->db, .tokens_path = c->tokens, .heartbeat_timeout = 3600, .manual_cycles = 1,
+                      .max_priority = "alice=10"};
     srv *s;
     TU_OK(srv_start(&cfg, &s));
     return s;

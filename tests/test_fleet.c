@@ -853,6 +853,9 @@ static int live_members(json_t *job)
 static void test_elastic_yields_to_gang(void **state)
 {
     tf_fleet f = {0};
+    /* alice's gang asks priority 10 to preempt her own elastic job: the
+     * operator grants it (by default a tenant may not ask above 0). */
+    snprintf(f.extra, sizeof f.extra, "--max-priority alice=10");
     tf_start_server(&f, "elastic", 5);
     tf_start_agent(&f, 0, "A100", 8, "z", "ib");
     const char *out = tu_path("elastic-out");

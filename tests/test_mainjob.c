@@ -45,9 +45,10 @@ static pid_t start_up(const char *fleet, const char *db, int port)
         snprintf(p, sizeof p, "%d", port);
         freopen(tu_path("up.log"), "w", stdout);
         freopen(tu_path("up.err"), "w", stderr);
-        /* The jobs write the run folder: the admin allows it. */
+        /* The jobs write the run folder, and the trainer asks priority 10:
+         * the admin allows both. */
         execl(tu_shoal(), tu_shoal(), "up", "--fleet", fleet, "--db", db, "--port", p, "--allow-writable",
-              tu_path("run"), (char *)NULL);
+              tu_path("run"), "--max-priority", "default=10", (char *)NULL);
         _exit(127);
     }
     return pid;
@@ -137,7 +138,7 @@ static void test_pipeline(void **state)
     snprintf(db, sizeof db, "%s/fleet/shoal.db", rundir);
     snprintf(fleet, sizeof fleet, "%s/fleet.csv", rundir);
     snprintf(speeds, sizeof speeds, "%s/speeds.csv", rundir);
-    TU_OK(sh_mkdir_p(storedir, 0755));
+    TU_OK(sh_mkdir_p(rundir, 0755)); /* store/ is the trainer's to make, as the tenant's uid */
     tu_write_file(fleet, fleet_csv, strlen(fleet_csv));
     tu_write_file(speeds, speeds_csv, strlen(speeds_csv));
     int port = 21000 + (int)(getpid() % 2000);

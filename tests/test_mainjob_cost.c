@@ -191,6 +191,46 @@ static void test_stop_at_target(void **state)
     assert_non_null(strstr(sh_errmsg(), "target window"));
 }
 
+/* Each step's first and last group, from the paced run's step events. */
+static void on_step(const json_t *ev, void *ctx)
+{
+    json_t *g = json_object_get(ev, "groups");
+    if (g) json_array_append(ctx, g);
+}
+
+/* A paced, ordered run trains step s on exactly groups [s P, (s + 1) P),
+ * though a slow worker's groups come back after faster ones' later groups,
+ * and drops nothing; unordered, the same pool trains what comes first. */
+static void test_paced_ordered(void **state)
+{
+    (void)state;
+    rl_config c = emu_config();
+    c.steps = 6, c.warm_steps = 2, c.eval_every = 6, c.eval_n = 4, c.quiet = 1, c.train_s = 0.01;
+    c.prompts_per_step = 4, c.group = 4, c.req_prompts = 1, c.max_lag = 2, c.ordered = 1;
+    c.nworkers = 3;
+    c.workers[0] = (rl_worker_spec){.name = "H100", .speed = 1};
+    c.workers[1] = (rl_worker_spec){.name = "H100", .speed = 1};
+    c.workers[2] = (rl_worker_spec){.name = "L4", .speed = 0.05};
+    for (int ordered = 1; ordered >= 0; ordered--) {
+        c.ordered = ordered;
+        json_t *groups = json_array(), *res = NULL;
+        TU_OK(rl_paced_run(&c, on_step, groups, &res));
+        assert_int_equal(json_array_size(groups), 6);
+        int in_order = 1;
+        for (int s = 0; s < 6; s++) {
+            json_t *g = json_array_get(groups, (size_t)s);
+            in_order &= json_integer_value(json_array_get(g, 0)) == 4 * s &&
+                        json_integer_value(json_array_get(g, 1)) == 4 * s + 3;
+        }
+        if (ordered) {
+            assert_true(in_order);
+            assert_int_equal(json_integer_value(json_object_get(res, "dropped_stale")), 0);
+        } else
+            assert_false(in_order); /* else the slow worker did not make the test */
+        json_decref(groups), json_decref(res);
+    }
+}
+
 static void test_speed_tables(void **state)
 {
     (void)state;
@@ -343,6 +383,7 @@ int main(void)
         cmocka_unit_test(test_speed_tables),
         cmocka_unit_test(test_counted_from_work),
         cmocka_unit_test(test_stop_at_target),
+        cmocka_unit_test(test_paced_ordered),
         cmocka_unit_test(test_fleet_cost_cli),
         cmocka_unit_test(test_fleet_cost_deterministic),
     };

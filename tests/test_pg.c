@@ -99,7 +99,7 @@ typedef struct ha {
 
 static void ha_urls(ha *h)
 {
-    for (int i = 0; i < 2; i++) snprintf(h->s[i].url, sizeof h->s[i].url, "%s", h->url[i]);
+    for (int i = 0; i < 2; i++) memcpy(h->s[i].url, h->url[i], sizeof h->url[i]); /* both 64 bytes */
     snprintf(h->both, sizeof h->both, "%s,%s", h->url[0], h->url[1]);
     snprintf(h->s[0].url, sizeof h->s[0].url, "%s", h->both);
 }
@@ -112,7 +112,7 @@ static void ha_start(ha *h, const char *db, const char *name, double hb)
         snprintf(n, sizeof n, "%s-%d", name, i);
         snprintf(h->s[i].extra, sizeof h->s[i].extra, "--db %s --state-dir %s/state", db, tu_path(name));
         tf_start_server(&h->s[i], n, hb);
-        snprintf(h->url[i], sizeof h->url[i], "%s", h->s[i].url);
+        memcpy(h->url[i], h->s[i].url, sizeof h->url[i]);
     }
     ha_urls(h);
 }
@@ -203,14 +203,16 @@ static char *state_digest(tf_fleet *f, int njobs)
     size_t i, n = 0;
     json_t *v;
     const char *kinds[1000];
-    /* Agents' timing orders the events differently from run to run: the
-     * kinds are compared as a set with counts. */
+    /* Agents' timing orders the events differently from run to run, and a
+     * rank that exits at once may never be seen running: the kinds are
+     * compared as a set. */
     json_array_foreach(json_object_get(e, "events"), i, v) {
         const char *k = json_string_value(json_object_get(v, "kind"));
         if (strcmp(k, "leader") && n < 1000) kinds[n++] = k;
     }
     qsort(kinds, n, sizeof *kinds, cmp_str);
-    for (i = 0; i < n; i++) sh_buf_printf(&b, "%s,", kinds[i]);
+    for (i = 0; i < n; i++)
+        if (!i || strcmp(kinds[i], kinds[i - 1])) sh_buf_printf(&b, "%s,", kinds[i]);
     json_decref(e);
     sh_buf_printf(&b, "\n");
     return (char *)b.data;

@@ -29,11 +29,13 @@ static void test_short_run(void **state)
     char run[128];
     snprintf(run, sizeof run, "/var/tmp/shoal-test-run-ok.%d", (int)getpid());
     char *out;
-    int rc = tu_run(&out, "SHOAL_BIN=%s %s run --dir %s --port 0 --steps 3 --no-fleet-cost --json 2>&1 >%s.json",
-                    tu_shoal(), tu_shoal(), run, run);
+    /* The ASan build's ranks run unsandboxed: LeakSanitizer cannot run
+     * where ptrace is refused, and a rank's leak then fails the run. */
+    int rc = tu_run(&out, "SHOAL_BIN=%s %s run --dir %s --port 0 --steps 3 --no-fleet-cost --json %s 2>&1 >%s.json",
+                    tu_shoal(), tu_shoal(), run, strstr(tu_shoal(), "/asan/") ? "--sandbox none" : "", run);
     printf("%s", out);
-    assert_int_equal(rc, 0);
     free(out);
+    assert_int_equal(rc, 0);
     char p[256];
     snprintf(p, sizeof p, "%s.json", run);
     json_t *sum = NULL;
@@ -80,7 +82,7 @@ static void test_broken_job_stops_the_run(void **state)
     /* Once the trainer announced itself, one of its ranks (a shoal-core
      * whose command line names this run's store) is killed. */
     char *pids = NULL;
-    while (sh_now_mono() - t0 < 120) {
+    while (sh_now_mono() - t0 < 240) {
         if (sh_path_exists(tj)) {
             tu_run(&pids, "for p in $(pgrep -f 'rl trainer --store %s/store'); do "
                           "[ \"$(cat /proc/$p/comm 2>/dev/null)\" = shoal-core ] && echo $p; done | head -n 1", run);
@@ -100,7 +102,10 @@ static void test_broken_job_stops_the_run(void **state)
     long runpid = atol(ps);
     free(ps);
     while (kill((pid_t)runpid, 0) == 0 && sh_now_mono() - t0 < 240) sh_sleep(0.2);
-    if (kill((pid_t)runpid, 0) == 0) fail_msg("shoal run still runs %.0f s after its trainer died", sh_now_mono() - t0);
+    if (kill((pid_t)runpid, 0) == 0) {
+        kill((pid_t)runpid, SIGTERM); /* it stops everything it started */
+        fail_msg("shoal run still runs %.0f s after its trainer's rank died", sh_now_mono() - t0);
+    }
     char *out = (char *)tu_read_file(log, &n);
     out = realloc(out, n + 1), out[n] = 0;
     printf("%s(%.1f s)\n", out, sh_now_mono() - t0);

@@ -22,6 +22,58 @@ static const char quant_usage[] =
     "bytes_in, bytes_out (tensor data) and seconds; with --update, blocks_requantised\n"
     "and seconds.\n";
 
+/* quant fp8 --update: re-quantises the blocks a delta changed. */
+static int quant_update(const char *upd, const char *from, const char *dlt, const char *out, const char *const *keep,
+                        delta_opts *o, int json)
+{
+    sh_progress pg;
+    o->progress = &pg;
+    uint64_t blocks = 0;
+    double t0 = sh_now_mono();
+    sh_progress_start(&pg, "quant fp8 --update", 0, "B");
+    int rc = delta_quant_fp8_update(upd, from, dlt, out, keep, o, &blocks);
+    cli_progress_end(&pg, rc);
+    if (rc < 0) return cli_fail("quant fp8", rc);
+    if (json) {
+        json_t *j = json_pack("{s:I,s:f}", "blocks_requantised", (json_int_t)blocks, "seconds", sh_now_mono() - t0);
+        sh_json_print(j);
+        json_decref(j);
+    } else {
+        fprintf(stderr, "quant fp8: re-quantised %llu blocks in %.2f s\n", (unsigned long long)blocks,
+                sh_now_mono() - t0);
+    }
+    return 0;
+}
+
+/* quant fp8 IN -o OUT: the whole checkpoint. */
+static int quant_full(const char *in, const char *out, const char *const *keep, delta_opts *o, int json)
+{
+    sh_progress pg;
+    o->progress = &pg;
+    delta_quant_stats st;
+    double t0 = sh_now_mono();
+    sh_progress_start(&pg, "quant fp8", 0, "B");
+    int rc = delta_quant_fp8(in, out, keep, o, &st);
+    cli_progress_end(&pg, rc);
+    if (rc < 0) return cli_fail("quant fp8", rc);
+    double secs = sh_now_mono() - t0;
+    if (json) {
+        json_t *j = json_pack("{s:I,s:I,s:I,s:I,s:I,s:f}", "tensors_quantised", (json_int_t)st.tensors_quantised,
+                              "tensors_copied", (json_int_t)st.tensors_copied, "blocks_quantised",
+                              (json_int_t)st.blocks, "bytes_in", (json_int_t)st.bytes_in, "bytes_out",
+                              (json_int_t)st.bytes_out, "seconds", secs);
+        sh_json_print(j);
+        json_decref(j);
+    } else {
+        char bi[32], bo[32];
+        fprintf(stderr, "quant fp8: quantised %llu tensors (%llu blocks), copied %llu; %s -> %s in %.2f s\n",
+                (unsigned long long)st.tensors_quantised, (unsigned long long)st.blocks,
+                (unsigned long long)st.tensors_copied, sh_fmt_bytes((double)st.bytes_in, bi, sizeof bi),
+                sh_fmt_bytes((double)st.bytes_out, bo, sizeof bo), secs);
+    }
+    return 0;
+}
+
 int cli_cmd_quant(int argc, char **argv)
 {
     static const char *const subs[] = {"fp8", NULL};
@@ -55,48 +107,12 @@ int cli_cmd_quant(int argc, char **argv)
     }
     if (optind < argc - 1) in = argv[1 + optind];
     if (optind + 1 < argc - 1) return cli_usage("quant fp8", "unexpected argument \"%s\"", argv[2 + optind]);
-    sh_progress pg;
-    delta_opts o = {.threads = threads, .progress = &pg};
-    double t0 = sh_now_mono();
+    delta_opts o = {.threads = threads};
     if (upd) {
         if (in || !from || !dlt)
             return cli_usage("quant fp8", "--update FP8CKPT needs --from NEW_BF16 and --delta DELTA, and no IN");
-        uint64_t blocks = 0;
-        sh_progress_start(&pg, "quant fp8 --update", 0, "B");
-        rc = delta_quant_fp8_update(upd, from, dlt, out, keep, &o, &blocks);
-        cli_progress_end(&pg, rc);
-        if (rc < 0) return cli_fail("quant fp8", rc);
-        if (json) {
-            json_t *j = json_pack("{s:I,s:f}", "blocks_requantised", (json_int_t)blocks, "seconds",
-                                  sh_now_mono() - t0);
-            sh_json_print(j);
-            json_decref(j);
-        } else {
-            fprintf(stderr, "quant fp8: re-quantised %llu blocks in %.2f s\n",
-                    (unsigned long long)blocks, sh_now_mono() - t0);
-        }
-        return 0;
+        return quant_update(upd, from, dlt, out, keep, &o, json);
     }
     if (!in || !out) return cli_usage("quant fp8", "fp8 needs IN and -o OUT");
-    delta_quant_stats st;
-    sh_progress_start(&pg, "quant fp8", 0, "B");
-    rc = delta_quant_fp8(in, out, keep, &o, &st);
-    cli_progress_end(&pg, rc);
-    if (rc < 0) return cli_fail("quant fp8", rc);
-    double secs = sh_now_mono() - t0;
-    if (json) {
-        json_t *j = json_pack("{s:I,s:I,s:I,s:I,s:I,s:f}", "tensors_quantised", (json_int_t)st.tensors_quantised,
-                              "tensors_copied", (json_int_t)st.tensors_copied, "blocks_quantised",
-                              (json_int_t)st.blocks, "bytes_in", (json_int_t)st.bytes_in, "bytes_out",
-                              (json_int_t)st.bytes_out, "seconds", secs);
-        sh_json_print(j);
-        json_decref(j);
-    } else {
-        char bi[32], bo[32];
-        fprintf(stderr, "quant fp8: quantised %llu tensors (%llu blocks), copied %llu; %s -> %s in %.2f s\n",
-                (unsigned long long)st.tensors_quantised, (unsigned long long)st.blocks,
-                (unsigned long long)st.tensors_copied, sh_fmt_bytes((double)st.bytes_in, bi, sizeof bi),
-                sh_fmt_bytes((double)st.bytes_out, bo, sizeof bo), secs);
-    }
-    return 0;
+    return quant_full(in, out, keep, &o, json);
 }

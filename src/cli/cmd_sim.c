@@ -398,6 +398,72 @@ static void default_quotas(args *a, const sim_fleet *f)
 
 int cli_sim_push(int argc, char **argv); /* src/cli/sim_push.c */
 
+/* The core's configuration for policy p from the options. */
+static void sim_options(const args *a, sched_policy p, sim_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    sched_config_default(&o->cfg, p);
+    int shoal = p == SCHED_POLICY_SHOAL;
+    if (a->hold >= 0) o->cfg.hold_timeout_s = a->hold;
+    if (a->restart >= 0) o->cfg.restart_cost_s = a->restart;
+    if (a->max_victims >= 0 && shoal) o->cfg.max_victims = a->max_victims;
+    if (a->reservations >= 0 && shoal) o->cfg.max_reservations = a->reservations;
+    if (a->drain >= 0 && shoal) o->cfg.drain_pools = a->drain != 0;
+    if (a->preempt_wait >= 0) o->cfg.preempt_wait = a->preempt_wait;
+    if (a->up_wait >= 0) o->cfg.scale_up_wait_s = a->up_wait;
+    if (a->fair_window >= 0) o->cfg.fair_window_s = a->fair_window;
+    o->cfg.pack_pools = a->pack;
+    o->cfg.grow_queued = a->grow_queued;
+    o->cfg.plain_estimates = a->plain_est;
+    if (a->down_idle >= 0) o->cfg.scale_down_idle_s = a->down_idle;
+    o->cfg.autoscale = a->autoscale, o->cfg.quotas = a->quotas, o->cfg.n_quotas = (size_t)a->nquotas;
+    o->mtbf_hours = a->mtbf, o->repair_s = a->repair, o->check = a->check, o->seed = a->seed;
+    o->replace_wait_s = a->replace_wait;
+    o->progress = 1; /* drawn only when stderr is a terminal */
+    o->estimates = !a->no_estimates;
+}
+
+/* One policy's table row (and start-estimate line). */
+static void print_policy(const sim_report *r, sched_policy p, int first)
+{
+    print_row(r, sched_policy_name(p));
+    if (r->est_jobs) {
+        char e50[16], e90[16], em[16];
+        fmt_s(e50, sizeof e50, r->est_p50_abs_error_s), fmt_s(e90, sizeof e90, r->est_p90_abs_error_s);
+        fmt_s(em, sizeof em, fabs(r->est_mean_error_s));
+        printf("%9s start estimates of %zu waiting jobs: |error| p50 %s, p90 %s; mean %s %s\n", "", r->est_jobs, e50,
+               e90, em, r->est_mean_error_s >= 0 ? "late" : "early");
+    }
+    if (r->jobs_rejected && first) fprintf(stderr, "rejected (first of %zu): %s\n", r->jobs_rejected, r->first_rejection);
+}
+
+/* Replays the trace under policy p (of npol) and prints or collects its report. */
+static int run_policy(const args *a, const sim_fleet *f, const sim_trace *t, sched_policy p, int npol, int first,
+                      json_t *all)
+{
+    sim_opts o;
+    sim_options(a, p, &o);
+    char jobs_out[4096], waits_out[4096];
+    if (a->jobs_out) o.jobs_out = out_name(jobs_out, sizeof jobs_out, a->jobs_out, npol > 1 ? (int)p : -1);
+    if (a->waits_out) o.waits_out = out_name(waits_out, sizeof waits_out, a->waits_out, npol > 1 ? (int)p : -1);
+    sim_report r;
+    double w0 = sh_now_mono();
+    SH_TRY(sim_run(f, t, &o, &r));
+    double wall = sh_now_mono() - w0;
+    if (r.jobs_total && r.jobs_rejected == r.jobs_total)
+        return sh_err(SH_ERANGE, "all %zu jobs were rejected, none fits the fleet; the first: %s "
+                                 "(check the trace's GPU types and sizes against the fleet, or --type-map)",
+                      r.jobs_total, r.first_rejection);
+    if (!a->json) print_policy(&r, p, first);
+    else if (all) json_object_set_new(all, sched_policy_name(p), report_json(&r, sched_policy_name(p), wall));
+    else {
+        json_t *j = report_json(&r, sched_policy_name(p), wall);
+        sh_json_print(j);
+        json_decref(j);
+    }
+    return SH_OK;
+}
+
 int cli_cmd_sim(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "push")) return cli_sim_push(argc - 1, argv + 1);
@@ -420,60 +486,7 @@ int cli_cmd_sim(int argc, char **argv)
         printf("%zu jobs (%zu foreign records skipped), %zu nodes\n", t.n, t.skipped, f.n);
         print_header();
     }
-    for (int p = 0; p < npol && !rc; p++) {
-        sim_opts o;
-        memset(&o, 0, sizeof o);
-        sched_config_default(&o.cfg, pols[p]);
-        if (a.hold >= 0) o.cfg.hold_timeout_s = a.hold;
-        if (a.restart >= 0) o.cfg.restart_cost_s = a.restart;
-        if (a.max_victims >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_victims = a.max_victims;
-        if (a.reservations >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.max_reservations = a.reservations;
-        if (a.drain >= 0 && pols[p] == SCHED_POLICY_SHOAL) o.cfg.drain_pools = a.drain != 0;
-        if (a.preempt_wait >= 0) o.cfg.preempt_wait = a.preempt_wait;
-
-        if (a.up_wait >= 0) o.cfg.scale_up_wait_s = a.up_wait;
-        if (a.fair_window >= 0) o.cfg.fair_window_s = a.fair_window;
-        o.cfg.pack_pools = a.pack;
-        o.cfg.grow_queued = a.grow_queued;
-        o.cfg.plain_estimates = a.plain_est;
-        if (a.down_idle >= 0) o.cfg.scale_down_idle_s = a.down_idle;
-        o.cfg.autoscale = a.autoscale, o.cfg.quotas = a.quotas, o.cfg.n_quotas = (size_t)a.nquotas;
-        o.mtbf_hours = a.mtbf, o.repair_s = a.repair, o.check = a.check, o.seed = a.seed;
-        o.replace_wait_s = a.replace_wait;
-        o.progress = 1; /* drawn only when stderr is a terminal */
-        o.estimates = !a.no_estimates;
-        char jobs_out[4096], waits_out[4096];
-        if (a.jobs_out) o.jobs_out = out_name(jobs_out, sizeof jobs_out, a.jobs_out, npol > 1 ? (int)pols[p] : -1);
-        if (a.waits_out) o.waits_out = out_name(waits_out, sizeof waits_out, a.waits_out, npol > 1 ? (int)pols[p] : -1);
-        sim_report r;
-        double w0 = sh_now_mono();
-        rc = sim_run(&f, &t, &o, &r);
-        double wall = sh_now_mono() - w0;
-        if (rc) break;
-        if (r.jobs_total && r.jobs_rejected == r.jobs_total) {
-            rc = sh_err(SH_ERANGE, "all %zu jobs were rejected, none fits the fleet; the first: %s "
-                        "(check the trace's GPU types and sizes against the fleet, or --type-map)",
-                        r.jobs_total, r.first_rejection);
-            break;
-        }
-        if (!a.json) {
-            print_row(&r, sched_policy_name(pols[p]));
-            if (r.est_jobs) {
-                char e50[16], e90[16], em[16];
-                fmt_s(e50, sizeof e50, r.est_p50_abs_error_s), fmt_s(e90, sizeof e90, r.est_p90_abs_error_s);
-                fmt_s(em, sizeof em, fabs(r.est_mean_error_s));
-                printf("%9s start estimates of %zu waiting jobs: |error| p50 %s, p90 %s; mean %s %s\n", "",
-                       r.est_jobs, e50, e90, em, r.est_mean_error_s >= 0 ? "late" : "early");
-            }
-            if (r.jobs_rejected && !p) fprintf(stderr, "rejected (first of %zu): %s\n", r.jobs_rejected, r.first_rejection);
-        }
-        else if (all) json_object_set_new(all, sched_policy_name(pols[p]), report_json(&r, sched_policy_name(pols[p]), wall));
-        else {
-            json_t *j = report_json(&r, sched_policy_name(pols[p]), wall);
-            sh_json_print(j);
-            json_decref(j);
-        }
-    }
+    for (int p = 0; p < npol && !rc; p++) rc = run_policy(&a, &f, &t, pols[p], npol, p == 0, all);
     if (!rc && all && a.json) sh_json_print(all);
     json_decref(all);
     sim_fleet_free(&f);

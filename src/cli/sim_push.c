@@ -27,6 +27,32 @@ static const char usage_text[] =
     "  --apply-ms MS         per replica after the last chunk (default 0)\n"
     "  --json                one JSON object: converge_s, first_s, depth, chunk, ...\n";
 
+/* The model's answer, as JSON or two lines of text. */
+static void print_result(const sim_push_config *c, const sim_push_result *r, int json)
+{
+    if (json) {
+        json_t *j = json_pack("{s:f,s:f,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:I,s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:f,s:f}",
+                              "converge_s", r->converge_s, "first_s", r->first_s, "replicas", c->replicas, "zones",
+                              c->zones, "payload", (json_int_t)c->payload, "chunk", (json_int_t)r->chunk, "nchunks",
+                              (json_int_t)r->nchunks, "depth", r->depth, "fanout", c->fanout, "cross_zone_copies",
+                              (json_int_t)r->cross_zone_copies, "fabric", "gbps", c->fabric.gbps, "latency_s",
+                              c->fabric.latency_s, "zone", "gbps", c->zone.gbps, "latency_s", c->zone.latency_s,
+                              "cross", "gbps", c->cross.gbps, "latency_s", c->cross.latency_s, "overhead_s",
+                              c->chunk_overhead_s, "apply_s", c->apply_s);
+        json_object_set_new(j, "fabric_size", json_integer(c->fabric_size));
+        json_object_set_new(j, "window", json_integer(c->window));
+        sh_json_print(j);
+        json_decref(j);
+        return;
+    }
+    char pb[32], cb[32];
+    printf("%d replicas in %d zones, payload %s in %llu chunks of %s, depth %d\n", c->replicas, c->zones,
+           sh_fmt_bytes((double)c->payload, pb, sizeof pb), (unsigned long long)r->nchunks,
+           sh_fmt_bytes((double)r->chunk, cb, sizeof cb), r->depth);
+    printf("converge %.3f s (first replica %.3f s); %llu copies crossed a zone\n", r->converge_s, r->first_s,
+           (unsigned long long)r->cross_zone_copies);
+}
+
 int cli_sim_push(int argc, char **argv)
 {
     sim_push_config c = {.replicas = 16, .zones = 1, .fanout = 2, .payload = 717000000000ull,
@@ -86,26 +112,6 @@ int cli_sim_push(int argc, char **argv)
     int rc = sim_push_run(&c, &r);
     if (rc == SH_EINVAL) return cli_usage("sim push", "%s", sh_errmsg());
     if (rc < 0) return cli_fail("sim push", rc);
-    if (json) {
-        json_t *j = json_pack("{s:f,s:f,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:I,s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:f,s:f}",
-                              "converge_s", r.converge_s, "first_s", r.first_s, "replicas", c.replicas, "zones",
-                              c.zones, "payload", (json_int_t)c.payload, "chunk", (json_int_t)r.chunk, "nchunks",
-                              (json_int_t)r.nchunks, "depth", r.depth, "fanout", c.fanout, "cross_zone_copies",
-                              (json_int_t)r.cross_zone_copies, "fabric", "gbps", c.fabric.gbps, "latency_s",
-                              c.fabric.latency_s, "zone", "gbps", c.zone.gbps, "latency_s", c.zone.latency_s,
-                              "cross", "gbps", c.cross.gbps, "latency_s", c.cross.latency_s, "overhead_s",
-                              c.chunk_overhead_s, "apply_s", c.apply_s);
-        json_object_set_new(j, "fabric_size", json_integer(c.fabric_size));
-        json_object_set_new(j, "window", json_integer(c.window));
-        sh_json_print(j);
-        json_decref(j);
-        return 0;
-    }
-    char pb[32], cb[32];
-    printf("%d replicas in %d zones, payload %s in %llu chunks of %s, depth %d\n", c.replicas, c.zones,
-           sh_fmt_bytes((double)c.payload, pb, sizeof pb), (unsigned long long)r.nchunks,
-           sh_fmt_bytes((double)r.chunk, cb, sizeof cb), r.depth);
-    printf("converge %.3f s (first replica %.3f s); %llu copies crossed a zone\n", r.converge_s, r.first_s,
-           (unsigned long long)r.cross_zone_copies);
+    print_result(&c, &r, json);
     return 0;
 }

@@ -132,6 +132,12 @@ static int prepare(fleet *f)
         f->o.server.tokens_path = f->tokens;
     }
     if ((rc = sh_json_load_file(f->o.server.tokens_path, 1 << 20, &f->tok)) < 0) return undo(f, rc);
+    /* A fleet of one tenant (the tokens shoal up made): its jobs may use
+     * every priority, since there is no other tenant to preempt.  With
+     * more tenants the operator says what each may ask (--max-priority). */
+    json_t *tenants = json_object_get(f->tok, "tenants");
+    if (!f->o.server.max_priority && json_object_size(tenants) == 1 && json_object_get(tenants, "default"))
+        f->o.server.max_priority = "default=1000";
     return 0;
 }
 

@@ -22,7 +22,7 @@
 typedef struct conn_ctx {
     sh_buf body;
     int too_big;
-    /* POST /v1/workdirs: the body streams to a file (workdir.c), after the
+    /* POST /v1/workdirs: the body streams to a file (uploads.c), after the
      * token is checked; upload_err says why it was refused. */
     int upload;
     srv_upload up;
@@ -302,7 +302,7 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, const char *ur
     return send_json(s, c, status, reply ? reply : json_object());
 }
 
-/* ---- work-dir uploads and downloads (workdir.c) ---------------------------- */
+/* ---- work-dir uploads and downloads (uploads.c) ---------------------------- */
 
 static enum MHD_Result upload_start(srv *s, struct MHD_Connection *c, conn_ctx *ctx, const char *cl)
 {

@@ -306,7 +306,7 @@ int srv__lead_acting(srv *s);             /* 1: it leads and its lease holds */
 json_t *srv__leader_json(srv *s);         /* GET /v1/leader */
 int srv__sched_start(srv *s);             /* http.c: starts the scheduler thread */
 
-/* workdir.c: the archives jobs ship (POST /v1/workdirs, GET /v1/agent/workdir) */
+/* uploads.c: the archives jobs ship (POST /v1/workdirs, GET /v1/agent/workdir) */
 typedef struct srv_upload {
     int fd;
     char tmp[4300];
@@ -325,7 +325,7 @@ int srv__workdir_exists(const srv *s, const char *tenant, const char *id);
 int srv__workdir_for_node(srv *s, int node, int64_t job, char *path, size_t cap);
 
 /* runs.c: a tenant's jobs that name one "run" share a secret and services.
- * runs.c and workdir.c call nothing of the files that call each other
+ * runs.c and uploads.c call nothing of the files that call each other
  * (scripts/layers-known-cycles.txt): their callers write the database. */
 typedef struct srv_new_run {
     int create;

@@ -229,8 +229,9 @@ static int train(paced *p)
     p->clipped_sum += st.clipped_frac, p->masked_sum += st.masked_frac;
     p->train_end = p->now + p->c->train_s;
     if (p->progress) {
-        json_t *ev = json_pack("{s:s,s:i,s:f,s:f,s:f}", "event", "step", "step", p->step + 1,
-                               "reward", st.reward, "abs_dlogp", st.abs_dlogp, "t_s", p->train_end);
+        json_t *ev = json_pack("{s:s,s:i,s:f,s:f,s:f,s:[i,i]}", "event", "step", "step", p->step + 1,
+                               "reward", st.reward, "abs_dlogp", st.abs_dlogp, "t_s", p->train_end, "groups",
+                               p->batch[0].group, p->batch[p->B - 1].group);
         p->progress(ev, p->pctx);
         json_decref(ev);
     }

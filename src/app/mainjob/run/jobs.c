@@ -24,8 +24,9 @@ static json_t *trainer_job(const mj_run_paths *p)
     snprintf(steps, sizeof steps, "%d", p->steps);
     const char *head[] = {p->bin, "rl", "trainer", "--store", p->store, "--events", ev, "--result", res,
                           "--steps", steps};
-    json_t *cmd = strings(head, 11);
-    json_array_extend(cmd, strings(rl_opts, (int)(sizeof rl_opts / sizeof *rl_opts)));
+    json_t *cmd = strings(head, 11), *opts = strings(rl_opts, (int)(sizeof rl_opts / sizeof *rl_opts));
+    json_array_extend(cmd, opts);
+    json_decref(opts);
     return json_pack("{s:s,s:s,s:i,s:i,s:[s],s:i,s:s,s:[s],s:{s:s},s:o}", "name", "rl-trainer", "kind", "gang",
                      "nodes", 2, "gpus_per_node", 1, "gpu_types", "H100", "priority", 10, "on_failure", "fail",
                      "writable", p->dir, "env", "SHOAL_RUN_SECRET", p->secret, "command", cmd);

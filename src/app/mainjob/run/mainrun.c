@@ -87,8 +87,9 @@ static int prepare(const mj_run_opts *o, mj_run_paths *p)
     char bindir[4200];
     snprintf(bindir, sizeof bindir, "%s/bin", o->dir);
     sh_rm_rf(o->dir);
-    SH_TRY(sh_mkdir_p(p->store, 0755));
-    SH_TRY(sh_mkdir_p(p->pdir, 0755));
+    /* store/ and push/ are the ranks' to make: the agent gives the run
+     * folder (a "writable") to the tenant's uid, and what lies in it should
+     * be the tenant's too. */
     SH_TRY(sh_mkdir_p(bindir, 0755));
     SH_TRY(copy_file(o->bin, p->bin, 0755));
     snprintf(bindir, sizeof bindir, "%s/bin/shoal-core", o->dir);
@@ -113,6 +114,7 @@ static int start_fleet(const mj_run_opts *o, const mj_run_paths *p, fleet **f)
     fleet_opts fo = {.fleet_csv = p->fleet, .exe = core, .agent_log = log, .sandbox = o->sandbox};
     fo.server.db_path = db, fo.server.port = o->port, fo.server.web_dir = o->web_dir;
     fo.server.writable_allow = p->dir; /* the jobs write the run folder: as the fleet's admin, allow it */
+    fo.server.max_priority = "default=10"; /* and let its trainer gang preempt rollouts */
     say(o, "starting the fleet (%s) on port %d; logs in %s", o->fleet, o->port, p->dir);
     SH_TRY(fleet_start(&fo, f));
     if (fleet_registered(*f) < fleet_nodes(*f))

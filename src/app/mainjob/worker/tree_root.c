@@ -52,6 +52,7 @@ int mj_push_root(const mj_push_root_opts *o, volatile sig_atomic_t *stop)
                           o->store, o->wait_s);
         sh_sleep(0.1);
     }
+    SH_TRY(sh_mkdir_p(o->pdir, 0755));
     bcast_config cfg = {.name = "root", .zone = zone};
     store_push_root *r;
     SH_TRY(store_push_root_new(o->store, "main", &cfg, &r));
