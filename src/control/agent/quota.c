@@ -80,7 +80,7 @@ int agent__disk_init(const agent *a, agent_member *m, const json_t *d)
         for (int i = 0; i < a->nm; i++) {
             const agent_member *o = &a->m[i];
             struct stat st;
-            if (o == m || !o->loop || stat(o->img, &st) < 0) continue;
+            if (o == m || !o->loop || o->state == AM_EXITED || stat(o->img, &st) < 0) continue;
             uint64_t held = (uint64_t)st.st_blocks * 512, left = o->disk_max > held ? o->disk_max - held : 0;
             avail = avail > left ? avail - left : 0;
         }
