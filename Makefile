@@ -56,7 +56,7 @@ LIBFLAGS  := -fPIC -fvisibility=hidden
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 
-.PHONY: all deps test test-opt test-asan run bench fuzz clean install mutants
+.PHONY: all deps test test-opt test-asan run bench fuzz clean install mutants mutants-gen
 all: $(BUILD)/shoal $(BUILD)/shoal-core $(BUILD)/libshoal.a $(BUILD)/$(SONAME) $(BUILD)/shoal.1
 
 deps:
@@ -156,6 +156,15 @@ bench: deps
 # stale entry, fails.  MUTANTS="--only ID,ID" runs a few.
 mutants: deps
 	@python3 scripts/mutants.py $(MUTANTS)
+
+# Generated mutants (docs/testing.md): scripts/mutgen.py makes every mutant of
+# the files tests/mutgen.txt lists and runs a seeded sample of 400 (SEED=N
+# picks another, FULL=1 runs all, JOBS=N in parallel, MUTGEN="--only ID" one).
+# Not part of `make test`.
+SEED ?= 1
+JOBS ?= 1
+mutants-gen: deps
+	@python3 scripts/mutgen.py --seed $(SEED) -j $(JOBS) $(if $(FULL),--full) $(MUTGEN)
 
 # libFuzzer targets, built with clang against the library sources.
 $(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC) | $(GEN)/commands.h

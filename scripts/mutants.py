@@ -93,19 +93,20 @@ def parse(path):
     return entries
 
 
-def sync_tree():
+def sync_tree(tree=None):
     """Copies the tracked and untracked-but-not-ignored files into TREE.  A
     file is copied only when its bytes differ, and gets the current time,
     so that make rebuilds exactly what changed since the last run (also a
     file a killed run left mutated)."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
                            check=True, capture_output=True).stdout.split(b"\0")
-    os.makedirs(TREE, exist_ok=True)
+    tree = tree or TREE
+    os.makedirs(tree, exist_ok=True)
     for rel in files:
         if not rel:
             continue
         rel = rel.decode()
-        src, dst = os.path.join(ROOT, rel), os.path.join(TREE, rel)
+        src, dst = os.path.join(ROOT, rel), os.path.join(tree, rel)
         if not os.path.isfile(src) or os.path.islink(src):
             continue
         with open(src, "rb") as f:
@@ -123,7 +124,7 @@ def sync_tree():
     # Installed, ignored folders the tests read (the dashboard's browser
     # driver): linked, so that a test does not skip in the copy.
     for rel in ["tests/browser/node_modules"]:
-        src, dst = os.path.join(ROOT, rel), os.path.join(TREE, rel)
+        src, dst = os.path.join(ROOT, rel), os.path.join(tree, rel)
         if os.path.isdir(src) and not os.path.lexists(dst):
             os.symlink(src, dst)
 
@@ -132,25 +133,26 @@ def binaries(tests):
     return sorted({"build/tests/" + t.split(":")[0] for t in tests})
 
 
-def build(targets, log):
+def build(targets, log, tree=None, jobs=None):
     # The Python tests load build/libshoal.so, which no test binary links
     # (and `.SECONDARY:` keeps make from building a missing prerequisite of
     # a target that is up to date): `all` brings it up to date.
     py = ["all"] if any(t.startswith("build/tests/test_python") for t in targets) else []
-    cmd = ["make", "--no-print-directory", "-j" + str(os.cpu_count() or 2), "OPTFLAGS=-O2",
+    cmd = ["make", "--no-print-directory", "-j" + str(jobs or os.cpu_count() or 2), "OPTFLAGS=-O2",
            "build/shoal"] + py + targets
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        return subprocess.run(cmd, cwd=TREE, stdout=f, stderr=subprocess.STDOUT).returncode == 0
+        return subprocess.run(cmd, cwd=tree or TREE, stdout=f, stderr=subprocess.STDOUT).returncode == 0
 
 
-def run_test(spec, timeout, log):
+def run_test(spec, timeout, log, tree=None):
     """Runs one test binary (a cmocka name filter after ':' picks tests);
     returns 'pass', 'fail' or 'timeout'."""
+    tree = tree or TREE
     name, _, flt = spec.partition(":")
     env = dict(os.environ)
-    env.update(SHOAL_BIN=os.path.join(TREE, "build", "shoal"), CMOCKA_MESSAGE_OUTPUT="stdout",
+    env.update(SHOAL_BIN=os.path.join(tree, "build", "shoal"), CMOCKA_MESSAGE_OUTPUT="stdout",
                SHOAL_SHARED=env.get("SHOAL_SHARED") or os.path.abspath(os.path.join(ROOT, "..", "shared")))
     env.pop("SHOAL_TEST_FILTER", None)
     if flt:
@@ -159,7 +161,7 @@ def run_test(spec, timeout, log):
     env["SHOAL_TEST_TMP"] = tmp
     out = os.path.join(tmp, "out.log")
     with open(out, "w") as f:
-        p = subprocess.Popen([os.path.join(TREE, "build", "tests", name)], cwd=TREE, env=env, stdout=f,
+        p = subprocess.Popen([os.path.join(tree, "build", "tests", name)], cwd=tree, env=env, stdout=f,
                              stderr=subprocess.STDOUT, start_new_session=True)
         rc = None
         try:

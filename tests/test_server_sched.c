@@ -284,6 +284,7 @@ static void test_stop_leaks_nothing(void **state)
     skip(); /* the ASan build's server has LeakSanitizer */
 #endif
     memset(&F, 0, sizeof F);
+    snprintf(F.extra, sizeof F.extra, "--max-priority alice=5"); /* her gang preempts her elastic job */
     tf_start_server(&F, "sched-4", 30);
     tf_start_agents(&F, 1, "H100", 2, "z1", "ib");
     int64_t el = tf_submit(&F, TF_ALICE, "{\"name\":\"fill\",\"kind\":\"elastic\",\"nodes\":1,\"max_nodes\":2,"

@@ -167,7 +167,12 @@ int srv__job_eval(srv *s, srv_job *j)
                  *tail ? "; its last lines: " : "", tail);
         return srv__finish(s, j, J_FAILED, f->exit_code, r);
     }
-    if (live == 0 && ok > 0) return srv__finish(s, j, J_SUCCEEDED, 0, "every rank exited with status 0");
+    if (live == 0 && ok > 0) {
+        /* Ranks that ended before any report saw them running did start:
+         * the gang's start counts, at the latest it can have been. */
+        if (j->state == J_STARTING && j->t_placed > 0) srv__observe_start(s, j->nmem, sh_now_wall() - j->t_placed);
+        return srv__finish(s, j, J_SUCCEEDED, 0, "every rank exited with status 0");
+    }
     int changed = 0;
     if (!j->go && live && ready == live) {
         j->go = 1;

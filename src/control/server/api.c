@@ -410,12 +410,15 @@ static int check_writable(srv *s, const srv_job *j)
                           i, p, s->state_dir);
         /* Under an entry of this tenant's, and holding no other tenant's
          * folder (a shared folder may hold one). */
-        int ok = 0, others = 0;
+        int ok = 0, others = 0, inside = 0;
         char allow[8192], mine[8192] = "";
         snprintf(allow, sizeof allow, "%s", s->cfg.writable_allow ? s->cfg.writable_allow : "");
         for (char *sv = NULL, *a = strtok_r(allow, ":", &sv); a; a = strtok_r(NULL, ":", &sv)) {
             if (!srv__allow_applies(&a, j->tenant)) {
                 others |= srv__path_under(a, p);
+                /* Reached through a shared folder that holds it, another
+                 * tenant's folder is still that tenant's. */
+                inside |= srv__path_under(p, a) && strcmp(p, a);
                 continue;
             }
             ok |= srv__path_under(p, a);
@@ -425,6 +428,9 @@ static int check_writable(srv *s, const srv_job *j)
         if (others)
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" holds a folder the admin gave another "
                                     "tenant; name a directory beside it", i, p);
+        if (inside)
+            return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" lies in a folder the admin gave another "
+                                    "tenant", i, p);
         if (!ok)
             return sh_err(SH_EPERM, "job: field \"writable\"[%zu]: \"%s\" is not under a directory the admin allows"
                                     " your jobs (server option --allow-writable; now: %s)", i, p,

@@ -318,6 +318,15 @@ static int out_finish(img_out *o, int ok)
  * then holds the new version, ready for the next delta: nothing is copied
  * after activation.  Without an image (none yet, or no memory) the target
  * is rebuilt from the mapped model straight into the new file. */
+static int model_mismatch(const store_version *v)
+{
+    char hex[33];
+    sh_hash128_hex(v->model_xxh3, hex);
+    return sh_err(SH_EMISMATCH, "version %llu: the delta rebuilds a model whose xxh3 is not the manifest's "
+                  "model_xxh3 %s (the delta does not make the version its manifest names); not activated",
+                  (unsigned long long)v->version, hex);
+}
+
 static int apply_delta(store_replica *r, const pending *p, const model *cur, const char *out)
 {
     uint64_t size = p->ver.model_size;
@@ -331,6 +340,16 @@ static int apply_delta(store_replica *r, const pending *p, const model *cur, con
          * server (or, in `bench push`, with the other replicas, where a
          * second thread per apply measured 7-13 % slower). */
         int rc = store__delta_patch_mem(r->img, size, p->payload, &r->ipc, 1, out_chunk, &o);
+        /* The delta's digests say the image is the delta's target; the
+         * version is the manifest's model_xxh3 (docs/store-format.md: a
+         * reader checks the result against it).  A delta that does not
+         * rebuild the model its manifest names (a publisher's mix-up, a
+         * root's) is refused here, as the store's readers refuse it; the
+         * image then holds neither version and is loaded again. */
+        if (rc == 0 && !sh_hash128_eq(sh_hash128_of(r->img, (size_t)size), p->ver.model_xxh3)) {
+            r->ipc.valid = 0;
+            rc = model_mismatch(&p->ver);
+        }
         if (rc < 0) {
             out_finish(&o, 0);
             return rc;
@@ -340,7 +359,13 @@ static int apply_delta(store_replica *r, const pending *p, const model *cur, con
         r->img_version = p->ver.version;
         return out_finish(&o, 1);
     }
-    return store__delta_build(cur->ck, p->payload, size, out);
+    SH_TRY(store__delta_build(cur->ck, p->payload, size, out));
+    sh_hash128 h;
+    uint64_t n;
+    int rc = store__hash_file(out, &h, &n);
+    if (rc == 0 && (n != size || !sh_hash128_eq(h, p->ver.model_xxh3))) rc = model_mismatch(&p->ver);
+    if (rc < 0) unlink(out);
+    return rc;
 }
 
 

@@ -81,6 +81,14 @@ static int publish_locked(store *s, const store_mem_version *in, uint64_t every,
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", sh_errmsg());
         sh_rm_rf(stage);
+        /* LATEST may have moved with only the fsync of its folder failing:
+         * then the version it names is durable and must stay (removing it
+         * left LATEST naming a missing version, which broke the run). */
+        uint64_t now = 0;
+        if (store_latest(s, &now) == SH_OK && now == v)
+            return sh_err(keep, "publish version %llu of run \"%s\" from memory: %s; LATEST names version "
+                          "%llu, but a crash may bring back version %llu", (unsigned long long)v, s->run, msg,
+                          (unsigned long long)v, (unsigned long long)latest);
         sh_rm_rf(final);
         return sh_err(keep, "publish version %llu of run \"%s\" from memory: %s; LATEST still names "
                       "version %llu", (unsigned long long)v, s->run, msg, (unsigned long long)latest);

@@ -1,0 +1,192 @@
+/* Properties of the RL trainer's checks that the generated mutants
+ * (scripts/mutgen.py) found no test held (docs/testing.md):
+ *  - a trajectory's reward is recomputed for every task kind: a claimed
+ *    reward that is not its response's score is refused, whatever the task;
+ *  - the version bounds are exact at the boundary: a trajectory that
+ *    started at the request's min_version, or ended at the trainer's
+ *    newest version, is taken; one version past either is refused; and the
+ *    same for REFUSE and BYE;
+ *  - an async run's staleness bound is exact: no step trains on a
+ *    trajectory more than max_lag versions old, and the bound is reached
+ *    (the trainer does not hold the workers to a stricter one).
+ * The first two are pure (rl__trajs_check and the task's reward); the last
+ * runs `shoal rl train`. */
+#include "testutil.h"
+
+#include <jansson.h>
+#include <string.h>
+
+#include "rl/engine/wire_int.h"
+#include "shoal/rl.h"
+
+#define SEED 4242
+
+/* One trajectory answering problem p of group g with response `resp`
+ * (terminated with EOS unless open), claiming reward r. */
+static void make_traj(const rl_problem *p, int g, const char *resp, int open, float r, rl_traj *t)
+{
+    memset(t, 0, sizeof *t);
+    int n = 0;
+    t->tokens[n++] = RL_BOS;
+    for (const char *c = p->prompt; *c; c++) t->tokens[n++] = rl_tok(*c);
+    t->plen = n;
+    for (const char *c = resp; *c; c++) t->blogp[n] = -0.5f, t->tokens[n++] = rl_tok(*c);
+    if (!open) t->blogp[n] = -0.5f, t->tokens[n++] = RL_EOS;
+    t->len = n;
+    t->reward = r;
+    t->group = g;
+    t->problem = p->id;
+    t->vstart = t->vend = 2;
+}
+
+static int check_one(const rl_problem *p, int g, const rl_traj *t, int minv, int maxv)
+{
+    uint8_t buf[sizeof(rl_wire_trajs) + sizeof(rl_traj)];
+    rl_wire_trajs th = {.worker = 0, .count = 1};
+    memcpy(buf, &th, sizeof th);
+    memcpy(buf + sizeof th, t, sizeof *t);
+    rl__ask a = {.group0 = g, .nprompts = 1, .group = 1, .min_version = minv, .max_version = maxv,
+                 .probs = p, .max_len = RL_MAX_T, .max_new = RL_MAX_T};
+    rl_traj out;
+    return rl__trajs_check(&a, "w", buf, sizeof buf, &out);
+}
+
+/* For each task and many problems: the right answer scores 1 and is taken
+ * with reward 1, refused with any other; a wrong answer (one character
+ * changed), an unterminated one and an empty one score below 1, and a
+ * claim of 1 for them is refused. */
+static void test_reward_recomputed_every_task(void **state)
+{
+    const int tasks[] = {RL_TASK_CODE, RL_TASK_ARITH};
+    for (int ti = 0; ti < 2; ti++) {
+        int wrong_scored = 0;
+        for (int g = 0; g < 40; g++) {
+            rl_problem p;
+            rl__group_problem(SEED, tasks[ti], g, &p);
+            assert_int_equal(p.task, tasks[ti]);
+            const char *task = rl_task_name(tasks[ti]);
+            int n = (int)strlen(p.answer);
+            if (rl_reward(&p, p.answer, n, 1) != 1.0f)
+                fail_msg("%s: %s -> %s scores %g, not 1", task, p.prompt, p.answer, (double)rl_reward(&p, p.answer, n, 1));
+            if (rl_reward(&p, p.answer, n, 0) != 0.0f) fail_msg("%s: an unterminated response scores", task);
+            rl_traj t;
+            make_traj(&p, g, p.answer, 0, 1.0f, &t);
+            if (check_one(&p, g, &t, 1, 3) < 0) fail_msg("%s: the right answer refused: %s", task, sh_errmsg());
+            const float lies[] = {0.0f, 0.5f, 0.99f};
+            for (int k = 0; k < 3; k++) {
+                make_traj(&p, g, p.answer, 0, lies[k], &t);
+                TU_ERR(check_one(&p, g, &t, 1, 3), SH_EFORMAT, "but its response scores 1");
+            }
+            /* One character changed: a digit for another (the code task's
+             * constants and the sum's digits), else an operator. */
+            char bad[32];
+            snprintf(bad, sizeof bad, "%s", p.answer);
+            char *c = bad + n - 1;
+            while (c > bad && !(*c >= '0' && *c <= '9')) c--;
+            *c = *c >= '0' && *c <= '9' ? (char)('0' + (*c - '0' + 3) % 10) : (*c == '+' ? '-' : '+');
+            float w = rl_reward(&p, bad, n, 1);
+            if (w < 1.0f) {
+                wrong_scored++;
+                make_traj(&p, g, bad, 0, 1.0f, &t);
+                TU_ERR(check_one(&p, g, &t, 1, 3), SH_EFORMAT, "but its response scores");
+                make_traj(&p, g, bad, 0, w, &t);
+                if (check_one(&p, g, &t, 1, 3) < 0) fail_msg("%s: an honest partial reward refused: %s", task, sh_errmsg());
+            }
+            make_traj(&p, g, p.answer, 1, 1.0f, &t);
+            TU_ERR(check_one(&p, g, &t, 1, 3), SH_EFORMAT, "reward 1, but its response scores 0");
+            make_traj(&p, g, "", 0, 1.0f, &t);
+            TU_ERR(check_one(&p, g, &t, 1, 3), SH_EFORMAT, "reward 1, but its response scores 0");
+        }
+        /* Changing one character almost always breaks the answer. */
+        if (wrong_scored < 30) fail_msg("%s: only %d of 40 wrong answers score below 1", rl_task_name(tasks[ti]), wrong_scored);
+    }
+}
+
+/* The version bounds, exact: vstart >= min_version (0 when the request's
+ * is below 0), vstart <= vend, vend <= the trainer's newest version. */
+static void test_version_bounds_exact(void **state)
+{
+    rl_problem p;
+    rl__group_problem(SEED, RL_TASK_ARITH, 3, &p);
+    rl_traj t;
+    for (int minv = -2; minv <= 4; minv++) {
+        int vmin = minv > 0 ? minv : 0, maxv = vmin + 3;
+        make_traj(&p, 3, p.answer, 0, 1.0f, &t);
+        t.vstart = vmin, t.vend = vmin;
+        TU_OK(check_one(&p, 3, &t, minv, maxv));
+        t.vstart = vmin - 1;
+        TU_ERR(check_one(&p, 3, &t, minv, maxv), SH_EFORMAT, "older than the request's min_version");
+        t.vstart = maxv, t.vend = maxv;
+        TU_OK(check_one(&p, 3, &t, minv, maxv));
+        t.vend = maxv + 1;
+        TU_ERR(check_one(&p, 3, &t, minv, maxv), SH_EFORMAT, "newer than the trainer's version");
+        t.vstart = vmin + 1, t.vend = vmin;
+        TU_ERR(check_one(&p, 3, &t, minv, maxv), SH_EFORMAT, "> vend");
+        t.vstart = vmin, t.vend = vmin + 1;
+        TU_OK(check_one(&p, 3, &t, minv, maxv));
+    }
+    /* REFUSE: a worker refuses only while it holds a version below what
+     * the request needs (or none). */
+    for (int minv = -1; minv <= 3; minv++) {
+        int need = minv > 0 ? minv : 0;
+        rl__ask a = {.group0 = 8, .nprompts = 2, .group = 4, .min_version = minv};
+        rl_wire_refuse f = {.version = need - 1, .min_version = minv, .group0 = 8, .nprompts = 2}, got;
+        if (need - 1 >= -1) TU_OK(rl__refuse_check(&a, "w", (uint8_t *)&f, sizeof f, &got));
+        f.version = need;
+        TU_ERR(rl__refuse_check(&a, "w", (uint8_t *)&f, sizeof f, &got), SH_EFORMAT, "REFUSE while holding");
+        f.version = -2;
+        TU_ERR(rl__refuse_check(&a, "w", (uint8_t *)&f, sizeof f, &got), SH_EFORMAT, "REFUSE while holding");
+        f.version = -1, f.min_version = minv + 1;
+        TU_ERR(rl__refuse_check(&a, "w", (uint8_t *)&f, sizeof f, &got), SH_EFORMAT, "but the request asked");
+    }
+    /* BYE: versions -1..max. */
+    for (int maxv = 0; maxv < 3; maxv++) {
+        rl_wire_bye b = {.version = maxv}, got;
+        TU_OK(rl__bye_check(maxv, "w", (uint8_t *)&b, sizeof b, &got));
+        b.version = -1;
+        TU_OK(rl__bye_check(maxv, "w", (uint8_t *)&b, sizeof b, &got));
+        b.version = maxv + 1;
+        TU_ERR(rl__bye_check(maxv, "w", (uint8_t *)&b, sizeof b, &got), SH_EFORMAT, "BYE names version");
+        b.version = -2;
+        TU_ERR(rl__bye_check(maxv, "w", (uint8_t *)&b, sizeof b, &got), SH_EFORMAT, "BYE names version");
+    }
+}
+
+static void test_staleness_bound_exact(void **state)
+{
+    for (int lag = 1; lag <= 2; lag++) {
+        char *out = NULL;
+        int rc = tu_run(&out, "%s rl train --mode async --max-lag %d --steps 6 --warm 0 --eval-every 100 --eval-n 1 "
+                        "--prompts 4 --gen-cost 1 --quiet --json 2>/dev/null", tu_shoal(), lag);
+        if (rc != 0) fail_msg("rl train --max-lag %d: exit %d", lag, rc);
+        json_t *j = NULL;
+        TU_OK(sh_json_parse(out, strlen(out), "rl train", &j));
+        free(out);
+        json_t *h = json_object_get(j, "staleness_hist"), *steps = json_object_get(j, "step_stats");
+        assert_int_equal(json_array_size(h), lag + 1);
+        long total = 0;
+        for (size_t i = 0; i < json_array_size(h); i++) total += (long)json_integer_value(json_array_get(h, i));
+        assert_int_equal(total, 6 * 4 * 8); /* steps x prompts x group */
+        assert_int_equal(json_array_size(steps), 6);
+        long top = 0;
+        for (size_t i = 0; i < 6; i++) {
+            long m = (long)json_integer_value(json_object_get(json_array_get(steps, i), "staleness_max"));
+            if (m > lag) fail_msg("--max-lag %d: step %zu trained on a trajectory %ld versions old", lag, i + 1, m);
+            if (m > top) top = m;
+        }
+        if (top != lag) fail_msg("--max-lag %d: no step reached the bound (at most %ld)", lag, top);
+        if (!json_integer_value(json_array_get(h, (size_t)lag)))
+            fail_msg("--max-lag %d: no trajectory of staleness %d", lag, lag);
+        json_decref(j);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reward_recomputed_every_task),
+        cmocka_unit_test(test_version_bounds_exact),
+        cmocka_unit_test(test_staleness_bound_exact),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,325 @@
+/* Properties of the digests and the store that the generated mutants
+ * (scripts/mutgen.py, docs/testing.md) found no test held:
+ *  - a digest comparison uses the whole hash: two digests that differ in
+ *    any one of their 128 bits are different;
+ *  - a digest is read from exactly 32 hex digits, in either case, and any
+ *    other character is refused (none is read as a value);
+ *  - a run id is 1 to 64 characters, exactly at the boundary;
+ *  - a LATEST pointer lacking any of its fields is refused, naming it, and
+ *    version 1 is the first it may name;
+ *  - what the store publishes and a replica activates is readable by every
+ *    user and writable by its owner only: folders 0755, files 0644 (under
+ *    the process's umask), and a restarted replica removes the model files
+ *    it does not serve;
+ *  - a publish from memory without an image, or with a delta length and
+ *    no delta, is refused before anything is written;
+ *  - a replica never activates a pushed version whose bytes differ from
+ *    its manifest's model digest, even when the payload itself checks out
+ *    (its hash, and the delta's own digests);
+ *  - a squashed chain rebuilds exactly what the chain rebuilds, whichever
+ *    of its deltas changes what (a chain of one too). */
+#include "testutil.h"
+
+#include <string.h>
+#include <strings.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#include "shoal/bcast.h"
+#include "shoal/ckpt.h"
+#include "shoal/delta.h"
+#include "shoal/store.h"
+
+static void test_digest_compare_whole(void **state)
+{
+    sh_hash128 a = sh_hash128_of("shoal", 5);
+    assert_true(sh_hash128_eq(a, a));
+    for (int bit = 0; bit < 128; bit++) {
+        sh_hash128 b = a;
+        if (bit < 64) b.lo ^= 1ull << bit;
+        else b.hi ^= 1ull << (bit - 64);
+        if (sh_hash128_eq(a, b) || sh_hash128_eq(b, a)) fail_msg("digests that differ in bit %d compare equal", bit);
+    }
+}
+
+static void test_digest_parse_exact(void **state)
+{
+    sh_hash128 h = {.hi = 0x0123456789abcdefull, .lo = 0xfedcba9876543210ull}, got;
+    char hex[33], up[33];
+    sh_hash128_hex(h, hex);
+    assert_string_equal(hex, "0123456789abcdeffedcba9876543210");
+    TU_OK(sh_hash128_parse(hex, &got));
+    assert_true(sh_hash128_eq(got, h));
+    for (int i = 0; i < 33; i++) up[i] = (char)(hex[i] >= 'a' && hex[i] <= 'f' ? hex[i] - 'a' + 'A' : hex[i]);
+    TU_OK(sh_hash128_parse(up, &got));
+    assert_true(sh_hash128_eq(got, h));
+    /* Every character that is not a hex digit, at every place class. */
+    for (int c = 1; c < 256; c++) {
+        if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')) continue;
+        for (int at = 0; at < 32; at += 31) {
+            char bad[33];
+            memcpy(bad, hex, 33);
+            bad[at] = (char)c;
+            if (sh_hash128_parse(bad, &got) != SH_EFORMAT) fail_msg("'%c' (0x%02x) at %d read as a hex digit", c, c, at);
+        }
+    }
+    TU_ERR(sh_hash128_parse("0123456789abcdeffedcba987654321", &got), SH_EFORMAT, "expected 32 hex digits");
+    TU_ERR(sh_hash128_parse("0123456789abcdeffedcba98765432100", &got), SH_EFORMAT, "expected 32 hex digits");
+    TU_ERR(sh_hash128_parse(NULL, &got), SH_EFORMAT, "expected 32 hex digits");
+}
+
+static void test_run_name_bounds(void **state)
+{
+    const char *root = tu_path("props-runs");
+    char name[70];
+    store *s;
+    memset(name, 'r', 64);
+    name[64] = 0;
+    TU_OK(store_open(root, name, 1, &s));
+    store_close(s);
+    name[65] = 0, name[64] = 'r';
+    TU_ERR(store_open(root, name, 1, &s), SH_EINVAL, "run id");
+    TU_OK(store_open(root, "a", 1, &s));
+    store_close(s);
+}
+
+static void test_latest_fields_required(void **state)
+{
+    const char *root = tu_path("props-latest");
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    char p[4096];
+    snprintf(p, sizeof p, "%s/main/LATEST", root);
+    static const struct {
+        const char *text, *field;
+    } rows[] = {
+        {"{\"run\":\"main\",\"version\":1}", "format"},
+        {"{\"format\":\"shoal-latest/1\",\"version\":1}", "run"},
+        {"{\"format\":\"shoal-latest/1\",\"run\":\"main\"}", "version"},
+        {"{\"format\":1,\"run\":\"main\",\"version\":1}", "format"},
+        {"{\"format\":\"shoal-latest/1\",\"run\":7,\"version\":1}", "run"},
+        {"{\"format\":\"shoal-latest/1\",\"run\":\"main\",\"version\":\"1\"}", "version"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        tu_write_file(p, rows[i].text, strlen(rows[i].text));
+        uint64_t v = 99;
+        int rc = store_latest(s, &v);
+        if (rc != SH_EFORMAT || !strstr(sh_errmsg(), rows[i].field))
+            fail_msg("LATEST %s: %d \"%s\", expected a refusal naming \"%s\"", rows[i].text, rc, sh_errmsg(),
+                     rows[i].field);
+    }
+    /* Version 1 parses (and is missing here). */
+    const char *one = "{\"format\":\"shoal-latest/1\",\"run\":\"main\",\"version\":1}";
+    tu_write_file(p, one, strlen(one));
+    uint64_t v = 99;
+    TU_ERR(store_latest(s, &v), SH_ENOENT, "is missing");
+    store_close(s);
+}
+
+/* Checks the mode of every folder and file under dir; returns how many. */
+static int check_modes(const char *dir, mode_t um)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) {
+        /* Lock files are the owner's alone (0600). */
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcasecmp(e->d_name, "lock")) continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        assert_int_equal(lstat(p, &st), 0);
+        mode_t want = S_ISDIR(st.st_mode) ? (0755 & ~um) : (0644 & ~um);
+        if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) continue;
+        if ((st.st_mode & 07777) != want) fail_msg("%s: mode %04o, expected %04o", p, st.st_mode & 07777, want);
+        n++;
+        if (S_ISDIR(st.st_mode)) n += check_modes(p, um);
+    }
+    closedir(d);
+    return n;
+}
+
+static void test_published_modes(void **state)
+{
+    mode_t um = umask(022);
+    umask(um);
+    const char *root = tu_path("props-modes"), *rep = tu_path("props-modes-rep");
+    sh_rm_rf(root);
+    sh_rm_rf(rep);
+    TU_OK(ckpt_synth(tu_path("pm1.st"), 20000, 1));
+    TU_OK(ckpt_synth(tu_path("pm2.st"), 20000, 2));
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    TU_OK(store_publish(s, tu_path("pm1.st"), NULL, &v));
+    store_replica_config cfg = {0};
+    cfg.dir = rep;
+    cfg.store = root;
+    cfg.poll_s = 0.01;
+    store_replica *r;
+    TU_OK(store_replica_open(&cfg, &r));
+    TU_OK(store_replica_wait(r, 1, 30));
+    TU_OK(store_publish(s, tu_path("pm2.st"), NULL, &v));
+    TU_OK(store_replica_wait(r, 2, 30));
+    /* A healthy replica has no failure on record. */
+    sh_sleep(0.1);
+    store_replica_info info;
+    store_replica_get_info(r, &info);
+    if (info.failures || info.last_error[0]) fail_msg("a healthy replica reports %llu failures: %s",
+                                                      (unsigned long long)info.failures, info.last_error);
+    store_replica_close(r);
+    /* A restart removes the model files it does not serve (a crash's). */
+    char junk[4200];
+    snprintf(junk, sizeof junk, "%s/models/0000000009.safetensors", rep);
+    tu_write_file(junk, "x", 1);
+    chmod(junk, 0644 & ~um);
+    TU_OK(store_replica_open(&cfg, &r));
+    TU_OK(store_replica_wait(r, 2, 30));
+    store_replica_close(r);
+    if (sh_path_exists(junk)) fail_msg("a restarted replica kept %s, which it does not serve", junk);
+    store_close(s);
+    assert_true(check_modes(root, um) >= 6);
+    assert_true(check_modes(rep, um) >= 3);
+}
+
+static void test_publish_mem_needs_image(void **state)
+{
+    const char *root = tu_path("props-pubmem");
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    TU_OK(ckpt_synth(tu_path("pmem.st"), 20000, 3));
+    size_t n;
+    uint8_t *img = tu_read_file(tu_path("pmem.st"), &n);
+    uint64_t v = 0;
+    TU_ERR(store_publish_mem(s, NULL, NULL, &v), SH_EINVAL, "needs the version's image");
+    store_mem_version in = {.image = NULL, .image_len = n};
+    TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_EINVAL, "needs the version's image");
+    in = (store_mem_version){.image = img, .image_len = 0};
+    TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_EINVAL, "needs the version's image");
+    in = (store_mem_version){.image = img, .image_len = n, .delta = NULL, .delta_len = 10};
+    TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_EINVAL, "a delta length without a delta");
+    uint64_t latest = 9;
+    TU_OK(store_latest(s, &latest));
+    assert_int_equal(latest, 0); /* nothing was published */
+    in = (store_mem_version){.image = img, .image_len = n};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 1);
+    free(img);
+    store_close(s);
+}
+
+static void *root_loop(void *arg)
+{
+    bcast_node_run(arg, 120);
+    return NULL;
+}
+
+/* Version 2 is a delta whose manifest names a model digest one hex digit
+ * off (the payload's own hash and the delta's digests are right, so the
+ * push tree and the codec pass it): a real `shoal replica` fed by a push
+ * root takes version 1 and must never activate version 2. */
+static void test_pushed_version_digest_checked(void **state)
+{
+    const char *root = tu_path("props-push"), *dir = tu_path("props-push-rep");
+    sh_rm_rf(root);
+    sh_rm_rf(dir);
+    TU_OK(ckpt_synth(tu_path("pp1.st"), 100000, 5));
+    TU_OK(ckpt_step(tu_path("pp1.st"), tu_path("pp2.st"), 1e-3, 1, 6));
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    TU_OK(store_publish(s, tu_path("pp1.st"), NULL, &v));
+    TU_OK(store_publish(s, tu_path("pp2.st"), NULL, &v));
+    char pay[2][4096], *text[2];
+    store_version m[2];
+    for (int k = 0; k < 2; k++) {
+        TU_OK(store_get(s, (uint64_t)k + 1, &m[k], &text[k]));
+        TU_OK(store_payload_path(s, (uint64_t)k + 1, pay[k], sizeof pay[k]));
+    }
+    store_close(s);
+    assert_false(m[1].anchor);
+    char hex[33];
+    sh_hash128_hex(m[1].model_xxh3, hex);
+    char *at = strstr(text[1], hex);
+    assert_non_null(at);
+    at[31] = at[31] == '0' ? '1' : '0';
+    bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
+    bcast_node *n;
+    TU_OK(bcast_node_new(&bc, &n));
+    TU_OK(bcast_node_add_object(n, text[0], pay[0]));
+    TU_OK(bcast_node_add_object(n, text[1], pay[1]));
+    free(text[0]);
+    free(text[1]);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, root_loop, n), 0);
+    char log[4096], cmd[8192];
+    snprintf(log, sizeof log, "%s.log", dir);
+    snprintf(cmd, sizeof cmd, "exec %s replica --dir %s --parent %s --until 2 --seconds 8 --json >%s 2>&1", tu_shoal(),
+             dir, bcast_node_address(n), log);
+    char *out = NULL;
+    int rc = tu_run(&out, "%s", cmd);
+    free(out);
+    bcast_node_stop(n);
+    bcast_node_wake(n);
+    pthread_join(th, NULL);
+    bcast_node_free(n);
+    char *l = NULL;
+    size_t tl;
+    if (sh_read_file(log, 1 << 20, &l, &tl) < 0) l = strdup("(no log)");
+    char active[4200], *act = NULL;
+    snprintf(active, sizeof active, "%s/ACTIVE", dir);
+    if (sh_read_file(active, 1 << 16, &act, &tl) < 0) act = strdup("");
+    json_t *j = json_loads(act, 0, NULL);
+    long long on = j ? (long long)json_integer_value(json_object_get(j, "version")) : 0;
+    json_decref(j);
+    if (rc == 0 || on == 2) fail_msg("the replica activated version 2 (exit %d): ACTIVE %s\n%s", rc, act, l);
+    if (on != 1) fail_msg("the replica did not take version 1: ACTIVE %s\n%s", act, l);
+    if (!strstr(l, "not the manifest's model_xxh3")) fail_msg("the replica did not say why: %s", l);
+    free(act);
+    free(l);
+}
+
+static void test_squash_is_the_chain(void **state)
+{
+    char paths[4][4096], deltas[3][4096];
+    for (int v = 0; v < 4; v++) snprintf(paths[v], sizeof paths[v], "%s/sq%d.st", tu_tmpdir(), v);
+    TU_OK(ckpt_synth(paths[0], 50000, 9));
+    for (int v = 1; v < 4; v++) TU_OK(ckpt_step(paths[v - 1], paths[v], 1e-3, 1, (uint64_t)(9 + v)));
+    for (int k = 0; k < 3; k++) {
+        snprintf(deltas[k], sizeof deltas[k], "%s/sq%d-%d.shd", tu_tmpdir(), k, k + 1);
+        TU_OK(delta_make(paths[k], paths[k + 1], deltas[k], &(delta_opts){0}, NULL));
+    }
+    for (size_t n = 1; n <= 3; n++) {
+        const char *chain[3] = {deltas[0], deltas[1], deltas[2]};
+        char sq[4200], out[4200];
+        snprintf(sq, sizeof sq, "%s/sq-0-%zu.shd", tu_tmpdir(), n);
+        snprintf(out, sizeof out, "%s/sq-out-%zu.st", tu_tmpdir(), n);
+        TU_OK(delta_squash(chain, n, sq, &(delta_opts){0}, NULL));
+        TU_OK(delta_apply(paths[0], sq, out, &(delta_opts){0}));
+        tu_assert_same_file(out, paths[n]);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_digest_compare_whole),
+        cmocka_unit_test(test_digest_parse_exact),
+        cmocka_unit_test(test_run_name_bounds),
+        cmocka_unit_test(test_latest_fields_required),
+        cmocka_unit_test(test_published_modes),
+        cmocka_unit_test(test_publish_mem_needs_image),
+        cmocka_unit_test(test_pushed_version_digest_checked),
+        cmocka_unit_test(test_squash_is_the_chain),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
