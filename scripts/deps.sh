@@ -5,7 +5,7 @@ set -eu
 PKGS="build-essential pkg-config clang libclang-rt-14-dev
       libzstd-dev libxxhash-dev libucx-dev ucx-utils libmicrohttpd-dev libjansson-dev nettle-dev
       libopenblas-dev libsqlite3-dev libpq-dev postgresql libcmocka-dev
-      bubblewrap libseccomp-dev runsc chromium
+      bubblewrap libseccomp-dev runsc chromium e2fsprogs
       python3 python3-torch python3-numpy"
 missing=""
 for p in $PKGS; do

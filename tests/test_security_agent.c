@@ -599,6 +599,71 @@ static void test_disk_reserve(void **state)
     free(out);
 }
 
+/* The disk share is kernel-enforced: bob's rank (disk_mb 48) writes 1 MiB
+ * blocks into its work directory until the kernel refuses.  It gets
+ * ENOSPC at about 48 MiB (its work directory is a file system of that
+ * size, an ext4 image), not at the host's free space; alice's jobs beside
+ * it and after it are committed and run; bob's job fails and its log names
+ * the limit; the image is unmounted and deleted when the rank ends.
+ * Before: no kernel bound, the agent looked every half second (a fast
+ * writer passed the share between two looks). */
+static void disk_enospc(const char *mode)
+{
+    need_mode(mode);
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (ctl < 0 || geteuid() != 0) {
+        fprintf(stderr, "skipped: no loop devices here (%s): the agent measures the share instead\n",
+                geteuid() ? "not root" : strerror(errno));
+        skip();
+    }
+    close(ctl);
+    tf_fleet f = {0};
+    start(&f, "enospc", mode, 8);
+    const long share = 48l << 20;
+    char script[1024];
+    snprintf(script, sizeof script,
+             "python3 -c \"\nimport os, errno\nst = os.statvfs('.')\nprint('fs', st.f_blocks * st.f_frsize)\n"
+             "fd = os.open('big', os.O_WRONLY | os.O_CREAT)\nb = bytes(1 << 20)\nn = 0\ntry:\n"
+             "  while n < %ld: n += os.write(fd, b)\n  print('no-enospc', n)\n"
+             "except OSError as e: print('refused at', n, errno.errorcode[e.errno])\n\"; sleep 2; exit 1",
+             4 * share);
+    int64_t bob = submit_sh(&f, TF_BOB, "fill", ",\"disk_mb\":48", script);
+    int64_t alice = submit_sh(&f, TF_ALICE, "beside", "", "sleep 1; echo alice-ok");
+    char *l = tf_wait_log(&f, alice, 60, NULL);
+    log_has("alice beside the full disk", l, "alice-ok");
+    free(l);
+    l = tf_wait_log(&f, bob, 60, NULL);
+    log_lacks("a write past the share", l, "no-enospc");
+    log_has("a write past the share", l, "ENOSPC");
+    log_has("a write past the share", l, "hit its disk limit");
+    const char *at = strstr(l, "refused at ");
+    long n = at ? atol(at + 11) : -1;
+    if (n < share * 8 / 10 || n > share) fail_msg("ENOSPC after %ld bytes, share %ld:\n%s", n, share, l);
+    printf("%s: ENOSPC after %.1f MiB of a 48 MiB share\n", mode, n / 1048576.0);
+    free(l);
+    char st[32];
+    assert_string_equal(state_of(&f, bob, st, sizeof st), "failed");
+    /* The image goes with the rank: no mount and no image left. */
+    char work[4200], *out = NULL;
+    snprintf(work, sizeof work, "%s/work", f.dir);
+    int left = 1;
+    for (double t0 = sh_now_mono(); left && sh_now_mono() - t0 < 20; sh_sleep(0.2)) {
+        free(out);
+        out = NULL;
+        tu_run(&out, "grep -c ' %s/' /proc/self/mounts; ls %s | grep -c '\\.img$'", work, work);
+        left = !out || strcmp(out, "0\n0\n") != 0;
+    }
+    if (left) fail_msg("mounts and images left in %s after the rank ended:\n%s", work, out ? out : "");
+    free(out);
+    l = tf_wait_log(&f, submit_sh(&f, TF_ALICE, "after", "", "echo after-ok"), 60, NULL);
+    log_has("alice after the full disk", l, "after-ok");
+    free(l);
+    tf_stop(&f);
+}
+
+static void test_disk_enospc_bwrap(void **state) { disk_enospc("bwrap"); }
+static void test_disk_enospc_gvisor(void **state) { disk_enospc("gvisor"); }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -615,6 +680,8 @@ int main(void)
         cmocka_unit_test_teardown(test_workdir_tree, tf_teardown),
         cmocka_unit_test_teardown(test_open_files, tf_teardown),
         cmocka_unit_test_teardown(test_disk_reserve, tf_teardown),
+        cmocka_unit_test_teardown(test_disk_enospc_bwrap, tf_teardown),
+        cmocka_unit_test_teardown(test_disk_enospc_gvisor, tf_teardown),
     };
     /* SHOAL_TEST_ONLY=test_name runs one test (for debugging). */
     if (getenv("SHOAL_TEST_ONLY")) cmocka_set_test_filter(getenv("SHOAL_TEST_ONLY"));

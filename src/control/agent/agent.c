@@ -177,6 +177,7 @@ static int collect(agent *a, double now)
             m->exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
             m->ended_at = sh_now_wall();
             drain(m); /* what it wrote before exiting is in the pipe now */
+            agent__disk_note_full(m);
             agent__limit_report(m);
             agent__cgroup_cleanup(m);
             news = 1;
@@ -219,17 +220,20 @@ static json_t *reports(agent *a, json_t **logs)
 /* Removes a finished member's work directory in a child process, at low
  * priority: the removal (iterative, sh_rm_rf) of a tree of any depth or
  * size never holds the loop, so heartbeats go on while it runs. */
-static void remove_async(agent *a, const char *dir)
+static void remove_async(agent *a, const agent_member *m)
 {
     if (a->ncleaners == (int)(sizeof a->cleaners / sizeof a->cleaners[0])) reap_cleaners(a, 1);
     pid_t p = fork();
     if (p == 0) {
         setpriority(PRIO_PROCESS, 0, 10);
-        if (sh_rm_rf(dir) < 0) sh_warn("agent: %s", sh_errmsg());
+        agent__disk_unmount(m); /* its image, if any: the tree goes with it */
+        if (sh_rm_rf(m->workdir) < 0) sh_warn("agent: %s", sh_errmsg());
         _exit(0);
     }
-    if (p < 0) sh_rm_rf(dir);
-    else a->cleaners[a->ncleaners++] = p;
+    if (p < 0) {
+        agent__disk_unmount(m);
+        sh_rm_rf(m->workdir);
+    } else a->cleaners[a->ncleaners++] = p;
 }
 
 static void forget(agent *a, int i)
@@ -241,7 +245,7 @@ static void forget(agent *a, int i)
     sh_buf_free(&m->log);
     agent__cgroup_cleanup(m);
     agent__disk_abort(m);
-    remove_async(a, m->workdir);
+    remove_async(a, m);
     if (a->mode == SB_GVISOR) agent__gvisor_cleanup(a, m);
     a->m[i] = a->m[--a->nm];
 }
@@ -380,6 +384,7 @@ static int setup(agent *a, const agent_config *cfg)
         agent__cgroup_root(ctl[k], a->cg_root[k], sizeof a->cg_root[k]);
         agent__cgroup_sweep(a->cg_root[k]);
     }
+    agent__disk_probe(a);
     a->ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
     /* A /proc file's size reads as 0: read it as a stream. */
     FILE *fm = fopen("/proc/sys/fs/file-max", "r");
@@ -402,6 +407,13 @@ int agent_run(const agent_config *cfg, volatile sig_atomic_t *stop)
         return rc;
     }
     sh_info("agent %s: %d x %s, sandbox %s", a.cfg.name, a.gpus, a.gpu_type, a.sandbox);
+    if (a.mke2fs[0])
+        sh_info("agent %s: work directories are file systems of each rank's disk share (loop-mounted ext4 images,"
+                " kernel-enforced)", a.cfg.name);
+    else
+        sh_warn("agent %s: work directories are measured every %.1f s, not kernel-enforced (a fast writer can pass"
+                " its disk share between two looks): no loop-mounted images because %s", a.cfg.name,
+                AGENT_DISK_EVERY, a.loop_why);
     int registered = 0, news = 1, unreachable = 0;
     double backoff = 0.05;
     while (!*stop) {

@@ -42,6 +42,10 @@ typedef struct agent_member {
     pid_t disk_pid;               /* the child measuring it, or 0 */
     int disk_fd;                  /* its result pipe, or -1 */
     double disk_t0;               /* when that measure started */
+    int loop;                     /* its work directory is a loop-mounted image (quota.c) */
+    int disk_noted;               /* "hit its disk limit" is in its log */
+    uint64_t disk_base;           /* bytes the image's empty file system uses */
+    char img[1040];               /* that image, beside the work directory */
 } agent_member;
 
 typedef struct agent {
@@ -64,6 +68,8 @@ typedef struct agent {
     int64_t version;
     size_t log_budget; /* bytes of JSON output one poll may carry */
     pid_t cleaners[64]; /* children removing finished work directories */
+    char mke2fs[4096];  /* mke2fs's absolute path, "" without loop images */
+    char loop_why[256]; /* why work directories are measured, not images */
     int ncleaners;
 } agent;
 
@@ -94,6 +100,18 @@ int agent__disk_init(const agent *a, agent_member *m, const json_t *d);
 /* Measures m's work directory when due; a member over its bounds is told
  * why in its log and stopped. */
 void agent__disk_check(agent *a, agent_member *m, double now);
+/* Whether work directories can be loop-mounted images here (mke2fs, a
+ * loop device, root); sets a->mke2fs, or a->loop_why. */
+void agent__disk_probe(agent *a);
+/* Makes m's work directory (created, empty) a file system of its own, an
+ * ext4 image of m->disk_max bytes and about m->files_max inodes, mounted
+ * nosuid,nodev and owned by the rank; SH_OK, or an error (the directory
+ * is then left measured). */
+int agent__disk_mount(const agent *a, agent_member *m);
+/* In a cleaner process: unmounts and deletes m's image, if any. */
+void agent__disk_unmount(const agent_member *m);
+/* Notes in m's log once when its image is full ("hit its disk limit"). */
+void agent__disk_note_full(agent_member *m);
 /* Stops a measure of m's work directory that is under way. */
 void agent__disk_abort(agent_member *m);
 int agent__release(agent *a, agent_member *m);

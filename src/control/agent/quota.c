@@ -1,11 +1,14 @@
 /* A member's disk: its work directory may hold at most its share of the
  * work root's file system, in bytes and in files (a job's "disk_mb" may
- * lower the share, never raise it).  Without project quotas the kernel has
- * no per-directory limit, so the agent measures, as kubelet does for a
- * pod's ephemeral-storage limit: every so often it adds up the blocks
- * under each running member's work directory and stops a member that is
- * over, saying why in its log.  A writer can overshoot by what it writes
- * between two looks (docs/security.md). */
+ * lower the share, never raise it).  Where the agent runs as root with
+ * loop devices and mke2fs, the work directory is a file system of its
+ * own: a sparse ext4 image of exactly the share, loop-mounted nosuid,nodev
+ * on the directory, so the kernel refuses (ENOSPC) the write past it.
+ * Elsewhere the agent measures, as kubelet does for a pod's
+ * ephemeral-storage limit: every so often it adds up the blocks under each
+ * running member's work directory and stops a member that is over, saying
+ * why in its log; a writer can then overshoot by what it writes between
+ * two looks (docs/security.md). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +23,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <linux/close_range.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/syscall.h>
+#include <mntent.h>
 
 #include "agent_int.h"
 
@@ -65,6 +75,15 @@ int agent__disk_init(const agent *a, agent_member *m, const json_t *d)
         reserve = total / 100 * AGENT_DISK_RESERVE_PCT;
         if (reserve < AGENT_DISK_RESERVE_MIN) reserve = AGENT_DISK_RESERVE_MIN;
         if (fs.f_files) inodes = fs.f_favail > fs.f_files / 20 ? fs.f_favail - fs.f_files / 20 : 0;
+        /* The images of live members are sparse: what they may still
+         * write is promised already, and not free for this one. */
+        for (int i = 0; i < a->nm; i++) {
+            const agent_member *o = &a->m[i];
+            struct stat st;
+            if (o == m || !o->loop || o->state == AM_EXITED || stat(o->img, &st) < 0) continue;
+            uint64_t held = (uint64_t)st.st_blocks * 512, left = o->disk_max > held ? o->disk_max - held : 0;
+            avail = avail > left ? avail - left : 0;
+        }
     }
     if (avail <= reserve || inodes < 1000)
         return sh_err(SH_ENOSPC, "the node's work file system %s has %llu MiB and %llu inodes free beyond"
@@ -130,9 +149,16 @@ typedef struct disk_walk {
     disk_result *r;
 } disk_walk;
 
+static uint64_t image_used(const agent_member *m, int *full);
+
 static void *disk_walk_run(void *arg)
 {
     disk_walk *w = arg;
+    if (w->m->loop) { /* the kernel bounds it: only what it holds, for the reports */
+        int full;
+        w->r->bytes = image_used(w->m, &full);
+        return NULL;
+    }
     w->r->over = agent__dir_usage(w->m->workdir, w->m->disk_max, w->m->files_max, &w->r->bytes, &w->r->files);
     return NULL;
 }
@@ -194,6 +220,7 @@ void agent__disk_check(agent *a, agent_member *m, double now)
     int unmeasurable = n != (ssize_t)sizeof r;
     if (unmeasurable) r.over = 1, r.bytes = r.files = 0;
     if (r.over >= 0 && !unmeasurable) m->disk_used = r.bytes;
+    agent__disk_note_full(m);
     if (!unmeasurable && r.fds > m->fds_max) {
         sh_buf_printf(&m->log,
                       "shoal agent: the member hit its open-files limit (%llu files open across its processes;"
@@ -215,4 +242,212 @@ void agent__disk_check(agent *a, agent_member *m, double now)
     sh_warn("agent %s: job %lld rank %d: over its disk limit (%llu MiB, %llu files seen); stopping it", a->cfg.name,
             (long long)m->job, m->rank, (unsigned long long)(bytes >> 20), (unsigned long long)files);
     m->stopping = 1;
+}
+
+/* ---- loop-mounted work directories ---- */
+
+static void disk_sweep(const agent *a);
+
+void agent__disk_probe(agent *a)
+{
+    a->mke2fs[0] = 0;
+    if (geteuid() != 0) {
+        snprintf(a->loop_why, sizeof a->loop_why, "the agent is not root");
+        return;
+    }
+    int fd = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(a->loop_why, sizeof a->loop_why, "/dev/loop-control: %s", strerror(errno));
+        return;
+    }
+    close(fd);
+    char p[4096];
+    if (agent__find_tool("mke2fs", p, sizeof p) < 0) {
+        snprintf(a->loop_why, sizeof a->loop_why, "%s (apt-get install e2fsprogs)", sh_errmsg());
+        return;
+    }
+    snprintf(a->mke2fs, sizeof a->mke2fs, "%s", p);
+    disk_sweep(a);
+}
+
+/* What an agent of this name left behind when it was killed: its ranks'
+ * images, mounted on their work directories under the work root. */
+static void disk_sweep(const agent *a)
+{
+    char pre[4200];
+    snprintf(pre, sizeof pre, "%s/%s-", a->cfg.work_dir, a->cfg.name);
+    size_t n = strlen(pre);
+    FILE *f = setmntent("/proc/self/mounts", "r");
+    struct mntent *e;
+    while (f && (e = getmntent(f)))
+        if (!strncmp(e->mnt_dir, pre, n) && !strchr(e->mnt_dir + n, '/') && umount2(e->mnt_dir, MNT_DETACH) == 0)
+            sh_warn("agent %s: unmounted %s, left by an agent of this name that ended without cleaning up",
+                    a->cfg.name, e->mnt_dir);
+    if (f) endmntent(f);
+    DIR *d = opendir(a->cfg.work_dir);
+    struct dirent *de;
+    size_t nn = strlen(a->cfg.name), l;
+    while (d && (de = readdir(d)))
+        if (!strncmp(de->d_name, a->cfg.name, nn) && de->d_name[nn] == '-' && (l = strlen(de->d_name)) > 4 &&
+            !strcmp(de->d_name + l - 4, ".img"))
+            unlinkat(dirfd(d), de->d_name, 0);
+    if (d) closedir(d);
+}
+
+/* mke2fs on the image: no journal and lazy inode tables (a few tens of
+ * milliseconds whatever the size, and the sparse image stays small), no
+ * blocks kept for root, the root directory the rank's. */
+static int make_fs(const agent *a, const agent_member *m, uint64_t inodes)
+{
+    char ext[128], n[32];
+    snprintf(ext, sizeof ext, "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=%u:%u", (unsigned)m->uid,
+             (unsigned)m->uid);
+    snprintf(n, sizeof n, "%llu", (unsigned long long)inodes);
+    char *argv[] = {"mke2fs", "-q", "-F", "-t", "ext4", "-m", "0", "-O", "^has_journal", "-N", n, "-E", ext,
+                    (char *)m->img, NULL};
+    pid_t p = fork();
+    if (p < 0) return sh_err_errno(errno, "fork");
+    if (p == 0) {
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0) dup2(nul, 1);
+        syscall(SYS_close_range, 3, ~0u, 0);
+        execve(a->mke2fs, argv, agent__tool_env);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(p, &st, 0) < 0)
+        if (errno != EINTR) return sh_err_errno(errno, "waitpid mke2fs");
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        return sh_err(SH_EIO, "%s %s: exit status %d", a->mke2fs, m->img, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    return SH_OK;
+}
+
+/* A free loop device bound to the image fd (detached again by the kernel
+ * once unmounted: autoclear); its path into dev. */
+static int loop_attach(int img, char *dev, size_t cap)
+{
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (ctl < 0) return sh_err_errno(errno, "/dev/loop-control");
+    int rc = sh_err(SH_EAGAIN, "no free loop device");
+    for (int tries = 0; tries < 16; tries++) {
+        int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+        if (n < 0) {
+            rc = sh_err_errno(errno, "LOOP_CTL_GET_FREE");
+            break;
+        }
+        snprintf(dev, cap, "/dev/loop%d", n);
+        int fd = open(dev, O_RDWR | O_CLOEXEC);
+        /* A container's /dev may lack the node the kernel just made. */
+        if (fd < 0 && errno == ENOENT && mknod(dev, S_IFBLK | 0600, makedev(7, n)) == 0)
+            fd = open(dev, O_RDWR | O_CLOEXEC);
+        if (fd < 0) {
+            rc = sh_err_errno(errno, "%s", dev);
+            break;
+        }
+        struct loop_config lc = {.fd = (unsigned)img, .info = {.lo_flags = LO_FLAGS_AUTOCLEAR}};
+        int r = ioctl(fd, LOOP_CONFIGURE, &lc);
+        if (r < 0 && (errno == EINVAL || errno == ENOTTY)) { /* before Linux 5.8 */
+            struct loop_info64 li = {.lo_flags = LO_FLAGS_AUTOCLEAR};
+            r = ioctl(fd, LOOP_SET_FD, img);
+            if (r == 0 && ioctl(fd, LOOP_SET_STATUS64, &li) < 0) {
+                int e = errno;
+                ioctl(fd, LOOP_CLR_FD, 0);
+                errno = e;
+                r = -1;
+            }
+        }
+        if (r == 0) {
+            close(ctl);
+            return fd;
+        }
+        rc = sh_err_errno(errno, "%s: bind the image", dev);
+        close(fd);
+        if (errno != EBUSY) break; /* else taken meanwhile: another */
+    }
+    close(ctl);
+    return rc;
+}
+
+int agent__disk_mount(const agent *a, agent_member *m)
+{
+    if (!a->mke2fs[0]) return sh_err(SH_EINVAL, "%s", a->loop_why);
+    double t0 = sh_now_mono();
+    snprintf(m->img, sizeof m->img, "%s.img", m->workdir);
+    uint64_t size = m->disk_max & ~4095ull;
+    /* Inodes: the files share, at most one per 8 KiB of the image. */
+    uint64_t inodes = m->files_max < size / 8192 ? m->files_max : size / 8192;
+    if (inodes < 1024) inodes = 1024;
+    unlink(m->img);
+    int img = open(m->img, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (img < 0) return sh_err_errno(errno, "create %s", m->img);
+    int rc = ftruncate(img, (off_t)size) < 0 ? sh_err_errno(errno, "size %s", m->img) : SH_OK;
+    if (rc == SH_OK) rc = make_fs(a, m, inodes);
+    char dev[64];
+    int lfd = rc == SH_OK ? loop_attach(img, dev, sizeof dev) : -1;
+    if (rc == SH_OK && lfd < 0) rc = lfd;
+    close(img);
+    /* noinit_itable: the kernel does not zero the inode tables behind the
+     * rank (they read as zeros in a sparse file already). */
+    if (rc == SH_OK && mount(dev, m->workdir, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable") < 0)
+        rc = sh_err_errno(errno, "mount %s on %s", dev, m->workdir);
+    if (lfd >= 0) close(lfd); /* the mount holds the device now; autoclear frees it after */
+    if (rc < 0) {
+        unlink(m->img);
+        m->img[0] = 0;
+        return sh_err_wrap(rc, "job %lld rank %d: work directory as a file system of its own", (long long)m->job,
+                           m->rank);
+    }
+    m->loop = 1;
+    m->files_max = inodes;
+    char lf[1100];
+    snprintf(lf, sizeof lf, "%s/lost+found", m->workdir);
+    rmdir(lf); /* the rank's directory starts empty */
+    if (chmod(m->workdir, 0700) < 0) sh_warn("chmod %s: %s", m->workdir, strerror(errno));
+    struct statvfs fs;
+    if (statvfs(m->workdir, &fs) == 0) m->disk_base = (uint64_t)(fs.f_blocks - fs.f_bfree) * fs.f_frsize;
+    sh_debug("agent %s: job %lld rank %d: work directory a %llu MiB file system (%llu inodes, %s) in %.0f ms",
+             a->cfg.name, (long long)m->job, m->rank, (unsigned long long)(size >> 20), (unsigned long long)inodes,
+             dev, (sh_now_mono() - t0) * 1000);
+    return SH_OK;
+}
+
+void agent__disk_unmount(const agent_member *m)
+{
+    if (!m->loop) return;
+    /* Detached: a process of the sandbox that still holds a file there
+     * (gVisor's gofer, say) keeps it until it lets go; the loop device
+     * goes with the last user. */
+    if (umount2(m->workdir, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+        sh_warn("agent: umount %s: %s", m->workdir, strerror(errno));
+    if (unlink(m->img) < 0 && errno != ENOENT) sh_warn("agent: unlink %s: %s", m->img, strerror(errno));
+}
+
+/* Bytes used on m's image file system beyond the empty one; sets *full
+ * when less than 1 MiB (or a sixteenth of a small one) or no inode is
+ * left. */
+static uint64_t image_used(const agent_member *m, int *full)
+{
+    struct statvfs fs;
+    *full = 0;
+    if (statvfs(m->workdir, &fs) < 0) return 0;
+    uint64_t used = (uint64_t)(fs.f_blocks - fs.f_bfree) * fs.f_frsize;
+    uint64_t total = (uint64_t)fs.f_blocks * fs.f_frsize, left = (uint64_t)fs.f_bavail * fs.f_frsize;
+    uint64_t slack = total / 16 < (1u << 20) ? total / 16 : (1u << 20);
+    *full = left <= slack || fs.f_favail == 0;
+    return used > m->disk_base ? used - m->disk_base : 0;
+}
+
+void agent__disk_note_full(agent_member *m)
+{
+    int full;
+    if (!m->loop || m->disk_noted) return;
+    uint64_t used = image_used(m, &full);
+    if (used) m->disk_used = used;
+    if (!full) return;
+    m->disk_noted = 1;
+    /* The kernel refuses the writes: the rank goes on, and decides. */
+    sh_buf_printf(&m->log,
+                  "shoal agent: the member hit its disk limit (its work directory is a file system of %llu MiB and"
+                  " %llu files, now full: writes there fail with ENOSPC)\n",
+                  (unsigned long long)(m->disk_max >> 20), (unsigned long long)m->files_max);
 }

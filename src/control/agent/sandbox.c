@@ -643,6 +643,10 @@ int agent__launch(agent *a, agent_member *m, const json_t *d)
     else nw = 0;
     int rc = sh_mkdir_p(a->cfg.work_dir, 0700);
     if (rc == SH_OK && mkdir(m->workdir, 0700) < 0 && errno != EEXIST) rc = sh_err_errno(errno, "mkdir %s", m->workdir);
+    /* A file system of the rank's disk share, before the jail binds it;
+     * where none can be made, the share is measured (quota.c). */
+    if (rc == SH_OK && a->mke2fs[0] && agent__disk_mount(a, m) < 0)
+        sh_warn("agent %s: %s; its disk share is measured instead", a->cfg.name, sh_errmsg());
     if (rc == SH_OK && chown(m->workdir, m->uid, m->uid) < 0) rc = sh_err_errno(errno, "chown %s", m->workdir);
     if (rc == SH_OK) rc = agent__workdir(a, m, d); /* the job's code (workdir.c) */
     char **argv = rc == SH_OK ? build_argv(a, m, d, wfd) : NULL;

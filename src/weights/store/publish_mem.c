@@ -72,27 +72,7 @@ static int publish_locked(store *s, const store_mem_version *in, uint64_t every,
     m.xxh3 = anchor ? m.model_xxh3 : sh_hash128_of(in->delta, in->delta_len);
     int rc = write_payload(stage, m.file, anchor ? in->image : in->delta, (size_t)m.size);
     if (rc == 0) rc = store__write_manifest(s, stage, &m);
-    if (rc == 0) rc = sh_fsync_dir(stage);
-    if (rc == 0 && rename(stage, final) < 0) rc = sh_err_errno(errno, "rename %s to %s", stage, final);
-    if (rc == 0) rc = sh_fsync_dir(s->versions);
-    if (rc == 0) rc = store__write_latest(s, v);
-    if (rc < 0) {
-        int keep = rc;
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", sh_errmsg());
-        sh_rm_rf(stage);
-        /* LATEST may have moved with only the fsync of its folder failing:
-         * then the version it names is durable and must stay (removing it
-         * left LATEST naming a missing version, which broke the run). */
-        uint64_t now = 0;
-        if (store_latest(s, &now) == SH_OK && now == v)
-            return sh_err(keep, "publish version %llu of run \"%s\" from memory: %s; LATEST names version "
-                          "%llu, but a crash may bring back version %llu", (unsigned long long)v, s->run, msg,
-                          (unsigned long long)v, (unsigned long long)latest);
-        sh_rm_rf(final);
-        return sh_err(keep, "publish version %llu of run \"%s\" from memory: %s; LATEST still names "
-                      "version %llu", (unsigned long long)v, s->run, msg, (unsigned long long)latest);
-    }
+    SH_TRY(store__commit_version(s, rc, stage, final, v, latest, " from memory"));
     *out = v;
     return SH_OK;
 }

@@ -592,28 +592,34 @@ static int publish_locked(store *s, const char *src, const ckpt *view, uint64_t 
         rc = head_advance(s, v, src);
     }
     if (rc == 0) rc = write_manifest(s, stage, &m);
+    SH_TRY(store__commit_version(s, rc, stage, final, v, latest, ""));
+    *out = v;
+    return SH_OK;
+}
+
+int store__commit_version(store *s, int rc, const char *stage, const char *final, uint64_t v, uint64_t latest,
+                          const char *how)
+{
     if (rc == 0) rc = sh_fsync_dir(stage);
     if (rc == 0 && rename(stage, final) < 0) rc = sh_err_errno(errno, "rename %s to %s", stage, final);
     if (rc == 0) rc = sh_fsync_dir(s->versions);
     if (rc == 0) rc = write_latest(s, v);
-    if (rc < 0) {
-        int keep = rc;
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", sh_errmsg());
-        sh_rm_rf(stage);
-        /* LATEST may have moved with only the fsync of its folder failing:
-         * then the version it names is durable and must stay. */
-        uint64_t now = 0;
-        if (store_latest(s, &now) == SH_OK && now == v)
-            return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST names version %llu, "
-                          "but a crash may bring back version %llu", (unsigned long long)v, s->run, msg,
-                          (unsigned long long)v, (unsigned long long)latest);
-        sh_rm_rf(final);
-        return sh_err(keep, "publish version %llu of run \"%s\": %s; LATEST still names version %llu",
-                      (unsigned long long)v, s->run, msg, (unsigned long long)latest);
-    }
-    *out = v;
-    return SH_OK;
+    if (rc == 0) return SH_OK;
+    int keep = rc;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", sh_errmsg());
+    sh_rm_rf(stage);
+    /* LATEST may have moved with only the fsync of its folder failing:
+     * then the version it names is durable and must stay (removing it
+     * left LATEST naming a missing version, which broke the run). */
+    uint64_t now = 0;
+    if (store_latest(s, &now) == SH_OK && now == v)
+        return sh_err(keep, "publish version %llu of run \"%s\"%s: %s; LATEST names version %llu, "
+                      "but a crash may bring back version %llu", (unsigned long long)v, s->run, how, msg,
+                      (unsigned long long)v, (unsigned long long)latest);
+    sh_rm_rf(final);
+    return sh_err(keep, "publish version %llu of run \"%s\"%s: %s; LATEST still names version %llu",
+                  (unsigned long long)v, s->run, how, msg, (unsigned long long)latest);
 }
 
 int store_publish(store *s, const char *path, const store_publish_opts *o, uint64_t *out)

@@ -34,6 +34,14 @@ void store__clean_staging(store *s);
 /* store.c's publish steps, shared with publish_mem.c. */
 int store__write_manifest(store *s, const char *dir, const store_version *m);
 int store__write_latest(store *s, uint64_t v);
+/* The last steps of a publish, once the staged folder `stage` holds the
+ * payload and manifest of version v (rc: how staging went): fsync it,
+ * rename it to `final`, fsync the versions folder, move LATEST.  On any
+ * failure the staged folder goes, and so does `final` unless LATEST already
+ * names v; the error names the run, v and what LATEST names.  `how` is
+ * added after the run's name in messages (" from memory"). */
+int store__commit_version(store *s, int rc, const char *stage, const char *final, uint64_t v, uint64_t latest,
+                          const char *how);
 /* The anchor version v chains back to (v itself for an anchor). */
 int store__anchor_of(store *s, uint64_t v, uint64_t *out);
 
