@@ -76,11 +76,13 @@ int agent__disk_init(const agent *a, agent_member *m, const json_t *d)
         if (reserve < AGENT_DISK_RESERVE_MIN) reserve = AGENT_DISK_RESERVE_MIN;
         if (fs.f_files) inodes = fs.f_favail > fs.f_files / 20 ? fs.f_favail - fs.f_files / 20 : 0;
         /* The images of live members are sparse: what they may still
-         * write is promised already, and not free for this one. */
+         * write is promised already, and not free for this one.  A member
+         * being stopped (preempted, cancelled: its successor on these GPUs
+         * may launch before it is gone) writes nothing more that counts. */
         for (int i = 0; i < a->nm; i++) {
             const agent_member *o = &a->m[i];
             struct stat st;
-            if (o == m || !o->loop || o->state == AM_EXITED || stat(o->img, &st) < 0) continue;
+            if (o == m || !o->loop || o->state == AM_EXITED || o->stopping || stat(o->img, &st) < 0) continue;
             uint64_t held = (uint64_t)st.st_blocks * 512, left = o->disk_max > held ? o->disk_max - held : 0;
             avail = avail > left ? avail - left : 0;
         }
