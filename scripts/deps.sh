@@ -6,7 +6,7 @@ PKGS="build-essential pkg-config clang libclang-rt-14-dev
       libzstd-dev libxxhash-dev libucx-dev ucx-utils libmicrohttpd-dev libjansson-dev nettle-dev
       libopenblas-dev libsqlite3-dev libpq-dev postgresql libcmocka-dev
       bubblewrap libseccomp-dev runsc chromium e2fsprogs
-      python3 python3-torch python3-numpy"
+      python3 python3-torch python3-numpy python3-venv python3-pip python3-setuptools"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
