@@ -159,6 +159,12 @@ static void test_bad_requests(void **state)
                  400, "field \"zone\" is not supported");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"replace_wait_s\":-1,\"command\":[\"true\"]}",
                  400, "outside 0..86400");
+    /* A rank holds 1 to 16 GPUs (the scheduler's node): 0 and 17 are refused
+     * at submit, not left pending for ever. */
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"gpus_per_node\":0,\"command\":[\"true\"]}",
+                 400, "\"gpus_per_node\": 0 is outside 1..16");
+    expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"gpus_per_node\":17,\"command\":[\"true\"]}",
+                 400, "outside 1..16");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":3,\"command\":[\"true\"]}", 422, "can never fit");
     expect_error(TF_ALICE, "POST", "/v1/jobs", "{\"name\":\"x\",\"nodes\":1,\"gpu_types\":[\"B300\"],\"command\":[\"true\"]}", 422,
                  "can never fit");

@@ -581,7 +581,7 @@ int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out)
     if (rc == SH_OK && j->kind == K_ELASTIC) rc = int_field(spec, "max_nodes", 1, 1, 64, &j->nodes);
     if (rc == SH_OK && j->kind == K_ELASTIC) rc = int_field(spec, "min_nodes", 0, 1, j->nodes, &j->min_nodes);
     if (rc == SH_OK && j->kind == K_FUNCTION) rc = int_field(spec, "gpus", 0, 1, 1, &j->gpus_per_node);
-    if (rc == SH_OK && j->kind != K_FUNCTION) rc = int_field(spec, "gpus_per_node", 0, 0, 64, &j->gpus_per_node);
+    if (rc == SH_OK && j->kind != K_FUNCTION) rc = int_field(spec, "gpus_per_node", 0, 1, SCHED_MAX_NODE_GPUS, &j->gpus_per_node);
     if (rc == SH_OK && j->kind != K_GANG) j->min_nodes = j->kind == K_FUNCTION ? 1 : j->min_nodes;
     if (rc == SH_OK && j->kind == K_GANG) j->min_nodes = j->nodes;
     if (rc == SH_OK) rc = int_field(spec, "max_attempts", 0, 1, 100, &j->max_attempts);
