@@ -54,6 +54,20 @@ static void test_short_run(void **state)
     assert_non_null(strstr(text, "\"rl-trainer\""));
     free(text);
     json_decref(jobs);
+    /* The jobs name one run, whose secret the server gave their ranks (the
+     * trainer took workers on the push tree above, so they shared it): no
+     * job file holds a secret. */
+    const char *names[] = {"rl-trainer", "rl-rollouts", "rl-push-root"};
+    for (int i = 0; i < 3; i++) {
+        json_t *job = NULL;
+        snprintf(p, sizeof p, "%s/%s.json", run, names[i]);
+        TU_OK(sh_json_load_file(p, 1 << 20, &job));
+        assert_string_equal(json_string_value(json_object_get(job, "run")), "main");
+        text = json_dumps(job, JSON_COMPACT);
+        assert_null(strstr(text, "SECRET"));
+        free(text);
+        json_decref(job);
+    }
     snprintf(p, sizeof p, "%s/push/root.json", run);
     TU_OK(sh_json_load_file(p, 1 << 20, &root));
     assert_non_null(json_string_value(json_object_get(root, "zone")));

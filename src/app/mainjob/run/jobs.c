@@ -27,9 +27,9 @@ static json_t *trainer_job(const mj_run_paths *p)
     json_t *cmd = strings(head, 11), *opts = strings(rl_opts, (int)(sizeof rl_opts / sizeof *rl_opts));
     json_array_extend(cmd, opts);
     json_decref(opts);
-    return json_pack("{s:s,s:s,s:i,s:i,s:[s],s:i,s:s,s:[s],s:{s:s},s:o}", "name", "rl-trainer", "kind", "gang",
+    return json_pack("{s:s,s:s,s:i,s:i,s:[s],s:i,s:s,s:[s],s:s,s:o}", "name", "rl-trainer", "kind", "gang",
                      "nodes", 2, "gpus_per_node", 1, "gpu_types", "H100", "priority", 10, "on_failure", "fail",
-                     "writable", p->dir, "env", "SHOAL_RUN_SECRET", p->secret, "command", cmd);
+                     "writable", p->dir, "run", MJ_RUN_NAME, "command", cmd);
 }
 
 /* Every GPU type of the fleet with its declared speed: where the elastic
@@ -47,9 +47,9 @@ static json_t *rollouts_job(const mj_run_paths *p)
     mj_fleet_free(&f);
     const char *argv[] = {p->bin, "rl", "worker", "--store", p->store, "--fleet", p->fleet, "--speeds", p->speeds,
                           "--push", p->pdir};
-    return json_pack("{s:s,s:s,s:i,s:i,s:i,s:o,s:o,s:[s],s:{s:s},s:o}", "name", "rl-rollouts", "kind", "elastic",
+    return json_pack("{s:s,s:s,s:i,s:i,s:i,s:o,s:o,s:[s],s:s,s:o}", "name", "rl-rollouts", "kind", "elastic",
                      "min_nodes", 1, "max_nodes", 7, "gpus_per_node", 1, "gpu_types", types, "gpu_speeds", speeds,
-                     "writable", p->dir, "env", "SHOAL_RUN_SECRET", p->secret, "command",
+                     "writable", p->dir, "run", MJ_RUN_NAME, "command",
                      strings(argv, p->direct ? 9 : 11));
 }
 
@@ -67,9 +67,9 @@ static json_t *push_root_job(const mj_run_paths *p)
             snprintf(cheapest, sizeof cheapest, "%s", f.nodes[i].gpu_type), price = f.nodes[i].price;
     mj_fleet_free(&f);
     const char *argv[] = {p->bin, "rl", "push-root", "--store", p->store, "--fleet", p->fleet, "--push", p->pdir};
-    return json_pack("{s:s,s:s,s:i,s:i,s:[s],s:i,s:s,s:[s],s:{s:s},s:o}", "name", "rl-push-root", "kind", "gang",
+    return json_pack("{s:s,s:s,s:i,s:i,s:[s],s:i,s:s,s:[s],s:s,s:o}", "name", "rl-push-root", "kind", "gang",
                      "nodes", 1, "gpus_per_node", 1, "gpu_types", cheapest, "priority", 5, "on_failure", "fail",
-                     "writable", p->dir, "env", "SHOAL_RUN_SECRET", p->secret, "command", strings(argv, 9));
+                     "writable", p->dir, "run", MJ_RUN_NAME, "command", strings(argv, 9));
 }
 
 int mj_run_jobs(const mj_run_paths *p, json_t *jobs[MJ_NJOBS])

@@ -96,12 +96,6 @@ static int prepare(const mj_run_opts *o, mj_run_paths *p)
     SH_TRY(copy_file(core, bindir, 0755));
     SH_TRY(copy_file(o->fleet, p->fleet, 0644));
     SH_TRY(copy_file(o->speeds, p->speeds, 0644));
-    /* The run's secret: its trainer, workers, replicas and push root prove
-     * to each other that they belong to this run with it (docs/security.md);
-     * in the job files' env, which only this tenant and the admin read. */
-    sh_hash128 s;
-    SH_TRY(net_nonce(&s));
-    sh_hash128_hex(s, p->secret);
     return 0;
 }
 

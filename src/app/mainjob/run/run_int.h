@@ -13,10 +13,15 @@ extern "C" {
 
 enum { MJ_NJOBS = 3 }; /* the trainer, the rollouts, the push root */
 
-/* What the jobs are made from: the run folder's paths and the run secret. */
+/* The jobs' "run" (docs/job-format.md, "Runs"): the server makes the run's
+ * secret and gives it to these jobs' ranks only (SHOAL_RUN_SECRET); the
+ * trainer, workers, replicas and push root prove with it that they belong
+ * to this run (docs/security.md).  No job file holds it. */
+#define MJ_RUN_NAME "main"
+
+/* What the jobs are made from: the run folder's paths. */
 typedef struct mj_run_paths {
     char dir[4096], bin[4200], store[4200], pdir[4200], fleet[4200], speeds[4200];
-    char secret[33];
     int steps, direct;
 } mj_run_paths;
 
