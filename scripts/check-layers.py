@@ -167,7 +167,37 @@ def selftest():
     want = ['calls sched__step_x', 'includes cycle_int.h']
     missed = [w for w in want if not any(w in g for g in got)]
     ok = not missed and not any('cycle.c' in g.split(':')[0] for g in got)
-    return [] if ok else [f'self-test: the layer check missed {missed or "nothing"} or blamed cycle.c: {got}']
+    out = [] if ok else [f'self-test: the layer check missed {missed or "nothing"} or blamed cycle.c: {got}']
+    body = 'static int f(int a,\n                int b)\n{\n' + '    a++;\n' * 58 + '    return a;\n}\n'
+    if len(long_functions('x.c', body, 60)) != 1 or long_functions('x.c', body, 63):
+        out.append('self-test: the length check does not count a 63-line function')
+    return out
+
+
+# The command line parses, calls the library and prints (docs/architecture.md):
+# no function of src/cli is longer than this many lines, signature to brace.
+CLI_MAX_LINES = 60
+
+
+def long_functions(path, text, limit):
+    """Functions of text longer than limit lines: 'path:line: name is N lines'.
+    A function starts at a line that begins a definition at column 0 and
+    ends at the first '}' at column 0 after it."""
+    out, start, name = [], None, None
+    lines = text.split('\n')
+    for n, line in enumerate(lines, 1):
+        m = re.match(r'[A-Za-z_][\w \*]*?\b([a-z_][a-z0-9_]*)\s*\(', line)
+        if start is None and m and not line.rstrip().endswith(';') and not line.startswith(('typedef', 'return')):
+            # a definition: its body opens before the next ';'
+            rest = '\n'.join(lines[n - 1:n + 8])
+            if rest.find('{') != -1 and (rest.find(';') == -1 or rest.find('{') < rest.find(';')):
+                start, name = n, m.group(1)
+        elif start is not None and line.startswith('}'):
+            if n - start + 1 > limit:
+                out.append(f'{path}:{start}: {name} is {n - start + 1} lines (src/cli: at most {limit}; '
+                           f'move parsing, work and printing into functions of their own)')
+            start = None
+    return out
 
 
 def main():
@@ -263,6 +293,9 @@ def main():
         ctexts = {os.path.basename(f): texts[f][1] for f in files
                   if f.startswith('src/') and component(f) == comp}
         bad += layer_findings(comp, ctexts)
+    for f in files:
+        if f.startswith('src/cli/') and f.endswith('.c'):
+            bad += long_functions(f, texts[f][1], CLI_MAX_LINES)
     bad += selftest()
     for line in bad:
         print('check-layers: ' + line)
