@@ -478,7 +478,9 @@ int rl_link_set_version(rl_link *l, int version);
  * or exactly it (exact = 1: every token sampled by it; a worker holding
  * another refuses).  Returns the first group's number.  The request goes
  * to the least busy worker (up to 4 each) once one is connected; one lost
- * with a worker, refused, or stale is asked for again first. */
+ * with a worker, refused, or stale is asked for again first, except a
+ * refused exact one (weights never go back): stats list it in
+ * refused_exact. */
 int rl_link_ask(rl_link *l, int nprompts, int min_version, int exact);
 /* Serves the workers for up to timeout_s: accepts, checks and answers;
  * returns as soon as whole groups of checked trajectories are in, copying

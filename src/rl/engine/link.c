@@ -63,6 +63,7 @@ struct rl_link {
     long joins, trajs, dropped_stale, dropped_dead, refused, violations, deaths, refused_hellos;
     long stale_hist[65];
     json_t *gone; /* workers that left */
+    json_t *refused_exact; /* exact requests refused: not asked for again */
     /* ---- worker */
     int proven;
     sh_hash128 expect;
@@ -107,7 +108,7 @@ int rl_link_listen(const char *hostport, const char *secret_hex, int task, uint6
     if (!l) return sh_err(SH_ENOMEM, "rl link: out of memory");
     l->trainer = 1, l->task = task, l->seed = seed, l->group = group, l->max_new = max_new;
     l->max_len = max_len, l->max_lag = max_lag, l->version = -1, l->fd = -1;
-    l->gone = json_array();
+    l->gone = json_array(), l->refused_exact = json_array();
     int rc = parse_secret(secret_hex, &l->secret, &l->has_secret);
     if (!rc) {
         l->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -351,9 +352,14 @@ static int lrefuse(rl_link *l, int i, const uint8_t *p, size_t len)
     sh_log(SH_LOG_INFO, "rl link: worker %d (%s) holds version %d and refused groups %d+%d (%s%d); asking again",
            i, w->name, f.version, q.group0, q.nprompts, q.exact ? "exactly " : "at least ", q.minv);
     pop_req(w);
-    /* Asked for again, to another worker if one has room: a worker that
-     * refused an exact version cannot serve it later either. */
-    return push_pending(l, q, 1);
+    /* At least a version: asked for again (this worker or another may get
+     * it).  Exactly one: weights never go back, so asking again would only
+     * ping-pong; the caller learns of it (stats: refused_exact) instead. */
+    if (!q.exact) return push_pending(l, q, 1);
+    if (l->refused_exact)
+        json_array_append_new(l->refused_exact, json_pack("{s:i,s:i,s:i,s:i}", "group0", q.group0, "nprompts",
+                                                          q.nprompts, "version", q.minv, "held", f.version));
+    return 0;
 }
 
 static int lbye(rl_link *l, int i, const uint8_t *p, size_t len)
@@ -569,6 +575,7 @@ int rl_link_stats_json(const rl_link *l, char **out)
                           (json_int_t)l->refused_hellos, "staleness_hist", h, "workers", ws, "pending",
                           l->npending, "live_workers", rl_link_workers(l));
     if (!o) return sh_err(SH_ENOMEM, "rl link: out of memory");
+    json_object_set(o, "refused_exact", l->refused_exact ? l->refused_exact : json_null());
     *out = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return *out ? 0 : sh_err(SH_ENOMEM, "rl link: out of memory");
@@ -583,7 +590,7 @@ void rl_link_close(rl_link *l)
             sh_buf_free(&l->w[i].in), sh_buf_free(&l->w[i].out);
         }
     if (l->fd >= 0) close(l->fd);
-    json_decref(l->gone);
+    json_decref(l->gone), json_decref(l->refused_exact);
     free(l->ready);
     ckpt_close(l->ck);
     sh_buf_free(&l->img), sh_buf_free(&l->msg);
@@ -683,6 +690,9 @@ int rl_link_next(rl_link *l, double timeout_s, int64_t *info, int cap)
         if (pr <= 0) return 0;
         uint32_t type;
         int rc = rl__msg_read(l->fd, &type, &l->msg);
+        if (rc == SH_ENOENT && !l->proven)
+            return sh_err(SH_EPERM, "rl link: the trainer at %s hung up before proving this run's secret (is "
+                                    "SHOAL_RUN_SECRET this run's?)", l->addr);
         if (rc == SH_ENOENT) return sh_err(SH_ENOENT, "rl link: the trainer at %s hung up", l->addr);
         SH_TRY(rc);
         if (type == RL_MSG_WELCOME && !l->proven) {
