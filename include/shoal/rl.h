@@ -526,6 +526,8 @@ int rl_link_image(const rl_link *l, const void **data, size_t *len);
  * none: unterminated) on the problem's hidden tests. */
 const char *rl_alphabet(void);
 int rl_task_prompt(int task, uint64_t id, char *buf, size_t cap);
+/* A demonstration (reference solution) of problem id, for warm starts. */
+int rl_task_answer(int task, uint64_t id, char *buf, size_t cap);
 uint64_t rl_task_draw(int task, int held_out, uint64_t *rng);
 int rl_task_eval_ids(int task, int n, uint64_t *ids);
 int rl_task_reward(int task, uint64_t id, const int32_t *resp, int n, float *reward);

@@ -130,6 +130,7 @@ _PROTOS = {
     "rl_alphabet": (cp, []),
     "rl_task_parse": (i32, [cp, _c.POINTER(i32)]),
     "rl_task_prompt": (i32, [i32, u64, _c.c_char_p, sz]),
+    "rl_task_answer": (i32, [i32, u64, _c.c_char_p, sz]),
     "rl_task_draw": (u64, [i32, i32, _c.POINTER(u64)]),
     "rl_task_eval_ids": (i32, [i32, i32, _c.POINTER(u64)]),
     "rl_task_reward": (i32, [i32, u64, _c.POINTER(_c.c_int32), i32, _c.POINTER(_c.c_float)]),

@@ -86,6 +86,13 @@ class Task:
         check(lib.rl_task_prompt(self.id, _lib.u64(problem, "problem"), buf, 64))
         return buf.value.decode()
 
+    def answer(self, problem):
+        """A demonstration (reference solution) of problem id, for warm
+        starts."""
+        buf = _c.create_string_buffer(64)
+        check(lib.rl_task_answer(self.id, _lib.u64(problem, "problem"), buf, 64))
+        return buf.value.decode()
+
     def draw(self, n, seed, held_out=False):
         """n problem ids drawn from a generator seeded with seed."""
         rng = _c.c_uint64(_lib.u64(seed, "seed") or 1)

@@ -789,6 +789,16 @@ int rl_task_prompt(int task, uint64_t id, char *buf, size_t cap)
     return held;
 }
 
+int rl_task_answer(int task, uint64_t id, char *buf, size_t cap)
+{
+    if (task != RL_TASK_CODE && task != RL_TASK_ARITH) return sh_err(SH_EINVAL, "rl: task %d is not a task", task);
+    rl_problem p;
+    rl_problem_make(task, id, &p, NULL);
+    if (strlen(p.answer) >= cap) return sh_err(SH_ERANGE, "rl: answer of %zu characters, room for %zu", strlen(p.answer), cap);
+    memcpy(buf, p.answer, strlen(p.answer) + 1);
+    return 0;
+}
+
 uint64_t rl_task_draw(int task, int held_out, uint64_t *rng)
 {
     rl_problem p;

@@ -318,6 +318,7 @@ static int serve_request(worker *w)
             w->src->wait(w->src->arg, need, wait);
             rc = take_from_source(w);
         }
+        if (rc > 0) rc = 0; /* 1: it took a version */
     }
     while (!rc && !w->src && w->version < need) { /* direct: weights come in order */
         uint32_t type;
