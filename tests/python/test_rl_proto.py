@@ -56,10 +56,11 @@ class TestRlProto(unittest.TestCase):
                                    "--eval-n", "8", "--prompts", "4", "--group", "4"], env=env(), stdout=tlog,
                                   stderr=subprocess.STDOUT)
         tj = os.path.join(store, "trainer.json")
+        # Another tenant's worker, with its own secret: never served (first,
+        # so that it knocks while the run is on).
+        thief = worker(d, "thief", "--trainer-json", tj, "--max-new", "8", secret="0123456789abcdef0123456789abcdef")
         ok = worker(d, "honest", "--trainer-json", tj, "--max-new", "8")
         liar = worker(d, "liar", "--trainer-json", tj, "--max-new", "8", "--cheat", "reward")
-        # Another tenant's worker, with its own secret: never served.
-        thief = worker(d, "thief", "--trainer-json", tj, "--max-new", "8", secret="0123456789abcdef0123456789abcdef")
         try:
             self.assertEqual(tr.wait(120), 0, "see " + os.path.join(d, "trainer.log"))
         finally:
@@ -171,10 +172,11 @@ class TestRlProto(unittest.TestCase):
         tr = shoal.rl.Trainer(task="code", seed=2, group=2, max_new=8, max_lag=0, secret=SECRET)
         tr.set_version(0)
         w = worker(d, "w", "--addr", tr.addr, "--store", os.path.join(d, "store"), "--rep-dir", os.path.join(d, "rep"))
-        g = tr.ask(1)
         deadline = time.monotonic() + 60
-        while tr.stats()["live_workers"] < 1 and time.monotonic() < deadline:
-            self.assertIsNone(tr.poll(0.1))
+        while tr.workers < 1 and time.monotonic() < deadline:
+            self.assertIsNone(tr.poll(0.1))  # nothing asked yet: nothing comes back
+        g = tr.ask(1)
+        self.assertIsNone(tr.poll(0))  # sends the request
         time.sleep(3)  # the worker answers with version 0 meanwhile (buffered)
         st.publish({"w": torch.full((8,), 1.0)})
         tr.set_version(1)

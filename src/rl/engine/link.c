@@ -536,7 +536,6 @@ int rl_link_stop(rl_link *l, int final_version, double drain_s)
         }
         int32_t v = l->version;
         w->stopped = 1;
-        l->dropped_dead += 0;
         SH_TRY(rl__msg_append(&w->out, RL_MSG_STOP, &v, sizeof v, NULL, 0));
     }
     double deadline = sh_now_mono() + drain_s;
