@@ -614,6 +614,84 @@ def binaries(tests):
     return sorted({"build/tests/" + t.split(":")[0] for t in tests})
 
 
+_USES = {}
+
+
+def uses_shoal(test):
+    """Whether a test binary runs the shoal binary ($SHOAL_BIN: a server,
+    an agent, a command); when it does not, a mutant is linked into the test
+    binary alone and build/shoal-core is not relinked."""
+    name = test.split(":")[0]
+    if name not in _USES:
+        try:
+            src = open(os.path.join(ROOT, "tests", name + ".c")).read()
+        except OSError:
+            src = "tu_shoal"
+        _USES[name] = bool(re.search(r"tu_shoal|fleet_util\.h|SHOAL_BIN|test_python", src)) or \
+            name.startswith("test_python")
+    return _USES[name]
+
+
+# ---- Coverage: a mutant on a line no mapped test executes --------------------
+
+COV = os.path.join("build", "mutgen", "cov")  # relative to ROOT: its own BUILD
+
+
+def coverage(specs, files, logdir):
+    """Builds the mapped tests once with --coverage (BUILD=build/mutgen/cov,
+    -O0), runs every spec once, and returns {file: (executed, unexecuted)}
+    line sets from gcov, and {spec: (result, seconds)}.  gcov counts the
+    server and agent processes the tests start too (they exit on SIGTERM,
+    which writes their counts; a forked child writes its own before exec)."""
+    log = os.path.join(logdir, "coverage.log")
+    covdir = os.path.join(ROOT, COV)
+    for d, _, names in os.walk(covdir):
+        for n in names:
+            if n.endswith(".gcda"):
+                os.unlink(os.path.join(d, n))
+    need = [COV + "/tests/" + t for t in sorted({s.split(":")[0] for s in specs})]
+    cmd = ["make", "--no-print-directory", "-j" + str(os.cpu_count() or 2), "BUILD=" + COV,
+           "OPTFLAGS=-O0 -g --coverage", COV + "/shoal"] + need
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        if subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode:
+            die(f"the coverage build failed; see {log}")
+    runs = {}
+    for spec, to in sorted(specs.items()):
+        t = time.time()
+        r = mutants.run_test(spec, to, log, tree=ROOT, bindir=covdir)
+        runs[spec] = (r, time.time() - t)
+    lines = {}
+    for path in files:
+        obj = os.path.join(covdir, "pic", os.path.dirname(path))
+        out = subprocess.run(["gcov", "-t", "-o", obj, path], cwd=ROOT, capture_output=True, text=True).stdout
+        ex, unex = set(), set()
+        for ln in out.splitlines():
+            parts = ln.split(":", 2)
+            if len(parts) < 3:
+                continue
+            cnt, no = parts[0].strip().rstrip("*"), parts[1].strip()
+            if not no.isdigit() or cnt == "-":
+                continue
+            (unex if cnt in ("#####", "=====") else ex).add(int(no))
+        if ex:  # no counts at all: no gcda (nothing ran it), judge nothing
+            lines[path] = (ex, unex)
+    return lines, runs
+
+
+def uncovered(m, lines, srcs):
+    """The mutant's lines hold executable code and none of it ran."""
+    cov = lines.get(m["file"])
+    if not cov:
+        return False
+    src = srcs.setdefault(m["file"], open(os.path.join(ROOT, m["file"])).read())
+    a = src.count("\n", 0, m["start"]) + 1
+    b = src.count("\n", 0, max(m["start"], m["end"] - 1)) + 1
+    span = range(a, b + 1)
+    return not any(n in cov[0] for n in span) and any(n in cov[1] for n in span)
+
+
 class Runner:
     def __init__(self, jobs, logdir, work):
         self.jobs = jobs
@@ -622,6 +700,7 @@ class Runner:
         self.free = list(self.trees)
         self.lock = threading.Lock()
         self.broken = set()
+        self.limit = {}  # spec -> seconds: about 3x its baseline
 
     def prepare(self, tests):
         for tree in self.trees:
@@ -635,13 +714,24 @@ class Runner:
             if not mutants.build(need, base, tree=tree, jobs=max(1, (os.cpu_count() or 2) // self.jobs)):
                 die(f"the unmutated tree does not build; see {base}")
 
-    def baseline(self, specs):
+    def baseline(self, specs, runs=None):
+        """Runs every spec on the unmutated tree (or takes the coverage run's
+        results): a spec that fails there judges no mutant, and each spec's
+        time limit becomes 3x its time plus 10 s, at most the map's."""
         base = os.path.join(self.logdir, "baseline.log")
         for spec, to in sorted(specs.items()):
-            r = mutants.run_test(spec, to, base, tree=self.trees[0])
+            if runs and spec in runs:
+                r, dt = runs[spec]
+            else:
+                t = time.time()
+                r = mutants.run_test(spec, to, base, tree=self.trees[0])
+                dt = time.time() - t
+            self.limit[spec] = min(to, 3 * dt + 10)
             if r != "pass":
                 self.broken.add(spec)
                 print(f"BASELINE   {spec}: {r} on the unmutated tree (see {base})", flush=True)
+            else:
+                print(f"baseline   {spec}: {dt:.1f}s, limit {self.limit[spec]:.0f}s", flush=True)
 
     def one(self, m):
         with self.lock:
@@ -664,15 +754,16 @@ class Runner:
                 f.write(orig[:m["start"]] + m["to"] + orig[m["end"]:])
             # Each test binary is linked just before it runs: most mutants
             # die in the first, and a link costs seconds on a busy machine.
-            if not mutants.build(binaries(m["tests"][:1]), log, tree=tree, jobs=1):
+            if not mutants.build(binaries(m["tests"][:1]), log, tree=tree, jobs=1,
+                                 shoal=uses_shoal(m["tests"][0])):
                 return "INVALID", "does not compile", time.time() - t1
             result, why = "SURVIVED", "every mapped test passed"
             for t in m["tests"]:
                 if t in self.broken:
                     continue
-                if not mutants.build(binaries([t]), log, tree=tree, jobs=1):
+                if not mutants.build(binaries([t]), log, tree=tree, jobs=1, shoal=uses_shoal(t)):
                     return "INVALID", f"{t.split(':')[0]} does not link", time.time() - t1
-                r = mutants.run_test(t, m["timeout"], log, tree=tree)
+                r = mutants.run_test(t, self.limit.get(t, m["timeout"]), log, tree=tree)
                 if r == "nomatch":
                     return "INVALID", f"filter of {t} matches no test", time.time() - t1
                 if r != "pass":
@@ -700,6 +791,8 @@ def main():
     ap.add_argument("--report", help="also write the per-file table (markdown) here")
     ap.add_argument("--json", help="also write every result (JSON) here")
     ap.add_argument("--work", default=WORK, help="folder for the private trees and logs (default build/mutgen)")
+    ap.add_argument("--no-coverage", action="store_true",
+                    help="build and test every mutant, also those on lines no mapped test executes")
     ap.add_argument("--time-budget", type=float, default=0,
                     help="stop starting new mutants after this many seconds (the rest are reported NOTRUN)")
     ap.add_argument("--resume", metavar="JSON",
@@ -789,8 +882,26 @@ def main():
     for m in chosen:
         for t in m["tests"]:
             specs[t] = max(specs.get(t, 0), m["timeout"])
+    runs = None
+    if not a.no_coverage and chosen:
+        tc = time.time()
+        lines, runs = coverage(specs, sorted({m["file"] for m in chosen}), logdir)
+        srcs = {}
+        unc = [m for m in chosen if uncovered(m, lines, srcs)]
+        for m in unc:
+            chosen.remove(m)
+            k = key_of(m["id"])
+            res, why = judge(equiv[k]) if k in equiv else \
+                ("SURVIVED", "uncovered: no mapped test executes its line (coverage run)")
+            prior.append((m, res, why, 0.0))
+            print(f"{res:10} {m['id']:48} {why}", flush=True)
+            if res == "SURVIVED":
+                print(f"             in {m['fn']}(): {m['before'][:100]!r}\n"
+                      f"                     -> {m['after'][:100]!r}", flush=True)
+        print(f"mutgen: coverage in {time.time() - tc:.0f}s: {len(unc)} mutants on lines no mapped test "
+              f"executes (judged without a build)", flush=True)
     runner.prepare(list(specs))
-    runner.baseline(specs)
+    runner.baseline(specs, runs)
     print(f"mutgen: {len(chosen)} of {len(allm)} mutants (seed {a.seed}{', full' if a.full else ''}), "
           f"{a.jobs} job(s); baseline in {time.time() - t0:.0f}s", flush=True)
     stop = threading.Event()
