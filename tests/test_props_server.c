@@ -7,7 +7,14 @@
  *    path, outside the state directory, under a folder the admin allows
  *    the tenant, holding none given to another, and not another tenant's
  *    (a folder, one inside it or one above it); a sibling whose name only
- *    starts the same is not inside; the admin's jobs take no folder. */
+ *    starts the same is not inside; the admin's jobs take no folder;
+ *  - a tenant name holds only the documented characters (a-z, 0-9, '_',
+ *    '.', '-'; starting with a letter or a digit; 1 to 63 of them): each
+ *    character just outside a range is refused, in the middle and first,
+ *    and every allowed one, at both ends of its range, is accepted;
+ *  - a node's report for a rank past the job's members (or below 0) is
+ *    ignored: it ends no member, and the node's valid report in the same
+ *    poll still applies. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -157,11 +164,89 @@ static void test_writable_each_condition(void **state)
     tf_stop(&f);
 }
 
+/* Starts `shoal server` with a tokens file whose tenants are the allowed
+ * names and then `bad` (jansson keeps the file's order, and the server
+ * refuses the first bad name it reads): the refusal must name `bad`. */
+static void refused_after_good(const char *bad)
+{
+    static const char *const good[] = {"a", "z", "0", "9", "a_z.0-9", "az09", "0a", "9z", "z-", "a.", "a_",
+                                       /* 63 characters */
+                                       "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0"};
+    char dir[4200], tok[4300], text[4096], *out = NULL;
+    snprintf(dir, sizeof dir, "%s", tu_path("names"));
+    sh_rm_rf(dir);
+    TU_OK(sh_mkdir_p(dir, 0700));
+    snprintf(tok, sizeof tok, "%s/tokens.json", dir);
+    size_t n = (size_t)snprintf(text, sizeof text, "{\"admin\":\"a1\",\"agent\":\"g1\",\"tenants\":{");
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "\"%s\":\"t%zu\",", good[i], i);
+    snprintf(text + n, sizeof text - n, "\"%s\":\"bad\"}}", bad);
+    tu_write_file(tok, text, strlen(text));
+    int rc = tu_run(&out, "%s server --tokens %s --db %s/s.db --port 0", tu_shoal(), tok, dir);
+    char want[160];
+    snprintf(want, sizeof want, "tenant \"%s\": the name", bad);
+    if (rc == 0 || !strstr(out, want)) fail_msg("tenant \"%s\" after the allowed names: exit %d, output:\n%s", bad, rc, out);
+    free(out);
+}
+
+static void test_tenant_name_characters(void **state)
+{
+    /* Each neighbour of an allowed range ('/' ':' '`' '{' '@' '['), upper
+     * case, and punctuation next to '_' '.' '-' (',' '^' '/'), in the
+     * middle; the same first, with '_' '.' '-' (allowed only after it). */
+    static const char *const bad[] = {"a/", "a:", "a`", "a{", "a@", "a[", "aA", "aZ", "a,", "a^", "a b", "a~",
+                                      "/a", ":a", "`a", "{a", "Aa", "_a", ".a", "-a", "",
+                                      /* 64 characters */
+                                      "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz01"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) refused_after_good(bad[i]);
+}
+
+static void test_rank_past_members(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "ranks", 10);
+    int st;
+    json_t *r = tf_call(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"idle\",\"gpu_type\":\"X\",\"gpus\":8}", &st);
+    assert_int_equal(st, 200);
+    char cred[256];
+    snprintf(cred, sizeof cred, "%s", json_string_value(json_object_get(r, "credential")));
+    json_decref(r);
+    int64_t id;
+    assert_int_equal(submit(&f, TF_ALICE, "", &id, NULL, NULL, 0), 201);
+    json_decref(tf_wait_job(&f, id, "starting", 20));
+    /* One member (rank 0): ranks 1, 2 and -1 are not the job's. */
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"node\":\"idle\",\"members\":["
+             "{\"job\":%lld,\"attempt\":1,\"rank\":1,\"state\":\"exited\",\"exit_code\":0},"
+             "{\"job\":%lld,\"attempt\":1,\"rank\":2,\"state\":\"exited\",\"exit_code\":0},"
+             "{\"job\":%lld,\"attempt\":1,\"rank\":-1,\"state\":\"exited\",\"exit_code\":0},"
+             "{\"job\":%lld,\"attempt\":1,\"rank\":0,\"state\":\"running\"}]}",
+             (long long)id, (long long)id, (long long)id, (long long)id);
+    json_decref(tf_call(&f, cred, "POST", "/v1/agent/poll", body, &st));
+    assert_int_equal(st, 200);
+    json_decref(tf_wait_job(&f, id, "running", 5));
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/events", (long long)id);
+    json_t *ev = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(ev, "events"), i, e) {
+        const char *k = json_string_value(json_object_get(e, "kind")), *msg = json_string_value(json_object_get(e, "msg"));
+        if ((k && !strcmp(k, "exited")) || (msg && strstr(msg, "exited")))
+            fail_msg("a report for a rank past the job's members ended one: %s: %s", k, msg ? msg : "");
+    }
+    json_decref(ev);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_idempotency_per_tenant, tf_teardown),
         cmocka_unit_test_teardown(test_writable_each_condition, tf_teardown),
+        cmocka_unit_test(test_tenant_name_characters),
+        cmocka_unit_test_teardown(test_rank_past_members, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
