@@ -14,7 +14,10 @@
  *    and every allowed one, at both ends of its range, is accepted;
  *  - a node's report for a rank past the job's members (or below 0) is
  *    ignored: it ends no member, and the node's valid report in the same
- *    poll still applies. */
+ *    poll still applies;
+ *  - every bound of the API holds at its edge: a query number one past its
+ *    bound, a rank past 63, a register field of the wrong type, a method or
+ *    a job sub-route the API does not have are refused, not answered. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -240,6 +243,40 @@ static void test_rank_past_members(void **state)
     tf_stop(&f);
 }
 
+static void refused(tf_fleet *f, const char *token, const char *method, const char *path, const char *body,
+                    int want)
+{
+    int st;
+    json_decref(tf_call(f, token, method, path, body, &st));
+    if (st != want) fail_msg("%s %s: status %d, expected %d", method, path, st, want);
+}
+
+static void test_routes_at_their_bounds(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "bounds", 10);
+    refused(&f, TF_AGENT, "POST", "/v1/agent/register",
+            "{\"name\":\"p\",\"gpu_type\":\"X\",\"gpus\":8,\"from_provider\":\"yes\"}", 400);
+    fake_node(&f);
+    int64_t id;
+    assert_int_equal(submit(&f, TF_ALICE, "", &id, NULL, NULL, 0), 201);
+    char p[128];
+    refused(&f, TF_ALICE, "GET", "/v1/jobs?limit=100000", NULL, 200);
+    refused(&f, TF_ALICE, "GET", "/v1/jobs?limit=100001", NULL, 400);
+    refused(&f, TF_ALICE, "GET", "/v1/jobs?limit=0", NULL, 400);
+    refused(&f, TF_ALICE, "GET", "/v1/events?limit=10000", NULL, 200);
+    refused(&f, TF_ALICE, "GET", "/v1/events?limit=10001", NULL, 400);
+    snprintf(p, sizeof p, "/v1/jobs/%lld/logs?rank=64", (long long)id);
+    refused(&f, TF_ALICE, "GET", p, NULL, 400);
+    snprintf(p, sizeof p, "/v1/jobs/%lld/bogus", (long long)id);
+    refused(&f, TF_ALICE, "GET", p, NULL, 405);
+    snprintf(p, sizeof p, "/v1/jobs/%lld/events", (long long)id);
+    refused(&f, TF_ALICE, "GET", p, NULL, 200);
+    refused(&f, TF_ADMIN, "POST", "/v1/nodes", "{}", 404);
+    refused(&f, TF_ADMIN, "GET", "/v1/nodes", NULL, 200);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -247,6 +284,7 @@ int main(void)
         cmocka_unit_test_teardown(test_writable_each_condition, tf_teardown),
         cmocka_unit_test(test_tenant_name_characters),
         cmocka_unit_test_teardown(test_rank_past_members, tf_teardown),
+        cmocka_unit_test_teardown(test_routes_at_their_bounds, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
