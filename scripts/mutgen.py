@@ -87,11 +87,13 @@ def parse_map(path):
             if not text.strip():
                 continue
             words = text.split()
-            timeout, only = None, None
+            timeout, only, nocov = None, None, False
             tests = []
             for w in words[1:]:
                 if w.startswith("timeout="):
                     timeout = int(w[len("timeout="):])
+                elif w == "nocov":
+                    nocov = True
                 elif w.startswith("only="):
                     only = set(w[len("only="):].split(","))
                 else:
@@ -104,7 +106,7 @@ def parse_map(path):
             if not tests:
                 die(f"{path}:{no}: {words[0]} names no test")
             cur = {"file": words[0], "tests": tests, "timeout": timeout or 60, "fns": {}, "line": no,
-                   "only": only}
+                   "only": only, "nocov": nocov}
             files.append(cur)
     return files
 
@@ -561,6 +563,7 @@ def generate(entry, root):
             "start": m["start"], "end": m["end"], "to": m["to"],
             "before": before.strip(), "after": after.strip(),
             "tests": (fnmap or entry)["tests"], "timeout": (fnmap or entry)["timeout"],
+            "nocov": entry["nocov"],
         })
     return out
 
@@ -662,28 +665,39 @@ def coverage(specs, files, logdir):
         t = time.time()
         r = mutants.run_test(spec, to, log, tree=ROOT, bindir=covdir)
         runs[spec] = (r, time.time() - t)
+    return gcov_lines(files), runs
+
+
+def gcov_lines(files):
+    """{file: (executed, unexecuted)} line sets from the coverage build's
+    counts (gcov -t)."""
+    covdir = os.path.join(ROOT, COV)
     lines = {}
     for path in files:
         obj = os.path.join(covdir, "pic", os.path.dirname(path))
         out = subprocess.run(["gcov", "-t", "-o", obj, path], cwd=ROOT, capture_output=True, text=True).stdout
         ex, unex = set(), set()
+        mine = False  # gcov -t prints the headers the file includes after it
         for ln in out.splitlines():
-            parts = ln.split(":", 2)
+            parts = ln.split(":", 3)
             if len(parts) < 3:
                 continue
             cnt, no = parts[0].strip().rstrip("*"), parts[1].strip()
-            if not no.isdigit() or cnt == "-":
+            if no == "0" and parts[2] == "Source":
+                mine = os.path.normpath(parts[3].strip()) == os.path.normpath(path)
+                continue
+            if not mine or not no.isdigit() or cnt == "-":
                 continue
             (unex if cnt in ("#####", "=====") else ex).add(int(no))
         if ex:  # no counts at all: no gcda (nothing ran it), judge nothing
             lines[path] = (ex, unex)
-    return lines, runs
+    return lines
 
 
 def uncovered(m, lines, srcs):
     """The mutant's lines hold executable code and none of it ran."""
     cov = lines.get(m["file"])
-    if not cov:
+    if not cov or m.get("nocov"):
         return False
     src = srcs.setdefault(m["file"], open(os.path.join(ROOT, m["file"])).read())
     a = src.count("\n", 0, m["start"]) + 1
