@@ -229,6 +229,18 @@ static void test_rank_past_members(void **state)
     json_decref(tf_call(&f, cred, "POST", "/v1/agent/poll", body, &st));
     assert_int_equal(st, 200);
     json_decref(tf_wait_job(&f, id, "running", 5));
+    /* Still running: not among the finished jobs, among the running. */
+    int found[2] = {0, 0};
+    const char *ask[2] = {"/v1/jobs?state=finished", "/v1/jobs?state=running"};
+    for (int k = 0; k < 2; k++) {
+        json_t *l = tf_call(&f, TF_ALICE, "GET", ask[k], NULL, &st);
+        assert_int_equal(st, 200);
+        size_t q;
+        json_t *x;
+        json_array_foreach(json_object_get(l, "jobs"), q, x) found[k] |= json_integer_value(json_object_get(x, "id")) == id;
+        json_decref(l);
+    }
+    if (found[0] || !found[1]) fail_msg("a running job listed as finished %d, as running %d", found[0], found[1]);
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld/events", (long long)id);
     json_t *ev = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
