@@ -213,6 +213,11 @@ static void test_publish_mem_needs_image(void **state)
     in = (store_mem_version){.image = img, .image_len = n};
     TU_OK(store_publish_mem(s, &in, NULL, &v));
     assert_int_equal(v, 1);
+    /* A version given without a delta is a whole anchor, also when the
+     * anchor period (8) has not come round: it needs no delta. */
+    in.base = 1;
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 2);
     free(img);
     store_close(s);
 }
