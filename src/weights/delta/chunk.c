@@ -59,7 +59,7 @@ int delta__scratch_enc(delta__scratch *s)
     s->rbuf = malloc(s->out_cap);
     s->bits = malloc(s->out_cap);
     s->zbuf = malloc(s->zcap);
-    s->sym = malloc(2 * s->cap);
+    s->sym = malloc(CKPT_CHUNK + 2 * s->cap); /* a dense chunk's units (1 byte each), or 2 per sparse change */
     s->zc = ZSTD_createCCtx();
     if (!s->pos || !s->d || !s->out || !s->rbuf || !s->bits || !s->zbuf || !s->sym || !s->zc) {
         ZSTD_freeCCtx(s->zc);
@@ -574,31 +574,77 @@ static size_t delta__encode_sparse(delta__scratch *s, size_t k, unsigned w, size
     return delta__assemble(s, p, &e, &bw, limit);
 }
 
+/* Pass 1 of a DENSE chunk for units of w bytes: every unit's symbol (kept
+ * for pass 2), their counts (four histograms in turn, as in
+ * delta__sparse_symbols) and the extra bits.  Returns 0 when the bits
+ * overflow. */
+DELTA__HOT int delta__dense_symbols(delta__scratch *s, const uint8_t *o, const uint8_t *n, size_t units,
+                                    unsigned w, int is_float, uint64_t cv[256], delta__bw *bw,
+                                    uint64_t *changed)
+{
+    uint32_t h[4][256] = {{0}}; /* units <= CKPT_CHUNK < 2^32 */
+    uint8_t *sym = s->sym;
+    uint64_t k = 0, ex;
+    unsigned nb;
+    for (size_t i = 0; i < units; i++) {
+        uint64_t z = delta__zig(delta__diff(o + i * w, n + i * w, w, is_float), 8 * w);
+        k += z != 0;
+        unsigned y = delta__sym(z, &nb, &ex);
+        sym[i] = (uint8_t)y;
+        h[i & 3][y]++;
+        if (nb) delta__bw_put_fast(bw, ex, nb);
+        if (bw->overflow) return 0;
+    }
+    for (int c = 0; c < 256; c++) cv[c] = (uint64_t)h[0][c] + h[1][c] + h[2][c] + h[3][c];
+    *changed = k;
+    return 1;
+}
+
+/* Pass 2: rANS, backwards, unit i with state i mod 4, four units a turn
+ * with the states in locals while 8 bytes are free below the stream (the
+ * reciprocal encoder of delta__sparse_rans: the same bytes as the
+ * division), then one at a time with every store checked. */
+static void delta__dense_rans(delta__renc *e, const uint8_t *sym, size_t units, const delta__esyms *ev)
+{
+    size_t i = units;
+    while (i % DELTA__STATES) {
+        i--;
+        delta__renc_put_fast(e, (int)(i % DELTA__STATES), &ev->s[sym[i]]);
+    }
+    uint32_t x0 = e->x[0], x1 = e->x[1], x2 = e->x[2], x3 = e->x[3];
+    uint8_t *ptr = e->ptr;
+    for (; i >= 4 && ptr - e->start >= 8; i -= 4) {
+        x3 = delta__renc_sym(x3, &ptr, &ev->s[sym[i - 1]]);
+        x2 = delta__renc_sym(x2, &ptr, &ev->s[sym[i - 2]]);
+        x1 = delta__renc_sym(x1, &ptr, &ev->s[sym[i - 3]]);
+        x0 = delta__renc_sym(x0, &ptr, &ev->s[sym[i - 4]]);
+    }
+    e->x[0] = x0, e->x[1] = x1, e->x[2] = x2, e->x[3] = x3, e->ptr = ptr;
+    while (i-- > 0 && !e->overflow) delta__renc_put_fast(e, (int)(i % DELTA__STATES), &ev->s[sym[i]]);
+}
+
 static size_t delta__encode_dense(delta__scratch *s, const uint8_t *o, const uint8_t *n,
                                   size_t units, unsigned w, int is_float, size_t limit,
                                   uint64_t *changed)
 {
-    uint64_t cv[256] = {0}, k = 0;
+    uint64_t cv[256], k = 0;
     delta__bw bw = {s->bits, s->bits + s->out_cap, 0, 0, 0};
-    unsigned nb;
-    uint64_t ex;
-    for (size_t i = 0; i < units; i++) {
-        uint64_t z = delta__zig(delta__diff(o + i * w, n + i * w, w, is_float), 8 * w);
-        k += z != 0;
-        cv[delta__sym(z, &nb, &ex)]++;
-        if (nb) delta__bw_put_fast(&bw, ex, nb);
-        if (bw.overflow) return 0;
-    }
+    int ok;
+#define DELTA__DENSE_SYMBOLS(W, FL)                                                                \
+    ok = delta__dense_symbols(s, o, n, units, W, FL, cv, &bw, &k);                                 \
+    break
+    DELTA__BY_UNIT(w, is_float, DELTA__DENSE_SYMBOLS);
+#undef DELTA__DENSE_SYMBOLS
+    if (!ok) return 0;
     delta__bw_flush(&bw);
     *changed = k;
     delta__table tv;
     delta__normalize(cv, &tv);
     uint8_t *p = delta__put_table(s->out, &tv);
+    delta__esyms ev;
+    delta__esyms_init(&ev, &tv);
     delta__renc e = {s->rbuf, s->rbuf + s->out_cap, {DELTA__L, DELTA__L, DELTA__L, DELTA__L}, 0};
-    for (size_t i = units; i-- > 0 && !e.overflow;) {
-        uint64_t z = delta__zig(delta__diff(o + i * w, n + i * w, w, is_float), 8 * w);
-        delta__renc_put(&e, (int)(i % DELTA__STATES), &tv, delta__sym(z, &nb, &ex));
-    }
+    delta__dense_rans(&e, s->sym, units, &ev);
     delta__renc_finish(&e);
     return delta__assemble(s, p, &e, &bw, limit);
 }
