@@ -242,16 +242,16 @@ static void test_threads_identical(void **state)
     assert_int_equal(st.chunks[1] + st.chunks[2] + st.chunks[3] + st.chunks[4], 0);
 }
 
-/* Every vector width of the scan (AVX-512, AVX2, SSE2, as far as this CPU
- * has them) writes the same delta: every unit width, float and integer,
- * sparse and dense chunks, tails below one 64-byte block, and chunks with
+/* Every vector width of the scan and of the DENSE symbols (AVX-512, AVX2,
+ * SSE2, as far as this CPU has them) writes the same delta: every unit
+ * width, float and integer, sparse and dense chunks, tails below one 64-byte block, and chunks with
  * exactly the most changes a sparse chunk may hold (a quarter of the units)
  * and one more. */
 static void test_isa_identical(void **state)
 {
     tt b[32], t[32];
     size_t n = 0;
-    ckpt_dtype dts[] = {CKPT_U8, CKPT_BF16, CKPT_I16, CKPT_F32, CKPT_I32, CKPT_F64, CKPT_I64};
+    ckpt_dtype dts[] = {CKPT_U8, CKPT_BF16, CKPT_F16, CKPT_I16, CKPT_F32, CKPT_I32, CKPT_F64, CKPT_I64};
     for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
         for (int v = 0; v < 2; v++) {
             char nm[32];
@@ -279,6 +279,7 @@ static void test_isa_identical(void **state)
     TU_OK(delta_make(bp, tp, d2, &(delta_opts){.threads = 1}, NULL));
     json_t *j = inspect(d2);
     assert_true(count_enc(j, "SPARSE") > 0);
+    assert_true(count_enc(j, "DENSE") > 0);
     assert_true(count_enc(j, "DENSE") + count_enc(j, "ZSTD") + count_enc(j, "RAW") > 0);
     size_t i;
     json_t *e;
