@@ -147,6 +147,12 @@ static int img_reserve(store__img *m, size_t len)
     size_t cap = len ? len : 1;
     void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return sh_err(SH_ENOMEM, "publish: no memory for a %zu-byte image", len);
+#ifdef MADV_HUGEPAGE
+    /* A new image is faulted in by its first copy: in 2 MiB pages that is
+     * 512 times fewer faults (at some 20 us a fault in a VM, 0.7 s for a
+     * 141 MB image in 4 KiB pages). */
+    madvise(p, cap, MADV_HUGEPAGE);
+#endif
     m->p = p, m->cap = cap, m->len = len;
     return SH_OK;
 }
