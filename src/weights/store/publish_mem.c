@@ -288,9 +288,16 @@ static int keep_locked(store *s, struct store__keep *k, const ckpt *next, sh_has
         store_version pm;
         ckpt *b = NULL;
         rc = store_get(s, latest, &pm, NULL);
-        if (rc == SH_OK) rc = load_prev(s, k, latest, &pm);
-        if (rc == SH_OK) rc = ckpt_open_mem(k->prev.p, k->prev.len, "the previous version", &b);
-        if (rc == SH_OK) rc = delta_make_mem(b, next, &(delta_opts){.threads = k->threads}, &d, NULL);
+        if (rc == SH_OK && load_prev(s, k, latest, &pm) < 0) {
+            /* The previous version cannot be read back as its manifest
+             * says (damaged in place): a delta on it could never be
+             * applied, so this version is an anchor, readable on its own. */
+            sh_warn("run \"%s\": %s; publishing version %llu as an anchor", s->run, sh_errmsg(),
+                    (unsigned long long)v);
+            anchor = 1;
+        }
+        if (rc == SH_OK && !anchor) rc = ckpt_open_mem(k->prev.p, k->prev.len, "the previous version", &b);
+        if (rc == SH_OK && !anchor) rc = delta_make_mem(b, next, &(delta_opts){.threads = k->threads}, &d, NULL);
         ckpt_close(b);
     }
     store_mem_version in = {.image = k->next.p, .image_len = k->next.len, .delta = d.data,
