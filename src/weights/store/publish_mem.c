@@ -48,13 +48,23 @@ static int check_delta(const store_mem_version *in)
     return SH_OK;
 }
 
+/* How a version's delta payload is had: given in memory (store_publish_mem),
+ * or made here from two opened checkpoints and streamed into the staged
+ * file (store_publish_keep: no container is built in memory). */
+typedef struct {
+    const uint8_t *bytes; /* NULL: make it from base to next */
+    size_t len;
+    const ckpt *base, *next;
+    int threads;
+} stage_delta;
+
 /* Stages, makes durable and commits version latest + 1 from memory: the
  * delta as its payload, or the image when `anchor`.  model_xxh3: the
  * image's hash (computed once by the caller). */
-static int commit_locked(store *s, const store_mem_version *in, int anchor, sh_hash128 model_xxh3,
-                         uint64_t *out)
+static int commit_locked(store *s, uint64_t latest, const uint8_t *image, size_t image_len, int anchor,
+                         sh_hash128 model_xxh3, const stage_delta *sd, uint64_t *out)
 {
-    uint64_t latest = in->base, v = latest + 1;
+    uint64_t v = latest + 1;
     char final[4096], stage[4096];
     SH_TRY(store__version_dir(s, v, final, sizeof final));
     if (sh_path_exists(final)) SH_TRY(sh_rm_rf(final)); /* a crashed publish's leftover */
@@ -63,12 +73,22 @@ static int commit_locked(store *s, const store_mem_version *in, int anchor, sh_h
     SH_TRY(sh_mkdir_p(stage, 0755));
     store_version m = {.version = v, .anchor = anchor, .base = anchor ? 0 : latest};
     m.created_at = sh_now_wall();
-    m.model_size = in->image_len;
+    m.model_size = image_len;
     m.model_xxh3 = model_xxh3;
     snprintf(m.file, sizeof m.file, "%s", anchor ? STORE__ANCHOR_FILE : STORE__DELTA_FILE);
-    m.size = anchor ? in->image_len : in->delta_len;
-    m.xxh3 = anchor ? m.model_xxh3 : sh_hash128_of(in->delta, in->delta_len);
-    int rc = write_payload(stage, m.file, anchor ? in->image : in->delta, (size_t)m.size);
+    int rc;
+    if (anchor || sd->bytes) {
+        m.size = anchor ? image_len : sd->len;
+        m.xxh3 = anchor ? m.model_xxh3 : sh_hash128_of(sd->bytes, sd->len);
+        rc = write_payload(stage, m.file, anchor ? image : sd->bytes, (size_t)m.size);
+    } else {
+        /* Written (fsynced) straight from the encoder's chunk payloads, then
+         * hashed from the page cache. */
+        char path[4096];
+        rc = sh_path_join(path, sizeof path, stage, m.file);
+        if (rc == 0) rc = delta_make_ckpt(sd->base, sd->next, path, &(delta_opts){.threads = sd->threads}, NULL);
+        if (rc == 0) rc = store__hash_file(path, &m.xxh3, &m.size);
+    }
     if (rc == 0) rc = store__write_manifest(s, stage, &m);
     SH_TRY(store__commit_version(s, rc, stage, final, v, latest, " from memory"));
     *out = v;
@@ -87,7 +107,9 @@ static int publish_locked(store *s, const store_mem_version *in, uint64_t every,
     if (latest) SH_TRY(store__anchor_of(s, latest, &last_anchor));
     int anchor = latest == 0 || !in->delta_len || v - last_anchor >= every;
     if (!anchor) SH_TRY(check_delta(in));
-    return commit_locked(s, in, anchor, sh_hash128_of(in->image, in->image_len), out);
+    stage_delta sd = {.bytes = in->delta, .len = in->delta_len};
+    return commit_locked(s, latest, in->image, in->image_len, anchor, sh_hash128_of(in->image, in->image_len),
+                         &sd, out);
 }
 
 int store_publish_mem(store *s, const store_mem_version *in, const store_publish_opts *o, uint64_t *out)
@@ -282,11 +304,10 @@ static int keep_locked(store *s, struct store__keep *k, const ckpt *next, sh_has
      * so the chain's anchor need not be hashed here (as store_publish does). */
     int anchor = latest == 0 || v - last_anchor >= every || !store_have_codec() ||
                  !store__chain_readable(s, last_anchor, latest, 0);
-    sh_buf d = {0};
     int rc = SH_OK;
+    ckpt *b = NULL;
     if (!anchor) {
         store_version pm;
-        ckpt *b = NULL;
         rc = store_get(s, latest, &pm, NULL);
         if (rc == SH_OK && load_prev(s, k, latest, &pm) < 0) {
             /* The previous version cannot be read back as its manifest
@@ -297,13 +318,10 @@ static int keep_locked(store *s, struct store__keep *k, const ckpt *next, sh_has
             anchor = 1;
         }
         if (rc == SH_OK && !anchor) rc = ckpt_open_mem(k->prev.p, k->prev.len, "the previous version", &b);
-        if (rc == SH_OK && !anchor) rc = delta_make_mem(b, next, &(delta_opts){.threads = k->threads}, &d, NULL);
-        ckpt_close(b);
     }
-    store_mem_version in = {.image = k->next.p, .image_len = k->next.len, .delta = d.data,
-                            .delta_len = d.len, .base = latest};
-    if (rc == SH_OK) rc = commit_locked(s, &in, anchor, h, out);
-    sh_buf_free(&d);
+    stage_delta sd = {.base = b, .next = next, .threads = k->threads};
+    if (rc == SH_OK) rc = commit_locked(s, latest, k->next.p, k->next.len, anchor, h, &sd, out);
+    ckpt_close(b);
     if (rc < 0) return rc;
     store__img t = k->prev;
     k->prev = k->next, k->next = t;
