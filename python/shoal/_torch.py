@@ -100,7 +100,14 @@ def snapshot(items, bufs):
                 if not on_gpu:
                     _huge_pages(b)
                 bufs[name] = b
-            b.copy_(t, non_blocking=on_gpu)
+            if not on_gpu and t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() \
+                    and not t.is_neg() and t.numel():
+                # One memcpy on this thread: torch's copy_ wakes its OpenMP
+                # pool, whose threads then spin on the cores the encoder
+                # needs.
+                ctypes.memmove(b.data_ptr(), t.data_ptr(), t.numel() * t.element_size())
+            else:
+                b.copy_(t, non_blocking=on_gpu)
             cuda = cuda or on_gpu
             out[name] = b
             names.add(name)
