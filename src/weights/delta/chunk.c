@@ -4,7 +4,8 @@
  * The encoder finds changed units with a 16-byte-wide compare, codes the
  * gaps between them and their zigzagged ord-differences with rANS, and falls
  * back to DENSE when more than a quarter of the units changed, and to ZSTD or
- * RAW when those are smaller. */
+ * RAW when those are smaller (tried only when the difference takes more
+ * than a quarter of the chunk's bytes). */
 #include <stdlib.h>
 #include <string.h>
 #ifdef __SSE2__
