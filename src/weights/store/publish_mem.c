@@ -212,10 +212,15 @@ static int build_image(store *s, const ckpt_tensor *t, size_t n, const json_t *m
     for (size_t i = 0; rc == SH_OK && i < n; i++) {
         c[i] = t[i];
         uint64_t numel = 1;
-        for (int d = 0; d < c[i].ndim && d < CKPT_MAX_DIMS; d++) numel *= (uint64_t)c[i].shape[d];
+        int neg = 0;
+        for (int d = 0; d < c[i].ndim && d < CKPT_MAX_DIMS; d++) {
+            neg |= c[i].shape[d] < 0;
+            numel *= (uint64_t)c[i].shape[d];
+        }
         c[i].numel = numel;
-        if (c[i].ndim < 0 || c[i].ndim > CKPT_MAX_DIMS || !ckpt_dtype_name(c[i].dtype))
-            rc = sh_err(SH_EINVAL, "publish to run \"%s\": tensor \"%s\": bad dtype or rank", s->run, t[i].name);
+        if (c[i].ndim < 0 || c[i].ndim > CKPT_MAX_DIMS || neg || !ckpt_dtype_name(c[i].dtype))
+            rc = sh_err(SH_EINVAL, "publish to run \"%s\": tensor \"%s\": bad dtype, rank or shape", s->run,
+                        t[i].name);
         else if ((c[i].nbytes = numel * ckpt_dtype_bits(c[i].dtype) / 8) && !c[i].data)
             rc = sh_err(SH_EINVAL, "publish to run \"%s\": tensor \"%s\" has no data", s->run, t[i].name);
         else if (t[i].nbytes && t[i].nbytes != c[i].nbytes)
