@@ -289,6 +289,11 @@ static void test_pushed_version_digest_checked(void **state)
     if (rc == 0 || on == 2) fail_msg("the replica activated version 2 (exit %d): ACTIVE %s\n%s", rc, act, l);
     if (on != 1) fail_msg("the replica did not take version 1: ACTIVE %s\n%s", act, l);
     if (!strstr(l, "not the manifest's model_xxh3")) fail_msg("the replica did not say why: %s", l);
+    /* The activation that succeeded records when it became durable (its
+     * bytes and name fsynced), not after the active one. */
+    const char *du = strstr(l, "\"durable_us\":"), *ac = strstr(l, "\"active_us\":");
+    if (!du || !ac || strtoll(du + 13, NULL, 10) < strtoll(ac + 12, NULL, 10))
+        fail_msg("version 1's timeline has no durable time at or after its activation:\n%s", l);
     free(act);
     free(l);
 }
