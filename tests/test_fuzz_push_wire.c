@@ -28,11 +28,34 @@ static void test_offer_size_near_2_64(void **state)
     assert_int_equal(got.nchunks, 2);
 }
 
+/* A push manifest's version must be positive, its base and size not
+ * negative: a node never takes an object that names version 0 or a
+ * negative size (the fields it then offers and verifies against). */
+static void test_manifest_fields_in_range(void **state)
+{
+    const char *hx = "00112233445566778899aabbccddeeff";
+    char text[512];
+    uint64_t v, b, sz;
+    int anchor;
+    sh_hash128 h;
+    snprintf(text, sizeof text, "{\"version\":1,\"kind\":\"anchor\",\"base\":0,\"size\":0,\"xxh3\":\"%s\"}", hx);
+    TU_OK(bcast__manifest_parse(text, &v, &b, &anchor, &sz, &h));
+    assert_int_equal(v, 1);
+    const char *bad[][3] = {{"0", "0", "10"}, {"-1", "0", "10"}, {"2", "-1", "10"}, {"2", "1", "-1"}};
+    for (int i = 0; i < 4; i++) {
+        snprintf(text, sizeof text, "{\"version\":%s,\"kind\":\"delta\",\"base\":%s,\"size\":%s,\"xxh3\":\"%s\"}",
+                 bad[i][0], bad[i][1], bad[i][2], hx);
+        if (bcast__manifest_parse(text, &v, &b, &anchor, &sz, &h) != SH_EFORMAT)
+            fail_msg("manifest %s accepted", text);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus_replays),
         cmocka_unit_test(test_offer_size_near_2_64),
+        cmocka_unit_test(test_manifest_fields_in_range),
     };
     return cmocka_run_group_tests_name("fuzz_push_wire corpus", tests, NULL, NULL);
 }
