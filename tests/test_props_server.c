@@ -17,7 +17,8 @@
  *    poll still applies;
  *  - every bound of the API holds at its edge: a query number one past its
  *    bound, a rank past 63, a register field of the wrong type, a method or
- *    a job sub-route the API does not have are refused, not answered. */
+ *    a job sub-route the API does not have are refused, not answered; an
+ *    idempotency key holds printable ASCII only (no space, DEL, control). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -284,6 +285,15 @@ static void test_routes_at_their_bounds(void **state)
     refused(&f, TF_ALICE, "GET", p, NULL, 405);
     snprintf(p, sizeof p, "/v1/jobs/%lld/events", (long long)id);
     refused(&f, TF_ALICE, "GET", p, NULL, 200);
+    /* An idempotency key is printable ASCII, '!' to '~': a space, DEL or a
+     * control character in it is refused. */
+    const char *keys[] = {",\"idempotency_key\":\"a b\"", ",\"idempotency_key\":\"a\\u007fb\"",
+                          ",\"idempotency_key\":\"a\\u001fb\"", ",\"idempotency_key\":\"!~\""};
+    for (int k = 0; k < 4; k++) {
+        int64_t kid;
+        int want = k < 3 ? 400 : 201, got = submit(&f, TF_ALICE, keys[k], &kid, NULL, NULL, 0);
+        if (got != want) fail_msg("submit with %s: status %d, expected %d", keys[k], got, want);
+    }
     refused(&f, TF_ADMIN, "POST", "/v1/nodes", "{}", 404);
     refused(&f, TF_ADMIN, "GET", "/v1/nodes", NULL, 200);
     tf_stop(&f);
