@@ -270,7 +270,9 @@ static void test_routes_at_their_bounds(void **state)
     tf_start_server(&f, "bounds", 10);
     refused(&f, TF_AGENT, "POST", "/v1/agent/register",
             "{\"name\":\"p\",\"gpu_type\":\"X\",\"gpus\":8,\"from_provider\":\"yes\"}", 400);
-    fake_node(&f);
+    refused(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"p\",\"gpu_type\":\"X\",\"gpus\":65}", 400);
+    refused(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"p\",\"gpu_type\":\"X\",\"gpus\":-1}", 400);
+    fake_node(&f); /* no price: it is optional */
     int64_t id;
     assert_int_equal(submit(&f, TF_ALICE, "", &id, NULL, NULL, 0), 201);
     char p[128];
