@@ -256,12 +256,22 @@ static void test_rank_past_members(void **state)
     tf_stop(&f);
 }
 
+static void refused_why(tf_fleet *f, const char *token, const char *method, const char *path, const char *body,
+                        int want, const char *why)
+{
+    int st;
+    json_t *j = tf_call(f, token, method, path, body, &st);
+    const char *e = json_string_value(json_object_get(j, "error"));
+    if (st != want || (why && (!e || !strstr(e, why))))
+        fail_msg("%s %s %s: status %d (%s), expected %d (%s)", method, path, body ? body : "", st, e ? e : "",
+                 want, why ? why : "");
+    json_decref(j);
+}
+
 static void refused(tf_fleet *f, const char *token, const char *method, const char *path, const char *body,
                     int want)
 {
-    int st;
-    json_decref(tf_call(f, token, method, path, body, &st));
-    if (st != want) fail_msg("%s %s: status %d, expected %d", method, path, st, want);
+    refused_why(f, token, method, path, body, want, NULL);
 }
 
 static void test_routes_at_their_bounds(void **state)
@@ -270,8 +280,10 @@ static void test_routes_at_their_bounds(void **state)
     tf_start_server(&f, "bounds", 10);
     refused(&f, TF_AGENT, "POST", "/v1/agent/register",
             "{\"name\":\"p\",\"gpu_type\":\"X\",\"gpus\":8,\"from_provider\":\"yes\"}", 400);
-    refused(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"p\",\"gpu_type\":\"X\",\"gpus\":65}", 400);
-    refused(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"p\",\"gpu_type\":\"X\",\"gpus\":-1}", 400);
+    refused_why(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"p\",\"gpu_type\":\"X\",\"gpus\":65}", 400,
+                "outside 0..64");
+    refused_why(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"p\",\"gpu_type\":\"X\",\"gpus\":-1}", 400,
+                "outside 0..64");
     fake_node(&f); /* no price: it is optional */
     int64_t id;
     assert_int_equal(submit(&f, TF_ALICE, "", &id, NULL, NULL, 0), 201);
