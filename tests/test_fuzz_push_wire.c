@@ -41,12 +41,15 @@ static void test_manifest_fields_in_range(void **state)
     snprintf(text, sizeof text, "{\"version\":1,\"kind\":\"anchor\",\"base\":0,\"size\":0,\"xxh3\":\"%s\"}", hx);
     TU_OK(bcast__manifest_parse(text, &v, &b, &anchor, &sz, &h));
     assert_int_equal(v, 1);
-    const char *bad[][3] = {{"0", "0", "10"}, {"-1", "0", "10"}, {"2", "-1", "10"}, {"2", "1", "-1"}};
+    /* Each bound alone (anchors: a delta's base is also checked against
+     * its version, which would refuse some of these for another reason). */
+    const char *bad[][4] = {{"0", "0", "10", "anchor"}, {"-1", "0", "10", "anchor"}, {"1", "-1", "10", "anchor"},
+                            {"1", "0", "-1", "anchor"}};
     for (int i = 0; i < 4; i++) {
-        snprintf(text, sizeof text, "{\"version\":%s,\"kind\":\"delta\",\"base\":%s,\"size\":%s,\"xxh3\":\"%s\"}",
-                 bad[i][0], bad[i][1], bad[i][2], hx);
-        if (bcast__manifest_parse(text, &v, &b, &anchor, &sz, &h) != SH_EFORMAT)
-            fail_msg("manifest %s accepted", text);
+        snprintf(text, sizeof text, "{\"version\":%s,\"kind\":\"%s\",\"base\":%s,\"size\":%s,\"xxh3\":\"%s\"}",
+                 bad[i][0], bad[i][3], bad[i][1], bad[i][2], hx);
+        if (bcast__manifest_parse(text, &v, &b, &anchor, &sz, &h) != SH_EFORMAT || !strstr(sh_errmsg(), "must be positive"))
+            fail_msg("manifest %s accepted (or refused for another reason: %s)", text, sh_errmsg());
     }
 }
 
