@@ -73,6 +73,9 @@ void bcast__drop_old(bcast_node *n)
             *pp = o->next;
             bcast__obj_free(o);
         } else {
+            /* Delivered and sent to every child that wanted it: only its
+             * file is kept (the next child or joiner maps it again). */
+            if (o->delivered) bcast__obj_unmap(o);
             pp = &o->next;
         }
     }
@@ -176,6 +179,15 @@ static int rate_ok(bcast_node *n, uint32_t len, double ready, double now)
     return 0;
 }
 
+/* An object about to be sent to a child, mapped again if it was unmapped;
+ * 0 if it cannot be (said once per attempt). */
+static int mapped(bcast_node *n, bcast__obj *o)
+{
+    if (bcast__obj_map(o) == 0) return 1;
+    sh_warn("push %s: %s", n->name, sh_errmsg());
+    return 0;
+}
+
 static uint64_t chunk_sum(bcast__obj *o, uint32_t i)
 {
     if (!o->summed[i]) {
@@ -225,7 +237,7 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
     if (p->nresend) {
         bcast__obj *o = bcast__find(n, p->resend_ver[0]);
         uint32_t i = p->resend_idx[0];
-        if (o && i < o->nchunks && o->verified[i]) {
+        if (o && i < o->nchunks && o->verified[i] && mapped(n, o)) {
             if (!rate_ok(n, bcast__obj_chunk_len(o, i), p->nack_at, now)) return 0;
             send_chunk(n, p, o, i);
         }
@@ -236,7 +248,7 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
     }
     if (!p->cur) {
         bcast__obj *o = next_obj(n, p);
-        if (!o) return 0;
+        if (!o || !mapped(n, o)) return 0;
         p->cur = o;
         o->refs++;
         p->next = 0;

@@ -182,13 +182,15 @@ void store__img_free(store_replica *r)
     r->img_version = 0;
 }
 
-/* Copies model m (verified: it is active) into the image. */
+/* Copies model m (verified: it is active) into the image.  Read from the
+ * file, not through m's mapping, whose pages would then stay in this
+ * process's memory beside the image. */
 static int img_load(store_replica *r, const model *m)
 {
     r->img_version = 0;
     r->ipc.valid = 0; /* the next apply hashes every chunk once */
     SH_TRY(img_alloc(r, m->size));
-    memcpy(r->img, m->map, m->size);
+    SH_TRY(sh_pread_all(m->fd, r->img, (size_t)m->size, 0, m->path));
     r->img_version = m->version;
     r->img_size = m->size;
     return SH_OK;
@@ -359,7 +361,12 @@ static int apply_delta(store_replica *r, const pending *p, const model *cur, con
         r->img_version = p->ver.version;
         return out_finish(&o, 1);
     }
-    SH_TRY(store__delta_build(cur->ck, p->payload, size, out));
+    int brc = store__delta_build(cur->ck, p->payload, size, out);
+    /* The base was read through its mapping: its pages leave this
+     * process's memory (they stay in the page cache; a lease that reads
+     * them again faults them back in). */
+    if (cur->map) madvise(cur->map, cur->size, MADV_DONTNEED);
+    SH_TRY(brc);
     sh_hash128 h;
     uint64_t n;
     int rc = store__hash_file(out, &h, &n);

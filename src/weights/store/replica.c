@@ -26,6 +26,12 @@ static void *apply_main(void *arg)
     double poll = r->cfg.poll_s > 0 ? r->cfg.poll_s : 0.02;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
+        if (r->img_drop) {
+            r->img_drop = 0;
+            pthread_mutex_unlock(&r->mu);
+            store__img_free(r);
+            pthread_mutex_lock(&r->mu);
+        }
         pending *p = r->queue;
         if (p && p->retry_at <= sh_now_mono()) {
             r->queue = p->next;
@@ -154,12 +160,19 @@ static void on_chunk(void *arg, uint64_t version, uint32_t index, uint32_t nchun
 /* A spool file for a whole model's payload (an anchor): the model file the
  * last activation replaced, whose pages the payload overwrites, instead of
  * a new file whose every page the kernel must allocate and zero.  A small
- * payload (a delta) leaves it for the next delta's build. */
+ * payload (a delta) leaves it for the next delta's build.  A payload of
+ * more than half a model also has the apply thread free the image first
+ * (img_drop): the payload and the image would otherwise be two models in
+ * memory at once. */
 static int reuse_file(void *arg, uint64_t size, const char *path)
 {
     store_replica *r = arg;
     pthread_mutex_lock(&r->mu);
     int fits = r->prev && size > r->prev->size / 2;
+    if (r->active && size > r->active->size / 2) {
+        r->img_drop = 1;
+        pthread_cond_broadcast(&r->cv);
+    }
     pthread_mutex_unlock(&r->mu);
     return fits && store__take_prev(r, path, NULL);
 }

@@ -14,7 +14,7 @@ typedef struct model {
     int refs;
     uint64_t version;
     uint64_t size;
-    uint8_t *map; /* a kept mapping (sh_map_keep) of fd */
+    uint8_t *map; /* a mapping of fd, not populated: resident as leases read it */
     int fd;
     ckpt *ck; /* parsed once, before activation: leases get tensor views */
     char path[4096];
@@ -64,6 +64,10 @@ struct store_replica {
     size_t img_cap;
     uint64_t img_size, img_version;
     int img_wanted; /* load the image when the push tree is quiet */
+    int img_drop;   /* under mu: a payload of a model's size is coming (an
+                     * anchor): free the image first, so that the two never
+                     * take memory together (the image is loaded again
+                     * from the version it brings) */
     delta_ip_cache ipc;  /* chunk digests of the image, chunks the last applies wrote */
     uint64_t ip_base[2]; /* the bases of those applies ([0]: the last) */
     model *prev;    /* the model the last activation replaced (recycled; under mu) */
