@@ -91,6 +91,7 @@ void bcast__deliver(bcast_node *n)
         o->delivered = 1;
         n->have = o->version;
         n->stats.have_version = n->have;
+        if (n->have > n->stats.newest_announced) n->stats.newest_announced = n->have;
         snprintf(n->stats.parent, sizeof n->stats.parent, "%s", n->fed_by);
         sh_info("push %s: v%llu complete (%s, %llu bytes)", n->name, (unsigned long long)o->version,
                 o->anchor ? "anchor" : "delta", (unsigned long long)o->size);
@@ -278,6 +279,17 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
 void bcast__pump(bcast_node *n, double now)
 {
     n->wake_at = 0;
+    /* Children that understand it learn the newest version above them as
+     * soon as this node knows it: a late joiner then builds the versions
+     * on its way there without activating each (docs/push-protocol.md). */
+    uint64_t newest = n->stats.newest_announced > n->have ? n->stats.newest_announced : n->have;
+    for (bcast__peer *p = n->children; newest && p; p = p->next_peer) {
+        if (p->dead || !p->hello || !p->announce || p->announced >= newest) continue;
+        uint8_t hdr[BCAST__ANNOUNCE_LEN];
+        bcast__pack_announce(newest, hdr);
+        if (bcast__send(n, p->ep, p, BCAST__AM_ANNOUNCE, hdr, sizeof hdr, NULL, 0, NULL, NULL) == 0)
+            p->announced = newest;
+    }
     for (int pass = 0; pass < 1 << 16; pass++) {
         int did = 0;
         for (bcast__peer *p = n->children; p; p = p->next_peer) did |= pump_peer(n, p, now);

@@ -26,11 +26,17 @@ static void *apply_main(void *arg)
     double poll = r->cfg.poll_s > 0 ? r->cfg.poll_s : 0.02;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
-        if (r->img_drop) {
+        if (r->img_drop && !r->staged.version) {
             r->img_drop = 0;
             pthread_mutex_unlock(&r->mu);
             store__img_free(r);
             pthread_mutex_lock(&r->mu);
+        }
+        if (!r->queue && store__staged_due(r, sh_now_mono(), r->last_push_activity)) {
+            pthread_mutex_unlock(&r->mu);
+            if (store__activate_staged(r) < 0) store__replica_error(r);
+            pthread_mutex_lock(&r->mu);
+            continue;
         }
         pending *p = r->queue;
         if (p && p->retry_at <= sh_now_mono()) {
@@ -395,6 +401,8 @@ void store_replica_get_info(store_replica *r, store_replica_info *out)
     snprintf(out->last_error, sizeof out->last_error, "%s", r->last_error);
     out->push = r->push;
     out->timeline = r->timeline;
+    uint64_t n = out->push.newest_announced > r->store_latest ? out->push.newest_announced : r->store_latest;
+    out->newest_announced = n > out->version ? n : out->version;
     pthread_mutex_unlock(&r->mu);
 }
 
