@@ -123,9 +123,10 @@ static bcast__obj *squash_obj(bcast_node *n, uint64_t from, const char *path)
 /* Root: asks the squash callback once per child and newest version whether
  * a child two or more versions behind (at or after the anchor) should get
  * a squashed delta.  NULL: the chain. */
-static bcast__obj *planned(bcast_node *n, bcast__peer *p)
+static bcast__obj *planned(bcast_node *n, bcast__peer *p, int below_anchor)
 {
-    if (!n->cfg.squash || n->cfg.nparents > 0 || n->have < p->have + 2) return NULL;
+    if (!n->cfg.squash || n->cfg.nparents > 0 || n->have <= p->have) return NULL;
+    if (n->have < p->have + 2 && !(below_anchor && p->have > 0)) return NULL;
     for (bcast__obj *o = n->squashes; o; o = o->next)
         if (o->base == p->have && o->version == n->have) return o;
     if (p->plan_for == n->have) return NULL; /* asked: the chain */
@@ -150,9 +151,10 @@ static bcast__obj *next_obj(bcast_node *n, bcast__peer *p)
     bcast__obj *anchor = NULL;
     for (bcast__obj *o = n->objs; o; o = o->next)
         if (o->anchor) anchor = o;
-    if (anchor && p->have < anchor->version) return anchor;
-    bcast__obj *o = planned(n, p);
+    int below = anchor && p->have < anchor->version;
+    bcast__obj *o = planned(n, p, below);
     if (o) return o;
+    if (below) return anchor;
     for (o = n->objs; o; o = o->next)
         if (o->version > p->have && !o->anchor && o->base == p->have) return o;
     return NULL;

@@ -93,10 +93,11 @@ static int root_obj(const char *manifest, const char *path, uint32_t chunk_size,
     o->fd = -1;
     int rc = bcast__manifest_parse(manifest, &o->version, &o->base, &o->anchor, &o->size, &o->hash);
     if (rc == 0 && squash_base) {
-        if (o->anchor || squash_base >= o->version)
+        /* The target may be an anchor (a delta across it). */
+        if (squash_base >= o->version)
             rc = sh_err(SH_EINVAL, "push: a squashed delta to v%llu cannot start at v%llu",
                         (unsigned long long)o->version, (unsigned long long)squash_base);
-        o->squash = 1, o->base = squash_base;
+        o->squash = 1, o->anchor = 0, o->base = squash_base;
     }
     if (rc == 0) rc = open_payload(o, path, o->squash ? UINT64_MAX : o->size);
     if (rc == 0 && o->squash) o->hash = sh_hash128_of(o->map ? o->map : (const uint8_t *)"", o->size);

@@ -122,7 +122,9 @@ static void on_object(void *arg, const bcast_object_info *o)
     if (!p) return;
     int rc = store_manifest_parse(o->manifest, r->run, &p->ver);
     if (rc == 0 && o->is_squash) {
-        /* A squashed delta from o->base: the manifest is its target's. */
+        /* A squashed delta from o->base: the manifest is its target's
+         * (an anchor's, for a delta across the anchor). */
+        p->ver.anchor = 0;
         p->ver.base = o->base;
         p->ver.size = o->size;
     }
