@@ -40,8 +40,10 @@ static const char usage_text[] =
     "/proc/PID/status is sampled every 2 ms: peak and final VmRSS, RssAnon and\n"
     "RssFile, and VmHWM (the kernel's own peak RSS).  `bound` is one image +\n"
     "64 MiB + 2 x the largest delta; `ok` says whether the push follower's\n"
-    "VmHWM stayed within it.  The run's files go under $TMPDIR (about 8 images\n"
-    "of disk); SHOAL_BENCH_KEEP=1 keeps them.\n";
+    "VmHWM stayed within it; `push_bytes_received` is what crossed its link\n"
+    "(an anchor goes to a follower holding the version before as one delta\n"
+    "across it), `payload_bytes` the versions' payloads.  The run's files go\n"
+    "under $TMPDIR (about 8 images of disk); SHOAL_BENCH_KEEP=1 keeps them.\n";
 
 #define SLACK (64ull << 20)
 
@@ -263,6 +265,7 @@ static int flip_step(const char *in, const char *out, uint64_t seed)
 typedef struct follow_result {
     uint64_t image, anchors, deltas, delta_min, delta_max, delta_total, anchor_bytes, bound;
     uint64_t peak[2][M_N], final[2][M_N], samples;
+    uint64_t push_received; /* bytes the push follower received (its --json at exit) */
     double seconds;
 } follow_result;
 
@@ -340,6 +343,15 @@ static int run_one(const fopt *o, uint64_t mb, follow_result *res)
         if (res->final[k][M_HWM] > res->peak[k][M_HWM]) res->peak[k][M_HWM] = res->final[k][M_HWM];
         stop(pid[k]);
     }
+    char rep[4200];
+    snprintf(rep, sizeof rep, "%s.json", fol[0]);
+    json_t *rj;
+    if (sh_json_load_file(rep, 1 << 20, &rj) == 0) {
+        int64_t b = 0;
+        sh_json_get_i64(rj, "bytes_received", 0, rep, &b);
+        res->push_received = (uint64_t)b;
+        json_decref(rj);
+    }
     res->samples = sm.samples;
     pthread_mutex_destroy(&sm.mu);
     stop(root);
@@ -372,6 +384,10 @@ static json_t *result_json(const fopt *o, uint64_t mb, const follow_result *r)
         json_object_set_new(f, "peak_vs_image", json_real(r->image ? (double)r->peak[k][M_HWM] / (double)r->image : 0));
         json_object_set_new(j, who[k], f);
     }
+    /* What crossed the push follower's link, against the payloads a chain
+     * follower reads (every anchor whole). */
+    json_object_set_new(j, "push_bytes_received", json_integer((json_int_t)r->push_received));
+    json_object_set_new(j, "payload_bytes", json_integer((json_int_t)(r->anchor_bytes + r->delta_total)));
     json_object_set_new(j, "push_peak_vs_bound", json_real((double)r->peak[0][M_HWM] / (double)r->bound));
     json_object_set_new(j, "push_vs_store_peak",
                         json_real(r->peak[1][M_HWM] ? (double)r->peak[0][M_HWM] / (double)r->peak[1][M_HWM] : 0));
@@ -391,6 +407,8 @@ static void print_text(uint64_t mb, const follow_result *r)
                who[k], (double)r->peak[k][M_HWM] / M, (double)r->peak[k][M_HWM] / (double)r->image,
                (double)r->peak[k][M_ANON] / M, (double)r->peak[k][M_FILE] / M, (double)r->final[k][M_RSS] / M,
                (double)r->final[k][M_ANON] / M, (double)r->final[k][M_FILE] / M);
+    printf("  push follower received %.1f MiB; the versions' payloads (anchors whole) are %.1f MiB\n",
+           (double)r->push_received / M, (double)(r->anchor_bytes + r->delta_total) / M);
     printf("  push follower within the bound: %s (%.2fx the bound, %.2fx the store follower)\n",
            r->peak[0][M_HWM] <= r->bound ? "yes" : "NO", (double)r->peak[0][M_HWM] / (double)r->bound,
            r->peak[1][M_HWM] ? (double)r->peak[0][M_HWM] / (double)r->peak[1][M_HWM] : 0);
