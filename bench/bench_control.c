@@ -118,7 +118,7 @@ static double pct(double *v, int n, double p)
     return v[i < n ? i : n - 1];
 }
 
-static int wait_state(srv_client *c, long long id, const char *state, double timeout)
+static int wait_state(client_conn *c, long long id, const char *state, double timeout)
 {
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld", id);
@@ -126,7 +126,7 @@ static int wait_state(srv_client *c, long long id, const char *state, double tim
     while (sh_now_mono() < until) {
         int st;
         json_t *j = NULL;
-        SH_TRY(srv_client_call(c, "GET", path, NULL, NULL, 5, &st, &j));
+        SH_TRY(client_call(c, "GET", path, NULL, NULL, 5, &st, &j));
         const char *s = json_string_value(json_object_get(j, "state"));
         int done = s && !strcmp(s, state);
         json_decref(j);
@@ -137,13 +137,13 @@ static int wait_state(srv_client *c, long long id, const char *state, double tim
 }
 
 /* Times submit -> running for `n` jobs of one body; cancels each after. */
-static int time_starts(srv_client *c, const char *body, int n, double *out, sh_progress *p, int *done)
+static int time_starts(client_conn *c, const char *body, int n, double *out, sh_progress *p, int *done)
 {
     for (int i = 0; i < n; i++) {
         double t0 = sh_now_mono();
         int st;
         json_t *j = NULL;
-        SH_TRY(srv_client_call(c, "POST", "/v1/jobs", json_loads(body, 0, NULL), NULL, 5, &st, &j));
+        SH_TRY(client_call(c, "POST", "/v1/jobs", json_loads(body, 0, NULL), NULL, 5, &st, &j));
         long long id = json_integer_value(json_object_get(j, "id"));
         json_decref(j);
         if (st != 201) return sh_err(SH_EIO, "bench: submit returned HTTP %d", st);
@@ -151,7 +151,7 @@ static int time_starts(srv_client *c, const char *body, int n, double *out, sh_p
         out[i] = (sh_now_mono() - t0) * 1e3;
         char path[64];
         snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", id);
-        SH_TRY(srv_client_call(c, "POST", path, NULL, NULL, 5, &st, &j));
+        SH_TRY(client_call(c, "POST", path, NULL, NULL, 5, &st, &j));
         json_decref(j);
         sh_progress_update(p, (uint64_t)++*done);
     }
@@ -175,13 +175,13 @@ static int gang_latency(int n, int pg, double *gang_p50, double *gang_p99, doubl
             _exit(127);
         }
     }
-    srv_client *c;
-    int rc = srv_client_new(b.url, "t", &c);
+    client_conn *c;
+    int rc = client_new(b.url, "t", &c);
     /* Wait for the fleet: a 4-node gang fits once all four registered. */
     for (int k = 0; rc == SH_OK && k < 400; k++) {
         int st;
         json_t *j = NULL;
-        if ((rc = srv_client_call(c, "GET", "/v1/nodes", NULL, NULL, 5, &st, &j)) < 0) break;
+        if ((rc = client_call(c, "GET", "/v1/nodes", NULL, NULL, 5, &st, &j)) < 0) break;
         size_t nn = json_array_size(json_object_get(j, "nodes"));
         json_decref(j);
         if (nn == 4) break;
@@ -203,7 +203,7 @@ static int gang_latency(int n, int pg, double *gang_p50, double *gang_p99, doubl
     }
     free(g);
     free(f);
-    srv_client_free(c);
+    client_free(c);
     for (int i = 0; i < 4; i++) kill(agents[i], SIGTERM);
     for (int i = 0; i < 4; i++) waitpid(agents[i], NULL, 0);
     bench_server_stop(&b);
@@ -220,8 +220,8 @@ typedef struct load_arg {
 static void *load_thread(void *p)
 {
     load_arg *a = p;
-    srv_client *c;
-    if (srv_client_new(a->url, "t", &c) < 0) {
+    client_conn *c;
+    if (client_new(a->url, "t", &c) < 0) {
         a->errors++;
         return NULL;
     }
@@ -231,18 +231,18 @@ static void *load_thread(void *p)
         char *r = NULL;
         size_t rl;
         int rc;
-        if (a->healthz) rc = srv_client_raw(c, "GET", "/healthz", NULL, 0, NULL, 5, &st, &r, &rl);
+        if (a->healthz) rc = client_raw(c, "GET", "/healthz", NULL, 0, NULL, 5, &st, &r, &rl);
         else {
             int n = snprintf(body, sizeof body,
                              "{\"name\":\"load\",\"kind\":\"function\",\"command\":[\"true\"],\"idempotency_key\":\"%d-%llu\"}",
                              a->id, (unsigned long long)i);
-            rc = srv_client_raw(c, "POST", "/v1/jobs", body, (size_t)n, NULL, 5, &st, &r, &rl);
+            rc = client_raw(c, "POST", "/v1/jobs", body, (size_t)n, NULL, 5, &st, &r, &rl);
         }
         free(r);
         if (rc == 0 && (st == 200 || st == 201)) a->ok++;
         else a->errors++;
     }
-    srv_client_free(c);
+    client_free(c);
     return NULL;
 }
 
@@ -287,8 +287,8 @@ static int cycle_time(int nodes, double *busy_ms, double *idle_ms)
     bench_srv b;
     SH_TRY(bench_server(&b, "cycle", 1e9, 1, 0));
     int rc = srv_add_bench_nodes(b.s, nodes, "H100", 8);
-    srv_client *c = NULL;
-    if (rc == SH_OK) rc = srv_client_new(b.url, "t", &c);
+    client_conn *c = NULL;
+    if (rc == SH_OK) rc = client_new(b.url, "t", &c);
     double worst = 0, idle = 1e9;
     const char *bodies[] = {
         "{\"name\":\"g\",\"nodes\":4,\"gpus_per_node\":8,\"command\":[\"true\"]}",
@@ -299,7 +299,7 @@ static int cycle_time(int nodes, double *busy_ms, double *idle_ms)
         for (int k = 0; rc == SH_OK && k < 100; k++) {
             int st;
             json_t *j = NULL;
-            rc = srv_client_call(c, "POST", "/v1/jobs", json_loads(bodies[k % 3], 0, NULL), NULL, 5, &st, &j);
+            rc = client_call(c, "POST", "/v1/jobs", json_loads(bodies[k % 3], 0, NULL), NULL, 5, &st, &j);
             json_decref(j);
         }
         double t = srv_cycle_for_bench(b.s);
@@ -310,7 +310,7 @@ static int cycle_time(int nodes, double *busy_ms, double *idle_ms)
     }
     *busy_ms = worst;
     *idle_ms = idle;
-    srv_client_free(c);
+    client_free(c);
     bench_server_stop(&b);
     return rc;
 }

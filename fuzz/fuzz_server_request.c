@@ -13,7 +13,7 @@
 #include "shoal/server.h"
 
 static srv *S;
-static srv_client *C[4];
+static client_conn *C[4];
 
 static void setup(void)
 {
@@ -34,16 +34,16 @@ static void setup(void)
     snprintf(url, sizeof url, "http://127.0.0.1:%d", srv_port(S));
     const char *tokens[4] = {"t", "u", "g", "a"};
     for (int i = 0; i < 4; i++)
-        if (srv_client_new(url, tokens[i], &C[i])) abort();
+        if (client_new(url, tokens[i], &C[i])) abort();
     /* Some state for the handlers to work on: two nodes, one job. */
     int st;
     char *r;
     size_t rl;
     const char *reg = "{\"name\":\"n0\",\"gpu_type\":\"H100\",\"gpus\":8}";
-    srv_client_raw(C[2], "POST", "/v1/agent/register", reg, strlen(reg), NULL, 5, &st, &r, &rl);
+    client_raw(C[2], "POST", "/v1/agent/register", reg, strlen(reg), NULL, 5, &st, &r, &rl);
     free(r);
     const char *job = "{\"name\":\"j\",\"nodes\":1,\"command\":[\"true\"]}";
-    srv_client_raw(C[0], "POST", "/v1/jobs", job, strlen(job), NULL, 5, &st, &r, &rl);
+    client_raw(C[0], "POST", "/v1/jobs", job, strlen(job), NULL, 5, &st, &r, &rl);
     free(r);
 }
 
@@ -73,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int st = 0;
     char *r = NULL;
     size_t rl = 0;
-    int rc = srv_client_raw(C[eps[e].client], eps[e].method, path, eps[e].body ? rest : NULL, eps[e].body ? n : 0,
+    int rc = client_raw(C[eps[e].client], eps[e].method, path, eps[e].body ? rest : NULL, eps[e].body ? n : 0,
                             NULL, 10, &st, &r, &rl);
     free(r);
     if (rc < 0) {

@@ -94,9 +94,7 @@ SHARED = {'server': {'srv_int.h'}}
 HEADER_COMP = {'common': 'common', 'fleetfile': 'common', 'sched': 'sched', 'sim': 'sim',
                'server': 'server', 'client': 'client', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
                'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl', 'net': 'net', 'fleet': 'fleet'}
-# srv_client_ (the client's functions, named before it left the server) is
-# matched before srv_.
-PREFIX_COMP = {'srv_client_': 'client', 'net_': 'net', 'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
+PREFIX_COMP = {'client_': 'client', 'net_': 'net', 'sched_': 'sched', 'sim_': 'sim', 'srv_': 'server', 'agent_': 'agent',
                'ckpt_': 'ckpt', 'delta_': 'delta', 'store_': 'store', 'bcast_': 'push',
                'nn_': 'nn', 'rl_': 'rl', 'mj_': 'mainjob', 'fleet_': 'fleet'}
 FOLDER_COMP = {'engine': 'rl'}
@@ -213,7 +211,7 @@ def main():
             if dep is not None and dep not in ok:
                 bad.append(f'{f}:{n}: includes {inc}: {me} may not use {dep}')
         own = set(re.findall(r'\b([a-z_][a-z0-9_]*)\s*\(', code)) & local_defs[f]
-        for m in re.finditer(r'\b((?:srv_client|net|sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj|fleet)_)[a-z0-9_]*\s*\(', code):
+        for m in re.finditer(r'\b((?:client|net|sched|sim|srv|agent|ckpt|delta|store|bcast|nn|rl|mj|fleet)_)[a-z0-9_]*\s*\(', code):
             dep = PREFIX_COMP[m.group(1)]
             if m.group(0)[:-1].strip() in own:
                 continue

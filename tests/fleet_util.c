@@ -199,12 +199,12 @@ void tf_stop(tf_fleet *f)
 
 json_t *tf_call(tf_fleet *f, const char *token, const char *method, const char *path, const char *body, int *status)
 {
-    srv_client *c;
-    if (srv_client_new(f->url, token, &c) < 0) fail_msg("%s", sh_errmsg());
+    client_conn *c;
+    if (client_new(f->url, token, &c) < 0) fail_msg("%s", sh_errmsg());
     char *r = NULL;
     size_t rl = 0;
-    int rc = srv_client_raw(c, method, path, body, body ? strlen(body) : 0, NULL, 10, status, &r, &rl);
-    srv_client_free(c);
+    int rc = client_raw(c, method, path, body, body ? strlen(body) : 0, NULL, 10, status, &r, &rl);
+    client_free(c);
     if (rc < 0) fail_msg("%s %s: %s", method, path, sh_errmsg());
     json_t *j = json_loadb(r, rl, 0, NULL);
     free(r);

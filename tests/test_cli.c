@@ -357,12 +357,12 @@ static void test_dashboard_from_elsewhere(void **state)
     }
     char url[64], *body = NULL;
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
-    srv_client *c;
+    client_conn *c;
     int st = 0;
     size_t len;
-    if (port && srv_client_new(url, NULL, &c) == 0) {
-        (void)srv_client_raw(c, "GET", "/", NULL, 0, NULL, 10, &st, &body, &len);
-        srv_client_free(c);
+    if (port && client_new(url, NULL, &c) == 0) {
+        (void)client_raw(c, "GET", "/", NULL, 0, NULL, 10, &st, &body, &len);
+        client_free(c);
     }
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
@@ -457,13 +457,13 @@ static double sample(const char *text, const char *series)
 
 static char *get_metrics(tf_fleet *F, const char *token, int want)
 {
-    srv_client *c;
-    TU_OK(srv_client_new(F->url, token, &c));
+    client_conn *c;
+    TU_OK(client_new(F->url, token, &c));
     int st;
     char *text;
     size_t len;
-    TU_OK(srv_client_raw(c, "GET", "/metrics", NULL, 0, NULL, 10, &st, &text, &len));
-    srv_client_free(c);
+    TU_OK(client_raw(c, "GET", "/metrics", NULL, 0, NULL, 10, &st, &text, &len));
+    client_free(c);
     assert_int_equal(st, want);
     return text;
 }

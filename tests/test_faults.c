@@ -937,25 +937,25 @@ static srv *srv_up(srvc *c)
     return s;
 }
 
-static srv_client *client(srv *s, const char *token)
+static client_conn *client(srv *s, const char *token)
 {
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", srv_port(s));
-    srv_client *c;
-    TU_OK(srv_client_new(url, token, &c));
+    client_conn *c;
+    TU_OK(client_new(url, token, &c));
     return c;
 }
 
 /* Submits a job spec as alice; returns the HTTP status (0: no reply). */
 static int submit_spec(srv *s, const char *body)
 {
-    srv_client *c = client(s, "tok-alice");
+    client_conn *c = client(s, "tok-alice");
     json_t *j = json_loads(body, 0, NULL), *reply = NULL;
     int st = 0;
-    if (srv_client_call(c, "POST", "/v1/jobs", j, NULL, 10, &st, &reply) < 0) st = 0;
+    if (client_call(c, "POST", "/v1/jobs", j, NULL, 10, &st, &reply) < 0) st = 0;
     json_decref(j);
     json_decref(reply);
-    srv_client_free(c);
+    client_free(c);
     return st;
 }
 
@@ -970,10 +970,10 @@ static int submit(srv *s, const char *name)
 /* The names of alice's jobs, in id order, joined by commas. */
 static void job_names(srv *s, char *out, size_t cap)
 {
-    srv_client *c = client(s, "tok-alice");
+    client_conn *c = client(s, "tok-alice");
     int st;
     json_t *reply;
-    TU_OK(srv_client_call(c, "GET", "/v1/jobs", NULL, NULL, 10, &st, &reply));
+    TU_OK(client_call(c, "GET", "/v1/jobs", NULL, NULL, 10, &st, &reply));
     assert_int_equal(st, 200);
     out[0] = 0;
     size_t i;
@@ -994,7 +994,7 @@ static void job_names(srv *s, char *out, size_t cap)
         strncat(out, names[a], cap - strlen(out) - 1);
     }
     json_decref(reply);
-    srv_client_free(c);
+    client_free(c);
 }
 
 /* A fresh database holding alice's job "one" (made once, then restored). */
@@ -1099,15 +1099,15 @@ static int ledger_rows(const char *db, int64_t job)
 /* Cancels alice's job `id`; returns the HTTP status. */
 static int cancel_job(srv *s, int id)
 {
-    srv_client *c = client(s, "tok-alice");
+    client_conn *c = client(s, "tok-alice");
     json_t *b = json_object(), *reply = NULL;
     int st = 0;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%d/cancel", id);
-    if (srv_client_call(c, "POST", path, b, NULL, 10, &st, &reply) < 0) st = 0;
+    if (client_call(c, "POST", path, b, NULL, 10, &st, &reply) < 0) st = 0;
     json_decref(b);
     json_decref(reply);
-    srv_client_free(c);
+    client_free(c);
     return st;
 }
 
@@ -1117,17 +1117,17 @@ static int cancel_one(srv *s) { return cancel_job(s, 1); }
  * N is how many places its members hold. */
 static void job_state(srv *s, int id, char *out, size_t cap)
 {
-    srv_client *c = client(s, "tok-alice");
+    client_conn *c = client(s, "tok-alice");
     int st;
     json_t *reply;
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%d", id);
-    TU_OK(srv_client_call(c, "GET", path, NULL, NULL, 10, &st, &reply));
+    TU_OK(client_call(c, "GET", path, NULL, NULL, 10, &st, &reply));
     assert_int_equal(st, 200);
     const char *got = json_string_value(json_object_get(reply, "state"));
     snprintf(out, cap, "%s nodes=%zu", got ? got : "?", json_array_size(json_object_get(reply, "members")));
     json_decref(reply);
-    srv_client_free(c);
+    client_free(c);
 }
 
 static int job_is(srv *s, int id, const char *state)
@@ -1312,17 +1312,17 @@ static void test_ledger_cycle_faults(void **state)
     assert_non_null(strstr(why, "restart the server"));
     assert_true(srv_cycle_for_bench(s) < 0);
     {
-        srv_client *cl = client(s, "tok-alice");
+        client_conn *cl = client(s, "tok-alice");
         int st = 0;
         json_t *reply = NULL;
-        TU_OK(srv_client_call(cl, "GET", "/v1/jobs/3", NULL, NULL, 10, &st, &reply));
+        TU_OK(client_call(cl, "GET", "/v1/jobs/3", NULL, NULL, 10, &st, &reply));
         assert_int_equal(st, 503);
         json_decref(reply);
         reply = NULL;
-        TU_OK(srv_client_call(cl, "GET", "/healthz", NULL, NULL, 10, &st, &reply));
+        TU_OK(client_call(cl, "GET", "/healthz", NULL, NULL, 10, &st, &reply));
         assert_int_equal(st, 503); /* a supervisor's health check sees it too */
         json_decref(reply);
-        srv_client_free(cl);
+        client_free(cl);
     }
     srv_stop(s);
     s = srv_up(&c);

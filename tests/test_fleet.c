@@ -304,8 +304,8 @@ static void test_killed_agent_policies(void **state)
  * server answers, across the crash. Exits 0 when every one was accepted. */
 static int loader(tf_fleet *f, int n)
 {
-    srv_client *c;
-    if (srv_client_new(f->url, TF_BOB, &c) < 0) return 2;
+    client_conn *c;
+    if (client_new(f->url, TF_BOB, &c) < 0) return 2;
     for (int i = 0; i < n; i++) {
         char body[256];
         snprintf(body, sizeof body,
@@ -314,14 +314,14 @@ static int loader(tf_fleet *f, int n)
             int st = 0;
             char *r = NULL;
             size_t rl;
-            int rc = srv_client_raw(c, "POST", "/v1/jobs", body, strlen(body), NULL, 5, &st, &r, &rl);
+            int rc = client_raw(c, "POST", "/v1/jobs", body, strlen(body), NULL, 5, &st, &r, &rl);
             free(r);
             if (rc == 0 && (st == 201 || st == 200)) break;
             if (rc == 0 || tries > 400) return 3; /* an HTTP error is a real failure */
             sh_sleep(0.025);
         }
     }
-    srv_client_free(c);
+    client_free(c);
     return 0;
 }
 

@@ -120,13 +120,13 @@ static void ha_start(ha *h, const char *db, const char *name, double hb)
 /* GET /v1/leader of one server; NULL if it does not answer. */
 static json_t *leader_of(const char *url)
 {
-    srv_client *c;
-    TU_OK(srv_client_new(url, NULL, &c));
+    client_conn *c;
+    TU_OK(client_new(url, NULL, &c));
     char *r = NULL;
     size_t rl = 0;
     int st = 0;
-    int rc = srv_client_raw(c, "GET", "/v1/leader", NULL, 0, NULL, 2, &st, &r, &rl);
-    srv_client_free(c);
+    int rc = client_raw(c, "GET", "/v1/leader", NULL, 0, NULL, 2, &st, &r, &rl);
+    client_free(c);
     json_t *j = rc == SH_OK && st == 200 ? json_loadb(r, rl, 0, NULL) : NULL;
     free(r);
     return j;
@@ -237,20 +237,20 @@ static char *state_scenario(const char *name, const char *db)
     json_decref(tf_wait_job(&f, b, "failed", 20));
     json_decref(tf_wait_job(&f, c, "running", 20));
     /* The same Idempotency-Key gets the same job. */
-    srv_client *cl;
-    TU_OK(srv_client_new(f.url, TF_ALICE, &cl));
+    client_conn *cl;
+    TU_OK(client_new(f.url, TF_ALICE, &cl));
     int64_t ids[2];
     for (int k = 0; k < 2; k++) {
         const char *body = "{\"name\":\"key\",\"command\":[\"true\"],\"nodes\":1,\"gpus_per_node\":1,\"est_s\":60}";
         char *r = NULL;
         size_t rl;
-        TU_OK(srv_client_raw(cl, "POST", "/v1/jobs", body, strlen(body), "Idempotency-Key: same-1", 10, &st, &r, &rl));
+        TU_OK(client_raw(cl, "POST", "/v1/jobs", body, strlen(body), "Idempotency-Key: same-1", 10, &st, &r, &rl));
         json_t *j = json_loadb(r, rl, 0, NULL);
         ids[k] = json_integer_value(json_object_get(j, "id"));
         json_decref(j);
         free(r);
     }
-    srv_client_free(cl);
+    client_free(cl);
     assert_int_equal(ids[0], ids[1]);
     json_decref(tf_wait_job(&f, ids[0], "succeeded", 20));
     /* kill -9 and a restart: the running job keeps running, in its attempt. */
@@ -305,8 +305,8 @@ static pid_t load_start(ha *h, const char *acked)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);
     int fd = open(acked, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    srv_client *c;
-    if (fd < 0 || srv_client_new(h->both, TF_ALICE, &c) < 0) _exit(2);
+    client_conn *c;
+    if (fd < 0 || client_new(h->both, TF_ALICE, &c) < 0) _exit(2);
     for (int k = 0;; k++) {
         char hdr[64];
         snprintf(hdr, sizeof hdr, "Idempotency-Key: load-%d", k);
@@ -314,7 +314,7 @@ static pid_t load_start(ha *h, const char *acked)
             int st = 0;
             char *r = NULL;
             size_t rl = 0;
-            int rc = srv_client_raw(c, "POST", "/v1/jobs", LOAD_JOB, strlen(LOAD_JOB), hdr, 10, &st, &r, &rl);
+            int rc = client_raw(c, "POST", "/v1/jobs", LOAD_JOB, strlen(LOAD_JOB), hdr, 10, &st, &r, &rl);
             json_t *j = rc == SH_OK && (st == 200 || st == 201) ? json_loadb(r, rl, 0, NULL) : NULL;
             free(r);
             if (json_integer_value(json_object_get(j, "id")) > 0) {
@@ -480,14 +480,14 @@ static void test_failover(void **state)
 /* 1 while the server at url still acts as leader (answers 200 to a read). */
 static int acting(const char *url)
 {
-    srv_client *c;
-    TU_OK(srv_client_new(url, TF_ADMIN, &c));
+    client_conn *c;
+    TU_OK(client_new(url, TF_ADMIN, &c));
     char *r = NULL;
     size_t rl;
     int st = 0;
-    int rc = srv_client_raw(c, "GET", "/v1/nodes", NULL, 0, NULL, 2, &st, &r, &rl);
+    int rc = client_raw(c, "GET", "/v1/nodes", NULL, 0, NULL, 2, &st, &r, &rl);
     free(r);
-    srv_client_free(c);
+    client_free(c);
     return rc == SH_OK && st == 200;
 }
 
@@ -539,15 +539,15 @@ static void test_fencing(void **state)
     free(out);
     psql(&out, "fencing", "UPDATE shoal_leader SET epoch = epoch + 1");
     free(out);
-    srv_client *c;
-    TU_OK(srv_client_new(h.url[1], TF_BOB, &c));
+    client_conn *c;
+    TU_OK(client_new(h.url[1], TF_BOB, &c));
     const char *body = "{\"name\":\"late\",\"command\":[\"true\"],\"nodes\":1,\"gpus_per_node\":1,\"est_s\":60}";
     char *r = NULL;
     size_t rl;
     int hs = 0;
-    int rc = srv_client_raw(c, "POST", "/v1/jobs", body, strlen(body), NULL, 5, &hs, &r, &rl);
+    int rc = client_raw(c, "POST", "/v1/jobs", body, strlen(body), NULL, 5, &hs, &r, &rl);
     free(r);
-    srv_client_free(c);
+    client_free(c);
     assert_true(rc < 0 || hs != 201);
     psql(&out, "fencing", "SELECT count(*) FROM jobs");
     assert_string_equal(out, before);

@@ -353,14 +353,14 @@ static void test_bad_query_and_key(void **state)
     expect_error(&f, TF_ALICE, "GET", path, NULL, 400, "rank=\"abc\"");
     const char *keys[] = {"Idempotency-Key: \xff\xfe-retry", "Idempotency-Key: has space"};
     for (int i = 0; i < 2; i++) {
-        srv_client *c;
-        TU_OK(srv_client_new(f.url, TF_ALICE, &c));
+        client_conn *c;
+        TU_OK(client_new(f.url, TF_ALICE, &c));
         const char *b = "{\"name\":\"k\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}";
         int st;
         char *r = NULL;
         size_t rl;
-        TU_OK(srv_client_raw(c, "POST", "/v1/jobs", b, strlen(b), keys[i], 5, &st, &r, &rl));
-        srv_client_free(c);
+        TU_OK(client_raw(c, "POST", "/v1/jobs", b, strlen(b), keys[i], 5, &st, &r, &rl));
+        client_free(c);
         if (st != 400 || !strstr(r, "Idempotency-Key")) fail_msg("%s: got %d %s", keys[i], st, r);
         free(r);
     }

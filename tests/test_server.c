@@ -199,11 +199,11 @@ static void test_bad_requests(void **state)
     assert_int_equal(st, 200);
     json_decref(j);
     /* /metrics counts what happened, in Prometheus text. */
-    srv_client *c;
-    TU_OK(srv_client_new(F.url, NULL, &c));
+    client_conn *c;
+    TU_OK(client_new(F.url, NULL, &c));
     char *text;
     size_t tl;
-    TU_OK(srv_client_raw(c, "GET", "/metrics", NULL, 0, NULL, 5, &st, &text, &tl));
+    TU_OK(client_raw(c, "GET", "/metrics", NULL, 0, NULL, 5, &st, &text, &tl));
     assert_int_equal(st, 200);
     assert_non_null(strstr(text, "# TYPE shoal_jobs gauge"));
     assert_non_null(strstr(text, "shoal_nodes{state=\"alive\"} 2"));
@@ -218,7 +218,7 @@ static void test_bad_requests(void **state)
     assert_int_equal(metric(text, "shoal_sched_jobs"), live);
     assert_int_equal(metric(text, "shoal_sched_jobs_forgotten_total"), ended + 2);
     free(text);
-    srv_client_free(c);
+    client_free(c);
 }
 
 static void test_idempotent_submit(void **state)
@@ -245,24 +245,24 @@ static void test_idempotent_submit(void **state)
 /* The Idempotency-Key header, as a retrying client sends it. */
 static void test_idempotent_header(void **state)
 {
-    srv_client *c;
-    TU_OK(srv_client_new(F.url, TF_ALICE, &c));
+    client_conn *c;
+    TU_OK(client_new(F.url, TF_ALICE, &c));
     json_t *body = json_loads("{\"name\":\"hdr\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"]}", 0, NULL);
     int st;
     json_t *a, *b, *d;
-    TU_OK(srv_client_call(c, "POST", "/v1/jobs", body, "Idempotency-Key: h-1", 10, &st, &a));
+    TU_OK(client_call(c, "POST", "/v1/jobs", body, "Idempotency-Key: h-1", 10, &st, &a));
     assert_int_equal(st, 201);
-    TU_OK(srv_client_call(c, "POST", "/v1/jobs", body, "Idempotency-Key: h-1", 10, &st, &b));
+    TU_OK(client_call(c, "POST", "/v1/jobs", body, "Idempotency-Key: h-1", 10, &st, &b));
     assert_int_equal(st, 200);
     assert_true(json_is_true(json_object_get(b, "duplicate")));
     assert_int_equal(json_integer_value(json_object_get(a, "id")), json_integer_value(json_object_get(b, "id")));
     /* Another key is another job. */
-    TU_OK(srv_client_call(c, "POST", "/v1/jobs", body, "Idempotency-Key: h-2", 10, &st, &d));
+    TU_OK(client_call(c, "POST", "/v1/jobs", body, "Idempotency-Key: h-2", 10, &st, &d));
     assert_int_equal(st, 201);
     assert_int_not_equal(json_integer_value(json_object_get(a, "id")), json_integer_value(json_object_get(d, "id")));
     json_decref(tf_wait_job(&F, json_integer_value(json_object_get(a, "id")), "succeeded", 20));
     json_decref(a), json_decref(b), json_decref(d), json_decref(body);
-    srv_client_free(c);
+    client_free(c);
 }
 
 /* `shoal submit --idempotency-key`: a retry of the command prints the job

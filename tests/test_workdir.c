@@ -259,19 +259,19 @@ static int upload(int size, char fill, char *id)
     free(data);
     sh_buf b = {0};
     assert_int_equal(sh_tar_pack(d, 1 << 20, &b), 0);
-    srv_client *c;
-    assert_int_equal(srv_client_new(F.url, TF_ALICE, &c), 0);
+    client_conn *c;
+    assert_int_equal(client_new(F.url, TF_ALICE, &c), 0);
     int status = 0;
     char *reply = NULL;
     size_t len = 0;
-    assert_int_equal(srv_client_raw(c, "POST", "/v1/workdirs", (char *)b.data, b.len, NULL, 30, &status, &reply, &len), 0);
+    assert_int_equal(client_raw(c, "POST", "/v1/workdirs", (char *)b.data, b.len, NULL, 30, &status, &reply, &len), 0);
     json_t *j = json_loadb(reply, len, 0, NULL);
     if (status == 201) snprintf(id, 33, "%s", json_string_value(json_object_get(j, "workdir")));
     else snprintf(id, 33, "%s", "");
     if (status != 201 && status != 413 && status != 429) fail_msg("upload: HTTP %d: %s", status, reply);
     json_decref(j);
     free(reply);
-    srv_client_free(c);
+    client_free(c);
     sh_buf_free(&b);
     return status;
 }

@@ -70,7 +70,7 @@ int cli_cmd_service(int argc, char **argv)
         double until = sh_now_mono() + timeout;
         for (;;) {
             int status = 0;
-            rc = srv_client_call(x.c, "GET", path, NULL, NULL, 30, &status, &reply);
+            rc = client_call(x.c, "GET", path, NULL, NULL, 30, &status, &reply);
             if (rc < 0) {
                 rc = cli_fail(cmd, rc);
                 break;

@@ -58,7 +58,7 @@ static int upload_workdir(cli_ctl *x, const char *file, const char *dir, uint64_
     int status = 0;
     char *body = NULL;
     size_t len = 0;
-    rc = srv_client_raw(x->c, "POST", "/v1/workdirs", (const char *)tar.data, tar.len, NULL, 300, &status, &body, &len);
+    rc = client_raw(x->c, "POST", "/v1/workdirs", (const char *)tar.data, tar.len, NULL, 300, &status, &body, &len);
     sh_buf_free(&tar);
     if (rc < 0) return cli_fail("submit", rc);
     json_t *r = json_loadb(body, len, 0, NULL);

@@ -17,7 +17,7 @@ void cli_ctl_defaults(cli_ctl *x, const char *cmd)
 
 int cli_ctl_connect(cli_ctl *x)
 {
-    if (srv_client_new(x->server, x->token, &x->c) < 0) return cli_usage(x->cmd, "%s", sh_errmsg());
+    if (client_new(x->server, x->token, &x->c) < 0) return cli_usage(x->cmd, "%s", sh_errmsg());
     return 0;
 }
 
@@ -32,7 +32,7 @@ int cli_ctl_job_id(const char *cmd, int argc, char **argv, int64_t *id)
 
 void cli_ctl_free(cli_ctl *x)
 {
-    srv_client_free(x->c);
+    client_free(x->c);
     x->c = NULL;
 }
 
@@ -41,7 +41,7 @@ int cli_ctl_call(cli_ctl *x, const char *method, const char *path, const json_t 
 {
     int status = 0;
     *reply = NULL;
-    int rc = srv_client_call(x->c, method, path, body, extra_header, 30, &status, reply);
+    int rc = client_call(x->c, method, path, body, extra_header, 30, &status, reply);
     if (rc < 0) return cli_fail(x->cmd, rc);
     if (status >= 400) {
         const char *e = json_string_value(json_object_get(*reply, "error"));

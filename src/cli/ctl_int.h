@@ -12,7 +12,7 @@ typedef struct cli_ctl {
     const char *subject;
     const char *server, *token;
     int json;
-    srv_client *c;
+    client_conn *c;
 } cli_ctl;
 
 /* Fills x with the defaults: SHOAL_SERVER (else http://127.0.0.1:8470)

@@ -61,7 +61,7 @@ typedef void (*mj_say_fn)(void *arg, const char *line);
  * timeout_s.  Start with the struct zeroed but for its first four fields. */
 typedef struct mj_watch {
     const char *dir;
-    srv_client *client;
+    client_conn *client;
     mj_say_fn say;
     void *arg;
     size_t seen;  /* events said so far */

@@ -94,10 +94,10 @@ static int do_register(agent *a)
                           a->sandbox, "from_provider", a->cfg.from_provider);
     int status = 0;
     json_t *reply = NULL;
-    srv_client *join = NULL;
-    int rc = srv_client_new(a->cfg.server, a->cfg.token, &join);
-    if (rc == SH_OK) rc = srv_client_call(join, "POST", "/v1/agent/register", b, NULL, 10, &status, &reply);
-    srv_client_free(join);
+    client_conn *join = NULL;
+    int rc = client_new(a->cfg.server, a->cfg.token, &join);
+    if (rc == SH_OK) rc = client_call(join, "POST", "/v1/agent/register", b, NULL, 10, &status, &reply);
+    client_free(join);
     json_decref(b);
     if (rc == SH_OK && status != 200)
         rc = sh_err(status == 401 || status == 403 ? SH_EPERM : SH_EINVAL, "register node %s: HTTP %d: %s",
@@ -108,9 +108,9 @@ static int do_register(agent *a)
     /* Polls carry the node's own credential from now on (the join token
      * only registers). */
     if (rc == SH_OK) {
-        srv_client_free(a->cl);
+        client_free(a->cl);
         a->cl = NULL;
-        rc = srv_client_new(a->cfg.server, cred, &a->cl);
+        rc = client_new(a->cfg.server, cred, &a->cl);
     }
     /* Output goes with each poll, within half the server's largest request
      * body: a poll the server refuses as too large would be sent again and
@@ -322,7 +322,7 @@ static int poll_once(agent *a, int wait_ms)
                           "wait_ms", wait_ms, "members", mem, "logs", logs);
     int status = 0;
     json_t *reply = NULL;
-    int rc = srv_client_call(a->cl, "POST", "/v1/agent/poll", b, NULL, 10 + wait_ms / 1000.0, &status, &reply);
+    int rc = client_call(a->cl, "POST", "/v1/agent/poll", b, NULL, 10 + wait_ms / 1000.0, &status, &reply);
     json_decref(b);
     if (rc < 0) return rc;
     if (status == 404 || status == 410 || status == 401) {
@@ -403,7 +403,7 @@ int agent_run(const agent_config *cfg, volatile sig_atomic_t *stop)
     agent a = {0};
     int rc = setup(&a, cfg);
     if (rc < 0) {
-        srv_client_free(a.cl);
+        client_free(a.cl);
         return rc;
     }
     sh_info("agent %s: %d x %s, sandbox %s", a.cfg.name, a.gpus, a.gpu_type, a.sandbox);
@@ -469,6 +469,6 @@ int agent_run(const agent_config *cfg, volatile sig_atomic_t *stop)
     while (a.nm) forget(&a, a.nm - 1);
     reap_cleaners(&a, 1);
     free(a.m);
-    srv_client_free(a.cl);
+    client_free(a.cl);
     return rc == SH_EPERM || rc == SH_EINVAL ? rc : SH_OK;
 }

@@ -50,7 +50,7 @@ typedef struct agent_member {
 
 typedef struct agent {
     agent_config cfg;
-    srv_client *cl;
+    client_conn *cl;
     pid_t pid;
     int mode;       /* SB_* */
     char sandbox[160];

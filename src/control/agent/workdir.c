@@ -17,7 +17,7 @@ int agent__workdir(agent *a, agent_member *m, const json_t *d)
     int status = 0;
     char *body = NULL;
     size_t len = 0;
-    int rc = srv_client_raw(a->cl, "GET", path, NULL, 0, NULL, 120, &status, &body, &len);
+    int rc = client_raw(a->cl, "GET", path, NULL, 0, NULL, 120, &status, &body, &len);
     if (rc == SH_OK && status != 200) {
         json_t *e = json_loadb(body, len, 0, NULL);
         rc = sh_err(SH_EIO, "work dir of job %lld: HTTP %d from the server: %s", (long long)m->job, status,

@@ -21,7 +21,7 @@
 
 #define CL_MAX_URLS 8
 
-struct srv_client {
+struct client_conn {
     char host[256]; /* the server talked to now */
     char port[16];
     char url[300];
@@ -49,7 +49,7 @@ static int cl__parse(const char *url, size_t len, char host[256], char port[16])
 }
 
 /* Makes the client talk to host:port from its next request on. */
-static void cl__target(srv_client *c, const char *host, const char *port)
+static void cl__target(client_conn *c, const char *host, const char *port)
 {
     if (!strcmp(c->host, host) && !strcmp(c->port, port)) return;
     if (c->fd >= 0) close(c->fd);
@@ -59,9 +59,9 @@ static void cl__target(srv_client *c, const char *host, const char *port)
     snprintf(c->url, sizeof c->url, "http://%s:%s", c->host, c->port);
 }
 
-int srv_client_new(const char *url, const char *token, srv_client **out)
+int client_new(const char *url, const char *token, client_conn **out)
 {
-    srv_client *c = calloc(1, sizeof *c);
+    client_conn *c = calloc(1, sizeof *c);
     if (!c) return sh_err(SH_ENOMEM, "client for %s", url);
     c->fd = -1;
     for (const char *p = url; *p;) {
@@ -89,7 +89,7 @@ int srv_client_new(const char *url, const char *token, srv_client **out)
     return SH_OK;
 }
 
-void srv_client_free(srv_client *c)
+void client_free(client_conn *c)
 {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
@@ -97,7 +97,7 @@ void srv_client_free(srv_client *c)
     free(c);
 }
 
-static int cl__connect(srv_client *c)
+static int cl__connect(client_conn *c)
 {
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_family = AF_UNSPEC;
@@ -125,7 +125,7 @@ static int cl__connect(srv_client *c)
 
 /* Reads into b until `want` total bytes or the deadline; returns bytes read
  * in this call, 0 on EOF, or a negative code. */
-static int cl__read_some(srv_client *c, sh_buf *b, double deadline)
+static int cl__read_some(client_conn *c, sh_buf *b, double deadline)
 {
     double left = deadline - sh_now_mono();
     if (left <= 0) return sh_err(SH_ETIMEDOUT, "%s: no reply in time", c->url);
@@ -143,7 +143,7 @@ static int cl__read_some(srv_client *c, sh_buf *b, double deadline)
 
 /* Parses the head of a reply once it is complete; returns the offset of the
  * body, 0 while incomplete, or a negative code. */
-static long cl__head(srv_client *c, const sh_buf *b, int *status, long *clen, int *close_after)
+static long cl__head(client_conn *c, const sh_buf *b, int *status, long *clen, int *close_after)
 {
     const char *end = strstr((const char *)b->data, "\r\n\r\n");
     if (!end) return 0;
@@ -160,7 +160,7 @@ static long cl__head(srv_client *c, const sh_buf *b, int *status, long *clen, in
     return (long)(end + 4 - (const char *)b->data);
 }
 
-static int cl__once(srv_client *c, const sh_buf *req, double deadline, int *status, char **reply,
+static int cl__once(client_conn *c, const sh_buf *req, double deadline, int *status, char **reply,
                     size_t *reply_len)
 {
     if (c->fd < 0) SH_TRY(cl__connect(c));
@@ -197,7 +197,7 @@ static int cl__once(srv_client *c, const sh_buf *req, double deadline, int *stat
     return SH_OK;
 }
 
-static int cl__raw1(srv_client *c, const char *method, const char *path, const char *body, size_t body_len,
+static int cl__raw1(client_conn *c, const char *method, const char *path, const char *body, size_t body_len,
                    const char *extra_header, double deadline, int *status, char **reply, size_t *reply_len,
                    int *sent)
 {
@@ -237,7 +237,7 @@ static int cl__raw1(srv_client *c, const char *method, const char *path, const c
     return rc;
 }
 
-int srv_client_call(srv_client *c, const char *method, const char *path, const json_t *body,
+int client_call(client_conn *c, const char *method, const char *path, const json_t *body,
                     const char *extra_header, double timeout_s, int *status, json_t **reply)
 {
     char *text = NULL;
@@ -245,7 +245,7 @@ int srv_client_call(srv_client *c, const char *method, const char *path, const j
         return sh_err(SH_ENOMEM, "%s %s: cannot serialise the request", method, path);
     char *r = NULL;
     size_t rlen = 0;
-    int rc = srv_client_raw(c, method, path, text, text ? strlen(text) : 0, extra_header, timeout_s,
+    int rc = client_raw(c, method, path, text, text ? strlen(text) : 0, extra_header, timeout_s,
                             status, &r, &rlen);
     free(text);
     if (rc < 0) return rc;
@@ -273,7 +273,7 @@ static int cl__standby(const char *reply, size_t len, char host[256], char port[
  * reached a server which then vanished is re-sent only when that is safe:
  * a GET, an agent's poll (declarative), or a request with an
  * Idempotency-Key. */
-int srv_client_raw(srv_client *c, const char *method, const char *path, const char *body,
+int client_raw(client_conn *c, const char *method, const char *path, const char *body,
                    size_t body_len, const char *extra_header, double timeout_s, int *status,
                    char **reply, size_t *reply_len)
 {

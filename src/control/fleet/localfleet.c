@@ -187,14 +187,14 @@ static pid_t spawn_agent(const fleet *f, const sh_fleet_node *n, int log)
  * are or `limit` seconds passed; -1 when the server could not be asked. */
 static int wait_registered(const fleet *f, double limit)
 {
-    srv_client *c;
+    client_conn *c;
     const char *admin = fleet_token(f, "admin");
-    if (!admin || srv_client_new(f->url, admin, &c) < 0) return -1;
+    if (!admin || client_new(f->url, admin, &c) < 0) return -1;
     int alive = -1, n = (int)f->ff.n;
     for (double end = sh_now_mono() + limit; alive < n && sh_now_mono() < end;) {
         int st;
         json_t *j = NULL;
-        if (srv_client_call(c, "GET", "/v1/nodes", NULL, NULL, 5.0, &st, &j) == 0 && st == 200) {
+        if (client_call(c, "GET", "/v1/nodes", NULL, NULL, 5.0, &st, &j) == 0 && st == 200) {
             json_t *v;
             size_t i;
             alive = 0;
@@ -206,7 +206,7 @@ static int wait_registered(const fleet *f, double limit)
         json_decref(j);
         if (alive < n) sh_sleep(0.1);
     }
-    srv_client_free(c);
+    client_free(c);
     return alive;
 }
 

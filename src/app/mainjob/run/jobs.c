@@ -89,10 +89,10 @@ int mj_run_jobs(const mj_run_paths *p, json_t *jobs[MJ_NJOBS])
     return rc;
 }
 
-int mj_run_submit(srv_client *c, const json_t *job, int64_t *id)
+int mj_run_submit(client_conn *c, const json_t *job, int64_t *id)
 {
     json_t *reply = NULL;
-    int status = 0, rc = srv_client_call(c, "POST", "/v1/jobs", job, NULL, 30, &status, &reply);
+    int status = 0, rc = client_call(c, "POST", "/v1/jobs", job, NULL, 30, &status, &reply);
     const char *name = json_string_value(json_object_get(job, "name"));
     if (!rc && (status != 200 && status != 201))
         rc = sh_err(SH_EIO, "main job: submitting %s: %s (HTTP %d)", name,
@@ -103,13 +103,13 @@ int mj_run_submit(srv_client *c, const json_t *job, int64_t *id)
 }
 
 /* The last `keep` lines of rank r's log, each said with an indent. */
-static void say_tail(srv_client *c, int64_t id, int r, int keep, mj_say_fn say, void *arg)
+static void say_tail(client_conn *c, int64_t id, int r, int keep, mj_say_fn say, void *arg)
 {
     char path[128], line[640];
     snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=%d&offset=0", (long long)id, r);
     json_t *reply = NULL;
     int status = 0;
-    if (srv_client_call(c, "GET", path, NULL, NULL, 10, &status, &reply) < 0 || status != 200) {
+    if (client_call(c, "GET", path, NULL, NULL, 10, &status, &reply) < 0 || status != 200) {
         json_decref(reply);
         return;
     }
@@ -126,13 +126,13 @@ static void say_tail(srv_client *c, int64_t id, int r, int keep, mj_say_fn say, 
     json_decref(reply);
 }
 
-int mj_run_check(srv_client *c, int64_t id, mj_say_fn say, void *arg)
+int mj_run_check(client_conn *c, int64_t id, mj_say_fn say, void *arg)
 {
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
     json_t *j = NULL;
     int status = 0;
-    if (srv_client_call(c, "GET", path, NULL, NULL, 10, &status, &j) < 0 || status != 200) {
+    if (client_call(c, "GET", path, NULL, NULL, 10, &status, &j) < 0 || status != 200) {
         json_decref(j);
         return 0; /* asked again in a second */
     }
@@ -160,23 +160,23 @@ int mj_run_check(srv_client *c, int64_t id, mj_say_fn say, void *arg)
     return rc;
 }
 
-void mj_run_cancel(srv_client *c, int64_t id)
+void mj_run_cancel(client_conn *c, int64_t id)
 {
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)id);
     json_t *reply = NULL;
     int status;
-    srv_client_call(c, "POST", path, NULL, NULL, 10, &status, &reply);
+    client_call(c, "POST", path, NULL, NULL, 10, &status, &reply);
     json_decref(reply);
 }
 
-void mj_run_save(srv_client *c, const char *path, const char *dir, const char *name)
+void mj_run_save(client_conn *c, const char *path, const char *dir, const char *name)
 {
     json_t *reply = NULL;
     int status = 0;
     char p[4300];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    if (srv_client_call(c, "GET", path, NULL, NULL, 10, &status, &reply) == 0 && status == 200 &&
+    if (client_call(c, "GET", path, NULL, NULL, 10, &status, &reply) == 0 && status == 200 &&
         sh_json_write_atomic(p, reply) < 0)
         sh_warn("%s", sh_errmsg());
     json_decref(reply);

@@ -119,7 +119,7 @@ static int start_fleet(const mj_run_opts *o, const mj_run_paths *p, fleet **f)
 
 /* Watches the training until its result: progress and billing each
  * second, and each job's state (a failed one ends the run). */
-static int watch(const mj_run_opts *o, srv_client *c, const int64_t *ids)
+static int watch(const mj_run_opts *o, client_conn *c, const int64_t *ids)
 {
     mj_watch w = {o->dir, c, o->say, o->arg};
     double end = sh_now_mono() + (o->timeout_s > 0 ? o->timeout_s : 900);
@@ -144,11 +144,11 @@ static int watch(const mj_run_opts *o, srv_client *c, const int64_t *ids)
 static int train(const mj_run_opts *o, const mj_run_paths *p)
 {
     fleet *f = NULL;
-    srv_client *c = NULL;
+    client_conn *c = NULL;
     json_t *jobs[MJ_NJOBS] = {0};
     int64_t ids[MJ_NJOBS] = {-1, -1, -1};
     int rc = start_fleet(o, p, &f);
-    if (!rc) rc = srv_client_new(fleet_url(f), fleet_token(f, "default"), &c);
+    if (!rc) rc = client_new(fleet_url(f), fleet_token(f, "default"), &c);
     if (!rc) rc = mj_run_jobs(p, jobs);
     for (int i = 0; !rc && i < MJ_NJOBS; i++)
         if (jobs[i]) rc = mj_run_submit(c, jobs[i], &ids[i]);
@@ -164,7 +164,7 @@ static int train(const mj_run_opts *o, const mj_run_paths *p)
     }
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", sh_errmsg());
-    srv_client_free(c);
+    client_free(c);
     fleet_stop(f); /* its agents end their ranks */
     for (int i = 0; i < MJ_NJOBS; i++) json_decref(jobs[i]);
     if (rc) sh_err(rc, "%s", msg);

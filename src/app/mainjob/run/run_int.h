@@ -31,15 +31,15 @@ typedef struct mj_run_paths {
  * caller owns them. */
 int mj_run_jobs(const mj_run_paths *p, json_t *jobs[MJ_NJOBS]);
 /* POST /v1/jobs: *id. */
-int mj_run_submit(srv_client *c, const json_t *job, int64_t *id);
+int mj_run_submit(client_conn *c, const json_t *job, int64_t *id);
 /* 0 while job id runs or queues; an error naming the job, its state and
  * reason when it failed or was cancelled, after saying the last lines of
  * each rank that failed. */
-int mj_run_check(srv_client *c, int64_t id, mj_say_fn say, void *arg);
+int mj_run_check(client_conn *c, int64_t id, mj_say_fn say, void *arg);
 /* Asks the server to cancel job id (best effort). */
-void mj_run_cancel(srv_client *c, int64_t id);
+void mj_run_cancel(client_conn *c, int64_t id);
 /* GET path, written as RUN/name (best effort: a record of the run). */
-void mj_run_save(srv_client *c, const char *path, const char *dir, const char *name);
+void mj_run_save(client_conn *c, const char *path, const char *dir, const char *name);
 
 #ifdef __cplusplus
 }

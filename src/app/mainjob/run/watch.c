@@ -15,7 +15,7 @@ static void sample_cost(mj_watch *w)
 {
     json_t *reply = NULL;
     int status = 0;
-    if (!w->client || srv_client_call(w->client, "GET", "/v1/costs", NULL, NULL, 5, &status, &reply) < 0 || !reply ||
+    if (!w->client || client_call(w->client, "GET", "/v1/costs", NULL, NULL, 5, &status, &reply) < 0 || !reply ||
         status != 200) {
         json_decref(reply);
         return;
