@@ -126,12 +126,15 @@ static bcast__obj *squash_obj(bcast_node *n, uint64_t from, const char *path)
 static bcast__obj *planned(bcast_node *n, bcast__peer *p, int below_anchor)
 {
     if (!n->cfg.squash || n->cfg.nparents > 0 || n->have <= p->have) return NULL;
-    if (n->have < p->have + 2 && !(below_anchor && p->have > 0)) return NULL;
+    /* Below the anchor, a child that holds a version may get one delta
+     * across it; above it, one squashed delta over two versions or more. */
+    if (below_anchor ? p->have == 0 : n->have < p->have + 2) return NULL;
     for (bcast__obj *o = n->squashes; o; o = o->next)
         if (o->base == p->have && o->version == n->have) return o;
-    if (p->plan_for == n->have) return NULL; /* asked: the chain */
+    if (p->plan_for == n->have && p->plan_from == p->have) return NULL; /* asked: the chain */
     char path[4096];
     p->plan_for = n->have;
+    p->plan_from = p->have;
     p->squash = n->cfg.squash(n->cfg.arg, p->have, n->have, path, sizeof path);
     sh_info("push %s: child %s from v%llu to v%llu: %s", n->name, p->name, (unsigned long long)p->have,
             (unsigned long long)n->have, p->squash ? "a squashed delta" : "the chain of deltas");

@@ -28,6 +28,7 @@ typedef struct bcast__peer {
     char name[BCAST__NAME], zone[BCAST__ZONE], addr[BCAST__ADDR];
     uint64_t have; /* the version the child holds once what was posted lands */
     uint64_t plan_for; /* root: n->have when this child's plan was last asked (0: never) */
+    uint64_t plan_from; /* root: and the child's have then */
     int squash;        /* that answer: 1 for a squashed delta */
     bcast__obj *cur;
     uint32_t next;
