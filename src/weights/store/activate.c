@@ -47,8 +47,18 @@ static void retire(store_replica *r, model *old)
 {
     pthread_mutex_lock(&r->mu);
     model *was = r->prev;
+    /* Only its file is kept: with no lease on it (none can start now that
+     * it is not active), its mapping goes, so that the replica maps the
+     * active version and the one being built, nothing else. */
+    int unleased = old && old->refs == 1;
     r->prev = old;
     pthread_mutex_unlock(&r->mu);
+    if (unleased) {
+        ckpt_close(old->ck);
+        old->ck = NULL;
+        if (old->map) munmap(old->map, old->size);
+        old->map = NULL;
+    }
     store__model_unref(r, was);
 }
 
