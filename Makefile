@@ -56,7 +56,7 @@ LIBFLAGS  := -fPIC -fvisibility=hidden
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 
-.PHONY: all deps test test-opt test-asan run bench fuzz clean install mutants mutants-gen
+.PHONY: all deps test test-opt test-asan run run-torch bench fuzz clean install mutants mutants-gen
 all: $(BUILD)/shoal $(BUILD)/shoal-core $(BUILD)/libshoal.a $(BUILD)/$(SONAME) $(BUILD)/shoal.1
 
 deps:
@@ -145,6 +145,12 @@ test-asan: $(ASAN)/shoal $(ATESTS)
 run: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@$(BUILD)/shoal run $(RUN_ARGS)
+
+# Asynchronous GRPO in PyTorch on a local fleet (examples/torch-rl/run.py;
+# Debian's python3-torch is /usr/bin/python3's).
+run-torch: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) all
+	@/usr/bin/python3 examples/torch-rl/run.py $(RUN_ARGS)
 
 bench: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all

@@ -76,21 +76,21 @@ LAYERS = {
     # decisions carried out -> provider -> state (the only code that changes
     # the model) -> seam (tells the core) -> db (stores rows) -> base.
     'server': [
-        ('base', {'srv_check.c', 'srv_model.c', 'hist.c'}),   # checks, the model's tables and lookups
+        ('base', {'srv_int.h', 'srv_check.c', 'srv_model.c', 'hist.c'}),   # the model's types, checks, lookups
         ('db', {'db_int.h', 'db.c', 'db_pg.c', 'db_sqlite.c', 'leader.c'}),
-        ('seam', {'seam.c'}),
-        ('state', {'state.c'}),
-        ('provider', {'provider.c'}),
-        ('carry', {'carry.c'}),
-        ('files', {'logfile.c', 'runs.c', 'uploads.c'}),       # rank logs, runs, work-dir archives
-        ('handlers', {'api.c', 'agentapi.c', 'metrics.c'}),
-        ('loop', {'loop.c'}),
+        ('seam', {'seam_int.h', 'seam.c'}),
+        ('state', {'state_int.h', 'state.c'}),
+        ('provider', {'provider_int.h', 'provider.c'}),
+        ('carry', {'carry_int.h', 'carry.c'}),
+        ('files', {'files_int.h', 'logfile.c', 'runs.c', 'uploads.c'}),       # rank logs, runs, work-dir archives
+        ('handlers', {'handlers_int.h', 'api.c', 'agentapi.c', 'metrics.c'}),
+        ('loop', {'loop_int.h', 'loop.c'}),
         ('http', {'http.c'}),
     ],
 }
 # Headers of a component with LAYERS that every layer includes, in no layer:
 # their declarations are not calls (the layers are checked at the .c files).
-SHARED = {'server': {'srv_int.h'}}
+SHARED = {}
 HEADER_COMP = {'common': 'common', 'fleetfile': 'common', 'sched': 'sched', 'sim': 'sim',
                'server': 'server', 'client': 'client', 'agent': 'agent', 'ckpt': 'ckpt', 'delta': 'delta',
                'store': 'store', 'bcast': 'push', 'nn': 'nn', 'rl': 'rl', 'net': 'net', 'fleet': 'fleet'}
@@ -121,9 +121,11 @@ def strip_comments(text):
 DEF_RE = re.compile(r'^[A-Za-z_][\w \*]*?\b([a-z_][a-z0-9_]*)\s*\([^;{]*\)\s*\{', re.M)
 
 
-def layer_findings(comp, texts):
+def layer_findings(comp, texts, raws=None):
     """Calls and includes against LAYERS[comp]; texts: base name -> code
-    without comments."""
+    without comments (strings emptied); raws: the same files as written,
+    where the includes are read (texts when None)."""
+    raws = raws or texts
     rank = {}
     for i, (_, names) in enumerate(LAYERS[comp]):
         for n in names:
@@ -143,10 +145,10 @@ def layer_findings(comp, texts):
         if f not in rank:
             out.append(f'{comp}: {f} is in no layer of LAYERS[{comp!r}]')
             continue
-        for m in re.finditer(r'^\s*#\s*include\s+"(?:[\w/]*/)?([\w]+\.h)"', code, re.M):
+        for m in re.finditer(r'^\s*#\s*include\s+"(?:[\w/]*/)?([\w]+\.h)"', raws[f], re.M):
             h = m.group(1)
             if h in rank and rank[h] > rank[f]:
-                line = code[:m.start()].count('\n') + 1
+                line = raws[f][:m.start()].count('\n') + 1
                 out.append(f'{comp}/{f}:{line}: includes {h}: the {name_of(rank[f])} layer may not use '
                            f'the {name_of(rank[h])} layer above it')
         for m in re.finditer(r'\b([a-z_][a-z0-9_]*)\s*\(', code):
@@ -163,11 +165,41 @@ def selftest():
     """The layer check must catch a planted upward call and include."""
     texts = {'model.c': '#include "cycle_int.h"\nint f(void)\n{\n    return sched__step_x(1);\n}\n',
              'cycle.c': 'int sched__step_x(int a)\n{\n    return f();\n}\n'}
-    got = layer_findings('sched', texts)
+    got = layer_findings('sched', {f: strip_comments(t) for f, t in texts.items()}, texts)
     want = ['calls sched__step_x', 'includes cycle_int.h']
     missed = [w for w in want if not any(w in g for g in got)]
     ok = not missed and not any('cycle.c' in g.split(':')[0] for g in got)
-    return [] if ok else [f'self-test: the layer check missed {missed or "nothing"} or blamed cycle.c: {got}']
+    out = [] if ok else [f'self-test: the layer check missed {missed or "nothing"} or blamed cycle.c: {got}']
+    body = 'static int f(int a,\n                int b)\n{\n' + '    a++;\n' * 58 + '    return a;\n}\n'
+    if len(long_functions('x.c', body, 60)) != 1 or long_functions('x.c', body, 63):
+        out.append('self-test: the length check does not count a 63-line function')
+    return out
+
+
+# The command line parses, calls the library and prints (docs/architecture.md):
+# no function of src/cli is longer than this many lines, signature to brace.
+CLI_MAX_LINES = 60
+
+
+def long_functions(path, text, limit):
+    """Functions of text longer than limit lines: 'path:line: name is N lines'.
+    A function starts at a line that begins a definition at column 0 and
+    ends at the first '}' at column 0 after it."""
+    out, start, name = [], None, None
+    lines = text.split('\n')
+    for n, line in enumerate(lines, 1):
+        m = re.match(r'[A-Za-z_][\w \*]*?\b([a-z_][a-z0-9_]*)\s*\(', line)
+        if start is None and m and not line.rstrip().endswith(';') and not line.startswith(('typedef', 'return')):
+            # a definition: its body opens before the next ';'
+            rest = '\n'.join(lines[n - 1:n + 8])
+            if rest.find('{') != -1 and (rest.find(';') == -1 or rest.find('{') < rest.find(';')):
+                start, name = n, m.group(1)
+        elif start is not None and line.startswith('}'):
+            if n - start + 1 > limit:
+                out.append(f'{path}:{start}: {name} is {n - start + 1} lines (src/cli: at most {limit}; '
+                           f'move parsing, work and printing into functions of their own)')
+            start = None
+    return out
 
 
 def main():
@@ -260,9 +292,12 @@ def main():
                 if not any(s <= k for k in known):
                     bad.append(f'{comp}: the files {" ".join(sorted(s))} call each other in a circle')
     for comp in LAYERS:
-        ctexts = {os.path.basename(f): texts[f][1] for f in files
-                  if f.startswith('src/') and component(f) == comp}
-        bad += layer_findings(comp, ctexts)
+        cfiles = [f for f in files if f.startswith('src/') and component(f) == comp]
+        bad += layer_findings(comp, {os.path.basename(f): texts[f][1] for f in cfiles},
+                              {os.path.basename(f): texts[f][0] for f in cfiles})
+    for f in files:
+        if f.startswith('src/cli/') and f.endswith('.c'):
+            bad += long_functions(f, texts[f][1], CLI_MAX_LINES)
     bad += selftest()
     for line in bad:
         print('check-layers: ' + line)

@@ -702,6 +702,9 @@ def main():
     ap.add_argument("--work", default=WORK, help="folder for the private trees and logs (default build/mutgen)")
     ap.add_argument("--time-budget", type=float, default=0,
                     help="stop starting new mutants after this many seconds (the rest are reported NOTRUN)")
+    ap.add_argument("--resume", metavar="JSON",
+                    help="take the results a run wrote with --json here for its mutants instead of running them "
+                         "again, and write the whole run back to it (a sample finished over several runs)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="judge the results of earlier runs (--json files; a later file's result for a mutant "
                          "replaces an earlier one's) against the current equivalents list, and report")
@@ -758,6 +761,24 @@ def main():
             print(f"{m['id']:50} {m['fn']:28} {m['before'][:60]!r} -> {m['after'][:60]!r}")
         print(f"{len(chosen)} of {len(allm)} mutants")
         return 0
+    prior = []
+    if a.resume:
+        a.json = a.json or a.resume
+        done = {}
+        if os.path.exists(a.resume):
+            for r in json.load(open(a.resume)):
+                if r["result"] != "NOTRUN":
+                    done[key_of(r["id"])] = r
+        for m in chosen:
+            r = done.get(key_of(m["id"]))
+            if r:
+                res, why = r["result"], r["why"]
+                if res in ("SURVIVED", "EQUIVALENT", "GAP"):  # judged by today's list
+                    k = key_of(m["id"])
+                    res, why = judge(equiv[k]) if k in equiv else ("SURVIVED", "every mapped test passed")
+                prior.append((m, res, why, r["seconds"]))
+        chosen = [m for m in chosen if key_of(m["id"]) not in done]
+        print(f"mutgen: {len(prior)} mutants of the sample taken from {a.resume}", flush=True)
     a.work = os.path.abspath(a.work)
     logdir = os.path.join(a.work, "log")
     shutil.rmtree(logdir, ignore_errors=True)
@@ -779,7 +800,7 @@ def main():
             return m, "NOTRUN", "past the time budget", 0.0
         return (m,) + runner.one(m)
 
-    results = []
+    results = list(prior)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as ex:
         futs = [ex.submit(task, m) for m in chosen]
         try:

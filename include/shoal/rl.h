@@ -451,6 +451,89 @@ typedef struct rl_weights_source {
 void rl_worker_serve_from(const rl_config *c, const rl_worker_spec *me, int fd,
                           const rl_weights_source *src) __attribute__((noreturn));
 
+/* ---- The protocol for programs outside shoal (src/rl/engine/link.c) -------
+ * A trainer that is not rl_run, or a worker that is not rl_worker_serve,
+ * speaking docs/rl-protocol.md over TCP: python/shoal/rl.py's Trainer and
+ * Worker (ctypes) drive these.  The trainer's end runs the C runtime's
+ * checks (trajcheck.c) on every message and drops a worker that fails them.
+ * One object per end, used from one thread at a time; calls return 0 or a
+ * count, or a negative SH_E* code with sh_errmsg() set. */
+typedef struct rl_link rl_link;
+
+/* The trainer's end: listens on hostport ("127.0.0.1:0" picks a port).
+ * secret_hex: the run's secret, 32 hex digits ("" none, NULL:
+ * SHOAL_RUN_SECRET); a worker's HELLO must prove it.  Group g's problem is
+ * drawn from (seed, task, g) alone, as rl_run's are; group: trajectories
+ * per prompt; max_new: response tokens; max_len: the context (<= 32);
+ * max_lag: a group whose first token is more than max_lag versions older
+ * than the trainer's is dropped and asked for again. */
+int rl_link_listen(const char *hostport, const char *secret_hex, int task, uint64_t seed, int group,
+                   int max_new, int max_len, int max_lag, rl_link **out);
+/* "host:port" it listens on, or the trainer's a worker connected to. */
+const char *rl_link_addr(const rl_link *l);
+/* The newest version the trainer has published (answers may be no newer;
+ * staleness is counted against it).  Versions only grow. */
+int rl_link_set_version(rl_link *l, int version);
+/* Asks for the next nprompts groups with at least min_version (exact = 0)
+ * or exactly it (exact = 1: every token sampled by it; a worker holding
+ * another refuses).  Returns the first group's number.  The request goes
+ * to the least busy worker (up to 4 each) once one is connected; one lost
+ * with a worker, refused, or stale is asked for again first, except a
+ * refused exact one (weights never go back): stats list it in
+ * refused_exact. */
+int rl_link_ask(rl_link *l, int nprompts, int min_version, int exact);
+/* Serves the workers for up to timeout_s: accepts, checks and answers;
+ * returns as soon as whole groups of checked trajectories are in, copying
+ * up to cap (>= group) rl_traj records into out (rl_traj.worker: the
+ * worker's slot); 0 when none came in time. */
+int rl_link_poll(rl_link *l, double timeout_s, void *out, int cap);
+/* Workers connected and past their HELLO. */
+int rl_link_workers(const rl_link *l);
+/* STOP (naming final_version) to every worker, then up to drain_s for their
+ * BYEs; the connections are closed. */
+int rl_link_stop(rl_link *l, int final_version, double drain_s);
+/* Counters (trajectories, dropped_stale, dropped_dead, refused_requests,
+ * workers_dropped_for_violations, staleness_hist[s]: trajectories handed
+ * out s versions old, ...) and one entry per worker (dropped_for: why it
+ * was dropped; final: its BYE), as JSON text (*out: free with sh_free). */
+int rl_link_stats_json(const rl_link *l, char **out);
+void rl_link_close(rl_link *l);
+
+/* A worker's end: connects to the trainer at hostport and says HELLO as
+ * `name` (1..15 printable characters); push = 1: its weights come by the
+ * push tree (no WEIGHTS on this link). */
+int rl_link_connect(const char *hostport, const char *secret_hex, const char *name, int push, rl_link **out);
+/* Waits up to timeout_s for the trainer's next message: 0 (none), or its
+ * type with info (cap >= 8 + prompts) filled: RL_MSG_REQUEST (2): info =
+ * {min_version, exact, nprompts, group, group0, seed, 0, 0, problem ids...};
+ * RL_MSG_STOP (4): {final version}; RL_MSG_WEIGHTS (1, direct transport,
+ * applied: rl_link_image): {version}.  The trainer hanging up is SH_ENOENT. */
+int rl_link_next(rl_link *l, double timeout_s, int64_t *info, int cap);
+/* Answers the oldest unanswered request with n = nprompts * group rl_traj
+ * records, or refuses it holding `version` (-1: none). */
+int rl_link_send(rl_link *l, const void *trajs, int n);
+int rl_link_refuse(rl_link *l, int version);
+/* Answers STOP: the version held and the xxh3-128 of its image (NULL: the
+ * direct transport's image). */
+int rl_link_bye(rl_link *l, int version, const void *image, size_t len);
+/* Direct transport: the image held (safetensors); returns its version. */
+int rl_link_image(const rl_link *l, const void **data, size_t *len);
+
+/* The tasks with plain arguments.  rl_task_prompt: problem id's prompt
+ * (ends in '=') into buf; returns 1 for a held-out problem, else 0.
+ * rl_task_draw: a training (held_out 0) or held-out problem's id from *rng.
+ * rl_task_reward: the reward of response tokens resp[0..n) (up to EOS;
+ * none: unterminated) on the problem's hidden tests. */
+const char *rl_alphabet(void);
+int rl_task_prompt(int task, uint64_t id, char *buf, size_t cap);
+/* A demonstration (reference solution) of problem id, for warm starts. */
+int rl_task_answer(int task, uint64_t id, char *buf, size_t cap);
+uint64_t rl_task_draw(int task, int held_out, uint64_t *rng);
+int rl_task_eval_ids(int task, int n, uint64_t *ids);
+int rl_task_reward(int task, uint64_t id, const int32_t *resp, int n, float *reward);
+/* sizeof(rl_traj): 296 (docs/rl-protocol.md gives its layout). */
+size_t rl_traj_sizeof(void);
+
 #ifdef __cplusplus
 }
 #endif

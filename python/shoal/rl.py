@@ -8,6 +8,10 @@ policy version that sampled a token, perhaps several versions old;
 (AReaL's proximal policy, recomputed by the trainer); and ``logp`` (pi),
 the weights being optimised, the only input that carries a gradient.
 
+The trainer and rollout workers that move requests and trajectories on
+shoal's protocol (``Trainer``, ``Worker``, ``Task``) are in rl_proto.py and
+importable from here; docs/python-rl.md describes both halves.
+
     loss, stats = shoal.rl.policy_loss(logp, old_logp, behav_logp, adv, kind="decoupled")
     loss.backward()
 
@@ -29,9 +33,12 @@ implementation's (tests/python/test_rl_loss.py checks them against
 reference, this is the same arithmetic in float64.
 """
 
+from .rl_proto import ALPHABET, BOS, EOS, Request, Task, Traj, Trainer, Worker, decode, encode
+
 KINDS = ("pg", "ppo", "tis", "mis", "decoupled", "naive")
 
-__all__ = ["KINDS", "policy_loss", "grpo_advantages"]
+__all__ = ["KINDS", "policy_loss", "grpo_advantages", "Trainer", "Worker", "Task", "Request", "Traj",
+           "ALPHABET", "BOS", "EOS", "encode", "decode"]
 
 
 def _ppo_term(torch, logp, base, adv, eps, w):

@@ -101,94 +101,127 @@ static int page(cli_ctl *x, int64_t id, int rank, rank_log *r, int all, size_t *
 
 static json_t *text(const sh_buf *b) { return json_stringn(b->data ? (char *)b->data : "", b->len); }
 
-int cli_cmd_logs(int argc, char **argv)
+/* One `shoal logs`: what was asked and what each rank's log gave. */
+typedef struct logs_run {
+    cli_ctl x;
+    int64_t id, rank;
+    int follow, all, raw, nranks;
+    rank_log *logs;
+} logs_run;
+
+/* Parses the options and the job id into L: -1, or the status to exit with. */
+static int parse(logs_run *L, int argc, char **argv)
 {
     static const struct option opts[] = {{"rank", required_argument, 0, 'r'}, {"follow", no_argument, 0, 'f'},
                                          {"raw", no_argument, 0, 'R'}, {0}};
-    cli_ctl x;
-    cli_ctl_defaults(&x, "logs");
-    cli_args a = {"logs", usage, opts, &x, NULL, "f"}; /* -f, as tail spells it */
-    int64_t id = -1, rank = 0;
-    int follow = 0, all = 0, raw = 0;
+    cli_ctl_defaults(&L->x, "logs");
+    cli_args a = {"logs", usage, opts, &L->x, NULL, "f"}; /* -f, as tail spells it */
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
-        if (c == 'f') follow = 1;
-        else if (c == 'R') raw = 1;
+        if (c == 'f') L->follow = 1;
+        else if (c == 'R') L->raw = 1;
         else if (c != 'r') return a.rc;
-        else if (!strcmp(optarg, "all")) all = 1;
-        else if (sh_parse_i64(optarg, &rank, "--rank") < 0 || rank < 0)
+        else if (!strcmp(optarg, "all")) L->all = 1;
+        else if (sh_parse_i64(optarg, &L->rank, "--rank") < 0 || L->rank < 0)
             return cli_usage("logs", "--rank: expected a rank number or \"all\", got \"%s\"", optarg);
     }
-    int rc = cli_ctl_job_id("logs", argc, argv, &id);
-    if (rc) return rc;
-    rc = cli_ctl_connect(&x);
-    if (rc) return rc;
-    escape = !raw && isatty(STDOUT_FILENO);
-    write_failed = 0;
-    json_t *job = NULL;
-    char path[64];
-    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
-    /* The ranks a job can have: a gang's nodes, an elastic job's max_nodes. */
-    int nranks = 1;
-    if (all) {
-        if ((rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &job))) return cli_ctl_free(&x), rc;
-        nranks = (int)json_integer_value(json_object_get(job, "nodes"));
-        if (nranks < 1 || nranks > 64) nranks = 1;
+    int rc = cli_ctl_job_id("logs", argc, argv, &L->id);
+    return rc ? rc : -1;
+}
+
+static void job_path(const logs_run *L, char *path, size_t n) { snprintf(path, n, "/v1/jobs/%lld", (long long)L->id); }
+
+/* The ranks a job can have: a gang's nodes, an elastic job's max_nodes. */
+static int count_ranks(logs_run *L)
+{
+    L->nranks = 1;
+    if (L->all) {
+        char path[64];
+        json_t *job;
+        job_path(L, path, sizeof path);
+        int rc = cli_ctl_call(&L->x, "GET", path, NULL, NULL, &job);
+        if (rc) return rc;
+        L->nranks = (int)json_integer_value(json_object_get(job, "nodes"));
+        if (L->nranks < 1 || L->nranks > 64) L->nranks = 1;
         json_decref(job);
-        job = NULL;
     }
-    rank_log *logs = calloc((size_t)nranks, sizeof *logs);
-    if (!logs) return cli_ctl_free(&x), cli_fail("logs", SH_ENOMEM);
-    int done = 0;
-    /* Each rank is read until a page comes back empty (a page holds at most
-     * 1 MiB); with --follow, rounds go on until the job has ended and a
-     * round after that found nothing new. */
+    L->logs = calloc((size_t)L->nranks, sizeof *L->logs);
+    return L->logs ? 0 : cli_fail("logs", SH_ENOMEM);
+}
+
+/* Each rank is read until a page comes back empty (a page holds at most
+ * 1 MiB); with --follow, rounds go on until the job has ended and a round
+ * after that found nothing new. */
+static int read_logs(logs_run *L)
+{
+    int rc = 0, done = 0;
     for (int round = 0;; round++) {
         size_t got = 0;
         int ended = 0;
-        for (int r = 0; r < nranks && !rc; r++) {
+        for (int r = 0; r < L->nranks && !rc; r++) {
             size_t n;
             do {
-                rc = page(&x, id, all ? r : (int)rank, &logs[r], all, &n, &ended);
+                rc = page(&L->x, L->id, L->all ? r : (int)L->rank, &L->logs[r], L->all, &n, &ended);
                 got += n;
                 if (!rc && write_failed) rc = cli_fail("logs", sh_err_errno(write_failed, "writing the output"));
-            } while (!rc && n > 0 && (round == 0 || !follow));
+            } while (!rc && n > 0 && (round == 0 || !L->follow));
             /* Without --follow a rank's output is whole once read. */
-            if (!rc && all && !follow && !x.json) emit_prefixed(&logs[r], r, "", 0, 1);
+            if (!rc && L->all && !L->follow && !L->x.json) emit_prefixed(&L->logs[r], r, "", 0, 1);
         }
-        if (rc || !follow || (done && !got)) break;
+        if (rc || !L->follow || (done && !got)) break;
         done = ended;
         if (!got && !done) sh_sleep(0.3);
     }
-    for (int r = 0; all && !x.json && !rc && r < nranks; r++) emit_prefixed(&logs[r], r, "", 0, 1);
+    for (int r = 0; L->all && !L->x.json && !rc && r < L->nranks; r++) emit_prefixed(&L->logs[r], r, "", 0, 1);
     fflush(stdout);
-    /* The job's end: its state for --json, and with --follow its status. */
-    if (!rc && (follow || x.json)) rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &job);
-    cli_ctl_free(&x);
-    if (!rc && x.json) {
-        json_t *o = json_pack("{s:I,s:b,s:s}", "job", (json_int_t)id, "done", cli_job_ended(job), "state",
-                              json_string_value(json_object_get(job, "state")));
-        if (all) {
-            json_t *ranks = json_array();
-            for (int r = 0; r < nranks; r++)
-                json_array_append_new(ranks, json_pack("{s:i,s:o,s:I}", "rank", r, "data", text(&logs[r].all), "offset",
-                                                       (json_int_t)logs[r].off));
-            json_object_set_new(o, "ranks", ranks);
-        } else {
-            json_object_set_new(o, "rank", json_integer(rank));
-            json_object_set_new(o, "data", text(&logs[0].all));
-            json_object_set_new(o, "offset", json_integer(logs[0].off));
-        }
-        if (escape) {
-            /* Past ASCII as \uXXXX: no C1 control reaches the terminal. */
-            char *t = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
-            if (t) printf("%s\n", t);
-            free(t);
-        } else sh_json_print(o);
-        json_decref(o);
+    return rc;
+}
+
+static void print_json(const logs_run *L, const json_t *job)
+{
+    json_t *o = json_pack("{s:I,s:b,s:s}", "job", (json_int_t)L->id, "done", cli_job_ended(job), "state",
+                          json_string_value(json_object_get(job, "state")));
+    if (L->all) {
+        json_t *ranks = json_array();
+        for (int r = 0; r < L->nranks; r++)
+            json_array_append_new(ranks, json_pack("{s:i,s:o,s:I}", "rank", r, "data", text(&L->logs[r].all),
+                                                   "offset", (json_int_t)L->logs[r].off));
+        json_object_set_new(o, "ranks", ranks);
+    } else {
+        json_object_set_new(o, "rank", json_integer(L->rank));
+        json_object_set_new(o, "data", text(&L->logs[0].all));
+        json_object_set_new(o, "offset", json_integer(L->logs[0].off));
     }
-    if (!rc && follow) rc = cli_job_report("logs", job);
+    if (escape) {
+        /* Past ASCII as \uXXXX: no C1 control reaches the terminal. */
+        char *t = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        if (t) printf("%s\n", t);
+        free(t);
+    } else sh_json_print(o);
+    json_decref(o);
+}
+
+int cli_cmd_logs(int argc, char **argv)
+{
+    logs_run L = {.id = -1};
+    int rc = parse(&L, argc, argv);
+    if (rc >= 0) return rc;
+    if ((rc = cli_ctl_connect(&L.x))) return rc;
+    escape = !L.raw && isatty(STDOUT_FILENO);
+    write_failed = 0;
+    json_t *job = NULL;
+    rc = count_ranks(&L);
+    if (!rc) rc = read_logs(&L);
+    /* The job's end: its state for --json, and with --follow its status. */
+    if (!rc && (L.follow || L.x.json)) {
+        char path[64];
+        job_path(&L, path, sizeof path);
+        rc = cli_ctl_call(&L.x, "GET", path, NULL, NULL, &job);
+    }
+    cli_ctl_free(&L.x);
+    if (!rc && L.x.json) print_json(&L, job);
+    if (!rc && L.follow) rc = cli_job_report("logs", job);
     json_decref(job);
-    for (int r = 0; r < nranks; r++) sh_buf_free(&logs[r].part), sh_buf_free(&logs[r].all);
-    free(logs);
+    for (int r = 0; L.logs && r < L.nranks; r++) sh_buf_free(&L.logs[r].part), sh_buf_free(&L.logs[r].all);
+    free(L.logs);
     return rc;
 }

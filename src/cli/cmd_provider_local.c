@@ -25,51 +25,39 @@ static int pid_path(const char *dir, const char *name, char *out, size_t cap)
     return sh_path_join(out, cap, dir, name) < 0 || strlen(out) + 5 >= cap ? SH_ERANGE : (strcat(out, ".pid"), SH_OK);
 }
 
-int cli_cmd_provider_local(int argc, char **argv)
+/* The request on stdin (at most 1 MiB): *req, *action and *name. */
+static int read_request(json_t **req, const char **action, const char **name)
 {
-    static const struct option opts[] = {{"dir", required_argument, 0, 'd'}, {0}};
-    cli_args a = {"provider-local", usage, opts, NULL};
-    const char *dir = NULL;
-    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;)
-        if (c == 'd') dir = optarg;
-        else return a.rc;
-    if (optind < argc) return cli_usage("provider-local", "unexpected argument \"%s\"", argv[optind]);
-    if (!dir) return cli_usage("provider-local", "--dir DIR is required");
     sh_buf in = {0};
     char chunk[4096];
     ssize_t n;
     while ((n = read(0, chunk, sizeof chunk)) > 0 && in.len < (1 << 20)) sh_buf_append(&in, chunk, (size_t)n);
-    json_t *req = NULL;
-    int rc = sh_json_parse(in.data ? (char *)in.data : "", in.len, "provider request", &req);
+    int rc = sh_json_parse(in.data ? (char *)in.data : "", in.len, "provider request", req);
     sh_buf_free(&in);
-    const char *action = "", *name = "";
-    if (rc == SH_OK) rc = sh_json_get_str(req, "action", 1, "provider request", &action);
-    if (rc == SH_OK) rc = sh_json_get_str(req, "name", 1, "provider request", &name);
-    char pidf[4200];
-    if (rc == SH_OK) rc = sh_mkdir_p(dir, 0755);
-    if (rc == SH_OK) rc = pid_path(dir, name, pidf, sizeof pidf);
-    if (rc < 0) {
-        json_decref(req);
-        return cli_fail("provider-local", rc);
+    if (rc == SH_OK) rc = sh_json_get_str(*req, "action", 1, "provider request", action);
+    if (rc == SH_OK) rc = sh_json_get_str(*req, "name", 1, "provider request", name);
+    return rc;
+}
+
+/* delete: stops the node's agent, if one runs. */
+static void delete_node(const char *pidf)
+{
+    char *text = NULL;
+    size_t len;
+    if (sh_read_file(pidf, 64, &text, &len) == 0) {
+        pid_t p = (pid_t)atoi(text);
+        if (p > 0) kill(p, SIGTERM);
+        free(text);
+        unlink(pidf);
     }
-    if (!strcmp(action, "delete")) {
-        char *text = NULL;
-        size_t len;
-        if (sh_read_file(pidf, 64, &text, &len) == 0) {
-            pid_t p = (pid_t)atoi(text);
-            if (p > 0) kill(p, SIGTERM);
-            free(text);
-            unlink(pidf);
-        }
-        json_decref(req);
-        return 0;
-    }
-    if (strcmp(action, "create")) {
-        json_decref(req);
-        return cli_usage("provider-local", "action \"%s\" is not create or delete", action);
-    }
+}
+
+/* create: becomes the node's agent (returns only on failure). */
+static int create_node(const json_t *req, const char *dir, const char *name, const char *pidf)
+{
     const char *s[6] = {"zone", "fabric", "gpu_type", "server", "token", NULL};
     const char *v[6] = {0};
+    int rc = SH_OK;
     for (int i = 0; s[i] && rc == SH_OK; i++) rc = sh_json_get_str(req, s[i], 1, "provider request", &v[i]);
     int64_t gpus = 0;
     double price = 0;
@@ -81,14 +69,35 @@ int cli_cmd_provider_local(int argc, char **argv)
     snprintf(pr, sizeof pr, "%g", price);
     snprintf(work, sizeof work, "%s/work", dir);
     if (rc == SH_OK) rc = sh_write_atomic(pidf, pidtxt, strlen(pidtxt));
-    if (rc < 0) {
-        json_decref(req);
-        return cli_fail("provider-local", rc);
-    }
+    if (rc < 0) return cli_fail("provider-local", rc);
     setenv("SHOAL_TOKEN", v[4], 1);
     char *args[] = {"shoal", "agent", "--server", (char *)v[3], "--name", (char *)name, "--gpu-type", (char *)v[2],
                     "--gpus", g, "--zone", (char *)v[0], "--fabric", (char *)v[1], "--price", pr, "--work-dir", work,
                     "--from-provider", NULL};
     execv("/proc/self/exe", args);
     return cli_fail("provider-local", sh_err_errno(errno, "exec shoal agent"));
+}
+
+int cli_cmd_provider_local(int argc, char **argv)
+{
+    static const struct option opts[] = {{"dir", required_argument, 0, 'd'}, {0}};
+    cli_args a = {"provider-local", usage, opts, NULL};
+    const char *dir = NULL;
+    for (int c; (c = cli_getopt(&a, argc, argv)) != -1;)
+        if (c == 'd') dir = optarg;
+        else return a.rc;
+    if (optind < argc) return cli_usage("provider-local", "unexpected argument \"%s\"", argv[optind]);
+    if (!dir) return cli_usage("provider-local", "--dir DIR is required");
+    json_t *req = NULL;
+    const char *action = "", *name = "";
+    char pidf[4200];
+    int rc = read_request(&req, &action, &name);
+    if (rc == SH_OK) rc = sh_mkdir_p(dir, 0755);
+    if (rc == SH_OK) rc = pid_path(dir, name, pidf, sizeof pidf);
+    if (rc < 0) rc = cli_fail("provider-local", rc);
+    else if (!strcmp(action, "delete")) delete_node(pidf);
+    else if (strcmp(action, "create")) rc = cli_usage("provider-local", "action \"%s\" is not create or delete", action);
+    else rc = create_node(req, dir, name, pidf);
+    json_decref(req);
+    return rc;
 }

@@ -118,6 +118,23 @@ static void write_stats(ctx *c, store_replica_info *last)
 }
 
 /* Parses the options: -1, or the status to exit with. */
+/* --listen HOST or HOST:PORT: 0, or a usage error (printed). */
+static int parse_listen(const char *v, store_replica_config *cfg)
+{
+    static char host[256];
+    const char *colon = strrchr(v, ':');
+    int64_t port = 0;
+    size_t n = colon ? (size_t)(colon - v) : strlen(v);
+    if (!n || n >= sizeof host ||
+        (colon && (sh_parse_i64(colon + 1, &port, "--listen port") < 0 || port < 0 || port > 65535)))
+        return cli_usage("replica", "--listen: expected HOST or HOST:PORT, got \"%s\"", v);
+    memcpy(host, v, n);
+    host[n] = 0;
+    cfg->listen_host = host;
+    cfg->listen_port = (int)port;
+    return 0;
+}
+
 static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint64_t *until,
                  double *seconds)
 {
@@ -144,20 +161,9 @@ static int parse(int argc, char **argv, store_replica_config *cfg, ctx *c, uint6
         case 'z': cfg->zone = v; break;
         case 'o': c->hook = v; break;
         case 'S': c->stats_file = v; break;
-        case 'l': {
-            static char host[256];
-            const char *colon = strrchr(v, ':');
-            int64_t port = 0;
-            size_t n = colon ? (size_t)(colon - v) : strlen(v);
-            if (!n || n >= sizeof host || (colon && (sh_parse_i64(colon + 1, &port, "--listen port") < 0 ||
-                                                     port < 0 || port > 65535)))
-                return cli_usage("replica", "--listen: expected HOST or HOST:PORT, got \"%s\"", v);
-            memcpy(host, v, n);
-            host[n] = 0;
-            cfg->listen_host = host;
-            cfg->listen_port = (int)port;
+        case 'l':
+            if (parse_listen(v, cfg)) return CLI_USAGE;
             break;
-        }
         case 'p':
             if (cfg->nparents == BCAST_MAX_ADDRS) return cli_usage("replica", "too many --parent (at most %d)", BCAST_MAX_ADDRS);
             if (cli_hostport("replica", "--parent", v)) return CLI_USAGE;

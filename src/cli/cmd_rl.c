@@ -1,5 +1,6 @@
 /* shoal rl: train a policy with reinforcement learning (sync or async, with
  * off-policy corrections) and sweep the design space. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -62,74 +63,94 @@ static int parse_int(const char *s, int lo, int hi, int *out, const char *what)
     return 0;
 }
 
-static int parse_float(const char *s, float *out, const char *what)
-{
-    double v;
-    SH_TRY(sh_parse_double(s, &v, what));
-    *out = (float)v;
-    return 0;
-}
-
 static int parse_dtype(const char *s, int *out)
 {
     return rl_dtype_parse(s, out) ? sh_err(SH_EINVAL, "--rollout-dtype \"%s\": expected fp32, bf16 or fp8", s) : 0;
 }
 
-/* One option with its value; returns 1 if consumed, 0 if unknown, <0 error. */
-static int option(rl_config *c, const char *o, const char *v)
+/* The options that set one number of rl_config: integers within lo..hi,
+ * floats, doubles.  offsetof takes a nested member (C11); _Generic makes a
+ * field of another type a compile error. */
+enum { OPT_INT, OPT_FLOAT, OPT_DOUBLE };
+#define FIELD(f, T) _Generic(((rl_config *)0)->f, T: offsetof(rl_config, f))
+#define INT_OPT(name, f, lo, hi) {name, OPT_INT, FIELD(f, int), lo, hi}
+#define FLOAT_OPT(name, f) {name, OPT_FLOAT, FIELD(f, float), 0, 0}
+#define DOUBLE_OPT(name, f) {name, OPT_DOUBLE, FIELD(f, double), 0, 0}
+static const struct num_opt {
+    const char *name;
+    int type;
+    size_t off;
+    int lo, hi;
+} num_opts[] = {
+    INT_OPT("--max-lag", max_lag, 0, 64),
+    INT_OPT("--steps", steps, 1, 1000000),
+    INT_OPT("--prompts", prompts_per_step, 1, 4096),
+    INT_OPT("--group", group, 1, 4096),
+    INT_OPT("--request-prompts", req_prompts, 0, 4096),
+    INT_OPT("--minibatches", minibatches, 1, 4096),
+    INT_OPT("--warm", warm_steps, 0, 100000),
+    INT_OPT("--max-new", sampling.max_new, 2, RL_MAX_T),
+    INT_OPT("--eval-every", eval_every, 1, 1000000),
+    INT_OPT("--eval-n", eval_n, 1, 1024),
+    INT_OPT("--width", model.width, 1, 8192),
+    INT_OPT("--layers", model.layers, 1, 64),
+    INT_OPT("--heads", model.heads, 1, 256),
+    INT_OPT("--ctx", model.ctx, 1, 4096),
+    INT_OPT("--save-every", save_every, 0, 1000000),
+    INT_OPT("--kill-worker-at", kill_at_step, 0, 1000000),
+    INT_OPT("--nan-at", nan_at_step, 0, 1000000),
+    FLOAT_OPT("--lr", lr),
+    FLOAT_OPT("--temperature", sampling.temperature),
+    FLOAT_OPT("--top-p", sampling.top_p),
+    FLOAT_OPT("--clip", loss.clip),
+    FLOAT_OPT("--tis-cap", loss.tis_cap),
+    FLOAT_OPT("--decoupled-cap", loss.dec_cap),
+    DOUBLE_OPT("--target", target_reward),
+    DOUBLE_OPT("--gen-cost", gen_cost),
+    DOUBLE_OPT("--train-cost", train_cost),
+};
+
+/* A number option into its field of c: 1, 0 if o is not one, <0 error. */
+static int num_option(rl_config *c, const char *o, const char *v)
+{
+    for (size_t i = 0; i < sizeof num_opts / sizeof *num_opts; i++) {
+        const struct num_opt *n = &num_opts[i];
+        if (strcmp(o, n->name)) continue;
+        char *field = (char *)c + n->off;
+        double d;
+        if (n->type == OPT_INT) return parse_int(v, n->lo, n->hi, (int *)(void *)field, o) ?: 1;
+        SH_TRY(sh_parse_double(v, &d, o));
+        if (n->type == OPT_FLOAT) *(float *)(void *)field = (float)d;
+        else *(double *)(void *)field = d;
+        return 1;
+    }
+    return 0;
+}
+
+/* The options whose values are words, pairs or checked ranges. */
+static int word_option(rl_config *c, const char *o, const char *v)
 {
     int64_t seed;
     double d;
+    int k;
     if (!strcmp(o, "--task")) return rl_task_parse(v, &c->task) ?: 1;
     if (!strcmp(o, "--mode")) {
-        if (!strcmp(v, "sync")) c->mode = RL_MODE_SYNC;
-        else if (!strcmp(v, "async")) c->mode = RL_MODE_ASYNC;
-        else return sh_err(SH_EINVAL, "--mode \"%s\": expected sync or async", v);
+        if (strcmp(v, "sync") && strcmp(v, "async")) return sh_err(SH_EINVAL, "--mode \"%s\": expected sync or async", v);
+        c->mode = !strcmp(v, "sync") ? RL_MODE_SYNC : RL_MODE_ASYNC;
         return 1;
     }
-    if (!strcmp(o, "--max-lag")) return parse_int(v, 0, 64, &c->max_lag, o) ?: 1;
-    if (!strcmp(o, "--loss")) {
-        int k;
-        SH_TRY(rl_loss_parse(v, &k));
-        c->loss.kind = k;
-        return 1;
-    }
+    if (!strcmp(o, "--loss")) return rl_loss_parse(v, &k) ?: (c->loss.kind = k, 1);
     if (!strcmp(o, "--rollout-dtype")) return parse_dtype(v, &c->dtype) ?: 1;
-    if (!strcmp(o, "--steps")) return parse_int(v, 1, 1000000, &c->steps, o) ?: 1;
-    if (!strcmp(o, "--seed")) {
-        SH_TRY(sh_parse_i64(v, &seed, o));
-        c->seed = (uint64_t)seed;
-        return 1;
-    }
+    if (!strcmp(o, "--seed")) return sh_parse_i64(v, &seed, o) ?: (c->seed = (uint64_t)seed, 1);
     if (!strcmp(o, "--workers")) return rl_workers_parse(v, c) ?: 1;
-    if (!strcmp(o, "--prompts")) return parse_int(v, 1, 4096, &c->prompts_per_step, o) ?: 1;
-    if (!strcmp(o, "--group")) return parse_int(v, 1, 4096, &c->group, o) ?: 1;
-    if (!strcmp(o, "--request-prompts")) return parse_int(v, 0, 4096, &c->req_prompts, o) ?: 1;
-    if (!strcmp(o, "--minibatches")) return parse_int(v, 1, 4096, &c->minibatches, o) ?: 1;
-    if (!strcmp(o, "--lr")) return parse_float(v, &c->lr, o) ?: 1;
-    if (!strcmp(o, "--warm")) return parse_int(v, 0, 100000, &c->warm_steps, o) ?: 1;
-    if (!strcmp(o, "--temperature")) return parse_float(v, &c->sampling.temperature, o) ?: 1;
-    if (!strcmp(o, "--top-p")) return parse_float(v, &c->sampling.top_p, o) ?: 1;
-    if (!strcmp(o, "--max-new")) return parse_int(v, 2, RL_MAX_T, &c->sampling.max_new, o) ?: 1;
-    if (!strcmp(o, "--clip")) return parse_float(v, &c->loss.clip, o) ?: 1;
-    if (!strcmp(o, "--tis-cap")) return parse_float(v, &c->loss.tis_cap, o) ?: 1;
-    if (!strcmp(o, "--decoupled-cap")) return parse_float(v, &c->loss.dec_cap, o) ?: 1;
     if (!strcmp(o, "--mis-band")) {
         if (sscanf(v, "%f,%f", &c->loss.mis_lo, &c->loss.mis_hi) != 2)
             return sh_err(SH_EINVAL, "--mis-band \"%s\": expected LO,HI (e.g. 0.5,2)", v);
         return 1;
     }
     if (!strcmp(o, "--mis-level")) {
-        if (strcmp(v, "token") && strcmp(v, "seq"))
-            return sh_err(SH_EINVAL, "--mis-level \"%s\": expected token or seq", v);
+        if (strcmp(v, "token") && strcmp(v, "seq")) return sh_err(SH_EINVAL, "--mis-level \"%s\": expected token or seq", v);
         c->loss.mis_seq = !strcmp(v, "seq");
-        return 1;
-    }
-    if (!strcmp(o, "--eval-every")) return parse_int(v, 1, 1000000, &c->eval_every, o) ?: 1;
-    if (!strcmp(o, "--eval-n")) return parse_int(v, 1, 1024, &c->eval_n, o) ?: 1;
-    if (!strcmp(o, "--target")) {
-        SH_TRY(sh_parse_double(v, &d, o));
-        c->target_reward = d;
         return 1;
     }
     if (!strcmp(o, "--stop-after-reward")) {
@@ -138,27 +159,16 @@ static int option(rl_config *c, const char *o, const char *v)
         c->stop_reward = d;
         return 1;
     }
-    if (!strcmp(o, "--width")) return parse_int(v, 1, 8192, &c->model.width, o) ?: 1;
-    if (!strcmp(o, "--layers")) return parse_int(v, 1, 64, &c->model.layers, o) ?: 1;
-    if (!strcmp(o, "--heads")) return parse_int(v, 1, 256, &c->model.heads, o) ?: 1;
-    if (!strcmp(o, "--ctx")) return parse_int(v, 1, 4096, &c->model.ctx, o) ?: 1;
-    if (!strcmp(o, "--gen-cost") || !strcmp(o, "--train-cost")) {
-        SH_TRY(sh_parse_double(v, &d, o));
-        *(!strcmp(o, "--gen-cost") ? &c->gen_cost : &c->train_cost) = d;
-        return 1;
-    }
-    if (!strcmp(o, "--out")) {
-        c->out_dir = v;
-        return 1;
-    }
-    if (!strcmp(o, "--warm-cache")) {
-        c->warm_cache = v;
-        return 1;
-    }
-    if (!strcmp(o, "--save-every")) return parse_int(v, 0, 1000000, &c->save_every, o) ?: 1;
-    if (!strcmp(o, "--kill-worker-at")) return parse_int(v, 0, 1000000, &c->kill_at_step, o) ?: 1;
-    if (!strcmp(o, "--nan-at")) return parse_int(v, 0, 1000000, &c->nan_at_step, o) ?: 1;
+    if (!strcmp(o, "--out")) return c->out_dir = v, 1;
+    if (!strcmp(o, "--warm-cache")) return c->warm_cache = v, 1;
     return 0;
+}
+
+/* One option with its value; returns 1 if consumed, 0 if unknown, <0 error. */
+static int option(rl_config *c, const char *o, const char *v)
+{
+    int rc = num_option(c, o, v);
+    return rc ? rc : word_option(c, o, v);
 }
 
 /* The rl train options: codes CLI_RL_OPT + their index; the flags last. */

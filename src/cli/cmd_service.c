@@ -31,6 +31,32 @@ static int path_ok(const char *cmd, const char *what, const char *v)
     return 0;
 }
 
+/* lookup: polls until the service is published or the timeout passes. */
+static int lookup(cli_ctl *x, const char *cmd, const char *path, double timeout, json_t **reply)
+{
+    double until = sh_now_mono() + timeout;
+    for (;;) {
+        int status = 0;
+        int rc = client_call(x->c, "GET", path, NULL, NULL, 30, &status, reply);
+        if (rc < 0) return cli_fail(cmd, rc);
+        json_decref(*reply);
+        *reply = NULL;
+        if (status != 404 || sh_now_mono() >= until)
+            return cli_ctl_call(x, "GET", path, NULL, NULL, reply); /* prints the error, if any */
+        sh_sleep(0.2);
+    }
+}
+
+static void print_reply(int k, const json_t *reply)
+{
+    if (k == 1) printf("%s\n", json_string_value(json_object_get(reply, "value")));
+    else if (k == 2) {
+        const char *name;
+        json_t *v;
+        json_object_foreach(json_object_get(reply, "services"), name, v) printf("%s %s\n", name, json_string_value(v));
+    }
+}
+
 int cli_cmd_service(int argc, char **argv)
 {
     int rc, k = cli_subcommand("service", usage_text, argc, argv, subs, &rc);
@@ -65,37 +91,11 @@ int cli_cmd_service(int argc, char **argv)
         json_t *b = json_pack("{s:s}", "value", argv[optind + 1]);
         rc = cli_ctl_call(&x, "PUT", path, b, NULL, &reply);
         json_decref(b);
-    } else if (k == 1) {
-        /* Polls until it is published or the timeout passes. */
-        double until = sh_now_mono() + timeout;
-        for (;;) {
-            int status = 0;
-            rc = client_call(x.c, "GET", path, NULL, NULL, 30, &status, &reply);
-            if (rc < 0) {
-                rc = cli_fail(cmd, rc);
-                break;
-            }
-            if (status != 404 || sh_now_mono() >= until) {
-                json_decref(reply);
-                reply = NULL;
-                rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &reply); /* prints the error, if any */
-                break;
-            }
-            json_decref(reply);
-            reply = NULL;
-            sh_sleep(0.2);
-        }
-    } else rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &reply);
+    } else if (k == 1) rc = lookup(&x, cmd, path, timeout, &reply);
+    else rc = cli_ctl_call(&x, "GET", path, NULL, NULL, &reply);
     cli_ctl_free(&x);
-    if (!rc) {
-        if (x.json) sh_json_print(reply);
-        else if (k == 1) printf("%s\n", json_string_value(json_object_get(reply, "value")));
-        else if (k == 2) {
-            const char *name;
-            json_t *v;
-            json_object_foreach(json_object_get(reply, "services"), name, v) printf("%s %s\n", name, json_string_value(v));
-        }
-    }
+    if (!rc && x.json) sh_json_print(reply);
+    else if (!rc) print_reply(k, reply);
     json_decref(reply);
     return rc;
 }

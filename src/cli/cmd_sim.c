@@ -283,7 +283,8 @@ static int load_inputs(const args *a, sim_fleet *f, sim_trace *t)
 
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
-static json_t *report_json(const sim_report *r, const char *policy, double wall)
+/* Jobs and how long they waited, by gang size. */
+static void report_jobs(json_t *j, const sim_report *r)
 {
     json_t *p50 = json_object(), *p99 = json_object(), *cnt = json_object();
     for (int b = 0; b < SIM_BUCKETS; b++) {
@@ -291,8 +292,6 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
         json_object_set_new(p99, sim_bucket_names[b], num(r->wait_p99_s_by_nodes[b]));
         json_object_set_new(cnt, sim_bucket_names[b], json_integer((json_int_t)r->bucket_jobs[b]));
     }
-    json_t *j = json_object();
-    json_object_set_new(j, "policy", json_string(policy));
     json_object_set_new(j, "jobs_total", json_integer((json_int_t)r->jobs_total));
     json_object_set_new(j, "jobs_completed", json_integer((json_int_t)r->jobs_completed));
     json_object_set_new(j, "jobs_rejected", json_integer((json_int_t)r->jobs_rejected));
@@ -313,6 +312,11 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
     json_object_set_new(j, "gangs_16plus_nodes", json_integer((json_int_t)r->big_jobs));
     json_object_set_new(j, "wait_p50_s_16plus_nodes", num(r->wait_p50_s_big));
     json_object_set_new(j, "wait_p99_s_16plus_nodes", num(r->wait_p99_s_big));
+}
+
+/* The bill, by GPU type and tenant, and how good the start estimates were. */
+static void report_costs(json_t *j, const sim_report *r)
+{
     json_object_set_new(j, "cost", num(r->cost));
     json_t *bt = json_object(), *bn = json_object();
     for (size_t k = 0; k < r->ntypes; k++) json_object_set_new(bt, r->type[k], num(r->cost_by_type[k]));
@@ -326,6 +330,11 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
                                   (json_int_t)r->est_infinite, "mean_error_s", num(r->est_mean_error_s),
                                   "mean_abs_error_s", num(r->est_mean_abs_error_s), "p50_abs_error_s",
                                   num(r->est_p50_abs_error_s), "p90_abs_error_s", num(r->est_p90_abs_error_s)));
+}
+
+/* What the scheduler did, and what it cost in CPU time. */
+static void report_decisions(json_t *j, const sim_report *r)
+{
     json_object_set_new(j, "preemptions", json_integer((json_int_t)r->preemptions));
     json_object_set_new(j, "preemptions_declined", json_integer((json_int_t)r->preempt_declined));
     json_object_set_new(j, "failures", json_integer((json_int_t)r->failures));
@@ -345,6 +354,15 @@ static json_t *report_json(const sim_report *r, const char *policy, double wall)
     json_object_set_new(j, "sched_steps", json_integer((json_int_t)r->sched_steps));
     json_object_set_new(j, "sched_cpu_raw_s", num(r->sched_cpu_raw_s));
     json_object_set_new(j, "clock_window_s", num(r->clock_window_s));
+}
+
+static json_t *report_json(const sim_report *r, const char *policy, double wall)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "policy", json_string(policy));
+    report_jobs(j, r);
+    report_costs(j, r);
+    report_decisions(j, r);
     json_object_set_new(j, "wall_s", num(wall));
     return j;
 }

@@ -75,6 +75,35 @@ static int upload_workdir(cli_ctl *x, const char *file, const char *dir, uint64_
     return 0;
 }
 
+/* With several servers a submit may be re-sent to the next after the
+ * first died holding it: a key of its own keeps it from running twice. */
+static const char *auto_key(const cli_ctl *x, char *out, size_t cap)
+{
+    uint8_t r[12];
+    if (!strchr(x->server, ',') || getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) return NULL;
+    int n = snprintf(out, cap, "auto-");
+    for (size_t i = 0; i < sizeof r; i++) n += snprintf(out + n, cap - (size_t)n, "%02x", r[i]);
+    return out;
+}
+
+/* --wait: the job's end, and its status as the exit code. */
+static int wait_for(cli_ctl *x, json_t *reply)
+{
+    int64_t id = json_integer_value(json_object_get(reply, "id"));
+    if (!x->json)
+        printf("submitted job %lld (%s); waiting for it to end\n", (long long)id,
+               json_string_value(json_object_get(reply, "name"))), fflush(stdout);
+    json_t *end = NULL;
+    x->subject = NULL;
+    int rc = cli_ctl_wait_job(x, id, &end);
+    if (rc) return rc;
+    if (x->json) sh_json_print(end);
+    else printf("job %lld %s\n", (long long)id, json_string_value(json_object_get(end, "state")));
+    rc = cli_job_report("submit", end);
+    json_decref(end);
+    return rc;
+}
+
 int cli_cmd_submit(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -97,47 +126,22 @@ int cli_cmd_submit(int argc, char **argv)
     file = argv[optind];
     int rc = cli_ctl_connect(&x);
     if (rc) return rc;
-    json_t *job, *reply;
-    if ((rc = sh_json_load_file(file, 1 << 20, &job)) < 0) return cli_ctl_free(&x), cli_fail("submit", rc);
-    if ((rc = upload_workdir(&x, file, workdir, limit, job))) return json_decref(job), cli_ctl_free(&x), rc;
+    json_t *job, *reply = NULL;
     char hdr[300], autokey[40];
-    /* With several servers a submit may be re-sent to the next after the
-     * first died holding it: a key of its own keeps it from running twice. */
-    if (!key && strchr(x.server, ',')) {
-        uint8_t r[12];
-        if (getrandom(r, sizeof r, 0) == (ssize_t)sizeof r) {
-            int n = snprintf(autokey, sizeof autokey, "auto-");
-            for (size_t i = 0; i < sizeof r; i++) n += snprintf(autokey + n, sizeof autokey - (size_t)n, "%02x", r[i]);
-            key = autokey;
-        }
-    }
+    if ((rc = sh_json_load_file(file, 1 << 20, &job)) < 0) rc = cli_fail("submit", rc);
+    if (!rc) rc = upload_workdir(&x, file, workdir, limit, job);
+    if (!key) key = auto_key(&x, autokey, sizeof autokey);
     if (key) snprintf(hdr, sizeof hdr, "Idempotency-Key: %s", key);
     x.subject = file;
-    rc = cli_ctl_call(&x, "POST", "/v1/jobs", job, key ? hdr : NULL, &reply);
+    if (!rc) rc = cli_ctl_call(&x, "POST", "/v1/jobs", job, key ? hdr : NULL, &reply);
     json_decref(job);
-    if (rc) return cli_ctl_free(&x), rc;
-    if (wait) {
-        int64_t id = json_integer_value(json_object_get(reply, "id"));
-        if (!x.json)
-            printf("submitted job %lld (%s); waiting for it to end\n", (long long)id,
-                   json_string_value(json_object_get(reply, "name"))), fflush(stdout);
-        json_decref(reply);
-        x.subject = NULL;
-        rc = cli_ctl_wait_job(&x, id, &reply);
-        cli_ctl_free(&x);
-        if (rc) return rc;
-        if (x.json) sh_json_print(reply);
-        else printf("job %lld %s\n", (long long)id, json_string_value(json_object_get(reply, "state")));
-        rc = cli_job_report("submit", reply);
-        json_decref(reply);
-        return rc;
-    }
-    cli_ctl_free(&x);
-    if (x.json) sh_json_print(reply);
-    else
+    if (!rc && wait) rc = wait_for(&x, reply);
+    else if (!rc && x.json) sh_json_print(reply);
+    else if (!rc)
         printf("%s job %lld (%s): %s\n", json_is_true(json_object_get(reply, "duplicate")) ? "already submitted:" : "submitted",
                (long long)json_integer_value(json_object_get(reply, "id")),
                json_string_value(json_object_get(reply, "name")), json_string_value(json_object_get(reply, "state")));
+    cli_ctl_free(&x);
     json_decref(reply);
-    return 0;
+    return rc;
 }

@@ -50,6 +50,19 @@ typedef struct opts {
 } opts;
 
 /* Parses the options into o and c: -1, or the status to exit with. */
+/* The options that depend on each other or on a range: -1, or the status
+ * to exit with. */
+static int check(const opts *o, const rl_config *c)
+{
+    if (!o->m.fleet || !o->m.speeds) return cli_usage("rl fleet-cost", "--fleet and --speeds are required");
+    if (!(o->m.thr > 0) || o->m.tg < 0) return cli_usage("rl fleet-cost", "--throughput must be > 0 and --trainer-gpus >= 0");
+    if (!(c->target_reward > 0 && c->target_reward <= 1)) return cli_usage("rl fleet-cost", "--target must be in (0,1]");
+    if (!(c->step_s > 0 && c->step_s <= 10) || !(c->seq_cost >= 0 && c->seq_cost <= 1))
+        return cli_usage("rl fleet-cost", "--step-s must be in (0,10] and --seq-cost in [0,1]");
+    if (!(c->train_s > 0 && c->train_s <= 100)) return cli_usage("rl fleet-cost", "--train-s must be in (0,100]");
+    return -1;
+}
+
 static int parse(int argc, char **argv, opts *o, rl_config *c)
 {
     static const struct option table[] = {
@@ -105,14 +118,9 @@ static int parse(int argc, char **argv, opts *o, rl_config *c)
         if (rc < 0) return cli_usage(a.cmd, "%s", sh_errmsg());
     }
     if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
-    if (!o->m.fleet || !o->m.speeds) return cli_usage("rl fleet-cost", "--fleet and --speeds are required");
-    if (!(o->m.thr > 0) || o->m.tg < 0) return cli_usage("rl fleet-cost", "--throughput must be > 0 and --trainer-gpus >= 0");
-    if (!(c->target_reward > 0 && c->target_reward <= 1)) return cli_usage("rl fleet-cost", "--target must be in (0,1]");
-    if (!(c->step_s > 0 && c->step_s <= 10) || !(c->seq_cost >= 0 && c->seq_cost <= 1))
-        return cli_usage("rl fleet-cost", "--step-s must be in (0,10] and --seq-cost in [0,1]");
-    if (!(c->train_s > 0 && c->train_s <= 100)) return cli_usage("rl fleet-cost", "--train-s must be in (0,100]");
-    return -1;
+    return check(o, c);
 }
+
 
 static double num(const json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
 

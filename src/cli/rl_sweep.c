@@ -265,11 +265,43 @@ static void speedup_table(sh_buf *md, json_t *res, int seeds)
     }
 }
 
+/* The table of every cell: one row per mode, bound, loss and dtype. */
+static void cells_table(sh_buf *md, json_t *rows, int seeds)
+{
+    json_t *r;
+    size_t i, j;
+    sh_buf_printf(md, "\n**Every cell**: Δ is the paired difference of final reward (in brackets, "
+                      "seeds below); staleness = trainer version − the version that generated a "
+                      "trajectory, over every trained trajectory of every seed (histogram 0, 1, ...); "
+                      "|Δlogp| = mean |log π_old − log μ| of the first step (sync: the rollout dtype's "
+                      "precision gap alone) and of all steps.\n\n"
+                      "| mode | η | loss | dtype | final reward | Δ vs sync | Δ vs bf16 | time to target (s) "
+                      "| staleness mean: histogram | \\|Δlogp\\| first / all |\n"
+                      "|---|---|---|---|---|---|---|---|---|---|\n");
+    json_array_foreach(rows, i, r) {
+        char hist[256] = "", vb[64] = "–", tt[64] = "not reached";
+        json_t *h;
+        json_array_foreach(json_object_get(r, "staleness_hist"), j, h)
+            snprintf(hist + strlen(hist), sizeof hist - strlen(hist), "%s%lld", j ? "/" : "",
+                     (long long)json_integer_value(h));
+        if (json_object_get(r, "vs_bf16"))
+            snprintf(vb, sizeof vb, "%+.3f ± %.3f (%d)", mean(r, "vs_bf16"), se(r, "vs_bf16"), ival(r, "seeds_below_bf16"));
+        if (ival(r, "target_reached"))
+            snprintf(tt, sizeof tt, "%.1f ± %.1f (%d/%d)", mean(r, "time_to_target_s"), se(r, "time_to_target_s"),
+                     ival(r, "target_reached"), seeds);
+        sh_buf_printf(md, "| %s | %d | %s | %s | %.3f ± %.3f | %+.3f ± %.3f (%d) | %s | %s | %.2f: %s | %.4f / %.4f |\n",
+                      str(r, "mode"), ival(r, "max_lag"), str(r, "loss"), str(r, "rollout_dtype"),
+                      mean(r, "reward_final"), se(r, "reward_final"), mean(r, "vs_sync"), se(r, "vs_sync"),
+                      ival(r, "seeds_below_sync"), vb, tt, num(r, "staleness_mean"), hist,
+                      mean(r, "abs_dlogp_first"), mean(r, "abs_dlogp_mean"));
+    }
+}
+
 static void write_md(sh_buf *md, json_t *res, const char *cmdline, double wall)
 {
     int seeds = ival(res, "seeds");
-    json_t *rows = json_object_get(res, "rows"), *r;
-    size_t i, j;
+    json_t *rows = json_object_get(res, "rows");
+    size_t i;
     double load = json_number_value(json_array_get(json_object_get(res, "load_average_end"), 0));
     sh_buf_printf(md, "Produced by `%s` (%d paced runs in %.0f s, %d at a time; load average at the "
                       "end %.1f).  Seeds %lld..%lld; %d RL steps for every cell; final reward = "
@@ -302,31 +334,7 @@ static void write_md(sh_buf *md, json_t *res, const char *cmdline, double wall)
                       "standard error over the seeds where both reach it, and how many do)\n\n",
                   tgt);
     speedup_table(md, res, seeds);
-    sh_buf_printf(md, "\n**Every cell**: Δ is the paired difference of final reward (in brackets, "
-                      "seeds below); staleness = trainer version − the version that generated a "
-                      "trajectory, over every trained trajectory of every seed (histogram 0, 1, ...); "
-                      "|Δlogp| = mean |log π_old − log μ| of the first step (sync: the rollout dtype's "
-                      "precision gap alone) and of all steps.\n\n"
-                      "| mode | η | loss | dtype | final reward | Δ vs sync | Δ vs bf16 | time to target (s) "
-                      "| staleness mean: histogram | \\|Δlogp\\| first / all |\n"
-                      "|---|---|---|---|---|---|---|---|---|---|\n");
-    json_array_foreach(rows, i, r) {
-        char hist[256] = "", vb[64] = "–", tt[64] = "not reached";
-        json_t *h;
-        json_array_foreach(json_object_get(r, "staleness_hist"), j, h)
-            snprintf(hist + strlen(hist), sizeof hist - strlen(hist), "%s%lld", j ? "/" : "",
-                     (long long)json_integer_value(h));
-        if (json_object_get(r, "vs_bf16"))
-            snprintf(vb, sizeof vb, "%+.3f ± %.3f (%d)", mean(r, "vs_bf16"), se(r, "vs_bf16"), ival(r, "seeds_below_bf16"));
-        if (ival(r, "target_reached"))
-            snprintf(tt, sizeof tt, "%.1f ± %.1f (%d/%d)", mean(r, "time_to_target_s"), se(r, "time_to_target_s"),
-                     ival(r, "target_reached"), seeds);
-        sh_buf_printf(md, "| %s | %d | %s | %s | %.3f ± %.3f | %+.3f ± %.3f (%d) | %s | %s | %.2f: %s | %.4f / %.4f |\n",
-                      str(r, "mode"), ival(r, "max_lag"), str(r, "loss"), str(r, "rollout_dtype"),
-                      mean(r, "reward_final"), se(r, "reward_final"), mean(r, "vs_sync"), se(r, "vs_sync"),
-                      ival(r, "seeds_below_sync"), vb, tt, num(r, "staleness_mean"), hist,
-                      mean(r, "abs_dlogp_first"), mean(r, "abs_dlogp_mean"));
-    }
+    cells_table(md, rows, seeds);
 }
 
 /* Final reward against the staleness bound, one line per loss (bf16

@@ -53,11 +53,9 @@ static void print_result(const sim_push_config *c, const sim_push_result *r, int
            (unsigned long long)r->cross_zone_copies);
 }
 
-int cli_sim_push(int argc, char **argv)
+/* Parses the options into c and *json: -1, or the status to exit with. */
+static int parse(int argc, char **argv, sim_push_config *c, int *json)
 {
-    sim_push_config c = {.replicas = 16, .zones = 1, .fanout = 2, .payload = 717000000000ull,
-                         .window = 4, .fabric = {400, 5e-6}, .zone = {100, 50e-6}, .cross = {25, 1e-3},
-                         .chunk_overhead_s = 20e-6};
     static const struct option opts[] = {
         {"replicas", required_argument, 0, 'r'},          {"zones", required_argument, 0, 'z'},
         {"fanout", required_argument, 0, 'f'},            {"fabric-size", required_argument, 0, 'F'},
@@ -73,26 +71,25 @@ int cli_sim_push(int argc, char **argv)
         int code;
         const char *name;
         int *to;
-    } counts[] = {{'r', "--replicas", &c.replicas}, {'z', "--zones", &c.zones}, {'f', "--fanout", &c.fanout},
-                  {'F', "--fabric-size", &c.fabric_size}, {'w', "--window", &c.window}};
+    } counts[] = {{'r', "--replicas", &c->replicas}, {'z', "--zones", &c->zones}, {'f', "--fanout", &c->fanout},
+                  {'F', "--fabric-size", &c->fabric_size}, {'w', "--window", &c->window}};
     const struct {
         int code;
         const char *name;
         double scale, *to;
-    } reals[] = {{'a', "--fabric-gbps", 1, &c.fabric.gbps},         {'b', "--zone-gbps", 1, &c.zone.gbps},
-                 {'x', "--cross-gbps", 1, &c.cross.gbps},           {'n', "--nic-gbps", 1, &c.nic_gbps},
-                 {'A', "--fabric-latency-us", 1e-6, &c.fabric.latency_s},
-                 {'B', "--zone-latency-us", 1e-6, &c.zone.latency_s},
-                 {'X', "--cross-latency-us", 1e-6, &c.cross.latency_s},
-                 {'o', "--overhead-us", 1e-6, &c.chunk_overhead_s}, {'m', "--apply-ms", 1e-3, &c.apply_s}};
+    } reals[] = {{'a', "--fabric-gbps", 1, &c->fabric.gbps},         {'b', "--zone-gbps", 1, &c->zone.gbps},
+                 {'x', "--cross-gbps", 1, &c->cross.gbps},           {'n', "--nic-gbps", 1, &c->nic_gbps},
+                 {'A', "--fabric-latency-us", 1e-6, &c->fabric.latency_s},
+                 {'B', "--zone-latency-us", 1e-6, &c->zone.latency_s},
+                 {'X', "--cross-latency-us", 1e-6, &c->cross.latency_s},
+                 {'o', "--overhead-us", 1e-6, &c->chunk_overhead_s}, {'m', "--apply-ms", 1e-3, &c->apply_s}};
     cli_args a = {"sim push", usage_text, opts, NULL};
-    int json = 0;
     for (int k; (k = cli_getopt(&a, argc, argv)) != -1;) {
         int rc = 0;
         if (k == CLI_OPT_EXIT) return a.rc;
-        if (k == 'j') json = 1;
-        else if (k == 'p') rc = sh_parse_size(optarg, &c.payload, "--payload");
-        else if (k == 'c') c.chunk = 0, rc = strcmp(optarg, "auto") ? sh_parse_size(optarg, &c.chunk, "--chunk") : 0;
+        if (k == 'j') *json = 1;
+        else if (k == 'p') rc = sh_parse_size(optarg, &c->payload, "--payload");
+        else if (k == 'c') c->chunk = 0, rc = strcmp(optarg, "auto") ? sh_parse_size(optarg, &c->chunk, "--chunk") : 0;
         if (rc < 0) return cli_usage(a.cmd, "%s", sh_errmsg());
         for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
             int64_t n;
@@ -108,8 +105,18 @@ int cli_sim_push(int argc, char **argv)
         }
     }
     if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
+    return -1;
+}
+
+int cli_sim_push(int argc, char **argv)
+{
+    sim_push_config c = {.replicas = 16, .zones = 1, .fanout = 2, .payload = 717000000000ull,
+                         .window = 4, .fabric = {400, 5e-6}, .zone = {100, 50e-6}, .cross = {25, 1e-3},
+                         .chunk_overhead_s = 20e-6};
+    int json = 0, rc = parse(argc, argv, &c, &json);
+    if (rc >= 0) return rc;
     sim_push_result r;
-    int rc = sim_push_run(&c, &r);
+    rc = sim_push_run(&c, &r);
     if (rc == SH_EINVAL) return cli_usage("sim push", "%s", sh_errmsg());
     if (rc < 0) return cli_fail("sim push", rc);
     print_result(&c, &r, json);

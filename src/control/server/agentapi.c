@@ -1,6 +1,11 @@
 /* The agents' side of the API: registration, polls and logs
  * (docs/agent-protocol.md).  All functions run with srv.mu held. */
 #include "srv_int.h"
+#include "db_int.h"
+#include "seam_int.h"
+#include "state_int.h"
+#include "files_int.h"
+#include "handlers_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,6 +2,11 @@
  * held and returns 0 with *status and *reply set, or a negative SH_E* code
  * that http.c turns into a JSON error. */
 #include "srv_int.h"
+#include "db_int.h"
+#include "seam_int.h"
+#include "state_int.h"
+#include "files_int.h"
+#include "handlers_int.h"
 
 #include <stdlib.h>
 #include <string.h>

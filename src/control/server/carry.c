@@ -4,6 +4,11 @@
  * transitions and the provider.  seam.c, below state.c, only tells the
  * core about changes and writes its bills. */
 #include "srv_int.h"
+#include "db_int.h"
+#include "seam_int.h"
+#include "state_int.h"
+#include "provider_int.h"
+#include "carry_int.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,6 +4,7 @@
  * the two hold the same state and pass the same tests.  The schema is in
  * docs/server-api.md ("State"). */
 #include "srv_int.h"
+#include "db_int.h"
 
 #include <stdlib.h>
 #include <string.h>

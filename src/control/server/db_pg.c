@@ -11,6 +11,7 @@
  * order under a transaction-level advisory lock, the version recorded in
  * shoal_schema, so that two servers starting together migrate once. */
 #include "srv_int.h"
+#include "db_int.h"
 
 #include <libpq-fe.h>
 #include <stdlib.h>

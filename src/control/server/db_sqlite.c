@@ -6,6 +6,7 @@
  * survives a power cut at the cost of one fsync per commit.  The schema is in
  * docs/server-api.md ("State"). */
 #include "srv_int.h"
+#include "db_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -5,6 +5,13 @@
  * The daemon runs one thread per connection so that agents' long polls can
  * block in their handler without holding up anyone else. */
 #include "srv_int.h"
+#include "db_int.h"
+#include "seam_int.h"
+#include "state_int.h"
+#include "carry_int.h"
+#include "files_int.h"
+#include "handlers_int.h"
+#include "loop_int.h"
 
 #include <errno.h>
 #include <math.h>

@@ -20,6 +20,7 @@
  * Until then, and on every standby, requests get 307 to the leader's URL,
  * or 503 while no leader is known. */
 #include "srv_int.h"
+#include "db_int.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -14,6 +14,7 @@
  * bytes.  A record is written with one write() on an O_APPEND descriptor, and
  * a failed write is cut off again at once. */
 #include "srv_int.h"
+#include "files_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

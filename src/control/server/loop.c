@@ -3,6 +3,12 @@
  * one database transaction; a cycle that cannot commit is taken back by
  * reloading the state from the database. */
 #include "srv_int.h"
+#include "db_int.h"
+#include "seam_int.h"
+#include "state_int.h"
+#include "provider_int.h"
+#include "carry_int.h"
+#include "loop_int.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -1,6 +1,8 @@
 /* GET /metrics: the Prometheus text (docs/server-api.md).  The gang-start
  * and queue-wait histograms it prints are hist.c's. */
 #include "srv_int.h"
+#include "state_int.h"
+#include "handlers_int.h"
 
 /* Per-tenant cost counters: the ledger's closed rows plus the core's open
  * places, which only grow (a place's open cost becomes its ledger row).

@@ -5,6 +5,10 @@
  * on its stdin and does not wait for it: a created node shows up when its
  * agent registers, like any other.  Commands are reaped on each tick. */
 #include "srv_int.h"
+#include "db_int.h"
+#include "seam_int.h"
+#include "state_int.h"
+#include "provider_int.h"
 
 #include <errno.h>
 #include <signal.h>

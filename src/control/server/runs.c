@@ -11,6 +11,7 @@
  * while a job of the run is pending, starting or running, so that a token
  * left in an old log opens nothing.  All functions run with srv.mu held. */
 #include "srv_int.h"
+#include "files_int.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -10,6 +10,8 @@
  * places they hold (sched_job_restore), so that nothing running is moved or
  * restarted. */
 #include "srv_int.h"
+#include "db_int.h"
+#include "seam_int.h"
 
 #include <stdlib.h>
 #include <string.h>

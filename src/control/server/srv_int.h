@@ -8,7 +8,12 @@
  * The agent protocol is declarative: for each node the server derives, from
  * the members placed there, the list of members that should exist
  * (srv__desired); an agent makes its processes match it.  Nothing is queued,
- * so a lost reply or a restarted server loses nothing. */
+ * so a lost reply or a restarted server loses nothing.
+ *
+ * This header is the base layer of the server's stack (the model's types,
+ * checks, lookups and histograms); each layer above has its own header:
+ * db_int.h, seam_int.h, state_int.h, provider_int.h, carry_int.h,
+ * files_int.h, handlers_int.h, loop_int.h (docs/architecture.md). */
 #ifndef SHOAL_SRV_INT_H
 #define SHOAL_SRV_INT_H
 
@@ -19,7 +24,6 @@
 
 #include "shoal/common.h"
 #include "shoal/server.h"
-#include "db_int.h"
 
 enum { NODE_ALIVE, NODE_DEAD, NODE_GONE };
 enum { J_PENDING, J_STARTING, J_RUNNING, J_SUCCEEDED, J_FAILED, J_CANCELLED, J_NSTATES };
@@ -100,7 +104,7 @@ struct srv {
     pthread_cond_t sched_cv; /* wakes the scheduler thread */
     pthread_t sched_thread;
     int stopping, dirty;
-    const srv_store_ops *store; /* the engine behind db.c */
+    const struct srv_store_ops *store; /* the engine behind db.c */
     void *db;                   /* its connection (NULL: closed) */
     char db_name[512];          /* --db as messages show it (no password) */
     int lock_fd; /* DB.lock, held while the server runs (-1: none) */
@@ -184,10 +188,6 @@ void srv__secret_hash(const char *secret, char out[SRV_HASH_LEN]);
 /* 1 if v is a hash as srv__secret_hash writes it. */
 int srv__is_hash(const char *v);
 
-/* db.c */
-int srv__db_open(srv *s);
-int srv__db_autocommit(srv *s); /* 1: no transaction is open */
-void srv__db_close(srv *s);
 /* A row of the jobs table, as srv__db_load hands it to `job`. */
 typedef struct srv_job_row {
     int64_t id;
@@ -199,16 +199,6 @@ typedef struct srv_job_row {
     const char *prefer; /* JSON array of node indexes */
     int nodes, failures;
 } srv_job_row;
-/* Loads runs, nodes, jobs and members; each job row goes to `job`
- * (srv__job_from_row), which builds the job. */
-int srv__db_load(srv *s, int (*job)(srv *s, const srv_job_row *row));
-/* state.c: builds a loaded job and adds it to the tables. */
-int srv__job_from_row(srv *s, const srv_job_row *r);
-int srv__db_node(srv *s, const srv_node *n);
-int srv__db_job(srv *s, const srv_job *j);
-int srv__db_members(srv *s, const srv_job *j);
-int srv__db_event(srv *s, int64_t job, const char *node, const char *kind, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
 /* One closed bill of the core, as a ledger row (times on the wall clock). */
 typedef struct srv_bill {
     const char *tenant;
@@ -218,28 +208,12 @@ typedef struct srv_bill {
     int gpus;
     double t_start, t_end, seconds, cost;
 } srv_bill;
-int srv__db_ledger(srv *s, const srv_bill *b);
-int srv__db_tenants(srv *s);
-int srv__db_begin(srv *s);
-/* The engine's commit and rollback only: the files above the seam use
- * srv__commit and srv__rollback, which also settle the core's bills. */
-int srv__db_commit(srv *s);
-void srv__db_rollback(srv *s);
-json_t *srv__db_events(srv *s, int64_t after, const char *tenant, int64_t job, int limit);
-json_t *srv__db_costs(srv *s, const char *tenant);
-/* The job tenant submitted under Idempotency-Key key (0: none). */
-int64_t srv__db_idem(srv *s, const char *tenant, const char *key);
-/* Closed ledger rows plus what running members have cost so far:
- * {"by_tenant": {tenant: {gpu_type: {dollars, gpu_seconds}}}, "total_dollars"}
- * (all tenants when tenant is NULL).  Caller holds s->mu and owns the result. */
-json_t *srv__costs(srv *s, const char *tenant);
 /* hist.c: the size class of a gang of n nodes, recording one value, and
  * printing a histogram (wait: the queue-wait bounds, else the start ones). */
 int srv__size_class(int nodes);
 void srv__observe_start(srv *s, int nodes, double seconds);
 void srv__observe_wait(srv *s, int nodes, double seconds);
 void srv__hist_print(sh_buf *b, const char *name, const char *help, const srv_hist *h, int wait);
-void srv__db_job_cost(srv *s, int64_t job, double *dollars, double *gpu_s);
 
 /* srv_model.c: looking jobs and nodes up, adding and freeing jobs */
 srv_job *srv__job(srv *s, int64_t id);
@@ -247,20 +221,6 @@ int srv__node_find(srv *s, const char *name);
 int srv__job_add(srv *s, srv_job *j);
 void srv__job_free(srv_job *j);
 int srv__active_add(srv *s, int64_t id);
-/* state.c */
-void srv__changed(srv *s);
-/* Starts job j's members on nodes[0..n) with the device masks the core chose. */
-int srv__start(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
-/* GPUs the core has placed work on, node idx (0 for a node it does not know). */
-int srv__node_used(srv *s, int idx);
-int srv__finish(srv *s, srv_job *j, int state, int exit_code, const char *reason);
-int srv__member_end(srv *s, srv_job *j, srv_member *m, int state, int code);
-int srv__node_dead(srv *s, int idx, const char *why);
-void srv__heartbeats(srv *s, double now);
-int srv__time_limits(srv *s, double wall);
-double srv__ends_by(const srv *s, const srv_job *j);
-double srv__est_grace(const srv *s);
-int srv__cancel(srv *s, srv_job *j, const char *who);
 const char *srv__job_state_name(int st);
 const char *srv__member_state_name(int st);
 /* srv_model.c: the spellings of kinds (K_*) and failure policies (P_*). */
@@ -268,12 +228,6 @@ extern const char *const srv__kinds[3];
 extern const char *const srv__policies[3];
 const char *srv__kind_name(int k);
 const char *srv__policy_name(int p);
-/* viewer: the tenant who asks (NULL: the admin), whose view names no
- * other tenant's job. */
-json_t *srv__job_json(srv *s, const srv_job *j, int full, const char *viewer);
-/* Every node not gone, with the work placed on it (tenant: others hidden). */
-json_t *srv__nodes_json(srv *s, const char *tenant);
-int srv__job_from_spec(json_t *spec, const char *tenant, srv_job **out);
 
 /* An undo record: the jobs and nodes a change may touch, saved before it,
  * so that a change whose transaction fails is taken back in memory too and
@@ -289,52 +243,9 @@ typedef struct srv_undo {
     srv_node *nodes;
     int nnodes, cap_nodes;
 } srv_undo;
-void srv__undo_begin(srv *s, srv_undo *u);
-int srv__undo_job(srv *s, srv_undo *u, srv_job *j);
-int srv__undo_node(srv *s, srv_undo *u, int idx);
-/* committed: flush the deferred core updates; else restore what was saved. */
-void srv__undo_end(srv *s, srv_undo *u, int committed);
 
 /* seam.c: the scheduling core's seam */
 enum { SEAM_UP, SEAM_DEAD, SEAM_GONE };
-int srv__seam_init(srv *s);
-void srv__seam_free(srv *s);
-/* 0 queued, 1 rejected as never fitting (why says so), < 0 error. */
-int srv__seam_submit(srv *s, const srv_job *j, char *why, size_t cap);
-void srv__seam_end(srv *s, const srv_job *j, int cancelled);
-/* srv__seam_end at core time t, for a job whose `billed` closing bills are
- * in the ledger already (srv__seam_prebill). */
-void srv__seam_end_at(srv *s, const srv_job *j, int cancelled, double t, int billed);
-/* Before the commit of a change that ended jobs (the queue of
- * srv__undo_begin): writes the bills their end closes, in the same
- * transaction, so that an end is never durable without its bills. */
-int srv__seam_prebill(srv *s);
-int srv__seam_node(srv *s, int idx, int event);
-int srv__seam_step(srv *s, double now); /* carry.c, as srv__seam_init */
-int srv__grow(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
-/* Writes the core's closed bills to the ledger.  Inside a transaction they
- * stay in the core until it commits (srv__seam_bills_end), so that a
- * failed commit or a rollback loses none: they are written again. */
-int srv__seam_bills(srv *s);
-void srv__seam_bills_end(srv *s, int committed);
-/* Commits (or rolls back) the transaction and drops the bills it wrote
- * from the core (or keeps them to be written again). */
-int srv__commit(srv *s);
-void srv__rollback(srv *s);
-int srv__shrink(srv *s, srv_job *j, const int *nodes, const uint64_t *masks, int n);
-int srv__requeue(srv *s, srv_job *j, const char *why, int failed);
-
-/* leader.c: one leader among the servers of a PostgreSQL database */
-int srv__lead_try(srv *s, int *got);      /* one round of a standby's election */
-int srv__lead_claim(srv *s);              /* fences, takes the lease; s->mu held on success */
-void srv__lead_wait(srv *s, double seconds); /* sleeps, cut short by srv_stop */
-void srv__lead_renew(srv *s, double now); /* scheduler thread, s->mu held */
-int srv__lead_acting(srv *s);             /* 1: it leads and its lease holds */
-json_t *srv__leader_json(srv *s);         /* GET /v1/leader */
-
-/* loop.c: the scheduler thread */
-int srv__sched_start(srv *s);             /* starts the scheduler thread */
-void srv__free_state(srv *s);             /* frees the core, the jobs and the nodes */
 
 /* uploads.c: the archives jobs ship (POST /v1/workdirs, GET /v1/agent/workdir) */
 typedef struct srv_upload {
@@ -343,16 +254,7 @@ typedef struct srv_upload {
     sh_hasher *h;
     uint64_t bytes;
 } srv_upload;
-int srv__upload_begin(srv *s, srv_upload *u);
-int srv__upload_write(srv_upload *u, const void *data, size_t len);
-void srv__upload_abort(srv_upload *u);
-/* Durable under the tenant's id; *reply {"workdir": id, "bytes": n}. */
-int srv__upload_commit(srv *s, srv_upload *u, const char *tenant, json_t **reply);
 int srv__workdir_id_ok(const char *id);
-int srv__workdir_exists(const srv *s, const char *tenant, const char *id);
-/* The archive of job's work dir, for node `node` (which must run a live
- * rank of it); caller holds s->mu. */
-int srv__workdir_for_node(srv *s, int node, int64_t job, char *path, size_t cap);
 
 /* runs.c: a tenant's jobs that name one "run" share a secret and services.
  * runs.c and uploads.c call nothing of the files that call each other
@@ -374,67 +276,14 @@ static inline srv_job *srv__job_at(const struct srv *s, int64_t id)
     return id > 0 && id <= s->njobs ? s->jobs[id] : NULL;
 }
 int srv__run_name_ok(const char *name);
-json_t *srv__run_find(srv *s, const char *tenant, const char *run);
-json_t *srv__run_put(srv *s, const char *tenant, const char *run, const char *secret, const char *token);
-/* For a submit: draws the job's run's secret and token if the run is new
- * (nr->create; the caller writes it with srv__db_run inside the submit's
- * transaction); srv__run_commit adds it to memory once that committed. */
-int srv__run_prepare(srv *s, const srv_job *j, srv_new_run *nr);
-void srv__run_commit(srv *s, const srv_new_run *nr);
-/* SHOAL_RUN, SHOAL_RUN_SECRET and SHOAL_RUN_TOKEN for a rank of j. */
-void srv__run_env(srv *s, const srv_job *j, json_t *env);
-/* 1 with *tenant and *run set when tok is a run's token. */
-int srv__run_token(srv *s, const char *tok, const char **tenant, const char **run);
-/* /v1/runs/...: answers a GET in *reply, or fills *put for a PUT. */
-int srv__run_routes(srv *s, srv_req *r, const char *rest, int *status, json_t **reply, srv_run_put *put);
-/* Sets a published service in memory (after its write); *reply the answer. */
-void srv__run_set(srv *s, srv_run_put *put, json_t **reply);
-int srv__db_run(srv *s, const char *tenant, const char *name, const char *secret, const char *token);
-int srv__db_run_service(srv *s, const char *tenant, const char *run, const char *name, const char *value, int64_t job);
 /* srv_check.c: compares tokens in time that depends only on their lengths. */
 int srv__token_eq(const char *given, const char *known);
 
-/* provider.c: autoscaling hook */
-int srv__provider_config(srv *s, sched_config *c);
-int srv__provider_create(srv *s, const char *zone, const char *fabric, const char *gpu_type, int n);
-int srv__provider_delete(srv *s, const char *node);
-void srv__provider_tick(srv *s, double now);
-
-/* state.c: moves job j on after its members changed (barrier, running,
- * ended), and fails the jobs whose failed rank has waited out
- * SRV_FAIL_SETTLE_S. */
-int srv__job_eval(srv *s, srv_job *j);
-int srv__settle_failures(srv *s);
-
-/* agentapi.c */
-int srv__agent_register(srv *s, json_t *body, json_t **reply);
-/* Runs for the node whose credential the request carried (index node). */
-int srv__agent_poll(srv *s, int node, json_t *body, json_t **reply);
-int srv__agent_logs(srv *s, json_t *body);
-int srv__log_path(srv *s, int64_t job, int rank, char *out, size_t cap);
-
 /* logfile.c: rank logs as framed records (docs/server-api.md) */
 #define SRV_LOG_MAX_RECORD (1u << 20)
-/* Appends data as one or more records; with repair, first cuts the file back
- * to its last whole record (a crash may have left a torn one). */
-int srv__log_append(const char *path, const void *data, size_t len, int repair);
-/* Appends to out the data of whole records from file offset off, stopping
- * once out holds max bytes or at the first incomplete or broken record;
- * *next is the offset after the last record read.  A missing file reads
- * as empty. */
-int srv__log_read(const char *path, uint64_t off, size_t max, sh_buf *out, uint64_t *next);
 
 /* srv_check.c: 1 if key is 1 to 127 printable ASCII characters (an
  * Idempotency-Key). */
 int srv__idem_valid(const char *key);
-/* api.c */
-/* 1 if path is dir or lies under it (both plain absolute paths). */
-char *srv__allow_split(char *entry, const char **owner);
-int srv__allow_applies(char **entry, const char *tenant);
-int srv__path_under(const char *path, const char *dir);
-int srv__presubmit(const srv_config *cfg, srv_req *r);
-int srv__handle(srv *s, srv_req *r, int *status, json_t **reply);
-/* metrics.c: the Prometheus text; tenant: whose bills to show (NULL every tenant's, "" none). */
-void srv__metrics(srv *s, sh_buf *out, const char *tenant);
 
 #endif

@@ -2,6 +2,9 @@
  * their states.  Every function here runs with srv.mu held and inside a
  * database transaction opened by its caller. */
 #include "srv_int.h"
+#include "db_int.h"
+#include "seam_int.h"
+#include "state_int.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -11,6 +11,7 @@
  * /v1/agent/workdir?job=ID and unpacks it, checking every entry
  * (src/common/tarball.c). */
 #include "srv_int.h"
+#include "files_int.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -110,6 +110,9 @@ int rl__trajs_check(const rl__ask *a, const char *who, const uint8_t *p, size_t 
                           "min_version %d", who, k, t->vstart, vmin);
         if (t->vstart > t->vend)
             return sh_err(SH_EFORMAT, "%s: trajectory %d: vstart %d > vend %d", who, k, t->vstart, t->vend);
+        if (a->exact && (t->vstart != vmin || t->vend != vmin))
+            return sh_err(SH_EFORMAT, "%s: trajectory %d: versions %d..%d, but the request asked for "
+                          "exactly version %d", who, k, t->vstart, t->vend, vmin);
         if (t->vend > a->max_version)
             return sh_err(SH_EFORMAT, "%s: trajectory %d: vend %d, newer than the trainer's version %d",
                           who, k, t->vend, a->max_version);
@@ -130,9 +133,10 @@ int rl__refuse_check(const rl__ask *a, const char *who, const uint8_t *p, size_t
         return sh_err(SH_EFORMAT, "%s: REFUSE says min_version %d, but the request asked for %d", who,
                       out->min_version, a->min_version);
     /* A worker refuses only a version it cannot get: it holds an older one,
-     * or none (-1; none serves no request, whatever its min_version). */
+     * or none (-1; none serves no request, whatever its min_version), or,
+     * asked for exactly one, a newer one (weights never go back). */
     int need = out->min_version > 0 ? out->min_version : 0;
-    if (out->version < -1 || out->version >= need)
+    if (out->version < -1 || (a->exact ? out->version == need : out->version >= need))
         return sh_err(SH_EFORMAT, "%s: REFUSE while holding version %d, which serves min_version %d",
                       who, out->version, out->min_version);
     return 0;

@@ -37,6 +37,11 @@ typedef struct rl_wire_weights {
 typedef struct rl_wire_request {
     int32_t min_version, nprompts, group, group0;
     uint64_t seed;
+    /* 1: exactly min_version (every token of the answer sampled by it: no
+     * in-flight update, and a worker holding a newer one refuses); 0: at
+     * least min_version. */
+    int32_t exact;
+    uint32_t reserved; /* 0 */
 } rl_wire_request; /* followed by nprompts uint64 problem ids */
 
 typedef struct rl_wire_trajs {
@@ -101,6 +106,7 @@ long rl__msg_peek(const sh_buf *buf, uint32_t *type, const uint8_t **payload, si
 typedef struct rl__ask {
     int group0, nprompts, group; /* groups group0.., group trajectories each */
     int min_version;             /* the request's */
+    int exact;                   /* the request asked for exactly min_version */
     int max_version;             /* the newest version the trainer has published */
     const rl_problem *probs;     /* nprompts: each group's problem (rl__group_problem) */
     int max_len, max_new;        /* the model's context (<= RL_MAX_T); response tokens */

@@ -41,6 +41,7 @@ typedef struct worker {
     /* Emulated GPU time (rl_config.step_s > 0): the current request's
      * sequences, the decoding steps emulated so far, and hook calls. */
     int req_seqs, req_steps, hooks;
+    int pinned; /* serving an exact request: no weights taken until it is answered */
     /* Where the worker's wall-clock time goes (SHOAL_LOG=debug prints it at
      * exit): decoding compute, the emulation's sleep, time beyond the
      * emulated cost (the machine's contention), applying weights, and idle
@@ -254,6 +255,11 @@ static int step_hook(void *ctx)
     worker *w = ctx;
     if (w->c->step_s <= 0) stretch(w);
     else if (w->hooks++) emu_step(w);
+    if (w->pinned) { /* an exact request: every token from the version it started with */
+        w->mark = sh_now_mono();
+        w->mark_cpu = cpu_now();
+        return w->version;
+    }
     struct pollfd pf = {.fd = w->fd, .events = POLLIN};
     while (poll(&pf, 1, 0) > 0) {
         uint32_t type;
@@ -286,7 +292,7 @@ static int serve_request(worker *w)
     rl_wire_request rq;
     if (w->msg.len < sizeof rq) return sh_err(SH_EFORMAT, "worker %d: short REQUEST", w->idx);
     memcpy(&rq, w->msg.data, sizeof rq);
-    if (rq.nprompts < 1 || rq.group < 1 ||
+    if (rq.nprompts < 1 || rq.group < 1 || (rq.exact != 0 && rq.exact != 1) || rq.reserved ||
         w->msg.len != sizeof rq + (size_t)rq.nprompts * 8)
         return sh_err(SH_EFORMAT, "worker %d: REQUEST sizes do not add up", w->idx);
     int n = rq.nprompts, B = n * rq.group;
@@ -304,43 +310,44 @@ static int serve_request(worker *w)
      * min_version below 0, but the initial untrained model is no policy
      * version: the trainer refuses what it generates); from the push tree
      * only so long, then refuse. */
-    int need = rq.min_version > 0 ? rq.min_version : 0;
+    int need = rq.min_version > 0 ? rq.min_version : 0, rc = 0;
     if (w->src && w->version < need) {
-        int rc = take_from_source(w);
+        rc = take_from_source(w);
         double wait = w->src->min_wait_s > 0 ? w->src->min_wait_s : 5.0;
         if (rc >= 0 && w->version < need) {
             w->src->wait(w->src->arg, need, wait);
             rc = take_from_source(w);
         }
-        if (rc >= 0 && w->version < need) {
-            rl_wire_refuse f = {w->version, rq.min_version, rq.group0, rq.nprompts};
-            sh_log(SH_LOG_DEBUG, "rl worker %d: refusing groups %d+%d: holds version %d, asked for %d",
-                   w->idx, rq.group0, rq.nprompts, w->version, rq.min_version);
-            rc = rl__msg_write(w->fd, RL_MSG_REFUSE, &f, sizeof f, NULL, 0);
-            free(probs), free(out);
-            if (rc < 0 && (errno == EPIPE || errno == ECONNRESET)) leave(w, 0);
-            return rc;
-        }
-        if (rc < 0) {
-            free(probs), free(out);
-            return rc;
-        }
+        if (rc > 0) rc = 0; /* 1: it took a version */
     }
-    while (w->version < need) {
+    while (!rc && !w->src && w->version < need) { /* direct: weights come in order */
         uint32_t type;
-        int rc = rl__msg_read(w->fd, &type, &w->msg);
+        rc = rl__msg_read(w->fd, &type, &w->msg);
         if (!rc) rc = handle(w, type);
-        if (rc) {
-            free(probs), free(out);
-            return rc;
-        }
     }
+    /* Refused: a version it could not get in time, or, asked for exactly
+     * one, a newer one (weights never go back). */
+    if (rc == 0 && (w->version < need || (rq.exact && w->version != need))) {
+        rl_wire_refuse f = {w->version, rq.min_version, rq.group0, rq.nprompts};
+        sh_log(SH_LOG_DEBUG, "rl worker %d: refusing groups %d+%d: holds version %d, asked for %s%d",
+               w->idx, rq.group0, rq.nprompts, w->version, rq.exact ? "exactly " : "", rq.min_version);
+        rc = rl__msg_write(w->fd, RL_MSG_REFUSE, &f, sizeof f, NULL, 0);
+        free(probs), free(out);
+        if (rc < 0 && (errno == EPIPE || errno == ECONNRESET)) leave(w, 0);
+        return rc;
+    }
+    if (rc) {
+        free(probs), free(out);
+        return rc;
+    }
+    w->pinned = rq.exact;
     uint64_t rng = rq.seed;
     w->mark = sh_now_mono();
     w->mark_cpu = cpu_now();
     w->req_seqs = B, w->req_steps = w->hooks = 0;
-    int rc = rl_generate(w->model, probs, n, rq.group, rq.group0, &w->c->sampling, &rng,
-                         w->version, step_hook, w, out);
+    rc = rl_generate(w->model, probs, n, rq.group, rq.group0, &w->c->sampling, &rng,
+                     w->version, step_hook, w, out);
+    w->pinned = 0;
     if (w->c->step_s <= 0) stretch(w);
     else /* the last step when every response ran to max_new */
         while (!rc && w->req_steps < rl_emu_steps(out, B)) emu_step(w);
