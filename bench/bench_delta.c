@@ -20,12 +20,13 @@
 
 #include "cli/cli_int.h"
 #include "shoal/delta.h"
+#include "shoal/nn.h"
 
 const char cli_bench_help_delta[] = "delta codec vs XOR+zstd-1: size, make/apply speed, memory [--json]";
 
 static const char bench_usage[] =
     "usage: shoal bench delta [--params N] [--lr LR] [--steps K] [--seed S] [--reps R]\n"
-    "                         [BASE NEW] [--json]\n\n"
+    "                         [--train-lr LR] [--train-steps K] [--dtypes] [BASE NEW] [--json]\n\n"
     "Without BASE NEW, generates a bf16 pair with `shoal ckpt synth --params N` and\n"
     "`shoal ckpt step --lr LR --steps K` (defaults: 256M, 1e-6, 1) in $TMPDIR.\n"
     "Measures on one core (CPU seconds of the measuring thread; the median of R\n"
@@ -41,7 +42,14 @@ static const char bench_usage[] =
     "copy+xxh3 is the ceiling of apply into a new buffer.\n"
     "Then the file layer runs as the commands do, each in a child process whose\n"
     "RssAnon is sampled every millisecond: `delta make`, `delta apply -o` and\n"
-    "`delta apply --in-place` (peak_anon_bytes; bound: 64 MiB plus the delta).\n";
+    "`delta apply --in-place` (peak_anon_bytes; bound: 64 MiB plus the delta).\n"
+    "Per dtype (without BASE NEW, or alone with --dtypes): a 4.2M-parameter GPT\n"
+    "(src/rl/nn) trained for real on a seeded Markov language with AdamW (torch's\n"
+    "defaults: betas 0.9/0.999, weight decay 0.01, clip 1; fp32 masters) for\n"
+    "--train-steps steps (default 30) at --train-lr (default 1e-5), then one more\n"
+    "step: the pair before/after it, cast to bf16, fp16 and fp32 (as a PyTorch\n"
+    "user publishing a cast of the masters does), through shoal and XOR+zstd-1\n"
+    "(delta bytes, ratio, changed fraction).  A few seconds.\n";
 
 #define XOR_CHUNK (8u << 20)
 
@@ -369,6 +377,192 @@ static void bench_ceiling(const uint8_t *src, uint8_t *dst, size_t n, double *cp
     if (a.low64 != b.low64) *cphs = NAN; /* cannot happen; keeps the hashes live */
 }
 
+/* ---- Per dtype: steps of a real AdamW training ------------------------------ */
+
+typedef struct {
+    const char *dtype;
+    uint64_t bytes, xbytes, changed, units, ckpt_bytes;
+} bench_dt;
+
+typedef struct {
+    uint64_t params, steps;
+    double lr;
+    float loss0, loss;
+    bench_dt d[3];
+} bench_dts;
+
+/* A seeded Markov language: each token has four likely successors. */
+static uint64_t bench_rnd(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int bench_train_step(nn_model *m, nn_adamw *opt, const int *succ, int V, int B, int T, uint64_t *rs,
+                            float *loss)
+{
+    int tok[8 * 33], tgt[8 * 32];
+    uint8_t mask[8 * 32];
+    for (int b = 0; b < B; b++) {
+        int cur = (int)(bench_rnd(rs) % (uint64_t)V);
+        for (int t = 0; t <= T; t++) {
+            tok[b * (T + 1) + t] = cur;
+            uint64_t r = bench_rnd(rs);
+            cur = r % 100 < 85 ? succ[cur * 4 + (int)((r >> 8) % 4)] : (int)((r >> 16) % (uint64_t)V);
+        }
+    }
+    int in[8 * 32];
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            in[b * T + t] = tok[b * (T + 1) + t];
+            tgt[b * T + t] = tok[b * (T + 1) + t + 1];
+            mask[b * T + t] = 1;
+        }
+    const float *logits, *dl;
+    nn_zero_grad(m);
+    SH_TRY(nn_forward(m, in, B, T, &logits));
+    SH_TRY(nn_xent(m, tgt, mask, loss, &dl));
+    SH_TRY(nn_backward(m, dl));
+    return nn_adamw_step(opt, m, NULL);
+}
+
+/* Writes the model's parameters p (nn_num_params floats) cast to dtype as
+ * a checkpoint at path. */
+static int bench_save_cast(const nn_model *m, const float *p, ckpt_dtype dt, const char *path)
+{
+    int n = nn_num_tensors(m);
+    size_t np = nn_num_params(m), w = dt == CKPT_F32 ? 4 : 2;
+    uint8_t *buf = malloc(np * w + 1);
+    ckpt_tensor *t = calloc((size_t)n + 1, sizeof *t);
+    if (!buf || !t) {
+        free(buf), free(t);
+        return sh_err(SH_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < np; i++) {
+        if (dt == CKPT_F32) {
+            memcpy(buf + 4 * i, &p[i], 4);
+        } else {
+            uint16_t h = dt == CKPT_BF16 ? ckpt_f32_to_bf16(p[i]) : ckpt_f32_to_f16(p[i]);
+            memcpy(buf + 2 * i, &h, 2);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const nn_tensor *x = nn_tensor_at(m, i);
+        t[i] = (ckpt_tensor){.name = x->name, .dtype = dt, .ndim = x->rows > 1 ? 2 : 1,
+                             .data = buf + x->offset * w};
+        if (x->rows > 1) t[i].shape[0] = x->rows, t[i].shape[1] = x->cols;
+        else t[i].shape[0] = x->cols;
+    }
+    int rc = ckpt_save(path, t, (size_t)n, NULL);
+    free(buf), free(t);
+    return rc;
+}
+
+static int bench_dtypes(double lr, uint64_t steps, uint64_t seed, bench_dts *r)
+{
+    memset(r, 0, sizeof *r);
+    const int V = 2048, B = 8, T = 32;
+    nn_config c = {.vocab = V, .ctx = T, .width = 256, .layers = 4, .heads = 4};
+    nn_model *m = NULL;
+    nn_adamw opt = {0};
+    int *succ = malloc(sizeof(int) * 4 * (size_t)V);
+    float *p0 = NULL;
+    uint64_t rs = seed * 7919 + 1;
+    int rc = succ ? nn_new(&c, seed, &m) : sh_err(SH_ENOMEM, "out of memory");
+    for (int i = 0; rc == SH_OK && i < 4 * V; i++) succ[i] = (int)(bench_rnd(&rs) % (uint64_t)V);
+    if (rc == SH_OK) rc = nn_adamw_init(&opt, m, (float)lr);
+    if (rc == SH_OK) {
+        opt.beta2 = 0.999f, opt.weight_decay = 0.01f, opt.clip = 1.0f; /* torch.optim.AdamW's defaults */
+        r->params = nn_num_params(m), r->steps = steps, r->lr = lr;
+        p0 = malloc(sizeof(float) * r->params);
+        if (!p0) rc = sh_err(SH_ENOMEM, "out of memory");
+    }
+    for (uint64_t k = 0; rc == SH_OK && k < steps; k++) {
+        rc = bench_train_step(m, &opt, succ, V, B, T, &rs, &r->loss);
+        if (k == 0) r->loss0 = r->loss;
+    }
+    if (rc == SH_OK) {
+        memcpy(p0, nn_params(m), sizeof(float) * r->params);
+        rc = bench_train_step(m, &opt, succ, V, B, T, &rs, &r->loss);
+    }
+    char dir[4096] = "";
+    if (rc == SH_OK) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/shoal-bench-dtypes.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(dir)) rc = sh_err_errno(errno, "mkdtemp %s", dir), dir[0] = 0;
+    }
+    static const ckpt_dtype dts[3] = {CKPT_BF16, CKPT_F16, CKPT_F32};
+    static const char *const names[3] = {"bf16", "fp16", "fp32"};
+    for (int d = 0; rc == SH_OK && d < 3; d++) {
+        char bp[4200], tp[4200];
+        snprintf(bp, sizeof bp, "%s/%s.0.safetensors", dir, names[d]);
+        snprintf(tp, sizeof tp, "%s/%s.1.safetensors", dir, names[d]);
+        ckpt *Bk = NULL, *Tk = NULL;
+        sh_buf out = {0};
+        rc = bench_save_cast(m, p0, dts[d], bp);
+        if (rc == SH_OK) rc = bench_save_cast(m, nn_params(m), dts[d], tp);
+        if (rc == SH_OK) rc = ckpt_open(bp, &Bk);
+        if (rc == SH_OK) rc = ckpt_open(tp, &Tk);
+        if (rc == SH_OK) rc = delta_make_mem(Bk, Tk, &(delta_opts){.threads = 1}, &out, NULL);
+        bench_dt *x = &r->d[d];
+        x->dtype = names[d];
+        if (rc == SH_OK) rc = delta_baseline_xor_zstd(Bk, Tk, 1, &x->xbytes);
+        if (rc == SH_OK) {
+            x->bytes = out.len;
+            x->ckpt_bytes = Tk->files[0].size;
+            for (size_t i = 0; i < Tk->ntensors; i++) {
+                const ckpt_tensor *a = &Bk->tensors[i], *b = &Tk->tensors[i];
+                unsigned w = dts[d] == CKPT_F32 ? 4 : 2;
+                for (uint64_t u = 0; u < b->numel; u++) x->changed += memcmp(a->data + u * w, b->data + u * w, w) != 0;
+                x->units += b->numel;
+            }
+        }
+        sh_buf_free(&out);
+        ckpt_close(Bk);
+        ckpt_close(Tk);
+    }
+    if (dir[0]) sh_rm_rf(dir);
+    free(p0);
+    free(succ);
+    nn_adamw_free(&opt);
+    nn_free(m);
+    return rc;
+}
+
+static json_t *bench_dtypes_json(const bench_dts *r)
+{
+    json_t *a = json_array();
+    for (int d = 0; d < 3; d++) {
+        const bench_dt *x = &r->d[d];
+        json_array_append_new(a, json_pack("{s:s,s:I,s:I,s:f,s:f,s:I}", "dtype", x->dtype, "delta_bytes",
+                                           (json_int_t)x->bytes, "xor_zstd1_bytes", (json_int_t)x->xbytes,
+                                           "ratio", x->xbytes ? (double)x->bytes / (double)x->xbytes : 0.0,
+                                           "changed_fraction",
+                                           x->units ? (double)x->changed / (double)x->units : 0.0,
+                                           "checkpoint_bytes", (json_int_t)x->ckpt_bytes));
+    }
+    return json_pack("{s:s,s:I,s:f,s:I,s:f,s:f,s:o}", "model", "src/rl/nn GPT, Markov language, AdamW",
+                     "params", (json_int_t)r->params, "lr", r->lr, "steps", (json_int_t)r->steps, "loss_first",
+                     (double)r->loss0, "loss_last", (double)r->loss, "dtypes", a);
+}
+
+static void bench_dtypes_print(const bench_dts *r)
+{
+    printf("\nper dtype: %llu-parameter GPT (src/rl/nn) after %llu AdamW steps at lr %g (loss %.3f -> %.3f), "
+           "one more step, cast from the fp32 masters:\n\n", (unsigned long long)r->params,
+           (unsigned long long)r->steps, r->lr, (double)r->loss0, (double)r->loss);
+    printf("| dtype | changed |   delta bytes | xor+zstd-1 bytes | vs xor+zstd-1 |\n");
+    printf("|-------|--------:|--------------:|-----------------:|--------------:|\n");
+    for (int d = 0; d < 3; d++) {
+        const bench_dt *x = &r->d[d];
+        printf("| %-5s | %6.2f%% | %13llu | %16llu | %13.3f |\n", x->dtype,
+               x->units ? 100.0 * (double)x->changed / (double)x->units : 0.0, (unsigned long long)x->bytes,
+               (unsigned long long)x->xbytes, x->xbytes ? (double)x->bytes / (double)x->xbytes : 0.0);
+    }
+}
+
 /* ---- Driver ------------------------------------------------------------------ */
 
 typedef struct {
@@ -376,6 +570,9 @@ typedef struct {
     double lr;
     int json;
     const char *base, *target;
+    double train_lr;
+    uint64_t train_steps;
+    int dtypes_only;
 } bench_opts;
 
 /* 0, -1 after --help or --version, or a usage status. */
@@ -384,6 +581,9 @@ static int bench_args(int argc, char **argv, bench_opts *o)
     static const struct option opts[] = {{"params", required_argument, 0, 'p'}, {"lr", required_argument, 0, 'l'},
                                          {"steps", required_argument, 0, 'k'},  {"seed", required_argument, 0, 's'},
                                          {"reps", required_argument, 0, 'r'},   {"json", no_argument, 0, 'j'},
+                                         {"train-lr", required_argument, 0, 'L'},
+                                         {"train-steps", required_argument, 0, 'K'},
+                                         {"dtypes", no_argument, 0, 'D'},
                                          {0}};
     cli_args a = {"bench delta", bench_usage, opts, NULL};
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
@@ -395,6 +595,9 @@ static int bench_args(int argc, char **argv, bench_opts *o)
         case 'k': rc = sh_parse_u64(optarg, &o->steps, "--steps"); break;
         case 's': rc = sh_parse_u64(optarg, &o->seed, "--seed"); break;
         case 'r': rc = sh_parse_u64(optarg, &o->reps, "--reps"); break;
+        case 'L': rc = sh_parse_double(optarg, &o->train_lr, "--train-lr"); break;
+        case 'K': rc = sh_parse_u64(optarg, &o->train_steps, "--train-steps"); break;
+        case 'D': o->dtypes_only = 1; break;
         default: return a.rc ? a.rc : -1;
         }
         if (rc < 0) return cli_usage("bench delta", "%s", sh_errmsg());
@@ -406,6 +609,10 @@ static int bench_args(int argc, char **argv, bench_opts *o)
     if (np == 2) o->base = pos[0], o->target = pos[1];
     if (o->params < 1000) return cli_usage("bench delta", "--params must be at least 1000");
     if (o->reps < 1 || o->reps > BENCH_MAX_REPS) return cli_usage("bench delta", "--reps must be 1..100");
+    if (!(o->train_lr > 0 && o->train_lr <= 1))
+        return cli_usage("bench delta", "--train-lr %g: use a learning rate in (0, 1]", o->train_lr);
+    if (o->train_steps > 100000) return cli_usage("bench delta", "--train-steps must be 0..100000");
+    if (o->dtypes_only && o->base) return cli_usage("bench delta", "--dtypes trains its own pairs: give no BASE NEW");
     return 0;
 }
 
@@ -547,7 +754,7 @@ static json_t *bench_range_json(const bench_stat *s)
 
 static json_t *bench_num_json(double v) { return isnan(v) ? json_null() : json_real(v); }
 
-static void bench_print_json(const bench_res *r, const double *med)
+static void bench_print_json(const bench_res *r, const double *med, const bench_dts *dt)
 {
     double gb = (double)r->ckpt_bytes / 1e9, frac = r->units ? (double)r->changed / (double)r->units : 0;
     double size_x = (double)r->bytes / (double)r->xbytes, bound_x = (double)r->bytes / r->bound;
@@ -587,16 +794,17 @@ static void bench_print_json(const bench_res *r, const double *med)
     json_object_set_new(j, "anon_bound_met",
                         json_boolean(r->anon_make <= bound && r->anon_apply <= bound &&
                                      r->anon_inplace <= bound));
+    if (dt) json_object_set_new(j, "per_dtype", bench_dtypes_json(dt));
     sh_json_print(j);
     json_decref(j);
 }
 
-static void bench_print(const bench_opts *o, const bench_res *r)
+static void bench_print(const bench_opts *o, const bench_res *r, const bench_dts *dt)
 {
     double med[F_N], lo[F_N], hi[F_N];
     for (int i = 0; i < F_N; i++) med[i] = bench_med(&r->f[i], &lo[i], &hi[i]);
     if (o->json) {
-        bench_print_json(r, med);
+        bench_print_json(r, med, dt);
         return;
     }
     double gb = (double)r->ckpt_bytes / 1e9, frac = r->units ? (double)r->changed / (double)r->units : 0;
@@ -641,6 +849,7 @@ static void bench_print(const bench_opts *o, const bench_res *r)
            "(bound 64 MiB + delta = %.1f MiB) %s\n", (double)r->anon_make / 1048576.0,
            (double)r->anon_apply / 1048576.0, (double)r->anon_inplace / 1048576.0,
            (double)bound / 1048576.0, met ? "met" : "MISSED");
+    if (dt) bench_dtypes_print(dt);
 }
 
 /* The baseline's buffers: room for every chunk's worst case, faulted in. */
@@ -708,9 +917,33 @@ static int bench_runs(const bench_opts *o, const ckpt *B, const ckpt *T, uint8_t
 
 int cli_bench_delta(int argc, char **argv)
 {
-    bench_opts o = {.params = 256000000, .steps = 1, .seed = 1, .lr = 1e-6, .reps = 3};
+    bench_opts o = {.params = 256000000, .steps = 1, .seed = 1, .lr = 1e-6, .reps = 3, .train_lr = 1e-5,
+                    .train_steps = 30};
     int rc = bench_args(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
+    bench_dts *dt = NULL;
+    if (o.dtypes_only || !o.base) {
+        if (!o.json) fprintf(stderr, "per dtype: training a small GPT with AdamW (%llu steps at lr %g) ...\n",
+                             (unsigned long long)o.train_steps, o.train_lr);
+        dt = calloc(1, sizeof *dt);
+        int e = dt ? bench_dtypes(o.train_lr, o.train_steps, o.seed, dt) : sh_err(SH_ENOMEM, "out of memory");
+        if (e < 0) {
+            free(dt);
+            return cli_fail("bench delta", e);
+        }
+    }
+    if (o.dtypes_only) {
+        if (o.json) {
+            json_t *j = bench_dtypes_json(dt);
+            json_object_set_new(j, "bench", json_string("delta --dtypes"));
+            sh_json_print(j);
+            json_decref(j);
+        } else {
+            bench_dtypes_print(dt);
+        }
+        free(dt);
+        return 0;
+    }
     char dir[4096] = "", bp[4096], tp[4096];
     if (!o.base) {
         if ((rc = bench_generate(&o, dir, bp, tp))) return rc;
@@ -743,7 +976,8 @@ int cli_bench_delta(int argc, char **argv)
     bench_release(bbuf, blen);
     bench_release(tbuf, tlen);
     if (dir[0]) sh_rm_rf(dir);
-    if (err == SH_OK) bench_print(&o, r);
+    if (err == SH_OK) bench_print(&o, r, dt);
     free(r);
+    free(dt);
     return err < 0 ? cli_fail("bench delta", err) : 0;
 }

@@ -59,6 +59,7 @@ def timed(fn):
 
 
 def run(params, versions, dtype, work, lr):
+    load0 = os.getloadavg()[0]
     torch.manual_seed(0)
     vocab, d, layers = shape_for(params)
     m = GPT(vocab, d, layers)
@@ -117,6 +118,7 @@ def run(params, versions, dtype, work, lr):
         med["xor_zstd1"] = statistics.median(r["xor_zstd1"] for r in xz)
         med["delta_vs_xor_zstd1"] = statistics.median(r["stored_bytes"] / r["xor_zstd1"] for r in xz)
     med.update(params=n, layers=layers, d=d, vocab=vocab, dtype=dtype, versions=versions, lr=lr,
+               loadavg_start=load0, loadavg_end=os.getloadavg()[0],
                anchor_bytes=rows[0]["stored_bytes"],
                blocked_vs_save_mem=med["async_call"] / med["save_mem"],
                e2e_vs_save_fsync=med["async_e2e"] / med["save_fsync"],
@@ -149,7 +151,8 @@ def main():
                           r["params"] / 1e6, dt, r["save_mem"], r["save_fsync"], r["publish"],
                           r["publish_vs_save_fsync"], r["async_call"], r["blocked_vs_save_mem"],
                           r["async_e2e"], r["e2e_vs_save_fsync"], r["stored_bytes"] / 1e6, r.get("delta_vs_xor_zstd1", 0),
-                          r["anchor_bytes"] / 1e6, r["save_bytes"] / 1e6), flush=True)
+                          r["anchor_bytes"] / 1e6, r["save_bytes"] / 1e6) +
+                      " | load %.1f-%.1f" % (r["loadavg_start"], r["loadavg_end"]), flush=True)
     if a.json:
         json.dump(out, sys.stdout, indent=1)
         print()

@@ -66,6 +66,68 @@ static void test_publish_tensors_list_and_lease(void **state)
     free(w);
 }
 
+/* store_publish_keep (the Python Store's default): deltas made against the
+ * kept image, under ASan here.  Every version materializes to the bytes
+ * ckpt_save writes for the same tensors; a second handle publishing in
+ * between, and a new handle (a restart), make the kept image stale, and
+ * the next delta is made against the store's version instead. */
+static void test_publish_kept(void **state)
+{
+    const char *root = tu_path("kept");
+    sh_rm_rf(root);
+    store *a, *b;
+    TU_OK(store_open(root, NULL, 1, &a));
+    TU_OK(store_open(root, NULL, 1, &b));
+    TU_OK(store_publish_keep(a, 1, 2));
+    TU_OK(store_publish_keep(b, 1, 0));
+    TU_ERR(store_publish_keep(a, 1, -1), SH_EINVAL, "-1 encoder threads");
+    enum { N = 70000 };
+    float *f = malloc(N * sizeof *f);
+    uint16_t *h = malloc(N * sizeof *h);
+    for (int i = 0; i < N; i++) f[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f, h[i] = ckpt_f32_to_bf16(f[i]);
+    ckpt_tensor t[2] = {{.name = "f", .dtype = CKPT_F32, .ndim = 2, .shape = {N / 10, 10}, .data = (const uint8_t *)f},
+                        {.name = "h", .dtype = CKPT_BF16, .ndim = 1, .shape = {N}, .data = (const uint8_t *)h}};
+    store *who[6] = {a, a, b, a, NULL, a};
+    for (int v = 1; v <= 6; v++) {
+        for (int i = v; i < N; i += 3) f[i] += 1e-3f, h[i] = ckpt_f32_to_bf16(f[i]);
+        store *s = who[v - 1];
+        if (!s) { /* a restarted publisher */
+            store_close(a);
+            TU_OK(store_open(root, NULL, 1, &a));
+            TU_OK(store_publish_keep(a, 1, 1));
+            s = who[5] = a;
+        }
+        uint64_t got;
+        TU_OK(store_publish_tensors_meta(s, t, 2, v == 2 ? "{\"k\":\"v\"}" : NULL, 20, &got));
+        assert_int_equal(got, (uint64_t)v);
+        char want[4096], out[4096];
+        snprintf(want, sizeof want, "%s.want%d", root, v);
+        snprintf(out, sizeof out, "%s.out%d", root, v);
+        json_t *meta = v == 2 ? json_pack("{s:s}", "k", "v") : NULL;
+        TU_OK(ckpt_save(want, t, 2, meta));
+        json_decref(meta);
+        TU_OK(store_materialize(a, (uint64_t)v, 0, NULL, out));
+        assert_int_equal(tu_run(NULL, "cmp -s %s %s", want, out), 0);
+    }
+    char *text;
+    TU_OK(store_list_json(a, &text));
+    int anchors = 0; /* version 1 only: every other is a delta */
+    for (const char *p = text; (p = strstr(p, "\"kind\":\"anchor\"")); p++) anchors++;
+    assert_int_equal(anchors, 1);
+    assert_non_null(strstr(text, "\"version\":6,\"kind\":\"delta\""));
+    sh_free(text);
+    ckpt_tensor neg = {.name = "n", .dtype = CKPT_F32, .ndim = 1, .shape = {-4}, .data = (const uint8_t *)f};
+    uint64_t v;
+    TU_ERR(store_publish_tensors(a, &neg, 1, 0, &v), SH_EINVAL, "bad dtype, rank or shape");
+    TU_OK(store_publish_keep(a, 0, 0)); /* off: the file path again */
+    TU_OK(store_publish_tensors(a, t, 2, 20, &v));
+    assert_int_equal(v, 7);
+    store_close(a);
+    store_close(b);
+    free(f);
+    free(h);
+}
+
 static void test_replica_config_errors(void **state)
 {
     store_replica *r;
@@ -87,6 +149,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_publish_tensors_list_and_lease),
+        cmocka_unit_test(test_publish_kept),
         cmocka_unit_test(test_replica_config_errors),
     };
     return cmocka_run_group_tests_name("bind", tests, NULL, NULL);

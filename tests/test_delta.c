@@ -3,6 +3,7 @@
  * deltas), in-place and sharded applies, squash, and the command line. */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -242,16 +243,16 @@ static void test_threads_identical(void **state)
     assert_int_equal(st.chunks[1] + st.chunks[2] + st.chunks[3] + st.chunks[4], 0);
 }
 
-/* Every vector width of the scan (AVX-512, AVX2, SSE2, as far as this CPU
- * has them) writes the same delta: every unit width, float and integer,
- * sparse and dense chunks, tails below one 64-byte block, and chunks with
+/* Every vector width of the scan and of the DENSE symbols (AVX-512, AVX2,
+ * SSE2, as far as this CPU has them) writes the same delta: every unit
+ * width, float and integer, sparse and dense chunks, tails below one 64-byte block, and chunks with
  * exactly the most changes a sparse chunk may hold (a quarter of the units)
  * and one more. */
 static void test_isa_identical(void **state)
 {
     tt b[32], t[32];
     size_t n = 0;
-    ckpt_dtype dts[] = {CKPT_U8, CKPT_BF16, CKPT_I16, CKPT_F32, CKPT_I32, CKPT_F64, CKPT_I64};
+    ckpt_dtype dts[] = {CKPT_U8, CKPT_BF16, CKPT_F16, CKPT_I16, CKPT_F32, CKPT_I32, CKPT_F64, CKPT_I64};
     for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
         for (int v = 0; v < 2; v++) {
             char nm[32];
@@ -279,6 +280,7 @@ static void test_isa_identical(void **state)
     TU_OK(delta_make(bp, tp, d2, &(delta_opts){.threads = 1}, NULL));
     json_t *j = inspect(d2);
     assert_true(count_enc(j, "SPARSE") > 0);
+    assert_true(count_enc(j, "DENSE") > 0);
     assert_true(count_enc(j, "DENSE") + count_enc(j, "ZSTD") + count_enc(j, "RAW") > 0);
     size_t i;
     json_t *e;
@@ -665,8 +667,8 @@ static void test_bench_json(void **state)
     /* The bench generates a pair, runs both codecs (each checks its own
      * round trip) and reports one JSON object with medians and ranges. */
     char *o;
-    assert_int_equal(tu_run(&o, "TMPDIR=%s %s bench delta --params 1M --reps 2 --json", tu_tmpdir(),
-                            tu_shoal()), 0);
+    assert_int_equal(tu_run(&o, "TMPDIR=%s %s bench delta --params 1M --reps 2 --train-steps 1 --json",
+                            tu_tmpdir(), tu_shoal()), 0);
     json_t *j;
     TU_OK(sh_json_parse(o, strlen(o), "bench delta", &j));
     json_t *sh = json_object_get(j, "shoal"), *x = json_object_get(j, "xor_zstd1");
@@ -680,7 +682,48 @@ static void test_bench_json(void **state)
     double med = json_real_value(json_object_get(sh, "make_s"));
     assert_true(lo > 0 && lo <= med && med <= hi);
     assert_true(json_real_value(json_object_get(json_object_get(j, "machine"), "memcpy_gb_per_s")) > 0);
+    assert_int_equal(json_array_size(json_object_get(json_object_get(j, "per_dtype"), "dtypes")), 3);
     json_decref(j);
+    free(o);
+}
+
+/* Issue 31: the delta of a real AdamW step per dtype (bf16, fp16, fp32 casts
+ * of the fp32 masters) against XOR+zstd-1 of the same pair.  One step of a
+ * from-scratch training moves every master by about lr: in fp32 every
+ * element changes, in bf16 a fraction; shoal is smaller than the baseline
+ * in each.  Bad options are refused with the option named. */
+static void test_bench_dtypes(void **state)
+{
+    char *o;
+    assert_int_equal(tu_run(&o, "TMPDIR=%s %s bench delta --dtypes --train-steps 1 --json", tu_tmpdir(),
+                            tu_shoal()), 0);
+    json_t *j;
+    TU_OK(sh_json_parse(o, strlen(o), "bench delta --dtypes", &j));
+    assert_true(json_integer_value(json_object_get(j, "params")) > 1000000);
+    json_t *d = json_object_get(j, "dtypes");
+    assert_int_equal(json_array_size(d), 3);
+    const char *want[] = {"bf16", "fp16", "fp32"};
+    for (size_t i = 0; i < 3; i++) {
+        json_t *e = json_array_get(d, i);
+        assert_string_equal(json_string_value(json_object_get(e, "dtype")), want[i]);
+        json_int_t b = json_integer_value(json_object_get(e, "delta_bytes"));
+        json_int_t x = json_integer_value(json_object_get(e, "xor_zstd1_bytes"));
+        double frac = json_real_value(json_object_get(e, "changed_fraction"));
+        assert_true(b > 0 && b < x);
+        assert_true(fabs(json_real_value(json_object_get(e, "ratio")) - (double)b / (double)x) < 1e-9);
+        assert_true(frac > 0.01 && frac <= 1);
+        if (i == 2) assert_true(frac > 0.99);
+    }
+    /* Fewer elements of a 16-bit cast change than of the masters. */
+    assert_true(json_real_value(json_object_get(json_array_get(d, 0), "changed_fraction")) <
+                json_real_value(json_object_get(json_array_get(d, 2), "changed_fraction")));
+    json_decref(j);
+    free(o);
+    assert_int_equal(tu_run(&o, "%s bench delta --dtypes --train-lr 0", tu_shoal()), 2);
+    assert_non_null(strstr(o, "--train-lr 0"));
+    free(o);
+    assert_int_equal(tu_run(&o, "%s bench delta --dtypes a.safetensors b.safetensors", tu_shoal()), 2);
+    assert_non_null(strstr(o, "give no BASE NEW"));
     free(o);
 }
 
@@ -734,6 +777,7 @@ int main(void)
         cmocka_unit_test(test_sharded),               cmocka_unit_test(test_squash_chain),
         cmocka_unit_test(test_squash_whole),          cmocka_unit_test(test_memory_api),
         cmocka_unit_test(test_golden),                cmocka_unit_test(test_bench_json),
+        cmocka_unit_test(test_bench_dtypes),
         cmocka_unit_test(test_wide_changes),          cmocka_unit_test(test_isa_identical),
         cmocka_unit_test(test_few_large_tensors),
     };

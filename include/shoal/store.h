@@ -285,6 +285,16 @@ int store_publish_tensors(store *s, const ckpt_tensor *t, size_t n, uint64_t anc
  * there ("shoal.aliases", docs/safetensors.md). */
 int store_publish_tensors_meta(store *s, const ckpt_tensor *t, size_t n, const char *metadata,
                                uint64_t anchor_every, uint64_t *out);
+/* Publishes of tensors (store_publish_tensors*) on this handle keep the
+ * image of the version they published last in memory (with on = 0: stop,
+ * and free it) and make the next delta against it, with `threads` encoder
+ * threads (0: all cores): no checkpoint file is written for a delta version
+ * and the previous version is not read back from the store.  The kept image
+ * is used only while LATEST names its version and its manifest's size and
+ * model_xxh3 match (checked under the run's lock); otherwise it is read back
+ * from the store once.  Memory: up to two images (the kept one and the one
+ * being published). */
+int store_publish_keep(store *s, int on, int threads);
 /* store_list() as a JSON array of manifests ({"version", "kind", "base",
  * "size", "xxh3", "model_size", "model_xxh3", "created_at"}, or {"version",
  * "broken": true}). */

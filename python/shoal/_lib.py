@@ -97,6 +97,7 @@ _PROTOS = {
     "store_open": (i32, [cp, cp, i32, _c.POINTER(vp)]),
     "store_close": (None, [vp]),
     "store_claim_publisher": (i32, [vp, cp]),
+    "store_publish_keep": (i32, [vp, i32, i32]),
     "store_latest": (i32, [vp, _c.POINTER(u64)]),
     "store_publish_path": (i32, [vp, cp, u64, _c.POINTER(u64)]),
     "store_publish_tensors": (i32, [vp, _c.POINTER(CkptTensor), sz, u64, _c.POINTER(u64)]),

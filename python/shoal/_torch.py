@@ -48,6 +48,32 @@ def dedup(items):
     return keep, aliases
 
 
+_MADV_HUGEPAGE = 14
+_libc = None
+
+
+def _huge_pages(b):
+    """Asks for transparent huge pages under a new snapshot buffer before
+    its first copy faults it in: 512 times fewer page faults, which cost
+    some 20 us each in a VM (0.5 s for a 141 MB model in 4 KiB pages).
+    Advice only: nothing changes where the kernel does not take it."""
+    global _libc
+    n = b.numel() * b.element_size()
+    if n < (4 << 20):
+        return
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        huge = 2 << 20
+        lo = (b.data_ptr() + huge - 1) // huge * huge
+        hi = (b.data_ptr() + n) // huge * huge
+        if hi > lo:
+            _libc.madvise(lo, hi - lo, _MADV_HUGEPAGE)
+    except (OSError, AttributeError):
+        pass
+
+
 def snapshot(items, bufs):
     """Copies (name, tensor) pairs into the reusable buffers `bufs` (name ->
     tensor, updated in place) and returns ({name: buffer}, event): event is
@@ -71,8 +97,17 @@ def snapshot(items, bufs):
             on_gpu = t.device.type == "cuda"
             if b is None or b.shape != t.shape or b.dtype != t.dtype:
                 b = torch.empty(t.shape, dtype=t.dtype, pin_memory=on_gpu)
+                if not on_gpu:
+                    _huge_pages(b)
                 bufs[name] = b
-            b.copy_(t, non_blocking=on_gpu)
+            if not on_gpu and t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() \
+                    and not t.is_neg() and t.numel():
+                # One memcpy on this thread: torch's copy_ wakes its OpenMP
+                # pool, whose threads then spin on the cores the encoder
+                # needs.
+                ctypes.memmove(b.data_ptr(), t.data_ptr(), t.numel() * t.element_size())
+            else:
+                b.copy_(t, non_blocking=on_gpu)
             cuda = cuda or on_gpu
             out[name] = b
             names.add(name)

@@ -23,9 +23,19 @@ class Store:
     ShoalError (EEXIST) naming this one's pid, which catches every DDP rank
     publishing.  Publishers that share a run on purpose each pass a
     `writer_id`; they exclude only publishers that give none.
+
+    A Store that publishes tensors keeps the image of the version it
+    published last in memory (`keep_previous`, default on: up to two copies
+    of the model, the kept one and the one being published) and encodes the
+    next delta against it with `threads` threads (0: all cores), so that a
+    publish neither writes a checkpoint file for a delta version nor reads
+    the previous version back.  The kept image is used only while the run's
+    LATEST names it (checked at every publish); after a restart or another
+    writer's version it is read back from the store once.
     """
 
-    def __init__(self, root, run=None, create=True, anchor_every=0, writer_id=None, async_depth=2):
+    def __init__(self, root, run=None, create=True, anchor_every=0, writer_id=None, async_depth=2,
+                 keep_previous=True, threads=0):
         self.root = os.fspath(root)
         self._async = None
         self._async_depth = int(async_depth)
@@ -40,6 +50,14 @@ class Store:
                              ctypes.byref(h)))
         self._h = h
         self._wid = wid
+        if keep_previous:
+            threads = int(threads)
+            try:
+                check(lib.store_publish_keep(h, 1, threads))
+            except BaseException:
+                lib.store_close(h)
+                self._h = None
+                raise
         self.run = run or "main"
 
     def close(self):

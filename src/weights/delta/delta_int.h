@@ -216,7 +216,7 @@ typedef struct delta__scratch {
     ZSTD_DCtx *zd;
     delta__dtable *g, *v;
     void *ho, *hn;      /* XXH3 states for streaming chunk digests */
-    uint8_t *sym;       /* symbols of a sparse chunk (2 per change) */
+    uint8_t *sym;       /* symbols of a sparse chunk (2 per change) or a dense one (1 per unit) */
 } delta__scratch;
 
 int delta__scratch_init(delta__scratch *s);

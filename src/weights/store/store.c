@@ -68,6 +68,7 @@ int store_open(const char *root, const char *run, int create, store **out)
 
 void store_close(store *s)
 {
+    if (s) store__keep_free(s);
     if (s && s->writer_fd >= 0) close(s->writer_fd);
     free(s);
 }
@@ -543,13 +544,18 @@ static int stage_payload(store *s, const char *stage, const char *src, const ckp
  * size, is found by readers and `store verify`. */
 static int chain_readable(store *s, uint64_t a, uint64_t latest)
 {
+    return store__chain_readable(s, a, latest, 1);
+}
+
+int store__chain_readable(store *s, uint64_t a, uint64_t latest, int verify_anchor)
+{
     for (uint64_t v = a; v <= latest; v++) {
         store_version m;
         char path[4096];
         struct stat st;
         if (store_get(s, v, &m, NULL) < 0 || store_payload_path(s, v, path, sizeof path) < 0 ||
             stat(path, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != m.size ||
-            (m.anchor && v == latest && store_verify(s, v) < 0))
+            (verify_anchor && m.anchor && v == latest && store_verify(s, v) < 0))
             return 0;
     }
     return 1;
@@ -673,3 +679,7 @@ int store__write_manifest(store *s, const char *dir, const store_version *m)
 }
 int store__write_latest(store *s, uint64_t v) { return write_latest(s, v); }
 int store__anchor_of(store *s, uint64_t v, uint64_t *out) { return anchor_of(s, v, out); }
+int store__head_base(store *s, uint64_t prev, const store_version *pm, char *out, size_t cap)
+{
+    return head_base(s, prev, pm, out, cap);
+}

@@ -62,6 +62,7 @@ static int publish_tensors(store *s, const ckpt_tensor *t, size_t n, const json_
     for (size_t i = 0; i < n; i++)
         if (!t[i].name || (!t[i].data && t[i].nbytes))
             return sh_err(SH_EINVAL, "publish to run \"%s\": tensor %zu has no name or no data", s->run, i);
+    if (s->keep) return store__publish_kept(s, t, n, meta, anchor_every, out);
     /* The checkpoint is written straight from the caller's memory into the
      * run's staging folder (same file system as the versions), published,
      * then removed: a publisher holds no other copy. */

@@ -11,7 +11,23 @@ struct store {
     char versions[4096]; /* root/run/versions */
     char staging[4096];  /* root/run/staging */
     int writer_fd;       /* store_claim_publisher's lock on root/run/publisher (-1: none) */
+    struct store__keep *keep; /* store_publish_keep's images (NULL: off) */
 };
+
+/* publish_mem.c: frees what store_publish_keep() holds. */
+void store__keep_free(store *s);
+/* publish_mem.c: store_publish_tensors_meta() when s->keep is set. */
+struct json_t;
+int store__publish_kept(store *s, const ckpt_tensor *t, size_t n, const struct json_t *meta,
+                        uint64_t anchor_every, uint64_t *out);
+/* store.c's check, shared with publish_mem.c: whether readers can rebuild
+ * version `latest` from anchor `a` and the deltas after it (every payload a
+ * plain file of its manifest's size); with verify_anchor, an anchor that is
+ * `latest` is also hashed (it is then the base a delta is made against). */
+int store__chain_readable(store *s, uint64_t a, uint64_t latest, int verify_anchor);
+/* The path of version prev's full checkpoint (its anchor payload, or the
+ * head cache, rebuilt when stale); pm is its manifest. */
+int store__head_base(store *s, uint64_t prev, const store_version *pm, char *out, size_t cap);
 
 #define STORE__ANCHOR_FILE "anchor.safetensors"
 #define STORE__DELTA_FILE "delta.shd"
