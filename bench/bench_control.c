@@ -143,7 +143,10 @@ static int time_starts(client_conn *c, const char *body, int n, double *out, sh_
         double t0 = sh_now_mono();
         int st;
         json_t *j = NULL;
-        SH_TRY(client_call(c, "POST", "/v1/jobs", json_loads(body, 0, NULL), NULL, 5, &st, &j));
+        json_t *req = json_loads(body, 0, NULL); /* client_call does not take it */
+        int rc = client_call(c, "POST", "/v1/jobs", req, NULL, 5, &st, &j);
+        json_decref(req);
+        SH_TRY(rc);
         long long id = json_integer_value(json_object_get(j, "id"));
         json_decref(j);
         if (st != 201) return sh_err(SH_EIO, "bench: submit returned HTTP %d", st);
@@ -299,7 +302,9 @@ static int cycle_time(int nodes, double *busy_ms, double *idle_ms)
         for (int k = 0; rc == SH_OK && k < 100; k++) {
             int st;
             json_t *j = NULL;
-            rc = client_call(c, "POST", "/v1/jobs", json_loads(bodies[k % 3], 0, NULL), NULL, 5, &st, &j);
+            json_t *req = json_loads(bodies[k % 3], 0, NULL);
+            rc = client_call(c, "POST", "/v1/jobs", req, NULL, 5, &st, &j);
+            json_decref(req);
             json_decref(j);
         }
         double t = srv_cycle_for_bench(b.s);
