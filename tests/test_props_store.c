@@ -217,6 +217,51 @@ static void test_publish_mem_needs_image(void **state)
     store_close(s);
 }
 
+/* Which versions are anchors is the store's rule, not the caller's: the
+ * first version of a run and a version given without a delta are anchors
+ * (a replica must be able to load them alone), whatever delta comes along. */
+static void test_publish_mem_anchor_rule(void **state)
+{
+    const char *root = tu_path("props-pubanchor");
+    sh_rm_rf(root);
+    TU_OK(ckpt_synth(tu_path("pa1.st"), 20000, 7));
+    TU_OK(ckpt_step(tu_path("pa1.st"), tu_path("pa2.st"), 1e-3, 1, 8));
+    ckpt *c1, *c2;
+    TU_OK(ckpt_open(tu_path("pa1.st"), &c1));
+    TU_OK(ckpt_open(tu_path("pa2.st"), &c2));
+    sh_buf d = {0};
+    TU_OK(delta_make_mem(c1, c2, NULL, &d, NULL));
+    size_t n1, n2;
+    uint8_t *i1 = tu_read_file(tu_path("pa1.st"), &n1), *i2 = tu_read_file(tu_path("pa2.st"), &n2);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    store_plan *p = malloc(sizeof *p);
+    uint64_t v = 0;
+    /* The first version, handed a valid delta of its own size. */
+    store_mem_version in = {.image = i2, .image_len = n2, .delta = (const uint8_t *)d.data, .delta_len = d.len};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 1);
+    TU_OK(store_plan_make(s, 0, 1, p));
+    if (p->kind != STORE_PLAN_ANCHOR || p->anchor != 1)
+        fail_msg("the first version of a run is not an anchor (plan kind %d, anchor %llu)", p->kind,
+                 (unsigned long long)p->anchor);
+    /* A later version without a delta. */
+    in = (store_mem_version){.image = i1, .image_len = n1, .base = 1};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 2);
+    TU_OK(store_plan_make(s, 0, 2, p));
+    if (p->kind != STORE_PLAN_ANCHOR || p->anchor != 2)
+        fail_msg("a version published without a delta is not an anchor (plan kind %d, anchor %llu)", p->kind,
+                 (unsigned long long)p->anchor);
+    free(p);
+    store_close(s);
+    sh_buf_free(&d);
+    free(i1);
+    free(i2);
+    ckpt_close(c1);
+    ckpt_close(c2);
+}
+
 static void *root_loop(void *arg)
 {
     bcast_node_run(arg, 120);
@@ -318,6 +363,7 @@ int main(void)
         cmocka_unit_test(test_latest_fields_required),
         cmocka_unit_test(test_published_modes),
         cmocka_unit_test(test_publish_mem_needs_image),
+        cmocka_unit_test(test_publish_mem_anchor_rule),
         cmocka_unit_test(test_pushed_version_digest_checked),
         cmocka_unit_test(test_squash_is_the_chain),
     };
