@@ -7,7 +7,11 @@
  *    path, outside the state directory, under a folder the admin allows
  *    the tenant, holding none given to another, and not another tenant's
  *    (a folder, one inside it or one above it); a sibling whose name only
- *    starts the same is not inside; the admin's jobs take no folder. */
+ *    starts the same is not inside; the admin's jobs take no folder;
+ *  - a node's report or output for a rank past a job's members is stale,
+ *    never read as a member (no event, no log file), the real rank's is;
+ *  - tenant names hold only [a-z0-9_.-] and start with [a-z0-9]: each
+ *    neighbour of those ranges is refused at start, the edges are taken. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -20,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -157,11 +162,144 @@ static void test_writable_each_condition(void **state)
     tf_stop(&f);
 }
 
+/* Polls as node "solo" (credential cred) with `extra` fields; returns the
+ * status and the reply's first member's attempt in *attempt (-1: none). */
+static int poll_solo(tf_fleet *f, const char *cred, const char *extra, int64_t *attempt)
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"node\":\"solo\",\"wait_ms\":0%s}", extra);
+    int st;
+    json_t *j = tf_call(f, cred, "POST", "/v1/agent/poll", body, &st);
+    json_t *m = json_array_get(json_object_get(j, "members"), 0);
+    if (attempt) *attempt = m ? json_integer_value(json_object_get(m, "attempt")) : -1;
+    json_decref(j);
+    return st;
+}
+
+static const char *job_state(tf_fleet *f, int64_t id, char *out, size_t cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    int st;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+    snprintf(out, cap, "%s", json_string_value(json_object_get(j, "state")) ? json_string_value(json_object_get(j, "state")) : "?");
+    json_decref(j);
+    return out;
+}
+
+/* How many of job id's events are of `kind`. */
+static int events_of(tf_fleet *f, int64_t id, const char *kind)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/events", (long long)id);
+    int st, n = 0;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(j, "events"), i, e) n += !strcmp(json_string_value(json_object_get(e, "kind")), kind);
+    json_decref(j);
+    return n;
+}
+
+/* A node speaks only for the ranks of a job's members: a report or output
+ * for a rank past them (the job's world size, or far past it, beyond an
+ * int) is stale, taken as nothing, and never read as a member; the job
+ * ends only when its real rank does. */
+static void test_agent_rank_past_members(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "ranks", 10);
+    int st;
+    json_t *r = tf_call(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"solo\",\"gpu_type\":\"X\",\"gpus\":8}", &st);
+    assert_int_equal(st, 200);
+    char *cred = strdup(json_string_value(json_object_get(r, "credential")));
+    json_decref(r);
+    int64_t id, attempt = -1;
+    assert_int_equal(submit(&f, TF_ALICE, "", &id, NULL, NULL, 0), 201);
+    for (int i = 0; i < 200 && attempt < 0; i++) {
+        assert_int_equal(poll_solo(&f, cred, "", &attempt), 200);
+        if (attempt < 0) usleep(50000);
+    }
+    if (attempt < 0) fail_msg("job %lld was never given to node solo", (long long)id);
+    char extra[512], s1[32];
+    const long long ranks[] = {1, 2, 64, 2147483648LL, 4294967296LL};
+    for (size_t i = 0; i < sizeof ranks / sizeof *ranks; i++) {
+        snprintf(extra, sizeof extra,
+                 ",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":%lld,\"state\":\"exited\",\"exit_code\":3}],"
+                 "\"logs\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":%lld,\"data\":\"PAST\\n\"}]",
+                 (long long)id, (long long)attempt, ranks[i], (long long)id, (long long)attempt, ranks[i]);
+        int got = poll_solo(&f, cred, extra, NULL);
+        if (got != 200) fail_msg("a report for rank %lld of a 1-member job: status %d, not taken as stale", ranks[i], got);
+        if (strcmp(job_state(&f, id, s1, sizeof s1), "succeeded") == 0 || strcmp(s1, "failed") == 0)
+            fail_msg("a report for rank %lld ended job %lld (%s)", ranks[i], (long long)id, s1);
+    }
+    /* Nothing was taken from them: no event, no log file of a rank past
+     * the members in the server's state. */
+    if (events_of(&f, id, "exited")) fail_msg("a report for a rank past the members left an \"exited\" event");
+    char lp[4400];
+    for (int k = 1; k <= 2; k++) {
+        snprintf(lp, sizeof lp, "%s/logs/%lld/%d.log", f.dir, (long long)id, k);
+        if (sh_path_exists(lp)) fail_msg("output for rank %d of a 1-member job was written to %s", k, lp);
+    }
+    /* The real rank's report is read: the job ends, with its status. */
+    snprintf(extra, sizeof extra,
+             ",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":0,\"state\":\"exited\",\"exit_code\":3}]",
+             (long long)id, (long long)attempt);
+    assert_int_equal(poll_solo(&f, cred, extra, NULL), 200);
+    json_decref(tf_wait_job(&f, id, "failed", 10));
+    if (events_of(&f, id, "exited") != 1) fail_msg("rank 0's report left no \"exited\" event");
+    free(cred);
+    tf_stop(&f);
+}
+
+/* Tenant names hold only a-z, 0-9, '_', '.' and '-', and start with a
+ * letter or a digit: each neighbour of those ranges (and a capital, a
+ * space, a non-ASCII letter) is refused at start by name, first or later in
+ * the name; a name made of the edges of every range is a tenant. */
+static void test_tenant_name_chars(void **state)
+{
+    static const char *const bad[] = {"a/b", "a:b", "a`b", "a{b", "a^b", "a,b", "a b", "aZb", "a@b", "a\\u00e9",
+                                      "a\\u007f", "_ab", ".ab", "-ab", "`ab", "{ab", "/ab", ":ab", "Aab"};
+    const char *dir = tu_path("tnames");
+    sh_rm_rf(dir);
+    TU_OK(sh_mkdir_p(dir, 0755));
+    char tok[4200], text[512];
+    snprintf(tok, sizeof tok, "%s/tokens.json", dir);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(text, sizeof text, "{\"admin\":\"a1\",\"agent\":\"g1\",\"tenants\":{\"%s\":\"t1\"}}", bad[i]);
+        tu_write_file(tok, text, strlen(text));
+        chmod(tok, 0600);
+        char *out = NULL;
+        /* A name taken starts a server: the time limit ends it (rc 124). */
+        int rc = tu_run(&out, "timeout 5 %s server --tokens %s --db %s/s.db --port 0", tu_shoal(), tok, dir);
+        if (rc == 0 || !strstr(out, "the name")) fail_msg("tenant name \"%s\": exit %d, output:\n%s", bad[i], rc, out);
+        free(out);
+    }
+    /* Every edge allowed: the server starts and the tenant's token works. */
+    tf_fleet f = {0};
+    tf_start_server(&f, "tnames-ok", 10);
+    tf_stop(&f);
+    snprintf(tok, sizeof tok, "%s/tokens.json", f.dir);
+    snprintf(text, sizeof text, "{\"admin\":\"%s\",\"agent\":\"%s\",\"tenants\":{\"0az9_.-\":\"tok-e1\",\"9-z\":\"tok-e2\"}}",
+             TF_ADMIN, TF_AGENT);
+    tu_write_file(tok, text, strlen(text));
+    chmod(tok, 0600);
+    tf_restart_server(&f);
+    int st;
+    json_decref(tf_call(&f, "tok-e1", "GET", "/v1/jobs", NULL, &st));
+    assert_int_equal(st, 200);
+    json_decref(tf_call(&f, "tok-e2", "GET", "/v1/jobs", NULL, &st));
+    assert_int_equal(st, 200);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_idempotency_per_tenant, tf_teardown),
         cmocka_unit_test_teardown(test_writable_each_condition, tf_teardown),
+        cmocka_unit_test_teardown(test_agent_rank_past_members, tf_teardown),
+        cmocka_unit_test_teardown(test_tenant_name_chars, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
