@@ -26,6 +26,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -222,6 +223,51 @@ static void test_publish_mem_needs_image(void **state)
     store_close(s);
 }
 
+/* Which versions are anchors is the store's rule, not the caller's: the
+ * first version of a run and a version given without a delta are anchors
+ * (a replica must be able to load them alone), whatever delta comes along. */
+static void test_publish_mem_anchor_rule(void **state)
+{
+    const char *root = tu_path("props-pubanchor");
+    sh_rm_rf(root);
+    TU_OK(ckpt_synth(tu_path("pa1.st"), 20000, 7));
+    TU_OK(ckpt_step(tu_path("pa1.st"), tu_path("pa2.st"), 1e-3, 1, 8));
+    ckpt *c1, *c2;
+    TU_OK(ckpt_open(tu_path("pa1.st"), &c1));
+    TU_OK(ckpt_open(tu_path("pa2.st"), &c2));
+    sh_buf d = {0};
+    TU_OK(delta_make_mem(c1, c2, NULL, &d, NULL));
+    size_t n1, n2;
+    uint8_t *i1 = tu_read_file(tu_path("pa1.st"), &n1), *i2 = tu_read_file(tu_path("pa2.st"), &n2);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    store_plan *p = malloc(sizeof *p);
+    uint64_t v = 0;
+    /* The first version, handed a valid delta of its own size. */
+    store_mem_version in = {.image = i2, .image_len = n2, .delta = (const uint8_t *)d.data, .delta_len = d.len};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 1);
+    TU_OK(store_plan_make(s, 0, 1, p));
+    if (p->kind != STORE_PLAN_ANCHOR || p->anchor != 1)
+        fail_msg("the first version of a run is not an anchor (plan kind %d, anchor %llu)", p->kind,
+                 (unsigned long long)p->anchor);
+    /* A later version without a delta. */
+    in = (store_mem_version){.image = i1, .image_len = n1, .base = 1};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 2);
+    TU_OK(store_plan_make(s, 0, 2, p));
+    if (p->kind != STORE_PLAN_ANCHOR || p->anchor != 2)
+        fail_msg("a version published without a delta is not an anchor (plan kind %d, anchor %llu)", p->kind,
+                 (unsigned long long)p->anchor);
+    free(p);
+    store_close(s);
+    sh_buf_free(&d);
+    free(i1);
+    free(i2);
+    ckpt_close(c1);
+    ckpt_close(c2);
+}
+
 static void *root_loop(void *arg)
 {
     bcast_node_run(arg, 120);
@@ -231,22 +277,31 @@ static void *root_loop(void *arg)
 /* Version 2 is a delta whose manifest names a model digest one hex digit
  * off (the payload's own hash and the delta's digests are right, so the
  * push tree and the codec pass it): a real `shoal replica` fed by a push
- * root takes version 1 and must never activate version 2. */
-static void test_pushed_version_digest_checked(void **state)
+ * root takes version 1 and must never activate version 2.  With a version
+ * 3 after it (nver 3), the root announces version 3 and the replica builds
+ * versions 1 and 2 in memory without activating them (a late joiner's
+ * catch-up): version 2 must be refused there too, so version 3, whose base
+ * it is, is never built on it; the replica then activates the anchor it
+ * kept whole. */
+static void digest_case(int nver)
 {
-    const char *root = tu_path("props-push"), *dir = tu_path("props-push-rep");
+    char root[4096], dir[4096];
+    snprintf(root, sizeof root, "%s%d", tu_path("props-push"), nver);
+    snprintf(dir, sizeof dir, "%s%d", tu_path("props-push-rep"), nver);
     sh_rm_rf(root);
     sh_rm_rf(dir);
     TU_OK(ckpt_synth(tu_path("pp1.st"), 100000, 5));
     TU_OK(ckpt_step(tu_path("pp1.st"), tu_path("pp2.st"), 1e-3, 1, 6));
+    TU_OK(ckpt_step(tu_path("pp2.st"), tu_path("pp3.st"), 1e-3, 1, 7));
     store *s;
     TU_OK(store_open(root, NULL, 1, &s));
     uint64_t v;
-    TU_OK(store_publish(s, tu_path("pp1.st"), NULL, &v));
-    TU_OK(store_publish(s, tu_path("pp2.st"), NULL, &v));
-    char pay[2][4096], *text[2];
-    store_version m[2];
-    for (int k = 0; k < 2; k++) {
+    char pay[3][4096], *text[3];
+    store_version m[3];
+    for (int k = 0; k < nver; k++) {
+        char src[64];
+        snprintf(src, sizeof src, "pp%d.st", k + 1);
+        TU_OK(store_publish(s, tu_path(src), NULL, &v));
         TU_OK(store_get(s, (uint64_t)k + 1, &m[k], &text[k]));
         TU_OK(store_payload_path(s, (uint64_t)k + 1, pay[k], sizeof pay[k]));
     }
@@ -260,16 +315,16 @@ static void test_pushed_version_digest_checked(void **state)
     bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
     bcast_node *n;
     TU_OK(bcast_node_new(&bc, &n));
-    TU_OK(bcast_node_add_object(n, text[0], pay[0]));
-    TU_OK(bcast_node_add_object(n, text[1], pay[1]));
-    free(text[0]);
-    free(text[1]);
+    for (int k = 0; k < nver; k++) {
+        TU_OK(bcast_node_add_object(n, text[k], pay[k]));
+        free(text[k]);
+    }
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, root_loop, n), 0);
     char log[4096], cmd[8192];
     snprintf(log, sizeof log, "%s.log", dir);
-    snprintf(cmd, sizeof cmd, "exec %s replica --dir %s --parent %s --until 2 --seconds 8 --json >%s 2>&1", tu_shoal(),
-             dir, bcast_node_address(n), log);
+    snprintf(cmd, sizeof cmd, "exec %s replica --dir %s --parent %s --until %d --seconds 8 --json >%s 2>&1",
+             tu_shoal(), dir, bcast_node_address(n), nver, log);
     char *out = NULL;
     int rc = tu_run(&out, "%s", cmd);
     free(out);
@@ -286,7 +341,9 @@ static void test_pushed_version_digest_checked(void **state)
     json_t *j = json_loads(act, 0, NULL);
     long long on = j ? (long long)json_integer_value(json_object_get(j, "version")) : 0;
     json_decref(j);
-    if (rc == 0 || on == 2) fail_msg("the replica activated version 2 (exit %d): ACTIVE %s\n%s", rc, act, l);
+    if (rc == 0 || on >= 2) fail_msg("the replica activated version %lld (exit %d): ACTIVE %s\n%s", on, rc, act, l);
+    /* Version 1 (an anchor) was staged on the way to the newest and kept
+     * whole: the replica falls back to it. */
     if (on != 1) fail_msg("the replica did not take version 1: ACTIVE %s\n%s", act, l);
     if (!strstr(l, "not the manifest's model_xxh3")) fail_msg("the replica did not say why: %s", l);
     /* The activation that succeeded records when it became durable (its
@@ -297,6 +354,10 @@ static void test_pushed_version_digest_checked(void **state)
     free(act);
     free(l);
 }
+
+static void test_pushed_version_digest_checked(void **state) { digest_case(2); }
+
+static void test_staged_version_digest_checked(void **state) { digest_case(3); }
 
 static void test_squash_is_the_chain(void **state)
 {
@@ -319,6 +380,61 @@ static void test_squash_is_the_chain(void **state)
     }
 }
 
+static atomic_int root_stop;
+
+static void *root_steps(void *arg)
+{
+    while (!atomic_load(&root_stop)) store_push_root_step(arg, 0.1);
+    return NULL;
+}
+
+/* A push root follows its run's LATEST: a version published after the
+ * root's first offer is offered too, and a replica joining the tree
+ * activates it. */
+static void test_push_root_offers_later_versions(void **state)
+{
+    const char *root = tu_path("props-later"), *dir = tu_path("props-later-rep");
+    sh_rm_rf(root);
+    sh_rm_rf(dir);
+    TU_OK(ckpt_synth(tu_path("pl1.st"), 100000, 9));
+    TU_OK(ckpt_step(tu_path("pl1.st"), tu_path("pl2.st"), 1e-3, 1, 10));
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    TU_OK(store_publish(s, tu_path("pl1.st"), NULL, &v));
+    bcast_config bc = {.chunk_size = 64 << 10};
+    store_push_root *r;
+    TU_OK(store_push_root_new(root, NULL, &bc, &r));
+    TU_OK(store_push_root_step(r, 0.05)); /* offers version 1 */
+    TU_OK(store_publish(s, tu_path("pl2.st"), NULL, &v));
+    assert_int_equal(v, 2);
+    store_close(s);
+    atomic_store(&root_stop, 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, root_steps, r), 0);
+    char log[4096];
+    snprintf(log, sizeof log, "%s.log", dir);
+    char *out = NULL;
+    int rc = tu_run(&out, "exec %s replica --dir %s --parent %s --until 2 --seconds 10 --json >%s 2>&1", tu_shoal(), dir,
+                    store_push_root_address(r), log);
+    free(out);
+    atomic_store(&root_stop, 1);
+    pthread_join(th, NULL);
+    store_push_root_free(r);
+    char active[4200], *act = NULL, *l = NULL;
+    size_t tl;
+    snprintf(active, sizeof active, "%s/ACTIVE", dir);
+    if (sh_read_file(active, 1 << 16, &act, &tl) < 0) act = strdup("");
+    if (sh_read_file(log, 1 << 20, &l, &tl) < 0) l = strdup("(no log)");
+    json_t *j = json_loads(act, 0, NULL);
+    long long on = j ? (long long)json_integer_value(json_object_get(j, "version")) : 0;
+    json_decref(j);
+    if (rc != 0 || on != 2)
+        fail_msg("version 2, published after the root's first offer, was not activated (exit %d, ACTIVE %s):\n%s", rc, act, l);
+    free(act);
+    free(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -328,7 +444,10 @@ int main(void)
         cmocka_unit_test(test_latest_fields_required),
         cmocka_unit_test(test_published_modes),
         cmocka_unit_test(test_publish_mem_needs_image),
+        cmocka_unit_test(test_publish_mem_anchor_rule),
+        cmocka_unit_test(test_push_root_offers_later_versions),
         cmocka_unit_test(test_pushed_version_digest_checked),
+        cmocka_unit_test(test_staged_version_digest_checked),
         cmocka_unit_test(test_squash_is_the_chain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
