@@ -17,7 +17,15 @@
  *    its manifest's model digest, even when the payload itself checks out
  *    (its hash, and the delta's own digests);
  *  - a squashed chain rebuilds exactly what the chain rebuilds, whichever
- *    of its deltas changes what (a chain of one too). */
+ *    of its deltas changes what (a chain of one too);
+ *  - a version folder whose path does not fit whole is refused, never
+ *    truncated to the name of another folder (which would be removed);
+ *  - from memory, the first version and a version given without a delta
+ *    are anchors (readable on their own), whatever else is given;
+ *  - a replica refuses a delta whose target size is not its manifest's
+ *    model_size, and says so;
+ *  - the push tree refuses a manifest whose version is not positive or
+ *    whose base or size is negative. */
 #include "testutil.h"
 
 #include <string.h>
@@ -309,6 +317,119 @@ static void test_squash_is_the_chain(void **state)
     }
 }
 
+/* The store's version folder is root/main/versions/NNNNNNNNNN: a root
+ * whose folder path is exactly one byte too long for the 4096-byte buffer
+ * (the terminating NUL has no room) must be refused, not truncated to
+ * versions/000000000, a folder that is then "a crashed publish's leftover"
+ * and removed. */
+static void test_publish_path_never_truncated(void **state)
+{
+    char root[4096];
+    int k = snprintf(root, sizeof root, "%s/long", tu_tmpdir());
+    /* strlen(root) + strlen("/main/versions/0000000001") == 4096 */
+    size_t want = 4096 - strlen("/main/versions/0000000001");
+    while ((size_t)k < want) {
+        size_t left = want - (size_t)k, part = left > 201 ? 200 : left - 1;
+        if (left > 201 && left - 201 < 2) part = 150; /* no empty last part */
+        root[k++] = '/';
+        memset(root + k, 'd', part);
+        k += (int)part;
+        root[k] = 0;
+    }
+    assert_int_equal(strlen(root), want);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    char other[4096];
+    snprintf(other, sizeof other, "%s/main/versions/000000000", root);
+    TU_OK(sh_mkdir_p(other, 0755));
+    TU_OK(ckpt_synth(tu_path("plong.st"), 2000, 4));
+    uint64_t v = 0;
+    TU_ERR(store_publish(s, tu_path("plong.st"), NULL, &v), SH_ERANGE, "too long");
+    size_t n;
+    uint8_t *img = tu_read_file(tu_path("plong.st"), &n);
+    store_mem_version in = {.image = img, .image_len = n};
+    TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_ERANGE, "too long");
+    free(img);
+    store_close(s);
+    if (!sh_is_dir(other)) fail_msg("a publish removed %s, the folder its truncated path named", other);
+}
+
+/* From memory: version 1 is an anchor even when a delta is given, a
+ * version given without a delta is an anchor, and one with a delta on
+ * LATEST is a delta; each reads back as its image. */
+static void test_publish_mem_anchor_rules(void **state)
+{
+    const char *root = tu_path("props-anchors");
+    sh_rm_rf(root);
+    char st[3][4096], d12[4096];
+    for (int i = 0; i < 3; i++) snprintf(st[i], sizeof st[i], "%s/pa%d.st", tu_tmpdir(), i);
+    snprintf(d12, sizeof d12, "%s/pa12.shd", tu_tmpdir());
+    TU_OK(ckpt_synth(st[0], 20000, 21));
+    TU_OK(ckpt_step(st[0], st[1], 1e-3, 1, 22));
+    TU_OK(ckpt_step(st[1], st[2], 1e-3, 1, 23));
+    TU_OK(delta_make(st[1], st[2], d12, &(delta_opts){0}, NULL));
+    size_t n[3], dn;
+    uint8_t *img[3], *dl = tu_read_file(d12, &dn);
+    for (int i = 0; i < 3; i++) img[i] = tu_read_file(st[i], &n[i]);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    /* A delta (of the right size) with the first version: still an anchor. */
+    store_mem_version in = {.image = img[1], .image_len = n[1], .delta = dl, .delta_len = dn};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 1);
+    /* No delta on a store that has a version: an anchor. */
+    in = (store_mem_version){.image = img[1], .image_len = n[1], .base = 1};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 2);
+    in = (store_mem_version){.image = img[2], .image_len = n[2], .delta = dl, .delta_len = dn, .base = 2};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 3);
+    const int anchor[3] = {1, 1, 0};
+    for (int k = 0; k < 3; k++) {
+        store_version m;
+        TU_OK(store_get(s, (uint64_t)k + 1, &m, NULL));
+        if (m.anchor != anchor[k]) fail_msg("version %d: anchor %d, expected %d", k + 1, m.anchor, anchor[k]);
+        char out[4200];
+        snprintf(out, sizeof out, "%s/pa-out%d.st", tu_tmpdir(), k + 1);
+        TU_OK(store_materialize(s, (uint64_t)k + 1, 0, NULL, out));
+        tu_assert_same_file(out, st[k == 2 ? 2 : 1]);
+    }
+    store_close(s);
+    for (int i = 0; i < 3; i++) free(img[i]);
+    free(dl);
+}
+
+/* The push tree's manifest: a version must be 1 or more, a base and a
+ * size 0 or more; each refusal is a format error that says so. */
+static void test_push_manifest_bounds(void **state)
+{
+    const char *pay = tu_path("pm-pay.bin");
+    tu_write_file(pay, "0123456789", 10);
+    char hex[33];
+    sh_hash128_hex(sh_hash128_of("0123456789", 10), hex);
+    static const char *const rows[] = {
+        "{\"version\":0,\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%s\"}",
+        "{\"version\":-3,\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%s\"}",
+        "{\"version\":2,\"kind\":\"delta\",\"base\":-1,\"size\":10,\"xxh3\":\"%s\"}",
+        "{\"version\":1,\"kind\":\"anchor\",\"size\":-10,\"xxh3\":\"%s\"}",
+    };
+    bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
+    bcast_node *n;
+    TU_OK(bcast_node_new(&bc, &n));
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, rows[i], hex);
+        int rc = bcast_node_add_object(n, text, pay);
+        if (rc != SH_EFORMAT || !strstr(sh_errmsg(), "must be positive"))
+            fail_msg("manifest %s: %d \"%s\", expected a format refusal", text, rc, sh_errmsg());
+    }
+    char text[512];
+    snprintf(text, sizeof text, "{\"version\":1,\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%s\"}", hex);
+    TU_OK(bcast_node_add_object(n, text, pay));
+    bcast_node_free(n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -320,6 +441,9 @@ int main(void)
         cmocka_unit_test(test_publish_mem_needs_image),
         cmocka_unit_test(test_pushed_version_digest_checked),
         cmocka_unit_test(test_squash_is_the_chain),
+        cmocka_unit_test(test_publish_path_never_truncated),
+        cmocka_unit_test(test_publish_mem_anchor_rules),
+        cmocka_unit_test(test_push_manifest_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
