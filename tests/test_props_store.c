@@ -231,22 +231,48 @@ static void *root_loop(void *arg)
     return NULL;
 }
 
-/* Version 2 is a delta whose manifest names a model digest one hex digit
- * off (the payload's own hash and the delta's digests are right, so the
- * push tree and the codec pass it): a real `shoal replica` fed by a push
- * root takes version 1 and must never activate version 2. */
-static void test_pushed_version_digest_checked(void **state)
+/* Version 2's manifest spoiled one way: the model digest one hex digit off. */
+static char *spoil_digest(const char *text, const store_version *m)
 {
-    const char *root = tu_path("props-push"), *dir = tu_path("props-push-rep");
+    char hex[33], *t = strdup(text);
+    sh_hash128_hex(m->model_xxh3, hex);
+    char *at = strstr(t, hex);
+    assert_non_null(at);
+    at[31] = at[31] == '0' ? '1' : '0';
+    return t;
+}
+
+/* ... or its model_size 4096 bytes more than the delta rebuilds. */
+static char *spoil_size(const char *text, const store_version *m)
+{
+    json_t *j = json_loads(text, 0, NULL);
+    assert_non_null(j);
+    json_object_set_new(j, "model_size", json_integer((json_int_t)m->model_size + 4096));
+    char *t = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return t;
+}
+
+/* Version 2 is a delta whose manifest is spoiled (the payload's own hash
+ * and the delta's digests are right, so the push tree and the codec pass
+ * it): a real `shoal replica` fed by a push root takes version 1, must
+ * never activate version 2, and must say `why`. */
+static void push_spoiled(const char *tag, char *(*spoil)(const char *, const store_version *), const char *why)
+{
+    char root[4096], dir[4096], p1[4096], p2[4096];
+    snprintf(root, sizeof root, "%s/props-push-%s", tu_tmpdir(), tag);
+    snprintf(dir, sizeof dir, "%s/props-push-%s-rep", tu_tmpdir(), tag);
+    snprintf(p1, sizeof p1, "%s/pp1-%s.st", tu_tmpdir(), tag);
+    snprintf(p2, sizeof p2, "%s/pp2-%s.st", tu_tmpdir(), tag);
     sh_rm_rf(root);
     sh_rm_rf(dir);
-    TU_OK(ckpt_synth(tu_path("pp1.st"), 100000, 5));
-    TU_OK(ckpt_step(tu_path("pp1.st"), tu_path("pp2.st"), 1e-3, 1, 6));
+    TU_OK(ckpt_synth(p1, 100000, 5));
+    TU_OK(ckpt_step(p1, p2, 1e-3, 1, 6));
     store *s;
     TU_OK(store_open(root, NULL, 1, &s));
     uint64_t v;
-    TU_OK(store_publish(s, tu_path("pp1.st"), NULL, &v));
-    TU_OK(store_publish(s, tu_path("pp2.st"), NULL, &v));
+    TU_OK(store_publish(s, p1, NULL, &v));
+    TU_OK(store_publish(s, p2, NULL, &v));
     char pay[2][4096], *text[2];
     store_version m[2];
     for (int k = 0; k < 2; k++) {
@@ -255,11 +281,9 @@ static void test_pushed_version_digest_checked(void **state)
     }
     store_close(s);
     assert_false(m[1].anchor);
-    char hex[33];
-    sh_hash128_hex(m[1].model_xxh3, hex);
-    char *at = strstr(text[1], hex);
-    assert_non_null(at);
-    at[31] = at[31] == '0' ? '1' : '0';
+    char *bad = spoil(text[1], &m[1]);
+    free(text[1]);
+    text[1] = bad;
     bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
     bcast_node *n;
     TU_OK(bcast_node_new(&bc, &n));
@@ -269,7 +293,7 @@ static void test_pushed_version_digest_checked(void **state)
     free(text[1]);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, root_loop, n), 0);
-    char log[4096], cmd[8192];
+    char log[4200], cmd[12288];
     snprintf(log, sizeof log, "%s.log", dir);
     snprintf(cmd, sizeof cmd, "exec %s replica --dir %s --parent %s --until 2 --seconds 8 --json >%s 2>&1", tu_shoal(),
              dir, bcast_node_address(n), log);
@@ -291,9 +315,19 @@ static void test_pushed_version_digest_checked(void **state)
     json_decref(j);
     if (rc == 0 || on == 2) fail_msg("the replica activated version 2 (exit %d): ACTIVE %s\n%s", rc, act, l);
     if (on != 1) fail_msg("the replica did not take version 1: ACTIVE %s\n%s", act, l);
-    if (!strstr(l, "not the manifest's model_xxh3")) fail_msg("the replica did not say why: %s", l);
+    if (!strstr(l, why)) fail_msg("the replica did not say \"%s\": %s", why, l);
     free(act);
     free(l);
+}
+
+static void test_pushed_version_digest_checked(void **state)
+{
+    push_spoiled("digest", spoil_digest, "not the manifest's model_xxh3");
+}
+
+static void test_pushed_version_size_checked(void **state)
+{
+    push_spoiled("size", spoil_size, "the manifest says");
 }
 
 static void test_squash_is_the_chain(void **state)
@@ -440,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_published_modes),
         cmocka_unit_test(test_publish_mem_needs_image),
         cmocka_unit_test(test_pushed_version_digest_checked),
+        cmocka_unit_test(test_pushed_version_size_checked),
         cmocka_unit_test(test_squash_is_the_chain),
         cmocka_unit_test(test_publish_path_never_truncated),
         cmocka_unit_test(test_publish_mem_anchor_rules),
