@@ -4,6 +4,9 @@
  *    units changed by a little, as an optimizer step on integers or on the
  *    float bits) rebuilds the target, and applied again (to the target, a
  *    wrong base) is refused and leaves the image as it was;
+ *  - an in-place apply that meets a corrupt dense chunk reports the chunk's
+ *    own error (not a failed undo) and leaves the image exactly the base
+ *    (or, when the byte is one the decoder never reads, the target);
  *  - a delta that drops base tensors (the target has fewer) rebuilds the
  *    target from the base, and with base verification refuses a base that
  *    differs only in a tensor the delta does not diff. */
@@ -65,6 +68,36 @@ static void test_inplace_dense_is_target(void **state)
         TU_ERR(delta_apply_mem_inplace(img, bl, dp, &(delta_opts){.threads = threads}), SH_EMISMATCH, "wrong base");
         assert_memory_equal(img, ti, tl);
     }
+    /* Corrupt the chunk's payload (the container's checksum skipped, as a
+     * fuzzer does): it lies between the 24-byte head plus the manifest and
+     * the 16-byte trailer. */
+    uint64_t ml = 0;
+    for (int i = 7; i >= 0; i--) ml = ml << 8 | d.data[16 + i];
+    size_t lo = 24 + (size_t)ml, hi = d.len - 16;
+    assert_true(hi > lo + 64);
+    const size_t at[] = {hi - 1, hi - 2, lo + (hi - lo) / 2, lo + 4};
+    int decode_errors = 0;
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        uint8_t *copy = malloc(d.len);
+        memcpy(copy, d.data, d.len);
+        copy[at[k]] ^= 0x10;
+        delta *bad;
+        TU_OK(delta_parse(copy, d.len, DELTA_NO_CHECKSUM, &bad));
+        memcpy(img, bi, bl);
+        int rc = delta_apply_mem_inplace(img, bl, bad, &(delta_opts){.threads = 1});
+        if (rc == SH_OK && memcmp(img, ti, tl)) fail_msg("a chunk corrupt at byte %zu was applied", at[k]);
+        if (rc == SH_OK) { /* a byte the decoder never reads: the target */
+            delta_free(bad);
+            free(copy);
+            continue;
+        }
+        if (strstr(sh_errmsg(), "undo")) fail_msg("corrupt at byte %zu: the undo failed: %s", at[k], sh_errmsg());
+        if (memcmp(img, bi, bl)) fail_msg("corrupt at byte %zu: the image is not the base after the undo", at[k]);
+        decode_errors += rc == SH_EFORMAT;
+        delta_free(bad);
+        free(copy);
+    }
+    assert_true(decode_errors > 0); /* the decoder, not only the digest, refused one */
     free(img);
     delta_free(dp);
     sh_buf_free(&d);
