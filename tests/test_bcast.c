@@ -531,6 +531,108 @@ static void test_late_joiner_squash(void **state)
     kill_all();
 }
 
+/* A late joiner (issue 31, item 5) learns the newest version from its
+ * parent's ANNOUNCE and builds the versions on its way there in memory
+ * only: joining at version 10 (anchors 1, 5 and 9), it receives the
+ * anchor 9 and the delta 10 (what the store's cheapest plan from nothing
+ * costs) and activates version 10 first, once, bit-exact. */
+static void test_joiner_activates_newest(void **state)
+{
+    char ck[10][64], sj[4096], dir[4096];
+    snprintf(sj, sizeof sj, "%s", tu_path("sj"));
+    snprintf(dir, sizeof dir, "%s", tu_path("sj-r"));
+    sh_rm_rf(sj);
+    sh_rm_rf(dir);
+    char *out;
+    for (int i = 0; i < 10; i++) {
+        snprintf(ck[i], sizeof ck[i], "j%d.st", i + 1);
+        if (i == 0) TU_OK(ckpt_synth(tu_path(ck[0]), 800000, 11));
+        else TU_OK(ckpt_step(tu_path(ck[i - 1]), tu_path(ck[i]), 1e-5, 1, 20 + (uint64_t)i));
+        if (tu_run(&out, "%s store publish %s %s --anchor-every 4", tu_shoal(), sj, tu_path(ck[i])))
+            fail_msg("publish failed: %s", out);
+        free(out);
+    }
+    /* A slow link (the anchor takes most of a second): the joiner decides
+     * what to do with the anchor long before the delta after it arrives,
+     * so only the parent's ANNOUNCE can tell it that version 10 exists. */
+    char root[256];
+    snprintf(root, sizeof root, "%s", serve_root("sj", "--egress-gbps 0.02"));
+    json_t *j = replica_until(dir, root, 10);
+    assert_int_equal(jint(j, "failures"), 0);
+    assert_int_equal(jint(j, "activations"), 1);
+    assert_int_equal(jint(j, "newest_announced"), 10);
+    uint64_t got = (uint64_t)jint(j, "bytes_received");
+    json_decref(j);
+    store *s;
+    store_plan *plan = malloc(sizeof *plan);
+    TU_OK(store_open(sj, NULL, 0, &s));
+    TU_OK(store_plan_make(s, 0, 10, plan));
+    store_close(s);
+    print_message("joiner at v10: %llu bytes received, the store's plan %llu (%s from v%llu)\n",
+                  (unsigned long long)got, (unsigned long long)plan->bytes, store_plan_kind_name(plan->kind),
+                  (unsigned long long)plan->anchor);
+    assert_int_equal(plan->anchor, 9);
+    assert_true(got <= plan->bytes + plan->bytes / 5);
+    free(plan);
+    same_model(dir, 10, tu_path(ck[9]));
+    /* Only version 10's file: nothing before it was written. */
+    char m9[4200];
+    snprintf(m9, sizeof m9, "%s/models/%010d.safetensors", dir, 9);
+    assert_false(sh_path_exists(m9));
+    kill_all();
+}
+
+/* A replica holding version n - 1 receives the delta to n even when n is
+ * stored as an anchor: the root makes one delta across the anchor (into
+ * the store's squash cache) and serves it when it is fewer bytes. */
+static void test_delta_across_anchor(void **state)
+{
+    char ck[5][64], sa[4096], dir[4096];
+    snprintf(sa, sizeof sa, "%s", tu_path("sa"));
+    snprintf(dir, sizeof dir, "%s", tu_path("sa-r"));
+    sh_rm_rf(sa);
+    sh_rm_rf(dir);
+    char *out;
+    for (int i = 0; i < 5; i++) {
+        snprintf(ck[i], sizeof ck[i], "a%d.st", i + 1);
+        if (i == 0) TU_OK(ckpt_synth(tu_path(ck[0]), 800000, 12));
+        else TU_OK(ckpt_step(tu_path(ck[i - 1]), tu_path(ck[i]), 1e-5, 1, 40 + (uint64_t)i));
+        if (tu_run(&out, "%s store publish %s %s --anchor-every 4", tu_shoal(), sa, tu_path(ck[i])))
+            fail_msg("publish failed: %s", out);
+        free(out);
+        if (i != 3) continue;
+        if (tu_run(&out, "%s replica --dir %s --store %s --until 4 --seconds 60", tu_shoal(), dir, sa))
+            fail_msg("seeding the replica with version 4 failed: %s", out);
+        free(out);
+    }
+    store *s;
+    store_version m5;
+    TU_OK(store_open(sa, NULL, 0, &s));
+    TU_OK(store_get(s, 5, &m5, NULL));
+    assert_true(m5.anchor);
+    char root[256];
+    snprintf(root, sizeof root, "%s", serve_root("sa", ""));
+    json_t *j = replica_until(dir, root, 5);
+    assert_int_equal(jint(j, "failures"), 0);
+    uint64_t got = (uint64_t)jint(j, "bytes_received");
+    json_decref(j);
+    char path[4096];
+    TU_OK(store_squash_path(s, 4, 5, path, sizeof path));
+    size_t cross;
+    free(tu_read_file(path, &cross));
+    store_plan *plan = malloc(sizeof *plan);
+    TU_OK(store_plan_make(s, 4, 5, plan));
+    store_close(s);
+    print_message("v4 -> v5 (an anchor of %llu bytes): %llu bytes received, the delta across it %zu\n",
+                  (unsigned long long)m5.size, (unsigned long long)got, cross);
+    assert_int_equal(plan->kind, STORE_PLAN_SQUASH);
+    assert_int_equal(got, cross);
+    assert_true(cross < m5.size / 4);
+    free(plan);
+    same_model(dir, 5, tu_path(ck[4]));
+    kill_all();
+}
+
 static void test_bad_usage(void **state)
 {
     char *out;
@@ -599,6 +701,8 @@ int main(void)
         cmocka_unit_test_teardown(test_zones, teardown),
         cmocka_unit_test_teardown(test_store_fallback, teardown),
         cmocka_unit_test_teardown(test_late_joiner_squash, teardown),
+        cmocka_unit_test_teardown(test_joiner_activates_newest, teardown),
+        cmocka_unit_test_teardown(test_delta_across_anchor, teardown),
         cmocka_unit_test_teardown(test_bad_usage, teardown),
         cmocka_unit_test(test_sim_push_model),
     };

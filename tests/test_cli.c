@@ -130,7 +130,7 @@ static const struct {
     {"submit", NULL, "idempotency-key"}, {"up", NULL, "fleet"},          {"version", NULL, "json"},
     {"bench client", NULL, "runs"},   {"bench control", NULL, "starts"}, {"bench delta", NULL, "params"},
     {"bench push", NULL, "replicas"}, {"bench rl", NULL, "reps"},        {"bench scale", NULL, "layers"},
-    {"bench sched", NULL, "nodes"},   {"bench write", NULL, "reps"},
+    {"bench sched", NULL, "nodes"},   {"bench write", NULL, "reps"},     {"bench follow", NULL, "versions"},
     {"down", NULL, "timeout"},
     {"service", "publish", "run"},    {"service", "lookup", "timeout"},  {"service", "ls", "run"},
 };
@@ -159,6 +159,7 @@ static const struct {
     {"sim push", "--zones", "0", "shoal sim push: push model: 0 zones: must be 1..16 (the replicas)"},
     {"bench control", "--clients", "65", "--clients must be 1..64, got \"65\""},
     {"bench push", "--topology", "stra", "--topology \"stra\" is not one of tree, star, store (did you mean star?)"},
+    {"bench follow", "--step", "flp", "--step \"flp\" is not one of adamw, flip (did you mean flip?)"},
     {"sim --fleet mixed:8 --format mixed", "--preempt-wait", "-1", "--preempt-wait: expected a number >= 0, got \"-1\""},
     {"sim --fleet mixed:8 --format mixed", "--jobs", "0", "--jobs must be an integer >= 1, got \"0\""},
     {"sim --fleet mixed:8", "--quota", "z,f,t,eight,1,1,1", "--quota gpus must be 1..1024, got \"eight\""},

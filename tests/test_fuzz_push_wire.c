@@ -28,11 +28,28 @@ static void test_offer_size_near_2_64(void **state)
     assert_int_equal(got.nchunks, 2);
 }
 
+/* ANNOUNCE: one version, never 0 (a child would take it for "nothing
+ * newer"), and exactly 8 bytes. */
+static void test_announce(void **state)
+{
+    uint8_t buf[BCAST__ANNOUNCE_LEN + 1] = {0};
+    uint64_t v = 0;
+    bcast__pack_announce(42, buf);
+    TU_OK(bcast__unpack_announce(buf, BCAST__ANNOUNCE_LEN, &v));
+    assert_int_equal(v, 42);
+    assert_int_equal(bcast__unpack_announce(buf, BCAST__ANNOUNCE_LEN + 1, &v), SH_EFORMAT);
+    assert_int_equal(bcast__unpack_announce(buf, 4, &v), SH_EFORMAT);
+    bcast__pack_announce(0, buf);
+    assert_int_equal(bcast__unpack_announce(buf, BCAST__ANNOUNCE_LEN, &v), SH_EFORMAT);
+    assert_non_null(strstr(sh_errmsg(), "version 0"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus_replays),
         cmocka_unit_test(test_offer_size_near_2_64),
+        cmocka_unit_test(test_announce),
     };
     return cmocka_run_group_tests_name("fuzz_push_wire corpus", tests, NULL, NULL);
 }

@@ -253,29 +253,38 @@ static char *spoil_size(const char *text, const store_version *m)
     return t;
 }
 
-/* Version 2 is a delta whose manifest is spoiled (the payload's own hash
+/* Version 2 is a delta whose manifest is spoiled (a model digest one hex
+ * digit off, a model_size that is not the delta's; the payload's own hash
  * and the delta's digests are right, so the push tree and the codec pass
  * it): a real `shoal replica` fed by a push root takes version 1, must
- * never activate version 2, and must say `why`. */
-static void push_spoiled(const char *tag, char *(*spoil)(const char *, const store_version *), const char *why)
+ * never activate version 2, and must say `why`.  With first 2, the
+ * replica serves version 1 before the root has version 2 (so version 2 is
+ * built on the active model).  With a version
+ * 3 after it (nver 3), the root announces version 3 and the replica builds
+ * versions 1 and 2 in memory without activating them (a late joiner's
+ * catch-up): version 2 must be refused there too, so version 3, whose base
+ * it is, is never built on it; the replica then activates the anchor it
+ * kept whole. */
+static void spoiled_case(const char *tag, int nver, int first,
+                         char *(*spoil)(const char *, const store_version *), const char *why)
 {
-    char root[4096], dir[4096], p1[4096], p2[4096];
-    snprintf(root, sizeof root, "%s/props-push-%s", tu_tmpdir(), tag);
-    snprintf(dir, sizeof dir, "%s/props-push-%s-rep", tu_tmpdir(), tag);
-    snprintf(p1, sizeof p1, "%s/pp1-%s.st", tu_tmpdir(), tag);
-    snprintf(p2, sizeof p2, "%s/pp2-%s.st", tu_tmpdir(), tag);
+    char root[4096], dir[4096];
+    snprintf(root, sizeof root, "%s%s%d", tu_path("props-push"), tag, nver);
+    snprintf(dir, sizeof dir, "%s%s%d", tu_path("props-push-rep"), tag, nver);
     sh_rm_rf(root);
     sh_rm_rf(dir);
-    TU_OK(ckpt_synth(p1, 100000, 5));
-    TU_OK(ckpt_step(p1, p2, 1e-3, 1, 6));
+    TU_OK(ckpt_synth(tu_path("pp1.st"), 100000, 5));
+    TU_OK(ckpt_step(tu_path("pp1.st"), tu_path("pp2.st"), 1e-3, 1, 6));
+    TU_OK(ckpt_step(tu_path("pp2.st"), tu_path("pp3.st"), 1e-3, 1, 7));
     store *s;
     TU_OK(store_open(root, NULL, 1, &s));
     uint64_t v;
-    TU_OK(store_publish(s, p1, NULL, &v));
-    TU_OK(store_publish(s, p2, NULL, &v));
-    char pay[2][4096], *text[2];
-    store_version m[2];
-    for (int k = 0; k < 2; k++) {
+    char pay[3][4096], *text[3];
+    store_version m[3];
+    for (int k = 0; k < nver; k++) {
+        char src[64];
+        snprintf(src, sizeof src, "pp%d.st", k + 1);
+        TU_OK(store_publish(s, tu_path(src), NULL, &v));
         TU_OK(store_get(s, (uint64_t)k + 1, &m[k], &text[k]));
         TU_OK(store_payload_path(s, (uint64_t)k + 1, pay[k], sizeof pay[k]));
     }
@@ -284,26 +293,32 @@ static void push_spoiled(const char *tag, char *(*spoil)(const char *, const sto
     char *bad = spoil(text[1], &m[1]);
     free(text[1]);
     text[1] = bad;
-    bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
-    bcast_node *n;
-    TU_OK(bcast_node_new(&bc, &n));
-    TU_OK(bcast_node_add_object(n, text[0], pay[0]));
-    TU_OK(bcast_node_add_object(n, text[1], pay[1]));
-    free(text[0]);
-    free(text[1]);
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, root_loop, n), 0);
-    char log[4200], cmd[12288];
+    /* first > 1: the replica first takes and activates the versions before
+     * it from a root that has only those, then is restarted on one that
+     * has them all (the version is then a delta on its active model). */
+    int rc = 0;
+    char log[4200];
     snprintf(log, sizeof log, "%s.log", dir);
-    snprintf(cmd, sizeof cmd, "exec %s replica --dir %s --parent %s --until 2 --seconds 8 --json >%s 2>&1", tu_shoal(),
-             dir, bcast_node_address(n), log);
-    char *out = NULL;
-    int rc = tu_run(&out, "%s", cmd);
-    free(out);
-    bcast_node_stop(n);
-    bcast_node_wake(n);
-    pthread_join(th, NULL);
-    bcast_node_free(n);
+    for (int until = first > 1 ? first - 1 : nver; until <= nver; until = until < nver ? nver : nver + 1) {
+        bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
+        bcast_node *n;
+        TU_OK(bcast_node_new(&bc, &n));
+        for (int k = 0; k < until; k++) TU_OK(bcast_node_add_object(n, text[k], pay[k]));
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, root_loop, n), 0);
+        char cmd[12288];
+        snprintf(cmd, sizeof cmd, "exec %s replica --dir %s --parent %s --until %d --seconds 8 --json >%s 2>&1",
+                 tu_shoal(), dir, bcast_node_address(n), until, log);
+        char *out = NULL;
+        rc = tu_run(&out, "%s", cmd);
+        free(out);
+        bcast_node_stop(n);
+        bcast_node_wake(n);
+        pthread_join(th, NULL);
+        bcast_node_free(n);
+        if (until < nver && rc != 0) fail_msg("the replica did not take version %d (exit %d)", until, rc);
+    }
+    for (int k = 0; k < nver; k++) free(text[k]);
     char *l = NULL;
     size_t tl;
     if (sh_read_file(log, 1 << 20, &l, &tl) < 0) l = strdup("(no log)");
@@ -313,7 +328,9 @@ static void push_spoiled(const char *tag, char *(*spoil)(const char *, const sto
     json_t *j = json_loads(act, 0, NULL);
     long long on = j ? (long long)json_integer_value(json_object_get(j, "version")) : 0;
     json_decref(j);
-    if (rc == 0 || on == 2) fail_msg("the replica activated version 2 (exit %d): ACTIVE %s\n%s", rc, act, l);
+    if (rc == 0 || on >= 2) fail_msg("the replica activated version %lld (exit %d): ACTIVE %s\n%s", on, rc, act, l);
+    /* Version 1 (an anchor) was staged on the way to the newest and kept
+     * whole: the replica falls back to it. */
     if (on != 1) fail_msg("the replica did not take version 1: ACTIVE %s\n%s", act, l);
     if (!strstr(l, why)) fail_msg("the replica did not say \"%s\": %s", why, l);
     free(act);
@@ -322,12 +339,17 @@ static void push_spoiled(const char *tag, char *(*spoil)(const char *, const sto
 
 static void test_pushed_version_digest_checked(void **state)
 {
-    push_spoiled("digest", spoil_digest, "not the manifest's model_xxh3");
+    spoiled_case("digest", 2, 1, spoil_digest, "not the manifest's model_xxh3");
+}
+
+static void test_staged_version_digest_checked(void **state)
+{
+    spoiled_case("digest", 3, 1, spoil_digest, "not the manifest's model_xxh3");
 }
 
 static void test_pushed_version_size_checked(void **state)
 {
-    push_spoiled("size", spoil_size, "the manifest says");
+    spoiled_case("size", 2, 2, spoil_size, "the manifest says");
 }
 
 static void test_squash_is_the_chain(void **state)
@@ -474,6 +496,7 @@ int main(void)
         cmocka_unit_test(test_published_modes),
         cmocka_unit_test(test_publish_mem_needs_image),
         cmocka_unit_test(test_pushed_version_digest_checked),
+        cmocka_unit_test(test_staged_version_digest_checked),
         cmocka_unit_test(test_pushed_version_size_checked),
         cmocka_unit_test(test_squash_is_the_chain),
         cmocka_unit_test(test_publish_path_never_truncated),

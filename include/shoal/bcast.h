@@ -116,6 +116,8 @@ typedef struct bcast_stats {
     uint64_t children_refused; /* HELLOs without the run's secret (SHOAL_RUN_SECRET) */
     uint64_t parents_refused;  /* parents left for not proving it */
     uint64_t have_version;    /* newest complete object */
+    uint64_t newest_announced; /* the newest version the tree has announced to this node
+                                  (its parent's ANNOUNCE; at least have_version) */
     int children;             /* live children */
     int attached;             /* 1 when connected to a parent (or root) */
     char addr[64];            /* this node's listening address "host:port" */

@@ -222,6 +222,10 @@ typedef struct store_replica_info {
     uint64_t activations, failures;
     uint64_t fp8_blocks;  /* blocks re-quantised by the last FP8 update */
     char last_error[512];
+    /* The newest version the replica knows exists: its push parent's
+     * announcement (push.newest_announced), or the store's LATEST when it
+     * reads the store; at least `version`. */
+    uint64_t newest_announced;
     bcast_stats push;
     store_timeline timeline; /* of the newest activation */
 } store_replica_info;

@@ -186,10 +186,14 @@ class Replica:
         return self.version
 
     def info(self):
-        """The replica's state: {"version", "activated_at", "pause_max_ms",
-        "activations", "failures", "last_error", "bytes_received",
-        "bytes_sent", "chunks_corrupt", "reattaches", "redirects",
-        "children_refused", "children", "attached", "parent_error"}."""
+        """The replica's state: {"version", "newest_announced",
+        "activated_at", "pause_max_ms", "activations", "failures",
+        "last_error", "bytes_received", "bytes_sent", "chunks_corrupt",
+        "reattaches", "redirects", "children_refused", "children",
+        "attached", "parent_error"}.  "newest_announced" is the newest
+        version the replica knows exists (its push parent announced it, or
+        the store's LATEST): wait(info()["newest_announced"]) waits for the
+        newest, where wait(1) returns whatever is active first."""
         return _lib.call_json(lib.store_replica_info_json, self._h().h)
 
     def lease(self, min_version=0, exact_version=0):

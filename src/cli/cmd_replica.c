@@ -71,7 +71,8 @@ static json_t *info_json(const store_replica_info *info)
     json_t *tl = json_pack("{s:I}", "version", (json_int_t)t->version);
     for (size_t k = 0; k < sizeof at / sizeof *at; k++)
         json_object_set_new(tl, names[k], json_integer((json_int_t)(at[k] * 1e6)));
-    return json_pack("{s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:s,s:I,s:o}", "version", (json_int_t)info->version,
+    return json_pack("{s:I,s:I,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:s,s:I,s:o}", "version", (json_int_t)info->version,
+                     "newest_announced", (json_int_t)info->newest_announced,
                      "activated_at", iso, "activated_at_us", (json_int_t)(info->activated_at * 1e6),
                      "pause_ms_max", info->pause_max_ms, "activations", (json_int_t)info->activations,
                      "failures", (json_int_t)info->failures, "bytes_received",

@@ -67,6 +67,8 @@ class ReplicaTest(unittest.TestCase):
         self.assertIn("at least version 9", str(cm.exception))
         with self.assertRaises(shoal.Timeout):
             self.rep.wait(3, timeout=0.2)
+        # The newest version it knows exists (the store's LATEST here).
+        self.assertEqual(self.rep.info()["newest_announced"], 2)
 
     def test_load_into_copies_only_changed_tensors(self):
         self.rep.wait(1, timeout=30)

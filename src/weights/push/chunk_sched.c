@@ -73,6 +73,9 @@ void bcast__drop_old(bcast_node *n)
             *pp = o->next;
             bcast__obj_free(o);
         } else {
+            /* Delivered and sent to every child that wanted it: only its
+             * file is kept (the next child or joiner maps it again). */
+            if (o->delivered) bcast__obj_unmap(o);
             pp = &o->next;
         }
     }
@@ -88,6 +91,7 @@ void bcast__deliver(bcast_node *n)
         o->delivered = 1;
         n->have = o->version;
         n->stats.have_version = n->have;
+        if (n->have > n->stats.newest_announced) n->stats.newest_announced = n->have;
         snprintf(n->stats.parent, sizeof n->stats.parent, "%s", n->fed_by);
         sh_info("push %s: v%llu complete (%s, %llu bytes)", n->name, (unsigned long long)o->version,
                 o->anchor ? "anchor" : "delta", (unsigned long long)o->size);
@@ -119,14 +123,18 @@ static bcast__obj *squash_obj(bcast_node *n, uint64_t from, const char *path)
 /* Root: asks the squash callback once per child and newest version whether
  * a child two or more versions behind (at or after the anchor) should get
  * a squashed delta.  NULL: the chain. */
-static bcast__obj *planned(bcast_node *n, bcast__peer *p)
+static bcast__obj *planned(bcast_node *n, bcast__peer *p, int below_anchor)
 {
-    if (!n->cfg.squash || n->cfg.nparents > 0 || n->have < p->have + 2) return NULL;
+    if (!n->cfg.squash || n->cfg.nparents > 0 || n->have <= p->have) return NULL;
+    /* Below the anchor, a child that holds a version may get one delta
+     * across it; above it, one squashed delta over two versions or more. */
+    if (below_anchor ? p->have == 0 : n->have < p->have + 2) return NULL;
     for (bcast__obj *o = n->squashes; o; o = o->next)
         if (o->base == p->have && o->version == n->have) return o;
-    if (p->plan_for == n->have) return NULL; /* asked: the chain */
+    if (p->plan_for == n->have && p->plan_from == p->have) return NULL; /* asked: the chain */
     char path[4096];
     p->plan_for = n->have;
+    p->plan_from = p->have;
     p->squash = n->cfg.squash(n->cfg.arg, p->have, n->have, path, sizeof path);
     sh_info("push %s: child %s from v%llu to v%llu: %s", n->name, p->name, (unsigned long long)p->have,
             (unsigned long long)n->have, p->squash ? "a squashed delta" : "the chain of deltas");
@@ -146,9 +154,10 @@ static bcast__obj *next_obj(bcast_node *n, bcast__peer *p)
     bcast__obj *anchor = NULL;
     for (bcast__obj *o = n->objs; o; o = o->next)
         if (o->anchor) anchor = o;
-    if (anchor && p->have < anchor->version) return anchor;
-    bcast__obj *o = planned(n, p);
+    int below = anchor && p->have < anchor->version;
+    bcast__obj *o = planned(n, p, below);
     if (o) return o;
+    if (below) return anchor;
     for (o = n->objs; o; o = o->next)
         if (o->version > p->have && !o->anchor && o->base == p->have) return o;
     return NULL;
@@ -173,6 +182,15 @@ static int rate_ok(bcast_node *n, uint32_t len, double ready, double now)
         return 1;
     }
     if (n->wake_at == 0 || done < n->wake_at) n->wake_at = done;
+    return 0;
+}
+
+/* An object about to be sent to a child, mapped again if it was unmapped;
+ * 0 if it cannot be (said once per attempt). */
+static int mapped(bcast_node *n, bcast__obj *o)
+{
+    if (bcast__obj_map(o) == 0) return 1;
+    sh_warn("push %s: %s", n->name, sh_errmsg());
     return 0;
 }
 
@@ -225,7 +243,7 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
     if (p->nresend) {
         bcast__obj *o = bcast__find(n, p->resend_ver[0]);
         uint32_t i = p->resend_idx[0];
-        if (o && i < o->nchunks && o->verified[i]) {
+        if (o && i < o->nchunks && o->verified[i] && mapped(n, o)) {
             if (!rate_ok(n, bcast__obj_chunk_len(o, i), p->nack_at, now)) return 0;
             send_chunk(n, p, o, i);
         }
@@ -236,7 +254,7 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
     }
     if (!p->cur) {
         bcast__obj *o = next_obj(n, p);
-        if (!o) return 0;
+        if (!o || !mapped(n, o)) return 0;
         p->cur = o;
         o->refs++;
         p->next = 0;
@@ -266,6 +284,17 @@ static int pump_peer(bcast_node *n, bcast__peer *p, double now)
 void bcast__pump(bcast_node *n, double now)
 {
     n->wake_at = 0;
+    /* Children that understand it learn the newest version above them as
+     * soon as this node knows it: a late joiner then builds the versions
+     * on its way there without activating each (docs/push-protocol.md). */
+    uint64_t newest = n->stats.newest_announced > n->have ? n->stats.newest_announced : n->have;
+    for (bcast__peer *p = n->children; newest && p; p = p->next_peer) {
+        if (p->dead || !p->hello || !p->announce || p->announced >= newest) continue;
+        uint8_t hdr[BCAST__ANNOUNCE_LEN];
+        bcast__pack_announce(newest, hdr);
+        if (bcast__send(n, p->ep, p, BCAST__AM_ANNOUNCE, hdr, sizeof hdr, NULL, 0, NULL, NULL) == 0)
+            p->announced = newest;
+    }
     for (int pass = 0; pass < 1 << 16; pass++) {
         int did = 0;
         for (bcast__peer *p = n->children; p; p = p->next_peer) did |= pump_peer(n, p, now);

@@ -184,7 +184,7 @@ static int parent_connect(bcast_node *n)
     }
     n->parent_proven = !n->has_secret;
     n->parent_since = sh_now_mono();
-    h.flags = n->cfg.accept_children ? 1 : 0;
+    h.flags = (n->cfg.accept_children ? BCAST__HELLO_ACCEPTS : 0) | BCAST__HELLO_ANNOUNCE;
     h.have = n->have;
     fill_resume(n, &h);
     snprintf(h.name, sizeof h.name, "%s", n->name);
@@ -352,7 +352,9 @@ static ucs_status_t on_hello(void *arg, const void *hdr, size_t hlen, void *data
     snprintf(p->name, sizeof p->name, "%s", h.name);
     snprintf(p->zone, sizeof p->zone, "%s", h.zone);
     snprintf(p->addr, sizeof p->addr, "%s", h.addr);
-    p->accepts = h.flags & 1;
+    p->accepts = (h.flags & BCAST__HELLO_ACCEPTS) != 0;
+    p->announce = (h.flags & BCAST__HELLO_ANNOUNCE) != 0;
+    p->announced = 0;
     p->have = h.have;
     bcast__peer *to = bcast__choose_redirect(n, p);
     if (to) {
@@ -413,6 +415,22 @@ static ucs_status_t on_welcome(void *arg, const void *hdr, size_t hlen, void *da
         return UCS_OK;
     }
     n->parent_proven = 1;
+    return UCS_OK;
+}
+
+/* The newest version above us: what this node's children are told. */
+static ucs_status_t on_announce(void *arg, const void *hdr, size_t hlen, void *data, size_t len,
+                                const ucp_am_recv_param_t *prm)
+{
+    bcast_node *n = arg;
+    uint64_t v;
+    if (!from_parent(n, prm)) return UCS_OK;
+    if (bcast__unpack_announce(hdr, hlen, &v) < 0) {
+        sh_warn("push %s: bad ANNOUNCE from parent: %s", n->name, sh_errmsg());
+        return UCS_OK;
+    }
+    if (v > n->announced_in) n->announced_in = v;
+    if (v > n->stats.newest_announced) n->stats.newest_announced = v;
     return UCS_OK;
 }
 
@@ -588,6 +606,7 @@ static int start_ucx(bcast_node *n)
     SH_TRY(set_handler(n, BCAST__AM_CHUNK, on_chunk));
     SH_TRY(set_handler(n, BCAST__AM_NACK, on_nack));
     SH_TRY(set_handler(n, BCAST__AM_WELCOME, on_welcome));
+    SH_TRY(set_handler(n, BCAST__AM_ANNOUNCE, on_announce));
     return SH_OK;
 }
 
@@ -653,6 +672,7 @@ int bcast_node_new(const bcast_config *cfg, bcast_node **out)
     if (!n->cfg.chunk_size && n->cfg.depth_hint <= 0) n->cfg.chunk_size = BCAST_DEFAULT_CHUNK;
     n->have = cfg->have_version;
     n->stats.have_version = n->have;
+    n->stats.newest_announced = n->have;
     parse_corrupt(n);
     int rc = net_run_secret(&n->secret);
     n->has_secret = rc == 1;

@@ -23,9 +23,12 @@ typedef struct bcast__peer {
     int hello; /* accepted: HELLO received and not redirected */
     int refs;  /* 1 while listed + one per send in flight */
     int accepts;
+    int announce;        /* the child understands ANNOUNCE (HELLO flag) */
+    uint64_t announced;  /* the newest version announced to it so far */
     char name[BCAST__NAME], zone[BCAST__ZONE], addr[BCAST__ADDR];
     uint64_t have; /* the version the child holds once what was posted lands */
     uint64_t plan_for; /* root: n->have when this child's plan was last asked (0: never) */
+    uint64_t plan_from; /* root: and the child's have then */
     int squash;        /* that answer: 1 for a squashed delta */
     bcast__obj *cur;
     uint32_t next;
@@ -71,6 +74,7 @@ struct bcast_node {
     bcast__obj *objs; /* by increasing version */
     bcast__obj *squashes; /* root: squashed deltas served to late joiners */
     uint64_t have;    /* newest delivered object */
+    uint64_t announced_in; /* the newest version the parent announced (0: none) */
     double link_free, wake_at; /* monotonic: the egress link's clock (sched.c) */
     int stop;
     bcast_stats stats;

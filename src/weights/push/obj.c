@@ -93,10 +93,11 @@ static int root_obj(const char *manifest, const char *path, uint32_t chunk_size,
     o->fd = -1;
     int rc = bcast__manifest_parse(manifest, &o->version, &o->base, &o->anchor, &o->size, &o->hash);
     if (rc == 0 && squash_base) {
-        if (o->anchor || squash_base >= o->version)
+        /* The target may be an anchor (a delta across it). */
+        if (squash_base >= o->version)
             rc = sh_err(SH_EINVAL, "push: a squashed delta to v%llu cannot start at v%llu",
                         (unsigned long long)o->version, (unsigned long long)squash_base);
-        o->squash = 1, o->base = squash_base;
+        o->squash = 1, o->anchor = 0, o->base = squash_base;
     }
     if (rc == 0) rc = open_payload(o, path, o->squash ? UINT64_MAX : o->size);
     if (rc == 0 && o->squash) o->hash = sh_hash128_of(o->map ? o->map : (const uint8_t *)"", o->size);
@@ -139,16 +140,39 @@ int bcast__obj_spool_path(const bcast__offer *of, const char *spool, char *out, 
 /* The spool file, mapped writable and not populated: a new file's pages
  * are allocated (and zeroed) chunk by chunk as chunks land, not all at the
  * OFFER, which in a chain would delay every hop's first chunk by the
- * allocation of a whole payload.  A reused file comes with the mapping it
- * had last time it was written here (sh_map_keep), whose pages take writes
- * at memory speed. */
+ * allocation of a whole payload.  The mapping is the object's only while
+ * it is received or sent (bcast__obj_unmap): a replica's memory is its
+ * model, not every payload since the last anchor. */
 static int open_spool(bcast__obj *o, int reused)
 {
     o->fd = open(o->path, O_RDWR | O_CLOEXEC | O_CREAT | (reused ? 0 : O_TRUNC), 0644);
     if (o->fd < 0) return sh_err_errno(errno, "create %s", o->path);
     if (ftruncate(o->fd, (off_t)o->size) < 0) return sh_err_errno(errno, "size %s", o->path);
-    int rc = sh_map_keep(o->fd, o->size, 1, &o->map);
-    return rc < 0 ? sh_err_wrap(rc, "%s", o->path) : SH_OK;
+    if (o->size == 0) return SH_OK;
+    void *m = mmap(NULL, o->size, PROT_READ | PROT_WRITE, MAP_SHARED, o->fd, 0);
+    if (m == MAP_FAILED) return sh_err_errno(errno, "mmap %s", o->path);
+    o->map = m;
+    return SH_OK;
+}
+
+void bcast__obj_unmap(bcast__obj *o)
+{
+    if (!o->owned || !o->map || !o->complete || o->refs > 0) return;
+    for (uint32_t i = 0; i < o->nchunks; i++)
+        if (o->receiving[i]) return;
+    munmap(o->map, o->size);
+    o->map = NULL;
+}
+
+int bcast__obj_map(bcast__obj *o)
+{
+    if (o->map || o->size == 0) return SH_OK;
+    /* Read-only: a complete object is only sent from now on.  Populated in
+     * one batch: a child is about to be sent every chunk. */
+    void *m = mmap(NULL, o->size, PROT_READ, MAP_SHARED | MAP_POPULATE, o->fd, 0);
+    if (m == MAP_FAILED) return sh_err_errno(errno, "push object v%llu: mmap %s", (unsigned long long)o->version, o->path);
+    o->map = m;
+    return SH_OK;
 }
 
 int bcast__obj_prepare(bcast__obj *o, uint32_t i)
@@ -195,11 +219,8 @@ int bcast__obj_for_offer(const bcast__offer *of, const char *manifest, size_t ma
 void bcast__obj_free(bcast__obj *o)
 {
     if (!o) return;
-    /* Unlinked first: a spool file nothing else names is not worth keeping
-     * mapped (one the replica took as its model is). */
     if (o->owned && o->path[0]) unlink(o->path);
-    if (o->map && o->owned) sh_map_keep_release(o->map, o->size, o->fd, 1);
-    else if (o->map) munmap(o->map, o->size);
+    if (o->map) munmap(o->map, o->size);
     if (o->fd >= 0) close(o->fd);
     free(o->manifest);
     free(o->verified);

@@ -3,7 +3,9 @@
  * An object's bytes live in a file mapped into memory: the root maps the
  * store's payload read-only; other nodes create a spool file of the full size
  * and receive each chunk straight into the mapping, so that forwarding a chunk
- * to children reads the same pages without a copy. */
+ * to children reads the same pages without a copy.  A receiver unmaps a
+ * complete object while no child is being sent it (bcast__obj_unmap) and
+ * maps it again for the next child (bcast__obj_map). */
 #ifndef SHOAL_BCAST_OBJ_H
 #define SHOAL_BCAST_OBJ_H
 
@@ -22,7 +24,7 @@ typedef struct bcast__obj {
     char path[4096];
     int owned;      /* 1: a spool file this node created and deletes */
     int fd;
-    uint8_t *map;
+    uint8_t *map;   /* NULL while unmapped (bcast__obj_unmap) */
     uint8_t *verified;  /* one byte per chunk */
     uint8_t *receiving; /* one byte per chunk: a receive is in flight */
     uint64_t *sums;     /* per-chunk xxh3-64, valid where verified (root: lazily) */
@@ -60,6 +62,13 @@ int bcast__obj_for_offer(const bcast__offer *o, const char *manifest, size_t man
 /* Makes chunk i's pages of a receiver's object writable in one call, so
  * that receiving into it takes no page fault per 4 KiB. */
 int bcast__obj_prepare(bcast__obj *o, uint32_t i);
+/* A receiver's complete object that no child is being sent and nothing is
+ * received into: unmapped (its file and descriptor stay, for children and
+ * late joiners), so that a node's memory holds the objects in flight, not
+ * every one since its newest anchor.  Anything else: left as it is. */
+void bcast__obj_unmap(bcast__obj *o);
+/* Maps an unmapped object again (read-only) before it is sent. */
+int bcast__obj_map(bcast__obj *o);
 /* Unmaps, closes, and deletes the spool file if the node owns it. */
 void bcast__obj_free(bcast__obj *o);
 

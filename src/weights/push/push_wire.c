@@ -174,6 +174,17 @@ int bcast__unpack_redirect(const void *buf, size_t len, char out[BCAST__ADDR])
     return get_text(buf, BCAST__ADDR, out, "redirect address");
 }
 
+void bcast__pack_announce(uint64_t newest, uint8_t out[BCAST__ANNOUNCE_LEN]) { put64(out, newest); }
+
+int bcast__unpack_announce(const void *buf, size_t len, uint64_t *newest)
+{
+    if (len != BCAST__ANNOUNCE_LEN)
+        return sh_err(SH_EFORMAT, "push ANNOUNCE: %zu bytes, expected %d", len, BCAST__ANNOUNCE_LEN);
+    *newest = get64(buf);
+    if (*newest == 0) return sh_err(SH_EFORMAT, "push ANNOUNCE: version 0");
+    return SH_OK;
+}
+
 void bcast__pack_welcome(sh_hash128 proof, uint8_t out[BCAST__WELCOME_LEN])
 {
     put64(out, proof.lo);

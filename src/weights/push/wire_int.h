@@ -16,6 +16,7 @@ enum {
     BCAST__AM_CHUNK = 4,
     BCAST__AM_NACK = 5,
     BCAST__AM_WELCOME = 6,
+    BCAST__AM_ANNOUNCE = 7,
 };
 
 #define BCAST__MAGIC 0x31424853u /* "SHB1" little-endian */
@@ -34,6 +35,11 @@ enum {
 #define BCAST__CHUNK_LEN 24
 #define BCAST__NACK_LEN 12
 #define BCAST__WELCOME_LEN 16
+#define BCAST__ANNOUNCE_LEN 8
+
+/* HELLO flags */
+#define BCAST__HELLO_ACCEPTS 1u  /* takes children */
+#define BCAST__HELLO_ANNOUNCE 2u /* understands ANNOUNCE (a parent sends it only then) */
 
 typedef struct bcast__hello {
     uint32_t magic;
@@ -85,6 +91,10 @@ int bcast__unpack_nack(const void *buf, size_t len, bcast__nack *k);
  * net_secret_proof(secret, "push parent", the child's HELLO nonce). */
 void bcast__pack_welcome(sh_hash128 proof, uint8_t out[BCAST__WELCOME_LEN]);
 int bcast__unpack_welcome(const void *buf, size_t len, sh_hash128 *proof);
+/* ANNOUNCE (parent -> child that set BCAST__HELLO_ANNOUNCE): the newest
+ * version the tree above the child has (version > 0). */
+void bcast__pack_announce(uint64_t newest, uint8_t out[BCAST__ANNOUNCE_LEN]);
+int bcast__unpack_announce(const void *buf, size_t len, uint64_t *newest);
 /* A redirect is one NUL-padded "host:port" of BCAST__REDIRECT_LEN bytes. */
 int bcast__unpack_redirect(const void *buf, size_t len, char out[BCAST__ADDR]);
 

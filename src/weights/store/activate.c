@@ -47,8 +47,18 @@ static void retire(store_replica *r, model *old)
 {
     pthread_mutex_lock(&r->mu);
     model *was = r->prev;
+    /* Only its file is kept: with no lease on it (none can start now that
+     * it is not active), its mapping goes, so that the replica maps the
+     * active version and the one being built, nothing else. */
+    int unleased = old && old->refs == 1;
     r->prev = old;
     pthread_mutex_unlock(&r->mu);
+    if (unleased) {
+        ckpt_close(old->ck);
+        old->ck = NULL;
+        if (old->map) munmap(old->map, old->size);
+        old->map = NULL;
+    }
     store__model_unref(r, was);
 }
 
@@ -182,13 +192,15 @@ void store__img_free(store_replica *r)
     r->img_version = 0;
 }
 
-/* Copies model m (verified: it is active) into the image. */
+/* Copies model m (verified: it is active) into the image.  Read from the
+ * file, not through m's mapping, whose pages would then stay in this
+ * process's memory beside the image. */
 static int img_load(store_replica *r, const model *m)
 {
     r->img_version = 0;
     r->ipc.valid = 0; /* the next apply hashes every chunk once */
     SH_TRY(img_alloc(r, m->size));
-    memcpy(r->img, m->map, m->size);
+    SH_TRY(sh_pread_all(m->fd, r->img, (size_t)m->size, 0, m->path));
     r->img_version = m->version;
     r->img_size = m->size;
     return SH_OK;
@@ -330,9 +342,10 @@ static int model_mismatch(const store_version *v)
 static int apply_delta(store_replica *r, const pending *p, const model *cur, const char *out)
 {
     uint64_t size = p->ver.model_size;
-    if (r->img_version != cur->version && img_load(r, cur) < 0)
+    int cur_is_base = cur && cur->version == p->ver.base;
+    if (r->img_version != p->ver.base && cur_is_base && img_load(r, cur) < 0)
         sh_warn("replica %s: no model image (%s)", r->dir, sh_errmsg());
-    if (r->img_version == cur->version && cur->size == size) {
+    if (r->img_version == p->ver.base && r->img_size == size) {
         img_out o;
         SH_TRY(out_open(r, out, &o));
         r->img_version = 0; /* until the patch is verified */
@@ -355,11 +368,19 @@ static int apply_delta(store_replica *r, const pending *p, const model *cur, con
             return rc;
         }
         r->ip_base[1] = r->ip_base[0];
-        r->ip_base[0] = cur->version;
+        r->ip_base[0] = p->ver.base;
         r->img_version = p->ver.version;
         return out_finish(&o, 1);
     }
-    SH_TRY(store__delta_build(cur->ck, p->payload, size, out));
+    if (!cur_is_base)
+        return sh_err(SH_EMISMATCH, "delta to version %llu needs version %llu, the replica's image was lost",
+                      (unsigned long long)p->ver.version, (unsigned long long)p->ver.base);
+    int brc = store__delta_build(cur->ck, p->payload, size, out);
+    /* The base was read through its mapping: its pages leave this
+     * process's memory (they stay in the page cache; a lease that reads
+     * them again faults them back in). */
+    if (cur->map) madvise(cur->map, cur->size, MADV_DONTNEED);
+    SH_TRY(brc);
     sh_hash128 h;
     uint64_t n;
     int rc = store__hash_file(out, &h, &n);
@@ -378,6 +399,154 @@ static void discard(store_replica *r, uint64_t v, const char *out, const char *f
     if (fp8[0]) unlink(fp8);
 }
 
+/* ---- Staging: versions on the way to a newer one ------------------------ */
+
+/* A replica whose parent has announced a newer version than the payload it
+ * is given (a late joiner sent the anchor, then the deltas after it) builds
+ * that payload's version in its image only: no model file, no activation.
+ * The next delta patches the image again, and the newest version is the
+ * first one activated.  A staged version is activated anyway once the tree
+ * has been quiet for STORE__STAGE_QUIET_S, or STORE__STAGE_MAX_S after the
+ * first staging (a parent that announced more than it sends). */
+#define STORE__STAGE_QUIET_S 1.0
+#define STORE__STAGE_MAX_S 5.0
+
+static int stage_wanted(store_replica *r, const pending *p)
+{
+    if (!r->node || r->cfg.fp8) return 0;
+    pthread_mutex_lock(&r->mu);
+    uint64_t newest = r->push.newest_announced;
+    pthread_mutex_unlock(&r->mu);
+    if (p->ver.version >= newest) return 0;
+    return !r->staged.version || sh_now_mono() - r->staged_since < STORE__STAGE_MAX_S;
+}
+
+static void unstage(store_replica *r)
+{
+    memset(&r->staged, 0, sizeof r->staged);
+    r->staged_since = 0;
+}
+
+/* A staged anchor is also kept whole as its model file (a link to the
+ * payload: no copy), not active: a later step that fails falls back to it
+ * rather than to nothing.  Dropped (the file removed unless it became the
+ * active one) once a newer version is active. */
+static void drop_staged_anchor(store_replica *r)
+{
+    if (r->staged_anchor.version && store_replica_version(r) != r->staged_anchor.version)
+        unlink(r->staged_anchor_path);
+    memset(&r->staged_anchor, 0, sizeof r->staged_anchor);
+    r->staged_anchor_path[0] = 0;
+}
+
+/* After a failed step on the way to a newer version: the staged anchor, a
+ * whole version the push node verified, is activated (if it is newer than
+ * the active one). */
+static int fall_back_to_staged_anchor(store_replica *r)
+{
+    if (!r->staged_anchor.version || r->staged_anchor.version <= store_replica_version(r)) {
+        drop_staged_anchor(r);
+        return SH_OK;
+    }
+    store_version v = r->staged_anchor;
+    char path[4096];
+    snprintf(path, sizeof path, "%s", r->staged_anchor_path);
+    memset(&r->staged_anchor, 0, sizeof r->staged_anchor);
+    r->staged_anchor_path[0] = 0;
+    store_timeline tl = {0};
+    tl.apply_start = tl.built = sh_now_wall();
+    sh_info("replica %s: activating the anchor v%llu it holds whole instead", r->dir, (unsigned long long)v.version);
+    int rc = activate(r, &v, path, NULL, &tl);
+    if (rc < 0 && store_replica_version(r) != v.version) unlink(path);
+    if (store_replica_version(r) == v.version && r->img_version != v.version) r->img_wanted = 1;
+    return rc;
+}
+
+/* An anchor into the image.  Its bytes are the ones the push node checked
+ * against the manifest's xxh3, which for an anchor is model_xxh3 (as for
+ * adopt_anchor): they are not hashed again. */
+static int stage_anchor(store_replica *r, const pending *p)
+{
+    uint64_t size = p->ver.model_size;
+    r->img_version = 0;
+    r->ipc.valid = 0;
+    SH_TRY(img_alloc(r, size));
+    int fd = open(p->payload, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sh_err_errno(errno, "open %s", p->payload);
+    struct stat st;
+    int rc = fstat(fd, &st) < 0 ? sh_err_errno(errno, "stat %s", p->payload) : SH_OK;
+    if (rc == 0 && (uint64_t)st.st_size != size)
+        rc = sh_err(SH_EMISMATCH, "version %llu: the anchor has %lld bytes, its manifest says %llu",
+                    (unsigned long long)p->ver.version, (long long)st.st_size, (unsigned long long)size);
+    if (rc == 0) rc = sh_pread_all(fd, r->img, (size_t)size, 0, p->payload);
+    close(fd);
+    char out[4096];
+    if (rc == 0) rc = store__model_path(r, p->ver.version, out, sizeof out);
+    if (rc == 0) {
+        drop_staged_anchor(r);
+        rc = adopt_anchor(&p->ver, p->payload, out);
+    }
+    if (rc < 0) return rc;
+    r->staged_anchor = p->ver;
+    snprintf(r->staged_anchor_path, sizeof r->staged_anchor_path, "%s", out);
+    r->img_size = size;
+    r->img_version = p->ver.version;
+    return SH_OK;
+}
+
+/* A delta on the image (the staged version, or the active one loaded). */
+static int stage_delta(store_replica *r, const pending *p, const model *cur)
+{
+    uint64_t size = p->ver.model_size;
+    if (r->img_version != p->ver.base && cur && cur->version == p->ver.base) SH_TRY(img_load(r, cur));
+    if (r->img_version != p->ver.base || r->img_size != size)
+        return sh_err(SH_EMISMATCH, "delta to version %llu needs version %llu, the replica's image holds %llu",
+                      (unsigned long long)p->ver.version, (unsigned long long)p->ver.base,
+                      (unsigned long long)r->img_version);
+    r->img_version = 0; /* until the patch is verified */
+    int rc = store__delta_patch_mem(r->img, size, p->payload, &r->ipc, 1, NULL, NULL);
+    /* As for a version activated at once: the staged one must be the
+     * version its manifest names, or the next delta builds on a stranger. */
+    if (rc == 0 && !sh_hash128_eq(p->ver.model_xxh3, sh_hash128_of(r->img, (size_t)size))) {
+        r->ipc.valid = 0;
+        rc = model_mismatch(&p->ver);
+    }
+    if (rc < 0) return rc;
+    r->img_version = p->ver.version;
+    return SH_OK;
+}
+
+int store__activate_staged(store_replica *r)
+{
+    if (!r->staged.version) return SH_OK;
+    store_version v = r->staged;
+    store_timeline tl = r->staged_tl;
+    unstage(r);
+    if (v.version == r->staged_anchor.version || r->img_version != v.version) return fall_back_to_staged_anchor(r);
+    if (v.version <= store_replica_version(r)) return SH_OK;
+    char out[4096];
+    SH_TRY(store__model_path(r, v.version, out, sizeof out));
+    r->ip_base[0] = r->ip_base[1] = 0; /* a recycled file gets every byte */
+    img_out o;
+    SH_TRY(out_open(r, out, &o));
+    int rc = out_finish(&o, 1);
+    tl.built = sh_now_wall();
+    if (rc == 0) rc = activate(r, &v, out, NULL, &tl);
+    if (rc < 0 && store_replica_version(r) != v.version) unlink(out);
+    if (rc < 0) {
+        fall_back_to_staged_anchor(r);
+        return rc;
+    }
+    drop_staged_anchor(r);
+    return rc;
+}
+
+int store__staged_due(store_replica *r, double now, double last_push)
+{
+    return r->staged.version &&
+           (now - last_push >= STORE__STAGE_QUIET_S || now - r->staged_since >= STORE__STAGE_MAX_S);
+}
+
 int store__apply_pending(store_replica *r, pending *p)
 {
     char out[4096];
@@ -385,7 +554,27 @@ int store__apply_pending(store_replica *r, pending *p)
     p->tl.apply_start = sh_now_wall();
     model *cur = ref_active(r);
     int rc;
-    if (!p->ver.anchor && (!cur || cur->version != p->ver.base))
+    /* The image holds the base, staged: the version is built on it. */
+    int staged_base = !p->ver.anchor && r->staged.version == p->ver.base && r->img_version == p->ver.base;
+    if (stage_wanted(r, p) && (p->ver.anchor || staged_base || (cur && cur->version == p->ver.base))) {
+        rc = p->ver.anchor ? stage_anchor(r, p) : stage_delta(r, p, cur);
+        store__model_unref(r, cur);
+        if (rc < 0) {
+            r->img_version = 0;
+            unstage(r);
+            store__replica_error(r);
+            fall_back_to_staged_anchor(r);
+            return SH_OK; /* said */
+        }
+        if (!r->staged.version) r->staged_since = sh_now_mono();
+        r->staged = p->ver;
+        r->staged_tl = p->tl;
+        r->ip_base[0] = r->ip_base[1] = 0;
+        sh_debug("replica %s: v%llu built in memory, not activated (a newer version is announced)", r->dir,
+                 (unsigned long long)p->ver.version);
+        return SH_OK;
+    }
+    if (!p->ver.anchor && (!cur || cur->version != p->ver.base) && !staged_base)
         rc = sh_err(SH_EMISMATCH, "delta to version %llu needs version %llu, replica holds %llu",
                     (unsigned long long)p->ver.version, (unsigned long long)p->ver.base,
                     (unsigned long long)(cur ? cur->version : 0));
@@ -401,6 +590,14 @@ int store__apply_pending(store_replica *r, pending *p)
     store__model_unref(r, cur);
     if (rc == 0) rc = activate(r, &p->ver, out, fp8[0] ? fp8 : NULL, &p->tl);
     if (rc < 0) discard(r, p->ver.version, out, fp8);
+    if (rc < 0 && staged_base) {
+        store__replica_error(r);
+        unstage(r);
+        fall_back_to_staged_anchor(r);
+        rc = SH_OK; /* said */
+    }
+    if (store_replica_version(r) >= r->staged.version) unstage(r);
+    if (store_replica_version(r) >= r->staged_anchor.version) drop_staged_anchor(r);
     if (store_replica_version(r) == p->ver.version && r->img_version != p->ver.version)
         r->img_wanted = 1; /* loaded when the tree is quiet */
     return rc;
@@ -413,6 +610,11 @@ int store__sync_from_store(store_replica *r)
     uint64_t latest = 0, have = store_replica_version(r);
     double now = sh_now_mono();
     int rc = store_latest(r->st, &latest);
+    if (rc == 0) {
+        pthread_mutex_lock(&r->mu);
+        if (latest > r->store_latest) r->store_latest = latest;
+        pthread_mutex_unlock(&r->mu);
+    }
     /* While a failure's pause lasts, only a LATEST that moved on to
      * another readable version is tried; anything else waits quietly. */
     if (r->sync_failed && now < r->sync_retry_at && (rc < 0 || latest == r->sync_failed)) return SH_OK;

@@ -28,17 +28,21 @@ int store__model_open(const char *path, uint64_t version, model **out)
     if (rc == 0 && fstat(fd, &st) < 0) rc = sh_err_errno(errno, "stat %s", path);
     if (rc == 0 && st.st_size > 0) {
         m->size = (uint64_t)st.st_size;
-        /* Populated now, outside the swap, so that the first requests on the
-         * new version do not pay its page faults; a recycled file (the
-         * double buffer) gets the mapping it had as the model before. */
-        rc = sh_map_keep(fd, m->size, 0, &m->map);
-        if (rc < 0) rc = sh_err_wrap(rc, "%s", path);
+        /* Not populated: a page is in this process's memory once a lease
+         * reads it, so that a replica holds the versions it serves and
+         * nothing else (a push replica's own copy is its image, and the
+         * file of the model an activation replaced is only written, with
+         * pwrite).  Read ahead into the page cache, which costs no memory
+         * of the process. */
+        void *map = mmap(NULL, m->size, PROT_READ, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED) rc = sh_err_errno(errno, "mmap %s", path);
+        else m->map = map, madvise(map, m->size, MADV_WILLNEED);
     }
     /* Verification includes the format: a version that is not a valid
      * checkpoint never becomes active. */
     if (rc == 0) rc = ckpt_open_mem(m->map, m->size, path, &m->ck);
     if (rc < 0) {
-        sh_map_keep_release(m->map, m->size, -1, 0);
+        if (m->map) munmap(m->map, m->size);
         if (fd >= 0) close(fd);
         free(m);
         return rc;
@@ -53,7 +57,7 @@ void store__model_free(model *m, int unlink_files)
     store__model_free(m->fp8, unlink_files);
     ckpt_close(m->ck);
     if (unlink_files) unlink(m->path);
-    sh_map_keep_release(m->map, m->size, m->fd, 0);
+    if (m->map) munmap(m->map, m->size);
     if (m->fd >= 0) close(m->fd);
     free(m);
 }

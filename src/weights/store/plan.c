@@ -117,6 +117,13 @@ int store_plan_make(store *s, uint64_t from, uint64_t to, store_plan *p)
         struct stat st;
         if (to - from >= 2 && store_squash_path(s, from, to, sq, sizeof sq) == 0 && stat(sq, &st) == 0)
             p->squash_bytes = (uint64_t)st.st_size;
+    } else if (from > 0 && from < to) {
+        /* From before the anchor: one delta across it, when the push root
+         * made one (store__cross_delta). */
+        char sq[4096];
+        struct stat st;
+        if (store_squash_path(s, from, to, sq, sizeof sq) == 0 && stat(sq, &st) == 0)
+            p->squash_bytes = (uint64_t)st.st_size;
     }
     p->kind = STORE_PLAN_ANCHOR, p->bytes = p->anchor_bytes;
     if (p->chain_bytes < p->bytes) p->kind = STORE_PLAN_CHAIN, p->bytes = p->chain_bytes;
@@ -259,6 +266,35 @@ int store_squash(store *s, uint64_t from, uint64_t to, uint64_t *bytes)
     if (rc == 0 && bytes) *bytes = stat(out, &st) == 0 ? (uint64_t)st.st_size : 0;
     free(paths);
     free(bufs);
+    return rc;
+}
+
+int store__cross_delta(store *s, uint64_t from, uint64_t to, uint64_t *bytes)
+{
+    uint64_t anchor = 0;
+    SH_TRY(store__anchor_of(s, to, &anchor));
+    if (from == 0 || from >= anchor)
+        return sh_err(SH_EINVAL, "delta %llu..%llu: does not cross version %llu's anchor %llu",
+                      (unsigned long long)from, (unsigned long long)to, (unsigned long long)to,
+                      (unsigned long long)anchor);
+    char dir[4096], out[4096], a[4096], b[4096], target[4096];
+    SH_TRY(sh_path_join(dir, sizeof dir, s->dir, "squash"));
+    SH_TRY(sh_mkdir_p(dir, 0755));
+    SH_TRY(store_squash_path(s, from, to, out, sizeof out));
+    snprintf(a, sizeof a, "%s.from.%ld", out, (long)getpid());
+    snprintf(b, sizeof b, "%s.to.%ld", out, (long)getpid());
+    store_version m;
+    int rc = store_get(s, to, &m, NULL);
+    int to_is_file = rc == 0 && m.anchor;
+    if (rc == 0) rc = store_materialize(s, from, 0, NULL, a);
+    if (rc == 0 && to_is_file) rc = store_payload_path(s, to, target, sizeof target);
+    else if (rc == 0) rc = store_materialize(s, to, 0, NULL, b), snprintf(target, sizeof target, "%s", b);
+    if (rc == 0) rc = store__delta_make(a, target, out, NULL);
+    if (rc == 0) rc = sh_fsync_dir(dir);
+    unlink(a);
+    unlink(b);
+    struct stat st;
+    if (rc == 0 && bytes) *bytes = stat(out, &st) == 0 ? (uint64_t)st.st_size : 0;
     return rc;
 }
 

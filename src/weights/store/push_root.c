@@ -10,6 +10,7 @@
 
 #include "shoal/bcast.h"
 #include "shoal/store.h"
+#include "weights/store/store_int.h"
 
 /* A payload that failed its check, as it was on disk: it is not hashed
  * again (a whole anchor, twice a second) until the file changes. */
@@ -86,6 +87,14 @@ static int squash_plan(void *arg, uint64_t from, uint64_t to, char *path, size_t
     if (rc == 0 && p->kind == STORE_PLAN_CHAIN && store_squash_path(s, from, to, path, cap) == 0 &&
         !sh_path_exists(path) && store_squash(s, from, to, NULL) == 0)
         rc = store_plan_make(s, from, to, p);
+    /* A child below the anchor that holds a version: one delta across the
+     * anchor, when it is fewer bytes than the anchor (and its chain). */
+    if (rc == 0 && p->kind == STORE_PLAN_ANCHOR && from > 0 && from < p->anchor &&
+        store_squash_path(s, from, to, path, cap) == 0 && !sh_path_exists(path)) {
+        if (store__cross_delta(s, from, to, NULL) == 0) rc = store_plan_make(s, from, to, p);
+        else sh_warn("push root: a delta v%llu -> v%llu across the anchor: %s", (unsigned long long)from,
+                     (unsigned long long)to, sh_errmsg());
+    }
     int use = rc == 0 && p->kind == STORE_PLAN_SQUASH && store_squash_path(s, from, to, path, cap) == 0;
     if (rc < 0)
         sh_warn("push root: plan v%llu -> v%llu: %s", (unsigned long long)from, (unsigned long long)to,

@@ -26,6 +26,18 @@ static void *apply_main(void *arg)
     double poll = r->cfg.poll_s > 0 ? r->cfg.poll_s : 0.02;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
+        if (r->img_drop && !r->staged.version) {
+            r->img_drop = 0;
+            pthread_mutex_unlock(&r->mu);
+            store__img_free(r);
+            pthread_mutex_lock(&r->mu);
+        }
+        if (!r->queue && store__staged_due(r, sh_now_mono(), r->last_push_activity)) {
+            pthread_mutex_unlock(&r->mu);
+            if (store__activate_staged(r) < 0) store__replica_error(r);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
         pending *p = r->queue;
         if (p && p->retry_at <= sh_now_mono()) {
             r->queue = p->next;
@@ -110,7 +122,9 @@ static void on_object(void *arg, const bcast_object_info *o)
     if (!p) return;
     int rc = store_manifest_parse(o->manifest, r->run, &p->ver);
     if (rc == 0 && o->is_squash) {
-        /* A squashed delta from o->base: the manifest is its target's. */
+        /* A squashed delta from o->base: the manifest is its target's
+         * (an anchor's, for a delta across the anchor). */
+        p->ver.anchor = 0;
         p->ver.base = o->base;
         p->ver.size = o->size;
     }
@@ -154,12 +168,19 @@ static void on_chunk(void *arg, uint64_t version, uint32_t index, uint32_t nchun
 /* A spool file for a whole model's payload (an anchor): the model file the
  * last activation replaced, whose pages the payload overwrites, instead of
  * a new file whose every page the kernel must allocate and zero.  A small
- * payload (a delta) leaves it for the next delta's build. */
+ * payload (a delta) leaves it for the next delta's build.  A payload of
+ * more than half a model also has the apply thread free the image first
+ * (img_drop): the payload and the image would otherwise be two models in
+ * memory at once. */
 static int reuse_file(void *arg, uint64_t size, const char *path)
 {
     store_replica *r = arg;
     pthread_mutex_lock(&r->mu);
     int fits = r->prev && size > r->prev->size / 2;
+    if (r->active && size > r->active->size / 2) {
+        r->img_drop = 1;
+        pthread_cond_broadcast(&r->cv);
+    }
     pthread_mutex_unlock(&r->mu);
     return fits && store__take_prev(r, path, NULL);
 }
@@ -382,6 +403,8 @@ void store_replica_get_info(store_replica *r, store_replica_info *out)
     snprintf(out->last_error, sizeof out->last_error, "%s", r->last_error);
     out->push = r->push;
     out->timeline = r->timeline;
+    uint64_t n = out->push.newest_announced > r->store_latest ? out->push.newest_announced : r->store_latest;
+    out->newest_announced = n > out->version ? n : out->version;
     pthread_mutex_unlock(&r->mu);
 }
 

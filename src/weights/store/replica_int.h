@@ -14,7 +14,7 @@ typedef struct model {
     int refs;
     uint64_t version;
     uint64_t size;
-    uint8_t *map; /* a kept mapping (sh_map_keep) of fd */
+    uint8_t *map; /* a mapping of fd, not populated: resident as leases read it */
     int fd;
     ckpt *ck; /* parsed once, before activation: leases get tensor views */
     char path[4096];
@@ -41,6 +41,7 @@ struct store_replica {
     pthread_cond_t cv;
     model *active;
     uint64_t done_version; /* the newest activation that is complete (durable) */
+    uint64_t store_latest; /* the store's LATEST when last read (under mu) */
     double activated_at, pause_max_ms;
     uint64_t activations, failures;
     char last_error[512];
@@ -64,9 +65,20 @@ struct store_replica {
     size_t img_cap;
     uint64_t img_size, img_version;
     int img_wanted; /* load the image when the push tree is quiet */
+    int img_drop;   /* under mu: a payload of a model's size is coming (an
+                     * anchor): free the image first, so that the two never
+                     * take memory together (the image is loaded again
+                     * from the version it brings) */
     delta_ip_cache ipc;  /* chunk digests of the image, chunks the last applies wrote */
     uint64_t ip_base[2]; /* the bases of those applies ([0]: the last) */
     model *prev;    /* the model the last activation replaced (recycled; under mu) */
+    /* Apply thread only (activate.c): a version built in the image and not
+     * activated, because a newer one is announced (0: none), since when. */
+    store_version staged;
+    store_timeline staged_tl;
+    double staged_since;
+    store_version staged_anchor; /* a staged anchor kept whole as a model file (version 0: none) */
+    char staged_anchor_path[4096];
 };
 
 /* models.c */
@@ -90,6 +102,11 @@ void store__replica_error(store_replica *r);
  * else 0; r->prev is let go either way.  Any thread. */
 int store__take_prev(store_replica *r, const char *out, uint64_t *version);
 int store__apply_pending(store_replica *r, pending *p);
+/* A staged version (built in the image, not activated) is due once the
+ * tree has been quiet a while or it waited too long; then it is written
+ * and activated. */
+int store__staged_due(store_replica *r, double now, double last_push);
+int store__activate_staged(store_replica *r);
 /* Builds and activates LATEST's version from the store when it is newer
  * than the active one.  A version whose build failed (a damaged payload, a
  * full disk) is tried again after a pause that doubles up to

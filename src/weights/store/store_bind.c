@@ -193,8 +193,8 @@ int store_replica_info_json(store_replica *r, char **out)
 {
     store_replica_info i;
     store_replica_get_info(r, &i);
-    json_t *j = json_pack("{s:I,s:f,s:f,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:b,s:s}", "version",
-                          (json_int_t)i.version, "activated_at", i.activated_at, "pause_max_ms",
+    json_t *j = json_pack("{s:I,s:I,s:f,s:f,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:b,s:s}", "version",
+                          (json_int_t)i.version, "newest_announced", (json_int_t)i.newest_announced, "activated_at", i.activated_at, "pause_max_ms",
                           i.pause_max_ms, "activations", (json_int_t)i.activations, "failures",
                           (json_int_t)i.failures, "last_error", i.last_error, "bytes_received",
                           (json_int_t)i.push.bytes_received, "bytes_sent", (json_int_t)i.push.bytes_sent,

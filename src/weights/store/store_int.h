@@ -60,6 +60,11 @@ int store__commit_version(store *s, int rc, const char *stage, const char *final
                           const char *how);
 /* The anchor version v chains back to (v itself for an anchor). */
 int store__anchor_of(store *s, uint64_t v, uint64_t *out);
+/* One delta from `from` to `to` across to's anchor (from is below it),
+ * made from the two versions' checkpoints into the squash cache
+ * (store_squash_path), where store_plan_make finds it: a replica holding
+ * version n - 1 gets the delta to n even when n is stored as an anchor. */
+int store__cross_delta(store *s, uint64_t from, uint64_t to, uint64_t *bytes);
 
 /* Copies src to an open fd, hashing what it copies; fsyncs fd.  pg
  * (optional) is advanced in bytes of src. */
