@@ -93,6 +93,8 @@ static void test_inplace_dense_is_target(void **state)
         }
         if (strstr(sh_errmsg(), "undo")) fail_msg("corrupt at byte %zu: the undo failed: %s", at[k], sh_errmsg());
         if (memcmp(img, bi, bl)) fail_msg("corrupt at byte %zu: the image is not the base after the undo", at[k]);
+        if (rc == SH_EFORMAT && !strstr(sh_errmsg(), "tensor \"w\" chunk 0"))
+            fail_msg("corrupt at byte %zu: the error does not name the chunk: %s", at[k], sh_errmsg());
         decode_errors += rc == SH_EFORMAT;
         delta_free(bad);
         free(copy);
