@@ -68,32 +68,46 @@ static int slurm_up(void)
     return run_quiet(which) == 0 && run_quiet(ping) == 0;
 }
 
-static int measure(const char *dir, int runs, int submits, figures *f)
+/* The client and the core binary beside this one (build/). */
+static int find_binaries(char client[PATH_MAX + 16], char core[PATH_MAX + 16])
 {
-    char self[PATH_MAX], client[PATH_MAX + 16], core[PATH_MAX + 16];
+    char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return sh_err_errno(errno, "readlink /proc/self/exe");
     self[n] = 0;
     *strrchr(self, '/') = 0;
-    snprintf(client, sizeof client, "%s/shoal", self);
-    snprintf(core, sizeof core, "%s/shoal-core", self);
+    snprintf(client, PATH_MAX + 16, "%s/shoal", self);
+    snprintf(core, PATH_MAX + 16, "%s/shoal-core", self);
     if (access(client, X_OK) || access(core, X_OK))
         return sh_err(SH_ENOENT, "%s/shoal and %s/shoal-core are both needed (make all)", self, self);
+    return SH_OK;
+}
 
-    /* A server in this process with one node, so that submits are accepted. */
-    char tok[PATH_MAX], db[PATH_MAX], job[PATH_MAX], url[64];
-    snprintf(tok, sizeof tok, "%s/tokens.json", dir);
-    snprintf(db, sizeof db, "%s/state.db", dir);
-    snprintf(job, sizeof job, "%s/job.json", dir);
+/* A server in this process with one node, so that submits are accepted;
+ * writes its tokens and the job file (job) in dir, its address in url. */
+static int start_server(const char *dir, char job[PATH_MAX], char url[64], srv **s)
+{
+    char tok[PATH_MAX], db[PATH_MAX];
+    snprintf(tok, PATH_MAX, "%s/tokens.json", dir);
+    snprintf(db, PATH_MAX, "%s/state.db", dir);
+    snprintf(job, PATH_MAX, "%s/job.json", dir);
     const char *t = "{\"admin\":\"a\",\"agent\":\"g\",\"tenants\":{\"bench\":\"t\"}}";
     const char *j = "{\"name\":\"bench\",\"kind\":\"function\",\"command\":[\"true\"]}";
     SH_TRY(sh_write_atomic(tok, t, strlen(t)));
     SH_TRY(sh_write_atomic(job, j, strlen(j)));
     srv_config c = {.db_path = db, .tokens_path = tok, .heartbeat_timeout = 1e9};
-    srv *s;
-    SH_TRY(srv_start(&c, &s));
-    int rc = srv_add_bench_nodes(s, 1, "H100", 1);
-    snprintf(url, sizeof url, "http://127.0.0.1:%d", srv_port(s));
+    SH_TRY(srv_start(&c, s));
+    snprintf(url, 64, "http://127.0.0.1:%d", srv_port(*s));
+    return srv_add_bench_nodes(*s, 1, "H100", 1);
+}
+
+static int measure(const char *dir, int runs, int submits, figures *f)
+{
+    char client[PATH_MAX + 16], core[PATH_MAX + 16], job[PATH_MAX], url[64];
+    SH_TRY(find_binaries(client, core));
+    srv *s = NULL;
+    int rc = start_server(dir, job, url, &s);
+    if (!s) return rc;
 
     int slurm = slurm_up();
     sh_progress pg;

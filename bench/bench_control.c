@@ -143,7 +143,10 @@ static int time_starts(client_conn *c, const char *body, int n, double *out, sh_
         double t0 = sh_now_mono();
         int st;
         json_t *j = NULL;
-        SH_TRY(client_call(c, "POST", "/v1/jobs", json_loads(body, 0, NULL), NULL, 5, &st, &j));
+        json_t *req = json_loads(body, 0, NULL); /* client_call does not take it */
+        int rc = client_call(c, "POST", "/v1/jobs", req, NULL, 5, &st, &j);
+        json_decref(req);
+        SH_TRY(rc);
         long long id = json_integer_value(json_object_get(j, "id"));
         json_decref(j);
         if (st != 201) return sh_err(SH_EIO, "bench: submit returned HTTP %d", st);
@@ -299,7 +302,9 @@ static int cycle_time(int nodes, double *busy_ms, double *idle_ms)
         for (int k = 0; rc == SH_OK && k < 100; k++) {
             int st;
             json_t *j = NULL;
-            rc = client_call(c, "POST", "/v1/jobs", json_loads(bodies[k % 3], 0, NULL), NULL, 5, &st, &j);
+            json_t *req = json_loads(bodies[k % 3], 0, NULL);
+            rc = client_call(c, "POST", "/v1/jobs", req, NULL, 5, &st, &j);
+            json_decref(req);
             json_decref(j);
         }
         double t = srv_cycle_for_bench(b.s);
@@ -315,19 +320,29 @@ static int cycle_time(int nodes, double *busy_ms, double *idle_ms)
     return rc;
 }
 
-int cli_bench_control(int argc, char **argv)
+/* One database's figures: gang and function start, submit and healthz rate. */
+typedef struct figs {
+    double g50, g99, f50, subs, hz;
+    uint64_t errors;
+} figs;
+
+typedef struct copts {
+    int json, starts, clients, nodes;
+    double seconds;
+} copts;
+
+/* Parses the options into o (and pg_db): -1, or the status to exit with. */
+static int parse(int argc, char **argv, copts *o)
 {
     static const struct option opts[] = {{"starts", required_argument, 0, 's'}, {"seconds", required_argument, 0, 'S'},
                                          {"clients", required_argument, 0, 'c'}, {"nodes", required_argument, 0, 'n'},
                                          {"json", no_argument, 0, 'j'},          {"db", required_argument, 0, 'd'},
                                          {0}};
     cli_args a = {"bench control", usage, opts, NULL};
-    int json = 0, starts = 30, clients = 8, nodes = 10000;
-    double seconds = 3;
     for (int c; (c = cli_getopt(&a, argc, argv)) != -1;) {
         int64_t x;
         switch (c) {
-        case 'j': json = 1; break;
+        case 'j': o->json = 1; break;
         case 'd':
             if (strncmp(optarg, "postgresql://", 13) && strncmp(optarg, "postgres://", 11))
                 return cli_usage(a.cmd, "--db %s: expected a PostgreSQL URL postgresql://USER@HOST[:PORT]/DB", optarg);
@@ -335,61 +350,79 @@ int cli_bench_control(int argc, char **argv)
             break;
         case 's':
             if (cli_int(a.cmd, "--starts", optarg, 1, 100000, &x)) return CLI_USAGE;
-            starts = (int)x;
+            o->starts = (int)x;
             break;
         case 'c':
             if (cli_int(a.cmd, "--clients", optarg, 1, 64, &x)) return CLI_USAGE;
-            clients = (int)x;
+            o->clients = (int)x;
             break;
         case 'n':
             if (cli_int(a.cmd, "--nodes", optarg, 1, 10000000, &x)) return CLI_USAGE;
-            nodes = (int)x;
+            o->nodes = (int)x;
             break;
         case 'S':
-            if (cli_real(a.cmd, "--seconds", optarg, DBL_TRUE_MIN, 86400, "seconds in (0, 86400]", &seconds))
+            if (cli_real(a.cmd, "--seconds", optarg, DBL_TRUE_MIN, 86400, "seconds in (0, 86400]", &o->seconds))
                 return CLI_USAGE;
             break;
         default: return a.rc;
         }
     }
     if (optind < argc) return cli_usage(a.cmd, "unexpected argument \"%s\"", argv[optind]);
-    signal(SIGPIPE, SIG_IGN);
-    double g50 = 0, g99 = 0, f50 = 0, subs = 0, hz = 0, busy = 0, idle = 0;
-    uint64_t errors = 0;
-    double pg50 = 0, pg99 = 0, pf50 = 0, psubs = 0, phz = 0;
-    uint64_t perrors = 0;
-    int rc = gang_latency(starts, 0, &g50, &g99, &f50);
-    if (rc == SH_OK) rc = submit_rate(clients, seconds, 0, &subs, &hz, &errors);
-    if (rc == SH_OK && pg_db) rc = gang_latency(starts, 1, &pg50, &pg99, &pf50);
-    if (rc == SH_OK && pg_db) rc = submit_rate(clients, seconds, 1, &psubs, &phz, &perrors);
-    if (rc == SH_OK) rc = cycle_time(nodes, &busy, &idle);
-    if (rc < 0) return cli_fail("bench control", rc);
-    if (json) {
-        json_t *j = json_pack("{s:f,s:f,s:f,s:f,s:f,s:I,s:f,s:f,s:i,s:i,s:i}", "gang_start_p50_ms", g50,
-                              "gang_start_p99_ms", g99, "function_start_p50_ms", f50, "submits_per_s", subs,
-                              "healthz_per_s", hz, "errors", (json_int_t)errors, "cycle_ms_10k_nodes", busy,
-                              "idle_cycle_ms", idle, "nodes", nodes, "clients", clients, "starts", starts);
-        if (pg_db)
-            json_object_set_new(j, "postgresql",
-                                json_pack("{s:f,s:f,s:f,s:f,s:I,s:f}", "gang_start_p50_ms", pg50, "gang_start_p99_ms",
-                                          pg99, "function_start_p50_ms", pf50, "submits_per_s", psubs, "errors",
-                                          (json_int_t)perrors, "submits_vs_sqlite", subs > 0 ? psubs / subs : 0));
-        sh_json_print(j);
-        json_decref(j);
-        return 0;
-    }
-    printf("control plane (loopback, %d starts, %d clients, %d nodes)\n", starts, clients, nodes);
-    printf("  gang (4 nodes) start p50   %8.1f ms   p99 %.1f ms   (target p50 <= 300, p99 <= 1000)\n", g50, g99);
-    printf("  function start p50         %8.1f ms   gang/function %.2fx\n", f50, f50 > 0 ? g50 / f50 : 0);
-    printf("  submits                    %8.0f /s   errors %llu   (target >= 2000/s, 0 errors)\n", subs,
-           (unsigned long long)errors);
-    printf("  GET /healthz               %8.0f /s   submits/healthz %.2f\n", hz, hz > 0 ? subs / hz : 0);
-    printf("  cycle, %d nodes, 100 new jobs %6.2f ms   idle cycle %.2f ms   (target <= 50 ms)\n", nodes, busy, idle);
+    return -1;
+}
+
+static void print_json(const copts *o, const figs *sq, const figs *pg, double busy, double idle)
+{
+    json_t *j = json_pack("{s:f,s:f,s:f,s:f,s:f,s:I,s:f,s:f,s:i,s:i,s:i}", "gang_start_p50_ms", sq->g50,
+                          "gang_start_p99_ms", sq->g99, "function_start_p50_ms", sq->f50, "submits_per_s", sq->subs,
+                          "healthz_per_s", sq->hz, "errors", (json_int_t)sq->errors, "cycle_ms_10k_nodes", busy,
+                          "idle_cycle_ms", idle, "nodes", o->nodes, "clients", o->clients, "starts", o->starts);
+    if (pg_db)
+        json_object_set_new(j, "postgresql",
+                            json_pack("{s:f,s:f,s:f,s:f,s:I,s:f}", "gang_start_p50_ms", pg->g50, "gang_start_p99_ms",
+                                      pg->g99, "function_start_p50_ms", pg->f50, "submits_per_s", pg->subs, "errors",
+                                      (json_int_t)pg->errors, "submits_vs_sqlite", sq->subs > 0 ? pg->subs / sq->subs : 0));
+    sh_json_print(j);
+    json_decref(j);
+}
+
+static void print_text(const copts *o, const figs *sq, const figs *pg, double busy, double idle)
+{
+    printf("control plane (loopback, %d starts, %d clients, %d nodes)\n", o->starts, o->clients, o->nodes);
+    printf("  gang (4 nodes) start p50   %8.1f ms   p99 %.1f ms   (target p50 <= 300, p99 <= 1000)\n", sq->g50,
+           sq->g99);
+    printf("  function start p50         %8.1f ms   gang/function %.2fx\n", sq->f50,
+           sq->f50 > 0 ? sq->g50 / sq->f50 : 0);
+    printf("  submits                    %8.0f /s   errors %llu   (target >= 2000/s, 0 errors)\n", sq->subs,
+           (unsigned long long)sq->errors);
+    printf("  GET /healthz               %8.0f /s   submits/healthz %.2f\n", sq->hz,
+           sq->hz > 0 ? sq->subs / sq->hz : 0);
+    printf("  cycle, %d nodes, 100 new jobs %6.2f ms   idle cycle %.2f ms   (target <= 50 ms)\n", o->nodes, busy,
+           idle);
     if (pg_db) {
         printf("PostgreSQL state (same run)\n");
-        printf("  gang (4 nodes) start p50   %8.1f ms   p99 %.1f ms   (SQLite p50 %.1f ms)\n", pg50, pg99, g50);
+        printf("  gang (4 nodes) start p50   %8.1f ms   p99 %.1f ms   (SQLite p50 %.1f ms)\n", pg->g50, pg->g99,
+               sq->g50);
         printf("  submits                    %8.0f /s   errors %llu   %.2fx SQLite's (target >= 0.5x and >= 1000/s)\n",
-               psubs, (unsigned long long)perrors, subs > 0 ? psubs / subs : 0);
+               pg->subs, (unsigned long long)pg->errors, sq->subs > 0 ? pg->subs / sq->subs : 0);
     }
+}
+
+int cli_bench_control(int argc, char **argv)
+{
+    copts o = {0, 30, 8, 10000, 3};
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0) return rc;
+    signal(SIGPIPE, SIG_IGN);
+    figs sq = {0}, pg = {0};
+    double busy = 0, idle = 0;
+    rc = gang_latency(o.starts, 0, &sq.g50, &sq.g99, &sq.f50);
+    if (rc == SH_OK) rc = submit_rate(o.clients, o.seconds, 0, &sq.subs, &sq.hz, &sq.errors);
+    if (rc == SH_OK && pg_db) rc = gang_latency(o.starts, 1, &pg.g50, &pg.g99, &pg.f50);
+    if (rc == SH_OK && pg_db) rc = submit_rate(o.clients, o.seconds, 1, &pg.subs, &pg.hz, &pg.errors);
+    if (rc == SH_OK) rc = cycle_time(o.nodes, &busy, &idle);
+    if (rc < 0) return cli_fail("bench control", rc);
+    if (o.json) print_json(&o, &sq, &pg, busy, idle);
+    else print_text(&o, &sq, &pg, busy, idle);
     return 0;
 }

@@ -460,6 +460,40 @@ static int bench_save_cast(const nn_model *m, const float *p, ckpt_dtype dt, con
     return rc;
 }
 
+/* One dtype's figures: the model before (p0) and after its last step
+ * saved as dt in dir, the delta between them, the XOR+zstd baseline and the
+ * share of changed values. */
+static int dtype_figures(nn_model *m, const float *p0, ckpt_dtype dt, const char *name, const char *dir,
+                         bench_dt *x)
+{
+    char bp[4200], tp[4200];
+    snprintf(bp, sizeof bp, "%s/%s.0.safetensors", dir, name);
+    snprintf(tp, sizeof tp, "%s/%s.1.safetensors", dir, name);
+    ckpt *Bk = NULL, *Tk = NULL;
+    sh_buf out = {0};
+    int rc = bench_save_cast(m, p0, dt, bp);
+    if (rc == SH_OK) rc = bench_save_cast(m, nn_params(m), dt, tp);
+    if (rc == SH_OK) rc = ckpt_open(bp, &Bk);
+    if (rc == SH_OK) rc = ckpt_open(tp, &Tk);
+    if (rc == SH_OK) rc = delta_make_mem(Bk, Tk, &(delta_opts){.threads = 1}, &out, NULL);
+    x->dtype = name;
+    if (rc == SH_OK) rc = delta_baseline_xor_zstd(Bk, Tk, 1, &x->xbytes);
+    if (rc == SH_OK) {
+        x->bytes = out.len;
+        x->ckpt_bytes = Tk->files[0].size;
+        for (size_t i = 0; i < Tk->ntensors; i++) {
+            const ckpt_tensor *a = &Bk->tensors[i], *b = &Tk->tensors[i];
+            unsigned w = dt == CKPT_F32 ? 4 : 2;
+            for (uint64_t u = 0; u < b->numel; u++) x->changed += memcmp(a->data + u * w, b->data + u * w, w) != 0;
+            x->units += b->numel;
+        }
+    }
+    sh_buf_free(&out);
+    ckpt_close(Bk);
+    ckpt_close(Tk);
+    return rc;
+}
+
 static int bench_dtypes(double lr, uint64_t steps, uint64_t seed, bench_dts *r)
 {
     memset(r, 0, sizeof *r);
@@ -495,34 +529,7 @@ static int bench_dtypes(double lr, uint64_t steps, uint64_t seed, bench_dts *r)
     }
     static const ckpt_dtype dts[3] = {CKPT_BF16, CKPT_F16, CKPT_F32};
     static const char *const names[3] = {"bf16", "fp16", "fp32"};
-    for (int d = 0; rc == SH_OK && d < 3; d++) {
-        char bp[4200], tp[4200];
-        snprintf(bp, sizeof bp, "%s/%s.0.safetensors", dir, names[d]);
-        snprintf(tp, sizeof tp, "%s/%s.1.safetensors", dir, names[d]);
-        ckpt *Bk = NULL, *Tk = NULL;
-        sh_buf out = {0};
-        rc = bench_save_cast(m, p0, dts[d], bp);
-        if (rc == SH_OK) rc = bench_save_cast(m, nn_params(m), dts[d], tp);
-        if (rc == SH_OK) rc = ckpt_open(bp, &Bk);
-        if (rc == SH_OK) rc = ckpt_open(tp, &Tk);
-        if (rc == SH_OK) rc = delta_make_mem(Bk, Tk, &(delta_opts){.threads = 1}, &out, NULL);
-        bench_dt *x = &r->d[d];
-        x->dtype = names[d];
-        if (rc == SH_OK) rc = delta_baseline_xor_zstd(Bk, Tk, 1, &x->xbytes);
-        if (rc == SH_OK) {
-            x->bytes = out.len;
-            x->ckpt_bytes = Tk->files[0].size;
-            for (size_t i = 0; i < Tk->ntensors; i++) {
-                const ckpt_tensor *a = &Bk->tensors[i], *b = &Tk->tensors[i];
-                unsigned w = dts[d] == CKPT_F32 ? 4 : 2;
-                for (uint64_t u = 0; u < b->numel; u++) x->changed += memcmp(a->data + u * w, b->data + u * w, w) != 0;
-                x->units += b->numel;
-            }
-        }
-        sh_buf_free(&out);
-        ckpt_close(Bk);
-        ckpt_close(Tk);
-    }
+    for (int d = 0; rc == SH_OK && d < 3; d++) rc = dtype_figures(m, p0, dts[d], names[d], dir, &r->d[d]);
     if (dir[0]) sh_rm_rf(dir);
     free(p0);
     free(succ);
@@ -915,6 +922,30 @@ static int bench_runs(const bench_opts *o, const ckpt *B, const ckpt *T, uint8_t
     return err;
 }
 
+/* The per-dtype figures (a small GPT trained with AdamW) into a new *dt. */
+static int run_dtypes(const bench_opts *o, bench_dts **dt)
+{
+    if (!o->json) fprintf(stderr, "per dtype: training a small GPT with AdamW (%llu steps at lr %g) ...\n",
+                          (unsigned long long)o->train_steps, o->train_lr);
+    *dt = calloc(1, sizeof **dt);
+    int e = *dt ? bench_dtypes(o->train_lr, o->train_steps, o->seed, *dt) : sh_err(SH_ENOMEM, "out of memory");
+    if (e < 0) free(*dt), *dt = NULL;
+    return e;
+}
+
+/* --dtypes alone: the per-dtype figures as JSON or text. */
+static void print_dtypes(const bench_opts *o, const bench_dts *dt)
+{
+    if (o->json) {
+        json_t *j = bench_dtypes_json(dt);
+        json_object_set_new(j, "bench", json_string("delta --dtypes"));
+        sh_json_print(j);
+        json_decref(j);
+    } else {
+        bench_dtypes_print(dt);
+    }
+}
+
 int cli_bench_delta(int argc, char **argv)
 {
     bench_opts o = {.params = 256000000, .steps = 1, .seed = 1, .lr = 1e-6, .reps = 3, .train_lr = 1e-5,
@@ -923,24 +954,11 @@ int cli_bench_delta(int argc, char **argv)
     if (rc) return rc < 0 ? 0 : rc;
     bench_dts *dt = NULL;
     if (o.dtypes_only || !o.base) {
-        if (!o.json) fprintf(stderr, "per dtype: training a small GPT with AdamW (%llu steps at lr %g) ...\n",
-                             (unsigned long long)o.train_steps, o.train_lr);
-        dt = calloc(1, sizeof *dt);
-        int e = dt ? bench_dtypes(o.train_lr, o.train_steps, o.seed, dt) : sh_err(SH_ENOMEM, "out of memory");
-        if (e < 0) {
-            free(dt);
-            return cli_fail("bench delta", e);
-        }
+        int e = run_dtypes(&o, &dt);
+        if (e < 0) return cli_fail("bench delta", e);
     }
     if (o.dtypes_only) {
-        if (o.json) {
-            json_t *j = bench_dtypes_json(dt);
-            json_object_set_new(j, "bench", json_string("delta --dtypes"));
-            sh_json_print(j);
-            json_decref(j);
-        } else {
-            bench_dtypes_print(dt);
-        }
+        print_dtypes(&o, dt);
         free(dt);
         return 0;
     }

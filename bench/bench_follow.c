@@ -269,6 +269,73 @@ typedef struct follow_result {
     double seconds;
 } follow_result;
 
+/* Counts version m's payload into res: an anchor's or a delta's. */
+static void tally(const store_version *m, follow_result *res)
+{
+    res->image = m->model_size;
+    if (m->anchor) res->anchors++, res->anchor_bytes += m->size;
+    else {
+        res->deltas++, res->delta_total += m->size;
+        if (!res->delta_min || m->size < res->delta_min) res->delta_min = m->size;
+        if (m->size > res->delta_max) res->delta_max = m->size;
+    }
+}
+
+/* Versions 1..o->versions: waits for both followers (fol, pid) to hold each,
+ * checks the push follower's model, counts it, then makes and publishes
+ * the next from ck (the two checkpoint files take turns). */
+static int follow_versions(const fopt *o, store *s, const store_publish_opts *po, char ck[2][4200],
+                           char fol[2][4200], const pid_t pid[2], follow_result *res)
+{
+    int rc = 0;
+    uint64_t v = 0;
+    for (int i = 1; rc == 0; i++) {
+        for (int k = 0; rc == 0 && k < 2; k++) rc = wait_version(fol[k], pid[k], (uint64_t)i, 600);
+        store_version m;
+        if (rc == 0) rc = store_get(s, (uint64_t)i, &m, NULL);
+        if (rc == 0) rc = check_model(fol[0], &m);
+        if (rc < 0) break;
+        tally(&m, res);
+        if (i == o->versions) break;
+        const char *prev = ck[(i - 1) % 2], *next = ck[i % 2];
+        rc = o->flip ? flip_step(prev, next, (uint64_t)i)
+                     : ckpt_family_next(prev, next, &(ckpt_train_opts){.lr = o->lr, .wd = 0.1, .seed = (uint64_t)i + 1},
+                                        NULL);
+        if (rc == 0) rc = store_publish(s, next, po, &v);
+        unlink(prev);
+    }
+    return rc;
+}
+
+/* The bytes the push follower received, from its --json at exit (0 when
+ * it wrote none). */
+static uint64_t push_received(const char *fol)
+{
+    char rep[4200];
+    snprintf(rep, sizeof rep, "%s.json", fol);
+    json_t *rj;
+    int64_t b = 0;
+    if (sh_json_load_file(rep, 1 << 20, &rj) == 0) {
+        sh_json_get_i64(rj, "bytes_received", 0, rep, &b);
+        json_decref(rj);
+    }
+    return (uint64_t)b;
+}
+
+/* The two followers: fol[0] below the push root at addr, fol[1] polling
+ * the store at store_dir. */
+static void start_followers(char fol[2][4200], const char *addr, const char *store_dir, pid_t pid[2])
+{
+    for (int i = 0; i < 2; i++) {
+        char out[4200], err[4200];
+        snprintf(out, sizeof out, "%s.json", fol[i]);
+        snprintf(err, sizeof err, "%s.log", fol[i]);
+        char *push[] = {"shoal", "replica", "--dir", fol[i], "--parent", (char *)addr, "--json", NULL};
+        char *poll[] = {"shoal", "replica", "--dir", fol[i], "--store", (char *)store_dir, "--json", NULL};
+        pid[i] = spawn(i == 0 ? push : poll, out, err);
+    }
+}
+
 static int run_one(const fopt *o, uint64_t mb, follow_result *res)
 {
     memset(res, 0, sizeof *res);
@@ -293,40 +360,13 @@ static int run_one(const fopt *o, uint64_t mb, follow_result *res)
     char addr[256];
     pid_t root = 0, pid[2] = {0, 0};
     if (rc == 0) rc = start_root(dir, store_dir, addr, sizeof addr, &root);
-    for (int i = 0; rc == 0 && i < 2; i++) {
-        char out[4200], err[4200];
-        snprintf(out, sizeof out, "%s.json", fol[i]);
-        snprintf(err, sizeof err, "%s.log", fol[i]);
-        char *push[] = {"shoal", "replica", "--dir", fol[i], "--parent", addr, "--json", NULL};
-        char *poll[] = {"shoal", "replica", "--dir", fol[i], "--store", store_dir, "--json", NULL};
-        pid[i] = spawn(i == 0 ? push : poll, out, err);
-    }
+    if (rc == 0) start_followers(fol, addr, store_dir, pid);
     sampler sm = {.pid = {pid[0], pid[1]}};
     pthread_mutex_init(&sm.mu, NULL);
     pthread_t th;
     int have_th = rc == 0 && pthread_create(&th, NULL, sample_main, &sm) == 0;
     double t0 = sh_now_mono();
-    for (int i = 1; rc == 0; i++) {
-        for (int k = 0; rc == 0 && k < 2; k++) rc = wait_version(fol[k], pid[k], (uint64_t)i, 600);
-        store_version m;
-        if (rc == 0) rc = store_get(s, (uint64_t)i, &m, NULL);
-        if (rc == 0) rc = check_model(fol[0], &m);
-        if (rc < 0) break;
-        res->image = m.model_size;
-        if (m.anchor) res->anchors++, res->anchor_bytes += m.size;
-        else {
-            res->deltas++, res->delta_total += m.size;
-            if (!res->delta_min || m.size < res->delta_min) res->delta_min = m.size;
-            if (m.size > res->delta_max) res->delta_max = m.size;
-        }
-        if (i == o->versions) break;
-        const char *prev = ck[(i - 1) % 2], *next = ck[i % 2];
-        rc = o->flip ? flip_step(prev, next, (uint64_t)i)
-                     : ckpt_family_next(prev, next, &(ckpt_train_opts){.lr = o->lr, .wd = 0.1, .seed = (uint64_t)i + 1},
-                                        NULL);
-        if (rc == 0) rc = store_publish(s, next, &po, &v);
-        unlink(prev);
-    }
+    if (rc == 0) rc = follow_versions(o, s, &po, ck, fol, pid, res);
     res->seconds = sh_now_mono() - t0;
     /* Settled: what each holds between versions. */
     if (rc == 0) sh_sleep(1.0);
@@ -343,15 +383,7 @@ static int run_one(const fopt *o, uint64_t mb, follow_result *res)
         if (res->final[k][M_HWM] > res->peak[k][M_HWM]) res->peak[k][M_HWM] = res->final[k][M_HWM];
         stop(pid[k]);
     }
-    char rep[4200];
-    snprintf(rep, sizeof rep, "%s.json", fol[0]);
-    json_t *rj;
-    if (sh_json_load_file(rep, 1 << 20, &rj) == 0) {
-        int64_t b = 0;
-        sh_json_get_i64(rj, "bytes_received", 0, rep, &b);
-        res->push_received = (uint64_t)b;
-        json_decref(rj);
-    }
+    res->push_received = push_received(fol[0]);
     res->samples = sm.samples;
     pthread_mutex_destroy(&sm.mu);
     stop(root);

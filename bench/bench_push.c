@@ -321,6 +321,98 @@ static int start_root(const bopt *o, const char *dir, const char *store_dir, int
     return sh_err(SH_ETIMEDOUT, "bench push: the root did not start (see %s)", log);
 }
 
+/* Starts n replicas in dirs: below the root at addr, or reading the store
+ * at store_dir directly (topology store). */
+static void start_replicas(const bopt *o, char (*dirs)[4096], int n, const char *addr, const char *store_dir,
+                           pid_t *reps)
+{
+    char gbps[32], fanout[16];
+    snprintf(gbps, sizeof gbps, "%g", o->gbps);
+    snprintf(fanout, sizeof fanout, "%d", o->fanout);
+    int star = !strcmp(o->topology, "star");
+    for (int i = 0; i < n; i++) {
+        char out[4200], err[4200], stats[4200];
+        snprintf(out, sizeof out, "%s.json", dirs[i]);
+        snprintf(err, sizeof err, "%s.log", dirs[i]);
+        snprintf(stats, sizeof stats, "%s.stats", dirs[i]);
+        char *argv[] = {"shoal", "replica", "--dir", dirs[i], "--parent", (char *)addr, "--egress-gbps", gbps,
+                        "--fanout", fanout, "--stats-file", stats, "--json", star ? "--leaf" : NULL, NULL};
+        char *sargv[] = {"shoal", "replica", "--dir", dirs[i], "--store", (char *)store_dir, "--stats-file", stats,
+                         "--json", NULL};
+        if (!strcmp(o->topology, "store")) memcpy(argv, sargv, sizeof sargv);
+        reps[i] = spawn(argv, out, err);
+    }
+}
+
+/* Bytes the n replicas received while warming up (up to version warm),
+ * from the stats they wrote then. */
+static uint64_t warm_bytes(char (*dirs)[4096], int n, uint64_t warm)
+{
+    uint64_t before = 0;
+    for (int i = 0; i < n; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s.stats", dirs[i]);
+        json_t *j = NULL;
+        double end = sh_now_mono() + 10;
+        while (sh_now_mono() < end) {
+            if (read_json(p, &j) == 0 && (uint64_t)jget_i(j, "version") >= warm) break;
+            if (j) json_decref(j), j = NULL;
+            sh_sleep(0.01);
+        }
+        if (j) before += (uint64_t)jget_i(j, "bytes_received"), json_decref(j);
+    }
+    return before;
+}
+
+/* The timed version: publishes ck as version mv and waits for the n
+ * replicas to hold it; fills r's times and CPU, *t1 the publish's end. */
+static int timed_publish(store *s, const char *ck, const store_publish_opts *po, pid_t root, pid_t *reps,
+                         char (*dirs)[4096], int n, uint64_t mv, result *r, double *t1)
+{
+    double u0, s0, u1, s1, b0, k0, b1, k1, at = 0;
+    uint64_t v;
+    cpu_all(root, reps, n, &u0, &s0);
+    machine_ticks(&b0, &k0);
+    double w0 = wait_all_nodes(root, reps, n);
+    double t0 = sh_now_wall();
+    int rc = store_publish(s, ck, po, &v);
+    *t1 = sh_now_wall();
+    if (rc == 0) rc = wait_all(dirs, n, mv, 300, &at);
+    cpu_all(root, reps, n, &u1, &s1);
+    machine_ticks(&b1, &k1);
+    r->machine_busy = k1 > k0 ? (b1 - b0) / (k1 - k0) : 0;
+    /* The nodes' average wait for a core, as a share of the timed window. */
+    r->cpu_wait = (wait_all_nodes(root, reps, n) - w0) / (n + (root > 0)) / (at - *t1 > 0 ? at - *t1 : 1);
+    r->cpu_user_s = u1 - u0, r->cpu_sys_s = s1 - s0;
+    r->publish_s = *t1 - t0;
+    r->converge_s = at - *t1;
+    return rc;
+}
+
+/* Stops the n replicas and reads their reports into r (pause, steps of
+ * version mv published at t1) when rc is 0; the bytes they received. */
+static uint64_t collect(int rc, pid_t *reps, char (*dirs)[4096], int n, uint64_t mv, double t1, result *r)
+{
+    uint64_t after = 0;
+    r->steps = calloc((size_t)n, sizeof *r->steps);
+    r->n = r->steps ? n : 0;
+    for (int i = 0; i < n; i++) {
+        stop(reps[i]);
+        char p[4200];
+        snprintf(p, sizeof p, "%s.json", dirs[i]);
+        json_t *j;
+        if (rc == 0 && read_json(p, &j) == 0) {
+            double pause = 0;
+            sh_json_get_num(j, "pause_ms_max", 0, p, &pause);
+            if (pause > r->pause_ms_max) r->pause_ms_max = pause;
+            after += (uint64_t)jget_i(j, "bytes_received");
+            if (r->steps) read_steps(j, mv, t1, r->steps[i]);
+            json_decref(j);
+        }
+    }
+    return after;
+}
+
 /* ck: NCK checkpoints.  Replicas start on version 1 (ck[0]) and first take
  * NWARM versions (not timed) of the same kind as the timed one, so that the
  * timed version finds them in their steady state, as between a trainer's
@@ -347,82 +439,23 @@ static int measure(const bopt *o, const char *base, int n, int delta, char ck[][
     if (!reps || !dirs) rc = sh_err(SH_ENOMEM, "bench");
     int from_store = !strcmp(o->topology, "store");
     if (rc == 0 && !from_store) rc = start_root(o, dir, store_dir, n, addr, sizeof addr, &root);
-    char gbps[32], fanout[16];
-    snprintf(gbps, sizeof gbps, "%g", o->gbps);
-    snprintf(fanout, sizeof fanout, "%d", o->fanout);
-    int star = !strcmp(o->topology, "star");
-    for (int i = 0; i < n; i++) snprintf(dirs[i], sizeof dirs[i], "%s/rep%02d", dir, i);
+    for (int i = 0; rc == 0 && i < n; i++) snprintf(dirs[i], sizeof dirs[i], "%s/rep%02d", dir, i);
     if (rc == 0) rc = seed(dirs, n, store_dir);
-    for (int i = 0; rc == 0 && i < n; i++) {
-        char out[4200], err[4200], stats[4200];
-        snprintf(out, sizeof out, "%s.json", dirs[i]);
-        snprintf(err, sizeof err, "%s.log", dirs[i]);
-        snprintf(stats, sizeof stats, "%s.stats", dirs[i]);
-        char *argv[] = {"shoal", "replica", "--dir", dirs[i], "--parent", addr, "--egress-gbps", gbps,
-                        "--fanout", fanout, "--stats-file", stats, "--json", star ? "--leaf" : NULL, NULL};
-        char *sargv[] = {"shoal", "replica", "--dir", dirs[i], "--store", store_dir, "--stats-file", stats,
-                         "--json", NULL};
-        if (from_store) memcpy(argv, sargv, sizeof sargv);
-        reps[i] = spawn(argv, out, err);
-    }
-    double at;
+    if (rc == 0) start_replicas(o, dirs, n, addr, store_dir, reps);
+    double at, t1 = 0;
     if (rc == 0) rc = wait_all(dirs, n, 1, 300, &at);
     for (uint64_t w = 2; rc == 0 && w <= warm; w++) {
         rc = store_publish(s, ck[w - 1], &po, &v);
         if (rc == 0) rc = wait_all(dirs, n, w, 300, &at);
     }
-    /* Bytes received while warming up, from the stats written then. */
-    uint64_t before = 0;
-    for (int i = 0; rc == 0 && i < n; i++) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s.stats", dirs[i]);
-        json_t *j = NULL;
-        double end = sh_now_mono() + 10;
-        while (sh_now_mono() < end) {
-            if (read_json(p, &j) == 0 && (uint64_t)jget_i(j, "version") >= warm) break;
-            if (j) json_decref(j), j = NULL;
-            sh_sleep(0.01);
-        }
-        if (j) before += (uint64_t)jget_i(j, "bytes_received"), json_decref(j);
-    }
+    uint64_t before = rc == 0 ? warm_bytes(dirs, n, warm) : 0;
     /* Idle between versions, as replicas are between a trainer's publishes:
      * each loads its model image once its tree is quiet. */
     sh_sleep(1.0);
-    double u0, s0, u1, s1, b0, k0, b1, k1;
-    cpu_all(root, reps, n, &u0, &s0);
-    machine_ticks(&b0, &k0);
-    double w0 = wait_all_nodes(root, reps, n);
-    double t0 = sh_now_wall();
-    if (rc == 0) rc = store_publish(s, ck[warm], &po, &v);
-    double t1 = sh_now_wall();
-    if (rc == 0) rc = wait_all(dirs, n, mv, 300, &at);
-    cpu_all(root, reps, n, &u1, &s1);
-    machine_ticks(&b1, &k1);
-    r->machine_busy = k1 > k0 ? (b1 - b0) / (k1 - k0) : 0;
-    /* The nodes' average wait for a core, as a share of the timed window. */
-    r->cpu_wait = (wait_all_nodes(root, reps, n) - w0) / (n + (root > 0)) / (at - t1 > 0 ? at - t1 : 1);
-    r->cpu_user_s = u1 - u0, r->cpu_sys_s = s1 - s0;
-    r->publish_s = t1 - t0;
-    r->converge_s = at - t1;
+    if (rc == 0) rc = timed_publish(s, ck[warm], &po, root, reps, dirs, n, mv, r, &t1);
     store_version m;
     if (rc == 0 && store_get(s, mv, &m, NULL) == 0) r->payload_bytes = m.size, r->model_bytes = m.model_size;
-    uint64_t after = 0;
-    r->steps = calloc((size_t)n, sizeof *r->steps);
-    r->n = r->steps ? n : 0;
-    for (int i = 0; i < n; i++) {
-        stop(reps[i]);
-        char p[4200];
-        snprintf(p, sizeof p, "%s.json", dirs[i]);
-        json_t *j;
-        if (rc == 0 && read_json(p, &j) == 0) {
-            double pause = 0;
-            sh_json_get_num(j, "pause_ms_max", 0, p, &pause);
-            if (pause > r->pause_ms_max) r->pause_ms_max = pause;
-            after += (uint64_t)jget_i(j, "bytes_received");
-            if (r->steps) read_steps(j, mv, t1, r->steps[i]);
-            json_decref(j);
-        }
-    }
+    uint64_t after = collect(rc, reps, dirs, n, mv, t1, r);
     /* Replicas that read the store report no push bytes: count what each
      * read (the payload), which is what the store's link carried. */
     r->bytes_sent = from_store ? (uint64_t)n * r->payload_bytes : after - before;
@@ -577,107 +610,143 @@ static json_t *result_json(const result *r)
                      r->machine_busy, "cpu_wait", r->cpu_wait, "breakdown", breakdown_json(r));
 }
 
+/* The figures cli_bench_push reports beside the runs' results. */
+typedef struct summary {
+    int link_default, cpu_bound;
+    long cores;
+    uint64_t chunk;
+    double ratio, busy, wait, nodes_frac, push_per_gb, ucx_per_gb;
+} summary;
+
+/* The runs: one replica, o->replicas, and with a delta payload o->replicas
+ * with the full one; then plain UCX moving the same bytes.  Keeps its files
+ * in base on failure. */
+static int run_all(const bopt *o, const char *base, int delta, result *one, result *many, result *full,
+                   summary *sm)
+{
+    char ck[NCK][4200];
+    for (int i = 0; i < NCK; i++) snprintf(ck[i], sizeof ck[i], "%s/v%d.safetensors", base, i + 1);
+    int rc = ckpt_synth(ck[0], o->params, 1);
+    for (int i = 1; rc == 0 && i < NCK; i++) rc = ckpt_step(ck[i - 1], ck[i], o->lr, 1, 1 + (uint64_t)i);
+    sh_progress pg;
+    sh_progress_start(&pg, "bench push", (uint64_t)(2 + delta), "runs");
+    if (rc == 0) rc = measure(o, base, 1, delta, ck, one);
+    sh_progress_update(&pg, 1);
+    if (rc == 0) rc = measure(o, base, o->replicas, delta, ck, many);
+    sh_progress_update(&pg, 2);
+    if (rc == 0 && delta) rc = measure(o, base, o->replicas, 0, ck, full);
+    /* CPU per GB received, beside plain UCX moving the same bytes in the same
+     * chunks (the root cut the payload with the same rule). */
+    double ucx_cpu = 0;
+    sm->chunk = o->chunk ? o->chunk : bcast_chunk_auto(many->payload_bytes, tree_depth(o, o->replicas), o->gbps, 0);
+    if (rc == 0 && strcmp(o->topology, "store")) rc = ucx_baseline(base, many->bytes_sent, sm->chunk, &ucx_cpu);
+    sh_progress_finish(&pg);
+    double gb = (double)many->bytes_sent / 1e9;
+    sm->push_per_gb = gb > 0 ? (many->cpu_user_s + many->cpu_sys_s) / gb : 0;
+    sm->ucx_per_gb = gb > 0 ? ucx_cpu / gb : 0;
+    return rc;
+}
+
+static double max2(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+/* The ratio to one replica and how loaded the machine was. */
+static void summarise(int delta, const result *one, const result *many, const result *full, summary *sm)
+{
+    sm->ratio = one->converge_s > 0 ? many->converge_s / one->converge_s : 0;
+    sm->cores = sysconf(_SC_NPROCESSORS_ONLN);
+    sm->busy = max2(one->machine_busy, many->machine_busy);
+    if (delta && full->machine_busy > sm->busy) sm->busy = full->machine_busy;
+    sm->wait = max2(one->cpu_wait, many->cpu_wait);
+    if (delta && full->cpu_wait > sm->wait) sm->wait = full->cpu_wait;
+    sm->cpu_bound = sm->wait > BENCH_WAIT_MAX;
+    sm->nodes_frac = many->converge_s > 0 && sm->cores > 0
+                         ? (many->cpu_user_s + many->cpu_sys_s) / (many->converge_s * (double)sm->cores) : 0;
+}
+
+static void print_json(const bopt *o, int delta, const result *one, const result *many, const result *full,
+                       const summary *sm)
+{
+    json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",
+                          o->replicas, "topology", o->topology, "payload", o->payload, "link_gbps", o->gbps,
+                          "fanout", strcmp(o->topology, "star") ? o->fanout : o->replicas, "chunk",
+                          (json_int_t)o->chunk /* 0: auto */, "limiter", strcmp(o->topology, "store") ? "sender-side link model per node (no netns/tc)"
+                                                   : "none: replicas read the store's files directly",
+                          "model_bytes", (json_int_t)many->model_bytes, "payload_bytes",
+                          (json_int_t)many->payload_bytes, "bytes_sent", (json_int_t)many->bytes_sent,
+                          "converge_s", many->converge_s, "pause_ms_max", max2(many->pause_ms_max, one->pause_ms_max),
+                          "publish_s", many->publish_s, "one_replica", result_json(one), "ratio_vs_one", sm->ratio);
+    json_object_set_new(j, "breakdown", breakdown_json(many));
+    json_object_set_new(j, "cpu_s", json_pack("{s:f,s:f}", "user", many->cpu_user_s, "sys", many->cpu_sys_s));
+    json_object_set_new(j, "chunk_used", json_integer((json_int_t)sm->chunk));
+    json_object_set_new(j, "depth", json_integer(tree_depth(o, o->replicas)));
+    json_object_set_new(j, "cpu_s_per_gb", json_real(sm->push_per_gb));
+    json_object_set_new(j, "ucx_cpu_s_per_gb", json_real(sm->ucx_per_gb));
+    json_object_set_new(j, "cpu_vs_ucx", json_real(sm->ucx_per_gb > 0 ? sm->push_per_gb / sm->ucx_per_gb : 0));
+    json_object_set_new(j, "link_gbps_default", json_boolean(sm->link_default));
+    json_object_set_new(j, "cores", json_integer(sm->cores));
+    json_object_set_new(j, "machine_busy", json_real(sm->busy));
+    json_object_set_new(j, "nodes_cpu_frac", json_real(sm->nodes_frac));
+    json_object_set_new(j, "cpu_wait", json_real(sm->wait));
+    json_object_set_new(j, "cpu_bound", json_boolean(sm->cpu_bound));
+    if (delta) {
+        json_object_set_new(j, "full", result_json(full));
+        json_object_set_new(j, "full_over_delta",
+                            json_real(many->converge_s > 0 ? full->converge_s / many->converge_s : 0));
+    }
+    sh_json_print(j);
+    json_decref(j);
+}
+
+static void print_text(const bopt *o, int delta, const result *one, const result *many, const result *full,
+                       const summary *sm)
+{
+    char mb[32], pb[32];
+    printf("push %s, %s payload %s of a %s model, links %g Gb/s (sender-side limiter)\n", o->topology,
+           o->payload, sh_fmt_bytes((double)many->payload_bytes, pb, sizeof pb),
+           sh_fmt_bytes((double)many->model_bytes, mb, sizeof mb), o->gbps);
+    printf("  %3d replica(s): converge %.3fs\n", 1, one->converge_s);
+    printf("  %3d replica(s): converge %.3fs (%.2fx one replica), %llu bytes sent, pause max %.3f ms\n",
+           o->replicas, many->converge_s, sm->ratio, (unsigned long long)many->bytes_sent, many->pause_ms_max);
+    printf("  CPU %.2f s per GB received (plain UCX, same bytes and %llu-byte chunks: %.2f s per GB; %.1fx)\n",
+           sm->push_per_gb, (unsigned long long)sm->chunk, sm->ucx_per_gb,
+           sm->ucx_per_gb > 0 ? sm->push_per_gb / sm->ucx_per_gb : 0);
+    if (delta)
+        printf("  %3d replica(s), full payload: converge %.3fs (delta is %.1fx faster)\n", o->replicas,
+               full->converge_s, many->converge_s > 0 ? full->converge_s / many->converge_s : 0);
+    printf("  machine %.0f%% busy at most over the timed windows (these nodes %.0f%% of %ld cores);\n"
+           "  the nodes waited for a core %.1f%% of the time at most\n",
+           sm->busy * 100, sm->nodes_frac * 100, sm->cores, sm->wait * 100);
+    if (sm->cpu_bound)
+        printf("  CPU-bound: the machine, not the %g Gb/s links, set these times; the ratios say little.\n"
+               "  Run it on an idler machine, or with a slower --link-gbps or fewer --replicas.\n", o->gbps);
+}
+
 int cli_bench_push(int argc, char **argv)
 {
     bopt o = {16, 1, 0, 0, "tree", "full", 25000000, 0, 3e-6};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
-    int link_default = !(o.gbps > 0);
-    if (link_default) o.gbps = default_gbps(o.replicas);
+    summary sm = {!(o.gbps > 0)};
+    if (sm.link_default) o.gbps = default_gbps(o.replicas);
     /* tmpfs, like a serving node's page cache: the disk of this shared VM is not
      * what the bench measures. */
     char base[] = "/dev/shm/shoal-bench-push.XXXXXX";
     if (!mkdtemp(base)) return cli_fail("bench push", sh_err_errno(errno, "mkdtemp"));
-    char ck[NCK][4200];
-    for (int i = 0; i < NCK; i++) snprintf(ck[i], sizeof ck[i], "%s/v%d.safetensors", base, i + 1);
-    rc = ckpt_synth(ck[0], o.params, 1);
     int delta = !strcmp(o.payload, "delta");
-    for (int i = 1; rc == 0 && i < NCK; i++) rc = ckpt_step(ck[i - 1], ck[i], o.lr, 1, 1 + (uint64_t)i);
-    int runs = 2 + delta;
-    sh_progress pg;
-    sh_progress_start(&pg, "bench push", (uint64_t)runs, "runs");
     result one = {0}, many = {0}, full = {0};
-    if (rc == 0) rc = measure(&o, base, 1, delta, ck, &one);
-    sh_progress_update(&pg, 1);
-    if (rc == 0) rc = measure(&o, base, o.replicas, delta, ck, &many);
-    sh_progress_update(&pg, 2);
-    if (rc == 0 && delta) rc = measure(&o, base, o.replicas, 0, ck, &full);
-    /* CPU per GB received, beside plain UCX moving the same bytes in the same
-     * chunks (the root cut the payload with the same rule). */
-    double ucx_cpu = 0;
-    uint64_t chunk = o.chunk ? o.chunk : bcast_chunk_auto(many.payload_bytes, tree_depth(&o, o.replicas), o.gbps, 0);
-    if (rc == 0 && strcmp(o.topology, "store")) rc = ucx_baseline(base, many.bytes_sent, chunk, &ucx_cpu);
-    sh_progress_finish(&pg);
-    double gb = (double)many.bytes_sent / 1e9;
-    double push_per_gb = gb > 0 ? (many.cpu_user_s + many.cpu_sys_s) / gb : 0;
-    double ucx_per_gb = gb > 0 ? ucx_cpu / gb : 0;
+    rc = run_all(&o, base, delta, &one, &many, &full, &sm);
     if (rc < 0) {
         free(one.steps), free(many.steps), free(full.steps);
         fprintf(stderr, "shoal bench push: files kept in %s\n", base);
         return cli_fail("bench push", rc);
     }
     if (!getenv("SHOAL_BENCH_KEEP")) sh_rm_rf(base);
-    double ratio = one.converge_s > 0 ? many.converge_s / one.converge_s : 0;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    double busy = one.machine_busy > many.machine_busy ? one.machine_busy : many.machine_busy;
-    if (delta && full.machine_busy > busy) busy = full.machine_busy;
-    double wait = one.cpu_wait > many.cpu_wait ? one.cpu_wait : many.cpu_wait;
-    if (delta && full.cpu_wait > wait) wait = full.cpu_wait;
-    int cpu_bound = wait > BENCH_WAIT_MAX;
-    double nodes_frac = many.converge_s > 0 && cores > 0
-                            ? (many.cpu_user_s + many.cpu_sys_s) / (many.converge_s * (double)cores) : 0;
-    if (o.json) {
-        json_t *j = json_pack("{s:i,s:s,s:s,s:f,s:i,s:I,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:f}", "replicas",
-                              o.replicas, "topology", o.topology, "payload", o.payload, "link_gbps", o.gbps,
-                              "fanout", strcmp(o.topology, "star") ? o.fanout : o.replicas, "chunk",
-                              (json_int_t)o.chunk /* 0: auto */, "limiter", strcmp(o.topology, "store") ? "sender-side link model per node (no netns/tc)"
-                                                       : "none: replicas read the store's files directly",
-                              "model_bytes", (json_int_t)many.model_bytes, "payload_bytes",
-                              (json_int_t)many.payload_bytes, "bytes_sent", (json_int_t)many.bytes_sent,
-                              "converge_s", many.converge_s, "pause_ms_max",
-                              many.pause_ms_max > one.pause_ms_max ? many.pause_ms_max : one.pause_ms_max,
-                              "publish_s", many.publish_s, "one_replica", result_json(&one),
-                              "ratio_vs_one", ratio);
-        json_object_set_new(j, "breakdown", breakdown_json(&many));
-        json_object_set_new(j, "cpu_s", json_pack("{s:f,s:f}", "user", many.cpu_user_s, "sys", many.cpu_sys_s));
-        json_object_set_new(j, "chunk_used", json_integer((json_int_t)chunk));
-        json_object_set_new(j, "depth", json_integer(tree_depth(&o, o.replicas)));
-        json_object_set_new(j, "cpu_s_per_gb", json_real(push_per_gb));
-        json_object_set_new(j, "ucx_cpu_s_per_gb", json_real(ucx_per_gb));
-        json_object_set_new(j, "cpu_vs_ucx", json_real(ucx_per_gb > 0 ? push_per_gb / ucx_per_gb : 0));
-        json_object_set_new(j, "link_gbps_default", json_boolean(link_default));
-        json_object_set_new(j, "cores", json_integer(cores));
-        json_object_set_new(j, "machine_busy", json_real(busy));
-        json_object_set_new(j, "nodes_cpu_frac", json_real(nodes_frac));
-        json_object_set_new(j, "cpu_wait", json_real(wait));
-        json_object_set_new(j, "cpu_bound", json_boolean(cpu_bound));
-        if (delta) {
-            json_object_set_new(j, "full", result_json(&full));
-            json_object_set_new(j, "full_over_delta",
-                                json_real(many.converge_s > 0 ? full.converge_s / many.converge_s : 0));
-        }
-        sh_json_print(j);
-        json_decref(j);
-    }
+    summarise(delta, &one, &many, &full, &sm);
+    if (o.json) print_json(&o, delta, &one, &many, &full, &sm);
+    else print_text(&o, delta, &one, &many, &full, &sm);
     free(one.steps), free(many.steps), free(full.steps);
-    if (o.json) return 0;
-    char mb[32], pb[32];
-    printf("push %s, %s payload %s of a %s model, links %g Gb/s (sender-side limiter)\n", o.topology,
-           o.payload, sh_fmt_bytes((double)many.payload_bytes, pb, sizeof pb), sh_fmt_bytes((double)many.model_bytes, mb, sizeof mb),
-           o.gbps);
-    printf("  %3d replica(s): converge %.3fs\n", 1, one.converge_s);
-    printf("  %3d replica(s): converge %.3fs (%.2fx one replica), %llu bytes sent, pause max %.3f ms\n",
-           o.replicas, many.converge_s, ratio, (unsigned long long)many.bytes_sent, many.pause_ms_max);
-    printf("  CPU %.2f s per GB received (plain UCX, same bytes and %llu-byte chunks: %.2f s per GB; %.1fx)\n",
-           push_per_gb, (unsigned long long)chunk, ucx_per_gb, ucx_per_gb > 0 ? push_per_gb / ucx_per_gb : 0);
-    if (delta)
-        printf("  %3d replica(s), full payload: converge %.3fs (delta is %.1fx faster)\n", o.replicas,
-               full.converge_s, many.converge_s > 0 ? full.converge_s / many.converge_s : 0);
-    printf("  machine %.0f%% busy at most over the timed windows (these nodes %.0f%% of %ld cores);\n"
-           "  the nodes waited for a core %.1f%% of the time at most\n",
-           busy * 100, nodes_frac * 100, cores, wait * 100);
-    if (cpu_bound)
-        printf("  CPU-bound: the machine, not the %g Gb/s links, set these times; the ratios say little.\n"
-               "  Run it on an idler machine, or with a slower --link-gbps or fewer --replicas.\n", o.gbps);
     return 0;
 }

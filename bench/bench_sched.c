@@ -196,6 +196,53 @@ static void run_naive(int nodes, int jobs, result *out)
     free(run), free(free_g);
 }
 
+/* One policy's figures of the mixed replay, for --json. */
+static json_t *mix_policy_json(const sim_report *r)
+{
+    json_t *pj = json_pack("{s:I,s:f,s:f,s:f,s:I,s:I}", "decisions", (json_int_t)r->decisions,
+                           "sched_cpu_s", r->sched_cpu_s, "decisions_per_s", r->decisions_per_s,
+                           "jct_mean_s", r->jct_mean_s, "jobs_completed", (json_int_t)r->jobs_completed,
+                           "preemptions", (json_int_t)r->preemptions);
+    json_object_set_new(pj, "preemptions_declined", json_integer((json_int_t)r->preempt_declined));
+    json_t *p99 = json_object();
+    for (int b = 0; b < SIM_BUCKETS; b++)
+        json_object_set_new(p99, sim_bucket_names[b], isfinite(r->wait_p99_s_by_nodes[b])
+                                                          ? json_real(r->wait_p99_s_by_nodes[b])
+                                                          : json_null());
+    json_object_set_new(pj, "wait_p99_s_by_nodes", p99);
+    char hx[17];
+    snprintf(hx, sizeof hx, "%016llx", (unsigned long long)r->decisions_hash);
+    json_object_set_new(pj, "decisions_hash", json_string(hx));
+    json_object_set_new(pj, "sched_steps", json_integer((json_int_t)r->sched_steps));
+    json_object_set_new(pj, "sched_cpu_raw_s", json_real(r->sched_cpu_raw_s));
+    json_object_set_new(pj, "clock_window_s", json_real(r->clock_window_s));
+    return pj;
+}
+
+/* The mixed replay's ratios (shoal to backfill, and to the reference search
+ * when it ran) into out, printed unless json. */
+static void mix_ratios(json_t *out, const sim_report *r, int reference, int json)
+{
+    double ratio = r[0].decisions_per_s > 0 ? r[1].decisions_per_s / r[0].decisions_per_s : 0;
+    json_object_set_new(out, "shoal_vs_backfill", json_real(ratio));
+    if (reference) {
+        double rr = r[2].decisions_per_s > 0 ? r[1].decisions_per_s / r[2].decisions_per_s : 0;
+        json_object_set_new(out, "shoal_vs_reference", json_real(rr));
+        int same = r[1].decisions_hash == r[2].decisions_hash && r[1].decisions == r[2].decisions;
+        int counts = r[1].preemptions == r[2].preemptions && r[1].preempt_declined == r[2].preempt_declined;
+        json_object_set_new(out, "same_decisions", json_boolean(same));
+        json_object_set_new(out, "same_counts", json_boolean(counts));
+        if (!json) printf("shoal/reference search decisions/s: %.2fx (same decision stream: %s; same preemptions "
+                          "and turn-downs: %s)\n", rr, same ? "yes" : "NO", counts ? "yes" : "NO");
+    }
+    if (json) sh_json_print(out);
+    else
+        printf("shoal/backfill decisions/s: %.2fx\n"
+               "(cpu_s: this thread's CPU time in sched_step, less the clock's own cost: %.2f us per\n"
+               "step, the empty window between two reads measured in the same run; with it: %.2f s, %.2f s)\n",
+               ratio, r[1].clock_window_s * 1e6, r[0].sched_cpu_raw_s, r[1].sched_cpu_raw_s);
+}
+
 /* --mix: replays the mixed workload (sim_trace_mixed) on a mixed fleet
  * (sim_fleet_mixed) under backfill and shoal in the same run, and reports
  * each one's decisions per second of scheduling time with what users saw. */
@@ -230,50 +277,14 @@ static int bench_mix(int json, int nodes, int jobs, double load, uint64_t seed, 
         o.progress = !json;
         if ((rc = sim_run(&f, &t, &o, &r[p]))) break;
         const char *name = names[p];
-        json_t *pj = json_pack("{s:I,s:f,s:f,s:f,s:I,s:I}", "decisions", (json_int_t)r[p].decisions,
-                               "sched_cpu_s", r[p].sched_cpu_s, "decisions_per_s", r[p].decisions_per_s,
-                               "jct_mean_s", r[p].jct_mean_s, "jobs_completed", (json_int_t)r[p].jobs_completed,
-                               "preemptions", (json_int_t)r[p].preemptions);
-        json_object_set_new(pj, "preemptions_declined", json_integer((json_int_t)r[p].preempt_declined));
-        json_t *p99 = json_object();
-        for (int b = 0; b < SIM_BUCKETS; b++)
-            json_object_set_new(p99, sim_bucket_names[b], isfinite(r[p].wait_p99_s_by_nodes[b])
-                                                              ? json_real(r[p].wait_p99_s_by_nodes[b])
-                                                              : json_null());
-        json_object_set_new(pj, "wait_p99_s_by_nodes", p99);
-        char hx[17];
-        snprintf(hx, sizeof hx, "%016llx", (unsigned long long)r[p].decisions_hash);
-        json_object_set_new(pj, "decisions_hash", json_string(hx));
-        json_object_set_new(pj, "sched_steps", json_integer((json_int_t)r[p].sched_steps));
-        json_object_set_new(pj, "sched_cpu_raw_s", json_real(r[p].sched_cpu_raw_s));
-        json_object_set_new(pj, "clock_window_s", json_real(r[p].clock_window_s));
-        json_object_set_new(out, name, pj);
+        json_object_set_new(out, name, mix_policy_json(&r[p]));
         if (!json)
             printf("%-9s %10llu %9.2f %12.0f %7.0fs %8.0fs %8.0fs %8.0fs %9.0fs\n", name,
                    (unsigned long long)r[p].decisions, r[p].sched_cpu_s, r[p].decisions_per_s,
                    r[p].jct_mean_s, r[p].wait_p99_s_by_nodes[0], r[p].wait_p99_s_by_nodes[1],
                    r[p].wait_p99_s_by_nodes[2], r[p].wait_p99_s_by_nodes[3]);
     }
-    if (!rc) {
-        double ratio = r[0].decisions_per_s > 0 ? r[1].decisions_per_s / r[0].decisions_per_s : 0;
-        json_object_set_new(out, "shoal_vs_backfill", json_real(ratio));
-        if (reference) {
-            double rr = r[2].decisions_per_s > 0 ? r[1].decisions_per_s / r[2].decisions_per_s : 0;
-            json_object_set_new(out, "shoal_vs_reference", json_real(rr));
-            int same = r[1].decisions_hash == r[2].decisions_hash && r[1].decisions == r[2].decisions;
-            int counts = r[1].preemptions == r[2].preemptions && r[1].preempt_declined == r[2].preempt_declined;
-            json_object_set_new(out, "same_decisions", json_boolean(same));
-            json_object_set_new(out, "same_counts", json_boolean(counts));
-            if (!json) printf("shoal/reference search decisions/s: %.2fx (same decision stream: %s; same preemptions "
-                              "and turn-downs: %s)\n", rr, same ? "yes" : "NO", counts ? "yes" : "NO");
-        }
-        if (json) sh_json_print(out);
-        else
-            printf("shoal/backfill decisions/s: %.2fx\n"
-                   "(cpu_s: this thread's CPU time in sched_step, less the clock's own cost: %.2f us per\n"
-                   "step, the empty window between two reads measured in the same run; with it: %.2f s, %.2f s)\n",
-                   ratio, r[1].clock_window_s * 1e6, r[0].sched_cpu_raw_s, r[1].sched_cpu_raw_s);
-    }
+    if (!rc) mix_ratios(out, r, reference, json);
     json_decref(out);
     sim_trace_free(&t);
     sim_fleet_free(&f);
@@ -299,6 +310,57 @@ static const char usage_text[] =
     "adds shoal with the reference search (sched_config.reference: no preemption\n"
     "index, memo or reservation bounds), which must decide the same and count\n"
     "the same preemptions and turn-downs (same_counts in --json).\n";
+
+/* Best of three runs of policy p: the machine is shared, and the fastest
+ * run is the one least disturbed by others. */
+static int best_of_three(sched_policy p, int nodes, int queued, int batch, int cycles, result *r)
+{
+    *r = (result){0};
+    for (int rep = 0; rep < 3; rep++) {
+        result one;
+        int rc = run_policy(p, nodes, queued, batch, cycles, &one);
+        if (rc) return rc;
+        if (!rep || one.seconds < r->seconds) *r = one;
+    }
+    return 0;
+}
+
+/* The plain fill: each policy's decisions per CPU-second (best of three
+ * runs) beside scanning every node (the baseline). */
+static int bench_plain(int json, int nodes, int queued, int batch, int cycles)
+{
+    result naive = {0};
+    for (int rep = 0; rep < 3; rep++) {
+        result one;
+        run_naive(nodes, 20000, &one);
+        if (!rep || one.seconds < naive.seconds) naive = one;
+    }
+    double naive_rate = naive.decisions / naive.seconds;
+    json_t *j = json_pack("{s:i,s:i,s:i,s:f}", "nodes", nodes, "queued", queued, "batch", batch,
+                          "naive_decisions_per_s", naive_rate);
+    if (!json)
+        printf("%d nodes, %d queued jobs, %d finishing per cycle\n%-9s %10s %8s %14s %8s\n", nodes,
+               queued, batch, "policy", "decisions", "seconds", "decisions/s", "x naive");
+    static const sched_policy pols[] = {SCHED_POLICY_FIFO, SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL};
+    for (size_t p = 0; p < 3; p++) {
+        result r;
+        int rc = best_of_three(pols[p], nodes, queued, batch, cycles, &r);
+        if (rc) return json_decref(j), cli_fail("bench sched", rc);
+        double rate = r.seconds > 0 ? r.decisions / r.seconds : 0;
+        const char *name = sched_policy_name(pols[p]);
+        json_object_set_new(j, name, json_pack("{s:I,s:f,s:f,s:f}", "decisions", (json_int_t)r.decisions,
+                                               "seconds", r.seconds, "decisions_per_s", rate,
+                                               "x_naive", rate / naive_rate));
+        if (!json)
+            printf("%-9s %10llu %8.3f %14.0f %7.1fx\n", name, (unsigned long long)r.decisions, r.seconds,
+                   rate, rate / naive_rate);
+    }
+    if (!json) printf("naive     %10llu %8.3f %14.0f %7.1fx\n", (unsigned long long)naive.decisions,
+                      naive.seconds, naive_rate, 1.0);
+    else sh_json_print(j);
+    json_decref(j);
+    return 0;
+}
 
 int cli_bench_sched(int argc, char **argv)
 {
@@ -336,41 +398,5 @@ int cli_bench_sched(int argc, char **argv)
     if (!mix && mix_only) return cli_usage(a.cmd, "%s applies to the mixed replay: add --mix", mix_only);
     if (mix && plain_only) return cli_usage(a.cmd, "%s applies without --mix only", plain_only);
     if (mix) return bench_mix(json, nodes, mix_jobs, load, seed, ref);
-    result naive = {0};
-    for (int rep = 0; rep < 3; rep++) {
-        result one;
-        run_naive(nodes, 20000, &one);
-        if (!rep || one.seconds < naive.seconds) naive = one;
-    }
-    double naive_rate = naive.decisions / naive.seconds;
-    json_t *j = json_pack("{s:i,s:i,s:i,s:f}", "nodes", nodes, "queued", queued, "batch", batch,
-                          "naive_decisions_per_s", naive_rate);
-    if (!json)
-        printf("%d nodes, %d queued jobs, %d finishing per cycle\n%-9s %10s %8s %14s %8s\n", nodes,
-               queued, batch, "policy", "decisions", "seconds", "decisions/s", "x naive");
-    static const sched_policy pols[] = {SCHED_POLICY_FIFO, SCHED_POLICY_BACKFILL, SCHED_POLICY_SHOAL};
-    for (size_t p = 0; p < 3; p++) {
-        /* Best of three runs: the machine is shared, and the fastest run is
-         * the one least disturbed by others. */
-        result r = {0};
-        for (int rep = 0; rep < 3; rep++) {
-            result one;
-            int rc = run_policy(pols[p], nodes, queued, batch, cycles, &one);
-            if (rc) return json_decref(j), cli_fail("bench sched", rc);
-            if (!rep || one.seconds < r.seconds) r = one;
-        }
-        double rate = r.seconds > 0 ? r.decisions / r.seconds : 0;
-        const char *name = sched_policy_name(pols[p]);
-        json_object_set_new(j, name, json_pack("{s:I,s:f,s:f,s:f}", "decisions", (json_int_t)r.decisions,
-                                               "seconds", r.seconds, "decisions_per_s", rate,
-                                               "x_naive", rate / naive_rate));
-        if (!json)
-            printf("%-9s %10llu %8.3f %14.0f %7.1fx\n", name, (unsigned long long)r.decisions, r.seconds,
-                   rate, rate / naive_rate);
-    }
-    if (!json) printf("naive     %10llu %8.3f %14.0f %7.1fx\n", (unsigned long long)naive.decisions,
-                      naive.seconds, naive_rate, 1.0);
-    else sh_json_print(j);
-    json_decref(j);
-    return 0;
+    return bench_plain(json, nodes, queued, batch, cycles);
 }

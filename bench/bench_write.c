@@ -101,6 +101,52 @@ static int run_once(const char *dir, const uint8_t *img, size_t n, double t[W_N]
     return rc;
 }
 
+/* The median of each way's CPU seconds over reps runs (t[k][w]) into med. */
+static int medians(double (*t)[W_N], int64_t reps, double *med)
+{
+    double *v = malloc((size_t)reps * sizeof *v);
+    if (!v) return sh_err(SH_ENOMEM, "bench write");
+    for (int w = 0; w < W_N; w++) {
+        for (int64_t k = 0; k < reps; k++) v[k] = t[k][w];
+        qsort(v, (size_t)reps, sizeof *v, cmp_double);
+        med[w] = v[reps / 2];
+    }
+    free(v);
+    return SH_OK;
+}
+
+/* reps runs of every way of writing an n-byte image into a directory made
+ * under base; med: each way's median CPU seconds. */
+static int run_reps(const char *base, size_t n, int64_t reps, double *med)
+{
+    size_t cap = (n + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/shoal-bench-write.XXXXXX", base);
+    if (!mkdtemp(dir)) return sh_err_errno(errno, "mkdtemp in %s (--dir)", base);
+    uint8_t *img = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (img == MAP_FAILED) {
+        int rc = sh_err_errno(errno, "%zu bytes of memory", cap);
+        sh_rm_rf(dir);
+        return rc;
+    }
+    madvise(img, cap, MADV_HUGEPAGE);
+    for (size_t i = 0; i < n; i++) img[i] = (uint8_t)(i * 2654435761u >> 13);
+    double (*t)[W_N] = calloc((size_t)reps, sizeof *t);
+    int rc = t ? SH_OK : sh_err(SH_ENOMEM, "bench write");
+    sh_progress pg;
+    sh_progress_start(&pg, "bench write", (uint64_t)reps, "runs");
+    for (int64_t k = 0; rc == 0 && k < reps; k++) {
+        rc = run_once(dir, img, n, t[k]);
+        sh_progress_update(&pg, (uint64_t)k + 1);
+    }
+    sh_progress_finish(&pg);
+    munmap(img, cap);
+    sh_rm_rf(dir);
+    if (rc == 0) rc = medians(t, reps, med);
+    free(t);
+    return rc;
+}
+
 int cli_bench_write(int argc, char **argv)
 {
     static const struct option opts[] = {{"mb", required_argument, 0, 'm'},
@@ -122,45 +168,10 @@ int cli_bench_write(int argc, char **argv)
         } else return a.rc;
     }
     if (optind < argc) return cli_usage("bench write", "unexpected argument \"%s\"", argv[optind]);
-    size_t n = (size_t)mb * 1000 * 1000, cap = (n + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/shoal-bench-write.XXXXXX", base);
-    if (!mkdtemp(dir)) return cli_fail("bench write", sh_err_errno(errno, "mkdtemp in %s (--dir)", base));
-    uint8_t *img = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (img == MAP_FAILED) {
-        sh_rm_rf(dir);
-        return cli_fail("bench write", sh_err_errno(errno, "%zu bytes of memory", cap));
-    }
-    madvise(img, cap, MADV_HUGEPAGE);
-    for (size_t i = 0; i < n; i++) img[i] = (uint8_t)(i * 2654435761u >> 13);
-    double (*t)[W_N] = calloc((size_t)reps, sizeof *t);
-    int rc = t ? SH_OK : sh_err(SH_ENOMEM, "bench write");
-    sh_progress pg;
-    sh_progress_start(&pg, "bench write", (uint64_t)reps, "runs");
-    for (int64_t k = 0; rc == 0 && k < reps; k++) {
-        rc = run_once(dir, img, n, t[k]);
-        sh_progress_update(&pg, (uint64_t)k + 1);
-    }
-    sh_progress_finish(&pg);
-    munmap(img, cap);
-    sh_rm_rf(dir);
-    if (rc < 0) {
-        free(t);
-        return cli_fail("bench write", rc);
-    }
+    size_t n = (size_t)mb * 1000 * 1000;
     double med[W_N];
-    for (int w = 0; w < W_N; w++) {
-        double *v = malloc((size_t)reps * sizeof *v);
-        if (!v) {
-            free(t);
-            return cli_fail("bench write", sh_err(SH_ENOMEM, "bench write"));
-        }
-        for (int64_t k = 0; k < reps; k++) v[k] = t[k][w];
-        qsort(v, (size_t)reps, sizeof *v, cmp_double);
-        med[w] = v[reps / 2];
-        free(v);
-    }
-    free(t);
+    int rc = run_reps(base, n, reps, med);
+    if (rc < 0) return cli_fail("bench write", rc);
     if (json) {
         json_t *j = json_pack("{s:I,s:I,s:s}", "bytes", (json_int_t)n, "reps", (json_int_t)reps, "dir", base);
         for (int w = 0; w < W_N; w++)

@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *r = NULL;
     size_t rl = 0;
     int rc = client_raw(C[eps[e].client], eps[e].method, path, eps[e].body ? rest : NULL, eps[e].body ? n : 0,
-                            NULL, 10, &st, &r, &rl);
+                        NULL, 10, &st, &r, &rl);
     free(r);
     if (rc < 0) {
         fprintf(stderr, "transport failure on %s %s: %s\n", eps[e].method, path, sh_errmsg());

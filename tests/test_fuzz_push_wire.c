@@ -28,6 +28,42 @@ static void test_offer_size_near_2_64(void **state)
     assert_int_equal(got.nchunks, 2);
 }
 
+/* A manifest a parent sends names a positive version, a base and a size
+ * that are not negative, a known kind and a full digest; anything else is
+ * refused by name before a byte of the object is taken. */
+static void test_manifest_fields_refused(void **state)
+{
+    static const char *const h = "0123456789abcdef0123456789abcdef";
+    static const struct {
+        const char *json, *msg;
+    } bad[] = {
+        {"{\"version\":0,\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%s\"}", "must be positive"},
+        {"{\"version\":-3,\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%s\"}", "must be positive"},
+        {"{\"version\":2,\"kind\":\"delta\",\"base\":-1,\"size\":10,\"xxh3\":\"%s\"}", "must be positive"},
+        {"{\"version\":1,\"kind\":\"anchor\",\"size\":-10,\"xxh3\":\"%s\"}", "must be positive"},
+        {"{\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%s\"}", "version"},
+        {"{\"version\":1,\"kind\":\"full\",\"size\":10,\"xxh3\":\"%s\"}", "neither anchor nor delta"},
+        {"{\"version\":3,\"kind\":\"delta\",\"base\":1,\"size\":10,\"xxh3\":\"%s\"}", "base must be v2"},
+        {"{\"version\":1,\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%.31s\"}", "32 hex digits"},
+    };
+    char text[512];
+    uint64_t v, b, sz;
+    int anchor;
+    sh_hash128 hash;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(text, sizeof text, bad[i].json, h);
+        if (bcast__manifest_parse(text, &v, &b, &anchor, &sz, &hash) >= 0)
+            fail_msg("manifest %s was accepted", text);
+        if (!strstr(sh_errmsg(), bad[i].msg)) fail_msg("manifest %s: \"%s\" does not say %s", text, sh_errmsg(), bad[i].msg);
+    }
+    snprintf(text, sizeof text, "{\"version\":2,\"kind\":\"delta\",\"base\":1,\"size\":10,\"xxh3\":\"%s\"}", h);
+    TU_OK(bcast__manifest_parse(text, &v, &b, &anchor, &sz, &hash));
+    assert_int_equal(v, 2);
+    assert_int_equal(b, 1);
+    assert_int_equal(sz, 10);
+    assert_int_equal(anchor, 0);
+}
+
 /* ANNOUNCE: one version, never 0 (a child would take it for "nothing
  * newer"), and exactly 8 bytes. */
 static void test_announce(void **state)
@@ -49,6 +85,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus_replays),
         cmocka_unit_test(test_offer_size_near_2_64),
+        cmocka_unit_test(test_manifest_fields_refused),
         cmocka_unit_test(test_announce),
     };
     return cmocka_run_group_tests_name("fuzz_push_wire corpus", tests, NULL, NULL);

@@ -7,7 +7,9 @@
  *    path, outside the state directory, under a folder the admin allows
  *    the tenant, holding none given to another, and not another tenant's
  *    (a folder, one inside it or one above it); a sibling whose name only
- *    starts the same is not inside; the admin's jobs take no folder. */
+ *    starts the same is not inside; the admin's jobs take no folder;
+ *  - a node's report or output for a rank past a job's members is stale,
+ *    never read as a member (no event, no log file), the real rank's is. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -157,11 +159,102 @@ static void test_writable_each_condition(void **state)
     tf_stop(&f);
 }
 
+/* Polls as node "solo" (credential cred) with `extra` fields; returns the
+ * status and the reply's first member's attempt in *attempt (-1: none). */
+static int poll_solo(tf_fleet *f, const char *cred, const char *extra, int64_t *attempt)
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"node\":\"solo\",\"wait_ms\":0%s}", extra);
+    int st;
+    json_t *j = tf_call(f, cred, "POST", "/v1/agent/poll", body, &st);
+    json_t *m = json_array_get(json_object_get(j, "members"), 0);
+    if (attempt) *attempt = m ? json_integer_value(json_object_get(m, "attempt")) : -1;
+    json_decref(j);
+    return st;
+}
+
+static const char *job_state(tf_fleet *f, int64_t id, char *out, size_t cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    int st;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+    snprintf(out, cap, "%s", json_string_value(json_object_get(j, "state")) ? json_string_value(json_object_get(j, "state")) : "?");
+    json_decref(j);
+    return out;
+}
+
+/* How many of job id's events are of `kind`. */
+static int events_of(tf_fleet *f, int64_t id, const char *kind)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/events", (long long)id);
+    int st, n = 0;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(j, "events"), i, e) n += !strcmp(json_string_value(json_object_get(e, "kind")), kind);
+    json_decref(j);
+    return n;
+}
+
+/* A node speaks only for the ranks of a job's members: a report or output
+ * for a rank past them (the job's world size, or far past it, beyond an
+ * int) is stale, taken as nothing, and never read as a member; the job
+ * ends only when its real rank does. */
+static void test_agent_rank_past_members(void **state)
+{
+    tf_fleet f = {0};
+    tf_start_server(&f, "ranks", 10);
+    int st;
+    json_t *r = tf_call(&f, TF_AGENT, "POST", "/v1/agent/register", "{\"name\":\"solo\",\"gpu_type\":\"X\",\"gpus\":8}", &st);
+    assert_int_equal(st, 200);
+    char *cred = strdup(json_string_value(json_object_get(r, "credential")));
+    json_decref(r);
+    int64_t id, attempt = -1;
+    assert_int_equal(submit(&f, TF_ALICE, "", &id, NULL, NULL, 0), 201);
+    for (int i = 0; i < 200 && attempt < 0; i++) {
+        assert_int_equal(poll_solo(&f, cred, "", &attempt), 200);
+        if (attempt < 0) usleep(50000);
+    }
+    if (attempt < 0) fail_msg("job %lld was never given to node solo", (long long)id);
+    char extra[512], s1[32];
+    const long long ranks[] = {1, 2, 64, 2147483648LL, 4294967296LL};
+    for (size_t i = 0; i < sizeof ranks / sizeof *ranks; i++) {
+        snprintf(extra, sizeof extra,
+                 ",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":%lld,\"state\":\"exited\",\"exit_code\":3}],"
+                 "\"logs\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":%lld,\"data\":\"PAST\\n\"}]",
+                 (long long)id, (long long)attempt, ranks[i], (long long)id, (long long)attempt, ranks[i]);
+        int got = poll_solo(&f, cred, extra, NULL);
+        if (got != 200) fail_msg("a report for rank %lld of a 1-member job: status %d, not taken as stale", ranks[i], got);
+        if (strcmp(job_state(&f, id, s1, sizeof s1), "succeeded") == 0 || strcmp(s1, "failed") == 0)
+            fail_msg("a report for rank %lld ended job %lld (%s)", ranks[i], (long long)id, s1);
+    }
+    /* Nothing was taken from them: no event, no log file of a rank past
+     * the members in the server's state. */
+    if (events_of(&f, id, "exited")) fail_msg("a report for a rank past the members left an \"exited\" event");
+    char lp[4400];
+    for (int k = 1; k <= 2; k++) {
+        snprintf(lp, sizeof lp, "%s/logs/%lld/%d.log", f.dir, (long long)id, k);
+        if (sh_path_exists(lp)) fail_msg("output for rank %d of a 1-member job was written to %s", k, lp);
+    }
+    /* The real rank's report is read: the job ends, with its status. */
+    snprintf(extra, sizeof extra,
+             ",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":0,\"state\":\"exited\",\"exit_code\":3}]",
+             (long long)id, (long long)attempt);
+    assert_int_equal(poll_solo(&f, cred, extra, NULL), 200);
+    json_decref(tf_wait_job(&f, id, "failed", 10));
+    if (events_of(&f, id, "exited") != 1) fail_msg("rank 0's report left no \"exited\" event");
+    free(cred);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_idempotency_per_tenant, tf_teardown),
         cmocka_unit_test_teardown(test_writable_each_condition, tf_teardown),
+        cmocka_unit_test_teardown(test_agent_rank_past_members, tf_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,12 +20,11 @@
  *    of its deltas changes what (a chain of one too);
  *  - a version folder whose path does not fit whole is refused, never
  *    truncated to the name of another folder (which would be removed);
- *  - from memory, the first version and a version given without a delta
- *    are anchors (readable on their own), whatever else is given;
  *  - a replica refuses a delta whose target size is not its manifest's
  *    model_size, and says so;
- *  - the push tree refuses a manifest whose version is not positive or
- *    whose base or size is negative. */
+ *  - from memory, a run's first version and a version given without a
+ *    delta are anchors;
+ *  - a push root offers what is published after its first offer. */
 #include "testutil.h"
 
 #include <string.h>
@@ -34,6 +33,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -225,6 +225,51 @@ static void test_publish_mem_needs_image(void **state)
     store_close(s);
 }
 
+/* Which versions are anchors is the store's rule, not the caller's: the
+ * first version of a run and a version given without a delta are anchors
+ * (a replica must be able to load them alone), whatever delta comes along. */
+static void test_publish_mem_anchor_rule(void **state)
+{
+    const char *root = tu_path("props-pubanchor");
+    sh_rm_rf(root);
+    TU_OK(ckpt_synth(tu_path("pa1.st"), 20000, 7));
+    TU_OK(ckpt_step(tu_path("pa1.st"), tu_path("pa2.st"), 1e-3, 1, 8));
+    ckpt *c1, *c2;
+    TU_OK(ckpt_open(tu_path("pa1.st"), &c1));
+    TU_OK(ckpt_open(tu_path("pa2.st"), &c2));
+    sh_buf d = {0};
+    TU_OK(delta_make_mem(c1, c2, NULL, &d, NULL));
+    size_t n1, n2;
+    uint8_t *i1 = tu_read_file(tu_path("pa1.st"), &n1), *i2 = tu_read_file(tu_path("pa2.st"), &n2);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    store_plan *p = malloc(sizeof *p);
+    uint64_t v = 0;
+    /* The first version, handed a valid delta of its own size. */
+    store_mem_version in = {.image = i2, .image_len = n2, .delta = (const uint8_t *)d.data, .delta_len = d.len};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 1);
+    TU_OK(store_plan_make(s, 0, 1, p));
+    if (p->kind != STORE_PLAN_ANCHOR || p->anchor != 1)
+        fail_msg("the first version of a run is not an anchor (plan kind %d, anchor %llu)", p->kind,
+                 (unsigned long long)p->anchor);
+    /* A later version without a delta. */
+    in = (store_mem_version){.image = i1, .image_len = n1, .base = 1};
+    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    assert_int_equal(v, 2);
+    TU_OK(store_plan_make(s, 0, 2, p));
+    if (p->kind != STORE_PLAN_ANCHOR || p->anchor != 2)
+        fail_msg("a version published without a delta is not an anchor (plan kind %d, anchor %llu)", p->kind,
+                 (unsigned long long)p->anchor);
+    free(p);
+    store_close(s);
+    sh_buf_free(&d);
+    free(i1);
+    free(i2);
+    ckpt_close(c1);
+    ckpt_close(c2);
+}
+
 static void *root_loop(void *arg)
 {
     bcast_node_run(arg, 120);
@@ -410,80 +455,59 @@ static void test_publish_path_never_truncated(void **state)
     if (!sh_is_dir(other)) fail_msg("a publish removed %s, the folder its truncated path named", other);
 }
 
-/* From memory: version 1 is an anchor even when a delta is given, a
- * version given without a delta is an anchor, and one with a delta on
- * LATEST is a delta; each reads back as its image. */
-static void test_publish_mem_anchor_rules(void **state)
+static atomic_int root_stop;
+
+static void *root_steps(void *arg)
 {
-    const char *root = tu_path("props-anchors");
+    while (!atomic_load(&root_stop)) store_push_root_step(arg, 0.1);
+    return NULL;
+}
+
+/* A push root follows its run's LATEST: a version published after the
+ * root's first offer is offered too, and a replica joining the tree
+ * activates it. */
+static void test_push_root_offers_later_versions(void **state)
+{
+    const char *root = tu_path("props-later"), *dir = tu_path("props-later-rep");
     sh_rm_rf(root);
-    char st[3][4096], d12[4096];
-    for (int i = 0; i < 3; i++) snprintf(st[i], sizeof st[i], "%s/pa%d.st", tu_tmpdir(), i);
-    snprintf(d12, sizeof d12, "%s/pa12.shd", tu_tmpdir());
-    TU_OK(ckpt_synth(st[0], 20000, 21));
-    TU_OK(ckpt_step(st[0], st[1], 1e-3, 1, 22));
-    TU_OK(ckpt_step(st[1], st[2], 1e-3, 1, 23));
-    TU_OK(delta_make(st[1], st[2], d12, &(delta_opts){0}, NULL));
-    size_t n[3], dn;
-    uint8_t *img[3], *dl = tu_read_file(d12, &dn);
-    for (int i = 0; i < 3; i++) img[i] = tu_read_file(st[i], &n[i]);
+    sh_rm_rf(dir);
+    TU_OK(ckpt_synth(tu_path("pl1.st"), 100000, 9));
+    TU_OK(ckpt_step(tu_path("pl1.st"), tu_path("pl2.st"), 1e-3, 1, 10));
     store *s;
     TU_OK(store_open(root, NULL, 1, &s));
     uint64_t v;
-    /* A delta (of the right size) with the first version: still an anchor. */
-    store_mem_version in = {.image = img[1], .image_len = n[1], .delta = dl, .delta_len = dn};
-    TU_OK(store_publish_mem(s, &in, NULL, &v));
-    assert_int_equal(v, 1);
-    /* No delta on a store that has a version: an anchor. */
-    in = (store_mem_version){.image = img[1], .image_len = n[1], .base = 1};
-    TU_OK(store_publish_mem(s, &in, NULL, &v));
+    TU_OK(store_publish(s, tu_path("pl1.st"), NULL, &v));
+    bcast_config bc = {.chunk_size = 64 << 10};
+    store_push_root *r;
+    TU_OK(store_push_root_new(root, NULL, &bc, &r));
+    TU_OK(store_push_root_step(r, 0.05)); /* offers version 1 */
+    TU_OK(store_publish(s, tu_path("pl2.st"), NULL, &v));
     assert_int_equal(v, 2);
-    in = (store_mem_version){.image = img[2], .image_len = n[2], .delta = dl, .delta_len = dn, .base = 2};
-    TU_OK(store_publish_mem(s, &in, NULL, &v));
-    assert_int_equal(v, 3);
-    const int anchor[3] = {1, 1, 0};
-    for (int k = 0; k < 3; k++) {
-        store_version m;
-        TU_OK(store_get(s, (uint64_t)k + 1, &m, NULL));
-        if (m.anchor != anchor[k]) fail_msg("version %d: anchor %d, expected %d", k + 1, m.anchor, anchor[k]);
-        char out[4200];
-        snprintf(out, sizeof out, "%s/pa-out%d.st", tu_tmpdir(), k + 1);
-        TU_OK(store_materialize(s, (uint64_t)k + 1, 0, NULL, out));
-        tu_assert_same_file(out, st[k == 2 ? 2 : 1]);
-    }
     store_close(s);
-    for (int i = 0; i < 3; i++) free(img[i]);
-    free(dl);
-}
-
-/* The push tree's manifest: a version must be 1 or more, a base and a
- * size 0 or more; each refusal is a format error that says so. */
-static void test_push_manifest_bounds(void **state)
-{
-    const char *pay = tu_path("pm-pay.bin");
-    tu_write_file(pay, "0123456789", 10);
-    char hex[33];
-    sh_hash128_hex(sh_hash128_of("0123456789", 10), hex);
-    static const char *const rows[] = {
-        "{\"version\":0,\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%s\"}",
-        "{\"version\":-3,\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%s\"}",
-        "{\"version\":2,\"kind\":\"delta\",\"base\":-1,\"size\":10,\"xxh3\":\"%s\"}",
-        "{\"version\":1,\"kind\":\"anchor\",\"size\":-10,\"xxh3\":\"%s\"}",
-    };
-    bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
-    bcast_node *n;
-    TU_OK(bcast_node_new(&bc, &n));
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        char text[512];
-        snprintf(text, sizeof text, rows[i], hex);
-        int rc = bcast_node_add_object(n, text, pay);
-        if (rc != SH_EFORMAT || !strstr(sh_errmsg(), "must be positive"))
-            fail_msg("manifest %s: %d \"%s\", expected a format refusal", text, rc, sh_errmsg());
-    }
-    char text[512];
-    snprintf(text, sizeof text, "{\"version\":1,\"kind\":\"anchor\",\"size\":10,\"xxh3\":\"%s\"}", hex);
-    TU_OK(bcast_node_add_object(n, text, pay));
-    bcast_node_free(n);
+    atomic_store(&root_stop, 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, root_steps, r), 0);
+    char log[4096];
+    snprintf(log, sizeof log, "%s.log", dir);
+    char *out = NULL;
+    int rc = tu_run(&out, "exec %s replica --dir %s --parent %s --until 2 --seconds 10 --json >%s 2>&1", tu_shoal(), dir,
+                    store_push_root_address(r), log);
+    free(out);
+    atomic_store(&root_stop, 1);
+    pthread_join(th, NULL);
+    store_push_root_free(r);
+    char active[4200], *act = NULL, *l = NULL;
+    size_t tl;
+    snprintf(active, sizeof active, "%s/ACTIVE", dir);
+    if (sh_read_file(active, 1 << 16, &act, &tl) < 0) act = strdup("");
+    if (sh_read_file(log, 1 << 20, &l, &tl) < 0) l = strdup("(no log)");
+    json_t *j = json_loads(act, 0, NULL);
+    long long on = j ? (long long)json_integer_value(json_object_get(j, "version")) : 0;
+    json_decref(j);
+    if (rc != 0 || on != 2)
+        fail_msg("version 2, published after the root's first offer, was not activated (exit %d, ACTIVE %s):\n%s", rc, act, l);
+    free(act);
+    free(l);
 }
 
 int main(void)
@@ -495,13 +519,13 @@ int main(void)
         cmocka_unit_test(test_latest_fields_required),
         cmocka_unit_test(test_published_modes),
         cmocka_unit_test(test_publish_mem_needs_image),
+        cmocka_unit_test(test_publish_mem_anchor_rule),
+        cmocka_unit_test(test_push_root_offers_later_versions),
         cmocka_unit_test(test_pushed_version_digest_checked),
         cmocka_unit_test(test_staged_version_digest_checked),
         cmocka_unit_test(test_pushed_version_size_checked),
         cmocka_unit_test(test_squash_is_the_chain),
         cmocka_unit_test(test_publish_path_never_truncated),
-        cmocka_unit_test(test_publish_mem_anchor_rules),
-        cmocka_unit_test(test_push_manifest_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

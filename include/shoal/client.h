@@ -26,11 +26,11 @@ void client_free(client_conn *c);
  * an HTTP error status is not a failure here.  `extra_header` (may be NULL)
  * is one "Name: value" line. */
 int client_call(client_conn *c, const char *method, const char *path, const json_t *body,
-                    const char *extra_header, double timeout_s, int *status, json_t **reply);
+                const char *extra_header, double timeout_s, int *status, json_t **reply);
 /* Like client_call, returning the raw reply body (caller frees). */
 int client_raw(client_conn *c, const char *method, const char *path, const char *body,
-                   size_t body_len, const char *extra_header, double timeout_s, int *status,
-                   char **reply, size_t *reply_len);
+               size_t body_len, const char *extra_header, double timeout_s, int *status,
+               char **reply, size_t *reply_len);
 
 #ifdef __cplusplus
 }

@@ -238,7 +238,7 @@ static int cl__raw1(client_conn *c, const char *method, const char *path, const 
 }
 
 int client_call(client_conn *c, const char *method, const char *path, const json_t *body,
-                    const char *extra_header, double timeout_s, int *status, json_t **reply)
+                const char *extra_header, double timeout_s, int *status, json_t **reply)
 {
     char *text = NULL;
     if (body && !(text = json_dumps(body, JSON_COMPACT)))
@@ -246,7 +246,7 @@ int client_call(client_conn *c, const char *method, const char *path, const json
     char *r = NULL;
     size_t rlen = 0;
     int rc = client_raw(c, method, path, text, text ? strlen(text) : 0, extra_header, timeout_s,
-                            status, &r, &rlen);
+                        status, &r, &rlen);
     free(text);
     if (rc < 0) return rc;
     *reply = rlen ? json_loadb(r, rlen, 0, NULL) : NULL;
@@ -274,8 +274,8 @@ static int cl__standby(const char *reply, size_t len, char host[256], char port[
  * a GET, an agent's poll (declarative), or a request with an
  * Idempotency-Key. */
 int client_raw(client_conn *c, const char *method, const char *path, const char *body,
-                   size_t body_len, const char *extra_header, double timeout_s, int *status,
-                   char **reply, size_t *reply_len)
+               size_t body_len, const char *extra_header, double timeout_s, int *status,
+               char **reply, size_t *reply_len)
 {
     double deadline = sh_now_mono() + (timeout_s > 0 ? timeout_s : 30);
     int safe = !strcmp(method, "GET") || !strncmp(path, "/v1/agent/", 10) ||
