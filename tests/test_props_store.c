@@ -17,7 +17,14 @@
  *    its manifest's model digest, even when the payload itself checks out
  *    (its hash, and the delta's own digests);
  *  - a squashed chain rebuilds exactly what the chain rebuilds, whichever
- *    of its deltas changes what (a chain of one too). */
+ *    of its deltas changes what (a chain of one too);
+ *  - a version folder whose path does not fit whole is refused, never
+ *    truncated to the name of another folder (which would be removed);
+ *  - a replica refuses a delta whose target size is not its manifest's
+ *    model_size, and says so;
+ *  - from memory, a run's first version and a version given without a
+ *    delta are anchors;
+ *  - a push root offers what is published after its first offer. */
 #include "testutil.h"
 
 #include <string.h>
@@ -274,20 +281,46 @@ static void *root_loop(void *arg)
     return NULL;
 }
 
-/* Version 2 is a delta whose manifest names a model digest one hex digit
- * off (the payload's own hash and the delta's digests are right, so the
- * push tree and the codec pass it): a real `shoal replica` fed by a push
- * root takes version 1 and must never activate version 2.  With a version
+/* Version 2's manifest spoiled one way: the model digest one hex digit off. */
+static char *spoil_digest(const char *text, const store_version *m)
+{
+    char hex[33], *t = strdup(text);
+    sh_hash128_hex(m->model_xxh3, hex);
+    char *at = strstr(t, hex);
+    assert_non_null(at);
+    at[31] = at[31] == '0' ? '1' : '0';
+    return t;
+}
+
+/* ... or its model_size 4096 bytes more than the delta rebuilds. */
+static char *spoil_size(const char *text, const store_version *m)
+{
+    json_t *j = json_loads(text, 0, NULL);
+    assert_non_null(j);
+    json_object_set_new(j, "model_size", json_integer((json_int_t)m->model_size + 4096));
+    char *t = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return t;
+}
+
+/* Version 2 is a delta whose manifest is spoiled (a model digest one hex
+ * digit off, a model_size that is not the delta's; the payload's own hash
+ * and the delta's digests are right, so the push tree and the codec pass
+ * it): a real `shoal replica` fed by a push root takes version 1, must
+ * never activate version 2, and must say `why`.  With first 2, the
+ * replica serves version 1 before the root has version 2 (so version 2 is
+ * built on the active model).  With a version
  * 3 after it (nver 3), the root announces version 3 and the replica builds
  * versions 1 and 2 in memory without activating them (a late joiner's
  * catch-up): version 2 must be refused there too, so version 3, whose base
  * it is, is never built on it; the replica then activates the anchor it
  * kept whole. */
-static void digest_case(int nver)
+static void spoiled_case(const char *tag, int nver, int first,
+                         char *(*spoil)(const char *, const store_version *), const char *why)
 {
     char root[4096], dir[4096];
-    snprintf(root, sizeof root, "%s%d", tu_path("props-push"), nver);
-    snprintf(dir, sizeof dir, "%s%d", tu_path("props-push-rep"), nver);
+    snprintf(root, sizeof root, "%s%s%d", tu_path("props-push"), tag, nver);
+    snprintf(dir, sizeof dir, "%s%s%d", tu_path("props-push-rep"), tag, nver);
     sh_rm_rf(root);
     sh_rm_rf(dir);
     TU_OK(ckpt_synth(tu_path("pp1.st"), 100000, 5));
@@ -307,31 +340,35 @@ static void digest_case(int nver)
     }
     store_close(s);
     assert_false(m[1].anchor);
-    char hex[33];
-    sh_hash128_hex(m[1].model_xxh3, hex);
-    char *at = strstr(text[1], hex);
-    assert_non_null(at);
-    at[31] = at[31] == '0' ? '1' : '0';
-    bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
-    bcast_node *n;
-    TU_OK(bcast_node_new(&bc, &n));
-    for (int k = 0; k < nver; k++) {
-        TU_OK(bcast_node_add_object(n, text[k], pay[k]));
-        free(text[k]);
-    }
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, root_loop, n), 0);
-    char log[4096], cmd[8192];
+    char *bad = spoil(text[1], &m[1]);
+    free(text[1]);
+    text[1] = bad;
+    /* first > 1: the replica first takes and activates the versions before
+     * it from a root that has only those, then is restarted on one that
+     * has them all (the version is then a delta on its active model). */
+    int rc = 0;
+    char log[4200];
     snprintf(log, sizeof log, "%s.log", dir);
-    snprintf(cmd, sizeof cmd, "exec %s replica --dir %s --parent %s --until %d --seconds 8 --json >%s 2>&1",
-             tu_shoal(), dir, bcast_node_address(n), nver, log);
-    char *out = NULL;
-    int rc = tu_run(&out, "%s", cmd);
-    free(out);
-    bcast_node_stop(n);
-    bcast_node_wake(n);
-    pthread_join(th, NULL);
-    bcast_node_free(n);
+    for (int until = first > 1 ? first - 1 : nver; until <= nver; until = until < nver ? nver : nver + 1) {
+        bcast_config bc = {.name = "root", .accept_children = 1, .chunk_size = 64 << 10};
+        bcast_node *n;
+        TU_OK(bcast_node_new(&bc, &n));
+        for (int k = 0; k < until; k++) TU_OK(bcast_node_add_object(n, text[k], pay[k]));
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, root_loop, n), 0);
+        char cmd[12288];
+        snprintf(cmd, sizeof cmd, "exec %s replica --dir %s --parent %s --until %d --seconds 8 --json >%s 2>&1",
+                 tu_shoal(), dir, bcast_node_address(n), until, log);
+        char *out = NULL;
+        rc = tu_run(&out, "%s", cmd);
+        free(out);
+        bcast_node_stop(n);
+        bcast_node_wake(n);
+        pthread_join(th, NULL);
+        bcast_node_free(n);
+        if (until < nver && rc != 0) fail_msg("the replica did not take version %d (exit %d)", until, rc);
+    }
+    for (int k = 0; k < nver; k++) free(text[k]);
     char *l = NULL;
     size_t tl;
     if (sh_read_file(log, 1 << 20, &l, &tl) < 0) l = strdup("(no log)");
@@ -345,7 +382,7 @@ static void digest_case(int nver)
     /* Version 1 (an anchor) was staged on the way to the newest and kept
      * whole: the replica falls back to it. */
     if (on != 1) fail_msg("the replica did not take version 1: ACTIVE %s\n%s", act, l);
-    if (!strstr(l, "not the manifest's model_xxh3")) fail_msg("the replica did not say why: %s", l);
+    if (!strstr(l, why)) fail_msg("the replica did not say \"%s\": %s", why, l);
     /* The activation that succeeded records when it became durable (its
      * bytes and name fsynced), not after the active one. */
     const char *du = strstr(l, "\"durable_us\":"), *ac = strstr(l, "\"active_us\":");
@@ -355,9 +392,20 @@ static void digest_case(int nver)
     free(l);
 }
 
-static void test_pushed_version_digest_checked(void **state) { digest_case(2); }
+static void test_pushed_version_digest_checked(void **state)
+{
+    spoiled_case("digest", 2, 1, spoil_digest, "not the manifest's model_xxh3");
+}
 
-static void test_staged_version_digest_checked(void **state) { digest_case(3); }
+static void test_staged_version_digest_checked(void **state)
+{
+    spoiled_case("digest", 3, 1, spoil_digest, "not the manifest's model_xxh3");
+}
+
+static void test_pushed_version_size_checked(void **state)
+{
+    spoiled_case("size", 2, 2, spoil_size, "the manifest says");
+}
 
 static void test_squash_is_the_chain(void **state)
 {
@@ -378,6 +426,43 @@ static void test_squash_is_the_chain(void **state)
         TU_OK(delta_apply(paths[0], sq, out, &(delta_opts){0}));
         tu_assert_same_file(out, paths[n]);
     }
+}
+
+/* The store's version folder is root/main/versions/NNNNNNNNNN: a root
+ * whose folder path is exactly one byte too long for the 4096-byte buffer
+ * (the terminating NUL has no room) must be refused, not truncated to
+ * versions/000000000, a folder that is then "a crashed publish's leftover"
+ * and removed. */
+static void test_publish_path_never_truncated(void **state)
+{
+    char root[4096];
+    int k = snprintf(root, sizeof root, "%s/long", tu_tmpdir());
+    /* strlen(root) + strlen("/main/versions/0000000001") == 4096 */
+    size_t want = 4096 - strlen("/main/versions/0000000001");
+    while ((size_t)k < want) {
+        size_t left = want - (size_t)k, part = left > 201 ? 200 : left - 1;
+        if (left > 201 && left - 201 < 2) part = 150; /* no empty last part */
+        root[k++] = '/';
+        memset(root + k, 'd', part);
+        k += (int)part;
+        root[k] = 0;
+    }
+    assert_int_equal(strlen(root), want);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    char other[4096];
+    snprintf(other, sizeof other, "%s/main/versions/000000000", root);
+    TU_OK(sh_mkdir_p(other, 0755));
+    TU_OK(ckpt_synth(tu_path("plong.st"), 2000, 4));
+    uint64_t v = 0;
+    TU_ERR(store_publish(s, tu_path("plong.st"), NULL, &v), SH_ERANGE, "too long");
+    size_t n;
+    uint8_t *img = tu_read_file(tu_path("plong.st"), &n);
+    store_mem_version in = {.image = img, .image_len = n};
+    TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_ERANGE, "too long");
+    free(img);
+    store_close(s);
+    if (!sh_is_dir(other)) fail_msg("a publish removed %s, the folder its truncated path named", other);
 }
 
 static atomic_int root_stop;
@@ -448,7 +533,9 @@ int main(void)
         cmocka_unit_test(test_push_root_offers_later_versions),
         cmocka_unit_test(test_pushed_version_digest_checked),
         cmocka_unit_test(test_staged_version_digest_checked),
+        cmocka_unit_test(test_pushed_version_size_checked),
         cmocka_unit_test(test_squash_is_the_chain),
+        cmocka_unit_test(test_publish_path_never_truncated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,9 +11,14 @@
 
 static _Thread_local char sh__errmsg[SH_ERRMSG_CAP];
 
+/* Formatted apart first: a message may quote the one it replaces
+ * (sh_err(rc, "...: %s", sh_errmsg())), and vsnprintf must not read the
+ * buffer it writes. */
 static void sh__vset(const char *fmt, va_list ap)
 {
-    vsnprintf(sh__errmsg, sizeof sh__errmsg, fmt, ap);
+    char msg[SH_ERRMSG_CAP];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    memcpy(sh__errmsg, msg, sizeof msg);
 }
 
 int sh_err(int code, const char *fmt, ...)
