@@ -56,11 +56,16 @@ class TestRlProto(unittest.TestCase):
                                    "--eval-n", "8", "--prompts", "4", "--group", "4"], env=env(), stdout=tlog,
                                   stderr=subprocess.STDOUT)
         tj = os.path.join(store, "trainer.json")
-        # Another tenant's worker, with its own secret: never served (first,
-        # so that it knocks while the run is on).
+        # Another tenant's worker, with its own secret: never served.  It
+        # knocks and is refused before any worker of the run starts, so the
+        # trainer is still waiting for workers when it comes.
         thief = worker(d, "thief", "--trainer-json", tj, "--max-new", "8", secret="0123456789abcdef0123456789abcdef")
-        ok = worker(d, "honest", "--trainer-json", tj, "--max-new", "8")
+        thief_res = result(thief, timeout=90)
+        # The liar next, alone, so that it is asked for work (and dropped
+        # for its rewards) before an honest worker can finish the run.
         liar = worker(d, "liar", "--trainer-json", tj, "--max-new", "8", "--cheat", "reward")
+        result(liar, timeout=90)
+        ok = worker(d, "honest", "--trainer-json", tj, "--max-new", "8")
         try:
             self.assertEqual(tr.wait(120), 0, "see " + os.path.join(d, "trainer.log"))
         finally:
@@ -78,8 +83,7 @@ class TestRlProto(unittest.TestCase):
         self.assertEqual(by["honest"]["final"], {"version": r["final_version"], "image_xxh3": r["final_image_xxh3"]})
         self.assertEqual(w_ok["final"], r["final_version"])
         self.assertGreater(by["honest"]["trajectories"], 0)
-        self.assertIn("secret", result(thief).get("error", ""))
-        result(liar)
+        self.assertIn("secret", thief_res.get("error", ""))
 
     def _publisher(self, d, n):
         st = shoal.Store(os.path.join(d, "store"))
