@@ -109,20 +109,6 @@ static void *sample_main(void *arg)
 
 /* ---- Processes ---------------------------------------------------------- */
 
-static pid_t spawn(char *const argv[], const char *out_path, const char *err_path)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (o >= 0) dup2(o, 1);
-        if (e >= 0) dup2(e, 2);
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
-    return pid;
-}
-
 static void stop(pid_t pid)
 {
     if (pid <= 0) return;
@@ -145,7 +131,7 @@ static int start_root(const char *dir, const char *store_dir, char *addr, size_t
     snprintf(addr_file, sizeof addr_file, "%s/root.addr", dir);
     snprintf(log, sizeof log, "%s/root.log", dir);
     char *argv[] = {"shoal", "push", "serve", "--store", (char *)store_dir, "--addr-file", addr_file, NULL};
-    *pid = spawn(argv, "/dev/null", log);
+    *pid = cli_bench_spawn(argv, "/dev/null", log);
     double end = sh_now_mono() + 60;
     while (sh_now_mono() < end) {
         char *text;
@@ -332,7 +318,7 @@ static void start_followers(char fol[2][4200], const char *addr, const char *sto
         snprintf(err, sizeof err, "%s.log", fol[i]);
         char *push[] = {"shoal", "replica", "--dir", fol[i], "--parent", (char *)addr, "--json", NULL};
         char *poll[] = {"shoal", "replica", "--dir", fol[i], "--store", (char *)store_dir, "--json", NULL};
-        pid[i] = spawn(i == 0 ? push : poll, out, err);
+        pid[i] = cli_bench_spawn(i == 0 ? push : poll, out, err);
     }
 }
 

@@ -128,20 +128,6 @@ static json_t *breakdown_json(const result *r)
     return b;
 }
 
-static pid_t spawn(char *const argv[], const char *out_path, const char *err_path)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (o >= 0) dup2(o, 1);
-        if (e >= 0) dup2(e, 2);
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
-    return pid;
-}
-
 static int read_json(const char *path, json_t **out)
 {
     return sh_json_load_file(path, 1 << 20, out);
@@ -274,7 +260,7 @@ static int seed(char dirs[][4096], int n, const char *store_dir)
         snprintf(log, sizeof log, "%s.seed.log", dirs[i]);
         char *argv[] = {"shoal", "replica", "--dir", dirs[i], "--store", (char *)store_dir, "--until", "1",
                         "--seconds", "120", NULL};
-        pid_t pid = spawn(argv, "/dev/null", log);
+        pid_t pid = cli_bench_spawn(argv, "/dev/null", log);
         int st = 0;
         if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
             return sh_err(SH_EIO, "bench push: seeding %s with version 1 failed (see %s)", dirs[i], log);
@@ -305,7 +291,7 @@ static int start_root(const bopt *o, const char *dir, const char *store_dir, int
     snprintf(depth, sizeof depth, "%d", tree_depth(o, n));
     char *argv[] = {"shoal", "push", "serve", "--store", (char *)store_dir, "--addr-file", addr_file,
                     "--chunk", chunk, "--depth", depth, "--egress-gbps", gbps, "--fanout", fanout, NULL};
-    *pid = spawn(argv, "/dev/null", log);
+    *pid = cli_bench_spawn(argv, "/dev/null", log);
     double end = sh_now_mono() + 30;
     while (sh_now_mono() < end) {
         char *text;
@@ -340,7 +326,7 @@ static void start_replicas(const bopt *o, char (*dirs)[4096], int n, const char 
         char *sargv[] = {"shoal", "replica", "--dir", dirs[i], "--store", (char *)store_dir, "--stats-file", stats,
                          "--json", NULL};
         if (!strcmp(o->topology, "store")) memcpy(argv, sargv, sizeof sargv);
-        reps[i] = spawn(argv, out, err);
+        reps[i] = cli_bench_spawn(argv, out, err);
     }
 }
 

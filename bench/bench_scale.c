@@ -133,19 +133,6 @@ static int scale_copy(const char *src, const char *dst)
 
 /* ---- The push: a root and N replicas, as `bench push` runs them ---------- */
 
-static pid_t scale_spawn(char *const argv[], const char *log)
-{
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    extern char **environ;
-    pid_t pid = -1;
-    if (posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ)) pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    return pid;
-}
-
 static void scale_stop(pid_t pid)
 {
     if (pid <= 0) return;
@@ -183,7 +170,7 @@ static int scale_tree_start(const char *base, const char *store_dir, int n, scal
         snprintf(log, sizeof log, "%s.log", t->dirs[i]);
         char *argv[] = {"shoal", "replica", "--dir", t->dirs[i], "--store", (char *)store_dir,
                         "--until", "1", "--seconds", "600", NULL};
-        pid_t pid = scale_spawn(argv, log);
+        pid_t pid = cli_bench_spawn(argv, "/dev/null", log);
         int st = 0;
         if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
             return sh_err(SH_EIO, "bench scale: seeding %s with version 1 failed (see %s)",
@@ -193,7 +180,7 @@ static int scale_tree_start(const char *base, const char *store_dir, int n, scal
     snprintf(log, sizeof log, "%s/root.log", base);
     char *rargv[] = {"shoal", "push", "serve", "--store", (char *)store_dir, "--addr-file",
                      addr_file, "--fanout", "1", NULL};
-    t->root = scale_spawn(rargv, log);
+    t->root = cli_bench_spawn(rargv, "/dev/null", log);
     for (double end = sh_now_mono() + 60; !addr[0] && sh_now_mono() < end; sh_sleep(0.01)) {
         char *text;
         size_t len;
@@ -208,7 +195,7 @@ static int scale_tree_start(const char *base, const char *store_dir, int n, scal
         snprintf(log, sizeof log, "%s.log", t->dirs[i]);
         char *argv[] = {"shoal", "replica", "--dir", t->dirs[i], "--parent", addr, "--fanout", "1",
                         NULL};
-        t->reps[i] = scale_spawn(argv, log);
+        t->reps[i] = cli_bench_spawn(argv, "/dev/null", log);
     }
     /* Every replica serves version 1 before anything is timed. */
     for (int i = 0; i < n; i++)

@@ -11,6 +11,7 @@
 #define SHOAL_CLI_H
 
 #include <getopt.h>
+#include <sys/types.h>
 
 #include "shoal/common.h"
 
@@ -104,5 +105,9 @@ void cli_up_dir(const char *db, char *dir, size_t cap);
  * discarded) and samples the child's RssAnon: *peak gets its maximum and
  * *secs the wall time.  A non-zero exit is an error. */
 int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs);
+/* Starts this binary with argv (argv[0] a name, argv[1] the subcommand),
+ * stdout to out_path (truncated) and stderr appended to err_path: its pid,
+ * or -1.  Benchmarks start roots and replicas with it (bench/proc.c). */
+pid_t cli_bench_spawn(char *const argv[], const char *out_path, const char *err_path);
 
 #endif

@@ -1,4 +1,7 @@
-/* Peak anonymous memory of a shoal subcommand, measured from outside: the
+/* The benchmarks' child processes: this binary started as a subcommand
+ * (cli_bench_spawn), and its peak anonymous memory measured from outside.
+ *
+ * Peak anonymous memory of a shoal subcommand, measured from outside: the
  * command runs as a child (this binary, via /proc/self/exe) and the parent
  * samples the child's RssAnon in /proc/PID/status every millisecond until
  * it exits.  RssAnon leaves out the page cache and the mapped checkpoint
@@ -42,4 +45,16 @@ int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs)
         return sh_err(SH_EINTERNAL, "`shoal %s %s` failed (exit status %d); run it by hand to see "
                       "why", argv[1], argv[2] ? argv[2] : "", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     return SH_OK;
+}
+
+pid_t cli_bench_spawn(char *const argv[], const char *out_path, const char *err_path)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ)) pid = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
 }
