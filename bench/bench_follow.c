@@ -132,32 +132,7 @@ static int start_root(const char *dir, const char *store_dir, char *addr, size_t
     snprintf(log, sizeof log, "%s/root.log", dir);
     char *argv[] = {"shoal", "push", "serve", "--store", (char *)store_dir, "--addr-file", addr_file, NULL};
     *pid = cli_bench_spawn(argv, "/dev/null", log);
-    double end = sh_now_mono() + 60;
-    while (sh_now_mono() < end) {
-        char *text;
-        size_t len;
-        if (sh_read_file(addr_file, 256, &text, &len) == 0) {
-            text[strcspn(text, "\n")] = 0;
-            snprintf(addr, cap, "%s", text);
-            free(text);
-            return SH_OK;
-        }
-        SH_TRY(alive(*pid, "push root", log));
-        sh_sleep(0.01);
-    }
-    return sh_err(SH_ETIMEDOUT, "bench follow: the root did not start (see %s)", log);
-}
-
-static uint64_t active_version(const char *dir)
-{
-    char p[4200];
-    snprintf(p, sizeof p, "%s/ACTIVE", dir);
-    json_t *j;
-    int64_t v = 0;
-    if (sh_json_load_file(p, 1 << 16, &j) < 0) return 0;
-    sh_json_get_i64(j, "version", 0, p, &v);
-    json_decref(j);
-    return v > 0 ? (uint64_t)v : 0;
+    return cli_bench_root_addr(addr_file, *pid, log, 60, addr, cap);
 }
 
 /* Waits until the follower in dir (process pid) has activated version v. */
@@ -166,7 +141,7 @@ static int wait_version(const char *dir, pid_t pid, uint64_t v, double timeout)
     char log[4200];
     snprintf(log, sizeof log, "%s.log", dir);
     double end = sh_now_mono() + timeout;
-    while (active_version(dir) < v) {
+    while (cli_bench_active(dir) < v) {
         SH_TRY(alive(pid, "follower", log));
         if (sh_now_mono() > end)
             return sh_err(SH_ETIMEDOUT, "bench follow: %s did not activate version %llu in %.0fs (see %s)", dir,

@@ -292,19 +292,7 @@ static int start_root(const bopt *o, const char *dir, const char *store_dir, int
     char *argv[] = {"shoal", "push", "serve", "--store", (char *)store_dir, "--addr-file", addr_file,
                     "--chunk", chunk, "--depth", depth, "--egress-gbps", gbps, "--fanout", fanout, NULL};
     *pid = cli_bench_spawn(argv, "/dev/null", log);
-    double end = sh_now_mono() + 30;
-    while (sh_now_mono() < end) {
-        char *text;
-        size_t len;
-        if (sh_read_file(addr_file, 256, &text, &len) == 0) {
-            text[strcspn(text, "\n")] = 0;
-            snprintf(addr, cap, "%s", text);
-            free(text);
-            return SH_OK;
-        }
-        sh_sleep(0.01);
-    }
-    return sh_err(SH_ETIMEDOUT, "bench push: the root did not start (see %s)", log);
+    return cli_bench_root_addr(addr_file, *pid, log, 30, addr, cap);
 }
 
 /* Starts n replicas in dirs: below the root at addr, or reading the store

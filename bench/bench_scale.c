@@ -140,19 +140,6 @@ static void scale_stop(pid_t pid)
     waitpid(pid, NULL, 0);
 }
 
-/* The version a replica directory's ACTIVE names (0 if none yet). */
-static uint64_t scale_active(const char *dir)
-{
-    char p[4200];
-    snprintf(p, sizeof p, "%s/ACTIVE", dir);
-    json_t *j;
-    int64_t v = 0;
-    if (sh_json_load_file(p, 1 << 20, &j) < 0) return 0;
-    sh_json_get_i64(j, "version", 0, p, &v);
-    json_decref(j);
-    return v > 0 ? (uint64_t)v : 0;
-}
-
 typedef struct {
     pid_t root, reps[64];
     char dirs[64][4096];
@@ -181,16 +168,7 @@ static int scale_tree_start(const char *base, const char *store_dir, int n, scal
     char *rargv[] = {"shoal", "push", "serve", "--store", (char *)store_dir, "--addr-file",
                      addr_file, "--fanout", "1", NULL};
     t->root = cli_bench_spawn(rargv, "/dev/null", log);
-    for (double end = sh_now_mono() + 60; !addr[0] && sh_now_mono() < end; sh_sleep(0.01)) {
-        char *text;
-        size_t len;
-        if (sh_read_file(addr_file, 256, &text, &len) == 0) {
-            text[strcspn(text, "\n")] = 0;
-            snprintf(addr, sizeof addr, "%s", text);
-            free(text);
-        }
-    }
-    if (!addr[0]) return sh_err(SH_ETIMEDOUT, "bench scale: the push root did not start (see %s)", log);
+    SH_TRY(cli_bench_root_addr(addr_file, t->root, log, 60, addr, sizeof addr));
     for (int i = 0; i < n; i++) {
         snprintf(log, sizeof log, "%s.log", t->dirs[i]);
         char *argv[] = {"shoal", "replica", "--dir", t->dirs[i], "--parent", addr, "--fanout", "1",
@@ -199,7 +177,7 @@ static int scale_tree_start(const char *base, const char *store_dir, int n, scal
     }
     /* Every replica serves version 1 before anything is timed. */
     for (int i = 0; i < n; i++)
-        for (double end = sh_now_mono() + 600; scale_active(t->dirs[i]) < 1; sh_sleep(0.005))
+        for (double end = sh_now_mono() + 600; cli_bench_active(t->dirs[i]) < 1; sh_sleep(0.005))
             if (sh_now_mono() > end)
                 return sh_err(SH_ETIMEDOUT, "bench scale: replica %s did not serve version 1",
                               t->dirs[i]);
@@ -216,7 +194,7 @@ static int scale_tree_wait(scale_tree *t, uint64_t v, uint64_t *peak)
         for (int i = 0; i < t->n; i++) {
             uint64_t r = sh_rss_anon(t->reps[i]);
             if (r > *peak) *peak = r;
-            done += scale_active(t->dirs[i]) >= v;
+            done += cli_bench_active(t->dirs[i]) >= v;
         }
         if (sh_now_mono() > end)
             return sh_err(SH_ETIMEDOUT, "bench scale: the replicas did not all activate version %llu "

@@ -11,8 +11,11 @@
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "cli/cli_int.h"
 
@@ -57,4 +60,35 @@ pid_t cli_bench_spawn(char *const argv[], const char *out_path, const char *err_
     if (posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ)) pid = -1;
     posix_spawn_file_actions_destroy(&fa);
     return pid;
+}
+
+int cli_bench_root_addr(const char *addr_file, pid_t pid, const char *log, double timeout, char *addr, size_t cap)
+{
+    for (double end = sh_now_mono() + timeout; sh_now_mono() < end; sh_sleep(0.01)) {
+        char *text;
+        size_t len;
+        if (sh_read_file(addr_file, 256, &text, &len) == 0) {
+            text[strcspn(text, "\n")] = 0;
+            snprintf(addr, cap, "%s", text);
+            free(text);
+            return SH_OK;
+        }
+        int st;
+        if (pid > 0 && waitpid(pid, &st, WNOHANG) == pid)
+            return sh_err(SH_EIO, "the push root exited (status %d) before it listened; see %s",
+                          WIFEXITED(st) ? WEXITSTATUS(st) : -1, log);
+    }
+    return sh_err(SH_ETIMEDOUT, "the push root did not listen within %.0f s; see %s", timeout, log);
+}
+
+uint64_t cli_bench_active(const char *dir)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/ACTIVE", dir);
+    json_t *j;
+    int64_t v = 0;
+    if (sh_json_load_file(p, 1 << 16, &j) < 0) return 0;
+    sh_json_get_i64(j, "version", 0, p, &v);
+    json_decref(j);
+    return v > 0 ? (uint64_t)v : 0;
 }

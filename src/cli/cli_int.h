@@ -109,5 +109,11 @@ int cli_peak_anon(char *const argv[], uint64_t *peak, double *secs);
  * stdout to out_path (truncated) and stderr appended to err_path: its pid,
  * or -1.  Benchmarks start roots and replicas with it (bench/proc.c). */
 pid_t cli_bench_spawn(char *const argv[], const char *out_path, const char *err_path);
+/* Waits up to timeout s for a push root (process pid, logging to log) to
+ * write its address into addr_file; copies it to addr.  Fails at once,
+ * naming the log, if the root exits first. */
+int cli_bench_root_addr(const char *addr_file, pid_t pid, const char *log, double timeout, char *addr, size_t cap);
+/* The version a replica directory's ACTIVE names (0 if none yet). */
+uint64_t cli_bench_active(const char *dir);
 
 #endif
