@@ -20,7 +20,20 @@
  *    a job sub-route the API does not have are refused, not answered; an
  *    idempotency key holds printable ASCII only (no space, DEL, control);
  *  - a node's report or output for a rank past a job's members is stale,
- *    never read as a member (no event, no log file), the real rank's is. */
+ *    never read as a member (no event, no log file), the real rank's is;
+ *  - (one server in this process, its cycles run by the test) a node that
+ *    dies or is removed takes each job it held with it, each by its
+ *    policy (on_failure "fail" ends the job; the others wait to run
+ *    again), whichever of the active jobs it is; a removed node that
+ *    registers again is known by its new GPUs; an agent that registers
+ *    again while alive ends what ran under the old one;
+ *  - an elastic job grows also while it starts, a preempted replica is
+ *    stopped (no status: -1) and the others run on, and a lost replica
+ *    is no shrink;
+ *  - an open job's bill (dollars per GPU type) counts in the costs, for
+ *    its tenant only;
+ *  - an Idempotency-Key header holds 1 to 127 printable characters: an
+ *    empty one is refused as the body's field is. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -28,11 +41,13 @@
 #include <cmocka.h>
 
 #include "fleet_util.h"
+#include "shoal/server.h"
 
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -405,6 +420,276 @@ static void test_agent_rank_past_members(void **state)
     tf_stop(&f);
 }
 
+/* ---- One server in this process, its cycles run by the test ---------------- */
+
+static struct {
+    srv *s;
+    tf_fleet f; /* its url, for tf_call */
+} fx;
+
+static tf_fleet *fx_up(void)
+{
+    if (fx.s) return &fx.f;
+    snprintf(fx.f.dir, sizeof fx.f.dir, "%s", tu_path("inproc"));
+    sh_rm_rf(fx.f.dir);
+    TU_OK(sh_mkdir_p(fx.f.dir, 0700));
+    char db[4200], tok[4200];
+    snprintf(db, sizeof db, "%s/state.db", fx.f.dir);
+    snprintf(tok, sizeof tok, "%s/tokens.json", fx.f.dir);
+    const char *t = "{\"admin\":\"" TF_ADMIN "\",\"agent\":\"" TF_AGENT "\",\"tenants\":{\"alice\":\"" TF_ALICE
+                    "\",\"bob\":\"" TF_BOB "\"}}";
+    tu_write_file(tok, t, strlen(t));
+    chmod(tok, 0600);
+    srv_config cfg = {.db_path = db, .tokens_path = tok, .heartbeat_timeout = 3600, .manual_cycles = 1};
+    TU_OK(srv_start(&cfg, &fx.s));
+    snprintf(fx.f.url, sizeof fx.f.url, "http://127.0.0.1:%d", srv_port(fx.s));
+    return &fx.f;
+}
+
+static int fx_down(void **state)
+{
+    (void)state;
+    if (fx.s) srv_stop(fx.s);
+    fx.s = NULL;
+    return 0;
+}
+
+static void cycle(void)
+{
+    double t = srv_cycle_for_bench(fx.s);
+    if (t < 0) fail_msg("scheduling cycle: %s", sh_errmsg());
+}
+
+/* Registers node `name` (type, gpus, price per GPU-hour); returns its
+ * credential (free it). */
+static char *reg(tf_fleet *f, const char *name, const char *type, int gpus, double price)
+{
+    char body[256];
+    snprintf(body, sizeof body, "{\"name\":\"%s\",\"gpu_type\":\"%s\",\"gpus\":%d,\"price_per_gpu_hour\":%g}", name,
+             type, gpus, price);
+    int st;
+    json_t *r = tf_call(f, TF_AGENT, "POST", "/v1/agent/register", body, &st);
+    if (st != 200) fail_msg("register %s: %d", name, st);
+    char *cred = strdup(json_string_value(json_object_get(r, "credential")));
+    json_decref(r);
+    return cred;
+}
+
+/* Job id as the admin sees it (its members too). */
+static json_t *job_of(tf_fleet *f, int64_t id)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
+    int st;
+    json_t *j = tf_call(f, TF_ADMIN, "GET", path, NULL, &st);
+    if (st != 200) fail_msg("GET %s: %d", path, st);
+    return j;
+}
+
+static const char *state_of(tf_fleet *f, int64_t id, char *out, size_t cap)
+{
+    json_t *j = job_of(f, id);
+    snprintf(out, cap, "%s", json_string_value(json_object_get(j, "state")));
+    json_decref(j);
+    return out;
+}
+
+/* Members of job id in `state` (NULL: every member). */
+static int members_in(tf_fleet *f, int64_t id, const char *state)
+{
+    json_t *j = job_of(f, id);
+    size_t i;
+    json_t *m;
+    int n = 0;
+    json_array_foreach(json_object_get(j, "members"), i, m) n +=
+        !state || !strcmp(json_string_value(json_object_get(m, "state")), state);
+    json_decref(j);
+    return n;
+}
+
+/* Ends every active job, so that the next job placed is the first active. */
+static void quiesce(tf_fleet *f)
+{
+    int st;
+    json_t *l = tf_call(f, TF_ADMIN, "GET", "/v1/jobs?state=active", NULL, &st);
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(l, "jobs"), i, x) {
+        char path[64];
+        snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)json_integer_value(json_object_get(x, "id")));
+        json_decref(tf_call(f, TF_ADMIN, "POST", path, "{}", &st));
+        assert_int_equal(st, 200);
+    }
+    json_decref(l);
+    cycle();
+}
+
+static int64_t submit_as(tf_fleet *f, const char *token, const char *spec)
+{
+    int st;
+    json_t *j = tf_call(f, token, "POST", "/v1/jobs", spec, &st);
+    if (st != 201) fail_msg("submit %s: %d %s", spec, st, json_string_value(json_object_get(j, "error")));
+    int64_t id = json_integer_value(json_object_get(j, "id"));
+    json_decref(j);
+    return id;
+}
+
+static void want_state(tf_fleet *f, int64_t id, const char *want, const char *ctx)
+{
+    char s1[32];
+    if (strcmp(state_of(f, id, s1, sizeof s1), want)) fail_msg("%s: job %lld is %s, expected %s", ctx, (long long)id, s1, want);
+}
+
+/* A node that leaves (removed by the admin, or its agent starts again)
+ * takes its jobs with it, each by its policy, whichever active job it is. */
+static void test_node_lost_takes_its_jobs(void **state)
+{
+    tf_fleet *f = fx_up();
+    quiesce(f);
+    free(reg(f, "rm1", "RA", 1, 0));
+    /* on_failure "fail": the job ends with the node.  It is the only
+     * active job, the first the server looks at. */
+    int64_t a = submit_as(f, TF_ALICE, "{\"name\":\"f\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],"
+                                       "\"gpu_types\":[\"RA\"],\"on_failure\":\"fail\"}");
+    cycle();
+    want_state(f, a, "starting", "placed on rm1");
+    int st;
+    json_t *r = tf_call(f, TF_ADMIN, "DELETE", "/v1/nodes/rm1", NULL, &st);
+    assert_int_equal(st, 200);
+    json_decref(r);
+    want_state(f, a, "failed", "rm1 removed under an on_failure \"fail\" job");
+    if (members_in(f, a, "lost") != 1) fail_msg("the member on the removed node is not lost");
+    /* Registered again with other GPUs: the scheduler knows it by them. */
+    char *cred = reg(f, "rm1", "RB", 2, 0);
+    int64_t b = submit_as(f, TF_ALICE, "{\"name\":\"g\",\"kind\":\"gang\",\"nodes\":1,\"gpus_per_node\":2,"
+                                       "\"command\":[\"true\"],\"gpu_types\":[\"RB\"]}");
+    cycle();
+    want_state(f, b, "starting", "a gang of 2 RB GPUs on rm1 registered again with them");
+    /* Its agent starts again (registers while alive): what ran under the
+     * old one is lost, and the gang (on_failure requeue) waits to run again. */
+    free(cred);
+    cred = reg(f, "rm1", "RB", 2, 0);
+    want_state(f, b, "pending", "rm1's agent registered again");
+    if (members_in(f, b, "lost") != 1) fail_msg("the gang's member under the old agent is not lost");
+    free(cred);
+    quiesce(f);
+}
+
+/* An elastic job grows while it starts; a node lost under one of its
+ * replicas loses that replica (no shrink); a preempted replica is stopped
+ * with no status (-1) and the others run on. */
+static void test_elastic_grow_and_shrink(void **state)
+{
+    tf_fleet *f = fx_up();
+    quiesce(f);
+    free(reg(f, "el1", "EL", 1, 0));
+    int64_t e = submit_as(f, TF_ALICE, "{\"name\":\"e\",\"kind\":\"elastic\",\"min_nodes\":1,\"max_nodes\":2,"
+                                       "\"gpus_per_node\":1,\"command\":[\"true\"],\"gpu_types\":[\"EL\"]}");
+    cycle();
+    want_state(f, e, "starting", "placed on el1");
+    assert_int_equal(members_in(f, e, NULL), 1);
+    free(reg(f, "el2", "EL", 1, 0));
+    cycle();
+    if (members_in(f, e, "assigned") != 2) fail_msg("a starting elastic job did not grow onto a new node");
+    assert_int_equal(events_of(f, e, "grow"), 1);
+    /* el2 removed: its replica is lost, the job runs on, nothing shrank. */
+    int st;
+    json_decref(tf_call(f, TF_ADMIN, "DELETE", "/v1/nodes/el2", NULL, &st));
+    assert_int_equal(st, 200);
+    cycle();
+    want_state(f, e, "starting", "one replica of two lost");
+    assert_int_equal(members_in(f, e, "lost"), 1);
+    assert_int_equal(events_of(f, e, "replica_lost"), 1);
+    if (events_of(f, e, "shrink")) fail_msg("a lost replica was reported as a shrink");
+    free(reg(f, "el3", "EL", 1, 0));
+    cycle();
+    assert_int_equal(members_in(f, e, "assigned"), 2);
+    /* Higher-priority work takes one node: one replica is stopped. */
+    int64_t hi = submit_as(f, TF_ADMIN, "{\"name\":\"hi\",\"kind\":\"gang\",\"nodes\":1,\"priority\":100,"
+                                        "\"est_s\":60,\"command\":[\"true\"],\"gpu_types\":[\"EL\"]}");
+    cycle();
+    want_state(f, hi, "starting", "a priority 100 job on a node of the elastic job's");
+    want_state(f, e, "starting", "one replica preempted");
+    if (members_in(f, e, "assigned") != 1 || members_in(f, e, "stopped") != 1)
+        fail_msg("a shrink by one: %d assigned, %d stopped (expected 1 and 1)", members_in(f, e, "assigned"),
+                 members_in(f, e, "stopped"));
+    json_t *j = job_of(f, e);
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(j, "members"), i, m) {
+        const char *ms = json_string_value(json_object_get(m, "state"));
+        if (strcmp(ms, "assigned") && json_integer_value(json_object_get(m, "exit_code")) != -1)
+            fail_msg("a %s member has exit code %lld, not -1 (none)", ms,
+                     (long long)json_integer_value(json_object_get(m, "exit_code")));
+    }
+    json_decref(j);
+    assert_int_equal(events_of(f, e, "shrink"), 1);
+    quiesce(f);
+}
+
+/* A running job's open bill counts in the costs: dollars and GPU-seconds
+ * under its tenant and GPU type, seen by the admin and its tenant only. */
+static void test_costs_of_open_bills(void **state)
+{
+    tf_fleet *f = fx_up();
+    quiesce(f);
+    free(reg(f, "co1", "CO", 1, 3600));
+    int64_t c = submit_as(f, TF_BOB, "{\"name\":\"c\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],"
+                                     "\"gpu_types\":[\"CO\"]}");
+    cycle();
+    want_state(f, c, "starting", "placed on co1");
+    usleep(100000);
+    const char *who[3] = {TF_ADMIN, TF_BOB, TF_ALICE};
+    for (int k = 0; k < 3; k++) {
+        int st;
+        json_t *r = tf_call(f, who[k], "GET", "/v1/costs", NULL, &st);
+        assert_int_equal(st, 200);
+        json_t *g = json_object_get(json_object_get(json_object_get(r, "by_tenant"), "bob"), "CO");
+        double d = json_real_value(json_object_get(g, "dollars")), gs = json_real_value(json_object_get(g, "gpu_seconds"));
+        double total = json_real_value(json_object_get(r, "total_dollars"));
+        if (k < 2 && (d < 0.05 || gs < 0.05 || total < d))
+            fail_msg("costs as %s: bob's CO bill $%g for %g GPU-s (total $%g) after 0.1 s at $1/GPU-s", who[k], d, gs,
+                     total);
+        if (k == 2 && g) fail_msg("alice sees bob's costs");
+        json_decref(r);
+    }
+    quiesce(f);
+}
+
+/* The Idempotency-Key header holds 1 to 127 printable ASCII characters,
+ * as the body's idempotency_key does: an empty one is refused. */
+static void test_idempotency_header_bounds(void **state)
+{
+    tf_fleet *f = fx_up();
+    free(reg(f, "ih1", "IH", 1, 0));
+    char k127[200], k128[200];
+    memset(k127, 'k', 127);
+    k127[127] = 0;
+    memset(k128, 'q', 128);
+    k128[128] = 0;
+    struct {
+        const char *hdr, *key;
+        int want;
+    } cases[] = {{"Idempotency-Key;", "", 400}, {"Idempotency-Key: %s", k128, 400},
+                 {"Idempotency-Key: %s", k127, 201}, {"Idempotency-Key: %s", k127, 200}};
+    const char *body = "{\"name\":\"h\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],\"gpu_types\":[\"IH\"]}";
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char h[300];
+        snprintf(h, sizeof h, cases[i].hdr, cases[i].key);
+        client_conn *c;
+        if (client_new(f->url, TF_ALICE, &c) < 0) fail_msg("%s", sh_errmsg());
+        char *r = NULL;
+        size_t rl = 0;
+        int st = 0;
+        int rc = client_raw(c, "POST", "/v1/jobs", body, strlen(body), h, 10, &st, &r, &rl);
+        client_free(c);
+        if (rc < 0) fail_msg("POST with header %.40s: %s", h, sh_errmsg());
+        if (st != cases[i].want) fail_msg("POST with header \"%.40s\" (%zu characters): %d %.*s, expected %d", h,
+                                          strlen(cases[i].key), st, (int)rl, r ? r : "", cases[i].want);
+        free(r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -414,6 +699,10 @@ int main(void)
         cmocka_unit_test_teardown(test_rank_past_members, tf_teardown),
         cmocka_unit_test_teardown(test_routes_at_their_bounds, tf_teardown),
         cmocka_unit_test_teardown(test_agent_rank_past_members, tf_teardown),
+        cmocka_unit_test(test_node_lost_takes_its_jobs),
+        cmocka_unit_test(test_elastic_grow_and_shrink),
+        cmocka_unit_test(test_costs_of_open_bills),
+        cmocka_unit_test(test_idempotency_header_bounds),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, fx_down);
 }
