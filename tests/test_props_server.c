@@ -440,7 +440,8 @@ static tf_fleet *fx_up(void)
                     "\",\"bob\":\"" TF_BOB "\"}}";
     tu_write_file(tok, t, strlen(t));
     chmod(tok, 0600);
-    srv_config cfg = {.db_path = db, .tokens_path = tok, .heartbeat_timeout = 3600, .manual_cycles = 1};
+    srv_config cfg = {.db_path = db, .tokens_path = tok, .heartbeat_timeout = 3600, .manual_cycles = 1,
+                      .max_queued = 3 * (1000 + SRV_JOB_COST)};
     TU_OK(srv_start(&cfg, &fx.s));
     snprintf(fx.f.url, sizeof fx.f.url, "http://127.0.0.1:%d", srv_port(fx.s));
     return &fx.f;
@@ -690,6 +691,85 @@ static void test_idempotency_header_bounds(void **state)
     }
 }
 
+/* GET path with only `header` (NULL: none) for credentials; returns the
+ * status and copies the error into err. */
+static int get_with(tf_fleet *f, const char *header, const char *path, char *err, size_t cap)
+{
+    client_conn *c;
+    if (client_new(f->url, NULL, &c) < 0) fail_msg("%s", sh_errmsg());
+    char *r = NULL;
+    size_t rl = 0;
+    int st = 0;
+    if (client_raw(c, "GET", path, NULL, 0, header, 10, &st, &r, &rl) < 0) fail_msg("GET %s: %s", path, sh_errmsg());
+    client_free(c);
+    json_t *j = json_loadb(r ? r : "", rl, 0, NULL);
+    snprintf(err, cap, "%s", json_string_value(json_object_get(j, "error")) ? json_string_value(json_object_get(j, "error")) : "");
+    json_decref(j);
+    free(r);
+    return st;
+}
+
+/* Only "Authorization: Bearer TOKEN" authenticates: no header, another
+ * scheme of the same length, or an empty token is 401, each saying what
+ * is missing or wrong. */
+static void test_auth_header_forms(void **state)
+{
+    tf_fleet *f = fx_up();
+    char err[512];
+    struct {
+        const char *hdr;
+        int want;
+        const char *why;
+    } cases[] = {{NULL, 401, "missing bearer token"},
+                 {"Authorization: Token: " TF_ALICE, 401, "missing bearer token"},
+                 {"Authorization: Basic  " TF_ALICE, 401, "missing bearer token"},
+                 {"Authorization: Bearer ", 401, "missing bearer token"},
+                 {"Authorization: Bearer  ", 401, "unknown bearer token"},
+                 {"Authorization: Bearer x" TF_ALICE, 401, "unknown bearer token"},
+                 {"Authorization: Bearer " TF_ALICE, 200, NULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int st = get_with(f, cases[i].hdr, "/v1/jobs", err, sizeof err);
+        if (st != cases[i].want || (cases[i].why && !strstr(err, cases[i].why)))
+            fail_msg("GET /v1/jobs with %s: %d \"%s\", expected %d \"%s\"", cases[i].hdr ? cases[i].hdr : "no Authorization",
+                     st, err, cases[i].want, cases[i].why ? cases[i].why : "");
+    }
+}
+
+/* A tenant's active jobs may hold max_queued bytes (each job file plus
+ * SRV_JOB_COST): a submit that reaches the limit exactly is taken, one
+ * byte past it is 429; jobs that ended hold nothing, the admin's are not
+ * counted. */
+static void test_queue_bound_exact(void **state)
+{
+    tf_fleet *f = fx_up();
+    quiesce(f);
+    /* Job files of exactly 1000 bytes; the limit (set at the fixture's
+     * start) holds three. */
+    char body[1100];
+    int n = snprintf(body, sizeof body, "{\"name\":\"q\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],"
+                                        "\"gpu_types\":[\"QQ\"],\"env\":{\"PAD\":\"");
+    memset(body + n, 'p', 1000 - (size_t)n - 3);
+    snprintf(body + 1000 - 3, 4, "\"}}");
+    assert_int_equal(strlen(body), 1000);
+    free(reg(f, "qq1", "QQ", 1, 0));
+    int st;
+    for (int k = 0; k < 4; k++) {
+        json_t *j = tf_call(f, TF_BOB, "POST", "/v1/jobs", body, &st);
+        int want = k < 3 ? 201 : 429;
+        if (st != want) fail_msg("bob's submit %d of 1000 bytes under a limit of 3 x (1000 + %u): %d %s, expected %d",
+                                 k + 1, SRV_JOB_COST, st, json_string_value(json_object_get(j, "error")), want);
+        json_decref(j);
+        if (k == 0) cycle(); /* the first runs: running jobs count too */
+    }
+    /* The admin's are not counted; an ended job of bob's frees its room. */
+    json_decref(tf_call(f, TF_ADMIN, "POST", "/v1/jobs", body, &st));
+    assert_int_equal(st, 201);
+    quiesce(f);
+    json_decref(tf_call(f, TF_BOB, "POST", "/v1/jobs", body, &st));
+    assert_int_equal(st, 201);
+    quiesce(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -703,6 +783,8 @@ int main(void)
         cmocka_unit_test(test_elastic_grow_and_shrink),
         cmocka_unit_test(test_costs_of_open_bills),
         cmocka_unit_test(test_idempotency_header_bounds),
+        cmocka_unit_test(test_auth_header_forms),
+        cmocka_unit_test(test_queue_bound_exact),
     };
     return cmocka_run_group_tests(tests, NULL, fx_down);
 }
