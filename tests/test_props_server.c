@@ -43,6 +43,7 @@
 #include "fleet_util.h"
 #include "shoal/server.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -427,6 +428,8 @@ static struct {
     tf_fleet f; /* its url, for tf_call */
 } fx;
 
+static char *reg(tf_fleet *f, const char *name, const char *type, int gpus, double price);
+
 static tf_fleet *fx_up(void)
 {
     if (fx.s) return &fx.f;
@@ -441,9 +444,11 @@ static tf_fleet *fx_up(void)
     tu_write_file(tok, t, strlen(t));
     chmod(tok, 0600);
     srv_config cfg = {.db_path = db, .tokens_path = tok, .heartbeat_timeout = 3600, .manual_cycles = 1,
-                      .max_queued = 3 * (1000 + SRV_JOB_COST)};
+                      .max_queued = 3 * (1000 + SRV_JOB_COST), .writable_allow = "bob=/"};
     TU_OK(srv_start(&cfg, &fx.s));
     snprintf(fx.f.url, sizeof fx.f.url, "http://127.0.0.1:%d", srv_port(fx.s));
+    /* The first node (the first in every table), priced at $1 a GPU-second. */
+    free(reg(&fx.f, "co1", "CO", 1, 3600));
     return &fx.f;
 }
 
@@ -566,6 +571,14 @@ static void test_node_lost_takes_its_jobs(void **state)
                                        "\"command\":[\"true\"],\"gpu_types\":[\"RB\"]}");
     cycle();
     want_state(f, b, "starting", "a gang of 2 RB GPUs on rm1 registered again with them");
+    char body[512];
+    json_t *g = job_of(f, b);
+    snprintf(body, sizeof body, "{\"node\":\"rm1\",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":0,"
+             "\"state\":\"running\"}]}", (long long)b, (long long)json_integer_value(json_object_get(g, "attempt")));
+    json_decref(g);
+    json_decref(tf_call(f, cred, "POST", "/v1/agent/poll", body, &st));
+    assert_int_equal(st, 200);
+    want_state(f, b, "running", "its one rank reported running");
     /* Its agent starts again (registers while alive): what ran under the
      * old one is lost, and the gang (on_failure requeue) waits to run again. */
     free(cred);
@@ -619,12 +632,25 @@ static void test_elastic_grow_and_shrink(void **state)
     json_t *m;
     json_array_foreach(json_object_get(j, "members"), i, m) {
         const char *ms = json_string_value(json_object_get(m, "state"));
-        if (strcmp(ms, "assigned") && json_integer_value(json_object_get(m, "exit_code")) != -1)
+        if (json_integer_value(json_object_get(m, "exit_code")) != -1)
             fail_msg("a %s member has exit code %lld, not -1 (none)", ms,
                      (long long)json_integer_value(json_object_get(m, "exit_code")));
     }
     json_decref(j);
     assert_int_equal(events_of(f, e, "shrink"), 1);
+    /* The node of the stopped replica is removed: the high-priority job
+     * loses its rank there; the elastic job lost nothing (its replica there
+     * had already stopped). */
+    json_t *h = job_of(f, hi);
+    char path[96];
+    snprintf(path, sizeof path, "/v1/nodes/%s", tf_member_node(h, 0));
+    json_decref(h);
+    json_decref(tf_call(f, TF_ADMIN, "DELETE", path, NULL, &st));
+    assert_int_equal(st, 200);
+    assert_int_equal(members_in(f, hi, "lost"), 1);
+    if (members_in(f, e, "stopped") != 1 || events_of(f, e, "replica_lost") != 1)
+        fail_msg("removing the node of a stopped replica: %d stopped, %d replica_lost events (expected 1 and 1)",
+                 members_in(f, e, "stopped"), events_of(f, e, "replica_lost"));
     quiesce(f);
 }
 
@@ -634,7 +660,6 @@ static void test_costs_of_open_bills(void **state)
 {
     tf_fleet *f = fx_up();
     quiesce(f);
-    free(reg(f, "co1", "CO", 1, 3600));
     int64_t c = submit_as(f, TF_BOB, "{\"name\":\"c\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],"
                                      "\"gpu_types\":[\"CO\"]}");
     cycle();
@@ -727,6 +752,8 @@ static void test_auth_header_forms(void **state)
                  {"Authorization: Bearer  ", 401, "unknown bearer token"},
                  {"Authorization: Bearer x" TF_ALICE, 401, "unknown bearer token"},
                  {"Authorization: Bearer " TF_ALICE, 200, NULL}};
+    /* The leader's address is for anyone (clients follow it). */
+    if (get_with(f, NULL, "/v1/leader", err, sizeof err) != 200) fail_msg("GET /v1/leader without a token: not 200");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int st = get_with(f, cases[i].hdr, "/v1/jobs", err, sizeof err);
         if (st != cases[i].want || (cases[i].why && !strstr(err, cases[i].why)))
@@ -770,6 +797,275 @@ static void test_queue_bound_exact(void **state)
     quiesce(f);
 }
 
+/* GET path as token; returns the reply (decref it) and sets *st. */
+static json_t *get_as(tf_fleet *f, const char *token, const char *path, int *st)
+{
+    return tf_call(f, token, "GET", path, NULL, st);
+}
+
+/* The lists' bounds: 100 jobs and 200 events by default, "limit" more,
+ * a list entry without the job file (GET /v1/jobs/ID has it), an unknown
+ * state or a bad "after" refused, and the overview's 30 most recent ended
+ * jobs beside every active one. */
+static void test_list_defaults(void **state)
+{
+    tf_fleet *f = fx_up();
+    quiesce(f);
+    free(reg(f, "ls1", "LS", 1, 0));
+    int64_t first = 0;
+    for (int k = 0; k < 101; k++) {
+        int64_t id = submit_as(f, TF_ADMIN, "{\"name\":\"l\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],"
+                                            "\"gpu_types\":[\"LS\"]}");
+        if (!first) first = id;
+    }
+    int st;
+    json_t *l = get_as(f, TF_ADMIN, "/v1/jobs", &st);
+    assert_int_equal(st, 200);
+    json_t *a = json_object_get(l, "jobs");
+    if (json_array_size(a) != 100) fail_msg("GET /v1/jobs listed %zu jobs, expected the default 100", json_array_size(a));
+    if (json_object_get(json_array_get(a, 0), "spec")) fail_msg("a list entry holds the job file");
+    json_decref(l);
+    l = get_as(f, TF_ADMIN, "/v1/jobs?limit=101", &st);
+    assert_int_equal(json_array_size(json_object_get(l, "jobs")), 101);
+    json_decref(l);
+    l = job_of(f, first);
+    if (!json_object_get(l, "spec")) fail_msg("GET /v1/jobs/ID has no job file");
+    json_decref(l);
+    refused(f, TF_ADMIN, "GET", "/v1/jobs?state=bogus", NULL, 400);
+    quiesce(f); /* 101 "cancelled" events more */
+    l = get_as(f, TF_ADMIN, "/v1/events", &st);
+    if (json_array_size(json_object_get(l, "events")) != 200)
+        fail_msg("GET /v1/events listed %zu events, expected the default 200", json_array_size(json_object_get(l, "events")));
+    json_decref(l);
+    refused(f, TF_ADMIN, "GET", "/v1/events?after=-1", NULL, 400);
+    refused(f, TF_ADMIN, "GET", "/v1/events?after=x", NULL, 400);
+    int64_t live = submit_as(f, TF_ADMIN, "{\"name\":\"live\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],"
+                                          "\"gpu_types\":[\"LS\"]}");
+    l = get_as(f, TF_ADMIN, "/v1/overview", &st);
+    assert_int_equal(st, 200);
+    size_t i;
+    json_t *x;
+    int ended = 0, seen = 0;
+    json_array_foreach(json_object_get(l, "jobs"), i, x) {
+        const char *js = json_string_value(json_object_get(x, "state"));
+        ended += !strcmp(js, "cancelled") || !strcmp(js, "failed") || !strcmp(js, "succeeded");
+        seen |= json_integer_value(json_object_get(x, "id")) == live;
+    }
+    json_decref(l);
+    if (ended != 30 || !seen) fail_msg("the overview shows %d ended jobs (expected the 30 most recent) and %s the active one",
+                                       ended, seen ? "shows" : "not");
+    quiesce(f);
+}
+
+/* Polls as node `name` with `extra` fields; returns the status. */
+static int poll_as(tf_fleet *f, const char *name, const char *cred, const char *extra, json_t **reply)
+{
+    char body[2048];
+    snprintf(body, sizeof body, "{\"node\":\"%s\"%s}", name, extra);
+    int st;
+    json_t *j = tf_call(f, cred, "POST", "/v1/agent/poll", body, &st);
+    if (reply) *reply = j;
+    else json_decref(j);
+    return st;
+}
+
+static int64_t node_version(tf_fleet *f, const char *name, const char *cred)
+{
+    json_t *r;
+    assert_int_equal(poll_as(f, name, cred, ",\"wait_ms\":0", &r), 200);
+    int64_t v = json_integer_value(json_object_get(r, "version"));
+    json_decref(r);
+    return v;
+}
+
+typedef struct {
+    tf_fleet *f;
+    const char *cred;
+    int64_t version;
+    double took;
+    int st;
+} long_poll;
+
+static void *long_poll_run(void *arg)
+{
+    long_poll *lp = arg;
+    char extra[128];
+    snprintf(extra, sizeof extra, ",\"version\":%lld,\"wait_ms\":4000", (long long)lp->version);
+    double t0 = sh_now_mono();
+    lp->st = poll_as(lp->f, "ag1", lp->cred, extra, NULL);
+    lp->took = sh_now_mono() - t0;
+    return NULL;
+}
+
+/* What a node tells and is told: only its own members; a report for a job
+ * the server never had is stale; a disk figure stays until a new one
+ * comes; a malformed output entry fails the poll; output of the current
+ * attempt lands in the log; a long poll returns as soon as the node's list
+ * changes; nothing is refused when nothing was forged. */
+static void test_agent_reports(void **state)
+{
+    tf_fleet *f = fx_up();
+    quiesce(f);
+    char *c1 = reg(f, "ag1", "AG", 1, 0), *c2 = reg(f, "ag2", "AG", 1, 0);
+    int64_t id = submit_as(f, TF_ALICE, "{\"name\":\"ag\",\"kind\":\"gang\",\"nodes\":2,\"command\":[\"true\"],"
+                                        "\"gpu_types\":[\"AG\"]}");
+    cycle();
+    want_state(f, id, "starting", "a gang on ag1 and ag2");
+    int st;
+    json_t *r;
+    assert_int_equal(poll_as(f, "ag1", c1, ",\"wait_ms\":0", &r), 200);
+    json_t *mine = json_object_get(r, "members");
+    if (json_array_size(mine) != 1) fail_msg("ag1 was told to run %zu members, expected its own 1", json_array_size(mine));
+    int rank = (int)json_integer_value(json_object_get(json_array_get(mine, 0), "rank"));
+    int64_t att = json_integer_value(json_object_get(json_array_get(mine, 0), "attempt"));
+    json_decref(r);
+    json_t *g = job_of(f, id);
+    if (strcmp(tf_member_node(g, rank), "ag1")) fail_msg("ag1 was told to run rank %d, which is %s's", rank, tf_member_node(g, rank));
+    json_decref(g);
+    /* A registered node is no provider's unless it says so. */
+    json_t *nodes = get_as(f, TF_ADMIN, "/v1/nodes", &st);
+    size_t i;
+    json_t *n;
+    json_array_foreach(json_object_get(nodes, "nodes"), i, n) if (!strcmp(json_string_value(json_object_get(n, "name")), "ag1") &&
+                                                                 json_is_true(json_object_get(n, "from_provider")))
+        fail_msg("ag1 registered without from_provider is listed as a provider's node");
+    json_decref(nodes);
+    char extra[1024];
+    snprintf(extra, sizeof extra,
+             ",\"members\":[{\"job\":999999,\"attempt\":1,\"rank\":0,\"state\":\"exited\",\"exit_code\":0},"
+             "{\"job\":%lld,\"attempt\":%lld,\"rank\":%d,\"state\":\"ready\",\"disk_bytes\":500}]",
+             (long long)id, (long long)att, rank);
+    if (poll_as(f, "ag1", c1, extra, NULL) != 200) fail_msg("a report for a job the server never had was not taken as stale");
+    snprintf(extra, sizeof extra, ",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":%d,\"state\":\"ready\"}]",
+             (long long)id, (long long)att, rank);
+    assert_int_equal(poll_as(f, "ag1", c1, extra, NULL), 200);
+    g = job_of(f, id);
+    json_t *m = json_array_get(json_object_get(g, "members"), (size_t)rank);
+    if (json_integer_value(json_object_get(m, "disk_bytes")) != 500)
+        fail_msg("a report without disk_bytes reset the member's disk figure to %lld",
+                 (long long)json_integer_value(json_object_get(m, "disk_bytes")));
+    json_decref(g);
+    const char *bad[] = {",\"logs\":[{\"job\":%lld,\"rank\":\"x\",\"data\":\"a\"}]", ",\"logs\":[{\"job\":%lld,\"rank\":0,\"data\":5}]",
+                         ",\"logs\":[{\"job\":%lld,\"rank\":0,\"attempt\":\"a\",\"data\":\"a\"}]"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(extra, sizeof extra, bad[k], (long long)id);
+        if (poll_as(f, "ag1", c1, extra, NULL) != 400) fail_msg("a poll with %s was not refused", extra);
+    }
+    snprintf(extra, sizeof extra, ",\"logs\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":%d,\"data\":\"from ag1\\n\"}]",
+             (long long)id, (long long)att, rank);
+    assert_int_equal(poll_as(f, "ag1", c1, extra, NULL), 200);
+    char path[96];
+    snprintf(path, sizeof path, "/v1/jobs/%lld/logs?rank=%d", (long long)id, rank);
+    json_t *lg = get_as(f, TF_ALICE, path, &st);
+    const char *data = json_string_value(json_object_get(lg, "data"));
+    if (!data || !strstr(data, "from ag1")) fail_msg("output of the current attempt is not in the log: \"%s\"", data ? data : "");
+    json_decref(lg);
+    /* A long poll at the node's version returns when its list changes. */
+    long_poll lp = {f, c1, node_version(f, "ag1", c1), 0, 0};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, long_poll_run, &lp), 0);
+    usleep(300000);
+    snprintf(path, sizeof path, "/v1/jobs/%lld/cancel", (long long)id);
+    json_decref(tf_call(f, TF_ALICE, "POST", path, "{}", &st));
+    assert_int_equal(st, 200);
+    pthread_join(t, NULL);
+    assert_int_equal(lp.st, 200);
+    if (lp.took > 3) fail_msg("a long poll returned %.1f s after it began, not when its node's list changed", lp.took);
+    json_t *ev = get_as(f, TF_ADMIN, "/v1/events?limit=10000", &st);
+    json_t *e;
+    json_array_foreach(json_object_get(ev, "events"), i, e) if (!strcmp(json_string_value(json_object_get(e, "kind")), "refused"))
+        fail_msg("a \"refused\" event with nothing forged: %s", json_string_value(json_object_get(e, "msg")));
+    json_decref(ev);
+    free(c1);
+    free(c2);
+    quiesce(f);
+}
+
+/* A run's services: published with PUT, read back with GET (the list and
+ * one), a run that does not exist is 404. */
+static void test_run_services(void **state)
+{
+    tf_fleet *f = fx_up();
+    quiesce(f);
+    submit_as(f, TF_ALICE, "{\"name\":\"r\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],\"gpu_types\":[\"CO\"],"
+                           "\"run\":\"r1\"}");
+    int st;
+    json_decref(tf_call(f, TF_ALICE, "PUT", "/v1/runs/r1/services/svc", "{\"value\":\"10.0.0.1:4000\"}", &st));
+    assert_int_equal(st, 200);
+    json_t *l = get_as(f, TF_ALICE, "/v1/runs/r1/services", &st);
+    assert_int_equal(st, 200);
+    const char *v = json_string_value(json_object_get(json_object_get(l, "services"), "svc"));
+    if (!v || strcmp(v, "10.0.0.1:4000")) fail_msg("the run's services list svc as \"%s\"", v ? v : "(none)");
+    json_decref(l);
+    l = get_as(f, TF_ALICE, "/v1/runs/r1/services/svc", &st);
+    assert_int_equal(st, 200);
+    v = json_string_value(json_object_get(l, "value"));
+    if (!v || strcmp(v, "10.0.0.1:4000")) fail_msg("GET of service svc: \"%s\"", v ? v : "(none)");
+    json_decref(l);
+    refused(f, TF_ALICE, "GET", "/v1/runs/nope/services", NULL, 404);
+    refused(f, TF_BOB, "GET", "/v1/runs/r1/services", NULL, 404);
+    quiesce(f);
+}
+
+/* The job file's checks, each alone: a function with a bad on_failure, a
+ * negative replace_wait_s; an est_s under a second is allowed; with two
+ * faults the first is named; a writable folder under "/" given to bob. */
+static void test_spec_checks(void **state)
+{
+    tf_fleet *f = fx_up();
+    quiesce(f);
+    struct {
+        const char *tok, *extra;
+        int want;
+        const char *why;
+    } cases[] = {
+        {TF_ALICE, ",\"kind\":\"function\",\"gpus\":1,\"on_failure\":\"bogus\"", 400, "on_failure"},
+        {TF_ALICE, ",\"kind\":\"function\",\"gpus\":1,\"replace_wait_s\":-1", 400, "replace_wait_s"},
+        {TF_ALICE, ",\"kind\":\"function\",\"gpus\":1,\"replace_wait_s\":-1,\"workdir\":\"zz\"", 400, "replace_wait_s"},
+        {TF_ALICE, ",\"kind\":\"function\",\"gpus\":1,\"est_s\":0.5", 201, NULL},
+        {TF_BOB, ",\"kind\":\"function\",\"gpus\":1,\"writable\":[\"/shoal-props-nowhere/b\"]", 201, NULL},
+        {TF_ALICE, ",\"kind\":\"function\",\"gpus\":1,\"writable\":[\"/shoal-props-nowhere/a\"]", 403, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"name\":\"s\",\"command\":[\"true\"],\"gpu_types\":[\"CO\"]%s}", cases[i].extra);
+        int st;
+        json_t *j = tf_call(f, cases[i].tok, "POST", "/v1/jobs", body, &st);
+        const char *e = json_string_value(json_object_get(j, "error"));
+        if (st != cases[i].want || (cases[i].why && (!e || !strstr(e, cases[i].why))))
+            fail_msg("%s: %d \"%s\", expected %d \"%s\"", body, st, e ? e : "", cases[i].want, cases[i].why ? cases[i].why : "");
+        json_decref(j);
+    }
+    quiesce(f);
+}
+
+/* A tokens file over 1 MiB is refused at start, naming the file. */
+static void test_tokens_file_bound(void **state)
+{
+    char dir[4200], tok[4300], db[4300];
+    snprintf(dir, sizeof dir, "%s", tu_path("bigtokens"));
+    sh_rm_rf(dir);
+    TU_OK(sh_mkdir_p(dir, 0700));
+    snprintf(tok, sizeof tok, "%s/tokens.json", dir);
+    snprintf(db, sizeof db, "%s/s.db", dir);
+    size_t n = (1u << 20) + 1;
+    char *t = malloc(n + 1);
+    const char *json = "{\"admin\":\"a1\",\"agent\":\"g1\",\"tenants\":{}}";
+    memset(t, ' ', n);
+    memcpy(t, json, strlen(json));
+    tu_write_file(tok, t, n);
+    free(t);
+    chmod(tok, 0600);
+    srv_config cfg = {.db_path = db, .tokens_path = tok, .heartbeat_timeout = 3600, .manual_cycles = 1};
+    srv *s = NULL;
+    int rc = srv_start(&cfg, &s);
+    if (rc == 0) {
+        srv_stop(s);
+        fail_msg("a tokens file of 1 MiB + 1 byte was taken");
+    }
+    if (!strstr(sh_errmsg(), "tokens.json")) fail_msg("the refusal does not name the file: %s", sh_errmsg());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -785,6 +1081,11 @@ int main(void)
         cmocka_unit_test(test_idempotency_header_bounds),
         cmocka_unit_test(test_auth_header_forms),
         cmocka_unit_test(test_queue_bound_exact),
+        cmocka_unit_test(test_list_defaults),
+        cmocka_unit_test(test_agent_reports),
+        cmocka_unit_test(test_run_services),
+        cmocka_unit_test(test_spec_checks),
+        cmocka_unit_test(test_tokens_file_bound),
     };
     return cmocka_run_group_tests(tests, NULL, fx_down);
 }
