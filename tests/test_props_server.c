@@ -31,7 +31,13 @@
  *    stopped (no status: -1) and the others run on, and a lost replica
  *    is no shrink;
  *  - an open job's bill (dollars per GPU type) counts in the costs, for
- *    its tenant only;
+ *    its tenant only, each of its places up to the 64th;
+ *  - the lists' defaults (100 jobs, 200 events, the overview's 30 recent
+ *    ended jobs) and their refusals; a run's services read back; a node
+ *    is told only its own members, its stale or malformed reports are
+ *    stale or refused, its long poll returns when its list changes;
+ *  - the tenant queue bound at its exact edge; the tokens file's bound;
+ *    "Authorization: Bearer TOKEN" the only form that authenticates;
  *  - an Idempotency-Key header holds 1 to 127 printable characters: an
  *    empty one is refused as the body's field is. */
 #include <stdarg.h>
@@ -1066,6 +1072,34 @@ static void test_tokens_file_bound(void **state)
     if (!strstr(sh_errmsg(), "tokens.json")) fail_msg("the refusal does not name the file: %s", sh_errmsg());
 }
 
+/* The costs count every place of a job, up to its 64th: an elastic job of
+ * 64 replicas whose last one is the only one of its GPU type is billed for
+ * that type too. */
+static void test_costs_of_64_places(void **state)
+{
+    tf_fleet *f = fx_up();
+    quiesce(f);
+    for (int k = 0; k < 63; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "sa%d", k);
+        free(reg(f, name, "SA", 1, 0));
+    }
+    /* The dearest pool is placed last: its one node is the 64th place. */
+    free(reg(f, "sb0", "SB", 1, 3600));
+    int64_t e = submit_as(f, TF_BOB, "{\"name\":\"wide\",\"kind\":\"elastic\",\"min_nodes\":64,\"max_nodes\":64,"
+                                     "\"command\":[\"true\"],\"gpu_types\":[\"SA\",\"SB\"]}");
+    cycle();
+    assert_int_equal(members_in(f, e, "assigned"), 64);
+    usleep(50000);
+    int st;
+    json_t *r = tf_call(f, TF_BOB, "GET", "/v1/costs", NULL, &st);
+    json_t *g = json_object_get(json_object_get(json_object_get(r, "by_tenant"), "bob"), "SB");
+    if (!g || json_real_value(json_object_get(g, "gpu_seconds")) <= 0 || json_real_value(json_object_get(g, "dollars")) <= 0)
+        fail_msg("the 64th place's GPU type is not in the costs");
+    json_decref(r);
+    quiesce(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1086,6 +1120,7 @@ int main(void)
         cmocka_unit_test(test_run_services),
         cmocka_unit_test(test_spec_checks),
         cmocka_unit_test(test_tokens_file_bound),
+        cmocka_unit_test(test_costs_of_64_places),
     };
     return cmocka_run_group_tests(tests, NULL, fx_down);
 }
