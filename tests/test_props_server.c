@@ -884,6 +884,23 @@ static int64_t node_version(tf_fleet *f, const char *name, const char *cred)
     return v;
 }
 
+/* How many starts shoal_gang_start_seconds counted (its _count lines). */
+static double start_count(tf_fleet *f)
+{
+    client_conn *c;
+    if (client_new(f->url, TF_ADMIN, &c) < 0) fail_msg("%s", sh_errmsg());
+    char *r = NULL;
+    size_t rl = 0;
+    int st = 0;
+    if (client_raw(c, "GET", "/metrics", NULL, 0, NULL, 10, &st, &r, &rl) < 0 || st != 200) fail_msg("GET /metrics: %d", st);
+    client_free(c);
+    double n = 0;
+    for (char *l = r; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, "shoal_gang_start_seconds_count", 30)) n += atof(strchr(l, ' ') + 1);
+    free(r);
+    return n;
+}
+
 typedef struct {
     tf_fleet *f;
     const char *cred;
@@ -957,6 +974,12 @@ static void test_agent_reports(void **state)
         snprintf(extra, sizeof extra, bad[k], (long long)id);
         if (poll_as(f, "ag1", c1, extra, NULL) != 400) fail_msg("a poll with %s was not refused", extra);
     }
+    /* Nothing was forged so far: no "refused" event anywhere. */
+    json_t *ev = get_as(f, TF_ADMIN, "/v1/events?limit=10000", &st);
+    json_t *e;
+    json_array_foreach(json_object_get(ev, "events"), i, e) if (!strcmp(json_string_value(json_object_get(e, "kind")), "refused"))
+        fail_msg("a \"refused\" event with nothing forged: %s", json_string_value(json_object_get(e, "msg")));
+    json_decref(ev);
     snprintf(extra, sizeof extra, ",\"logs\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":%d,\"data\":\"from ag1\\n\"}]",
              (long long)id, (long long)att, rank);
     assert_int_equal(poll_as(f, "ag1", c1, extra, NULL), 200);
@@ -966,6 +989,50 @@ static void test_agent_reports(void **state)
     const char *data = json_string_value(json_object_get(lg, "data"));
     if (!data || !strstr(data, "from ag1")) fail_msg("output of the current attempt is not in the log: \"%s\"", data ? data : "");
     json_decref(lg);
+    /* A reply holds about 1 MiB of output (it ends with the record that
+     * reaches 1 MiB): three records of 530 kB come in two replies. */
+    {
+        size_t big = 530000, cap = big + 256;
+        char *body = malloc(cap);
+        for (int k = 0; k < 3; k++) {
+            int n0 = snprintf(body, cap, "{\"node\":\"ag1\",\"logs\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":%d,\"data\":\"",
+                              (long long)id, (long long)att, rank);
+            memset(body + n0, 'x', big);
+            snprintf(body + n0 + big, cap - (size_t)n0 - big, "\"}]}");
+            json_decref(tf_call(f, c1, "POST", "/v1/agent/poll", body, &st));
+            assert_int_equal(st, 200);
+        }
+        free(body);
+        lg = get_as(f, TF_ALICE, path, &st);
+        size_t got = json_string_length(json_object_get(lg, "data"));
+        if (got >= (3u << 19) || got < (1u << 20)) fail_msg("a log reply held %zu bytes, not about 1 MiB", got);
+        json_decref(lg);
+    }
+    /* A node's poll that fails (here: it reports another node's member)
+     * changes nothing, not even the start-time histogram, although a
+     * member's report before the forged one made its job run. */
+    char *c3 = reg(f, "ag3", "AG", 1, 0);
+    int64_t fn = submit_as(f, TF_ALICE, "{\"name\":\"fn\",\"kind\":\"function\",\"gpus\":1,\"command\":[\"true\"],"
+                                        "\"gpu_types\":[\"AG\"]}");
+    cycle();
+    want_state(f, fn, "starting", "a function on ag3");
+    int64_t fatt = json_integer_value(json_object_get((g = job_of(f, fn)), "attempt"));
+    json_decref(g);
+    double starts = start_count(f);
+    snprintf(extra, sizeof extra,
+             ",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":0,\"state\":\"running\"},"
+             "{\"job\":%lld,\"attempt\":%lld,\"rank\":%d,\"state\":\"running\"}]",
+             (long long)fn, (long long)fatt, (long long)id, (long long)att, rank);
+    assert_int_equal(poll_as(f, "ag3", c3, extra, NULL), 403);
+    want_state(f, fn, "starting", "a refused poll");
+    if (start_count(f) != starts) fail_msg("a refused poll counted a start in shoal_gang_start_seconds");
+    snprintf(extra, sizeof extra, ",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":0,\"state\":\"running\"}]",
+             (long long)fn, (long long)fatt);
+    assert_int_equal(poll_as(f, "ag3", c3, extra, NULL), 200);
+    want_state(f, fn, "running", "its rank reported running");
+    if (start_count(f) != starts + 1) fail_msg("a start was not counted in shoal_gang_start_seconds");
+    assert_int_equal(events_of(f, id, "refused"), 1);
+    free(c3);
     /* A long poll at the node's version returns when its list changes. */
     long_poll lp = {f, c1, node_version(f, "ag1", c1), 0, 0};
     pthread_t t;
@@ -977,11 +1044,6 @@ static void test_agent_reports(void **state)
     pthread_join(t, NULL);
     assert_int_equal(lp.st, 200);
     if (lp.took > 3) fail_msg("a long poll returned %.1f s after it began, not when its node's list changed", lp.took);
-    json_t *ev = get_as(f, TF_ADMIN, "/v1/events?limit=10000", &st);
-    json_t *e;
-    json_array_foreach(json_object_get(ev, "events"), i, e) if (!strcmp(json_string_value(json_object_get(e, "kind")), "refused"))
-        fail_msg("a \"refused\" event with nothing forged: %s", json_string_value(json_object_get(e, "msg")));
-    json_decref(ev);
     free(c1);
     free(c2);
     quiesce(f);
