@@ -1077,7 +1077,8 @@ static void test_run_services(void **state)
 
 /* The job file's checks, each alone: a function with a bad on_failure, a
  * negative replace_wait_s; an est_s under a second is allowed; with two
- * faults the first is named; a writable folder under "/" given to bob. */
+ * faults the first is named; a writable folder under "/" given to bob; a
+ * command argument of 4096 bytes, not 4097. */
 static void test_spec_checks(void **state)
 {
     tf_fleet *f = fx_up();
@@ -1103,6 +1104,20 @@ static void test_spec_checks(void **state)
         if (st != cases[i].want || (cases[i].why && (!e || !strstr(e, cases[i].why))))
             fail_msg("%s: %d \"%s\", expected %d \"%s\"", body, st, e ? e : "", cases[i].want, cases[i].why ? cases[i].why : "");
         json_decref(j);
+    }
+    /* A command's argument holds at most 4096 bytes. */
+    for (int len = 4096; len <= 4097; len++) {
+        char *body = malloc(5000);
+        int n = snprintf(body, 5000, "{\"name\":\"s\",\"kind\":\"function\",\"gpu_types\":[\"CO\"],\"command\":[\"true\",\"");
+        memset(body + n, 'a', (size_t)len);
+        snprintf(body + n + len, 5000 - (size_t)n - (size_t)len, "\"]}");
+        int st;
+        json_t *j = tf_call(f, TF_ALICE, "POST", "/v1/jobs", body, &st);
+        const char *e = json_string_value(json_object_get(j, "error"));
+        if (st != (len == 4096 ? 201 : 400) || (len > 4096 && (!e || !strstr(e, "\"command\"[1]"))))
+            fail_msg("a command argument of %d bytes: %d \"%s\"", len, st, e ? e : "");
+        json_decref(j);
+        free(body);
     }
     quiesce(f);
 }
