@@ -597,7 +597,7 @@ static void test_node_lost_takes_its_jobs(void **state)
 
 /* An elastic job grows while it starts; a node lost under one of its
  * replicas loses that replica (no shrink); a preempted replica is stopped
- * with no status (-1) and the others run on. */
+ * and the others run on; no member that has not exited has a status (-1). */
 static void test_elastic_grow_and_shrink(void **state)
 {
     tf_fleet *f = fx_up();
@@ -608,6 +608,10 @@ static void test_elastic_grow_and_shrink(void **state)
     cycle();
     want_state(f, e, "starting", "placed on el1");
     assert_int_equal(members_in(f, e, NULL), 1);
+    json_t *j0 = job_of(f, e);
+    if (json_integer_value(json_object_get(json_array_get(json_object_get(j0, "members"), 0), "exit_code")) != -1)
+        fail_msg("a member just placed has an exit code (not -1)");
+    json_decref(j0);
     free(reg(f, "el2", "EL", 1, 0));
     cycle();
     if (members_in(f, e, "assigned") != 2) fail_msg("a starting elastic job did not grow onto a new node");
