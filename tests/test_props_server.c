@@ -929,7 +929,8 @@ static void *long_poll_run(void *arg)
  * the server never had is stale; a disk figure stays until a new one
  * comes; a malformed output entry fails the poll; output of the current
  * attempt lands in the log; a long poll returns as soon as the node's list
- * changes; nothing is refused when nothing was forged. */
+ * changes; nothing is refused when nothing was forged; a credential polls
+ * as its own node only. */
 static void test_agent_reports(void **state)
 {
     tf_fleet *f = fx_up();
@@ -1049,6 +1050,8 @@ static void test_agent_reports(void **state)
     pthread_join(t, NULL);
     assert_int_equal(lp.st, 200);
     if (lp.took > 3) fail_msg("a long poll returned %.1f s after it began, not when its node's list changed", lp.took);
+    /* A node's credential speaks for that node only. */
+    if (poll_as(f, "ag2", c1, ",\"wait_ms\":0", NULL) != 403) fail_msg("ag1's credential polled as node ag2");
     free(c1);
     free(c2);
     quiesce(f);
