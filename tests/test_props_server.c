@@ -49,6 +49,7 @@
 #include "fleet_util.h"
 #include "shoal/server.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1029,7 +1030,25 @@ static void test_agent_reports(void **state)
              ",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":0,\"state\":\"running\"},"
              "{\"job\":%lld,\"attempt\":%lld,\"rank\":%d,\"state\":\"running\"}]",
              (long long)fn, (long long)fatt, (long long)id, (long long)att, rank);
-    assert_int_equal(poll_as(f, "ag3", c3, extra, NULL), 403);
+    /* The server's log says what was refused, and no more (this server
+     * runs in the test: its log is this process's stderr). */
+    char logp[4300];
+    snprintf(logp, sizeof logp, "%s/forged.log", f->dir);
+    fflush(stderr);
+    int saved = dup(2), lfd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(lfd, 2);
+    close(lfd);
+    st = poll_as(f, "ag3", c3, extra, NULL);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    assert_int_equal(st, 403);
+    char *text = NULL;
+    size_t tl = 0;
+    TU_OK(sh_read_file(logp, 1 << 20, &text, &tl));
+    if (!strstr(text, "refused") || strstr(text, "event:"))
+        fail_msg("the server's log of a refused poll: \"%s\"", text);
+    free(text);
     want_state(f, fn, "starting", "a refused poll");
     if (start_count(f) != starts) fail_msg("a refused poll counted a start in shoal_gang_start_seconds");
     snprintf(extra, sizeof extra, ",\"members\":[{\"job\":%lld,\"attempt\":%lld,\"rank\":0,\"state\":\"running\"}]",
