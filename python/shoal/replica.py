@@ -262,8 +262,8 @@ class Replica:
 # load_into reads the leased image in slices of this many bytes, and lets
 # the pages it read leave the process every _DROP_BYTES: a follower then
 # holds its own tensors and not also the leased image (issue 31, item 1).
-_SLICE_BYTES = 8 << 20
-_DROP_BYTES = 16 << 20
+_SLICE_BYTES = 2 << 20
+_DROP_BYTES = 4 << 20
 
 
 class _PageDropper:
