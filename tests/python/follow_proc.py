@@ -9,7 +9,9 @@ written, and the code paths load_into uses run once: peak VmHWM is counted
 from there (/proc/self/clear_refs), and RssAnon / RssFile / RssShmem are
 sampled every 2 ms.  Prints one JSON line per load ({"loaded": v,
 "rss_file": ...} measured right after it returns), then a summary
-({"done": ..., "sha256": of the tensors' bytes in name order}).
+({"done": ..., "sha256": of the tensors' bytes in name order}).  With
+--keep-pages, load_into leaves the leased image's pages resident, as it did
+before issue 31's fix (a baseline for bench/follow_torch.py).
 """
 import argparse
 import hashlib
@@ -60,7 +62,12 @@ def main():
     ap.add_argument("--shapes", required=True, help="JSON {name: [dtype, shape]}")
     ap.add_argument("--until", type=int, required=True)
     ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--keep-pages", action="store_true",
+                    help="load_into as before issue 31's fix: the leased image's pages stay (the baseline "
+                         "bench/follow_torch.py compares with)")
     a = ap.parse_args()
+    if a.keep_pages:
+        shoal.replica._PageDropper.flush = lambda self: None
     spec = json.loads(a.shapes)
     target = {n: torch.zeros(shape, dtype=getattr(torch, dt)) for n, (dt, shape) in sorted(spec.items())}
     tensor_bytes = sum(t.numel() * t.element_size() for t in target.values())
