@@ -8,7 +8,7 @@ Its baseline is taken once torch is imported, the tensors allocated and
 written, and the code paths load_into uses run once: peak VmHWM is counted
 from there (/proc/self/clear_refs), and RssAnon / RssFile / RssShmem are
 sampled every 2 ms.  Prints one JSON line per load ({"loaded": v,
-"rss_file": ...} measured right after it returns), then a summary
+"rss_file": ..., "crc": ...} measured right after it returns), then a summary
 ({"done": ..., "sha256": of the tensors' bytes in name order}).  With
 --keep-pages, load_into leaves the leased image's pages resident, as it did
 before issue 31's fix (a baseline for bench/follow_torch.py).
@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+import zlib
 
 import torch
 
@@ -52,6 +53,15 @@ def warm(target):
         it = ints.get(t.dtype)
         torch.equal(a.view(it), a.clone().view(it)) if it else torch.equal(a, a.clone())
         a.copy_(a.clone())
+
+
+def crc(target):
+    """CRC-32 of the tensors' bytes in name order (every version checked
+    cheaply; the summary's sha256 checks the last)."""
+    c = 0
+    for n in sorted(target):
+        c = zlib.crc32(target[n].contiguous().view(-1).view(torch.uint8).numpy(), c)
+    return c
 
 
 def main():
@@ -95,7 +105,8 @@ def main():
         r = rep.load_into(target)
         v, loads = r.version, loads + 1
         after = status()
-        print(json.dumps({"loaded": v, "rss_file": after["RssFile"], "rss_anon": after["RssAnon"]}), flush=True)
+        print(json.dumps({"loaded": v, "rss_file": after["RssFile"], "rss_anon": after["RssAnon"],
+                          "crc": crc(target)}), flush=True)
     info = rep.info()
     stop.set()
     th.join()

@@ -1,7 +1,8 @@
 """PyTorch followers on a push tree (issue 31): a follower's memory over 20
 versions stays within its own tensors + 1 image + 64 MiB + 2 deltas, with
-load_into letting the leased image's pages go as it copies; a late joiner
-activates the newest version first and reports it in info()."""
+load_into letting the leased image's pages go as it copies, and every
+version it loads is the publisher's bits (CRC-32 each, sha256 the last); a
+late joiner activates the newest version first and reports it in info()."""
 import hashlib
 import json
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import unittest
+import zlib
 
 import torch
 
@@ -56,6 +58,13 @@ def sha256(sd):
     for n in sorted(sd):
         h.update(sd[n].contiguous().view(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def crc(sd):
+    c = 0
+    for n in sorted(sd):
+        c = zlib.crc32(sd[n].contiguous().view(-1).view(torch.uint8).numpy(), c)
+    return c
 
 
 def serve(store, workdir, *extra):
@@ -110,6 +119,7 @@ class FollowTest(unittest.TestCase):
             self.assertTrue(line, "follower exited: %s" % lines)
             lines.append(json.loads(line))
             self.assertEqual(lines[-1]["loaded"], v)
+            self.assertEqual(lines[-1]["crc"], crc(sd), "version %d differs after load_into" % v)
             if v < 20:
                 step(sd, v)
                 self.assertEqual(st.publish(sd), v + 1)
