@@ -16,6 +16,8 @@
  *    sender computes it): an encoding not allowed at its place, a header
  *    holding more tensors than the manifest lists or others than it names,
  *    a file name that is not a plain name, a missing field;
+ *  - a stored (RAW or ZSTD) chunk of a diffed tensor that is corrupt is
+ *    reported as that chunk's error, not as a wrong base;
  *  - squash refuses a chain whose deltas disagree on a diffed tensor's size,
  *    and keeps no memory once it returns (a store squashes for every late
  *    joiner);
@@ -346,6 +348,60 @@ static void test_forged_manifest_refused(void **state)
     free(bi), free(ti);
 }
 
+/* A diffed tensor whose chunk the delta stores (RAW: random new values;
+ * ZSTD: compressible ones), its length one byte short in a resealed
+ * manifest: apply refuses it as a corrupt chunk naming it, never as a wrong
+ * base (the base is right), in a copy and in place. */
+static void test_corrupt_stored_chunk_named(void **state)
+{
+    enum { W = 4096 };
+    static uint32_t r0[W], r1[W], z0[W], z1[W];
+    for (size_t i = 0; i < W; i++) r0[i] = next_u32(), r1[i] = next_u32(), z0[i] = next_u32(), z1[i] = (uint32_t)(i / 64);
+    char b[4096], g[4096];
+    snprintf(b, sizeof b, "%s/stored-base.st", tu_tmpdir());
+    snprintf(g, sizeof g, "%s/stored-target.st", tu_tmpdir());
+    save(b, (spec[]){{"r", CKPT_U32, r0, sizeof r0}, {"z", CKPT_U32, z0, sizeof z0}}, 2);
+    save(g, (spec[]){{"r", CKPT_U32, r1, sizeof r1}, {"z", CKPT_U32, z1, sizeof z1}}, 2);
+    char *bi, *ti;
+    size_t bl, tl;
+    ckpt *B = open_mem(b, &bi, &bl), *T = open_mem(g, &ti, &tl);
+    sh_buf d = {0};
+    TU_OK(delta_make_mem(B, T, &(delta_opts){.threads = 1}, &d, NULL));
+    static const struct {
+        const char *name;
+        json_int_t enc;
+    } cases[] = {{"r", DELTA__RAW}, {"z", DELTA__ZSTD}};
+    uint8_t *out = malloc(tl), *img = malloc(bl);
+    for (size_t k = 0; k < 2; k++) {
+        json_t *m = manifest_of(&d);
+        json_t *c = json_array_get(json_object_get(mtensor(m, cases[k].name), "chunks"), 0);
+        assert_int_equal(json_integer_value(json_array_get(c, 0)), cases[k].enc);
+        json_array_set_new(c, 2, json_integer(json_integer_value(json_array_get(c, 2)) - 1));
+        sh_buf f;
+        reseal(&d, m, &f);
+        json_decref(m);
+        delta *dp;
+        TU_OK(delta_parse(f.data, f.len, 0, &dp));
+        char want[64];
+        snprintf(want, sizeof want, "tensor \"%s\" chunk 0", cases[k].name);
+        size_t got = 0;
+        int rc = delta_apply_mem(B, dp, &(delta_opts){.threads = 1}, out, tl, &got);
+        if (rc != SH_EFORMAT || !strstr(sh_errmsg(), want))
+            fail_msg("a short %s chunk: error %d: %s", cases[k].name, rc, sh_errmsg());
+        memcpy(img, bi, bl);
+        rc = delta_apply_mem_inplace(img, bl, dp, &(delta_opts){.threads = 1});
+        if (rc != SH_EFORMAT || !strstr(sh_errmsg(), want))
+            fail_msg("a short %s chunk in place: error %d: %s", cases[k].name, rc, sh_errmsg());
+        assert_memory_equal(img, bi, bl);
+        delta_free(dp);
+        sh_buf_free(&f);
+    }
+    free(out), free(img);
+    sh_buf_free(&d);
+    ckpt_close(B), ckpt_close(T);
+    free(bi), free(ti);
+}
+
 /* ---- Squash ----------------------------------------------------------------- */
 
 static void write_buf(const char *path, const sh_buf *b)
@@ -565,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_inplace_dense_is_target),
         cmocka_unit_test(test_dropped_tensors_verified),
         cmocka_unit_test(test_forged_manifest_refused),
+        cmocka_unit_test(test_corrupt_stored_chunk_named),
         cmocka_unit_test(test_squash_forged_chain),
         cmocka_unit_test(test_squash_keeps_no_memory),
         cmocka_unit_test(test_sharded_target_not_in_memory),
