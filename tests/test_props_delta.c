@@ -18,6 +18,8 @@
  *    a file name that is not a plain name, a missing field;
  *  - a stored (RAW or ZSTD) chunk of a diffed tensor that is corrupt is
  *    reported as that chunk's error, not as a wrong base;
+ *  - the container writers set every header byte (a rewritten container
+ *    is the same bytes, whatever the stack held);
  *  - squash refuses a chain whose deltas disagree on a diffed tensor's size,
  *    and keeps no memory once it returns (a store squashes for every late
  *    joiner);
@@ -27,6 +29,7 @@
  *    holds (a payload that ends at an unmapped page decodes the same). */
 #include "testutil.h"
 
+#include <fcntl.h>
 #include <jansson.h>
 #include <malloc.h>
 #include <stdlib.h>
@@ -402,6 +405,59 @@ static void test_corrupt_stored_chunk_named(void **state)
     free(bi), free(ti);
 }
 
+/* ---- The container ---------------------------------------------------------- */
+
+/* Fills n bytes of stack below the caller's frame with 0xff, where the
+ * next call's frame will lie. */
+static __attribute__((noinline)) void dirty_stack(size_t n)
+{
+    volatile uint8_t junk[65536];
+    for (size_t i = 0; i < n && i < sizeof junk; i++) junk[i] = 0xff;
+}
+
+/* Both container writers set every byte of the header, whatever the stack
+ * held: rewriting a delta's container from its manifest and payload gives
+ * its bytes exactly, in memory and to a file. */
+static void test_container_bytes_defined(void **state)
+{
+    enum { W = 4096 };
+    static uint32_t w0[W], w1[W];
+    for (size_t i = 0; i < W; i++) w0[i] = next_u32(), w1[i] = w0[i] + (i % 3 == 0);
+    char b[4096], g[4096], fpath[4096];
+    snprintf(b, sizeof b, "%s/cont-base.st", tu_tmpdir());
+    snprintf(g, sizeof g, "%s/cont-target.st", tu_tmpdir());
+    snprintf(fpath, sizeof fpath, "%s/cont.shd", tu_tmpdir());
+    save(b, (spec[]){{"w", CKPT_U32, w0, sizeof w0}}, 1);
+    save(g, (spec[]){{"w", CKPT_U32, w1, sizeof w1}}, 1);
+    ckpt *B, *T;
+    TU_OK(ckpt_open(b, &B));
+    TU_OK(ckpt_open(g, &T));
+    sh_buf d = {0}, again = {0};
+    TU_OK(delta_make_mem(B, T, &(delta_opts){.threads = 1}, &d, NULL));
+    json_t *m = manifest_of(&d);
+    uint64_t ml = manifest_len(d.data);
+    delta__seg seg = {d.data + 24 + ml, d.len - 24 - ml - 16};
+    dirty_stack(65536);
+    TU_OK(delta__write_container(m, &seg, 1, &again));
+    assert_int_equal(again.len, d.len);
+    assert_memory_equal(again.data, d.data, d.len);
+    int fd = open(fpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    uint64_t len = 0;
+    dirty_stack(65536);
+    TU_OK(delta__write_container_fd(m, &seg, 1, fd, fpath, &len));
+    close(fd);
+    assert_int_equal(len, d.len);
+    size_t fl;
+    uint8_t *fb = tu_read_file(fpath, &fl);
+    assert_int_equal(fl, d.len);
+    assert_memory_equal(fb, d.data, d.len);
+    free(fb);
+    json_decref(m);
+    sh_buf_free(&d), sh_buf_free(&again);
+    ckpt_close(B), ckpt_close(T);
+}
+
 /* ---- Squash ----------------------------------------------------------------- */
 
 static void write_buf(const char *path, const sh_buf *b)
@@ -622,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_dropped_tensors_verified),
         cmocka_unit_test(test_forged_manifest_refused),
         cmocka_unit_test(test_corrupt_stored_chunk_named),
+        cmocka_unit_test(test_container_bytes_defined),
         cmocka_unit_test(test_squash_forged_chain),
         cmocka_unit_test(test_squash_keeps_no_memory),
         cmocka_unit_test(test_sharded_target_not_in_memory),
