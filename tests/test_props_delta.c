@@ -577,6 +577,20 @@ static void test_sharded_target_not_in_memory(void **state)
     snprintf(x, sizeof x, "%s/model-00001-of-00001.safetensors", out);
     snprintf(y, sizeof y, "%s/model-00001-of-00001.safetensors", g);
     tu_assert_same_file(x, y);
+    /* A sharded target is a folder: an out that is a file is refused before
+     * anything is written, and the file is left as it was. */
+    char ofile[4096];
+    snprintf(ofile, sizeof ofile, "%s/shard-out.st", tu_tmpdir());
+    tu_write_file(ofile, "keep", 4);
+    TU_ERR(delta_apply(b, dpath, ofile, &(delta_opts){.threads = 1}), SH_EINVAL, "is a file");
+    size_t kl;
+    uint8_t *kb = tu_read_file(ofile, &kl);
+    assert_int_equal(kl, 4);
+    assert_memory_equal(kb, "keep", 4);
+    free(kb);
+    char stage[4200];
+    snprintf(stage, sizeof stage, "%s.tmp.%ld", ofile, (long)getpid());
+    assert_false(sh_path_exists(stage));
     size_t dl, il;
     uint8_t *db = tu_read_file(dpath, &dl);
     delta *d;
