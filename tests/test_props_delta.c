@@ -25,6 +25,7 @@
  *    joiner);
  *  - an in-memory apply (copy or in place) refuses a sharded target with
  *    SH_EINVAL, leaving the image as it was;
+ *  - in place refuses a delta that diffs a tensor against another one;
  *  - the decoder reads nothing past a chunk's payload, whatever the chunk
  *    holds (a payload that ends at an unmapped page decodes the same). */
 #include "testutil.h"
@@ -609,6 +610,52 @@ static void test_sharded_target_not_in_memory(void **state)
     delta_free(d);
 }
 
+/* A delta (resealed) that diffs tensor "a" against base tensor "b": in
+ * place patches every tensor where it lies, so it is refused there
+ * (SH_EINVAL, naming both) before anything is written, whichever tensor
+ * it is (the copy apply refuses it too: "b" would be diffed twice). */
+static void test_inplace_cross_diff_refused(void **state)
+{
+    enum { W = 2048 };
+    static uint32_t a0[W], a1[W], b0[W], b1[W];
+    for (size_t i = 0; i < W; i++)
+        a0[i] = next_u32(), a1[i] = a0[i] + (i % 5 == 0), b0[i] = next_u32(), b1[i] = b0[i] + (i % 9 == 0);
+    char b[4096], g[4096];
+    snprintf(b, sizeof b, "%s/cross-base.st", tu_tmpdir());
+    snprintf(g, sizeof g, "%s/cross-target.st", tu_tmpdir());
+    save(b, (spec[]){{"a", CKPT_U32, a0, sizeof a0}, {"b", CKPT_U32, b0, sizeof b0}}, 2);
+    save(g, (spec[]){{"a", CKPT_U32, a1, sizeof a1}, {"b", CKPT_U32, b1, sizeof b1}}, 2);
+    char *bi, *ti;
+    size_t bl, tl;
+    ckpt *B = open_mem(b, &bi, &bl), *T = open_mem(g, &ti, &tl);
+    sh_buf d = {0};
+    TU_OK(delta_make_mem(B, T, &(delta_opts){.threads = 1}, &d, NULL));
+    uint8_t *img = malloc(bl), *out = malloc(tl);
+    static const char *const from[][2] = {{"a", "b"}, {"b", "a"}};
+    for (size_t k = 0; k < 2; k++) {
+        json_t *m = manifest_of(&d);
+        json_object_set_new(mtensor(m, from[k][0]), "base", json_string(from[k][1]));
+        sh_buf f;
+        reseal(&d, m, &f);
+        json_decref(m);
+        delta *dp;
+        TU_OK(delta_parse(f.data, f.len, 0, &dp));
+        memcpy(img, bi, bl);
+        char want[64];
+        snprintf(want, sizeof want, "\"%s\" is diffed against \"%s\"", from[k][0], from[k][1]);
+        TU_ERR(delta_apply_mem_inplace(img, bl, dp, &(delta_opts){.threads = 1}), SH_EINVAL, want);
+        assert_memory_equal(img, bi, bl);
+        size_t got = 0;
+        TU_ERR(delta_apply_mem(B, dp, &(delta_opts){.threads = 1}, out, tl, &got), SH_EFORMAT, "diffed twice");
+        delta_free(dp);
+        sh_buf_free(&f);
+    }
+    free(img), free(out);
+    sh_buf_free(&d);
+    ckpt_close(B), ckpt_close(T);
+    free(bi), free(ti);
+}
+
 /* ---- The decoder stays inside a chunk ------------------------------------- */
 
 /* Each diffed chunk of d decoded (both decoders) from a copy whose last
@@ -696,6 +743,7 @@ int main(void)
         cmocka_unit_test(test_squash_forged_chain),
         cmocka_unit_test(test_squash_keeps_no_memory),
         cmocka_unit_test(test_sharded_target_not_in_memory),
+        cmocka_unit_test(test_inplace_cross_diff_refused),
         cmocka_unit_test(test_decode_stays_in_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
