@@ -345,6 +345,30 @@ static void test_forged_manifest_refused(void **state)
     m = manifest_of(&d);
     json_object_set_new(json_object_get(m, "target"), "digest", json_integer(7));
     refused(&d, m, "digest");
+    m = manifest_of(&d);
+    json_object_del(m, "tensors");
+    refused(&d, m, "missing \"tensors\"");
+    /* A sharded target of no files (and so no tensors). */
+    m = manifest_of(&d);
+    json_t *tg = json_object_get(m, "target");
+    json_object_set_new(tg, "sharded", json_true());
+    json_object_set(tg, "index", json_object_get(json_array_get(json_object_get(m, "files"), 0), "header"));
+    json_object_set_new(m, "files", json_array());
+    json_object_set_new(m, "tensors", json_array());
+    refused(&d, m, "\"files\" must list");
+
+    /* A manifest length over the 256 MiB bound is refused before anything
+     * is parsed, even when the buffer holds that much. */
+    size_t big = (257u << 20) + 40;
+    uint8_t *huge = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    assert_true(huge != MAP_FAILED);
+    memcpy(huge, d.data, 16);
+    uint64_t hm = (256u << 20) + 1;
+    for (int i = 0; i < 8; i++) huge[16 + i] = (uint8_t)(hm >> (8 * i));
+    memcpy(huge + 24, "{}", 2);
+    delta *hd = NULL;
+    TU_ERR(delta_parse(huge, big, DELTA_NO_CHECKSUM, &hd), SH_EFORMAT, "manifest length");
+    munmap(huge, big);
 
     free(out);
     sh_buf_free(&d);
