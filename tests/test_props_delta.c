@@ -26,6 +26,8 @@
  *  - an in-memory apply (copy or in place) refuses a sharded target with
  *    SH_EINVAL, leaving the image as it was;
  *  - in place refuses a delta that diffs a tensor against another one;
+ *  - an in-place cache kept over two applies describes the image, counts
+ *    the applies and marks what each of the last two wrote;
  *  - the decoder reads nothing past a chunk's payload, whatever the chunk
  *    holds (a payload that ends at an unmapped page decodes the same). */
 #include "testutil.h"
@@ -680,6 +682,70 @@ static void test_inplace_cross_diff_refused(void **state)
     free(bi), free(ti);
 }
 
+/* Two applies in place with one cache (v0 -> v1 -> v2): after each the
+ * cache describes the image (every chunk's place, size and digest), counts
+ * the applies since it was made whole, and marks the chunks each of the
+ * last two applies wrote (exactly those whose bytes changed). */
+static void test_inplace_cache_two_applies(void **state)
+{
+    enum { A = (CKPT_CHUNK + 4096) / 4, Bn = 4096 };
+    uint32_t *a[3], *bt[3];
+    for (int v = 0; v < 3; v++) a[v] = malloc(A * 4), bt[v] = malloc(Bn * 4);
+    for (size_t i = 0; i < A; i++) a[0][i] = next_u32();
+    for (size_t i = 0; i < Bn; i++) bt[0][i] = next_u32();
+    memcpy(a[1], a[0], A * 4), memcpy(bt[1], bt[0], Bn * 4);
+    for (size_t i = 0; i < CKPT_CHUNK / 4; i += 97) a[1][i]++; /* v1: a's chunk 0 and b */
+    for (size_t i = 0; i < Bn; i += 13) bt[1][i]++;
+    memcpy(a[2], a[1], A * 4), memcpy(bt[2], bt[1], Bn * 4);
+    for (size_t i = CKPT_CHUNK / 4; i < A; i += 7) a[2][i]++; /* v2: a's chunk 1 only */
+    char p[3][4096];
+    char *buf[3];
+    size_t len[3];
+    ckpt *c[3];
+    for (int v = 0; v < 3; v++) {
+        snprintf(p[v], sizeof p[v], "%s/cache-v%d.st", tu_tmpdir(), v);
+        save(p[v], (spec[]){{"a", CKPT_U32, a[v], A * 4}, {"b", CKPT_U32, bt[v], Bn * 4}}, 2);
+        c[v] = open_mem(p[v], &buf[v], &len[v]);
+    }
+    assert_int_equal(len[0], len[2]);
+    sh_buf d[2] = {{0}, {0}};
+    delta *dp[2];
+    for (int k = 0; k < 2; k++) {
+        TU_OK(delta_make_mem(c[k], c[k + 1], &(delta_opts){.threads = 1}, &d[k], NULL));
+        TU_OK(delta_parse(d[k].data, d[k].len, 0, &dp[k]));
+    }
+    /* The chunks in image order: a's two, then b's one. */
+    const ckpt_tensor *ta = ckpt_find(c[0], "a"), *tb = ckpt_find(c[0], "b");
+    uint64_t ao = (uint64_t)(ta->data - (const uint8_t *)buf[0]), bo = (uint64_t)(tb->data - (const uint8_t *)buf[0]);
+    const uint64_t off[3] = {ao, ao + CKPT_CHUNK, bo};
+    const uint32_t clen[3] = {CKPT_CHUNK, 4096, Bn * 4};
+    uint8_t *img = malloc(len[0]);
+    memcpy(img, buf[0], len[0]);
+    delta_ip_cache cache = {0};
+    for (int k = 0; k < 2; k++) {
+        TU_OK(delta_apply_mem_inplace_cached(img, len[0], dp[k], &(delta_opts){.threads = 1}, &cache));
+        assert_memory_equal(img, buf[k + 1], len[0]);
+        assert_true(cache.valid);
+        assert_int_equal(cache.applies, k + 1);
+        assert_int_equal(cache.n, 3);
+        for (size_t i = 0; i < 3; i++) {
+            assert_int_equal(cache.off[i], off[i]);
+            assert_int_equal(cache.len[i], clen[i]);
+            assert_true(sh_hash128_eq(cache.dig[i], ckpt_chunk_digest(img + off[i], clen[i])));
+            for (int j = 0; j <= k; j++) {
+                int changed = memcmp(buf[k - j] + off[i], buf[k + 1 - j] + off[i], clen[i]) != 0;
+                if (cache.wrote[j][i] != changed)
+                    fail_msg("apply %d: chunk %zu marked %d by the apply %d before, changed %d", k + 1, i,
+                             cache.wrote[j][i], j, changed);
+            }
+        }
+    }
+    delta_ip_cache_free(&cache);
+    free(img);
+    for (int k = 0; k < 2; k++) delta_free(dp[k]), sh_buf_free(&d[k]);
+    for (int v = 0; v < 3; v++) ckpt_close(c[v]), free(buf[v]), free(a[v]), free(bt[v]);
+}
+
 /* ---- The decoder stays inside a chunk ------------------------------------- */
 
 /* Each diffed chunk of d decoded (both decoders) from a copy whose last
@@ -768,6 +834,7 @@ int main(void)
         cmocka_unit_test(test_squash_keeps_no_memory),
         cmocka_unit_test(test_sharded_target_not_in_memory),
         cmocka_unit_test(test_inplace_cross_diff_refused),
+        cmocka_unit_test(test_inplace_cache_two_applies),
         cmocka_unit_test(test_decode_stays_in_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
