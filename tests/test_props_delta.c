@@ -29,7 +29,9 @@
  *  - an in-place cache kept over two applies describes the image, counts
  *    the applies and marks what each of the last two wrote;
  *  - the decoder reads nothing past a chunk's payload, whatever the chunk
- *    holds (a payload that ends at an unmapped page decodes the same). */
+ *    holds (a payload that ends at an unmapped page decodes the same), and
+ *    writes nothing past the chunk when a corrupt one has room for more
+ *    symbols than the chunk has units. */
 #include "testutil.h"
 
 #include <fcntl.h>
@@ -822,6 +824,70 @@ static void test_decode_stays_in_chunk(void **state)
     free(bi), free(ti);
 }
 
+/* A dense chunk of a tensor whose unit count is 3 past a multiple of 4,
+ * made corrupt by 8 more bytes at the end of its rANS stream and 32 at the
+ * end of its extra bits (so the fast loop has room to its last symbols):
+ * decoding into a buffer that ends at an unmapped page is refused (the
+ * stream does not end where it should) without writing one unit past the
+ * chunk. */
+static void test_decode_writes_only_its_chunk(void **state)
+{
+    enum { N = 4099 };
+    static uint32_t v0[N], v1[N];
+    for (size_t i = 0; i < N; i++) v0[i] = next_u32(), v1[i] = v0[i] + 100 + next_u32() % 900;
+    char b[4096], g[4096];
+    snprintf(b, sizeof b, "%s/tail-base.st", tu_tmpdir());
+    snprintf(g, sizeof g, "%s/tail-target.st", tu_tmpdir());
+    save(b, (spec[]){{"w", CKPT_U32, v0, sizeof v0}}, 1);
+    save(g, (spec[]){{"w", CKPT_U32, v1, sizeof v1}}, 1);
+    ckpt *B, *T;
+    TU_OK(ckpt_open(b, &B));
+    TU_OK(ckpt_open(g, &T));
+    sh_buf d = {0};
+    TU_OK(delta_make_mem(B, T, &(delta_opts){.threads = 1}, &d, NULL));
+    delta *dp;
+    TU_OK(delta_parse(d.data, d.len, 0, &dp));
+    const delta__chunk *ch = &dp->tensors[0].chunks[0];
+    assert_int_equal(ch->enc, DELTA__DENSE);
+    const uint8_t *p0 = dp->payload + ch->off, *e0 = p0 + ch->len, *q = p0;
+    delta__dtable *tab = malloc(sizeof *tab);
+    TU_OK(delta__get_table(&q, e0, tab, "table"));
+    size_t tlen = (size_t)(q - p0);
+    uint64_t r;
+    TU_OK(delta__get_varint(&q, e0, &r, "rANS length"));
+    const uint8_t *bits = q + r;
+    size_t blen = (size_t)(e0 - bits);
+    uint8_t *pl = calloc(1, (size_t)ch->len + 64);
+    uint8_t *w = pl;
+    memcpy(w, p0, tlen), w += tlen;
+    w = delta__put_varint(w, r + 8);
+    memcpy(w, q, (size_t)r), w += r + 8;
+    memcpy(w, bits, blen), w += blen + 32;
+    size_t plen = (size_t)(w - pl);
+
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t nbytes = sizeof v1, span = (nbytes + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
+    uint8_t *map = mmap(NULL, span + (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(map != MAP_FAILED);
+    assert_int_equal(mprotect(map + span, (size_t)pg, PROT_NONE), 0);
+    uint8_t *out = map + span - nbytes;
+    delta__scratch s;
+    TU_OK(delta__scratch_init(&s));
+    /* The unpadded chunk decodes to the target there. */
+    memcpy(out, v0, nbytes);
+    TU_OK(delta__decode_chunk(&s, DELTA__DENSE, p0, (size_t)ch->len, 4, 0, out, nbytes, NULL, "tail"));
+    assert_memory_equal(out, v1, nbytes);
+    memcpy(out, v0, nbytes);
+    TU_ERR(delta__decode_chunk(&s, DELTA__DENSE, pl, plen, 4, 0, out, nbytes, NULL, "tail"), SH_EFORMAT,
+           "does not end where it should");
+    delta__scratch_free(&s);
+    munmap(map, span + (size_t)pg);
+    free(pl), free(tab);
+    delta_free(dp);
+    sh_buf_free(&d);
+    ckpt_close(B), ckpt_close(T);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -836,6 +902,7 @@ int main(void)
         cmocka_unit_test(test_inplace_cross_diff_refused),
         cmocka_unit_test(test_inplace_cache_two_applies),
         cmocka_unit_test(test_decode_stays_in_chunk),
+        cmocka_unit_test(test_decode_writes_only_its_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
