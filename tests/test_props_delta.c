@@ -196,11 +196,9 @@ static json_t *manifest_of(const sh_buf *d)
 
 /* d's container around manifest m, with a trailer that checks out (a
  * hostile sender computes it as easily as shoal does). */
-static void reseal(const sh_buf *d, const json_t *m, sh_buf *out)
+static void reseal_text(const sh_buf *d, const char *js, sh_buf *out)
 {
     uint64_t ml = manifest_len(d->data);
-    char *js = json_dumps(m, JSON_COMPACT);
-    assert_non_null(js);
     uint64_t nl = strlen(js);
     uint8_t head[24];
     memcpy(head, d->data, 16);
@@ -210,6 +208,13 @@ static void reseal(const sh_buf *d, const json_t *m, sh_buf *out)
     TU_OK(sh_buf_append(out, js, nl));
     TU_OK(sh_buf_append(out, d->data + 24 + ml, d->len - 24 - ml - 16));
     ckpt_digest_write(out, sh_hash128_of(out->data, out->len));
+}
+
+static void reseal(const sh_buf *d, const json_t *m, sh_buf *out)
+{
+    char *js = json_dumps(m, JSON_COMPACT);
+    assert_non_null(js);
+    reseal_text(d, js, out);
     free(js);
 }
 
@@ -357,6 +362,17 @@ static void test_forged_manifest_refused(void **state)
     json_object_set_new(m, "files", json_array());
     json_object_set_new(m, "tensors", json_array());
     refused(&d, m, "\"files\" must list");
+
+    /* A manifest that is not JSON, or not an object: the message says so
+     * (with the parser's position for the first). */
+    sh_buf f2;
+    delta *bad = NULL;
+    reseal_text(&d, "{\"format\": \"shoal-delta\",", &f2);
+    TU_ERR(delta_parse(f2.data, f2.len, 0, &bad), SH_EFORMAT, "invalid JSON at line 1");
+    sh_buf_free(&f2);
+    reseal_text(&d, "[\"shoal-delta\"]", &f2);
+    TU_ERR(delta_parse(f2.data, f2.len, 0, &bad), SH_EFORMAT, "JSON object");
+    sh_buf_free(&f2);
 
     /* A manifest length over the 256 MiB bound is refused before anything
      * is parsed, even when the buffer holds that much. */
