@@ -15,7 +15,8 @@
  *    with SH_EFORMAT naming the rule, even with a valid checksum (a hostile
  *    sender computes it): an encoding not allowed at its place, a header
  *    holding more tensors than the manifest lists or others than it names,
- *    a file name that is not a plain name, a missing field;
+ *    a file name that is not a plain name, a missing field, a manifest
+ *    that is not a JSON object or is longer than 256 MiB;
  *  - a stored (RAW or ZSTD) chunk of a diffed tensor that is corrupt is
  *    reported as that chunk's error, not as a wrong base;
  *  - the container writers set every header byte (a rewritten container
