@@ -8,9 +8,16 @@
  *    same for REFUSE and BYE;
  *  - an async run's staleness bound is exact: no step trains on a
  *    trajectory more than max_lag versions old, and the bound is reached
- *    (the trainer does not hold the workers to a stricter one).
- * The first two are pure (rl__trajs_check and the task's reward); the last
- * runs `shoal rl train`. */
+ *    (the trainer does not hold the workers to a stricter one);
+ *  - a sync run trains only on trajectories of the version it trains
+ *    (staleness 0 at every step: no round is asked for while a step trains);
+ *  - a remote worker's HELLO is bounded exactly: a printable ASCII name
+ *    (0x20..0x7e), a speed in (0,1], a price in [0,1e6];
+ *  - a paced run evaluates after steps k, 2k, ... (k = eval_every) and the
+ *    last one.
+ * The reward, version and HELLO checks are pure (rl__trajs_check, the
+ * task's reward, rl__hello_parse); the staleness tests run `shoal rl
+ * train`, the schedule rl_paced_run in process. */
 #include "testutil.h"
 
 #include <jansson.h>
@@ -181,12 +188,103 @@ static void test_staleness_bound_exact(void **state)
     }
 }
 
+/* Sync: every step's batch comes from the round asked for once the step
+ * before was trained, so no trajectory is older than the trained version. */
+static void test_staleness_sync_fresh(void **state)
+{
+    char *out = NULL;
+    int rc = tu_run(&out, "%s rl train --mode sync --steps 3 --warm 0 --eval-every 100 --eval-n 1 --prompts 2 "
+                    "--group 4 --gen-cost 1 --quiet --json 2>/dev/null", tu_shoal());
+    if (rc != 0) fail_msg("rl train --mode sync: exit %d", rc);
+    json_t *j = NULL;
+    TU_OK(sh_json_parse(out, strlen(out), "rl train", &j));
+    free(out);
+    json_t *steps = json_object_get(j, "step_stats");
+    assert_int_equal(json_array_size(steps), 3);
+    for (size_t i = 0; i < 3; i++) {
+        long m = (long)json_integer_value(json_object_get(json_array_get(steps, i), "staleness_max"));
+        if (m != 0) fail_msg("sync: step %zu trained on a trajectory %ld versions old", i + 1, m);
+    }
+    json_decref(j);
+}
+
+static int hello_ok(const rl_wire_hello *h)
+{
+    rl_wire_hello got;
+    return rl__hello_parse("w", (const uint8_t *)h, sizeof *h, &got);
+}
+
+/* The HELLO's name goes into logs and the run's JSON: every byte outside
+ * 0x20..0x7e is refused (a newline could forge a log line), the bounds
+ * themselves taken; speed and price are checked at their exact bounds. */
+static void test_hello_fields_exact(void **state)
+{
+    const rl_wire_hello h = {.name = "gpu", .speed = 1, .price = 1e6, .pid = 7};
+    TU_OK(hello_ok(&h));
+    const unsigned char bad[] = {0x01, 0x09, 0x0a, 0x1b, 0x1f, 0x7f, 0x80, 0xc3, 0xff};
+    for (size_t k = 0; k < sizeof bad; k++)
+        for (int at = 0; at < 3; at++) {
+            rl_wire_hello e = h;
+            e.name[at] = (char)bad[k];
+            char want[64];
+            snprintf(want, sizeof want, "byte 0x%02x at %d", bad[k], at);
+            TU_ERR(hello_ok(&e), SH_EFORMAT, want);
+        }
+    rl_wire_hello e = h;
+    snprintf(e.name, sizeof e.name, " ~x~ ");
+    TU_OK(hello_ok(&e));
+    const double speeds_ok[] = {1, 0.5, 1e-9}, speeds_bad[] = {0, -0.5, 1.0000001, 2};
+    for (int k = 0; k < 3; k++) {
+        e = h, e.speed = speeds_ok[k];
+        TU_OK(hello_ok(&e));
+    }
+    for (int k = 0; k < 4; k++) {
+        e = h, e.speed = speeds_bad[k];
+        TU_ERR(hello_ok(&e), SH_EFORMAT, "must be in (0,1]");
+    }
+    const double prices_ok[] = {0, 1e6, 2.5}, prices_bad[] = {-0.01, 1e6 + 1};
+    for (int k = 0; k < 3; k++) {
+        e = h, e.price = prices_ok[k];
+        TU_OK(hello_ok(&e));
+    }
+    for (int k = 0; k < 2; k++) {
+        e = h, e.price = prices_bad[k];
+        TU_ERR(hello_ok(&e), SH_EFORMAT, "price");
+    }
+}
+
+/* A paced run's evaluations: after steps k, 2k, ... and the last, besides
+ * the one before training (step 0). */
+static void test_paced_eval_schedule(void **state)
+{
+    rl_config c;
+    rl_config_default(&c);
+    c.mode = RL_MODE_ASYNC, c.max_lag = 1;
+    c.warm_steps = 0, c.steps = 5, c.eval_every = 2, c.eval_n = 1;
+    c.prompts_per_step = 2, c.group = 2, c.req_prompts = 1;
+    c.step_s = 0.01, c.seq_cost = 0.1, c.train_s = 0.6;
+    c.quiet = 1;
+    json_t *r = NULL;
+    TU_OK(rl_paced_run(&c, NULL, NULL, &r));
+    json_t *curve = json_object_get(r, "curve");
+    const int want[] = {0, 2, 4, 5};
+    if (json_array_size(curve) != 4) fail_msg("%zu evaluations, want 4 (steps 0, 2, 4, 5)", json_array_size(curve));
+    for (size_t i = 0; i < 4; i++) {
+        int step = (int)json_integer_value(json_object_get(json_array_get(curve, i), "step"));
+        if (step != want[i]) fail_msg("evaluation %zu after step %d, want %d", i, step, want[i]);
+    }
+    json_decref(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reward_recomputed_every_task),
         cmocka_unit_test(test_version_bounds_exact),
         cmocka_unit_test(test_staleness_bound_exact),
+        cmocka_unit_test(test_staleness_sync_fresh),
+        cmocka_unit_test(test_hello_fields_exact),
+        cmocka_unit_test(test_paced_eval_schedule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
