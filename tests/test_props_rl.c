@@ -11,6 +11,8 @@
  *    (the trainer does not hold the workers to a stricter one);
  *  - a sync run trains only on trajectories of the version it trains
  *    (staleness 0 at every step: no round is asked for while a step trains);
+ *  - a remote connection is sent nothing before its HELLO (a sync round's
+ *    requests go to the workers that said HELLO only);
  *  - a remote worker's HELLO is bounded exactly: a printable ASCII name
  *    (0x20..0x7e), a speed in (0,1], a price in [0,1e6];
  *  - a paced run evaluates after steps k, 2k, ... (k = eval_every) and the
@@ -20,8 +22,14 @@
  * train`, the schedule rl_paced_run in process. */
 #include "testutil.h"
 
+#include <arpa/inet.h>
 #include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "rl/engine/wire_int.h"
 #include "shoal/rl.h"
@@ -190,7 +198,7 @@ static void test_staleness_bound_exact(void **state)
 
 /* Sync: every step's batch comes from the round asked for once the step
  * before was trained, so no trajectory is older than the trained version. */
-static void test_staleness_sync_fresh(void **state)
+static void test_sync_fresh(void **state)
 {
     char *out = NULL;
     int rc = tu_run(&out, "%s rl train --mode sync --steps 3 --warm 0 --eval-every 100 --eval-n 1 --prompts 2 "
@@ -206,6 +214,57 @@ static void test_staleness_sync_fresh(void **state)
         if (m != 0) fail_msg("sync: step %zu trained on a trajectory %ld versions old", i + 1, m);
     }
     json_decref(j);
+}
+
+/* A remote sync run with an honest worker and a connection that never says
+ * HELLO (it connected first): the run trains, and the silent connection
+ * was sent nothing, no request (the run's problems) in particular. */
+static void test_sync_nothing_before_hello(void **state)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 16), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+    int quiet = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_int_equal(connect(quiet, (struct sockaddr *)&sa, sizeof sa), 0);
+    rl_config c;
+    rl_config_default(&c);
+    c.mode = RL_MODE_SYNC;
+    c.warm_steps = 0, c.steps = 2, c.eval_every = 2, c.eval_n = 1;
+    c.prompts_per_step = 2, c.group = 2, c.minibatches = 1;
+    c.gen_cost = 1, c.drain_s = 5, c.quiet = 1;
+    fflush(stdout), fflush(stderr);
+    pid_t w = fork();
+    assert_true(w >= 0);
+    if (!w) {
+        close(lfd), close(quiet);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) _exit(3);
+        rl_worker_spec me = {.name = "good", .speed = 1, .price = 1};
+        rl_worker_serve(&c, &me, fd);
+    }
+    c.remote = 1, c.listen_fd = lfd;
+    alarm(60);
+    json_t *res = NULL;
+    int rc = rl_run(&c, NULL, NULL, &res);
+    alarm(0);
+    close(lfd);
+    int st;
+    for (int i = 0; i < 500 && waitpid(w, &st, WNOHANG) == 0; i++) sh_sleep(0.02);
+    if (waitpid(w, &st, WNOHANG) == 0) kill(w, SIGKILL), waitpid(w, &st, 0);
+    if (rc < 0) fail_msg("the run failed: %s", sh_errmsg());
+    assert_int_equal(json_integer_value(json_object_get(res, "steps")), 2);
+    json_decref(res);
+    uint8_t b[64];
+    ssize_t n = recv(quiet, b, sizeof b, MSG_DONTWAIT);
+    close(quiet);
+    if (n > 0) {
+        rl_wire_hdr h = {0};
+        memcpy(&h, b, (size_t)n < sizeof h ? (size_t)n : sizeof h);
+        fail_msg("a connection that never said HELLO was sent %zd bytes (message type %u)", n, h.type);
+    }
 }
 
 static int hello_ok(const rl_wire_hello *h)
@@ -282,7 +341,8 @@ int main(void)
         cmocka_unit_test(test_reward_recomputed_every_task),
         cmocka_unit_test(test_version_bounds_exact),
         cmocka_unit_test(test_staleness_bound_exact),
-        cmocka_unit_test(test_staleness_sync_fresh),
+        cmocka_unit_test(test_sync_fresh),
+        cmocka_unit_test(test_sync_nothing_before_hello),
         cmocka_unit_test(test_hello_fields_exact),
         cmocka_unit_test(test_paced_eval_schedule),
     };
