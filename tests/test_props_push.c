@@ -23,7 +23,9 @@
  *    not match the OFFER's hash is fetched again from its first chunk, and
  *    only the right bytes are delivered;
  *  - a full spool drops the chunks it cannot hold (no SIGBUS), and the
- *    object completes once there is space again. */
+ *    object completes once there is space again;
+ *  - an OFFER whose spool file's path would not fit is refused, not
+ *    received into a truncated path (the last test gives C a new spool). */
 #include "testutil.h"
 
 #include <errno.h>
@@ -232,6 +234,21 @@ static void on_chunk(void *arg, uint64_t version, uint32_t index, uint32_t nchun
     if (version < 8) chunks_seen[version]++;
 }
 
+static bcast_node *node_new(const char *dir)
+{
+    bcast_config cfg = {0};
+    cfg.name = "c";
+    cfg.spool = dir;
+    cfg.accept_children = 1;
+    cfg.parents[0] = H.u.addr;
+    cfg.nparents = 1;
+    cfg.on_object = on_object;
+    cfg.on_chunk = on_chunk;
+    bcast_node *n;
+    TU_OK(bcast_node_new(&cfg, &n));
+    return n;
+}
+
 static int setup(void **state)
 {
     setenv("SHOAL_RUN_SECRET", SECRET_HEX, 1);
@@ -251,15 +268,7 @@ static int setup(void **state)
         assert_int_equal(ucp_worker_set_am_recv_handler(H.u.worker, &h), UCS_OK);
     }
     TU_OK(net_ucx_listen(&H.u, "hostile peer", "127.0.0.1:0", conn_cb, NULL));
-    bcast_config cfg = {0};
-    cfg.name = "c";
-    cfg.spool = spool;
-    cfg.accept_children = 1;
-    cfg.parents[0] = H.u.addr;
-    cfg.nparents = 1;
-    cfg.on_object = on_object;
-    cfg.on_chunk = on_chunk;
-    TU_OK(bcast_node_new(&cfg, &C));
+    C = node_new(spool);
     if (!spin_until(10, &H.hellos, 1)) fail_msg("C sent its parent no HELLO");
     TU_OK(net_ucx_connect(&H.u, "hostile peer", bcast_node_address(C), ep_err, NULL, &H.cep));
     return 0;
@@ -432,6 +441,38 @@ static void test_full_spool_drops_chunks(void **state)
     free(o.bytes);
 }
 
+/* A spool directory whose path leaves no room for "/v<version>.part": an
+ * OFFER of such a version is refused (the file would be created at a
+ * truncated path, another name); a short version's is taken. */
+static void test_spool_path_too_long(void **state)
+{
+    static char dir[4096];
+    int k = snprintf(dir, sizeof dir, "%s", tu_path("pp-long"));
+    while (k < 4080 - 201) k += snprintf(dir + k, sizeof dir - (size_t)k, "/%0200d", 0);
+    k += snprintf(dir + k, sizeof dir - (size_t)k, "/%0*d", 4080 - k - 1, 0);
+    assert_int_equal(k, 4080);
+    bcast_node_free(C);
+    int before = H.hellos;
+    C = node_new(dir); /* a mkdir -p of a path of 4080 bytes */
+    if (!spin_until(10, &H.hellos, before + 1)) fail_msg("the new node sent its parent no HELLO");
+    h_welcome_parent();
+    obj o;
+    obj_make(&o, 1000000000000000ull); /* "/v1000000000000000.part": 23 more bytes */
+    h_object(H.pep, &o);
+    spin(0.3);
+    if (ndelivered != 3) fail_msg("v%llu was received into a truncated spool path", (unsigned long long)o.version);
+    free(o.bytes);
+    obj_make(&o, 1);
+    h_object(H.pep, &o);
+    if (!spin_until(5, &ndelivered, 4)) fail_msg("v1 was not delivered into the long spool");
+    assert_int_equal(delivered_v, 1);
+    assert_true(sh_hash128_eq(delivered_hash, o.hash));
+    free(o.bytes);
+    bcast_node_free(C);
+    C = NULL;
+    sh_rm_rf(tu_path("pp-long"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -441,6 +482,7 @@ int main(void)
         cmocka_unit_test(test_bad_offer_leaves_nothing),
         cmocka_unit_test(test_whole_hash_mismatch_refetched),
         cmocka_unit_test(test_full_spool_drops_chunks),
+        cmocka_unit_test(test_spool_path_too_long),
     };
     /* In this order, on one tree: no SHOAL_TEST_FILTER (each test starts
      * where the one before left C). */
