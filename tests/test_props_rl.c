@@ -201,7 +201,7 @@ static void test_staleness_bound_exact(void **state)
 static void test_sync_fresh(void **state)
 {
     char *out = NULL;
-    int rc = tu_run(&out, "%s rl train --mode sync --steps 3 --warm 0 --eval-every 100 --eval-n 1 --prompts 2 "
+    int rc = tu_run(&out, "timeout 120 %s rl train --mode sync --steps 3 --warm 0 --eval-every 100 --eval-n 1 --prompts 2 "
                     "--group 4 --gen-cost 1 --quiet --json 2>/dev/null", tu_shoal());
     if (rc != 0) fail_msg("rl train --mode sync: exit %d", rc);
     json_t *j = NULL;
