@@ -335,6 +335,34 @@ static void test_paced_eval_schedule(void **state)
     json_decref(r);
 }
 
+/* A paced async run with a fast worker and one so slow that each of its
+ * groups is past the staleness bound when it lands: the run drops whole
+ * groups that are too old and only those, so everything dropped is the
+ * slow worker's (the fast one's groups, fresh, stay). */
+static void test_paced_drops_only_stale_groups(void **state)
+{
+    rl_config c;
+    rl_config_default(&c);
+    c.mode = RL_MODE_ASYNC, c.max_lag = 1;
+    c.warm_steps = 0, c.steps = 8, c.eval_every = 8, c.eval_n = 1;
+    c.prompts_per_step = 2, c.group = 2, c.req_prompts = 1;
+    c.step_s = 0.01, c.seq_cost = 0.1, c.train_s = 0.6;
+    c.quiet = 1;
+    c.nworkers = 2;
+    c.workers[0] = (rl_worker_spec){.name = "fast", .speed = 1, .price = 1};
+    c.workers[1] = (rl_worker_spec){.name = "slow", .speed = 0.02, .price = 1};
+    json_t *r = NULL;
+    TU_OK(rl_paced_run(&c, NULL, NULL, &r));
+    long dropped = (long)json_integer_value(json_object_get(r, "dropped_stale"));
+    json_t *w = json_object_get(r, "workers");
+    long fast = (long)json_integer_value(json_object_get(json_array_get(w, 0), "trajectories"));
+    long slow = (long)json_integer_value(json_object_get(json_array_get(w, 1), "trajectories"));
+    print_message("dropped %ld, fast %ld, slow %ld\n", dropped, fast, slow);
+    if (dropped <= 0) fail_msg("nothing was dropped: the slow worker's groups were not stale (%ld of its)", slow);
+    if (dropped > slow) fail_msg("%ld trajectories dropped as stale, but only %ld were the slow worker's", dropped, slow);
+    json_decref(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -345,6 +373,7 @@ int main(void)
         cmocka_unit_test(test_sync_nothing_before_hello),
         cmocka_unit_test(test_hello_fields_exact),
         cmocka_unit_test(test_paced_eval_schedule),
+        cmocka_unit_test(test_paced_drops_only_stale_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
