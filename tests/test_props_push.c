@@ -25,7 +25,10 @@
  *  - a full spool drops the chunks it cannot hold (no SIGBUS), and the
  *    object completes once there is space again;
  *  - an OFFER whose spool file's path would not fit is refused, not
- *    received into a truncated path (the last test gives C a new spool). */
+ *    received into a truncated path (the last test gives C a new spool);
+ *  - a root's object is cut into chunks that cover its payload exactly,
+ *    whatever its size (a multiple of the chunk size, or empty), so that
+ *    its OFFER passes a receiver's check (pure: bcast__obj_from_file). */
 #include "testutil.h"
 
 #include <errno.h>
@@ -39,6 +42,7 @@
 
 #include "shoal/bcast.h"
 #include "shoal/net.h"
+#include "weights/push/obj_int.h"
 #include "weights/push/wire_int.h"
 
 #define SECRET_HEX "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
@@ -473,9 +477,58 @@ static void test_spool_path_too_long(void **state)
     sh_rm_rf(tu_path("pp-long"));
 }
 
+/* A root's object of any size: ceil(size / chunk) chunks whose lengths add
+ * up to the size, none empty, and an OFFER made of it (as the root sends
+ * it) that a receiver's check accepts; the same for a squashed delta. */
+static void test_root_chunks_cover_payload(void **state)
+{
+    const uint64_t sizes[] = {0, 1, 4095, 4096, 4097, 3 * 16384, 3 * 16384 + 1, 32 * 4096};
+    const uint32_t chunks[] = {4096, 16384};
+    char path[4096];
+    snprintf(path, sizeof path, "%s", tu_path("pp-root.bin"));
+    uint8_t *buf = calloc(1, 32 * 4096 + 1);
+    assert_non_null(buf);
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+        for (size_t ci = 0; ci < 2; ci++)
+            for (int squash = 0; squash < 2; squash++) {
+                uint64_t size = sizes[si];
+                uint32_t cs = chunks[ci];
+                for (uint64_t i = 0; i < size; i++) buf[i] = (uint8_t)(i * 7 + si);
+                tu_write_file(path, buf, size);
+                char hex[33], man[256];
+                sh_hash128_hex(sh_hash128_of(buf, size), hex);
+                snprintf(man, sizeof man, "{\"version\":5,\"kind\":\"anchor\",\"size\":%llu,\"xxh3\":\"%s\"}",
+                         (unsigned long long)size, hex);
+                bcast__obj *o = NULL;
+                if (squash) TU_OK(bcast__obj_squash(man, path, 3, cs, &o));
+                else TU_OK(bcast__obj_from_file(man, path, cs, &o));
+                uint64_t want = (size + cs - 1) / cs, sum = 0;
+                if (o->nchunks != want)
+                    fail_msg("%llu bytes in chunks of %u: %u chunks, want %llu", (unsigned long long)size, cs, o->nchunks,
+                             (unsigned long long)want);
+                for (uint32_t i = 0; i < o->nchunks; i++) {
+                    uint32_t len = bcast__obj_chunk_len(o, i);
+                    if (len == 0 || len > cs) fail_msg("%llu bytes: chunk %u of %u bytes", (unsigned long long)size, i, len);
+                    sum += len;
+                }
+                assert_true(sum == size);
+                assert_true(o->complete && o->nverified == o->nchunks);
+                bcast__offer of = {o->version, o->base, o->size, o->hash, o->chunk_size, o->nchunks,
+                                   (o->anchor ? BCAST__OFFER_ANCHOR : 0) | (o->squash ? BCAST__OFFER_SQUASH : 0),
+                                   (uint32_t)strlen(o->manifest)},
+                             got;
+                uint8_t hdr[BCAST__OFFER_LEN];
+                bcast__pack_offer(&of, hdr);
+                if (bcast__unpack_offer(hdr, sizeof hdr, &got) < 0) fail_msg("its OFFER is refused: %s", sh_errmsg());
+                bcast__obj_free(o);
+            }
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_root_chunks_cover_payload),
         cmocka_unit_test(test_welcome_only_from_parent),
         cmocka_unit_test(test_parent_messages_only_from_parent),
         cmocka_unit_test(test_refused_child_dropped),
