@@ -26,6 +26,9 @@
  *    object completes once there is space again;
  *  - a verified chunk is kept: a later copy of it with other bytes (and
  *    their checksum) does not replace it;
+ *  - a chunk that fails its checksum is asked for again with a NACK that
+ *    names it, as docs/push-protocol.md has it (12-byte header, no data),
+ *    and the node stays with its parent;
  *  - an OFFER whose spool file's path would not fit is refused, not
  *    received into a truncated path (the last test gives C a new spool);
  *  - a root's object is cut into chunks that cover its payload exactly,
@@ -64,6 +67,9 @@ static struct {
     int hellos;        /* HELLOs C sent to its parent */
     bcast__hello last; /* the newest of them */
     int got_on_cep[8]; /* messages C sent on H's other connection, by id */
+    int nacks;         /* NACKs C sent its parent ... */
+    bcast__nack nack;  /* ... the newest */
+    size_t nack_data;  /* and its data length */
 } H;
 
 static bcast_node *C;
@@ -97,6 +103,7 @@ static ucs_status_t on_msg(void *arg, const void *hdr, size_t hlen, void *data, 
     int from_cep = (prm->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) && prm->reply_ep == H.cep;
     if (from_cep && id < 8) H.got_on_cep[id]++;
     if (id == BCAST__AM_HELLO && !from_cep && bcast__unpack_hello(hdr, hlen, &H.last) == 0) H.hellos++;
+    if (id == BCAST__AM_NACK && !from_cep && bcast__unpack_nack(hdr, hlen, &H.nack) == 0) H.nack_data = len, H.nacks++;
     return UCS_OK;
 }
 
@@ -191,13 +198,15 @@ static void h_offer(ucp_ep_h ep, const obj *o, uint32_t manifest_extra, uint32_t
 }
 
 /* Chunk i of o with its checksum; `bad`: one byte changed, and the
- * checksum of the changed bytes (it passes the chunk's check). */
+ * checksum of the changed bytes (it passes the chunk's check); `bad` 2:
+ * the byte changed after the checksum (damaged on the way). */
 static void h_chunk(ucp_ep_h ep, const obj *o, uint32_t i, int bad)
 {
     static uint8_t buf[OBJ_CHUNK];
     memcpy(buf, o->bytes + (size_t)i * OBJ_CHUNK, OBJ_CHUNK);
-    if (bad) buf[OBJ_CHUNK / 3] ^= 0x40;
+    if (bad == 1) buf[OBJ_CHUNK / 3] ^= 0x40;
     bcast__chunk c = {.version = o->version, .index = i, .len = OBJ_CHUNK, .xxh64 = sh_hash64_of(buf, OBJ_CHUNK)};
+    if (bad == 2) buf[OBJ_CHUNK / 3] ^= 0x40;
     uint8_t hdr[BCAST__CHUNK_LEN];
     bcast__pack_chunk(&c, hdr);
     h_send(ep, BCAST__AM_CHUNK, hdr, sizeof hdr, buf, OBJ_CHUNK);
@@ -466,6 +475,32 @@ static void test_verified_chunk_kept(void **state)
     free(o.bytes);
 }
 
+/* A chunk damaged on the way fails its checksum: C drops it and asks its
+ * parent for it again (a NACK naming it: a 12-byte header, no data),
+ * without leaving it; the chunk sent again completes the object. */
+static void test_corrupt_chunk_nacked(void **state)
+{
+    obj o;
+    obj_make(&o, 5);
+    int before = H.hellos, had = ndelivered, nacks = H.nacks;
+    h_offer(H.pep, &o, 0, 0);
+    for (uint32_t i = 0; i < OBJ_CHUNKS; i++) h_chunk(H.pep, &o, i, i == 2 ? 2 : 0);
+    if (!spin_until(5, &H.nacks, nacks + 1)) fail_msg("no NACK for a chunk that failed its checksum");
+    assert_int_equal(H.nack.version, 5);
+    assert_int_equal(H.nack.index, 2);
+    assert_int_equal(H.nack_data, 0);
+    spin(0.1);
+    assert_int_equal(ndelivered, had);
+    h_chunk(H.pep, &o, 2, 0);
+    if (!spin_until(5, &ndelivered, had + 1)) fail_msg("v5 was not delivered after its chunk came again");
+    assert_int_equal(delivered_v, 5);
+    assert_true(sh_hash128_eq(delivered_hash, o.hash));
+    assert_int_equal(H.hellos, before);
+    assert_int_equal(H.nacks, nacks + 1);
+    assert_int_equal(stats().chunks_corrupt, 1);
+    free(o.bytes);
+}
+
 /* A spool directory whose path leaves no room for "/v<version>.part": an
  * OFFER of such a version is refused (the file would be created at a
  * truncated path, another name); a short version's is taken. */
@@ -557,6 +592,7 @@ int main(void)
         cmocka_unit_test(test_whole_hash_mismatch_refetched),
         cmocka_unit_test(test_full_spool_drops_chunks),
         cmocka_unit_test(test_verified_chunk_kept),
+        cmocka_unit_test(test_corrupt_chunk_nacked),
         cmocka_unit_test(test_spool_path_too_long),
     };
     /* In this order, on one tree: no SHOAL_TEST_FILTER (each test starts
