@@ -26,6 +26,8 @@
  *    object completes once there is space again;
  *  - a verified chunk is kept: a later copy of it with other bytes (and
  *    their checksum) does not replace it;
+ *  - an OFFER of an object the node cannot hold (a size no file system or
+ *    address space takes) is refused with a warning, and the node goes on;
  *  - a chunk that fails its checksum is asked for again with a NACK that
  *    names it, as docs/push-protocol.md has it (12-byte header, no data),
  *    and the node stays with its parent;
@@ -475,6 +477,29 @@ static void test_verified_chunk_kept(void **state)
     free(o.bytes);
 }
 
+/* An OFFER of 2^47 bytes (in 65536 chunks of 2 GiB): its spool file cannot
+ * be made or mapped, so C refuses it with a warning and goes on: the next
+ * object is delivered, and nothing of the big one stays. */
+static void test_offer_too_big_refused(void **state)
+{
+    obj o;
+    obj_make(&o, 6);
+    bcast__offer of = {.version = 6, .size = 1ull << 47, .hash = o.hash, .chunk_size = 1u << 31, .nchunks = 1u << 16,
+                       .flags = BCAST__OFFER_ANCHOR, .manifest_len = (uint32_t)strlen(o.manifest)};
+    uint8_t hdr[BCAST__OFFER_LEN];
+    bcast__pack_offer(&of, hdr);
+    int before = H.hellos, had = ndelivered;
+    h_send(H.pep, BCAST__AM_OFFER, hdr, sizeof hdr, o.manifest, strlen(o.manifest));
+    spin(0.2);
+    assert_false(spool_has(6));
+    h_object(H.pep, &o);
+    if (!spin_until(5, &ndelivered, had + 1)) fail_msg("v6 was not delivered after an OFFER too big to hold");
+    assert_int_equal(delivered_v, 6);
+    assert_true(sh_hash128_eq(delivered_hash, o.hash));
+    assert_int_equal(H.hellos, before);
+    free(o.bytes);
+}
+
 /* A chunk damaged on the way fails its checksum: C drops it and asks its
  * parent for it again (a NACK naming it: a 12-byte header, no data),
  * without leaving it; the chunk sent again completes the object. */
@@ -516,18 +541,19 @@ static void test_spool_path_too_long(void **state)
     C = node_new(dir); /* a mkdir -p of a path of 4080 bytes */
     if (!spin_until(10, &H.hellos, before + 1)) fail_msg("the new node sent its parent no HELLO");
     h_welcome_parent();
-    obj o;
-    obj_make(&o, 1000000000000000ull); /* "/v1000000000000000.part": 23 more bytes */
-    h_object(H.pep, &o);
-    spin(0.3);
-    if (ndelivered != had) fail_msg("v%llu was received into a truncated spool path", (unsigned long long)o.version);
-    free(o.bytes);
+    obj big, o;
+    obj_make(&big, 1000000000000000ull); /* "/v1000000000000000.part": 23 more bytes */
     obj_make(&o, 1);
+    h_object(H.pep, &big);
     h_object(H.pep, &o);
     if (!spin_until(5, &ndelivered, had + 1)) fail_msg("v1 was not delivered into the long spool");
-    assert_int_equal(delivered_v, 1);
+    spin(0.2);
+    if (ndelivered != had + 1 || delivered_v != 1)
+        fail_msg("v%llu was received into a truncated spool path (%d delivered, the last v%llu)",
+                 (unsigned long long)big.version, ndelivered - had, (unsigned long long)delivered_v);
     assert_true(sh_hash128_eq(delivered_hash, o.hash));
-    free(o.bytes);
+    assert_int_equal(stats().have_version, 1);
+    free(big.bytes), free(o.bytes);
     bcast_node_free(C);
     C = NULL;
     sh_rm_rf(tu_path("pp-long"));
@@ -593,6 +619,7 @@ int main(void)
         cmocka_unit_test(test_full_spool_drops_chunks),
         cmocka_unit_test(test_verified_chunk_kept),
         cmocka_unit_test(test_corrupt_chunk_nacked),
+        cmocka_unit_test(test_offer_too_big_refused),
         cmocka_unit_test(test_spool_path_too_long),
     };
     /* In this order, on one tree: no SHOAL_TEST_FILTER (each test starts
