@@ -12,7 +12,9 @@
  *  - a sync run trains only on trajectories of the version it trains
  *    (staleness 0 at every step: no round is asked for while a step trains);
  *  - a remote connection is sent nothing before its HELLO (a sync round's
- *    requests go to the workers that said HELLO only);
+ *    requests go to the workers that said HELLO only); one whose first
+ *    frame's header is not a HELLO's is closed on the header alone; a
+ *    HELLO that comes one byte at a time is put together;
  *  - a remote worker's HELLO is bounded exactly: a printable ASCII name
  *    (0x20..0x7e), a speed in (0,1], a price in [0,1e6];
  *  - a paced run evaluates after steps k, 2k, ... (k = eval_every) and the
@@ -25,6 +27,7 @@
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -216,10 +219,39 @@ static void test_sync_fresh(void **state)
     json_decref(j);
 }
 
-/* A remote sync run with an honest worker and a connection that never says
- * HELLO (it connected first): the run trains, and the silent connection
- * was sent nothing, no request (the run's problems) in particular. */
-static void test_sync_nothing_before_hello(void **state)
+static int bad_fd[3], bad_open_at_step[3] = {-1, -1, -1};
+
+/* At the first trained step: are the connections whose first frame was
+ * bad still open? */
+static void first_step(const json_t *ev, void *ctx)
+{
+    const char *e = json_string_value(json_object_get(ev, "event"));
+    if (!e || strcmp(e, "step") || bad_open_at_step[0] >= 0) return;
+    for (int k = 0; k < 3; k++) {
+        char b;
+        ssize_t n = recv(bad_fd[k], &b, 1, MSG_DONTWAIT | MSG_PEEK);
+        bad_open_at_step[k] = n != 0; /* 0: closed by the trainer */
+    }
+}
+
+static int tcp_to(const struct sockaddr_in *sa)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (const struct sockaddr *)sa, sizeof *sa) < 0) return -1;
+    return fd;
+}
+
+/* A remote sync run: an honest worker; a worker whose HELLO comes one byte
+ * at a time (then it leaves); a connection that never says anything; and
+ * three whose first frame's header is not a HELLO's: a HELLO of 64 MiB,
+ * another message of a HELLO's size, a HELLO with a wrong magic (headers
+ * only, nothing after them).  The run trains; the silent connection was
+ * sent nothing (no request naming the run's problems: a sync round goes
+ * to the workers that said HELLO); the three bad ones were closed on
+ * their header alone, before the first step (not after RL_HELLO_S, waiting
+ * for bytes that never come); the slow HELLO was put together and the
+ * worker joined. */
+static void test_remote_first_frames(void **state)
 {
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -227,35 +259,80 @@ static void test_sync_nothing_before_hello(void **state)
     assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
     assert_int_equal(listen(lfd, 16), 0);
     assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
-    int quiet = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_int_equal(connect(quiet, (struct sockaddr *)&sa, sizeof sa), 0);
+    int quiet = tcp_to(&sa);
+    assert_true(quiet >= 0);
+    const rl_wire_hdr bad[3] = {{RL_WIRE_MAGIC, RL_MSG_HELLO, 64u << 20},
+                                {RL_WIRE_MAGIC, RL_MSG_TRAJS, sizeof(rl_wire_hello)},
+                                {RL_WIRE_MAGIC ^ 1, RL_MSG_HELLO, sizeof(rl_wire_hello)}};
+    for (int k = 0; k < 3; k++) {
+        bad_fd[k] = tcp_to(&sa);
+        assert_true(bad_fd[k] >= 0);
+        assert_int_equal(send(bad_fd[k], &bad[k], sizeof bad[k], 0), (ssize_t)sizeof bad[k]);
+        bad_open_at_step[k] = -1;
+    }
     rl_config c;
     rl_config_default(&c);
     c.mode = RL_MODE_SYNC;
     c.warm_steps = 0, c.steps = 2, c.eval_every = 2, c.eval_n = 1;
     c.prompts_per_step = 2, c.group = 2, c.minibatches = 1;
     c.gen_cost = 1, c.drain_s = 5, c.quiet = 1;
-    fflush(stdout), fflush(stderr);
-    pid_t w = fork();
-    assert_true(w >= 0);
-    if (!w) {
+    pid_t kids[2];
+    int go[2]; /* the honest worker connects once the slow HELLO is sent */
+    assert_int_equal(pipe(go), 0);
+    for (int k = 0; k < 2; k++) {
+        fflush(stdout), fflush(stderr);
+        kids[k] = fork();
+        assert_true(kids[k] >= 0);
+        if (kids[k]) continue;
         close(lfd), close(quiet);
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) _exit(3);
-        rl_worker_spec me = {.name = "good", .speed = 1, .price = 1};
-        rl_worker_serve(&c, &me, fd);
+        for (int b = 0; b < 3; b++) close(bad_fd[b]);
+        if (k == 0) {
+            close(go[1]);
+            struct pollfd pf = {.fd = go[0], .events = POLLIN};
+            poll(&pf, 1, 10000);
+        } else {
+            close(go[0]);
+        }
+        int fd = tcp_to(&sa);
+        if (fd < 0) _exit(3);
+        if (k == 0) {
+            rl_worker_spec me = {.name = "good", .speed = 1, .price = 1};
+            rl_worker_serve(&c, &me, fd);
+        }
+        struct {
+            rl_wire_hdr h;
+            rl_wire_hello b;
+        } m = {{RL_WIRE_MAGIC, RL_MSG_HELLO, sizeof(rl_wire_hello)},
+               {.name = "dribble", .speed = 1, .price = 1, .pid = (int32_t)getpid()}};
+        for (size_t i = 0; i < sizeof m; i++) {
+            if (send(fd, (const char *)&m + i, 1, MSG_NOSIGNAL) != 1) _exit(4);
+            sh_sleep(0.002);
+        }
+        sh_sleep(0.1);
+        close(go[1]);
+        sh_sleep(0.3);
+        _exit(0);
     }
+    close(go[0]), close(go[1]);
     c.remote = 1, c.listen_fd = lfd;
     alarm(60);
     json_t *res = NULL;
-    int rc = rl_run(&c, NULL, NULL, &res);
+    int rc = rl_run(&c, first_step, NULL, &res);
     alarm(0);
     close(lfd);
-    int st;
-    for (int i = 0; i < 500 && waitpid(w, &st, WNOHANG) == 0; i++) sh_sleep(0.02);
-    if (waitpid(w, &st, WNOHANG) == 0) kill(w, SIGKILL), waitpid(w, &st, 0);
+    for (int k = 0; k < 2; k++) {
+        int st;
+        for (int i = 0; i < 500 && waitpid(kids[k], &st, WNOHANG) == 0; i++) sh_sleep(0.02);
+        if (waitpid(kids[k], &st, WNOHANG) == 0) kill(kids[k], SIGKILL), waitpid(kids[k], &st, 0);
+    }
+    for (int k = 0; k < 3; k++) close(bad_fd[k]);
     if (rc < 0) fail_msg("the run failed: %s", sh_errmsg());
     assert_int_equal(json_integer_value(json_object_get(res, "steps")), 2);
+    int dribbled = 0;
+    size_t i;
+    json_t *w;
+    json_array_foreach(json_object_get(res, "workers"), i, w)
+        dribbled |= !strcmp(json_string_value(json_object_get(w, "name")), "dribble");
     json_decref(res);
     uint8_t b[64];
     ssize_t n = recv(quiet, b, sizeof b, MSG_DONTWAIT);
@@ -265,6 +342,12 @@ static void test_sync_nothing_before_hello(void **state)
         memcpy(&h, b, (size_t)n < sizeof h ? (size_t)n : sizeof h);
         fail_msg("a connection that never said HELLO was sent %zd bytes (message type %u)", n, h.type);
     }
+    const char *what[3] = {"a HELLO of 64 MiB", "a TRAJS first", "a wrong magic"};
+    for (int k = 0; k < 3; k++)
+        if (bad_open_at_step[k] != 0)
+            fail_msg("the connection that sent %s was %s at the first step", what[k],
+                     bad_open_at_step[k] < 0 ? "not checked" : "still open");
+    if (!dribbled) fail_msg("the worker whose HELLO came one byte at a time did not join");
 }
 
 static int hello_ok(const rl_wire_hello *h)
@@ -370,7 +453,7 @@ int main(void)
         cmocka_unit_test(test_version_bounds_exact),
         cmocka_unit_test(test_staleness_bound_exact),
         cmocka_unit_test(test_sync_fresh),
-        cmocka_unit_test(test_sync_nothing_before_hello),
+        cmocka_unit_test(test_remote_first_frames),
         cmocka_unit_test(test_hello_fields_exact),
         cmocka_unit_test(test_paced_eval_schedule),
         cmocka_unit_test(test_paced_drops_only_stale_groups),
