@@ -204,15 +204,15 @@ static void test_staleness_bound_exact(void **state)
 static void test_sync_fresh(void **state)
 {
     char *out = NULL;
-    int rc = tu_run(&out, "timeout 120 %s rl train --mode sync --steps 3 --warm 0 --eval-every 100 --eval-n 1 --prompts 2 "
+    int rc = tu_run(&out, "timeout 60 %s rl train --mode sync --steps 2 --warm 0 --eval-every 100 --eval-n 1 --prompts 2 "
                     "--group 4 --gen-cost 1 --quiet --json 2>/dev/null", tu_shoal());
     if (rc != 0) fail_msg("rl train --mode sync: exit %d", rc);
     json_t *j = NULL;
     TU_OK(sh_json_parse(out, strlen(out), "rl train", &j));
     free(out);
     json_t *steps = json_object_get(j, "step_stats");
-    assert_int_equal(json_array_size(steps), 3);
-    for (size_t i = 0; i < 3; i++) {
+    assert_int_equal(json_array_size(steps), 2);
+    for (size_t i = 0; i < 2; i++) {
         long m = (long)json_integer_value(json_object_get(json_array_get(steps, i), "staleness_max"));
         if (m != 0) fail_msg("sync: step %zu trained on a trajectory %ld versions old", i + 1, m);
     }
