@@ -28,6 +28,8 @@
  *    their checksum) does not replace it;
  *  - an OFFER of an object the node cannot hold (a size no file system or
  *    address space takes) is refused with a warning, and the node goes on;
+ *  - an OFFER whose spool file cannot be created is refused with a warning
+ *    that names the file and why;
  *  - a chunk that fails its checksum is asked for again with a NACK that
  *    names it, as docs/push-protocol.md has it (12-byte header, no data),
  *    and the node stays with its parent;
@@ -500,6 +502,39 @@ static void test_offer_too_big_refused(void **state)
     free(o.bytes);
 }
 
+static char warned[1024];
+
+static void sink(int level, const char *line, void *arg)
+{
+    if (level == SH_LOG_WARN && strstr(line, "v7.part")) snprintf(warned, sizeof warned, "%s", line);
+}
+
+/* The spool file of v7 cannot be created (a directory has its name): C
+ * refuses the OFFER with a warning that names the file and the reason,
+ * and takes v7 once the name is free. */
+static void test_spool_file_refused_named(void **state)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/v7.part", spool);
+    assert_int_equal(mkdir(p, 0755), 0);
+    obj o;
+    obj_make(&o, 7);
+    int had = ndelivered;
+    warned[0] = 0;
+    sh_log_set_sink(sink, NULL);
+    h_offer(H.pep, &o, 0, 0);
+    spin(0.2);
+    sh_log_set_sink(NULL, NULL);
+    if (!strstr(warned, "create") || !strstr(warned, "Is a directory"))
+        fail_msg("an uncreatable spool file was reported as \"%s\"", warned);
+    assert_int_equal(rmdir(p), 0);
+    h_object(H.pep, &o);
+    if (!spin_until(5, &ndelivered, had + 1)) fail_msg("v7 was not delivered once its spool name was free");
+    assert_int_equal(delivered_v, 7);
+    assert_true(sh_hash128_eq(delivered_hash, o.hash));
+    free(o.bytes);
+}
+
 /* A chunk damaged on the way fails its checksum: C drops it and asks its
  * parent for it again (a NACK naming it: a 12-byte header, no data),
  * without leaving it; the chunk sent again completes the object. */
@@ -620,6 +655,7 @@ int main(void)
         cmocka_unit_test(test_verified_chunk_kept),
         cmocka_unit_test(test_corrupt_chunk_nacked),
         cmocka_unit_test(test_offer_too_big_refused),
+        cmocka_unit_test(test_spool_file_refused_named),
         cmocka_unit_test(test_spool_path_too_long),
     };
     /* In this order, on one tree: no SHOAL_TEST_FILTER (each test starts
