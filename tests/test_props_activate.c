@@ -1,0 +1,344 @@
+/* Properties of a replica's activation and of a push root that the
+ * generated mutants (scripts/mutgen.py, docs/testing.md) found no test
+ * held.  Everything runs in this process: a push root (store_push_root)
+ * stepped on a thread, push replicas attached to it over UCX on loopback.
+ *  - a push root offers every version published after what it offered,
+ *    also when the store's squash cache holds a squash from its position
+ *    (made by `shoal store squash` or another root): it never waits for
+ *    ever; and a root whose store is sound says nothing;
+ *  - a late joiner two or more deltas behind gets one squashed delta
+ *    (fewer bytes than the chain) and ends on the exact bytes;
+ *  - a joiner below the anchor gets the anchor when the delta across it
+ *    would be more bytes;
+ *  - a push replica never recycles the file of a version a lease still
+ *    reads: the lease keeps its bytes, and the next version is built
+ *    anyway; an unleased file is recycled and gets the exact bytes;
+ *  - a restarted replica reports the activation time ACTIVE recorded;
+ *  - an activation whose ACTIVE cannot be written serves the version but
+ *    reports no durable time, and says so;
+ *  - a push root whose store cannot be read says why at every step, and a
+ *    failed step runs the node for the time asked, not twice that. */
+#include "testutil.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shoal/bcast.h"
+#include "shoal/ckpt.h"
+#include "shoal/store.h"
+
+/* ---- Warnings ---------------------------------------------------------- */
+
+static pthread_mutex_t warn_mu = PTHREAD_MUTEX_INITIALIZER;
+static char warn_buf[16384];
+static size_t warn_len;
+
+static void warn_sink(int level, const char *line, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&warn_mu);
+    if (level <= SH_LOG_WARN && warn_len + strlen(line) + 2 < sizeof warn_buf)
+        warn_len += (size_t)snprintf(warn_buf + warn_len, sizeof warn_buf - warn_len, "%s\n", line);
+    pthread_mutex_unlock(&warn_mu);
+}
+
+static void warn_start(void)
+{
+    pthread_mutex_lock(&warn_mu);
+    warn_len = 0;
+    warn_buf[0] = 0;
+    pthread_mutex_unlock(&warn_mu);
+    sh_log_set_sink(warn_sink, NULL);
+}
+
+/* Lines captured since warn_start() that start with `prefix`. */
+static int warn_count(const char *prefix, char *copy, size_t cap)
+{
+    int n = 0;
+    pthread_mutex_lock(&warn_mu);
+    for (const char *l = warn_buf; *l;) {
+        const char *e = strchr(l, '\n');
+        if (!strncmp(l, prefix, strlen(prefix))) n++;
+        l = e ? e + 1 : l + strlen(l);
+    }
+    if (copy) snprintf(copy, cap, "%s", warn_buf);
+    pthread_mutex_unlock(&warn_mu);
+    return n;
+}
+
+static void warn_stop(void) { sh_log_set_sink(NULL, NULL); }
+
+/* ---- A store, a root, replicas ------------------------------------------ */
+
+/* Checkpoint NAME (in the scratch folder): k = 0 a fresh model (seed),
+ * else one small step from NAME's previous one. */
+static const char *ck(const char *tag, int k)
+{
+    static char p[8][4096];
+    static int slot;
+    char *out = p[slot++ % 8];
+    char name[64];
+    snprintf(name, sizeof name, "%s%d.st", tag, k);
+    snprintf(out, 4096, "%s", tu_path(name));
+    return out;
+}
+
+static void make_cks(const char *tag, int n, uint64_t seed)
+{
+    TU_OK(ckpt_synth(ck(tag, 1), 60000, seed));
+    for (int k = 2; k <= n; k++) TU_OK(ckpt_step(ck(tag, k - 1), ck(tag, k), 1e-3, 1, seed + (uint64_t)k));
+}
+
+/* A checkpoint of one BF16 tensor of 60000 random finite values (every
+ * bit pattern but infinities and NaNs). */
+static void noise_ckpt(const char *path, uint64_t seed)
+{
+    enum { N = 60000 };
+    char hdr[256];
+    int n = snprintf(hdr, sizeof hdr, "{\"w\":{\"dtype\":\"BF16\",\"shape\":[%d],\"data_offsets\":[0,%d]}}", N, 2 * N);
+    while (n % 8) hdr[n++] = ' ';
+    size_t len = 8 + (size_t)n + 2 * N;
+    uint8_t *buf = calloc(1, len);
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    memcpy(buf + 8, hdr, (size_t)n);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < N; i++) {
+        uint16_t w;
+        do {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            w = (uint16_t)x;
+        } while ((w & 0x7f80) == 0x7f80); /* no infinity, no NaN */
+        buf[8 + (size_t)n + 2 * i] = (uint8_t)w;
+        buf[8 + (size_t)n + 2 * i + 1] = (uint8_t)(w >> 8);
+    }
+    tu_write_file(path, buf, len);
+    free(buf);
+}
+
+static void publish(store *s, const char *path, uint64_t anchor_every, uint64_t want)
+{
+    uint64_t v = 0;
+    TU_OK(store_publish(s, path, &(store_publish_opts){.anchor_every = anchor_every}, &v));
+    assert_int_equal(v, want);
+}
+
+typedef struct {
+    store_push_root *r;
+    pthread_t th;
+    atomic_int stop;
+} root_t;
+
+static void *root_main(void *arg)
+{
+    root_t *t = arg;
+    while (!atomic_load(&t->stop)) store_push_root_step(t->r, 0.05);
+    return NULL;
+}
+
+static void root_start(root_t *t, const char *store_root)
+{
+    bcast_config bc = {.chunk_size = 64 << 10};
+    TU_OK(store_push_root_new(store_root, NULL, &bc, &t->r));
+    atomic_store(&t->stop, 0);
+    assert_int_equal(pthread_create(&t->th, NULL, root_main, t), 0);
+}
+
+static void root_stop(root_t *t)
+{
+    atomic_store(&t->stop, 1);
+    pthread_join(t->th, NULL);
+    store_push_root_free(t->r);
+}
+
+static store_replica *push_replica(const char *dir, root_t *t)
+{
+    store_replica_config cfg = {.dir = dir, .parents = {store_push_root_address(t->r)}, .nparents = 1, .leaf = 1};
+    store_replica *x;
+    TU_OK(store_replica_open(&cfg, &x));
+    return x;
+}
+
+/* A replica at `dir` that took version v from the store (whose LATEST
+ * names v now), closed again. */
+static void seed_replica(const char *dir, const char *store_root, uint64_t v)
+{
+    sh_rm_rf(dir);
+    store_replica_config cfg = {.dir = dir, .store = store_root, .poll_s = 0.01};
+    store_replica *x;
+    TU_OK(store_replica_open(&cfg, &x));
+    TU_OK(store_replica_wait(x, v, 30));
+    store_replica_close(x);
+}
+
+/* The replica serves version v with exactly the bytes of `path`. */
+static void serves(store_replica *x, uint64_t v, const char *path)
+{
+    store_lease l;
+    TU_OK(store_replica_acquire(x, v, v, &l));
+    size_t n;
+    uint8_t *want = tu_read_file(path, &n);
+    assert_int_equal(l.size, n);
+    if (memcmp(l.data, want, n)) fail_msg("version %llu is served with other bytes than %s", (unsigned long long)v, path);
+    free(want);
+    store_replica_release(x, &l);
+}
+
+static uint64_t file_size(const char *path)
+{
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (uint64_t)st.st_size;
+}
+
+/* ---- The tests ------------------------------------------------------------ */
+
+/* A root at version 2 finds versions 3 and 4 published and a squash 2 -> 4
+ * in the store's cache (`shoal store squash`, or another root serving a
+ * joiner): its plan from 2 is that squash, which is no plan for the node
+ * (it needs every version).  It offered version 1 again, which the node
+ * refused, and stayed on version 2 for ever, warning twice a second.  It
+ * now offers 3 and 4, and a replica takes them; a sound store gives no
+ * warning at all. */
+static void test_push_root_offers_past_a_cached_squash(void **state)
+{
+    char sr[4096], dir[4096];
+    snprintf(sr, sizeof sr, "%s", tu_path("sq-cache"));
+    snprintf(dir, sizeof dir, "%s", tu_path("sq-cache-rep"));
+    sh_rm_rf(sr);
+    sh_rm_rf(dir);
+    make_cks("c", 4, 31);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    publish(s, ck("c", 1), 8, 1);
+    publish(s, ck("c", 2), 8, 2);
+    warn_start();
+    root_t t;
+    bcast_config bc = {.chunk_size = 64 << 10};
+    TU_OK(store_push_root_new(sr, NULL, &bc, &t.r));
+    TU_OK(store_push_root_step(t.r, 0.01)); /* offers 1 and 2 */
+    publish(s, ck("c", 3), 8, 3);
+    publish(s, ck("c", 4), 8, 4);
+    TU_OK(store_squash(s, 2, 4, NULL));
+    store_plan *p = malloc(sizeof *p);
+    TU_OK(store_plan_make(s, 2, 4, p));
+    assert_int_equal(p->kind, STORE_PLAN_SQUASH);
+    free(p);
+    store_close(s);
+    atomic_store(&t.stop, 0);
+    assert_int_equal(pthread_create(&t.th, NULL, root_main, &t), 0);
+    store_replica *x = push_replica(dir, &t);
+    int rc = store_replica_wait(x, 4, 30);
+    char said[16384];
+    int n = warn_count("push root:", said, sizeof said);
+    if (rc < 0) fail_msg("versions 3 and 4 never reached the replica: %s\nwarnings:\n%s", sh_errmsg(), said);
+    serves(x, 4, ck("c", 4));
+    store_replica_close(x);
+    root_stop(&t);
+    warn_stop();
+    if (n) fail_msg("a push root on a sound store warned %d times:\n%s", n, said);
+}
+
+/* A replica on version 1 joins a root at version 4 (2, 3, 4 deltas): it
+ * is sent one squashed delta 1 -> 4, fewer bytes than the chain, and ends
+ * on the exact bytes of version 4. */
+static void test_joiner_gets_one_squash(void **state)
+{
+    char sr[4096], dir[4096];
+    snprintf(sr, sizeof sr, "%s", tu_path("sq-join"));
+    snprintf(dir, sizeof dir, "%s", tu_path("sq-join-rep"));
+    sh_rm_rf(sr);
+    make_cks("j", 4, 41);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    publish(s, ck("j", 1), 8, 1);
+    seed_replica(dir, sr, 1);
+    uint64_t chain = 0;
+    for (int k = 2; k <= 4; k++) {
+        publish(s, ck("j", k), 8, (uint64_t)k);
+        store_version m;
+        TU_OK(store_get(s, (uint64_t)k, &m, NULL));
+        assert_false(m.anchor);
+        chain += m.size;
+    }
+    warn_start();
+    root_t t;
+    root_start(&t, sr);
+    store_replica *x = push_replica(dir, &t);
+    int rc = store_replica_wait(x, 4, 30);
+    store_replica_info info;
+    store_replica_get_info(x, &info);
+    char said[16384];
+    int n = warn_count("push root:", said, sizeof said);
+    if (rc < 0) fail_msg("the joiner did not reach version 4: %s\nwarnings:\n%s", sh_errmsg(), said);
+    serves(x, 4, ck("j", 4));
+    store_replica_close(x);
+    root_stop(&t);
+    warn_stop();
+    char sq[4096];
+    TU_OK(store_squash_path(s, 1, 4, sq, sizeof sq));
+    store_close(s);
+    if (!sh_path_exists(sq)) fail_msg("the root made no squash 1 -> 4 for the joiner");
+    uint64_t squashed = file_size(sq);
+    print_message("joiner at v1: %llu bytes received, the squash %llu, the chain %llu\n",
+                  (unsigned long long)info.push.bytes_received, (unsigned long long)squashed,
+                  (unsigned long long)chain);
+    assert_true(squashed < chain);
+    assert_int_equal(info.push.bytes_received, squashed);
+    assert_int_equal(info.failures, 0);
+    if (n) fail_msg("the root warned %d times:\n%s", n, said);
+}
+
+/* A replica on version 1 joins a root whose newest version 2 is an anchor
+ * of another model: the delta across the anchor is more bytes than the
+ * anchor itself, so the joiner gets the anchor. */
+static void test_joiner_below_anchor_gets_the_cheaper(void **state)
+{
+    char sr[4096], dir[4096];
+    snprintf(sr, sizeof sr, "%s", tu_path("sq-below"));
+    snprintf(dir, sizeof dir, "%s", tu_path("sq-below-rep"));
+    sh_rm_rf(sr);
+    /* Random bits: no delta between two of them is smaller than either. */
+    noise_ckpt(ck("b", 1), 61);
+    noise_ckpt(ck("bb", 1), 62);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    publish(s, ck("b", 1), 8, 1);
+    seed_replica(dir, sr, 1);
+    publish(s, ck("bb", 1), 1, 2);
+    store_version m2;
+    TU_OK(store_get(s, 2, &m2, NULL));
+    assert_true(m2.anchor);
+    root_t t;
+    root_start(&t, sr);
+    store_replica *x = push_replica(dir, &t);
+    int rc = store_replica_wait(x, 2, 30);
+    store_replica_info info;
+    store_replica_get_info(x, &info);
+    if (rc < 0) fail_msg("the joiner did not reach version 2: %s", sh_errmsg());
+    serves(x, 2, ck("bb", 1));
+    store_replica_close(x);
+    root_stop(&t);
+    char cross[4096];
+    TU_OK(store_squash_path(s, 1, 2, cross, sizeof cross));
+    store_close(s);
+    uint64_t cb = sh_path_exists(cross) ? file_size(cross) : 0;
+    print_message("joiner at v1, v2 an anchor of %llu bytes: %llu bytes received, the delta across it %llu\n",
+                  (unsigned long long)m2.size, (unsigned long long)info.push.bytes_received, (unsigned long long)cb);
+    assert_true(cb > m2.size);
+    assert_int_equal(info.push.bytes_received, m2.size);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_push_root_offers_past_a_cached_squash),
+        cmocka_unit_test(test_joiner_gets_one_squash),
+        cmocka_unit_test(test_joiner_below_anchor_gets_the_cheaper),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
