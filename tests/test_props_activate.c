@@ -333,12 +333,171 @@ static void test_joiner_below_anchor_gets_the_cheaper(void **state)
     assert_int_equal(info.push.bytes_received, m2.size);
 }
 
+/* A push replica recycles the file of the version an activation replaced
+ * for the next delta's result (the double buffer), but never while a lease
+ * still reads that version: here a lease on version 1 is held while 2 and
+ * 3 activate.  Version 3 is built in a new file, the lease keeps the exact
+ * bytes of version 1, and once it ends, version 4 recycles version 2's
+ * file and gets the exact bytes of version 4. */
+static void test_leased_file_never_recycled(void **state)
+{
+    char sr[4096], dir[4096];
+    snprintf(sr, sizeof sr, "%s", tu_path("lease"));
+    snprintf(dir, sizeof dir, "%s", tu_path("lease-rep"));
+    sh_rm_rf(sr);
+    sh_rm_rf(dir);
+    make_cks("l", 4, 71);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    publish(s, ck("l", 1), 8, 1);
+    root_t t;
+    root_start(&t, sr);
+    store_replica *x = push_replica(dir, &t);
+    TU_OK(store_replica_wait(x, 1, 30));
+    store_lease l1;
+    TU_OK(store_replica_acquire(x, 1, 1, &l1));
+    for (int v = 2; v <= 3; v++) {
+        publish(s, ck("l", v), 8, (uint64_t)v);
+        int rc = store_replica_wait(x, (uint64_t)v, 30);
+        if (rc < 0) fail_msg("version %d was not activated while a lease held version 1: %s", v, sh_errmsg());
+    }
+    serves(x, 3, ck("l", 3));
+    size_t n;
+    uint8_t *want = tu_read_file(ck("l", 1), &n);
+    assert_int_equal(l1.size, n);
+    if (memcmp(l1.data, want, n)) fail_msg("the lease on version 1 reads other bytes after versions 2 and 3");
+    free(want);
+    store_replica_release(x, &l1);
+    char m2[4200], m4[4200];
+    snprintf(m2, sizeof m2, "%s/models/%010d.safetensors", dir, 2);
+    struct stat st2, st4;
+    assert_int_equal(stat(m2, &st2), 0);
+    publish(s, ck("l", 4), 8, 4);
+    TU_OK(store_replica_wait(x, 4, 30));
+    serves(x, 4, ck("l", 4));
+    snprintf(m4, sizeof m4, "%s/models/%010d.safetensors", dir, 4);
+    assert_int_equal(stat(m4, &st4), 0);
+    assert_int_equal(st4.st_ino, st2.st_ino); /* version 2's file, recycled */
+    tu_assert_same_file(m4, ck("l", 4));
+    store_replica_info info;
+    store_replica_get_info(x, &info);
+    assert_int_equal(info.failures, 0);
+    store_replica_close(x);
+    root_stop(&t);
+    store_close(s);
+}
+
+/* A restarted replica reports the activation time its ACTIVE recorded,
+ * not 0 (a version that was never activated). */
+static void test_restart_keeps_activation_time(void **state)
+{
+    char sr[4096], dir[4096];
+    snprintf(sr, sizeof sr, "%s", tu_path("rtime"));
+    snprintf(dir, sizeof dir, "%s", tu_path("rtime-rep"));
+    sh_rm_rf(sr);
+    make_cks("t", 1, 81);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    publish(s, ck("t", 1), 8, 1);
+    store_close(s);
+    sh_rm_rf(dir);
+    store_replica_config cfg = {.dir = dir, .store = sr, .poll_s = 0.01};
+    store_replica *x;
+    TU_OK(store_replica_open(&cfg, &x));
+    TU_OK(store_replica_wait(x, 1, 30));
+    store_replica_info a, b;
+    store_replica_get_info(x, &a);
+    store_replica_close(x);
+    assert_true(a.activated_at > 1e9);
+    cfg.poll_s = 3600;
+    TU_OK(store_replica_open(&cfg, &x));
+    store_replica_get_info(x, &b);
+    store_replica_close(x);
+    assert_int_equal(b.version, 1);
+    if (fabs(b.activated_at - a.activated_at) > 1e-3)
+        fail_msg("restarted on version 1 activated at %.6f, recorded %.6f", b.activated_at, a.activated_at);
+}
+
+/* A replica whose ACTIVE cannot be replaced (here a folder holds its name)
+ * serves the version it built, verified, but it is not durable: the
+ * failure is counted and said, and the timeline has no durable time. */
+static void test_unwritable_active_not_durable(void **state)
+{
+    char sr[4096], dir[4096], act[4200];
+    snprintf(sr, sizeof sr, "%s", tu_path("nodur"));
+    snprintf(dir, sizeof dir, "%s", tu_path("nodur-rep"));
+    sh_rm_rf(sr);
+    sh_rm_rf(dir);
+    make_cks("n", 1, 91);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    publish(s, ck("n", 1), 8, 1);
+    store_close(s);
+    snprintf(act, sizeof act, "%s/ACTIVE/x", dir);
+    TU_OK(sh_mkdir_p(act, 0755));
+    store_replica_config cfg = {.dir = dir, .store = sr, .poll_s = 0.01};
+    store_replica *x;
+    TU_OK(store_replica_open(&cfg, &x));
+    TU_OK(store_replica_wait(x, 1, 30));
+    /* The failure is counted once the activation returns, a moment after
+     * waiters see it. */
+    store_replica_info info;
+    for (double end = sh_now_mono() + 20;; sh_sleep(0.01)) {
+        store_replica_get_info(x, &info);
+        if (info.failures || sh_now_mono() > end) break;
+    }
+    serves(x, 1, ck("n", 1));
+    store_replica_close(x);
+    assert_int_equal(info.version, 1);
+    assert_int_equal(info.timeline.version, 1);
+    assert_true(info.timeline.active > 0);
+    if (info.timeline.durable != 0) fail_msg("a version whose ACTIVE failed has durable time %.6f", info.timeline.durable);
+    assert_true(info.failures >= 1);
+    if (!strstr(info.last_error, "not durable")) fail_msg("the failure does not say so: %s", info.last_error);
+}
+
+/* A push root whose store cannot be read (LATEST unparsable) says why at
+ * each step, and a failed step runs the node for the time asked (at least
+ * 0.5 s), not that and again the time asked. */
+static void test_push_root_says_why(void **state)
+{
+    char sr[4096], latest[4200];
+    snprintf(sr, sizeof sr, "%s", tu_path("why"));
+    sh_rm_rf(sr);
+    make_cks("w", 1, 95);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    publish(s, ck("w", 1), 8, 1);
+    store_close(s);
+    bcast_config bc = {.chunk_size = 64 << 10};
+    store_push_root *r;
+    TU_OK(store_push_root_new(sr, NULL, &bc, &r));
+    TU_OK(store_push_root_step(r, 0.01));
+    snprintf(latest, sizeof latest, "%s/main/LATEST", sr);
+    tu_write_file(latest, "{\"format\":", 11);
+    warn_start();
+    double t0 = sh_now_mono();
+    TU_OK(store_push_root_step(r, 0.8));
+    double took = sh_now_mono() - t0;
+    TU_OK(store_push_root_step(r, 0.01));
+    char said[16384];
+    int n = warn_count("push root:", said, sizeof said);
+    warn_stop();
+    store_push_root_free(r);
+    if (n != 2 || !strstr(said, "LATEST")) fail_msg("two steps on an unreadable LATEST said %d times:\n%s", n, said);
+    if (took < 0.75 || took > 1.45) fail_msg("a failed step of 0.8 s ran the node %.2f s", took);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_root_offers_past_a_cached_squash),
         cmocka_unit_test(test_joiner_gets_one_squash),
         cmocka_unit_test(test_joiner_below_anchor_gets_the_cheaper),
+        cmocka_unit_test(test_leased_file_never_recycled),
+        cmocka_unit_test(test_restart_keeps_activation_time),
+        cmocka_unit_test(test_unwritable_active_not_durable),
+        cmocka_unit_test(test_push_root_says_why),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
