@@ -20,6 +20,7 @@
  *    failed step runs the node for the time asked, not twice that. */
 #include "testutil.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -195,94 +196,144 @@ static uint64_t file_size(const char *path)
     return (uint64_t)st.st_size;
 }
 
-/* ---- The tests ------------------------------------------------------------ */
-
-/* A root at version 2 finds versions 3 and 4 published and a squash 2 -> 4
- * in the store's cache (`shoal store squash`, or another root serving a
- * joiner): its plan from 2 is that squash, which is no plan for the node
- * (it needs every version).  It offered version 1 again, which the node
- * refused, and stayed on version 2 for ever, warning twice a second.  It
- * now offers 3 and 4, and a replica takes them; a sound store gives no
- * warning at all. */
-static void test_push_root_offers_past_a_cached_squash(void **state)
-{
-    char sr[4096], dir[4096];
-    snprintf(sr, sizeof sr, "%s", tu_path("sq-cache"));
-    snprintf(dir, sizeof dir, "%s", tu_path("sq-cache-rep"));
-    sh_rm_rf(sr);
-    sh_rm_rf(dir);
-    make_cks("c", 4, 31);
+/* ---- The shared tree -------------------------------------------------------
+ * One store (versions 1.. of one model, deltas after the anchor 1), one
+ * root stepped on a thread, and the replicas below, used by the tests in
+ * order: L takes every version as it is published, J joins late on
+ * version 1, F joins with nothing. */
+static struct {
+    char sr[4096], ldir[4096], jdir[4096], fdir[4096];
     store *s;
-    TU_OK(store_open(sr, NULL, 1, &s));
-    publish(s, ck("c", 1), 8, 1);
-    publish(s, ck("c", 2), 8, 2);
-    warn_start();
     root_t t;
-    bcast_config bc = {.chunk_size = 64 << 10};
-    TU_OK(store_push_root_new(sr, NULL, &bc, &t.r));
-    TU_OK(store_push_root_step(t.r, 0.01)); /* offers 1 and 2 */
-    publish(s, ck("c", 3), 8, 3);
-    publish(s, ck("c", 4), 8, 4);
-    TU_OK(store_squash(s, 2, 4, NULL));
-    store_plan *p = malloc(sizeof *p);
-    TU_OK(store_plan_make(s, 2, 4, p));
-    assert_int_equal(p->kind, STORE_PLAN_SQUASH);
-    free(p);
-    store_close(s);
-    atomic_store(&t.stop, 0);
-    assert_int_equal(pthread_create(&t.th, NULL, root_main, &t), 0);
-    store_replica *x = push_replica(dir, &t);
-    int rc = store_replica_wait(x, 4, 30);
-    char said[16384];
-    int n = warn_count("push root:", said, sizeof said);
-    if (rc < 0) fail_msg("versions 3 and 4 never reached the replica: %s\nwarnings:\n%s", sh_errmsg(), said);
-    serves(x, 4, ck("c", 4));
-    store_replica_close(x);
-    root_stop(&t);
-    warn_stop();
-    if (n) fail_msg("a push root on a sound store warned %d times:\n%s", n, said);
+    store_replica *L;
+    ino_t ino[8]; /* L's model file of each version */
+} T;
+
+static void root_pause(root_t *t)
+{
+    atomic_store(&t->stop, 1);
+    pthread_join(t->th, NULL);
 }
 
-/* A replica on version 1 joins a root at version 4 (2, 3, 4 deltas): it
- * is sent one squashed delta 1 -> 4, fewer bytes than the chain, and ends
- * on the exact bytes of version 4. */
+static void root_resume(root_t *t)
+{
+    atomic_store(&t->stop, 0);
+    assert_int_equal(pthread_create(&t->th, NULL, root_main, t), 0);
+}
+
+static ino_t model_ino(const char *dir, int v)
+{
+    char p[4200];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/models/%010d.safetensors", dir, v);
+    return stat(p, &st) == 0 ? st.st_ino : 0;
+}
+
+static int tree_setup(void **state)
+{
+    snprintf(T.sr, sizeof T.sr, "%s", tu_path("tree"));
+    snprintf(T.ldir, sizeof T.ldir, "%s", tu_path("tree-L"));
+    snprintf(T.jdir, sizeof T.jdir, "%s", tu_path("tree-J"));
+    snprintf(T.fdir, sizeof T.fdir, "%s", tu_path("tree-F"));
+    sh_rm_rf(T.sr), sh_rm_rf(T.ldir), sh_rm_rf(T.fdir);
+    make_cks("c", 6, 31);
+    TU_OK(store_open(T.sr, NULL, 1, &T.s));
+    publish(T.s, ck("c", 1), 8, 1);
+    seed_replica(T.jdir, T.sr, 1);
+    warn_start();
+    root_start(&T.t, T.sr);
+    T.L = push_replica(T.ldir, &T.t);
+    return 0;
+}
+
+static int tree_teardown(void **state)
+{
+    store_replica_close(T.L);
+    root_stop(&T.t);
+    store_close(T.s);
+    warn_stop();
+    return 0;
+}
+
+/* A push replica recycles the file of the version an activation replaced
+ * for the next delta's result (the double buffer), but never while a lease
+ * still reads that version: here a lease on version 1 is held while 2 and
+ * 3 activate.  Version 3 is built in a new file, and the lease keeps the
+ * exact bytes of version 1. */
+static void test_leased_file_never_recycled(void **state)
+{
+    TU_OK(store_replica_wait(T.L, 1, 30));
+    store_lease l1;
+    TU_OK(store_replica_acquire(T.L, 1, 1, &l1));
+    for (int v = 2; v <= 3; v++) {
+        publish(T.s, ck("c", v), 8, (uint64_t)v);
+        int rc = store_replica_wait(T.L, (uint64_t)v, 30);
+        if (rc < 0) fail_msg("version %d was not activated while a lease held version 1: %s", v, sh_errmsg());
+        T.ino[v] = model_ino(T.ldir, v);
+    }
+    serves(T.L, 3, ck("c", 3));
+    size_t n;
+    uint8_t *want = tu_read_file(ck("c", 1), &n);
+    assert_int_equal(l1.size, n);
+    if (memcmp(l1.data, want, n)) fail_msg("the lease on version 1 reads other bytes after versions 2 and 3");
+    free(want);
+    store_replica_release(T.L, &l1);
+}
+
+/* The root, at version 3, finds versions 4 and 5 published and a squash
+ * 3 -> 5 in the store's cache (`shoal store squash`, or another root
+ * serving a joiner): its plan from 3 is that squash, which is no plan for
+ * the node (it needs every version).  It offered version 1 again, which
+ * the node refused, and stayed on version 3 for ever, warning twice a
+ * second.  It offers 4 and 5; the replica takes them, into the file of an
+ * earlier version (no lease now), exact. */
+static void test_push_root_offers_past_a_cached_squash(void **state)
+{
+    root_pause(&T.t);
+    publish(T.s, ck("c", 4), 8, 4);
+    publish(T.s, ck("c", 5), 8, 5);
+    TU_OK(store_squash(T.s, 3, 5, NULL));
+    store_plan *p = malloc(sizeof *p);
+    TU_OK(store_plan_make(T.s, 3, 5, p));
+    assert_int_equal(p->kind, STORE_PLAN_SQUASH);
+    free(p);
+    root_resume(&T.t);
+    int rc = store_replica_wait(T.L, 5, 30);
+    char said[16384];
+    warn_count("", said, sizeof said);
+    if (rc < 0) fail_msg("versions 4 and 5 never reached the replica: %s\nwarnings:\n%s", sh_errmsg(), said);
+    serves(T.L, 5, ck("c", 5));
+    /* Version 4 was built in memory only when version 5 was announced
+     * first; either way version 5 went into a recycled file. */
+    ino_t i5 = model_ino(T.ldir, 5);
+    if (i5 != T.ino[2] && i5 != T.ino[3]) fail_msg("version 5 is in a new file, not the one of version 2 or 3");
+    char m5[4200];
+    snprintf(m5, sizeof m5, "%s/models/%010d.safetensors", T.ldir, 5);
+    tu_assert_same_file(m5, ck("c", 5));
+}
+
+/* J, on version 1, joins the root at version 5 (2..5 deltas): it is sent
+ * one squashed delta 1 -> 5, fewer bytes than the chain, and ends on the
+ * exact bytes of version 5. */
 static void test_joiner_gets_one_squash(void **state)
 {
-    char sr[4096], dir[4096];
-    snprintf(sr, sizeof sr, "%s", tu_path("sq-join"));
-    snprintf(dir, sizeof dir, "%s", tu_path("sq-join-rep"));
-    sh_rm_rf(sr);
-    make_cks("j", 4, 41);
-    store *s;
-    TU_OK(store_open(sr, NULL, 1, &s));
-    publish(s, ck("j", 1), 8, 1);
-    seed_replica(dir, sr, 1);
     uint64_t chain = 0;
-    for (int k = 2; k <= 4; k++) {
-        publish(s, ck("j", k), 8, (uint64_t)k);
+    for (uint64_t v = 2; v <= 5; v++) {
         store_version m;
-        TU_OK(store_get(s, (uint64_t)k, &m, NULL));
+        TU_OK(store_get(T.s, v, &m, NULL));
         assert_false(m.anchor);
         chain += m.size;
     }
-    warn_start();
-    root_t t;
-    root_start(&t, sr);
-    store_replica *x = push_replica(dir, &t);
-    int rc = store_replica_wait(x, 4, 30);
+    store_replica *x = push_replica(T.jdir, &T.t);
+    int rc = store_replica_wait(x, 5, 30);
     store_replica_info info;
     store_replica_get_info(x, &info);
-    char said[16384];
-    int n = warn_count("push root:", said, sizeof said);
-    if (rc < 0) fail_msg("the joiner did not reach version 4: %s\nwarnings:\n%s", sh_errmsg(), said);
-    serves(x, 4, ck("j", 4));
+    if (rc < 0) fail_msg("the joiner did not reach version 5: %s", sh_errmsg());
+    serves(x, 5, ck("c", 5));
     store_replica_close(x);
-    root_stop(&t);
-    warn_stop();
     char sq[4096];
-    TU_OK(store_squash_path(s, 1, 4, sq, sizeof sq));
-    store_close(s);
-    if (!sh_path_exists(sq)) fail_msg("the root made no squash 1 -> 4 for the joiner");
+    TU_OK(store_squash_path(T.s, 1, 5, sq, sizeof sq));
+    if (!sh_path_exists(sq)) fail_msg("the root made no squash 1 -> 5 for the joiner");
     uint64_t squashed = file_size(sq);
     print_message("joiner at v1: %llu bytes received, the squash %llu, the chain %llu\n",
                   (unsigned long long)info.push.bytes_received, (unsigned long long)squashed,
@@ -290,7 +341,85 @@ static void test_joiner_gets_one_squash(void **state)
     assert_true(squashed < chain);
     assert_int_equal(info.push.bytes_received, squashed);
     assert_int_equal(info.failures, 0);
-    if (n) fail_msg("the root warned %d times:\n%s", n, said);
+}
+
+/* F joins with nothing: the anchor 1 and the deltas to 5 are built in
+ * memory (a newer version is announced) and version 5 is the first and
+ * only one activated, exact.  No step of the tree so far gave the root
+ * anything to warn about. */
+static void test_fresh_joiner_activates_newest(void **state)
+{
+    store_replica *x = push_replica(T.fdir, &T.t);
+    int rc = store_replica_wait(x, 5, 30);
+    store_replica_info info;
+    store_replica_get_info(x, &info);
+    if (rc < 0) fail_msg("the fresh joiner did not reach version 5: %s", sh_errmsg());
+    serves(x, 5, ck("c", 5));
+    store_replica_close(x);
+    assert_int_equal(info.failures, 0);
+    assert_int_equal(info.activations, 1);
+    char said[16384];
+    int n = warn_count("push root:", said, sizeof said);
+    if (n) fail_msg("a push root on a sound store warned %d times:\n%s", n, said);
+}
+
+/* A push root whose store cannot be read (LATEST unparsable) says why at
+ * each step, and a failed step runs the node for the time asked (at least
+ * 0.5 s), not that and again the time asked. */
+static void test_push_root_says_why(void **state)
+{
+    root_pause(&T.t);
+    char latest[4200];
+    snprintf(latest, sizeof latest, "%s/main/LATEST", T.sr);
+    size_t len;
+    uint8_t *good = tu_read_file(latest, &len);
+    tu_write_file(latest, "{\"format\":", 10);
+    warn_start();
+    double t0 = sh_now_mono();
+    TU_OK(store_push_root_step(T.t.r, 0.8));
+    double took = sh_now_mono() - t0;
+    TU_OK(store_push_root_step(T.t.r, 0.01));
+    char said[16384];
+    int n = warn_count("push root:", said, sizeof said);
+    tu_write_file(latest, good, len);
+    free(good);
+    if (n != 2 || !strstr(said, "LATEST")) fail_msg("two steps on an unreadable LATEST said %d times:\n%s", n, said);
+    if (took < 0.75 || took > 1.45) fail_msg("a failed step of 0.8 s ran the node %.2f s", took);
+}
+
+/* A damaged payload is hashed again only once its file changes: a repair
+ * in place within the same second (same inode, same size, the time
+ * differing in nanoseconds only) is a change, and the version is offered. */
+static void test_push_root_sees_a_repair_within_a_second(void **state)
+{
+    publish(T.s, ck("c", 6), 8, 6);
+    char pay[4096];
+    TU_OK(store_payload_path(T.s, 6, pay, sizeof pay));
+    int fd = open(pay, O_RDWR);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    off_t at = st.st_size / 2;
+    uint8_t b, bad;
+    assert_int_equal(pread(fd, &b, 1, at), 1);
+    bad = (uint8_t)(b ^ 0x40);
+    struct timespec tm[2] = {{0, UTIME_OMIT}, {st.st_mtim.tv_sec, 100000000}};
+    assert_int_equal(pwrite(fd, &bad, 1, at), 1);
+    assert_int_equal(futimens(fd, tm), 0);
+    warn_start();
+    TU_OK(store_push_root_step(T.t.r, 0.01));
+    TU_OK(store_push_root_step(T.t.r, 0.01));
+    char said[16384];
+    int n = warn_count("push root:", said, sizeof said);
+    if (n != 1 || !strstr(said, "hashes to")) fail_msg("two steps on a damaged payload said %d times:\n%s", n, said);
+    assert_int_equal(pwrite(fd, &b, 1, at), 1);
+    tm[1].tv_nsec = 200000000;
+    assert_int_equal(futimens(fd, tm), 0);
+    close(fd);
+    root_resume(&T.t);
+    int rc = store_replica_wait(T.L, 6, 20);
+    if (rc < 0) fail_msg("the payload repaired within the same second was never offered: %s", sh_errmsg());
+    serves(T.L, 6, ck("c", 6));
 }
 
 /* A replica on version 1 joins a root whose newest version 2 is an anchor
@@ -331,60 +460,6 @@ static void test_joiner_below_anchor_gets_the_cheaper(void **state)
                   (unsigned long long)m2.size, (unsigned long long)info.push.bytes_received, (unsigned long long)cb);
     assert_true(cb > m2.size);
     assert_int_equal(info.push.bytes_received, m2.size);
-}
-
-/* A push replica recycles the file of the version an activation replaced
- * for the next delta's result (the double buffer), but never while a lease
- * still reads that version: here a lease on version 1 is held while 2 and
- * 3 activate.  Version 3 is built in a new file, the lease keeps the exact
- * bytes of version 1, and once it ends, version 4 recycles version 2's
- * file and gets the exact bytes of version 4. */
-static void test_leased_file_never_recycled(void **state)
-{
-    char sr[4096], dir[4096];
-    snprintf(sr, sizeof sr, "%s", tu_path("lease"));
-    snprintf(dir, sizeof dir, "%s", tu_path("lease-rep"));
-    sh_rm_rf(sr);
-    sh_rm_rf(dir);
-    make_cks("l", 4, 71);
-    store *s;
-    TU_OK(store_open(sr, NULL, 1, &s));
-    publish(s, ck("l", 1), 8, 1);
-    root_t t;
-    root_start(&t, sr);
-    store_replica *x = push_replica(dir, &t);
-    TU_OK(store_replica_wait(x, 1, 30));
-    store_lease l1;
-    TU_OK(store_replica_acquire(x, 1, 1, &l1));
-    for (int v = 2; v <= 3; v++) {
-        publish(s, ck("l", v), 8, (uint64_t)v);
-        int rc = store_replica_wait(x, (uint64_t)v, 30);
-        if (rc < 0) fail_msg("version %d was not activated while a lease held version 1: %s", v, sh_errmsg());
-    }
-    serves(x, 3, ck("l", 3));
-    size_t n;
-    uint8_t *want = tu_read_file(ck("l", 1), &n);
-    assert_int_equal(l1.size, n);
-    if (memcmp(l1.data, want, n)) fail_msg("the lease on version 1 reads other bytes after versions 2 and 3");
-    free(want);
-    store_replica_release(x, &l1);
-    char m2[4200], m4[4200];
-    snprintf(m2, sizeof m2, "%s/models/%010d.safetensors", dir, 2);
-    struct stat st2, st4;
-    assert_int_equal(stat(m2, &st2), 0);
-    publish(s, ck("l", 4), 8, 4);
-    TU_OK(store_replica_wait(x, 4, 30));
-    serves(x, 4, ck("l", 4));
-    snprintf(m4, sizeof m4, "%s/models/%010d.safetensors", dir, 4);
-    assert_int_equal(stat(m4, &st4), 0);
-    assert_int_equal(st4.st_ino, st2.st_ino); /* version 2's file, recycled */
-    tu_assert_same_file(m4, ck("l", 4));
-    store_replica_info info;
-    store_replica_get_info(x, &info);
-    assert_int_equal(info.failures, 0);
-    store_replica_close(x);
-    root_stop(&t);
-    store_close(s);
 }
 
 /* A restarted replica reports the activation time its ACTIVE recorded,
@@ -456,48 +531,18 @@ static void test_unwritable_active_not_durable(void **state)
     if (!strstr(info.last_error, "not durable")) fail_msg("the failure does not say so: %s", info.last_error);
 }
 
-/* A push root whose store cannot be read (LATEST unparsable) says why at
- * each step, and a failed step runs the node for the time asked (at least
- * 0.5 s), not that and again the time asked. */
-static void test_push_root_says_why(void **state)
-{
-    char sr[4096], latest[4200];
-    snprintf(sr, sizeof sr, "%s", tu_path("why"));
-    sh_rm_rf(sr);
-    make_cks("w", 1, 95);
-    store *s;
-    TU_OK(store_open(sr, NULL, 1, &s));
-    publish(s, ck("w", 1), 8, 1);
-    store_close(s);
-    bcast_config bc = {.chunk_size = 64 << 10};
-    store_push_root *r;
-    TU_OK(store_push_root_new(sr, NULL, &bc, &r));
-    TU_OK(store_push_root_step(r, 0.01));
-    snprintf(latest, sizeof latest, "%s/main/LATEST", sr);
-    tu_write_file(latest, "{\"format\":", 11);
-    warn_start();
-    double t0 = sh_now_mono();
-    TU_OK(store_push_root_step(r, 0.8));
-    double took = sh_now_mono() - t0;
-    TU_OK(store_push_root_step(r, 0.01));
-    char said[16384];
-    int n = warn_count("push root:", said, sizeof said);
-    warn_stop();
-    store_push_root_free(r);
-    if (n != 2 || !strstr(said, "LATEST")) fail_msg("two steps on an unreadable LATEST said %d times:\n%s", n, said);
-    if (took < 0.75 || took > 1.45) fail_msg("a failed step of 0.8 s ran the node %.2f s", took);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_leased_file_never_recycled),
         cmocka_unit_test(test_push_root_offers_past_a_cached_squash),
         cmocka_unit_test(test_joiner_gets_one_squash),
+        cmocka_unit_test(test_fresh_joiner_activates_newest),
+        cmocka_unit_test(test_push_root_says_why),
+        cmocka_unit_test(test_push_root_sees_a_repair_within_a_second),
         cmocka_unit_test(test_joiner_below_anchor_gets_the_cheaper),
-        cmocka_unit_test(test_leased_file_never_recycled),
         cmocka_unit_test(test_restart_keeps_activation_time),
         cmocka_unit_test(test_unwritable_active_not_durable),
-        cmocka_unit_test(test_push_root_says_why),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, tree_setup, tree_teardown);
 }
