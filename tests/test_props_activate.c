@@ -20,7 +20,10 @@
  *    failed step runs the node for the time asked, not twice that. */
 #include "testutil.h"
 
+#include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,6 +35,75 @@
 #include "shoal/bcast.h"
 #include "shoal/ckpt.h"
 #include "shoal/store.h"
+
+/* ---- Failing opens ------------------------------------------------------------
+ * This binary interposes open() (the library is linked into it, so its
+ * calls come here first): while armed, opening a path that ends with
+ * FO.suffix fails with FO.err, as a kernel out of memory (ENOMEM) or a
+ * file gone would fail it; FO.hits counts those. */
+static struct {
+    pthread_mutex_t mu;
+    char suffix[256];
+    int err, hits;
+} FO = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int (*real_open)(const char *, int, ...);
+
+static int open_fails(const char *path)
+{
+    pthread_mutex_lock(&FO.mu);
+    size_t n = strlen(path), k = strlen(FO.suffix);
+    int fail = k && n >= k && !strcmp(path + n - k, FO.suffix);
+    if (fail) FO.hits++;
+    int e = FO.err;
+    pthread_mutex_unlock(&FO.mu);
+    if (fail) errno = e;
+    return fail;
+}
+
+static int fo_open(const char *path, int flags, va_list ap, const char *name)
+{
+    mode_t mode = flags & (O_CREAT | O_TMPFILE) ? va_arg(ap, mode_t) : 0;
+    if (open_fails(path)) return -1;
+    if (!real_open) real_open = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, name);
+    return real_open(path, flags, mode);
+}
+
+int open(const char *path, int flags, ...)
+{
+    va_list ap;
+    va_start(ap, flags);
+    int r = fo_open(path, flags, ap, "open");
+    va_end(ap);
+    return r;
+}
+
+int open64(const char *path, int flags, ...)
+{
+    va_list ap;
+    va_start(ap, flags);
+    int r = fo_open(path, flags, ap, "open64");
+    va_end(ap);
+    return r;
+}
+
+static void fo_arm(const char *suffix, int err)
+{
+    pthread_mutex_lock(&FO.mu);
+    snprintf(FO.suffix, sizeof FO.suffix, "%s", suffix);
+    FO.err = err;
+    FO.hits = 0;
+    pthread_mutex_unlock(&FO.mu);
+}
+
+static int fo_disarm(void)
+{
+    pthread_mutex_lock(&FO.mu);
+    FO.suffix[0] = 0;
+    int n = FO.hits;
+    pthread_mutex_unlock(&FO.mu);
+    return n;
+}
 
 /* ---- Warnings ---------------------------------------------------------- */
 
@@ -236,7 +308,7 @@ static int tree_setup(void **state)
     snprintf(T.jdir, sizeof T.jdir, "%s", tu_path("tree-J"));
     snprintf(T.fdir, sizeof T.fdir, "%s", tu_path("tree-F"));
     sh_rm_rf(T.sr), sh_rm_rf(T.ldir), sh_rm_rf(T.fdir);
-    make_cks("c", 6, 31);
+    make_cks("c", 7, 31);
     TU_OK(store_open(T.sr, NULL, 1, &T.s));
     publish(T.s, ck("c", 1), 8, 1);
     seed_replica(T.jdir, T.sr, 1);
@@ -419,6 +491,27 @@ static void test_push_root_sees_a_repair_within_a_second(void **state)
     serves(T.L, 6, ck("c", 6));
 }
 
+/* A pushed version whose build fails for want of memory (here the kernel
+ * refuses to open its model file, ENOMEM) is not sent again by the tree:
+ * the replica tries it again after a pause that doubles (0.1, 0.2, 0.4 s
+ * ...: 4 tries in the first second, not 10), and takes it once it can. */
+static void test_pushed_version_retried_without_memory(void **state)
+{
+    store_replica_info before, after;
+    store_replica_get_info(T.L, &before);
+    fo_arm("tree-L/models/0000000007.safetensors", ENOMEM);
+    publish(T.s, ck("c", 7), 8, 7);
+    sh_sleep(1.0);
+    int tries = fo_disarm();
+    int rc = store_replica_wait(T.L, 7, 10);
+    store_replica_get_info(T.L, &after);
+    if (rc < 0) fail_msg("version 7 was not taken after %d tries without memory: %s", tries, sh_errmsg());
+    serves(T.L, 7, ck("c", 7));
+    print_message("%d tries in the first second without memory\n", tries);
+    if (tries < 2 || tries > 5) fail_msg("%d tries in the first second without memory (expected 2..5)", tries);
+    assert_int_equal(after.failures - before.failures, (uint64_t)tries);
+}
+
 /* A replica on version 1 joins a root whose newest version 2 is an anchor
  * of another model: the delta across the anchor is more bytes than the
  * anchor itself, so the joiner gets the anchor. */
@@ -460,7 +553,8 @@ static void test_joiner_below_anchor_gets_the_cheaper(void **state)
 }
 
 /* A restarted replica reports the activation time its ACTIVE recorded,
- * not 0 (a version that was never activated). */
+ * not 0 (a version that was never activated), and removes the files in
+ * models/ it does not serve, but no hidden one. */
 static void test_restart_keeps_activation_time(void **state)
 {
     char sr[4096], dir[4096];
@@ -481,10 +575,20 @@ static void test_restart_keeps_activation_time(void **state)
     store_replica_get_info(x, &a);
     store_replica_close(x);
     assert_true(a.activated_at > 1e9);
+    /* What the restart removes from models/: the replica's leftovers, never
+     * a hidden file (NFS keeps a file a process still reads as .nfsNNNN:
+     * removing it breaks that reader). */
+    char hidden[4200], stray[4200];
+    snprintf(hidden, sizeof hidden, "%s/models/.nfs000000000001", dir);
+    snprintf(stray, sizeof stray, "%s/models/0000000009.safetensors", dir);
+    tu_write_file(hidden, "x", 1);
+    tu_write_file(stray, "x", 1);
     cfg.poll_s = 3600;
     TU_OK(store_replica_open(&cfg, &x));
     store_replica_get_info(x, &b);
     store_replica_close(x);
+    if (!sh_path_exists(hidden)) fail_msg("a restart removed the hidden file %s", hidden);
+    if (sh_path_exists(stray)) fail_msg("a restart left %s, a version it does not serve", stray);
     assert_int_equal(b.version, 1);
     if (fabs(b.activated_at - a.activated_at) > 1e-3)
         fail_msg("restarted on version 1 activated at %.6f, recorded %.6f", b.activated_at, a.activated_at);
@@ -528,6 +632,47 @@ static void test_unwritable_active_not_durable(void **state)
     if (!strstr(info.last_error, "not durable")) fail_msg("the failure does not say so: %s", info.last_error);
 }
 
+/* A replica that serves an FP8 copy never activates a version whose FP8
+ * copy it cannot open (here the open fails once the copy is built): it
+ * keeps serving the version before, says why, and takes the version once
+ * the copy opens. */
+static void test_fp8_copy_required(void **state)
+{
+    char sr[4096], dir[4096];
+    snprintf(sr, sizeof sr, "%s", tu_path("fp8s"));
+    snprintf(dir, sizeof dir, "%s", tu_path("fp8s-rep"));
+    sh_rm_rf(sr);
+    sh_rm_rf(dir);
+    make_cks("f", 2, 85);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    publish(s, ck("f", 1), 8, 1);
+    store_replica_config cfg = {.dir = dir, .store = sr, .poll_s = 0.01, .fp8 = 1};
+    store_replica *x;
+    TU_OK(store_replica_open(&cfg, &x));
+    TU_OK(store_replica_wait(x, 1, 30));
+    fo_arm("fp8s-rep/models/0000000002.fp8.safetensors", EACCES);
+    publish(s, ck("f", 2), 8, 2);
+    store_close(s);
+    store_replica_info info;
+    for (double end = sh_now_mono() + 20;; sh_sleep(0.01)) {
+        store_replica_get_info(x, &info);
+        if (info.failures || info.version != 1 || sh_now_mono() > end) break;
+    }
+    int tries = fo_disarm();
+    if (info.version != 1 || !info.failures || tries < 1)
+        fail_msg("with its FP8 copy unopenable, version 2: served %llu, %llu failures, %d opens refused: %s",
+                 (unsigned long long)info.version, (unsigned long long)info.failures, tries, info.last_error);
+    print_message("version 2 refused: %s\n", info.last_error);
+    if (!strstr(info.last_error, "fp8")) fail_msg("the failure does not name the FP8 copy: %s", info.last_error);
+    TU_OK(store_replica_wait(x, 2, 30));
+    store_lease l;
+    TU_OK(store_replica_acquire(x, 2, 2, &l));
+    assert_non_null(l.fp8);
+    store_replica_release(x, &l);
+    store_replica_close(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -537,9 +682,11 @@ int main(void)
         cmocka_unit_test(test_fresh_joiner_activates_newest),
         cmocka_unit_test(test_push_root_says_why),
         cmocka_unit_test(test_push_root_sees_a_repair_within_a_second),
+        cmocka_unit_test(test_pushed_version_retried_without_memory),
         cmocka_unit_test(test_joiner_below_anchor_gets_the_cheaper),
         cmocka_unit_test(test_restart_keeps_activation_time),
         cmocka_unit_test(test_unwritable_active_not_durable),
+        cmocka_unit_test(test_fp8_copy_required),
     };
     return cmocka_run_group_tests(tests, tree_setup, tree_teardown);
 }
