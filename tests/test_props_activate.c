@@ -673,6 +673,32 @@ static void test_fp8_copy_required(void **state)
     store_replica_close(x);
 }
 
+/* A push root started before the run's first version (the usual order:
+ * the root, then the trainer) waits quietly: a run with no version is no
+ * error, and each step runs only the time asked. */
+static void test_push_root_waits_quietly_for_a_first_version(void **state)
+{
+    char sr[4096];
+    snprintf(sr, sizeof sr, "%s", tu_path("empty"));
+    sh_rm_rf(sr);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    store_close(s);
+    bcast_config bc = {.chunk_size = 64 << 10};
+    store_push_root *r;
+    TU_OK(store_push_root_new(sr, NULL, &bc, &r));
+    warn_start();
+    double t0 = sh_now_mono();
+    for (int i = 0; i < 3; i++) TU_OK(store_push_root_step(r, 0.01));
+    double took = sh_now_mono() - t0;
+    char said[16384];
+    int n = warn_count("", said, sizeof said);
+    warn_stop();
+    store_push_root_free(r);
+    if (n) fail_msg("a root on a run with no version yet warned:\n%s", said);
+    if (took > 0.45) fail_msg("3 steps of 0.01 s on a run with no version yet took %.2f s", took);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -687,6 +713,7 @@ int main(void)
         cmocka_unit_test(test_restart_keeps_activation_time),
         cmocka_unit_test(test_unwritable_active_not_durable),
         cmocka_unit_test(test_fp8_copy_required),
+        cmocka_unit_test(test_push_root_waits_quietly_for_a_first_version),
     };
     return cmocka_run_group_tests(tests, tree_setup, tree_teardown);
 }
