@@ -38,12 +38,12 @@
 
 /* ---- Failing opens ------------------------------------------------------------
  * This binary interposes open() (the library is linked into it, so its
- * calls come here first): while armed, opening a path that ends with
- * FO.suffix fails with FO.err, as a kernel out of memory (ENOMEM) or a
- * file gone would fail it; FO.hits counts those. */
+ * calls come here first): while armed, opening a path that contains one of
+ * FO.pat fails with FO.err, as a kernel out of memory (ENOMEM) or a failed
+ * disk would fail it; FO.hits counts those. */
 static struct {
     pthread_mutex_t mu;
-    char suffix[256];
+    char pat[2][256];
     int err, hits;
 } FO = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -52,8 +52,8 @@ static int (*real_open)(const char *, int, ...);
 static int open_fails(const char *path)
 {
     pthread_mutex_lock(&FO.mu);
-    size_t n = strlen(path), k = strlen(FO.suffix);
-    int fail = k && n >= k && !strcmp(path + n - k, FO.suffix);
+    int fail = 0;
+    for (int i = 0; i < 2; i++) fail |= FO.pat[i][0] && strstr(path, FO.pat[i]) != NULL;
     if (fail) FO.hits++;
     int e = FO.err;
     pthread_mutex_unlock(&FO.mu);
@@ -87,10 +87,12 @@ int open64(const char *path, int flags, ...)
     return r;
 }
 
-static void fo_arm(const char *suffix, int err)
+/* Fails the opens of paths containing a (and b, when given) with err. */
+static void fo_arm(const char *a, const char *b, int err)
 {
     pthread_mutex_lock(&FO.mu);
-    snprintf(FO.suffix, sizeof FO.suffix, "%s", suffix);
+    snprintf(FO.pat[0], sizeof FO.pat[0], "%s", a);
+    snprintf(FO.pat[1], sizeof FO.pat[1], "%s", b ? b : "");
     FO.err = err;
     FO.hits = 0;
     pthread_mutex_unlock(&FO.mu);
@@ -99,7 +101,7 @@ static void fo_arm(const char *suffix, int err)
 static int fo_disarm(void)
 {
     pthread_mutex_lock(&FO.mu);
-    FO.suffix[0] = 0;
+    FO.pat[0][0] = FO.pat[1][0] = 0;
     int n = FO.hits;
     pthread_mutex_unlock(&FO.mu);
     return n;
@@ -308,7 +310,7 @@ static int tree_setup(void **state)
     snprintf(T.jdir, sizeof T.jdir, "%s", tu_path("tree-J"));
     snprintf(T.fdir, sizeof T.fdir, "%s", tu_path("tree-F"));
     sh_rm_rf(T.sr), sh_rm_rf(T.ldir), sh_rm_rf(T.fdir);
-    make_cks("c", 7, 31);
+    make_cks("c", 8, 31);
     TU_OK(store_open(T.sr, NULL, 1, &T.s));
     publish(T.s, ck("c", 1), 8, 1);
     seed_replica(T.jdir, T.sr, 1);
@@ -499,7 +501,7 @@ static void test_pushed_version_retried_without_memory(void **state)
 {
     store_replica_info before, after;
     store_replica_get_info(T.L, &before);
-    fo_arm("tree-L/models/0000000007.safetensors", ENOMEM);
+    fo_arm("tree-L/models/0000000007.safetensors", NULL, ENOMEM);
     publish(T.s, ck("c", 7), 8, 7);
     sh_sleep(1.0);
     int tries = fo_disarm();
@@ -510,6 +512,41 @@ static void test_pushed_version_retried_without_memory(void **state)
     print_message("%d tries in the first second without memory\n", tries);
     if (tries < 2 || tries > 5) fail_msg("%d tries in the first second without memory (expected 2..5)", tries);
     assert_int_equal(after.failures - before.failures, (uint64_t)tries);
+}
+
+/* G joins with nothing while the root holds version 8, whose payload G
+ * cannot receive (its spool file cannot be opened; nor can the root make
+ * a squash, so G gets the chain): G builds versions 1 to 7 in memory on
+ * the way to 8, and once the tree is quiet it activates 7.
+ * Its ACTIVE cannot be replaced (a folder holds the name), so version 7 is
+ * served but not durable: its model file stays (it is the one served, and
+ * the one a later activation keeps as the previous version). */
+static void test_staged_version_served_keeps_its_file(void **state)
+{
+    char gdir[4096], act[4200], m7[4200];
+    snprintf(gdir, sizeof gdir, "%s", tu_path("tree-G"));
+    sh_rm_rf(gdir);
+    snprintf(act, sizeof act, "%s/ACTIVE/x", gdir);
+    TU_OK(sh_mkdir_p(act, 0755));
+    publish(T.s, ck("c", 8), 8, 8);
+    TU_OK(store_replica_wait(T.L, 8, 30));
+    fo_arm("tree-G/spool/v8.part", "tree/main/squash/", EIO);
+    store_replica *x = push_replica(gdir, &T.t);
+    store_replica_info info;
+    for (double end = sh_now_mono() + 20;; sh_sleep(0.01)) {
+        store_replica_get_info(x, &info);
+        if ((info.version == 7 && info.failures) || sh_now_mono() > end) break;
+    }
+    int refused = fo_disarm();
+    if (info.version != 7 || !info.failures)
+        fail_msg("G (v8 refused %d times) serves v%llu with %llu failures: %s", refused,
+                 (unsigned long long)info.version, (unsigned long long)info.failures, info.last_error);
+    if (!strstr(info.last_error, "not durable")) fail_msg("the failure does not say so: %s", info.last_error);
+    snprintf(m7, sizeof m7, "%s/models/%010d.safetensors", gdir, 7);
+    if (!sh_path_exists(m7)) fail_msg("version 7 is served but its model file %s was removed", m7);
+    tu_assert_same_file(m7, ck("c", 7));
+    serves(x, 7, ck("c", 7));
+    store_replica_close(x);
 }
 
 /* A replica on version 1 joins a root whose newest version 2 is an anchor
@@ -651,7 +688,7 @@ static void test_fp8_copy_required(void **state)
     store_replica *x;
     TU_OK(store_replica_open(&cfg, &x));
     TU_OK(store_replica_wait(x, 1, 30));
-    fo_arm("fp8s-rep/models/0000000002.fp8.safetensors", EACCES);
+    fo_arm("fp8s-rep/models/0000000002.fp8.safetensors", NULL, EACCES);
     publish(s, ck("f", 2), 8, 2);
     store_close(s);
     store_replica_info info;
@@ -709,6 +746,7 @@ int main(void)
         cmocka_unit_test(test_push_root_says_why),
         cmocka_unit_test(test_push_root_sees_a_repair_within_a_second),
         cmocka_unit_test(test_pushed_version_retried_without_memory),
+        cmocka_unit_test(test_staged_version_served_keeps_its_file),
         cmocka_unit_test(test_joiner_below_anchor_gets_the_cheaper),
         cmocka_unit_test(test_restart_keeps_activation_time),
         cmocka_unit_test(test_unwritable_active_not_durable),
