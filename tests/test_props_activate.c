@@ -1,23 +1,30 @@
 /* Properties of a replica's activation and of a push root that the
  * generated mutants (scripts/mutgen.py, docs/testing.md) found no test
  * held.  Everything runs in this process: a push root (store_push_root)
- * stepped on a thread, push replicas attached to it over UCX on loopback.
+ * stepped on a thread, push replicas attached to it over UCX on loopback,
+ * and an interposed open() that fails where a test says.
  *  - a push root offers every version published after what it offered,
  *    also when the store's squash cache holds a squash from its position
- *    (made by `shoal store squash` or another root): it never waits for
- *    ever; and a root whose store is sound says nothing;
+ *    (made by `shoal store squash` or another root): it never stalls; a
+ *    root on a sound store, or on a run with no version yet, says nothing,
+ *    and one whose store cannot be read says why;
+ *  - a failed step runs the node for the time asked, not twice that;
+ *  - a damaged payload repaired in place within the same second is
+ *    hashed again and offered;
  *  - a late joiner two or more deltas behind gets one squashed delta
- *    (fewer bytes than the chain) and ends on the exact bytes;
- *  - a joiner below the anchor gets the anchor when the delta across it
- *    would be more bytes;
+ *    (fewer bytes than the chain); a joiner below the anchor gets the
+ *    anchor when the delta across it is more bytes; a joiner with nothing
+ *    activates the newest version first; each ends on the exact bytes;
  *  - a push replica never recycles the file of a version a lease still
- *    reads: the lease keeps its bytes, and the next version is built
- *    anyway; an unleased file is recycled and gets the exact bytes;
- *  - a restarted replica reports the activation time ACTIVE recorded;
- *  - an activation whose ACTIVE cannot be written serves the version but
- *    reports no durable time, and says so;
- *  - a push root whose store cannot be read says why at every step, and a
- *    failed step runs the node for the time asked, not twice that. */
+ *    reads: the lease keeps its bytes and the next version is built
+ *    anyway; an unleased file is recycled;
+ *  - a pushed version that fails for want of memory is tried again after
+ *    pauses that double, and taken;
+ *  - a version served but not durable (ACTIVE cannot be replaced) keeps
+ *    its model file and reports no durable time; a version whose FP8 copy
+ *    cannot be opened is never activated;
+ *  - a restarted replica reports the activation time ACTIVE recorded and
+ *    removes the files it does not serve, but no hidden file. */
 #include "testutil.h"
 
 #include <dlfcn.h>
