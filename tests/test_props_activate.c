@@ -265,7 +265,8 @@ static void serves(store_replica *x, uint64_t v, const char *path)
     size_t n;
     uint8_t *want = tu_read_file(path, &n);
     assert_int_equal(l.size, n);
-    if (memcmp(l.data, want, n)) fail_msg("version %llu is served with other bytes than %s", (unsigned long long)v, path);
+    if (memcmp(l.data, want, n))
+        fail_msg("version %llu is served with other bytes than %s", (unsigned long long)v, path);
     free(want);
     store_replica_release(x, &l);
 }
@@ -444,8 +445,9 @@ static void test_fresh_joiner_activates_newest(void **state)
     if (n) fail_msg("a push root on a sound store warned %d times:\n%s", n, said);
 }
 
-/* A push root whose store cannot be read (LATEST unparsable) says why, and a failed step runs the node for the time asked (at least
- * 0.5 s), not that and again the time asked. */
+/* A push root whose store cannot be read (LATEST unparsable) says why,
+ * and a failed step runs the node for the time asked (at least 0.5 s),
+ * not that and again the time asked. */
 static void test_push_root_says_why(void **state)
 {
     root_pause(&T.t);
@@ -679,7 +681,8 @@ static void test_unwritable_active_not_durable(void **state)
     assert_int_equal(info.version, 1);
     assert_int_equal(info.timeline.version, 1);
     assert_true(info.timeline.active > 0);
-    if (info.timeline.durable != 0) fail_msg("a version whose ACTIVE failed has durable time %.6f", info.timeline.durable);
+    if (info.timeline.durable != 0)
+        fail_msg("a version whose ACTIVE failed has durable time %.6f", info.timeline.durable);
     assert_true(info.failures >= 1);
     if (!strstr(info.last_error, "not durable")) fail_msg("the failure does not say so: %s", info.last_error);
 }
