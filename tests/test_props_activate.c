@@ -447,10 +447,21 @@ static void test_fresh_joiner_activates_newest(void **state)
 
 /* A push root whose store cannot be read (LATEST unparsable) says why,
  * and a failed step runs the node for the time asked (at least 0.5 s),
- * not that and again the time asked. */
+ * not that and again the time asked; a replica reading that store pauses
+ * between its tries. */
 static void test_push_root_says_why(void **state)
 {
     root_pause(&T.t);
+    /* S follows the store itself (polling every 10 ms). */
+    char sdir[4096];
+    snprintf(sdir, sizeof sdir, "%s", tu_path("tree-S"));
+    sh_rm_rf(sdir);
+    store_replica_config cfg = {.dir = sdir, .store = T.sr, .poll_s = 0.01};
+    store_replica *x;
+    TU_OK(store_replica_open(&cfg, &x));
+    TU_OK(store_replica_wait(x, 5, 30));
+    store_replica_info a, b;
+    store_replica_get_info(x, &a);
     char latest[4200];
     snprintf(latest, sizeof latest, "%s/main/LATEST", T.sr);
     size_t len;
@@ -462,8 +473,15 @@ static void test_push_root_says_why(void **state)
     double took = sh_now_mono() - t0;
     char said[16384];
     int n = warn_count("push root:", said, sizeof said);
+    store_replica_get_info(x, &b);
     tu_write_file(latest, good, len);
     free(good);
+    store_replica_close(x);
+    /* The replica reading the store fails too, but tries again after
+     * pauses that double (0.1, 0.2, 0.4 s: 4 tries in 0.8 s), not at every
+     * poll (80). */
+    int tries = (int)(b.failures - a.failures);
+    if (tries < 1 || tries > 6) fail_msg("a store replica tried an unreadable LATEST %d times in %.2f s", tries, took);
     if (n != 1 || !strstr(said, "LATEST")) fail_msg("a step on an unreadable LATEST said it %d times:\n%s", n, said);
     if (took < 0.75 || took > 1.45) fail_msg("a failed step of 0.8 s ran the node %.2f s", took);
 }
@@ -720,6 +738,8 @@ static void test_fp8_copy_required(void **state)
                  (unsigned long long)info.version, (unsigned long long)info.failures, tries, info.last_error);
     print_message("version 2 refused: %s\n", info.last_error);
     if (!strstr(info.last_error, "fp8")) fail_msg("the failure does not name the FP8 copy: %s", info.last_error);
+    /* It knows version 2 exists (the store's LATEST), though it serves 1. */
+    assert_int_equal(info.newest_announced, 2);
     TU_OK(store_replica_wait(x, 2, 30));
     store_lease l;
     TU_OK(store_replica_acquire(x, 2, 2, &l));
