@@ -246,6 +246,7 @@ const char *store_push_root_run(const store_push_root *r);
  * `seconds` (at least 0.5 s after a damaged version).  0 or a negative SH_E*
  * code from the node. */
 int store_push_root_step(store_push_root *r, double seconds);
+/* NULL: a no-op. */
 void store_push_root_free(store_push_root *r);
 
 /* Opens DIR (created if missing), restores the last activated version after
