@@ -8,7 +8,13 @@
  *    groups: memory (and no swap on top), pids and CPU, from the node's
  *    share and lowered by the job's memory_mb and pids_max;
  *  - a "writable" folder is refused unless it is an existing directory
- *    named without symbolic links: each condition on its own. */
+ *    named without symbolic links: each condition on its own;
+ *  - the disk share, on work roots of small tmpfs file systems: an agent
+ *    that is not root (no loop images: it measures) stops a rank over its
+ *    share in bytes or in files and leaves one inside it alone, and hides
+ *    the work root and the server's state from its ranks itself (bwrap's
+ *    --tmpfs); a root agent's second rank gets its share of what is left
+ *    after the first rank's promise. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -19,10 +25,13 @@
 
 #include <glob.h>
 #include <stdio.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
+#include <errno.h>
 #include <unistd.h>
 
 static int64_t submit_sh(tf_fleet *f, const char *token, const char *name, int gpus, const char *extra,
@@ -244,12 +253,138 @@ static void test_writable_each_condition(void **state)
     tf_stop(&f);
 }
 
+/* ---- the disk share, on small work file systems ----------------------------
+ * Two agents of one server, each with its work root on a tmpfs of its own
+ * (so that the node's free space, and the share of it, is known): n0 (8
+ * "H100") runs as an unprivileged uid, so it has no loop images and
+ * measures; n1 (8 "A100") runs as root and gives each rank an ext4 image
+ * of its share.  Each file system has 640 or 768 MiB: 128 or 256 MiB
+ * beyond the control plane's reserve (512 MiB). */
+
+#define NOBODY 65534
+
+static char disk_root[2][4200];
+
+static int disk_teardown(void **state)
+{
+    tf_kill_all();
+    for (int i = 0; i < 2; i++)
+        if (disk_root[i][0]) umount2(disk_root[i], MNT_DETACH), disk_root[i][0] = 0;
+    return 0;
+}
+
+static void disk_mount(int i, const char *name, const char *opts, uid_t owner)
+{
+    snprintf(disk_root[i], sizeof disk_root[i], "%s", tu_path(name));
+    sh_rm_rf(disk_root[i]);
+    TU_OK(sh_mkdir_p(disk_root[i], 0700));
+    if (mount("tmpfs", disk_root[i], "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
+        fail_msg("mount a tmpfs (%s) on %s: %s", opts, disk_root[i], strerror(errno));
+    assert_int_equal(chown(disk_root[i], owner, owner), 0);
+    assert_int_equal(chmod(disk_root[i], 0700), 0);
+}
+
+/* The number after `key` in the log, or -1. */
+static long long log_num(const char *log, const char *key)
+{
+    const char *p = strstr(log, key);
+    return p ? atoll(p + strlen(key)) : -1;
+}
+
+#define FS_BYTES "python3 -c \"import os; s = os.statvfs('.'); print('fs-bytes', s.f_blocks * s.f_frsize)\""
+
+static void test_disk_share_small_roots(void **state)
+{
+    if (geteuid() != 0) {
+        print_message("needs root (tmpfs work roots, an agent of another uid)\n");
+        skip();
+    }
+    tf_fleet f = {0};
+    snprintf(f.agent_extra, sizeof f.agent_extra, "--sandbox bwrap");
+    tf_start_server(&f, "dshare", 10);
+    disk_mount(0, "dshare-n0", "size=640m,nr_inodes=16000", NOBODY);
+    disk_mount(1, "dshare-n1", "size=768m", 0);
+    /* Another rank's directory and what the server keeps, as n0's ranks
+     * would find them without the masks. */
+    char planted[4300];
+    snprintf(planted, sizeof planted, "%s/s3cr3t", disk_root[0]);
+    tu_write_file(planted, "top-secret-bytes\n", 17);
+    assert_int_equal(chown(planted, NOBODY, NOBODY), 0);
+    f.agent_uid[0] = NOBODY;
+    for (int i = 0; i < 2; i++) snprintf(f.agent_work[i], sizeof f.agent_work[i], "%s", disk_root[i]);
+    tf_start_agent(&f, 0, "H100", 8, "z", "ib");
+    tf_start_agent(&f, 1, "A100", 8, "z", "ib");
+    const char *h100 = ",\"gpu_types\":[\"H100\"]", *a100 = ",\"gpu_types\":[\"A100\"]";
+    /* n1: the first rank (half the node) holds its image while the
+     * second starts. */
+    int64_t first = submit_sh(&f, TF_ALICE, "first", 4, a100, FS_BYTES "; exec sleep 60");
+    /* n0: each of one GPU, so a share of 16 MiB and of ~1900 files. */
+    char peek[9000];
+    snprintf(peek, sizeof peek,
+             "echo root:$(ls -A %s | tr '\\n' ' '):; echo state:$(ls -A %s | wc -l):; cat %s 2>/dev/null;"
+             " echo peek-done", disk_root[0], f.dir, planted);
+    int64_t look = submit_sh(&f, TF_BOB, "peek", 1, h100, peek);
+    int64_t bytes = submit_sh(&f, TF_BOB, "bytes", 1, h100,
+                              "head -c 50331648 /dev/zero > big && sleep 6 && echo survived-bytes");
+    int64_t files = submit_sh(&f, TF_BOB, "files", 1, h100,
+                              "python3 -c \"[open('f%d' % i, 'w').close() for i in range(3000)]\" && sleep 6 &&"
+                              " echo survived-files");
+    int64_t fine = submit_sh(&f, TF_ALICE, "fine", 1, h100,
+                             "head -c 2097152 /dev/zero > f && python3 -c \"[open('g%d' % i, 'w').close() for i in"
+                             " range(100)]\" && sleep 1.5 && echo within-share");
+    /* n1's second rank: its share of what the first one's image has not
+     * yet taken of the free space. */
+    json_decref(tf_wait_job(&f, first, "running", 30));
+    long long a = -1;
+    char *l;
+    for (double until = sh_now_mono() + 20; a < 0 && sh_now_mono() < until; sh_sleep(0.05)) {
+        l = tf_job_log(&f, first);
+        a = log_num(l, "fs-bytes ");
+        free(l);
+    }
+    int64_t second = submit_sh(&f, TF_BOB, "second", 4, a100, FS_BYTES);
+    l = tf_wait_log(&f, look, 30, NULL);
+    char want[200];
+    snprintf(want, sizeof want, "root:n0-%lld-1-0 :", (long long)look);
+    if (!strstr(l, want) || !strstr(l, "state:0:") || strstr(l, "top-secret") || !strstr(l, "peek-done"))
+        fail_msg("a rank of the unprivileged agent sees into the work root %s or the server's state %s"
+                 " (expected only \"%s\" and an empty state):\n%s", disk_root[0], f.dir, want, l);
+    free(l);
+    l = tf_wait_log(&f, bytes, 30, NULL);
+    long long mib = log_num(l, "; limit ");
+    if (strstr(l, "survived-bytes") || !strstr(l, "hit its disk limit (over the bytes") || mib < 14 || mib > 16)
+        fail_msg("48 MiB in a share of 16 MiB (1/8 of the 128 MiB free beyond the reserve): not stopped, or not"
+                 " for its bytes, or another limit:\n%s", l);
+    free(l);
+    l = tf_wait_log(&f, files, 30, NULL);
+    long long nfiles = log_num(l, "MiB and ");
+    if (strstr(l, "survived-files") || !strstr(l, "hit its disk limit (over the files") || nfiles < 1700 ||
+        nfiles > 2000)
+        fail_msg("3000 files in a share of ~1900 (1/8 of 16000 inodes less 5%%): not stopped, or not for its"
+                 " files, or another limit:\n%s", l);
+    free(l);
+    l = tf_wait_log(&f, fine, 30, NULL);
+    if (!strstr(l, "within-share") || strstr(l, "disk limit"))
+        fail_msg("2 MiB and 100 files inside a share of 16 MiB and ~1900 files:\n%s", l);
+    free(l);
+    l = tf_wait_log(&f, second, 30, NULL);
+    long long b = log_num(l, "fs-bytes ");
+    long long beyond = 256ll << 20, slack = 4ll << 20;
+    if (a > beyond / 2 || a < beyond / 2 - 16 * slack || b < 0 || b > (beyond - a) / 2 + slack)
+        fail_msg("n1 (256 MiB free beyond its reserve): the first rank of half the node has %lld bytes, the second"
+                 " %lld; expected at most %lld and then at most half of what is left (%lld):\n%s", a, b, beyond / 2,
+                 (beyond - a) / 2 + slack, l);
+    free(l);
+    tf_stop(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_seccomp_has_its_rules, tf_teardown),
         cmocka_unit_test_teardown(test_cgroup_limits_written, tf_teardown),
         cmocka_unit_test_teardown(test_writable_each_condition, tf_teardown),
+        cmocka_unit_test_teardown(test_disk_share_small_roots, disk_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
