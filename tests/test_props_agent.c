@@ -13,8 +13,9 @@
  *    that is not root (no loop images: it measures) stops a rank over its
  *    share in bytes or in files and leaves one inside it alone, and hides
  *    the work root and the server's state from its ranks itself (bwrap's
- *    --tmpfs); a root agent's second rank gets its share of what is left
- *    after the first rank's promise. */
+ *    --tmpfs), also from one that names a folder there as "writable"; a
+ *    root agent's second rank gets its share of what is left after the
+ *    first rank's promise. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -22,6 +23,7 @@
 #include <cmocka.h>
 
 #include "fleet_util.h"
+#include "control/agent/agent_int.h"
 
 #include <glob.h>
 #include <stdio.h>
@@ -32,6 +34,7 @@
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 static int64_t submit_sh(tf_fleet *f, const char *token, const char *name, int gpus, const char *extra,
@@ -253,6 +256,40 @@ static void test_writable_each_condition(void **state)
     tf_stop(&f);
 }
 
+/* A PATH entry so long that "DIR/bwrap" does not fit the agent's buffer
+ * (4096 bytes with its NUL) is skipped whole, never cut to another name:
+ * "DIR/bwra" here, which exists and lies under the world-writable /tmp.
+ * The next entry's bwrap is the one found. */
+static void test_find_tool_long_path_entry(void **state)
+{
+    char dir[4200], tool[4300];
+    snprintf(dir, sizeof dir, "%s/toolpath", tu_tmpdir());
+    sh_rm_rf(dir);
+    TU_OK(sh_mkdir_p(dir, 0755));
+    while (strlen(dir) < 4090) {
+        size_t n = strlen(dir), add = 4090 - n - 1 > 200 ? 200 : 4090 - n - 1;
+        dir[n] = '/';
+        memset(dir + n + 1, 'd', add);
+        dir[n + 1 + add] = 0;
+        if (mkdir(dir, 0755) < 0) fail_msg("mkdir %s: %s", dir, strerror(errno));
+    }
+    assert_int_equal(strlen(dir) + strlen("/bwrap"), 4096);
+    snprintf(tool, sizeof tool, "%s/bwra", dir);
+    int fd = open(tool, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+    if (fd < 0 || write(fd, "#!/bin/sh\nexit 0\n", 17) != 17) fail_msg("write %s: %s", tool, strerror(errno));
+    close(fd);
+    char *old = getenv("PATH") ? strdup(getenv("PATH")) : NULL, path[4400], out[4096];
+    snprintf(path, sizeof path, "%s:/usr/sbin:/usr/bin:/sbin:/bin", dir);
+    setenv("PATH", path, 1);
+    int rc = agent__find_tool("bwrap", out, sizeof out);
+    const char *msg = rc < 0 ? sh_errmsg() : "";
+    if (old) setenv("PATH", old, 1), free(old);
+    if (rc == SH_ENOENT) skip(); /* no bwrap on this host */
+    if (rc < 0 || !strncmp(out, tu_tmpdir(), strlen(tu_tmpdir())) || strcmp(out + strlen(out) - 6, "/bwrap"))
+        fail_msg("bwrap after a PATH entry of 4090 bytes: %d %s %s", rc, msg, rc < 0 ? "" : out);
+    sh_rm_rf(tu_path("toolpath"));
+}
+
 /* ---- the disk share, on small work file systems ----------------------------
  * Two agents of one server, each with its work root on a tmpfs of its own
  * (so that the node's free space, and the share of it, is known): n0 (8
@@ -310,6 +347,10 @@ static void test_disk_share_small_roots(void **state)
     snprintf(planted, sizeof planted, "%s/s3cr3t", disk_root[0]);
     tu_write_file(planted, "top-secret-bytes\n", 17);
     assert_int_equal(chown(planted, NOBODY, NOBODY), 0);
+    char victim[4300];
+    snprintf(victim, sizeof victim, "%s/n0-99-1-0", disk_root[0]);
+    TU_OK(sh_mkdir_p(victim, 0700));
+    assert_int_equal(chown(victim, NOBODY, NOBODY), 0);
     f.agent_uid[0] = NOBODY;
     for (int i = 0; i < 2; i++) snprintf(f.agent_work[i], sizeof f.agent_work[i], "%s", disk_root[i]);
     tf_start_agent(&f, 0, "H100", 8, "z", "ib");
@@ -332,6 +373,12 @@ static void test_disk_share_small_roots(void **state)
     int64_t fine = submit_sh(&f, TF_ALICE, "fine", 1, h100,
                              "head -c 2097152 /dev/zero > f && python3 -c \"[open('g%d' % i, 'w').close() for i in"
                              " range(100)]\" && sleep 1.5 && echo within-share");
+    /* Bob names a directory in n0's work root (as another rank's) as
+     * "writable": with the agent's uid for every rank, only the agent's
+     * refusal keeps him out. */
+    char extra[4400];
+    snprintf(extra, sizeof extra, "%s,\"writable\":[\"%s\"]", h100, victim);
+    int64_t squat = submit_sh(&f, TF_BOB, "squat", 1, extra, "echo squatted");
     /* n1's second rank: its share of what the first one's image has not
      * yet taken of the free space. */
     json_decref(tf_wait_job(&f, first, "running", 30));
@@ -350,6 +397,10 @@ static void test_disk_share_small_roots(void **state)
         fail_msg("a rank of the unprivileged agent sees into the work root %s or the server's state %s"
                  " (expected only \"%s\" and an empty state):\n%s", disk_root[0], f.dir, want, l);
     free(l);
+    l = tf_wait_log(&f, squat, 30, NULL);
+    if (strstr(l, "squatted") || !strstr(l, "which members may not see"))
+        fail_msg("writable %s, in the work root of n0: the rank ran, or without the reason:\n%s", victim, l);
+    free(l);
     l = tf_wait_log(&f, bytes, 30, NULL);
     long long mib = log_num(l, "; limit ");
     if (strstr(l, "survived-bytes") || !strstr(l, "hit its disk limit (over the bytes") || mib < 14 || mib > 16)
@@ -367,6 +418,8 @@ static void test_disk_share_small_roots(void **state)
     if (!strstr(l, "within-share") || strstr(l, "disk limit"))
         fail_msg("2 MiB and 100 files inside a share of 16 MiB and ~1900 files:\n%s", l);
     free(l);
+    /* Its exit (status 0) reached the server as such. */
+    json_decref(tf_wait_job(&f, fine, "succeeded", 5));
     l = tf_wait_log(&f, second, 30, NULL);
     long long b = log_num(l, "fs-bytes ");
     long long beyond = 256ll << 20, slack = 4ll << 20;
@@ -381,6 +434,7 @@ static void test_disk_share_small_roots(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_find_tool_long_path_entry),
         cmocka_unit_test_teardown(test_seccomp_has_its_rules, tf_teardown),
         cmocka_unit_test_teardown(test_cgroup_limits_written, tf_teardown),
         cmocka_unit_test_teardown(test_writable_each_condition, tf_teardown),
