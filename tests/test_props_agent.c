@@ -358,7 +358,8 @@ static void test_disk_share_small_roots(void **state)
     const char *h100 = ",\"gpu_types\":[\"H100\"]", *a100 = ",\"gpu_types\":[\"A100\"]";
     /* n1: the first rank (half the node) holds its image while the
      * second starts. */
-    int64_t first = submit_sh(&f, TF_ALICE, "first", 4, a100, FS_BYTES "; exec sleep 60");
+    int64_t first =
+        submit_sh(&f, TF_ALICE, "first", 4, a100, FS_BYTES "; head -c 3145728 /dev/zero > w; exec sleep 60");
     /* n0: each of one GPU, so a share of 16 MiB and of ~1900 files. */
     char peek[9000];
     snprintf(peek, sizeof peek,
@@ -428,6 +429,26 @@ static void test_disk_share_small_roots(void **state)
                  " %lld; expected at most %lld and then at most half of what is left (%lld):\n%s", a, b, beyond / 2,
                  (beyond - a) / 2 + slack, l);
     free(l);
+    /* What n1's first rank holds is what it wrote (3 MiB), not its file
+     * system's own metadata. */
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)first);
+    json_int_t held = 0;
+    for (double until = sh_now_mono() + 10; held < (3 << 20) && sh_now_mono() < until; sh_sleep(0.05)) {
+        int st;
+        json_t *j = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
+        held = json_integer_value(json_object_get(json_array_get(json_object_get(j, "members"), 0), "disk_bytes"));
+        json_decref(j);
+    }
+    if (held < (3 << 20) || held > (3 << 20) + (512 << 10))
+        fail_msg("n1's first rank wrote 3 MiB into its image; disk_bytes shows %lld", (long long)held);
+    /* The unprivileged agent said at its start that it measures. */
+    char out[4300], *text = NULL;
+    size_t len;
+    snprintf(out, sizeof out, "%s/agent-0.out", f.dir);
+    if (sh_read_file(out, 1 << 20, &text, &len) < 0 || !strstr(text, "work directories are measured every"))
+        fail_msg("agent n0 (not root) does not say that it measures the work directories:\n%s", text ? text : "");
+    free(text);
     tf_stop(&f);
 }
 
