@@ -300,19 +300,24 @@ static void test_find_tool_long_path_entry(void **state)
 
 #define NOBODY 65534
 
-static char disk_root[2][4200];
+static char disk_root[2][4200], open_dir[4200];
 
 static int disk_teardown(void **state)
 {
     tf_kill_all();
     for (int i = 0; i < 2; i++)
-        if (disk_root[i][0]) umount2(disk_root[i], MNT_DETACH), disk_root[i][0] = 0;
+        if (disk_root[i][0]) {
+            umount2(disk_root[i], MNT_DETACH);
+            rmdir(disk_root[i]);
+            disk_root[i][0] = 0;
+        }
+    if (open_dir[0]) sh_rm_rf(open_dir), open_dir[0] = 0;
     return 0;
 }
 
-static void disk_mount(int i, const char *name, const char *opts, uid_t owner)
+static void disk_mount(int i, const char *path, const char *opts, uid_t owner)
 {
-    snprintf(disk_root[i], sizeof disk_root[i], "%s", tu_path(name));
+    snprintf(disk_root[i], sizeof disk_root[i], "%s", path);
     sh_rm_rf(disk_root[i]);
     TU_OK(sh_mkdir_p(disk_root[i], 0700));
     if (mount("tmpfs", disk_root[i], "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
@@ -338,10 +343,23 @@ static void test_disk_share_small_roots(void **state)
     }
     tf_fleet f = {0};
     snprintf(f.agent_extra, sizeof f.agent_extra, "--sandbox bwrap");
-    tf_start_server(&f, "dshare", 10);
-    disk_mount(0, "dshare-n0", "size=640m,nr_inodes=16000", NOBODY);
-    disk_mount(1, "dshare-n1", "size=768m", 0);
-    /* Another rank's directory and what the server keeps, as n0's ranks
+    /* The server's state lies where n0's uid cannot reach it (as on
+     * another host): n0 has no reason to hide it, and bwrap could not. */
+    tf_start_server(&f, "dpriv/dshare", 10);
+    assert_int_equal(chmod(tu_path("dpriv"), 0700), 0);
+    disk_mount(0, tu_path("dshare-n0"), "size=640m,nr_inodes=16000", NOBODY);
+    /* n1's work root lies in /var/tmp, beside a folder open to all that
+     * its ranks still see: the jail hides only what others cannot enter. */
+    char n1root[200], visible[4300];
+    snprintf(n1root, sizeof n1root, "/var/tmp/shoal-props-n1.%d", (int)getpid());
+    snprintf(open_dir, sizeof open_dir, "/var/tmp/shoal-props-open.%d", (int)getpid());
+    disk_mount(1, n1root, "size=768m", 0);
+    TU_OK(sh_mkdir_p(open_dir, 0755));
+    chmod(open_dir, 0755);
+    snprintf(visible, sizeof visible, "%s/visible", open_dir);
+    tu_write_file(visible, "open-to-all\n", 12);
+    chmod(visible, 0644);
+    /* What other ranks left in the work root, as n0's ranks
      * would find them without the masks. */
     char planted[4300];
     snprintf(planted, sizeof planted, "%s/s3cr3t", disk_root[0]);
@@ -390,7 +408,9 @@ static void test_disk_share_small_roots(void **state)
         a = log_num(l, "fs-bytes ");
         free(l);
     }
-    int64_t second = submit_sh(&f, TF_BOB, "second", 4, a100, FS_BYTES);
+    char second_sh[4600];
+    snprintf(second_sh, sizeof second_sh, FS_BYTES "; cat %s", visible);
+    int64_t second = submit_sh(&f, TF_BOB, "second", 4, a100, second_sh);
     l = tf_wait_log(&f, look, 30, NULL);
     char want[200];
     snprintf(want, sizeof want, "root:n0-%lld-1-0 :", (long long)look);
@@ -422,6 +442,8 @@ static void test_disk_share_small_roots(void **state)
     /* Its exit (status 0) reached the server as such. */
     json_decref(tf_wait_job(&f, fine, "succeeded", 5));
     l = tf_wait_log(&f, second, 30, NULL);
+    if (!strstr(l, "open-to-all"))
+        fail_msg("a rank of n1 (work root %s) cannot read %s, open to all:\n%s", n1root, visible, l);
     long long b = log_num(l, "fs-bytes ");
     long long beyond = 256ll << 20, slack = 4ll << 20;
     if (a > beyond / 2 || a < beyond / 2 - 16 * slack || b < 0 || b > (beyond - a) / 2 + slack)
