@@ -27,7 +27,9 @@
 
 #include <glob.h>
 #include <stdio.h>
+#include <sched.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <sys/statvfs.h>
 #include <stdlib.h>
 #include <string.h>
@@ -290,6 +292,63 @@ static void test_find_tool_long_path_entry(void **state)
     sh_rm_rf(tu_path("toolpath"));
 }
 
+/* What the agent announces of the cgroup controllers, on a cgroup file
+ * system made to look like a host's (in a mount namespace of a child, so
+ * nothing of the host changes): a unified (v2) hierarchy whose
+ * cgroup.subtree_control enables memory and pids, and a read-only v1 "cpu"
+ * hierarchy where the agent cannot make its group.  It must announce the
+ * first two as v2 and not announce cpu: a member never runs with less
+ * isolation than its agent announced. */
+static void test_cgroup_probe_announces_what_it_can_use(void **state)
+{
+    if (geteuid() != 0) {
+        print_message("needs root (a mount namespace)\n");
+        skip();
+    }
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t c = fork();
+    assert_true(c >= 0);
+    if (c == 0) {
+        close(p[0]);
+        char out[512] = "";
+        const char *why = "";
+        if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) why = "unshare";
+        else if (mount("tmpfs", "/sys/fs/cgroup", "tmpfs", 0, "mode=0755") < 0) why = "mount tmpfs";
+        else {
+            int fd = open("/sys/fs/cgroup/cgroup.subtree_control", O_WRONLY | O_CREAT, 0644);
+            if (fd < 0 || write(fd, "memory pids\n", 12) != 12) why = "subtree_control";
+            if (fd >= 0) close(fd);
+            if (!*why && (mkdir("/sys/fs/cgroup/cpu", 0755) < 0 ||
+                          mount("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu", NULL, MS_BIND, NULL) < 0 ||
+                          mount(NULL, "/sys/fs/cgroup/cpu", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0))
+                why = "read-only cpu";
+        }
+        if (!*why && agent_probe_sandbox("bwrap", out, sizeof out) < 0) snprintf(out, sizeof out, "!%s", sh_errmsg());
+        if (*why) snprintf(out, sizeof out, "?%s: %s", why, strerror(errno));
+        ssize_t w = write(p[1], out, strlen(out) + 1);
+        _exit(w > 0 ? 0 : 1);
+    }
+    close(p[1]);
+    char got[512] = "";
+    ssize_t n = read(p[0], got, sizeof got - 1);
+    close(p[0]);
+    waitpid(c, NULL, 0);
+    if (n <= 0) fail_msg("the probing child said nothing");
+    if (got[0] == '?') {
+        print_message("cannot fake a cgroup file system here (%s)\n", got + 1);
+        skip();
+    }
+    if (got[0] == '!') {
+        print_message("no bwrap sandbox here (%s)\n", got + 1);
+        skip();
+    }
+    const char *cg = strstr(got, "+cgroup(");
+    if (!cg || strcmp(cg, "+cgroup(v2:memory,v2:pids)"))
+        fail_msg("on a v2 hierarchy with memory and pids and a read-only v1 cpu: announced \"%s\", expected"
+                 " \"...+cgroup(v2:memory,v2:pids)\"", got);
+}
+
 /* ---- the disk share, on small work file systems ----------------------------
  * Two agents of one server, each with its work root on a tmpfs of its own
  * (so that the node's free space, and the share of it, is known): n0 (8
@@ -479,6 +538,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_find_tool_long_path_entry),
         cmocka_unit_test_teardown(test_seccomp_has_its_rules, tf_teardown),
+        cmocka_unit_test(test_cgroup_probe_announces_what_it_can_use),
         cmocka_unit_test_teardown(test_cgroup_limits_written, tf_teardown),
         cmocka_unit_test_teardown(test_writable_each_condition, tf_teardown),
         cmocka_unit_test_teardown(test_disk_share_small_roots, disk_teardown),
