@@ -402,14 +402,17 @@ static void test_disk_share_small_roots(void **state)
     }
     tf_fleet f = {0};
     snprintf(f.agent_extra, sizeof f.agent_extra, "--sandbox bwrap");
-    /* The server's state lies where n0's uid cannot reach it (as on
-     * another host): n0 has no reason to hide it, and bwrap could not. */
+    /* The work roots lie in /var/tmp: n0's uid must reach its own (the
+     * test's folder may be closed), and n1's ranks must still see a folder
+     * open to all beside it (the jail hides only what others cannot
+     * enter).  The server's state lies where n0's uid cannot reach it (as
+     * on another host): n0 has no reason to hide it, and bwrap could not. */
+    char n0root[200], n1root[200], visible[4300];
+    snprintf(n0root, sizeof n0root, "/var/tmp/shoal-props-n0.%d", (int)getpid());
+    disk_mount(0, n0root, "size=640m,nr_inodes=16000", NOBODY);
+    snprintf(f.extra, sizeof f.extra, "--allow-writable %s", n0root);
     tf_start_server(&f, "dpriv/dshare", 10);
     assert_int_equal(chmod(tu_path("dpriv"), 0700), 0);
-    disk_mount(0, tu_path("dshare-n0"), "size=640m,nr_inodes=16000", NOBODY);
-    /* n1's work root lies in /var/tmp, beside a folder open to all that
-     * its ranks still see: the jail hides only what others cannot enter. */
-    char n1root[200], visible[4300];
     snprintf(n1root, sizeof n1root, "/var/tmp/shoal-props-n1.%d", (int)getpid());
     snprintf(open_dir, sizeof open_dir, "/var/tmp/shoal-props-open.%d", (int)getpid());
     disk_mount(1, n1root, "size=768m", 0);
