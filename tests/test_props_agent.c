@@ -206,6 +206,13 @@ static void test_cgroup_limits_written(void **state)
     }
     check_limits(whole, 4, 0, 0, v2);
     check_limits(low, 1, 300, 50, v2);
+    /* And the rank's processes are in its groups (the limits hold them). */
+    char pid[32];
+    const char *roots[2][3] = {{"/sys/fs/cgroup/memory/shoal", "/sys/fs/cgroup/pids/shoal", "/sys/fs/cgroup/cpu/shoal"},
+                               {"/sys/fs/cgroup/shoal", "/sys/fs/cgroup/shoal", "/sys/fs/cgroup/shoal"}};
+    for (int k = 0; k < 3; k++)
+        if (member_cg_read(roots[v2][k], low, "cgroup.procs", pid, sizeof pid) < 0 || atoi(pid) <= 0)
+            fail_msg("job %lld: no process in its group under %s", (long long)low, roots[v2][k]);
     tf_stop(&f);
 }
 
