@@ -362,7 +362,8 @@ static void test_cgroup_probe_announces_what_it_can_use(void **state)
  * "H100") runs as an unprivileged uid, so it has no loop images and
  * measures; n1 (8 "A100") runs as root and gives each rank an ext4 image
  * of its share.  Each file system has 640 or 768 MiB: 128 or 256 MiB
- * beyond the control plane's reserve (512 MiB). */
+ * beyond the control plane's reserve (512 MiB).  A third, n2 (8 "L4"),
+ * runs its ranks without a sandbox. */
 
 #define NOBODY 65534
 
@@ -442,6 +443,14 @@ static void test_disk_share_small_roots(void **state)
     for (int i = 0; i < 2; i++) snprintf(f.agent_work[i], sizeof f.agent_work[i], "%s", disk_root[i]);
     tf_start_agent(&f, 0, "H100", 8, "z", "ib");
     tf_start_agent(&f, 1, "A100", 8, "z", "ib");
+    /* n2 (8 "L4") runs its ranks without a sandbox: the guard is their
+     * parent, and the agent execs the command itself. */
+    snprintf(f.agent_extra, sizeof f.agent_extra, "--sandbox none");
+    tf_start_agent(&f, 2, "L4", 8, "z", "ib");
+    const char *l4 = ",\"gpu_types\":[\"L4\"]";
+    int64_t sig = submit_sh(&f, TF_BOB, "sig", 1, l4, "kill -TERM $$");
+    int64_t noexec = tf_submit(&f, TF_BOB, "{\"name\":\"noexec\",\"kind\":\"function\",\"gpus\":1,"
+                                            "\"gpu_types\":[\"L4\"],\"command\":[\"/nonexistent/shoal-prog\"]}");
     const char *h100 = ",\"gpu_types\":[\"H100\"]", *a100 = ",\"gpu_types\":[\"A100\"]";
     /* n1: the first rank (half the node) holds its image while the
      * second starts. */
@@ -531,6 +540,16 @@ static void test_disk_share_small_roots(void **state)
         fail_msg("a rank of 1/8 of a node whose work root counts no inodes: not stopped, or a files share other"
                  " than 2^24 / 8:\n%s", l);
     free(l);
+    /* n2: a rank killed by signal 15 ends with status 128 + 15; a command
+     * that cannot be executed says why. */
+    json_t *j = tf_wait_job(&f, sig, "failed", 30);
+    json_int_t code = json_integer_value(json_object_get(json_array_get(json_object_get(j, "members"), 0), "exit_code"));
+    json_decref(j);
+    if (code != 143) fail_msg("a rank killed by SIGTERM (no sandbox) ended with status %lld, not 143", (long long)code);
+    l = tf_wait_log(&f, noexec, 30, NULL);
+    if (!strstr(l, "cannot run the command: No such file or directory"))
+        fail_msg("a command that does not exist (no sandbox): the log does not say so:\n%s", l);
+    free(l);
     /* What n1's first rank holds is what it wrote (3 MiB), not its file
      * system's own metadata. */
     char path[64];
@@ -538,9 +557,9 @@ static void test_disk_share_small_roots(void **state)
     json_int_t held = 0;
     for (double until = sh_now_mono() + 10; held < (3 << 20) && sh_now_mono() < until; sh_sleep(0.05)) {
         int st;
-        json_t *j = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
-        held = json_integer_value(json_object_get(json_array_get(json_object_get(j, "members"), 0), "disk_bytes"));
-        json_decref(j);
+        json_t *jj = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
+        held = json_integer_value(json_object_get(json_array_get(json_object_get(jj, "members"), 0), "disk_bytes"));
+        json_decref(jj);
     }
     if (held < (3 << 20) || held > (3 << 20) + (512 << 10))
         fail_msg("n1's first rank wrote 3 MiB into its image; disk_bytes shows %lld", (long long)held);
