@@ -476,6 +476,18 @@ static void test_disk_share_small_roots(void **state)
     char extra[4400];
     snprintf(extra, sizeof extra, "%s,\"writable\":[\"%s\"]", h100, victim);
     int64_t squat = submit_sh(&f, TF_BOB, "squat", 1, extra, "echo squatted");
+    /* Bob's work dir is no archive at all (the server keeps uploads as they
+     * come): the launch fails, and says it was the work dir. */
+    char junk[2049], body[512];
+    memset(junk, 'x', 2048), junk[2048] = 0;
+    int st;
+    json_t *up = tf_call(&f, TF_BOB, "POST", "/v1/workdirs", junk, &st);
+    if (st != 201) fail_msg("upload of a work dir: HTTP %d", st);
+    snprintf(body, sizeof body, "{\"name\":\"junk\",\"kind\":\"function\",\"gpus\":1,\"gpu_types\":[\"H100\"],"
+                                "\"workdir\":\"%s\",\"command\":[\"echo\",\"unpacked\"]}",
+             json_string_value(json_object_get(up, "workdir")));
+    json_decref(up);
+    int64_t junked = tf_submit(&f, TF_BOB, body);
     /* n1's second rank: its share of what the first one's image has not
      * yet taken of the free space. */
     json_decref(tf_wait_job(&f, first, "running", 30));
@@ -499,6 +511,10 @@ static void test_disk_share_small_roots(void **state)
     l = tf_wait_log(&f, squat, 30, NULL);
     if (strstr(l, "squatted") || !strstr(l, "which members may not see"))
         fail_msg("writable %s, in the work root of n0: the rank ran, or without the reason:\n%s", victim, l);
+    free(l);
+    l = tf_wait_log(&f, junked, 30, NULL);
+    if (strstr(l, "unpacked") || !strstr(l, "cannot launch") || !strstr(l, ": work dir"))
+        fail_msg("a work dir that is no archive: the rank ran, or the log does not name the work dir:\n%s", l);
     free(l);
     l = tf_wait_log(&f, bytes, 30, NULL);
     long long mib = log_num(l, "; limit ");
@@ -556,7 +572,6 @@ static void test_disk_share_small_roots(void **state)
     snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)first);
     json_int_t held = 0;
     for (double until = sh_now_mono() + 10; held < (3 << 20) && sh_now_mono() < until; sh_sleep(0.05)) {
-        int st;
         json_t *jj = tf_call(&f, TF_ADMIN, "GET", path, NULL, &st);
         held = json_integer_value(json_object_get(json_array_get(json_object_get(jj, "members"), 0), "disk_bytes"));
         json_decref(jj);
