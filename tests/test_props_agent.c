@@ -367,7 +367,7 @@ static void test_cgroup_probe_announces_what_it_can_use(void **state)
 
 #define NOBODY 65534
 
-static char disk_root[2][4200], open_dir[4200];
+static char disk_root[2][4200], open_dir[4200], priv_dir[4200];
 
 static int disk_teardown(void **state)
 {
@@ -379,6 +379,7 @@ static int disk_teardown(void **state)
             disk_root[i][0] = 0;
         }
     if (open_dir[0]) sh_rm_rf(open_dir), open_dir[0] = 0;
+    if (priv_dir[0]) sh_rm_rf(priv_dir), priv_dir[0] = 0;
     return 0;
 }
 
@@ -413,14 +414,17 @@ static void test_disk_share_small_roots(void **state)
     /* The work roots lie in /var/tmp: n0's uid must reach its own (the
      * test's folder may be closed), and n1's ranks must still see a folder
      * open to all beside it (the jail hides only what others cannot
-     * enter).  The server's state lies where n0's uid cannot reach it (as
-     * on another host): n0 has no reason to hide it, and bwrap could not. */
-    char n0root[200], n1root[200], visible[4300];
+     * enter).  The server's state (its ranks' logs) lies where n0's uid
+     * cannot reach it, outside /tmp (as on another host): n0 has no reason
+     * to hide it, and bwrap could not. */
+    char n0root[200], n1root[200], visible[4300], state_dir[4300];
     snprintf(n0root, sizeof n0root, "/var/tmp/shoal-props-n0.%d", (int)getpid());
     disk_mount(0, n0root, "size=640m,nr_inodes=10000", NOBODY);
-    snprintf(f.extra, sizeof f.extra, "--allow-writable %s", n0root);
-    tf_start_server(&f, "dpriv/dshare", 10);
-    assert_int_equal(chmod(tu_path("dpriv"), 0700), 0);
+    snprintf(priv_dir, sizeof priv_dir, "/var/tmp/shoal-props-priv.%d", (int)getpid());
+    TU_OK(sh_mkdir_p(priv_dir, 0700));
+    snprintf(state_dir, sizeof state_dir, "%s/state", priv_dir);
+    snprintf(f.extra, sizeof f.extra, "--allow-writable %s --state-dir %s", n0root, state_dir);
+    tf_start_server(&f, "dshare", 10);
     snprintf(n1root, sizeof n1root, "/var/tmp/shoal-props-n1.%d", (int)getpid());
     snprintf(open_dir, sizeof open_dir, "/var/tmp/shoal-props-open.%d", (int)getpid());
     disk_mount(1, n1root, "size=768m", 0);
@@ -460,7 +464,7 @@ static void test_disk_share_small_roots(void **state)
     char peek[9000];
     snprintf(peek, sizeof peek,
              "echo root:$(ls -A %s | tr '\\n' ' '):; echo state:$(ls -A %s | wc -l):; cat %s 2>/dev/null;"
-             " echo peek-done", disk_root[0], f.dir, planted);
+             " echo peek-done", disk_root[0], state_dir, planted);
     int64_t look = submit_sh(&f, TF_BOB, "peek", 1, h100, peek);
     int64_t bytes = submit_sh(&f, TF_BOB, "bytes", 1, h100,
                               "head -c 50331648 /dev/zero > big && sleep 20 && echo survived-bytes");
@@ -506,7 +510,7 @@ static void test_disk_share_small_roots(void **state)
     snprintf(want, sizeof want, "root:n0-%lld-1-0 :", (long long)look);
     if (!strstr(l, want) || !strstr(l, "state:0:") || strstr(l, "top-secret") || !strstr(l, "peek-done"))
         fail_msg("a rank of the unprivileged agent sees into the work root %s or the server's state %s"
-                 " (expected only \"%s\" and an empty state):\n%s", disk_root[0], f.dir, want, l);
+                 " (expected only \"%s\" and an empty state):\n%s", disk_root[0], state_dir, want, l);
     free(l);
     l = tf_wait_log(&f, squat, 30, NULL);
     if (strstr(l, "squatted") || !strstr(l, "which members may not see"))
