@@ -15,7 +15,10 @@
  *    the work root and the server's state from its ranks itself (bwrap's
  *    --tmpfs), also from one that names a folder there as "writable"; a
  *    root agent's second rank gets its share of what is left after the
- *    first rank's promise. */
+ *    first rank's promise;
+ *  - a tenant's open folder that others cannot reach (a folder above it is
+ *    closed to them) works, also across mounts whose roots share an inode
+ *    number. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -367,7 +370,7 @@ static void test_cgroup_probe_announces_what_it_can_use(void **state)
 
 #define NOBODY 65534
 
-static char disk_root[2][4200], open_dir[4200], priv_dir[4200];
+static char disk_root[2][4200], open_dir[4200], priv_dir[4200], nest_dir[4200];
 
 static int disk_teardown(void **state)
 {
@@ -380,6 +383,14 @@ static int disk_teardown(void **state)
         }
     if (open_dir[0]) sh_rm_rf(open_dir), open_dir[0] = 0;
     if (priv_dir[0]) sh_rm_rf(priv_dir), priv_dir[0] = 0;
+    if (nest_dir[0]) {
+        char b[4300];
+        snprintf(b, sizeof b, "%s/b", nest_dir);
+        umount2(b, MNT_DETACH);
+        umount2(nest_dir, MNT_DETACH);
+        rmdir(nest_dir);
+        nest_dir[0] = 0;
+    }
     return 0;
 }
 
@@ -423,7 +434,10 @@ static void test_disk_share_small_roots(void **state)
     snprintf(priv_dir, sizeof priv_dir, "/var/tmp/shoal-props-priv.%d", (int)getpid());
     TU_OK(sh_mkdir_p(priv_dir, 0700));
     snprintf(state_dir, sizeof state_dir, "%s/state", priv_dir);
-    snprintf(f.extra, sizeof f.extra, "--allow-writable %s --state-dir %s", n0root, state_dir);
+    snprintf(nest_dir, sizeof nest_dir, "/var/tmp/shoal-props-nest.%d", (int)getpid());
+    TU_OK(sh_mkdir_p(nest_dir, 0700));
+    snprintf(f.extra, sizeof f.extra, "--allow-writable %s --allow-writable %s --state-dir %s", n0root, nest_dir,
+             state_dir);
     tf_start_server(&f, "dshare", 10);
     snprintf(n1root, sizeof n1root, "/var/tmp/shoal-props-n1.%d", (int)getpid());
     snprintf(open_dir, sizeof open_dir, "/var/tmp/shoal-props-open.%d", (int)getpid());
@@ -503,7 +517,7 @@ static void test_disk_share_small_roots(void **state)
         free(l);
     }
     char second_sh[4600];
-    snprintf(second_sh, sizeof second_sh, FS_BYTES "; cat %s", visible);
+    snprintf(second_sh, sizeof second_sh, FS_BYTES "; cat %s; echo uid=$(id -u)", visible);
     int64_t second = submit_sh(&f, TF_BOB, "second", 4, a100, second_sh);
     l = tf_wait_log(&f, look, 30, NULL);
     char want[200];
@@ -548,7 +562,7 @@ static void test_disk_share_small_roots(void **state)
     l = tf_wait_log(&f, second, 30, NULL);
     if (!strstr(l, "open-to-all"))
         fail_msg("a rank of n1 (work root %s) cannot read %s, open to all:\n%s", n1root, visible, l);
-    long long b = log_num(l, "fs-bytes ");
+    long long b = log_num(l, "fs-bytes "), bob_uid = log_num(l, "uid=");
     long long beyond = 256ll << 20, slack = 4ll << 20;
     if (a > beyond / 2 || a < beyond / 2 - 16 * slack || b < 0 || b > (beyond - a) / 2 + slack)
         fail_msg("n1 (256 MiB free beyond its reserve): the first rank of half the node has %lld bytes, the second"
@@ -570,6 +584,20 @@ static void test_disk_share_small_roots(void **state)
     if (!strstr(l, "cannot run the command: No such file or directory"))
         fail_msg("a command that does not exist (no sandbox): the log does not say so:\n%s", l);
     free(l);
+    /* Bob's folder is the root of a file system mounted in the root of
+     * another (both tmpfs: the same inode number, 1, on two devices), whose
+     * root only his group may pass (0710): others cannot reach it, though
+     * it is open (0755), and it works. */
+    char nb[4300], opts[128], nscript[4600], nextra[4500];
+    snprintf(nb, sizeof nb, "%s/b", nest_dir);
+    snprintf(opts, sizeof opts, "mode=0710,gid=%lld", bob_uid);
+    if (bob_uid <= 0 || mount("tmpfs", nest_dir, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0 || mkdir(nb, 0755) < 0)
+        fail_msg("nested folders in %s (bob's uid %lld): %s", nest_dir, bob_uid, strerror(errno));
+    snprintf(opts, sizeof opts, "mode=0755,uid=%lld,gid=%lld", bob_uid, bob_uid);
+    if (mount("tmpfs", nb, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) fail_msg("mount on %s: %s", nb, strerror(errno));
+    snprintf(nextra, sizeof nextra, "%s,\"writable\":[\"%s\"]", a100, nb);
+    snprintf(nscript, sizeof nscript, "echo in > %s/f && echo nested-ok", nb);
+    int64_t nested = submit_sh(&f, TF_BOB, "nested", 4, nextra, nscript);
     /* What n1's first rank holds is what it wrote (3 MiB), not its file
      * system's own blocks (its root directory's, whatever the block size). */
     char path[64];
@@ -582,6 +610,11 @@ static void test_disk_share_small_roots(void **state)
     }
     if (held < (3 << 20) || held >= (3 << 20) + 1024)
         fail_msg("n1's first rank wrote 3 MiB (in one extent) into its image; disk_bytes shows %lld", (long long)held);
+    l = tf_wait_log(&f, nested, 30, NULL);
+    if (!strstr(l, "nested-ok"))
+        fail_msg("bob's folder %s (open, but closed to others above it, across two mounts): refused or broken:\n%s",
+                 nb, l);
+    free(l);
     /* The unprivileged agent said at its start that it measures. */
     char out[4300], *text = NULL;
     size_t len;
