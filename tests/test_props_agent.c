@@ -625,6 +625,42 @@ static void test_disk_share_small_roots(void **state)
     tf_stop(&f);
 }
 
+/* A secret folder the jail cannot hide stops the rank before its command
+ * runs: hiding the work root (a tmpfs over it) fails here, by a mount(2)
+ * preloaded into the agent (tests/fault/mount.c), and the server's state
+ * folder is hidden after it; the rank must not start with the work root,
+ * and every other rank's work directory in it, in view. */
+static void test_mask_failure_stops_the_rank(void **state)
+{
+    tf_fleet f = {0};
+    snprintf(f.agent_extra, sizeof f.agent_extra, "--sandbox bwrap");
+    tf_start_server(&f, "maskfail", 10);
+    char so[4096], work[4200];
+    if (!realpath("build/tests/fault_mount.so", so)) fail_msg("build/tests/fault_mount.so: %s (make builds it)", strerror(errno));
+    /* The work root apart from the server's folder, so that both are
+     * hidden, each by its own mount, the work root first. */
+    snprintf(work, sizeof work, "/tmp/shoal-props-maskwork.%d", (int)getpid());
+    TU_OK(sh_mkdir_p(work, 0755));
+    snprintf(f.agent_work[0], sizeof f.agent_work[0], "%s", work);
+    setenv("LD_PRELOAD", so, 1);
+    setenv("SHOAL_FAULT_MOUNT", work, 1);
+    setenv("ASAN_OPTIONS", "verify_asan_link_order=0:detect_leaks=0", 1);
+    tf_start_agents(&f, 1, "H100", 8, "z", "ib");
+    unsetenv("LD_PRELOAD");
+    unsetenv("SHOAL_FAULT_MOUNT");
+    unsetenv("ASAN_OPTIONS");
+    int64_t id = tf_submit(&f, TF_BOB, "{\"name\":\"m\",\"kind\":\"function\",\"gpus\":1,"
+                                       "\"command\":[\"sh\",\"-c\",\"echo ran; ls -a ..\"]}");
+    char *l = tf_wait_log(&f, id, 60, NULL);
+    if (strstr(l, "ran\n")) fail_msg("the rank ran although its work root could not be hidden:\n%s", l);
+    if (!strstr(l, "cannot enter the sandbox")) fail_msg("no word of the sandbox's failure in the rank's log:\n%s", l);
+    free(l);
+    tf_stop(&f);
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", work);
+    if (system(cmd) != 0) print_message("could not remove %s\n", work);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -633,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_cgroup_probe_announces_what_it_can_use),
         cmocka_unit_test_teardown(test_cgroup_limits_written, tf_teardown),
         cmocka_unit_test_teardown(test_writable_each_condition, tf_teardown),
+        cmocka_unit_test_teardown(test_mask_failure_stops_the_rank, tf_teardown),
         cmocka_unit_test_teardown(test_disk_share_small_roots, disk_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
