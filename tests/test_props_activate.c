@@ -42,6 +42,7 @@
 #include "shoal/bcast.h"
 #include "shoal/ckpt.h"
 #include "shoal/store.h"
+#include "weights/store/replica_int.h"
 
 /* ---- Failing opens ------------------------------------------------------------
  * This binary interposes open() (the library is linked into it, so its
@@ -335,6 +336,29 @@ static int tree_teardown(void **state)
     store_close(T.s);
     warn_stop();
     return 0;
+}
+
+/* A pushed payload is taken only when its manifest names it: the node
+ * checked the bytes against the OFFER's size and xxh3, and an anchor is
+ * then adopted without hashing again, so a manifest naming other bytes
+ * (another version, kind, size or digest) must be refused, each field
+ * alone; a squash's manifest is its target's and is not compared. */
+static void test_pushed_manifest_names_the_payload(void **state)
+{
+    store_version v = {.version = 7, .anchor = 1, .size = 4096, .model_size = 4096};
+    v.xxh3 = v.model_xxh3 = sh_hash128_of("payload", 7);
+    bcast_object_info o = {.version = 7, .is_anchor = 1, .size = 4096, .hash = v.xxh3};
+    TU_OK(store__pushed_names("r", &v, &o));
+    bcast_object_info bad[5] = {o, o, o, o, o};
+    bad[0].version = 6;
+    bad[1].is_anchor = 0;
+    bad[2].size = 4095;
+    bad[3].hash.lo ^= 1;
+    bad[4].hash.hi ^= 1ull << 63;
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(store__pushed_names("r", &v, &bad[i]), SH_EMISMATCH);
+        if (!strstr(sh_errmsg(), "its manifest names another payload")) fail_msg("case %d: %s", i, sh_errmsg());
+    }
 }
 
 /* A push replica recycles the file of the version an activation replaced
@@ -791,6 +815,7 @@ int main(void)
         cmocka_unit_test(test_unwritable_active_not_durable),
         cmocka_unit_test(test_fp8_copy_required),
         cmocka_unit_test(test_push_root_waits_quietly_for_a_first_version),
+        cmocka_unit_test(test_pushed_manifest_names_the_payload),
     };
     return cmocka_run_group_tests(tests, tree_setup, tree_teardown);
 }

@@ -51,6 +51,7 @@
 
 #include "shoal/bcast.h"
 #include "shoal/net.h"
+#include "shoal/store.h"
 #include "weights/push/obj_int.h"
 #include "weights/push/wire_int.h"
 
@@ -169,7 +170,7 @@ typedef struct obj {
     uint64_t version;
     uint8_t *bytes;
     sh_hash128 hash;
-    char manifest[256];
+    char manifest[512];
 } obj;
 
 static void obj_make(obj *o, uint64_t version)
@@ -244,6 +245,10 @@ static void on_object(void *arg, const bcast_object_info *info)
     uint8_t *b = tu_read_file(info->path, &n);
     delivered_v = info->version;
     delivered_hash = sh_hash128_of(b, n);
+    /* The node hands over the xxh3 it checked the payload against (the
+     * replica compares it with the manifest's): a wrong one spoils the
+     * delivered hash every test compares. */
+    if (!sh_hash128_eq(info->hash, delivered_hash)) memset(&delivered_hash, 0, sizeof delivered_hash);
     free(b);
     ndelivered++;
 }
@@ -642,6 +647,56 @@ static void test_root_chunks_cover_payload(void **state)
     free(buf);
 }
 
+static char refused[1024];
+
+static void refusal_sink(int level, const char *line, void *arg)
+{
+    if (level == SH_LOG_WARN && strstr(line, "its manifest names another payload"))
+        snprintf(refused, sizeof refused, "%s", line);
+}
+
+/* A replica takes a pushed payload only when its manifest names it.  The
+ * node checks the bytes against the OFFER's size and xxh3, and a replica
+ * adopts an anchor without hashing it again; so an OFFER whose bytes and
+ * hash agree, but whose manifest gives another digest, must be dropped
+ * with a warning, never activated.  H is the replica's parent here. */
+static void test_replica_refuses_a_manifest_of_other_bytes(void **state)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", tu_path("pp-replica"));
+    store_replica_config rc = {.dir = dir, .parents = {H.u.addr}, .nparents = 1, .leaf = 1};
+    ucp_ep_h cpep = H.pep;
+    int before = H.hellos;
+    store_replica *R;
+    TU_OK(store_replica_open(&rc, &R));
+    if (!spin_until(10, &H.hellos, before + 1)) fail_msg("the replica sent its parent no HELLO");
+    h_welcome_parent();
+    obj o;
+    obj_make(&o, 3);
+    sh_hash128 other = o.hash;
+    other.lo ^= 1;
+    char hex[33];
+    sh_hash128_hex(other, hex);
+    snprintf(o.manifest, sizeof o.manifest,
+             "{\"format\":\"shoal-version/1\",\"run\":\"%s\",\"version\":3,\"kind\":\"anchor\","
+             "\"file\":\"model.safetensors\",\"size\":%u,\"xxh3\":\"%s\",\"model_size\":%u,"
+             "\"model_xxh3\":\"%s\",\"created_at\":1}", STORE_DEFAULT_RUN, OBJ_SIZE, hex, OBJ_SIZE, hex);
+    refused[0] = 0;
+    sh_log_set_sink(refusal_sink, NULL);
+    h_object(H.pep, &o);
+    for (double until = sh_now_mono() + 10; !refused[0] && sh_now_mono() < until;) spin(0.05);
+    sh_log_set_sink(NULL, NULL);
+    store_replica_info in;
+    store_replica_get_info(R, &in);
+    store_replica_close(R);
+    H.pep = cpep;
+    if (!refused[0]) fail_msg("no warning that the manifest names other bytes (failures %llu)",
+                              (unsigned long long)in.failures);
+    assert_int_equal(in.activations, 0);
+    if (in.failures < 1) fail_msg("the refusal is not counted as a failure");
+    free(o.bytes);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -656,7 +711,8 @@ int main(void)
         cmocka_unit_test(test_corrupt_chunk_nacked),
         cmocka_unit_test(test_offer_too_big_refused),
         cmocka_unit_test(test_spool_file_refused_named),
-        cmocka_unit_test(test_spool_path_too_long),
+        cmocka_unit_test(test_replica_refuses_a_manifest_of_other_bytes),
+        cmocka_unit_test(test_spool_path_too_long), /* the last: it leaves no node C */
     };
     /* In this order, on one tree: no SHOAL_TEST_FILTER (each test starts
      * where the one before left C). */

@@ -37,6 +37,7 @@ typedef struct bcast_object_info {
     uint64_t size;
     const char *path;     /* the payload file in the node's spool */
     const char *manifest; /* the version's manifest.json text */
+    sh_hash128 hash;      /* xxh3 of the payload file (checked whole) */
 } bcast_object_info;
 
 typedef struct bcast_config {

@@ -97,7 +97,7 @@ void bcast__deliver(bcast_node *n)
                 o->anchor ? "anchor" : "delta", (unsigned long long)o->size);
         if (n->cfg.on_object) {
             bcast_object_info info = {o->version, o->base, o->anchor, o->squash, o->size, o->path,
-                                      o->manifest};
+                                      o->manifest, o->hash};
             n->cfg.on_object(n->cfg.arg, &info);
         }
     }

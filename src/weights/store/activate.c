@@ -463,7 +463,8 @@ static int fall_back_to_staged_anchor(store_replica *r)
 }
 
 /* An anchor into the image.  Its bytes are the ones the push node checked
- * against the manifest's xxh3, which for an anchor is model_xxh3 (as for
+ * against the OFFER's xxh3, which on_object matched with the manifest's
+ * (store__pushed_names), and for an anchor that is model_xxh3 (as for
  * adopt_anchor): they are not hashed again. */
 static int stage_anchor(store_replica *r, const pending *p)
 {

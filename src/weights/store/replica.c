@@ -111,6 +111,23 @@ static void snapshot_push(store_replica *r)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* The node checked a pushed payload against its OFFER's size and xxh3;
+ * the manifest must name that same payload, or an anchor's bytes (adopted
+ * without hashing again) could differ from the digest the replica reports.
+ * Not for a squash, whose manifest is its target's. */
+int store__pushed_names(const char *dir, const store_version *v, const bcast_object_info *o)
+{
+    if (v->version == o->version && v->anchor == o->is_anchor && v->size == o->size && sh_hash128_eq(v->xxh3, o->hash))
+        return SH_OK;
+    char a[33], b[33];
+    sh_hash128_hex(v->xxh3, a);
+    sh_hash128_hex(o->hash, b);
+    return sh_err(SH_EMISMATCH, "replica %s: pushed v%llu: its manifest names another payload (v%llu, %s, %llu "
+                  "bytes, xxh3 %s) than the one offered (%s, %llu bytes, xxh3 %s); dropped", dir,
+                  (unsigned long long)o->version, (unsigned long long)v->version, v->anchor ? "anchor" : "delta",
+                  (unsigned long long)v->size, a, o->is_anchor ? "anchor" : "delta", (unsigned long long)o->size, b);
+}
+
 /* On the push thread: keeps the payload (a hard link, so the node may drop
  * its spool file) and queues it for the apply thread. */
 static void on_object(void *arg, const bcast_object_info *o)
@@ -121,6 +138,7 @@ static void on_object(void *arg, const bcast_object_info *o)
     pending *p = calloc(1, sizeof *p);
     if (!p) return;
     int rc = store_manifest_parse(o->manifest, r->run, &p->ver);
+    if (rc == 0 && !o->is_squash) rc = store__pushed_names(r->dir, &p->ver, o);
     if (rc == 0 && o->is_squash) {
         /* A squashed delta from o->base: the manifest is its target's
          * (an anchor's, for a delta across the anchor). */

@@ -122,5 +122,9 @@ int store__sync_from_store(store_replica *r);
 #define STORE__IDLE_S 0.1
 int store__prepare_image(store_replica *r, int quiet);
 void store__img_free(store_replica *r);
+/* SH_OK when manifest v names the payload o the push node offered and
+ * checked (version, kind, size, xxh3); else SH_EMISMATCH naming both.
+ * Not for a squash (its manifest is its target's). */
+int store__pushed_names(const char *dir, const store_version *v, const bcast_object_info *o);
 
 #endif
