@@ -27,6 +27,7 @@
  *  - a push root offers what is published after its first offer. */
 #include "testutil.h"
 
+#include <errno.h>
 #include <string.h>
 #include <strings.h>
 #include <dirent.h>
@@ -520,6 +521,116 @@ static void test_push_root_offers_later_versions(void **state)
     free(l);
 }
 
+/* A run has one publisher unless its publishers each give a writer id: an
+ * exclusive claim (no writer id) excludes every other handle, shared or
+ * not, and is refused while another holds the run, naming the holder; the
+ * claim lasts until store_close and no longer (the next publisher of the
+ * same process claims then); a writer id is 1 to 64 characters without a
+ * newline, exactly at the boundary; a lock file that cannot be opened is
+ * refused with its path and the system's reason. */
+static void test_publisher_claim(void **state)
+{
+    const char *root = tu_path("props-claim");
+    sh_rm_rf(root);
+    store *a, *b, *c;
+    TU_OK(store_open(root, NULL, 1, &a));
+    TU_OK(store_open(root, NULL, 1, &b));
+    TU_OK(store_claim_publisher(a, NULL));
+    TU_OK(store_claim_publisher(a, NULL)); /* a claimed handle: a no-op */
+    char holder[64];
+    snprintf(holder, sizeof holder, "(process %ld, this one)", (long)getpid());
+    TU_ERR(store_claim_publisher(b, NULL), SH_EEXIST, holder);
+    TU_ERR(store_claim_publisher(b, "w1"), SH_EEXIST, holder);
+    store_close(a);
+    TU_OK(store_claim_publisher(b, NULL)); /* a's claim ended with its handle */
+    store_close(b);
+
+    char id[80];
+    memset(id, 'w', 64);
+    id[64] = 0;
+    TU_OK(store_open(root, NULL, 1, &a));
+    TU_OK(store_open(root, NULL, 1, &b));
+    TU_OK(store_open(root, NULL, 1, &c));
+    TU_OK(store_claim_publisher(a, id));
+    TU_OK(store_claim_publisher(b, "w2")); /* shared with a */
+    TU_ERR(store_claim_publisher(c, NULL), SH_EEXIST, "writer id \"w2\"");
+    id[64] = 'w', id[65] = 0;
+    TU_ERR(store_claim_publisher(c, id), SH_EINVAL, "use 1-64 characters");
+    TU_ERR(store_claim_publisher(c, ""), SH_EINVAL, "use 1-64 characters");
+    TU_ERR(store_claim_publisher(c, "w\n3"), SH_EINVAL, "use 1-64 characters");
+    TU_OK(store_claim_publisher(c, "w"));
+    store_close(a);
+    store_close(b);
+    store_close(c);
+
+    /* The lock file's name taken by a folder. */
+    const char *root2 = tu_path("props-claim2");
+    sh_rm_rf(root2);
+    TU_OK(store_open(root2, NULL, 1, &a));
+    char lock[4200];
+    snprintf(lock, sizeof lock, "%s/main/publisher", root2);
+    TU_OK(sh_mkdir_p(lock, 0755));
+    int rc = store_claim_publisher(a, NULL);
+    if (rc >= 0 || !strstr(sh_errmsg(), lock) || !strstr(sh_errmsg(), strerror(EISDIR)))
+        fail_msg("a publisher lock that is a folder: %d \"%s\", expected a refusal naming %s and \"%s\"", rc,
+                 sh_errmsg(), lock, strerror(EISDIR));
+    store_close(a);
+}
+
+/* A chain whose middle delta is damaged fails to materialise as that
+ * version's damage (its folder named, never "missing"), not as a later
+ * step's missing input, and leaves no step file behind. */
+static void test_materialize_damaged_step(void **state)
+{
+    char root[4096], dir[4096];
+    snprintf(root, sizeof root, "%s", tu_path("props-mat"));
+    snprintf(dir, sizeof dir, "%s", tu_path("props-mat-out"));
+    sh_rm_rf(root);
+    sh_rm_rf(dir);
+    TU_OK(sh_mkdir_p(dir, 0755));
+    TU_OK(ckpt_synth(tu_path("pm-1.st"), 20000, 21));
+    for (int k = 2; k <= 4; k++) {
+        char a[64], b[64];
+        snprintf(a, sizeof a, "pm-%d.st", k - 1);
+        snprintf(b, sizeof b, "pm-%d.st", k);
+        char pa[4096];
+        snprintf(pa, sizeof pa, "%s", tu_path(a));
+        TU_OK(ckpt_step(pa, tu_path(b), 1e-3, 1, (uint64_t)(21 + k)));
+    }
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    for (int k = 1; k <= 4; k++) {
+        char b[64];
+        snprintf(b, sizeof b, "pm-%d.st", k);
+        TU_OK(store_publish(s, tu_path(b), NULL, &v));
+    }
+    char out[4200], pay[4096];
+    snprintf(out, sizeof out, "%s/model.st", dir);
+    TU_OK(store_materialize(s, 4, 0, NULL, out));
+    tu_assert_same_file(out, tu_path("pm-4.st"));
+    unlink(out);
+    store_version m;
+    TU_OK(store_get(s, 2, &m, NULL));
+    assert_false(m.anchor);
+    TU_OK(store_payload_path(s, 2, pay, sizeof pay));
+    size_t n;
+    uint8_t *d = tu_read_file(pay, &n);
+    d[n / 2] ^= 0x5a;
+    tu_write_file(pay, d, n);
+    free(d);
+    int rc = store_materialize(s, 4, 0, NULL, out);
+    if (rc >= 0 || rc == SH_ENOENT || !strstr(sh_errmsg(), "0000000002"))
+        fail_msg("version 2's damaged delta: %d \"%s\", expected a failure naming its version", rc, sh_errmsg());
+    DIR *dd = opendir(dir);
+    assert_non_null(dd);
+    struct dirent *e;
+    while ((e = readdir(dd)))
+        if (e->d_name[0] != '.') fail_msg("a failed materialise left %s/%s", dir, e->d_name);
+    closedir(dd);
+    store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -536,6 +647,8 @@ int main(void)
         cmocka_unit_test(test_pushed_version_size_checked),
         cmocka_unit_test(test_squash_is_the_chain),
         cmocka_unit_test(test_publish_path_never_truncated),
+        cmocka_unit_test(test_publisher_claim),
+        cmocka_unit_test(test_materialize_damaged_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
