@@ -462,6 +462,13 @@ static void test_publish_path_never_truncated(void **state)
     store_mem_version in = {.image = img, .image_len = n};
     TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_ERANGE, "too long");
     free(img);
+    /* Tensors with the previous image kept: refused the same way. */
+    ckpt *c;
+    TU_OK(ckpt_open(tu_path("plong.st"), &c));
+    ckpt_tensor t = *ckpt_tensor_at(c, 0);
+    TU_OK(store_publish_keep(s, 1, 1));
+    TU_ERR(store_publish_tensors(s, &t, 1, 0, &v), SH_ERANGE, "too long");
+    ckpt_close(c);
     store_close(s);
     if (!sh_is_dir(other)) fail_msg("a publish removed %s, the folder its truncated path named", other);
 }
@@ -631,6 +638,64 @@ static void test_materialize_damaged_step(void **state)
     store_close(s);
 }
 
+/* Without an anchor period of its own (anchor_every 0, or no options) a
+ * run's anchors are every 8th version: versions 1 and 9 of 9, whichever way
+ * they are published (a checkpoint file, an image and its delta from
+ * memory, tensors with the previous image kept). */
+static void test_publish_default_anchor_period(void **state)
+{
+    enum { N = 9 };
+    char files[N][4096];
+    ckpt *c[N];
+    for (int k = 0; k < N; k++) {
+        snprintf(files[k], sizeof files[k], "%s/period%d.st", tu_tmpdir(), k + 1);
+        if (k == 0) TU_OK(ckpt_synth(files[0], 3000, 31));
+        else TU_OK(ckpt_step(files[k - 1], files[k], 1e-3, 1, (uint64_t)(31 + k)));
+        TU_OK(ckpt_open(files[k], &c[k]));
+    }
+    for (int way = 0; way < 3; way++) {
+        char root[4096];
+        snprintf(root, sizeof root, "%s/period-%d", tu_tmpdir(), way);
+        sh_rm_rf(root);
+        store *s;
+        TU_OK(store_open(root, NULL, 1, &s));
+        if (way == 2) TU_OK(store_publish_keep(s, 1, 1));
+        store_publish_opts o = {0};
+        for (int k = 0; k < N; k++) {
+            uint64_t v = 0;
+            if (way == 0) {
+                TU_OK(store_publish(s, files[k], k % 2 ? &o : NULL, &v));
+            } else if (way == 1) {
+                size_t n;
+                uint8_t *img = tu_read_file(files[k], &n);
+                sh_buf d = {0};
+                if (k) TU_OK(delta_make_mem(c[k - 1], c[k], NULL, &d, NULL));
+                store_mem_version in = {.image = img, .image_len = n, .base = (uint64_t)k,
+                                        .delta = (const uint8_t *)d.data, .delta_len = d.len};
+                TU_OK(store_publish_mem(s, &in, k % 2 ? &o : NULL, &v));
+                sh_buf_free(&d);
+                free(img);
+            } else {
+                size_t nt = ckpt_count(c[k]);
+                ckpt_tensor *t = calloc(nt, sizeof *t);
+                for (size_t i = 0; i < nt; i++) t[i] = *ckpt_tensor_at(c[k], i);
+                TU_OK(store_publish_tensors(s, t, nt, 0, &v));
+                free(t);
+            }
+            assert_int_equal(v, (uint64_t)k + 1);
+        }
+        for (uint64_t v = 1; v <= N; v++) {
+            store_version m;
+            TU_OK(store_get(s, v, &m, NULL));
+            if (m.anchor != (v == 1 || v == 9))
+                fail_msg("publish way %d: version %llu is %s, expected anchors 1 and 9 only", way,
+                         (unsigned long long)v, m.anchor ? "an anchor" : "a delta");
+        }
+        store_close(s);
+    }
+    for (int k = 0; k < N; k++) ckpt_close(c[k]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -649,6 +714,7 @@ int main(void)
         cmocka_unit_test(test_publish_path_never_truncated),
         cmocka_unit_test(test_publisher_claim),
         cmocka_unit_test(test_materialize_damaged_step),
+        cmocka_unit_test(test_publish_default_anchor_period),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
