@@ -44,6 +44,7 @@
 #include "shoal/ckpt.h"
 #include "shoal/delta.h"
 #include "shoal/store.h"
+#include "weights/store/store_int.h" /* store__cross_delta */
 
 static void test_digest_compare_whole(void **state)
 {
@@ -696,6 +697,47 @@ static void test_publish_default_anchor_period(void **state)
     for (int k = 0; k < N; k++) ckpt_close(c[k]);
 }
 
+/* A push root answers a late joiner below the anchor with one delta across
+ * it (store__cross_delta, into the squash cache): from version 4 to version
+ * 6, a delta on anchor 5, it rebuilds version 6 exactly as the plan's
+ * squash; a delta that crosses no anchor, or to a version that does not
+ * exist, is refused naming why. */
+static void test_materialize_across_anchor(void **state)
+{
+    char root[4096], files[6][4096], out[4200];
+    snprintf(root, sizeof root, "%s", tu_path("props-cross"));
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    store_publish_opts o = {.anchor_every = 4};
+    for (int k = 0; k < 6; k++) {
+        snprintf(files[k], sizeof files[k], "%s/cross%d.st", tu_tmpdir(), k + 1);
+        if (k == 0) TU_OK(ckpt_synth(files[0], 3000, 41));
+        else TU_OK(ckpt_step(files[k - 1], files[k], 1e-3, 1, (uint64_t)(41 + k)));
+        uint64_t v;
+        TU_OK(store_publish(s, files[k], &o, &v));
+    }
+    store_version m;
+    TU_OK(store_get(s, 5, &m, NULL));
+    assert_true(m.anchor);
+    TU_OK(store_get(s, 6, &m, NULL));
+    assert_false(m.anchor);
+    uint64_t bytes = 0;
+    TU_OK(store__cross_delta(s, 4, 6, &bytes));
+    assert_true(bytes > 0);
+    store_plan *p = malloc(sizeof *p);
+    TU_OK(store_plan_make(s, 4, 6, p));
+    assert_int_equal(p->kind, STORE_PLAN_SQUASH);
+    assert_int_equal(p->bytes, bytes);
+    free(p);
+    snprintf(out, sizeof out, "%s/cross-out.st", tu_tmpdir());
+    TU_OK(store_materialize(s, 6, 4, files[3], out));
+    tu_assert_same_file(out, files[5]);
+    TU_ERR(store__cross_delta(s, 5, 6, &bytes), SH_EINVAL, "does not cross version 6's anchor 5");
+    TU_ERR(store__cross_delta(s, 4, 9, &bytes), SH_ENOENT, "no version 9");
+    store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -714,6 +756,7 @@ int main(void)
         cmocka_unit_test(test_publish_path_never_truncated),
         cmocka_unit_test(test_publisher_claim),
         cmocka_unit_test(test_materialize_damaged_step),
+        cmocka_unit_test(test_materialize_across_anchor),
         cmocka_unit_test(test_publish_default_anchor_period),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
