@@ -738,6 +738,35 @@ static void test_materialize_across_anchor(void **state)
     store_close(s);
 }
 
+/* A publish whose staging folder cannot be made (here its path leads
+ * nowhere: a dangling link) fails there, saying "mkdir" and the folder, and
+ * LATEST does not move; from a file and from memory. */
+static void test_publish_staging_unmakeable(void **state)
+{
+    char root[4096], staging[4200], gone[4200];
+    snprintf(root, sizeof root, "%s", tu_path("props-nostage"));
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    snprintf(staging, sizeof staging, "%s/main/staging", root);
+    snprintf(gone, sizeof gone, "%s/gone/staging", root);
+    TU_OK(sh_rm_rf(staging));
+    assert_int_equal(symlink(gone, staging), 0);
+    TU_OK(ckpt_synth(tu_path("nostage.st"), 2000, 51));
+    size_t n;
+    uint8_t *img = tu_read_file(tu_path("nostage.st"), &n);
+    store_mem_version in = {.image = img, .image_len = n};
+    uint64_t v = 0, latest = 9;
+    char want[4300];
+    snprintf(want, sizeof want, "mkdir %s/0000000001.", staging);
+    TU_ERR(store_publish_mem(s, &in, NULL, &v), SH_ENOENT, want);
+    TU_ERR(store_publish(s, tu_path("nostage.st"), NULL, &v), SH_ENOENT, want);
+    TU_OK(store_latest(s, &latest));
+    assert_int_equal(latest, 0);
+    free(img);
+    store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -758,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_materialize_damaged_step),
         cmocka_unit_test(test_materialize_across_anchor),
         cmocka_unit_test(test_publish_default_anchor_period),
+        cmocka_unit_test(test_publish_staging_unmakeable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
