@@ -642,7 +642,8 @@ static void test_materialize_damaged_step(void **state)
 /* Without an anchor period of its own (anchor_every 0, or no options) a
  * run's anchors are every 8th version: versions 1 and 9 of 9, whichever way
  * they are published (a checkpoint file, an image and its delta from
- * memory, tensors with the previous image kept). */
+ * memory, tensors with the previous image kept), and an anchor has no
+ * base (0) while a delta's is the version before it. */
 static void test_publish_default_anchor_period(void **state)
 {
     enum { N = 9 };
@@ -691,6 +692,10 @@ static void test_publish_default_anchor_period(void **state)
             if (m.anchor != (v == 1 || v == 9))
                 fail_msg("publish way %d: version %llu is %s, expected anchors 1 and 9 only", way,
                          (unsigned long long)v, m.anchor ? "an anchor" : "a delta");
+            /* An anchor has no base; a delta's is the version before. */
+            if (m.base != (m.anchor ? 0 : v - 1))
+                fail_msg("publish way %d: version %llu (%s) has base %llu", way, (unsigned long long)v,
+                         m.anchor ? "an anchor" : "a delta", (unsigned long long)m.base);
         }
         store_close(s);
     }
