@@ -738,6 +738,22 @@ static void test_materialize_across_anchor(void **state)
     snprintf(out, sizeof out, "%s/cross-out.st", tu_tmpdir());
     TU_OK(store_materialize(s, 6, 4, files[3], out));
     tu_assert_same_file(out, files[5]);
+    /* The squash cache serves only a from that holds an older version:
+     * files named from version 0 (nothing held) or from a newer version
+     * are never planned, however small. */
+    for (int k = 0; k < 2; k++) {
+        char stray[4200];
+        TU_OK(store_squash_path(s, k ? 7 : 0, 6, stray, sizeof stray));
+        tu_write_file(stray, "stray", 5);
+        store_plan q;
+        TU_OK(store_plan_make(s, k ? 7 : 0, 6, &q));
+        if (q.kind != STORE_PLAN_ANCHOR || q.anchor != 5)
+            fail_msg("a plan from version %d to 6 is %s (%llu bytes), not anchor 5's", k ? 7 : 0,
+                     store_plan_kind_name(q.kind), (unsigned long long)q.bytes);
+    }
+    unlink(out);
+    TU_OK(store_materialize(s, 6, 0, NULL, out));
+    tu_assert_same_file(out, files[5]);
     TU_ERR(store__cross_delta(s, 5, 6, &bytes), SH_EINVAL, "does not cross version 6's anchor 5");
     TU_ERR(store__cross_delta(s, 4, 9, &bytes), SH_ENOENT, "no version 9");
     store_close(s);
