@@ -596,7 +596,7 @@ static void test_materialize_damaged_step(void **state)
     sh_rm_rf(root);
     sh_rm_rf(dir);
     TU_OK(sh_mkdir_p(dir, 0755));
-    TU_OK(ckpt_synth(tu_path("pm-1.st"), 20000, 21));
+    TU_OK(ckpt_synth(tu_path("pm-1.st"), 2000, 21));
     for (int k = 2; k <= 4; k++) {
         char a[64], b[64];
         snprintf(a, sizeof a, "pm-%d.st", k - 1);
@@ -651,7 +651,7 @@ static void test_publish_default_anchor_period(void **state)
     ckpt *c[N];
     for (int k = 0; k < N; k++) {
         snprintf(files[k], sizeof files[k], "%s/period%d.st", tu_tmpdir(), k + 1);
-        if (k == 0) TU_OK(ckpt_synth(files[0], 3000, 31));
+        if (k == 0) TU_OK(ckpt_synth(files[0], 500, 31));
         else TU_OK(ckpt_step(files[k - 1], files[k], 1e-3, 1, (uint64_t)(31 + k)));
         TU_OK(ckpt_open(files[k], &c[k]));
     }
@@ -717,7 +717,7 @@ static void test_materialize_across_anchor(void **state)
     store_publish_opts o = {.anchor_every = 4};
     for (int k = 0; k < 6; k++) {
         snprintf(files[k], sizeof files[k], "%s/cross%d.st", tu_tmpdir(), k + 1);
-        if (k == 0) TU_OK(ckpt_synth(files[0], 3000, 41));
+        if (k == 0) TU_OK(ckpt_synth(files[0], 500, 41));
         else TU_OK(ckpt_step(files[k - 1], files[k], 1e-3, 1, (uint64_t)(41 + k)));
         uint64_t v;
         TU_OK(store_publish(s, files[k], &o, &v));
