@@ -587,7 +587,8 @@ static void test_publisher_claim(void **state)
 
 /* A chain whose middle delta is damaged fails to materialise as that
  * version's damage (its folder named, never "missing"), not as a later
- * step's missing input, and leaves no step file behind. */
+ * step's missing input; an anchor that cannot be read fails as unreadable;
+ * neither leaves a file behind. */
 static void test_materialize_damaged_step(void **state)
 {
     char root[4096], dir[4096];
@@ -630,6 +631,15 @@ static void test_materialize_damaged_step(void **state)
     int rc = store_materialize(s, 4, 0, NULL, out);
     if (rc >= 0 || rc == SH_ENOENT || !strstr(sh_errmsg(), "0000000002"))
         fail_msg("version 2's damaged delta: %d \"%s\", expected a failure naming its version", rc, sh_errmsg());
+    /* An anchor whose payload cannot be read (here a folder in its place)
+     * is reported as unreadable, not as bytes that differ from its
+     * manifest. */
+    TU_OK(store_payload_path(s, 1, pay, sizeof pay));
+    TU_OK(sh_rm_rf(pay));
+    TU_OK(sh_mkdir_p(pay, 0755));
+    rc = store_materialize(s, 1, 0, NULL, out);
+    if (rc >= 0 || rc == SH_EMISMATCH || !strstr(sh_errmsg(), strerror(EISDIR)))
+        fail_msg("version 1's unreadable anchor: %d \"%s\", expected a read failure", rc, sh_errmsg());
     DIR *dd = opendir(dir);
     assert_non_null(dd);
     struct dirent *e;
@@ -706,7 +716,8 @@ static void test_publish_default_anchor_period(void **state)
  * it (store__cross_delta, into the squash cache): from version 4 to version
  * 6, a delta on anchor 5, it rebuilds version 6 exactly as the plan's
  * squash; a delta that crosses no anchor, or to a version that does not
- * exist, is refused naming why. */
+ * exist, is refused naming why; a squash that rebuilds another model is
+ * refused. */
 static void test_materialize_across_anchor(void **state)
 {
     char root[4096], files[6][4096], out[4200];
@@ -754,6 +765,19 @@ static void test_materialize_across_anchor(void **state)
     unlink(out);
     TU_OK(store_materialize(s, 6, 0, NULL, out));
     tu_assert_same_file(out, files[5]);
+    /* A squash in the cache that rebuilds another model (a valid delta from
+     * version 2 to a stranger) is refused by the manifest's digest. */
+    char other[4200], sq[4200];
+    snprintf(other, sizeof other, "%s/cross-other.st", tu_tmpdir());
+    TU_OK(ckpt_step(files[1], other, 1e-3, 1, 99));
+    TU_OK(store_squash_path(s, 2, 4, sq, sizeof sq));
+    TU_OK(delta_make(files[1], other, sq, &(delta_opts){0}, NULL));
+    store_plan q;
+    TU_OK(store_plan_make(s, 2, 4, &q));
+    assert_int_equal(q.kind, STORE_PLAN_SQUASH);
+    unlink(out);
+    TU_ERR(store_materialize(s, 4, 2, files[1], out), SH_EMISMATCH, "model_xxh3");
+    assert_false(sh_path_exists(out));
     TU_ERR(store__cross_delta(s, 5, 6, &bytes), SH_EINVAL, "does not cross version 6's anchor 5");
     TU_ERR(store__cross_delta(s, 4, 9, &bytes), SH_ENOENT, "no version 9");
     store_close(s);
