@@ -812,6 +812,50 @@ static void test_publish_staging_unmakeable(void **state)
     store_close(s);
 }
 
+/* A manifest's payload and model digests are required, as 32 hex digits:
+ * one missing or unreadable is refused naming it (a delta too, whose
+ * digests no other field repeats).  A version folder without its manifest
+ * is named as such; a version past LATEST without a folder was never
+ * published. */
+static void test_manifest_digests_required(void **state)
+{
+    static const char *h = "0123456789abcdef0123456789abcdef";
+    static const struct {
+        const char *x, *mx, *field;
+    } rows[] = {
+        {NULL, "\"model_xxh3\":\"%s\",", "\"xxh3\""},
+        {"\"xxh3\":\"0123456789abcdef0123456789abcdeg\",", "\"model_xxh3\":\"%s\",", "\"xxh3\""},
+        {"\"xxh3\":\"%s\",", NULL, "\"model_xxh3\""},
+        {"\"xxh3\":\"%s\",", "\"model_xxh3\":\"0123\",", "\"model_xxh3\""},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char x[128] = "", mx[128] = "", m[1024];
+        if (rows[i].x) snprintf(x, sizeof x, rows[i].x, h);
+        if (rows[i].mx) snprintf(mx, sizeof mx, rows[i].mx, h);
+        snprintf(m, sizeof m,
+                 "{\"format\":\"shoal-version/1\",\"run\":\"main\",\"version\":3,\"kind\":\"delta\",\"base\":2,"
+                 "\"file\":\"delta.shd\",\"size\":10,%s%s\"model_size\":20,\"created_at\":1}", x, mx);
+        store_version v;
+        int rc = store_manifest_parse(m, "main", &v);
+        if (rc != SH_EFORMAT || !strstr(sh_errmsg(), rows[i].field))
+            fail_msg("%s: %d \"%s\", expected a refusal naming %s", m, rc, sh_errmsg(), rows[i].field);
+    }
+    char root[4096], dir[4200];
+    snprintf(root, sizeof root, "%s", tu_path("props-manifest"));
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    TU_OK(ckpt_synth(tu_path("pmf.st"), 500, 61));
+    uint64_t v;
+    TU_OK(store_publish(s, tu_path("pmf.st"), NULL, &v));
+    snprintf(dir, sizeof dir, "%s/main/versions/0000000003", root);
+    TU_OK(sh_mkdir_p(dir, 0755));
+    store_version m;
+    TU_ERR(store_get(s, 3, &m, NULL), SH_ENOENT, "0000000003/manifest.json is missing");
+    TU_ERR(store_get(s, 4, &m, NULL), SH_ENOENT, "has no version 4 (LATEST is 1)");
+    store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -833,6 +877,7 @@ int main(void)
         cmocka_unit_test(test_materialize_across_anchor),
         cmocka_unit_test(test_publish_default_anchor_period),
         cmocka_unit_test(test_publish_staging_unmakeable),
+        cmocka_unit_test(test_manifest_digests_required),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
