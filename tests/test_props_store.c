@@ -856,6 +856,47 @@ static void test_manifest_digests_required(void **state)
     store_close(s);
 }
 
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Publishing a sharded folder (its delta versions patch the head cache in
+ * place) leaves no descriptor open: a publisher runs for days. */
+static void test_publish_folder_no_descriptor_left(void **state)
+{
+    char root[4096], f[3][4096];
+    snprintf(root, sizeof root, "%s", tu_path("props-fold"));
+    sh_rm_rf(root);
+    ckpt_family_opts fo = {.layers = 1, .experts = 2, .shrink = 16, .vocab = 512, .shards = 2, .seed = 71};
+    for (int k = 0; k < 3; k++) {
+        char n[64];
+        snprintf(n, sizeof n, "props-fold%d", k);
+        snprintf(f[k], sizeof f[k], "%s", tu_path(n));
+        sh_rm_rf(f[k]);
+        if (k == 0) TU_OK(ckpt_family_write("qwen3-30b-a3b", &fo, f[0], NULL));
+        else TU_OK(ckpt_family_next(f[k - 1], f[k], &(ckpt_train_opts){.lr = 1e-5, .seed = (uint64_t)k}, NULL));
+    }
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    uint64_t v;
+    TU_OK(store_publish(s, f[0], NULL, &v));
+    TU_OK(store_publish(s, f[1], NULL, &v));
+    int before = open_fds();
+    TU_OK(store_publish(s, f[2], NULL, &v)); /* patches the cache holding version 2 */
+    int after = open_fds();
+    if (after != before) fail_msg("a folder's delta publish left %d descriptors open", after - before);
+    store_version m;
+    TU_OK(store_get(s, 3, &m, NULL));
+    assert_false(m.anchor);
+    store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -878,6 +919,7 @@ int main(void)
         cmocka_unit_test(test_publish_default_anchor_period),
         cmocka_unit_test(test_publish_staging_unmakeable),
         cmocka_unit_test(test_manifest_digests_required),
+        cmocka_unit_test(test_publish_folder_no_descriptor_left),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
