@@ -717,7 +717,8 @@ static void test_publish_default_anchor_period(void **state)
  * 6, a delta on anchor 5, it rebuilds version 6 exactly as the plan's
  * squash; a delta that crosses no anchor, or to a version that does not
  * exist, is refused naming why; a squash that rebuilds another model is
- * refused. */
+ * refused; from a version held after the anchor, the chain's deltas after
+ * it rebuild the version. */
 static void test_materialize_across_anchor(void **state)
 {
     char root[4096], files[6][4096], out[4200];
@@ -765,6 +766,16 @@ static void test_materialize_across_anchor(void **state)
     unlink(out);
     TU_OK(store_materialize(s, 6, 0, NULL, out));
     tu_assert_same_file(out, files[5]);
+    /* From a version held after the anchor: that version and the chain's
+     * deltas after it, nothing from the anchor. */
+    store_plan q;
+    TU_OK(store_plan_make(s, 2, 4, &q));
+    if (q.kind != STORE_PLAN_CHAIN || q.nsteps != 2 || q.steps[0] != 3 || q.steps[1] != 4)
+        fail_msg("the plan from version 2 to 4 is %s with %zu steps, not the chain 3, 4",
+                 store_plan_kind_name(q.kind), (size_t)q.nsteps);
+    unlink(out);
+    TU_OK(store_materialize(s, 4, 2, files[1], out));
+    tu_assert_same_file(out, files[3]);
     /* A squash in the cache that rebuilds another model (a valid delta from
      * version 2 to a stranger) is refused by the manifest's digest. */
     char other[4200], sq[4200];
@@ -772,7 +783,6 @@ static void test_materialize_across_anchor(void **state)
     TU_OK(ckpt_step(files[1], other, 1e-3, 1, 99));
     TU_OK(store_squash_path(s, 2, 4, sq, sizeof sq));
     TU_OK(delta_make(files[1], other, sq, &(delta_opts){0}, NULL));
-    store_plan q;
     TU_OK(store_plan_make(s, 2, 4, &q));
     assert_int_equal(q.kind, STORE_PLAN_SQUASH);
     unlink(out);
