@@ -826,7 +826,7 @@ static void test_publish_staging_unmakeable(void **state)
  * one missing or unreadable is refused naming it (a delta too, whose
  * digests no other field repeats).  A version folder without its manifest
  * is named as such; a version past LATEST without a folder was never
- * published. */
+ * published.  A publish on a chain that cannot be read whole is an anchor. */
 static void test_manifest_digests_required(void **state)
 {
     static const char *h = "0123456789abcdef0123456789abcdef";
@@ -858,11 +858,24 @@ static void test_manifest_digests_required(void **state)
     TU_OK(ckpt_synth(tu_path("pmf.st"), 500, 61));
     uint64_t v;
     TU_OK(store_publish(s, tu_path("pmf.st"), NULL, &v));
-    snprintf(dir, sizeof dir, "%s/main/versions/0000000003", root);
-    TU_OK(sh_mkdir_p(dir, 0755));
+    /* A publish after a chain that cannot be read back whole (version 2's
+     * delta cut short) is an anchor: a delta on it could never be applied. */
+    TU_OK(ckpt_step(tu_path("pmf.st"), tu_path("pmf2.st"), 1e-3, 1, 62));
+    TU_OK(ckpt_step(tu_path("pmf2.st"), tu_path("pmf3.st"), 1e-3, 1, 63));
+    TU_OK(store_publish(s, tu_path("pmf2.st"), NULL, &v));
     store_version m;
-    TU_ERR(store_get(s, 3, &m, NULL), SH_ENOENT, "0000000003/manifest.json is missing");
-    TU_ERR(store_get(s, 4, &m, NULL), SH_ENOENT, "has no version 4 (LATEST is 1)");
+    TU_OK(store_get(s, 2, &m, NULL));
+    assert_false(m.anchor);
+    char pay[4096];
+    TU_OK(store_payload_path(s, 2, pay, sizeof pay));
+    assert_int_equal(truncate(pay, (off_t)m.size - 1), 0);
+    TU_OK(store_publish(s, tu_path("pmf3.st"), NULL, &v));
+    TU_OK(store_get(s, 3, &m, NULL));
+    if (!m.anchor) fail_msg("version 3, published on a chain whose delta 2 is cut short, is a delta");
+    snprintf(dir, sizeof dir, "%s/main/versions/0000000005", root);
+    TU_OK(sh_mkdir_p(dir, 0755));
+    TU_ERR(store_get(s, 5, &m, NULL), SH_ENOENT, "0000000005/manifest.json is missing");
+    TU_ERR(store_get(s, 6, &m, NULL), SH_ENOENT, "has no version 6 (LATEST is 3)");
     store_close(s);
 }
 
