@@ -872,6 +872,23 @@ static void test_manifest_digests_required(void **state)
     TU_OK(store_publish(s, tu_path("pmf3.st"), NULL, &v));
     TU_OK(store_get(s, 3, &m, NULL));
     if (!m.anchor) fail_msg("version 3, published on a chain whose delta 2 is cut short, is a delta");
+    /* A payload of the manifest's size that cannot be read (a folder in its
+     * place, the manifest's size made the folder's) fails verification as
+     * unreadable, not as a digest mismatch. */
+    TU_OK(sh_rm_rf(pay));
+    TU_OK(sh_mkdir_p(pay, 0755));
+    struct stat st;
+    assert_int_equal(stat(pay, &st), 0);
+    char man[4200];
+    snprintf(man, sizeof man, "%s/main/versions/0000000002/manifest.json", root);
+    json_t *j = json_load_file(man, 0, NULL);
+    assert_non_null(j);
+    json_object_set_new(j, "size", json_integer((json_int_t)st.st_size));
+    assert_int_equal(json_dump_file(j, man, JSON_COMPACT), 0);
+    json_decref(j);
+    int rc = store_verify(s, 2);
+    if (rc >= 0 || rc == SH_EMISMATCH || !strstr(sh_errmsg(), strerror(EISDIR)))
+        fail_msg("verify of an unreadable payload: %d \"%s\", expected a read failure", rc, sh_errmsg());
     snprintf(dir, sizeof dir, "%s/main/versions/0000000005", root);
     TU_OK(sh_mkdir_p(dir, 0755));
     TU_ERR(store_get(s, 5, &m, NULL), SH_ENOENT, "0000000005/manifest.json is missing");
@@ -917,6 +934,21 @@ static void test_publish_folder_no_descriptor_left(void **state)
     store_version m;
     TU_OK(store_get(s, 3, &m, NULL));
     assert_false(m.anchor);
+    store_close(s);
+    /* A run whose head cache cannot be made (a file in the way) still
+     * publishes a delta on its anchor, and both versions read back whole. */
+    char cache[4200], out[4200];
+    sh_rm_rf(root);
+    TU_OK(store_open(root, NULL, 1, &s));
+    snprintf(cache, sizeof cache, "%s/main/cache", root);
+    tu_write_file(cache, "x", 1);
+    TU_OK(store_publish(s, f[0], NULL, &v));
+    TU_OK(store_publish(s, f[1], NULL, &v));
+    for (uint64_t k = 1; k <= 2; k++) {
+        TU_OK(store_verify(s, k));
+        snprintf(out, sizeof out, "%s.out%llu", root, (unsigned long long)k);
+        TU_OK(store_materialize(s, k, 0, NULL, out));
+    }
     store_close(s);
 }
 
