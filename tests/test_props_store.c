@@ -826,7 +826,9 @@ static void test_publish_staging_unmakeable(void **state)
  * one missing or unreadable is refused naming it (a delta too, whose
  * digests no other field repeats).  A version folder without its manifest
  * is named as such; a version past LATEST without a folder was never
- * published.  A publish on a chain that cannot be read whole is an anchor. */
+ * published.  A head cache that lost its file is rebuilt; a publish on a
+ * chain that cannot be read whole is an anchor; verify names a payload it
+ * cannot read as unreadable. */
 static void test_manifest_digests_required(void **state)
 {
     static const char *h = "0123456789abcdef0123456789abcdef";
@@ -858,20 +860,35 @@ static void test_manifest_digests_required(void **state)
     TU_OK(ckpt_synth(tu_path("pmf.st"), 500, 61));
     uint64_t v;
     TU_OK(store_publish(s, tu_path("pmf.st"), NULL, &v));
-    /* A publish after a chain that cannot be read back whole (version 2's
-     * delta cut short) is an anchor: a delta on it could never be applied. */
-    TU_OK(ckpt_step(tu_path("pmf.st"), tu_path("pmf2.st"), 1e-3, 1, 62));
-    TU_OK(ckpt_step(tu_path("pmf2.st"), tu_path("pmf3.st"), 1e-3, 1, 63));
+    for (int k = 2; k <= 4; k++) {
+        char a[32], b[32];
+        snprintf(a, sizeof a, k == 2 ? "pmf.st" : "pmf%d.st", k - 1);
+        snprintf(b, sizeof b, "pmf%d.st", k);
+        char pa[4096];
+        snprintf(pa, sizeof pa, "%s", tu_path(a));
+        TU_OK(ckpt_step(pa, tu_path(b), 1e-3, 1, (uint64_t)(60 + k)));
+    }
     TU_OK(store_publish(s, tu_path("pmf2.st"), NULL, &v));
-    store_version m;
-    TU_OK(store_get(s, 2, &m, NULL));
-    assert_false(m.anchor);
-    char pay[4096];
-    TU_OK(store_payload_path(s, 2, pay, sizeof pay));
-    assert_int_equal(truncate(pay, (off_t)m.size - 1), 0);
+    /* The head cache (the newest checkpoint, named by cache/head.json) lost
+     * its file: the next delta is made on a rebuilt one. */
+    char cache[4200], out[4200];
+    snprintf(cache, sizeof cache, "%s/main/cache/head.safetensors", root);
+    assert_int_equal(unlink(cache), 0);
     TU_OK(store_publish(s, tu_path("pmf3.st"), NULL, &v));
+    store_version m;
     TU_OK(store_get(s, 3, &m, NULL));
-    if (!m.anchor) fail_msg("version 3, published on a chain whose delta 2 is cut short, is a delta");
+    assert_false(m.anchor);
+    snprintf(out, sizeof out, "%s.out3", root);
+    TU_OK(store_materialize(s, 3, 0, NULL, out));
+    tu_assert_same_file(out, tu_path("pmf3.st"));
+    /* A publish after a chain that cannot be read back whole (version 3's
+     * delta cut short) is an anchor: a delta on it could never be applied. */
+    char pay[4096];
+    TU_OK(store_payload_path(s, 3, pay, sizeof pay));
+    assert_int_equal(truncate(pay, (off_t)m.size - 1), 0);
+    TU_OK(store_publish(s, tu_path("pmf4.st"), NULL, &v));
+    TU_OK(store_get(s, 4, &m, NULL));
+    if (!m.anchor) fail_msg("version 4, published on a chain whose delta 3 is cut short, is a delta");
     /* A payload of the manifest's size that cannot be read (a folder in its
      * place, the manifest's size made the folder's) fails verification as
      * unreadable, not as a digest mismatch. */
@@ -880,19 +897,19 @@ static void test_manifest_digests_required(void **state)
     struct stat st;
     assert_int_equal(stat(pay, &st), 0);
     char man[4200];
-    snprintf(man, sizeof man, "%s/main/versions/0000000002/manifest.json", root);
+    snprintf(man, sizeof man, "%s/main/versions/0000000003/manifest.json", root);
     json_t *j = json_load_file(man, 0, NULL);
     assert_non_null(j);
     json_object_set_new(j, "size", json_integer((json_int_t)st.st_size));
     assert_int_equal(json_dump_file(j, man, JSON_COMPACT), 0);
     json_decref(j);
-    int rc = store_verify(s, 2);
+    int rc = store_verify(s, 3);
     if (rc >= 0 || rc == SH_EMISMATCH || !strstr(sh_errmsg(), strerror(EISDIR)))
         fail_msg("verify of an unreadable payload: %d \"%s\", expected a read failure", rc, sh_errmsg());
-    snprintf(dir, sizeof dir, "%s/main/versions/0000000005", root);
+    snprintf(dir, sizeof dir, "%s/main/versions/0000000006", root);
     TU_OK(sh_mkdir_p(dir, 0755));
-    TU_ERR(store_get(s, 5, &m, NULL), SH_ENOENT, "0000000005/manifest.json is missing");
-    TU_ERR(store_get(s, 6, &m, NULL), SH_ENOENT, "has no version 6 (LATEST is 3)");
+    TU_ERR(store_get(s, 6, &m, NULL), SH_ENOENT, "0000000006/manifest.json is missing");
+    TU_ERR(store_get(s, 7, &m, NULL), SH_ENOENT, "has no version 7 (LATEST is 4)");
     store_close(s);
 }
 
