@@ -718,7 +718,8 @@ static void test_publish_default_anchor_period(void **state)
  * squash; a delta that crosses no anchor, or to a version that does not
  * exist, is refused naming why; a squash that rebuilds another model is
  * refused; from a version held after the anchor, the chain's deltas after
- * it rebuild the version. */
+ * it rebuild the version; gc removes the squashes that start before what it
+ * keeps. */
 static void test_materialize_across_anchor(void **state)
 {
     char root[4096], files[6][4096], out[4200];
@@ -790,6 +791,16 @@ static void test_materialize_across_anchor(void **state)
     assert_false(sh_path_exists(out));
     TU_ERR(store__cross_delta(s, 5, 6, &bytes), SH_EINVAL, "does not cross version 6's anchor 5");
     TU_ERR(store__cross_delta(s, 4, 9, &bytes), SH_ENOENT, "no version 9");
+    /* gc keeping versions 5 and 6 (anchor 5) removes the squashed deltas
+     * that start before version 5: nothing can apply them any more. */
+    uint64_t removed = 0;
+    TU_OK(store_gc(s, 2, &removed));
+    assert_int_equal(removed, 4);
+    static const uint64_t gone[][2] = {{2, 4}, {4, 6}, {0, 6}};
+    for (int k = 0; k < 3; k++) {
+        TU_OK(store_squash_path(s, gone[k][0], gone[k][1], sq, sizeof sq));
+        if (sh_path_exists(sq)) fail_msg("gc down to version 5 kept the squash %s", sq);
+    }
     store_close(s);
 }
 
