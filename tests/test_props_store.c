@@ -24,7 +24,25 @@
  *    model_size, and says so;
  *  - from memory, a run's first version and a version given without a
  *    delta are anchors;
- *  - a push root offers what is published after its first offer. */
+ *  - a push root offers what is published after its first offer;
+ *  - a run's publisher claim: exclusive without a writer id, shared by
+ *    writer ids (1-64 characters, exactly), ended by store_close, and a
+ *    lock file that cannot be opened is refused with the system's reason;
+ *  - a chain whose middle delta is damaged fails as that version's damage,
+ *    an unreadable anchor as unreadable, and leaves no step file behind;
+ *  - a delta across the anchor to a delta version rebuilds it exactly; the
+ *    squash cache is never planned from version 0 or from a newer version,
+ *    a cached squash that rebuilds another model is refused, and gc removes
+ *    the squashes that start before what it keeps;
+ *  - the default anchor period is 8 (versions 1 and 9 of 9) by file, memory
+ *    and kept tensors, an anchor has base 0 and a delta the version before;
+ *  - a publish whose staging folder cannot be made fails there, and LATEST
+ *    stays; a kept-tensors publish on a too-long path is refused;
+ *  - a manifest's digests are required; a publish on a chain cut short is
+ *    an anchor; a head cache that lost its file is rebuilt; verify names an
+ *    unreadable payload as such;
+ *  - a folder's delta publish leaves no descriptor open, and publishes whole
+ *    when its head cache cannot be made. */
 #include "testutil.h"
 
 #include <errno.h>
