@@ -37,8 +37,12 @@ time limit.  Results:
   UNTESTED    its tests fail on the unmutated tree
 
 Usage:
-  scripts/mutgen.py [--seed N] [--count N | --full] [-j N] [--only ID,...]
+  scripts/mutgen.py [--seed N [--count N] [--pin] | --full] [-j N] [--only ID,...]
                     [--files GLOB,...] [--list] [--report FILE]
+Without --seed, --full or --only it runs the checked-in sample,
+tests/mutgen-sample.txt: the same mutants at every commit (a drawn sample
+would change whenever a mutant is added anywhere), so that a survivor
+reproduces and runs can be compared.
 Exit status 0 only when no mutant SURVIVED (or was UNTESTED); a survivor that
 tests/mutgen-equivalent.txt explains is EQUIVALENT, or GAP when its reason
 starts "gap:" (a test could tell, none does yet: counted and shown apart).
@@ -65,6 +69,7 @@ ROOT = mutants.ROOT
 WORK = os.path.join(ROOT, "build", "mutgen")
 MAP = os.path.join(ROOT, "tests", "mutgen.txt")
 EQUIV = os.path.join(ROOT, "tests", "mutgen-equivalent.txt")
+SAMPLE = os.path.join(ROOT, "tests", "mutgen-sample.txt")
 KINDS = ("rel", "const", "logic", "ret", "call", "drop")
 
 
@@ -793,8 +798,11 @@ class Runner:
 def main():
     signal.signal(signal.SIGTERM, mutants.on_term)  # the mutated file is put back on the way out
     ap = argparse.ArgumentParser(description="generated mutants on the integrity and isolation paths")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--count", type=int, default=400, help="mutants in the seeded sample (default 400)")
+    ap.add_argument("--seed", type=int,
+                    help="draw a new seeded sample instead of running the checked-in one (tests/mutgen-sample.txt)")
+    ap.add_argument("--count", type=int, default=400, help="mutants in a drawn sample (default 400)")
+    ap.add_argument("--pin", action="store_true",
+                    help="with --seed: write the drawn sample to tests/mutgen-sample.txt (and run nothing)")
     ap.add_argument("--full", action="store_true", help="every mutant, no sample")
     ap.add_argument("-j", "--jobs", type=int, default=1)
     ap.add_argument("--only", help="comma-separated mutant ids (a survivor's id reproduces it)")
@@ -849,9 +857,13 @@ def main():
             chosen.append(m)
     elif a.full:
         chosen = list(allm)
-    else:
+    elif a.seed is not None:
         rng = random.Random(a.seed)
         chosen = rng.sample(allm, min(a.count, len(allm)))
+        if a.pin:
+            return pin_sample(chosen, a.seed, len(allm))
+    else:
+        chosen = pinned_sample(allm, a.files)
     # In blocks of 2 mutants of one file, the files taken in turn: a block
     # rebuilds one object, and a run cut short by --time-budget has still
     # sampled every file.
@@ -916,7 +928,7 @@ def main():
               f"executes (judged without a build)", flush=True)
     runner.prepare(list(specs))
     runner.baseline(specs, runs)
-    print(f"mutgen: {len(chosen)} of {len(allm)} mutants (seed {a.seed}{', full' if a.full else ''}), "
+    print(f"mutgen: {len(chosen)} of {len(allm)} mutants ({'full' if a.full else 'only' if a.only else f'seed {a.seed}' if a.seed is not None else 'the checked-in sample'}), "
           f"{a.jobs} job(s); baseline in {time.time() - t0:.0f}s", flush=True)
     stop = threading.Event()
 
@@ -970,6 +982,55 @@ def report_header(a):
     cmd = "python3 scripts/mutgen.py " + " ".join(sys.argv[1:])
     return (f"- command: `{cmd}`\n- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
             f"- commit: {commit}\n- machine: {machine}; load average at the end {load}\n\n")
+
+
+def pin_sample(chosen, seed, total):
+    """Writes a drawn sample to SAMPLE, so that later runs judge the same
+    mutants whatever code moves or is added around them."""
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip() or "unknown"
+    with open(SAMPLE + ".tmp", "w") as f:
+        f.write("# The sample `make mutants-gen` runs (scripts/mutgen.py; docs/testing.md).\n"
+                f"# Drawn with `python3 scripts/mutgen.py --seed {seed} --count {len(chosen)} --pin`\n"
+                f"# at commit {head}: {len(chosen)} of its {total} mutants.  One id per line;\n"
+                "# matching ignores the line number and the folder, as for the\n"
+                "# equivalents list.\n")
+        for m in chosen:
+            f.write(m["id"] + "\n")
+    os.replace(SAMPLE + ".tmp", SAMPLE)
+    print(f"mutgen: {len(chosen)} mutants written to {os.path.relpath(SAMPLE, ROOT)}")
+    return 0
+
+
+def pinned_sample(allm, files):
+    """The checked-in sample.  A mutant whose line has changed since it was
+    drawn no longer exists; it is replaced by the mutant of the same file
+    that a hash of its id ranks first among those not in the sample, so the
+    sample keeps its size and still reproduces."""
+    try:
+        lines = open(SAMPLE).read().splitlines()
+    except OSError as e:
+        die(f"{SAMPLE}: {e.strerror}; draw one with --seed N --pin, or pass --seed N")
+    ids = [l.split()[0] for l in lines if l.strip() and not l.startswith("#")]
+    bykey = {key_of(m["id"]): m for m in allm}
+    chosen, gone = [], []
+    for i in ids:
+        m = bykey.get(key_of(i))
+        if m:
+            chosen.append(m)
+        elif not files or any(fnmatch.fnmatch(i.split(":")[0], g) for g in files.split(",")):
+            gone.append(i)
+    taken = {key_of(m["id"]) for m in chosen}
+    rank = lambda m: hashlib.sha1(key_of(m["id"]).encode()).hexdigest()
+    for i in gone:
+        f = i.split(":")[0]
+        pool = sorted((m for m in allm if m["file"] == f and key_of(m["id"]) not in taken), key=rank)
+        if pool:
+            chosen.append(pool[0])
+            taken.add(key_of(pool[0]["id"]))
+            print(f"mutgen: {i} of the sample no longer exists (its line changed); "
+                  f"{pool[0]['id']} takes its place", flush=True)
+    return chosen
 
 
 def write_json(path, results):

@@ -3,6 +3,8 @@
  * tests use the optimised library only). */
 #include "testutil.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,12 +147,81 @@ static void test_replica_config_errors(void **state)
     sh_free(text);
 }
 
+/* /proc/self/status's RssFile, in bytes. */
+static uint64_t rss_file(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssFile: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
+/* store_lease_drop_pages (what load_into calls as it copies): the leased
+ * model's pages leave the process's RSS and read back the same bytes; a
+ * range outside the model, or no lease, is refused by name. */
+static void test_lease_drop_pages(void **state)
+{
+    const char *root = tu_path("drop");
+    sh_rm_rf(root);
+    store *s;
+    TU_OK(store_open(root, NULL, 1, &s));
+    enum { N = 4 << 20 }; /* 16 MiB of F32 */
+    float *w = malloc(N * sizeof *w);
+    for (int i = 0; i < N; i++) w[i] = (float)(i % 9973);
+    ckpt_tensor t = {.name = "w", .dtype = CKPT_F32, .ndim = 1, .shape = {N}, .data = (const uint8_t *)w};
+    uint64_t v;
+    TU_OK(store_publish_tensors(s, &t, 1, 0, &v));
+    char cfg[8192];
+    snprintf(cfg, sizeof cfg, "{\"dir\": \"%s\", \"store\": \"%s\", \"poll_s\": 0.01}", tu_path("drop-rep"),
+             root);
+    store_replica *r;
+    TU_OK(store_replica_open_json(cfg, &r));
+    TU_OK(store_replica_wait(r, 1, 30));
+    store_lease *l;
+    TU_OK(store_lease_new(r, 1, 0, &l));
+    const ckpt_tensor *x;
+    TU_OK(store_lease_tensor(l, "w", &x));
+    uint64_t before = rss_file();
+    assert_memory_equal(x->data, w, x->nbytes); /* every page read */
+    uint64_t read = rss_file();
+    TU_OK(store_lease_drop_pages(l, 0, l->size));
+    uint64_t dropped = rss_file();
+    print_message("RssFile: %.1f MiB before reading, %.1f read, %.1f dropped\n", before / 1048576.0,
+                  read / 1048576.0, dropped / 1048576.0);
+    assert_true(read >= before + (12 << 20));
+    assert_true(dropped + (12 << 20) <= read);
+    assert_memory_equal(x->data, w, x->nbytes); /* the same bytes, faulted back in */
+    /* Part of it: whole pages around the range, nothing outside the model. */
+    TU_OK(store_lease_drop_pages(l, 1, 4095));
+    TU_OK(store_lease_drop_pages(l, l->size, 0));
+    TU_ERR(store_lease_drop_pages(l, l->size - 1, 2), SH_ERANGE, "outside version 1's");
+    TU_ERR(store_lease_drop_pages(l, 1, UINT64_MAX), SH_ERANGE, "outside version 1's");
+    TU_ERR(store_lease_drop_pages(l, UINT64_MAX, 1), SH_ERANGE, "outside version 1's");
+    /* Only a model's own mapping: a lease whose data is anything else
+     * (here, the caller's anonymous memory) is refused, not madvised. */
+    store_lease forged = *l;
+    forged.data = (const uint8_t *)w;
+    TU_ERR(store_lease_drop_pages(&forged, 0, 4096), SH_EINVAL, "not its model's file mapping");
+    assert_int_equal(w[1], 1.0f);
+    TU_ERR(store_lease_drop_pages(NULL, 0, 1), SH_EINVAL, "no model leased");
+    assert_memory_equal(x->data, w, x->nbytes);
+    store_lease_free(r, l);
+    store_replica_close_json(r);
+    store_close(s);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_publish_tensors_list_and_lease),
         cmocka_unit_test(test_publish_kept),
         cmocka_unit_test(test_replica_config_errors),
+        cmocka_unit_test(test_lease_drop_pages),
     };
     return cmocka_run_group_tests_name("bind", tests, NULL, NULL);
 }

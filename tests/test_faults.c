@@ -1224,6 +1224,31 @@ static void test_ledger_faults(void **state)
  * not none, not two. */
 static int preempted_rows(const char *db) { return ledger_rows(db, 1) + ledger_rows(db, 2); }
 
+/* A node's long poll, held open at its version (the node "lp", 1 GPU). */
+typedef struct {
+    srv *s;
+    const char *cred;
+    long long version;
+    int st;
+    double took;
+} lpoll;
+
+static void *lpoll_run(void *arg)
+{
+    lpoll *p = arg;
+    client_conn *cl = client(p->s, p->cred);
+    char body[128];
+    snprintf(body, sizeof body, "{\"node\":\"lp\",\"version\":%lld,\"wait_ms\":5000}", p->version);
+    char *r = NULL;
+    size_t rl = 0;
+    double t0 = sh_now_mono();
+    if (client_raw(cl, "POST", "/v1/agent/poll", body, strlen(body), NULL, 10, &p->st, &r, &rl) < 0) p->st = 0;
+    p->took = sh_now_mono() - t0;
+    free(r);
+    client_free(cl);
+    return NULL;
+}
+
 static void test_ledger_cycle_faults(void **state)
 {
     srvc c;
@@ -1240,6 +1265,20 @@ static void test_ledger_cycle_faults(void **state)
     srv_cycle_for_bench(s);
     assert_int_equal(submit_spec(s, "{\"name\":\"high\",\"nodes\":1,\"gpus_per_node\":8,\"priority\":2,"
                                     "\"command\":[\"true\"]}"), 201);
+    /* A node with an agent's credential, for a long poll when the state is
+     * lost (below). */
+    char lp_cred[64];
+    {
+        client_conn *cl = client(s, "tok-agent");
+        json_t *b = json_loads("{\"name\":\"lp\",\"gpu_type\":\"LP\",\"gpus\":1}", 0, NULL), *reply = NULL;
+        int st = 0;
+        TU_OK(client_call(cl, "POST", "/v1/agent/register", b, NULL, 10, &st, &reply));
+        if (st != 200) fail_msg("register lp: %d %s", st, json_string_value(json_object_get(reply, "error")));
+        snprintf(lp_cred, sizeof lp_cred, "%s", json_string_value(json_object_get(reply, "credential")));
+        json_decref(b);
+        json_decref(reply);
+        client_free(cl);
+    }
     srv_stop(s);
     snapshot(c.dir);
 
@@ -1303,10 +1342,30 @@ static void test_ledger_cycle_faults(void **state)
      * finds the state as it was before the cycle. */
     restore(c.dir);
     s = srv_up(&c);
+    /* Node lp waits in a long poll at its version: the loss ends the wait
+     * at once, with 503 (the node table it waited on is gone). */
+    lpoll lp = {s, lp_cred, 0, 0, 0};
+    {
+        client_conn *cl = client(s, lp_cred);
+        json_t *b = json_loads("{\"node\":\"lp\"}", 0, NULL), *reply = NULL;
+        int st = 0;
+        TU_OK(client_call(cl, "POST", "/v1/agent/poll", b, NULL, 10, &st, &reply));
+        assert_int_equal(st, 200);
+        lp.version = json_integer_value(json_object_get(reply, "version"));
+        json_decref(b);
+        json_decref(reply);
+        client_free(cl);
+    }
+    pthread_t lpt;
+    assert_int_equal(pthread_create(&lpt, NULL, lpoll_run, &lp), 0);
+    sh_sleep(0.5);
     faults_arm(c.dir, n, 0);
     F.fail_on = 1;
     assert_true(srv_cycle_for_bench(s) < 0);
     faults_disarm();
+    pthread_join(lpt, NULL);
+    if (lp.st != 503 || lp.took > 3)
+        fail_msg("a long poll waiting when the state was lost: %d after %.1f s (want 503 at once)", lp.st, lp.took);
     const char *why = srv_failed(s);
     assert_non_null(why);
     assert_non_null(strstr(why, "restart the server"));

@@ -80,6 +80,58 @@ static void test_announce(void **state)
     assert_non_null(strstr(sh_errmsg(), "version 0"));
 }
 
+/* Every bit of every numeric field of the headers survives pack then
+ * unpack in its place: one bit set at a time, the others clear, so that a
+ * field that loses or moves a bit (a byte shifted by 7 instead of 8, an
+ * offset off by one) comes back different. */
+static void test_headers_round_trip_every_bit(void **state)
+{
+    for (int b = 0; b < 64; b++) {
+        uint64_t v64 = 1ull << b;
+        uint32_t v32 = 1u << (b % 32);
+        uint16_t v16 = (uint16_t)(1u << (b % 16));
+        bcast__hello h = {.flags = v16, .have = v64, .resume_version = ~v64, .resume_next = v32,
+                          .resume_hash = {v64, ~v64}, .nonce = {~v64, v64}, .proof = {v64, v64 >> 1}}, hg;
+        uint8_t hb[BCAST__HELLO_LEN];
+        bcast__pack_hello(&h, hb);
+        TU_OK(bcast__unpack_hello(hb, sizeof hb, &hg));
+        if (hg.flags != h.flags || hg.have != h.have || hg.resume_version != h.resume_version ||
+            hg.resume_next != h.resume_next || !sh_hash128_eq(hg.resume_hash, h.resume_hash) ||
+            !sh_hash128_eq(hg.nonce, h.nonce) || !sh_hash128_eq(hg.proof, h.proof))
+            fail_msg("HELLO with bit %d: a field came back changed (flags %#x -> %#x)", b, h.flags, hg.flags);
+        /* chunk_size x nchunks is the size exactly (the OFFER's own check). */
+        bcast__offer o = {.version = v64, .base = ~v64, .hash = {v64, ~v64}, .chunk_size = v32 | 1,
+                          .nchunks = (uint32_t)(1u << (b % 31)), .flags = v32 & ~(uint32_t)BCAST__OFFER_SQUASH,
+                          .manifest_len = v32},
+                     og;
+        o.size = (uint64_t)o.chunk_size * o.nchunks;
+        uint8_t ob[BCAST__OFFER_LEN];
+        bcast__pack_offer(&o, ob);
+        TU_OK(bcast__unpack_offer(ob, sizeof ob, &og));
+        if (memcmp(&o, &og, sizeof o)) fail_msg("OFFER with bit %d: a field came back changed", b);
+        bcast__chunk c = {.version = v64, .index = v32, .len = ~v32, .xxh64 = ~v64}, cg;
+        uint8_t cb[BCAST__CHUNK_LEN];
+        bcast__pack_chunk(&c, cb);
+        TU_OK(bcast__unpack_chunk(cb, sizeof cb, &cg));
+        if (memcmp(&c, &cg, sizeof c)) fail_msg("CHUNK with bit %d: a field came back changed", b);
+        bcast__nack k = {.version = v64, .index = v32}, kg;
+        uint8_t kb[BCAST__NACK_LEN];
+        bcast__pack_nack(&k, kb);
+        TU_OK(bcast__unpack_nack(kb, sizeof kb, &kg));
+        assert_true(kg.version == k.version && kg.index == k.index);
+        uint64_t a;
+        uint8_t ab[BCAST__ANNOUNCE_LEN];
+        bcast__pack_announce(v64, ab);
+        TU_OK(bcast__unpack_announce(ab, sizeof ab, &a));
+        assert_true(a == v64);
+        sh_hash128 w = {v64, ~v64}, wg;
+        uint8_t wb[BCAST__WELCOME_LEN];
+        bcast__pack_welcome(w, wb);
+        TU_OK(bcast__unpack_welcome(wb, sizeof wb, &wg));
+        assert_true(sh_hash128_eq(w, wg));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -87,6 +139,7 @@ int main(void)
         cmocka_unit_test(test_offer_size_near_2_64),
         cmocka_unit_test(test_manifest_fields_refused),
         cmocka_unit_test(test_announce),
+        cmocka_unit_test(test_headers_round_trip_every_bit),
     };
     return cmocka_run_group_tests_name("fuzz_push_wire corpus", tests, NULL, NULL);
 }

@@ -246,6 +246,7 @@ const char *store_push_root_run(const store_push_root *r);
  * `seconds` (at least 0.5 s after a damaged version).  0 or a negative SH_E*
  * code from the node. */
 int store_push_root_step(store_push_root *r, double seconds);
+/* NULL: a no-op. */
 void store_push_root_free(store_push_root *r);
 
 /* Opens DIR (created if missing), restores the last activated version after
@@ -311,6 +312,15 @@ int store_replica_info_json(store_replica *r, char **out);
  * releases and frees it (NULL: no-op) and returns what release returns. */
 int store_lease_new(store_replica *r, uint64_t min_version, uint64_t exact_version, store_lease **out);
 uint64_t store_lease_free(store_replica *r, store_lease *l);
+/* Lets bytes [off, off + len) of a lease's model (whole pages around them)
+ * leave this process's resident memory once read: madvise(MADV_DONTNEED) on
+ * the model's read-only file mapping.  The pages stay in the page cache and
+ * the lease stays valid: a later read (by this lease, another one or a
+ * tensor view) faults the same bytes back in.  load_into calls it as it
+ * copies, so that a follower holding its own copy of the tensors does not
+ * also hold the leased image.  SH_ERANGE for a range past the model's end,
+ * SH_EINVAL for a lease that is not a model's file mapping. */
+int store_lease_drop_pages(const store_lease *l, uint64_t off, uint64_t len);
 
 #ifdef __cplusplus
 }

@@ -112,6 +112,7 @@ _PROTOS = {
     "store_replica_info_json": (i32, [vp, _c.POINTER(vp)]),
     "store_lease_new": (i32, [vp, u64, u64, _c.POINTER(_c.POINTER(StoreLease))]),
     "store_lease_free": (u64, [vp, _c.POINTER(StoreLease)]),
+    "store_lease_drop_pages": (i32, [_c.POINTER(StoreLease), u64, u64]),
     # rl: the protocol's two ends (src/rl/engine/link.c) and the tasks
     "rl_link_listen": (i32, [cp, cp, i32, u64, i32, i32, i32, i32, _c.POINTER(vp)]),
     "rl_link_addr": (cp, [vp]),

@@ -221,6 +221,7 @@ class Replica:
             src = lease.tensors()
             kinds = lease._dtype_names()
             rep = LoadReport(lease.version)
+            lh = lease._lh  # held by the views in src until this returns
         dst = target.state_dict() if isinstance(target, torch.nn.Module) else target
         extra = [n for n in src if n not in dst]
         missing = [n for n in dst if n not in src]
@@ -247,15 +248,72 @@ class Replica:
                                  "a %s tensor; nothing was loaded" % (rep.version, name, kinds[name],
                                                                       s.dtype, d.dtype, s.dtype))
         with torch.no_grad():
+            pages = _PageDropper(lh)
             for name, s, d in pairs:
-                s2 = s if s.dtype == d.dtype and d.device.type == "cpu" else s.to(device=d.device, dtype=d.dtype)
-                if _same_bits(d, s2):
+                if _load_one(s, d, pages):
+                    rep.changed.append(name)
+                    rep.bytes_copied += d.numel() * d.element_size()
+                else:
                     rep.unchanged.append(name)
-                    continue
-                d.copy_(s2)
-                rep.changed.append(name)
-                rep.bytes_copied += d.numel() * d.element_size()
+            pages.flush()
         return rep
+
+
+# load_into reads the leased image in slices of this many bytes, and lets
+# the pages it read leave the process every _DROP_BYTES: a follower then
+# holds its own tensors and not also the leased image (issue 31, item 1).
+_SLICE_BYTES = 2 << 20
+_DROP_BYTES = 4 << 20
+
+
+class _PageDropper:
+    """Drops the leased image's pages (store_lease_drop_pages: its clean,
+    file-backed mapping; they stay in the page cache) once load_into has
+    read them, a window of _DROP_BYTES at a time."""
+
+    def __init__(self, lh):
+        self.lh, self.base, self.size = lh, lh.p.contents.data or 0, lh.p.contents.size
+        self.lo = self.hi = None
+
+    def read(self, t):
+        off = t.data_ptr() - self.base
+        n = t.numel() * t.element_size()
+        if n == 0 or off < 0 or off + n > self.size:
+            return
+        self.lo = off if self.lo is None else min(self.lo, off)
+        self.hi = off + n if self.hi is None else max(self.hi, off + n)
+        if self.hi - self.lo >= _DROP_BYTES:
+            self.flush()
+
+    def flush(self):
+        if self.lo is not None:
+            check(lib.store_lease_drop_pages(self.lh.p, self.lo, self.hi - self.lo))
+        self.lo = self.hi = None
+
+
+def _load_one(s, d, pages):
+    """Brings target tensor d to the bits of leased tensor s (converted
+    when the dtype or device differs), a slice at a time so that the pages
+    read can go; whether anything was copied."""
+    same = s.dtype == d.dtype and d.device.type == "cpu"
+    n = s.numel()
+    step = max(1, _SLICE_BYTES // max(1, s.element_size()))
+    if n <= step or not d.is_contiguous():
+        s2 = s if same else s.to(device=d.device, dtype=d.dtype)
+        differ = not _same_bits(d, s2)
+        if differ:
+            d.copy_(s2)
+        pages.read(s)
+        return differ
+    sf, df, differ = s.reshape(-1), d.view(-1), False
+    for i in range(0, n, step):
+        a, b = sf[i:i + step], df[i:i + step]
+        a2 = a if same else a.to(device=d.device, dtype=d.dtype)
+        if not _same_bits(b, a2):
+            b.copy_(a2)
+            differ = True
+        pages.read(a)
+    return differ
 
 
 def _names(names, k=5):

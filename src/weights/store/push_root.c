@@ -57,11 +57,16 @@ static int offer_new(store_push_root *r, uint64_t latest)
     store_plan *p = malloc(sizeof *p);
     if (!p) return sh_err(SH_ENOMEM, "plan");
     int rc = store_plan_make(r->s, r->have, latest, p);
+    /* A squash in the store's cache from what the node has (made for a
+     * late joiner, or by `shoal store squash`) is no plan for the node,
+     * which needs every version: the plan from the anchor, less what the
+     * node already has (offering that again is refused). */
     if (rc == 0 && p->kind == STORE_PLAN_SQUASH) rc = store_plan_make(r->s, 0, latest, p);
     uint64_t list[STORE_MAX_CHAIN + 1];
-    size_t k = 0;
-    if (rc == 0 && p->kind == STORE_PLAN_ANCHOR) list[k++] = p->anchor;
-    for (size_t i = 0; rc == 0 && i < p->nsteps; i++) list[k++] = p->steps[i];
+    size_t k = 0, i0 = 0;
+    if (rc == 0 && p->kind == STORE_PLAN_ANCHOR && p->anchor > r->have) list[k++] = p->anchor;
+    while (rc == 0 && i0 < p->nsteps && p->steps[i0] <= r->have) i0++;
+    for (size_t i = i0; rc == 0 && i < p->nsteps; i++) list[k++] = p->steps[i];
     free(p);
     for (size_t i = 0; rc == 0 && i < k; i++) {
         char *text = NULL, path[4096];

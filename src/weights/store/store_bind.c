@@ -2,12 +2,15 @@
  * only pointers, numbers and JSON text, so that a binding needs no struct
  * layout that may grow.  The C API in store.h stays the reference; each
  * function here is a thin translation onto it. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "shoal/ckpt.h"
+#include "weights/store/replica_int.h"
 #include "weights/store/store_int.h"
 
 static int publish_tensors(store *s, const ckpt_tensor *t, size_t n, const json_t *meta,
@@ -223,4 +226,29 @@ uint64_t store_lease_free(store_replica *r, store_lease *l)
     uint64_t v = store_replica_release(r, l);
     free(l);
     return v;
+}
+
+int store_lease_drop_pages(const store_lease *l, uint64_t off, uint64_t len)
+{
+    if (!l || !l->priv) return sh_err(SH_EINVAL, "drop pages: no model leased");
+    const model *m = l->priv;
+    /* Only the model's read-only file mapping (MAP_SHARED of its file):
+     * its pages are clean and stay in the page cache, so dropping them
+     * loses nothing.  Anonymous memory (the replica's image, a caller's
+     * buffer) is never passed to madvise here. */
+    if (!m->map || m->fd < 0 || l->data != m->map || l->size != m->size)
+        return sh_err(SH_EINVAL, "drop pages: version %llu's lease is not its model's file mapping",
+                      (unsigned long long)l->version);
+    if (off > m->size || len > m->size - off)
+        return sh_err(SH_ERANGE, "drop pages: bytes %llu..+%llu are outside version %llu's %llu bytes",
+                      (unsigned long long)off, (unsigned long long)len, (unsigned long long)l->version,
+                      (unsigned long long)m->size);
+    if (len == 0) return SH_OK;
+    /* Whole pages: a page shared with a neighbour's bytes is dropped too,
+     * which costs that neighbour only a fault that reads the page cache. */
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t a = off / page * page, b = (off + len + page - 1) / page * page;
+    if (madvise(m->map + a, (size_t)(b - a), MADV_DONTNEED) < 0)
+        return sh_err_errno(errno, "drop pages of version %llu", (unsigned long long)l->version);
+    return SH_OK;
 }
