@@ -122,6 +122,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(AUX_OBJ) $(BUILD)/libshoal.a
 	@mkdir -p $(dir $@)
 	$(CC) $(OPTFLAGS) -o $@ $< $(AUX_OBJ) $(BUILD)/libshoal.a $(LIBS) $(TEST_LIBS)
 
+# test_props_agent preloads a mount(2) that fails on demand into an agent.
+$(BUILD)/tests/fault_mount.so: tests/fault/mount.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -shared -fPIC -o $@ $< -ldl
+$(BUILD)/tests/test_props_agent $(ASAN)/tests/test_props_agent: $(BUILD)/tests/fault_mount.so
+
 # test_runs starts ranks that `import shoal` (python/shoal loads build/libshoal.so.0).
 $(BUILD)/tests/test_runs $(ASAN)/tests/test_runs: $(BUILD)/$(SONAME)
 

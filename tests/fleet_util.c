@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <unistd.h>
 
 /* Every process a test started, so that a failed test (which leaves its
@@ -28,7 +29,7 @@ void tf_kill_all(void)
     nstarted = 0;
 }
 
-pid_t tf_spawn(const char *out, char *const argv[])
+pid_t tf_spawn_as(const char *out, uid_t uid, char *const argv[])
 {
     if (!nstarted) atexit(tf_kill_all);
     pid_t parent = getpid();
@@ -44,11 +45,18 @@ pid_t tf_spawn(const char *out, char *const argv[])
             dup2(fd, 1);
             dup2(fd, 2);
         }
+        if (uid) {
+            if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0) _exit(126);
+            prctl(PR_SET_PDEATHSIG, SIGTERM); /* the change of credentials cleared it */
+            if (getppid() != parent) _exit(1);
+        }
         execv(argv[0], argv);
         _exit(127);
     }
     return p;
 }
+
+pid_t tf_spawn(const char *out, char *const argv[]) { return tf_spawn_as(out, 0, argv); }
 
 static void start(tf_fleet *f)
 {
@@ -112,7 +120,8 @@ static void spawn_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, cons
     char out[4200], work[4200], g[16];
     snprintf(f->names[i], sizeof f->names[i], "n%d", i);
     snprintf(out, sizeof out, "%s/agent-%d.out", f->dir, i);
-    snprintf(work, sizeof work, "%s/work", f->dir);
+    if (f->agent_work[i][0]) snprintf(work, sizeof work, "%s", f->agent_work[i]);
+    else snprintf(work, sizeof work, "%s/work", f->dir);
     snprintf(g, sizeof g, "%d", gpus);
     char *argv[32] = {(char *)tu_shoal(), "agent", "--server", f->url, "--token", TF_AGENT, "--name", f->names[i],
                       "--gpu-type", (char *)gpu_type, "--gpus", g, "--zone", (char *)zone, "--fabric",
@@ -122,7 +131,7 @@ static void spawn_agent(tf_fleet *f, int i, const char *gpu_type, int gpus, cons
     snprintf(extra, sizeof extra, "%s", f->agent_extra);
     for (char *s = NULL, *t = strtok_r(extra, " ", &s); t && k < 30; t = strtok_r(NULL, " ", &s)) argv[k++] = t;
     argv[k] = NULL;
-    f->agents[i] = tf_spawn(out, argv);
+    f->agents[i] = tf_spawn_as(out, f->agent_uid[i], argv);
     if (i >= f->nagents) f->nagents = i + 1;
 }
 

@@ -25,6 +25,8 @@ typedef struct tf_fleet {
     char names[16][32];
     char extra[512]; /* extra server options */
     char agent_extra[256]; /* extra agent options (e.g. "--sandbox gvisor") */
+    uid_t agent_uid[16];   /* agent i runs as this uid when not 0 (a test run as root) */
+    char agent_work[16][512]; /* agent i's --work-dir when set; else DIR/work */
 } tf_fleet;
 
 /* Starts a server in tu_path(name) with a heartbeat timeout of hb seconds. */
@@ -42,6 +44,9 @@ void tf_wait_agents(tf_fleet *f, int n);
 /* Starts argv (argv[0] a path) with stdout and stderr appended to `out`;
  * the process is stopped by tf_kill_all() and dies with the test. */
 pid_t tf_spawn(const char *out, char *const argv[]);
+/* tf_spawn, the process running as uid and gid `uid` with no supplementary
+ * groups (the caller must be root). */
+pid_t tf_spawn_as(const char *out, uid_t uid, char *const argv[]);
 /* Stops every process any fleet of this binary started (for teardowns). */
 void tf_kill_all(void);
 /* A cmocka teardown that calls tf_kill_all(). */

@@ -26,7 +26,8 @@
  *    policy (on_failure "fail" ends the job; the others wait to run
  *    again), whichever of the active jobs it is; a removed node that
  *    registers again is known by its new GPUs; an agent that registers
- *    again while alive ends what ran under the old one;
+ *    again while alive ends what ran under the old one, and is known by
+ *    its new GPUs too;
  *  - an elastic job grows also while it starts, a preempted replica is
  *    stopped (no status: -1) and the others run on, and a lost replica
  *    is no shrink;
@@ -592,6 +593,15 @@ static void test_node_lost_takes_its_jobs(void **state)
     cred = reg(f, "rm1", "RB", 2, 0);
     want_state(f, b, "pending", "rm1's agent registered again");
     if (members_in(f, b, "lost") != 1) fail_msg("the gang's member under the old agent is not lost");
+    free(cred);
+    quiesce(f);
+    /* Its agent starts again, alive, with other GPUs: the scheduler knows
+     * it by the new ones, not by what it had before. */
+    cred = reg(f, "rm1", "RC", 3, 0);
+    int64_t c = submit_as(f, TF_ALICE, "{\"name\":\"h\",\"kind\":\"gang\",\"nodes\":1,\"gpus_per_node\":3,"
+                                       "\"command\":[\"true\"],\"gpu_types\":[\"RC\"]}");
+    cycle();
+    want_state(f, c, "starting", "a gang of 3 RC GPUs on rm1, its agent registered again with them while alive");
     free(cred);
     quiesce(f);
 }

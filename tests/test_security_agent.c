@@ -346,6 +346,14 @@ static void writable_owner(const char *mode)
     log_has("a folder others can enter", l, "lets other tenants in");
     log_lacks("a folder others can enter", l, "ran\n");
     free(l);
+    /* Closed to others again, the same folder works, also open to its
+     * group (bob's own: the tenant's gid is its uid); it lies outside the
+     * test's folder (and outside any closed folder above the work root). */
+    chmod(open_dir, 0770);
+    snprintf(script, sizeof script, "echo fine > %s/x && echo written-outside", open_dir);
+    l = tf_wait_log(&f, submit_sh(&f, TF_BOB, "closed", extra, script), 60, NULL);
+    log_has("bob's own folder, closed", l, "written-outside");
+    free(l);
     tf_stop(&f);
     sh_rm_rf(open_dir);
 }

@@ -297,7 +297,7 @@ static int apply(agent *a, const json_t *want)
             m = &a->m[a->nm - 1];
             news = 1;
         }
-        m->stopping = 0;
+        m->stopping = m->over; /* a member over a limit stays stopped (quota.c) */
         if (m->state == AM_READY && json_is_true(json_object_get(d, "go"))) {
             int e = agent__release(a, m);
             if (e) sh_buf_printf(&m->log, "shoal agent: cannot run the command: %s\n", strerror(e));

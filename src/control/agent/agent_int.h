@@ -26,7 +26,8 @@ typedef struct agent_member {
     int attempt, rank, state, exit_code;
     double ended_at; /* wall seconds it was reaped ("ended_at" in reports) */
     int reported;  /* the exit was sent in a poll */
-    int stopping;  /* the server no longer wants it */
+    int stopping;  /* the server no longer wants it, or it is over a limit */
+    int over;      /* over its disk or open-files limit: stopped whatever the server wants */
     pid_t pid;
     uid_t uid;     /* the member's uid and gid */
     int out_fd, barrier_fd, exec_fd;

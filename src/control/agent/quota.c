@@ -230,7 +230,7 @@ void agent__disk_check(agent *a, agent_member *m, double now)
                       (unsigned long long)r.fds, (unsigned long long)m->fds_max, (unsigned long long)m->nofile);
         sh_warn("agent %s: job %lld rank %d: over its open-files limit (%llu); stopping it", a->cfg.name,
                 (long long)m->job, m->rank, (unsigned long long)r.fds);
-        m->stopping = 1;
+        m->stopping = m->over = 1;
         return;
     }
     if (r.over <= 0) return;
@@ -243,7 +243,7 @@ void agent__disk_check(agent *a, agent_member *m, double now)
                   (unsigned long long)m->files_max);
     sh_warn("agent %s: job %lld rank %d: over its disk limit (%llu MiB, %llu files seen); stopping it", a->cfg.name,
             (long long)m->job, m->rank, (unsigned long long)(bytes >> 20), (unsigned long long)files);
-    m->stopping = 1;
+    m->stopping = m->over = 1;
 }
 
 /* ---- loop-mounted work directories ---- */

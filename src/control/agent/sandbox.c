@@ -738,15 +738,50 @@ static void signal_member(agent_member *m, int sig)
         sh_buf_append(&b, "", 1);
         text = (char *)b.data;
     } else {
-        /* No cgroup: walk /proc for the process group. */
+        /* No cgroup: walk /proc for the guard's descendants (bwrap's
+         * --new-session puts the workload in a session and process group
+         * of its own, so the guard's group holds only the guard and bwrap). */
         sh_buf b = {0};
+        pid_t (*pp)[2] = NULL; /* pid, parent */
+        size_t n = 0, cap = 0;
         DIR *d = opendir("/proc");
         struct dirent *e;
         while (d && (e = readdir(d))) {
-            pid_t pid = (pid_t)atoi(e->d_name);
-            if (pid > 0 && getpgid(pid) == m->pid) sh_buf_printf(&b, "%d\n", (int)pid);
+            char sp[64], st[512];
+            int pid = atoi(e->d_name), ppid = 0;
+            snprintf(sp, sizeof sp, "/proc/%d/stat", pid);
+            FILE *sf = pid > 0 ? fopen(sp, "r") : NULL;
+            const char *rp = sf && fgets(st, sizeof st, sf) ? strrchr(st, ')') : NULL;
+            if (sf) fclose(sf);
+            if (!rp || sscanf(rp, ") %*c %d", &ppid) != 1) continue;
+            if (n == cap) {
+                cap = cap ? 2 * cap : 256;
+                void *np = realloc(pp, cap * sizeof *pp);
+                if (!np) break;
+                pp = np;
+            }
+            pp[n][0] = pid, pp[n][1] = ppid, n++;
         }
         if (d) closedir(d);
+        /* The guard, then every process whose parent is in the list. */
+        sh_buf_printf(&b, "%d\n", (int)m->pid);
+        for (int grew = 1; grew;) {
+            grew = 0;
+            for (size_t i = 0; i < n; i++) {
+                char pat[24];
+                snprintf(pat, sizeof pat, "\n%d\n", (int)pp[i][1]);
+                sh_buf_append(&b, "", 1);
+                int in = (int)pp[i][1] == (int)m->pid || strstr((char *)b.data, pat);
+                b.len--;
+                if (in && pp[i][0] != m->pid) {
+                    sh_buf_printf(&b, "%d\n", (int)pp[i][0]);
+                    pp[i][1] = -1; /* listed */
+                    pp[i][0] = -1;
+                    grew = 1;
+                }
+            }
+        }
+        free(pp);
         text = b.data ? (char *)b.data : strdup("");
     }
     for (char *s = NULL, *t = strtok_r(text, "\n", &s); t; t = strtok_r(NULL, "\n", &s)) {

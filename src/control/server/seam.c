@@ -166,6 +166,12 @@ void srv__seam_end_at(srv *s, const srv_job *j, int cancelled, double t, int bil
     if (sched_job_forget(s->sc, id) < 0) sh_warn("job %s: scheduler: %s", id, sh_errmsg());
 }
 
+static int same_node(const sched_node_info *in, const srv_node *n)
+{
+    return in->gpus == n->gpus && in->price_per_gpu_hour == n->price && !strcmp(in->zone, n->zone) &&
+           !strcmp(in->fabric, n->fabric) && !strcmp(in->gpu_type, n->gpu_type);
+}
+
 int srv__seam_node(srv *s, int idx, int event)
 {
     srv_node *n = &s->nodes[idx];
@@ -173,6 +179,14 @@ int srv__seam_node(srv *s, int idx, int event)
     sched_node_info info;
     int known = sched_node_info_get(s->sc, n->name, &info) == 0;
     if (event == SEAM_UP) {
+        if (known && !same_node(&info, n)) {
+            /* Registered again with other GPUs (or zone, fabric, price):
+             * the scheduler must know it by what it has now. */
+            if (info.state != SCHED_NODE_FAILED) SH_TRY(sched_node_fail(s->sc, n->name, now));
+            SH_TRY(sched_node_remove(s->sc, n->name, now));
+            SH_TRY(srv__seam_bills(s));
+            known = 0;
+        }
         if (!known) {
             sched_node_spec ns = {n->name, n->zone, n->fabric, n->gpu_type, n->gpus, n->price};
             return sched_node_add(s->sc, &ns, now);
