@@ -799,6 +799,48 @@ static void test_push_root_waits_quietly_for_a_first_version(void **state)
     if (took > 0.45) fail_msg("3 steps of 0.01 s on a run with no version yet took %.2f s", took);
 }
 
+/* The image is reloaded with its in-place cache forgotten: M takes
+ * version 2 by the push tree (its image and the cache's digests then hold
+ * version 2), version 3 from the store while the root is paused (the
+ * image is not touched), and version 4, a delta on 3, by the push tree
+ * again: the image is reloaded from version 3's file, and the apply must
+ * check the delta's base against that, not against digests of version 2
+ * (the delta would be refused as on a wrong base, a failure). */
+static void test_image_reload_forgets_the_cache(void **state)
+{
+    char sr[4096], dir[4096];
+    snprintf(sr, sizeof sr, "%s", tu_path("fb"));
+    snprintf(dir, sizeof dir, "%s", tu_path("fb-M"));
+    sh_rm_rf(sr), sh_rm_rf(dir);
+    make_cks("f", 4, 77);
+    store *s;
+    TU_OK(store_open(sr, NULL, 1, &s));
+    publish(s, ck("f", 1), 8, 1);
+    root_t t;
+    root_start(&t, sr);
+    store_replica_config cfg = {.dir = dir, .store = sr, .parents = {store_push_root_address(t.r)}, .nparents = 1,
+                                .leaf = 1, .poll_s = 0.01};
+    store_replica *m;
+    TU_OK(store_replica_open(&cfg, &m));
+    TU_OK(store_replica_wait(m, 1, 30));
+    publish(s, ck("f", 2), 8, 2);
+    TU_OK(store_replica_wait(m, 2, 30));
+    root_pause(&t);
+    publish(s, ck("f", 3), 8, 3);
+    TU_OK(store_replica_wait(m, 3, 30));
+    root_resume(&t);
+    publish(s, ck("f", 4), 8, 4);
+    TU_OK(store_replica_wait(m, 4, 30));
+    serves(m, 4, ck("f", 4));
+    store_replica_info in;
+    store_replica_get_info(m, &in);
+    store_replica_close(m);
+    root_stop(&t);
+    store_close(s);
+    if (in.failures) fail_msg("%llu failures on the way to version 4 (the last: %s)", (unsigned long long)in.failures,
+                              in.last_error);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -816,6 +858,7 @@ int main(void)
         cmocka_unit_test(test_fp8_copy_required),
         cmocka_unit_test(test_push_root_waits_quietly_for_a_first_version),
         cmocka_unit_test(test_pushed_manifest_names_the_payload),
+        cmocka_unit_test(test_image_reload_forgets_the_cache),
     };
     return cmocka_run_group_tests(tests, tree_setup, tree_teardown);
 }
