@@ -43,9 +43,10 @@ Without --seed, --full or --only it runs the checked-in sample,
 tests/mutgen-sample.txt: the same mutants at every commit (a drawn sample
 would change whenever a mutant is added anywhere), so that a survivor
 reproduces and runs can be compared.
-Exit status 0 only when no mutant SURVIVED (or was UNTESTED); a survivor that
-tests/mutgen-equivalent.txt explains is EQUIVALENT, or GAP when its reason
-starts "gap:" (a test could tell, none does yet: counted and shown apart).
+Exit status 0 only when no mutant SURVIVED (or was UNTESTED) and none is a
+GAP; a survivor that tests/mutgen-equivalent.txt explains is EQUIVALENT, or
+GAP when its reason starts "gap:" (a test could tell, none does yet: shown
+apart, and still a failure, as a known missing test).
 """
 import argparse
 import concurrent.futures
@@ -1097,7 +1098,7 @@ def summarise(results, entries, a, elapsed, total):
             f.write(report_header(a) + "\n".join(lines) + "\n\n" + summary + "\n")
     if a.json and not a.merge:
         write_json(a.json, results)
-    return 1 if tot["SURVIVED"] or tot["UNTESTED"] else 0
+    return 1 if tot["SURVIVED"] or tot["UNTESTED"] or tot["GAP"] else 0
 
 
 if __name__ == "__main__":
