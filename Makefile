@@ -139,6 +139,7 @@ $(ASAN)/tests/%: $(ASAN)/obj/tests/%.o $(AAUX_OBJ) $(ASAN)/libshoal.a
 # prints one "N passed, N failed" line for the whole suite.
 test: deps
 	@python3 scripts/check-layers.py
+	@python3 scripts/mutants.py --list > /dev/null
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(ASAN)/shoal $(TESTS) $(ATESTS)
 	@SHOAL_SHARED=$(SHARED) sh scripts/run-tests.sh $(TESTS) $(ATESTS)
 

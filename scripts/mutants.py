@@ -214,10 +214,21 @@ def main():
             die("no such mutant: " + ", ".join(sorted(unknown)))
         entries = [e for e in entries if e["mutant"] in want]
     if a.list:
+        # The working tree's files: `make test` runs this, so that an entry
+        # a change left stale fails there, not only in the next `make mutants`.
+        stale = 0
         for e in entries:
+            try:
+                n = open(os.path.join(ROOT, e["file"])).read().count(e["from"])
+            except OSError as err:
+                n, why = -1, f"cannot read {e['file']}: {err.strerror}"
+            if n != 1:
+                why = why if n < 0 else f"its from text occurs {n} times in {e['file']} (expected once)"
+                print(f"mutants: {a.file}: mutant {e['mutant']}: STALE: {why}: update the entry", file=sys.stderr)
+                stale += 1
             print(f"{e['mutant']:28} {e['file']:26} {' '.join(e['tests'])}")
-        print(f"{len(entries)} mutants")
-        return 0
+        print(f"{len(entries)} mutants, {stale} stale")
+        return 1 if stale else 0
     os.makedirs(LOG, exist_ok=True)
     t0 = time.time()
     sync_tree()
