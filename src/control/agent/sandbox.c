@@ -527,8 +527,11 @@ static int open_writable(const agent *a, const agent_member *m, const json_t *d,
         if (geteuid() != 0 || a->mode == SB_NONE) continue;
         if (st.st_uid == 0) {
             /* The admin's folder, given to the first tenant the server let
-             * name it: the member's from now on. */
-            if (fchown(fd, m->uid, m->uid) < 0 || fchmod(fd, 0700) < 0) {
+             * name it: the member's from now on.  Closed before it changes
+             * hands: another agent on this host launching a rank of the same
+             * run in between would otherwise find it the tenant's and still
+             * 0755, and refuse it as open to other tenants. */
+            if (fchmod(fd, 0700) < 0 || fchown(fd, m->uid, m->uid) < 0) {
                 rc = sh_err_errno(errno, "writable \"%s\": cannot give it to uid %u", p, (unsigned)m->uid);
                 break;
             }
