@@ -34,7 +34,7 @@ time limit.  Results:
   EQUIVALENT  it survived and tests/mutgen-equivalent.txt says why no test
               can tell
   INVALID     the mutated file does not compile (not counted in the rate)
-  UNTESTED    its tests fail on the unmutated tree
+  UNTESTED    it survived, and one of its tests fails on the unmutated tree
 
 Usage:
   scripts/mutgen.py [--seed N [--count N] [--pin] | --full] [-j N] [--only ID,...]
@@ -788,8 +788,13 @@ class Runner:
                     return "INVALID", f"filter of {t} matches no test", time.time() - t1
                 if r != "pass":
                     return "KILLED", f"by {t}" + (" (time limit)" if r == "timeout" else ""), time.time() - t1
-            if all(t in self.broken for t in m["tests"]):
-                return "UNTESTED", "its tests fail on the unmutated tree", time.time() - t1
+            # A survivor is judged only by all its tests: one that fails on
+            # the unmutated tree (a half-edited test) could have killed it.
+            broken = [t for t in m["tests"] if t in self.broken]
+            if broken:
+                return "UNTESTED", (f"{', '.join(broken)} fail{'s' if len(broken) == 1 else ''} on the unmutated "
+                                    "tree" + ("" if len(broken) == len(m["tests"]) else
+                                              "; every other mapped test passed")), time.time() - t1
             return result, why, time.time() - t1
         finally:
             with open(path, "w") as f:
