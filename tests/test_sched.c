@@ -505,6 +505,33 @@ static void test_failure_elastic_and_function(void **state)
     sched_free(s);
 }
 
+/* An elastic job that names a GPU type no node has yet grows onto it once
+ * its first node joins (the type was dropped at submit before); a job
+ * none of whose types exists is still refused. */
+static void test_elastic_grows_onto_a_type_that_joins(void **state)
+{
+    static const tnode_row one[] = {{"a1", "z", "f", "A", 8, 1}, {NULL}};
+    sched_decisions d = {0};
+    sched *s = mk(SCHED_POLICY_SHOAL, one);
+    sched_job_spec e = elastic("E", 1, 4, 8, 0);
+    e.n_types = 2, e.gpu_types[0] = "A", e.gpu_types[1] = "B";
+    submit(s, e, 0);
+    step(s, 0, &d);
+    sched_job_info ji;
+    TU_OK(sched_job_info_get(s, "E", 0, &ji));
+    assert_int_equal(ji.replicas, 1);
+    TU_OK(sched_node_add(s, &(sched_node_spec){"b1", "z", "f", "B", 8, 1}, 1));
+    step(s, 1, &d);
+    TU_OK(sched_job_info_get(s, "E", 1, &ji));
+    if (ji.replicas != 2) fail_msg("E has %d replicas after a node of its type B joined, not 2", ji.replicas);
+    sched_job_spec c = elastic("C", 1, 1, 8, 0);
+    c.n_types = 1, c.gpu_types[0] = "Z";
+    assert_int_equal(sched_job_submit(s, &c, 2), SH_ERANGE);
+    assert_int_equal(jstate(s, "C"), SCHED_REJECTED);
+    sched_decisions_free(&d);
+    sched_free(s);
+}
+
 /* ---- Preemption ------------------------------------------------------------------- */
 
 /* E (elastic, 1..4 replicas of 4 GPUs, priority 0) fills two 8-GPU nodes.
@@ -1458,6 +1485,7 @@ int main(void)
         cmocka_unit_test(test_failure_requeue),
         cmocka_unit_test(test_failure_replace),
         cmocka_unit_test(test_failure_elastic_and_function),
+        cmocka_unit_test(test_elastic_grows_onto_a_type_that_joins),
         cmocka_unit_test(test_preemption_table),
         cmocka_unit_test(test_preempt_wait_table),
         cmocka_unit_test(test_elastic_cost_per_work),

@@ -88,15 +88,19 @@ int sched_job_submit(sched *s, const sched_job_spec *js, double now)
     j->blocked_since = -1, j->resv_promise = -1, j->pool = NONE;
     j->order = ++s->seq;
     char why[256];
-    /* Types no node or quota has are dropped; a job left with none of its
-     * types can never run. */
+    /* Every type is kept, also one no node or quota has yet: an elastic job
+     * grows onto it once its first node joins.  A job none of whose types
+     * any node or quota has can never run. */
+    int known = 0;
     for (int i = 0; i < js->n_types; i++) {
-        uint32_t t = js->gpu_types[i] ? sched__intern(s, js->gpu_types[i], 0) : NONE;
-        if (t == NONE) continue;
+        if (!js->gpu_types[i]) continue;
+        known += sched__intern(s, js->gpu_types[i], 0) != NONE;
+        uint32_t t = sched__intern(s, js->gpu_types[i], 1);
+        if (t == NONE) continue; /* out of memory naming it */
         j->types[j->ntypes] = t;
         j->speed[j->ntypes++] = js->speed[i] > 0 ? js->speed[i] : 1.0;
     }
-    if (js->n_types && !j->ntypes) {
+    if (js->n_types && !known) {
         snprintf(why, sizeof why, "unknown GPU type%s \"%s\"%s (no node or quota has %s)",
                  js->n_types > 1 ? "s" : "", js->gpu_types[0] ? js->gpu_types[0] : "",
                  js->n_types > 1 ? ", ..." : "", js->n_types > 1 ? "them" : "it");

@@ -256,7 +256,7 @@ size_t sched__job_pools(const sched *s, const sjob *j, const uint32_t **out)
             const uint32_t *v;
             size_t m = sched__type_pools(s, j->types[t], &v);
             if (sched__grow((void **)&c->jp, &c->capjp, n + m + 1, sizeof *c->jp) < 0) return *out = NULL, 0;
-            memcpy(c->jp + n, v, m * sizeof *v);
+            if (m) memcpy(c->jp + n, v, m * sizeof *v); /* v is NULL for a type with no pool yet */
             n += m;
         }
         c->njp = n, c->jp_ver = s->plc->pools_ver + 1;
