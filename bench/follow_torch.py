@@ -32,6 +32,8 @@ import shoal
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 PROC = os.path.join(ROOT, "tests", "python", "follow_proc.py")
+sys.path.insert(0, os.path.dirname(PROC))
+from follow_proc import sha256, step  # noqa: E402  (the follower's own helpers: one change, one digest)
 MiB = 1 << 20
 
 
@@ -52,25 +54,6 @@ def model(shapes):
     g = torch.Generator().manual_seed(1)
     return {n: (torch.randn(shape, generator=g) * 0.02).to(getattr(torch, dt)) if dt != "int64"
             else torch.zeros(shape, dtype=torch.int64) for n, (dt, shape) in sorted(shapes.items())}
-
-
-def step(sd, k):
-    g = torch.Generator().manual_seed(1000 + k)
-    for t in sd.values():
-        f = t.view(-1)
-        if t.is_floating_point():
-            idx = torch.randint(0, f.numel(), (max(1, f.numel() // 100),), generator=g)
-            f[idx] += (torch.randn(idx.numel(), generator=g) * 1e-3).to(t.dtype)
-        else:
-            f += 1
-
-
-def sha256(sd):
-    import hashlib
-    h = hashlib.sha256()
-    for n in sorted(sd):
-        h.update(sd[n].contiguous().view(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
 
 
 def run(a, work):

@@ -29,6 +29,27 @@ import shoal
 FIELDS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 
 
+def step(sd, k):
+    """One version's change (the publisher's side, test_follow and
+    bench/follow_torch.py): 1% of each float tensor's elements, in place."""
+    g = torch.Generator().manual_seed(1000 + k)
+    for t in sd.values():
+        f = t.view(-1)
+        if t.is_floating_point():
+            idx = torch.randint(0, f.numel(), (max(1, f.numel() // 100),), generator=g)
+            f[idx] += (torch.randn(idx.numel(), generator=g) * 1e-3).to(t.dtype)
+        else:
+            f += 1
+
+
+def sha256(sd):
+    """Of the tensors' bytes, in name order."""
+    h = hashlib.sha256()
+    for n in sorted(sd):
+        h.update(sd[n].contiguous().view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
 def status():
     out = {}
     with open("/proc/self/status") as f:
@@ -112,14 +133,12 @@ def main():
     th.join()
     end = status()
     peak["VmHWM"] = end["VmHWM"]
-    h = hashlib.sha256()
-    for n in sorted(target):
-        h.update(target[n].contiguous().view(-1).view(torch.uint8).numpy())
+    digest = sha256(target)
     rep.close()
     print(json.dumps({"done": v, "loads": loads, "seconds": time.time() - t0, "tensor_bytes": tensor_bytes,
                       "baseline": base, "peak": peak, "final": end, "activations": info["activations"],
                       "failures": info["failures"], "bytes_received": info["bytes_received"],
-                      "sha256": h.hexdigest()}), flush=True)
+                      "sha256": digest}), flush=True)
 
 
 if __name__ == "__main__":

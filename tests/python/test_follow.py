@@ -3,7 +3,6 @@ versions stays within its own tensors + 1 image + 64 MiB + 2 deltas, with
 load_into letting the leased image's pages go as it copies, and every
 version it loads is the publisher's bits (CRC-32 each, sha256 the last); a
 late joiner activates the newest version first and reports it in info()."""
-import hashlib
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import zlib
 import torch
 
 import shoal
+from follow_proc import sha256, step
 from pyutil import scratch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -39,25 +39,6 @@ def model(seed, shapes=SHAPES):
     g = torch.Generator().manual_seed(seed)
     return {n: (torch.randn(shape, generator=g) * 0.02).to(getattr(torch, dt)) if dt != "int64"
             else torch.zeros(shape, dtype=torch.int64) for n, (dt, shape) in sorted(shapes.items())}
-
-
-def step(sd, k):
-    """One version's change: 1% of each float tensor's elements, in place."""
-    g = torch.Generator().manual_seed(1000 + k)
-    for n, t in sd.items():
-        f = t.view(-1)
-        if t.is_floating_point():
-            idx = torch.randint(0, f.numel(), (max(1, f.numel() // 100),), generator=g)
-            f[idx] += (torch.randn(idx.numel(), generator=g) * 1e-3).to(t.dtype)
-        else:
-            f += 1
-
-
-def sha256(sd):
-    h = hashlib.sha256()
-    for n in sorted(sd):
-        h.update(sd[n].contiguous().view(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
 
 
 def crc(sd):
